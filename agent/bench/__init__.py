@@ -1,0 +1,109 @@
+"""``vramscope bench``: every benchmark, each a ratio against a baseline measured in the same run.
+
+These machines are shared and noisy, so an absolute figure alone proves little: each benchmark
+times its subject and its baseline interleaved, in the same process, and reports medians with
+their spread. One module per benchmark in this package exposes
+``run(options: BenchOptions) -> list[Figure]``; ``BENCHMARKS`` maps a name to its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# name -> (module, what it measures). GPU benchmarks skip themselves without CUDA.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "ingest": ("agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
+    "kvpool": ("agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
+    "agent": ("agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
+    "dashboard": ("agent.bench.dashboard", "downsampled timeline vs raw fetch"),
+    "detection": ("agent.bench.detection", "leak / OOM detection on the scenario suite"),
+    "allocators": ("agent.bench.allocators", "one trace through three allocators"),
+    "analysis": ("agent.bench.analysis", "analysis throughput vs trace reading"),
+    "hooks": ("agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
+}
+
+
+@dataclass
+class BenchOptions:
+    quick: bool = False  # smaller sizes, for tests
+    db_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Figure:
+    """One reported number: a value, its unit, its spread, and the target it is held to."""
+
+    bench: str
+    metric: str
+    value: float
+    unit: str
+    spread: str = ""  # e.g. "min 1.2 / max 1.6 over 5 rounds"
+    baseline: str = ""  # what the ratio is against
+    target: str = ""  # e.g. ">= 100000"
+    met: bool | None = None  # None: no target
+    where: str = field(default_factory=lambda: describe_machine())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def describe_machine() -> str:
+    try:
+        import os
+
+        cores = os.cpu_count()
+    except Exception:
+        cores = None
+    gpu = _gpu_name()
+    base = f"{platform.machine()}, {cores} cores, Python {platform.python_version()}"
+    return f"{base}, {gpu}" if gpu else base
+
+
+def _gpu_name() -> str | None:
+    try:
+        import sys
+
+        torch = sys.modules.get("torch")  # never import torch just to name the machine
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        return None
+    return None
+
+
+@dataclass
+class Timing:
+    samples_s: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    def spread(self, scale: float = 1.0, unit: str = "s") -> str:
+        lo, hi = min(self.samples_s) * scale, max(self.samples_s) * scale
+        return f"min {lo:.4g} {unit} / max {hi:.4g} {unit} over {len(self.samples_s)} rounds"
+
+
+def interleaved(fns: Sequence[Callable[[], Any]], rounds: int) -> list[Timing]:
+    """Time each function once per round, alternating, so noise hits them alike."""
+    out = [Timing([]) for _ in fns]
+    for _ in range(rounds):
+        for fn, timing in zip(fns, out):
+            t0 = time.perf_counter()
+            fn()
+            timing.samples_s.append(time.perf_counter() - t0)
+    return out
+
+
+def load(name: str):
+    if name not in BENCHMARKS:
+        known = ", ".join(BENCHMARKS)
+        raise KeyError(f"unknown benchmark {name!r}; known: {known}")
+    return importlib.import_module(BENCHMARKS[name][0])

@@ -1,0 +1,91 @@
+"""The ``vramscope`` command: one argparse parser, one module per subcommand.
+
+Each subcommand lives in ``agent/cli/cmd_<name>.py`` and exposes ``register(subparsers)``, which
+adds its parser and sets ``func=run(args) -> int``. Modules import their heavy dependencies
+inside ``run`` so ``vramscope --help`` stays fast and the sidecar never imports torch.
+
+User errors are :class:`agent.errors.VramscopeError` subclasses, printed once here with their exit
+code (2 for usage, 1 for failures) and never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from agent.errors import VramscopeError
+
+# Order is the order in ``--help``. Names reserved by DESIGN.md for later issues are listed too;
+# a module that does not exist yet gives a clear "not available" message instead of a crash.
+COMMANDS: tuple[str, ...] = (
+    "demo", "agent", "dashboard", "status", "analyze", "import", "export", "replay",
+    "estimate", "bench", "config", "db",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default exits 2 too; keep its wording
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vramscope", description="GPU memory observability for LLM inference.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"agent.cli.cmd_{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"agent.cli.cmd_{name}":
+                raise
+            _register_missing(sub, name)
+            continue
+        module.register(sub)
+    return parser
+
+
+def _register_missing(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="(not available in this build)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        raise VramscopeError(f"'vramscope {name}' is not available in this build")
+
+    p.set_defaults(func=run)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vramscope")
+    except Exception:  # not installed (running from a checkout)
+        return "0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except VramscopeError as exc:
+        print(f"vramscope: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `vramscope export | head`
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Configuration: one TOML file, one declarative table of settings, ``VRAMSCOPE_*`` overrides.
+
+``SETTINGS`` (as ``SETTINGS`` in ``datasette/app.py``) drives defaults, validation and the docs:
+``tests/test_docs.py`` fails when a setting is missing from ``docs/configuration.md``.
+
+Search order for the file (the first that exists wins; none is fine, defaults apply):
+1. ``--config PATH`` on the command line (must exist),
+2. ``$VRAMSCOPE_CONFIG`` (must exist),
+3. ``./vramscope.toml``,
+4. ``$XDG_CONFIG_HOME/vramscope/vramscope.toml`` (``~/.config/vramscope/vramscope.toml``),
+5. ``/etc/vramscope/vramscope.toml``.
+
+Then environment overrides: ``VRAMSCOPE_<SECTION>_<KEY>`` (``VRAMSCOPE_DATABASE_URL``,
+``VRAMSCOPE_DASHBOARD_PORT``...) replace the file's value; then command-line flags replace both.
+
+Alert rules are ``[[alerts.rules]]`` tables; they are kept raw here and parsed by
+``agent.alert_rules`` so that each rule's errors name the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # "section.name"
+    type: type  # int, float, str or bool
+    default: Any
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None  # returns a problem, or None
+
+
+def _data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "vramscope"
+
+
+def _runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join("/tmp", f"vramscope-{os.getuid()}")
+    return Path(base) / "vramscope"
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{_data_dir() / 'vramscope.db'}"
+
+
+def default_socket_path() -> str:
+    return str(_runtime_dir() / "agent.sock")
+
+
+def _url_check(value: str) -> str | None:
+    if "://" not in value:
+        return "expected a database URL such as sqlite:///path.db or postgresql+psycopg://host/db"
+    return None
+
+
+# One row per setting. Defaults that depend on the environment are callables.
+SETTINGS: tuple[Setting, ...] = (
+    # --- database -----------------------------------------------------------------------
+    Setting("database.url", str, default_database_url,
+            "SQLAlchemy URL of the store. Default: SQLite under the user's data directory "
+            "(`$XDG_DATA_HOME/vramscope/vramscope.db`).", check=_url_check),
+    Setting("database.synchronous", str, "NORMAL",
+            "SQLite `synchronous` pragma: NORMAL (WAL-safe, may lose the last commits on power "
+            "loss) or FULL.", choices=("NORMAL", "FULL")),
+    # --- sampling -----------------------------------------------------------------------
+    Setting("sampling.device_interval_s", float, 0.1,
+            "NVML device memory sampling interval (default 10 Hz).", min=0.001, max=3600),
+    Setting("sampling.process_interval_s", float, 1.0,
+            "NVML per-process sampling interval.", min=0.01, max=3600),
+    Setting("sampling.allocator_interval_s", float, 0.1,
+            "In-server caching-allocator counter reads.", min=0.001, max=3600),
+    Setting("sampling.snapshot_interval_s", float, 60.0,
+            "In-server allocator snapshots for fragmentation (largest free block); 0 disables.",
+            min=0, max=86400),
+    Setting("sampling.snapshot_max_cost_s", float, 0.05,
+            "Skip and space out snapshots once one costs more than this.", min=0, max=60),
+    Setting("sampling.kv_interval_s", float, 0.1, "KV pool counter reads.", min=0.001, max=3600),
+    # --- hooks (in-server) --------------------------------------------------------------
+    Setting("hooks.history", str, "off",
+            "Allocation history for post-mortems: off, alloc (no stacks), python, all. "
+            "Costs about +35 % per allocation with python stacks.",
+            choices=("off", "alloc", "python", "all")),
+    Setting("hooks.history_max_entries", int, 20000,
+            "Bound on recorded allocation history entries.", min=1, max=10_000_000),
+    Setting("hooks.snapshot_dir", str, "",
+            "Where OOM post-mortems keep the PyTorch snapshot pickle; empty keeps none."),
+    Setting("hooks.postmortem_min_interval_s", float, 60.0,
+            "At most one post-mortem per process in this time.", min=0, max=86400),
+    Setting("hooks.buffer_records", int, 10000,
+            "Hook client buffer bound; older records are dropped and counted.", min=10,
+            max=10_000_000),
+    # --- agent --------------------------------------------------------------------------
+    Setting("agent.socket_path", str, default_socket_path,
+            "Unix socket the agent listens on (its directory is created with mode 0700)."),
+    Setting("agent.allowed_uids", str, "",
+            "Comma-separated uids allowed to connect besides the agent's own."),
+    Setting("agent.max_message_bytes", int, 1_048_576,
+            "Largest accepted ingest message.", min=1024, max=64 * 1_048_576),
+    Setting("agent.queue_max_records", int, 100_000,
+            "Bound of the writer queue; when full the oldest records are dropped and counted.",
+            min=100, max=100_000_000),
+    Setting("agent.batch_rows", int, 2000, "Writer commits after this many rows...", min=1,
+            max=1_000_000),
+    Setting("agent.batch_interval_s", float, 0.5, "...or after this long, whichever first.",
+            min=0.01, max=60),
+    Setting("agent.metrics_port", int, 0,
+            "Port for the agent's own Prometheus /metrics on 127.0.0.1; 0 disables.", min=0,
+            max=65535),
+    Setting("agent.host_name", str, "", "Host name recorded in the store; empty uses the "
+            "machine's hostname."),
+    # --- retention ----------------------------------------------------------------------
+    Setting("retention.raw_s", float, 7 * 86400.0, "Keep raw samples this long.", min=60,
+            max=10 * 365 * 86400),
+    Setting("retention.rollup_s", float, 90 * 86400.0,
+            "Keep per-minute rollups (min, max, mean, last) this long.", min=60,
+            max=10 * 365 * 86400),
+    Setting("retention.step_rows", int, 5000,
+            "Rows deleted per retention step (small steps never stall ingest).", min=10,
+            max=1_000_000),
+    # --- dashboard ----------------------------------------------------------------------
+    Setting("dashboard.host", str, "127.0.0.1",
+            "Bind address. Anything but loopback requires `dashboard.token`."),
+    Setting("dashboard.port", int, 8321, "Dashboard port.", min=1, max=65535),
+    Setting("dashboard.token", str, "",
+            "Bearer token required on every request when set (compared in constant time)."),
+    Setting("dashboard.refresh_s", float, 5.0, "Live refresh interval of pages.", min=0.5,
+            max=3600),
+    # --- alerts (built-in rule thresholds; user rules are [[alerts.rules]]) ---------------
+    Setting("alerts.headroom_warning_ratio", float, 0.10,
+            "Warn when free memory under the limit, after the largest prefill spike, is below "
+            "this share of the limit.", min=0, max=1),
+    Setting("alerts.headroom_critical_ratio", float, 0.03,
+            "Critical below this share.", min=0, max=1),
+    Setting("alerts.time_to_oom_warning_s", float, 1800.0,
+            "Warn when the forecast time to OOM is below this.", min=0, max=30 * 86400),
+    Setting("alerts.time_to_oom_critical_s", float, 300.0,
+            "Critical when the forecast time to OOM is below this.", min=0, max=30 * 86400),
+    Setting("alerts.leak_min_slope_ratio_per_h", float, 0.0025,
+            "Smallest idle-floor growth, as a share of the limit per hour, reported as a leak.",
+            min=0, max=1),
+    Setting("alerts.leak_warmup_s", float, 300.0,
+            "Ignore the idle floor for this long after start (warm-up).", min=0, max=86400),
+    Setting("alerts.fragmentation_warning_ratio", float, 0.5,
+            "Warn when external fragmentation exceeds this while headroom is low.", min=0,
+            max=1),
+    Setting("alerts.kv_exhaustion_warning_s", float, 60.0,
+            "Warn when the KV pool's free plus cached blocks run out within this.", min=0,
+            max=86400),
+    Setting("alerts.webhook_url", str, "", "POST alerts to this URL (JSON body); empty: off."),
+    Setting("alerts.webhook_timeout_s", float, 5.0, "Webhook request timeout.", min=0.1,
+            max=120),
+    Setting("alerts.webhook_retries", int, 3, "Webhook retries with backoff.", min=0, max=20),
+)
+
+SETTINGS_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+SECTIONS: frozenset[str] = frozenset(s.key.split(".")[0] for s in SETTINGS)
+_RAW_TABLES = {"alerts.rules"}  # arrays of tables validated by their owners
+
+
+class Config(Mapping[str, Any]):
+    """Validated settings: ``config["database.url"]``; ``rules`` holds raw ``[[alerts.rules]]``."""
+
+    def __init__(self, values: dict[str, Any], source: str | None,
+                 rules: list[dict[str, Any]] | None = None) -> None:
+        self._values = values
+        self.source = source  # the file it came from, or None for defaults only
+        self.rules = rules or []
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def replace(self, **overrides: Any) -> Config:
+        """A copy with ``section__name=value`` overrides (from CLI flags), validated."""
+        values = dict(self._values)
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            key = name.replace("__", ".")
+            values[key] = _validate(SETTINGS_BY_KEY[key], value, "command line")
+        return Config(values, self.source, self.rules)
+
+
+def find_config_file(explicit: str | None = None, cwd: Path | None = None) -> Path | None:
+    """The config file to use, following the documented search order."""
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{explicit}: config file not found (given with --config)")
+        return path
+    env = os.environ.get("VRAMSCOPE_CONFIG")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ConfigError(f"{env}: config file not found (given by $VRAMSCOPE_CONFIG)")
+        return path
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    for candidate in ((cwd or Path.cwd()) / "vramscope.toml",
+                      Path(xdg) / "vramscope" / "vramscope.toml",
+                      Path("/etc/vramscope/vramscope.toml")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(explicit: str | None = None, environ: Mapping[str, str] | None = None,
+                cwd: Path | None = None) -> Config:
+    """Find, parse and validate the config; apply ``VRAMSCOPE_*`` overrides."""
+    path = find_config_file(explicit, cwd)
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return parse_config(raw, str(path) if path else None,
+                        os.environ if environ is None else environ)
+
+
+def parse_config(raw: dict[str, Any], source: str | None,
+                 environ: Mapping[str, str] | None = None) -> Config:
+    where = source or "<defaults>"
+    flat, rules = _flatten(raw, where)
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.key in flat:
+            values[setting.key] = _validate(setting, flat[setting.key], where)
+        else:
+            values[setting.key] = setting.default() if callable(setting.default) else setting.default
+    for setting in SETTINGS:
+        env_name = env_var_name(setting.key)
+        if environ and env_name in environ:
+            values[setting.key] = _validate(setting, _from_env(setting, environ[env_name], env_name),
+                                            f"${env_name}")
+    return Config(values, source, rules)
+
+
+def env_var_name(key: str) -> str:
+    return "VRAMSCOPE_" + key.replace(".", "_").upper()
+
+
+def _flatten(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    flat: dict[str, Any] = {}
+    rules: list[dict[str, Any]] = []
+    for section, table in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{where}: unknown section [{section}]; known: "
+                              f"{', '.join(sorted(SECTIONS))}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}")
+        for name, value in table.items():
+            key = f"{section}.{name}"
+            if key in _RAW_TABLES:
+                if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+                    raise ConfigError(f"{where}: {key} must be an array of tables "
+                                      f"([[{key}]]), got {value!r}")
+                rules = value
+            elif key not in SETTINGS_BY_KEY:
+                raise ConfigError(f"{where}: unknown key {key!r}" + _did_you_mean(key))
+            else:
+                flat[key] = value
+    return flat, rules
+
+
+def _did_you_mean(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, SETTINGS_BY_KEY, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _from_env(setting: Setting, text: str, env_name: str) -> Any:
+    if setting.type is str:
+        return text
+    if setting.type is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"${env_name}: {setting.key} must be a boolean, got {text!r}")
+    try:
+        return setting.type(text)
+    except ValueError:
+        raise ConfigError(f"${env_name}: {setting.key} must be {_type_name(setting.type)}, "
+                          f"got {text!r}") from None
+
+
+def _type_name(t: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}[t]
+
+
+def _validate(setting: Setting, value: Any, where: str) -> Any:
+    key = setting.key
+    ok_type = isinstance(value, setting.type) and not (
+        setting.type is not bool and isinstance(value, bool))
+    if setting.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok_type = float(value), True
+    if not ok_type:
+        raise ConfigError(f"{where}: {key} must be {_type_name(setting.type)}, got {value!r}")
+    if setting.type is float and value != value:
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if setting.min is not None and value < setting.min:
+        raise ConfigError(f"{where}: {key} = {value!r} is out of range; allowed: "
+                          f"{_range(setting)}")
+    if setting.max is not None and value > setting.max:
+        raise ConfigError(f"{where}: {key} = {value!r} is out of range; allowed: "
+                          f"{_range(setting)}")
+    if setting.choices is not None and value not in setting.choices:
+        raise ConfigError(f"{where}: {key} = {value!r} is not one of "
+                          f"{', '.join(setting.choices)}")
+    if setting.check is not None:
+        problem = setting.check(value)
+        if problem:
+            raise ConfigError(f"{where}: {key} = {value!r}: {problem}")
+    return value
+
+
+def _range(setting: Setting) -> str:
+    lo = "-inf" if setting.min is None else f"{setting.min:g}"
+    hi = "inf" if setting.max is None else f"{setting.max:g}"
+    return f"{lo} to {hi}"
+
+
+def default_text(setting: Setting) -> str:
+    """The default as the docs show it (environment-dependent ones described, not resolved)."""
+    if callable(setting.default):
+        return "(see description)"
+    return repr(setting.default) if setting.type is str else str(setting.default)

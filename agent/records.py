@@ -1,0 +1,174 @@
+"""The typed records that every part of vramscope speaks (DESIGN.md, "Data flow").
+
+Torch's ``memory_stats()`` dict, NVML structs and KV pool internals are converted to these
+records at the source, once; nothing downstream sees vendor objects.
+
+This module depends on nothing but the standard library, so the in-server hooks, the agent,
+the store and the analysis can all import it cheaply.
+
+Units are in the field names: ``_bytes`` are integers, ``_s`` are seconds (Unix time for
+timestamps, float), ``_ratio`` is a float in [0, 1]. A field that is ``None`` was not measured.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+
+class Phase(str, enum.Enum):
+    """What the inference server was doing when a sample was taken.
+
+    In continuous batching one step can hold both prefill and decode work; the scheduler's
+    request states, not the input length, decide which phase the step is tagged with.
+    """
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: str | Phase) -> Phase:
+        """Return the phase named ``value``; raise ``ValueError`` quoting it otherwise."""
+        if isinstance(value, Phase):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown phase {value!r}; allowed: {allowed}") from None
+
+
+# The integer counters a Sample may carry, in trace-format order. All are bytes or counts >= 0.
+SAMPLE_COUNTER_FIELDS: tuple[str, ...] = (
+    "allocated_bytes",  # caching allocator: handed to tensors
+    "reserved_bytes",  # caching allocator: held from the driver
+    "active_bytes",  # allocated plus blocks waiting on streams
+    "inactive_split_bytes",  # free bytes inside partially used segments
+    "requested_bytes",  # what callers asked for (allocated minus rounding)
+    "largest_free_block_bytes",  # from a snapshot, when one was taken
+    "num_alloc_retries",  # cumulative: cache flushed and cudaMalloc retried
+    "num_ooms",  # cumulative: OOMs raised by the allocator
+    "device_used_bytes",  # NVML: whole device, all processes
+    "device_total_bytes",  # NVML total, or the per-process limit when one applies
+    "kv_blocks_used",  # KV pool: blocks referenced by live requests
+    "kv_blocks_total",  # KV pool: blocks in the pool
+    "kv_blocks_cached",  # KV pool: unreferenced blocks kept for prefix reuse
+    "kv_tokens_used",  # KV pool: tokens stored in used blocks (token occupancy); v1 extension
+)
+
+
+class Sample(NamedTuple):
+    """One reading of memory state for one device at one time.
+
+    A wide record: each source fills the fields it knows and leaves the rest ``None``. A
+    NamedTuple (as in ``prometheus_client/samples.py``) because the hot paths create hundreds of
+    thousands of these and a tuple is the cheapest immutable record Python has.
+    """
+
+    ts_s: float
+    device: int = 0
+    phase: Phase = Phase.UNKNOWN
+    source: str | None = None
+    pid: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    active_bytes: int | None = None
+    inactive_split_bytes: int | None = None
+    requested_bytes: int | None = None
+    largest_free_block_bytes: int | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+    device_used_bytes: int | None = None
+    device_total_bytes: int | None = None
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    kv_blocks_cached: int | None = None
+    kv_tokens_used: int | None = None
+    host: str | None = None  # None means "this host"; set by the agent for fleet databases
+
+
+class Event(NamedTuple):
+    """Something that happened at one instant: a phase change, a request boundary, an OOM.
+
+    Names used so far (DESIGN.md): ``request_start``, ``request_end`` (with ``request_id``),
+    ``oom`` (with ``message`` in ``data``), ``kv_alloc``, ``kv_free``, ``phase``; later parts add
+    ``kv_orphaned_blocks`` and ``alert``. ``data`` holds the event's other keys, JSON-compatible.
+    """
+
+    ts_s: float
+    name: str
+    device: int = 0
+    pid: int | None = None
+    phase: Phase | None = None
+    request_id: str | None = None
+    data: dict[str, Any] | None = None
+    host: str | None = None
+
+
+class Holder(NamedTuple):
+    """One live allocation named in a post-mortem: who held the memory."""
+
+    size_bytes: int
+    frames: tuple[str, ...] = ()  # "file:line:function", innermost first; empty without history
+    phase: Phase | None = None  # from _set_memory_metadata, when the allocation was stamped
+
+
+class PostMortem(NamedTuple):
+    """What held the memory when an allocation failed: the compact OOM summary.
+
+    Built by the OOM observer inside the server (hooks) or by the simulator, shipped to the
+    agent, stored, and shown on the dashboard. Sizes are bytes, bounded in count (top holders).
+    """
+
+    ts_s: float
+    device: int
+    pid: int | None
+    phase: Phase
+    failed_alloc_bytes: int | None  # the size of the allocation that failed
+    driver_free_bytes: int | None  # what the driver said was free at the time
+    device_total_bytes: int | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    largest_free_block_bytes: int | None
+    external_fragmentation_ratio: float | None
+    requests_in_flight: tuple[str, ...] = ()
+    top_holders: tuple[Holder, ...] = ()
+    segments: tuple[dict[str, Any], ...] = ()  # bounded segment map: address/size/allocated
+    message: str | None = None  # the allocator's own OOM message
+    cause: str | None = None  # diagnosis (analysis): startup, growth, fragmentation, ...
+    remedies: tuple[str, ...] = ()
+    snapshot_path: str | None = None  # PyTorch snapshot pickle, when configured and kept
+    host: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-compatible dict (the stored and shipped form)."""
+        out = self._asdict()
+        out["phase"] = self.phase.value
+        out["requests_in_flight"] = list(self.requests_in_flight)
+        out["top_holders"] = [
+            {"size_bytes": h.size_bytes, "frames": list(h.frames),
+             "phase": h.phase.value if h.phase else None}
+            for h in self.top_holders
+        ]
+        out["segments"] = [dict(s) for s in self.segments]
+        out["remedies"] = list(self.remedies)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PostMortem:
+        """Inverse of :meth:`to_json`; unknown keys are ignored."""
+        fields = {k: obj.get(k) for k in cls._fields if k in obj}
+        fields["phase"] = Phase.parse(obj.get("phase") or "unknown")
+        fields["requests_in_flight"] = tuple(obj.get("requests_in_flight") or ())
+        fields["top_holders"] = tuple(
+            Holder(int(h["size_bytes"]), tuple(h.get("frames") or ()),
+                   Phase.parse(h["phase"]) if h.get("phase") else None)
+            for h in obj.get("top_holders") or ()
+        )
+        fields["segments"] = tuple(obj.get("segments") or ())
+        fields["remedies"] = tuple(obj.get("remedies") or ())
+        for name in cls._fields:
+            fields.setdefault(name, None)
+        return cls(**fields)

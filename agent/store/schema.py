@@ -1,0 +1,157 @@
+"""The database schema, as SQLAlchemy Core tables. Alembic revisions in ``migrations/`` create it;
+``tests/test_migrations.py`` runs ``alembic check`` so the two never drift.
+
+Bytes are BigInteger, times are float seconds of Unix time (``_s``); JSON documents are text.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from agent.records import SAMPLE_COUNTER_FIELDS
+
+# Names for constraints and indexes, so migrations are reproducible on SQLite (batch mode) and
+# PostgreSQL alike (Alembic cookbook: "The Importance of Naming Constraints").
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+hosts = Table(
+    "hosts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("boot_id", String(64), nullable=True),
+    Column("first_seen_s", Float, nullable=False),
+    Column("last_seen_s", Float, nullable=False),
+    UniqueConstraint("name", name="uq_hosts_name"),
+)
+
+devices = Table(
+    "devices", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
+    Column("device_index", Integer, nullable=False),
+    Column("uuid", String(80), nullable=True),
+    Column("name", String(255), nullable=True),
+    Column("total_bytes", BigInteger, nullable=True),
+    UniqueConstraint("host_id", "device_index", name="uq_devices_host_index"),
+)
+
+processes = Table(
+    "processes", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("name", String(255), nullable=True),  # shown as text, never as HTML
+    Column("model", String(255), nullable=True),
+    Column("devices", String(255), nullable=True),  # comma-separated device indexes
+    Column("first_seen_s", Float, nullable=False),
+    Column("last_seen_s", Float, nullable=False),
+    UniqueConstraint("host_id", "pid", name="uq_processes_host_pid"),
+)
+
+samples = Table(
+    "samples", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("ts_s", Float, nullable=False),
+    Column("phase", String(16), nullable=False),
+    Column("source", String(32), nullable=True),
+    Column("pid", Integer, nullable=True),
+    *(Column(name, BigInteger, nullable=True) for name in SAMPLE_COUNTER_FIELDS),
+    # Idempotent writes from many agents: (origin, seq) is unique when set, so a batch replayed
+    # after a reconnect inserts nothing twice. NULLs never conflict (single-host default).
+    Column("origin", String(64), nullable=True),
+    Column("seq", BigInteger, nullable=True),
+    UniqueConstraint("origin", "seq", name="uq_samples_origin_seq"),
+    Index("ix_samples_device_ts", "device_id", "ts_s"),
+)
+
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("ts_s", Float, nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("pid", Integer, nullable=True),
+    Column("phase", String(16), nullable=True),
+    Column("request_id", String(255), nullable=True),
+    Column("data", Text, nullable=True),  # JSON object of the event's other keys
+    Column("origin", String(64), nullable=True),
+    Column("seq", BigInteger, nullable=True),
+    UniqueConstraint("origin", "seq", name="uq_events_origin_seq"),
+    Index("ix_events_device_ts", "device_id", "ts_s"),
+)
+
+alerts = Table(
+    "alerts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=True),
+    Column("rule", String(128), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("fired_ts_s", Float, nullable=False),
+    Column("resolved_ts_s", Float, nullable=True),
+    Column("value", Float, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("labels", Text, nullable=True),  # JSON object
+    Index("ix_alerts_fired", "fired_ts_s"),
+)
+
+postmortems = Table(
+    "postmortems", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("ts_s", Float, nullable=False),
+    Column("pid", Integer, nullable=True),
+    Column("cause", String(32), nullable=True),
+    Column("summary", Text, nullable=False),  # PostMortem.to_json()
+    Column("snapshot_path", Text, nullable=True),
+    Index("ix_postmortems_ts", "ts_s"),
+)
+
+# Per device, per minute, per source and metric: min, max, mean, last (agent retention).
+rollups = Table(
+    "rollups", metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("bucket_s", Float, primary_key=True),
+    Column("source", String(32), primary_key=True),
+    Column("metric", String(48), primary_key=True),
+    Column("min_value", BigInteger, nullable=False),
+    Column("max_value", BigInteger, nullable=False),
+    Column("mean_value", Float, nullable=False),
+    Column("last_value", BigInteger, nullable=False),
+    Column("count", Integer, nullable=False),
+)
+
+# The agent's own health, so the dashboard can show it (Sidecar issue).
+agent_stats = Table(
+    "agent_stats", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
+    Column("ts_s", Float, nullable=False),
+    Column("clients", Integer, nullable=False),
+    Column("rows_per_s", Float, nullable=False),
+    Column("queue_depth", Integer, nullable=False),
+    Column("dropped_total", BigInteger, nullable=False),
+    Column("rejected_total", BigInteger, nullable=False),
+    Column("db_size_bytes", BigInteger, nullable=True),
+    Index("ix_agent_stats_host_ts", "host_id", "ts_s"),
+)

@@ -1,0 +1,485 @@
+"""The store: the only place that talks SQL (DESIGN.md rule 3).
+
+SQLAlchemy 2 Core on the hot write path (batched ``executemany``; per-row ORM commits are ~40x
+slower). SQLite by default (WAL, ``synchronous`` from config, pragmas on our engine only) or
+PostgreSQL by URL. Opening a store upgrades an older schema and refuses a newer one.
+
+Records in, records out: callers pass and get ``Sample`` / ``Event`` / ``PostMortem``; devices
+are addressed by ``(host, index)``, where ``host=None`` means this store's own host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+
+from agent.errors import StoreError
+from agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
+from agent.store import migrate
+from agent.store.schema import (
+    agent_stats,
+    alerts,
+    devices,
+    events,
+    hosts,
+    postmortems,
+    processes,
+    samples,
+)
+
+_SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+_COUNTERS_START = 5  # index of the first counter in a Sample tuple
+_COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
+
+
+class Store:
+    """A connection pool to one database, plus the few queries vramscope needs."""
+
+    def __init__(self, engine: Engine, host_name: str | None = None) -> None:
+        self.engine = engine
+        self.host_name = host_name or socket.gethostname()
+        self._host_ids: dict[str, int] = {}
+        self._device_ids: dict[tuple[str, int], int] = {}
+
+    # --- opening --------------------------------------------------------------------------
+    @classmethod
+    def open(cls, url: str, *, synchronous: str = "NORMAL", host_name: str | None = None,
+             upgrade: bool = True) -> Store:
+        """Open (creating a SQLite file's directory), then upgrade or refuse the schema."""
+        engine = _make_engine(url, synchronous)
+        store = cls(engine, host_name)
+        if upgrade:
+            store.ensure_schema()
+        return store
+
+    def ensure_schema(self) -> None:
+        try:
+            current = migrate.current_revision(self.engine)
+        except OperationalError as exc:
+            raise StoreError(f"cannot open database {self.safe_url}: {exc.orig}") from None
+        if current is not None and current not in migrate.known_revisions():
+            raise StoreError(
+                f"database {self.safe_url} has schema revision {current}, newer than this "
+                f"vramscope knows (head {migrate.head_revision()}); upgrade vramscope")
+        if current != migrate.head_revision():
+            migrate.upgrade(self.engine)
+
+    @property
+    def safe_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- identity ------------------------------------------------------------------------
+    def host_id(self, host: str | None = None, conn=None, ts_s: float = 0.0) -> int:
+        name = host or self.host_name
+        cached = self._host_ids.get(name)
+        if cached is not None:
+            return cached
+        with _maybe_begin(self.engine, conn) as c:
+            row = c.execute(select(hosts.c.id).where(hosts.c.name == name)).first()
+            if row is None:
+                try:
+                    with c.begin_nested():
+                        row_id = c.execute(insert(hosts).values(
+                            name=name, first_seen_s=ts_s, last_seen_s=ts_s)).inserted_primary_key[0]
+                except IntegrityError:  # another agent inserted it first
+                    row_id = c.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
+            else:
+                row_id = row[0]
+        self._host_ids[name] = row_id
+        return row_id
+
+    def device_id(self, index: int, host: str | None = None, conn=None) -> int:
+        key = (host or self.host_name, index)
+        cached = self._device_ids.get(key)
+        if cached is not None:
+            return cached
+        with _maybe_begin(self.engine, conn) as c:
+            hid = self.host_id(key[0], c)
+            where = and_(devices.c.host_id == hid, devices.c.device_index == index)
+            row = c.execute(select(devices.c.id).where(where)).first()
+            if row is None:
+                try:
+                    with c.begin_nested():
+                        row_id = c.execute(insert(devices).values(
+                            host_id=hid, device_index=index)).inserted_primary_key[0]
+                except IntegrityError:
+                    row_id = c.execute(select(devices.c.id).where(where)).scalar_one()
+            else:
+                row_id = row[0]
+        self._device_ids[key] = row_id
+        return row_id
+
+    def describe_device(self, index: int, *, uuid: str | None = None, name: str | None = None,
+                        total_bytes: int | None = None, host: str | None = None) -> None:
+        """Record a device's UUID, name and total memory (from NVML)."""
+        with self.engine.begin() as c:
+            did = self.device_id(index, host, c)
+            c.execute(update(devices).where(devices.c.id == did).values(
+                uuid=uuid, name=name, total_bytes=total_bytes))
+
+    def upsert_process(self, pid: int, ts_s: float, *, name: str | None = None,
+                       model: str | None = None, device_indexes: Sequence[int] = (),
+                       host: str | None = None) -> None:
+        with self.engine.begin() as c:
+            hid = self.host_id(host, c)
+            where = and_(processes.c.host_id == hid, processes.c.pid == pid)
+            values: dict[str, Any] = {"last_seen_s": ts_s}
+            if name is not None:
+                values["name"] = name
+            if model is not None:
+                values["model"] = model
+            if device_indexes:
+                values["devices"] = ",".join(str(i) for i in device_indexes)
+            if c.execute(update(processes).where(where).values(**values)).rowcount == 0:
+                c.execute(insert(processes).values(host_id=hid, pid=pid, first_seen_s=ts_s,
+                                                   **values))
+
+    # --- writing -------------------------------------------------------------------------
+    def write(self, sample_batch: Sequence[Sample] = (), event_batch: Sequence[Event] = (),
+              origin: str | None = None, first_seq: int | None = None) -> int:
+        """Insert samples and events in one transaction; returns rows inserted.
+
+        With ``origin`` and ``first_seq`` every row gets ``(origin, seq)`` numbered in order
+        (samples first, then events) and rows already present are skipped, so replaying a batch
+        after a reconnect is harmless.
+        """
+        if not sample_batch and not event_batch:
+            return 0
+        try:
+            with self.engine.begin() as c:
+                sample_rows = [self._sample_row(s, c) for s in sample_batch]
+                event_rows = [self._event_row(e, c) for e in event_batch]
+                if origin is not None and first_seq is not None:
+                    _number(sample_rows + event_rows, origin, first_seq)
+                    return self._insert_idempotent(c, sample_rows, event_rows)
+                if sample_rows:
+                    c.execute(insert(samples), sample_rows)
+                if event_rows:
+                    c.execute(insert(events), event_rows)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
+        return len(sample_batch) + len(event_batch)
+
+    def write_samples(self, batch: Sequence[Sample]) -> int:
+        return self.write(batch, ())
+
+    def write_events(self, batch: Sequence[Event]) -> int:
+        return self.write((), batch)
+
+    def _insert_idempotent(self, c, sample_rows: list[dict], event_rows: list[dict]) -> int:
+        inserted = 0
+        for table, rows in ((samples, sample_rows), (events, event_rows)):
+            if not rows:
+                continue
+            stmt = _insert_ignore(self.dialect, table)
+            result = c.execute(stmt, rows)
+            inserted += max(result.rowcount, 0)
+        return inserted
+
+    def _sample_row(self, s: Sample, conn) -> dict[str, Any]:
+        row = dict(zip(SAMPLE_COUNTER_FIELDS, s[_COUNTERS_START:_COUNTERS_END]))
+        key = (s.host or self.host_name, s.device)
+        did = self._device_ids.get(key)
+        row["device_id"] = did if did is not None else self.device_id(s.device, s.host, conn)
+        row["ts_s"] = s.ts_s
+        row["phase"] = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
+        row["source"] = s.source
+        row["pid"] = s.pid
+        return row
+
+    def _event_row(self, e: Event, conn) -> dict[str, Any]:
+        return {
+            "device_id": self.device_id(e.device, e.host, conn),
+            "ts_s": e.ts_s, "name": e.name, "pid": e.pid,
+            "phase": e.phase.value if e.phase is not None else None,
+            "request_id": e.request_id,
+            "data": json.dumps(e.data, sort_keys=True) if e.data else None,
+        }
+
+    def write_postmortem(self, pm: PostMortem) -> int:
+        with self.engine.begin() as c:
+            did = self.device_id(pm.device, pm.host, c)
+            return c.execute(insert(postmortems).values(
+                device_id=did, ts_s=pm.ts_s, pid=pm.pid, cause=pm.cause,
+                summary=json.dumps(pm.to_json(), sort_keys=True),
+                snapshot_path=pm.snapshot_path)).inserted_primary_key[0]
+
+    def open_alert(self, rule: str, severity: str, fired_ts_s: float, *,
+                   device: int | None = None, value: float | None = None,
+                   message: str | None = None, labels: dict[str, str] | None = None,
+                   host: str | None = None) -> int:
+        with self.engine.begin() as c:
+            did = self.device_id(device, host, c) if device is not None else None
+            return c.execute(insert(alerts).values(
+                device_id=did, rule=rule, severity=severity, fired_ts_s=fired_ts_s,
+                value=value, message=message,
+                labels=json.dumps(labels, sort_keys=True) if labels else None,
+            )).inserted_primary_key[0]
+
+    def resolve_alert(self, alert_id: int, resolved_ts_s: float) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(alerts).where(alerts.c.id == alert_id)
+                      .values(resolved_ts_s=resolved_ts_s))
+
+    def write_agent_stats(self, ts_s: float, *, clients: int, rows_per_s: float,
+                          queue_depth: int, dropped_total: int, rejected_total: int,
+                          db_size_bytes: int | None, host: str | None = None) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(agent_stats).values(
+                host_id=self.host_id(host, c), ts_s=ts_s, clients=clients,
+                rows_per_s=rows_per_s, queue_depth=queue_depth, dropped_total=dropped_total,
+                rejected_total=rejected_total, db_size_bytes=db_size_bytes))
+
+    # --- reading -------------------------------------------------------------------------
+    def hosts(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            return [dict(r._mapping) for r in c.execute(select(hosts).order_by(hosts.c.name))]
+
+    def devices(self, host: str | None = None) -> list[dict[str, Any]]:
+        """Every device (of one host, or all hosts when ``host="*"``), with its host name."""
+        q = (select(devices, hosts.c.name.label("host"))
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .order_by(hosts.c.name, devices.c.device_index))
+        if host != "*":
+            q = q.where(hosts.c.name == (host or self.host_name))
+        with self.engine.connect() as c:
+            return [dict(r._mapping) for r in c.execute(q)]
+
+    def processes(self, host: str | None = None) -> list[dict[str, Any]]:
+        q = (select(processes, hosts.c.name.label("host"))
+             .join(hosts, hosts.c.id == processes.c.host_id).order_by(processes.c.pid))
+        if host != "*":
+            q = q.where(hosts.c.name == (host or self.host_name))
+        with self.engine.connect() as c:
+            return [dict(r._mapping) for r in c.execute(q)]
+
+    def samples(self, device: int | None = None, start_s: float | None = None,
+                end_s: float | None = None, *, host: str | None = None,
+                source: str | None = None, limit: int | None = None) -> list[Sample]:
+        """Samples in time order (all devices of the host when ``device`` is None)."""
+        return list(self.iter_samples(device, start_s, end_s, host=host, source=source,
+                                      limit=limit))
+
+    def iter_samples(self, device: int | None = None, start_s: float | None = None,
+                     end_s: float | None = None, *, host: str | None = None,
+                     source: str | None = None, limit: int | None = None) -> Iterable[Sample]:
+        hname = host or self.host_name
+        q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase, samples.c.source,
+                    samples.c.pid, *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
+             .join(devices, devices.c.id == samples.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == hname)
+             .order_by(samples.c.ts_s, samples.c.id))
+        q = _time_filter(q, samples.c.ts_s, start_s, end_s)
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        if source is not None:
+            q = q.where(samples.c.source == source)
+        if limit is not None:
+            q = q.limit(limit)
+        host_field = None if host is None else host
+        with self.engine.connect() as c:
+            for r in c.execute(q).yield_per(10_000):
+                yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4], *r[5:], host=host_field)
+
+    def events(self, device: int | None = None, start_s: float | None = None,
+               end_s: float | None = None, *, host: str | None = None,
+               names: Sequence[str] | None = None, limit: int | None = None) -> list[Event]:
+        q = (select(devices.c.device_index, events)
+             .join(devices, devices.c.id == events.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == (host or self.host_name))
+             .order_by(events.c.ts_s, events.c.id))
+        q = _time_filter(q, events.c.ts_s, start_s, end_s)
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        if names:
+            q = q.where(events.c.name.in_(list(names)))
+        if limit is not None:
+            q = q.limit(limit)
+        with self.engine.connect() as c:
+            return [Event(r.ts_s, r.name, r.device_index, r.pid,
+                          Phase(r.phase) if r.phase else None, r.request_id,
+                          json.loads(r.data) if r.data else None, host)
+                    for r in c.execute(q)]
+
+    def time_range(self, device: int | None = None,
+                   host: str | None = None) -> tuple[float, float] | None:
+        q = (select(func.min(samples.c.ts_s), func.max(samples.c.ts_s))
+             .join(devices, devices.c.id == samples.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == (host or self.host_name)))
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        with self.engine.connect() as c:
+            lo, hi = c.execute(q).one()
+        return None if lo is None else (lo, hi)
+
+    def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
+                 columns: Sequence[str], *, source: str | None = None,
+                 host: str | None = None) -> list[dict[str, Any]]:
+        """Downsample in SQL: per bucket, ``min``/``max``/``last`` of each column.
+
+        Returns one dict per non-empty bucket, in time order: ``{"ts_s": <bucket start>,
+        "last_ts_s": ..., "<col>_min": ..., "<col>_max": ..., "<col>_last": ...}``. Peaks survive
+        because max is kept, not averaged away.
+        """
+        from agent.store.downsample import downsample
+
+        return downsample(self, device, start_s, end_s, buckets, columns, source, host)
+
+    def alerts(self, *, active_only: bool = False, host: str | None = None,
+               limit: int = 1000) -> list[dict[str, Any]]:
+        q = (select(alerts, devices.c.device_index.label("device"),
+                    hosts.c.name.label("host"))
+             .outerjoin(devices, devices.c.id == alerts.c.device_id)
+             .outerjoin(hosts, hosts.c.id == devices.c.host_id)
+             .order_by(alerts.c.fired_ts_s.desc()).limit(limit))
+        if active_only:
+            q = q.where(alerts.c.resolved_ts_s.is_(None))
+        if host not in (None, "*"):
+            q = q.where(hosts.c.name == host)
+        with self.engine.connect() as c:
+            rows = [dict(r._mapping) for r in c.execute(q)]
+        for r in rows:
+            r["labels"] = json.loads(r["labels"]) if r["labels"] else {}
+        return rows
+
+    def postmortems(self, device: int | None = None,
+                    host: str | None = None) -> list[tuple[int, PostMortem]]:
+        q = (select(postmortems.c.id, postmortems.c.summary)
+             .join(devices, devices.c.id == postmortems.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .order_by(postmortems.c.ts_s))
+        if host != "*":
+            q = q.where(hosts.c.name == (host or self.host_name))
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        with self.engine.connect() as c:
+            return [(r.id, PostMortem.from_json(json.loads(r.summary))) for r in c.execute(q)]
+
+    def latest_agent_stats(self, host: str | None = None) -> dict[str, Any] | None:
+        q = (select(agent_stats).join(hosts, hosts.c.id == agent_stats.c.host_id)
+             .where(hosts.c.name == (host or self.host_name))
+             .order_by(agent_stats.c.ts_s.desc()).limit(1))
+        with self.engine.connect() as c:
+            row = c.execute(q).first()
+        return dict(row._mapping) if row else None
+
+    def count(self, table_name: str) -> int:
+        from agent.store.schema import metadata
+
+        table = metadata.tables[table_name]
+        with self.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(table)).scalar_one()
+
+    def size_bytes(self) -> int | None:
+        """Size of the database on disk (SQLite file plus WAL, or PostgreSQL's own figure)."""
+        if self.dialect == "sqlite":
+            path = self.engine.url.database
+            if not path or path == ":memory:":
+                return None
+            return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+        if self.dialect == "postgresql":
+            with self.engine.connect() as c:
+                return c.exec_driver_sql("SELECT pg_database_size(current_database())").scalar()
+        return None
+
+
+def _make_engine(url: str, synchronous: str) -> Engine:
+    try:
+        engine = create_engine(url)
+    except (SQLAlchemyError, ValueError) as exc:
+        raise StoreError(f"bad database URL {url!r}: {exc}") from None
+    except ModuleNotFoundError as exc:
+        raise StoreError(f"database URL {url!r} needs the {exc.name!r} driver; "
+                         f"install it (pip install 'vramscope[postgres]')") from None
+    if engine.dialect.name == "sqlite":
+        path = engine.url.database
+        if path and path != ":memory:":
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _sqlite_pragmas(engine, synchronous)
+    return engine
+
+
+def _sqlite_pragmas(engine: Engine, synchronous: str) -> None:
+    """WAL and busy timeout on connections of *this* engine only, never process-wide."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute("PRAGMA busy_timeout=5000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+
+class _maybe_begin:
+    """Use the caller's connection if given, else a fresh transaction."""
+
+    def __init__(self, engine: Engine, conn) -> None:
+        self._engine, self._conn, self._ctx = engine, conn, None
+
+    def __enter__(self):
+        if self._conn is not None:
+            return self._conn
+        self._ctx = self._engine.begin()
+        return self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            return self._ctx.__exit__(*exc)
+        return False
+
+
+def _time_filter(q, column, start_s: float | None, end_s: float | None):
+    if start_s is not None:
+        q = q.where(column >= start_s)
+    if end_s is not None:
+        q = q.where(column <= end_s)
+    return q
+
+
+def _number(rows: list[dict[str, Any]], origin: str, first_seq: int) -> None:
+    for i, row in enumerate(rows):
+        row["origin"] = origin
+        row["seq"] = first_seq + i
+
+
+def _insert_ignore(dialect: str, table):
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing(index_elements=["origin", "seq"])
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["origin", "seq"])
+    raise StoreError(f"idempotent writes are not supported on {dialect}")
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    orig = getattr(exc, "orig", None)
+    return str(orig) if orig is not None else str(exc)
