@@ -19,6 +19,7 @@ from agent.errors import TraceError
 from agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 
 FORMAT_VERSION = 1
+_MAX_INT64 = 2**63 - 1  # the store's BigInteger columns
 _EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host"}
 
 
@@ -122,6 +123,8 @@ def _int(value: Any, key: str, default: Any, bytes_like: bool = False) -> Any:
         raise ValueError(f"'{key}' must be {kind}, got {value!r}")
     if value < 0:
         raise ValueError(f"'{key}' must be >= 0, got {value!r}")
+    if value > _MAX_INT64:
+        raise ValueError(f"'{key}' is too large (> 2**63 - 1), got {value!r}")
     return value
 
 

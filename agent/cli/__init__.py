@@ -76,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    logging.getLogger("alembic").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except VramscopeError as exc:

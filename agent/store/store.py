@@ -177,7 +177,7 @@ class Store:
                     c.execute(insert(samples), sample_rows)
                 if event_rows:
                     c.execute(insert(events), event_rows)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, OverflowError) as exc:
             raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
         return len(sample_batch) + len(event_batch)
 
@@ -192,9 +192,9 @@ class Store:
         for table, rows in ((samples, sample_rows), (events, event_rows)):
             if not rows:
                 continue
-            stmt = _insert_ignore(self.dialect, table)
-            result = c.execute(stmt, rows)
-            inserted += max(result.rowcount, 0)
+            # RETURNING counts what was really inserted; executemany rowcounts are unreliable.
+            stmt = _insert_ignore(self.dialect, table).returning(table.c.id)
+            inserted += len(c.execute(stmt, rows).all())
         return inserted
 
     def _sample_row(self, s: Sample, conn) -> dict[str, Any]:
@@ -418,7 +418,10 @@ def _make_engine(url: str, synchronous: str) -> Engine:
     if engine.dialect.name == "sqlite":
         path = engine.url.database
         if path and path != ":memory:":
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot open database {url}: {exc}") from None
         _sqlite_pragmas(engine, synchronous)
     return engine
 
@@ -480,6 +483,6 @@ def _insert_ignore(dialect: str, table):
     raise StoreError(f"idempotent writes are not supported on {dialect}")
 
 
-def _reason(exc: SQLAlchemyError) -> str:
+def _reason(exc: Exception) -> str:
     orig = getattr(exc, "orig", None)
     return str(orig) if orig is not None else str(exc)

@@ -1,0 +1,48 @@
+"""``vramscope config check [PATH]`` and ``vramscope config show``."""
+
+from __future__ import annotations
+
+import argparse
+
+from agent.cli.common import add_config_flag
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="check or show the configuration")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    check = actions.add_parser("check", help="validate a config file (and its alert rules)")
+    check.add_argument("path", nargs="?", help="file to check (default: the search order)")
+    check.set_defaults(func=run_check)
+    show = actions.add_parser("show", help="print the effective settings and where they came from")
+    add_config_flag(show)
+    show.set_defaults(func=run_show)
+
+
+def _load(path: str | None):
+    from agent.config import load_config
+
+    config = load_config(path)
+    try:
+        from agent.alert_rules import parse_rules
+    except ModuleNotFoundError:
+        return config, None
+    return config, parse_rules(config)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    config, rules = _load(args.path)
+    where = config.source or "no config file found; defaults"
+    extra = f", {len(rules)} alert rules" if rules is not None else ""
+    print(f"{where}: ok ({len(config)} settings{extra})")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from agent.config import load_config
+
+    config = load_config(args.config)
+    print(f"# from {config.source or 'defaults'}")
+    for key in sorted(config):
+        print(f"{key} = {config[key]!r}")
+    return 0

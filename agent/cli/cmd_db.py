@@ -1,0 +1,52 @@
+"""``vramscope db upgrade | current | downgrade REV``."""
+
+from __future__ import annotations
+
+import argparse
+
+from agent.cli.common import add_config_flag, add_db_flag, config_from_args
+from agent.errors import StoreError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("db", help="database schema migrations (Alembic)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    for name, help_text in (("upgrade", "upgrade the schema to the newest revision"),
+                            ("current", "print the schema revision of the database")):
+        a = actions.add_parser(name, help=help_text)
+        add_db_flag(a)
+        add_config_flag(a)
+        a.set_defaults(func=run)
+    down = actions.add_parser("downgrade", help="downgrade the schema to REV ('base' drops all)")
+    down.add_argument("revision", metavar="REV")
+    add_db_flag(down)
+    add_config_flag(down)
+    down.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from agent.store import Store, migrate
+
+    config = config_from_args(args)
+    store = Store.open(config["database.url"], synchronous=config["database.synchronous"],
+                       upgrade=False)
+    try:
+        if args.action == "upgrade":
+            store.ensure_schema()
+        elif args.action == "downgrade":
+            if args.revision != "base" and args.revision not in migrate.known_revisions():
+                raise StoreError(f"unknown revision {args.revision!r}; known: base, "
+                                 f"{', '.join(sorted(migrate.known_revisions()))}")
+            migrate.downgrade(store.engine, args.revision)
+        rev = migrate.current_revision(store.engine)
+    except SQLAlchemyError as exc:
+        raise StoreError(f"{store.safe_url}: {exc}") from None
+    finally:
+        store.close()
+    head = migrate.head_revision()
+    state = "head" if rev == head else f"head is {head}"
+    print(f"{store.safe_url}: revision {rev or 'base (empty)'} ({state})")
+    return 0

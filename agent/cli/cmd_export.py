@@ -1,0 +1,60 @@
+"""``vramscope export [trace] [--device N] [--since TS] [--until TS] [-o FILE]`` writes trace v1;
+``vramscope export prometheus-rules`` writes the config's alert rules for Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from agent.cli.common import add_config_flag, add_db_flag, config_from_args, open_store
+from agent.errors import VramscopeError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a trace (v1) or Prometheus alerting rules")
+    p.add_argument("what", nargs="?", default="trace", choices=("trace", "prometheus-rules"),
+                   help="what to export (default: trace)")
+    p.add_argument("--device", type=int, help="only this device index")
+    p.add_argument("--since", type=float, metavar="TS", help="from this Unix time (s)")
+    p.add_argument("--until", type=float, metavar="TS", help="up to this Unix time (s)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    add_db_flag(p)
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.what == "prometheus-rules":
+        return _export_rules(args)
+    from agent.trace import write_trace
+
+    with open_store(args) as store, _output(args.output) as out:
+        samples = store.iter_samples(args.device, args.since, args.until)
+        events = store.events(args.device, args.since, args.until)
+        n = write_trace(out, samples, events)
+    if args.output:
+        print(f"{args.output}: wrote {n} lines", file=sys.stderr)
+    return 0
+
+
+def _export_rules(args: argparse.Namespace) -> int:
+    try:
+        from agent.prom_rules import render_rules
+    except ModuleNotFoundError:
+        raise VramscopeError("Prometheus rule export is not available in this build") from None
+    with _output(args.output) as out:
+        out.write(render_rules(config_from_args(args)))
+    return 0
+
+
+@contextlib.contextmanager
+def _output(path: str | None):
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            yield fh
+    except OSError as exc:
+        raise VramscopeError(f"{path}: cannot write: {exc.strerror}") from None

@@ -1,0 +1,67 @@
+"""Render ``docs/configuration.md``'s settings reference from ``SETTINGS``.
+
+``python -m agent.config_docs > docs/configuration.md`` regenerates it; ``tests/test_docs.py``
+fails when a setting is missing from the docs, so the table and the docs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from agent.config import SETTINGS, default_text, env_var_name
+
+HEADER = """# Configuration
+
+vramscope reads one TOML file. The first that exists, in this order, is used:
+
+1. `--config PATH` on the command line (an error if it does not exist),
+2. `$VRAMSCOPE_CONFIG` (an error if it does not exist),
+3. `./vramscope.toml`,
+4. `$XDG_CONFIG_HOME/vramscope/vramscope.toml` (default `~/.config/vramscope/vramscope.toml`),
+5. `/etc/vramscope/vramscope.toml`.
+
+No file is fine: every setting has a default. Each setting can be overridden by an environment
+variable, `VRAMSCOPE_<SECTION>_<KEY>` (listed below), which wins over the file; command-line flags
+such as `--db` win over both.
+
+A bad file stops vramscope with an error that names the file, the key and the bad value: not
+valid TOML, an unknown section or key (with a "did you mean"), a wrong type, or a value out of
+range. `vramscope config check [PATH]` validates a file (and its alert rules) without starting
+anything; `vramscope config show` prints the effective settings.
+
+```toml
+[database]
+url = "sqlite:////var/lib/vramscope/vramscope.db"
+
+[dashboard]
+host = "127.0.0.1"
+port = 8321
+
+[alerts]
+headroom_warning_ratio = 0.10
+```
+
+Alert rules of your own are `[[alerts.rules]]` tables; see [alerts.md](alerts.md).
+
+## Settings
+
+| key | type | default | environment variable | description |
+|---|---|---|---|---|
+"""
+
+
+def render() -> str:
+    rows = []
+    for s in SETTINGS:
+        limits = []
+        if s.min is not None or s.max is not None:
+            limits.append(f"range {s.min if s.min is not None else '-inf':g}"
+                          f"..{s.max if s.max is not None else float('inf'):g}")
+        if s.choices:
+            limits.append("one of " + ", ".join(f"`{c}`" for c in s.choices))
+        extra = f" ({'; '.join(limits)})" if limits else ""
+        rows.append(f"| `{s.key}` | {s.type.__name__} | `{default_text(s)}` | "
+                    f"`{env_var_name(s.key)}` | {s.help}{extra} |")
+    return HEADER + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,127 @@
+"""The store on SQLite and on a real PostgreSQL server: round trips, queries, downsampling."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import StoreError
+from agent.records import Event, Holder, Phase, PostMortem, Sample
+from agent.store import Store
+
+T0 = 1_700_000_000.0
+
+
+def _samples(n: int, device: int = 0) -> list[Sample]:
+    return [Sample(T0 + i, device, Phase.DECODE if i % 2 else Phase.PREFILL, "torch", 99,
+                   allocated_bytes=1000 + i, reserved_bytes=4000, num_alloc_retries=i // 5)
+            for i in range(n)]
+
+
+def test_samples_round_trip_value_for_value(any_url):
+    with Store.open(any_url, host_name="h1") as store:
+        written = _samples(20) + _samples(5, device=3)
+        assert store.write(written, []) == 25
+        got = store.samples()
+        assert sorted(got) == sorted(written)
+        assert store.samples(3) == _samples(5, device=3)
+        assert [s.ts_s for s in store.samples(0, T0 + 2, T0 + 4)] == [T0 + 2, T0 + 3, T0 + 4]
+        assert store.time_range(0) == (T0, T0 + 19)
+
+
+def test_events_and_data_round_trip(any_url):
+    with Store.open(any_url, host_name="h1") as store:
+        ev = [Event(T0, "request_start", 0, 5, Phase.PREFILL, "req-1", {"prompt_tokens": 900}),
+              Event(T0 + 1, "oom", 1, 5, None, None, {"message": "CUDA out of memory"})]
+        store.write([], ev)
+        assert store.events() == ev
+        assert store.events(names=["oom"]) == ev[1:]
+
+
+def test_hosts_never_mix(any_url):
+    with Store.open(any_url, host_name="a") as store:
+        store.write([Sample(T0, 0, allocated_bytes=1, host="a"),
+                     Sample(T0, 0, allocated_bytes=2, host="b")])
+        assert [s.allocated_bytes for s in store.samples(0)] == [1]
+        assert [s.allocated_bytes for s in store.samples(0, host="b")] == [2]
+        assert [(d["host"], d["device_index"]) for d in store.devices("*")] == [("a", 0), ("b", 0)]
+
+
+def test_idempotent_batches(any_url):
+    with Store.open(any_url, host_name="h") as store:
+        batch = _samples(10)
+        ev = [Event(T0, "request_end", request_id="r")]
+        assert store.write(batch, ev, origin="agent-1", first_seq=100) == 11
+        assert store.write(batch, ev, origin="agent-1", first_seq=100) == 0  # replay
+        assert store.write(batch[:2], [], origin="agent-2", first_seq=100) == 2
+        assert store.count("samples") == 12 and store.count("events") == 1
+
+
+def test_timeline_downsamples_keeping_min_max_last(any_url):
+    with Store.open(any_url, host_name="h") as store:
+        vals = [5, 1, 9, 3, 7, 2, 8, 4, 6, 0]
+        store.write([Sample(T0 + i, 0, source="torch", allocated_bytes=v) for i, v in
+                     enumerate(vals)])
+        rows = store.timeline(0, T0, T0 + 10, 2, ["allocated_bytes"])
+        assert [(r["ts_s"], r["allocated_bytes_min"], r["allocated_bytes_max"],
+                 r["allocated_bytes_last"]) for r in rows] == [
+            (T0, 1, 9, 7), (T0 + 5, 0, 8, 0)]
+        with pytest.raises(ValueError, match="unknown sample column"):
+            store.timeline(0, T0, T0 + 10, 2, ["allocated; DROP TABLE samples"])
+        assert store.timeline(7, T0, T0 + 10, 2, ["allocated_bytes"]) == []
+
+
+def test_postmortem_alerts_processes_stats(any_url):
+    pm = PostMortem(T0, 0, 42, Phase.PREFILL, 2 << 30, 1 << 30, 80 << 30, 70 << 30, 79 << 30,
+                    512 << 20, 0.75, ("r1", "r2"), (Holder(1 << 30, ("model.py:10:forward",),
+                                                           Phase.PREFILL),),
+                    ({"address": 0, "total_size": 20 << 20, "allocated_size": 1 << 20},),
+                    "CUDA out of memory", "fragmentation", ("expandable_segments",))
+    with Store.open(any_url, host_name="h") as store:
+        store.write_postmortem(pm)
+        [(pm_id, got)] = store.postmortems()
+        assert got == pm
+        aid = store.open_alert("leak", "warning", T0, device=0, value=1.5,
+                               labels={"k": "v"}, message="rising")
+        assert [a["rule"] for a in store.alerts(active_only=True)] == ["leak"]
+        store.resolve_alert(aid, T0 + 60)
+        assert store.alerts(active_only=True) == []
+        assert store.alerts()[0]["resolved_ts_s"] == T0 + 60
+        assert store.alerts()[0]["labels"] == {"k": "v"}
+        store.upsert_process(42, T0, name="<img src=x>", device_indexes=[0, 1])
+        store.upsert_process(42, T0 + 5, model="llama")
+        [proc] = store.processes()
+        assert (proc["name"], proc["model"], proc["devices"], proc["last_seen_s"]) == (
+            "<img src=x>", "llama", "0,1", T0 + 5)
+        store.write_agent_stats(T0, clients=2, rows_per_s=10.0, queue_depth=3,
+                                dropped_total=4, rejected_total=5, db_size_bytes=None)
+        assert store.latest_agent_stats()["rejected_total"] == 5
+
+
+def test_sqlite_pragmas_are_on_our_engine(store):
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    import sqlite3
+
+    other = sqlite3.connect(":memory:")  # a plain connection is untouched
+    assert other.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL, sqlite's default
+
+
+def test_synchronous_full_by_config(tmp_path):
+    with Store.open(f"sqlite:///{tmp_path / 'f.db'}", synchronous="FULL") as store:
+        with store.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+
+
+def test_bad_urls_are_clear():
+    with pytest.raises(StoreError, match="bad database URL 'nonsense://x'"):
+        Store.open("nonsense://x")
+    with pytest.raises(StoreError, match="cannot open database"):
+        Store.open("sqlite:////proc/forbidden/x.db")
+
+
+def test_write_failure_loses_nothing_already_stored(store):
+    store.write(_samples(3))
+    with pytest.raises(StoreError, match="cannot write"):
+        store.write([Sample(T0, 0, allocated_bytes=2**70)])  # too large for a 64-bit column
+    assert store.count("samples") == 3
