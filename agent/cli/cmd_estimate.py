@@ -1,0 +1,114 @@
+"""``vramscope estimate [CONFIG.json] [shape flags] [plan flags] [--json]``: capacity planning."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from agent.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate", help="plan GPU memory: weights, KV cache, what concurrency/context fits",
+        description="Estimate GPU memory for serving a model, from a Hugging Face config.json "
+                    "or explicit numbers (flags override the file).")
+    p.add_argument("config", nargs="?", help="a Hugging Face config.json")
+    shape = p.add_argument_group("model shape (override or replace the config file)")
+    shape.add_argument("--layers", type=int)
+    shape.add_argument("--kv-heads", type=int)
+    shape.add_argument("--head-dim", type=int)
+    shape.add_argument("--hidden", type=int, help="hidden size")
+    shape.add_argument("--intermediate", type=int, help="MLP intermediate size")
+    shape.add_argument("--vocab", type=int, help="vocabulary size")
+    shape.add_argument("--params", type=_count, help="parameter count: 7e9, 7B, 500M")
+    shape.add_argument("--dtype", help="model dtype (default: the config's, else bfloat16)")
+    plan = p.add_argument_group("serving plan")
+    plan.add_argument("--context", type=int, default=4096, help="tokens per sequence")
+    plan.add_argument("--concurrency", type=int, default=1, help="sequences at once")
+    plan.add_argument("--kv-dtype", help="KV cache dtype, e.g. fp8 (default: model dtype)")
+    plan.add_argument("--weight-dtype", help="weight dtype, e.g. int4 (default: model dtype)")
+    plan.add_argument("--gpu", default="H100", help="GPU name (H200, H100, A100-80GB, L4...)")
+    plan.add_argument("--gpu-memory-gib", type=float, help="GPU memory, overrides --gpu")
+    plan.add_argument("--overhead-gib", type=float, default=1.0,
+                      help="CUDA context, workspaces and slack (default 1 GiB)")
+    plan.add_argument("--margin", type=float, default=0.10,
+                      help="safety margin as a share of GPU memory (default 0.10)")
+    plan.add_argument("--block-size", type=int, default=16, help="paged KV block, in tokens")
+    plan.add_argument("--prefill-tokens", type=int,
+                      help="largest prefill chunk (default: one whole context)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.set_defaults(func=run)
+
+
+def _count(text: str) -> int:
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(text[-1:].upper())
+    try:
+        return int(float(text[:-1]) * scale) if scale else int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a parameter count: {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent import estimate as est
+
+    shape = _shape(args, est)
+    gpu_bytes = (int(args.gpu_memory_gib * est.GiB) if args.gpu_memory_gib
+                 else est.gpu_memory_bytes(args.gpu))
+    plan = est.Plan(context_tokens=args.context, concurrency=args.concurrency,
+                    gpu_memory_bytes=gpu_bytes, kv_dtype=args.kv_dtype,
+                    weight_dtype=args.weight_dtype, overhead_bytes=int(args.overhead_gib * est.GiB),
+                    margin_ratio=args.margin, block_size_tokens=args.block_size,
+                    prefill_tokens=args.prefill_tokens)
+    result = est.estimate(shape, plan)
+    if args.json:
+        json.dump({"format": "vramscope.estimate/1", **result.to_json()}, sys.stdout, indent=2)
+        print()
+    else:
+        print(render(result, plan, shape))
+    return 0
+
+
+def _shape(args: argparse.Namespace, est):
+    cfg = est.load_hf_config(args.config) if args.config else {}
+    cfg = dict(cfg.get("text_config") or cfg)
+    flags = {"num_hidden_layers": args.layers, "num_key_value_heads": args.kv_heads,
+             "head_dim": args.head_dim, "hidden_size": args.hidden,
+             "intermediate_size": args.intermediate, "vocab_size": args.vocab,
+             "num_parameters": args.params, "torch_dtype": args.dtype}
+    cfg.update({k: v for k, v in flags.items() if v is not None})
+    if "num_attention_heads" not in cfg and "head_dim" in cfg and "hidden_size" in cfg:
+        cfg["num_attention_heads"] = cfg["hidden_size"] // cfg["head_dim"]
+    if not cfg.get("num_parameters") and not cfg.get("vocab_size") and not args.config:
+        raise UsageError("give --params (or --vocab and --intermediate so they can be counted)")
+    return est.shape_from_hf_config(cfg, name=args.config or "model")
+
+
+def render(r, plan, shape) -> str:
+    gib = 1 << 30
+
+    def g(n: int) -> str:
+        return f"{n / gib:9.2f} GiB"
+
+    lines = [
+        f"{r.model}: {shape.num_params / 1e9:.2f} B parameters, {shape.num_layers} layers, "
+        f"{shape.num_kv_heads} KV heads × {shape.head_dim}",
+        f"KV per token      {r.kv_bytes_per_token / 1024:9.1f} KiB",
+        f"weights           {g(r.weights_bytes)}",
+        f"runtime overhead  {g(r.overhead_bytes)}",
+        f"KV cache          {g(r.kv_cache_bytes)}   ({plan.concurrency} × {plan.context_tokens}"
+        " tokens)",
+        f"activations       {g(r.activation_bytes)}   (prefill allowance)",
+        f"total             {g(r.total_bytes)}",
+        f"GPU               {g(r.gpu_memory_bytes)}   usable {g(r.usable_bytes).strip()} after "
+        f"a {plan.margin_ratio:.0%} margin",
+        ("fits" if r.fits else "DOES NOT FIT") + f": headroom {r.headroom_bytes / gib:.2f} GiB",
+        f"largest concurrency at {plan.context_tokens} tokens: {r.max_concurrency}",
+        f"largest context at concurrency {plan.concurrency}: {r.max_context_tokens} tokens"
+        + (f" (model maximum {shape.max_position_embeddings})"
+           if shape.max_position_embeddings else ""),
+        f"paged pool: {r.pool_blocks} blocks of {r.block_size_tokens} tokens "
+        f"({r.block_bytes / 1024:.0f} KiB each); this plan needs {r.blocks_needed}",
+    ]
+    return "\n".join(lines)

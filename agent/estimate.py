@@ -1,0 +1,214 @@
+"""The capacity planner behind ``vramscope estimate`` and the dashboard's Capacity page.
+
+Given a model's shape (from a Hugging Face ``config.json`` or explicit numbers) and a serving
+plan (context length, concurrency, KV dtype), it adds up what an inference server holds on the
+GPU::
+
+    weights      = parameters × bytes per weight
+    overhead     = CUDA context, cuBLAS/NCCL workspaces, allocator slack (a flat allowance)
+    KV cache     = 2 × layers × KV heads × head dim × tokens × concurrency × bytes per element
+    activations  = prefill_tokens × (4 × hidden + 2 × intermediate) × bytes
+                   + concurrency × vocab × 4                       (fp32 logits of one step)
+
+and compares the total with the GPU's memory less a safety margin; it also solves for the
+largest concurrency at the given context and the largest context at the given concurrency, and
+sizes a paged KV pool in blocks of ``block_size`` tokens. The activation term is an allowance
+for the prefill peak, not an exact figure; compare it with the measured prefill spike.
+Pure functions, no I/O except :func:`load_hf_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UsageError
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+DTYPE_BYTES: dict[str, float] = {
+    "float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
+    "bf16": 2, "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
+    "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5,
+}
+
+# Device memory as nvidia-smi / NVML report it (MiB), for --gpu NAME.
+GPU_MEMORY_MIB: dict[str, int] = {
+    "H200": 143771, "H100": 81559, "A100-80GB": 81920, "A100-40GB": 40960, "L40S": 46068,
+    "A10G": 23028, "L4": 23034, "RTX4090": 24564, "T4": 15360,
+}
+
+# Gated MLPs (gate, up, down) have three matrices; GPT-style MLPs two.
+_GATED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+                      "phi3", "olmo", "granite")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    num_params: int
+    dtype: str = "bfloat16"
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    max_position_embeddings: int | None = None
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "num_params"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value <= 0:
+                raise UsageError(f"model shape: {field_name} must be a positive integer, "
+                                 f"got {value!r}")
+        dtype_bytes(self.dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> int:
+        """2 (K and V) × layers × KV heads × head dim × bytes per element."""
+        per = dtype_bytes(kv_dtype or self.dtype)
+        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * per)
+
+
+def dtype_bytes(name: str) -> float:
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise UsageError(f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[key]
+
+
+def load_hf_config(path: str | Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a readable JSON config: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def shape_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelShape:
+    """A :class:`ModelShape` from a transformers ``config.json`` dict (text part if nested)."""
+    cfg = cfg.get("text_config") or cfg
+    layers = _key(cfg, name, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _key(cfg, name, "hidden_size", "n_embd", "d_model")
+    heads = _key(cfg, name, "num_attention_heads", "n_head")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    inter = cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * hidden
+    vocab = cfg.get("vocab_size") or 0
+    params = cfg.get("num_parameters") or count_parameters(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        intermediate=inter, vocab=vocab, gated=cfg.get("model_type") in _GATED_MODEL_TYPES,
+        tied=bool(cfg.get("tie_word_embeddings", False)))
+    return ModelShape(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                      hidden_size=hidden, num_params=params, dtype=str(dtype),
+                      intermediate_size=inter, vocab_size=vocab,
+                      max_position_embeddings=cfg.get("max_position_embeddings"), name=name)
+
+
+def _key(cfg: dict[str, Any], name: str, *keys: str) -> int:
+    for key in keys:
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            return cfg[key]
+    raise UsageError(f"{name}: config has no positive integer {' / '.join(keys)}")
+
+
+def count_parameters(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                     intermediate: int, vocab: int, gated: bool = True, tied: bool = False) -> int:
+    """Parameters of a decoder-only transformer from its shape (biases ignored)."""
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
+    mlp = (3 if gated else 2) * hidden * intermediate
+    per_layer = attention + mlp + 2 * hidden  # two norms
+    embeddings = vocab * hidden * (1 if tied else 2)  # input embedding and LM head
+    return layers * per_layer + embeddings + hidden  # final norm
+
+
+@dataclass(frozen=True)
+class Plan:
+    context_tokens: int
+    concurrency: int
+    gpu_memory_bytes: int
+    kv_dtype: str | None = None  # None: the model's dtype
+    weight_dtype: str | None = None  # None: the model's dtype (e.g. "int4" for AWQ/GPTQ)
+    overhead_bytes: int = 1 * GiB
+    margin_ratio: float = 0.10
+    block_size_tokens: int = 16
+    prefill_tokens: int | None = None  # None: one whole prompt of context_tokens (no chunking)
+
+    def __post_init__(self) -> None:
+        for name in ("context_tokens", "concurrency", "gpu_memory_bytes", "block_size_tokens"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.margin_ratio < 1:
+            raise UsageError(f"margin must be in [0, 1), got {self.margin_ratio}")
+        if self.overhead_bytes < 0:
+            raise UsageError(f"overhead must be >= 0, got {self.overhead_bytes}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    weights_bytes: int
+    overhead_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    total_bytes: int
+    gpu_memory_bytes: int
+    usable_bytes: int  # after the safety margin
+    fits: bool
+    headroom_bytes: int  # usable − total (negative when it does not fit)
+    max_concurrency: int  # at context_tokens
+    max_context_tokens: int  # at concurrency
+    block_size_tokens: int
+    block_bytes: int
+    pool_blocks: int  # a paged pool filling the KV budget
+    blocks_needed: int  # concurrency × ceil(context / block size)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate(shape: ModelShape, plan: Plan) -> Estimate:
+    weights = int(shape.num_params * dtype_bytes(plan.weight_dtype or shape.dtype))
+    per_token = shape.kv_bytes_per_token(plan.kv_dtype)
+    kv = per_token * plan.context_tokens * plan.concurrency
+    activations = activation_bytes(shape, plan)
+    total = weights + plan.overhead_bytes + kv + activations
+    usable = int(plan.gpu_memory_bytes * (1 - plan.margin_ratio))
+    kv_budget = max(0, usable - weights - plan.overhead_bytes - activations)
+    block_bytes = per_token * plan.block_size_tokens
+    return Estimate(
+        model=shape.name, weights_bytes=weights, overhead_bytes=plan.overhead_bytes,
+        kv_bytes_per_token=per_token, kv_cache_bytes=kv, activation_bytes=activations,
+        total_bytes=total, gpu_memory_bytes=plan.gpu_memory_bytes, usable_bytes=usable,
+        fits=total <= usable, headroom_bytes=usable - total,
+        max_concurrency=kv_budget // (per_token * plan.context_tokens),
+        max_context_tokens=kv_budget // (per_token * plan.concurrency),
+        block_size_tokens=plan.block_size_tokens, block_bytes=block_bytes,
+        pool_blocks=kv_budget // block_bytes,
+        blocks_needed=plan.concurrency * -(-plan.context_tokens // plan.block_size_tokens))
+
+
+def activation_bytes(shape: ModelShape, plan: Plan) -> int:
+    """An allowance for the prefill peak: one layer's hidden and MLP temporaries over the
+    prefill tokens, plus one step's fp32 logits for every sequence."""
+    tokens = plan.prefill_tokens or plan.context_tokens
+    inter = shape.intermediate_size or 4 * shape.hidden_size
+    per_token = (4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype)
+    return int(tokens * per_token) + plan.concurrency * shape.vocab_size * 4
+
+
+def gpu_memory_bytes(name: str) -> int:
+    key = name.upper().replace(" ", "").replace("_", "-")
+    if key not in GPU_MEMORY_MIB:
+        raise UsageError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY_MIB)} "
+                         "(or give --gpu-memory-gib)")
+    return GPU_MEMORY_MIB[key] * MiB
