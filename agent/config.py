@@ -47,7 +47,8 @@ class Setting:
 
 
 def _data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    home = os.path.expanduser("~")
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
     return Path(base) / "vramscope"
 
 
@@ -250,12 +251,13 @@ def parse_config(raw: dict[str, Any], source: str | None,
         if setting.key in flat:
             values[setting.key] = _validate(setting, flat[setting.key], where)
         else:
-            values[setting.key] = setting.default() if callable(setting.default) else setting.default
+            default = setting.default
+            values[setting.key] = default() if callable(default) else default
     for setting in SETTINGS:
         env_name = env_var_name(setting.key)
         if environ and env_name in environ:
-            values[setting.key] = _validate(setting, _from_env(setting, environ[env_name], env_name),
-                                            f"${env_name}")
+            value = _from_env(setting, environ[env_name], env_name)
+            values[setting.key] = _validate(setting, value, f"${env_name}")
     return Config(values, source, rules)
 
 

@@ -45,7 +45,7 @@ def parse_lines(lines: Iterable[str], name: str = "<trace>", *,
     samples: list[Sample] = []
     events: list[Event] = []
     skipped: list[TraceError] = []
-    for lineno, record in _records(lines, name, skip_invalid, skipped):
+    for _lineno, record in _records(lines, name, skip_invalid, skipped):
         (events if isinstance(record, Event) else samples).append(record)
     return Trace(samples, events, skipped)
 
@@ -101,8 +101,8 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
         return Event(ts, name, device, pid, phase, None if rid is None else str(rid),
                      data or None, host)
     counters = [_int(obj.get(k), k, default=None, bytes_like=True) for k in SAMPLE_COUNTER_FIELDS]
-    return Sample(ts, device, _phase(obj.get("phase", "unknown")), _str(obj.get("source"), "source"),
-                  pid, *counters, host=host)
+    phase = _phase(obj.get("phase", "unknown"))
+    return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid, *counters, host=host)
 
 
 def _number(value: Any, key: str) -> float:

@@ -8,11 +8,11 @@ Implementations: ``ListSink`` (the fake, for tests), the socket client in ``hook
 from __future__ import annotations
 
 import threading
-from typing import Protocol, Union
+from typing import Protocol
 
 from agent.records import Event, PostMortem, Sample
 
-Record = Union[Sample, Event, PostMortem]
+Record = Sample | Event | PostMortem
 
 
 class RecordSink(Protocol):

@@ -24,7 +24,8 @@ def test_defaults_without_a_file(tmp_path, monkeypatch):
     assert config["dashboard.host"] == "127.0.0.1"
     assert config["dashboard.port"] == 8321
     assert config["sampling.device_interval_s"] == 0.1
-    assert config["database.url"] == f"sqlite:///{tmp_path / 'data' / 'vramscope' / 'vramscope.db'}"
+    expected_db = tmp_path / "data" / "vramscope" / "vramscope.db"
+    assert config["database.url"] == f"sqlite:///{expected_db}"
 
 
 def test_search_order_cwd_then_xdg(tmp_path, monkeypatch):
@@ -68,7 +69,8 @@ BAD = [
     ("[alerts]\nheadroom_warning_ratio = nan\n", "alerts.headroom_warning_ratio must be a number"),
     ("[database]\nsynchronous = \"OFF\"\n",
      "database.synchronous = 'OFF' is not one of NORMAL, FULL"),
-    ("[database]\nurl = \"vramscope.db\"\n", "database.url = 'vramscope.db': expected a database URL"),
+    ("[database]\nurl = \"vramscope.db\"\n",
+     "database.url = 'vramscope.db': expected a database URL"),
     ("dashboard = 3\n", "[dashboard] must be a table, got 3"),
     ("[alerts]\nrules = 3\n", "alerts.rules must be an array of tables"),
 ]
@@ -101,7 +103,8 @@ def test_config_check_cli(tmp_path, capsys):
     bad = write(tmp_path, "[dashboard]\nport = -1\n", "bad.toml")
     assert main(["config", "check", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert err == f"vramscope: error: {bad}: dashboard.port = -1 is out of range; allowed: 1 to 65535\n"
+    assert err == (f"vramscope: error: {bad}: dashboard.port = -1 is out of range; "
+                   "allowed: 1 to 65535\n")
 
 
 def test_replace_validates_flags():

@@ -40,7 +40,8 @@ MALFORMED = [
     ("ts wrong type", '{"ts": "noon"}', "'ts' must be a number, got 'noon'"),
     ("NaN", '{"ts": NaN}', "NaN is not allowed"),
     ("Infinity bytes", '{"ts": 1, "reserved_bytes": Infinity}', "Infinity is not allowed"),
-    ("negative bytes", '{"ts": 1, "allocated_bytes": -5}', "'allocated_bytes' must be >= 0, got -5"),
+    ("negative bytes", '{"ts": 1, "allocated_bytes": -5}',
+     "'allocated_bytes' must be >= 0, got -5"),
     ("non-integer bytes", '{"ts": 1, "allocated_bytes": 1.5}',
      "'allocated_bytes' must be a non-negative integer, got 1.5"),
     ("bool bytes", '{"ts": 1, "allocated_bytes": true}',
@@ -138,7 +139,8 @@ def test_import_then_export_gives_back_the_same_records(backend, tmp_path, reque
     original = parse_lines(src.read_text().splitlines())
     again = parse_lines(dst.read_text().splitlines())
     assert sorted(again.samples) == sorted(original.samples)
-    assert sorted(again.events, key=lambda e: e.ts_s) == sorted(original.events, key=lambda e: e.ts_s)
+    by_time = lambda e: e.ts_s  # noqa: E731
+    assert sorted(again.events, key=by_time) == sorted(original.events, key=by_time)
 
 
 def test_export_filters_by_device_and_time(tmp_path):

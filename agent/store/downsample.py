@@ -23,7 +23,8 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
                host: str | None) -> list[dict[str, Any]]:
     bad = [c for c in columns if c not in SAMPLE_COUNTER_FIELDS]
     if bad:
-        raise ValueError(f"unknown sample column(s) {bad}; known: {', '.join(SAMPLE_COUNTER_FIELDS)}")
+        known = ", ".join(SAMPLE_COUNTER_FIELDS)
+        raise ValueError(f"unknown sample column(s) {bad}; known: {known}")
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     if not end_s > start_s:
