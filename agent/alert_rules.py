@@ -1,0 +1,232 @@
+"""Alert rules: the built-in defaults from the ``alerts.*`` settings plus ``[[alerts.rules]]``.
+
+A user rule is a TOML table::
+
+    [[alerts.rules]]
+    name = "reserved_high"          # required, unique; a built-in name replaces that built-in
+    metric = "reserved_bytes"       # required: a sample field or a derived metric (METRICS)
+    op = ">"                        # >, >=, <, <=, ==, != (default ">")
+    threshold = 120e9               # required number
+    for = "30s"                     # the condition must hold this long before firing (default 0)
+    clear = 110e9                   # resolve only once the value is back past this (hysteresis)
+    clear_for = "60s"               # ...and has stayed there this long (default 0)
+    severity = "warning"            # info, warning, critical (default warning)
+    labels = { team = "serving" }   # string labels passed to sinks
+    device = 0                      # only this device (default: every device)
+    message = "reserved above 120 GB"
+
+A bad rule raises :class:`ConfigError` naming the rule (its name, or its position) and the key.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.errors import ConfigError
+from agent.records import SAMPLE_COUNTER_FIELDS
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    "==": operator.eq, "!=": operator.ne,
+}
+SEVERITIES = ("info", "warning", "critical")
+
+# Derived metrics, computed per device by the alert engine (agent/alerts.py).
+DERIVED_METRICS: dict[str, str] = {
+    "cached_free_bytes": "reserved − allocated",
+    "inactive_split_ratio": "inactive split bytes / reserved bytes",
+    "external_fragmentation_ratio": "1 − largest free block / cached free (latest snapshot)",
+    "device_used_ratio": "device used / device total",
+    "headroom_bytes": "limit − demand (risk model)",
+    "headroom_ratio": "headroom after the largest prefill spike / limit (risk model)",
+    "time_to_oom_s": "forecast time to OOM from the trend of peaks; absent when not rising",
+    "risk_level": "0 ok, 1 warning, 2 critical (risk model)",
+    "leak_detected": "1 while the idle-floor leak detector (or the KV orphan check) says leak",
+    "leak_slope_bytes_per_s": "idle-floor Theil–Sen slope at the latest leak evaluation",
+    "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
+    "kv_usage_ratio": "KV blocks used / total",
+    "kv_exhaustion_s": "time until used KV blocks reach the total at the current rate",
+    "kv_orphaned_blocks": "orphaned KV blocks reported by the pool so far",
+    "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
+}
+METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(DERIVED_METRICS)
+_KEYS = ("name", "metric", "op", "threshold", "for", "clear", "clear_for", "severity", "labels",
+         "device", "message")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    metric: str
+    op: str
+    threshold: float
+    for_s: float = 0.0
+    clear: float | None = None
+    clear_for_s: float = 0.0
+    severity: str = "warning"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    device: int | None = None
+    message: str = ""
+    builtin: bool = False
+
+    def breached(self, value: float | None) -> bool:
+        return value is not None and OPS[self.op](value, self.threshold)
+
+    def cleared(self, value: float | None) -> bool:
+        """True when an active alert may resolve (past the clear threshold, if any)."""
+        if value is None:
+            return True
+        limit = self.threshold if self.clear is None else self.clear
+        return not OPS[self.op](value, limit)
+
+    def describe(self, value: float | None) -> str:
+        text = self.message or f"{self.metric} {self.op} {self.threshold:g}"
+        return text if value is None else f"{text} (value {value:.6g})"
+
+
+def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
+    """The default rules, with thresholds from the ``alerts.*`` settings."""
+    kv_s = 60.0 if config is None else float(config.get("alerts.kv_exhaustion_warning_s", 60.0))
+    hold = 60.0  # a risk level must stay down a minute before its alert resolves (no flapping)
+    return [
+        Rule("oom_risk", "risk_level", ">=", 1, clear_for_s=hold, severity="warning",
+             message="OOM risk: low headroom, memory trending to the limit, or fragmentation",
+             builtin=True),
+        Rule("oom_risk_critical", "risk_level", ">=", 2, clear_for_s=hold, severity="critical",
+             message="OOM risk critical", builtin=True),
+        Rule("memory_leak", "leak_detected", ">=", 1, severity="warning",
+             message="idle floor keeps rising after warm-up (leak)", builtin=True),
+        Rule("kv_exhaustion", "kv_exhaustion_s", "<", kv_s, for_s=5.0, clear_for_s=30.0,
+             severity="warning", message="KV pool runs out of blocks soon", builtin=True),
+        Rule("oom", "oom_recent", ">=", 1, severity="critical",
+             message="out of memory", builtin=True),
+    ]
+
+
+def parse_rules(config: Any) -> list[Rule]:
+    """Built-ins plus ``config.rules``; a user rule with a built-in's name replaces it."""
+    raw = getattr(config, "rules", None) or []
+    user = [parse_rule(r, i) for i, r in enumerate(raw, start=1)]
+    names = [r.name for r in user]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ConfigError(f"alert rule {dup!r}: name is used by more than one rule")
+    rules = [r for r in builtin_rules(config) if r.name not in names]
+    return rules + user
+
+
+def parse_rule(raw: Mapping[str, Any], position: int = 1) -> Rule:
+    """One ``[[alerts.rules]]`` table; errors name the rule and the key."""
+    where = f"alert rule {raw['name']!r}" if isinstance(raw.get("name"), str) and raw["name"] \
+        else f"alert rule #{position}"
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(_KEYS)}")
+    name = _required_str(raw, "name", where)
+    metric = _required_str(raw, "metric", where)
+    if metric not in METRICS:
+        raise ConfigError(f"{where}: metric = {metric!r} is not a known metric; known: "
+                          f"{', '.join(METRICS)}")
+    op = raw.get("op", ">")
+    if op not in OPS:
+        raise ConfigError(f"{where}: op = {op!r} is not one of {', '.join(OPS)}")
+    if "threshold" not in raw:
+        raise ConfigError(f"{where}: missing required key 'threshold'")
+    threshold = _number(raw["threshold"], "threshold", where)
+    clear = _clear(raw, op, threshold, where)
+    return Rule(name, metric, op, threshold,
+                for_s=parse_duration(raw.get("for", 0), "for", where),
+                clear=clear,
+                clear_for_s=parse_duration(raw.get("clear_for", 0), "clear_for", where),
+                severity=_severity(raw, where), labels=_labels(raw, where),
+                device=_device(raw, where), message=_str(raw, "message", where))
+
+
+def _required_str(raw: Mapping[str, Any], key: str, where: str) -> str:
+    if key not in raw:
+        raise ConfigError(f"{where}: missing required key {key!r}")
+    value = raw[key]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _str(raw: Mapping[str, Any], key: str, where: str) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _clear(raw: Mapping[str, Any], op: str, threshold: float, where: str) -> float | None:
+    if "clear" not in raw:
+        return None
+    clear = _number(raw["clear"], "clear", where)
+    if op in ("==", "!="):
+        raise ConfigError(f"{where}: clear is only allowed with >, >=, < or <=, not {op!r}")
+    if op in (">", ">=") and clear > threshold:
+        raise ConfigError(f"{where}: clear = {clear:g} must not be above threshold = "
+                          f"{threshold:g} for op {op!r}")
+    if op in ("<", "<=") and clear < threshold:
+        raise ConfigError(f"{where}: clear = {clear:g} must not be below threshold = "
+                          f"{threshold:g} for op {op!r}")
+    return clear
+
+
+def _severity(raw: Mapping[str, Any], where: str) -> str:
+    value = raw.get("severity", "warning")
+    if value not in SEVERITIES:
+        raise ConfigError(f"{where}: severity = {value!r} is not one of {', '.join(SEVERITIES)}")
+    return value
+
+
+def _labels(raw: Mapping[str, Any], where: str) -> dict[str, str]:
+    value = raw.get("labels", {})
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ConfigError(f"{where}: labels must be a table of strings, got {value!r}")
+    return dict(value)
+
+
+def _device(raw: Mapping[str, Any], where: str) -> int | None:
+    value = raw.get("device")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: device must be a device index >= 0, got {value!r}")
+    return value
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any, key: str = "for", where: str = "alert rule") -> float:
+    """Seconds from a number or a string like ``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNIT_S[m.group(2)]
+    raise ConfigError(f"{where}: {key} must be a duration such as 30, \"30s\", \"5m\" or "
+                      f"\"1h\", got {value!r}")
+
+
+def rules_from(config_or_rules: Any) -> Sequence[Rule]:
+    """Accept a Config, a list of Rule, or None (built-ins with default thresholds)."""
+    if config_or_rules is None:
+        return builtin_rules(None)
+    if isinstance(config_or_rules, (list, tuple)):
+        return list(config_or_rules)
+    return parse_rules(config_or_rules)

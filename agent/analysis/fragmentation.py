@@ -1,0 +1,77 @@
+"""Fragmentation of the caching allocator's reserved memory, sample by sample.
+
+Vocabulary (DESIGN.md): *cached free* = reserved − allocated is reusable memory, not
+fragmentation. Fragmentation is free memory that a large request cannot use:
+
+- ``inactive_split_ratio`` = inactive split bytes / reserved bytes — free bytes stranded inside
+  partially used segments; the cheap signal available on every allocator read.
+- ``external_fragmentation_ratio`` = 1 − largest free block / cached free — only where an
+  allocator snapshot gave the largest free block (0 means one hole holds all the free memory).
+- ``internal_waste_bytes`` = allocated − requested (rounding inside blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from agent.records import Sample
+
+
+class FragPoint(NamedTuple):
+    ts_s: float
+    device: int
+    cached_free_bytes: int
+    inactive_split_ratio: float | None
+    external_fragmentation_ratio: float | None
+    largest_free_block_bytes: int | None
+    internal_waste_bytes: int | None
+
+
+def fragmentation_point(s: Sample) -> FragPoint | None:
+    """The fragmentation figures of one sample; ``None`` without allocated and reserved."""
+    if s.allocated_bytes is None or s.reserved_bytes is None:
+        return None
+    cached_free = max(0, s.reserved_bytes - s.allocated_bytes)
+    return FragPoint(s.ts_s, s.device, cached_free, inactive_split_ratio(s),
+                     external_fragmentation(s), s.largest_free_block_bytes,
+                     None if s.requested_bytes is None
+                     else max(0, s.allocated_bytes - s.requested_bytes))
+
+
+def inactive_split_ratio(s: Sample) -> float | None:
+    if s.inactive_split_bytes is None or not s.reserved_bytes:
+        return None
+    return min(1.0, s.inactive_split_bytes / s.reserved_bytes)
+
+
+def external_fragmentation(s: Sample) -> float | None:
+    """1 − largest free block / cached free; ``None`` without a snapshot or without free memory."""
+    if s.largest_free_block_bytes is None or s.reserved_bytes is None or s.allocated_bytes is None:
+        return None
+    cached_free = s.reserved_bytes - s.allocated_bytes
+    if cached_free <= 0:
+        return None
+    return max(0.0, 1.0 - min(s.largest_free_block_bytes, cached_free) / cached_free)
+
+
+def fragmentation_series(samples: Iterable[Sample]) -> list[FragPoint]:
+    """One point per sample that carries allocator counters, in input order."""
+    return [p for p in map(fragmentation_point, samples) if p is not None]
+
+
+class FragSummary(NamedTuple):
+    max_inactive_split_ratio: float
+    max_external_fragmentation: float | None
+
+
+def fragmentation_summary(samples: Iterable[Sample]) -> FragSummary:
+    split, external = 0.0, None
+    for s in samples:
+        r = inactive_split_ratio(s)
+        if r is not None and r > split:
+            split = r
+        e = external_fragmentation(s)
+        if e is not None and (external is None or e > external):
+            external = e
+    return FragSummary(split, external)

@@ -1,0 +1,244 @@
+"""Leak detection on the idle floor: is the memory left over between requests still rising?
+
+The *idle floor* is one point per minute: the least allocated memory seen in that minute while
+no request was in flight (phase ``idle``, or no request open by the request events); where the
+server is never idle, the least allocated memory of the minute (the floor between requests).
+A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor.
+
+The detector is causal and incremental (the live agent and ``analyze`` run the same code). Every
+``EVAL_EVERY_POINTS`` new floor points after the warm-up it fits the last ``HORIZON_POINTS``
+points and calls it a leak only when all of these hold:
+
+1. a Mann–Kendall test, corrected for autocorrelation (Hamed–Rao), finds a rise with
+   p < ``P_LEAK`` over the whole horizon;
+2. the Theil–Sen slope is at least ``alerts.leak_min_slope_ratio_per_h`` of the limit per hour;
+3. the rise goes on in the most recent third of the horizon (p < ``P_RECENT``, slope at least
+   half the minimum) — a warm-up step followed by a plateau fails here;
+4. the growth over the horizon is at least ``MIN_GROWTH_NOISE`` times the floor's own noise
+   (scaled median absolute deviation of the residuals).
+
+Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
+that were never returned) is a leak signal of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from agent.analysis.merge import merged
+from agent.analysis.stats import mann_kendall, median, theil_sen
+from agent.analysis.thresholds import Thresholds
+from agent.records import Event, Phase, Sample
+
+FLOOR_WINDOW_S = 60.0
+HORIZON_POINTS = 120  # two hours of floor points
+MIN_POINTS = 30  # half an hour after the warm-up before any verdict
+EVAL_EVERY_POINTS = 5
+P_LEAK = 1e-3
+P_RECENT = 0.05
+MIN_GROWTH_NOISE = 4.0
+
+
+class LeakResult(NamedTuple):
+    """The latest verdict. Slopes in bytes per second; the trend line is ``(ts_s, bytes)`` pairs."""
+
+    detected: bool  # a leak is present at the latest evaluation
+    slope_bytes_per_s: float
+    growth_bytes: int  # along the fitted line over the evaluated horizon
+    start_ts_s: float | None  # first floor point of the evaluated horizon
+    first_detected_ts_s: float | None  # the first time it was ever detected (causal)
+    evidence: str
+    p_value: float | None
+    trend_line: tuple[tuple[float, float], tuple[float, float]] | None
+    orphaned_blocks: int = 0
+
+
+NO_VERDICT = LeakResult(False, 0.0, 0, None, None, "not enough idle-floor data after warm-up",
+                        None, None)
+
+
+class FloorTracker:
+    """Turns samples (and request events) into idle-floor points, one per window."""
+
+    def __init__(self, window_s: float = FLOOR_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.in_flight = 0
+        self._start: float | None = None
+        self._idle_min: tuple[int, float] | None = None
+        self._any_min: tuple[int, float] | None = None
+        self._uses_allocated = False
+
+    def on_event(self, e: Event) -> None:
+        if e.name == "request_start":
+            self.in_flight += 1
+        elif e.name == "request_end":
+            self.in_flight = max(0, self.in_flight - 1)
+
+    def update(self, s: Sample) -> tuple[float, int] | None:
+        """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any."""
+        value = self._value(s)
+        if value is None:
+            return None
+        point = None
+        if self._start is None:
+            self._start = s.ts_s
+        elif s.ts_s >= self._start + self.window_s:
+            point = self._close()
+            self._start += self.window_s * ((s.ts_s - self._start) // self.window_s)
+        idle = s.phase is Phase.IDLE or (self.in_flight == 0 and s.phase is not Phase.PREFILL
+                                         and s.phase is not Phase.DECODE)
+        if idle and (self._idle_min is None or value < self._idle_min[0]):
+            self._idle_min = (value, s.ts_s)
+        if self._any_min is None or value < self._any_min[0]:
+            self._any_min = (value, s.ts_s)
+        return point
+
+    def _value(self, s: Sample) -> int | None:
+        if s.allocated_bytes is not None:
+            self._uses_allocated = True
+            return s.allocated_bytes
+        return None if self._uses_allocated else s.device_used_bytes
+
+    def _close(self) -> tuple[float, int] | None:
+        best = self._idle_min or self._any_min
+        self._idle_min = self._any_min = None
+        return None if best is None else (best[1], best[0])
+
+
+class LeakDetector:
+    """Incremental, causal leak verdicts over the idle floor of one device."""
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.t = thresholds or Thresholds()
+        self.floor = FloorTracker()
+        self.points: list[tuple[float, int]] = []  # every floor point after the warm-up
+        self.result = NO_VERDICT
+        self.limit_bytes: int | None = None
+        self._first_ts: float | None = None
+        self._since_eval = 0
+        self._max_seen = 0
+
+    def on_event(self, e: Event) -> LeakResult | None:
+        self.floor.on_event(e)
+        if e.name != "kv_orphaned_blocks":
+            return None
+        count = int((e.data or {}).get("count", (e.data or {}).get("blocks", 1)) or 0)
+        if count <= 0:
+            return None
+        r = self.result
+        first = r.first_detected_ts_s if r.first_detected_ts_s is not None else e.ts_s
+        evidence = f"KV pool reported {count} orphaned block(s) at {e.ts_s:.3f}; " + r.evidence
+        self.result = r._replace(detected=True, first_detected_ts_s=first, evidence=evidence,
+                                 orphaned_blocks=r.orphaned_blocks + count)
+        return self.result
+
+    def update(self, s: Sample) -> LeakResult | None:
+        """Feed a sample; returns a new verdict when one was evaluated."""
+        if self._first_ts is None:
+            self._first_ts = s.ts_s
+        if s.device_total_bytes:
+            self.limit_bytes = s.device_total_bytes
+        if s.allocated_bytes is not None and s.allocated_bytes > self._max_seen:
+            self._max_seen = s.allocated_bytes
+        point = self.floor.update(s)
+        if point is None or point[0] < self._first_ts + self.t.leak_warmup_s:
+            return None
+        self.points.append(point)
+        self._since_eval += 1
+        if len(self.points) < MIN_POINTS or self._since_eval < EVAL_EVERY_POINTS:
+            return None
+        self._since_eval = 0
+        self.result = self._evaluate(s.ts_s)
+        return self.result
+
+    def _evaluate(self, now_s: float) -> LeakResult:
+        window = self.points[-HORIZON_POINTS:]
+        verdict = evaluate_floor(window, self.limit_bytes or self._max_seen or 1, self.t)
+        prev = self.result
+        first = prev.first_detected_ts_s
+        if verdict.detected and first is None:
+            first = now_s
+        evidence = verdict.evidence
+        if prev.orphaned_blocks:
+            evidence = f"KV pool reported {prev.orphaned_blocks} orphaned block(s); " + evidence
+        return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
+                                first_detected_ts_s=first, evidence=evidence,
+                                orphaned_blocks=prev.orphaned_blocks)
+
+
+def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int,
+                   t: Thresholds) -> LeakResult:
+    """One verdict over floor points (already past warm-up). Pure; see the module docstring."""
+    if len(points) < MIN_POINTS:
+        return NO_VERDICT
+    t0 = points[0][0]
+    xs = [p[0] - t0 for p in points]
+    ys = [float(p[1]) for p in points]
+    trend = theil_sen(xs, ys)
+    test = mann_kendall(ys, trend.slope * (xs[-1] / max(1, len(xs) - 1)))
+    recent = len(points) - len(points) // 3
+    r_trend = theil_sen(xs[recent:], ys[recent:])
+    r_test = mann_kendall(ys[recent:])
+    min_slope = t.leak_min_slope_ratio_per_h * limit_bytes / 3600.0
+    span = xs[-1]
+    growth = trend.slope * span
+    noise = 1.4826 * median([abs(y - (trend.slope * x + trend.intercept)) for x, y in zip(xs, ys)])
+    checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
+              r_test.p_rising < P_RECENT and r_trend.slope >= min_slope / 2,
+              growth >= MIN_GROWTH_NOISE * noise)
+    line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
+    evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
+    return LeakResult(all(checks), trend.slope, int(growth), t0, None, evidence,
+                      test.p_rising, line)
+
+
+def _evidence(points, slope, growth, test, r_test, limit_bytes, checks) -> str:
+    hours = (points[-1][0] - points[0][0]) / 3600.0
+    pct_h = 100.0 * slope * 3600.0 / limit_bytes
+    failed = [name for name, ok in zip(
+        ("not significant", "too slow", "not rising recently", "within noise"), checks) if not ok]
+    verdict = "leak" if not failed else "no leak (" + ", ".join(failed) + ")"
+    return (f"{verdict}: idle floor moved {growth / 2**20:+.1f} MiB over {hours:.2f} h "
+            f"({pct_h:+.3f} %/h of the limit, Theil-Sen); Mann-Kendall p={test.p_rising:.2g} "
+            f"(variance x{test.variance_factor:.1f} for autocorrelation), "
+            f"last third p={r_test.p_rising:.2g}")
+
+
+def idle_floor(samples: Iterable[Sample], events: Iterable[Event] = (),
+               device: int | None = None) -> list[tuple[float, int]]:
+    """The idle-floor points ``(ts_s, bytes)`` of one device (the first one seen if ``None``)."""
+    tracker, out = FloorTracker(), []
+    for rec in merged(samples, events):
+        if device is None:
+            device = rec.device
+        if rec.device != device:
+            continue
+        if isinstance(rec, Event):
+            tracker.on_event(rec)
+        else:
+            point = tracker.update(rec)
+            if point is not None:
+                out.append(point)
+    return out
+
+
+def detect_leak(samples: Iterable[Sample], events: Iterable[Event] = (),
+                config: Mapping[str, Any] | None = None,
+                device: int | None = None) -> LeakResult:
+    """Run the causal detector over a whole recording of one device; the final verdict, with
+    ``first_detected_ts_s`` the first time it would have fired live."""
+    detector = LeakDetector(Thresholds.from_config(config))
+    ever = None
+    for rec in merged(samples, events):
+        if device is None:
+            device = rec.device
+        if rec.device != device:
+            continue
+        r = detector.on_event(rec) if isinstance(rec, Event) else detector.update(rec)
+        if r is not None and r.detected and ever is None:
+            ever = r
+    final = detector.result
+    if ever is not None and not final.detected:
+        return ever._replace(evidence=f"leak seen earlier, gone at the end: {final.evidence}")
+    return final

@@ -1,0 +1,153 @@
+"""The ``vramscope.analysis/1`` document (DESIGN.md) and its readable rendering.
+
+``analyze_records`` feeds every record, in time order, through the same :class:`AlertEngine`
+the live agent runs, so the leak verdict, the first warning and the alerts are exactly what the
+agent would have said at the time. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from agent.analysis.diagnosis import REMEDIES, diagnose
+from agent.analysis.fragmentation import fragmentation_summary
+from agent.analysis.merge import merged
+from agent.analysis.phases import phase_stats
+from agent.analysis.risk import LEVELS
+from agent.records import Event, PostMortem, Sample
+
+FORMAT = "vramscope.analysis/1"
+_REPORT_PHASES = ("prefill", "decode", "idle")
+
+
+def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
+                    config: Mapping[str, Any] | None = None, *,
+                    postmortems: Sequence[PostMortem] = (),
+                    device: int | None = None) -> dict[str, Any]:
+    """The analysis document of a recording (optionally of one device)."""
+    from agent.alerts import AlertEngine
+
+    records = merged(samples, events)
+    if device is not None:
+        records = [r for r in records if r.device == device]
+    engine = AlertEngine.from_config(config)
+    engine.feed(records)
+    per_device: dict[int, list[Sample]] = {}
+    for r in records:
+        if isinstance(r, Sample):
+            per_device.setdefault(r.device, []).append(r)
+    devices = {str(dev): _device_doc(engine.devices[dev], per_device.get(dev, []),
+                                     [p for p in postmortems if p.device == dev])
+               for dev in sorted(engine.devices)}
+    return {"format": FORMAT, "devices": devices, "alerts": _alerts_doc(engine.history)}
+
+
+def _device_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict[str, Any]:
+    frag = fragmentation_summary(samples)
+    phases = phase_stats(samples)
+    return {
+        "leak": _leak_doc(d.leak.result),
+        "oom": _oom_doc(d, samples, postmortems),
+        "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
+                          "max_external_fragmentation": frag.max_external_fragmentation},
+        "phases": {p: {"samples": phases[p].samples,
+                       "peak_allocated_bytes": phases[p].peak_allocated_bytes}
+                   for p in _REPORT_PHASES},
+        "kv": {"peak_blocks_used": d.kv.peak_blocks_used, "blocks_total": d.kv.blocks_total,
+               "peak_usage_ratio": d.kv.peak_usage_ratio},
+    }
+
+
+def _leak_doc(result) -> dict[str, Any]:
+    ever = result.first_detected_ts_s is not None
+    return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
+            "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence}
+
+
+def _oom_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict[str, Any]:
+    first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
+    if first_oom is None and postmortems:
+        first_oom = postmortems[0].ts_s
+    cause = None
+    if first_oom is not None:
+        pm = next((p for p in postmortems if abs(p.ts_s - first_oom) <= 5.0), None)
+        cause, _ = diagnose(pm, samples, ts_s=first_oom)
+    return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
+            "first_warning_ts": d.first_warning_ts_s, "max_risk": LEVELS[d.max_level],
+            "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
+
+
+def _alerts_doc(history) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    open_index: dict[tuple[str, int], int] = {}
+    for ch in history:
+        key = (ch.rule, ch.device)
+        if ch.kind == "fired":
+            open_index[key] = len(out)
+            out.append({"rule": ch.rule, "severity": ch.severity, "device": ch.device,
+                        "fired_ts": ch.ts_s, "resolved_ts": None})
+        elif key in open_index:
+            out[open_index.pop(key)]["resolved_ts"] = ch.ts_s
+    return out
+
+
+# --- readable report -------------------------------------------------------------------------
+def render_text(doc: Mapping[str, Any]) -> str:
+    """The analysis document as text for a terminal (MiB/GiB only here)."""
+    lines = []
+    for dev, d in doc["devices"].items():
+        lines += [f"device {dev}", *_leak_lines(d["leak"]), *_oom_lines(d["oom"]),
+                  *_frag_lines(d["fragmentation"]), *_phase_lines(d["phases"]),
+                  *_kv_lines(d["kv"]), ""]
+    lines.append(f"alerts: {len(doc['alerts'])}")
+    for a in doc["alerts"]:
+        resolved = ("still firing" if a["resolved_ts"] is None
+                    else f"resolved {a['resolved_ts']:.3f}")
+        lines.append(f"  {a['severity']:8} {a['rule']:20} device {a['device']} "
+                     f"fired {a['fired_ts']:.3f}, {resolved}")
+    return "\n".join(lines) + "\n"
+
+
+def _gib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
+    if not leak["detected"]:
+        return [f"  leak: none ({leak['evidence']})"]
+    rate = leak["slope_bytes_per_s"] * 3600 / 2**20
+    return [f"  leak: DETECTED at {leak['first_detected_ts']:.3f}, {rate:.1f} MiB/h",
+            f"        {leak['evidence']}"]
+
+
+def _oom_lines(oom: Mapping[str, Any]) -> list[str]:
+    tto = oom["min_time_to_oom_s"]
+    warn = oom["first_warning_ts"]
+    out = [f"  OOM risk: max {oom['max_risk']}"
+           + ("" if warn is None else f", first warning {warn:.3f}")
+           + ("" if tto is None else f", shortest forecast time to OOM {tto:.0f} s")]
+    if oom["occurred"]:
+        lead = "" if warn is None or warn > oom["first_oom_ts"] \
+            else f" (warned {oom['first_oom_ts'] - warn:.0f} s before)"
+        out.append(f"  OOM at {oom['first_oom_ts']:.3f}{lead}; likely cause: {oom['cause']}")
+        out += [f"    - {r}" for r in REMEDIES[oom["cause"]]]
+    return out
+
+
+def _frag_lines(frag: Mapping[str, Any]) -> list[str]:
+    ext = frag["max_external_fragmentation"]
+    return [f"  fragmentation: max inactive split {frag['max_inactive_split_ratio']:.1%}, "
+            f"max external {'n/a' if ext is None else f'{ext:.1%}'}"]
+
+
+def _phase_lines(phases: Mapping[str, Any]) -> list[str]:
+    return [f"  {p:8} {v['samples']:>9} samples, peak allocated {_gib(v['peak_allocated_bytes'])}"
+            for p, v in phases.items()]
+
+
+def _kv_lines(kv: Mapping[str, Any]) -> list[str]:
+    if kv["blocks_total"] is None:
+        return ["  KV pool: not observed"]
+    return [f"  KV pool: peak {kv['peak_blocks_used']} of {kv['blocks_total']} blocks "
+            f"({kv['peak_usage_ratio']:.1%})"]

@@ -1,0 +1,214 @@
+"""The causal OOM-risk model: how close is this device to an out-of-memory error, and how soon?
+
+Fed one sample at a time (live in the agent, offline in ``analyze``), it only ever uses data up
+to the sample in hand, so the offline timeline is exactly what the live agent said. Per sample
+with memory figures it gives a :class:`RiskPoint`:
+
+- **headroom** = limit − demand, where the *limit* is the latest ``device_total_bytes`` (the
+  device, or the per-process cap) and the *demand* is allocated memory plus memory the
+  allocator does not own (device used − reserved: CUDA context, other processes);
+- **headroom after spike** = limit − max(demand, baseline + largest prefill spike seen): room
+  left if the largest prompt seen so far arrived now;
+- **time to OOM** from the trend of the *peaks* (the maximum demand in each ``PEAK_WINDOW_S``
+  window), not of the raw samples: a Theil–Sen line over the last ``TREND_WINDOWS`` peaks,
+  extrapolated to the limit, with Sen's 90 % band on the slope as the uncertainty band; only
+  when the band's low slope is above zero (a significant rise);
+- **fragmentation**: the largest contiguous room (unreserved memory plus the largest free block
+  of the latest snapshot) smaller than the largest request seen;
+- **allocator retries**: ``num_alloc_retries`` rising within ``RETRY_WINDOW_S`` — the allocator
+  is already flushing its cache to survive.
+
+Levels: ``critical`` when the headroom after spike is below ``alerts.headroom_critical_ratio``
+of the limit, the time to OOM is below ``alerts.time_to_oom_critical_s``, or fragmentation
+leaves no room for the largest request while retries rise; ``warning`` when the headroom is
+below ``alerts.headroom_warning_ratio``, the time to OOM below ``alerts.time_to_oom_warning_s``,
+retries rise, or external fragmentation is above ``alerts.fragmentation_warning_ratio`` while the
+contiguous room is less than twice the largest request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from agent.analysis.fragmentation import external_fragmentation
+from agent.analysis.merge import merged
+from agent.analysis.phases import SpikeTracker
+from agent.analysis.stats import theil_sen
+from agent.analysis.thresholds import Thresholds
+from agent.records import Event, Sample
+
+PEAK_WINDOW_S = 20.0
+TREND_WINDOWS = 30  # ten minutes of peaks
+MIN_TREND_WINDOWS = 6
+RETRY_WINDOW_S = 60.0
+LEVELS = ("ok", "warning", "critical")
+
+
+class RiskPoint(NamedTuple):
+    ts_s: float
+    device: int
+    level: str  # ok, warning, critical
+    headroom_bytes: int | None  # limit − demand; None without a known limit
+    headroom_ratio: float | None  # headroom after the spike allowance / limit
+    time_to_oom_s: float | None  # central forecast; None when the peaks are not rising
+    time_to_oom_low_s: float | None  # soonest (the band's steepest slope)
+    time_to_oom_high_s: float | None  # latest (the band's shallowest slope)
+    reasons: tuple[str, ...]  # headroom, trend, fragmentation, alloc_retries
+
+
+class _Trend(NamedTuple):
+    t0: float
+    slope: float
+    intercept: float
+    slope_low: float
+    slope_high: float
+
+
+class RiskModel:
+    """Incremental risk for one device. ``update(sample)`` returns a point or ``None``."""
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.t = thresholds or Thresholds()
+        self.limit_bytes: int | None = None
+        self.spikes = SpikeTracker()
+        self.largest_request_bytes = 0
+        self._reserved: int | None = None
+        self._device_used: int | None = None
+        self._largest_free: int | None = None
+        self._ext_frag: float | None = None
+        self._window: list[float] | None = None  # [start_s, peak]
+        self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
+        self._trend: _Trend | None = None
+        self._retries: deque[tuple[float, int]] = deque()
+        self.last: RiskPoint | None = None
+
+    def update(self, s: Sample) -> RiskPoint | None:
+        self._absorb(s)
+        demand = self._demand(s)
+        if demand is None:
+            return None
+        self._track_peak(s.ts_s, demand)
+        self.last = self._assess(s, demand)
+        return self.last
+
+    def _absorb(self, s: Sample) -> None:
+        if s.device_total_bytes:
+            self.limit_bytes = s.device_total_bytes
+        if s.reserved_bytes is not None:
+            self._reserved = s.reserved_bytes
+        if s.device_used_bytes is not None:
+            self._device_used = s.device_used_bytes
+        if s.largest_free_block_bytes is not None:
+            self._largest_free = s.largest_free_block_bytes
+            self._ext_frag = external_fragmentation(s)
+        if s.num_alloc_retries is not None:
+            self._retries.append((s.ts_s, s.num_alloc_retries))
+            while self._retries[0][0] < s.ts_s - RETRY_WINDOW_S:
+                self._retries.popleft()
+        if s.allocated_bytes is not None:
+            self.spikes.update(s.ts_s, s.phase, s.allocated_bytes)
+            self.largest_request_bytes = max(self.largest_request_bytes, self.spikes.largest_bytes,
+                                             self.spikes.current_bytes())
+
+    def _other_bytes(self) -> int:
+        """Device memory the caching allocator does not own (context, other processes)."""
+        if self._device_used is None or self._reserved is None:
+            return 0
+        return max(0, self._device_used - self._reserved)
+
+    def _demand(self, s: Sample) -> int | None:
+        if s.allocated_bytes is not None:
+            return s.allocated_bytes + self._other_bytes()
+        if s.reserved_bytes is None and s.device_used_bytes is not None and self._reserved is None:
+            return s.device_used_bytes  # NVML-only recording
+        return None
+
+    def _track_peak(self, ts_s: float, demand: int) -> None:
+        w = self._window
+        if w is None:
+            self._window = [ts_s, demand]
+            return
+        if ts_s < w[0] + PEAK_WINDOW_S:
+            w[1] = max(w[1], demand)
+            return
+        self._peaks.append((w[0], w[1]))
+        self._window = [w[0] + PEAK_WINDOW_S * ((ts_s - w[0]) // PEAK_WINDOW_S), demand]
+        self._trend = self._fit() if len(self._peaks) >= MIN_TREND_WINDOWS else None
+
+    def _fit(self) -> _Trend | None:
+        t0 = self._peaks[0][0]
+        tr = theil_sen([p[0] - t0 for p in self._peaks], [p[1] for p in self._peaks])
+        if tr.slope_low <= 0:
+            return None
+        return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high)
+
+    def _assess(self, s: Sample, demand: int) -> RiskPoint:
+        limit = self.limit_bytes
+        if not limit:
+            return RiskPoint(s.ts_s, s.device, "ok", None, None, None, None, None, ())
+        other = self._other_bytes()
+        base = self.spikes.baseline_bytes
+        spike = self.spikes.largest_bytes
+        projected = demand if base is None else max(demand, base + other + spike)
+        ratio = (limit - projected) / limit
+        tto = self._time_to_oom(s.ts_s, demand, limit)
+        level, reasons = self._level(ratio, tto, limit, other)
+        return RiskPoint(s.ts_s, s.device, level, limit - demand, ratio, *tto, reasons)
+
+    def _time_to_oom(self, ts_s: float, demand: int, limit: int) -> tuple:
+        tr = self._trend
+        if tr is None:
+            return (None, None, None)
+        level = max(demand, tr.intercept + tr.slope * (ts_s - tr.t0))
+        room = max(0.0, limit - level)
+        return (room / tr.slope, room / tr.slope_high, room / tr.slope_low)
+
+    def _level(self, ratio: float, tto: tuple, limit: int, other: int) -> tuple[str, tuple]:
+        t = self.t
+        reasons, level = [], 0
+        if ratio < t.headroom_warning_ratio:
+            reasons.append("headroom")
+            level = 2 if ratio < t.headroom_critical_ratio else 1
+        if tto[0] is not None and tto[0] < t.time_to_oom_warning_s:
+            reasons.append("trend")
+            level = max(level, 2 if tto[0] < t.time_to_oom_critical_s else 1)
+        retrying = len(self._retries) > 1 and self._retries[-1][1] > self._retries[0][1]
+        if retrying:
+            reasons.append("alloc_retries")
+            level = max(level, 1)
+        frag = self._fragmentation_level(limit, other, retrying)
+        if frag:
+            reasons.append("fragmentation")
+            level = max(level, frag)
+        return LEVELS[level], tuple(reasons)
+
+    def _fragmentation_level(self, limit: int, other: int, retrying: bool) -> int:
+        """1 when fragmentation is high and the contiguous room is tight, 2 when it is gone."""
+        if self._largest_free is None or self._reserved is None or not self.largest_request_bytes:
+            return 0
+        room = max(0, limit - other - self._reserved) + self._largest_free
+        if room < self.largest_request_bytes and retrying:
+            return 2
+        frag = self._ext_frag or 0.0
+        return int(frag > self.t.fragmentation_warning_ratio
+                   and room < 2 * self.largest_request_bytes)
+
+
+def risk_timeline(samples: Iterable[Sample], events: Iterable[Event] = (),
+                  config: Mapping[str, Any] | None = None) -> list[RiskPoint]:
+    """Every device's risk points in time order, each computed only from data up to it."""
+    thresholds = Thresholds.from_config(config)
+    models: dict[int, RiskModel] = {}
+    out = []
+    for rec in merged(samples, events):
+        if isinstance(rec, Event):
+            continue
+        model = models.get(rec.device)
+        if model is None:
+            model = models[rec.device] = RiskModel(thresholds)
+        point = model.update(rec)
+        if point is not None:
+            out.append(point)
+    return out

@@ -1,0 +1,68 @@
+"""``vramscope analyze FILE... | --db URL [--json] [--config PATH] [--device N]``.
+
+Reads trace files (v1, strict) or the store, runs the same analysis and alert rules as the live
+agent, and prints a readable report, or with ``--json`` exactly the ``vramscope.analysis/1``
+document (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from agent.cli.common import add_config_flag, config_from_args
+from agent.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="leaks, OOM risk, fragmentation and alerts of a recording",
+                       description="Analyze trace files or the database: leak detection, OOM "
+                                   "risk (causal), fragmentation, phases, KV pool, alerts.")
+    p.add_argument("files", nargs="*", metavar="FILE", help="trace v1 files (JSON Lines)")
+    p.add_argument("--db", metavar="URL", dest="db_url",
+                   help="analyze the database at URL instead of files")
+    p.add_argument("--json", action="store_true",
+                   help="print the vramscope.analysis/1 JSON document")
+    p.add_argument("--device", type=int, metavar="N", help="only this device index")
+    add_config_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.analysis.report import analyze_records, render_text
+
+    if bool(args.files) == bool(args.db_url):
+        raise UsageError("give trace FILEs or --db URL (one of the two)")
+    config = config_from_args(args)
+    samples, events, postmortems = (_from_db(config, args.device) if args.db_url
+                                    else _from_files(args.files))
+    doc = analyze_records(samples, events, config, postmortems=postmortems, device=args.device)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, sort_keys=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(doc))
+    return 0
+
+
+def _from_files(paths: list[str]):
+    from agent.trace import read_trace
+
+    samples, events = [], []
+    for path in paths:
+        trace = read_trace(path)
+        samples += trace.samples
+        events += trace.events
+    return samples, events, []
+
+
+def _from_db(config, device: int | None):
+    from agent.store import Store
+
+    with Store.open(config["database.url"], synchronous=config["database.synchronous"],
+                    host_name=config["agent.host_name"] or None) as store:
+        samples = list(store.iter_samples(device))
+        events = store.events(device)
+        postmortems = [pm for _, pm in store.postmortems(device)]
+    return samples, events, postmortems
