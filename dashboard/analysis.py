@@ -1,0 +1,209 @@
+"""The bridge to ``agent.analysis`` and ``agent.estimate`` for the Leaks, OOM risk and Capacity
+pages and ``/api/v1/analysis``.
+
+Analysis is pure functions over records; this module reads the records (bounded), calls them,
+and hands the results to :mod:`dashboard.figures`. Where the analysis needs more raw samples than
+a request should read, the Leaks page falls back to per-minute minima computed in SQL (the floor
+between requests), and says so in ``method``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent.errors import UsageError
+from agent.store import Store
+from dashboard import figures, queries
+from dashboard.errors import BadParameter, Unavailable
+
+RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
+FLOOR_BUCKET_S = 60.0  # the idle floor is one point per minute (agent.analysis.leaks)
+MAX_FLOOR_BUCKETS = 5_000
+
+
+def _raw_records(store: Store, device: int, host: str | None, start: float, end: float):
+    samples = store.samples(device, start, end, host=host, limit=RAW_SAMPLE_LIMIT + 1)
+    if len(samples) > RAW_SAMPLE_LIMIT:
+        return None, None
+    events = store.events(device, start, end, host=host)
+    return samples, events
+
+
+def report(store: Store, config, device: int, host: str | None, start: float,
+           end: float) -> dict[str, Any]:
+    """The ``vramscope.analysis/1`` document for one device and window."""
+    try:
+        from agent.analysis.report import analyze_records
+    except ImportError:
+        raise Unavailable("the analysis module is not available in this build") from None
+    samples, events = _raw_records(store, device, host, start, end)
+    if samples is None:
+        raise BadParameter("start", f"the window holds more than {RAW_SAMPLE_LIMIT} samples; "
+                                    "narrow it with start and end")
+    return analyze_records(samples, events, config)
+
+
+def _limit_bytes(store: Store, device: int, host: str | None, start: float,
+                 end: float) -> int | None:
+    rows = store.timeline(device, start, end, 1, ("device_total_bytes",), host=host)
+    return max((r["device_total_bytes_max"] for r in rows
+                if r["device_total_bytes_max"] is not None), default=None)
+
+
+def leaks_view(store: Store, config, device: int, host: str | None, start: float,
+               end: float) -> dict[str, Any]:
+    limit = _limit_bytes(store, device, host, start, end)
+    samples, events = _raw_records(store, device, host, start, end)
+    if samples is not None:
+        floor, result, method = _leak_from_records(samples, events, config, device)
+    else:
+        floor, result, method = _leak_from_minima(store, config, device, host, start, end,
+                                                  limit)
+    orphaned = store.events(device, start, end, host=host, names=("kv_orphaned_blocks",))
+    return {"figure": figures.leaks_figure(floor, result and result.get("trend_line"), limit),
+            "result": result, "method": method, "floor_points": len(floor),
+            "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned]}
+
+
+def _leak_from_records(samples, events, config, device: int):
+    try:
+        from agent.analysis import leaks
+    except ImportError:
+        return [], None, "analysis unavailable"
+    floor = leaks.idle_floor(samples, events, device)
+    return floor, _leak_json(leaks.detect_leak(samples, events, config, device)), "idle floor"
+
+
+def _leak_from_minima(store: Store, config, device: int, host: str | None, start: float,
+                      end: float, limit: int | None):
+    buckets = max(1, min(MAX_FLOOR_BUCKETS, math.ceil((end - start) / FLOOR_BUCKET_S)))
+    rows = store.timeline(device, start, end, buckets, ("allocated_bytes",), host=host)
+    floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
+             if r["allocated_bytes_min"] is not None]
+    try:
+        from agent.analysis import leaks
+        from agent.analysis.thresholds import Thresholds
+    except ImportError:
+        return floor, None, "per-minute minima (analysis unavailable)"
+    t = Thresholds.from_config(config)
+    warm = [p for p in floor if p[0] >= floor[0][0] + t.leak_warmup_s] if floor else []
+    verdict = leaks.evaluate_floor(warm[-leaks.HORIZON_POINTS:], limit or 1, t)
+    return floor, _leak_json(verdict), "per-minute minima"
+
+
+def _leak_json(r) -> dict[str, Any]:
+    return {"detected": bool(r.detected), "slope_bytes_per_s": r.slope_bytes_per_s,
+            "slope_bytes_per_h": r.slope_bytes_per_s * 3600.0, "growth_bytes": r.growth_bytes,
+            "start_ts_s": r.start_ts_s, "first_detected_ts_s": r.first_detected_ts_s,
+            "evidence": r.evidence, "p_value": r.p_value,
+            "trend_line": [list(p) for p in r.trend_line] if r.trend_line else None,
+            "orphaned_blocks": r.orphaned_blocks}
+
+
+def _orphan_json(e) -> dict[str, Any]:
+    data = e.data or {}
+    blocks = data.get("blocks", data.get("count"))
+    return {"ts": e.ts_s, "pid": e.pid, "request_id": e.request_id,
+            "blocks": blocks if isinstance(blocks, int) else None,
+            "message": None if data.get("message") is None else str(data["message"])}
+
+
+def risk_view(store: Store, config, device: int, host: str | None, start: float,
+              end: float) -> dict[str, Any]:
+    """Headroom over time, the forecast where the risk model is available, fired warnings."""
+    rows = store.timeline(device, start, end, 2000,
+                          ("reserved_bytes", "device_used_bytes", "device_total_bytes"), host=host)
+    headroom = _headroom(rows)
+    limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
+    forecast, method = _forecast(store, config, device, host, start, end)
+    warnings = _warnings(store, device, host, start, end)
+    levels = {"warning": config["alerts.headroom_warning_ratio"],
+              "critical": config["alerts.headroom_critical_ratio"]}
+    return {"figure": figures.risk_figure(headroom, forecast, warnings, limit, levels),
+            "warnings": warnings, "forecast_method": method, "limit_bytes": limit,
+            "latest_headroom_bytes": headroom["bytes"][-1] if headroom["bytes"] else None}
+
+
+def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
+    ts, free = [], []
+    for r in rows:
+        limit = r["device_total_bytes_max"]
+        used = max(r["reserved_bytes_max"] or 0, r["device_used_bytes_max"] or 0)
+        if limit:
+            ts.append(r["ts_s"])
+            free.append(max(0, limit - used))
+    return {"ts": ts, "bytes": free}
+
+
+def _forecast(store: Store, config, device: int, host: str | None, start: float, end: float):
+    try:
+        from agent.analysis.risk import risk_timeline
+    except ImportError:
+        return None, "unavailable (the risk model is not in this build)"
+    samples, events = _raw_records(store, device, host, start, end)
+    if samples is None:
+        return None, f"zoom in: the forecast needs at most {RAW_SAMPLE_LIMIT} samples"
+    points = risk_timeline(samples, events, config)
+    return _forecast_series(points), "risk model"
+
+
+def _forecast_series(points) -> dict[str, list]:
+    out: dict[str, list] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
+    for p in points:
+        get = p.get if isinstance(p, dict) else lambda k, _p=p: getattr(_p, k, None)
+        out["ts"].append(get("ts_s"))
+        out["time_to_oom_s"].append(get("time_to_oom_s"))
+        out["low_s"].append(get("time_to_oom_low_s"))
+        out["high_s"].append(get("time_to_oom_high_s"))
+    return out
+
+
+def _warnings(store: Store, device: int, host: str | None, start: float,
+              end: float) -> list[dict[str, Any]]:
+    host_name = host or store.host_name
+    out = []
+    for a in store.alerts(host=host_name, limit=10_000):
+        if a["device"] == device and start <= a["fired_ts_s"] <= end:
+            out.append({"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
+                        "label": f"{a['rule']}: {a['message'] or ''}"[:300]})
+    return sorted(out, key=lambda w: w["ts"])
+
+
+# --- capacity --------------------------------------------------------------------------------
+def capacity(store: Store, host: str | None, shape: dict[str, Any]) -> dict[str, Any]:
+    """Measured peaks of every device beside the estimator's total for ``shape``."""
+    devices = []
+    for d in store.devices(host=host or "*"):
+        h = queries.host_or_none(store, d["host"])
+        devices.append({"host": d["host"], "device": d["device_index"],
+                        "peaks": queries.measured_peaks(store, d["device_index"], h)})
+    gpu_bytes = shape.pop("gpu_memory_bytes", None) or _largest_limit(devices)
+    estimate, problem = _estimate(shape, gpu_bytes)
+    return {"devices": devices, "shape": shape, "estimate": estimate,
+            "estimate_problem": problem}
+
+
+def _largest_limit(devices: list[dict[str, Any]]) -> int | None:
+    return max(((d["peaks"] or {}).get("device_total_bytes") or 0 for d in devices),
+               default=0) or None
+
+
+def _estimate(shape: dict[str, Any], gpu_bytes: int | None):
+    try:
+        from agent import estimate as est
+    except ImportError:
+        return None, "the estimator is not available in this build"
+    try:
+        model = est.ModelShape(
+            num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],
+            head_dim=shape["head_dim"], hidden_size=shape["hidden"],
+            num_params=int(shape["params_b"] * 1e9), dtype=shape["dtype"],
+            intermediate_size=shape["intermediate"], vocab_size=shape["vocab"],
+            name=shape["name"])
+        plan = est.Plan(context_tokens=shape["context"], concurrency=shape["concurrency"],
+                        gpu_memory_bytes=gpu_bytes or est.gpu_memory_bytes("H200"),
+                        margin_ratio=shape["margin"])
+        return est.estimate(model, plan).to_json(), None
+    except (UsageError, ValueError) as exc:
+        return None, str(exc)

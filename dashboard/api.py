@@ -1,0 +1,198 @@
+"""``/api/v1``: the JSON API, described by ``/api/v1/openapi.json`` (:mod:`dashboard.openapi`).
+
+Handlers parse parameters with :mod:`dashboard.params` (a bad one is a 400 naming it), read
+through :mod:`dashboard.queries`, and return plain JSON. ``/api/v1/figures/*`` return Plotly
+figures built by the pure functions of :mod:`dashboard.figures`; the pages draw those.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify, send_file
+from werkzeug.exceptions import NotFound
+
+from dashboard import analysis, figures, params, queries
+from dashboard import timeline as tl
+from dashboard.app import state
+from dashboard.errors import BadParameter
+
+bp = Blueprint("api", __name__)
+
+DEFAULT_SPAN_S = 3600.0
+MAX_DEVICE = 4095
+
+
+def _host() -> str | None:
+    return queries.host_or_none(state().store, params.text("host"))
+
+
+def _device() -> int:
+    return params.integer("device", 0, low=0, high=MAX_DEVICE)
+
+
+@bp.get("/openapi.json")
+def openapi_document():
+    from dashboard.openapi import document
+
+    return jsonify(document())
+
+
+@bp.get("/hosts")
+def hosts():
+    return jsonify({"hosts": state().store.hosts()})
+
+
+@bp.get("/devices")
+def devices():
+    st = state()
+    return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s())})
+
+
+@bp.get("/processes")
+def processes():
+    return jsonify({"processes": state().store.processes(host="*")})
+
+
+@bp.get("/overview")
+def overview():
+    st = state()
+    return jsonify(queries.overview(st.store, st.config, st.clock.time_s()))
+
+
+def _timeline_doc() -> dict:
+    store, device, host = state().store, _device(), _host()
+    span = store.time_range(device, host)
+    start, end = params.time_window(DEFAULT_SPAN_S, span[1] if span else None)
+    max_points = params.integer("max_points", params.DEFAULT_MAX_POINTS, low=1,
+                                high=params.MAX_POINTS_LIMIT)
+    columns = params.choices("columns", tl.TIMELINE_COLUMNS, tl.TIMELINE_COLUMNS)
+    return queries.timeline(store, device, host, start, end, max_points, columns)
+
+
+@bp.get("/timeline")
+def timeline():
+    return jsonify(_timeline_doc())
+
+
+@bp.get("/alerts")
+def alerts():
+    active = params.boolean("active", False)
+    limit = params.integer("limit", 500, low=1, high=10_000)
+    rows = state().store.alerts(active_only=active, host=params.text("host"), limit=limit)
+    return jsonify({"alerts": [queries.alert_json(a) for a in rows]})
+
+
+def _postmortems() -> list:
+    device = params.integer("device", None, low=0, high=MAX_DEVICE)
+    return state().store.postmortems(device, host=params.text("host", "*"))
+
+
+@bp.get("/postmortems")
+def postmortems():
+    return jsonify({"postmortems": [queries.postmortem_json(i, pm) for i, pm in _postmortems()]})
+
+
+def _postmortem(pm_id: int):
+    for i, pm in state().store.postmortems(host="*"):
+        if i == pm_id:
+            return pm
+    raise NotFound(f"no post-mortem with id {pm_id}")
+
+
+@bp.get("/postmortems/<int:pm_id>")
+def postmortem(pm_id: int):
+    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id)))
+
+
+@bp.get("/postmortems/<int:pm_id>/snapshot")
+def postmortem_snapshot(pm_id: int):
+    path = queries.snapshot_file(_postmortem(pm_id))
+    if path is None:
+        raise NotFound(f"post-mortem {pm_id} kept no snapshot (or it was removed)")
+    return send_file(path, mimetype="application/octet-stream", as_attachment=True,
+                     download_name=f"postmortem-{pm_id}-snapshot.pickle")
+
+
+@bp.get("/analysis")
+def analysis_report():
+    st = state()
+    device, host = _device(), _host()
+    span = st.store.time_range(device, host)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    return jsonify(analysis.report(st.store, st.config, device, host, start, end))
+
+
+def _shape() -> dict:
+    """The model and serving plan to estimate (defaults: a Llama-2-7B shape, 8 x 4k context)."""
+    shape = {"name": params.text("model", "Llama-2-7B shape", max_len=80),
+             "layers": params.integer("layers", 32, low=1, high=1000),
+             "kv_heads": params.integer("kv_heads", 32, low=1, high=1024),
+             "head_dim": params.integer("head_dim", 128, low=1, high=4096),
+             "hidden": params.integer("hidden", 4096, low=1, high=1_000_000),
+             "intermediate": params.integer("intermediate", 11008, low=0, high=10_000_000),
+             "vocab": params.integer("vocab", 32000, low=0, high=10_000_000),
+             "params_b": params.number("params_b", 6.74, low=0.001, high=10_000),
+             "dtype": params.text("dtype", "bfloat16", max_len=32),
+             "context": params.integer("context", 4096, low=1, high=10_000_000),
+             "concurrency": params.integer("concurrency", 8, low=1, high=100_000),
+             "margin": params.number("margin", 0.10, low=0, high=0.99)}
+    gpu_gib = params.number("gpu_gib", None, low=0.001, high=100_000)
+    shape["gpu_memory_bytes"] = int(gpu_gib * 2**30) if gpu_gib else None
+    try:
+        from agent.estimate import DTYPE_BYTES
+    except ImportError:
+        return shape
+    if shape["dtype"].lower() not in DTYPE_BYTES:
+        raise BadParameter("dtype", f"unknown dtype {shape['dtype']!r}; known: "
+                                    f"{', '.join(sorted(DTYPE_BYTES))}")
+    return shape
+
+
+@bp.get("/capacity")
+def capacity():
+    st = state()
+    return jsonify(analysis.capacity(st.store, params.text("host"), _shape()))
+
+
+@bp.get("/figures/overview")
+def figure_overview():
+    st = state()
+    return jsonify(figures.overview_figure(
+        queries.device_rows(st.store, st.config, st.clock.time_s())))
+
+
+@bp.get("/figures/timeline")
+def figure_timeline():
+    return jsonify(figures.timeline_figure(_timeline_doc()))
+
+
+@bp.get("/figures/leaks")
+def figure_leaks():
+    st = state()
+    device, host = _device(), _host()
+    span = st.store.time_range(device, host)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    return jsonify(analysis.leaks_view(st.store, st.config, device, host, start, end))
+
+
+@bp.get("/figures/risk")
+def figure_risk():
+    st = state()
+    device, host = _device(), _host()
+    span = st.store.time_range(device, host)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    return jsonify(analysis.risk_view(st.store, st.config, device, host, start, end))
+
+
+@bp.get("/figures/capacity")
+def figure_capacity():
+    st = state()
+    return jsonify(figures.capacity_figure(
+        analysis.capacity(st.store, params.text("host"), _shape())))
+
+
+@bp.get("/figures/postmortems/<int:pm_id>")
+def figure_postmortem(pm_id: int):
+    pm = _postmortem(pm_id)
+    return jsonify({"segments": figures.segment_map_figure(pm),
+                    "holders": figures.holders_figure(pm)})
+

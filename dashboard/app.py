@@ -1,0 +1,80 @@
+"""The app factory (as in flaskr's ``create_app``): config and store in, a Flask app out.
+
+Nothing is built at import time. Extensions hang off ``app.extensions["vramscope"]`` (a
+:class:`DashboardState`), so two apps in one process (tests, the embedded demo) never share a
+store, a clock or a metrics registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flask import Flask, current_app, send_file
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.config import Config, parse_config
+from agent.store import Store
+
+PACKAGE_DIR = Path(__file__).parent
+
+
+@dataclass
+class DashboardState:
+    store: Store
+    config: Config
+    clock: Clock
+    owns_store: bool  # opened by the factory, so closed with the app's server
+
+
+def state() -> DashboardState:
+    return current_app.extensions["vramscope"]
+
+
+def plotly_js_path() -> Path:
+    """Plotly's bundle from the installed ``plotly`` package: served locally, never a CDN."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def create_app(config: Config | None = None, store: Store | None = None, *,
+               clock: Clock | None = None) -> Flask:
+    config = config if config is not None else parse_config({}, None, {})
+    owns = store is None
+    if store is None:
+        store = Store.open(config["database.url"], synchronous=config["database.synchronous"],
+                           host_name=config["agent.host_name"] or None)
+    app = Flask(__name__, template_folder=str(PACKAGE_DIR / "templates"),
+                static_folder=str(PACKAGE_DIR / "static"))
+    app.config["JSON_SORT_KEYS"] = False
+    app.json.sort_keys = False
+    app.extensions["vramscope"] = DashboardState(store, config, clock or SYSTEM_CLOCK, owns)
+    _init_extensions(app, config)
+    return app
+
+
+def _init_extensions(app: Flask, config: Config) -> None:
+    from dashboard import api, errors, metrics, pages, security
+
+    security.init_app(app, config["dashboard.token"])
+    errors.init_app(app)
+    metrics.init_app(app)
+    app.register_blueprint(pages.bp)
+    app.register_blueprint(api.bp, url_prefix="/api/v1")
+    app.add_url_rule("/healthz", "healthz", _healthz)
+    app.add_url_rule("/vendor/plotly.min.js", "plotly_js", _plotly_js)
+
+
+def _healthz():
+    st = state()
+    try:
+        st.store.time_range()  # one cheap query proves the database answers
+    except Exception as exc:  # any driver error: unhealthy, not a crash
+        current_app.logger.warning("health check: database does not answer: %s", exc)
+        return {"status": "error", "problem": "database does not answer"}, 503
+    return {"status": "ok", "now_s": st.clock.time_s()}
+
+
+def _plotly_js():
+    return send_file(plotly_js_path(), mimetype="text/javascript", max_age=86400)

@@ -1,0 +1,68 @@
+"""One error handler for the whole app: JSON under ``/api``, HTML elsewhere.
+
+As in ``datasette/handle_exception.py``: every error, expected or not, goes through
+:func:`handle`, so an API client always gets ``{"error": {...}}`` and a browser a page. A bad
+parameter is a 400 that names the parameter; an unexpected exception is logged once with its
+traceback and answered with a 500 that leaks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException, InternalServerError
+
+log = logging.getLogger("vramscope.dashboard")
+
+
+class BadParameter(HTTPException):
+    """A query or path parameter that cannot be used; ``parameter`` names it."""
+
+    code = 400
+
+    def __init__(self, parameter: str, problem: str) -> None:
+        super().__init__(f"parameter {parameter!r}: {problem}")
+        self.parameter = parameter
+
+
+class Unauthorized(HTTPException):
+    code = 401
+    description = ("a token is required: send 'Authorization: Bearer <token>' or open the page "
+                   "once with ?token=<token>")
+
+
+class Unavailable(HTTPException):
+    """A feature whose module is not installed or not built yet (503)."""
+
+    code = 503
+
+
+def error_body(exc: HTTPException) -> dict:
+    error = {"status": exc.code, "title": exc.name, "message": exc.description}
+    parameter = getattr(exc, "parameter", None)
+    if parameter is not None:
+        error["parameter"] = parameter
+    return {"error": error}
+
+
+def handle(exc: Exception):
+    if not isinstance(exc, HTTPException):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        exc = InternalServerError("internal error; the dashboard log has the details")
+    if exc.code is not None and 300 <= exc.code < 400:  # routing redirects (trailing slash)
+        return exc.get_response()
+    headers = {}
+    if exc.code == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="vramscope"'
+    if exc.code == 405 and exc.valid_methods:
+        headers["Allow"] = ", ".join(exc.valid_methods)
+    if request.path.startswith("/api/") or request.path == "/metrics":
+        response = jsonify(error_body(exc))
+    else:
+        response = render_template("error.html", error=error_body(exc)["error"])
+    return response, exc.code, headers
+
+
+def init_app(app: Flask) -> None:
+    app.register_error_handler(Exception, handle)

@@ -1,0 +1,290 @@
+"""Pure functions from query and analysis results to Plotly figures (``{"data", "layout"}``).
+
+No I/O and no Flask here (DESIGN.md rule 3). Figures are plain JSON-ready dicts, so they cost
+nothing to build and are what ``/api/v1/figures/*`` return; the browser hands them to
+``Plotly.react``. Bytes become GiB only here; times become epoch milliseconds for date axes.
+Only SVG trace types are used (no WebGL), so the page needs no ``eval``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = float(2**30)
+COLORS = {
+    "allocated": "#1f6feb", "reserved": "#8250df", "device_used": "#57606a",
+    "limit": "#cf222e", "largest_free": "#1a7f37", "prefill": "rgba(255,159,28,0.16)",
+    "decode": "rgba(46,160,67,0.10)", "idle": "rgba(140,149,159,0.08)",
+    "split": "#bf8700", "external": "#cf222e", "kv_used": "#1f6feb", "kv_cached": "#8250df",
+    "kv_total": "#57606a", "tokens": "#bf3989", "request": "#8c959f", "oom": "#cf222e",
+    "retry": "#fb8500", "orphan": "#8250df", "warning": "#bf8700", "critical": "#cf222e",
+}
+FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
+
+
+def ms(ts_s: float) -> float:
+    return ts_s * 1000.0
+
+
+def gib(values: list[int | None]) -> list[float | None]:
+    return [None if v is None else v / GIB for v in values]
+
+
+def _layout(**extra: Any) -> dict[str, Any]:
+    base = {"font": FONT, "margin": {"l": 64, "r": 24, "t": 32, "b": 40},
+            "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "hovermode": "x unified",
+            "legend": {"orientation": "h", "y": 1.06, "x": 0}}
+    base.update(extra)
+    return base
+
+
+def _line(name: str, xs: list, ys: list, color: str, **extra: Any) -> dict[str, Any]:
+    trace = {"type": "scatter", "mode": "lines", "name": name, "x": xs, "y": ys,
+             "line": {"color": color, "width": 1.6}}
+    trace.update(extra)
+    return trace
+
+
+# --- overview -----------------------------------------------------------------------------
+def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Allocated, reserved, device used and limit per device, as grouped horizontal bars."""
+    labels = [f"{r['host']} · GPU {r['device']}" for r in rows]
+    bars = []
+    for key, name, color in (("allocated_bytes", "allocated", COLORS["allocated"]),
+                             ("reserved_bytes", "reserved", COLORS["reserved"]),
+                             ("device_used_bytes", "device used", COLORS["device_used"]),
+                             ("device_total_bytes", "limit", COLORS["limit"])):
+        values = [((r["latest"] or {}).get(key)) for r in rows]
+        bars.append({"type": "bar", "orientation": "h", "name": name, "y": labels,
+                     "x": gib(values), "marker": {"color": color},
+                     "hovertemplate": "%{x:.2f} GiB<extra>" + name + "</extra>"})
+    height = 120 + 70 * max(1, len(rows))
+    return {"data": bars, "layout": _layout(
+        barmode="group", height=height, hovermode="closest",
+        xaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
+        yaxis={"autorange": "reversed", "automargin": True})}
+
+
+# --- device timeline ------------------------------------------------------------------------
+def _xs(series: dict[str, list]) -> list[float]:
+    return [ms(t) for t in series["ts"]]
+
+
+def _memory_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+    out = []
+    for key, name, color, dash in (
+            ("allocated_bytes", "allocated", COLORS["allocated"], "solid"),
+            ("reserved_bytes", "reserved", COLORS["reserved"], "solid"),
+            ("device_used_bytes", "device used", COLORS["device_used"], "solid"),
+            ("device_total_bytes", "limit", COLORS["limit"], "dash"),
+            ("largest_free_block_bytes", "largest free block", COLORS["largest_free"], "dot")):
+        if key in s:
+            out.append(_line(name, _xs(s[key]), gib(s[key]["max"]), color,
+                             line={"color": color, "width": 1.6, "dash": dash},
+                             xaxis="x", yaxis="y", hovertemplate="%{y:.2f} GiB"))
+    return out
+
+
+def _fragmentation_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+    out = []
+    for key, name, color in (("inactive_split_ratio", "inactive split ratio", COLORS["split"]),
+                             ("external_fragmentation", "external fragmentation",
+                              COLORS["external"])):
+        if key in s:
+            mode = "lines" if key == "inactive_split_ratio" else "lines+markers"
+            out.append(_line(name, _xs(s[key]), s[key]["max"], color, mode=mode,
+                             marker={"size": 4}, xaxis="x", yaxis="y2",
+                             hovertemplate="%{y:.3f}"))
+    return out
+
+
+def _kv_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+    out = []
+    for key, name, color in (("kv_blocks_used", "KV blocks used", COLORS["kv_used"]),
+                             ("kv_blocks_cached", "KV blocks cached", COLORS["kv_cached"]),
+                             ("kv_blocks_total", "KV blocks total", COLORS["kv_total"])):
+        if key in s:
+            out.append(_line(name, _xs(s[key]), s[key]["max"], color, xaxis="x", yaxis="y3",
+                             line={"color": color, "width": 1.6,
+                                   "dash": "dash" if key == "kv_blocks_total" else "solid"}))
+    if "kv_tokens_used" in s:
+        out.append(_line("KV tokens stored", _xs(s["kv_tokens_used"]),
+                         s["kv_tokens_used"]["max"], COLORS["tokens"], xaxis="x", yaxis="y5",
+                         line={"color": COLORS["tokens"], "width": 1, "dash": "dot"}))
+    return out
+
+
+def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Requests, allocator retries, OOMs and orphaned KV blocks on one lane (y4)."""
+    groups: dict[str, tuple[list, list]] = {}
+    for e in doc["events"]:
+        label = {"request_start": "request start", "request_end": "request end", "oom": "OOM",
+                 "kv_orphaned_blocks": "orphaned KV blocks"}[e["name"]]
+        xs, texts = groups.setdefault(label, ([], []))
+        xs.append(ms(e["ts"]))
+        texts.append(e["request_id"] or e["message"] or "")
+    for r in doc.get("retries", ()):
+        xs, texts = groups.setdefault("alloc retries", ([], []))
+        xs.append(ms(r["ts"]))
+        texts.append(f"+{r['count']} retries")
+    style = {"request start": ("triangle-right", COLORS["request"]),
+             "request end": ("triangle-left", COLORS["request"]),
+             "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
+             "orphaned KV blocks": ("square", COLORS["orphan"])}
+    return [{"type": "scatter", "mode": "markers", "name": label, "x": xs,
+             "y": [label] * len(xs), "text": texts, "hovertemplate": "%{text}",
+             "marker": {"symbol": style[label][0], "color": style[label][1],
+                        "size": 11 if label == "OOM" else 7},
+             "xaxis": "x", "yaxis": "y4"} for label, (xs, texts) in groups.items()]
+
+
+def phase_shapes(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prefill and decode as shaded bands behind the memory and fragmentation plots."""
+    return [{"type": "rect", "xref": "x", "yref": "paper", "x0": ms(b["start"]),
+             "x1": ms(b["end"]), "y0": 0.30, "y1": 1.0, "fillcolor": COLORS[b["phase"]],
+             "line": {"width": 0}, "layer": "below"} for b in bands if b["phase"] != "idle"]
+
+
+def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
+    """Memory, fragmentation, KV pool and event lanes on one linked time axis."""
+    s = doc["series"]
+    data = (_memory_traces(s) + _fragmentation_traces(s) + _kv_traces(s)
+            + _marker_traces(doc))
+    layout = _layout(
+        height=820, showlegend=True, hovermode="x",
+        shapes=phase_shapes(doc["phases"]),
+        xaxis={"type": "date", "range": [ms(doc["start"]), ms(doc["end"])],
+               "anchor": "y4", "showspikes": True},
+        yaxis={"domain": [0.56, 1.0], "title": {"text": "memory (GiB)"}, "rangemode": "tozero"},
+        yaxis2={"domain": [0.36, 0.52], "title": {"text": "fragmentation"},
+                "range": [0, 1.02]},
+        yaxis3={"domain": [0.14, 0.32], "title": {"text": "KV blocks"}, "rangemode": "tozero"},
+        yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True},
+        yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens"},
+                "rangemode": "tozero", "showgrid": False},
+        meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
+              "events_truncated": doc["events_truncated"]})
+    return {"data": data, "layout": layout}
+
+
+# --- leaks, risk, capacity --------------------------------------------------------------------
+def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
+                 limit_bytes: int | None) -> dict[str, Any]:
+    """The idle floor with its Theil–Sen trend line."""
+    data = [_line("idle floor", [ms(t) for t, _ in floor], gib([b for _, b in floor]),
+                  COLORS["allocated"], mode="lines+markers", marker={"size": 4},
+                  hovertemplate="%{y:.3f} GiB")]
+    if trend_line:
+        (t0, y0), (t1, y1) = trend_line
+        data.append(_line("trend (Theil–Sen)", [ms(t0), ms(t1)], [y0 / GIB, y1 / GIB],
+                          COLORS["limit"], line={"color": COLORS["limit"], "dash": "dash",
+                                                 "width": 2}))
+    return {"data": data, "layout": _layout(
+        height=380, xaxis={"type": "date"},
+        yaxis={"title": {"text": "idle floor (GiB)"}},
+        meta={"limit_bytes": limit_bytes})}
+
+
+def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
+                warnings: list[dict[str, Any]], limit_bytes: int | None,
+                levels: dict[str, float]) -> dict[str, Any]:
+    """Headroom under the limit, the time-to-OOM forecast and when each warning fired."""
+    data = [_line("headroom", [ms(t) for t in headroom["ts"]], gib(headroom["bytes"]),
+                  COLORS["allocated"], fill="tozeroy", fillcolor="rgba(31,111,235,0.08)",
+                  hovertemplate="%{y:.2f} GiB")]
+    if forecast and forecast["ts"]:
+        hours = [None if v is None else v / 3600.0 for v in forecast["time_to_oom_s"]]
+        band = _forecast_band(forecast)
+        data += band
+        data.append(_line("time to OOM", [ms(t) for t in forecast["ts"]], hours,
+                          COLORS["critical"], yaxis="y2", hovertemplate="%{y:.2f} h"))
+    for level in ("warning", "critical"):
+        mine = [w for w in warnings if w["severity"] == level]
+        if mine:
+            data.append({"type": "scatter", "mode": "markers", "name": f"{level} fired",
+                         "x": [ms(w["ts"]) for w in mine], "y": [0] * len(mine),
+                         "text": [w["label"] for w in mine], "hovertemplate": "%{text}",
+                         "marker": {"symbol": "triangle-up", "size": 12,
+                                    "color": COLORS[level]}})
+    shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+               "y0": limit_bytes * ratio / GIB, "y1": limit_bytes * ratio / GIB,
+               "line": {"color": COLORS[name], "dash": "dot", "width": 1}}
+              for name, ratio in levels.items() if limit_bytes]
+    return {"data": data, "layout": _layout(
+        height=420, shapes=shapes, xaxis={"type": "date"},
+        yaxis={"title": {"text": "headroom (GiB)"}, "rangemode": "tozero"},
+        yaxis2={"title": {"text": "time to OOM (h)"}, "overlaying": "y", "side": "right",
+                "rangemode": "tozero", "showgrid": False})}
+
+
+def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
+    lo, hi = forecast.get("low_s"), forecast.get("high_s")
+    if not lo or not hi:
+        return []
+    xs = [ms(t) for t in forecast["ts"]]
+    to_h = lambda vs: [None if v is None else v / 3600.0 for v in vs]
+    return [_line("forecast low", xs, to_h(lo), "rgba(207,34,46,0.3)", yaxis="y2",
+                  showlegend=False, line={"width": 0}),
+            _line("forecast range", xs, to_h(hi), "rgba(207,34,46,0.3)", yaxis="y2",
+                  fill="tonexty", fillcolor="rgba(207,34,46,0.12)", line={"width": 0})]
+
+
+def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
+    """Measured peaks per device beside the estimator's budget, when there is one."""
+    rows = capacity["devices"]
+    labels = [f"{r['host']} · GPU {r['device']}" for r in rows]
+    data = []
+    for key, name, color in (("allocated_bytes", "peak allocated", COLORS["allocated"]),
+                             ("reserved_bytes", "peak reserved", COLORS["reserved"]),
+                             ("device_used_bytes", "peak device used", COLORS["device_used"]),
+                             ("device_total_bytes", "limit", COLORS["limit"])):
+        data.append({"type": "bar", "name": name, "x": labels,
+                     "y": gib([(r["peaks"] or {}).get(key) for r in rows]),
+                     "marker": {"color": color}, "hovertemplate": "%{y:.2f} GiB"})
+    estimate = capacity.get("estimate")
+    if estimate and estimate.get("total_bytes"):
+        data.append({"type": "bar", "name": "estimate", "x": labels,
+                     "y": [estimate["total_bytes"] / GIB] * len(rows),
+                     "marker": {"color": COLORS["warning"]}, "hovertemplate": "%{y:.2f} GiB"})
+    return {"data": data, "layout": _layout(barmode="group", height=380, hovermode="closest",
+                                            yaxis={"title": {"text": "GiB"}})}
+
+
+# --- post-mortems ---------------------------------------------------------------------------
+def segment_map_figure(pm) -> dict[str, Any]:
+    """Each segment as a bar: allocated part and free part (the holes a request could not use)."""
+    segs = list(pm.segments)
+    labels = [f"seg {i}" for i in range(len(segs))]
+    used = [_first_int(s, "allocated_size", "allocated_bytes", "allocated") for s in segs]
+    total = [_first_int(s, "total_size", "size_bytes", "size") for s in segs]
+    free = [max(0, t - u) for t, u in zip(total, used)]
+    mib = lambda vs: [v / 2**20 for v in vs]
+    data = [{"type": "bar", "orientation": "h", "name": "allocated", "y": labels, "x": mib(used),
+             "marker": {"color": COLORS["allocated"]}, "hovertemplate": "%{x:.1f} MiB"},
+            {"type": "bar", "orientation": "h", "name": "free", "y": labels, "x": mib(free),
+             "marker": {"color": "#d0d7de"}, "hovertemplate": "%{x:.1f} MiB"}]
+    return {"data": data, "layout": _layout(
+        barmode="stack", height=140 + 18 * max(1, len(segs)), hovermode="closest",
+        xaxis={"title": {"text": "MiB"}}, yaxis={"autorange": "reversed"})}
+
+
+def _first_int(segment: dict[str, Any], *keys: str) -> int:
+    """Segment maps come torch-shaped (``total_size``) or compact (``size``): take either."""
+    for key in keys:
+        value = segment.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
+def holders_figure(pm) -> dict[str, Any]:
+    """The top holders by size; the innermost frame names each."""
+    holders = list(pm.top_holders)
+    labels = [f"#{i + 1} {h.frames[0] if h.frames else '(no stack)'}"[:80]
+              for i, h in enumerate(holders)]
+    return {"data": [{"type": "bar", "orientation": "h", "name": "held",
+                      "y": labels, "x": [h.size_bytes / 2**20 for h in holders],
+                      "marker": {"color": COLORS["reserved"]}, "hovertemplate": "%{x:.1f} MiB"}],
+            "layout": _layout(height=140 + 24 * max(1, len(holders)), hovermode="closest",
+                              showlegend=False, xaxis={"title": {"text": "MiB"}},
+                              yaxis={"autorange": "reversed", "automargin": True})}

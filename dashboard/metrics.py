@@ -1,0 +1,162 @@
+"""``/metrics``: the store's current state in Prometheus text format, read at scrape time.
+
+A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
+registry of the app's own, so two apps never share series. Labels are bounded by design: only
+``host``, ``device``, ``process`` (a process *name*), ``phase`` and ``source`` — never a request
+id or a pid, which would grow without bound. Metric names are listed in docs/dashboard.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Flask, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.records import Phase
+
+# name -> (sample field, help). Gauges of the newest value per device.
+DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("vramscope_allocated_bytes", "allocated_bytes", "Bytes the caching allocator handed to "
+     "tensors."),
+    ("vramscope_reserved_bytes", "reserved_bytes", "Bytes the caching allocator holds from the "
+     "driver."),
+    ("vramscope_inactive_split_bytes", "inactive_split_bytes", "Free bytes inside partially "
+     "used segments."),
+    ("vramscope_largest_free_block_bytes", "largest_free_block_bytes", "Largest free block in "
+     "the last allocator snapshot."),
+    ("vramscope_device_used_bytes", "device_used_bytes", "Device memory in use, all processes "
+     "(NVML)."),
+    ("vramscope_device_limit_bytes", "device_total_bytes", "Device total, or the per-process "
+     "limit when one applies."),
+    ("vramscope_kv_blocks_used", "kv_blocks_used", "KV pool blocks referenced by live requests."),
+    ("vramscope_kv_blocks_cached", "kv_blocks_cached", "KV pool blocks kept for prefix reuse."),
+    ("vramscope_kv_blocks_total", "kv_blocks_total", "KV pool blocks in the pool."),
+    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks."),
+)
+DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("vramscope_alloc_retries", "num_alloc_retries", "Allocator cache flushes and retries "
+     "(cumulative, per server process)."),
+    ("vramscope_ooms", "num_ooms", "OOMs raised by the allocator (cumulative)."),
+)
+RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
+DEVICE_LABELS = ("host", "device")
+
+
+class StoreCollector:
+    """Reads the store on each scrape; one failure gives ``vramscope_up 0``, never a 500."""
+
+    def __init__(self, store, config, clock) -> None:
+        self.store, self.config, self.clock = store, config, clock
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.perf_counter()
+        up = GaugeMetricFamily("vramscope_up", "1 when the database answered this scrape.")
+        try:
+            families = list(self._families())
+            up.add_metric([], 1)
+        except Exception:  # a database error must not fail the whole scrape
+            families = []
+            up.add_metric([], 0)
+        yield from families
+        yield up
+        took = GaugeMetricFamily("vramscope_scrape_duration_seconds",
+                                 "Time this scrape spent reading the database.")
+        took.add_metric([], time.perf_counter() - t0)
+        yield took
+
+    def _families(self) -> Iterator[Metric]:
+        from dashboard.queries import device_rows
+
+        rows = device_rows(self.store, self.config, self.clock.time_s())
+        yield from _device_families(rows)
+        yield from _source_families(rows, self.clock.time_s())
+        yield from _process_families(self.store.processes(host="*"))
+        yield from _agent_families(self.store)
+
+
+def _labels(row: dict[str, Any]) -> list[str]:
+    return [str(row["host"]), str(row["device"])]
+
+
+def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    for name, field, help_text in DEVICE_GAUGES:
+        fam = GaugeMetricFamily(name, help_text, labels=DEVICE_LABELS)
+        for r in rows:
+            value = (r["latest"] or {}).get(field)
+            if value is not None:
+                fam.add_metric(_labels(r), value)
+        yield fam
+    for name, field, help_text in DEVICE_COUNTERS:
+        fam = CounterMetricFamily(name, help_text, labels=DEVICE_LABELS)
+        for r in rows:
+            value = (r["latest"] or {}).get(field)
+            if value is not None:
+                fam.add_metric(_labels(r), value)
+        yield fam
+    risk = GaugeMetricFamily("vramscope_risk_level", "OOM risk: 0 ok, 1 warning, 2 critical.",
+                             labels=DEVICE_LABELS)
+    alerts = GaugeMetricFamily("vramscope_alerts_active", "Alerts firing now.",
+                               labels=DEVICE_LABELS)
+    phase = GaugeMetricFamily("vramscope_phase", "1 for the phase of the newest sample.",
+                              labels=(*DEVICE_LABELS, "phase"))
+    for r in rows:
+        risk.add_metric(_labels(r), RISK_VALUE[r["risk"]])
+        alerts.add_metric(_labels(r), r["active_alerts"])
+        current = (r["latest"] or {}).get("phase") or Phase.UNKNOWN.value
+        for p in Phase:
+            phase.add_metric([*_labels(r), p.value], 1 if p.value == current else 0)
+    yield from (risk, alerts, phase)
+
+
+def _source_families(rows: list[dict[str, Any]], now_s: float) -> Iterator[Metric]:
+    age = GaugeMetricFamily("vramscope_last_sample_age_seconds",
+                            "Seconds since the newest sample of each source.",
+                            labels=(*DEVICE_LABELS, "source"))
+    for r in rows:
+        for source, ts in sorted(((r["latest"] or {}).get("sources") or {}).items()):
+            age.add_metric([*_labels(r), source], max(0.0, now_s - ts))
+    yield age
+
+
+def _process_families(processes: list[dict[str, Any]]) -> Iterator[Metric]:
+    seen = GaugeMetricFamily("vramscope_process_last_seen_timestamp_seconds",
+                             "When a server process was last seen (Unix time).",
+                             labels=("host", "process"))
+    newest: dict[tuple[str, str], float] = {}
+    for p in processes:  # several pids may share a name: keep the newest
+        key = (str(p["host"]), str(p["name"] or "unknown"))
+        newest[key] = max(newest.get(key, 0.0), p["last_seen_s"])
+    for (host, name), ts in sorted(newest.items()):
+        seen.add_metric([host, name], ts)
+    yield seen
+
+
+def _agent_families(store) -> Iterator[Metric]:
+    dropped = CounterMetricFamily("vramscope_agent_dropped_records",
+                                  "Records the agent dropped (queue full).", labels=("host",))
+    queue = GaugeMetricFamily("vramscope_agent_queue_depth", "Agent writer queue depth.",
+                              labels=("host",))
+    for h in store.hosts():
+        from dashboard.queries import host_or_none
+
+        stats = store.latest_agent_stats(host_or_none(store, h["name"]))
+        if stats:
+            dropped.add_metric([h["name"]], stats["dropped_total"])
+            queue.add_metric([h["name"]], stats["queue_depth"])
+    yield from (dropped, queue)
+
+
+def init_app(app: Flask) -> None:
+    st = app.extensions["vramscope"]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(st.store, st.config, st.clock))
+    app.extensions["vramscope_registry"] = registry
+
+    def metrics() -> Response:
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    app.add_url_rule("/metrics", "metrics", metrics)

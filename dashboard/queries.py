@@ -1,0 +1,173 @@
+"""What the pages and the API read, composed from ``agent``'s store queries.
+
+The only module of the dashboard that calls the store. Long ranges are always downsampled in
+SQL (:meth:`agent.store.Store.timeline`); raw samples are read only for short, bounded windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.records import SAMPLE_COUNTER_FIELDS, Phase
+from agent.store import Store
+from dashboard import timeline as tl
+
+LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
+PHASE_SAMPLE_LIMIT = 5_000  # raw samples read for phase bands when there are no phase events
+SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
+
+
+def host_or_none(store: Store, host: str | None) -> str | None:
+    return None if host in (None, "", store.host_name) else host
+
+
+def latest_values(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
+    """The newest non-null value of each counter in the last ``LATEST_WINDOW_S`` of samples."""
+    span = store.time_range(device, host)
+    if span is None:
+        return None
+    recent = store.samples(device, span[1] - LATEST_WINDOW_S, span[1], host=host)
+    out: dict[str, Any] = {"last_ts_s": span[1], "first_ts_s": span[0], "phase": None,
+                           "pid": None, "sources": {}}
+    for s in reversed(recent):
+        out["sources"].setdefault(s.source or "unknown", s.ts_s)
+        for name in SAMPLE_COUNTER_FIELDS:
+            if out.get(name) is None:
+                out[name] = getattr(s, name)
+        if out["phase"] is None and s.phase is not Phase.UNKNOWN:
+            out["phase"] = s.phase.value
+        if out["pid"] is None:
+            out["pid"] = s.pid
+    for name in SAMPLE_COUNTER_FIELDS:
+        out.setdefault(name, None)
+    return out
+
+
+def headroom_level(latest: dict[str, Any] | None, warning_ratio: float,
+                   critical_ratio: float) -> str:
+    """``ok``/``warning``/``critical`` from free memory under the limit, now."""
+    if not latest or not latest.get("device_total_bytes"):
+        return "ok"
+    limit = latest["device_total_bytes"]
+    used = max(latest.get("reserved_bytes") or 0, latest.get("device_used_bytes") or 0)
+    free_ratio = (limit - used) / limit
+    if free_ratio < critical_ratio:
+        return "critical"
+    return "warning" if free_ratio < warning_ratio else "ok"
+
+
+def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
+    """One row per device of every host: current values, risk level and alert counts."""
+    active = store.alerts(active_only=True, host="*")
+    rows = []
+    for d in store.devices(host="*"):
+        host = host_or_none(store, d["host"])
+        latest = latest_values(store, d["device_index"], host)
+        level = headroom_level(latest, config["alerts.headroom_warning_ratio"],
+                               config["alerts.headroom_critical_ratio"])
+        mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
+        for a in mine:
+            if SEVERITY_ORDER.get(a["severity"], 0) > SEVERITY_ORDER[level]:
+                level = "critical" if a["severity"] == "critical" else "warning"
+        rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
+                     "uuid": d["uuid"], "total_bytes": d["total_bytes"], "risk": level,
+                     "active_alerts": len(mine), "latest": latest,
+                     "last_sample_age_s": None if latest is None else
+                     max(0.0, now_s - latest["last_ts_s"])})
+    return rows
+
+
+def overview(store: Store, config, now_s: float) -> dict[str, Any]:
+    hosts = []
+    for h in store.hosts():
+        stats = store.latest_agent_stats(host_or_none(store, h["name"]))
+        hosts.append({"name": h["name"], "first_seen_s": h["first_seen_s"],
+                      "last_seen_s": h["last_seen_s"], "agent": _stats(stats)})
+    return {"now_s": now_s, "hosts": hosts, "devices": device_rows(store, config, now_s),
+            "processes": store.processes(host="*"),
+            "alerts": [alert_json(a) for a in store.alerts(active_only=True, host="*")]}
+
+
+def _stats(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    keys = ("ts_s", "clients", "rows_per_s", "queue_depth", "dropped_total", "rejected_total",
+            "db_size_bytes")
+    return {k: row[k] for k in keys}
+
+
+def alert_json(a: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "rule", "severity", "fired_ts_s", "resolved_ts_s", "value", "message",
+            "labels", "device", "host")
+    return {k: a.get(k) for k in keys}
+
+
+def timeline(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+             max_points: int, columns: tuple[str, ...]) -> dict[str, Any]:
+    """The timeline document: downsampled series, phase bands and event markers."""
+    wanted = tuple(dict.fromkeys(columns + _ratio_inputs(columns)))
+    rows = store.timeline(device, start_s, end_s, max_points, wanted, host=host)
+    series = tl.series_from_rows(rows, columns)
+    series.update(tl.derived_series(rows))
+    bands, band_source = phase_bands(store, device, host, start_s, end_s, max_points)
+    events = store.events(device, start_s, end_s, host=host, names=tl.MARKER_EVENTS,
+                          limit=max_points + 1)
+    return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
+            "max_points": max_points, "bucket_s": (end_s - start_s) / max_points,
+            "series": series, "phases": bands, "phase_source": band_source,
+            "events": tl.event_markers(events[:max_points]),
+            "events_truncated": len(events) > max_points,
+            "retries": tl.retry_markers(series)}
+
+
+def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """Columns the derived fragmentation series need, even if not asked for themselves."""
+    if "inactive_split_bytes" in columns or "largest_free_block_bytes" in columns:
+        return ("allocated_bytes", "reserved_bytes")
+    return ()
+
+
+def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+                max_bands: int) -> tuple[list[dict[str, Any]], str]:
+    """Bands from phase events; else from sample phases when the window is small enough."""
+    changes = store.events(device, start_s, end_s, host=host, names=("phase",))
+    if changes:
+        bands = tl.bands_from_events(changes, end_s)
+        return tl.coarsen_bands(bands, start_s, end_s, max_bands), "events"
+    raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
+    if len(raw) > PHASE_SAMPLE_LIMIT:
+        return [], "zoom in for phases"
+    bands = tl.bands_from_samples(raw, end_s)
+    return tl.coarsen_bands(bands, start_s, end_s, max_bands), "samples"
+
+
+def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
+    """Peak allocated / reserved / device used / KV blocks over everything stored."""
+    span = store.time_range(device, host)
+    if span is None:
+        return None
+    cols = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
+            "kv_blocks_used", "kv_blocks_total")
+    end = span[1] if span[1] > span[0] else span[0] + 1.0
+    rows = store.timeline(device, span[0], end, 1, cols, host=host)
+    peaks = {c: max((r[f"{c}_max"] for r in rows if r[f"{c}_max"] is not None), default=None)
+             for c in cols}
+    return {"first_ts_s": span[0], "last_ts_s": span[1], **peaks}
+
+
+def postmortem_json(pm_id: int, pm) -> dict[str, Any]:
+    out = pm.to_json()
+    out["id"] = pm_id
+    out["snapshot_available"] = snapshot_file(pm) is not None
+    out.pop("snapshot_path", None)  # a server path: not the browser's business
+    return out
+
+
+def snapshot_file(pm):
+    """The kept PyTorch snapshot as a path, when it exists on this machine."""
+    from pathlib import Path
+
+    if not pm.snapshot_path:
+        return None
+    path = Path(pm.snapshot_path)
+    return path if path.is_file() else None

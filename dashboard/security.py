@@ -1,0 +1,108 @@
+"""Safe defaults: loopback unless a token is set, bearer-token auth, strict response headers.
+
+Binding to any address other than loopback without ``dashboard.token`` is refused at start-up
+(:func:`check_bind`): memory timelines and process names of an inference fleet are not for the
+whole network. When a token is configured every request needs it, as ``Authorization: Bearer
+<token>`` (scripts, Prometheus' ``authorization`` block) or as the ``vramscope_token`` cookie that a
+browser gets by opening any page once with ``?token=<token>``. Comparisons are constant-time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from flask import Flask, Response, redirect, request
+
+from agent.errors import ConfigError
+
+TOKEN_COOKIE = "vramscope_token"
+
+# Plotly draws SVG and sets some element styles through the ``style`` attribute, which CSP
+# treats as inline style; that is the one exception to ``default-src 'self'`` (docs/dashboard.md).
+# No inline or remote script, no eval: scripts come only from /static.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str) -> None:
+    """Refuse to serve a non-loopback address without a token (raises ``ConfigError``)."""
+    if not is_loopback(host) and not token:
+        raise ConfigError(
+            f"refusing to listen on {host!r} without a token: set dashboard.token in the config "
+            f"(or $VRAMSCOPE_DASHBOARD_TOKEN), or bind 127.0.0.1 with --host 127.0.0.1")
+
+
+def token_matches(given: str | None, token: str) -> bool:
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
+
+
+def _bearer(header: str | None) -> str | None:
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return None
+
+
+def init_app(app: Flask, token: str) -> None:
+    """Install the token check (when ``token`` is set) and the security headers."""
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        if request.path.startswith("/api/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    if not token:
+        return
+
+    @app.before_request
+    def _require_token():
+        query_token = request.args.get("token")
+        if query_token is not None and request.method == "GET" and token_matches(query_token,
+                                                                                  token):
+            return _cookie_redirect(token)
+        if token_matches(_bearer(request.headers.get("Authorization")), token):
+            return None
+        if token_matches(request.cookies.get(TOKEN_COOKIE), token):
+            return None
+        from dashboard.errors import Unauthorized
+
+        raise Unauthorized()
+
+
+def _cookie_redirect(token: str) -> Response:
+    """Trade ``?token=`` for an HttpOnly cookie and drop the token from the address bar."""
+    args = request.args.to_dict(flat=False)
+    args.pop("token", None)
+    from urllib.parse import urlencode
+
+    query = urlencode(args, doseq=True)
+    response = redirect(request.path + (f"?{query}" if query else ""), code=303)
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict",
+                        secure=request.is_secure)
+    return response

@@ -1,0 +1,385 @@
+// vramscope dashboard pages. Every string from the server is put in the page with
+// textContent (never innerHTML), so a process named "<img src=x onerror=...>" stays text.
+// Plots are Plotly figures built on the server (dashboard/figures.py); pages poll for updates.
+"use strict";
+
+const GIB = 2 ** 30;
+const body = document.body.dataset;
+const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+// --- small helpers ---------------------------------------------------------------------
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function link(text, href) {
+  return el("a", text, { href: href });
+}
+
+function badge(level) {
+  return el("span", level, { class: "badge " + (level || "ok") });
+}
+
+function fmtBytes(b) {
+  if (b === null || b === undefined) return "–";
+  if (Math.abs(b) >= GIB) return (b / GIB).toFixed(2) + " GiB";
+  return (b / 2 ** 20).toFixed(1) + " MiB";
+}
+
+function fmtTime(ts) {
+  if (ts === null || ts === undefined) return "–";
+  return new Date(ts * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function fmtAge(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 120) return s.toFixed(1) + " s";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+function qs(params) {
+  const out = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== null && v !== undefined && v !== "") out.set(k, v);
+  }
+  return out.toString();
+}
+
+async function getJSON(url) {
+  const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  const data = await r.json().catch(() => null);
+  if (!r.ok) {
+    const msg = data && data.error ? data.error.message : r.status + " " + r.statusText;
+    throw new Error(msg);
+  }
+  return data;
+}
+
+function banner(message) {
+  const node = document.getElementById("banner");
+  node.hidden = !message;
+  node.textContent = message || "";
+}
+
+function card(label, value, sub, level) {
+  const c = el("div", null, { class: "card " + (level || "") });
+  c.append(el("div", label, { class: "label" }), el("div", value, { class: "value" }));
+  if (sub) c.append(el("div", sub, { class: "sub" }));
+  return c;
+}
+
+function fill(id, nodes) {
+  const target = document.getElementById(id);
+  target.replaceChildren(...nodes);
+}
+
+// columns: [title, row => string | Node, "num"?]
+function table(id, columns, rows, emptyText) {
+  if (!rows.length) return fill(id, [el("div", emptyText || "Nothing here.", { class: "empty" })]);
+  const t = el("table");
+  const head = el("tr");
+  for (const [title] of columns) head.append(el("th", title));
+  const thead = el("thead");
+  thead.append(head);
+  t.append(thead);
+  const tb = el("tbody");
+  for (const row of rows) {
+    const tr = el("tr");
+    for (const [, get, cls] of columns) {
+      const value = get(row);
+      const td = el("td", null, cls ? { class: cls } : {});
+      if (value instanceof Node) td.append(value); else td.textContent = value === null || value === undefined ? "–" : String(value);
+      tr.append(td);
+    }
+    tb.append(tr);
+  }
+  t.append(tb);
+  fill(id, [t]);
+}
+
+function plot(id, fig) {
+  return Plotly.react(document.getElementById(id), fig.data, fig.layout, PLOT_CONFIG);
+}
+
+function deviceQuery(extra) {
+  return qs(Object.assign({ device: body.device, host: body.host }, extra || {}));
+}
+
+function timelineHref(device, host, ts) {
+  return "/timeline?" + qs({ device: device, host: host, start: (ts - 600).toFixed(3), end: (ts + 600).toFixed(3) });
+}
+
+// Poll every refresh_s while the tab is visible; a failure shows once and marks "stale".
+function poll(fn) {
+  const live = document.getElementById("live");
+  const run = async () => {
+    if (document.hidden) return;
+    try {
+      await fn();
+      banner(null);
+      live.classList.remove("stale");
+    } catch (err) {
+      banner("Could not refresh: " + err.message);
+      live.classList.add("stale");
+    }
+  };
+  run();
+  setInterval(run, Math.max(500, parseFloat(body.refreshS) * 1000));
+}
+
+function wirePicker() {
+  const select = document.getElementById("device-select");
+  const hostInput = document.getElementById("host-input");
+  if (!select) return;
+  const sync = () => { hostInput.value = select.selectedOptions[0] ? select.selectedOptions[0].dataset.host : ""; };
+  select.addEventListener("change", () => { sync(); select.form.submit(); });
+  if (!hostInput.value) sync();
+}
+
+// --- pages -----------------------------------------------------------------------------
+const PAGES = {};
+
+PAGES.overview = () => poll(async () => {
+  const [doc, fig] = await Promise.all([getJSON("/api/v1/overview"), getJSON("/api/v1/figures/overview")]);
+  const worst = doc.devices.reduce((w, d) => Math.max(w, { ok: 0, warning: 1, critical: 2 }[d.risk]), 0);
+  const level = ["ok", "warning", "critical"][worst];
+  fill("summary-cards", [
+    card("Risk", level, "worst of " + doc.devices.length + " device(s)", level),
+    card("Active alerts", doc.alerts.length, null, doc.alerts.length ? "warning" : "ok"),
+    card("Hosts", doc.hosts.length),
+    card("Server processes", doc.processes.length),
+  ]);
+  await plot("overview-plot", fig);
+  table("devices-table", [
+    ["Host", (d) => d.host], ["GPU", (d) => d.device], ["Name", (d) => d.name],
+    ["Allocated", (d) => fmtBytes(d.latest && d.latest.allocated_bytes), "num"],
+    ["Reserved", (d) => fmtBytes(d.latest && d.latest.reserved_bytes), "num"],
+    ["Device used", (d) => fmtBytes(d.latest && d.latest.device_used_bytes), "num"],
+    ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
+    ["Phase", (d) => d.latest && d.latest.phase],
+    ["Risk", (d) => badge(d.risk)], ["Alerts", (d) => d.active_alerts, "num"],
+    ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago", "num"],
+    ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
+  ], doc.devices, "No devices have reported yet.");
+  table("alerts-table", alertColumns(), doc.alerts, "No alert is firing.");
+  table("health-table", [
+    ["Host", (h) => h.name],
+    ["Agent report", (h) => h.agent ? fmtAge(doc.now_s - h.agent.ts_s) + " ago" : "none"],
+    ["Clients", (h) => h.agent && h.agent.clients, "num"],
+    ["Rows/s", (h) => h.agent && h.agent.rows_per_s.toFixed(1), "num"],
+    ["Queue", (h) => h.agent && h.agent.queue_depth, "num"],
+    ["Dropped", (h) => h.agent && h.agent.dropped_total, "num"],
+    ["Rejected", (h) => h.agent && h.agent.rejected_total, "num"],
+    ["DB size", (h) => h.agent && fmtBytes(h.agent.db_size_bytes), "num"],
+  ], doc.hosts, "No host has reported yet.");
+  table("processes-table", [
+    ["Host", (p) => p.host], ["PID", (p) => p.pid, "num"], ["Name", (p) => p.name],
+    ["Model", (p) => p.model], ["Devices", (p) => p.devices],
+    ["Last seen", (p) => fmtTime(p.last_seen_s)],
+  ], doc.processes, "No server process has reported yet.");
+});
+
+function alertColumns() {
+  return [
+    ["Severity", (a) => badge(a.severity)], ["Rule", (a) => a.rule],
+    ["Value", (a) => (a.value === null ? null : Number(a.value).toPrecision(4)), "num"],
+    ["Host", (a) => a.host], ["GPU", (a) => a.device],
+    ["Fired", (a) => fmtTime(a.fired_ts_s)], ["Resolved", (a) => a.resolved_ts_s ? fmtTime(a.resolved_ts_s) : "active"],
+    ["Message", (a) => a.message, "wrap"],
+    ["Labels", (a) => Object.entries(a.labels || {}).map(([k, v]) => k + "=" + v).join(", ")],
+    ["", (a) => (a.device === null ? null : link("at the moment →", timelineHref(a.device, a.host, a.fired_ts_s)))],
+  ];
+}
+
+PAGES.alerts = () => poll(async () => {
+  const doc = await getJSON("/api/v1/alerts");
+  table("active-table", alertColumns(), doc.alerts.filter((a) => a.resolved_ts_s === null), "No alert is firing.");
+  table("history-table", alertColumns(), doc.alerts.filter((a) => a.resolved_ts_s !== null), "No resolved alerts.");
+});
+
+// Timeline: follows the newest data until the user zooms; a zoom re-queries the server.
+function plotlyTime(v) {
+  if (typeof v === "number") return v / 1000;
+  let s = String(v).trim().replace(" ", "T");
+  if (!s.includes("T")) s += "T00:00";
+  return Date.parse(s + "Z") / 1000;
+}
+
+PAGES.timeline = () => {
+  wirePicker();
+  const home = { start: body.start, end: body.end };
+  let view = { start: body.start, end: body.end };
+  const following = () => !view.end;
+  const div = document.getElementById("timeline-plot");
+  let wired = false;
+  const load = async () => {
+    const fig = await getJSON("/api/v1/figures/timeline?" + deviceQuery(view));
+    const m = fig.layout.meta;
+    const pts = fig.data.reduce((n, t) => n + t.x.length, 0);
+    document.getElementById("timeline-meta").textContent =
+      "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · phases from " +
+      m.phase_source + (m.events_truncated ? " · events truncated: zoom in" : "");
+    await plot("timeline-plot", fig);
+    if (!wired) {
+      wired = true;
+      div.on("plotly_relayout", (ev) => {
+        if (ev["xaxis.range[0]"] !== undefined) {
+          view = { start: plotlyTime(ev["xaxis.range[0]"]).toFixed(3), end: plotlyTime(ev["xaxis.range[1]"]).toFixed(3) };
+        } else if (ev["xaxis.autorange"]) {
+          view = Object.assign({}, home);
+        } else return;
+        history.replaceState(null, "", "/timeline?" + deviceQuery(view));
+        load().catch((err) => banner("Could not load the range: " + err.message));
+      });
+    }
+  };
+  poll(async () => { if (following() || !wired) await load(); });
+};
+
+PAGES.leaks = () => {
+  wirePicker();
+  poll(async () => {
+    const doc = await getJSON("/api/v1/figures/leaks?" + deviceQuery({ start: body.start, end: body.end }));
+    const r = doc.result;
+    const level = r && r.detected ? "critical" : "ok";
+    fill("leak-cards", [
+      card("Verdict", r ? (r.detected ? "leak" : "no leak") : "unknown", doc.method, level),
+      card("Slope", r ? fmtBytes(r.slope_bytes_per_h) + "/h" : "–", "Theil–Sen, idle floor"),
+      card("Growth", r ? fmtBytes(r.growth_bytes) : "–", "over the evaluated horizon"),
+      card("First detected", r && r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "as the live agent would have"),
+      card("Orphaned KV blocks", doc.orphaned.reduce((n, o) => n + (o.blocks || 0), 0), doc.orphaned.length + " event(s)", doc.orphaned.length ? "warning" : "ok"),
+    ]);
+    document.getElementById("leak-evidence").textContent = r ? r.evidence : "The analysis is not available.";
+    await plot("leaks-plot", doc.figure);
+    table("orphans-table", [
+      ["Time", (o) => fmtTime(o.ts)], ["PID", (o) => o.pid, "num"], ["Request", (o) => o.request_id],
+      ["Blocks", (o) => o.blocks, "num"], ["Message", (o) => o.message, "wrap"],
+      ["", (o) => link("at the moment →", timelineHref(body.device, body.host, o.ts))],
+    ], doc.orphaned, "The KV pool reported no orphaned blocks.");
+  });
+};
+
+PAGES.risk = () => {
+  wirePicker();
+  poll(async () => {
+    const doc = await getJSON("/api/v1/figures/risk?" + deviceQuery({ start: body.start, end: body.end }));
+    const ratio = doc.limit_bytes ? doc.latest_headroom_bytes / doc.limit_bytes : null;
+    const level = ratio === null ? "" : ratio < 0.03 ? "critical" : ratio < 0.1 ? "warning" : "ok";
+    fill("risk-cards", [
+      card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of the limit", level),
+      card("Limit", fmtBytes(doc.limit_bytes)),
+      card("Warnings fired", doc.warnings.length, "in this window", doc.warnings.length ? "warning" : "ok"),
+      card("Forecast", doc.forecast_method),
+    ]);
+    await plot("risk-plot", doc.figure);
+    table("warnings-table", [
+      ["Fired", (w) => fmtTime(w.ts)], ["Severity", (w) => badge(w.severity)], ["Rule", (w) => w.rule],
+      ["Detail", (w) => w.label, "wrap"],
+      ["", (w) => link("at the moment →", timelineHref(body.device, body.host, w.ts))],
+    ], doc.warnings, "No warning fired in this window.");
+  });
+};
+
+function pmColumns() {
+  return [
+    ["Time", (p) => fmtTime(p.ts_s)], ["Host", (p) => p.host], ["GPU", (p) => p.device],
+    ["PID", (p) => p.pid, "num"], ["Phase", (p) => p.phase],
+    ["Failed alloc", (p) => fmtBytes(p.failed_alloc_bytes), "num"],
+    ["Driver free", (p) => fmtBytes(p.driver_free_bytes), "num"],
+    ["Largest free block", (p) => fmtBytes(p.largest_free_block_bytes), "num"],
+    ["Cause", (p) => p.cause], ["", (p) => link("details →", "/postmortems/" + p.id)],
+  ];
+}
+
+PAGES.postmortems = () => poll(async () => {
+  const doc = await getJSON("/api/v1/postmortems");
+  table("postmortems-table", pmColumns(), doc.postmortems.slice().reverse(), "No OOM has happened. Good.");
+});
+
+function facts(id, pairs) {
+  const nodes = [];
+  for (const [k, v] of pairs) {
+    nodes.push(el("dt", k));
+    const dd = el("dd");
+    if (v instanceof Node) dd.append(v); else dd.textContent = v === null || v === undefined ? "–" : String(v);
+    nodes.push(dd);
+  }
+  fill(id, nodes);
+}
+
+PAGES.postmortem = async () => {
+  const id = body.pmId;
+  try {
+    const [pm, figs] = await Promise.all([getJSON("/api/v1/postmortems/" + id), getJSON("/api/v1/figures/postmortems/" + id)]);
+    document.getElementById("pm-title").textContent = "#" + pm.id + " · " + fmtTime(pm.ts_s);
+    fill("pm-cards", [
+      card("Failed allocation", fmtBytes(pm.failed_alloc_bytes), null, "critical"),
+      card("Driver free", fmtBytes(pm.driver_free_bytes)),
+      card("Largest free block", fmtBytes(pm.largest_free_block_bytes)),
+      card("External fragmentation", pm.external_fragmentation_ratio === null ? "–" : (100 * pm.external_fragmentation_ratio).toFixed(0) + " %"),
+    ]);
+    facts("pm-facts", [
+      ["Host · GPU", (pm.host || "") + " · " + pm.device], ["PID", pm.pid], ["Phase", pm.phase],
+      ["Allocated", fmtBytes(pm.allocated_bytes)], ["Reserved", fmtBytes(pm.reserved_bytes)],
+      ["Limit", fmtBytes(pm.device_total_bytes)], ["Message", pm.message],
+      ["Requests in flight", pm.requests_in_flight.join(", ") || "none"],
+      ["Timeline", link("at the moment →", timelineHref(pm.device, pm.host, pm.ts_s))],
+      ["Snapshot", pm.snapshot_available ? link("download the PyTorch snapshot", "/api/v1/postmortems/" + pm.id + "/snapshot") : "not kept"],
+    ]);
+    const diag = [el("p", null)];
+    diag[0].append("Likely cause: ", el("strong", pm.cause || "unknown"));
+    const ul = el("ul");
+    for (const r of pm.remedies) ul.append(el("li", r));
+    diag.push(pm.remedies.length ? ul : el("p", "No remedy recorded.", { class: "empty" }));
+    fill("pm-diagnosis", diag);
+    await plot("segments-plot", figs.segments);
+    await plot("holders-plot", figs.holders);
+    table("holders-table", [
+      ["#", (h) => pm.top_holders.indexOf(h) + 1, "num"], ["Size", (h) => fmtBytes(h.size_bytes), "num"],
+      ["Phase", (h) => h.phase], ["Frames (innermost first)", (h) => el("pre", h.frames.join("\n") || "(no stack recorded)", { class: "frames" }), "wrap"],
+    ], pm.top_holders, "No holders recorded (enable hooks.history for stacks).");
+  } catch (err) {
+    banner("Could not load the post-mortem: " + err.message);
+  }
+};
+
+PAGES.capacity = () => {
+  const form = document.getElementById("shape-form");
+  const given = new URLSearchParams(location.search);
+  for (const [k, v] of given) if (form.elements[k]) form.elements[k].value = v;
+  const query = given.toString();
+  poll(async () => {
+    const [doc, fig] = await Promise.all([getJSON("/api/v1/capacity?" + query), getJSON("/api/v1/figures/capacity?" + query)]);
+    await plot("capacity-plot", fig);
+    const e = doc.estimate;
+    document.getElementById("estimate-note").textContent = e
+      ? "Estimate for " + doc.shape.name + " at " + doc.shape.context + " tokens × " + doc.shape.concurrency + " sequences, against " + fmtBytes(e.gpu_memory_bytes) + "."
+      : "The estimate is unavailable: " + (doc.estimate_problem || "unknown reason") + ". Measured peaks are shown.";
+    facts("estimate-facts", e ? [
+      ["Weights", fmtBytes(e.weights_bytes)], ["Runtime overhead", fmtBytes(e.overhead_bytes)],
+      ["KV cache", fmtBytes(e.kv_cache_bytes) + " (" + fmtBytes(e.kv_bytes_per_token) + "/token)"],
+      ["Activations", fmtBytes(e.activation_bytes)], ["Total", fmtBytes(e.total_bytes)],
+      ["Usable (after margin)", fmtBytes(e.usable_bytes)],
+      ["Fits", e.fits ? "yes, " + fmtBytes(e.headroom_bytes) + " to spare" : "no, short by " + fmtBytes(-e.headroom_bytes)],
+      ["Max concurrency", e.max_concurrency], ["Max context", e.max_context_tokens],
+      ["Paged pool", e.pool_blocks + " blocks of " + e.block_size_tokens + " tokens"],
+    ] : [["Estimate", "unavailable"]]);
+    table("peaks-table", [
+      ["Host", (d) => d.host], ["GPU", (d) => d.device],
+      ["Peak allocated", (d) => fmtBytes(d.peaks && d.peaks.allocated_bytes), "num"],
+      ["Peak reserved", (d) => fmtBytes(d.peaks && d.peaks.reserved_bytes), "num"],
+      ["Peak device used", (d) => fmtBytes(d.peaks && d.peaks.device_used_bytes), "num"],
+      ["Limit", (d) => fmtBytes(d.peaks && d.peaks.device_total_bytes), "num"],
+      ["Since", (d) => d.peaks && fmtTime(d.peaks.first_ts_s)],
+    ], doc.devices, "No device has reported yet.");
+  });
+};
+
+document.addEventListener("DOMContentLoaded", () => {
+  const page = PAGES[body.page];
+  if (page) page();
+});
