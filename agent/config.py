@@ -144,10 +144,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dashboard.refresh_s", float, 5.0, "Live refresh interval of pages.", min=0.5,
             max=3600),
     # --- alerts (built-in rule thresholds; user rules are [[alerts.rules]]) ---------------
-    Setting("alerts.headroom_warning_ratio", float, 0.10,
+    Setting("alerts.headroom_warning_ratio", float, 0.05,
             "Warn when free memory under the limit, after the largest prefill spike, is below "
-            "this share of the limit.", min=0, max=1),
-    Setting("alerts.headroom_critical_ratio", float, 0.03,
+            "this share of the limit. (Not 0.10: a server that preallocates 90 % for its KV "
+            "pool, vLLM's default, is healthy while steady.)", min=0, max=1),
+    Setting("alerts.headroom_critical_ratio", float, 0.02,
             "Critical below this share.", min=0, max=1),
     Setting("alerts.time_to_oom_warning_s", float, 1800.0,
             "Warn when the forecast time to OOM is below this.", min=0, max=30 * 86400),

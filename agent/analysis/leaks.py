@@ -154,8 +154,9 @@ class LeakDetector:
 
     def _evaluate(self, now_s: float) -> LeakResult:
         window = self.points[-HORIZON_POINTS:]
-        verdict = evaluate_floor(window, self.limit_bytes or self._max_seen or 1, self.t)
         prev = self.result
+        was = prev.detected and prev.p_value is not None
+        verdict = evaluate_floor(window, self.limit_bytes or self._max_seen or 1, self.t, was)
         first = prev.first_detected_ts_s
         if verdict.detected and first is None:
             first = now_s
@@ -167,9 +168,13 @@ class LeakDetector:
                                 orphaned_blocks=prev.orphaned_blocks)
 
 
-def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int,
-                   t: Thresholds) -> LeakResult:
-    """One verdict over floor points (already past warm-up). Pure; see the module docstring."""
+def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,
+                   was_detected: bool = False) -> LeakResult:
+    """One verdict over floor points (already past warm-up). Pure; see the module docstring.
+
+    ``was_detected``: the previous verdict was a leak; it then stays one while the whole
+    horizon still rises (p < ``P_RECENT``) at half the minimum slope or more.
+    """
     if len(points) < MIN_POINTS:
         return NO_VERDICT
     t0 = points[0][0]
@@ -184,9 +189,12 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int,
     span = xs[-1]
     growth = trend.slope * span
     noise = 1.4826 * median([abs(y - (trend.slope * x + trend.intercept)) for x, y in zip(xs, ys)])
-    checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
-              r_test.p_rising < P_RECENT and r_trend.slope >= min_slope / 2,
-              growth >= MIN_GROWTH_NOISE * noise)
+    if was_detected:  # hysteresis: a leak found stays found until its trend is gone
+        checks = (test.p_rising < P_RECENT, trend.slope >= min_slope / 2, True, True)
+    else:
+        checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
+                  r_test.p_rising < P_RECENT and r_trend.slope >= min_slope / 2,
+                  growth >= MIN_GROWTH_NOISE * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     return LeakResult(all(checks), trend.slope, int(growth), t0, None, evidence,

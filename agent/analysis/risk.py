@@ -39,9 +39,9 @@ from agent.analysis.stats import theil_sen
 from agent.analysis.thresholds import Thresholds
 from agent.records import Event, Sample
 
-PEAK_WINDOW_S = 20.0
-TREND_WINDOWS = 30  # ten minutes of peaks
-MIN_TREND_WINDOWS = 6
+PEAK_WINDOW_S = 60.0  # longer than a KV fill cycle, so a peak is the top of a cycle
+TREND_WINDOWS = 20  # twenty minutes of peaks
+MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
 LEVELS = ("ok", "warning", "critical")
 
