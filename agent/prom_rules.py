@@ -1,0 +1,178 @@
+"""The config's alert rules as a Prometheus alerting-rules file (``vramscope export
+prometheus-rules``).
+
+Each rule of :func:`agent.alert_rules.parse_rules` (the built-ins with the ``alerts.*``
+thresholds, plus ``[[alerts.rules]]``) becomes one Prometheus alert over the series vramscope
+exports on ``/metrics`` (docs/metrics.md), so the stack an operator already runs (Prometheus,
+Alertmanager) alerts on the same conditions as the agent:
+
+- ``metric op threshold`` becomes a PromQL comparison over :data:`SERIES` (every series named
+  there is exported; ``tests/test_prom_rules.py`` scrapes a real app to check);
+- ``for`` becomes ``for``, ``clear_for`` becomes ``keep_firing_for`` (Prometheus >= 2.42);
+- ``clear`` (hysteresis) keeps the alert firing while the value is still past the clear level:
+  ``E > T or (E > C and on(host, device) ALERTS{alertname="...", alertstate="firing"})``;
+- ``device`` becomes a ``device="N"`` matcher; ``severity`` and ``labels`` become labels, plus
+  ``vramscope_rule`` with the agent's own rule name; ``message`` becomes the summary.
+
+A rule whose metric has no Prometheus series (the agent-only analysis values such as
+``leak_detected``) is left out, listed in a comment at the end of the file and logged once.
+
+The output is YAML written by hand (JSON-quoted scalars are valid YAML), so the export needs no
+YAML library at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger("vramscope.prom_rules")
+
+GROUP = "vramscope"
+LABELS = ("host", "device")  # the labels every device series carries
+
+# Rule metric -> PromQL over exported series; ``{sel}`` is the device matcher (or nothing).
+SERIES: dict[str, str] = {
+    "allocated_bytes": "vramscope_allocated_bytes{sel}",
+    "reserved_bytes": "vramscope_reserved_bytes{sel}",
+    "inactive_split_bytes": "vramscope_inactive_split_bytes{sel}",
+    "largest_free_block_bytes": "vramscope_largest_free_block_bytes{sel}",
+    "device_used_bytes": "vramscope_device_used_bytes{sel}",
+    "device_total_bytes": "vramscope_device_limit_bytes{sel}",
+    "kv_blocks_used": "vramscope_kv_blocks_used{sel}",
+    "kv_blocks_total": "vramscope_kv_blocks_total{sel}",
+    "kv_blocks_cached": "vramscope_kv_blocks_cached{sel}",
+    "kv_tokens_used": "vramscope_kv_tokens_used{sel}",
+    "num_alloc_retries": "vramscope_alloc_retries_total{sel}",
+    "num_ooms": "vramscope_ooms_total{sel}",
+    "risk_level": "vramscope_risk_level{sel}",
+    "cached_free_bytes": "(vramscope_reserved_bytes{sel} - vramscope_allocated_bytes{sel})",
+    "inactive_split_ratio":
+        "(vramscope_inactive_split_bytes{sel} / vramscope_reserved_bytes{sel})",
+    "external_fragmentation_ratio":
+        "(1 - vramscope_largest_free_block_bytes{sel}"
+        " / (vramscope_reserved_bytes{sel} - vramscope_allocated_bytes{sel}))",
+    "device_used_ratio": "(vramscope_device_used_bytes{sel} / vramscope_device_limit_bytes{sel})",
+    "kv_usage_ratio": "(vramscope_kv_blocks_used{sel} / vramscope_kv_blocks_total{sel})",
+    # Free plus cached blocks over the growth rate of used blocks; absent when not growing.
+    "kv_exhaustion_s":
+        "((vramscope_kv_blocks_total{sel} - vramscope_kv_blocks_used{sel})"
+        " / (deriv(vramscope_kv_blocks_used{sel}[5m]) > 0))",
+    # 1 for five minutes after the OOM counter rose (the agent's OOM_RECENT_S).
+    "oom_recent": "(increase(vramscope_ooms_total{sel}[5m]) > bool 0)",
+}
+
+_SERIES_NAME = re.compile(r"\bvramscope_[a-z_]+")
+
+
+def series_names() -> set[str]:
+    """Every exported series the rules may query."""
+    return {name for expr in SERIES.values() for name in _SERIES_NAME.findall(expr)}
+
+
+def render_rules(config: Any) -> str:
+    """The Prometheus rules file (YAML) for ``config``'s alert rules."""
+    from agent.alert_rules import parse_rules
+
+    rules = parse_rules(config)
+    kept = [r for r in rules if r.metric in SERIES]
+    left_out = [r for r in rules if r.metric not in SERIES]
+    for r in left_out:
+        log.warning("alert rule %r is not exported to Prometheus: its metric %r has no "
+                    "Prometheus series (the agent still evaluates it)", r.name, r.metric)
+    lines = _header(getattr(config, "source", None))
+    lines += ["groups:", f"  - name: {_q(GROUP)}"]
+    if kept:
+        lines += ["    rules:", *(line for r in kept for line in _rule_lines(r))]
+    else:
+        lines.append("    rules: []")
+    lines += _left_out_comment(left_out)
+    return "\n".join(lines) + "\n"
+
+
+def alert_name(rule_name: str) -> str:
+    """``oom_risk`` -> ``VramscopeOomRisk``: a valid, namespaced Prometheus alert name."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", rule_name) if w]
+    return "Vramscope" + "".join(w[0].upper() + w[1:] for w in words)
+
+
+def expression(rule: Any) -> str:
+    """The PromQL condition of ``rule`` (hysteresis included when it has ``clear``)."""
+    sel = "" if rule.device is None else f'{{device="{rule.device}"}}'
+    value = SERIES[rule.metric].format(sel=sel)
+    fires = f"{value} {rule.op} {_number(rule.threshold)}"
+    if rule.clear is None:
+        return fires
+    firing = f'ALERTS{{alertname="{alert_name(rule.name)}", alertstate="firing"}}'
+    holds = f"{value} {rule.op} {_number(rule.clear)}"
+    return f"{fires} or ({holds} and on({', '.join(LABELS)}) {firing})"
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration: ``30s``, ``5m``, ``1h``, ``1500ms``."""
+    ms = round(seconds * 1000)
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def _rule_lines(rule: Any) -> list[str]:
+    lines = [f"      - alert: {_q(alert_name(rule.name))}", f"        expr: {_q(expression(rule))}"]
+    if rule.for_s > 0:
+        lines.append(f"        for: {_q(duration(rule.for_s))}")
+    if rule.clear_for_s > 0:
+        lines.append(f"        keep_firing_for: {_q(duration(rule.clear_for_s))}")
+    labels = {**dict(rule.labels), "severity": rule.severity, "vramscope_rule": rule.name}
+    lines.append("        labels:")
+    lines += [f"          {_q(k)}: {_q(v)}" for k, v in sorted(labels.items())]
+    lines.append("        annotations:")
+    lines += [f"          summary: {_q(_summary(rule))}",
+              f"          description: {_q(_description(rule))}"]
+    return lines
+
+
+def _summary(rule: Any) -> str:
+    text = rule.message or f"{rule.metric} {rule.op} {_number(rule.threshold)}"
+    return _escape_template(text)
+
+
+def _description(rule: Any) -> str:
+    return (f"{_summary(rule)} on host {{{{ $labels.host }}}} GPU {{{{ $labels.device }}}}: "
+            f"{rule.metric} is {{{{ $value }}}} (vramscope rule {_escape_template(rule.name)})")
+
+
+def _header(source: str | None) -> list[str]:
+    return [
+        "# Prometheus alerting rules for vramscope's /metrics (docs/metrics.md).",
+        "# Generated by `vramscope export prometheus-rules` from "
+        f"{source or 'the default settings'}.",
+        "# Do not edit: change the config and export again. Needs Prometheus >= 2.42.",
+    ]
+
+
+def _left_out_comment(left_out: Sequence[Any]) -> list[str]:
+    if not left_out:
+        return []
+    lines = ["# Not exported (their metric has no Prometheus series; the agent alerts on them):"]
+    return lines + [f"#   {r.name} ({r.metric})" for r in left_out]
+
+
+def _number(value: float) -> str:
+    """Exact PromQL literal: integers without a fraction, other floats by repr."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _escape_template(text: str) -> str:
+    """A user's message is text, never a Prometheus template: quote any ``{{``."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
+def _q(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
