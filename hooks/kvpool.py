@@ -43,6 +43,8 @@ __all__ = ["KVBlockPool", "KVPoolObserver", "KVPoolError", "Allocation", "KVPool
            "CheckReport", "kv_cache_bytes"]
 
 log = logging.getLogger("vramscope.kvpool")
+_HOOKS = ("on_allocate", "on_extend", "on_free", "on_hit", "on_evict", "on_offload", "on_restore",
+          "on_allocate_failed", "on_check")
 _FINISHED_MEMORY = 4096  # finished request ids remembered, to tell a double free from a typo
 
 
@@ -94,7 +96,7 @@ class KVBlockPool:
         _require_non_negative_int("cpu_tier_bytes", cpu_tier_bytes)
         self.tier = (HostTier(cpu_tier_bytes, self.bytes_per_block, torch, block_shape,
                               self.dtype_name) if cpu_tier_bytes else None)
-        self._observer = observer
+        self.observer = observer
 
     def _resolve_num_blocks(self, num_blocks: int | None, budget_bytes: int | None) -> int:
         if (num_blocks is None) == (budget_bytes is None):
@@ -132,17 +134,27 @@ class KVBlockPool:
 
     @observer.setter
     def observer(self, observer: KVPoolObserver | None) -> None:
+        """Bind the observer's methods once; a method left as the base class's no-op is not
+        bound, so its hook site costs one ``is None`` test, as with no observer at all."""
         self._observer = observer
+        for name in _HOOKS:
+            method = getattr(observer, name, None)
+            if getattr(type(observer), name, None) is getattr(KVPoolObserver, name):
+                method = None
+            setattr(self, "_" + name, method)
 
-    def _emit(self, method: str, *args: Any) -> None:
-        """Call the observer; its failure is logged once and counted, never raised."""
+    def _emit(self, method: Any, *args: Any) -> None:
+        """Call an observer method; its failure is logged once and counted, never raised."""
         try:
-            getattr(self._observer, method)(self, *args)
+            method(self, *args)
         except Exception:
-            self._counters["observer_errors"] += 1
-            if self._counters["observer_errors"] == 1:
-                log.exception("vramscope: KV pool observer %r failed in %s; further failures "
-                              "are only counted", self._observer, method)
+            self._observer_failed(method)
+
+    def _observer_failed(self, method: Any) -> None:
+        self._counters["observer_errors"] += 1
+        if self._counters["observer_errors"] == 1:
+            log.exception("vramscope: KV pool observer %r failed in %s; further failures "
+                          "are only counted", self._observer, method.__name__)
 
     # --- queries ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -206,10 +218,13 @@ class KVBlockPool:
         if token_ids is not None and self.prefix_caching:
             self._counters["prefix_query_tokens"] += num_tokens
             self._counters["prefix_hit_tokens"] += hit_tokens
-        if self._observer is not None:
-            self._emit("on_allocate", result)
-            if token_ids is not None and self.prefix_caching:
-                self._emit("on_hit", request_id, hit_tokens, num_tokens)
+        if self._on_allocate is not None:  # inlined _emit: a frame less on the hot path
+            try:
+                self._on_allocate(self, result)
+            except Exception:
+                self._observer_failed(self._on_allocate)
+        if self._on_hit is not None and token_ids is not None and self.prefix_caching:
+            self._emit(self._on_hit, request_id, hit_tokens, num_tokens)
         return result
 
     def extend(self, request_id: str, num_new_tokens: int | None = None,
@@ -221,24 +236,27 @@ class KVBlockPool:
         """
         req = self._live(request_id)
         n = _count(num_new_tokens, token_ids, "num_new_tokens", request_id)
-        needed = self.blocks_for(req.num_tokens + n) - len(req.blocks)
-        if needed > len(self._free) + len(self._lru):
-            self._fail(request_id, n, f"extending by {n} tokens needs {needed} more blocks")
         room = len(req.blocks) * self.block_size - req.num_tokens
-        if room:
-            last = req.blocks[-1]
-            self._fill[last] += min(room, n)
-            self._tokens_used += min(room, n)
-        new_blocks = self._take_fresh(needed, n - min(room, n))
-        req.blocks += new_blocks
+        if n <= room:  # the decode step's common case: the last block has room
+            new_blocks = []
+            self._fill[req.blocks[-1]] += n
+            self._tokens_used += n
+        else:
+            needed = self.blocks_for(req.num_tokens + n) - len(req.blocks)
+            if needed > len(self._free) + len(self._lru):
+                self._fail(request_id, n, f"extending by {n} tokens needs {needed} more blocks")
+            self._fill[req.blocks[-1]] += room
+            self._tokens_used += room
+            new_blocks = self._take_fresh(needed, n - room)
+            req.blocks += new_blocks
         req.num_tokens += n
         if req.tokens is not None and token_ids is not None:
             req.tokens.extend(token_ids)
             self._key_full_blocks(req)
         else:
             req.tokens = None
-        if self._observer is not None:
-            self._emit("on_extend", request_id, tuple(new_blocks), req.num_tokens)
+        if new_blocks and self._on_extend is not None:  # decode inside a block stays quiet
+            self._emit(self._on_extend, request_id, tuple(new_blocks), req.num_tokens)
         return tuple(new_blocks)
 
     def free(self, request_id: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -263,8 +281,11 @@ class KVBlockPool:
                 self._free.append(block)
                 released.append(block)
         self._remember_finished(request_id)
-        if self._observer is not None:
-            self._emit("on_free", request_id, tuple(released), tuple(cached))
+        if self._on_free is not None:  # inlined _emit: a frame less on the hot path
+            try:
+                self._on_free(self, request_id, tuple(released), tuple(cached))
+            except Exception:
+                self._observer_failed(self._on_free)
         return tuple(released), tuple(cached)
 
     # --- tensors ---------------------------------------------------------------------------
@@ -294,8 +315,8 @@ class KVBlockPool:
         from hooks.kvpool_check import run_check
 
         report = run_check(self, None if live_request_ids is None else set(live_request_ids))
-        if self._observer is not None:
-            self._emit("on_check", report)
+        if self._on_check is not None:
+            self._emit(self._on_check, report)
         return report
 
     def check_idle(self) -> CheckReport:
@@ -331,8 +352,8 @@ class KVBlockPool:
 
     def _fail(self, request_id: str, num_tokens: int, reason: str) -> None:
         self._counters["failed_allocations"] += 1
-        if self._observer is not None:
-            self._emit("on_allocate_failed", request_id, num_tokens, reason)
+        if self._on_allocate_failed is not None:
+            self._emit(self._on_allocate_failed, request_id, num_tokens, reason)
         free, cached = len(self._free), len(self._lru)
         raise KVPoolError(f"cannot allocate for request {request_id!r}: {reason} ({free} free, "
                           f"{cached} cached of {self.num_blocks}; use can_allocate() to wait)",
@@ -381,8 +402,8 @@ class KVBlockPool:
         self._ref[block], self._fill[block] = 1, self.block_size
         self._tokens_used += self.block_size
         self._counters["restores"] += 1
-        if self._observer is not None:
-            self._emit("on_restore", block, self.bytes_per_block)
+        if self._on_restore is not None:
+            self._emit(self._on_restore, block, self.bytes_per_block)
         return block
 
     def _take_fresh(self, count: int, num_tokens: int) -> list[int]:
@@ -411,8 +432,8 @@ class KVBlockPool:
         self._key[block], self._fill[block] = None, 0
         self._counters["evictions"] += 1
         offloaded = self.tier is not None and self._offload(key, block)
-        if self._observer is not None:
-            self._emit("on_evict", block, offloaded)
+        if self._on_evict is not None:
+            self._emit(self._on_evict, block, offloaded)
 
     def _offload(self, key: Hashable, block: int) -> bool:
         slot = self.tier.put(key)
@@ -421,8 +442,8 @@ class KVBlockPool:
         if self.buffer is not None and self.tier.host is not None:
             copy_block(self.tier.host, slot, self.buffer.tensor, block)
         self._counters["offloads"] += 1
-        if self._observer is not None:
-            self._emit("on_offload", block, self.bytes_per_block)
+        if self._on_offload is not None:
+            self._emit(self._on_offload, block, self.bytes_per_block)
         return True
 
     def _key_full_blocks(self, req: _Request) -> None:
@@ -442,6 +463,8 @@ class KVBlockPool:
 
 
 def _count(n: int | None, token_ids: Sequence[int] | None, name: str, request_id: str) -> int:
+    if type(n) is int and n > 0 and token_ids is None:  # the hot path: one test
+        return n
     if n is None:
         if token_ids is None:
             raise KVPoolError(f"give {name} or token_ids for request {request_id!r}", request_id)

@@ -125,7 +125,8 @@ class KVPoolObserver:
 
     def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
-        """A request grew to ``num_tokens`` tokens, taking ``new_block_ids`` (may be empty)."""
+        """A request grew to ``num_tokens`` tokens and took ``new_block_ids`` (never empty:
+        an extend that fits in the last block is not reported, so decode steps cost nothing)."""
 
     def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:

@@ -38,18 +38,23 @@ def test_allocate_puts_an_event_and_samples_at_a_rate(setup):
     assert all((e.ts_s, e.device, e.pid) == (T0, 1, 4242) for e in events)
     assert samples == [Sample(T0, 1, Phase.UNKNOWN, "kv", 4242, kv_blocks_used=2,
                               kv_blocks_total=8, kv_blocks_cached=0, kv_tokens_used=6)]
+    pool.extend("b", 1)  # fits in b's block: decode steps are not reported at all
+    assert len(sink.records) == 3
     clock.advance(1.0)
-    pool.extend("b", 1)  # no new block: no event, but the interval is over: a sample
+    pool.extend("b", 1)  # takes a block, and the interval is over: a sample
     assert len(sink.events()) == 2
     last = sink.samples()[-1]
-    assert (last.ts_s, last.kv_blocks_used, last.kv_tokens_used) == (T0 + 1.0, 3, 10)
+    assert (last.ts_s, last.kv_blocks_used, last.kv_tokens_used) == (T0 + 1.0, 4, 11)
 
 
-def test_extend_that_takes_blocks_is_a_kv_alloc(setup):
-    _, sink, pool, _ = setup
+def test_extend_that_takes_blocks_is_a_kv_alloc_when_asked(setup):
+    _, sink, pool, source = setup
     pool.allocate("a", 4)
     pool.extend("a", 5)
-    assert sink.events()[-1].data == {"blocks": 2, "tokens": 9, "extend": True}
+    assert len(sink.events()) == 1  # by default growth shows in the samples only
+    source.extend_events = True
+    pool.extend("a", 5)
+    assert sink.events()[-1].data == {"blocks": 1, "tokens": 14, "extend": True}
 
 
 def test_free_reports_released_and_cached_blocks_and_the_idle_check_passes(setup):

@@ -338,10 +338,15 @@ class Recorder(KVPoolObserver):
     def __init__(self):
         self.calls = []
 
-    def __getattribute__(self, name):
-        if name.startswith("on_"):
-            return lambda pool, *args: self.calls.append((name, *args))
-        return super().__getattribute__(name)
+
+def _recording(name):
+    def method(self, pool, *args):
+        self.calls.append((name, *args))
+    return method
+
+
+for _name in [n for n in vars(KVPoolObserver) if n.startswith("on_")]:
+    setattr(Recorder, _name, _recording(_name))
 
 
 def test_observer_sees_every_step_in_order():
