@@ -1,0 +1,221 @@
+"""The caching-allocator counter source: one device's torch allocator counters as a ``Sample``.
+
+``torch.cuda.memory_stats()`` costs about 110-135 us on the H200 and holds the GIL: most of that
+is Python flattening a nested dict of ~120 entries into ``"allocated_bytes.all.current"`` keys and
+sorting them. The binding beneath it, ``torch._C._cuda_memoryStats(device)``, returns the same
+counters as the nested dict straight from C++; we read the eight counters we need from it and
+skip the flattening. ``choose_binding`` picks the cheapest binding the installed torch has and
+``agent.bench.hooks`` measures it against ``memory_stats()`` side by side.
+
+Counter contract (all ints >= 0, read at one instant under the allocator's lock):
+
+    allocated       allocated_bytes.all.current   bytes handed to tensors
+    allocated_peak  allocated_bytes.all.peak      since start or the last reset_peak_memory_stats
+    reserved        reserved_bytes.all.current    bytes held from the driver
+    active          active_bytes.all.current      allocated + blocks waiting on other streams
+    inactive_split  inactive_split_bytes.all.current  free bytes inside partly used segments
+    requested       requested_bytes.all.current   what callers asked for (before rounding)
+    num_alloc_retries, num_ooms                   cumulative
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.records import Phase, Sample
+
+log = logging.getLogger("vramscope.hooks")
+
+
+class Counters(NamedTuple):
+    allocated: int
+    allocated_peak: int
+    reserved: int
+    active: int
+    inactive_split: int
+    requested: int
+    num_alloc_retries: int
+    num_ooms: int
+
+
+def _current(stats: Mapping[str, Any], name: str, key: str = "current") -> int:
+    pools = stats.get(name)
+    if not pools:
+        return 0
+    return int(pools["all"][key])
+
+
+def counters_from_nested(stats: Mapping[str, Any]) -> Counters | None:
+    """Counters from the nested dict of ``torch._C._cuda_memoryStats`` (``None`` if empty)."""
+    if not stats:
+        return None  # the allocator of this device was never initialized
+    return Counters(
+        allocated=_current(stats, "allocated_bytes"),
+        allocated_peak=_current(stats, "allocated_bytes", "peak"),
+        reserved=_current(stats, "reserved_bytes"),
+        active=_current(stats, "active_bytes"),
+        inactive_split=_current(stats, "inactive_split_bytes"),
+        requested=_current(stats, "requested_bytes"),
+        num_alloc_retries=int(stats.get("num_alloc_retries", 0)),
+        num_ooms=int(stats.get("num_ooms", 0)),
+    )
+
+
+def counters_from_flat(stats: Mapping[str, Any]) -> Counters | None:
+    """Counters from the flat dict of ``torch.cuda.memory_stats()`` (the slow fallback)."""
+    if not stats:
+        return None
+    return Counters(
+        allocated=int(stats.get("allocated_bytes.all.current", 0)),
+        allocated_peak=int(stats.get("allocated_bytes.all.peak", 0)),
+        reserved=int(stats.get("reserved_bytes.all.current", 0)),
+        active=int(stats.get("active_bytes.all.current", 0)),
+        inactive_split=int(stats.get("inactive_split_bytes.all.current", 0)),
+        requested=int(stats.get("requested_bytes.all.current", 0)),
+        num_alloc_retries=int(stats.get("num_alloc_retries", 0)),
+        num_ooms=int(stats.get("num_ooms", 0)),
+    )
+
+
+class Binding(NamedTuple):
+    """How counters are read on this torch: a name for reports and a ``device -> Counters``."""
+
+    name: str
+    read: Callable[[int], Counters | None]
+
+
+def choose_binding(torch: Any) -> Binding:
+    """The cheapest counter binding the installed torch offers, most direct first."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        return Binding("torch._C._cuda_memoryStats", lambda d: counters_from_nested(raw(d)))
+    raw = getattr(torch._C, "_accelerator_getDeviceStats", None)
+    if raw is not None:
+        return Binding("torch._C._accelerator_getDeviceStats",
+                       lambda d: counters_from_nested(raw(d)))
+    stats = torch.cuda.memory_stats
+    return Binding("torch.cuda.memory_stats", lambda d: counters_from_flat(stats(d)))
+
+
+def device_limit_bytes(torch: Any, device: int) -> int | None:
+    """Device total, or less under ``set_per_process_memory_fraction`` (what may be used)."""
+    try:
+        total = int(torch.cuda.get_device_properties(device).total_memory)
+        get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        fraction = float(get_fraction(device)) if get_fraction else 1.0
+        return int(total * fraction) if fraction < 1.0 else total
+    except Exception:  # vendor calls never crash the host
+        return None
+
+
+class AllocatorSource:
+    """Reads one device's counters into a ``Sample`` tagged with the current phase.
+
+    ``read()`` returns ``None`` while CUDA is not initialized in this process: reading would
+    create a CUDA context (hundreds of MiB) in a server that has not asked for one yet.
+    """
+
+    source_name = "torch"
+
+    def __init__(self, device: int = 0, *, clock: Clock = SYSTEM_CLOCK,
+                 torch_module: Any = None, binding: Binding | None = None) -> None:
+        if torch_module is None:
+            import torch as torch_module  # noqa: PLC0415 - only where torch is wanted
+        self.device = device
+        self._torch = torch_module
+        self._clock = clock
+        self.binding = binding or choose_binding(torch_module)
+        self._pid = os.getpid()
+        self._limit_bytes: int | None = None
+        self._failures = 0
+
+    def counters(self) -> Counters | None:
+        """The raw counters now, or ``None`` (not initialized, or the read failed)."""
+        try:
+            if not self._torch.cuda.is_initialized():
+                return None
+            return self.binding.read(self.device)
+        except Exception as exc:  # never into the server: log once, keep going
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("vramscope: reading allocator counters of cuda:%d failed (%s); "
+                            "allocator samples will be missing", self.device, exc)
+            return None
+
+    def read(self) -> Sample | None:
+        counters = self.counters()
+        if counters is None:
+            return None
+        from hooks.phase import current_phase, note_allocated
+
+        note_allocated(self.device, counters.allocated)
+        if self._limit_bytes is None:
+            self._limit_bytes = device_limit_bytes(self._torch, self.device)
+        return sample_from_counters(counters, ts_s=self._clock.time_s(), device=self.device,
+                                    phase=current_phase(), pid=self._pid,
+                                    limit_bytes=self._limit_bytes)
+
+    def refresh_limit(self) -> None:
+        """Re-read the limit next time (after ``set_per_process_memory_fraction``)."""
+        self._limit_bytes = None
+
+
+def sample_from_counters(c: Counters, *, ts_s: float, device: int, phase: Phase,
+                         pid: int | None, limit_bytes: int | None = None,
+                         source: str = "torch") -> Sample:
+    return Sample(ts_s=ts_s, device=device, phase=phase, source=source, pid=pid,
+                  allocated_bytes=c.allocated, reserved_bytes=c.reserved,
+                  active_bytes=c.active, inactive_split_bytes=c.inactive_split,
+                  requested_bytes=c.requested, num_alloc_retries=c.num_alloc_retries,
+                  num_ooms=c.num_ooms, device_total_bytes=limit_bytes)
+
+
+class FakeAllocatorSource:
+    """The real fake: an allocator whose counters the test sets; reads return them as they are.
+
+    ``set(allocated=..., ...)`` moves the counters; ``allocated_peak`` follows ``allocated`` up
+    the way the real allocator's peak does, and ``reset_peak()`` sets it back to ``allocated``.
+    ``None`` counters (the default) mean "CUDA not initialized": ``read()`` returns ``None``.
+    """
+
+    source_name = "torch"
+
+    def __init__(self, counters: Counters | None = None, *, device: int = 0,
+                 clock: Clock = SYSTEM_CLOCK, pid: int | None = 4242,
+                 limit_bytes: int | None = None) -> None:
+        self.device = device
+        self.now = counters
+        self._clock = clock
+        self._pid = pid
+        self._limit = limit_bytes
+        self.reads = 0
+
+    def set(self, **fields: int) -> None:
+        base = self.now or Counters(0, 0, 0, 0, 0, 0, 0, 0)
+        new = base._replace(**fields)
+        if "allocated_peak" not in fields:
+            new = new._replace(allocated_peak=max(base.allocated_peak, new.allocated))
+        self.now = new
+
+    def reset_peak(self, device: int = 0) -> None:
+        if self.now is not None:
+            self.now = self.now._replace(allocated_peak=self.now.allocated)
+
+    def counters(self) -> Counters | None:
+        self.reads += 1
+        return self.now
+
+    def read(self) -> Sample | None:
+        c = self.counters()
+        if c is None:
+            return None
+        from hooks.phase import current_phase, note_allocated
+
+        note_allocated(self.device, c.allocated)
+        return sample_from_counters(c, ts_s=self._clock.time_s(), device=self.device,
+                                    phase=current_phase(), pid=self._pid,
+                                    limit_bytes=self._limit)

@@ -1,0 +1,358 @@
+"""``vramscope.install()``: turn on what this process supports and say why anything is off.
+
+One call, safe to repeat (the second returns the first report), undone by ``uninstall()``. It
+never raises into the server: a missing torch, a CPU-only build, no GPU, no NVML, an older torch
+without an API, a bad config file or a missing agent each become a line of the report.
+
+What it turns on, each where the environment allows:
+
+- phase tracking (always): ``phase()`` / ``set_phase()`` events to the sink;
+- the allocator sampler: a daemon thread reading each device's counters every
+  ``sampling.allocator_interval_s`` (``hooks.allocator``);
+- fragmentation snapshots every ``sampling.snapshot_interval_s`` (``hooks.snapshot``);
+- the OOM observer (``hooks.oom``) and, when ``hooks.history`` is not ``off``, allocation
+  history with a bounded ``hooks.history_max_entries``;
+- phase stamping through ``torch.cuda.memory._set_memory_metadata``.
+
+Records go to ``sink=`` if given; else, with ``embedded=True``, to an in-process
+``agent.embedded.EmbeddedAgent`` writing the store; else to ``hooks.client.make_default_sink``
+(the socket client to a sidecar agent). Nothing touches CUDA before the server does: reads and
+observers that need an initialized CUDA wait for it (``torch.cuda._lazy_call``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from hooks import phase as phase_mod
+
+log = logging.getLogger("vramscope.hooks")
+
+
+@dataclass(frozen=True)
+class ReportItem:
+    name: str
+    active: bool
+    detail: str
+
+
+@dataclass
+class InstallReport:
+    """What ``install()`` turned on, and why anything is off. ``str()`` is one line per item."""
+
+    items: list[ReportItem] = field(default_factory=list)
+
+    def add(self, name: str, active: bool, detail: str) -> None:
+        self.items.append(ReportItem(name, active, detail))
+
+    def active(self, name: str) -> bool:
+        return any(i.active for i in self.items if i.name == name)
+
+    def detail(self, name: str) -> str | None:
+        return next((i.detail for i in self.items if i.name == name), None)
+
+    def names(self) -> list[str]:
+        return [i.name for i in self.items]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"name": i.name, "active": i.active, "detail": i.detail} for i in self.items]
+
+    def __str__(self) -> str:
+        return "\n".join(f"vramscope: {'on ' if i.active else 'off'} {i.name}: {i.detail}"
+                         for i in self.items)
+
+
+class DropSink:
+    """Where records go when no sink could be made: counted, then dropped."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def put(self, record: Any) -> None:
+        self.dropped += 1
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Installation:
+    report: InstallReport
+    sink: Any
+    owns_sink: bool = False
+    agent: Any = None
+    sampler: Any = None
+    observer: Any = None
+    history_on: bool = False
+    torch: Any = None
+
+
+_LOCK = threading.Lock()
+_INSTALLED: _Installation | None = None
+_OOM_TARGET: list[Any] = [None]  # the observer the one attached trampoline forwards to
+_OOM_ATTACHED = [False]
+
+
+def install(config: Any = None, *, sink: Any = None, clock: Clock | None = None,
+            embedded: bool = False, devices: list[int] | None = None) -> InstallReport:
+    """Turn on what this process supports; returns the report. Never raises."""
+    global _INSTALLED
+    with _LOCK:
+        if _INSTALLED is not None:
+            report = InstallReport(list(_INSTALLED.report.items))
+            report.add("install", True, "already installed; uninstall() first to change it")
+            return report
+        report = InstallReport()
+        try:
+            _INSTALLED = _install(report, config, sink, clock or SYSTEM_CLOCK, embedded, devices)
+        except Exception as exc:  # a bug of ours must not take the server down
+            log.warning("vramscope: install failed: %r", exc)
+            report.add("install", False, f"failed: {exc!r}; the server runs unobserved")
+        return report
+
+
+def uninstall() -> None:
+    """Undo ``install()``: stop the sampler, disable the observer, close what we opened."""
+    global _INSTALLED
+    with _LOCK:
+        inst, _INSTALLED = _INSTALLED, None
+    phase_mod.reset()
+    if inst is None:
+        return
+    _OOM_TARGET[0] = None  # torch cannot detach an observer; ours goes quiet instead
+    if inst.observer is not None:
+        inst.observer.enabled = False
+    for step in (_stop_sampler, _stop_history, _clear_metadata, _close_sink):
+        try:
+            step(inst)
+        except Exception as exc:
+            log.warning("vramscope: uninstall step %s failed: %r", step.__name__, exc)
+
+
+def installed() -> bool:
+    return _INSTALLED is not None
+
+
+def _install(report: InstallReport, config: Any, sink: Any, clock: Clock, embedded: bool,
+             devices: list[int] | None) -> _Installation:
+    config = _resolve_config(config, report)
+    inst = _Installation(report, None)
+    _resolve_sink(inst, config, sink, embedded)
+    torch = _import_torch(report)
+    inst.torch = torch
+    tasks, sources, stamp = [], [], None
+    if torch is not None and _cuda_usable(torch, report):
+        devices = list(range(torch.cuda.device_count())) if devices is None else list(devices)
+        sources, tasks = _allocator_tasks(torch, devices, config, clock, report)
+        tasks += _snapshot_tasks(torch, devices, config, clock, report)
+        inst.observer = _attach_oom_observer(torch, inst.sink, sources, config, clock, report)
+        inst.history_on = _start_history(torch, config, report)
+        stamp = _metadata_stamp(torch, report)
+    phase_mod.configure(sink=inst.sink, clock=clock, sources=sources, stamp=stamp)
+    report.add("phases", True, "phase() / set_phase() transitions are events"
+               + ("; per-phase peaks from the allocator's peak counter" if sources else ""))
+    _report_nvml(report)
+    if tasks:
+        from hooks.sampler import Sampler
+
+        inst.sampler = Sampler(inst.sink, tasks, clock=clock)
+        inst.sampler.start()
+    return inst
+
+
+def _resolve_config(config: Any, report: InstallReport) -> Any:
+    from agent.config import load_config, parse_config
+    from agent.errors import VramscopeError
+
+    if config is not None:
+        return config
+    try:
+        config = load_config()
+        report.add("config", True, config.source or "defaults (no config file found)")
+    except VramscopeError as exc:
+        report.add("config", False, f"{exc}; using defaults")
+        config = parse_config({}, None, {})
+    return config
+
+
+def _resolve_sink(inst: _Installation, config: Any, sink: Any, embedded: bool) -> None:
+    report = inst.report
+    if sink is not None:
+        inst.sink = sink
+        report.add("sink", True, f"given: {type(sink).__name__}")
+        return
+    try:
+        if embedded:
+            from agent.embedded import EmbeddedAgent
+
+            inst.agent = EmbeddedAgent(config)
+            inst.agent.start()
+            inst.sink = inst.agent.sink
+            report.add("sink", True, f"embedded agent writing {config['database.url']}")
+        else:
+            from hooks.client import make_default_sink
+
+            inst.sink, inst.owns_sink = make_default_sink(config), True
+            report.add("sink", True, f"agent socket {config['agent.socket_path']}")
+    except Exception as exc:  # not built yet, or the agent cannot start
+        what = "agent.embedded" if embedded else "hooks.client"
+        inst.sink = DropSink()
+        report.add("sink", False, f"{what} unavailable ({exc!r}); records are counted and dropped")
+
+
+def _import_torch(report: InstallReport) -> Any:
+    try:
+        import torch
+    except Exception as exc:
+        for name in ("allocator", "snapshots", "oom_observer"):
+            report.add(name, False, f"torch is not importable ({exc.__class__.__name__})")
+        return None
+    return torch
+
+
+def _cuda_usable(torch: Any, report: InstallReport) -> bool:
+    if getattr(torch.version, "cuda", None) is None:
+        why = f"CPU-only torch build ({torch.__version__})"
+    elif not torch.cuda.is_available():
+        why = f"torch {torch.__version__} sees no CUDA device"
+    else:
+        return True
+    for name in ("allocator", "snapshots", "oom_observer"):
+        report.add(name, False, why)
+    return False
+
+
+def _allocator_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
+                     report: InstallReport) -> tuple[list[Any], list[Any]]:
+    from hooks.allocator import AllocatorSource
+    from hooks.sampler import Every
+
+    interval = float(config["sampling.allocator_interval_s"])
+    sources = [AllocatorSource(d, clock=clock, torch_module=torch) for d in devices]
+    if not sources:
+        report.add("allocator", False, "no devices selected")
+        return [], []
+    names = ", ".join(f"cuda:{d}" for d in devices)
+    report.add("allocator", True, f"{names} via {sources[0].binding.name} every {interval:g} s"
+               + ("" if torch.cuda.is_initialized() else " (from CUDA's first use)"))
+    return sources, [Every(s, interval) for s in sources]
+
+
+def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
+                    report: InstallReport) -> list[Any]:
+    from hooks.snapshot import SnapshotSource, light_snapshot_fn
+
+    interval = float(config["sampling.snapshot_interval_s"])
+    if interval <= 0:
+        report.add("snapshots", False, "sampling.snapshot_interval_s = 0")
+        return []
+    take = light_snapshot_fn(torch)
+    max_cost = float(config["sampling.snapshot_max_cost_s"])
+    report.add("snapshots", True, f"every {interval:g} s, spaced out above {max_cost:g} s each")
+    return [SnapshotSource(d, take, interval_s=interval, max_cost_s=max_cost, clock=clock,
+                           ready=torch.cuda.is_initialized) for d in devices]
+
+
+def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any, clock: Clock,
+                         report: InstallReport) -> Any:
+    from hooks.oom import OomObserver
+    from hooks.snapshot import light_snapshot_fn
+
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        report.add("oom_observer", False, f"torch {torch.__version__} has no OOM observer API")
+        return None
+    by_device = {s.device: s for s in sources}
+    observer = OomObserver(
+        sink, take_segments=light_snapshot_fn(torch),
+        read_counters=lambda d: by_device[d].counters() if d in by_device else None,
+        dump_snapshot=torch.cuda.memory._dump_snapshot, snapshot_dir=config["hooks.snapshot_dir"],
+        min_interval_s=float(config["hooks.postmortem_min_interval_s"]), clock=clock)
+    _OOM_TARGET[0] = observer
+    if not _OOM_ATTACHED[0]:
+        _OOM_ATTACHED[0] = True
+        torch.cuda._lazy_call(lambda: attach(_oom_trampoline))  # needs the device allocators
+    report.add("oom_observer", True, "post-mortem at OOM"
+               + (f"; snapshot pickles in {config['hooks.snapshot_dir']}"
+                  if config["hooks.snapshot_dir"] else ""))
+    return observer
+
+
+def _oom_trampoline(*args: Any) -> None:
+    target = _OOM_TARGET[0]
+    if target is not None:
+        target(*args)
+
+
+_HISTORY_ARGS = {"alloc": {"context": None}, "python": {"context": "all", "stacks": "python"},
+                 "all": {"context": "all", "stacks": "all"}}
+
+
+def _start_history(torch: Any, config: Any, report: InstallReport) -> bool:
+    mode = config["hooks.history"]
+    if mode == "off":
+        report.add("history", False, "hooks.history = off (post-mortems name sizes, not stacks)")
+        return False
+    record = getattr(torch.cuda.memory, "_record_memory_history", None)
+    if record is None:
+        report.add("history", False, f"torch {torch.__version__} cannot record history")
+        return False
+    entries = int(config["hooks.history_max_entries"])
+    kwargs = dict(_HISTORY_ARGS[mode], max_entries=entries)
+    torch.cuda._lazy_call(lambda: record(enabled="all", **kwargs))
+    report.add("history", True, f"{mode}, at most {entries} entries (about +35 % per allocation "
+               "with python stacks)")
+    return True
+
+
+def _metadata_stamp(torch: Any, report: InstallReport) -> Any:
+    setter = getattr(torch._C, "_cuda_setMemoryMetadata", None)
+    if setter is None:
+        report.add("phase_metadata", False, f"torch {torch.__version__} has no "
+                   "_set_memory_metadata")
+        return None
+    report.add("phase_metadata", True, "allocations carry vramscope.phase=<phase>")
+    is_initialized = torch.cuda.is_initialized
+
+    def stamp(metadata: str) -> None:
+        if is_initialized():  # never create a CUDA context just to stamp
+            setter(metadata)
+
+    return stamp
+
+
+def _report_nvml(report: InstallReport) -> None:
+    try:
+        import pynvml  # noqa: F401 - presence only; the agent samples NVML, not the server
+    except Exception:
+        report.add("nvml", False, "nvidia-ml-py is not installed; the agent's device view is "
+                   "off (pip install nvidia-ml-py)")
+        return
+    report.add("nvml", True, "nvidia-ml-py present; the agent samples devices and processes")
+
+
+def _stop_sampler(inst: _Installation) -> None:
+    if inst.sampler is not None:
+        inst.sampler.stop()
+
+
+def _stop_history(inst: _Installation) -> None:
+    if inst.history_on and inst.torch is not None and inst.torch.cuda.is_initialized():
+        inst.torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _clear_metadata(inst: _Installation) -> None:
+    setter = getattr(getattr(inst.torch, "_C", None), "_cuda_setMemoryMetadata", None)
+    if setter is not None and inst.torch.cuda.is_initialized():
+        setter("")
+
+
+def _close_sink(inst: _Installation) -> None:
+    if inst.agent is not None:
+        inst.agent.stop()
+    elif inst.owns_sink:
+        inst.sink.close()

@@ -1,0 +1,274 @@
+"""The current phase (prefill / decode / idle) of the whole process, and true per-phase peaks.
+
+The phase is process-wide on purpose: the sampler that tags samples with it runs on its own
+thread, so a thread-local or a context variable would always read "unknown" there. Every
+transition is an ``Event`` named ``phase`` (``phase`` = the phase entered) that also closes the
+span of the phase that ended: its duration, its steps and token counts, and its peak.
+
+Per-phase peaks without disturbing the server (the default, "observe" mode): at each boundary we
+read ``allocated_bytes.all.peak`` and never reset it. If the peak counter rose during the span,
+the new peak was reached inside the span, so it *is* the span's true peak (``ended_peak_exact``
+true). If it did not rise, the span stayed below an earlier high; we then report the largest
+allocated value seen at the boundaries and by the sampler, flagged ``ended_peak_exact: false``
+(a lower bound). The server's own ``max_memory_allocated()`` keeps meaning what it always meant.
+
+``use_peak_resets(True)`` ("reset" mode) calls ``reset_peak_memory_stats`` at every boundary, so
+every span's peak is exact, at the price the server pays: its ``max_memory_allocated()`` then
+covers only the current phase. ``process_peak_allocated_bytes()`` keeps the whole-process peak.
+
+Where the torch has ``torch.cuda.memory._set_memory_metadata``, each transition stamps
+``vramscope.phase=<phase>`` there, so allocation history and post-mortems carry the phase.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.records import Event, Phase
+
+METADATA_PREFIX = "vramscope.phase="
+
+
+class PhasePeak(NamedTuple):
+    allocated_bytes: int
+    exact: bool
+
+
+class PeakTracker:
+    """Brackets one device's phase spans with reads of the allocator's peak counter."""
+
+    def __init__(self, source: Any, reset_peak: Callable[[int], None] | None = None) -> None:
+        self.source = source  # has .device and .counters() -> Counters | None
+        self.device: int = source.device
+        self.reset_peak = reset_peak  # set only in "reset" mode
+        self._start_peak = 0
+        self._max_seen = 0
+        self.process_peak = 0
+
+    def begin(self, counters: Any) -> None:
+        # No counters yet (CUDA not initialized) means nothing allocated: zero is exact.
+        allocated = counters.allocated if counters else 0
+        peak = counters.allocated_peak if counters else 0
+        self.process_peak = max(self.process_peak, peak)
+        self._max_seen = allocated
+        self._start_peak = peak
+        if self.reset_peak is not None and counters:
+            self.reset_peak(self.device)
+            self._start_peak = -1  # after a reset the peak counter is this span's alone
+
+    def end(self, counters: Any) -> PhasePeak | None:
+        if not counters:
+            return None
+        peak = counters.allocated_peak
+        self.process_peak = max(self.process_peak, peak)
+        if peak > self._start_peak:
+            return PhasePeak(peak, True)
+        return PhasePeak(max(self._max_seen, counters.allocated), False)
+
+    def note(self, allocated: int) -> None:
+        if allocated > self._max_seen:
+            self._max_seen = allocated
+
+
+class _Span:
+    __slots__ = ("since_mono_s", "steps", "prefill_tokens", "decode_tokens", "mixed_steps")
+
+    def __init__(self, since_mono_s: float) -> None:
+        self.since_mono_s = since_mono_s
+        self.steps = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.mixed_steps = 0
+
+    def count(self, prefill_tokens: int, decode_tokens: int) -> None:
+        self.steps += 1
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+        if prefill_tokens and decode_tokens:
+            self.mixed_steps += 1
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.phase = Phase.UNKNOWN
+        self.sink: Any = None
+        self.clock: Clock = SYSTEM_CLOCK
+        self.trackers: list[PeakTracker] = []
+        self.stamp: Callable[[str], None] | None = None
+        self.requests: dict[str, float] = {}
+        self.span = _Span(SYSTEM_CLOCK.monotonic_s())
+        self.pid = os.getpid()
+
+
+_STATE = _State()
+
+
+def configure(*, sink: Any = None, clock: Clock | None = None, sources: list[Any] = (),
+              stamp: Callable[[str], None] | None = None,
+              reset_peak: Callable[[int], None] | None = None) -> None:
+    """Wire the phase tracker to a sink, a clock and allocator sources (``install`` calls it)."""
+    with _STATE.lock:
+        _STATE.sink = sink
+        _STATE.clock = clock or SYSTEM_CLOCK
+        _STATE.stamp = stamp
+        _STATE.trackers = [PeakTracker(s, reset_peak) for s in sources]
+        for tracker in _STATE.trackers:
+            tracker.begin(_safe_counters(tracker.source))
+        _STATE.span = _Span(_STATE.clock.monotonic_s())
+
+
+def reset() -> None:
+    """Back to the unconfigured state: unknown phase, no sink, no requests (``uninstall``)."""
+    global _STATE
+    _STATE = _State()
+
+
+def current_phase() -> Phase:
+    """The phase now. A plain attribute read: safe and cheap from any thread."""
+    return _STATE.phase
+
+
+def note_allocated(device: int, allocated_bytes: int) -> None:
+    """The sampler saw this much allocated; a lower bound for the span's peak."""
+    for tracker in _STATE.trackers:
+        if tracker.device == device:
+            tracker.note(allocated_bytes)
+
+
+def set_phase(name: str | Phase, request_id: str | None = None, *, prefill_tokens: int = 0,
+              decode_tokens: int = 0) -> Phase:
+    """Enter ``name`` (one step of it); returns the phase before. Never raises but for a bad name.
+
+    Calling it again with the same phase only counts a step and its tokens: no event, no read.
+    """
+    new = Phase.parse(name)
+    state = _STATE
+    with state.lock:
+        previous = state.phase
+        if new is previous:
+            state.span.count(prefill_tokens, decode_tokens)
+            return previous
+        try:
+            _transition(state, previous, new, request_id, prefill_tokens, decode_tokens)
+        except Exception:  # never into the server; the phase itself is still switched
+            state.phase = new
+    return previous
+
+
+def _transition(state: _State, previous: Phase, new: Phase, request_id: str | None,
+                prefill_tokens: int, decode_tokens: int) -> None:
+    now_mono = state.clock.monotonic_s()
+    ended = state.span
+    state.phase = new
+    state.span = _Span(now_mono)
+    state.span.count(prefill_tokens, decode_tokens)
+    if state.stamp is not None:
+        state.stamp(METADATA_PREFIX + new.value)
+    common = {"ended_phase": previous.value,
+              "ended_duration_s": round(now_mono - ended.since_mono_s, 6),
+              "ended_steps": ended.steps, "ended_prefill_tokens": ended.prefill_tokens,
+              "ended_decode_tokens": ended.decode_tokens, "ended_mixed_steps": ended.mixed_steps}
+    ts_s = state.clock.time_s()
+    events = []
+    for tracker in state.trackers:
+        counters = _safe_counters(tracker.source)
+        peak = tracker.end(counters)
+        tracker.begin(counters)
+        data = dict(common)
+        if peak is not None:
+            data["ended_peak_allocated_bytes"] = peak.allocated_bytes
+            data["ended_peak_exact"] = peak.exact
+        events.append(Event(ts_s, "phase", tracker.device, state.pid, new, request_id, data))
+    if not state.trackers:
+        events.append(Event(ts_s, "phase", 0, state.pid, new, request_id, common))
+    if state.sink is not None:
+        for event in events:
+            state.sink.put(event)
+
+
+def _safe_counters(source: Any) -> Any:
+    try:
+        return source.counters()
+    except Exception:
+        return None
+
+
+class phase:  # noqa: N801 - used like a function: ``with phase("prefill"):``
+    """``with phase("prefill", request_id="r1"):`` enters a phase and restores the one before.
+
+    With a ``request_id`` not yet in flight, the request starts here and ends at exit
+    (``request_start`` / ``request_end`` events), so post-mortems can name it.
+    """
+
+    __slots__ = ("_name", "_request_id", "_previous", "_owns_request")
+
+    def __init__(self, name: str | Phase, request_id: str | None = None) -> None:
+        self._name = Phase.parse(name)
+        self._request_id = request_id
+        self._previous = Phase.UNKNOWN
+        self._owns_request = False
+
+    def __enter__(self) -> phase:
+        rid = self._request_id
+        if rid is not None and rid not in _STATE.requests:
+            request_started(rid)
+            self._owns_request = True
+        self._previous = set_phase(self._name, rid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_phase(self._previous, self._request_id)
+        if self._owns_request:
+            request_finished(self._request_id)
+
+
+def request_started(request_id: str) -> None:
+    """A request is in flight from now (a ``request_start`` event)."""
+    _request_event("request_start", str(request_id), start=True)
+
+
+def request_finished(request_id: str) -> None:
+    """A request is done (a ``request_end`` event); unknown ids are ignored."""
+    _request_event("request_end", str(request_id), start=False)
+
+
+def _request_event(name: str, request_id: str, *, start: bool) -> None:
+    state = _STATE
+    with state.lock:
+        if start:
+            state.requests[request_id] = state.clock.time_s()
+        elif state.requests.pop(request_id, None) is None:
+            return
+        if state.sink is not None:
+            state.sink.put(Event(state.clock.time_s(), name, 0, state.pid, state.phase,
+                                 request_id))
+
+
+def requests_in_flight() -> tuple[str, ...]:
+    """The requests in flight now, oldest first."""
+    with _STATE.lock:
+        return tuple(_STATE.requests)
+
+
+def process_peak_allocated_bytes(device: int = 0) -> int | None:
+    """The whole-process allocated peak seen at phase boundaries (meaningful in "reset" mode)."""
+    for tracker in _STATE.trackers:
+        if tracker.device == device:
+            return tracker.process_peak
+    return None
+
+
+def use_peak_resets(enabled: bool, reset_peak: Callable[[int], None] | None = None) -> None:
+    """Switch to "reset" mode (exact peaks; the server's ``max_memory_allocated`` is per phase)."""
+    if enabled and reset_peak is None:
+        import torch  # noqa: PLC0415 - only when asked for
+
+        reset_peak = torch.cuda.reset_peak_memory_stats
+    with _STATE.lock:
+        for tracker in _STATE.trackers:
+            tracker.reset_peak = reset_peak if enabled else None

@@ -1,0 +1,114 @@
+"""The background sampler: a named daemon thread that reads sources and hands records to a sink.
+
+Drift-free, as ``collect_in_background`` in nvitop's ``api/collector.py``: each task keeps its own
+next-due time on the monotonic clock and advances it by its interval (``next += interval``), so a
+slow read does not push every later sample back; a task that fell more than a whole interval
+behind skips ahead instead of bursting. ``run_once()`` runs what is due now, for tests with a
+``FakeClock``. A source's failure is counted and logged once; it never stops the thread.
+
+A task is any object with ``read() -> record | list[record] | None`` and an ``interval_s``
+attribute, read again after every run (``SnapshotSource`` changes its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from agent.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("vramscope.hooks")
+
+
+class Every:
+    """Gives a plain source (``read()`` only) a fixed interval."""
+
+    def __init__(self, source: Any, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"sampling interval must be > 0 s, got {interval_s!r}")
+        self.source = source
+        self.interval_s = interval_s
+
+    def read(self) -> Any:
+        return self.source.read()
+
+
+class Sampler:
+    def __init__(self, sink: Any, tasks: Sequence[Any], *, clock: Clock = SYSTEM_CLOCK,
+                 name: str = "vramscope-sampler") -> None:
+        self.sink = sink
+        self.tasks = list(tasks)
+        self.name = name
+        self._clock = clock
+        self._next_due: list[float | None] = [None] * len(self.tasks)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.records_put = 0
+        self.failures = 0
+
+    def run_once(self) -> int:
+        """Run every task that is due now; returns how many records went to the sink."""
+        now = self._clock.monotonic_s()
+        put = 0
+        for i, task in enumerate(self.tasks):
+            due = self._next_due[i]
+            if due is not None and now < due:
+                continue
+            put += self._run_task(task)
+            self._next_due[i] = _advance(due, now, task.interval_s)
+        self.records_put += put
+        return put
+
+    def _run_task(self, task: Any) -> int:
+        try:
+            got = task.read()
+        except Exception as exc:  # a broken source must not stop the others
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("vramscope: sampler task %r failed: %r", task, exc)
+            return 0
+        if got is None:
+            return 0
+        records = got if isinstance(got, list) else [got]
+        for record in records:
+            self.sink.put(record)
+        return len(records)
+
+    def seconds_until_due(self) -> float:
+        now = self._clock.monotonic_s()
+        pending = [d for d in self._next_due if d is not None]
+        if len(pending) < len(self._next_due):
+            return 0.0
+        return max(0.0, min(pending, default=now + 1.0) - now)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+            self._stop.wait(self.seconds_until_due())
+
+
+def _advance(due: float | None, now: float, interval_s: float) -> float:
+    """The next due time: ``due + interval``, or from ``now`` when more than one behind."""
+    if due is None:
+        return now + interval_s
+    nxt = due + interval_s
+    return nxt if nxt > now else now + interval_s

@@ -1,0 +1,285 @@
+"""``vramscope.attach_transformers(model)``: phases for transformers models, with no user code.
+
+Hook points, read in transformers 5.17 (the GPU machine) and 5.24 (the current release), and
+guarded so that a missing one turns that part off instead of failing:
+
+``generate()``
+    ``model.generate`` is wrapped on the instance (one request per call) and a forward pre-hook
+    on the model tags each forward pass made inside it: the first is prefill, the rest decode
+    (assisted decoding's verification passes count as decode). Token counts: prefill carries
+    ``input_ids.numel()``, a decode step one token per row.
+
+continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
+    One packed step mixes prefilling and decoding requests and its input is always longer than
+    one token, so the length says nothing. ``model.init_continuous_batching`` (which
+    ``generate_batch`` and ``continuous_batching_context_manager`` go through) is wrapped to
+    reach the manager; the manager's ``_create_batch_processor`` to reach the batch processor;
+    its ``scheduler.schedule_batch`` to read, around every scheduling, the states the scheduled
+    requests were in (waiting or ``RequestStatus.PREFILLING`` vs ``DECODING``) and their query
+    lengths (``FutureRequestState.query_length`` in 5.24, ``len(state.tokens_to_process)`` where
+    that is absent). A step with any prefill is tagged ``prefill`` (its activations set the
+    memory peak) and records both token counts; a span of such steps counts ``mixed_steps``.
+    ``scheduler.finish_request`` ends requests, and the phase goes ``idle`` when none is left.
+    When the batch processor's ``PagedAttentionCache`` appears and ``hooks.transformers_kv``
+    exists, ``observe_paged_attention_cache(cache, sink)`` is called with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from agent.records import Phase
+from hooks import phase as phase_mod
+
+log = logging.getLogger("vramscope.hooks")
+_REQUEST_IDS = itertools.count(1)
+_MARK = "_vramscope_instrumented"
+
+
+def statuses_before(scheduler: Any) -> dict[str, str]:
+    """Status names of the active requests, read just before a step is scheduled."""
+    active = getattr(scheduler, "active_requests", None) or {}
+    return {str(rid): getattr(getattr(st, "status", None), "name", "") for rid, st in
+            list(active.items())}
+
+
+def classify_step(scheduled: Iterable[Any] | None,
+                  before: Mapping[str, str]) -> tuple[Phase, int, int, list[str]]:
+    """(phase, prefill tokens, decode tokens, ids of prefilling requests) of one packed step.
+
+    ``scheduled`` is what ``Scheduler.schedule_batch`` returned: ``FutureRequestState`` objects
+    (5.24, with ``.state`` and ``.query_length``) or ``RequestState`` objects (older releases).
+    ``before`` maps request ids to their status *before* scheduling: 5.24 already marks a
+    request DECODING when its last prefill chunk is scheduled, so the status after says nothing
+    about the step being built. A request that was not active (waiting, ``PENDING``) or was
+    still prefilling brings prefill tokens; one that was ``DECODING`` brings decode tokens.
+    """
+    prefill = decode = 0
+    prefilling: list[str] = []
+    for item in scheduled or ():
+        state = getattr(item, "state", item)
+        tokens = getattr(item, "query_length", None)
+        if tokens is None:
+            tokens = len(getattr(state, "tokens_to_process", None) or ()) or 1
+        rid = str(getattr(state, "request_id", ""))
+        if before.get(rid, "PENDING") == "DECODING":
+            decode += int(tokens)
+        else:
+            prefill += int(tokens)
+            prefilling.append(rid)
+    if prefill:
+        return Phase.PREFILL, prefill, decode, prefilling
+    return (Phase.DECODE if decode else Phase.IDLE), 0, decode, prefilling
+
+
+class TransformersHandle:
+    """What ``attach_transformers`` hooked; ``detach()`` undoes it. ``hooks`` names each part."""
+
+    def __init__(self, model: Any, sink: Any) -> None:
+        self.model = model
+        self.sink = sink
+        self.hooks: list[str] = []
+        self.missing: list[str] = []
+        self.steps = 0
+        self._undo: list[Callable[[], None]] = []
+        self._local = threading.local()
+        self._seen_requests: set[str] = set()
+
+    def detach(self) -> None:
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception as exc:
+                log.warning("vramscope: detaching a transformers hook failed: %r", exc)
+        self.hooks.clear()
+
+    # -- generate() ------------------------------------------------------------------------
+    def _generate_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            rid = f"generate-{next(_REQUEST_IDS)}"
+            local = self._local
+            outer = getattr(local, "request_id", None)
+            local.request_id, local.pending_prefill = rid, True
+            phase_mod.request_started(rid)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.request_id, local.pending_prefill = outer, False
+                _quietly(phase_mod.request_finished, rid)
+                if outer is None:
+                    _quietly(phase_mod.set_phase, Phase.IDLE)
+        generate.__wrapped__ = original  # type: ignore[attr-defined]
+        return generate
+
+    def _forward_pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+        local = self._local
+        rid = getattr(local, "request_id", None)
+        if rid is None:
+            return None  # a forward outside generate(): continuous batching tags its own
+        try:
+            rows, length = _input_shape(args, kwargs)
+            self.steps += 1
+            if local.pending_prefill:
+                local.pending_prefill = False
+                phase_mod.set_phase(Phase.PREFILL, rid, prefill_tokens=rows * length)
+            else:
+                phase_mod.set_phase(Phase.DECODE, rid, decode_tokens=rows)
+        except Exception:
+            pass  # never into the model's forward
+        return None
+
+    # -- continuous batching ------------------------------------------------------------------
+    def _init_cb_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def init_continuous_batching(*args: Any, **kwargs: Any) -> Any:
+            manager = original(*args, **kwargs)
+            _quietly(self._instrument_manager, manager)
+            return manager
+        init_continuous_batching.__wrapped__ = original  # type: ignore[attr-defined]
+        return init_continuous_batching
+
+    def _instrument_manager(self, manager: Any) -> None:
+        if getattr(manager, _MARK, False):
+            return
+        create = getattr(manager, "_create_batch_processor", None)
+        if create is None:
+            self.missing.append("ContinuousBatchingManager._create_batch_processor")
+            return
+
+        def create_batch_processor(*args: Any, **kwargs: Any) -> Any:
+            processor = create(*args, **kwargs)
+            _quietly(self._instrument_processor, processor)
+            return processor
+
+        _set_instance_attr(manager, "_create_batch_processor", create_batch_processor,
+                           self._undo)
+        setattr(manager, _MARK, True)
+        existing = getattr(manager, "batch_processor", None)
+        if existing is not None:
+            self._instrument_processor(existing)
+
+    def _instrument_processor(self, processor: Any) -> None:
+        scheduler = getattr(processor, "scheduler", None)
+        if scheduler is not None and not getattr(scheduler, _MARK, False):
+            self._instrument_scheduler(scheduler)
+        cache = getattr(processor, "cache", None)
+        if cache is not None and not getattr(cache, _MARK, False):
+            setattr(cache, _MARK, True)
+            self._observe_kv(cache)
+
+    def _instrument_scheduler(self, scheduler: Any) -> None:
+        schedule = getattr(scheduler, "schedule_batch", None)
+        if schedule is None:
+            self.missing.append("Scheduler.schedule_batch")
+            return
+
+        def schedule_batch(*args: Any, **kwargs: Any) -> Any:
+            before = statuses_before(scheduler)
+            result = schedule(*args, **kwargs)
+            _quietly(self._tag_step, result, before)
+            return result
+
+        _set_instance_attr(scheduler, "schedule_batch", schedule_batch, self._undo)
+        finish = getattr(scheduler, "finish_request", None)
+        if finish is not None:
+            def finish_request(request_id: Any, *args: Any, **kwargs: Any) -> Any:
+                out = finish(request_id, *args, **kwargs)
+                _quietly(self._request_done, scheduler, str(request_id))
+                return out
+            _set_instance_attr(scheduler, "finish_request", finish_request, self._undo)
+        setattr(scheduler, _MARK, True)
+        self.hooks.append("continuous_batching")
+
+    def _tag_step(self, result: Any, before: Mapping[str, str]) -> None:
+        scheduled = result[0] if isinstance(result, tuple) else result
+        phase, prefill, decode, prefilling = classify_step(scheduled, before)
+        for rid in prefilling:
+            if rid not in self._seen_requests:
+                self._seen_requests.add(rid)
+                phase_mod.request_started(rid)
+        self.steps += 1
+        phase_mod.set_phase(phase, prefill_tokens=prefill, decode_tokens=decode)
+
+    def _request_done(self, scheduler: Any, request_id: str) -> None:
+        if request_id in self._seen_requests:
+            self._seen_requests.discard(request_id)
+            phase_mod.request_finished(request_id)
+        pending = getattr(scheduler, "has_pending_requests", None)
+        if pending is not None and not pending():
+            phase_mod.set_phase(Phase.IDLE)
+
+    def _observe_kv(self, cache: Any) -> None:
+        try:
+            kv = importlib.import_module("hooks.transformers_kv")
+        except ImportError:
+            self.missing.append("hooks.transformers_kv (KV pool view off)")
+            return
+        observe = getattr(kv, "observe_paged_attention_cache", None)
+        if observe is not None:
+            _quietly(observe, cache, self.sink)
+            self.hooks.append("paged_attention_cache")
+
+
+def attach_transformers(model: Any, sink: Any = None) -> TransformersHandle:
+    """Tag phases for ``model.generate()`` and continuous batching; returns a handle to detach.
+
+    ``sink`` receives the KV pool view of continuous batching (``hooks.transformers_kv``); when
+    ``install()`` has not run, phase events go to it too.
+    """
+    from hooks.install import installed
+
+    if sink is not None and not installed():
+        phase_mod.configure(sink=sink)
+    handle = TransformersHandle(model, sink)
+    if callable(getattr(model, "generate", None)):
+        _set_instance_attr(model, "generate", handle._generate_wrapper(model.generate),
+                           handle._undo)
+        hook = model.register_forward_pre_hook(handle._forward_pre_hook, with_kwargs=True)
+        handle._undo.append(hook.remove)
+        handle.hooks.append("generate")
+    else:
+        handle.missing.append("model.generate")
+    if callable(getattr(model, "init_continuous_batching", None)):
+        _set_instance_attr(model, "init_continuous_batching",
+                           handle._init_cb_wrapper(model.init_continuous_batching), handle._undo)
+        handle.hooks.append("init_continuous_batching")
+    else:
+        handle.missing.append("model.init_continuous_batching (transformers too old?)")
+    return handle
+
+
+def _set_instance_attr(obj: Any, name: str, value: Any, undo: list) -> None:
+    had = name in vars(obj)
+    before = vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def restore() -> None:
+        if had:
+            setattr(obj, name, before)
+        else:
+            delattr(obj, name)
+
+    undo.append(restore)
+
+
+def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+    ids = kwargs.get("input_ids")
+    if ids is None and args:
+        ids = args[0]
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    shape = getattr(ids, "shape", None)
+    if not shape:
+        return 1, 1
+    return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:
+        log.warning("vramscope: transformers hook %s failed: %r", getattr(fn, "__name__", fn), exc)
