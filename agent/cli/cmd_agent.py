@@ -1,0 +1,40 @@
+"""``vramscope agent [--config PATH] [--db URL] [--socket PATH]``: the sidecar process."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="run the sidecar agent (NVML sampling, ingest socket, writer)",
+                       description="Sample every visible GPU through NVML, accept records from "
+                                   "the in-server hooks on a Unix socket, and write them all to "
+                                   "the database. Stops with a final flush on SIGTERM/SIGINT.")
+    p.add_argument("--config", help="config file (default: the documented search order)")
+    p.add_argument("--db", dest="db_url", help="database URL (overrides database.url)")
+    p.add_argument("--socket", dest="socket_path", help="socket path (overrides "
+                                                        "agent.socket_path)")
+    p.add_argument("--no-nvml", action="store_true", help="do not sample GPUs (ingest only)")
+    p.add_argument("--fake-devices", type=int, default=0, metavar="N",
+                   help="sample N simulated devices instead of NVML (tests, benchmarks)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.config import load_config
+    from agent.daemon import Agent
+    from agent.errors import UsageError
+
+    config = load_config(args.config).replace(database__url=args.db_url,
+                                              agent__socket_path=args.socket_path)
+    if args.fake_devices < 0:
+        raise UsageError(f"--fake-devices must be >= 0, got {args.fake_devices}")
+    source: object = "nvml"
+    if args.no_nvml:
+        source = None
+    elif args.fake_devices:
+        from agent.sources.nvml import FakeNvmlSource
+
+        source = FakeNvmlSource(args.fake_devices)
+    Agent(config, source=source).run_forever()
+    return 0

@@ -1,0 +1,105 @@
+"""``vramscope status``: what the agent is doing now (asked over its socket), or, when it is
+not running, the last state it wrote to the database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="devices, clients, rows/s, queue, drops, rejected, DB size",
+                       description="Ask the running agent for its state over its socket; when "
+                                   "it is not running, show the last state it stored.")
+    p.add_argument("--config", help="config file")
+    p.add_argument("--socket", dest="socket_path", help="the agent's socket")
+    p.add_argument("--db", dest="db_url", help="database URL (for the fallback)")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.config import load_config
+    from agent.errors import VramscopeError
+
+    config = load_config(args.config).replace(database__url=args.db_url,
+                                              agent__socket_path=args.socket_path)
+    try:
+        status = live_status(config["agent.socket_path"])
+    except (VramscopeError, OSError) as exc:
+        status = stored_status(config, str(exc))
+    if args.json:
+        json.dump(status, sys.stdout, indent=2, sort_keys=True, default=str)
+        print()
+    else:
+        print(render(status))
+    return 0 if status.get("running") else 1
+
+
+def live_status(socket_path: str) -> dict[str, Any]:
+    from agent.ingest.connection import AgentConnection
+
+    with AgentConnection(socket_path, timeout_s=5.0) as conn:
+        status = conn.status()
+    status.pop("type", None)
+    return {"running": True, "socket": socket_path, **status}
+
+
+def stored_status(config: Any, why: str) -> dict[str, Any]:
+    from agent.store import Store
+
+    with Store.open(config["database.url"], host_name=config["agent.host_name"] or None) as st:
+        last = st.latest_agent_stats()
+        out = {"running": False, "why": why, "database": st.safe_url,
+               "devices": [{k: d[k] for k in ("device_index", "uuid", "name", "total_bytes")}
+                           for d in st.devices()],
+               "db_size_bytes": st.size_bytes(), "last_report": last}
+    return out
+
+
+def render(s: dict[str, Any]) -> str:
+    if not s.get("running"):
+        return _render_stored(s)
+    lines = [f"agent: running (pid {s['pid']}), socket {s['socket']}",
+             f"database: {s['database']}, {_size(s.get('db_size_bytes'))}"
+             + (" — WRITES FAILING, retrying" if s.get("db_failing") else "")]
+    lines.append(f"devices: {len(s['devices'])}")
+    for d in s["devices"]:
+        lines.append(f"  {d['index']}: {d.get('name') or '?'} {d.get('uuid') or ''} "
+                     f"{_size(d.get('total_bytes'))}")
+    lines.append(f"clients: {len(s['clients'])}")
+    for c in s["clients"]:
+        lines.append(f"  pid {c['pid']}: {c.get('process') or '?'} devices {c.get('devices')}")
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejected", {}).items()))
+    lines += [f"rows/s: {s['rows_per_s']:.1f} (written {s['written_total']})",
+              f"queue depth: {s['queue_depth']}",
+              f"dropped: {s['dropped_total']} in the agent, {s['client_dropped_total']} "
+              f"reported by clients",
+              f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else "")]
+    return "\n".join(lines)
+
+
+def _render_stored(s: dict[str, Any]) -> str:
+    lines = [f"agent: not running ({s['why']})",
+             f"database: {s['database']}, {_size(s.get('db_size_bytes'))}",
+             f"devices: {len(s['devices'])}"]
+    for d in s["devices"]:
+        lines.append(f"  {d['device_index']}: {d.get('name') or '?'} {d.get('uuid') or ''}")
+    last = s.get("last_report")
+    if last is None:
+        lines.append("last report: none stored")
+    else:
+        age = time.time() - last["ts_s"]
+        lines.append(f"last report {age:.0f} s ago: clients {last['clients']}, rows/s "
+                     f"{last['rows_per_s']:.1f}, queue depth {last['queue_depth']}, dropped "
+                     f"{last['dropped_total']}, rejected {last['rejected_total']}")
+    return "\n".join(lines)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    return f"{n / 2**20:.1f} MiB"

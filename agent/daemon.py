@@ -1,0 +1,365 @@
+"""The agent: NVML sampling, the ingest socket, the one writer, retention, its own stats.
+
+Threads (all daemon threads, all named):
+
+* ``vramscope-sampler`` — one drift-free loop on the monotonic clock (``next += interval``, as
+  ``collect_in_background`` in nvitop) that runs four schedules: device memory (10 Hz), NVML
+  process rows (1 Hz), the agent's own stats (every ``STATS_INTERVAL_S``) and a retention step
+  (submitted to the writer). :meth:`Agent.tick` runs whatever is due, so tests drive it with a
+  ``FakeClock`` and never sleep.
+* ``vramscope-ingest`` — the socket server (``agent.ingest.server``).
+* ``vramscope-writer`` — the one writer (``agent.writer``); it also feeds the alert engine
+  after each committed batch, when ``agent.alerts`` is available.
+
+``run_forever`` installs SIGTERM/SIGINT handlers that stop the loops and flush the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.records import PostMortem, Sample
+from agent.retention import Retention
+from agent.writer import Writer
+
+log = logging.getLogger("vramscope.agent")
+
+STATS_INTERVAL_S = 5.0
+RETENTION_INTERVAL_S = 10.0
+PROCESS_SOURCE = "nvml-process"  # per-process rows; "nvml" is the whole-device view
+
+
+class Schedule:
+    """A drift-free periodic deadline on the monotonic clock."""
+
+    def __init__(self, interval_s: float, start_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval must be > 0 s, got {interval_s}")
+        self.interval_s = interval_s
+        self.next_s = start_s
+        self.missed = 0  # ticks skipped because we were late by more than one interval
+
+    def due(self, now_s: float) -> bool:
+        """True (and advance by whole intervals) when the deadline has passed."""
+        if now_s < self.next_s:
+            return False
+        self.next_s += self.interval_s
+        if self.next_s <= now_s:  # late by more than an interval: skip, don't burst
+            skipped = int((now_s - self.next_s) // self.interval_s) + 1
+            self.missed += skipped
+            self.next_s += skipped * self.interval_s
+        return True
+
+
+@dataclass
+class _Rate:
+    last_mono_s: float
+    last_total: int
+    per_s: float = 0.0
+
+    def update(self, now_s: float, total: int) -> float:
+        elapsed = now_s - self.last_mono_s
+        if elapsed > 0:
+            self.per_s = (total - self.last_total) / elapsed
+            self.last_mono_s, self.last_total = now_s, total
+        return self.per_s
+
+
+class Agent:
+    """The sidecar's parts wired together; also the core of ``EmbeddedAgent``."""
+
+    def __init__(self, config: Any, *, store: Any = None, db_url: str | None = None,
+                 source: Any = "nvml", socket_path: str | None = None, listen: bool = True,
+                 clock: Clock = SYSTEM_CLOCK, alerts: bool = True) -> None:
+        self.config = config
+        self.clock = clock
+        self.store = store if store is not None else _open_store(config, db_url)
+        self.source = _open_source(source, clock)
+        self.writer = Writer(self.store, max_records=config["agent.queue_max_records"],
+                             batch_rows=config["agent.batch_rows"],
+                             batch_interval_s=config["agent.batch_interval_s"],
+                             on_batch=self._on_batch)
+        self.retention = Retention.from_config(config, clock)
+        self.socket_path = socket_path or config["agent.socket_path"]
+        self.server = self._make_server() if listen else None
+        self.alert_engine = _load_alert_engine(config, self.store) if alerts else None
+        now = clock.monotonic_s()
+        self._device_schedule = Schedule(config["sampling.device_interval_s"], now)
+        self._process_schedule = Schedule(config["sampling.process_interval_s"], now)
+        self._stats_schedule = Schedule(STATS_INTERVAL_S, now)
+        self._retention_schedule = Schedule(RETENTION_INTERVAL_S, now + 1.0)
+        self._rate = _Rate(now, 0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._known_pids: set[int] = set()
+
+    def _make_server(self):
+        from agent.ingest.server import IngestServer
+
+        return IngestServer(self.socket_path, on_records=self._on_records,
+                            on_postmortem=self._on_postmortem, on_hello=self._on_hello,
+                            status=self.status, max_message_bytes=self.config[
+                                "agent.max_message_bytes"],
+                            allowed_uids=_parse_uids(self.config["agent.allowed_uids"]))
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.server is not None:
+            self.server.bind()  # first: a second agent on the same socket fails before writing
+        self.writer.start()
+        if self.source is not None:
+            self.writer.submit(self._describe_devices(self.source.devices()))
+        if self.server is not None:
+            self.server.start()
+        self._thread = threading.Thread(target=self._loop, name="vramscope-sampler", daemon=True)
+        self._thread.start()
+        log.info("agent started: %d NVML device(s), socket %s, database %s",
+                 len(self.source.devices()) if self.source else 0,
+                 self.socket_path if self.server else "(off)", self.store.safe_url)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop sampling and ingest, then flush every queued record (the final flush)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.server is not None:
+            self.server.stop()
+        self.writer.submit(self._stats_task(self.clock.time_s()))
+        self.writer.stop(timeout_s)
+        if self.source is not None:
+            self.source.close()
+        log.info("agent stopped: %d rows written, %d dropped", self.writer.stats.written_total,
+                 self.writer.stats.dropped_total)
+
+    def run_forever(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop with a final flush."""
+        def _on_signal(signum, _frame):
+            log.info("received %s; flushing and stopping", signal.Signals(signum).name)
+            self._stop.set()
+
+        previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # --- the sampler loop -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            wait_s = self._next_due_s() - self.clock.monotonic_s()
+            if wait_s > 0:
+                self._stop.wait(wait_s)
+
+    def _next_due_s(self) -> float:
+        return min(self._device_schedule.next_s, self._process_schedule.next_s,
+                   self._stats_schedule.next_s, self._retention_schedule.next_s)
+
+    def tick(self) -> None:
+        """Run every schedule that is due now (the sampler thread calls this; so can tests)."""
+        now = self.clock.monotonic_s()
+        if self._device_schedule.due(now):
+            self.sample_devices()
+        if self._process_schedule.due(now):
+            self.sample_processes()
+        if self._stats_schedule.due(now):
+            self.writer.submit(self._stats_task(self.clock.time_s()))
+        if self._retention_schedule.due(now):
+            self.writer.submit(self._retention_task)
+
+    def run_once(self) -> None:
+        """One of everything, synchronously: sample, write, stats. For tests."""
+        self.sample_devices()
+        self.sample_processes()
+        self.writer.submit(self._stats_task(self.clock.time_s()))
+        self.writer.flush()
+
+    def sample_devices(self) -> None:
+        if self.source is None:
+            return
+        try:
+            self.writer.put_many(self.source.read())
+        except Exception:  # noqa: BLE001 - a vendor failure must not end sampling
+            log.exception("device sampling failed; will retry next tick")
+
+    def sample_processes(self) -> None:
+        """NVML process rows -> samples for the processes that are our clients, plus their
+        device list in the processes table."""
+        if self.source is None:
+            return
+        try:
+            rows = self.source.read_processes()
+        except Exception:  # noqa: BLE001
+            log.exception("process sampling failed; will retry next tick")
+            return
+        clients = self._clients_by_peer_pid()
+        samples = [Sample(r.ts_s, r.device, source=PROCESS_SOURCE, pid=clients[r.pid],
+                          device_used_bytes=r.used_bytes) for r in rows if r.pid in clients]
+        self.writer.put_many(samples)
+        self._map_process_devices(rows, clients)
+
+    def _clients_by_peer_pid(self) -> dict[int, int]:
+        if self.server is None:
+            return {}
+        return {c.peer_pid: c.pid for c in self.server.clients if c.peer_pid is not None}
+
+    def _map_process_devices(self, rows: list, clients: dict[int, int]) -> None:
+        by_pid: dict[int, list[int]] = {}
+        for r in rows:
+            if r.pid in clients:
+                by_pid.setdefault(clients[r.pid], []).append(r.device)
+        ts_s = self.clock.time_s()
+        for pid, devices in by_pid.items():
+            self.writer.submit(lambda st, p=pid, d=tuple(devices):
+                               st.upsert_process(p, ts_s, device_indexes=d))
+
+    # --- callbacks from ingest (server thread) --------------------------------------------
+    def _on_records(self, records: list, client: Any) -> None:
+        self.writer.put_many(records)
+
+    def _on_postmortem(self, pm: PostMortem, client: Any) -> None:
+        self.writer.put(pm)
+
+    def _on_hello(self, client: Any) -> None:
+        hello = client.hello
+        pid = client.pid
+        if pid is None:
+            return
+        ts_s = self.clock.time_s()
+        self.writer.submit(lambda st: st.upsert_process(
+            pid, ts_s, name=hello.process, model=hello.model, device_indexes=hello.devices))
+
+    # --- state ----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """The agent's counters (the ``status`` message and ``vramscope status``)."""
+        ingest = self.server.stats if self.server is not None else None
+        w = self.writer.stats
+        clients = self.server.clients if self.server is not None else []
+        return {
+            "pid": os.getpid(),
+            "devices": [d._asdict() for d in self.source.devices()] if self.source else [],
+            "clients": [{"pid": c.pid, "process": c.hello.process if c.hello else None,
+                         "devices": list(c.hello.devices) if c.hello else []} for c in clients],
+            "rows_per_s": round(self._rate.per_s, 3),
+            "written_total": w.written_total,
+            "queue_depth": self.writer.queue_depth,
+            "dropped_total": w.dropped_total,
+            "client_dropped_total": ingest.client_dropped_total if ingest else 0,
+            "rejected_total": ingest.rejected_total if ingest else 0,
+            "rejected": dict(ingest.rejected) if ingest else {},
+            "records_received_total": ingest.records_total if ingest else 0,
+            "db_failing": self.writer.failing,
+            "database": self.store.safe_url,
+            "db_size_bytes": self.store.size_bytes(),
+        }
+
+    def _stats_task(self, ts_s: float):
+        def task(store: Any) -> None:
+            self._rate.update(self.clock.monotonic_s(), self.writer.stats.written_total)
+            s = self.status()
+            store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
+                                    queue_depth=s["queue_depth"],
+                                    dropped_total=s["dropped_total"] + s["client_dropped_total"],
+                                    rejected_total=s["rejected_total"],
+                                    db_size_bytes=s["db_size_bytes"])
+        return task
+
+    def _retention_task(self, store: Any) -> None:
+        result = self.retention.step(store)
+        if result.busy:
+            log.debug("retention step: %s", result)
+            self._retention_schedule.next_s = self.clock.monotonic_s()  # more to do: soon
+
+    def _describe_devices(self, infos: list):
+        def task(store: Any) -> None:
+            for d in infos:
+                store.describe_device(d.index, uuid=d.uuid, name=d.name,
+                                      total_bytes=d.total_bytes)
+        return task
+
+    def _on_batch(self, samples: list, events: list) -> None:
+        if self.alert_engine is not None:
+            self.alert_engine(samples, events)
+
+
+def _open_store(config: Any, db_url: str | None):
+    from agent.store import Store
+
+    return Store.open(db_url or config["database.url"],
+                      synchronous=config["database.synchronous"],
+                      host_name=config["agent.host_name"] or None)
+
+
+def _open_source(source: Any, clock: Clock):
+    """``"nvml"`` opens the real NVML (or None, with one log line); None means no sampling;
+    anything else is a ``DeviceSource`` (a fake)."""
+    if source == "nvml":
+        from agent.sources.nvml import open_nvml
+
+        return open_nvml(clock)
+    return source
+
+
+def _parse_uids(text: str) -> list[int]:
+    from agent.errors import ConfigError
+
+    uids = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ConfigError(f"agent.allowed_uids: {part!r} is not a uid (expected numbers "
+                              f"separated by commas)")
+        uids.append(int(part))
+    return uids
+
+
+def _load_alert_engine(config: Any, store: Any):
+    """Live alerting through ``agent.alerts`` when it exists; one log line when it does not."""
+    try:
+        from agent import alerts
+    except ImportError:
+        log.info("live alerting is off: agent.alerts is not available in this build")
+        return None
+    try:
+        engine = alerts.AlertEngine.from_config(config)
+        sinks = _alert_sinks(alerts, config, store)
+    except Exception as exc:  # noqa: BLE001 - a bad rule must not stop ingest
+        log.error("live alerting is off: cannot build the alert engine (%s)", exc)
+        return None
+
+    def feed(samples: list, events: list) -> None:
+        for change in engine.feed([*samples, *events]):
+            for sink in sinks:
+                _deliver(sink, change)
+    return feed
+
+
+def _alert_sinks(alerts: Any, config: Any, store: Any) -> list:
+    if hasattr(alerts, "make_sinks"):
+        return list(alerts.make_sinks(config, store))
+    sinks = [alerts.StoreSink(store), alerts.LogSink()]
+    if config["alerts.webhook_url"]:
+        sinks.append(alerts.WebhookSink.from_config(config))
+    return sinks
+
+
+def _deliver(sink: Any, change: Any) -> None:
+    try:
+        for name in ("send", "emit", "handle"):
+            if hasattr(sink, name):
+                getattr(sink, name)(change)
+                return
+        sink(change)
+    except Exception:  # noqa: BLE001 - one broken sink must not stop the others
+        log.exception("alert sink %r failed", sink)

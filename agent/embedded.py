@@ -1,0 +1,101 @@
+"""Embedded mode: the agent's sampler, writer (and optionally its ingest socket) as threads
+of the calling process — for notebooks, single-process servers and the demo.
+
+    agent = EmbeddedAgent(config, db_url="sqlite:///run.db")
+    agent.start()
+    vramscope.install(sink=agent.sink)   # hooks put records straight into the writer queue
+    ...
+    agent.stop()                          # final flush
+
+``agent.sink`` is a ``RecordSink``: ``put`` never blocks (a lock held for a deque append) and
+never raises; when the queue is full the oldest record is dropped and counted, as in the
+sidecar. Post-mortems put there are stored with ``store.write_postmortem``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.daemon import Agent
+from agent.errors import VramscopeError
+from agent.records import PostMortem
+
+log = logging.getLogger("vramscope.embedded")
+
+
+class WriterSink:
+    """A ``RecordSink`` into the writer's bounded queue, filling in this process's pid."""
+
+    def __init__(self, writer: Any, pid: int | None = None) -> None:
+        self._writer = writer
+        self._pid = os.getpid() if pid is None else pid
+        self.errors = 0
+
+    def put(self, record: Any) -> None:
+        try:
+            if record.pid is None and not isinstance(record, PostMortem):
+                record = record._replace(pid=self._pid)
+            self._writer.put(record)
+        except Exception:  # noqa: BLE001 - a sink never raises into the server
+            self.errors += 1
+
+    def close(self) -> None:
+        """Nothing to release: the agent's ``stop()`` does the final flush."""
+
+    @property
+    def dropped(self) -> int:
+        return self._writer.stats.dropped_total
+
+
+class EmbeddedAgent:
+    """The agent in this process. ``listen=True`` also serves the socket for other processes
+    (skipped with one log line when another agent already listens there)."""
+
+    def __init__(self, config: Any = None, db_url: str | None = None, *,
+                 source: Any = "nvml", listen: bool = False, socket_path: str | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        if config is None:
+            from agent.config import load_config
+
+            config = load_config()
+        self.agent = Agent(config, db_url=db_url, source=source, socket_path=socket_path,
+                           listen=listen, clock=clock)
+        self.sink = WriterSink(self.agent.writer)
+        self._started = False
+
+    @property
+    def store(self) -> Any:
+        return self.agent.store
+
+    def start(self) -> EmbeddedAgent:
+        if self._started:
+            return self
+        try:
+            self.agent.start()
+        except VramscopeError as exc:
+            if self.agent.server is None:
+                raise
+            log.warning("embedded agent: ingest socket off (%s); the in-process sink works", exc)
+            self.agent.server = None
+            self.agent.start()
+        self._started = True
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._started:
+            self.agent.stop(timeout_s)
+            self._started = False
+        else:
+            self.agent.writer.flush()
+
+    def status(self) -> dict[str, Any]:
+        return self.agent.status()
+
+    def __enter__(self) -> EmbeddedAgent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

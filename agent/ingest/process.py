@@ -1,0 +1,107 @@
+"""Run ``vramscope agent`` as a real child process: for the tests and ``bench agent``.
+
+Starts ``python -m agent agent`` on a given socket and database, waits until the socket
+answers a status request, and stops it with a signal of the caller's choice (SIGTERM for a
+clean stop with final flush, SIGKILL for the crash test, SIGSTOP/SIGCONT for a hung agent).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class AgentProcess:
+    def __init__(self, db_url: str, socket_path: str, *, fake_devices: int = 0,
+                 config_path: str | None = None, env: dict[str, str] | None = None,
+                 log_path: str | None = None) -> None:
+        self.db_url = db_url
+        self.socket_path = socket_path
+        self.fake_devices = fake_devices
+        self.config_path = config_path
+        self.env = env or {}
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "agent", "agent", "--db", self.db_url,
+               "--socket", self.socket_path]
+        cmd += ["--fake-devices", str(self.fake_devices)] if self.fake_devices else ["--no-nvml"]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        return cmd
+
+    def start(self, timeout_s: float = 20.0) -> AgentProcess:
+        env = {**os.environ, "PYTHONPATH": _pythonpath(), **self.env}
+        out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=out,
+                                     cwd=str(REPO_ROOT))
+        if out is not subprocess.DEVNULL:
+            out.close()
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        from agent.ingest.connection import AgentConnection
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode} while starting"
+                                   + self._log_tail())
+            try:
+                with AgentConnection(self.socket_path, timeout_s=2.0) as conn:
+                    conn.status()
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.02)
+        raise TimeoutError(f"agent did not answer on {self.socket_path} in {timeout_s} s"
+                           + self._log_tail())
+
+    def status(self) -> dict[str, Any]:
+        from agent.ingest.connection import AgentConnection
+
+        with AgentConnection(self.socket_path, timeout_s=5.0) as conn:
+            return conn.status()
+
+    def send_signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        """Signal the agent and wait for it to exit; returns its exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _log_tail(self) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return "\n--- agent log ---\n" + fh.read()[-3000:]
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(signal.SIGKILL if exc[0] else signal.SIGTERM)
+
+
+def _pythonpath() -> str:
+    parts = [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(p for p in parts if p)

@@ -1,0 +1,236 @@
+"""The ingest wire protocol, version 1: length-prefixed JSON frames over a Unix stream socket.
+
+Frame::
+
+    +----------------------+-----------------------------------------+
+    | length: uint32, big  | payload: `length` bytes, one UTF-8 JSON |
+    | endian, payload only | object with a "type" key                |
+    +----------------------+-----------------------------------------+
+
+Why JSON and not msgpack: the payload of a record is exactly trace format v1, so one validator
+(``agent.trace.record_from_json``) serves files, replay and the socket alike; the standard
+library decodes it (msgpack would be a new dependency inside every inference server); and at a
+few hundred records per frame the decode is not the bottleneck (see ``docs/protocol.md``).
+
+Messages (client -> agent unless noted):
+
+``hello``      first frame, required: ``{"type": "hello", "protocol": 1, "pid": int,
+               "process": str, "devices": [int, ...], "model": str | null}``.
+``welcome``    agent -> client: ``{"type": "welcome", "protocol": 1}``.
+``error``      agent -> client: ``{"type": "error", "message": str}``; the agent then closes.
+``records``    ``{"type": "records", "records": [<trace v1 object>, ...]}``.
+``postmortem`` ``{"type": "postmortem", "postmortem": <PostMortem.to_json()>}``.
+``dropped``    ``{"type": "dropped", "count": int}``: records the client dropped since its last
+               report (buffer full, agent absent); the agent counts them.
+``status``     ``{"type": "status"}``; the agent answers ``{"type": "status", ...}`` with its
+               counters (see ``agent.daemon.Agent.status``).
+
+A frame whose length prefix exceeds the cap cannot be skipped safely (we would have to trust
+the length), so the connection is dropped. A frame with a good length but a bad payload is
+rejected and skipped: the next frame starts right after it, so the stream stays in sync.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from agent.records import Event, PostMortem, Sample
+from agent.trace import event_to_json, record_from_json, sample_to_json
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+HEADER_BYTES = HEADER.size
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+MAX_RECORDS_PER_MESSAGE = 100_000
+CLIENT_TYPES = frozenset({"hello", "records", "postmortem", "dropped", "status"})
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol. ``fatal`` means the connection cannot continue."""
+
+    def __init__(self, reason: str, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason  # a short counter key: "json", "schema", "oversized", ...
+        self.fatal = fatal
+
+
+class Hello(NamedTuple):
+    protocol: int
+    pid: int | None
+    process: str | None
+    devices: tuple[int, ...]
+    model: str | None
+
+
+# --- encoding ---------------------------------------------------------------------------------
+def frame(obj: dict[str, Any]) -> bytes:
+    """One frame: the 4-byte length, then the compact JSON payload."""
+    payload = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return HEADER.pack(len(payload)) + payload
+
+
+def hello(pid: int, process: str, devices: Sequence[int] = (), model: str | None = None,
+          protocol: int = PROTOCOL_VERSION) -> bytes:
+    return frame({"type": "hello", "protocol": protocol, "pid": pid, "process": process,
+                  "devices": list(devices), "model": model})
+
+
+def record_to_json(record: Sample | Event) -> dict[str, Any]:
+    return event_to_json(record) if isinstance(record, Event) else sample_to_json(record)
+
+
+def records_message(records: Sequence[Sample | Event]) -> bytes:
+    return frame({"type": "records", "records": [record_to_json(r) for r in records]})
+
+
+def postmortem_message(pm: PostMortem) -> bytes:
+    return frame({"type": "postmortem", "postmortem": pm.to_json()})
+
+
+def dropped_message(count: int) -> bytes:
+    return frame({"type": "dropped", "count": count})
+
+
+# --- decoding ---------------------------------------------------------------------------------
+def split_frames(buf: bytearray, max_bytes: int) -> list[bytes]:
+    """Remove and return every complete payload at the front of ``buf``.
+
+    Raises a fatal ``ProtocolError`` on a length above ``max_bytes`` (the stream cannot be
+    trusted past it). An incomplete frame stays in ``buf`` for the next read.
+    """
+    out: list[bytes] = []
+    pos = 0
+    while len(buf) - pos >= HEADER_BYTES:
+        (length,) = HEADER.unpack_from(buf, pos)
+        if length > max_bytes:
+            del buf[:pos]
+            raise ProtocolError("oversized", f"message of {length} bytes exceeds the cap of "
+                                f"{max_bytes} bytes (agent.max_message_bytes)", fatal=True)
+        end = pos + HEADER_BYTES + length
+        if end > len(buf):
+            break
+        out.append(bytes(buf[pos + HEADER_BYTES:end]))
+        pos = end
+    del buf[:pos]
+    return out
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    """Parse one payload into a JSON object with a known ``type``; raise ``ProtocolError``."""
+    try:
+        obj = json.loads(payload, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError("json", f"payload is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("schema", f"payload must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type")
+    if kind not in CLIENT_TYPES:
+        raise ProtocolError("schema", f"unknown message type {kind!r}; known: "
+                            f"{', '.join(sorted(CLIENT_TYPES))}")
+    return obj
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not allowed")
+
+
+def parse_hello(obj: dict[str, Any]) -> Hello:
+    """Validate a hello; a wrong protocol version is fatal and says which versions we speak."""
+    version = obj.get("protocol")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise ProtocolError("version", f"protocol version {version!r} is not supported; this "
+                            f"agent speaks version {PROTOCOL_VERSION}", fatal=True)
+    pid = _optional(obj, "pid", int)
+    process = _optional(obj, "process", str)
+    model = _optional(obj, "model", str)
+    devices = obj.get("devices") or []
+    if not isinstance(devices, list) or not all(_is_index(d) for d in devices):
+        raise ProtocolError("schema", f"'devices' must be a list of device indexes, got "
+                            f"{devices!r}"[:300], fatal=True)
+    return Hello(version, pid, process, tuple(devices), model)
+
+
+def parse_records(obj: dict[str, Any]) -> list[Sample | Event]:
+    """Validate every record of a ``records`` message with the trace-v1 validator."""
+    items = obj.get("records")
+    if not isinstance(items, list):
+        raise ProtocolError("schema", "'records' must be a list of trace-v1 objects")
+    if len(items) > MAX_RECORDS_PER_MESSAGE:
+        raise ProtocolError("schema", f"{len(items)} records in one message; at most "
+                            f"{MAX_RECORDS_PER_MESSAGE}")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError("schema", f"record {i}: expected an object, got "
+                                f"{type(item).__name__}")
+        try:
+            out.append(_check_limits(record_from_json(item)))
+        except (ValueError, TypeError) as exc:
+            raise ProtocolError("schema", f"record {i}: {exc}"[:500]) from None
+    return out
+
+
+# Column limits of the store (schema.py), checked here so that one client's bad record is
+# rejected at the door instead of failing a batch that also holds other clients' rows.
+_STR_LIMITS = {"source": 32, "name": 64, "request_id": 255, "host": 255}
+_INT_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+
+
+def _check_limits(record: Sample | Event) -> Sample | Event:
+    for key, value in zip(record._fields, record, strict=True):
+        if isinstance(value, int) and not isinstance(value, bool):
+            top = _INT32_MAX if key in ("device", "pid") else _INT_MAX
+            if value > top:
+                raise ValueError(f"'{key}' = {value} is too large (at most {top})")
+        limit = _STR_LIMITS.get(key)
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            raise ValueError(f"'{key}' is longer than {limit} characters")
+    if isinstance(record, Event) and record.data is not None:
+        json.dumps(record.data, allow_nan=False)  # stored as JSON text; must round-trip
+    return record
+
+
+def parse_postmortem(obj: dict[str, Any]) -> PostMortem:
+    body = obj.get("postmortem")
+    if not isinstance(body, dict):
+        raise ProtocolError("schema", "'postmortem' must be an object")
+    try:
+        pm = PostMortem.from_json(body)
+        json.dumps(pm.to_json(), allow_nan=False)  # what the store will write must serialize
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ProtocolError("schema", f"bad post-mortem: {exc}"[:500]) from None
+    ts = pm.ts_s
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise ProtocolError("schema", f"post-mortem 'ts_s' must be a finite number, got {ts!r}")
+    if not _is_index(pm.device):
+        raise ProtocolError("schema", f"post-mortem 'device' must be an index, got "
+                            f"{pm.device!r}")
+    if pm.pid is not None and not _is_index(pm.pid):
+        raise ProtocolError("schema", f"post-mortem 'pid' must be an integer, got {pm.pid!r}")
+    return pm._replace(ts_s=float(ts))
+
+
+def parse_dropped(obj: dict[str, Any]) -> int:
+    count = obj.get("count")
+    if not _is_index(count):
+        raise ProtocolError("schema", f"'count' must be an integer >= 0, got {count!r}")
+    return count
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _optional(obj: dict[str, Any], key: str, kind: type) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ProtocolError("schema", f"{key!r} must be {kind.__name__}, got {value!r}"[:300],
+                            fatal=True)
+    return value

@@ -1,0 +1,1 @@
+"""Sources the agent samples itself (the in-server sources live in ``hooks``)."""

@@ -1,0 +1,251 @@
+"""The one writer to the database: a bounded queue drained in batches by one thread.
+
+Every record the agent keeps — NVML samples, hook records from the socket, post-mortems — goes
+through :meth:`Writer.put`, which never blocks: when the queue is full the *oldest* record is
+dropped and counted (the newest data is the most useful during an incident). The writer thread
+commits a batch when ``batch_rows`` records are waiting or ``batch_interval_s`` has passed,
+whichever comes first. Other database work (process rows, agent stats, retention steps) is
+submitted as small tasks that run on the same thread, so SQLite only ever sees one writer.
+
+When the database is locked, full or unreachable the batch is kept and retried with backoff;
+the queue keeps filling (and dropping oldest), and the log gets one line when the trouble
+starts and one when it ends, never a line per attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import StoreError
+from agent.records import Event, PostMortem, Sample
+
+log = logging.getLogger("vramscope.writer")
+
+Task = Callable[[Any], None]  # called with the store, on the writer thread
+MAX_TASKS = 1000
+_TRANSIENT = ("OperationalError", "DatabaseError", "InterfaceError", "TimeoutError")
+
+
+@dataclass
+class WriterStats:
+    written_total: int = 0  # rows committed
+    dropped_total: int = 0  # records dropped: queue full, or a batch the DB refused for good
+    failed_attempts: int = 0  # commits that failed (transient), cumulative
+    batches_total: int = 0
+    tasks_failed: int = 0
+
+
+class Writer:
+    def __init__(self, store: Any, *, max_records: int = 100_000, batch_rows: int = 2000,
+                 batch_interval_s: float = 0.5,
+                 on_batch: Callable[[list[Sample], list[Event]], None] | None = None,
+                 max_backoff_s: float = 5.0) -> None:
+        if max_records < 1 or batch_rows < 1:
+            raise ValueError(f"max_records and batch_rows must be >= 1, got {max_records}, "
+                             f"{batch_rows}")
+        self.store = store
+        self.stats = WriterStats()
+        self._max = max_records
+        self._batch_rows = batch_rows
+        self._interval_s = batch_interval_s
+        self._on_batch = on_batch
+        self._max_backoff_s = max_backoff_s
+        self._queue: deque = deque()
+        self._tasks: deque = deque(maxlen=MAX_TASKS)
+        self._cond = threading.Condition()
+        self._pending: list | None = None  # a batch that failed and will be retried
+        self._failing_since: float | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- producers (any thread; never block) ----------------------------------------------
+    def put(self, record: Sample | Event | PostMortem) -> None:
+        with self._cond:
+            if len(self._queue) >= self._max:
+                self._queue.popleft()
+                self.stats.dropped_total += 1
+            self._queue.append(record)
+            if len(self._queue) == self._batch_rows:
+                self._cond.notify()
+
+    def put_many(self, records: Iterable[Sample | Event | PostMortem]) -> None:
+        with self._cond:
+            self._queue.extend(records)
+            excess = len(self._queue) - self._max
+            for _ in range(max(0, excess)):
+                self._queue.popleft()
+            self.stats.dropped_total += max(0, excess)
+            if len(self._queue) >= self._batch_rows:
+                self._cond.notify()
+
+    def submit(self, task: Task) -> None:
+        """Run ``task(store)`` on the writer thread, after the current batch."""
+        self._tasks.append(task)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue) + len(self._pending or ())
+
+    @property
+    def failing(self) -> bool:
+        return self._failing_since is not None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="vramscope-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Final flush: write everything queued (for up to ``timeout_s``), then stop."""
+        with self._cond:
+            self._stopping = True
+            self._stop_deadline = time.monotonic() + timeout_s
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s + 1.0)
+        else:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write everything queued and run the tasks, on the calling thread (tests, stop)."""
+        while self.run_once():
+            pass
+        self._run_tasks()
+
+    # --- the writer thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            self._wait_for_batch()
+            self.run_once()
+            self._run_tasks()
+            if self._failing_since is not None:
+                self._sleep_backoff()
+            if self._stopping and (self._drained() or self._past_deadline()):
+                break
+        self._give_up_if_stuck()
+
+    def _wait_for_batch(self) -> None:
+        deadline = time.monotonic() + self._interval_s
+        with self._cond:
+            while len(self._queue) < self._batch_rows and not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+
+    def run_once(self) -> bool:
+        """Commit one batch (the pending one first). True if a batch was committed."""
+        batch = self._pending if self._pending is not None else self._take()
+        if not batch:
+            return False
+        self._pending = batch
+        try:
+            self._commit(batch)
+        except Exception as exc:  # noqa: BLE001 - the DB's failures must not kill the writer
+            return self._failed(batch, exc)
+        self._pending = None
+        self._recovered()
+        return True
+
+    def _take(self) -> list:
+        with self._cond:
+            n = min(self._batch_rows, len(self._queue))
+            return [self._queue.popleft() for _ in range(n)]
+
+    def _commit(self, batch: list) -> None:
+        """Write ``batch``; what got committed is removed from it, so a retry never repeats it."""
+        samples = [r for r in batch if isinstance(r, Sample)]
+        events = [r for r in batch if isinstance(r, Event)]
+        if samples or events:
+            self.store.write(samples, events)
+            self.stats.written_total += len(samples) + len(events)
+            batch[:] = [r for r in batch if isinstance(r, PostMortem)]
+            self._notify_batch(samples, events)
+        while batch:
+            self.store.write_postmortem(batch[0])
+            batch.pop(0)
+            self.stats.written_total += 1
+        self.stats.batches_total += 1
+
+    def _notify_batch(self, samples: list[Sample], events: list[Event]) -> None:
+        if self._on_batch is None:
+            return
+        try:
+            self._on_batch(samples, events)
+        except Exception:  # noqa: BLE001 - analysis must never stop the writer
+            log.exception("the batch callback (alert engine) failed; continuing")
+
+    def _failed(self, batch: list, exc: Exception) -> bool:
+        if not _is_transient(exc):
+            self._pending = None
+            self.stats.dropped_total += len(batch)
+            log.error("the database refused a batch of %d records for good (%s); dropped it",
+                      len(batch), _short(exc))
+            return True
+        self.stats.failed_attempts += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            self._failures_at_start = self.stats.failed_attempts - 1
+            self._drops_at_start = self.stats.dropped_total
+            log.warning("cannot write to the database (%s); sampling continues, %d records "
+                        "wait in a bounded queue (oldest dropped beyond %d), retrying",
+                        _short(exc), self.queue_depth, self._max)
+        return False
+
+    def _recovered(self) -> None:
+        if self._failing_since is None:
+            return
+        log.warning("database writable again after %.1f s and %d failed attempts; %d records "
+                    "were dropped meanwhile", time.monotonic() - self._failing_since,
+                    self.stats.failed_attempts - self._failures_at_start,
+                    self.stats.dropped_total - self._drops_at_start)
+        self._failing_since = None
+
+    def _sleep_backoff(self) -> None:
+        attempts = self.stats.failed_attempts - self._failures_at_start
+        delay = min(self._max_backoff_s, 0.1 * 2 ** min(attempts, 10))
+        with self._cond:
+            if not self._stopping:
+                self._cond.wait(delay)
+            elif not self._past_deadline():
+                self._cond.wait(min(delay, 0.2))
+
+    def _drained(self) -> bool:
+        return self._pending is None and not self._queue
+
+    def _past_deadline(self) -> bool:
+        return time.monotonic() >= getattr(self, "_stop_deadline", float("inf"))
+
+    def _give_up_if_stuck(self) -> None:
+        lost = self.queue_depth
+        if lost:
+            self.stats.dropped_total += lost
+            log.error("stopping with %d records unwritten: the database stayed unavailable",
+                      lost)
+
+    def _run_tasks(self) -> None:
+        while self._tasks:
+            task = self._tasks.popleft()
+            try:
+                task(self.store)
+            except Exception as exc:  # noqa: BLE001 - a failed task is retried by its owner
+                self.stats.tasks_failed += 1
+                log.debug("database task %r failed: %s", task, _short(exc))
+
+
+def _is_transient(exc: Exception) -> bool:
+    """Locked, full, unreachable: worth retrying. Anything else would fail again."""
+    cause = exc.__cause__ if isinstance(exc, StoreError) and exc.__cause__ else exc
+    names = {c.__name__ for c in type(cause).__mro__}
+    return bool(names & set(_TRANSIENT)) or isinstance(cause, OSError)
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]

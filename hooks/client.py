@@ -1,0 +1,250 @@
+"""The in-server client: ships records to the agent's socket without ever harming the server.
+
+``put`` is an O(1) append to a bounded deque under a lock that no I/O ever holds; when the
+buffer is full the oldest record is dropped and counted. A daemon thread drains the buffer in
+batches to the agent (protocol v1, ``agent.ingest.protocol``). When the agent is absent, slow
+(a send that does not finish in ``send_timeout_s``) or restarting, the thread drops what it
+cannot send, counts it, and reconnects with exponential backoff; the server thread never waits
+and never sees an exception. After reconnecting it sends a ``dropped`` message with the count
+the agent missed, and logs one line (one when the agent goes away, one when it comes back).
+
+Memory is bounded by ``buffer_records`` records plus one batch in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+from agent.ingest import protocol as proto
+from agent.records import PostMortem
+
+log = logging.getLogger("vramscope.client")
+
+
+class SocketSink:
+    """A ``RecordSink`` to the agent's Unix socket."""
+
+    def __init__(self, socket_path: str, *, buffer_records: int = 10_000,
+                 batch_records: int = 256, process: str | None = None,
+                 devices: tuple[int, ...] = (), model: str | None = None,
+                 max_message_bytes: int = proto.DEFAULT_MAX_MESSAGE_BYTES,
+                 connect_timeout_s: float = 1.0, send_timeout_s: float = 1.0,
+                 poll_s: float = 0.05, max_backoff_s: float = 5.0, start: bool = True) -> None:
+        if buffer_records < 1 or batch_records < 1:
+            raise ValueError(f"buffer_records and batch_records must be >= 1, got "
+                             f"{buffer_records}, {batch_records}")
+        self.socket_path = socket_path
+        self.buffer_records = buffer_records
+        self.dropped_total = 0  # records that never reached the agent
+        self.sent_total = 0
+        self.connects = 0
+        self._reported = 0  # dropped_total already reported to the agent
+        self._buf: deque = deque()
+        self._lock = threading.Lock()
+        self._batch = batch_records
+        self._hello = proto.hello(os.getpid(), process or _process_name(), devices, model)
+        self._max_bytes = max_message_bytes
+        self._connect_timeout_s = connect_timeout_s
+        self._send_timeout_s = send_timeout_s
+        self._poll_s = poll_s
+        self._max_backoff_s = max_backoff_s
+        self._sock: socket.socket | None = None
+        self._away_logged = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
+        if start:
+            self._thread.start()
+
+    # --- the server's side: never blocks, never raises ------------------------------------
+    def put(self, record: Any) -> None:
+        try:
+            with self._lock:
+                if len(self._buf) >= self.buffer_records:
+                    self._buf.popleft()
+                    self.dropped_total += 1
+                self._buf.append(record)
+        except Exception:  # noqa: BLE001 - nothing may reach the server's thread
+            pass
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop the thread after one last quick drain (at most ``timeout_s``)."""
+        self._closed.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    # --- the drain thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        backoff_s = 0.05
+        while True:
+            closing = self._closed.is_set()
+            if self._sock is None and not self._connect():
+                if closing:
+                    return
+                self._closed.wait(backoff_s)
+                backoff_s = min(self._max_backoff_s, backoff_s * 2)
+                continue
+            backoff_s = 0.05
+            sent_any = self._drain_once()
+            if closing and (not sent_any or self._sock is None):
+                self._disconnect()
+                return
+            if not sent_any:
+                self._closed.wait(self._poll_s)
+
+    def _drain_once(self) -> bool:
+        """Send one batch (and the drop report, when due). True if something was sent."""
+        if self.dropped_total > self._reported:
+            count = self.dropped_total
+            if self._send(proto.dropped_message(count - self._reported)):
+                self._reported = count
+        batch = self._take()
+        if not batch:
+            return False
+        frames = self._frames(batch)
+        for i, (data, count) in enumerate(frames):
+            if not self._send(data):
+                self._add_dropped(sum(c for _, c in frames[i:]))
+                return False
+            self.sent_total += count
+        return True
+
+    def _add_dropped(self, n: int) -> None:
+        with self._lock:
+            self.dropped_total += n
+
+    def _take(self) -> list:
+        with self._lock:
+            n = min(self._batch, len(self._buf))
+            return [self._buf.popleft() for _ in range(n)]
+
+    def _frames(self, batch: list) -> list[tuple[bytes, int]]:
+        """Encode a batch as (frame, records in it): records together, post-mortems alone."""
+        records = [r for r in batch if not isinstance(r, PostMortem)]
+        frames: list[tuple[bytes, int]] = []
+        if records:
+            frames += self._encode(records)
+        for pm in (r for r in batch if isinstance(r, PostMortem)):
+            frames += self._encode_one(proto.postmortem_message, pm, 1)
+        return frames
+
+    def _encode(self, records: list) -> list[tuple[bytes, int]]:
+        out = self._encode_one(proto.records_message, records, len(records))
+        if out or len(records) == 1:
+            return out
+        half = len(records) // 2  # too big for one message: split until it fits
+        return self._encode(records[:half]) + self._encode(records[half:])
+
+    def _encode_one(self, make, payload: Any, count: int) -> list[tuple[bytes, int]]:
+        try:
+            data = make(payload)
+        except (TypeError, ValueError, AttributeError):
+            self._add_dropped(count)  # not encodable: a bug upstream, never the server's
+            return []
+        if len(data) - proto.HEADER_BYTES > self._max_bytes:
+            if count == 1:
+                self._add_dropped(1)
+            return []
+        return [(data, count)]
+
+    # --- connection -----------------------------------------------------------------------
+    def _connect(self) -> bool:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._connect_timeout_s)
+        try:
+            sock.connect(self.socket_path)
+            sock.sendall(self._hello)
+            reply = _read_frame(sock, self._max_bytes)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            return self._note_away(f"{exc.__class__.__name__}: {exc}")
+        if reply.get("type") != "welcome":
+            sock.close()
+            return self._note_away(f"refused: {reply.get('message', reply)}")
+        sock.settimeout(self._send_timeout_s)
+        self._sock = sock
+        self.connects += 1
+        if self._away_logged:
+            log.warning("vramscope agent at %s is back; %d records were dropped meanwhile",
+                        self.socket_path, self.dropped_total - self._reported)
+            self._away_logged = False
+        return True
+
+    def _note_away(self, why: str) -> bool:
+        if not self._away_logged:
+            log.warning("vramscope agent not reachable at %s (%s); records are dropped and "
+                        "counted until it is", self.socket_path, why)
+            self._away_logged = True
+        return False
+
+    def _send(self, data: bytes) -> bool:
+        if self._sock is None:
+            return False
+        try:
+            self._sock.sendall(data)
+            return True
+        except OSError as exc:  # includes the timeout of a stopped or slow agent
+            self._disconnect()
+            self._note_away(f"send failed: {exc}")
+            return False
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+
+def _read_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
+    header = _recv_exact(sock, proto.HEADER_BYTES)
+    (length,) = proto.HEADER.unpack(header)
+    if length > max_bytes:
+        raise ValueError(f"reply of {length} bytes is too large")
+    obj = json.loads(_recv_exact(sock, length))
+    if not isinstance(obj, dict):
+        raise ValueError("reply is not a JSON object")
+    return obj
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(left)
+        if not chunk:
+            raise ConnectionError("the agent closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _process_name() -> str:
+    try:
+        with open("/proc/self/comm", encoding="utf-8") as fh:
+            comm = fh.read().strip()
+    except OSError:
+        comm = ""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return f"{comm} {script}".strip()[:255] or "python"
+
+
+def make_default_sink(config: Any, *, process: str | None = None, devices: tuple[int, ...] = (),
+                      model: str | None = None) -> SocketSink:
+    """The sink ``vramscope.install()`` uses: the socket client, configured from ``config``."""
+    return SocketSink(config["agent.socket_path"], buffer_records=config["hooks.buffer_records"],
+                      max_message_bytes=config["agent.max_message_bytes"], process=process,
+                      devices=devices, model=model)
