@@ -91,7 +91,8 @@ class _Facts:
         self.phase = pm.phase if pm is not None else (last.phase if last else Phase.UNKNOWN)
         self.failed = pm.failed_alloc_bytes if pm is not None else None
         self.driver_free = pm.driver_free_bytes if pm is not None else None
-        self.total = pick("device_total_bytes", "device_total_bytes")
+        self.total = pick("device_total_bytes", "device_total_bytes") or next(
+            (s.device_total_bytes for s in reversed(before) if s.device_total_bytes), None)
         self.allocated = pick("allocated_bytes", "allocated_bytes")
         self.reserved = pick("reserved_bytes", "reserved_bytes")
         self.largest_free = pick("largest_free_block_bytes", "largest_free_block_bytes")

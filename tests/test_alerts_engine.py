@@ -1,0 +1,86 @@
+"""The alert engine on scripted records: for, clear, clear_for, devices, OOMs, identity."""
+
+from agent.alert_rules import Rule
+from agent.alerts import AlertChange, AlertEngine
+from agent.analysis.report import analyze_records
+from agent.config import parse_config
+from agent.records import Event, Phase, Sample
+
+
+def S(ts, reserved, device=0):
+    return Sample(float(ts), device, Phase.DECODE, "t", reserved_bytes=reserved)
+
+
+RULE = Rule("reserved_high", "reserved_bytes", ">", 100, for_s=10, clear=80, clear_for_s=5,
+            severity="critical", labels={"team": "a"}, message="reserved high")
+
+
+def changes(engine, records):
+    return [(c.kind, c.rule, c.device, c.ts_s, c.value) for c in engine.feed(records)]
+
+
+def test_for_clear_and_clear_for():
+    e = AlertEngine([RULE])
+    values = {0: 50, 1: 120, 5: 90, 6: 130, 15: 130, 16: 130, 20: 90, 22: 70, 26: 75, 27: 60}
+    got = changes(e, [S(t, v) for t, v in values.items()])
+    # breach at 1, broken at 5 (90 is not > 100); breach again at 6, held 10 s -> fires at 16.
+    # 90 at 20 is inside the band (not <= 80); 70 at 22 starts clearing; held 5 s -> 27
+    assert got == [("fired", "reserved_high", 0, 16.0, 130), ("resolved", "reserved_high", 0,
+                                                              27.0, 60)]
+
+
+def test_change_records_carry_the_rule():
+    e = AlertEngine([RULE.__class__("r", "reserved_bytes", ">", 1, severity="info",
+                                    labels={"k": "v"}, message="m")])
+    [c] = e.feed([Sample(5.0, 2, reserved_bytes=3, host="h1")])
+    assert c == AlertChange("fired", "r", "info", 2, 5.0, 3, "m (value 3)", {"k": "v"}, 5.0, "h1")
+    assert c.to_json() == {"format": "vramscope.alert/1", "kind": "fired", "rule": "r",
+                           "severity": "info", "device": 2, "host": "h1", "ts": 5.0,
+                           "fired_ts": 5.0, "value": 3, "message": "m (value 3)",
+                           "labels": {"k": "v"}}
+
+
+def test_rules_are_per_device_and_a_device_filter_applies():
+    only1 = Rule("only1", "reserved_bytes", ">", 10, device=1)
+    e = AlertEngine([only1, Rule("any", "reserved_bytes", ">", 10)])
+    got = changes(e, [S(0, 20, device=0), S(1, 20, device=1)])
+    assert got == [("fired", "any", 0, 0.0, 20), ("fired", "only1", 1, 1.0, 20),
+                   ("fired", "any", 1, 1.0, 20)]
+    assert sorted(e.active()) == [("any", 0, 0.0), ("any", 1, 1.0), ("only1", 1, 1.0)]
+
+
+def test_incremental_feeding_equals_one_batch():
+    rule = Rule("r", "reserved_bytes", ">", 100, clear=70, clear_for_s=2)
+    records = [S(t, 50 + 10 * (t % 9)) for t in range(60)]
+    whole = AlertEngine([rule]).feed(records)
+    e = AlertEngine([rule])
+    parts = [c for i in range(0, 60, 7) for c in e.feed(records[i:i + 7])]
+    assert parts == whole
+    # fires at 6 (110), 15, ...; cleared (<= 70) from 9 on, held 2 s: resolves at 11, 20, ...
+    assert [(c.kind, c.ts_s) for c in whole[:4]] == [("fired", 6.0), ("resolved", 11.0),
+                                                      ("fired", 15.0), ("resolved", 20.0)]
+
+
+def test_an_oom_event_fires_the_builtin_oom_alert_for_five_minutes():
+    e = AlertEngine.from_config(None)
+    recs = [Sample(0.0, 0, allocated_bytes=1), Event(10.0, "oom", data={"message": "x"}),
+            Sample(200.0, 0, allocated_bytes=1), Sample(311.0, 0, allocated_bytes=1)]
+    got = [(c.kind, c.rule, c.ts_s) for c in e.feed(recs)]
+    assert got == [("fired", "oom", 10.0), ("resolved", "oom", 311.0)]
+
+
+def test_a_rise_of_num_ooms_counts_as_an_oom_once():
+    e = AlertEngine.from_config(None)
+    recs = [Sample(0.0, 0, num_ooms=0), Event(5.0, "oom"), Sample(5.2, 0, num_ooms=1)]
+    e.feed(recs)
+    assert e.devices[0].oom_ts_s == [5.0]
+
+
+def test_user_rules_from_the_config_run_in_analyze_too():
+    cfg = parse_config({"alerts": {"rules": [
+        {"name": "big", "metric": "allocated_bytes", "threshold": 5, "severity": "critical"}]}},
+        None, {})
+    samples = [Sample(float(t), 0, allocated_bytes=t) for t in range(10)]
+    doc = analyze_records(samples, [], cfg)
+    assert doc["alerts"] == [{"rule": "big", "severity": "critical", "device": 0,
+                              "fired_ts": 6.0, "resolved_ts": None}]

@@ -1,0 +1,118 @@
+"""The causal OOM-risk model on literal samples."""
+
+import pytest
+
+from agent.analysis.risk import RiskModel, risk_timeline
+from agent.analysis.thresholds import Thresholds
+from agent.records import Phase, Sample
+
+P, D = Phase.PREFILL, Phase.DECODE
+LIMIT = 1000
+
+
+def S(ts, phase=D, alloc=None, **kw):
+    kw.setdefault("device_total_bytes", LIMIT)
+    return Sample(float(ts), 0, phase, "t", allocated_bytes=alloc, **kw)
+
+
+def levels(samples, thresholds=None):
+    m = RiskModel(thresholds or Thresholds())
+    return [(p.level, p.headroom_bytes, round(p.headroom_ratio, 6), p.reasons)
+            for s in samples if (p := m.update(s)) is not None]
+
+
+def test_headroom_after_the_largest_prefill_spike():
+    # decode 900; a prefill to 960 is a 60-byte spike; back at 900 the projection is 960:
+    # 4 % left -> warning (under 5 %); a prefill to 985 -> 1.5 % -> critical (under 2 %)
+    got = levels([S(0, D, 900), S(1, P, 960), S(2, D, 900), S(3, P, 985), S(4, D, 900)])
+    assert got == [
+        ("ok", 100, 0.1, ()),
+        ("warning", 40, 0.04, ("headroom",)),
+        ("warning", 100, 0.04, ("headroom",)),
+        ("critical", 15, 0.015, ("headroom",)),
+        ("critical", 100, 0.015, ("headroom",)),
+    ]
+
+
+def test_memory_outside_the_allocator_counts_against_the_limit():
+    # device used 950 - reserved 900 = 50 bytes of context: demand 900 + 50
+    got = levels([S(0, D, 900, reserved_bytes=900, device_used_bytes=950)])
+    assert got == [("ok", 50, 0.05, ())]  # exactly 5 % is not under 5 %
+    assert levels([S(0, D, 901, reserved_bytes=900, device_used_bytes=950)])[0][0] == "warning"
+
+
+def test_no_limit_means_no_verdict():
+    m = RiskModel()
+    p = m.update(Sample(0.0, 0, D, allocated_bytes=10))
+    assert (p.level, p.headroom_bytes, p.headroom_ratio, p.time_to_oom_s) == ("ok", None, None,
+                                                                               None)
+
+
+def test_time_to_oom_from_the_trend_of_the_peaks():
+    # allocated = 500 + t on a 10,000-byte limit: 60 s peaks 559, 619, ... slope exactly 1 B/s.
+    # At t=600 the 10th window closes: level max(1100, 559 + 600) = 1159 -> 8841 s to OOM.
+    m = RiskModel()
+    points = [m.update(S(t, D, 500 + t, device_total_bytes=10_000)) for t in range(601)]
+    assert all(p.time_to_oom_s is None for p in points[:600])
+    last = points[600]
+    assert (last.time_to_oom_s, last.time_to_oom_low_s, last.time_to_oom_high_s) == (
+        8841.0, 8841.0, 8841.0)
+    assert last.level == "ok"
+
+
+def test_a_short_time_to_oom_warns_and_then_goes_critical():
+    t = Thresholds(time_to_oom_warning_s=9000.0, time_to_oom_critical_s=8841.5)
+    m = RiskModel(t)
+    for ts in range(600):
+        m.update(S(ts, D, 500 + ts, device_total_bytes=10_000))
+    p = m.update(S(600, D, 1100, device_total_bytes=10_000))
+    assert (p.level, p.reasons) == ("critical", ("trend",))
+
+
+def test_flat_peaks_give_no_forecast():
+    m = RiskModel()
+    points = [m.update(S(t, D, 500 + (t % 7), device_total_bytes=10_000)) for t in range(900)]
+    assert points[-1].time_to_oom_s is None
+
+
+def test_rising_alloc_retries_warn():
+    got = levels([S(0, D, 100, num_alloc_retries=0), S(30, D, 100, num_alloc_retries=2),
+                  S(95, D, 100, num_alloc_retries=2)])
+    # retries rose within 60 s at t=30; at t=95 the window [35, 95] holds no rise
+    assert [g[0] for g in got] == ["ok", "warning", "ok"]
+    assert got[1][3] == ("alloc_retries",)
+
+
+def test_fragmentation_leaves_no_room_for_the_largest_request():
+    # largest request 100 (a prefill spike); reserved 850 of 1000, largest free block 40:
+    # contiguous room 150 + 40 = 190 < 2 x 100 with external fragmentation 1 - 40/250 > 0.5
+    base = dict(reserved_bytes=850, largest_free_block_bytes=40)
+    got = levels([S(0, D, 600, **base), S(1, P, 700, **base), S(2, D, 600, **base)])
+    assert got[2][0] == "warning"
+    assert got[2][3] == ("fragmentation",)
+    # with retries and room below one request: critical
+    crit = dict(reserved_bytes=950, largest_free_block_bytes=40)
+    got = levels([S(0, D, 600, num_alloc_retries=0, **crit), S(1, P, 700, **crit),
+                  S(2, D, 600, num_alloc_retries=1, **crit)])
+    assert got[2][0] == "critical"
+    assert set(got[2][3]) >= {"alloc_retries", "fragmentation"}
+
+
+def test_risk_timeline_is_per_device_and_causal():
+    samples = [Sample(0.0, 0, D, allocated_bytes=10, device_total_bytes=100),
+               Sample(0.5, 1, D, allocated_bytes=99, device_total_bytes=100),
+               Sample(1.0, 0, D, allocated_bytes=99)]
+    tl = risk_timeline(samples)
+    assert [(p.ts_s, p.device, p.level) for p in tl] == [
+        (0.0, 0, "ok"), (0.5, 1, "critical"), (1.0, 0, "critical")]
+    # causal: the prefix gives the same points as the whole
+    assert risk_timeline(samples[:2]) == tl[:2]
+
+
+@pytest.mark.parametrize("config, level", [
+    ({"alerts.headroom_warning_ratio": 0.2, "alerts.headroom_critical_ratio": 0.01}, "warning"),
+    ({"alerts.headroom_warning_ratio": 0.1, "alerts.headroom_critical_ratio": 0.01}, "ok"),
+])
+def test_thresholds_come_from_the_config(config, level):
+    tl = risk_timeline([S(0, D, 850)], config=config)
+    assert tl[0].level == level
