@@ -116,8 +116,8 @@ def risk_view(store: Store, config, device: int, host: str | None, start: float,
                           ("reserved_bytes", "device_used_bytes", "device_total_bytes"), host=host)
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
-    forecast, method = _forecast(store, config, device, host, start, end)
-    warnings = _warnings(store, device, host, start, end)
+    forecast, rises, method = _forecast(store, config, device, host, start, end)
+    warnings = sorted(_warnings(store, device, host, start, end) + rises, key=lambda w: w["ts"])
     levels = {"warning": config["alerts.headroom_warning_ratio"],
               "critical": config["alerts.headroom_critical_ratio"]}
     return {"figure": figures.risk_figure(headroom, forecast, warnings, limit, levels),
@@ -137,25 +137,50 @@ def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
 
 
 def _forecast(store: Store, config, device: int, host: str | None, start: float, end: float):
+    """The risk model's forecast (downsampled) and the moments its level rose."""
     try:
         from agent.analysis.risk import risk_timeline
     except ImportError:
-        return None, "unavailable (the risk model is not in this build)"
+        return None, [], "unavailable (the risk model is not in this build)"
     samples, events = _raw_records(store, device, host, start, end)
     if samples is None:
-        return None, f"zoom in: the forecast needs at most {RAW_SAMPLE_LIMIT} samples"
-    points = risk_timeline(samples, events, config)
-    return _forecast_series(points), "risk model"
+        return None, [], f"zoom in: the forecast needs at most {RAW_SAMPLE_LIMIT} samples"
+    points = [p for p in risk_timeline(samples, events, config) if p.device == device]
+    return _forecast_series(points, start, end), _level_rises(points), "risk model (causal)"
 
 
-def _forecast_series(points) -> dict[str, list]:
-    out: dict[str, list] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
+def _forecast_series(points, start: float, end: float, buckets: int = 2000) -> dict[str, list]:
+    """At most ``buckets`` points: in each time bucket the most pessimistic forecast."""
+    width = (end - start) / buckets
+    best: dict[int, Any] = {}
     for p in points:
-        get = p.get if isinstance(p, dict) else lambda k, _p=p: getattr(_p, k, None)
-        out["ts"].append(get("ts_s"))
-        out["time_to_oom_s"].append(get("time_to_oom_s"))
-        out["low_s"].append(get("time_to_oom_low_s"))
-        out["high_s"].append(get("time_to_oom_high_s"))
+        b = min(buckets - 1, max(0, int((p.ts_s - start) / width)))
+        kept = best.get(b)
+        if kept is None or _soonest(p) < _soonest(kept):
+            best[b] = p
+    out: dict[str, list] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
+    for b in sorted(best):
+        p = best[b]
+        out["ts"].append(p.ts_s)
+        out["time_to_oom_s"].append(p.time_to_oom_s)
+        out["low_s"].append(p.time_to_oom_low_s)
+        out["high_s"].append(p.time_to_oom_high_s)
+    return out
+
+
+def _soonest(p) -> float:
+    return math.inf if p.time_to_oom_s is None else p.time_to_oom_s
+
+
+def _level_rises(points) -> list[dict[str, Any]]:
+    """When the causal model's level went up: when each warning would have fired."""
+    rank = {"ok": 0, "warning": 1, "critical": 2}
+    out, previous = [], "ok"
+    for p in points:
+        if rank.get(p.level, 0) > rank.get(previous, 0):
+            out.append({"ts": p.ts_s, "severity": p.level, "rule": "risk model",
+                        "label": f"risk model: {p.level} ({', '.join(p.reasons) or 'headroom'})"})
+        previous = p.level
     return out
 
 
@@ -167,7 +192,7 @@ def _warnings(store: Store, device: int, host: str | None, start: float,
         if a["device"] == device and start <= a["fired_ts_s"] <= end:
             out.append({"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
                         "label": f"{a['rule']}: {a['message'] or ''}"[:300]})
-    return sorted(out, key=lambda w: w["ts"])
+    return out
 
 
 # --- capacity --------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def create_app(config: Config | None = None, store: Store | None = None, *,
 def _init_extensions(app: Flask, config: Config) -> None:
     from dashboard import api, errors, metrics, pages, security
 
-    security.init_app(app, config["dashboard.token"])
+    security.init_app(app, config["dashboard.token"], plotly_js_path())
     errors.init_app(app)
     metrics.init_app(app)
     app.register_blueprint(pages.bp)

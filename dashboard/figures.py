@@ -33,7 +33,7 @@ def gib(values: list[int | None]) -> list[float | None]:
 def _layout(**extra: Any) -> dict[str, Any]:
     base = {"font": FONT, "margin": {"l": 64, "r": 24, "t": 32, "b": 40},
             "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "hovermode": "x unified",
-            "legend": {"orientation": "h", "y": 1.06, "x": 0}}
+            "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}}
     base.update(extra)
     return base
 
@@ -138,30 +138,50 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
              "xaxis": "x", "yaxis": "y4"} for label, (xs, texts) in groups.items()]
 
 
-def phase_shapes(bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Prefill and decode as shaded bands behind the memory and fragmentation plots."""
-    return [{"type": "rect", "xref": "x", "yref": "paper", "x0": ms(b["start"]),
-             "x1": ms(b["end"]), "y0": 0.30, "y1": 1.0, "fillcolor": COLORS[b["phase"]],
-             "line": {"width": 0}, "layer": "below"} for b in bands if b["phase"] != "idle"]
+def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]:
+    """Prefill and decode as shaded bands behind the memory curves: one filled trace per phase
+    (rectangles separated by gaps), far cheaper for the browser than hundreds of shapes."""
+    out = []
+    for phase in ("prefill", "decode"):
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for b in bands:
+            if b["phase"] == phase:
+                x0, x1 = ms(b["start"]), ms(b["end"])
+                xs += [x0, x0, x1, x1, None]
+                ys += [0, top, top, 0, None]
+        if xs:
+            out.append({"type": "scatter", "mode": "none", "name": phase, "x": xs, "y": ys,
+                        "fill": "toself", "fillcolor": COLORS[phase], "hoverinfo": "skip",
+                        "xaxis": "x", "yaxis": "y"})
+    return out
+
+
+def _memory_top_gib(s: dict[str, dict[str, list]]) -> float:
+    keys = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes")
+    top = max((max(s[k]["max"]) for k in keys if k in s), default=GIB)
+    return top * 1.04 / GIB
 
 
 def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
     """Memory, fragmentation, KV pool and event lanes on one linked time axis."""
     s = doc["series"]
-    data = (_memory_traces(s) + _fragmentation_traces(s) + _kv_traces(s)
-            + _marker_traces(doc))
+    top = _memory_top_gib(s)
+    data = (band_traces(doc["phases"], top) + _memory_traces(s) + _fragmentation_traces(s)
+            + _kv_traces(s) + _marker_traces(doc))
     layout = _layout(
-        height=820, showlegend=True, hovermode="x",
-        shapes=phase_shapes(doc["phases"]),
+        height=820, showlegend=True, hovermode="x", margin={"l": 64, "r": 24, "t": 24, "b": 40},
+        legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top"},
         xaxis={"type": "date", "range": [ms(doc["start"]), ms(doc["end"])],
                "anchor": "y4", "showspikes": True},
-        yaxis={"domain": [0.56, 1.0], "title": {"text": "memory (GiB)"}, "rangemode": "tozero"},
+        yaxis={"domain": [0.56, 1.0], "title": {"text": "memory (GiB)"}, "range": [0, top]},
         yaxis2={"domain": [0.36, 0.52], "title": {"text": "fragmentation"},
                 "range": [0, 1.02]},
         yaxis3={"domain": [0.14, 0.32], "title": {"text": "KV blocks"}, "rangemode": "tozero"},
-        yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True},
+        yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True,
+                "automargin": True},
         yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens"},
-                "rangemode": "tozero", "showgrid": False},
+                "rangemode": "tozero", "showgrid": False, "automargin": True},
         meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
               "events_truncated": doc["events_truncated"]})
     return {"data": data, "layout": layout}
@@ -204,6 +224,7 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
             data.append({"type": "scatter", "mode": "markers", "name": f"{level} fired",
                          "x": [ms(w["ts"]) for w in mine], "y": [0] * len(mine),
                          "text": [w["label"] for w in mine], "hovertemplate": "%{text}",
+                         "cliponaxis": False,
                          "marker": {"symbol": "triangle-up", "size": 12,
                                     "color": COLORS[level]}})
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
@@ -214,7 +235,7 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
         height=420, shapes=shapes, xaxis={"type": "date"},
         yaxis={"title": {"text": "headroom (GiB)"}, "rangemode": "tozero"},
         yaxis2={"title": {"text": "time to OOM (h)"}, "overlaying": "y", "side": "right",
-                "rangemode": "tozero", "showgrid": False})}
+                "rangemode": "tozero", "showgrid": False, "automargin": True})}
 
 
 def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:

@@ -11,29 +11,54 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import re
 
 from flask import Flask, Response, redirect, request
 
 from agent.errors import ConfigError
 
 TOKEN_COOKIE = "vramscope_token"
+log = logging.getLogger("vramscope.dashboard")
 
-# Plotly draws SVG and sets some element styles through the ``style`` attribute, which CSP
-# treats as inline style; that is the one exception to ``default-src 'self'`` (docs/dashboard.md).
-# No inline or remote script, no eval: scripts come only from /static.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
-    "frame-ancestors 'none'"
+# Plotly injects two <style> elements (modebar and hover CSS). For the bundles whose injected CSS
+# we know, CSP allows exactly those by hash, and no other inline style; for an unknown bundle the
+# one documented exception is ``style-src 'unsafe-inline'`` (docs/dashboard.md). Scripts come only
+# from this origin: no inline script, no eval (only SVG traces are used, never WebGL).
+PLOTLY_STYLE_HASHES: dict[str, tuple[str, ...]] = {
+    "4.1.1": ("'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='",  # the empty <style>
+              "'sha256-ji27qzEtxXZW+7dun6UwjHXJ18e6WAin1VvNtkzIE/o='"),
+}
+_CSP_TEMPLATE = (
+    "default-src 'self'; script-src 'self'; style-src 'self' {styles}; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cross-Origin-Opener-Policy": "same-origin",
-}
+
+def plotly_bundle_version(path) -> str | None:
+    """The version in the bundle's banner (``* plotly.js v4.1.1``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(200).decode("ascii", "replace")
+    except OSError:
+        return None
+    match = re.search(r"plotly\.js v(\d+\.\d+\.\d+)", head)
+    return match.group(1) if match else None
+
+
+def content_security_policy(plotly_version: str | None) -> str:
+    hashes = PLOTLY_STYLE_HASHES.get(plotly_version or "")
+    if hashes is None:
+        log.warning("plotly.js %s: its injected CSS is not known to vramscope; allowing inline "
+                    "styles (style-src 'unsafe-inline')", plotly_version)
+        return _CSP_TEMPLATE.format(styles="'unsafe-inline'")
+    return _CSP_TEMPLATE.format(styles=" ".join(hashes))
+
+
+def security_headers(csp: str) -> dict[str, str]:
+    return {"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff",
+            "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+            "Cross-Origin-Opener-Policy": "same-origin"}
 
 
 def is_loopback(host: str) -> bool:
@@ -66,12 +91,13 @@ def _bearer(header: str | None) -> str | None:
     return None
 
 
-def init_app(app: Flask, token: str) -> None:
+def init_app(app: Flask, token: str, plotly_js) -> None:
     """Install the token check (when ``token`` is set) and the security headers."""
+    headers = security_headers(content_security_policy(plotly_bundle_version(plotly_js)))
 
     @app.after_request
     def _headers(response: Response) -> Response:
-        for name, value in SECURITY_HEADERS.items():
+        for name, value in headers.items():
             response.headers.setdefault(name, value)
         if request.path.startswith("/api/"):
             response.headers.setdefault("Cache-Control", "no-store")

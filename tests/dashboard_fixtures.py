@@ -154,3 +154,22 @@ def seed(db_path: Path, with_snapshot: bool = True) -> Seeded:
     store.write_agent_stats(NOW_S - 1, clients=2, rows_per_s=2.5, queue_depth=3,
                             dropped_total=7, rejected_total=1, db_size_bytes=12_345_678)
     return Seeded(url, store, FakeClock(NOW_S), snap, pm_id, active)
+
+
+class ServedApp:
+    """A Flask app served by waitress on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        from waitress.server import create_server
+
+        self.server = create_server(app, host="127.0.0.1", port=0, threads=4)
+        self.port = self.server.effective_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.run, name="dashboard-test-server",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.close()

@@ -1,0 +1,78 @@
+"""``vramscope dashboard [--db URL] [--host 127.0.0.1] [--port 8321] [--config PATH]``.
+
+Serves the Flask dashboard with waitress. Loopback by default; any other address needs
+``dashboard.token`` (checked before the socket is opened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+
+from agent.errors import UsageError
+
+log = logging.getLogger("vramscope.dashboard")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="serve the web dashboard (Flask + Plotly, /api/v1, "
+                                         "/metrics)")
+    p.add_argument("--db", metavar="URL", dest="db_url",
+                   help="database URL (default: database.url from the config)")
+    p.add_argument("--host", help="address to bind (default: dashboard.host, 127.0.0.1); "
+                                  "anything but loopback requires dashboard.token")
+    p.add_argument("--port", type=int, help="port (default: dashboard.port, 8321)")
+    p.add_argument("--config", metavar="PATH", help="config file")
+    p.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
+    p.set_defaults(func=run)
+
+
+def dashboard_config(args: argparse.Namespace):
+    from agent.config import load_config
+
+    config = load_config(args.config)
+    return config.replace(database__url=args.db_url, dashboard__host=args.host,
+                          dashboard__port=args.port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dashboard.security import check_bind
+
+    config = dashboard_config(args)
+    host, port = config["dashboard.host"], config["dashboard.port"]
+    check_bind(host, config["dashboard.token"])  # before opening anything
+    server, app = make_server(config, host, port, args.threads)
+    store = app.extensions["vramscope"].store
+    print(f"vramscope dashboard on http://{_url_host(host)}:{server.effective_port}/ "
+          f"(database {store.safe_url})", flush=True)
+    try:
+        server.run()
+    finally:
+        store.close()
+    return 0
+
+
+def make_server(config, host: str, port: int, threads: int = 8):
+    """A waitress server and its app; an address in use names the flag to change."""
+    from waitress.server import create_server
+
+    from dashboard.app import create_app
+
+    app = create_app(config)
+    try:
+        return create_server(app, host=host, port=port, threads=threads), app
+    except OSError as exc:
+        app.extensions["vramscope"].store.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"address {host}:{port} is in use; choose another port with "
+                             f"--port (or dashboard.port in the config)") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"cannot bind {host}: no such address on this machine; "
+                             f"change --host") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; change --host or "
+                         f"--port") from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
