@@ -7,7 +7,8 @@ behind skips ahead instead of bursting. ``run_once()`` runs what is due now, for
 ``FakeClock``. A source's failure is counted and logged once; it never stops the thread.
 
 A task is any object with ``read() -> record | list[record] | None`` and an ``interval_s``
-attribute, read again after every run (``SnapshotSource`` changes its own).
+attribute, read again after every run (``SnapshotSource`` changes its own). A task with a
+``start_delay_s`` attribute first runs that long after the sampler starts, not at once.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ class Sampler:
         """Run every task that is due now; returns how many records went to the sink."""
         now = self._clock.monotonic_s()
         put = 0
-        for i, task in enumerate(self.tasks):
+        for i, task in enumerate(list(self.tasks)):
             due = self._next_due[i]
+            if due is None and getattr(task, "start_delay_s", 0):
+                due = self._next_due[i] = now + task.start_delay_s  # e.g. snapshots: not at once
             if due is not None and now < due:
                 continue
             put += self._run_task(task)
@@ -75,6 +78,11 @@ class Sampler:
         for record in records:
             self.sink.put(record)
         return len(records)
+
+    def add(self, task: Any) -> None:
+        """Add a task while running (its due slot first, so the loop never misses it)."""
+        self._next_due.append(None)
+        self.tasks.append(task)
 
     def seconds_until_due(self) -> float:
         now = self._clock.monotonic_s()

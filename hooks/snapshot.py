@@ -99,6 +99,7 @@ class SnapshotSource:
         self.device = device
         self.base_interval_s = interval_s
         self.interval_s = interval_s
+        self.start_delay_s = interval_s  # the first snapshot waits one interval, not install()
         self.max_cost_s = max_cost_s
         self._take = take
         self._clock = clock

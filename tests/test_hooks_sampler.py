@@ -135,3 +135,26 @@ def test_thread_starts_samples_and_stops(rig):
 def test_bad_interval_is_refused_with_its_value():
     with pytest.raises(ValueError, match="got 0"):
         Every(object(), 0)
+
+
+def test_a_task_with_a_start_delay_waits_for_it(rig):
+    clock, alloc, sink = rig
+    task = Every(alloc, 10.0)
+    task.start_delay_s = 10.0
+    sampler = Sampler(sink, [task], clock=clock)
+    assert sampler.run_once() == 0
+    clock.advance(10.0)
+    assert sampler.run_once() == 1
+
+
+def test_hooks_bench_needs_cuda():
+    import torch
+
+    from agent.bench import BenchOptions
+    from agent.bench.hooks import run
+    from agent.errors import VramscopeError
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(VramscopeError, match="needs CUDA"):
+        run(BenchOptions(quick=True))

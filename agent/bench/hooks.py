@@ -1,0 +1,143 @@
+"""``vramscope bench hooks`` (GPU): allocator read cost and decode-step overhead of the hooks.
+
+1. Allocator read: ``torch.cuda.memory_stats()`` (the baseline), the bare binding the allocator
+   source uses, and the source's whole ``read()`` (binding + ``Sample``), timed interleaved in
+   one process; targets: ``read()`` <= 25 us and >= 4x cheaper than ``memory_stats()``.
+2. Decode overhead: ``model.generate()`` on a random-weight Llama, hooks off (nothing installed)
+   and on (``install()`` at default settings plus ``attach_transformers``), alternating over
+   >= 10 rounds; the figure is the median per-token time ratio on/off. Target <= 1 % slowdown.
+
+Needs CUDA: without it ``run`` raises ``VramscopeError`` saying so.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from agent.bench import BenchOptions, Figure, Timing, interleaved
+from agent.errors import VramscopeError
+
+
+def _require_cuda() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise VramscopeError("bench hooks needs CUDA: torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise VramscopeError(f"bench hooks needs CUDA: torch {torch.__version__} sees no GPU")
+    return torch
+
+
+def run(options: BenchOptions) -> list[Figure]:
+    torch = _require_cuda()
+    figures = read_cost_figures(measure_read_cost(torch, rounds=10 if options.quick else 30,
+                                                  calls=200 if options.quick else 2000))
+    overhead = measure_decode_overhead(torch, quick=options.quick)
+    return figures + overhead_figures(overhead)
+
+
+def measure_read_cost(torch: Any, rounds: int, calls: int) -> dict[str, Any]:
+    """Per-call seconds of each way to read the counters, interleaved over ``rounds``."""
+    from hooks.allocator import AllocatorSource
+
+    torch.cuda.init()
+    keep = [torch.empty(2**20, device="cuda") for _ in range(64)]  # a realistic stats state
+    source = AllocatorSource(0, torch_module=torch)
+    binding = source.binding.read
+    ways = {"memory_stats": lambda: torch.cuda.memory_stats(0), "binding": lambda: binding(0),
+            "source_read": source.read}
+    loops = [_repeat(fn, calls) for fn in ways.values()]
+    timings = interleaved(loops, rounds)
+    del keep
+    per_call = {name: [s / calls for s in t.samples_s] for name, t in zip(ways, timings)}
+    return {"binding_name": source.binding.name, "rounds": rounds, "calls": calls,
+            "per_call_s": per_call}
+
+
+def _repeat(fn: Any, n: int) -> Any:
+    def loop() -> None:
+        for _ in range(n):
+            fn()
+    return loop
+
+
+def read_cost_figures(cost: dict[str, Any]) -> list[Figure]:
+    per = {k: Timing(v) for k, v in cost["per_call_s"].items()}
+    base, read = per["memory_stats"].median_s, per["source_read"].median_s
+    ratio = base / read
+    return [
+        Figure("hooks", "memory_stats() per call", base * 1e6, "us",
+               per["memory_stats"].spread(1e6, "us"), baseline="-"),
+        Figure("hooks", f"binding {cost['binding_name']} per call",
+               per["binding"].median_s * 1e6, "us", per["binding"].spread(1e6, "us")),
+        Figure("hooks", "AllocatorSource.read() per call", read * 1e6, "us",
+               per["source_read"].spread(1e6, "us"), target="<= 25", met=read * 1e6 <= 25),
+        Figure("hooks", "memory_stats() / AllocatorSource.read()", ratio, "x",
+               baseline="memory_stats() in the same run", target=">= 4", met=ratio >= 4),
+    ]
+
+
+def build_llama(torch: Any, *, layers: int, hidden: int, vocab: int = 32000,
+                kv_heads: int = 4) -> Any:
+    """A random-weight Llama built on the GPU in bf16 (no hub, no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads = hidden // 128
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=8192)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model
+
+
+def measure_decode_overhead(torch: Any, *, quick: bool, model: Any = None,
+                            rounds: int = 12) -> dict[str, Any]:
+    """Per-token generate() time, hooks off vs on, alternating (round-robin) over ``rounds``."""
+    import hooks.install as inst
+    from hooks.sink import ListSink
+    from hooks.transformers_integration import attach_transformers
+
+    model = model or build_llama(torch, layers=4 if quick else 16, hidden=512 if quick else 2048)
+    batch, prompt, new = (4, 64, 16) if quick else (16, 512, 64)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
+
+    def generate() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       pad_token_id=0)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / new
+
+    generate()  # warm-up: kernels, cuBLAS handles, caching allocator segments
+    off, on, sink = [], [], ListSink(max_records=10**7)
+    for _ in range(rounds):
+        off.append(generate())
+        inst.install(sink=sink)
+        handle = attach_transformers(model)
+        on.append(generate())
+        handle.detach()
+        inst.uninstall()
+    return {"off_s": off, "on_s": on, "batch": batch, "prompt": prompt, "new_tokens": new,
+            "records": len(sink.records)}
+
+
+def overhead_figures(o: dict[str, Any]) -> list[Figure]:
+    off, on = Timing(o["off_s"]), Timing(o["on_s"])
+    ratios = [b / a for a, b in zip(o["off_s"], o["on_s"])]
+    slowdown = (statistics.median(ratios) - 1) * 100
+    shape = f"batch {o['batch']} x prompt {o['prompt']}, {o['new_tokens']} new tokens"
+    return [
+        Figure("hooks", "generate() per token, hooks off", off.median_s * 1e3, "ms",
+               off.spread(1e3, "ms"), baseline=shape),
+        Figure("hooks", "generate() per token, hooks on", on.median_s * 1e3, "ms",
+               on.spread(1e3, "ms"), baseline=shape),
+        Figure("hooks", "decode slowdown (median of per-round on/off)", slowdown, "%",
+               f"min {(min(ratios) - 1) * 100:.2f} % / max {(max(ratios) - 1) * 100:.2f} % "
+               f"over {len(ratios)} rounds", baseline="hooks off, same run",
+               target="<= 1", met=slowdown <= 1.0),
+    ]
