@@ -1,0 +1,136 @@
+"""``vramscope demo``: agent + dashboard + simulated inference servers, in one command.
+
+    vramscope demo [--scenario all] [--duration SECONDS] [--no-browser] [--db URL] [--port PORT]
+                   [--speed X] [--history-min M] [--gpu]
+
+See ``docs/demo.md`` and :mod:`agent.sim.demo` for what runs and how simulated time works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agent.errors import UsageError
+
+SCENARIO_CHOICES = ("all", "healthy", "leak", "fragmentation", "pool")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="see vramscope at work on simulated inference servers",
+                       description="Start the agent (embedded), the dashboard and simulated "
+                                   "inference servers: healthy, leaking and fragmenting.")
+    p.add_argument("--scenario", choices=SCENARIO_CHOICES, default="all",
+                   help="all = healthy + leak + fragmentation, each on its own simulated GPU")
+    p.add_argument("--duration", type=float, metavar="SECONDS",
+                   help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    p.add_argument("--db", dest="db_url", metavar="URL",
+                   help="database URL (default: a new SQLite file in a temporary directory)")
+    p.add_argument("--port", type=int, help="dashboard port (default: dashboard.port; 0: any)")
+    p.add_argument("--host", default=None, help="dashboard address (default: dashboard.host)")
+    p.add_argument("--speed", type=float, default=400.0,
+                   help="simulated seconds per wall second until the simulation reaches now")
+    p.add_argument("--history-min", type=float, metavar="MINUTES",
+                   help="simulated minutes before now to start from (default: 75 %% of "
+                        "--duration × --speed, or 90 minutes without --duration)")
+    p.add_argument("--config", help="config file (default: the usual search)")
+    p.add_argument("--gpu", action="store_true",
+                   help="watch a small random-weight transformers model on CUDA instead")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    from agent.config import load_config
+
+    config = load_config(args.config)
+    if args.port is not None:
+        config = config.replace(dashboard__port=max(args.port, 1))
+    db_url = args.db_url or _temp_db_url()
+    if args.gpu:
+        from agent.sim.gpu_demo import run_gpu_demo
+
+        return run_gpu_demo(config, db_url, args)
+    return _run_sim(config, db_url, args)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError(f"--duration must be > 0 seconds, got {args.duration}")
+    if args.speed < 1:
+        raise UsageError(f"--speed must be >= 1, got {args.speed}")
+    if args.history_min is not None and args.history_min < 0:
+        raise UsageError(f"--history-min must be >= 0, got {args.history_min}")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+
+
+def _temp_db_url() -> str:
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="vramscope-demo-")
+    return f"sqlite:///{folder}/demo.db"
+
+
+def _history_s(args: argparse.Namespace) -> float:
+    if args.history_min is not None:
+        return args.history_min * 60.0
+    if args.duration is not None:
+        return 0.75 * args.duration * args.speed
+    return 90 * 60.0
+
+
+def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
+    import threading
+
+    from agent.clock import SYSTEM_CLOCK
+    from agent.embedded import EmbeddedAgent
+    from agent.sim import demo
+
+    scenarios = demo.resolve_scenarios(args.scenario)
+    pacer = demo.Pacer(SYSTEM_CLOCK, _history_s(args), args.speed)
+    servers = demo.make_servers(scenarios, sink=None, start_ts_s=pacer.sim0_s)
+    agent = EmbeddedAgent(config, db_url=db_url, source=demo.SimDeviceSource(servers))
+    for server in servers:
+        server.sink = agent.sink
+    agent.start()
+    web = None
+    try:
+        host = args.host or config["dashboard.host"]
+        port = 0 if args.port == 0 else config["dashboard.port"]
+        web, url = demo.serve_dashboard(config, agent.store, host, port)
+        _announce(url, db_url, scenarios, pacer, args)
+        progress = demo.Progress(sys.stdout)
+        demo.run_simulation(servers, pacer, agent, args.duration, progress, threading.Event())
+        progress.show(demo.status_line(servers, pacer, agent), force=True)
+        progress.done()
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping")
+    finally:
+        if web is not None:
+            web.close()
+        agent.stop()
+    print("demo finished:")
+    print("\n".join(demo.summary(agent.store, servers)))
+    print(f"database: {db_url}")
+    return 0
+
+
+def _announce(url: str, db_url: str, scenarios, pacer, args: argparse.Namespace) -> None:
+    history_min = (pacer.wall0_s - pacer.sim0_s) / 60
+    print(f"vramscope demo: dashboard at {url}")
+    print(f"  simulated servers: {', '.join(scenarios)} (one simulated GPU each)")
+    print(f"  simulating {history_min:.0f} min of serving at {args.speed:g}x, then live; "
+          f"database {db_url}")
+    sys.stdout.flush()
+    if not args.no_browser:
+        try:
+            import webbrowser
+
+            webbrowser.open(url)
+        except Exception as exc:  # noqa: BLE001 - a missing browser is not an error
+            print(f"  (could not open a browser: {exc}; open the URL yourself)")
+
+
+

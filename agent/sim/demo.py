@@ -1,0 +1,179 @@
+"""``vramscope demo``: the embedded agent, the dashboard and simulated servers in one process.
+
+Why one process, with one simulated GPU per server: the phase tracker in ``hooks.phase`` is
+process-wide on purpose (DESIGN.md), so three servers sharing a process would share a phase.
+The simulated servers therefore tag every record with their own scheduler's phase and their own
+device index (healthy = 0, leak = 1, fragmentation = 2, pool = 3), and put their records into
+the embedded agent's sink, the same ``RecordSink`` the in-server hooks use. From there on it is
+the product's real path: the bounded writer queue, the store, the live alert engine after each
+batch, the dashboard reading the store.
+
+Time: the servers run on simulated time. The demo starts the simulation ``history_s`` in the
+past and runs it ``speed`` times faster than the wall clock until it catches up with now, then
+runs in real time. So a 20-second demo shows well over an hour of serving: long enough for the
+leak detector (a 5-minute warm-up, then at least 30 one-minute idle-floor points) and for the
+fragmenting server to reach its OOM. Every timestamp stays in the past, as real data would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, TextIO
+
+from agent.clock import Clock
+from agent.sim.scenarios import scenario_spec
+from agent.sim.server import SimServer
+from agent.sources.nvml import DeviceInfo, ProcessRow
+
+log = logging.getLogger("vramscope.demo")
+
+DEMO_SCENARIOS = ("healthy", "leak", "fragmentation")  # "all"
+SLICE_S = 60.0  # simulated seconds per server between progress checks
+
+
+class SimDeviceSource:
+    """The agent's device seam for simulated GPUs: names them; their samples come from the
+    servers (in simulated time), so ``read`` has nothing to add."""
+
+    def __init__(self, servers: list[SimServer]) -> None:
+        self._info = [DeviceInfo(s.spec.device, f"SIM-{s.spec.scenario}",
+                                 f"Simulated 24 GB GPU ({s.spec.scenario})",
+                                 s.spec.device_total_bytes) for s in servers]
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self._info)
+
+    def read(self) -> list:
+        return []
+
+    def read_processes(self) -> list[ProcessRow]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def resolve_scenarios(name: str) -> tuple[str, ...]:
+    return DEMO_SCENARIOS if name == "all" else (name,)
+
+
+def make_servers(scenarios: tuple[str, ...], sink: Any, start_ts_s: float) -> list[SimServer]:
+    pid = os.getpid()
+    return [SimServer(scenario_spec(name, device=i if name != "pool" else 3, pid=pid), sink,
+                      start_ts_s) for i, name in enumerate(scenarios)]
+
+
+class Pacer:
+    """Simulated time: ``speed``× the wall clock from ``start`` until it reaches now, then 1×."""
+
+    def __init__(self, clock: Clock, history_s: float, speed: float) -> None:
+        self.clock = clock
+        self.speed = speed
+        self.wall0_s = clock.time_s()
+        self.sim0_s = self.wall0_s - history_s
+
+    def target_s(self) -> float:
+        now = self.clock.time_s()
+        return min(now, self.sim0_s + (now - self.wall0_s) * self.speed)
+
+
+def advance(servers: list[SimServer], target_s: float) -> None:
+    """Move every server towards ``target_s`` in slices, so they stay abreast."""
+    while True:
+        behind = [s for s in servers if s.now_s < target_s]
+        if not behind:
+            return
+        for s in behind:
+            s.run_until(min(target_s, s.now_s + SLICE_S))
+
+
+class Progress:
+    """One status line: a rewritten line on a terminal, a new line every 5 s otherwise."""
+
+    def __init__(self, out: TextIO, every_s: float | None = None) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.every_s = every_s or (0.5 if self.tty else 5.0)
+        self._last = 0.0
+
+    def show(self, line: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.every_s:
+            return
+        self._last = now
+        if self.tty:
+            self.out.write("\r\x1b[K" + line)
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+
+
+def status_line(servers: list[SimServer], pacer: Pacer, agent: Any) -> str:
+    lag_s = pacer.clock.time_s() - min(s.now_s for s in servers)
+    parts = [f"sim {_hms(min(s.now_s for s in servers) - pacer.sim0_s)}",
+             "live" if lag_s < 2 else f"{lag_s / 60:.0f} min behind now"]
+    for s in servers:
+        parts.append(f"{s.spec.scenario}: {len(s.running)} running, "
+                     f"{s.counts['served']} served, {s.counts['ooms']} OOM")
+    written = agent.agent.writer.stats.written_total
+    parts.append(f"{written} rows, {len(agent.store.alerts())} alerts")
+    return " | ".join(parts)
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def serve_dashboard(config: Any, store: Any, host: str, port: int):
+    """Start the dashboard under waitress in a daemon thread; returns (server, url)."""
+    import waitress
+
+    from agent.errors import UsageError
+    from dashboard.app import create_app
+
+    app = create_app(config, store)
+    try:
+        server = waitress.create_server(app, host=host, port=port, threads=4)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}). "
+                         "Please specify a different port via `--port`") from None
+    thread = threading.Thread(target=server.run, name="vramscope-demo-dashboard", daemon=True)
+    thread.start()
+    return server, f"http://{host}:{server.effective_port}/"
+
+
+def run_simulation(servers: list[SimServer], pacer: Pacer, agent: Any, duration_s: float | None,
+                   progress: Progress, stop: threading.Event) -> None:
+    """Advance the servers until ``duration_s`` of wall time passes or ``stop`` is set."""
+    t0 = time.monotonic()
+    while not stop.is_set():
+        if duration_s is not None and time.monotonic() - t0 >= duration_s:
+            return
+        target = pacer.target_s()
+        chunk = min(target, min(s.now_s for s in servers) + SLICE_S * 4)
+        advance(servers, chunk)
+        progress.show(status_line(servers, pacer, agent))
+        if chunk >= pacer.clock.time_s() - 1.0:
+            stop.wait(0.25)  # live: real time from here on
+
+
+def summary(store: Any, servers: list[SimServer]) -> list[str]:
+    lines = []
+    for s in servers:
+        c = s.counts
+        lines.append(f"  device {s.spec.device} ({s.spec.scenario}): {c['served']} requests "
+                     f"served, {c['aborted']} aborted, {c['ooms']} OOM")
+    alerts = store.alerts()
+    for a in alerts:
+        lines.append(f"  alert {a.get('rule')} ({a.get('severity')}) on device {a.get('device')}")
+    lines.append(f"  {len(store.postmortems())} OOM post-mortem(s), {len(alerts)} alert(s)")
+    return lines
+
