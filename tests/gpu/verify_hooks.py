@@ -142,9 +142,13 @@ def generate_batch(model: Any) -> dict[str, Any]:
                for _ in range(48)]
     gen = GenerationConfig(max_new_tokens=48, do_sample=False, eos_token_id=-1, pad_token_id=0)
     t0 = time.perf_counter()
+    import inspect
+
+    accepted = inspect.signature(model.generate_batch).parameters
+    extra = {k: v for k, v in dict(cb_config(4096, 1024), progress_bar=False).items()
+             if k in accepted}
     try:
-        out = model.generate_batch(prompts, generation_config=gen, progress_bar=False,
-                                   **cb_config(4096, 1024))
+        out = model.generate_batch(prompts, generation_config=gen, **extra)
     finally:
         handle.detach()
         inst.uninstall()
@@ -153,6 +157,7 @@ def generate_batch(model: Any) -> dict[str, Any]:
     for s in sink.samples():
         by_phase[s.phase.value] = by_phase.get(s.phase.value, 0) + 1
     return {"seconds": round(time.perf_counter() - t0, 3), "requests": len(out),
+            "kwargs": sorted(extra),
             "hooks": handle.hooks, "missing": handle.missing,
             "generated_tokens": sum(len(r.generated_tokens) for r in out.values()),
             "prefill_tokens": sum(d["ended_prefill_tokens"] for d in ended),
