@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,14 +100,16 @@ class _Running:
 class SimServer:
     """One simulated server. ``step()`` advances one tick; records go to ``sink.put``."""
 
-    def __init__(self, spec: ServerSpec, sink: Any, start_ts_s: float) -> None:
+    def __init__(self, spec: ServerSpec, sink: Any, start_ts_s: float,
+                 arrivals: Iterator[Request] | None = None) -> None:
         self.spec = spec
         self.sink = sink
         self.now_s = start_ts_s
         self.alloc = CachingAllocatorModel(spec.limit_bytes, device=spec.device)
         self._rng = random.Random(spec.seed)
-        self._arrivals = requests(spec.workload, id_prefix=f"{spec.scenario}-")
-        self._next: Request | None = next(self._arrivals)
+        self._arrivals = (arrivals if arrivals is not None
+                          else requests(spec.workload, id_prefix=f"{spec.scenario}-"))
+        self._next: Request | None = next(self._arrivals, None)
         self._t0_s = start_ts_s
         self.waiting: deque[Request] = deque()
         self.running: list[_Running] = []
@@ -163,7 +166,7 @@ class SimServer:
     def _take_arrivals(self) -> None:
         while self._next is not None and self._t0_s + self._next.arrival_s <= self.now_s:
             self.waiting.append(self._next)
-            self._next = next(self._arrivals)
+            self._next = next(self._arrivals, None)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.spec.max_batch:
