@@ -19,15 +19,15 @@ import json
 import logging
 import queue
 import threading
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 from typing import Any, NamedTuple
 
-from agent.alert_rules import Rule, rules_from
+from agent.alert_rules import OPS, Rule, rules_from
 from agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
 from agent.analysis.kv import KvTracker
 from agent.analysis.leaks import LeakDetector
-from agent.analysis.risk import LEVELS, RiskModel
+from agent.analysis.risk import RiskModel
 from agent.analysis.thresholds import Thresholds
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
@@ -92,7 +92,7 @@ class DeviceAnalysis:
         self.kv.update(s)
 
     def _note_risk(self, point) -> None:
-        level = LEVELS.index(point.level)
+        level = self.risk.level_index
         if level and self.first_warning_ts_s is None:
             self.first_warning_ts_s = point.ts_s
         self.max_level = max(self.max_level, level)
@@ -113,10 +113,15 @@ class DeviceAnalysis:
             self.oom_ts_s.append(ts_s)
 
     def value(self, metric: str, now_s: float) -> float | None:
-        getter = _DERIVED.get(metric)
-        if getter is not None:
-            return getter(self, now_s)
-        return self.fields.get(metric)
+        return getter_for(metric)(self, now_s)
+
+
+def getter_for(metric: str) -> Callable[[DeviceAnalysis, float], float | None]:
+    """How to read ``metric`` from a device's state: derived, or the latest sample field."""
+    getter = _DERIVED.get(metric)
+    if getter is not None:
+        return getter
+    return lambda d, now: d.fields.get(metric)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -149,7 +154,7 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "headroom_bytes": _risk_attr("headroom_bytes"),
     "headroom_ratio": _risk_attr("headroom_ratio"),
     "time_to_oom_s": _risk_attr("time_to_oom_s"),
-    "risk_level": lambda d, now: LEVELS.index(d.risk.last.level) if d.risk.last else None,
+    "risk_level": lambda d, now: d.risk.level_index if d.risk.last else None,
     "leak_detected": lambda d, now: float(d.leak.result.detected),
     "leak_slope_bytes_per_s": lambda d, now: d.leak.result.slope_bytes_per_s,
     "leak_slope_ratio_per_h": _leak_ratio,
@@ -161,9 +166,14 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
 
 
 class _RuleState:
-    __slots__ = ("pending_since", "fired_ts", "clear_since")
+    """One rule on one device: its metric getter and where it stands."""
 
-    def __init__(self) -> None:
+    __slots__ = ("rule", "getter", "op", "threshold", "pending_since", "fired_ts", "clear_since")
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.getter = getter_for(rule.metric)
+        self.op, self.threshold = OPS[rule.op], rule.threshold  # Rule.breached, inlined
         self.pending_since: float | None = None
         self.fired_ts: float | None = None
         self.clear_since: float | None = None
@@ -177,7 +187,7 @@ class AlertEngine:
         self.thresholds = thresholds or Thresholds()
         self.devices: dict[int, DeviceAnalysis] = {}
         self._raw = frozenset(r.metric for r in self.rules if r.metric in SAMPLE_COUNTER_FIELDS)
-        self._state: dict[tuple[str, int], _RuleState] = {}
+        self._state: dict[int, list[_RuleState]] = {}  # per device, in rule order
         self.history: list[AlertChange] = []
 
     @classmethod
@@ -191,9 +201,9 @@ class AlertEngine:
         return d
 
     def feed(self, records: Iterable[Sample | Event]) -> list[AlertChange]:
-        """Process records (sorted by time here; feed batches in arrival order)."""
+        """Process records, sorted by time here (ties keep their order: feed in arrival order)."""
         changes: list[AlertChange] = []
-        batch = sorted(records, key=_time_key)
+        batch = sorted(records, key=_TS)  # stable: ties keep arrival order
         for rec in batch:
             d = self.device(rec.device)
             if isinstance(rec, Event):
@@ -208,23 +218,23 @@ class AlertEngine:
 
     def active(self) -> list[tuple[str, int, float]]:
         """``(rule, device, fired_ts_s)`` of every alert now firing."""
-        return [(rule, dev, st.fired_ts) for (rule, dev), st in self._state.items()
-                if st.fired_ts is not None]
+        return [(st.rule.name, dev, st.fired_ts) for dev, states in self._state.items()
+                for st in states if st.fired_ts is not None]
 
     def _evaluate(self, d: DeviceAnalysis, now: float, host: str | None,
                   out: list[AlertChange]) -> None:
-        for rule in self.rules:
-            if rule.device is not None and rule.device != d.device:
-                continue
-            key = (rule.name, d.device)
-            st = self._state.get(key)
-            if st is None:
-                st = self._state[key] = _RuleState()
-            value = d.value(rule.metric, now)
+        states = self._state.get(d.device)
+        if states is None:
+            states = self._state[d.device] = [_RuleState(r) for r in self.rules
+                                              if r.device is None or r.device == d.device]
+        for st in states:
+            value = st.getter(d, now)
             if st.fired_ts is None:
-                self._maybe_fire(rule, st, d.device, now, value, host, out)
+                if st.pending_since is not None or (value is not None
+                                                    and st.op(value, st.threshold)):
+                    self._maybe_fire(st.rule, st, d.device, now, value, host, out)
             else:
-                self._maybe_resolve(rule, st, d.device, now, value, host, out)
+                self._maybe_resolve(st.rule, st, d.device, now, value, host, out)
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, device: int, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
@@ -251,8 +261,7 @@ class AlertEngine:
                                    rule.describe(value), rule.labels, fired, host))
 
 
-def _time_key(rec: Sample | Event) -> tuple[float, int]:
-    return (rec.ts_s, 1 if isinstance(rec, Sample) else 0)
+_TS = attrgetter("ts_s")
 
 
 # --- sinks -----------------------------------------------------------------------------------
@@ -296,6 +305,8 @@ class StoreSink:
 
 
 def _urllib_post(url: str, body: bytes, timeout_s: float) -> int:
+    import urllib.request  # only where a webhook is configured
+
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           "User-Agent": "vramscope-alerts"})

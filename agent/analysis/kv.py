@@ -44,9 +44,11 @@ class KvTracker:
         while self._history[0][0] < s.ts_s - RATE_WINDOW_S:
             self._history.popleft()
         self.blocks_total = total
-        self.peak_blocks_used = max(used, self.peak_blocks_used or 0)
         usage = used / total
-        self.peak_usage_ratio = max(usage, self.peak_usage_ratio or 0.0)
+        if self.peak_blocks_used is None or used > self.peak_blocks_used:
+            self.peak_blocks_used = used
+        if self.peak_usage_ratio is None or usage > self.peak_usage_ratio:
+            self.peak_usage_ratio = usage
         self.last = KvPoint(s.ts_s, s.device, used, total, usage, self._exhaustion_s(used, total))
         return self.last
 

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from agent.records import Event, Sample
 
+_TS = attrgetter("ts_s")
+
 
 def merged(samples: Iterable[Sample], events: Iterable[Event]) -> list[Sample | Event]:
-    """Time order; an event sorts before a sample of the same instant, ties keep input order."""
-    s_list = _sorted(list(samples))
-    e_list = _sorted(list(events))
-    if not e_list:
-        return s_list
-    if not s_list:
-        return e_list
-    keyed_e = ((e.ts_s, 0, e) for e in e_list)
-    keyed_s = ((s.ts_s, 1, s) for s in s_list)
-    return [r for _, _, r in heapq.merge(keyed_e, keyed_s, key=lambda t: (t[0], t[1]))]
+    """Time order; an event sorts before a sample of the same instant, ties keep input order.
 
-
-def _sorted(records: list) -> list:
-    if all(records[i].ts_s <= records[i + 1].ts_s for i in range(len(records) - 1)):
-        return records
-    return sorted(records, key=lambda r: r.ts_s)  # stable: ties keep input order
+    Events first, then a stable sort on time: Timsort merges the two sorted runs in linear time.
+    """
+    records: list[Sample | Event] = list(events)
+    records.extend(samples)
+    records.sort(key=_TS)
+    return records
 
 
 def by_device(records: Sequence[Sample | Event]) -> dict[int, list[Sample | Event]]:

@@ -15,8 +15,8 @@ with memory figures it gives a :class:`RiskPoint`:
   when the band's low slope is above zero (a significant rise);
 - **fragmentation**: the largest contiguous room (unreserved memory plus the largest free block
   of the latest snapshot) smaller than the largest request seen;
-- **allocator retries**: ``num_alloc_retries`` rising within ``RETRY_WINDOW_S`` — the allocator
-  is already flushing its cache to survive.
+- **allocator retries**: ``num_alloc_retries`` rose within the last ``RETRY_WINDOW_S`` — the
+  allocator is already flushing its cache to survive.
 
 Levels: ``critical`` when the headroom after spike is below ``alerts.headroom_critical_ratio``
 of the limit, the time to OOM is below ``alerts.time_to_oom_critical_s``, or fragmentation
@@ -37,13 +37,14 @@ from agent.analysis.merge import merged
 from agent.analysis.phases import SpikeTracker
 from agent.analysis.stats import theil_sen
 from agent.analysis.thresholds import Thresholds
-from agent.records import Event, Sample
+from agent.records import Event, Phase, Sample
 
 PEAK_WINDOW_S = 60.0  # longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
 LEVELS = ("ok", "warning", "critical")
+_NO_FORECAST = (None, None, None)
 
 
 class RiskPoint(NamedTuple):
@@ -81,8 +82,10 @@ class RiskModel:
         self._window: list[float] | None = None  # [start_s, peak]
         self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
         self._trend: _Trend | None = None
-        self._retries: deque[tuple[float, int]] = deque()
+        self._retries: int | None = None
+        self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         self.last: RiskPoint | None = None
+        self.level_index = 0  # of ``last``: 0 ok, 1 warning, 2 critical
 
     def update(self, s: Sample) -> RiskPoint | None:
         self._absorb(s)
@@ -104,19 +107,23 @@ class RiskModel:
             self._largest_free = s.largest_free_block_bytes
             self._ext_frag = external_fragmentation(s)
         if s.num_alloc_retries is not None:
-            self._retries.append((s.ts_s, s.num_alloc_retries))
-            while self._retries[0][0] < s.ts_s - RETRY_WINDOW_S:
-                self._retries.popleft()
+            if self._retries is not None and s.num_alloc_retries > self._retries:
+                self._retry_rise_ts = s.ts_s
+            self._retries = s.num_alloc_retries
         if s.allocated_bytes is not None:
-            self.spikes.update(s.ts_s, s.phase, s.allocated_bytes)
-            self.largest_request_bytes = max(self.largest_request_bytes, self.spikes.largest_bytes,
-                                             self.spikes.current_bytes())
+            spikes = self.spikes
+            spikes.update(s.ts_s, s.phase, s.allocated_bytes)
+            if spikes.largest_bytes > self.largest_request_bytes:
+                self.largest_request_bytes = spikes.largest_bytes
+            if s.phase is Phase.PREFILL and spikes.current_bytes() > self.largest_request_bytes:
+                self.largest_request_bytes = spikes.current_bytes()
 
     def _other_bytes(self) -> int:
         """Device memory the caching allocator does not own (context, other processes)."""
         if self._device_used is None or self._reserved is None:
             return 0
-        return max(0, self._device_used - self._reserved)
+        other = self._device_used - self._reserved
+        return other if other > 0 else 0
 
     def _demand(self, s: Sample) -> int | None:
         if s.allocated_bytes is not None:
@@ -131,7 +138,8 @@ class RiskModel:
             self._window = [ts_s, demand]
             return
         if ts_s < w[0] + PEAK_WINDOW_S:
-            w[1] = max(w[1], demand)
+            if demand > w[1]:
+                w[1] = demand
             return
         self._peaks.append((w[0], w[1]))
         self._window = [w[0] + PEAK_WINDOW_S * ((ts_s - w[0]) // PEAK_WINDOW_S), demand]
@@ -147,6 +155,7 @@ class RiskModel:
     def _assess(self, s: Sample, demand: int) -> RiskPoint:
         limit = self.limit_bytes
         if not limit:
+            self.level_index = 0
             return RiskPoint(s.ts_s, s.device, "ok", None, None, None, None, None, ())
         other = self._other_bytes()
         base = self.spikes.baseline_bytes
@@ -154,19 +163,25 @@ class RiskModel:
         projected = demand if base is None else max(demand, base + other + spike)
         ratio = (limit - projected) / limit
         tto = self._time_to_oom(s.ts_s, demand, limit)
-        level, reasons = self._level(ratio, tto, limit, other)
-        return RiskPoint(s.ts_s, s.device, level, limit - demand, ratio, *tto, reasons)
+        level, reasons = self._level(s.ts_s, ratio, tto, limit, other)
+        self.level_index = level
+        return RiskPoint(s.ts_s, s.device, LEVELS[level], limit - demand, ratio, *tto, reasons)
 
     def _time_to_oom(self, ts_s: float, demand: int, limit: int) -> tuple:
         tr = self._trend
         if tr is None:
-            return (None, None, None)
+            return _NO_FORECAST
         level = max(demand, tr.intercept + tr.slope * (ts_s - tr.t0))
         room = max(0.0, limit - level)
         return (room / tr.slope, room / tr.slope_high, room / tr.slope_low)
 
-    def _level(self, ratio: float, tto: tuple, limit: int, other: int) -> tuple[str, tuple]:
+    def _level(self, ts_s: float, ratio: float, tto: tuple, limit: int,
+               other: int) -> tuple[int, tuple]:
         t = self.t
+        retrying = self._retry_rise_ts is not None and ts_s - self._retry_rise_ts <= RETRY_WINDOW_S
+        if ratio >= t.headroom_warning_ratio and tto[0] is None and not retrying \
+                and self._largest_free is None:
+            return 0, ()  # the common case, decided cheaply
         reasons, level = [], 0
         if ratio < t.headroom_warning_ratio:
             reasons.append("headroom")
@@ -174,7 +189,6 @@ class RiskModel:
         if tto[0] is not None and tto[0] < t.time_to_oom_warning_s:
             reasons.append("trend")
             level = max(level, 2 if tto[0] < t.time_to_oom_critical_s else 1)
-        retrying = len(self._retries) > 1 and self._retries[-1][1] > self._retries[0][1]
         if retrying:
             reasons.append("alloc_retries")
             level = max(level, 1)
@@ -182,7 +196,7 @@ class RiskModel:
         if frag:
             reasons.append("fragmentation")
             level = max(level, frag)
-        return LEVELS[level], tuple(reasons)
+        return level, tuple(reasons)
 
     def _fragmentation_level(self, limit: int, other: int, retrying: bool) -> int:
         """1 when fragmentation is high and the contiguous room is tight, 2 when it is gone."""

@@ -1,0 +1,48 @@
+"""``vramscope bench analysis``: analysis throughput of a 1M-sample trace vs reading it.
+
+The subject is ``analyze_records`` (every model and the built-in alert rules, as ``vramscope
+analyze`` runs them); the baseline is ``read_trace`` of the same file (JSON parsing and
+validation), timed interleaved in the same process. Target: analysis takes well under the time
+to read (ratio <= 0.5).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from agent.bench import BenchOptions, Figure, interleaved
+
+FULL_SAMPLES = 1_000_000
+QUICK_SAMPLES = 20_000
+DT_S = 0.1  # a 10 Hz allocator reader, as sampling.allocator_interval_s defaults to
+
+
+def run(options: BenchOptions) -> list[Figure]:
+    from agent.analysis.report import analyze_records
+    from agent.scenarios import simulate
+    from agent.trace import read_trace, write_trace
+
+    n = QUICK_SAMPLES if options.quick else FULL_SAMPLES
+    sc = simulate("bench", "steady", 7, n * DT_S, DT_S)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.jsonl")
+        with open(path, "w", encoding="utf-8") as fh:
+            write_trace(fh, sc.samples, sc.events)
+        del sc
+        trace = read_trace(path)
+        count = len(trace.samples)
+        read, analyze = interleaved(
+            [lambda: read_trace(path),
+             lambda: analyze_records(trace.samples, trace.events, None)],
+            rounds=2 if options.quick else 3)
+    ratio = analyze.median_s / read.median_s
+    return [
+        Figure("analysis", f"analysis throughput ({count} samples)", count / analyze.median_s,
+               "samples/s", spread=analyze.spread(), baseline="read_trace of the same file"),
+        Figure("analysis", "trace read throughput (baseline)", count / read.median_s,
+               "samples/s", spread=read.spread()),
+        Figure("analysis", "analysis time / read time", ratio, "ratio",
+               spread=f"analysis {analyze.median_s:.3g} s vs read {read.median_s:.3g} s (medians)",
+               baseline="read_trace, same run", target="<= 0.5", met=ratio <= 0.5),
+    ]
