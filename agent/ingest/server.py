@@ -138,6 +138,8 @@ class IngestServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._listener is not None:
+            self.run_once(0)  # take in what clients already sent, for the final flush
         for conn in list(self._conns.values()):
             self._close(conn)
         if self._listener is not None:
