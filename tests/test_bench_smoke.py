@@ -1,0 +1,78 @@
+"""``vramscope bench NAME --quick --json`` runs every benchmark whose module exists and returns
+figures with the documented keys (docs/BENCHMARKS.md). Quick sizes keep each run to seconds.
+
+A registry entry whose module is not written yet is skipped *with its name and reason* (shown
+by ``-ra``); once the module exists, the benchmark must run. GPU benchmarks (their registry
+description starts with "GPU") must report themselves skipped without CUDA, never crash.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from agent.bench import BENCHMARKS, Figure
+from agent.cli import main
+
+FIGURE_KEYS = {"bench", "metric", "value", "unit", "spread", "baseline", "target", "met", "where"}
+DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+
+
+def _is_gpu(name: str) -> bool:
+    return BENCHMARKS[name][1].startswith("GPU")
+
+
+def _cuda() -> bool:
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_bench(name: str, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["bench", name, "--quick", "--json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_bench_quick_json(name, capsys):
+    module = BENCHMARKS[name][0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"benchmark {name!r}: module {module} is not written yet")
+    doc = run_bench(name, capsys)
+    assert doc["format"] == "vramscope.bench/1"
+    if _is_gpu(name) and not _cuda():
+        assert doc["figures"] == []
+        assert [s["bench"] for s in doc["skipped"]] == [name]
+        assert "CUDA" in doc["skipped"][0]["error"]
+        return
+    assert doc["skipped"] == [], doc["skipped"]
+    assert doc["figures"], f"benchmark {name!r} returned no figures"
+    for f in doc["figures"]:
+        assert set(f) == FIGURE_KEYS, f
+        assert f["bench"] == name
+        assert isinstance(f["value"], (int, float)) and math.isfinite(f["value"]), f
+        assert f["metric"] and f["unit"], f
+        assert f["met"] in (True, False, None)
+        if f["target"]:
+            assert f["met"] is not None, f"{name}: {f['metric']} has a target but no verdict"
+
+
+def test_figure_keys_are_the_documented_ones():
+    assert set(Figure("b", "m", 1.0, "x").to_json()) == FIGURE_KEYS
+    text = DOC.read_text()
+    assert all(f"`{key}`" in text for key in FIGURE_KEYS)
+
+
+def test_every_benchmark_is_in_the_report():
+    text = DOC.read_text()
+    missing = [name for name in BENCHMARKS if f"| `{name}` |" not in text]
+    assert missing == []
