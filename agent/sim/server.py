@@ -16,8 +16,9 @@ KV lives in vramscope's ``KVBlockPool`` (bookkeeping only), preallocated as one 
 the allocator model, for the ``healthy``, ``leak`` and ``pool`` designs; the ``fragmentation``
 design gives each request its own KV buffer (the pre-paging design), grown by allocate-copy-
 free, which the caching allocator cannot keep compact: when no block fits and no segment can be
-had, the allocation fails, the server writes a post-mortem, aborts the requests in flight,
-empties the cache and pauses for ``restart_s``.
+had, the allocation fails: the server writes a post-mortem and dies with its requests; its
+supervisor restarts it (a fresh allocator, weights and pool, and no leaked memory) after
+``restart_s``.
 
 Records (DESIGN.md vocabulary), all stamped with simulated time and this server's device:
 ``Sample``s from source ``torch`` (the allocator model's counters; the largest free block from a
@@ -118,6 +119,7 @@ class SimServer:
         self._down_until_s = 0.0
         self._next_sample_s = start_ts_s
         self._samples_taken = 0
+        self._history: deque[Sample] = deque(maxlen=1800)
         self._sampled_this_tick = False
         self._activity = Phase.IDLE
         self.counts = {"served": 0, "aborted": 0, "preempted": 0, "ooms": 0}
@@ -304,21 +306,28 @@ class SimServer:
             reserved_bytes=self.alloc.reserved_bytes,
             requests_in_flight=[r.req.request_id for r in self.running])
         self._maybe_sample(phase, force=True)
-        self.sink.put(pm._replace(message=str(exc), cause=_diagnose(pm)))
+        self.sink.put(pm._replace(message=str(exc), cause=_diagnose(pm, self._history)))
         self._event("oom", None, {"message": str(exc), "failed_alloc_bytes": exc.size_bytes})
         self._abort_all()
 
     def _abort_all(self) -> None:
-        self._free_temporaries()
-        for r in list(self.running):
-            self._release_kv(r)
+        """The process dies with the OOM; its supervisor restarts it after ``restart_s``."""
+        self._temporaries = []
+        for r in self.running:
             self.counts["aborted"] += 1
             self._event("request_end", r.req.request_id, {"aborted": True})
         self.running = []
         self.counts["aborted"] += len(self.waiting)  # their clients got errors too
         self.waiting.clear()
-        self.alloc.empty_cache()
+        self._restart()
         self._down_until_s = self.now_s + self.spec.restart_s
+
+    def _restart(self) -> None:
+        """A new process: a fresh allocator (counters from zero), weights, pool; no leak."""
+        self.alloc = CachingAllocatorModel(self.spec.limit_bytes, device=self.spec.device)
+        self.pool = self._make_pool() if self.spec.paged else None
+        self._leaked = []
+        self._load_weights()
 
     # --- records ---------------------------------------------------------------------------
     def _event(self, name: str, request_id: str | None, data: dict | None = None) -> None:
@@ -332,8 +341,10 @@ class SimServer:
         self._sampled_this_tick = True
         self._next_sample_s = self.now_s + self.spec.sample_interval_s
         self._samples_taken += 1
-        for record in self.read(phase):
+        records = self.read(phase)
+        for record in records:
             self.sink.put(record)
+        self._history.append(records[0])  # torch samples, for the post-mortem's diagnosis
 
     def read(self, phase: Phase) -> list[Sample]:
         """The torch, kv and nvml samples of this instant."""
@@ -356,9 +367,9 @@ class SimServer:
         return out
 
 
-def _diagnose(pm) -> str | None:
+def _diagnose(pm, samples) -> str | None:
     try:
         from agent.analysis.diagnosis import diagnose
     except ImportError:
         return None
-    return diagnose(pm)[0]
+    return diagnose(pm, list(samples))[0]
