@@ -10,6 +10,7 @@ override, and every path the docs mention exists.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -249,3 +250,15 @@ def test_prometheus_scrape_config_is_valid(tmp_path):
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_container_image_copies_what_exists_and_runs_the_agent(k8s):
+    text = (ROOT / "deploy" / "container" / "Dockerfile").read_text()
+    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ")]
+    sources = [src for srcs in copies for src in srcs]
+    assert "pyproject.toml" in sources and "migrations" in sources
+    assert sorted(s for s in sources if not (ROOT / s).exists()) == []
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M).group(1)
+    agent = _containers(k8s["Pod"])["vramscope-agent"]
+    assert json.loads(cmd) == agent["command"]
+    assert "USER 1000:1000" in text  # the pod's runAsUser

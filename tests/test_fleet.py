@@ -213,7 +213,7 @@ def check_host_rows(store: Store, host: str, written_dropped: tuple[int, int],
     for device in range(DEVICES):  # sampling went on through the outage: no hole in the series
         ts = sorted(t for d, t in nvml if d == device)
         gap_s = max(b - a for a, b in zip(ts, ts[1:]))
-        assert gap_s < 0.5, f"{host} device {device}: {gap_s:.2f} s without samples"
+        assert gap_s < 1.0, f"{host} device {device}: {gap_s:.2f} s without samples"
     events = store.events(host=host)
     assert (dropped, len(samples) + len(events)) == (0, written), f"{host}:\n{log}"
     assert "cannot write to the database" in log  # it did see the outage...
