@@ -20,13 +20,13 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 from agent.alert_rules import OPS, Rule, rules_from
 from agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
 from agent.analysis.kv import KvTracker
 from agent.analysis.leaks import LeakDetector
+from agent.analysis.merge import merged
 from agent.analysis.risk import RiskModel
 from agent.analysis.thresholds import Thresholds
 from agent.clock import SYSTEM_CLOCK, Clock
@@ -201,9 +201,12 @@ class AlertEngine:
         return d
 
     def feed(self, records: Iterable[Sample | Event]) -> list[AlertChange]:
-        """Process records, sorted by time here (ties keep their order: feed in arrival order)."""
+        """Process records, put in time order here exactly as ``analyze`` orders a recording
+        (an event before a sample of the same instant; other ties keep their order)."""
         changes: list[AlertChange] = []
-        batch = sorted(records, key=_TS)  # stable: ties keep arrival order
+        records = records if isinstance(records, list) else list(records)
+        batch = merged([r for r in records if type(r) is not Event],
+                       [r for r in records if type(r) is Event])
         for rec in batch:
             d = self.device(rec.device)
             if isinstance(rec, Event):
@@ -261,7 +264,6 @@ class AlertEngine:
                                    rule.describe(value), rule.labels, fired, host))
 
 
-_TS = attrgetter("ts_s")
 
 
 # --- sinks -----------------------------------------------------------------------------------
@@ -331,6 +333,11 @@ class WebhookSink:
         self._thread = threading.Thread(target=self._run, name="vramscope-webhook", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> WebhookSink:
+        return cls(config["alerts.webhook_url"], timeout_s=config["alerts.webhook_timeout_s"],
+                   retries=config["alerts.webhook_retries"], clock=clock)
+
     def send(self, change: AlertChange) -> None:
         try:
             self._queue.put_nowait(change)
@@ -376,8 +383,9 @@ def sinks_from_config(config: Mapping[str, Any], store: Any = None,
     sinks: list = [LogSink()]
     if store is not None:
         sinks.append(StoreSink(store))
-    url = config.get("alerts.webhook_url") if config is not None else ""
-    if url:
-        sinks.append(WebhookSink(url, timeout_s=config["alerts.webhook_timeout_s"],
-                                 retries=config["alerts.webhook_retries"], clock=clock))
+    if config is not None and config.get("alerts.webhook_url"):
+        sinks.append(WebhookSink.from_config(config, clock))
     return sinks
+
+
+make_sinks = sinks_from_config  # the name the agent daemon looks for
