@@ -159,6 +159,13 @@ SETTINGS: tuple[Setting, ...] = (
             min=0, max=1),
     Setting("alerts.leak_warmup_s", float, 300.0,
             "Ignore the idle floor for this long after start (warm-up).", min=0, max=86400),
+    Setting("alerts.leak_floor_window_s", float, 60.0,
+            "One idle-floor point per window of this length; the leak detector needs 30 points "
+            "after warm-up and fits the last 120. Shorten only for short recordings.",
+            min=0.01, max=86400),
+    Setting("alerts.trend_window_s", float, 60.0,
+            "The OOM forecast fits the peaks of the last 20 windows of this length (10 at "
+            "least). Shorten only for short recordings.", min=0.01, max=86400),
     Setting("alerts.fragmentation_warning_ratio", float, 0.5,
             "Warn when external fragmentation exceeds this while headroom is low.", min=0,
             max=1),

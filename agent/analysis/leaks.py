@@ -1,6 +1,7 @@
 """Leak detection on the idle floor: is the memory left over between requests still rising?
 
-The *idle floor* is one point per minute: the least allocated memory seen in that minute while
+The *idle floor* is one point per minute (``alerts.leak_floor_window_s``): the least allocated
+memory seen in that minute while
 no request was in flight (phase ``idle``, or no request open by the request events); where the
 server is never idle, the least allocated memory of the minute (the floor between requests).
 A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor.
@@ -31,7 +32,7 @@ from agent.analysis.stats import mann_kendall, median, theil_sen
 from agent.analysis.thresholds import Thresholds
 from agent.records import Event, Phase, Sample
 
-FLOOR_WINDOW_S = 60.0
+FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
 HORIZON_POINTS = 120  # two hours of floor points
 MIN_POINTS = 30  # half an hour after the warm-up before any verdict
 EVAL_EVERY_POINTS = 5
@@ -111,7 +112,7 @@ class LeakDetector:
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
-        self.floor = FloorTracker()
+        self.floor = FloorTracker(self.t.leak_floor_window_s)
         self.points: list[tuple[float, int]] = []  # every floor point after the warm-up
         self.result = NO_VERDICT
         self.limit_bytes: int | None = None
@@ -214,9 +215,10 @@ def _evidence(points, slope, growth, test, r_test, limit_bytes, checks) -> str:
 
 
 def idle_floor(samples: Iterable[Sample], events: Iterable[Event] = (),
-               device: int | None = None) -> list[tuple[float, int]]:
+               device: int | None = None,
+               window_s: float = FLOOR_WINDOW_S) -> list[tuple[float, int]]:
     """The idle-floor points ``(ts_s, bytes)`` of one device (the first one seen if ``None``)."""
-    tracker, out = FloorTracker(), []
+    tracker, out = FloorTracker(window_s), []
     for rec in merged(samples, events):
         if device is None:
             device = rec.device

@@ -9,10 +9,10 @@ with memory figures it gives a :class:`RiskPoint`:
   allocator does not own (device used − reserved: CUDA context, other processes);
 - **headroom after spike** = limit − max(demand, baseline + largest prefill spike seen): room
   left if the largest prompt seen so far arrived now;
-- **time to OOM** from the trend of the *peaks* (the maximum demand in each ``PEAK_WINDOW_S``
-  window), not of the raw samples: a Theil–Sen line over the last ``TREND_WINDOWS`` peaks,
-  extrapolated to the limit, with Sen's 90 % band on the slope as the uncertainty band; only
-  when the band's low slope is above zero (a significant rise);
+- **time to OOM** from the trend of the *peaks* (the maximum demand in each window of
+  ``alerts.trend_window_s``), not of the raw samples: a Theil–Sen line over the last
+  ``TREND_WINDOWS`` peaks, extrapolated to the limit, with Sen's 90 % band on the slope as
+  the uncertainty band; only when the band's low slope is above zero (a significant rise);
 - **fragmentation**: the largest contiguous room (unreserved memory plus the largest free block
   of the latest snapshot) smaller than the largest request seen;
 - **allocator retries**: ``num_alloc_retries`` rose within the last ``RETRY_WINDOW_S`` — the
@@ -39,7 +39,7 @@ from agent.analysis.stats import theil_sen
 from agent.analysis.thresholds import Thresholds
 from agent.records import Event, Phase, Sample
 
-PEAK_WINDOW_S = 60.0  # longer than a KV fill cycle, so a peak is the top of a cycle
+PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
@@ -80,6 +80,7 @@ class RiskModel:
         self._largest_free: int | None = None
         self._ext_frag: float | None = None
         self._window: list[float] | None = None  # [start_s, peak]
+        self._window_s = self.t.trend_window_s
         self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._retries: int | None = None
@@ -137,12 +138,13 @@ class RiskModel:
         if w is None:
             self._window = [ts_s, demand]
             return
-        if ts_s < w[0] + PEAK_WINDOW_S:
+        if ts_s < w[0] + self._window_s:
             if demand > w[1]:
                 w[1] = demand
             return
         self._peaks.append((w[0], w[1]))
-        self._window = [w[0] + PEAK_WINDOW_S * ((ts_s - w[0]) // PEAK_WINDOW_S), demand]
+        step = self._window_s
+        self._window = [w[0] + step * ((ts_s - w[0]) // step), demand]
         self._trend = self._fit() if len(self._peaks) >= MIN_TREND_WINDOWS else None
 
     def _fit(self) -> _Trend | None:

@@ -18,6 +18,8 @@ class Thresholds(NamedTuple):
     time_to_oom_critical_s: float = 300.0
     leak_min_slope_ratio_per_h: float = 0.0025
     leak_warmup_s: float = 300.0
+    leak_floor_window_s: float = 60.0
+    trend_window_s: float = 60.0
     fragmentation_warning_ratio: float = 0.5
     kv_exhaustion_warning_s: float = 60.0
 
