@@ -41,7 +41,9 @@ def report(store: Store, config, device: int, host: str | None, start: float,
     if samples is None:
         raise BadParameter("start", f"the window holds more than {RAW_SAMPLE_LIMIT} samples; "
                                     "narrow it with start and end")
-    return analyze_records(samples, events, config)
+    postmortems = [pm for _, pm in store.postmortems(device, host)
+                   if start <= pm.ts_s <= end]
+    return analyze_records(samples, events, config, postmortems=postmortems, device=device)
 
 
 def _limit_bytes(store: Store, device: int, host: str | None, start: float,

@@ -58,10 +58,17 @@ def overview():
     return jsonify(queries.overview(st.store, st.config, st.clock.time_s()))
 
 
+def _latest(store, device: int, host: str | None) -> float | None:
+    """The newest sample's time, read only when the request leaves ``end`` out."""
+    if params.number("end", low=0, high=1e11) is not None:
+        return None
+    span = store.time_range(device, host)
+    return span[1] if span else None
+
+
 def _timeline_doc() -> dict:
     store, device, host = state().store, _device(), _host()
-    span = store.time_range(device, host)
-    start, end = params.time_window(DEFAULT_SPAN_S, span[1] if span else None)
+    start, end = params.time_window(DEFAULT_SPAN_S, _latest(store, device, host))
     max_points = params.integer("max_points", params.DEFAULT_MAX_POINTS, low=1,
                                 high=params.MAX_POINTS_LIMIT)
     columns = params.choices("columns", tl.TIMELINE_COLUMNS, tl.TIMELINE_COLUMNS)
@@ -116,8 +123,7 @@ def postmortem_snapshot(pm_id: int):
 def analysis_report():
     st = state()
     device, host = _device(), _host()
-    span = st.store.time_range(device, host)
-    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
     return jsonify(analysis.report(st.store, st.config, device, host, start, end))
 
 
@@ -169,8 +175,7 @@ def figure_timeline():
 def figure_leaks():
     st = state()
     device, host = _device(), _host()
-    span = st.store.time_range(device, host)
-    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
     return jsonify(analysis.leaks_view(st.store, st.config, device, host, start, end))
 
 
@@ -178,8 +183,7 @@ def figure_leaks():
 def figure_risk():
     st = state()
     device, host = _device(), _host()
-    span = st.store.time_range(device, host)
-    start, end = params.time_window(DEFAULT_SPAN_S * 6, span[1] if span else None)
+    start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
     return jsonify(analysis.risk_view(st.store, st.config, device, host, start, end))
 
 

@@ -13,7 +13,8 @@ from agent.store import Store
 from dashboard import timeline as tl
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
-PHASE_SAMPLE_LIMIT = 5_000  # raw samples read for phase bands when there are no phase events
+PHASE_SAMPLE_LIMIT = 20_000  # raw samples read for phase bands when there are no phase events
+PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
@@ -134,6 +135,8 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
     if changes:
         bands = tl.bands_from_events(changes, end_s)
         return tl.coarsen_bands(bands, start_s, end_s, max_bands), "events"
+    if end_s - start_s > PHASE_SAMPLE_SPAN_S:
+        return [], "zoom in for phases"
     raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
     if len(raw) > PHASE_SAMPLE_LIMIT:
         return [], "zoom in for phases"

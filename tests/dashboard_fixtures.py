@@ -173,3 +173,25 @@ class ServedApp:
 
     def close(self) -> None:
         self.server.close()
+
+
+# --- pytest fixtures (import them into a test module to use them) -----------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def seeded(tmp_path_factory) -> Seeded:
+    """The seeded database, shared read-only by the dashboard tests of a session."""
+    return seed(tmp_path_factory.mktemp("dashboard") / "seed.db")
+
+
+@pytest.fixture
+def dash_app(seeded):
+    from dashboard.app import create_app
+
+    return create_app(seeded.config(), seeded.store, clock=seeded.clock)
+
+
+@pytest.fixture
+def client(dash_app):
+    return dash_app.test_client()

@@ -1,0 +1,192 @@
+"""The OpenAPI 3.0 document of ``/api/v1`` (served at ``/api/v1/openapi.json``).
+
+Written by hand next to the handlers and checked against them by schemathesis
+(``tests/test_api_schemathesis.py``): every response must match these schemas, and no input the
+schema allows may produce a 5xx.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard.params import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
+from dashboard.timeline import TIMELINE_COLUMNS
+
+NUM = {"type": "number"}
+INT = {"type": "integer"}
+STR = {"type": "string"}
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+def obj(props: dict[str, Any], required: bool = True, extra: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": props,
+                           "additionalProperties": extra}
+    if required:
+        out["required"] = list(props)
+    return out
+
+
+def array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+DEVICE = _query("device", {"type": "integer", "minimum": 0, "maximum": 4095, "default": 0},
+                "CUDA device index.")
+HOST = _query("host", {"type": "string", "maxLength": 255},
+              "Host name (default: the store's own host).")
+START = _query("start", {"type": "number", "minimum": 0, "maximum": 1e11},
+               "Window start, Unix seconds (default: end minus the default span).")
+END = _query("end", {"type": "number", "minimum": 0, "maximum": 1e11},
+             "Window end, Unix seconds (default: the newest sample).")
+MAX_POINTS = _query("max_points", {"type": "integer", "minimum": 1, "maximum": MAX_POINTS_LIMIT,
+                                   "default": DEFAULT_MAX_POINTS},
+                    "Buckets per series; each keeps its min and max, so peaks survive.")
+COLUMNS = _query("columns", {"type": "string"},
+                 "Comma-separated sample columns; default all of: " + ", ".join(TIMELINE_COLUMNS))
+
+ERROR = obj({"error": obj({"status": INT, "title": STR, "message": STR,
+                           "parameter": STR}, required=False)})
+SERIES = obj({"ts": array(NUM), "min": array(nullable(NUM)), "max": array(nullable(NUM))},
+             required=False)
+LATEST = nullable({"type": "object", "additionalProperties": True,
+                   "properties": {"last_ts_s": NUM, "first_ts_s": NUM,
+                                  "phase": nullable(STR), "pid": nullable(INT)}})
+DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nullable(STR),
+                  "total_bytes": nullable(INT),
+                  "risk": {"type": "string", "enum": ["ok", "warning", "critical"]},
+                  "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM)})
+PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
+               "devices": nullable(STR), "host": STR, "first_seen_s": NUM, "last_seen_s": NUM},
+              required=False)
+ALERT = obj({"id": INT, "rule": STR, "severity": STR, "fired_ts_s": NUM,
+             "resolved_ts_s": nullable(NUM), "value": nullable(NUM), "message": nullable(STR),
+             "labels": {"type": "object", "additionalProperties": True},
+             "device": nullable(INT), "host": nullable(STR)})
+HOLDER = obj({"size_bytes": INT, "frames": array(STR), "phase": nullable(STR)})
+POSTMORTEM = obj({"id": INT, "ts_s": NUM, "device": INT, "pid": nullable(INT), "phase": STR,
+                  "failed_alloc_bytes": nullable(INT), "driver_free_bytes": nullable(INT),
+                  "device_total_bytes": nullable(INT), "allocated_bytes": nullable(INT),
+                  "reserved_bytes": nullable(INT), "largest_free_block_bytes": nullable(INT),
+                  "external_fragmentation_ratio": nullable(NUM),
+                  "requests_in_flight": array(STR), "top_holders": array(HOLDER),
+                  "segments": array({"type": "object"}), "message": nullable(STR),
+                  "cause": nullable(STR), "remedies": array(STR), "host": nullable(STR),
+                  "snapshot_available": {"type": "boolean"}})
+FIGURE = obj({"data": array({"type": "object"}), "layout": {"type": "object"}})
+TIMELINE = obj({
+    "device": INT, "host": STR, "start": NUM, "end": NUM, "max_points": INT, "bucket_s": NUM,
+    "series": {"type": "object", "additionalProperties": SERIES},
+    "phases": array(obj({"phase": {"type": "string", "enum": ["prefill", "decode", "idle"]},
+                         "start": NUM, "end": NUM})),
+    "phase_source": STR,
+    "events": array(obj({"ts": NUM, "name": STR, "request_id": nullable(STR),
+                         "message": nullable(STR), "pid": nullable(INT)})),
+    "events_truncated": {"type": "boolean"},
+    "retries": array(obj({"ts": NUM, "count": NUM}))})
+ESTIMATE_PARAMS = [
+    _query("model", {"type": "string", "maxLength": 80}, "A name for the estimate."),
+    _query("layers", {"type": "integer", "minimum": 1, "maximum": 1000}, "Decoder layers."),
+    _query("kv_heads", {"type": "integer", "minimum": 1, "maximum": 1024}, "KV heads."),
+    _query("head_dim", {"type": "integer", "minimum": 1, "maximum": 4096}, "Head dimension."),
+    _query("hidden", {"type": "integer", "minimum": 1, "maximum": 1000000}, "Hidden size."),
+    _query("intermediate", {"type": "integer", "minimum": 0, "maximum": 10000000}, "MLP size."),
+    _query("vocab", {"type": "integer", "minimum": 0, "maximum": 10000000}, "Vocabulary."),
+    _query("params_b", {"type": "number", "minimum": 0.001, "maximum": 10000},
+           "Parameters, billions."),
+    _query("dtype", {"type": "string", "maxLength": 32}, "Weight dtype, e.g. bfloat16."),
+    _query("context", {"type": "integer", "minimum": 1, "maximum": 10000000}, "Context tokens."),
+    _query("concurrency", {"type": "integer", "minimum": 1, "maximum": 100000}, "Sequences."),
+    _query("margin", {"type": "number", "minimum": 0, "maximum": 0.99}, "Safety margin."),
+    _query("gpu_gib", {"type": "number", "minimum": 0.001, "maximum": 100000},
+           "GPU memory in GiB (default: the largest measured limit)."),
+    HOST,
+]
+CAPACITY = obj({"devices": array(obj({"host": STR, "device": INT,
+                                      "peaks": nullable({"type": "object"})})),
+                "shape": {"type": "object"}, "estimate": nullable({"type": "object"}),
+                "estimate_problem": nullable(STR)})
+
+
+def _op(summary: str, schema: dict[str, Any], parameters: list | None = None,
+        errors: tuple[int, ...] = (400,), content_type: str = "application/json"
+        ) -> dict[str, Any]:
+    responses: dict[str, Any] = {"200": {"description": "OK",
+                                         "content": {content_type: {"schema": schema}}}}
+    for code in errors:
+        responses[str(code)] = {"description": "error",
+                                "content": {"application/json": {"schema": ERROR}}}
+    return {"get": {"summary": summary, "parameters": parameters or [], "responses": responses}}
+
+
+PM_ID = {"name": "pm_id", "in": "path", "required": True,
+         "schema": {"type": "integer", "minimum": 0, "maximum": 2**62}}
+
+
+def paths() -> dict[str, Any]:
+    window = [DEVICE, HOST, START, END]
+    return {
+        "/hosts": _op("Hosts that have reported", obj({"hosts": array({"type": "object"})}),
+                      errors=()),
+        "/devices": _op("Every device with its current values and risk level",
+                        obj({"devices": array(DEVICE_ROW)}), errors=()),
+        "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
+        "/overview": _op("Hosts, devices, processes and active alerts", obj({
+            "now_s": NUM, "hosts": array({"type": "object"}), "devices": array(DEVICE_ROW),
+            "processes": array(PROCESS), "alerts": array(ALERT)}), errors=()),
+        "/timeline": _op("Downsampled series, phase bands and event markers", TIMELINE,
+                         [*window, MAX_POINTS, COLUMNS]),
+        "/alerts": _op("Alerts, newest first", obj({"alerts": array(ALERT)}), [
+            _query("active", {"type": "boolean"}, "Only alerts still firing."),
+            _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "At most."),
+            HOST]),
+        "/postmortems": _op("OOM post-mortems", obj({"postmortems": array(POSTMORTEM)}), [
+            _query("device", {"type": "integer", "minimum": 0, "maximum": 4095}, "Device."),
+            HOST]),
+        "/postmortems/{pm_id}": _op("One post-mortem", POSTMORTEM, [PM_ID], errors=(404,)),
+        "/postmortems/{pm_id}/snapshot": _op(
+            "The PyTorch snapshot kept with a post-mortem", {"type": "string",
+                                                             "format": "binary"},
+            [PM_ID], errors=(404,), content_type="application/octet-stream"),
+        "/analysis": _op("The vramscope.analysis/1 document for a device and window",
+                         obj({"format": STR, "devices": {"type": "object"},
+                              "alerts": array({"type": "object"})}, required=False),
+                         window, errors=(400, 503)),
+        "/capacity": _op("Measured peaks beside the capacity estimate", CAPACITY,
+                         ESTIMATE_PARAMS),
+        "/figures/overview": _op("Plotly figure: memory by device", FIGURE, errors=()),
+        "/figures/timeline": _op("Plotly figure: the device timeline", FIGURE,
+                                 [*window, MAX_POINTS, COLUMNS]),
+        "/figures/leaks": _op("Plotly figure and verdict: the idle floor", obj({
+            "figure": FIGURE, "result": nullable({"type": "object"}), "method": STR,
+            "floor_points": INT, "limit_bytes": nullable(INT),
+            "orphaned": array({"type": "object"})}), window),
+        "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
+            "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
+            "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT)}), window),
+        "/figures/capacity": _op("Plotly figure: peaks and estimate", FIGURE,
+                                 ESTIMATE_PARAMS),
+        "/figures/postmortems/{pm_id}": _op("Plotly figures: segment map and top holders",
+                                            obj({"segments": FIGURE, "holders": FIGURE}),
+                                            [PM_ID], errors=(404,)),
+    }
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "vramscope dashboard API", "version": "1",
+                 "description": "GPU memory timelines, alerts, post-mortems and analysis. "
+                                "Bytes are integers, times Unix seconds. Errors are "
+                                "{\"error\": {status, title, message, parameter?}}."},
+        "servers": [{"url": "/api/v1"}],
+        "paths": paths(),
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
