@@ -72,3 +72,38 @@ def test_fragmentation_server_wrote_an_oom_postmortem(demo_db):
     assert pm.largest_free_block_bytes < pm.failed_alloc_bytes < free_in_reserved
     assert pm.segments and pm.requests_in_flight
     assert store.postmortems(device=HEALTHY) == [] and store.postmortems(device=LEAK) == []
+
+
+def test_bad_flags_are_usage_errors(capsys):
+    from agent.cli import main
+
+    assert main(["demo", "--duration", "0"]) == 2
+    assert "--duration must be > 0" in capsys.readouterr().err
+    assert main(["demo", "--speed", "0.5"]) == 2
+
+
+def test_gpu_flag_without_cuda_is_a_clear_error(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    from agent.cli import main
+
+    assert main(["demo", "--gpu", "--duration", "1", "--no-browser"]) == 1
+    assert "--gpu needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_demo_records_real_allocator_samples(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    url = f"sqlite:///{tmp_path}/gpu.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "agent", "demo", "--gpu", "--duration", "20",
+                           "--no-browser", "--port", "0", "--db", url], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Store.open(url) as store:
+        torch_samples = store.samples(source="torch")
+        assert torch_samples and max(s.allocated_bytes for s in torch_samples) > 0
+        assert store.samples(source="nvml")

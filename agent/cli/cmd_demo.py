@@ -95,6 +95,7 @@ def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
     for server in servers:
         server.sink = agent.sink
     agent.start()
+    _register_process(agent, servers)
     web = None
     try:
         host = args.host or config["dashboard.host"]
@@ -115,6 +116,18 @@ def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
     print("\n".join(demo.summary(agent.store, servers)))
     print(f"database: {db_url}")
     return 0
+
+
+def _register_process(agent, servers) -> None:
+    """Name this process in the store, as a server's hook handshake would."""
+    import os
+    import time
+
+    pid, devices = os.getpid(), tuple(s.spec.device for s in servers)
+    model = servers[0].spec.model.name
+    agent.agent.writer.submit(lambda st: st.upsert_process(
+        pid, time.time(), name="vramscope demo (simulated servers)", model=model,
+        device_indexes=devices))
 
 
 def _announce(url: str, db_url: str, scenarios, pacer, args: argparse.Namespace) -> None:
