@@ -100,3 +100,14 @@ def test_a_found_leak_stays_found_while_it_still_rises_at_half_the_minimum():
     assert evaluate_floor(fast, limit, T).detected
     assert not evaluate_floor((fast + slow)[-30:], limit, T).detected
     assert evaluate_floor((fast + slow)[-30:], limit, T, was_detected=True).detected
+
+
+def test_short_windows_from_the_config_for_short_recordings():
+    # 1-second floor windows and no warm-up: the 30th point (t=29) closes at t=30
+    cfg = {"alerts.leak_floor_window_s": 1.0, "alerts.leak_warmup_s": 0.0}
+    samples = [Sample(t / 10, 0, Phase.IDLE, allocated_bytes=10**9 + 10**6 * t,
+                      device_total_bytes=8 * 10**9) for t in range(400)]
+    r = detect_leak(samples, config=cfg)
+    assert (r.detected, r.first_detected_ts_s) == (True, 30.0)
+    assert r.slope_bytes_per_s == pytest.approx(10**7)
+    assert not detect_leak(samples).detected  # a 40 s recording is too short by default

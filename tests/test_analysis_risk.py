@@ -116,3 +116,12 @@ def test_risk_timeline_is_per_device_and_causal():
 def test_thresholds_come_from_the_config(config, level):
     tl = risk_timeline([S(0, D, 850)], config=config)
     assert tl[0].level == level
+
+
+def test_trend_window_from_the_config():
+    # 100 B/s in 0.1 s steps; 1 s windows peak at k + 0.9 s: 590 + 100 k. At t = 10 s the
+    # 10th window closes: level max(1500, 590 + 1000) = 1590 -> (10,000 - 1590) / 100 s
+    m = RiskModel(Thresholds(trend_window_s=1.0))
+    points = [m.update(S(i / 10, D, 500 + 10 * i, device_total_bytes=10_000)) for i in range(101)]
+    assert points[99].time_to_oom_s is None
+    assert points[100].time_to_oom_s == pytest.approx(84.1)
