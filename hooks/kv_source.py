@@ -8,7 +8,8 @@ Records it makes (trace format v1, ``source="kv"``):
 - ``Event`` ``kv_alloc`` (``request_id``; ``blocks``, ``tokens``, ``hit_tokens``; and, only
   with ``extend_events=True``, one with ``extend: true`` each time a growing request takes new
   blocks: one per ``block_size`` decoded tokens per request, which the rate samples already
-  show as ``kv_blocks_used``), ``kv_free`` (``request_id``;
+  show as ``kv_blocks_used``; without it the pool does not call ``on_extend`` at all),
+  ``kv_free`` (``request_id``;
   ``blocks_released``, ``blocks_cached``), ``kv_alloc_failed`` (``request_id``; ``tokens``,
   ``reason``) and ``kv_orphaned_blocks`` (``blocks``, ``block_ids``, ``owners``, ``problems``)
   when the bookkeeping check finds a leak or a broken invariant.
@@ -50,6 +51,9 @@ class KVSource(KVPoolObserver):
         self.sample_interval_s = sample_interval_s
         self.check_interval_s = check_interval_s
         self.extend_events = extend_events
+        if not extend_events:
+            # Not even called, then: a block crossing costs the pool one ``is None`` test.
+            self.on_extend = None  # type: ignore[assignment]
         self.pid = os.getpid() if pid is None else pid
         self._phase_fn = phase_fn
         # The system clock's functions themselves, not its methods: a call less per event.
@@ -97,11 +101,8 @@ class KVSource(KVPoolObserver):
 
     def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
-        if self.extend_events:
-            self._event(pool, "kv_alloc", request_id,
-                        {"blocks": len(new_block_ids), "tokens": num_tokens, "extend": True})
-        elif self._monotonic_s() >= self._next_sample_s:
-            self._sample_now(pool)
+        self._event(pool, "kv_alloc", request_id,
+                    {"blocks": len(new_block_ids), "tokens": num_tokens, "extend": True})
 
     def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:

@@ -41,18 +41,20 @@ def test_allocate_puts_an_event_and_samples_at_a_rate(setup):
     pool.extend("b", 1)  # fits in b's block: decode steps are not reported at all
     assert len(sink.records) == 3
     clock.advance(1.0)
-    pool.extend("b", 1)  # takes a block, and the interval is over: a sample
-    assert len(sink.events()) == 2
+    pool.extend("b", 1)  # takes a block: shows in the next sample, at the next event
+    pool.allocate("c", 1)
+    assert len(sink.events()) == 3
     last = sink.samples()[-1]
-    assert (last.ts_s, last.kv_blocks_used, last.kv_tokens_used) == (T0 + 1.0, 4, 11)
+    assert (last.ts_s, last.kv_blocks_used, last.kv_tokens_used) == (T0 + 1.0, 5, 12)
 
 
 def test_extend_that_takes_blocks_is_a_kv_alloc_when_asked(setup):
-    _, sink, pool, source = setup
+    clock, sink, pool, source = setup
     pool.allocate("a", 4)
     pool.extend("a", 5)
     assert len(sink.events()) == 1  # by default growth shows in the samples only
-    source.extend_events = True
+    assert pool._on_extend is None  # and the pool does not even call the source
+    KVSource(sink, clock=clock, extend_events=True).attach(pool)
     pool.extend("a", 5)
     assert sink.events()[-1].data == {"blocks": 1, "tokens": 14, "extend": True}
 
