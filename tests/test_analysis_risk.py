@@ -125,3 +125,16 @@ def test_trend_window_from_the_config():
     points = [m.update(S(i / 10, D, 500 + 10 * i, device_total_bytes=10_000)) for i in range(101)]
     assert points[99].time_to_oom_s is None
     assert points[100].time_to_oom_s == pytest.approx(84.1)
+
+
+def test_a_per_process_cap_is_the_limit_and_other_processes_do_not_count_against_it():
+    nvml = Sample(0.0, 0, source="nvml", device_used_bytes=990, device_total_bytes=1000)
+    capped = Sample(1.0, 0, D, "torch", allocated_bytes=100, reserved_bytes=120,
+                    device_total_bytes=200)
+    uncapped = capped._replace(ts_s=2.0, device_total_bytes=1000)
+    m = RiskModel()
+    assert m.update(nvml).headroom_bytes == 10  # NVML alone: device total - device used
+    p = m.update(capped)
+    assert (m.limit_bytes, p.headroom_bytes, p.headroom_ratio) == (200, 100, 0.5)
+    p = m.update(uncapped)  # no cap: 990 - 120 of others' memory counts
+    assert (m.limit_bytes, p.headroom_bytes) == (1000, 1000 - 100 - 870)

@@ -138,8 +138,8 @@ class LeakDetector:
         """Feed a sample; returns a new verdict when one was evaluated."""
         if self._first_ts is None:
             self._first_ts = s.ts_s
-        if s.device_total_bytes:
-            self.limit_bytes = s.device_total_bytes
+        if s.device_total_bytes and (s.allocated_bytes is not None or self.limit_bytes is None):
+            self.limit_bytes = s.device_total_bytes  # an allocator sample's limit wins
         if s.allocated_bytes is not None and s.allocated_bytes > self._max_seen:
             self._max_seen = s.allocated_bytes
         point = self.floor.update(s)

@@ -4,9 +4,10 @@ Fed one sample at a time (live in the agent, offline in ``analyze``), it only ev
 to the sample in hand, so the offline timeline is exactly what the live agent said. Per sample
 with memory figures it gives a :class:`RiskPoint`:
 
-- **headroom** = limit − demand, where the *limit* is the latest ``device_total_bytes`` (the
-  device, or the per-process cap) and the *demand* is allocated memory plus memory the
-  allocator does not own (device used − reserved: CUDA context, other processes);
+- **headroom** = limit − demand, where the *limit* is the latest ``device_total_bytes`` of an
+  allocator sample (the per-process cap, if one is set) or else of an NVML sample (the device),
+  and the *demand* is allocated memory plus, without a cap, memory the allocator does not own
+  (device used − reserved: CUDA context, other processes);
 - **headroom after spike** = limit − max(demand, baseline + largest prefill spike seen): room
   left if the largest prompt seen so far arrived now;
 - **time to OOM** from the trend of the *peaks* (the maximum demand in each window of
@@ -73,6 +74,9 @@ class RiskModel:
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
         self.limit_bytes: int | None = None
+        self._cap: int | None = None
+        self._device_total: int | None = None
+        self._capped = False
         self.spikes = SpikeTracker()
         self.largest_request_bytes = 0
         self._reserved: int | None = None
@@ -99,7 +103,7 @@ class RiskModel:
 
     def _absorb(self, s: Sample) -> None:
         if s.device_total_bytes:
-            self.limit_bytes = s.device_total_bytes
+            self._absorb_limit(s)
         if s.reserved_bytes is not None:
             self._reserved = s.reserved_bytes
         if s.device_used_bytes is not None:
@@ -119,9 +123,21 @@ class RiskModel:
             if s.phase is Phase.PREFILL and spikes.current_bytes() > self.largest_request_bytes:
                 self.largest_request_bytes = spikes.current_bytes()
 
+    def _absorb_limit(self, s: Sample) -> None:
+        """An allocator sample's total is the process's limit (its per-process cap, if any);
+        an NVML sample's is the device's. A cap below the device total wins."""
+        if s.allocated_bytes is not None:
+            self._cap = s.device_total_bytes
+        else:
+            self._device_total = s.device_total_bytes
+        cap, total = self._cap, self._device_total
+        self._capped = cap is not None and total is not None and cap < total
+        self.limit_bytes = cap if cap is not None else total
+
     def _other_bytes(self) -> int:
-        """Device memory the caching allocator does not own (context, other processes)."""
-        if self._device_used is None or self._reserved is None:
+        """Device memory the caching allocator does not own (context, other processes); none
+        counts under a per-process cap, which limits the allocator alone."""
+        if self._device_used is None or self._reserved is None or self._capped:
             return 0
         other = self._device_used - self._reserved
         return other if other > 0 else 0
