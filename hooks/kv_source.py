@@ -101,8 +101,15 @@ class KVSource(KVPoolObserver):
 
     def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
-        self._event(pool, "kv_alloc", request_id,
-                    {"blocks": len(new_block_ids), "tokens": num_tokens, "extend": True})
+        phase = self._phase_fn() if self._phase_fn is not None else None
+        data = {"blocks": len(new_block_ids), "tokens": num_tokens, "extend": True}
+        try:  # _event inlined: with extend_events this is the most frequent event
+            self._sink_put(_new_event(Event, (self._time_s(), "kv_alloc", self.device, self.pid,
+                                              phase, request_id, data, None)))
+            if self._monotonic_s() >= self._next_sample_s:
+                self._sample_now(pool)
+        except Exception:
+            pass
 
     def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:

@@ -256,7 +256,10 @@ class KVBlockPool:
         else:
             req.tokens = None
         if new_blocks and self._on_extend is not None:  # decode inside a block stays quiet
-            self._emit(self._on_extend, request_id, tuple(new_blocks), req.num_tokens)
+            try:  # inlined _emit, as for allocate and free
+                self._on_extend(self, request_id, tuple(new_blocks), req.num_tokens)
+            except Exception:
+                self._observer_failed(self._on_extend)
         return tuple(new_blocks)
 
     def free(self, request_id: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -117,8 +117,9 @@ class KVPoolObserver:
     Called on the thread that called the pool, after the pool's state is updated, so an
     observer sees a consistent pool. An observer must be fast and must not call back into
     the pool's mutating methods. The pool binds the methods once, when the observer is set:
-    one left as this class's no-op, or set to ``None`` on the instance, is never called. An exception from an observer is logged once and counted
-    (``stats().observer_errors``), never raised into the caller.
+    one left as this class's no-op, or set to ``None`` on the instance, is never called.
+    An exception from an observer is logged once and counted (``stats().observer_errors``),
+    never raised into the caller.
     """
 
     def on_allocate(self, pool: Any, allocation: Allocation) -> None:
