@@ -227,8 +227,9 @@ PAGES.timeline = () => {
     if (!wired) {
       wired = true;
       div.on("plotly_relayout", (ev) => {
-        if (ev["xaxis.range[0]"] !== undefined) {
-          view = { start: plotlyTime(ev["xaxis.range[0]"]).toFixed(3), end: plotlyTime(ev["xaxis.range[1]"]).toFixed(3) };
+        const range = ev["xaxis.range"] || (ev["xaxis.range[0]"] !== undefined ? [ev["xaxis.range[0]"], ev["xaxis.range[1]"]] : null);
+        if (range) {
+          view = { start: plotlyTime(range[0]).toFixed(3), end: plotlyTime(range[1]).toFixed(3) };
         } else if (ev["xaxis.autorange"]) {
           view = Object.assign({}, home);
         } else return;
