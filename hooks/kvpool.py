@@ -35,8 +35,11 @@ from hooks.kvpool_types import (
     KVPoolError,
     KVPoolObserver,
     KVPoolStats,
+    check_count,
     dtype_name_and_bytes,
     kv_cache_bytes,
+    require_non_negative_int,
+    require_positive_int,
 )
 
 __all__ = ["KVBlockPool", "KVPoolObserver", "KVPoolError", "Allocation", "KVPoolStats",
@@ -77,7 +80,7 @@ class KVBlockPool:
                  observer: KVPoolObserver | None = None) -> None:
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size)):
-            _require_positive_int(name, value)
+            require_positive_int(name, value)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.block_size = block_size
         self.dtype_name, self.bytes_per_element = dtype_name_and_bytes(dtype)
@@ -93,7 +96,7 @@ class KVBlockPool:
             log_no_torch_once()
         self.buffer = (DeviceBuffer(torch, block_shape, self.num_blocks, self.dtype_name, device)
                        if torch is not None else None)
-        _require_non_negative_int("cpu_tier_bytes", cpu_tier_bytes)
+        require_non_negative_int("cpu_tier_bytes", cpu_tier_bytes)
         self.tier = (HostTier(cpu_tier_bytes, self.bytes_per_block, torch, block_shape,
                               self.dtype_name) if cpu_tier_bytes else None)
         self.observer = observer
@@ -103,9 +106,9 @@ class KVBlockPool:
             raise KVPoolError("give exactly one of num_blocks or budget_bytes, got "
                               f"num_blocks={num_blocks!r}, budget_bytes={budget_bytes!r}")
         if num_blocks is not None:
-            _require_positive_int("num_blocks", num_blocks)
+            require_positive_int("num_blocks", num_blocks)
             return num_blocks
-        _require_positive_int("budget_bytes", budget_bytes)
+        require_positive_int("budget_bytes", budget_bytes)
         fitted = budget_bytes // self.bytes_per_block
         if fitted < 1:
             raise KVPoolError(f"budget_bytes={budget_bytes} is smaller than one block "
@@ -235,7 +238,7 @@ class KVBlockPool:
         keyed for prefix reuse. Raises ``KVPoolError`` (pool unchanged) past the pool's room.
         """
         req = self._live(request_id)
-        n = _count(num_new_tokens, token_ids, "num_new_tokens", request_id)
+        n = check_count(num_new_tokens, token_ids, "num_new_tokens", request_id)
         room = len(req.blocks) * self.block_size - req.num_tokens
         if n <= room:  # the decode step's common case: the last block has room
             new_blocks = []
@@ -333,7 +336,7 @@ class KVBlockPool:
         if request_id in self._requests:
             raise KVPoolError(f"request {request_id!r} already holds blocks; extend() it or "
                               "free() it first", request_id)
-        return _count(num_tokens, token_ids, "num_tokens", request_id)
+        return check_count(num_tokens, token_ids, "num_tokens", request_id)
 
     def _live(self, request_id: str) -> _Request:
         req = self._requests.get(request_id)
@@ -464,28 +467,3 @@ class KVBlockPool:
             req.last_hash = hash(key)
             req.hashed += 1
 
-
-def _count(n: int | None, token_ids: Sequence[int] | None, name: str, request_id: str) -> int:
-    if type(n) is int and n > 0 and token_ids is None:  # the hot path: one test
-        return n
-    if n is None:
-        if token_ids is None:
-            raise KVPoolError(f"give {name} or token_ids for request {request_id!r}", request_id)
-        n = len(token_ids)
-    elif token_ids is not None and n != len(token_ids):
-        raise KVPoolError(f"{name}={n} but {len(token_ids)} token_ids were given for request "
-                          f"{request_id!r}", request_id)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise KVPoolError(f"{name} must be a positive integer, got {n!r} for request "
-                          f"{request_id!r}", request_id)
-    return n
-
-
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise KVPoolError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _require_non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise KVPoolError(f"{name} must be a non-negative integer, got {value!r}")

@@ -7,6 +7,7 @@ Standard library only: torch is optional everywhere in the pool.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 # Bytes per element of the cache dtypes we know by name, so a pool can be sized without torch.
@@ -152,3 +153,29 @@ class KVPoolObserver:
 
     def on_check(self, pool: Any, report: CheckReport) -> None:
         """The bookkeeping check ran."""
+
+def check_count(n: int | None, token_ids: Sequence[int] | None, name: str, request_id: str) -> int:
+    """The token count of an allocate / extend: ``n``, or ``len(token_ids)``; both must agree."""
+    if type(n) is int and n > 0 and token_ids is None:  # the hot path: one test
+        return n
+    if n is None:
+        if token_ids is None:
+            raise KVPoolError(f"give {name} or token_ids for request {request_id!r}", request_id)
+        n = len(token_ids)
+    elif token_ids is not None and n != len(token_ids):
+        raise KVPoolError(f"{name}={n} but {len(token_ids)} token_ids were given for request "
+                          f"{request_id!r}", request_id)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise KVPoolError(f"{name} must be a positive integer, got {n!r} for request "
+                          f"{request_id!r}", request_id)
+    return n
+
+
+def require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KVPoolError(f"{name} must be a positive integer, got {value!r}")
+
+
+def require_non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KVPoolError(f"{name} must be a non-negative integer, got {value!r}")
