@@ -95,7 +95,9 @@ def _postmortems() -> list:
 
 @bp.get("/postmortems")
 def postmortems():
-    return jsonify({"postmortems": [queries.postmortem_json(i, pm) for i, pm in _postmortems()]})
+    host = state().store.host_name
+    return jsonify({"postmortems": [queries.postmortem_json(i, pm, host)
+                                    for i, pm in _postmortems()]})
 
 
 def _postmortem(pm_id: int):
@@ -107,7 +109,7 @@ def _postmortem(pm_id: int):
 
 @bp.get("/postmortems/<int:pm_id>")
 def postmortem(pm_id: int):
-    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id)))
+    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id), state().store.host_name))
 
 
 @bp.get("/postmortems/<int:pm_id>/snapshot")

@@ -34,7 +34,7 @@ DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
      "limit when one applies."),
     ("vramscope_kv_blocks_used", "kv_blocks_used", "KV pool blocks referenced by live requests."),
     ("vramscope_kv_blocks_cached", "kv_blocks_cached", "KV pool blocks kept for prefix reuse."),
-    ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool."),
+    ("vramscope_kv_blocks_total", "kv_blocks_total", "KV pool blocks in the pool."),
     ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks."),
 )
 DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (

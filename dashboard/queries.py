@@ -158,9 +158,10 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
     return {"first_ts_s": span[0], "last_ts_s": span[1], **peaks}
 
 
-def postmortem_json(pm_id: int, pm) -> dict[str, Any]:
+def postmortem_json(pm_id: int, pm, default_host: str) -> dict[str, Any]:
     out = pm.to_json()
     out["id"] = pm_id
+    out["host"] = pm.host or default_host
     out["snapshot_available"] = snapshot_file(pm) is not None
     out.pop("snapshot_path", None)  # a server path: not the browser's business
     return out

@@ -45,7 +45,7 @@ def test_device_values_are_the_newest_readings(client):
     assert value(got["vramscope_allocated_bytes"], **d0) == torch_last.allocated_bytes
     assert value(got["vramscope_device_limit_bytes"], **d0) == F.LIMIT_BYTES
     assert value(got["vramscope_device_used_bytes"], **d0) == nvml_last.device_used_bytes
-    assert value(got["vramscope_kv_blocks_capacity"], **d0) == F.KV_BLOCKS_TOTAL
+    assert value(got["vramscope_kv_blocks_total"], **d0) == F.KV_BLOCKS_TOTAL
     assert value(got["vramscope_alloc_retries"], **d0) == 2  # counter family; sample *_total
     assert value(got["vramscope_ooms"], **d0) == 1
     assert value(got["vramscope_alerts_active"], **d0) == 1
@@ -87,8 +87,13 @@ def test_two_apps_have_separate_registries(seeded, tmp_path):
     assert len(scrape(full.test_client())["vramscope_allocated_bytes"]) == 2
 
 
-def test_promtool_accepts_the_exposition(client):
-    """Prometheus' own linter (Debian's promtool), when installed."""
+def test_promtool_parses_the_exposition_and_lints_only_the_known_name(client):
+    """Prometheus' own parser and linter (Debian's promtool), when installed.
+
+    Exit 1 is a parse error; exit 3 means lint notes. The one accepted note is the ``_total``
+    suffix of the gauge ``vramscope_kv_blocks_total`` (the KV pool's size), a name the
+    Prometheus rules and the Grafana board already query.
+    """
     import shutil
     import subprocess
 
@@ -100,4 +105,6 @@ def test_promtool_accepts_the_exposition(client):
     text = client.get("/metrics").get_data(as_text=True)
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    notes = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert all(n.startswith("vramscope_kv_blocks_total non-counter") for n in notes), notes
