@@ -137,8 +137,12 @@ def copy_block(dst: Any, dst_index: int, src: Any, src_index: int) -> None:
     dst[dst_index].copy_(src[src_index])
 
 
-def log_no_torch_once(_state: dict[str, bool] = {}) -> None:  # noqa: B006 - a deliberate latch
-    if not _state.get("logged"):
-        _state["logged"] = True
+_no_torch_logged = False  # one line per process, however many pools
+
+
+def log_no_torch_once() -> None:
+    global _no_torch_logged
+    if not _no_torch_logged:
+        _no_torch_logged = True
         log.info("vramscope: torch is not installed; KVBlockPool keeps bookkeeping only "
                  "(no tensors). Install torch for a real KV buffer.")

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+
 import pytest
-import torch
 
 from hooks.kvpool import KVBlockPool, KVPoolError, KVPoolObserver, kv_cache_bytes
+
+try:
+    import torch
+except ImportError:  # the pool's bookkeeping works without torch; its tensors do not
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 # 2 layers x 2 KV heads x head dim 4 x 4 tokens x float32: 2*2*2*4*4*4 = 512 bytes a block.
 SHAPE = dict(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", block_size=4)
@@ -34,6 +43,7 @@ def fill_request(pool: KVBlockPool, rid: str, seed: int) -> dict[int, tuple]:
 
 
 # --- construction and size -------------------------------------------------------------------
+@needs_torch
 def test_size_follows_the_standard_formula_and_the_buffer_matches_it():
     pool = make_pool(6)
     assert kv_cache_bytes(2, 2, 4, 4, 4) == BLOCK_BYTES
@@ -50,6 +60,7 @@ def test_budget_in_bytes_takes_as_many_whole_blocks_as_fit():
     assert pool.size_bytes == 1536
 
 
+@needs_torch
 def test_dtype_by_name_or_torch_dtype_sets_element_size():
     a = KVBlockPool(num_layers=16, num_kv_heads=4, head_dim=128, dtype="bfloat16",
                     block_size=16, num_blocks=2, buffer=False)
@@ -205,6 +216,7 @@ def test_a_hit_refreshes_recency():
 
 
 # --- CPU tier --------------------------------------------------------------------------------
+@needs_torch
 def test_offload_and_restore_round_trip_is_byte_exact():
     pool = make_pool(4, cpu_tier_bytes=2 * BLOCK_BYTES)
     prompt = list(range(9))
@@ -238,6 +250,7 @@ def test_tier_is_bounded_in_bytes_and_drops_its_oldest():
     assert pool.allocate("b", token_ids=list(range(9))).restored_tokens == 4
 
 
+@needs_torch
 def test_bookkeeping_only_pool_behaves_like_the_buffered_one():
     ops = [("alloc", "a", list(range(9))), ("alloc", "b", list(range(5))), ("free", "a", None),
            ("alloc", "c", list(range(13))), ("free", "b", None)]
@@ -297,8 +310,8 @@ def test_allocate_more_than_the_pool_fails_and_changes_nothing():
     (lambda p: p.allocate("b", 3, token_ids=[1, 2]), "num_tokens=3 but 2 token_ids"),
     (lambda p: p.allocate("", 3), "request_id must be a non-empty string"),
     (lambda p: p.extend("a", -1), "num_new_tokens must be a positive integer, got -1"),
-    (lambda p: p.write_kv("a", 0, 2, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)),
-     "tokens [2, 4) are outside request 'a''s 3 tokens"),
+    pytest.param(lambda p: p.write_kv("a", 0, 2, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)),
+                 "tokens [2, 4) are outside request 'a''s 3 tokens", marks=needs_torch),
 ])
 def test_bad_arguments_raise_clear_errors_and_leave_the_pool_consistent(call, message):
     pool = make_pool(4)
@@ -377,3 +390,29 @@ def test_a_failing_observer_is_counted_never_raised():
     pool.allocate("b", 4)
     assert pool.stats().observer_errors == 2
     assert pool.check(["a", "b"]).ok
+
+
+# --- torch is optional -----------------------------------------------------------------------
+def test_importing_and_using_a_bookkeeping_pool_never_imports_torch():
+    code = ("import sys; from hooks.kvpool import KVBlockPool; "
+            "p = KVBlockPool(num_layers=2, num_kv_heads=2, head_dim=4, num_blocks=4, "
+            "buffer=False); p.allocate('a', token_ids=[1, 2, 3, 4, 5]); p.free('a'); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.stdout.strip() == "False"
+
+
+def test_without_torch_the_pool_keeps_bookkeeping_and_says_so_once(monkeypatch, caplog):
+    import hooks.kvpool as kvpool
+    import hooks.kvpool_tier as tier
+
+    monkeypatch.setattr(kvpool, "load_torch", lambda: None)
+    monkeypatch.setattr(tier, "_no_torch_logged", False)
+    with caplog.at_level(logging.INFO, logger="vramscope.kvpool"):
+        pools = [make_pool(4, cpu_tier_bytes=BLOCK_BYTES) for _ in range(2)]
+    assert all(p.buffer is None and p.tier.host is None for p in pools)
+    assert [r.getMessage() for r in caplog.records] == [
+        "vramscope: torch is not installed; KVBlockPool keeps bookkeeping only (no tensors). "
+        "Install torch for a real KV buffer."]
+    assert pools[0].allocate("a", 5).block_ids == (0, 1)
