@@ -77,19 +77,21 @@ class DeviceAnalysis:
 
     def on_sample(self, s: Sample) -> None:
         self.last_sample = s
-        for name in self._raw_fields:
-            value = getattr(s, name)
-            if value is not None:
-                self.fields[name] = value
+        if self._raw_fields:
+            for name in self._raw_fields:
+                value = getattr(s, name)
+                if value is not None:
+                    self.fields[name] = value
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s)
             self._num_ooms = s.num_ooms
         point = self.risk.update(s)
-        if point is not None:
+        if point is not None and (point.time_to_oom_s is not None or self.risk.level_index):
             self._note_risk(point)
         self.leak.update(s)
-        self.kv.update(s)
+        if s.kv_blocks_used is not None:
+            self.kv.update(s)
 
     def _note_risk(self, point) -> None:
         level = self.risk.level_index
@@ -207,9 +209,10 @@ class AlertEngine:
         records = records if isinstance(records, list) else list(records)
         batch = merged([r for r in records if type(r) is not Event],
                        [r for r in records if type(r) is Event])
+        devices = self.devices
         for rec in batch:
-            d = self.device(rec.device)
-            if isinstance(rec, Event):
+            d = devices.get(rec.device) or self.device(rec.device)
+            if type(rec) is Event:
                 d.on_event(rec)
                 if rec.name not in ("oom", "kv_orphaned_blocks"):
                     continue

@@ -12,6 +12,7 @@ KV sawtooth, batching cycles), and the plain test calls such wiggles a trend far
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -47,8 +48,11 @@ def median(values: Sequence[float]) -> float:
 
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
     """The median of pairwise slopes, robust to up to ~29 % outliers; needs two distinct xs."""
-    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
-                    for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i])
+    slopes = []
+    for i in range(len(xs) - 1):
+        xi, yi = xs[i], ys[i]
+        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:]) if x != xi]
+    slopes.sort()
     if not slopes:
         raise ValueError("theil_sen needs at least two points with different x")
     slope = median(slopes)
@@ -75,7 +79,11 @@ def mann_kendall(ys: Sequence[float], slope_per_index: float | None = None) -> T
     n = len(ys)
     if n < 4:
         return TrendTest(0, 0.0, 0.5, 1.0)
-    s = sum(_sign(ys[j] - ys[i]) for i in range(n) for j in range(i + 1, n))
+    s = 0
+    for i in range(n - 1):
+        yi = ys[i]
+        tail = ys[i + 1:]
+        s += sum([y > yi for y in tail]) - sum([y < yi for y in tail])
     variance = _variance_with_ties(ys)
     if variance <= 0:
         return TrendTest(s, 0.0, 0.5, 1.0)
@@ -84,10 +92,6 @@ def mann_kendall(ys: Sequence[float], slope_per_index: float | None = None) -> T
     factor = _hamed_rao_factor([y - slope_per_index * i for i, y in enumerate(ys)])
     z = _continuity_z(s, variance * factor)
     return TrendTest(s, z, 0.5 * math.erfc(z / math.sqrt(2.0)), factor)
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
 
 
 def _variance_with_ties(ys: Sequence[float]) -> float:
@@ -123,7 +127,7 @@ def _hamed_rao_factor(residuals: Sequence[float]) -> float:
     bound = 1.959963984540054 / math.sqrt(n)
     total = 0.0
     for k in range(1, n - 2):
-        rho = sum(centred[i] * centred[i + k] for i in range(n - k)) / denom
+        rho = sum(map(operator.mul, centred, centred[k:])) / denom
         if abs(rho) > bound:
             total += (n - k) * (n - k - 1) * (n - k - 2) * rho
     factor = 1.0 + 2.0 * total / (n * (n - 1) * (n - 2))
