@@ -104,6 +104,10 @@ def observe_paged_attention_cache(cache: Any, sink: Any, device: int = 0, *,
     """
     if getattr(cache, _WATCH_ATTR, None) is not None:
         return True
+    if sink is None:
+        log.info("vramscope: KV view of transformers' cache not observed: no sink to put "
+                 "records to (pass sink= to attach_transformers)")
+        return False
     layout, missing = pick_layout(cache)
     if layout is None:
         log.info("vramscope: KV view of transformers' %s not observed: %s. This transformers "

@@ -145,6 +145,12 @@ def test_an_unknown_cache_is_not_observed_with_one_log_line(caplog):
     assert "internals differ from 5.17 and 5.24" in lines[0]
 
 
+def test_no_sink_means_not_observed(caplog):
+    with caplog.at_level(logging.INFO, logger="vramscope.hooks"):
+        assert observe_paged_attention_cache(types.SimpleNamespace(), None) is False
+    assert "no sink to put records to" in caplog.records[0].getMessage()
+
+
 def test_a_fault_later_turns_the_view_off_and_the_cache_keeps_working(model, sink, caplog):
     cache = run_sequentially(model, [SYSTEM_PROMPT[:10]])
     before = len(sink.records)
