@@ -270,7 +270,7 @@ def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any,
     observer = OomObserver(
         sink, take_segments=light_snapshot_fn(torch),
         read_counters=lambda d: by_device[d].counters() if d in by_device else None,
-        dump_snapshot=torch.cuda.memory._dump_snapshot, snapshot_dir=config["hooks.snapshot_dir"],
+        full_snapshot=torch.cuda.memory._snapshot, snapshot_dir=config["hooks.snapshot_dir"],
         min_interval_s=float(config["hooks.postmortem_min_interval_s"]), clock=clock)
     _OOM_TARGET[0] = observer
     if not _OOM_ATTACHED[0]:

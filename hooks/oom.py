@@ -9,7 +9,9 @@ Rules: it never raises (one log line, then silence); at most one post-mortem per
 ``min_interval_s`` (a server retrying in a loop would otherwise snapshot on every try); the
 record is bounded (``MAX_HOLDERS`` holders of ``MAX_FRAMES`` frames, ``MAX_SEGMENTS`` segments);
 the snapshot is the segments-only one, never the history dump, unless a snapshot directory is
-configured, and only then is the full pickle for ``pytorch.org/memory_viz`` written.
+configured: only then is the full snapshot taken (seconds with a long history: the price of
+asking for it), pickled for ``pytorch.org/memory_viz``, and its history used to give each top
+holder the phase ``_set_memory_metadata`` stamped on its allocation.
 
 ``build_postmortem`` is a pure function of the snapshot's segments, so tests feed recorded ones.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +34,8 @@ log = logging.getLogger("vramscope.hooks")
 MAX_HOLDERS = 10
 MAX_FRAMES = 8
 MAX_SEGMENTS = 64
-_INTERNAL_FRAME_MARKERS = ("/torch/", "/site-packages/torch", "<frozen", "??")
+# torch's own frames; not a bare "/torch/": virtualenvs live in paths like /opt/torch/.venv
+_INTERNAL_FRAME_MARKERS = ("/site-packages/torch/", "/dist-packages/torch/", "<frozen", "??")
 
 
 def format_frames(frames: Sequence[Mapping[str, Any]], limit: int = MAX_FRAMES) -> tuple[str, ...]:
@@ -42,23 +46,42 @@ def format_frames(frames: Sequence[Mapping[str, Any]], limit: int = MAX_FRAMES) 
 
 
 def _phase_from_metadata(block: Mapping[str, Any]) -> Phase | None:
-    meta = block.get("user_metadata") or ""
-    if isinstance(meta, str) and meta.startswith(METADATA_PREFIX):
-        try:
-            return Phase.parse(meta[len(METADATA_PREFIX):])
-        except ValueError:
-            return None
+    """The phase stamped by ``_set_memory_metadata``, in whichever key this torch keeps it."""
+    for value in block.values():
+        if isinstance(value, str) and value.startswith(METADATA_PREFIX):
+            try:
+                return Phase.parse(value[len(METADATA_PREFIX):])
+            except ValueError:
+                return None
     return None
 
 
+def phases_by_address(trace_entries: Iterable[Mapping[str, Any]]) -> dict[int, Phase]:
+    """Address -> phase stamped on its latest ``alloc`` history entry (torch 2.11 keeps
+    ``user_metadata`` on trace entries, not on blocks)."""
+    out: dict[int, Phase] = {}
+    for entry in trace_entries:
+        if entry.get("action") == "alloc":
+            found = _phase_from_metadata(entry)
+            if found is not None:
+                out[int(entry["addr"])] = found
+            else:
+                out.pop(int(entry.get("addr", -1)), None)
+    return out
+
+
 def top_holders(segments: Iterable[Mapping[str, Any]], device: int | None = None,
-                limit: int = MAX_HOLDERS) -> tuple[Holder, ...]:
-    """The largest live allocations, with their frames when allocation history was on."""
+                limit: int = MAX_HOLDERS,
+                trace_entries: Iterable[Mapping[str, Any]] = ()) -> tuple[Holder, ...]:
+    """The largest live allocations, with their frames when allocation history was on and
+    their phase when the block or its history entry carries the stamp."""
     blocks = [b for s in segments if device is None or s.get("device", device) == device
               for b in s.get("blocks", ()) if b["state"] == "active_allocated"]
     blocks.sort(key=lambda b: int(b["size"]), reverse=True)
+    stamped = phases_by_address(trace_entries)
     return tuple(Holder(int(b["size"]), format_frames(b.get("frames") or ()),
-                        _phase_from_metadata(b)) for b in blocks[:limit])
+                        _phase_from_metadata(b) or stamped.get(int(b.get("address", -1))))
+                 for b in blocks[:limit])
 
 
 def segment_map(segments: Iterable[Mapping[str, Any]], device: int | None = None,
@@ -77,7 +100,8 @@ def build_postmortem(segments: Sequence[Mapping[str, Any]], *, ts_s: float, devi
                      driver_free_bytes: int | None, device_total_bytes: int | None,
                      allocated_bytes: int | None = None, reserved_bytes: int | None = None,
                      requests_in_flight: Sequence[str] = (),
-                     snapshot_path: str | None = None) -> PostMortem:
+                     snapshot_path: str | None = None,
+                     trace_entries: Iterable[Mapping[str, Any]] = ()) -> PostMortem:
     """A bounded post-mortem from a snapshot's segments; counters default to the snapshot's."""
     frag = summarize(segments, device)
     message = oom_message(device, failed_alloc_bytes, driver_free_bytes, device_total_bytes,
@@ -90,7 +114,8 @@ def build_postmortem(segments: Sequence[Mapping[str, Any]], *, ts_s: float, devi
         largest_free_block_bytes=frag.largest_free_block_bytes,
         external_fragmentation_ratio=frag.external_fragmentation_ratio,
         requests_in_flight=tuple(requests_in_flight)[:MAX_HOLDERS * 10],
-        top_holders=top_holders(segments, device), segments=segment_map(segments, device),
+        top_holders=top_holders(segments, device, trace_entries=trace_entries),
+        segments=segment_map(segments, device),
         message=message, snapshot_path=snapshot_path)
 
 
@@ -106,13 +131,14 @@ class OomObserver:
 
     def __init__(self, sink: Any, *, take_segments: Callable[[], list[dict[str, Any]]],
                  read_counters: Callable[[int], Any] | None = None,
-                 dump_snapshot: Callable[[str], None] | None = None, snapshot_dir: str = "",
+                 full_snapshot: Callable[[], dict[str, Any]] | None = None,
+                 snapshot_dir: str = "",
                  min_interval_s: float = 60.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.sink = sink
         self.enabled = True
         self._take_segments = take_segments
         self._read_counters = read_counters
-        self._dump_snapshot = dump_snapshot
+        self._full_snapshot = full_snapshot
         self._snapshot_dir = snapshot_dir
         self._min_interval_s = min_interval_s
         self._clock = clock
@@ -144,27 +170,34 @@ class OomObserver:
 
         counters = self._read_counters(device) if self._read_counters else None
         ts_s = self._clock.time_s()
-        path = self._maybe_dump(ts_s)
+        path, full = self._maybe_dump(ts_s)
+        segments = full["segments"] if full else self._take_segments()
+        traces = full.get("device_traces") or [] if full else []
         pm = build_postmortem(
-            self._take_segments(), ts_s=ts_s, device=device, pid=self._pid,
+            segments, ts_s=ts_s, device=device, pid=self._pid,
             phase=current_phase(), failed_alloc_bytes=alloc, driver_free_bytes=free,
             device_total_bytes=limit,
             allocated_bytes=counters.allocated if counters else None,
             reserved_bytes=counters.reserved if counters else None,
-            requests_in_flight=requests_in_flight(), snapshot_path=path)
+            requests_in_flight=requests_in_flight(), snapshot_path=path,
+            trace_entries=traces[device] if device < len(traces) else ())
         self.sink.put(pm)
         self.sink.put(Event(ts_s, "oom", device, self._pid, pm.phase, None,
                             {"message": pm.message, "failed_alloc_bytes": alloc}))
 
-    def _maybe_dump(self, ts_s: float) -> str | None:
-        if not self._snapshot_dir or self._dump_snapshot is None:
-            return None
+    def _maybe_dump(self, ts_s: float) -> tuple[str | None, dict[str, Any] | None]:
+        """The full snapshot (with history) pickled for memory_viz, only when configured."""
+        if not self._snapshot_dir or self._full_snapshot is None:
+            return None, None
+        full = None
         try:
+            full = self._full_snapshot()
             os.makedirs(self._snapshot_dir, exist_ok=True)
             path = os.path.join(self._snapshot_dir, f"oom-{self._pid}-{int(ts_s * 1000)}.pickle")
-            self._dump_snapshot(path)
-            return path
+            with open(path, "wb") as fh:
+                pickle.dump(full, fh)
+            return path, full
         except Exception as exc:
             log.warning("vramscope: could not write the OOM snapshot to %s: %r "
                         "(set hooks.snapshot_dir to a writable directory)", self._snapshot_dir, exc)
-            return None
+            return None, full

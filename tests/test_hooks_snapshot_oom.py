@@ -144,18 +144,23 @@ def test_observer_never_raises_and_goes_quiet_when_disabled():
     assert obs.seen == 1
 
 
-def test_observer_keeps_snapshot_pickle_when_configured(tmp_path):
-    written = []
+def test_observer_keeps_snapshot_pickle_and_phases_from_history(tmp_path):
+    import pickle
 
-    def dump(path):
-        Path(path).write_bytes(b"pickle")
-        written.append(path)
-
+    segments = small()
+    addr = segments[0]["blocks"][0]["address"]  # the 8 MiB holder
+    # A history entry as torch 2.11 records it (seen on the H200): the stamp is on the entry.
+    entry = {"action": "alloc", "addr": addr, "size": 8 * MiB, "stream": 0,
+             "compile_context": "N/A", "user_metadata": "vramscope.phase=prefill"}
+    full = {"segments": segments, "device_traces": [[entry]]}
     sink = ListSink()
-    obs = _observer(sink, FakeClock(200.0), dump_snapshot=dump, snapshot_dir=str(tmp_path / "s"))
+    obs = _observer(sink, FakeClock(200.0), full_snapshot=lambda: full,
+                    snapshot_dir=str(tmp_path / "s"))
     obs(0, 1, 2, 3)
     [pm] = sink.postmortems()
-    assert pm.snapshot_path == written[0] and Path(written[0]).read_bytes() == b"pickle"
+    with open(pm.snapshot_path, "rb") as fh:
+        assert pickle.load(fh) == full
+    assert [h.phase for h in pm.top_holders] == [Phase.PREFILL, Phase.DECODE, None]
 
 
 def test_snapshot_source_records_cost_and_spaces_out_costly_snapshots():

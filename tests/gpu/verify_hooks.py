@@ -118,8 +118,9 @@ def peaks(model: Any, batch: int, prompt: int, new: int, reset_mode: bool) -> di
     return {"batch": batch, "prompt": prompt, "new_tokens": new, "reset_mode": reset_mode,
             "spans": spans, "truth": truth,
             "prefill_matches": spans.get("prefill", {}).get("peak") == truth.get("prefill"),
-            "decode_matches_whole_when_exact": (not spans.get("decode", {}).get("exact"))
-            or spans["decode"]["peak"] == truth["whole_generate"]}
+            "decode_matches_whole_when_exact": None if reset_mode else (
+                (not spans.get("decode", {}).get("exact"))
+                or spans["decode"]["peak"] == truth["whole_generate"])}
 
 
 def cb_config(num_blocks: int, max_batch_tokens: int) -> dict[str, Any]:
@@ -150,6 +151,7 @@ def generate_batch(model: Any) -> dict[str, Any]:
     try:
         out = model.generate_batch(prompts, generation_config=gen, **extra)
     finally:
+        hooked = list(handle.hooks)
         handle.detach()
         inst.uninstall()
     ended = [e.data for e in sink.events() if e.name == "phase"]
@@ -158,7 +160,7 @@ def generate_batch(model: Any) -> dict[str, Any]:
         by_phase[s.phase.value] = by_phase.get(s.phase.value, 0) + 1
     return {"seconds": round(time.perf_counter() - t0, 3), "requests": len(out),
             "kwargs": sorted(extra),
-            "hooks": handle.hooks, "missing": handle.missing,
+            "hooks": hooked, "missing": handle.missing,
             "generated_tokens": sum(len(r.generated_tokens) for r in out.values()),
             "prefill_tokens": sum(d["ended_prefill_tokens"] for d in ended),
             "decode_tokens": sum(d["ended_decode_tokens"] for d in ended),
@@ -265,8 +267,10 @@ def direct_oom(out: Path) -> dict[str, Any]:
     sink = ListSink()
     inst.install(config(hooks={"postmortem_min_interval_s": 0.0}), sink=sink)
     torch.cuda.empty_cache()
-    keep = [torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(8)]
-    del keep[1::2]  # holes: fragmentation for the post-mortem to see
+    whole = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
+    del whole  # one cached 2 GiB segment; the pieces below are carved out of it
+    keep = [torch.empty(128 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(16)]
+    del keep[1::2]  # eight 128 MiB holes inside a segment the OOM retry cannot release
     limit = torch.cuda.memory_reserved(0) + 1 * GiB
     torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(0)
                                                .total_memory, 0)
@@ -294,16 +298,41 @@ def direct_oom(out: Path) -> dict[str, Any]:
             "names_failed_size": bool(pm) and pm.failed_alloc_bytes == want,
             "phase": pm and pm.phase.value, "requests": pm and list(pm.requests_in_flight),
             "largest_free_block_bytes": pm and pm.largest_free_block_bytes,
+            "external_fragmentation_ratio": pm and pm.external_fragmentation_ratio,
             "top_holders": pm and [h.size_bytes for h in pm.top_holders],
             "driver_free_bytes": pm and pm.driver_free_bytes,
             "limit_bytes": pm and pm.device_total_bytes}
 
 
-def main(out: Path, quick: bool) -> None:
+def metadata_probe() -> dict[str, Any]:
+    """Where this torch keeps ``_set_memory_metadata`` in a snapshot (block and trace entry)."""
+    record = torch.cuda.memory._record_memory_history
+    record(enabled="all", context="all", stacks="python", max_entries=1000)
+    try:
+        torch._C._cuda_setMemoryMetadata("vramscope.phase=decode")
+        x = torch.empty(8 * 2**20, dtype=torch.uint8, device="cuda")
+        torch._C._cuda_setMemoryMetadata("")
+        snap = torch.cuda.memory._snapshot()
+        light = torch.cuda.memory_snapshot()
+    finally:
+        record(enabled=None)
+    def strip(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k != "frames"}
+    block = [strip(b) for s in snap["segments"] for b in s["blocks"]
+             if b["address"] == x.data_ptr()]
+    light_block = [strip(b) for s in light for b in s["blocks"] if b["address"] == x.data_ptr()]
+    entries = [strip(e) for t in snap["device_traces"] for e in t
+               if e.get("addr") == x.data_ptr()]
+    return {"block": block, "light_block": light_block, "trace_entries": entries[-2:]}
+
+
+def main(out: Path, quick: bool, only: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"env": env()}
 
     def section(name: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        if only and name not in only:
+            return
         t0 = time.perf_counter()
         try:
             results[name] = fn(*args, **kwargs)
@@ -318,6 +347,7 @@ def main(out: Path, quick: bool) -> None:
     (out / "cuda_memory_stats_nested.json").write_text(json.dumps(
         {"comment": "torch._C._cuda_memoryStats(0) on the H200", "stats":
          torch._C._cuda_memoryStats(0)}, indent=1))
+    section("metadata_probe", metadata_probe)
     big = bench.build_llama(torch, layers=4 if quick else 16, hidden=512 if quick else 2048)
     section("exactness", exactness, big)
     section("peaks_prefill_heavy", peaks, big, 16, 1024, 8, False)
@@ -325,7 +355,7 @@ def main(out: Path, quick: bool) -> None:
     section("peaks_reset_mode", peaks, big, 16, 1024, 8, True)
     section("generate_batch", generate_batch, big)
     section("overhead", bench.measure_decode_overhead, torch, quick=quick, model=big,
-            rounds=6 if quick else 12)
+            rounds=6 if quick else 24)
     del big
     torch.cuda.empty_cache()
     small = bench.build_llama(torch, layers=8, hidden=1024)
@@ -347,4 +377,5 @@ def _figures(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(Path(sys.argv[1]), "--quick" in sys.argv)
+    only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
+    main(Path(sys.argv[1]), "--quick" in sys.argv, set(only.split(",")) if only else None)
