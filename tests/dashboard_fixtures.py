@@ -130,8 +130,10 @@ class Seeded:
         return parse_config(raw, None, {})
 
 
-def seed(db_path: Path, with_snapshot: bool = True) -> Seeded:
-    url = f"sqlite:///{db_path}"
+def seed(db_path: Path, with_snapshot: bool = True, url: str | None = None) -> Seeded:
+    """Seed a SQLite file at ``db_path`` (or the database at ``url``; the snapshot file still
+    goes beside ``db_path``)."""
+    url = url or f"sqlite:///{db_path}"
     store = Store.open(url, host_name=HOST)
     store.describe_device(0, uuid="GPU-0000", name="NVIDIA H100 80GB HBM3",
                           total_bytes=LIMIT_BYTES)

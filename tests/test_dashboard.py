@@ -430,3 +430,17 @@ def test_dashboard_never_imports_hooks_torch_or_pynvml(seeded):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=str(F.Path(__file__).parent.parent))
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.postgres
+def test_the_api_on_postgresql(postgres_url, tmp_path):
+    s = F.seed(tmp_path / "pg.db", url=postgres_url)
+    c = create_app(None, s.store, clock=s.clock).test_client()
+    doc = c.get(f"/api/v1/timeline?device=0&{WINDOW}&max_points=100").get_json()
+    first = [F.torch_sample(F.T0 + i * F.STEP_S, 0).allocated_bytes for i in range(36)]
+    assert len(doc["series"]["allocated_bytes"]["ts"]) == 100
+    assert doc["series"]["allocated_bytes"]["max"][0] == max(first)
+    assert [d["risk"] for d in c.get("/api/v1/devices").get_json()["devices"]] == ["warning",
+                                                                                   "ok"]
+    assert c.get("/metrics").status_code == 200
+    s.store.close()
