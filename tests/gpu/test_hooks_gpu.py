@@ -67,3 +67,10 @@ def test_allocator_read_is_cheaper_than_memory_stats():
     figures = {f.metric: f for f in read_cost_figures(measure_read_cost(torch, 5, 500))}
     ratio = figures["memory_stats() / AllocatorSource.read()"]
     assert ratio.value > 1.5, ratio  # the bench holds it to >= 4; a test on a shared box, less
+
+
+def test_history_oom_gives_holders_their_phase_and_keeps_the_pickle(verify, tmp_path):
+    got = verify.history_oom(tmp_path)
+    assert got["postmortems"] == 1 and got["snapshot_bytes"] > 0
+    phases = [phase for size, phase, _ in got["holders"] if size == 512 * 2**20]
+    assert phases == ["decode"] * 4, got

@@ -304,6 +304,40 @@ def direct_oom(out: Path) -> dict[str, Any]:
             "limit_bytes": pm and pm.device_total_bytes}
 
 
+def history_oom(out: Path) -> dict[str, Any]:
+    """With history on and a snapshot directory: holders carry their phase, the pickle is kept."""
+    import tempfile
+
+    snap_dir = tempfile.mkdtemp(prefix="vramscope-oom-")
+    sink = ListSink()
+    inst.install(config(hooks={"history": "python", "snapshot_dir": snap_dir,
+                               "postmortem_min_interval_s": 0.0}), sink=sink)
+    torch.cuda.empty_cache()
+    with ph.phase("decode"):
+        held = [torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    limit = torch.cuda.memory_reserved(0) + 1 * GiB
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(limit / total, 0)
+    t0 = time.perf_counter()
+    try:
+        with ph.phase("prefill", request_id="big-2"):
+            torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    finally:
+        oom_s = time.perf_counter() - t0
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        inst.uninstall()
+    del held
+    pms = sink.postmortems()
+    pm = pms[0] if pms else None
+    return {"postmortems": len(pms), "oom_to_exception_s": round(oom_s, 4),
+            "holders": pm and [[h.size_bytes, h.phase.value if h.phase else None,
+                                list(h.frames[:2])] for h in pm.top_holders[:6]],
+            "snapshot_path": pm and pm.snapshot_path,
+            "snapshot_bytes": pm and pm.snapshot_path and os.path.getsize(pm.snapshot_path)}
+
+
 def metadata_probe() -> dict[str, Any]:
     """Where this torch keeps ``_set_memory_metadata`` in a snapshot (block and trace entry)."""
     record = torch.cuda.memory._record_memory_history
@@ -348,20 +382,24 @@ def main(out: Path, quick: bool, only: set[str] | None = None) -> None:
         {"comment": "torch._C._cuda_memoryStats(0) on the H200", "stats":
          torch._C._cuda_memoryStats(0)}, indent=1))
     section("metadata_probe", metadata_probe)
-    big = bench.build_llama(torch, layers=4 if quick else 16, hidden=512 if quick else 2048)
-    section("exactness", exactness, big)
-    section("peaks_prefill_heavy", peaks, big, 16, 1024, 8, False)
-    section("peaks_decode_heavy", peaks, big, 16, 16, 200, False)
-    section("peaks_reset_mode", peaks, big, 16, 1024, 8, True)
-    section("generate_batch", generate_batch, big)
-    section("overhead", bench.measure_decode_overhead, torch, quick=quick, model=big,
-            rounds=6 if quick else 24)
-    del big
-    torch.cuda.empty_cache()
+    big_sections = {"exactness", "peaks_prefill_heavy", "peaks_decode_heavy",
+                    "peaks_reset_mode", "generate_batch", "overhead"}
+    if not only or only & big_sections:
+        big = bench.build_llama(torch, layers=4 if quick else 16, hidden=512 if quick else 2048)
+        section("exactness", exactness, big)
+        section("peaks_prefill_heavy", peaks, big, 16, 1024, 8, False)
+        section("peaks_decode_heavy", peaks, big, 16, 16, 200, False)
+        section("peaks_reset_mode", peaks, big, 16, 1024, 8, True)
+        section("generate_batch", generate_batch, big)
+        section("overhead", bench.measure_decode_overhead, torch, quick=quick, model=big,
+                rounds=6 if quick else 24)
+        del big
+        torch.cuda.empty_cache()
     small = bench.build_llama(torch, layers=8, hidden=1024)
     section("traces", traces, small, out, quick)
     section("oom_trace", oom_trace, small, out)
     section("direct_oom", direct_oom, out)
+    section("history_oom", history_oom, out)
     results["figures"] = _figures(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
