@@ -278,7 +278,8 @@ class Agent:
         result = self.retention.step(store)
         if result.busy:
             log.debug("retention step: %s", result)
-            self._retention_schedule.next_s = self.clock.monotonic_s()  # more to do: soon
+            # more to do: again in a second, not at once, so catching up stays a small share
+            self._retention_schedule.next_s = self.clock.monotonic_s() + 1.0
 
     def _describe_devices(self, infos: list):
         def task(store: Any) -> None:

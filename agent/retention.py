@@ -39,7 +39,7 @@ class StepResult(NamedTuple):
 class Retention:
     def __init__(self, *, raw_s: float, rollup_s: float, step_rows: int,
                  clock: Clock = SYSTEM_CLOCK, grace_s: float = 120.0,
-                 minutes_per_step: int = 5) -> None:
+                 minutes_per_step: int = 2) -> None:
         if raw_s <= 0 or rollup_s <= 0 or step_rows < 1 or minutes_per_step < 1:
             raise ValueError(f"bad retention settings: raw_s={raw_s}, rollup_s={rollup_s}, "
                              f"step_rows={step_rows}, minutes_per_step={minutes_per_step}")

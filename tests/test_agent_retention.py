@@ -34,7 +34,8 @@ def _rows(store):
 
 def test_rollups_are_min_max_mean_last_per_device_minute_source_metric(filled):
     clock = FakeClock(T0 + 5 * 60 + 30)  # grace 120 s: minutes 0-2 are complete
-    result = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock).step(filled)
+    result = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock,
+                       minutes_per_step=5).step(filled)
     assert (result.rolled_up_minutes, result.rollup_rows) == (3, 8)
     d0, d1 = filled.device_id(0), filled.device_id(1)
     assert _rows(filled) == [
@@ -62,7 +63,7 @@ def test_steps_are_small_resume_after_the_watermark_and_skip_gaps(filled):
 
 def test_raw_samples_are_deleted_in_steps_only_once_old_and_rolled_up(filled):
     clock = FakeClock(T0 + 5 * 60 + 30)
-    r = Retention(raw_s=60, rollup_s=86400, step_rows=2, clock=clock)
+    r = Retention(raw_s=60, rollup_s=86400, step_rows=2, clock=clock, minutes_per_step=5)
     first = r.step(filled)  # rolls up minutes 0-2, then deletes 2 of the 6 rows before minute 3
     assert first.deleted["samples"] == 2
     assert r.step(filled).deleted["samples"] == 2
@@ -81,7 +82,7 @@ def test_nothing_raw_is_deleted_before_it_is_rolled_up(filled):
 
 def test_old_rollups_are_deleted_a_few_minutes_at_a_time(filled):
     clock = FakeClock(T0 + 5 * 60 + 30)
-    r = Retention(raw_s=3600, rollup_s=240, step_rows=100, clock=clock)
+    r = Retention(raw_s=3600, rollup_s=240, step_rows=100, clock=clock, minutes_per_step=5)
     first = r.step(filled)  # rolls up minutes 0-2, then drops those starting before now-240 s
     assert (first.rollup_rows, first.deleted["rollups"]) == (8, 6)
     assert {row[0] for row in _rows(filled)} == {120.0}

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.ingest import protocol as proto
-from agent.records import Event, Holder, Phase, PostMortem, Sample
+from agent.records import SAMPLE_COUNTER_FIELDS, Event, Holder, Phase, PostMortem, Sample
+from agent.trace import record_from_json
 
 
 def _payloads(data: bytes, max_bytes: int = 1024) -> tuple[list[bytes], bytearray]:
@@ -97,3 +100,41 @@ def test_dropped_count_must_be_a_non_negative_integer():
     assert proto.parse_dropped({"type": "dropped", "count": 12}) == 12
     with pytest.raises(proto.ProtocolError, match="'count' must be an integer >= 0, got -1"):
         proto.parse_dropped({"type": "dropped", "count": -1})
+
+
+# --- the column-wise fast path accepts exactly what record_from_json accepts -----------------
+
+_value = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**64),
+                   st.integers(min_value=10**307, max_value=10**400),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3),
+                   st.sampled_from(["prefill", "decode", "idle", "unknown", "torch"]))
+_sample_obj = st.dictionaries(
+    st.sampled_from(["ts", "device", "pid", "phase", "source", "host", "extra",
+                     *SAMPLE_COUNTER_FIELDS[:4]]), _value, max_size=8)
+
+
+def _slow(items):
+    out = []
+    for item in items:
+        try:
+            out.append(proto._check_limits(record_from_json(item)))
+        except (ValueError, TypeError, OverflowError):
+            return None
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_sample_obj, min_size=1, max_size=4))
+def test_fast_path_agrees_with_the_trace_validator(items):
+    fast = proto.fast_samples(items)
+    if fast is not None:  # whatever the fast path accepts, the validator accepts identically
+        assert fast == _slow(items)
+        assert [type(s.ts_s) for s in fast] == [float] * len(fast)
+
+
+def test_fast_path_takes_a_plain_batch():
+    items = [{"ts": 1, "device": 2, "phase": "decode", "source": "torch", "pid": 5,
+              "allocated_bytes": 10, "unknown_key": "kept out"}] * 3
+    assert proto.fast_samples(items) == [Sample(1.0, 2, Phase.DECODE, "torch", 5,
+                                                allocated_bytes=10)] * 3
+    assert proto.fast_samples([*items, {"ts": 2, "event": "x"}]) is None  # events: slow path

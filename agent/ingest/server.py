@@ -207,17 +207,23 @@ class IngestServer:
         try:
             self._dispatch(conn, proto.decode(payload))
         except proto.ProtocolError as exc:
-            if exc.fatal:
-                self._refuse(conn, exc.reason, str(exc))
-                return False
-            self._reject(conn, exc.reason, str(exc))
-            conn.bad_in_a_row += 1
-            if conn.bad_in_a_row >= MAX_BAD_IN_A_ROW:
-                self._refuse(conn, "resync", f"{MAX_BAD_IN_A_ROW} bad messages in a row")
-                return False
-            return True
+            return self._on_bad_message(conn, exc)
+        except Exception as exc:  # noqa: BLE001 - a validator bug must not end ingest
+            log.exception("unexpected error handling a message from pid %s", conn.info.pid)
+            return self._on_bad_message(conn, proto.ProtocolError("internal", str(exc)))
         conn.bad_in_a_row = 0
         return conn.sock.fileno() >= 0
+
+    def _on_bad_message(self, conn: _Conn, exc: proto.ProtocolError) -> bool:
+        if exc.fatal:
+            self._refuse(conn, exc.reason, str(exc))
+            return False
+        self._reject(conn, exc.reason, str(exc))
+        conn.bad_in_a_row += 1
+        if conn.bad_in_a_row >= MAX_BAD_IN_A_ROW:
+            self._refuse(conn, "resync", f"{MAX_BAD_IN_A_ROW} bad messages in a row")
+            return False
+        return True
 
     def _dispatch(self, conn: _Conn, obj: dict[str, Any]) -> None:
         kind = obj["type"]
@@ -249,10 +255,7 @@ class IngestServer:
             self._on_hello(conn.info)
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
-        records = proto.parse_records(obj)
-        pid = conn.info.pid
-        if pid is not None:
-            records = [r if r.pid is not None else r._replace(pid=pid) for r in records]
+        records = proto.parse_records(obj, default_pid=conn.info.pid)
         self.stats.records_total += len(records)
         self._on_records(records, conn.info)
 

@@ -7,6 +7,7 @@ rows (``DELETE ... WHERE id IN (SELECT id ... LIMIT n)`` works on SQLite and Pos
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
@@ -39,14 +40,17 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
     """Replace the rollups of the minutes in [start_s, end_s) from raw samples; rows written.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
-    window gives the same rows (delete, then insert, in one transaction).
+    window gives the same rows (delete, then insert, in one transaction). Rows are fetched
+    through the driver's own cursor: SQLAlchemy's Row objects would cost more than the
+    aggregation itself.
     """
     cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
             *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS)]
     q = (select(*cols).where(samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
-         .order_by(samples.c.ts_s, samples.c.id))
+         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
+                   samples.c.id))
     with store.engine.begin() as c:
-        rows = aggregate(c.execute(q))
+        rows = aggregate(_fetch_raw(c, q))
         c.execute(delete(rollups).where(rollups.c.bucket_s >= start_s,
                                         rollups.c.bucket_s < end_s))
         if rows:
@@ -54,27 +58,38 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
     return len(rows)
 
 
-def aggregate(rows: Any) -> list[dict[str, Any]]:
-    """Per (device, minute, source, metric): min, max, mean, last, count, from ordered rows."""
-    acc: dict[tuple, list] = {}
-    for row in rows:
-        device_id, source, ts_s = row[0], row[1] or "", row[2]
-        bucket = (ts_s // BUCKET_S) * BUCKET_S
-        for metric, value in zip(SAMPLE_COUNTER_FIELDS, row[3:], strict=True):
-            if value is None:
-                continue
-            a = acc.get((device_id, bucket, source, metric))
-            if a is None:
-                acc[(device_id, bucket, source, metric)] = [value, value, value, value, 1]
-            else:
-                a[0] = min(a[0], value)
-                a[1] = max(a[1], value)
-                a[2] += value
-                a[3] = value
-                a[4] += 1
-    return [{"device_id": k[0], "bucket_s": k[1], "source": k[2], "metric": k[3],
-             "min_value": a[0], "max_value": a[1], "mean_value": a[2] / a[4],
-             "last_value": a[3], "count": a[4]} for k, a in acc.items()]
+def _fetch_raw(c, query) -> list[tuple]:
+    compiled = query.compile(dialect=c.dialect, compile_kwargs={"literal_binds": True})
+    cursor = c.connection.driver_connection.cursor()
+    try:
+        cursor.execute(str(compiled))
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+def aggregate(rows: list[tuple]) -> list[dict[str, Any]]:
+    """Per (device, minute, source, metric): min, max, mean, last, count.
+
+    ``rows`` are ``(device_id, source, ts_s, *counters)`` ordered by device, source and time,
+    so each (device, source, minute) group is contiguous; within a group each metric is
+    reduced a column at a time by C builtins.
+    """
+    out: list[dict[str, Any]] = []
+    for (device_id, source, bucket), group in groupby(rows, key=_group_key):
+        members = list(group)
+        for offset, metric in enumerate(SAMPLE_COUNTER_FIELDS, start=3):
+            col = [r[offset] for r in members if r[offset] is not None]
+            if col:
+                out.append({"device_id": device_id, "bucket_s": bucket, "source": source,
+                            "metric": metric, "min_value": min(col), "max_value": max(col),
+                            "mean_value": sum(col) / len(col), "last_value": col[-1],
+                            "count": len(col)})
+    return out
+
+
+def _group_key(row: tuple) -> tuple:
+    return row[0], row[1] or "", (row[2] // BUCKET_S) * BUCKET_S
 
 
 def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int) -> int:
