@@ -166,6 +166,7 @@ def test_zoom_fetches_the_visible_range(driver, served):
                                ".find(t => t.name === 'allocated').x;")
     assert start * 1000 <= min(xs) and max(xs) <= end * 1000
     assert console_errors(driver) == []
+    screenshot(driver, "timeline-zoom")
 
 
 def test_leaks(driver, served):
