@@ -64,3 +64,13 @@ def test_every_cause_has_remedies_and_fragmentation_names_expandable_segments():
 ])
 def test_diagnose_warning(reasons, cause):
     assert diagnose_warning(reasons)[0] == cause
+
+
+def test_under_a_per_process_cap_the_driver_free_memory_is_not_available():
+    # 2 GiB failed, 1 GiB cached free; the driver has 60 GiB free but the 80 GiB cap leaves
+    # only 0.5 GiB above the reserved 79.5 GiB: not enough in total, so not fragmentation
+    capped = pm(Phase.PREFILL, failed=2 * G, driver_free=60 * G, allocated=78 * G + G // 2,
+                reserved=79 * G + G // 2, largest=G // 2)
+    assert diagnose(capped, served())[0] == "prefill_spike"
+    roomy = capped._replace(device_total_bytes=120 * G)
+    assert diagnose(roomy, served())[0] == "fragmentation"

@@ -4,9 +4,10 @@ The order of the checks is the order an experienced engineer goes through them:
 
 1. ``startup`` — it failed before the server served anything: weights plus runtime overhead
    leave no room for the KV budget (no prefill/decode sample before it, no request in flight).
-2. ``fragmentation`` — enough free memory in total (driver free plus cached free) for the failed
-   allocation, but no block large enough (largest free block smaller than the request, or
-   external fragmentation at least ``FRAGMENTED_RATIO``).
+2. ``fragmentation`` — enough free memory in total (cached free plus what may still be
+   reserved: driver free, capped by the limit) for the failed allocation, but no block large
+   enough (largest free block smaller than the request, or external fragmentation at least
+   ``FRAGMENTED_RATIO``).
 3. ``growth`` — the memory outside requests grew: the baseline (non-prefill allocated) rose by at
    least ``GROWTH_RATIO`` of the limit over the recording before the OOM (KV cache or a leak).
 4. ``prefill_spike`` — it failed in prefill with at most one request in flight, or the failed
@@ -114,11 +115,20 @@ def _is_fragmentation(f: _Facts) -> bool:
         return False
     cached_free = max(0, f.reserved - f.allocated)
     if f.failed is not None:
-        total_free = cached_free + (f.driver_free or 0)
+        total_free = cached_free + _room_to_grow(f)
         no_block = f.largest_free is not None and f.largest_free < f.failed
         return total_free >= f.failed and (no_block or (f.ext_frag or 0) >= FRAGMENTED_RATIO)
     return (f.ext_frag or 0) >= FRAGMENTED_RATIO and bool(f.total) and \
         cached_free >= SPIKE_RATIO * f.total
+
+
+def _room_to_grow(f: _Facts) -> int:
+    """What the allocator could still reserve: the driver's free memory, but no more than the
+    limit (a per-process cap) leaves above what is reserved."""
+    under_limit = max(0, f.total - f.reserved) if f.total else None
+    if f.driver_free is None:
+        return under_limit or 0
+    return f.driver_free if under_limit is None else min(f.driver_free, under_limit)
 
 
 def _is_growth(f: _Facts) -> bool:
