@@ -97,7 +97,7 @@ class Progress:
         self.out = out
         self.tty = out.isatty()
         self.every_s = every_s or (0.5 if self.tty else 5.0)
-        self._last = 0.0
+        self._last = float("-inf")  # the first line always shows
 
     def show(self, line: str, force: bool = False) -> None:
         now = time.monotonic()
