@@ -289,8 +289,8 @@ class Agent:
         return task
 
     def _on_batch(self, samples: list, events: list) -> None:
-        if self.alert_engine is not None:
-            self.alert_engine(samples, events)
+        if self.alert_engine is not None:  # per-process rows are not the device's view
+            self.alert_engine([s for s in samples if s.source != PROCESS_SOURCE], events)
 
 
 def _open_store(config: Any, db_url: str | None):

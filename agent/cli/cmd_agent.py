@@ -6,10 +6,14 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="run the sidecar agent (NVML sampling, ingest socket, writer)",
-                       description="Sample every visible GPU through NVML, accept records from "
-                                   "the in-server hooks on a Unix socket, and write them all to "
-                                   "the database. Stops with a final flush on SIGTERM/SIGINT.")
+    _add_arguments(sub.add_parser(
+        "agent", help="run the sidecar agent (NVML sampling, ingest socket, writer)",
+        description="Sample every visible GPU through NVML, accept records from the in-server "
+                    "hooks on a Unix socket, and write them all to the database. Stops with a "
+                    "final flush on SIGTERM/SIGINT."))
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (default: the documented search order)")
     p.add_argument("--db", dest="db_url", help="database URL (overrides database.url)")
     p.add_argument("--socket", dest="socket_path", help="socket path (overrides "
@@ -38,3 +42,23 @@ def run(args: argparse.Namespace) -> int:
         source = FakeNvmlSource(args.fake_devices)
     Agent(config, source=source).run_forever()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The agent alone, without the other subcommands' imports (used by ``AgentProcess``, so a
+    machine with only the agent's dependencies can run it)."""
+    import logging
+    import sys
+
+    from agent.errors import VramscopeError
+
+    parser = argparse.ArgumentParser(prog="vramscope agent")
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return run(args)
+    except VramscopeError as exc:
+        print(f"vramscope: error: {exc}", file=sys.stderr)
+        return exc.exit_code

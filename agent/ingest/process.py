@@ -1,8 +1,9 @@
 """Run ``vramscope agent`` as a real child process: for the tests and ``bench agent``.
 
-Starts ``python -m agent agent`` on a given socket and database, waits until the socket
-answers a status request, and stops it with a signal of the caller's choice (SIGTERM for a
-clean stop with final flush, SIGKILL for the crash test, SIGSTOP/SIGCONT for a hung agent).
+Starts ``vramscope agent`` (through ``agent.cli.cmd_agent.main``) on a given socket and
+database, waits until the socket answers a status request, and stops it with a signal of the
+caller's choice (SIGTERM for a clean stop with final flush, SIGKILL for the crash test,
+SIGSTOP/SIGCONT for a hung agent).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# `vramscope agent` without importing the other subcommands (flask, plotly...).
+_MAIN = "import sys; from agent.cli.cmd_agent import main; sys.exit(main(sys.argv[1:]))"
 
 
 class AgentProcess:
@@ -31,8 +34,7 @@ class AgentProcess:
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "agent", "agent", "--db", self.db_url,
-               "--socket", self.socket_path]
+        cmd = [sys.executable, "-c", _MAIN, "--db", self.db_url, "--socket", self.socket_path]
         cmd += ["--fake-devices", str(self.fake_devices)] if self.fake_devices else ["--no-nvml"]
         if self.config_path:
             cmd += ["--config", self.config_path]
