@@ -170,7 +170,8 @@ def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
     data = (band_traces(doc["phases"], top) + _memory_traces(s) + _fragmentation_traces(s)
             + _kv_traces(s) + _marker_traces(doc))
     layout = _layout(
-        height=820, showlegend=True, hovermode="x", margin={"l": 64, "r": 24, "t": 24, "b": 40},
+        height=820, showlegend=True, hovermode="x", uirevision="timeline",  # keeps legend toggles
+        margin={"l": 64, "r": 24, "t": 24, "b": 40},
         legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top"},
         xaxis={"type": "date", "range": [ms(doc["start"]), ms(doc["end"])],
                "anchor": "y4", "showspikes": True},
