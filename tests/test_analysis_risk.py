@@ -138,3 +138,12 @@ def test_a_per_process_cap_is_the_limit_and_other_processes_do_not_count_against
     assert (m.limit_bytes, p.headroom_bytes, p.headroom_ratio) == (200, 100, 0.5)
     p = m.update(uncapped)  # no cap: 990 - 120 of others' memory counts
     assert (m.limit_bytes, p.headroom_bytes) == (1000, 1000 - 100 - 870)
+
+
+def test_torch_total_a_little_under_nvml_total_is_not_a_cap():
+    nvml = Sample(0.0, 0, source="nvml", device_used_bytes=500, device_total_bytes=1000)
+    torch = Sample(1.0, 0, D, "torch", allocated_bytes=100, reserved_bytes=120,
+                   device_total_bytes=995)
+    m = RiskModel()
+    m.update(nvml)
+    assert m.update(torch).headroom_bytes == 995 - 100 - (500 - 120)

@@ -46,6 +46,7 @@ MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
 LEVELS = ("ok", "warning", "critical")
 _NO_FORECAST = (None, None, None)
+CAP_RATIO = 0.98  # an allocator limit under this share of NVML's total is a per-process cap
 
 
 class RiskPoint(NamedTuple):
@@ -131,7 +132,8 @@ class RiskModel:
         else:
             self._device_total = s.device_total_bytes
         cap, total = self._cap, self._device_total
-        self._capped = cap is not None and total is not None and cap < total
+        # torch's total is a little under NVML's (memory the driver keeps): not a cap
+        self._capped = cap is not None and total is not None and cap < CAP_RATIO * total
         self.limit_bytes = cap if cap is not None else total
 
     def _other_bytes(self) -> int:
