@@ -98,7 +98,18 @@ def _tiny_llama():
     config = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                          max_position_embeddings=1024)
-    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    # SDPA, stated: continuous batching would otherwise look for flash attention, which may mean
+    # fetching kernels from the hub, and the GPU machine has no network. 5.17 keeps SDPA when
+    # it is already paged; later releases drop the prefix and take auto_switch_to_flash=False.
+    model.set_attn_implementation("sdpa" if _new_cb_config() else "paged|sdpa")
+    return model
+
+
+def _new_cb_config() -> bool:
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    return "auto_switch_to_flash" in inspect.signature(ContinuousBatchingConfig).parameters
 
 
 def _configs(num_blocks: int = 256):
@@ -107,7 +118,9 @@ def _configs(num_blocks: int = 256):
 
     params = inspect.signature(ContinuousBatchingConfig).parameters
     page = "page_size" if "page_size" in params else "block_size"
-    cb = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=512, **{page: 16})
+    extra = {"auto_switch_to_flash": False} if _new_cb_config() else {}
+    cb = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=512, **{page: 16},
+                                  **extra)
     gen = GenerationConfig(max_new_tokens=32, do_sample=False, eos_token_id=-1, pad_token_id=0)
     return gen, cb
 
