@@ -46,7 +46,7 @@ def _sizes(options: BenchOptions) -> tuple[int, int, int, int, int]:
     # Short rounds (about half a millisecond) and many of them: on a shared machine a round
     # that a context switch hits is an outlier the median ignores, instead of every round.
     # 128 decode steps a request: short next to chat outputs (ShareGPT's average is longer).
-    return (4, 32, 16, 8, 21) if options.quick else (8, 128, 32, 128, 301)
+    return (4, 32, 16, 8, 21) if options.quick else (8, 128, 32, 128, 1001)
 
 
 def _observed_pool(num_blocks: int, sink, extend_events: bool | None):
