@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from agent.alert_rules import OPS, Rule, rules_from
+from agent.analysis.diagnosis import diagnose_warning
 from agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
 from agent.analysis.kv import KvTracker
 from agent.analysis.leaks import LeakDetector
@@ -238,11 +239,11 @@ class AlertEngine:
             if st.fired_ts is None:
                 if st.pending_since is not None or (value is not None
                                                     and st.op(value, st.threshold)):
-                    self._maybe_fire(st.rule, st, d.device, now, value, host, out)
+                    self._maybe_fire(st.rule, st, d, now, value, host, out)
             else:
                 self._maybe_resolve(st.rule, st, d.device, now, value, host, out)
 
-    def _maybe_fire(self, rule: Rule, st: _RuleState, device: int, now: float,
+    def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
         if not rule.breached(value):
             st.pending_since = None
@@ -251,8 +252,8 @@ class AlertEngine:
             st.pending_since = now
         if now - st.pending_since >= rule.for_s:
             st.fired_ts, st.clear_since = now, None
-            out.append(AlertChange("fired", rule.name, rule.severity, device, now, value,
-                                   rule.describe(value), rule.labels, now, host))
+            out.append(AlertChange("fired", rule.name, rule.severity, d.device, now, value,
+                                   _message(rule, value, d), rule.labels, now, host))
 
     def _maybe_resolve(self, rule: Rule, st: _RuleState, device: int, now: float,
                        value: float | None, host: str | None, out: list[AlertChange]) -> None:
@@ -267,6 +268,16 @@ class AlertEngine:
                                    rule.describe(value), rule.labels, fired, host))
 
 
+
+
+def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
+    """The rule's text; a risk alert adds why and the first remedy for that cause."""
+    text = rule.describe(value)
+    point = d.risk.last
+    if rule.metric != "risk_level" or point is None or not point.reasons:
+        return text
+    cause, remedies = diagnose_warning(point.reasons)
+    return f"{text}; {', '.join(point.reasons)}: likely {cause}; try: {remedies[0]}"
 
 
 # --- sinks -----------------------------------------------------------------------------------

@@ -84,3 +84,15 @@ def test_user_rules_from_the_config_run_in_analyze_too():
     doc = analyze_records(samples, [], cfg)
     assert doc["alerts"] == [{"rule": "big", "severity": "critical", "device": 0,
                               "fired_ts": 6.0, "resolved_ts": None}]
+
+
+def test_a_risk_alert_says_why_and_what_to_try():
+    e = AlertEngine.from_config(None)
+    [fired, critical] = e.feed([Sample(0.0, 0, Phase.DECODE, allocated_bytes=99,
+                                       device_total_bytes=100)])
+    assert fired.rule == "oom_risk"
+    assert fired.message == (
+        "OOM risk: low headroom, memory trending to the limit, or fragmentation (value 2); "
+        "headroom: likely prefill_spike; try: enable chunked prefill (bound the tokens "
+        "prefilled per step)")
+    assert critical.rule == "oom_risk_critical"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.analysis.diagnosis import REMEDIES, diagnose, diagnose_warning
+from agent.analysis.diagnosis import REMEDIES, complete_postmortem, diagnose, diagnose_warning
 from agent.records import Phase, PostMortem, Sample
 
 G = 2**30
@@ -74,3 +74,12 @@ def test_under_a_per_process_cap_the_driver_free_memory_is_not_available():
     assert diagnose(capped, served())[0] == "prefill_spike"
     roomy = capped._replace(device_total_bytes=120 * G)
     assert diagnose(roomy, served())[0] == "fragmentation"
+
+
+def test_complete_postmortem_fills_what_the_producer_left_empty():
+    done = complete_postmortem(pm(Phase.UNKNOWN, in_flight=0))
+    assert (done.cause, done.remedies) == ("startup", REMEDIES["startup"])
+    kept = pm()._replace(cause="batch")
+    assert complete_postmortem(kept, served()).remedies == REMEDIES["batch"]
+    final = kept._replace(remedies=("mine",))
+    assert complete_postmortem(final) is final

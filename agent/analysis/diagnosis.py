@@ -167,6 +167,15 @@ _CHECKS = (
 )
 
 
+def complete_postmortem(pm: PostMortem, samples: Sequence[Sample] = ()) -> PostMortem:
+    """``pm`` with ``cause`` and ``remedies`` filled in where the producer left them empty."""
+    if pm.cause and pm.remedies:
+        return pm
+    cause, remedies = diagnose(pm, samples)
+    cause = pm.cause if pm.cause in REMEDIES else cause
+    return pm._replace(cause=cause, remedies=pm.remedies or REMEDIES[cause])
+
+
 def diagnose_warning(reasons: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     """The likely cause behind a risk warning, from the risk model's reasons."""
     if "fragmentation" in reasons or "alloc_retries" in reasons:
