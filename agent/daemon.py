@@ -117,6 +117,8 @@ class Agent:
             self.writer.submit(self._describe_devices(self.source.devices()))
         if self.server is not None:
             self.server.start()
+        if self.config["agent.metrics_port"]:
+            self._metrics_server = start_metrics(self, self.config["agent.metrics_port"])
         self._thread = threading.Thread(target=self._loop, name="vramscope-sampler", daemon=True)
         self._thread.start()
         log.info("agent started: %d NVML device(s), socket %s, database %s",
@@ -134,6 +136,8 @@ class Agent:
         self.writer.stop(timeout_s)
         if self.source is not None:
             self.source.close()
+        if getattr(self, "_metrics_server", None) is not None:
+            self._metrics_server.shutdown()
         log.info("agent stopped: %d rows written, %d dropped", self.writer.stats.written_total,
                  self.writer.stats.dropped_total)
 
@@ -291,6 +295,40 @@ class Agent:
     def _on_batch(self, samples: list, events: list) -> None:
         if self.alert_engine is not None:  # per-process rows are not the device's view
             self.alert_engine([s for s in samples if s.source != PROCESS_SOURCE], events)
+
+
+def start_metrics(agent: Agent, port: int):
+    """The agent's own counters as Prometheus metrics on 127.0.0.1:``port`` (``/metrics``)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self):
+            s = agent.status()
+            yield GaugeMetricFamily("vramscope_agent_clients", "connected hook clients",
+                                    value=len(s["clients"]))
+            yield GaugeMetricFamily("vramscope_agent_queue_depth", "records waiting in the "
+                                    "writer queue", value=s["queue_depth"])
+            yield GaugeMetricFamily("vramscope_agent_rows_per_second", "rows committed per "
+                                    "second (last stats interval)", value=s["rows_per_s"])
+            for name, help_, value in (
+                    ("written", "rows committed", s["written_total"]),
+                    ("dropped", "records the agent dropped (queue full)", s["dropped_total"]),
+                    ("client_dropped", "records clients reported dropped",
+                     s["client_dropped_total"]),
+                    ("rejected", "ingest messages rejected", s["rejected_total"])):
+                yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    try:
+        server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    except OSError as exc:
+        from agent.errors import VramscopeError
+
+        raise VramscopeError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}; "
+                             f"choose another agent.metrics_port (0 disables)") from None
+    return server
 
 
 def _open_store(config: Any, db_url: str | None):

@@ -119,3 +119,24 @@ def test_nvml_absent_gives_none_and_one_log_line(caplog):
     assert len(caplog.records) == 1
     assert caplog.records[0].getMessage().startswith("NVML sampling is off: cannot initialise "
                                                      "NVML")
+
+
+def test_agent_metrics_port_serves_its_counters(store, fake_clock):
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = parse_config({"agent": {"metrics_port": port}}, None)
+    a = Agent(config, store=store, source=None, listen=False, clock=fake_clock, alerts=False)
+    a.writer.put_many([Sample(1.0, 0, Phase.IDLE, "torch", allocated_bytes=1)] * 3)
+    a.start()
+    try:
+        a.writer.stop()  # flush: three rows committed
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        a.stop()
+    lines = text.decode().splitlines()
+    assert "vramscope_agent_written_total 3.0" in lines
+    assert "vramscope_agent_queue_depth 0.0" in lines
