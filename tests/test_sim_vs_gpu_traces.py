@@ -36,7 +36,7 @@ def gpu_torch_samples(name: str) -> list[dict]:
     return torch[first_idle:]  # after the first request: warm
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sim_torch_samples(name: str) -> list[dict]:
     sink = ListSink()
     SimServer(scenario_spec(name), sink, 0.0).run_until(6000.0)
