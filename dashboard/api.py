@@ -63,7 +63,7 @@ def _latest(store, device: int, host: str | None) -> float | None:
     if params.number("end", low=0, high=1e11) is not None:
         return None
     span = store.time_range(device, host)
-    return span[1] if span else None
+    return span[1] if span else state().clock.time_s()  # no data yet: end now
 
 
 def _timeline_doc() -> dict:

@@ -444,3 +444,13 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
                                                                                    "ok"]
     assert c.get("/metrics").status_code == 200
     s.store.close()
+
+
+@pytest.mark.parametrize("path", [*PAGES, "/api/v1/overview", "/api/v1/devices",
+                                  "/api/v1/timeline", "/api/v1/figures/timeline",
+                                  "/api/v1/figures/leaks", "/api/v1/figures/risk",
+                                  "/api/v1/capacity", "/api/v1/figures/capacity",
+                                  "/api/v1/figures/overview", "/api/v1/analysis", "/metrics"])
+def test_an_empty_store_serves_every_route(tmp_path, path):
+    store = Store.open(f"sqlite:///{tmp_path / 'empty.db'}", host_name="h")
+    assert create_app(None, store).test_client().get(path).status_code == 200

@@ -220,9 +220,11 @@ PAGES.timeline = () => {
     const fig = await getJSON("/api/v1/figures/timeline?" + deviceQuery(view));
     const m = fig.layout.meta;
     const pts = fig.data.reduce((n, t) => n + t.x.length, 0);
-    document.getElementById("timeline-meta").textContent =
-      "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · phases from " +
-      m.phase_source + (m.events_truncated ? " · events truncated: zoom in" : "");
+    const phases = m.phase_source === "events" || m.phase_source === "samples" ? "phases from " + m.phase_source : "phases: " + m.phase_source;
+    document.getElementById("timeline-meta").textContent = pts === 0
+      ? "No samples for this device in this window."
+      : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
+        (m.events_truncated ? " · events truncated: zoom in" : "");
     await plot("timeline-plot", fig);
     if (!wired) {
       wired = true;
