@@ -11,7 +11,8 @@ All run a Llama-3-8B-shaped model (15 GiB of bf16 weights, 128 KiB of KV per tok
   by allocate-copy-free and freed when the request ends (the pre-paging design). The caching
   allocator's segments split and cannot be returned; about 20 simulated minutes in, a KV
   buffer finds no block and no segment although gigabytes are free in total: an OOM.
-- ``pool``: the fragmentation server's exact traffic on a paged pool sized to the same memory;
+- ``pool``: the fragmentation server's exact traffic on a paged pool of what that server has
+  for KV less 2.5 GiB kept for temporaries (4.6 GiB);
   the scheduler waits for blocks instead of failing.
 """
 
@@ -21,7 +22,7 @@ from agent.sim.model import SimModel
 from agent.sim.server import SCENARIOS, GiB, MiB, ServerSpec
 from agent.sim.workload import WorkloadSpec
 
-ACTIVATION_RESERVE_BYTES = 1536 * MiB  # what the pool design leaves for temporaries
+ACTIVATION_RESERVE_BYTES = 2560 * MiB  # what the pool design leaves for temporaries
 
 _STEADY = WorkloadSpec(rate_per_s=0.4, burst_rate_per_s=0.8, mean_calm_s=300.0,
                        mean_burst_s=30.0, seed=1)
