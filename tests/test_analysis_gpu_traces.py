@@ -3,10 +3,12 @@
 Each recording is seconds long, so the windows are shortened the documented way (docs/analysis.md,
 "Short recordings"); the rules and thresholds are the defaults. What the recordings hold:
 
-- ``gpu_healthy``: a small Llama serving 19 generate() requests with idle gaps for 26 s;
-- ``gpu_leak``: the same, but each of 21 requests leaves a 64 MiB tensor behind (1.31 GiB);
+- ``gpu_healthy``: a small Llama serving generate() requests with idle gaps for ~25 s;
+- ``gpu_leak``: the same, but each request leaves a 64 MiB tensor behind;
 - ``gpu_oom``: under a per-process cap of reserved + 12 GiB, each request doubles the batch and
-  leaves 256 MiB behind, until a prefill fails 14 s in.
+  leaves 256 MiB behind, until a prefill fails 12-15 s in.
+
+The assertions hold on every recording made so far (they are re-recorded), not on one.
 """
 
 import json
@@ -30,7 +32,7 @@ def analyze(name, postmortems=()):
         pytest.skip(f"{path.name} not recorded yet (tests/gpu/verify_hooks.py)")
     trace = read_trace(str(path))
     doc = analyze_records(trace.samples, trace.events, SHORT, postmortems=postmortems)
-    return doc, doc["devices"]["0"], trace.samples[0].ts_s
+    return doc, doc["devices"]["0"], trace
 
 
 def test_healthy_run_no_leak_no_warning():
@@ -43,34 +45,38 @@ def test_healthy_run_no_leak_no_warning():
 
 
 def test_leaking_run_a_leak_at_the_rate_it_leaked():
-    doc, dev, t0 = analyze("leak")
+    doc, dev, trace = analyze("leak")
     leak = dev["leak"]
     assert leak["detected"] is True
-    assert leak["first_detected_ts"] - t0 == pytest.approx(17.0, abs=0.01)
-    # 21 requests x 64 MiB in 25 s is ~54 MiB/s on average; the floor's Theil-Sen slope:
-    assert leak["slope_bytes_per_s"] == pytest.approx(61445847.1, rel=1e-6)
-    assert 32 * MIB < leak["slope_bytes_per_s"] < 128 * MIB
-    rules = [a["rule"] for a in doc["alerts"]]
-    assert "memory_leak" in rules
-    # at ~60 MB/s the 150 GB device would be full in ~23 minutes: an OOM-risk warning is right
-    assert dev["oom"]["max_risk"] == "warning"
-    assert dev["oom"]["min_time_to_oom_s"] == pytest.approx(1393.75, rel=1e-4)
+    assert leak["first_detected_ts"] < trace.samples[-1].ts_s
+    assert "memory_leak" in [a["rule"] for a in doc["alerts"]]
+    # what was left behind: 64 MiB per finished request over the recording
+    span_s = trace.samples[-1].ts_s - trace.samples[0].ts_s
+    requests = sum(e.name == "request_end" for e in trace.events)
+    leaked_per_s = requests * 64 * MIB / span_s
+    assert leaked_per_s * 0.7 < leak["slope_bytes_per_s"] < leaked_per_s * 1.4
 
 
 def test_oom_run_warned_well_before_the_oom():
     pm_path = DATA / "gpu_postmortem.json"
-    pms = [PostMortem.from_json(json.loads(pm_path.read_text()))] if pm_path.exists() else []
-    doc, dev, t0 = analyze("oom", pms)
+    pm = PostMortem.from_json(json.loads(pm_path.read_text())) if pm_path.exists() else None
+    doc, dev, trace = analyze("oom", [pm] if pm else [])
     oom = dev["oom"]
     assert oom["occurred"] is True
-    assert oom["first_oom_ts"] - t0 == pytest.approx(13.95, abs=0.01)
-    assert oom["first_oom_ts"] - oom["first_warning_ts"] >= 5.0  # 9 s of a 14 s run
+    oom_event_ts = next(e.ts_s for e in trace.events if e.name == "oom")
+    assert oom["first_oom_ts"] == pytest.approx(oom_event_ts, abs=1.0)  # or num_ooms rising
+    assert oom["first_oom_ts"] - oom["first_warning_ts"] >= 3.0  # of a run of 12-15 s
     assert oom["max_risk"] == "critical"
-    assert [a["rule"] for a in doc["alerts"]] == ["oom_risk", "oom_risk_critical", "oom"]
-    if pms:
-        # 1.35 GiB failed with 3.1 GiB cached free plus 0.57 GiB under the cap, but the largest
-        # free block was 1.11 GiB (external fragmentation 0.64): expandable_segments helps
-        assert oom["cause"] == "fragmentation"
+    rules = [a["rule"] for a in doc["alerts"]]
+    assert rules[0] == "oom_risk" and rules[-1] == "oom"
+    if pm is not None:
+        # enough free under the cap in total but no block as large as the failed allocation
+        # is fragmentation (the recorded runs: 1.35 GiB failed, largest free block 1.1 GiB);
+        # otherwise it failed in a prefill with one request in flight
+        room = pm.reserved_bytes - pm.allocated_bytes + max(
+            0, pm.device_total_bytes - pm.reserved_bytes)
+        fragmented = pm.largest_free_block_bytes < pm.failed_alloc_bytes <= room
+        assert oom["cause"] == ("fragmentation" if fragmented else "prefill_spike")
 
 
 def test_default_windows_need_longer_recordings():
