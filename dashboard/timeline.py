@@ -26,14 +26,11 @@ def series_from_rows(rows: Sequence[dict[str, Any]],
     """Per column: bucket times with that bucket's min and max, skipping empty buckets."""
     out: dict[str, dict[str, list]] = {}
     for col in columns:
-        ts, lo, hi = [], [], []
-        for r in rows:
-            if r[f"{col}_max"] is not None:
-                ts.append(r["ts_s"])
-                lo.append(r[f"{col}_min"])
-                hi.append(r[f"{col}_max"])
-        if ts:
-            out[col] = {"ts": ts, "min": lo, "max": hi}
+        lo_key, hi_key = f"{col}_min", f"{col}_max"
+        kept = [r for r in rows if r[hi_key] is not None]
+        if kept:
+            out[col] = {"ts": [r["ts_s"] for r in kept], "min": [r[lo_key] for r in kept],
+                        "max": [r[hi_key] for r in kept]}
     return out
 
 

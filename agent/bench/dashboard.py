@@ -63,6 +63,14 @@ def _endpoint(client, device: int):
     return call
 
 
+def _sql_only(store, device: int):
+    from dashboard.timeline import TIMELINE_COLUMNS
+
+    def call() -> int:
+        return len(store.timeline(device, T0, T0 + DAY_S, 2000, TIMELINE_COLUMNS))
+    return call
+
+
 def _raw(store, device: int):
     from agent.trace import sample_to_json
 
@@ -85,10 +93,13 @@ def run(options: BenchOptions) -> list[Figure]:
             generate(store, per_device)
             client = create_app(None, store).test_client()
             sizes = (_endpoint(client, 3)(), _raw(store, 3)())
-            sub, base = interleaved([_endpoint(client, 3), _raw(store, 3)], rounds)
+            sub, base, sql = interleaved([_endpoint(client, 3), _raw(store, 3),
+                                          _sql_only(store, 3)], rounds)
         finally:
             store.close()
-    return _figures(per_device, sub, base, sizes)
+    return _figures(per_device, sub, base, sizes) + [
+        Figure("dashboard", "of which Store.timeline SQL", sql.median_s * 1000, "ms",
+               spread=sql.spread(1000, "ms"), baseline="the endpoint's own query, same run")]
 
 
 def _figures(per_device: int, sub, base, sizes: tuple[int, int]) -> list[Figure]:
