@@ -111,3 +111,22 @@ def test_short_windows_from_the_config_for_short_recordings():
     assert (r.detected, r.first_detected_ts_s) == (True, 30.0)
     assert r.slope_bytes_per_s == pytest.approx(10**7)
     assert not detect_leak(samples).detected  # a 40 s recording is too short by default
+
+
+@pytest.mark.parametrize("ys, start", [
+    ([100] * 10 + [100 + 7 * i for i in range(1, 21)], 540.0),  # flat to point 9, then up
+    ([100 + 7 * i for i in range(30)], 120.0),  # rising from the start: median of first 5
+    ([100, 103, 99, 101, 100, 102, 100] + [100 + 50 * i for i in range(1, 24)], 360.0),
+])
+def test_rise_start(ys, start):
+    from agent.analysis.leaks import rise_start
+
+    assert rise_start([(60.0 * i, y) for i, y in enumerate(ys)]) == start
+
+
+def test_a_leak_that_starts_mid_recording_reports_when_it_started():
+    limit = 1_000_000_000
+    pts = [(60.0 * i, 10**8) for i in range(10)] + [(60.0 * i, 10**8 + 5000 * 60 * (i - 9))
+                                                     for i in range(10, 40)]
+    v = evaluate_floor(pts, limit, T)
+    assert v.detected and v.start_ts_s == 540.0

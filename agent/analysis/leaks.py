@@ -47,7 +47,7 @@ class LeakResult(NamedTuple):
     detected: bool  # a leak is present at the latest evaluation
     slope_bytes_per_s: float
     growth_bytes: int  # along the fitted line over the evaluated horizon
-    start_ts_s: float | None  # first floor point of the evaluated horizon
+    start_ts_s: float | None  # when the rise began (estimated; kept from the first detection)
     first_detected_ts_s: float | None  # the first time it was ever detected (causal)
     evidence: str
     p_value: float | None
@@ -164,9 +164,12 @@ class LeakDetector:
         evidence = verdict.evidence
         if prev.orphaned_blocks:
             evidence = f"KV pool reported {prev.orphaned_blocks} orphaned block(s); " + evidence
+        start = verdict.start_ts_s
+        if was and prev.start_ts_s is not None:
+            start = min(start, prev.start_ts_s)  # an old leak began before the horizon
         return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
                                 first_detected_ts_s=first, evidence=evidence,
-                                orphaned_blocks=prev.orphaned_blocks)
+                                orphaned_blocks=prev.orphaned_blocks, start_ts_s=start)
 
 
 def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,
@@ -198,8 +201,20 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
                   growth >= MIN_GROWTH_NOISE * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
-    return LeakResult(all(checks), trend.slope, int(growth), t0, None, evidence,
+    return LeakResult(all(checks), trend.slope, int(growth), rise_start(points), None, evidence,
                       test.p_rising, line)
+
+
+def rise_start(points: Sequence[tuple[float, int]]) -> float:
+    """When the floor left its starting level: the last point no higher than the median of
+    the first five plus twice the step-to-step noise (the horizon's start for a steady rise)."""
+    ys = [p[1] for p in points]
+    base = median(ys[:5])
+    diffs = [b - a for a, b in zip(ys, ys[1:])]
+    mid = median(diffs)
+    noise = 1.4826 * median([abs(d - mid) for d in diffs]) / 2 ** 0.5
+    last = max((i for i, y in enumerate(ys) if y <= base + 2 * noise), default=0)
+    return points[last][0]
 
 
 def _evidence(points, slope, growth, test, r_test, limit_bytes, checks) -> str:
