@@ -95,9 +95,10 @@ def _postmortems() -> list:
 
 @bp.get("/postmortems")
 def postmortems():
-    host = state().store.host_name
-    return jsonify({"postmortems": [queries.postmortem_json(i, pm, host)
-                                    for i, pm in _postmortems()]})
+    st = state()
+    return jsonify({"postmortems": [
+        queries.postmortem_json(i, pm, st.store.host_name, st.config["hooks.snapshot_dir"])
+        for i, pm in _postmortems()]})
 
 
 def _postmortem(pm_id: int):
@@ -109,14 +110,17 @@ def _postmortem(pm_id: int):
 
 @bp.get("/postmortems/<int:pm_id>")
 def postmortem(pm_id: int):
-    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id), state().store.host_name))
+    st = state()
+    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id), st.store.host_name,
+                                           st.config["hooks.snapshot_dir"]))
 
 
 @bp.get("/postmortems/<int:pm_id>/snapshot")
 def postmortem_snapshot(pm_id: int):
-    path = queries.snapshot_file(_postmortem(pm_id))
+    path = queries.snapshot_file(_postmortem(pm_id), state().config["hooks.snapshot_dir"])
     if path is None:
-        raise NotFound(f"post-mortem {pm_id} kept no snapshot (or it was removed)")
+        raise NotFound(f"post-mortem {pm_id} kept no snapshot in hooks.snapshot_dir (or it was "
+                       f"removed)")
     return send_file(path, mimetype="application/octet-stream", as_attachment=True,
                      download_name=f"postmortem-{pm_id}-snapshot.pickle")
 

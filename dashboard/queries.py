@@ -158,20 +158,27 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
     return {"first_ts_s": span[0], "last_ts_s": span[1], **peaks}
 
 
-def postmortem_json(pm_id: int, pm, default_host: str) -> dict[str, Any]:
+def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dict[str, Any]:
     out = pm.to_json()
     out["id"] = pm_id
     out["host"] = pm.host or default_host
-    out["snapshot_available"] = snapshot_file(pm) is not None
+    out["snapshot_available"] = snapshot_file(pm, snapshot_dir) is not None
     out.pop("snapshot_path", None)  # a server path: not the browser's business
     return out
 
 
-def snapshot_file(pm):
-    """The kept PyTorch snapshot as a path, when it exists on this machine."""
+def snapshot_file(pm, snapshot_dir: str):
+    """The kept PyTorch snapshot, only when it is a file inside ``hooks.snapshot_dir``.
+
+    The path comes from a stored record; without this check anyone able to send the agent a
+    post-mortem could make the dashboard serve any file it can read.
+    """
     from pathlib import Path
 
-    if not pm.snapshot_path:
+    if not pm.snapshot_path or not snapshot_dir:
         return None
-    path = Path(pm.snapshot_path)
-    return path if path.is_file() else None
+    root = Path(snapshot_dir).expanduser().resolve()
+    path = Path(pm.snapshot_path).expanduser().resolve()
+    if root not in path.parents or not path.is_file():
+        return None
+    return path

@@ -126,7 +126,8 @@ class Seeded:
     active_alert_id: int
 
     def config(self, **raw):
-        """A config with defaults plus ``section={key: value}`` tables."""
+        """Defaults, ``hooks.snapshot_dir`` where the snapshot is, and ``section={...}`` tables."""
+        raw.setdefault("hooks", {}).setdefault("snapshot_dir", str(self.snapshot_path.parent))
         return parse_config(raw, None, {})
 
 

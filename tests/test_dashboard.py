@@ -227,11 +227,22 @@ def test_postmortems_and_snapshot_download(client, seeded):
 
 def test_snapshot_not_kept_is_404(tmp_path):
     s = F.seed(tmp_path / "nosnap.db", with_snapshot=False)
-    c = create_app(None, s.store, clock=s.clock).test_client()
+    c = create_app(s.config(), s.store, clock=s.clock).test_client()
     assert c.get(f"/api/v1/postmortems/{s.postmortem_id}").get_json()["snapshot_available"] is False
     r = c.get(f"/api/v1/postmortems/{s.postmortem_id}/snapshot")
     assert r.status_code == 404
     assert "kept no snapshot" in r.get_json()["error"]["message"]
+
+
+def test_snapshots_are_served_only_from_the_snapshot_dir(tmp_path, seeded):
+    pm = F.postmortem("/etc/hostname")._replace(ts_s=F.T0 + 1)
+    store = Store.open(f"sqlite:///{tmp_path / 'evil.db'}", host_name=F.HOST)
+    pm_id = store.write_postmortem(pm)
+    c = create_app(seeded.config(), store).test_client()  # snapshot_dir: the seeded one
+    assert c.get(f"/api/v1/postmortems/{pm_id}").get_json()["snapshot_available"] is False
+    assert c.get(f"/api/v1/postmortems/{pm_id}/snapshot").status_code == 404
+    unset = create_app(None, seeded.store).test_client()  # hooks.snapshot_dir empty: none
+    assert unset.get(f"/api/v1/postmortems/{seeded.postmortem_id}/snapshot").status_code == 404
 
 
 def test_postmortem_figures(client, seeded):
