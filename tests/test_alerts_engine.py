@@ -96,3 +96,20 @@ def test_a_risk_alert_says_why_and_what_to_try():
         "headroom: likely prefill_spike; try: enable chunked prefill (bound the tokens "
         "prefilled per step)")
     assert critical.rule == "oom_risk_critical"
+
+
+def test_live_batches_give_exactly_the_alerts_of_analyze():
+    from agent import scenarios
+
+    sc = scenarios.growth_oom(5)
+    offline = analyze_records(sc.samples, sc.events, None)["alerts"]
+    engine, t = AlertEngine.from_config(None), sc.samples[0].ts_s
+    while t <= sc.samples[-1].ts_s:  # as the agent's writer: a batch of samples, then events
+        batch = [s for s in sc.samples if t <= s.ts_s < t + 7.5]
+        batch += [e for e in sc.events if t <= e.ts_s < t + 7.5]
+        engine.feed(batch)
+        t += 7.5
+    live = [(c.kind, c.rule, c.ts_s) for c in engine.history]
+    assert [("fired", a["rule"], a["fired_ts"]) for a in offline] == [
+        x for x in live if x[0] == "fired"]
+    assert [r for _, r, _ in live] == ["oom_risk", "oom_risk_critical", "memory_leak", "oom"]
