@@ -1,10 +1,13 @@
-"""The Prometheus series vramscope really exports, scraped from a real app over a scripted store.
+"""The Prometheus series vramscope really exports: scraped from a real dashboard app over a
+scripted store, and from a real agent's own ``/metrics`` server (``agent.metrics_port``).
 
 Shared by the tests of the Prometheus rules and the Grafana dashboard: whatever they query must
-be a series that ``/metrics`` serves, not a name someone remembered.
+be a series that a ``/metrics`` serves, not a name someone remembered.
 """
 
 from __future__ import annotations
+
+import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,6 +38,22 @@ def dashboard_metrics_text(store) -> str:
     return response.get_data(as_text=True)
 
 
+def agent_metrics_text(store) -> str:
+    from agent.daemon import Agent, start_metrics
+    from tests.pgserver import free_port
+
+    agent = Agent(parse_config({}, None, {}), store=store, source=None, listen=False,
+                  alerts=False)
+    port = free_port()
+    server = start_metrics(agent, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def series_in(text: str) -> dict[str, str]:
     """Every sample name in an exposition, with its family's type (``counter`` gives
     ``..._total`` samples)."""
@@ -46,5 +65,6 @@ def series_in(text: str) -> dict[str, str]:
 
 
 def exported_series(store) -> dict[str, str]:
+    """Every series of the dashboard's and the agent's ``/metrics``, with its type."""
     scripted_store(store)
-    return series_in(dashboard_metrics_text(store))
+    return {**series_in(agent_metrics_text(store)), **series_in(dashboard_metrics_text(store))}
