@@ -76,6 +76,8 @@ class _Server:
         self.samples: list[Sample] = []
         self.events: list[Event] = []
         self._req = 0
+        self.frag_duration_s = 0.0  # frag_oom: how long reserved memory takes to fragment
+        self.retries = 0  # frag_oom: num_alloc_retries so far
 
     def _cycle(self, start: float) -> _Cycle:
         r = self.rng
@@ -166,7 +168,6 @@ def frag_oom(seed: int, dt_s: float = 1.0, duration_s: float = 1500.0) -> Scenar
     rng = random.Random(seed)
     srv = _Server(rng, dt_s, lambda t: 0.0)
     srv.frag_duration_s = duration_s
-    srv.retries = 0
     return _run_to_oom(f"frag_oom/{seed}", "frag_oom", seed, srv, rng, _frag_step)
 
 
