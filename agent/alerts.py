@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from agent.alert_rules import OPS, Rule, rules_from
 from agent.analysis.diagnosis import diagnose_warning
-from agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
+from agent.analysis.fragmentation import inactive_split_ratio
 from agent.analysis.kv import KvTracker
 from agent.analysis.leaks import LeakDetector
 from agent.analysis.merge import merged
@@ -151,8 +151,7 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "cached_free_bytes": _cached_free,
     "inactive_split_ratio": lambda d, now: inactive_split_ratio(d.last_sample)
     if d.last_sample else None,
-    "external_fragmentation_ratio": lambda d, now: external_fragmentation(d.last_sample)
-    if d.last_sample else None,
+    "external_fragmentation_ratio": lambda d, now: d.risk.external_fragmentation_ratio,
     "device_used_ratio": lambda d, now: _ratio(d.risk._device_used, d.risk.limit_bytes),
     "headroom_bytes": _risk_attr("headroom_bytes"),
     "headroom_ratio": _risk_attr("headroom_ratio"),

@@ -92,3 +92,14 @@ def test_kv_exhaustion_is_none_when_used_blocks_fall_and_ignores_other_devices()
     points = kv_exhaustion(samples)
     assert len(points) == 11
     assert points[-1].exhaustion_s is None
+
+
+def test_a_snapshot_sample_takes_the_latest_allocator_figures_of_its_device():
+    samples = [S(1, allocated_bytes=6, reserved_bytes=10),
+               Sample(1.5, 1, allocated_bytes=1, reserved_bytes=100),
+               Sample(2, 0, source="torch_snapshot", largest_free_block_bytes=1)]
+    # device 0: cached free 4, largest block 1 -> 0.75; device 1's figures are not used
+    assert fragmentation_series(samples)[-1] == FragPoint(2, 0, 4, None, 0.75, 1, None)
+    assert fragmentation_summary(samples).max_external_fragmentation == 0.75
+    alone = [Sample(2, 0, source="torch_snapshot", largest_free_block_bytes=1)]
+    assert fragmentation_series(alone) == []

@@ -147,3 +147,10 @@ def test_torch_total_a_little_under_nvml_total_is_not_a_cap():
     m = RiskModel()
     m.update(nvml)
     assert m.update(torch).headroom_bytes == 995 - 100 - (500 - 120)
+
+
+def test_a_snapshot_sample_is_read_against_the_latest_allocator_figures():
+    m = RiskModel()
+    m.update(S(0, D, 600, reserved_bytes=1000))
+    m.update(Sample(1.0, 0, D, "torch_snapshot", largest_free_block_bytes=100))
+    assert m.external_fragmentation_ratio == pytest.approx(0.75)  # 1 - 100 / 400

@@ -12,7 +12,7 @@ fragmentation. Fragmentation is free memory that a large request cannot use:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from agent.records import Sample
@@ -55,9 +55,24 @@ def external_fragmentation(s: Sample) -> float | None:
     return max(0.0, 1.0 - min(s.largest_free_block_bytes, cached_free) / cached_free)
 
 
+def with_allocator_context(samples: Iterable[Sample]) -> Iterator[Sample]:
+    """Samples in order; a snapshot sample that carries only the largest free block (source
+    ``torch_snapshot``) gets the allocated and reserved bytes of the latest allocator sample of
+    its device, so its external fragmentation can be computed."""
+    latest: dict[int, Sample] = {}
+    for s in samples:
+        if s.allocated_bytes is not None and s.reserved_bytes is not None:
+            latest[s.device] = s
+        elif s.largest_free_block_bytes is not None and s.device in latest:
+            ctx = latest[s.device]
+            s = s._replace(allocated_bytes=ctx.allocated_bytes, reserved_bytes=ctx.reserved_bytes)
+        yield s
+
+
 def fragmentation_series(samples: Iterable[Sample]) -> list[FragPoint]:
-    """One point per sample that carries allocator counters, in input order."""
-    return [p for p in map(fragmentation_point, samples) if p is not None]
+    """One point per sample that carries allocator counters (or a snapshot), in input order."""
+    points = map(fragmentation_point, with_allocator_context(samples))
+    return [p for p in points if p is not None]
 
 
 class FragSummary(NamedTuple):
@@ -67,7 +82,7 @@ class FragSummary(NamedTuple):
 
 def fragmentation_summary(samples: Iterable[Sample]) -> FragSummary:
     split, external = 0.0, None
-    for s in samples:
+    for s in with_allocator_context(samples):
         r = inactive_split_ratio(s)
         if r is not None and r > split:
             split = r

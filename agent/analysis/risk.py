@@ -81,9 +81,10 @@ class RiskModel:
         self.spikes = SpikeTracker()
         self.largest_request_bytes = 0
         self._reserved: int | None = None
+        self._allocated: int | None = None
+        self.external_fragmentation_ratio: float | None = None  # of the latest snapshot
         self._device_used: int | None = None
         self._largest_free: int | None = None
-        self._ext_frag: float | None = None
         self._window: list[float] | None = None  # [start_s, peak]
         self._window_s = self.t.trend_window_s
         self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
@@ -107,11 +108,14 @@ class RiskModel:
             self._absorb_limit(s)
         if s.reserved_bytes is not None:
             self._reserved = s.reserved_bytes
+            self._allocated = s.allocated_bytes
         if s.device_used_bytes is not None:
             self._device_used = s.device_used_bytes
         if s.largest_free_block_bytes is not None:
             self._largest_free = s.largest_free_block_bytes
-            self._ext_frag = external_fragmentation(s)
+            if s.reserved_bytes is None and self._reserved is not None:  # a snapshot sample
+                s = s._replace(reserved_bytes=self._reserved, allocated_bytes=self._allocated)
+            self.external_fragmentation_ratio = external_fragmentation(s)
         if s.num_alloc_retries is not None:
             if self._retries is not None and s.num_alloc_retries > self._retries:
                 self._retry_rise_ts = s.ts_s
@@ -225,7 +229,7 @@ class RiskModel:
         room = max(0, limit - other - self._reserved) + self._largest_free
         if room < self.largest_request_bytes and retrying:
             return 2
-        frag = self._ext_frag or 0.0
+        frag = self.external_fragmentation_ratio or 0.0
         return int(frag > self.t.fragmentation_warning_ratio
                    and room < 2 * self.largest_request_bytes)
 
