@@ -107,10 +107,11 @@ def _kv_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
             out.append(_line(name, _xs(s[key]), s[key]["max"], color, xaxis="x", yaxis="y3",
                              line={"color": color, "width": 1.6,
                                    "dash": "dash" if key == "kv_blocks_total" else "solid"}))
-    if "kv_tokens_used" in s:
-        out.append(_line("KV tokens stored", _xs(s["kv_tokens_used"]),
-                         s["kv_tokens_used"]["max"], COLORS["tokens"], xaxis="x", yaxis="y5",
-                         line={"color": COLORS["tokens"], "width": 1, "dash": "dot"}))
+    if "kv_tokens_per_block" in s:
+        out.append(_line("tokens per used block", _xs(s["kv_tokens_per_block"]),
+                         s["kv_tokens_per_block"]["max"], COLORS["tokens"], xaxis="x",
+                         yaxis="y5", line={"color": COLORS["tokens"], "width": 1, "dash": "dot"},
+                         hovertemplate="%{y:.1f} tokens/block"))
     return out
 
 
@@ -181,7 +182,7 @@ def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
         yaxis3={"domain": [0.14, 0.32], "title": {"text": "KV blocks"}, "rangemode": "tozero"},
         yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True,
                 "automargin": True},
-        yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens"},
+        yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
                 "rangemode": "tozero", "showgrid": False, "automargin": True},
         meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
               "events_truncated": doc["events_truncated"]})

@@ -123,9 +123,12 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
 
 def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
     """Columns the derived fragmentation series need, even if not asked for themselves."""
+    extra: tuple[str, ...] = ()
     if "inactive_split_bytes" in columns or "largest_free_block_bytes" in columns:
-        return ("allocated_bytes", "reserved_bytes")
-    return ()
+        extra += ("allocated_bytes", "reserved_bytes")
+    if "kv_tokens_used" in columns:
+        extra += ("kv_blocks_used",)
+    return extra
 
 
 def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,

@@ -40,11 +40,18 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]
     ``inactive_split_ratio`` is the bucket's largest inactive split over its largest reserved
     (never above 1, since split bytes live inside reserved). ``external_fragmentation`` is
     1 − largest free block / cached free, computed only from a bucket's last row when that row
-    carries a snapshot, so it is exact rather than mixed across readings.
+    carries a snapshot, so it is exact rather than mixed across readings. ``kv_tokens_per_block``
+    (token occupancy: tokens stored per used KV block, at most the block size) likewise comes
+    from the last row, when it is a KV pool reading.
     """
     split: dict[str, list] = {"ts": [], "max": []}
     ext: dict[str, list] = {"ts": [], "max": []}
+    occupancy: dict[str, list] = {"ts": [], "max": []}
     for r in rows:
+        tokens, blocks = r.get("kv_tokens_used_last"), r.get("kv_blocks_used_last")
+        if tokens is not None and blocks:
+            occupancy["ts"].append(r["ts_s"])
+            occupancy["max"].append(tokens / blocks)
         reserved = r.get("reserved_bytes_max")
         inactive = r.get("inactive_split_bytes_max")
         if reserved and inactive is not None:
@@ -56,7 +63,8 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]
             ext["ts"].append(r["ts_s"])
             ext["max"].append(value)
     return {name: s for name, s in (("inactive_split_ratio", split),
-                                    ("external_fragmentation", ext)) if s["ts"]}
+                                    ("external_fragmentation", ext),
+                                    ("kv_tokens_per_block", occupancy)) if s["ts"]}
 
 
 def _external_fragmentation(largest: int | None, reserved: int | None,

@@ -125,6 +125,7 @@ def test_timeline_phase_bands_and_markers(client):
     assert names.count("oom") == names.count("kv_orphaned_blocks") == 1
     assert doc["events_truncated"] is False
     assert len(doc["series"]["allocated_bytes"]["ts"]) == 2000  # one 2 s sample per 3.6 s bucket
+    assert set(doc["series"]["kv_tokens_per_block"]["max"]) == {14.0}  # 14 tokens a block
 
 
 def test_timeline_bands_from_sample_phases_when_zoomed_without_events(tmp_path):

@@ -161,3 +161,10 @@ def test_postmortem_figures_read_torch_or_compact_segments():
     assert holders["data"][0]["x"] == [3.0, 1.0]
     go.Figure(seg)
     go.Figure(holders)
+
+
+def test_token_occupancy_from_the_last_kv_reading():
+    rows = [row(0.0, kv_tokens_used=(0, 900, 700), kv_blocks_used=(0, 60, 50)),
+            row(1.0, kv_tokens_used=(0, 0, 0), kv_blocks_used=(0, 0, 0)),  # empty pool: none
+            row(2.0)]
+    assert tl.derived_series(rows)["kv_tokens_per_block"] == {"ts": [0.0], "max": [14.0]}

@@ -126,8 +126,9 @@ def test_timeline(driver, served):
     names = [n for n, _ in got]
     assert names == ["prefill", "decode", "allocated", "reserved", "device used", "limit",
                      "largest free block", "inactive split ratio", "external fragmentation",
-                     "KV blocks used", "KV blocks cached", "KV blocks total", "KV tokens stored",
-                     "request start", "request end", "OOM", "alloc retries"]
+                     "KV blocks used", "KV blocks cached", "KV blocks total",
+                     "tokens per used block", "request start", "request end", "OOM",
+                     "alloc retries"]
     points = dict(got)
     start = LAST_T - 3600
     assert points["allocated"] == points["limit"] == in_window(start, LAST_T) == 1801
