@@ -237,7 +237,8 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
         height=420, shapes=shapes, xaxis={"type": "date"},
         yaxis={"title": {"text": "headroom (GiB)"}, "rangemode": "tozero"},
         yaxis2={"title": {"text": "time to OOM (h)"}, "overlaying": "y", "side": "right",
-                "rangemode": "tozero", "showgrid": False, "automargin": True})}
+                "rangemode": "tozero", "showgrid": False, "automargin": True,
+                "tickmode": "auto", "nticks": 7})}
 
 
 def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
