@@ -97,7 +97,7 @@ class Agent:
         self._rate = _Rate(now, 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._known_pids: set[int] = set()
+        self._paused = False
 
     def _make_server(self):
         from agent.ingest.server import IngestServer
@@ -106,7 +106,21 @@ class Agent:
                             on_postmortem=self._on_postmortem, on_hello=self._on_hello,
                             status=self.status, max_message_bytes=self.config[
                                 "agent.max_message_bytes"],
-                            allowed_uids=_parse_uids(self.config["agent.allowed_uids"]))
+                            allowed_uids=_parse_uids(self.config["agent.allowed_uids"]),
+                            pause=self._ingest_should_pause)
+
+    def _ingest_should_pause(self) -> bool:
+        """Back-pressure with hysteresis: pause reading the socket at 90 % of the queue bound,
+        resume at 50 %; never while the database is failing (then the queue drops the oldest,
+        and ``vramscope status`` must still answer)."""
+        depth, bound = self.writer.queue_depth, self.config["agent.queue_max_records"]
+        if self.writer.failing:
+            self._paused = False
+        elif depth >= 0.9 * bound:
+            self._paused = True
+        elif depth <= 0.5 * bound:
+            self._paused = False
+        return self._paused
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:

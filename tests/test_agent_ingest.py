@@ -115,3 +115,23 @@ def test_a_shared_directory_is_refused_not_chmodded(short_dir):
     with pytest.raises(VramscopeError, match="has mode 755 .* needs a private directory"):
         prepare_socket_dir(shared)
     assert os.stat(shared).st_mode & 0o777 == 0o755
+
+
+def test_while_paused_nothing_is_read_and_then_everything_is(short_dir):
+    got, paused = [], [False]
+    srv = IngestServer(f"{short_dir}/run/agent.sock", on_records=lambda r, c: got.extend(r),
+                       pause=lambda: paused[0])
+    srv.start()
+    try:
+        with AgentConnection(srv.path) as conn:
+            conn.hello("t")
+            paused[0] = True  # the writer is behind
+            _wait_for(lambda: srv.stats.paused_ticks > 0)  # the loop has seen it
+            conn.send_records([_s(1), _s(2)])
+            time.sleep(0.1)
+            assert got == [] and srv.stats.paused_ticks > 0
+            paused[0] = False
+            assert conn.status()["type"] == "status"
+        assert [r.allocated_bytes for r in got] == [1, 2]
+    finally:
+        srv.stop()

@@ -77,13 +77,18 @@ def _via_agent(agent, rows: list, cpu_per_round: list[float]):
         shift = state["round"] * 1e6  # distinct timestamps per round; same work
         state["round"] += 1
         batch = [r._replace(ts_s=r.ts_s + shift) for r in rows]
-        target = agent.status()["written_total"] + len(batch)
+        before = agent.status()
+        target = before["written_total"] + len(batch)
         cpu0 = _cpu_s(agent.pid)
         with AgentConnection(agent.socket_path) as conn:
             conn.hello("bench-replay", [0])
             for i in range(0, len(batch), BATCH):
                 conn.send_records(batch[i:i + BATCH])
-            while conn.status()["written_total"] < target:
+            while (now := conn.status())["written_total"] < target:
+                if now["dropped_total"] > before["dropped_total"]:
+                    raise VramscopeError(f"bench agent: the agent dropped "
+                                         f"{now['dropped_total'] - before['dropped_total']} "
+                                         f"records; the figure would be meaningless")
                 time.sleep(0.01)
         cpu_per_round.append(_cpu_s(agent.pid) - cpu0)
     return send

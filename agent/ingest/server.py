@@ -61,6 +61,7 @@ class IngestStats:
     messages_total: int = 0
     records_total: int = 0
     client_dropped_total: int = 0  # drops the clients reported (their buffers were full)
+    paused_ticks: int = 0  # 10 ms waits while the writer was behind (back-pressure)
     rejected: Counter = field(default_factory=Counter)  # reason -> count
 
     @property
@@ -87,13 +88,15 @@ class IngestServer:
                  on_hello: Callable[[ClientInfo], None] | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
                  max_message_bytes: int = proto.DEFAULT_MAX_MESSAGE_BYTES,
-                 allowed_uids: Iterable[int] = ()) -> None:
+                 allowed_uids: Iterable[int] = (),
+                 pause: Callable[[], bool] | None = None) -> None:
         self.path = path
         self.stats = IngestStats()
         self._on_records = on_records
         self._on_postmortem = on_postmortem
         self._on_hello = on_hello
         self._status = status
+        self._pause = pause  # True while the writer is behind: stop reading, clients wait
         self._max_bytes = max_message_bytes
         self._allowed_uids = {os.getuid(), *allowed_uids}
         self._sel = selectors.DefaultSelector()
@@ -156,7 +159,17 @@ class IngestServer:
 
     # --- the loop -------------------------------------------------------------------------
     def run_once(self, timeout_s: float = 0.0) -> None:
-        """Wait up to ``timeout_s`` for activity and handle everything that is ready."""
+        """Wait up to ``timeout_s`` for activity and handle everything that is ready.
+
+        While ``pause()`` is true nothing is read: the kernel's socket buffers fill and the
+        clients' sends wait (a blocking replay is slowed to the writer's pace; the in-server
+        client drops and counts after its send timeout), instead of the agent reading records
+        only to drop them from a full queue.
+        """
+        if self._pause is not None and self._pause():
+            self.stats.paused_ticks += 1
+            self._stop.wait(0.01)
+            return
         for key, _ in self._sel.select(timeout_s):
             if key.data is None:
                 self._accept()
