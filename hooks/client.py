@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
@@ -57,10 +58,12 @@ class SocketSink:
         self._max_backoff_s = max_backoff_s
         self._sock: socket.socket | None = None
         self._away_logged = False
+        self._hello_args = (process or _process_name(), devices, model)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
         if start:
             self._thread.start()
+            _restart_in_forked_children(self)
 
     # --- the server's side: never blocks, never raises ------------------------------------
     def put(self, record: Any) -> None:
@@ -161,6 +164,18 @@ class SocketSink:
             return []
         return [(data, count)]
 
+    def _after_fork_in_child(self) -> None:
+        """A forked worker (gunicorn-style) gets its own buffer, connection and thread: the
+        parent's thread does not exist in the child, and its socket must not be shared."""
+        self._lock = threading.Lock()
+        self._buf = deque()
+        self._sock = None  # the parent's socket object stays open for the parent only
+        self.dropped_total = self.sent_total = self.connects = self._reported = 0
+        self._hello = proto.hello(os.getpid(), *self._hello_args)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
+        self._thread.start()
+
     # --- connection -----------------------------------------------------------------------
     def _connect(self) -> bool:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -230,6 +245,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def _restart_in_forked_children(sink: SocketSink) -> None:
+    ref = weakref.ref(sink)  # the fork hook must not keep a closed sink alive
+
+    def after_in_child() -> None:
+        alive = ref()
+        if alive is not None and not alive._closed.is_set():
+            alive._after_fork_in_child()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=after_in_child)
 
 
 def _process_name() -> str:

@@ -155,3 +155,24 @@ def test_server_keeps_its_loop_timing_while_the_agent_is_stopped_then_killed(sho
     assert max_buffered <= bound
     assert sink.dropped_total > 0  # the stopped agent did not make the buffer grow instead
     assert sink.sent_total + sink.dropped_total + sink.buffered == ticks * 20
+
+
+def test_a_forked_child_gets_its_own_connection_and_pid(short_dir):
+    got = _Collector()
+    srv = got.server(f"{short_dir}/run/agent.sock")
+    sink = SocketSink(srv.path, poll_s=0.01)
+    sink.put(_sample(1))
+    _wait_for(lambda: len(got.records) == 1)
+    child = os.fork()
+    if child == 0:  # the child: put, wait for the drain, exit without running pytest's atexit
+        sink.put(_sample(2))
+        deadline = time.monotonic() + 5
+        while sink.sent_total < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0 if sink.sent_total == 1 else 1)
+    _, status = os.waitpid(child, 0)
+    _wait_for(lambda: len(got.records) == 2)
+    sink.close()
+    srv.stop()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [(r.allocated_bytes, r.pid) for r in got.records] == [(1, os.getpid()), (2, child)]
