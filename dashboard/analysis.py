@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from agent.errors import UsageError
+from agent.records import Phase, Sample
 from agent.store import Store
 from dashboard import figures, queries
 from dashboard.errors import BadParameter, Unavailable
@@ -111,14 +112,17 @@ def _orphan_json(e) -> dict[str, Any]:
             "message": None if data.get("message") is None else str(data["message"])}
 
 
+RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
+                "largest_free_block_bytes", "num_alloc_retries")
+
+
 def risk_view(store: Store, config, device: int, host: str | None, start: float,
               end: float) -> dict[str, Any]:
-    """Headroom over time, the forecast where the risk model is available, fired warnings."""
-    rows = store.timeline(device, start, end, 2000,
-                          ("reserved_bytes", "device_used_bytes", "device_total_bytes"), host=host)
+    """Headroom over time, the risk model's forecast, and when each warning fired."""
+    rows = store.timeline(device, start, end, 2000, RISK_COLUMNS, host=host)
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
-    forecast, rises, method = _forecast(store, config, device, host, start, end)
+    forecast, rises, method = _forecast(store, config, device, host, start, end, rows)
     warnings = sorted(_warnings(store, device, host, start, end) + rises, key=lambda w: w["ts"])
     levels = {"warning": config["alerts.headroom_warning_ratio"],
               "critical": config["alerts.headroom_critical_ratio"]}
@@ -138,17 +142,36 @@ def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
     return {"ts": ts, "bytes": free}
 
 
-def _forecast(store: Store, config, device: int, host: str | None, start: float, end: float):
-    """The risk model's forecast (downsampled) and the moments its level rose."""
+def _forecast(store: Store, config, device: int, host: str | None, start: float, end: float,
+              rows: list[dict[str, Any]]):
+    """The risk model's forecast (downsampled) and the moments its level rose.
+
+    On raw samples when the window holds at most ``RAW_SAMPLE_LIMIT``; else on one sample per
+    bucket carrying the bucket's peaks (the model trends the peaks anyway), without the
+    prefill-spike allowance, which needs the phases of raw samples.
+    """
     try:
         from agent.analysis.risk import risk_timeline
     except ImportError:
         return None, [], "unavailable (the risk model is not in this build)"
     samples, events = _raw_records(store, device, host, start, end)
+    method = "risk model (causal)"
     if samples is None:
-        return None, [], f"zoom in: the forecast needs at most {RAW_SAMPLE_LIMIT} samples"
+        samples, events = peak_samples(rows, device), []
+        method = "risk model on per-bucket peaks (long window)"
     points = [p for p in risk_timeline(samples, events, config) if p.device == device]
-    return _forecast_series(points, start, end), _level_rises(points), "risk model (causal)"
+    return _forecast_series(points, start, end), _level_rises(points), method
+
+
+def peak_samples(rows: list[dict[str, Any]], device: int) -> list[Sample]:
+    """One sample per downsampled bucket, at its last time, holding the bucket's maxima."""
+    out = []
+    for r in rows:
+        values = {c: r[f"{c}_max"] for c in RISK_COLUMNS}
+        if values["allocated_bytes"] is None and values["device_used_bytes"] is None:
+            continue
+        out.append(Sample(r["last_ts_s"], device, Phase.UNKNOWN, "peaks", None, **values))
+    return out
 
 
 def _forecast_series(points, start: float, end: float, buckets: int = 2000) -> dict[str, list]:

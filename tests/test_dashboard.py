@@ -279,6 +279,22 @@ def test_risk_view(client):
     assert doc["figure"]["data"][0]["name"] == "headroom"
 
 
+def test_long_windows_fall_back_to_sql_minima_and_peaks(client, monkeypatch):
+    from dashboard import analysis
+
+    monkeypatch.setattr(analysis, "RAW_SAMPLE_LIMIT", 1000)  # the seeded window holds 36,000
+    leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
+    assert leaks["method"] == "per-minute minima"
+    assert leaks["floor_points"] == F.DURATION_S // 60
+    assert leaks["result"]["detected"] is True
+    assert leaks["result"]["slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=0.01)
+    risk = client.get(f"/api/v1/figures/risk?device=0&{WINDOW}").get_json()
+    assert risk["forecast_method"] == "risk model on per-bucket peaks (long window)"
+    assert "time to OOM" in [t["name"] for t in risk["figure"]["data"]]
+    r = client.get(f"/api/v1/analysis?device=0&{WINDOW}")
+    assert r.status_code == 400 and r.get_json()["error"]["parameter"] == "start"
+
+
 def test_analysis_document(client):
     doc = client.get(f"/api/v1/analysis?device=0&{WINDOW}").get_json()
     assert doc["format"] == "vramscope.analysis/1"

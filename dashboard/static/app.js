@@ -4,6 +4,7 @@
 "use strict";
 
 const GIB = 2 ** 30;
+const ANALYSIS_POLL_S = 30; // Leaks and OOM risk re-run the analysis: poll them less often
 const body = document.body.dataset;
 const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
@@ -113,8 +114,9 @@ function timelineHref(device, host, ts) {
   return "/timeline?" + qs({ device: device, host: host, start: (ts - 600).toFixed(3), end: (ts + 600).toFixed(3) });
 }
 
-// Poll every refresh_s while the tab is visible; a failure shows once and marks "stale".
-function poll(fn) {
+// Poll every refresh_s (at least minSeconds) while the tab is visible; a failure shows once
+// and marks "stale". Pages that run the analysis poll less often: a verdict moves by the minute.
+function poll(fn, minSeconds) {
   const live = document.getElementById("live");
   const run = async () => {
     if (document.hidden) return;
@@ -128,7 +130,7 @@ function poll(fn) {
     }
   };
   run();
-  setInterval(run, Math.max(500, parseFloat(body.refreshS) * 1000));
+  setInterval(run, Math.max(500, (minSeconds || 0) * 1000, parseFloat(body.refreshS) * 1000));
 }
 
 function wirePicker() {
@@ -263,7 +265,7 @@ PAGES.leaks = () => {
       ["Blocks", (o) => o.blocks, "num"], ["Message", (o) => o.message, "wrap"],
       ["", (o) => link("at the moment →", timelineHref(body.device, body.host, o.ts))],
     ], doc.orphaned, "The KV pool reported no orphaned blocks.");
-  });
+  }, ANALYSIS_POLL_S);
 };
 
 PAGES.risk = () => {
@@ -284,7 +286,7 @@ PAGES.risk = () => {
       ["Detail", (w) => w.label, "wrap"],
       ["", (w) => link("at the moment →", timelineHref(body.device, body.host, w.ts))],
     ], doc.warnings, "No warning fired in this window.");
-  });
+  }, ANALYSIS_POLL_S);
 };
 
 function pmColumns() {
