@@ -50,7 +50,7 @@ DERIVED_METRICS: dict[str, str] = {
     "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
     "kv_usage_ratio": "KV blocks used / total",
     "kv_exhaustion_s": "time until used KV blocks reach the total at the current rate",
-    "kv_orphaned_blocks": "orphaned KV blocks reported by the pool so far",
+    "kv_orphaned_blocks": "orphaned KV blocks in the pool's latest check that found any",
     "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
 }
 METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(DERIVED_METRICS)

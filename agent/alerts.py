@@ -26,7 +26,7 @@ from agent.alert_rules import OPS, Rule, rules_from
 from agent.analysis.diagnosis import diagnose_warning
 from agent.analysis.fragmentation import inactive_split_ratio
 from agent.analysis.kv import KvTracker
-from agent.analysis.leaks import LeakDetector
+from agent.analysis.leaks import LeakDetector, orphaned_count
 from agent.analysis.merge import merged
 from agent.analysis.risk import RiskModel
 from agent.analysis.thresholds import Thresholds
@@ -108,8 +108,7 @@ class DeviceAnalysis:
             self._note_oom(e.ts_s)
         self.leak.on_event(e)
         if e.name == "kv_orphaned_blocks":
-            data = e.data or {}
-            self.orphaned_blocks += int(data.get("count", data.get("blocks", 1)) or 0)
+            self.orphaned_blocks = orphaned_count(e)
 
     def _note_oom(self, ts_s: float) -> None:
         if not self.oom_ts_s or ts_s - self.oom_ts_s[-1] > 1.0:  # one OOM seen by two sources

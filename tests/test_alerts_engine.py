@@ -113,3 +113,11 @@ def test_live_batches_give_exactly_the_alerts_of_analyze():
     assert [("fired", a["rule"], a["fired_ts"]) for a in offline] == [
         x for x in live if x[0] == "fired"]
     assert [r for _, r, _ in live] == ["oom_risk", "oom_risk_critical", "memory_leak", "oom"]
+
+
+def test_orphaned_kv_blocks_fire_the_leak_alert_at_the_event():
+    e = AlertEngine.from_config(None)
+    got = e.feed([Sample(0.0, 0, allocated_bytes=1),
+                  Event(3.0, "kv_orphaned_blocks", data={"blocks": 4, "block_ids": [7]})])
+    assert [(c.kind, c.rule, c.ts_s) for c in got] == [("fired", "memory_leak", 3.0)]
+    assert e.devices[0].value("kv_orphaned_blocks", 3.0) == 4.0

@@ -86,7 +86,8 @@ def test_detect_leak_reports_too_slow_growth_as_no_leak():
 
 def test_orphaned_kv_blocks_are_a_leak_signal_of_their_own():
     samples = _rising(100, 0)
-    events = [Event(50.0, "kv_orphaned_blocks", data={"count": 3})]
+    events = [Event(50.0, "kv_orphaned_blocks", data={"blocks": 5}),
+              Event(60.0, "kv_orphaned_blocks", data={"blocks": 3, "block_ids": [1, 2, 3]})]
     r = detect_leak(samples, events)
     assert (r.detected, r.first_detected_ts_s, r.orphaned_blocks) == (True, 50.0, 3)
     assert "3 orphaned block(s)" in r.evidence

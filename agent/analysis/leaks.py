@@ -19,7 +19,7 @@ points and calls it a leak only when all of these hold:
    (scaled median absolute deviation of the residuals).
 
 Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
-that were never returned) is a leak signal of its own.
+that were never returned; ``blocks`` is the current count) is a leak signal of its own.
 """
 
 from __future__ import annotations
@@ -57,6 +57,14 @@ class LeakResult(NamedTuple):
 
 NO_VERDICT = LeakResult(False, 0.0, 0, None, None, "not enough idle-floor data after warm-up",
                         None, None)
+
+
+def orphaned_count(e: Event) -> int:
+    """Blocks a ``kv_orphaned_blocks`` event reports: the pool check's current orphan count
+    (``blocks``; ``count`` is accepted too), a level rather than an increment."""
+    data = e.data or {}
+    value = data.get("blocks", data.get("count", 1))
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class FloorTracker:
@@ -124,14 +132,14 @@ class LeakDetector:
         self.floor.on_event(e)
         if e.name != "kv_orphaned_blocks":
             return None
-        count = int((e.data or {}).get("count", (e.data or {}).get("blocks", 1)) or 0)
+        count = orphaned_count(e)
         if count <= 0:
             return None
         r = self.result
         first = r.first_detected_ts_s if r.first_detected_ts_s is not None else e.ts_s
         evidence = f"KV pool reported {count} orphaned block(s) at {e.ts_s:.3f}; " + r.evidence
         self.result = r._replace(detected=True, first_detected_ts_s=first, evidence=evidence,
-                                 orphaned_blocks=r.orphaned_blocks + count)
+                                 orphaned_blocks=count)
         return self.result
 
     def update(self, s: Sample) -> LeakResult | None:
