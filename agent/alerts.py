@@ -19,6 +19,7 @@ import json
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ from agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
 
 log = logging.getLogger("vramscope.alerts")
 OOM_RECENT_S = 300.0
+HISTORY_MAX = 100_000
 WEBHOOK_FORMAT = "vramscope.alert/1"
 
 
@@ -189,7 +191,8 @@ class AlertEngine:
         self.devices: dict[int, DeviceAnalysis] = {}
         self._raw = frozenset(r.metric for r in self.rules if r.metric in SAMPLE_COUNTER_FIELDS)
         self._state: dict[int, list[_RuleState]] = {}  # per device, in rule order
-        self.history: list[AlertChange] = []
+        # every change so far, for analyze; bounded so that a live agent never grows without end
+        self.history: deque[AlertChange] = deque(maxlen=HISTORY_MAX)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> AlertEngine:

@@ -24,6 +24,7 @@ that were never returned; ``blocks`` is the current count) is a leak signal of i
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -121,7 +122,9 @@ class LeakDetector:
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
         self.floor = FloorTracker(self.t.leak_floor_window_s)
-        self.points: list[tuple[float, int]] = []  # every floor point after the warm-up
+        # the floor points after the warm-up that the next verdict can use (bounded: live agents
+        # run for months)
+        self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS)
         self.result = NO_VERDICT
         self.limit_bytes: int | None = None
         self._first_ts: float | None = None
@@ -162,7 +165,7 @@ class LeakDetector:
         return self.result
 
     def _evaluate(self, now_s: float) -> LeakResult:
-        window = self.points[-HORIZON_POINTS:]
+        window = list(self.points)
         prev = self.result
         was = prev.detected and prev.p_value is not None
         verdict = evaluate_floor(window, self.limit_bytes or self._max_seen or 1, self.t, was)
