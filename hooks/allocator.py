@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.records import Phase, Sample
+from hooks.phase import current_phase, note_allocated
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -150,8 +151,6 @@ class AllocatorSource:
         counters = self.counters()
         if counters is None:
             return None
-        from hooks.phase import current_phase, note_allocated
-
         note_allocated(self.device, counters.allocated)
         if self._limit_bytes is None:
             self._limit_bytes = device_limit_bytes(self._torch, self.device)
@@ -213,8 +212,6 @@ class FakeAllocatorSource:
         c = self.counters()
         if c is None:
             return None
-        from hooks.phase import current_phase, note_allocated
-
         note_allocated(self.device, c.allocated)
         return sample_from_counters(c, ts_s=self._clock.time_s(), device=self.device,
                                     phase=current_phase(), pid=self._pid,
