@@ -19,7 +19,7 @@ from dashboard import figures, queries
 from dashboard.errors import BadParameter, Unavailable
 
 RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
-FLOOR_BUCKET_S = 60.0  # the idle floor is one point per minute (agent.analysis.leaks)
+FLOOR_BUCKET_S = 60.0  # default alerts.leak_floor_window_s: one idle-floor point a minute
 MAX_FLOOR_BUCKETS = 5_000
 
 
@@ -74,13 +74,17 @@ def _leak_from_records(samples, events, config, device: int):
         from agent.analysis import leaks
     except ImportError:
         return [], None, "analysis unavailable"
-    floor = leaks.idle_floor(samples, events, device)
+    from agent.analysis.thresholds import Thresholds
+
+    window_s = Thresholds.from_config(config).leak_floor_window_s
+    floor = leaks.idle_floor(samples, events, device, window_s)
     return floor, _leak_json(leaks.detect_leak(samples, events, config, device)), "idle floor"
 
 
 def _leak_from_minima(store: Store, config, device: int, host: str | None, start: float,
                       end: float, limit: int | None):
-    buckets = max(1, min(MAX_FLOOR_BUCKETS, math.ceil((end - start) / FLOOR_BUCKET_S)))
+    window_s = float(config["alerts.leak_floor_window_s"]) if config else FLOOR_BUCKET_S
+    buckets = max(1, min(MAX_FLOOR_BUCKETS, math.ceil((end - start) / window_s)))
     rows = store.timeline(device, start, end, buckets, ("allocated_bytes",), host=host)
     floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
              if r["allocated_bytes_min"] is not None]
