@@ -196,8 +196,8 @@ def figure_risk():
 @bp.get("/figures/capacity")
 def figure_capacity():
     st = state()
-    return jsonify(figures.capacity_figure(
-        analysis.capacity(st.store, params.text("host"), _shape())))
+    doc = analysis.capacity(st.store, params.text("host"), _shape())
+    return jsonify({"figure": figures.capacity_figure(doc), "capacity": doc})
 
 
 @bp.get("/figures/postmortems/<int:pm_id>")

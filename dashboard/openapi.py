@@ -171,7 +171,8 @@ def paths() -> dict[str, Any]:
         "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
             "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
             "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT)}), window),
-        "/figures/capacity": _op("Plotly figure: peaks and estimate", FIGURE,
+        "/figures/capacity": _op("Plotly figure: peaks and estimate, with the capacity document",
+                                 obj({"figure": FIGURE, "capacity": CAPACITY}),
                                  ESTIMATE_PARAMS),
         "/figures/postmortems/{pm_id}": _op("Plotly figures: segment map and top holders",
                                             obj({"segments": FIGURE, "holders": FIGURE}),

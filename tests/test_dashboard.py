@@ -308,8 +308,9 @@ def test_capacity_estimate_beside_peaks(client):
     assert doc["estimate"]["gpu_memory_bytes"] == F.LIMIT_BYTES  # the largest measured limit
     peaks = {d["device"]: d["peaks"] for d in doc["devices"]}
     assert peaks[1]["allocated_bytes"] == 20 * F.GIB
-    fig = client.get("/api/v1/figures/capacity").get_json()
-    assert [t["name"] for t in fig["data"]][-1] == "estimate"
+    both = client.get("/api/v1/figures/capacity").get_json()
+    assert [t["name"] for t in both["figure"]["data"]][-1] == "estimate"
+    assert both["capacity"]["devices"] == doc["devices"]
 
 
 def test_openapi_document_lists_every_api_route(dash_app, client):

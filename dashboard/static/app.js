@@ -5,6 +5,7 @@
 
 const GIB = 2 ** 30;
 const ANALYSIS_POLL_S = 30; // Leaks and OOM risk re-run the analysis: poll them less often
+const CAPACITY_POLL_S = 60; // peaks over all stored data move slowly and cost a full scan
 const body = document.body.dataset;
 const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
@@ -358,8 +359,9 @@ PAGES.capacity = () => {
   for (const [k, v] of given) if (form.elements[k]) form.elements[k].value = v;
   const query = given.toString();
   poll(async () => {
-    const [doc, fig] = await Promise.all([getJSON("/api/v1/capacity?" + query), getJSON("/api/v1/figures/capacity?" + query)]);
-    await plot("capacity-plot", fig);
+    const both = await getJSON("/api/v1/figures/capacity?" + query);
+    const doc = both.capacity;
+    await plot("capacity-plot", both.figure);
     const e = doc.estimate;
     document.getElementById("estimate-note").textContent = e
       ? "Estimate for " + doc.shape.name + " at " + doc.shape.context + " tokens × " + doc.shape.concurrency + " sequences, against " + fmtBytes(e.gpu_memory_bytes) + "."
@@ -381,7 +383,7 @@ PAGES.capacity = () => {
       ["Limit", (d) => fmtBytes(d.peaks && d.peaks.device_total_bytes), "num"],
       ["Since", (d) => d.peaks && fmtTime(d.peaks.first_ts_s)],
     ], doc.devices, "No device has reported yet.");
-  });
+  }, CAPACITY_POLL_S);
 };
 
 document.addEventListener("DOMContentLoaded", () => {
