@@ -110,11 +110,16 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
 def parse_rules(config: Any) -> list[Rule]:
     """Built-ins plus ``config.rules``; a user rule with a built-in's name replaces it."""
     raw = getattr(config, "rules", None) or []
-    user = [parse_rule(r, i) for i, r in enumerate(raw, start=1)]
+    source = getattr(config, "source", None)
+    where = f"{source}: " if source else ""
+    try:
+        user = [parse_rule(r, i) for i, r in enumerate(raw, start=1)]
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
     names = [r.name for r in user]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
-        raise ConfigError(f"alert rule {dup!r}: name is used by more than one rule")
+        raise ConfigError(f"{where}alert rule {dup!r}: name is used by more than one rule")
     rules = [r for r in builtin_rules(config) if r.name not in names]
     return rules + user
 

@@ -71,12 +71,13 @@ BAD = [
 def test_a_bad_rule_names_the_rule_and_the_key(raw, message):
     with pytest.raises(ConfigError) as exc:
         parse_rules(config([raw]))
-    assert str(exc.value).startswith(message)
+    assert str(exc.value).startswith("test.toml: " + message)
 
 
 def test_duplicate_names_are_an_error():
     rule = {"name": "a", "metric": "reserved_bytes", "threshold": 1}
-    with pytest.raises(ConfigError, match="alert rule 'a': name is used by more than one rule"):
+    with pytest.raises(ConfigError,
+                       match="^test.toml: alert rule 'a': name is used by more than one rule"):
         parse_rules(config([rule, rule]))
 
 
