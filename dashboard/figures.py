@@ -128,9 +128,14 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
         xs, texts = groups.setdefault("alloc retries", ([], []))
         xs.append(ms(r["ts"]))
         texts.append(f"+{r['count']} retries")
+    for a in doc.get("alerts", ()):
+        xs, texts = groups.setdefault("alert fired", ([], []))
+        xs.append(ms(a["ts"]))
+        texts.append(f"{a['severity']}: {a['rule']}: {a['message'] or ''}"[:200])
     style = {"request start": ("triangle-right", COLORS["request"]),
              "request end": ("triangle-left", COLORS["request"]),
              "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
+             "alert fired": ("triangle-up", COLORS["warning"]),
              "orphaned KV blocks": ("square", COLORS["orphan"])}
     return [{"type": "scatter", "mode": "markers", "name": label, "x": xs,
              "y": [label] * len(xs), "text": texts, "hovertemplate": "%{text}",
@@ -164,6 +169,12 @@ def _memory_top_gib(s: dict[str, dict[str, list]]) -> float:
     return top * 1.04 / GIB
 
 
+def _occupancy_top(s: dict[str, dict[str, list]]) -> float:
+    """Headroom above the fullest block, so the occupancy line does not sit on the frame."""
+    values = s.get("kv_tokens_per_block", {}).get("max") or [1.0]
+    return max(values) * 1.25
+
+
 def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
     """Memory, fragmentation, KV pool and event lanes on one linked time axis."""
     s = doc["series"]
@@ -183,7 +194,7 @@ def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
         yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True,
                 "automargin": True},
         yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
-                "rangemode": "tozero", "showgrid": False, "automargin": True},
+                "range": [0, _occupancy_top(s)], "showgrid": False, "automargin": True},
         meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
               "events_truncated": doc["events_truncated"]})
     return {"data": data, "layout": layout}

@@ -90,7 +90,8 @@ TIMELINE = obj({
     "events": array(obj({"ts": NUM, "name": STR, "request_id": nullable(STR),
                          "message": nullable(STR), "pid": nullable(INT)})),
     "events_truncated": {"type": "boolean"},
-    "retries": array(obj({"ts": NUM, "count": NUM}))})
+    "retries": array(obj({"ts": NUM, "count": NUM})),
+    "alerts": array(obj({"ts": NUM, "severity": STR, "rule": STR, "message": nullable(STR)}))})
 ESTIMATE_PARAMS = [
     _query("model", {"type": "string", "maxLength": 80}, "A name for the estimate."),
     _query("layers", {"type": "integer", "minimum": 1, "maximum": 1000}, "Decoder layers."),

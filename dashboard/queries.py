@@ -118,7 +118,18 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
             "series": series, "phases": bands, "phase_source": band_source,
             "events": tl.event_markers(events[:max_points]),
             "events_truncated": len(events) > max_points,
-            "retries": tl.retry_markers(series)}
+            "retries": tl.retry_markers(series),
+            "alerts": alert_markers(store, device, host, start_s, end_s)}
+
+
+def alert_markers(store: Store, device: int, host: str | None, start_s: float,
+                  end_s: float) -> list[dict[str, Any]]:
+    """Alerts of this device that fired in the window (the Alerts page links here)."""
+    name = host or store.host_name
+    return [{"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
+             "message": a["message"]}
+            for a in reversed(store.alerts(host=name, limit=10_000))
+            if a["device"] == device and start_s <= a["fired_ts_s"] <= end_s]
 
 
 def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:

@@ -111,6 +111,8 @@ def test_timeline_keeps_bucket_peaks(client):
     assert doc["series"]["device_total_bytes"]["max"] == [F.LIMIT_BYTES] * 100
     assert [r["ts"] for r in doc["retries"]] == [F.T0 + 5976, F.T0 + 6552]  # buckets of 6000, 6600
     assert [r["count"] for r in doc["retries"]] == [1, 1]
+    assert [(a["ts"], a["rule"]) for a in doc["alerts"]] == [(F.T0 + 5400, "idle_floor_leak"),
+                                                            (F.T0 + 7000, "headroom")]
 
 
 def test_timeline_phase_bands_and_markers(client):

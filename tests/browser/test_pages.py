@@ -128,7 +128,7 @@ def test_timeline(driver, served):
                      "largest free block", "inactive split ratio", "external fragmentation",
                      "KV blocks used", "KV blocks cached", "KV blocks total",
                      "tokens per used block", "request start", "request end", "OOM",
-                     "alloc retries"]
+                     "alloc retries", "alert fired"]
     points = dict(got)
     start = LAST_T - 3600
     assert points["allocated"] == points["limit"] == in_window(start, LAST_T) == 1801
@@ -136,7 +136,7 @@ def test_timeline(driver, served):
     requests = sum(1 for k in range(F.DURATION_S // F.REQUEST_EVERY_S)
                    if start <= F.T0 + k * F.REQUEST_EVERY_S <= LAST_T)
     assert points["request start"] == requests
-    assert (points["OOM"], points["alloc retries"]) == (1, 2)
+    assert (points["OOM"], points["alloc retries"], points["alert fired"]) == (1, 2, 2)
     assert points["prefill"] == 5 * requests  # 4 corners and a gap per band
     assert console_errors(driver) == []
     screenshot(driver, "timeline")
