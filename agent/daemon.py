@@ -180,8 +180,10 @@ class Agent:
                 self._stop.wait(wait_s)
 
     def _next_due_s(self) -> float:
-        return min(self._device_schedule.next_s, self._process_schedule.next_s,
-                   self._stats_schedule.next_s, self._retention_schedule.next_s)
+        due = [self._stats_schedule.next_s, self._retention_schedule.next_s]
+        if self.source is not None:  # no source: no 10 Hz wake-ups for nothing
+            due += [self._device_schedule.next_s, self._process_schedule.next_s]
+        return min(due)
 
     def tick(self) -> None:
         """Run every schedule that is due now (the sampler thread calls this; so can tests)."""

@@ -71,22 +71,25 @@ class Writer:
                 self._queue.popleft()
                 self.stats.dropped_total += 1
             self._queue.append(record)
-            if len(self._queue) == self._batch_rows:
+            if len(self._queue) in (1, self._batch_rows):  # woken on first record, or full
                 self._cond.notify()
 
     def put_many(self, records: Iterable[Sample | Event | PostMortem]) -> None:
         with self._cond:
+            was_empty = not self._queue
             self._queue.extend(records)
             excess = len(self._queue) - self._max
             for _ in range(max(0, excess)):
                 self._queue.popleft()
             self.stats.dropped_total += max(0, excess)
-            if len(self._queue) >= self._batch_rows:
+            if was_empty or len(self._queue) >= self._batch_rows:
                 self._cond.notify()
 
     def submit(self, task: Task) -> None:
         """Run ``task(store)`` on the writer thread, after the current batch."""
-        self._tasks.append(task)
+        with self._cond:
+            self._tasks.append(task)
+            self._cond.notify()
 
     @property
     def queue_depth(self) -> int:
@@ -131,8 +134,13 @@ class Writer:
         self._give_up_if_stuck()
 
     def _wait_for_batch(self) -> None:
-        deadline = time.monotonic() + self._interval_s
+        """Sleep until a batch is due: idle (nothing queued) until woken by a put or a task,
+        then at most ``batch_interval_s`` for the batch to fill."""
         with self._cond:
+            while (not self._queue and not self._tasks and self._pending is None
+                   and not self._stopping):
+                self._cond.wait()
+            deadline = time.monotonic() + self._interval_s
             while len(self._queue) < self._batch_rows and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -178,3 +178,40 @@ def test_malformed_messages_never_crash_or_hang_the_agent(agent_proc):
 @pytest.mark.slow
 def test_malformed_messages_many(agent_proc):
     _fuzz(agent_proc, 20_000)
+
+
+def test_replay_and_status_commands(agent_proc, tmp_path, capsys):
+    from agent.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    lines = [f'{{"ts": {5000 + i}, "device": 0, "phase": "idle", "source": "replayed", '
+             f'"pid": 77, "reserved_bytes": {i}}}' for i in range(1200)]
+    lines.append('{"ts": 6300, "event": "request_end", "request_id": "r9", "pid": 77}')
+    trace.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(trace), "--socket", agent_proc.socket_path,
+                 "--as-fast-as-possible"]) == 0
+    assert capsys.readouterr().out == f"replayed 1201 records from {trace}\n"
+    with Store.open(agent_proc.db_url) as st_:
+        rows = _wait_for(lambda: len(st_.samples(source="replayed")) == 1200
+                         and st_.samples(source="replayed"))
+        assert [s.reserved_bytes for s in rows] == list(range(1200))
+        assert {s.pid for s in rows} == {77}
+        _wait_for(lambda: st_.events(names=["request_end"]))
+    assert main(["status", "--socket", agent_proc.socket_path, "--json"]) == 0
+    status = proto.json.loads(capsys.readouterr().out)
+    assert status["running"] is True and len(status["devices"]) == 2
+    assert status["records_received_total"] >= 1201
+    assert main(["status", "--socket", agent_proc.socket_path]) == 0
+    text = capsys.readouterr().out
+    assert "devices: 2" in text and "queue depth:" in text and "rejected messages:" in text
+
+
+def test_status_without_an_agent_shows_the_stored_state_and_exits_1(agent_proc, capsys):
+    from agent.cli import main
+
+    assert main(["status", "--socket", "/tmp/vs-nowhere/agent.sock", "--db",
+                 agent_proc.db_url]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("agent: not running (cannot connect to the agent at "
+                          "/tmp/vs-nowhere/agent.sock")
+    assert "last report" in out and "devices: 2" in out

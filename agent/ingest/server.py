@@ -135,7 +135,7 @@ class IngestServer:
 
     def serve_forever(self) -> None:
         while not self._stop.is_set():
-            self.run_once(0.2)
+            self.run_once(1.0)  # data wakes it at once; the timeout only bounds stop()
 
     def stop(self) -> None:
         self._stop.set()
