@@ -32,6 +32,12 @@ class Unauthorized(HTTPException):
                    "once with ?token=<token>")
 
 
+class ForbiddenHost(HTTPException):
+    """A request for a non-loopback ``Host`` to a dashboard that has no token (403)."""
+
+    code = 403
+
+
 class Unavailable(HTTPException):
     """A feature whose module is not installed or not built yet (503)."""
 

@@ -104,6 +104,7 @@ def init_app(app: Flask, token: str, plotly_js) -> None:
         return response
 
     if not token:
+        app.before_request(_require_loopback_host)
         return
 
     @app.before_request
@@ -119,6 +120,18 @@ def init_app(app: Flask, token: str, plotly_js) -> None:
         from dashboard.errors import Unauthorized
 
         raise Unauthorized()
+
+
+def _require_loopback_host():
+    """Without a token only loopback names may be in ``Host``: a web page that re-points its own
+    domain at 127.0.0.1 (DNS rebinding) must not read the API from a visitor's browser."""
+    host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
+    if not is_loopback(host):
+        from dashboard.errors import ForbiddenHost
+
+        raise ForbiddenHost(f"Host {request.host!r} is not a loopback name; without "
+                            f"dashboard.token only localhost, 127.0.0.1 and [::1] are served")
+    return None
 
 
 def _cookie_redirect(token: str) -> Response:

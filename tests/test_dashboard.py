@@ -485,3 +485,20 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
 def test_an_empty_store_serves_every_route(tmp_path, path):
     store = Store.open(f"sqlite:///{tmp_path / 'empty.db'}", host_name="h")
     assert create_app(None, store).test_client().get(path).status_code == 200
+
+
+@pytest.mark.parametrize(("host", "status"), [("localhost", 200), ("localhost:8321", 200),
+                                              ("127.0.0.1:8321", 200), ("[::1]:8321", 200),
+                                              ("[::1]", 200), ("evil.example:8321", 403),
+                                              ("10.0.0.5", 403)])
+def test_without_a_token_only_loopback_host_names_are_served(client, host, status):
+    r = client.get("/api/v1/hosts", headers={"Host": host})
+    assert r.status_code == status
+    if status == 403:
+        assert "dashboard.token" in r.get_json()["error"]["message"]
+
+
+def test_with_a_token_any_host_name_is_served(token_client):
+    r = token_client.get("/api/v1/hosts", headers={"Host": "gpu-dash.example",
+                                                   "Authorization": "Bearer s3cret"})
+    assert r.status_code == 200
