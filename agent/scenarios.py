@@ -17,11 +17,14 @@ The simulated server serves in cycles (a batch of requests): an idle gap (0–10
 - ``frag_oom``: allocated stays steady but reserved memory fragments (inactive split grows, the
   largest free block shrinks, the allocator starts retrying) until a prefill finds no block;
 - ``prealloc``: a KV pool preallocated at 90 % of the device, steady; the sawtooth is in the
-  pool's block counters only.
+  pool's block counters only;
+- ``diurnal`` (not in ``suite``; scored apart): never idle, with the memory between requests
+  following a daily load cycle — no leak, but nothing tells it from one on the floor alone.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,7 +71,7 @@ class _Server:
     """One simulated server; ``run`` yields its samples and events."""
 
     def __init__(self, rng: random.Random, dt_s: float, floor: Callable[[float], float],
-                 prealloc_ratio: float | None = None) -> None:
+                 prealloc_ratio: float | None = None, never_idle: bool = False) -> None:
         self.rng, self.dt_s, self.floor = rng, dt_s, floor
         self.prealloc = prealloc_ratio
         self.weights = int(0.30 * LIMIT_BYTES)
@@ -76,6 +79,7 @@ class _Server:
         self.samples: list[Sample] = []
         self.events: list[Event] = []
         self._req = 0
+        self.never_idle = never_idle  # continuous batching under load: no gap between batches
         self.frag_duration_s = 0.0  # frag_oom: how long reserved memory takes to fragment
         self.retries = 0  # frag_oom: num_alloc_retries so far
 
@@ -83,7 +87,8 @@ class _Server:
         r = self.rng
         kv_amp = r.uniform(0.06, 0.12) if self.prealloc is None else r.uniform(0.30, 0.40)
         spike_ratio = r.uniform(0.02, 0.04) if self.prealloc is None else r.uniform(0.01, 0.015)
-        return _Cycle(start, r.uniform(0, 10), r.uniform(1, 3), r.uniform(60, 120),
+        idle_s = 0.0 if self.never_idle else r.uniform(0, 10)
+        return _Cycle(start, idle_s, r.uniform(1, 3), r.uniform(60, 120),
                       int(spike_ratio * LIMIT_BYTES), kv_amp, r.randint(4, 16))
 
     def state(self, c: _Cycle, t: float) -> tuple[Phase, float, int]:
@@ -134,10 +139,10 @@ def _sample(t: float, phase: Phase, allocated: int, reserved: int, used_blocks: 
 
 def simulate(name: str, kind: str, seed: int, duration_s: float, dt_s: float,
              floor: Callable[[float], float] = lambda t: 0.0,
-             prealloc_ratio: float | None = None) -> Scenario:
+             prealloc_ratio: float | None = None, never_idle: bool = False) -> Scenario:
     """A server that never runs out of memory (steady, warmup, leak, prealloc)."""
     rng = random.Random(seed)
-    srv = _Server(rng, dt_s, floor, prealloc_ratio)
+    srv = _Server(rng, dt_s, floor, prealloc_ratio, never_idle)
     c = srv._cycle(START_S)
     srv.request_events(c)
     t = START_S
@@ -249,12 +254,14 @@ def warmup_floor(t: float) -> float:
     return 0.10 * min(1.0, t / 900.0)
 
 
-def leak(rate_per_h: float, seed: int, dt_s: float = 2.0, after_s: float = 3 * 3600) -> Scenario:
+def leak(rate_per_h: float, seed: int, dt_s: float = 2.0, after_s: float = 3 * 3600,
+         never_idle: bool = False) -> Scenario:
     def floor(t: float) -> float:
         return warmup_floor(t) + rate_per_h * max(0.0, t - LEAK_START_S) / 3600.0
 
-    sc = simulate(f"leak/{rate_per_h:.2%}/{seed}", "leak", seed, LEAK_START_S + after_s, dt_s,
-                  floor)
+    prefix = "never_idle_leak" if never_idle else "leak"
+    sc = simulate(f"{prefix}/{rate_per_h:.2%}/{seed}", "leak", seed, LEAK_START_S + after_s,
+                  dt_s, floor, never_idle=never_idle)
     sc.leak_start_ts = START_S + LEAK_START_S
     sc.leak_rate_ratio_per_h = rate_per_h
     return sc
@@ -273,6 +280,18 @@ def prealloc(seed: int, days: float = 7.0, dt_s: float = 10.0) -> Scenario:
                     prealloc_ratio=0.90)
 
 
+def diurnal_floor(t: float) -> float:
+    """Memory that follows the day's load: +8 % of the device from night to midday and back."""
+    return 0.08 * (1 - math.cos(2 * math.pi * t / 86400.0)) / 2
+
+
+def diurnal(seed: int, days: float = 2.0, dt_s: float = 10.0) -> Scenario:
+    """Never idle, and the memory between requests follows a daily load cycle: no leak, but
+    no idle floor either — the known hard case (reported apart, see bench detection)."""
+    return simulate(f"diurnal/{seed}", "diurnal", seed, days * 86400, dt_s, diurnal_floor,
+                    never_idle=True)
+
+
 def suite(quick: bool = False) -> list[Scenario]:
     """Every scenario of the benchmark; ``quick`` shortens the long ones and uses fewer seeds."""
     seeds = (1, 2) if quick else (1, 2, 3, 4, 5)
@@ -281,3 +300,11 @@ def suite(quick: bool = False) -> list[Scenario]:
     out += [leak(rate, seed) for rate in LEAK_RATES for seed in seeds]
     out += [growth_oom(seed) for seed in seeds] + [frag_oom(seed) for seed in seeds]
     return out
+
+
+def hard_cases(quick: bool = False) -> list[Scenario]:
+    """Never-idle serving, scored apart: leaks under a large KV sawtooth, and a daily load
+    cycle that moves the memory between requests (no leak)."""
+    seeds = (1,) if quick else (1, 2, 3)
+    out = [leak(rate, seed, never_idle=True) for rate in LEAK_RATES[1:] for seed in seeds]
+    return out + [diurnal(seed, days=0.5 if quick else 2.0) for seed in seeds[:2]]

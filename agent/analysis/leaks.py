@@ -1,10 +1,14 @@
 """Leak detection on the idle floor: is the memory left over between requests still rising?
 
 The *idle floor* is one point per minute (``alerts.leak_floor_window_s``): the least allocated
-memory seen in that minute while
-no request was in flight (phase ``idle``, or no request open by the request events); where the
-server is never idle, the least allocated memory of the minute (the floor between requests).
-A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor.
+memory seen in that minute while no request was in flight (phase ``idle``, or no request open by
+the request events); where the server is never idle, the least of the first samples after a
+request ended (the floor after each request); without request events either, the least of the
+minute.
+A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor. The
+detector then takes the least of the last ``ROLLING_POINTS`` floor points, so that a sawtooth
+slower than one window still shows its trough in every point (the Mann–Kendall correction
+accounts for the autocorrelation this adds).
 
 The detector is causal and incremental (the live agent and ``analyze`` run the same code). Every
 ``EVAL_EVERY_POINTS`` new floor points after the warm-up it fits the last ``HORIZON_POINTS``
@@ -14,7 +18,7 @@ points and calls it a leak only when all of these hold:
    p < ``P_LEAK`` over the whole horizon;
 2. the Theil–Sen slope is at least ``alerts.leak_min_slope_ratio_per_h`` of the limit per hour;
 3. the rise goes on in the most recent third of the horizon (p < ``P_RECENT``, slope at least
-   half the minimum) — a warm-up step followed by a plateau fails here;
+   the minimum) — a warm-up step followed by a plateau fails here;
 4. the growth over the horizon is at least ``MIN_GROWTH_NOISE`` times the floor's own noise
    (scaled median absolute deviation of the residuals).
 
@@ -35,6 +39,7 @@ from agent.records import Event, Phase, Sample
 
 FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
 HORIZON_POINTS = 120  # two hours of floor points
+ROLLING_POINTS = 5
 MIN_POINTS = 30  # half an hour after the warm-up before any verdict
 EVAL_EVERY_POINTS = 5
 P_LEAK = 1e-3
@@ -76,14 +81,17 @@ class FloorTracker:
         self.in_flight = 0
         self._start: float | None = None
         self._idle_min: tuple[int, float] | None = None
+        self._after_end_min: tuple[int, float] | None = None
         self._any_min: tuple[int, float] | None = None
         self._uses_allocated = False
+        self._ended = False  # a request ended since the last sample
 
     def on_event(self, e: Event) -> None:
         if e.name == "request_start":
             self.in_flight += 1
         elif e.name == "request_end":
             self.in_flight = max(0, self.in_flight - 1)
+            self._ended = True
 
     def update(self, s: Sample) -> tuple[float, int] | None:
         """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any."""
@@ -100,6 +108,9 @@ class FloorTracker:
                                          and s.phase is not Phase.DECODE)
         if idle and (self._idle_min is None or value < self._idle_min[0]):
             self._idle_min = (value, s.ts_s)
+        if self._ended and (self._after_end_min is None or value < self._after_end_min[0]):
+            self._after_end_min = (value, s.ts_s)  # the floor right after a request left
+        self._ended = False
         if self._any_min is None or value < self._any_min[0]:
             self._any_min = (value, s.ts_s)
         return point
@@ -111,8 +122,8 @@ class FloorTracker:
         return None if self._uses_allocated else s.device_used_bytes
 
     def _close(self) -> tuple[float, int] | None:
-        best = self._idle_min or self._any_min
-        self._idle_min = self._any_min = None
+        best = self._idle_min or self._after_end_min or self._any_min
+        self._idle_min = self._after_end_min = self._any_min = None
         return None if best is None else (best[1], best[0])
 
 
@@ -125,6 +136,9 @@ class LeakDetector:
         # the floor points after the warm-up that the next verdict can use (bounded: live agents
         # run for months)
         self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS)
+        # the least of the last ROLLING_POINTS windows: a sawtooth slower than one window still
+        # shows its trough in every point
+        self._recent: deque[int] = deque(maxlen=ROLLING_POINTS)
         self.result = NO_VERDICT
         self.limit_bytes: int | None = None
         self._first_ts: float | None = None
@@ -156,7 +170,8 @@ class LeakDetector:
         point = self.floor.update(s)
         if point is None or point[0] < self._first_ts + self.t.leak_warmup_s:
             return None
-        self.points.append(point)
+        self._recent.append(point[1])
+        self.points.append((point[0], min(self._recent)))
         self._since_eval += 1
         if len(self.points) < MIN_POINTS or self._since_eval < EVAL_EVERY_POINTS:
             return None
@@ -208,7 +223,7 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
         checks = (test.p_rising < P_RECENT, trend.slope >= min_slope / 2, True, True)
     else:
         checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
-                  r_test.p_rising < P_RECENT and r_trend.slope >= min_slope / 2,
+                  r_test.p_rising < P_RECENT and r_trend.slope >= min_slope,
                   growth >= MIN_GROWTH_NOISE * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
