@@ -131,3 +131,21 @@ def test_a_leak_that_starts_mid_recording_reports_when_it_started():
                                                      for i in range(10, 40)]
     v = evaluate_floor(pts, limit, T)
     assert v.detected and v.start_ts_s == 540.0
+
+
+def test_never_idle_the_floor_is_taken_right_after_a_request_ends():
+    # busy all minute; a request ends at 35 s: the sample after it (70) is the floor, not the
+    # dip to 50 while requests were in flight
+    alloc = [100, 50, 120, 130, 70, 110, 115]
+    samples = [Sample(10.0 * i, 0, Phase.DECODE, allocated_bytes=a) for i, a in enumerate(alloc)]
+    events = [Event(0.0, "request_start"), Event(0.0, "request_start"), Event(35.0, "request_end")]
+    assert idle_floor(samples, events) == [(40.0, 70)]
+
+
+def test_the_detector_uses_the_least_of_the_last_five_floor_points():
+    cfg = Thresholds(leak_warmup_s=0.0, leak_floor_window_s=1.0)
+    d = LeakDetector(cfg)
+    for t, v in enumerate([10, 20, 5, 30, 40, 50, 60, 70]):
+        d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=v))
+    assert list(d.points) == [(0.0, 10), (1.0, 10), (2.0, 5), (3.0, 5), (4.0, 5), (5.0, 5),
+                              (6.0, 5)]
