@@ -287,17 +287,24 @@ def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
 
 # --- post-mortems ---------------------------------------------------------------------------
 def segment_map_figure(pm) -> dict[str, Any]:
-    """Each segment as a bar: allocated part and free part (the holes a request could not use)."""
+    """Each segment as a bar: allocated, its largest hole, and the rest of its free bytes.
+
+    A segment map of small scattered holes (lots of "other free", little "largest hole") is
+    what fragmentation looks like: free memory no large request can use.
+    """
     segs = list(pm.segments)
     labels = [f"seg {i}" for i in range(len(segs))]
-    used = [_first_int(s, "allocated_size", "allocated_bytes", "allocated") for s in segs]
-    total = [_first_int(s, "total_size", "size_bytes", "size") for s in segs]
-    free = [max(0, t - u) for t, u in zip(total, used)]
+    used = [_first_int(s, "allocated_bytes", "allocated_size", "allocated") for s in segs]
+    total = [_first_int(s, "total_size_bytes", "total_size", "size_bytes", "size") for s in segs]
+    hole = [min(_first_int(s, "largest_free_block_bytes"), max(0, t - u))
+            for s, t, u in zip(segs, total, used)]
+    rest = [max(0, t - u - h) for t, u, h in zip(total, used, hole)]
     mib = lambda vs: [v / 2**20 for v in vs]
-    data = [{"type": "bar", "orientation": "h", "name": "allocated", "y": labels, "x": mib(used),
-             "marker": {"color": COLORS["allocated"]}, "hovertemplate": "%{x:.1f} MiB"},
-            {"type": "bar", "orientation": "h", "name": "free", "y": labels, "x": mib(free),
-             "marker": {"color": "#d0d7de"}, "hovertemplate": "%{x:.1f} MiB"}]
+    parts = (("allocated", used, COLORS["allocated"]), ("largest hole", hole, "#8c959f"),
+             ("other free", rest, "#d0d7de"))
+    data = [{"type": "bar", "orientation": "h", "name": name, "y": labels, "x": mib(values),
+             "marker": {"color": color}, "hovertemplate": "%{x:.1f} MiB"}
+            for name, values, color in parts]
     return {"data": data, "layout": _layout(
         barmode="stack", height=140 + 18 * max(1, len(segs)), hovermode="closest",
         xaxis={"title": {"text": "MiB"}}, yaxis={"autorange": "reversed"})}

@@ -104,8 +104,11 @@ def events() -> list[Event]:
 
 
 def postmortem(snapshot_path: str | None) -> PostMortem:
-    segments = tuple({"address": i * 20 * 2**20, "total_size": 20 * 2**20,
-                      "allocated_size": (20 - 2 * (i % 5)) * 2**20} for i in range(12))
+    # hooks.oom.segment_map's shape; segment i has 2*(i % 5) MiB free, its largest hole half
+    segments = tuple({"address": i * 20 * 2**20, "total_size_bytes": 20 * 2**20,
+                      "allocated_bytes": (20 - 2 * (i % 5)) * 2**20,
+                      "largest_free_block_bytes": (i % 5) * 2**20, "segment_type": "large"}
+                     for i in range(12))
     holders = (Holder(6 * GIB, ("model.py:88:forward", "engine.py:310:step"), Phase.PREFILL),
                Holder(2 * GIB, ("kv_cache.py:41:grow",), Phase.DECODE),
                Holder(GIB, (), None))

@@ -251,9 +251,10 @@ def test_snapshots_are_served_only_from_the_snapshot_dir(tmp_path, seeded):
 def test_postmortem_figures(client, seeded):
     figs = client.get(f"/api/v1/figures/postmortems/{seeded.postmortem_id}").get_json()
     seg = figs["segments"]["data"]
-    assert [t["name"] for t in seg] == ["allocated", "free"]
+    assert [t["name"] for t in seg] == ["allocated", "largest hole", "other free"]
     assert seg[0]["x"][:5] == [20.0, 18.0, 16.0, 14.0, 12.0]  # MiB allocated per segment
-    assert seg[1]["x"][:5] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert seg[1]["x"][:5] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert seg[2]["x"][:5] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert figs["holders"]["data"][0]["x"] == [6144.0, 2048.0, 1024.0]
 
 

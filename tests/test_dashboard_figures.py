@@ -148,14 +148,15 @@ def test_leaks_and_risk_figures_are_valid_plotly():
     go.Figure(risk)
 
 
-def test_postmortem_figures_read_torch_or_compact_segments():
+def test_postmortem_figures_read_hook_or_torch_segments():
     pm = PostMortem(0.0, 0, 1, Phase.PREFILL, None, None, None, None, None, None, None,
                     top_holders=(Holder(3 * 2**20, ("a.py:1:f",)), Holder(2**20)),
-                    segments=({"total_size": 20 * 2**20, "allocated_size": 5 * 2**20},
-                              {"size": 2 * 2**20, "allocated": 2**20}))
+                    segments=({"total_size_bytes": 20 * 2**20, "allocated_bytes": 5 * 2**20,
+                               "largest_free_block_bytes": 10 * 2**20},
+                              {"total_size": 2 * 2**20, "allocated_size": 2**20}))
     seg = figures.segment_map_figure(pm)
-    assert [(t["name"], t["x"]) for t in seg["data"]] == [("allocated", [5.0, 1.0]),
-                                                         ("free", [15.0, 1.0])]
+    assert [(t["name"], t["x"]) for t in seg["data"]] == [
+        ("allocated", [5.0, 1.0]), ("largest hole", [10.0, 0.0]), ("other free", [5.0, 1.0])]
     holders = figures.holders_figure(pm)
     assert holders["data"][0]["y"] == ["#1 a.py:1:f", "#2 (no stack)"]
     assert holders["data"][0]["x"] == [3.0, 1.0]

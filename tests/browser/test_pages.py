@@ -216,7 +216,7 @@ def test_postmortems(driver, served):
     screenshot(driver, "postmortems")
     got = open_page(driver, served, f"/postmortems/{seeded.postmortem_id}",
                     ("segments-plot", "holders-plot"), "holders-table")
-    assert got == {"segments-plot": [("allocated", 12), ("free", 12)],
+    assert got == {"segments-plot": [("allocated", 12), ("largest hole", 12), ("other free", 12)],
                    "holders-plot": [("held", 3)]}
     link = driver.execute_script("return [...document.querySelectorAll('#pm-facts a')]"
                                  ".map(a => a.getAttribute('href'));")
