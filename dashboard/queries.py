@@ -111,15 +111,25 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
     bands, band_source = phase_bands(store, device, host, start_s, end_s, max_points)
-    events = store.events(device, start_s, end_s, host=host, names=tl.MARKER_EVENTS,
-                          limit=max_points + 1)
+    events, truncated = marker_events(store, device, host, start_s, end_s, max_points)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points, "bucket_s": (end_s - start_s) / max_points,
             "series": series, "phases": bands, "phase_source": band_source,
-            "events": tl.event_markers(events[:max_points]),
-            "events_truncated": len(events) > max_points,
+            "events": tl.event_markers(events), "events_truncated": truncated,
             "retries": tl.retry_markers(series),
             "alerts": alert_markers(store, device, host, start_s, end_s)}
+
+
+def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+                  limit: int) -> tuple[list, bool]:
+    """OOMs and orphaned blocks always; request boundaries only when at most ``limit`` of them
+    fall in the window (the first ``limit`` of a busy day would only mislead)."""
+    rare = store.events(device, start_s, end_s, host=host, names=tl.RARE_EVENTS, limit=limit)
+    requests = store.events(device, start_s, end_s, host=host, names=tl.REQUEST_EVENTS,
+                            limit=limit + 1)
+    truncated = len(requests) > limit
+    merged = sorted(rare + ([] if truncated else requests), key=lambda e: e.ts_s)
+    return merged, truncated
 
 
 def alert_markers(store: Store, device: int, host: str | None, start_s: float,

@@ -17,7 +17,8 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
     "inactive_split_bytes", "largest_free_block_bytes", "num_alloc_retries", "num_ooms",
     "kv_blocks_used", "kv_blocks_cached", "kv_blocks_total", "kv_tokens_used",
 )
-MARKER_EVENTS: tuple[str, ...] = ("request_start", "request_end", "oom", "kv_orphaned_blocks")
+REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
+RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks")  # always shown
 BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.value})
 
 

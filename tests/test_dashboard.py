@@ -130,6 +130,12 @@ def test_timeline_phase_bands_and_markers(client):
     assert set(doc["series"]["kv_tokens_per_block"]["max"]) == {14.0}  # 14 tokens a block
 
 
+def test_too_many_request_markers_are_left_out_but_ooms_stay(client):
+    doc = client.get(f"/api/v1/timeline?device=0&{WINDOW}&max_points=100").get_json()
+    assert doc["events_truncated"] is True  # 480 request events > 100
+    assert [e["name"] for e in doc["events"]] == ["kv_orphaned_blocks", "oom"]
+
+
 def test_timeline_bands_from_sample_phases_when_zoomed_without_events(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
     store.write([F.torch_sample(F.T0 + i, 1) for i in range(60)])

@@ -227,7 +227,7 @@ PAGES.timeline = () => {
     document.getElementById("timeline-meta").textContent = pts === 0
       ? "No samples for this device in this window."
       : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
-        (m.events_truncated ? " · events truncated: zoom in" : "");
+        (m.events_truncated ? " · request markers: zoom in" : "");
     await plot("timeline-plot", fig);
     if (!wired) {
       wired = true;
