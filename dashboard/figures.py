@@ -306,7 +306,7 @@ def segment_map_figure(pm) -> dict[str, Any]:
              "marker": {"color": color}, "hovertemplate": "%{x:.1f} MiB"}
             for name, values, color in parts]
     return {"data": data, "layout": _layout(
-        barmode="stack", height=140 + 18 * max(1, len(segs)), hovermode="closest",
+        barmode="stack", height=140 + 12 * max(1, len(segs)), hovermode="closest",
         xaxis={"title": {"text": "MiB"}}, yaxis={"autorange": "reversed"})}
 
 

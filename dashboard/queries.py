@@ -183,7 +183,13 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
 
 
 def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dict[str, Any]:
-    out = pm.to_json()
+    """The post-mortem for the API; a missing cause or remedies are filled in by the analysis'
+    diagnosis, as ``vramscope analyze`` would."""
+    try:
+        from agent.analysis.diagnosis import complete_postmortem
+    except ImportError:
+        complete_postmortem = None
+    out = (complete_postmortem(pm) if complete_postmortem else pm).to_json()
     out["id"] = pm_id
     out["host"] = pm.host or default_host
     out["snapshot_available"] = snapshot_file(pm, snapshot_dir) is not None

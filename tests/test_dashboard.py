@@ -254,6 +254,15 @@ def test_snapshots_are_served_only_from_the_snapshot_dir(tmp_path, seeded):
     assert unset.get(f"/api/v1/postmortems/{seeded.postmortem_id}/snapshot").status_code == 404
 
 
+def test_a_postmortem_without_diagnosis_gets_one(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path / 'd.db'}", host_name=F.HOST)
+    pm_id = store.write_postmortem(F.postmortem(None)._replace(cause=None, remedies=()))
+    doc = create_app(None, store).test_client().get(f"/api/v1/postmortems/{pm_id}").get_json()
+    # 6 GiB cached free, but the largest block (512 MiB) cannot hold the 2 GiB request
+    assert doc["cause"] == "fragmentation"
+    assert doc["remedies"][0] == "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
 def test_postmortem_figures(client, seeded):
     figs = client.get(f"/api/v1/figures/postmortems/{seeded.postmortem_id}").get_json()
     seg = figs["segments"]["data"]

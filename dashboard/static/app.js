@@ -104,7 +104,10 @@ function table(id, columns, rows, emptyText) {
 }
 
 function plot(id, fig) {
-  return Plotly.react(document.getElementById(id), fig.data, fig.layout, PLOT_CONFIG);
+  const div = document.getElementById(id);
+  // The box must be as tall as the figure, or a responsive re-layout squeezes it
+  if (fig.layout.height) div.style.minHeight = fig.layout.height + "px";
+  return Plotly.react(div, fig.data, fig.layout, PLOT_CONFIG);
 }
 
 function deviceQuery(extra) {
