@@ -253,15 +253,18 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
 
 
 def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
+    """The forecast's uncertainty as two dotted lines (soonest, latest); a filled band would
+    smear across the gaps where the model makes no forecast."""
     lo, hi = forecast.get("low_s"), forecast.get("high_s")
     if not lo or not hi:
         return []
     xs = [ms(t) for t in forecast["ts"]]
     to_h = lambda vs: [None if v is None else v / 3600.0 for v in vs]
-    return [_line("forecast low", xs, to_h(lo), "rgba(207,34,46,0.3)", yaxis="y2",
-                  showlegend=False, line={"width": 0}),
-            _line("forecast range", xs, to_h(hi), "rgba(207,34,46,0.3)", yaxis="y2",
-                  fill="tonexty", fillcolor="rgba(207,34,46,0.12)", line={"width": 0})]
+    style = {"color": "rgba(207,34,46,0.45)", "width": 1, "dash": "dot"}
+    return [_line("forecast soonest", xs, to_h(lo), style["color"], yaxis="y2", line=style,
+                  hovertemplate="%{y:.2f} h"),
+            _line("forecast latest", xs, to_h(hi), style["color"], yaxis="y2", line=style,
+                  hovertemplate="%{y:.2f} h")]
 
 
 def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:

@@ -141,8 +141,9 @@ def test_leaks_and_risk_figures_are_valid_plotly():
                                 "high_s": [10800.0]},
                                [{"ts": 1.0, "severity": "warning", "label": "x"}], 10 * GIB,
                                {"warning": 0.1, "critical": 0.03})
-    assert [t["name"] for t in risk["data"]] == ["headroom", "forecast low", "forecast range",
-                                                "time to OOM", "warning fired"]
+    assert [t["name"] for t in risk["data"]] == ["headroom", "forecast soonest",
+                                                "forecast latest", "time to OOM",
+                                                "warning fired"]
     assert risk["data"][3]["y"] == [2.0]  # hours
     assert [s["y0"] for s in risk["layout"]["shapes"]] == pytest.approx([1.0, 0.3])
     go.Figure(risk)
