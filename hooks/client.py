@@ -97,6 +97,7 @@ class SocketSink:
             closing = self._closed.is_set()
             if self._sock is None and not self._connect():
                 if closing:
+                    self._drop_buffered()
                     return
                 self._closed.wait(backoff_s)
                 backoff_s = min(self._max_backoff_s, backoff_s * 2)
@@ -105,6 +106,7 @@ class SocketSink:
             sent_any = self._drain_once()
             if closing and (not sent_any or self._sock is None):
                 self._disconnect()
+                self._drop_buffered()
                 return
             if not sent_any:
                 self._closed.wait(self._poll_s)
@@ -125,6 +127,12 @@ class SocketSink:
                 return False
             self.sent_total += count
         return True
+
+    def _drop_buffered(self) -> None:
+        """Closing: what is still buffered will never be sent; count it."""
+        with self._lock:
+            self.dropped_total += len(self._buf)
+            self._buf.clear()
 
     def _add_dropped(self, n: int) -> None:
         with self._lock:

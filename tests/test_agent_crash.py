@@ -63,7 +63,8 @@ def test_sigkill_during_replay_never_corrupts_or_loses_committed_rows(short_dir)
     for kill in range(KILLS):
         proc.start()
         stop = threading.Event()
-        sender = threading.Thread(target=_sender, args=(proc.socket_path, kill * 1e4, stop))
+        start_ts = time.time() + kill * 1e4  # recent: retention must not touch these rows
+        sender = threading.Thread(target=_sender, args=(proc.socket_path, start_ts, stop))
         sender.start()
         time.sleep(rng.uniform(0.05, 0.4))
         before = _committed(db_path)
@@ -78,6 +79,6 @@ def test_sigkill_during_replay_never_corrupts_or_loses_committed_rows(short_dir)
     with proc:  # restarts on the same database and socket, and resumes
         with AgentConnection(proc.socket_path) as conn:
             conn.hello("after-crashes", [0])
-            conn.send_records([Sample(1e9, 0, Phase.IDLE, "torch", allocated_bytes=1)])
+            conn.send_records([Sample(time.time(), 0, Phase.IDLE, "torch", allocated_bytes=1)])
             conn.status()  # a round trip: the agent has read the record
     assert _committed(db_path) == floor + 1  # the clean stop flushed the last record

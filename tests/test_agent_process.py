@@ -46,14 +46,15 @@ def _wait_for(predicate, timeout_s=10.0):
 
 
 CLIENT = textwrap.dedent("""
-    import sys
+    import sys, time
     from agent.config import parse_config
     from agent.records import Phase, Sample
     from hooks.client import SocketSink
     path, name, phase = sys.argv[1], sys.argv[2], sys.argv[3]
     sink = SocketSink(path, process=name, devices=(1,))
+    now = time.time()  # recent: old timestamps would be rolled up and deleted by retention
     for i in range(50):
-        sink.put(Sample(1000.0 + i, 1, Phase(phase), "torch", allocated_bytes=i))
+        sink.put(Sample(now + i, 1, Phase(phase), "torch", allocated_bytes=i))
     sink.close(timeout_s=5.0)
     print(sink.sent_total, sink.dropped_total)
 """)
@@ -184,9 +185,11 @@ def test_replay_and_status_commands(agent_proc, tmp_path, capsys):
     from agent.cli import main
 
     trace = tmp_path / "t.jsonl"
-    lines = [f'{{"ts": {5000 + i}, "device": 0, "phase": "idle", "source": "replayed", '
+    now = time.time()  # recent: retention rolls up and deletes week-old rows
+    lines = [f'{{"ts": {now + i}, "device": 0, "phase": "idle", "source": "replayed", '
              f'"pid": 77, "reserved_bytes": {i}}}' for i in range(1200)]
-    lines.append('{"ts": 6300, "event": "request_end", "request_id": "r9", "pid": 77}')
+    lines.append(f'{{"ts": {now + 1300}, "event": "request_end", "request_id": "r9", '
+                 f'"pid": 77}}')
     trace.write_text("\n".join(lines) + "\n")
     assert main(["replay", str(trace), "--socket", agent_proc.socket_path,
                  "--as-fast-as-possible"]) == 0

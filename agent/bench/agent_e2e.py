@@ -74,7 +74,9 @@ def _via_agent(agent, rows: list, cpu_per_round: list[float]):
     state = {"round": 0}
 
     def send() -> None:
-        shift = state["round"] * 1e6  # distinct timestamps per round; same work
+        # From now on, distinct per round: live data, which retention leaves alone until it
+        # is minutes old (week-old timestamps would be rolled up and deleted mid-benchmark).
+        shift = time.time() - rows[0].ts_s + state["round"] * 1e4
         state["round"] += 1
         batch = [r._replace(ts_s=r.ts_s + shift) for r in rows]
         before = agent.status()
