@@ -18,12 +18,17 @@ def _s(t: float, used: int, device: int = 0, source: str = "nvml") -> Sample:
 
 
 @pytest.fixture
-def filled(store):
+def filled(any_url):
+    """The same rows on SQLite and on a real PostgreSQL (the rollup reads the driver's cursor)."""
+    from agent.store import Store
+
+    store = Store.open(any_url, host_name="testhost")
     store.write([_s(0, 10), _s(20, 30), _s(40, 20),  # minute 0
                  _s(60, 5), _s(61, 7, device=1),      # minute 1
                  _s(125, 50),                          # minute 2
                  _s(600, 1)])                          # minute 10, after a gap
-    return store
+    yield store
+    store.close()
 
 
 def _rows(store):
