@@ -46,6 +46,9 @@ START = _query("start", {"type": "number", "minimum": 0, "maximum": 1e11},
                "Window start, Unix seconds (default: end minus the default span).")
 END = _query("end", {"type": "number", "minimum": 0, "maximum": 1e11},
              "Window end, Unix seconds (default: the newest sample).")
+SPAN = _query("span", {"type": "number", "minimum": 1, "maximum": 366 * 86400},
+              "Window length in seconds when start is left out (default 1 h; 6 h for the "
+              "analysis, leaks and risk).")
 MAX_POINTS = _query("max_points", {"type": "integer", "minimum": 1, "maximum": MAX_POINTS_LIMIT,
                                    "default": DEFAULT_MAX_POINTS},
                     "Buckets per series; each keeps its min and max, so peaks survive.")
@@ -132,7 +135,7 @@ PM_ID = {"name": "pm_id", "in": "path", "required": True,
 
 
 def paths() -> dict[str, Any]:
-    window = [DEVICE, HOST, START, END]
+    window = [DEVICE, HOST, START, END, SPAN]
     return {
         "/hosts": _op("Hosts that have reported", obj({"hosts": array({"type": "object"})}),
                       errors=()),

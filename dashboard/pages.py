@@ -35,7 +35,8 @@ def _device_context() -> dict:
     return {"device": params.integer("device", 0, low=0, high=4095),
             "host": params.text("host", "") or "",
             "start": params.number("start", low=0, high=1e11),
-            "end": params.number("end", low=0, high=1e11)}
+            "end": params.number("end", low=0, high=1e11),
+            "span": params.number("span", low=1, high=params.MAX_SPAN_S)}
 
 
 @bp.get("/")

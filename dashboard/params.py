@@ -82,8 +82,13 @@ def choices(name: str, allowed: tuple[str, ...], default: tuple[str, ...]) -> tu
     return picked
 
 
+MAX_SPAN_S = 366 * 86400.0
+
+
 def time_window(default_span_s: float, latest_s: float | None) -> tuple[float, float]:
-    """``start`` and ``end`` (Unix seconds); defaults end at the newest sample."""
+    """``start`` and ``end`` (Unix seconds); ``end`` defaults to the newest sample and
+    ``start`` to ``end`` minus ``span`` (seconds, default ``default_span_s``)."""
+    default_span_s = number("span", default_span_s, low=1, high=MAX_SPAN_S)
     end = number("end", low=0, high=1e11)
     start = number("start", low=0, high=1e11)
     if end is None:

@@ -154,6 +154,16 @@ def test_timeline_defaults_to_the_last_hour_of_data(client):
     assert list(doc["series"]) == ["allocated_bytes"]
 
 
+def test_span_sets_the_window_length(client):
+    doc = client.get("/api/v1/timeline?device=1&span=900&columns=allocated_bytes").get_json()
+    last_t = F.T0 + (F.STEPS - 1) * F.STEP_S
+    assert (doc["start"], doc["end"]) == (last_t - 900, last_t)
+    assert len(doc["series"]["allocated_bytes"]["ts"]) == 451  # one 2 s sample per 0.45 s bucket
+    html = client.get("/timeline?device=0&span=21600").get_data(as_text=True)
+    assert '<a href="/timeline?device=0&amp;span=21600" class="active">6 h</a>' in html
+    assert 'data-span="21600.0"' in html
+
+
 def test_timeline_of_an_unknown_device_is_empty(client):
     doc = client.get(f"/api/v1/timeline?device=7&{WINDOW}").get_json()
     assert doc["series"] == {} and doc["events"] == [] and doc["phases"] == []
@@ -164,7 +174,7 @@ def test_timeline_of_an_unknown_device_is_empty(client):
     (f"start={F.T0 + 10}&end={F.T0}", "end"), ("max_points=0", "max_points"),
     ("max_points=10001", "max_points"), ("max_points=2.5", "max_points"),
     ("device=-1", "device"), ("device=x", "device"), ("columns=bogus", "columns"),
-    ("host=" + "h" * 300, "host"),
+    ("host=" + "h" * 300, "host"), ("span=0", "span"), ("span=1e12", "span"),
 ])
 def test_bad_timeline_parameters_are_400_naming_the_parameter(client, query, parameter):
     r = client.get(f"/api/v1/timeline?{query}")

@@ -111,7 +111,7 @@ function plot(id, fig) {
 }
 
 function deviceQuery(extra) {
-  return qs(Object.assign({ device: body.device, host: body.host }, extra || {}));
+  return qs(Object.assign({ device: body.device, host: body.host, span: body.span }, extra || {}));
 }
 
 function timelineHref(device, host, ts) {
