@@ -19,6 +19,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", dest="socket_path", help="socket path (overrides "
                                                         "agent.socket_path)")
     p.add_argument("--no-nvml", action="store_true", help="do not sample GPUs (ingest only)")
+    p.add_argument("--no-alerts", action="store_true",
+                   help="do not evaluate alert rules live (benchmarks: the engine's share)")
     p.add_argument("--fake-devices", type=int, default=0, metavar="N",
                    help="sample N simulated devices instead of NVML (tests, benchmarks)")
     p.set_defaults(func=run)
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         from agent.sources.nvml import FakeNvmlSource
 
         source = FakeNvmlSource(args.fake_devices)
-    Agent(config, source=source).run_forever()
+    Agent(config, source=source, alerts=not args.no_alerts).run_forever()
     return 0
 
 

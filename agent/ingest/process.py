@@ -24,13 +24,14 @@ _MAIN = "import sys; from agent.cli.cmd_agent import main; sys.exit(main(sys.arg
 class AgentProcess:
     def __init__(self, db_url: str, socket_path: str, *, fake_devices: int = 0,
                  config_path: str | None = None, env: dict[str, str] | None = None,
-                 log_path: str | None = None) -> None:
+                 log_path: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.db_url = db_url
         self.socket_path = socket_path
         self.fake_devices = fake_devices
         self.config_path = config_path
         self.env = env or {}
         self.log_path = log_path
+        self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
@@ -38,7 +39,7 @@ class AgentProcess:
         cmd += ["--fake-devices", str(self.fake_devices)] if self.fake_devices else ["--no-nvml"]
         if self.config_path:
             cmd += ["--config", self.config_path]
-        return cmd
+        return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 20.0) -> AgentProcess:
         env = {**os.environ, "PYTHONPATH": _pythonpath(), **self.env}
