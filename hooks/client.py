@@ -57,6 +57,7 @@ class SocketSink:
         self._poll_s = poll_s
         self._max_backoff_s = max_backoff_s
         self._sock: socket.socket | None = None
+        self._send_error: Exception | None = None
         self._away_logged = False
         self._hello_args = (process or _process_name(), devices, model)
         self._closed = threading.Event()
@@ -92,6 +93,13 @@ class SocketSink:
 
     # --- the drain thread -----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # noqa: BLE001 - a bug here must stay in this thread
+            log.exception("vramscope client thread failed; records are dropped from now on")
+            self._disconnect()
+
+    def _loop(self) -> None:
         backoff_s = 0.05
         while True:
             closing = self._closed.is_set()
@@ -115,8 +123,10 @@ class SocketSink:
         """Send one batch (and the drop report, when due). True if something was sent."""
         if self.dropped_total > self._reported:
             count = self.dropped_total
-            if self._send(proto.dropped_message(count - self._reported)):
-                self._reported = count
+            if not self._send(proto.dropped_message(count - self._reported)):
+                self._lost()
+                return False
+            self._reported = count
         batch = self._take()
         if not batch:
             return False
@@ -124,6 +134,7 @@ class SocketSink:
         for i, (data, count) in enumerate(frames):
             if not self._send(data):
                 self._add_dropped(sum(c for _, c in frames[i:]))
+                self._lost()
                 return False
             self.sent_total += count
         return True
@@ -215,15 +226,20 @@ class SocketSink:
         return False
 
     def _send(self, data: bytes) -> bool:
+        """Send one frame; on failure, run ``on_failure`` (count the drop) *before* the
+        connection is marked lost, so ``connected`` never turns False ahead of the count."""
         if self._sock is None:
             return False
         try:
             self._sock.sendall(data)
             return True
         except OSError as exc:  # includes the timeout of a stopped or slow agent
-            self._disconnect()
-            self._note_away(f"send failed: {exc}")
+            self._send_error = exc
             return False
+
+    def _lost(self) -> None:
+        self._disconnect()
+        self._note_away(f"send failed: {self._send_error}")
 
     def _disconnect(self) -> None:
         if self._sock is not None:
