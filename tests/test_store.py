@@ -125,3 +125,42 @@ def test_write_failure_loses_nothing_already_stored(store):
     with pytest.raises(StoreError, match="cannot write"):
         store.write([Sample(T0, 0, allocated_bytes=2**70)])  # too large for a 64-bit column
     assert store.count("samples") == 3
+
+
+M0 = 1_699_999_980.0  # a whole minute, so 120 s buckets hold whole rolled-up minutes
+
+
+def _wavy(n: int, step_s: float) -> list[Sample]:
+    return [Sample(M0 + i * step_s, 0, source="torch", allocated_bytes=(i * 7919) % 1000,
+                   reserved_bytes=5000 + i) for i in range(n)]
+
+
+def _raw_only(store, start, end, buckets, cols):
+    from agent.store.downsample import _device_row_id, _Grid, _raw
+
+    grid = _Grid(start, (end - start) / buckets, buckets, tuple(cols))
+    return grid.rows(_raw(store, _device_row_id(store, 0, None), grid, start, end, None, True))
+
+
+def _values(rows):  # a rolled-up minute's last value is stamped at the minute's end
+    return [{k: v for k, v in r.items() if k != "last_ts_s"} for r in rows]
+
+
+def test_long_ranges_read_rollups_and_match_raw(any_url):
+    from agent.store.retention_sql import rollup_window
+    from agent.store.schema import samples as samples_table
+
+    cols = ["allocated_bytes", "reserved_bytes"]
+    with Store.open(any_url, host_name="h") as store:
+        store.write(_wavy(1080, 10.0))  # 3 hours, one sample every 10 s
+        end = M0 + 3 * 3600
+        expected = _raw_only(store, M0, end, 90, cols)
+        assert len(expected) == 90
+        rollup_window(store, M0, M0 + 2 * 3600)  # the last hour stays raw-only
+        assert _values(store.timeline(0, M0, end, 90, cols)) == _values(expected)
+        rollup_window(store, M0, end)
+        with store.engine.begin() as c:  # raw retention ran: only rollups are left
+            c.execute(samples_table.delete())
+        assert _values(store.timeline(0, M0, end, 90, cols)) == _values(expected)
+        # a short range never reads rollups: with raw samples gone it is empty
+        assert store.timeline(0, M0, M0 + 600, 100, cols) == []

@@ -1,7 +1,8 @@
 """``vramscope bench dashboard``: the downsampled timeline endpoint against a raw fetch.
 
 A generated store of 1,008,000 samples (8 devices, 24 hours, 126,000 samples per device —
-one every 0.686 s) is written through the real ``Store``. Then, in the same run and alternating:
+one every 0.686 s) is written through the real ``Store`` and rolled up per minute, as the
+agent's retention does while it runs. Then, in the same run and alternating:
 
 - **subject**: ``GET /api/v1/timeline?device=D&start=..&end=..&max_points=2000`` through the
   Flask app (query, shaping and JSON serialisation: the server's whole time);
@@ -52,6 +53,16 @@ def generate(store, per_device: int) -> None:
     store.write_samples(batch)
 
 
+def roll_up(store) -> None:
+    """Per-minute rollups of the whole day, as the live agent's retention keeps them (set-up,
+    not timed): long ranges are served from them, the newest minutes from raw samples."""
+    from agent.store.retention_sql import rollup_window
+
+    first = (T0 // 60) * 60
+    for hour in range(25):
+        rollup_window(store, first + hour * 3600, first + (hour + 1) * 3600)
+
+
 def _endpoint(client, device: int):
     url = (f"/api/v1/timeline?device={device}&start={T0}&end={T0 + DAY_S}&max_points=2000")
 
@@ -91,6 +102,7 @@ def run(options: BenchOptions) -> list[Figure]:
         store = Store.open(url, host_name="bench-host")
         try:
             generate(store, per_device)
+            roll_up(store)
             client = create_app(None, store).test_client()
             sizes = (_endpoint(client, 3)(), _raw(store, 3)())
             sub, base, sql = interleaved([_endpoint(client, 3), _raw(store, 3),

@@ -1,26 +1,54 @@
-"""Downsampling in SQL: N time buckets, min / max / last per bucket, so peaks survive.
+"""Downsampling: N time buckets, min / max / last per bucket, so peaks survive.
 
-24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Grouping in the
-database sends ``buckets`` rows instead of the raw range.
+24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Two sources:
+
+- **raw samples**, grouped in SQL (one row per bucket leaves the database);
+- **per-minute rollups** (min, max, last per device, source and metric, kept by the agent's
+  retention), used when the range is long enough that one point per minute still gives at
+  least half the points asked for. Reading 1,440 rollup minutes instead of scanning 100k+ raw
+  rows is what keeps a 24-hour view cheap, and rollups outlive the raw retention, so long ranges
+  still show data after raw samples were deleted. The minutes not rolled up yet (the newest
+  few, or a partial minute at the range's start) come from raw samples, on the same grid.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Integer, and_, cast, func, select
 
 from agent.records import SAMPLE_COUNTER_FIELDS
-from agent.store.schema import devices, hosts, samples
+from agent.store.schema import devices, hosts, rollups, samples
 
 if TYPE_CHECKING:
     from agent.store.store import Store
+
+ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 
 
 def downsample(store: Store, device: int, start_s: float, end_s: float, buckets: int,
                columns: Sequence[str], source: str | None,
                host: str | None) -> list[dict[str, Any]]:
+    _validate(start_s, end_s, buckets, columns)
+    did = _device_row_id(store, device, host)
+    if did is None:
+        return []
+    grid = _Grid(start_s, (end_s - start_s) / buckets, buckets, tuple(columns))
+    covered = _rollup_span(store, did, start_s, end_s) if _rollups_worthwhile(
+        start_s, end_s, buckets) else None
+    if covered is None:
+        return grid.rows(_raw(store, did, grid, start_s, end_s, source, True))
+    lo, hi = covered
+    parts = _raw(store, did, grid, start_s, lo, source, False) if lo > start_s else []
+    parts += _from_rollups(store, did, grid, lo, hi, source)
+    if hi <= end_s:
+        parts += _raw(store, did, grid, hi, end_s, source, True)
+    return grid.rows(parts)
+
+
+def _validate(start_s: float, end_s: float, buckets: int, columns: Sequence[str]) -> None:
     bad = [c for c in columns if c not in SAMPLE_COUNTER_FIELDS]
     if bad:
         known = ", ".join(SAMPLE_COUNTER_FIELDS)
@@ -29,19 +57,57 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     if not end_s > start_s:
         raise ValueError(f"end ({end_s}) must be after start ({start_s})")
-    width = (end_s - start_s) / buckets
-    did = _device_row_id(store, device, host)
-    if did is None:
-        return []
-    ratio = (samples.c.ts_s - start_s) / width
+
+
+def _rollups_worthwhile(start_s: float, end_s: float, buckets: int) -> bool:
+    return (end_s - start_s) / ROLLUP_S >= buckets / 2
+
+
+class _Grid:
+    """The output buckets, and the merge of partial results into them."""
+
+    def __init__(self, start_s: float, width_s: float, buckets: int,
+                 columns: tuple[str, ...]) -> None:
+        self.start_s, self.width_s, self.buckets, self.columns = start_s, width_s, buckets, columns
+
+    def index(self, ts_s: float) -> int:
+        return min(int((ts_s - self.start_s) // self.width_s), self.buckets - 1)
+
+    def rows(self, parts: list[tuple[int, float, dict[str, tuple]]]) -> list[dict[str, Any]]:
+        """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket."""
+        merged: dict[int, tuple[float, dict[str, list]]] = {}
+        for b, last_ts, values in sorted(parts, key=lambda p: (p[0], p[1])):
+            _, acc = merged.get(b, (last_ts, {}))
+            for col, (lo, hi, last) in values.items():
+                cur = acc.setdefault(col, [None, None, None])
+                cur[0] = lo if cur[0] is None or (lo is not None and lo < cur[0]) else cur[0]
+                cur[1] = hi if cur[1] is None or (hi is not None and hi > cur[1]) else cur[1]
+                cur[2] = last if last is not None else cur[2]  # parts arrive in time order
+            merged[b] = (last_ts, acc)
+        out = []
+        for b in sorted(merged):
+            last_ts, acc = merged[b]
+            row: dict[str, Any] = {"ts_s": self.start_s + b * self.width_s, "last_ts_s": last_ts}
+            for col in self.columns:
+                lo, hi, last = acc.get(col, (None, None, None))
+                row[f"{col}_min"], row[f"{col}_max"], row[f"{col}_last"] = lo, hi, last
+            out.append(row)
+        return out
+
+
+def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
+         include_hi: bool) -> list[tuple[int, float, dict[str, tuple]]]:
+    """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped in SQL on the grid."""
+    ratio = (samples.c.ts_s - grid.start_s) / grid.width_s
     # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds.
     bucket = (func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer))
     bucket = bucket.label("bucket")
-    where = [samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s <= end_s]
+    upper = samples.c.ts_s <= hi_s if include_hi else samples.c.ts_s < hi_s
+    where = [samples.c.device_id == did, samples.c.ts_s >= lo_s, upper]
     if source is not None:
         where.append(samples.c.source == source)
     agg = [bucket, func.max(samples.c.ts_s).label("last_ts_s")]
-    for col in columns:
+    for col in grid.columns:
         agg += [func.min(samples.c[col]).label(f"{col}_min"),
                 func.max(samples.c[col]).label(f"{col}_max")]
     grouped = select(*agg).where(and_(*where)).group_by(bucket).subquery()
@@ -50,16 +116,44 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     join_on = [last.c.device_id == did, last.c.ts_s == grouped.c.last_ts_s]
     if source is not None:
         join_on.append(last.c.source == source)
-    q = (select(grouped, *(func.max(last.c[c]).label(f"{c}_last") for c in columns))
-         .join(last, and_(*join_on))
-         .group_by(*grouped.c)
-         .order_by(grouped.c.bucket))
+    q = (select(grouped, *(func.max(last.c[c]).label(f"{c}_last") for c in grid.columns))
+         .join(last, and_(*join_on)).group_by(*grouped.c))
     with store.engine.connect() as c:
-        rows = [dict(r._mapping) for r in c.execute(q)]
-    for r in rows:
-        b = int(r.pop("bucket"))
-        r["ts_s"] = start_s + min(b, buckets - 1) * width
-    return rows
+        rows = [r._mapping for r in c.execute(q)]
+    return [(min(int(r["bucket"]), grid.buckets - 1), r["last_ts_s"],
+             {col: (r[f"{col}_min"], r[f"{col}_max"], r[f"{col}_last"]) for col in grid.columns})
+            for r in rows]
+
+
+def _rollup_span(store: Store, did: int, start_s: float,
+                 end_s: float) -> tuple[float, float] | None:
+    """[first whole minute >= start, end of the last rolled-up minute <= end) or None."""
+    lo = math.ceil(start_s / ROLLUP_S) * ROLLUP_S
+    q = select(func.max(rollups.c.bucket_s)).where(
+        rollups.c.device_id == did, rollups.c.bucket_s >= lo,
+        rollups.c.bucket_s + ROLLUP_S <= end_s)
+    with store.engine.connect() as c:
+        newest = c.execute(q).scalar()
+    if newest is None:
+        return None
+    return lo, float(newest) + ROLLUP_S
+
+
+def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
+                  source: str | None) -> list[tuple[int, float, dict[str, tuple]]]:
+    q = (select(rollups.c.bucket_s, rollups.c.metric, func.min(rollups.c.min_value),
+                func.max(rollups.c.max_value), func.max(rollups.c.last_value))
+         .where(rollups.c.device_id == did, rollups.c.bucket_s >= lo_s,
+                rollups.c.bucket_s < hi_s, rollups.c.metric.in_(list(grid.columns)))
+         .group_by(rollups.c.bucket_s, rollups.c.metric))
+    if source is not None:
+        q = q.where(rollups.c.source == source)
+    per_minute: dict[float, dict[str, tuple]] = {}
+    with store.engine.connect() as c:
+        for minute, metric, lo, hi, last in c.execute(q):
+            per_minute.setdefault(float(minute), {})[metric] = (lo, hi, last)
+    # A minute's last value stands at the minute's end (its exact time is not kept).
+    return [(grid.index(m), m + ROLLUP_S, values) for m, values in per_minute.items()]
 
 
 def _device_row_id(store: Store, device: int, host: str | None) -> int | None:
