@@ -83,3 +83,49 @@ def test_complete_postmortem_fills_what_the_producer_left_empty():
     assert complete_postmortem(kept, served()).remedies == REMEDIES["batch"]
     final = kept._replace(remedies=("mine",))
     assert complete_postmortem(final) is final
+
+
+# The simulator's OOMs (agent/sim, seeds of agent/sim/scenarios.py), as literal figures: a
+# 22,614 MiB limit (a 24 GB card less the CUDA context).
+M = 2**20
+SIM_LIMIT = 23712497664
+
+
+def sim_pm(failed, cached_free, room, largest, ext, in_flight, phase=Phase.PREFILL):
+    reserved = SIM_LIMIT - room
+    return PostMortem(5000.0, 1, 1, phase, failed, room, SIM_LIMIT, reserved - cached_free,
+                      reserved, largest, ext, tuple(f"r{i}" for i in range(in_flight)))
+
+
+def sim_baseline(first_mib, last_mib):
+    """An hour of decode samples: ten at ``first_mib`` of allocated memory, twenty rising
+    evenly, ten at ``last_mib`` (the quarters the diagnosis compares)."""
+    mib = [first_mib] * 10 + [first_mib + (last_mib - first_mib) * i // 21
+                              for i in range(1, 21)] + [last_mib] * 10
+    return [Sample(1400.0 + 90 * i, 1, Phase.DECODE, allocated_bytes=m * M,
+                   device_total_bytes=SIM_LIMIT) for i, m in enumerate(mib)]
+
+
+SIM_CASES = [
+    # `leak`, 3.8 simulated hours in: 56 MiB failed with 171 MiB cached free and 36 MiB left
+    # to reserve (0.9 % of the limit) in blocks of at most 22 MiB. Compacted, the device is
+    # still full; the idle baseline rose 574 MiB in the last hour: growth, not fragmentation
+    ("leak_oom", sim_pm(56 * M, 171 * M, 36 * M, 22 * M, 0.871714, 5),
+     sim_baseline(21627, 22201), "growth"),
+    # the same OOM without the rise: a full device with five requests in flight
+    ("full_flat", sim_pm(56 * M, 171 * M, 36 * M, 22 * M, 0.871714, 5),
+     sim_baseline(22201, 22201), "batch"),
+    # `fragmentation`, 20 minutes in: 480 MiB failed with 1,089 MiB cached free and 128 MiB
+    # left (5.4 % of the limit), the largest block 352 MiB
+    ("frag_oom", sim_pm(480 * M, 1089 * M, 128 * M, 352 * M, 0.676914, 37),
+     sim_baseline(21000, 21100), "fragmentation"),
+    # its third OOM: 1 MiB failed (decode) with 2,625 MiB cached free in pieces
+    ("frag_small", sim_pm(1 * M, 2625 * M, 0, 864 * M, 0.670819, 29, Phase.DECODE),
+     sim_baseline(20000, 20000), "fragmentation"),
+]
+
+
+@pytest.mark.parametrize("name, postmortem, samples, cause", SIM_CASES,
+                         ids=[c[0] for c in SIM_CASES])
+def test_simulator_ooms(name, postmortem, samples, cause):
+    assert diagnose(postmortem, samples)[0] == cause

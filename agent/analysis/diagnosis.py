@@ -5,11 +5,14 @@ The order of the checks is the order an experienced engineer goes through them:
 1. ``startup`` — it failed before the server served anything: weights plus runtime overhead
    leave no room for the KV budget (no prefill/decode sample before it, no request in flight).
 2. ``fragmentation`` — enough free memory in total (cached free plus what may still be
-   reserved: driver free, capped by the limit) for the failed allocation, but no block large
-   enough (largest free block smaller than the request, or external fragmentation at least
-   ``FRAGMENTED_RATIO``).
+   reserved: driver free, capped by the limit) for the failed allocation *and* ``FULL_RATIO`` of
+   the limit to spare, but no block large enough (largest free block smaller than the request,
+   or external fragmentation at least ``FRAGMENTED_RATIO``). A device with less free than that
+   is full: its free memory is in pieces, but compacting them would not have kept it serving.
 3. ``growth`` — the memory outside requests grew: the baseline (non-prefill allocated) rose by at
-   least ``GROWTH_RATIO`` of the limit over the recording before the OOM (KV cache or a leak).
+   least ``GROWTH_RATIO`` of the limit over the samples before the OOM (KV cache or a leak); or,
+   on a full device, by at least ``FULL_RATIO`` of the limit and by more than the failed
+   allocation lacked (without the rise it would have fit with ``FULL_RATIO`` to spare).
 4. ``prefill_spike`` — it failed in prefill with at most one request in flight, or the failed
    allocation alone is at least ``SPIKE_RATIO`` of the limit (one long prompt).
 5. ``batch`` — it failed with several requests in flight (a few long requests in one batch).
@@ -20,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.analysis.phases import SpikeTracker
 from agent.records import Phase, PostMortem, Sample
 
 CAUSES = ("startup", "growth", "fragmentation", "prefill_spike", "batch", "unknown")
 FRAGMENTED_RATIO = 0.5
 GROWTH_RATIO = 0.05
+FULL_RATIO = 0.02  # free in total below failed + this share of the limit: a full device
 SPIKE_RATIO = 0.10
 
 REMEDIES: dict[str, tuple[str, ...]] = {
@@ -115,11 +118,28 @@ def _is_fragmentation(f: _Facts) -> bool:
         return False
     cached_free = max(0, f.reserved - f.allocated)
     if f.failed is not None:
-        total_free = cached_free + _room_to_grow(f)
         no_block = f.largest_free is not None and f.largest_free < f.failed
-        return total_free >= f.failed and (no_block or (f.ext_frag or 0) >= FRAGMENTED_RATIO)
+        return not _is_full(f) and (no_block or (f.ext_frag or 0) >= FRAGMENTED_RATIO)
     return (f.ext_frag or 0) >= FRAGMENTED_RATIO and bool(f.total) and \
         cached_free >= SPIKE_RATIO * f.total
+
+
+def _free_total(f: _Facts) -> int:
+    """Free under the limit in total: cached free plus what the allocator could still reserve."""
+    return max(0, f.reserved - f.allocated) + _room_to_grow(f)
+
+
+def _shortfall(f: _Facts) -> float | None:
+    """How much more free memory the failed allocation needed to fit with ``FULL_RATIO`` of the
+    limit to spare (> 0: the device was full); None when the figures are unknown."""
+    if f.reserved is None or f.allocated is None or not f.total:
+        return None
+    return (f.failed or 0) + FULL_RATIO * f.total - _free_total(f)
+
+
+def _is_full(f: _Facts) -> bool:
+    short = _shortfall(f)
+    return short is not None and short > 0
 
 
 def _room_to_grow(f: _Facts) -> int:
@@ -134,18 +154,25 @@ def _room_to_grow(f: _Facts) -> int:
 def _is_growth(f: _Facts) -> bool:
     if not f.total:
         return False
-    tracker, baselines = SpikeTracker(), []
-    for s in f.before:
-        if s.allocated_bytes is not None:
-            tracker.update(s.ts_s, s.phase, s.allocated_bytes)
-            if s.phase is not Phase.PREFILL:
-                baselines.append(s.allocated_bytes)
-    if len(baselines) < 4:
+    rise = _baseline_rise(f.before)
+    if rise is None:
         return False
+    if rise >= GROWTH_RATIO * f.total:
+        return True
+    short = _shortfall(f)  # a full device: did the rise take the room the allocation needed?
+    return short is not None and short > 0 and rise >= max(short, FULL_RATIO * f.total)
+
+
+def _baseline_rise(before: Sequence[Sample]) -> int | None:
+    """Median non-prefill allocated of the last quarter minus that of the first quarter."""
+    baselines = [s.allocated_bytes for s in before
+                 if s.allocated_bytes is not None and s.phase is not Phase.PREFILL]
+    if len(baselines) < 4:
+        return None
     quarter = max(1, len(baselines) // 4)
     early = sorted(baselines[:quarter])[quarter // 2]
     late = sorted(baselines[-quarter:])[quarter // 2]
-    return late - early >= GROWTH_RATIO * f.total
+    return late - early
 
 
 def _is_prefill_spike(f: _Facts) -> bool:
