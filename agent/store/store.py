@@ -390,7 +390,7 @@ class Store:
 
     def postmortems(self, device: int | None = None,
                     host: str | None = None) -> list[tuple[int, PostMortem]]:
-        q = (select(postmortems.c.id, postmortems.c.summary)
+        q = (select(postmortems.c.id, postmortems.c.summary, hosts.c.name.label("host"))
              .join(devices, devices.c.id == postmortems.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
              .order_by(postmortems.c.ts_s))
@@ -399,7 +399,8 @@ class Store:
         if device is not None:
             q = q.where(devices.c.device_index == device)
         with self.engine.connect() as c:
-            return [(r.id, PostMortem.from_json(json.loads(r.summary))) for r in c.execute(q)]
+            return [(r.id, PostMortem.from_json(json.loads(r.summary))._replace(host=r.host))
+                    for r in c.execute(q)]
 
     def latest_agent_stats(self, host: str | None = None) -> dict[str, Any] | None:
         q = (select(agent_stats).join(hosts, hosts.c.id == agent_stats.c.host_id)
