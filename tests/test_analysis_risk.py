@@ -84,9 +84,10 @@ def test_rising_alloc_retries_warn():
 
 
 def test_fragmentation_leaves_no_room_for_the_largest_request():
-    # largest request 100 (a prefill spike); reserved 850 of 1000, largest free block 40:
-    # contiguous room 150 + 40 = 190 < 2 x 100 with external fragmentation 1 - 40/250 > 0.5
-    base = dict(reserved_bytes=850, largest_free_block_bytes=40)
+    # largest request 100 (a prefill spike); reserved 920 of 1000, largest free block 40:
+    # it fits neither in a free block (40) nor in a new segment (80 unreserved) although 320
+    # are free in the cache: external fragmentation 1 - 40/320 > 0.5
+    base = dict(reserved_bytes=920, largest_free_block_bytes=40)
     got = levels([S(0, D, 600, **base), S(1, P, 700, **base), S(2, D, 600, **base)])
     assert got[2][0] == "warning"
     assert got[2][3] == ("fragmentation",)
@@ -96,6 +97,50 @@ def test_fragmentation_leaves_no_room_for_the_largest_request():
                   S(2, D, 600, num_alloc_retries=1, **crit)])
     assert got[2][0] == "critical"
     assert set(got[2][3]) >= {"alloc_retries", "fragmentation"}
+
+
+# (reserved, largest free block, retries at the third sample) around a 100-byte prefill spike
+# over a decode baseline of 600 on a 1000-byte limit -> level and reasons at the third sample
+FRAGMENTATION_CASES = [
+    # fits in neither the largest free block (40) nor a new segment (80): warning
+    ("no_block_no_segment", 920, 40, None, ("warning", ("fragmentation",))),
+    # the same with the allocator retrying: critical
+    ("retrying", 920, 40, 1, ("critical", ("alloc_retries", "fragmentation"))),
+    # a new segment of 150 holds it, however fragmented the 250 cached free bytes: no risk
+    # (this was a warning while the rule wanted twice the request in contiguous room)
+    ("segment_fits", 850, 40, None, ("ok", ())),
+    # a free block of 100 holds it
+    ("block_fits", 920, 100, None, ("ok", ())),
+    # 80 free in the cache, 40 of it in one block: external fragmentation 0.5 is not above 0.5
+    ("little_cached", 680, 40, None, ("ok", ())),
+]
+
+
+@pytest.mark.parametrize("name, reserved, largest, retries, expected", FRAGMENTATION_CASES,
+                         ids=[c[0] for c in FRAGMENTATION_CASES])
+def test_fragmentation_cases(name, reserved, largest, retries, expected):
+    kw = dict(reserved_bytes=reserved, largest_free_block_bytes=largest)
+    first = dict(kw, num_alloc_retries=0) if retries is not None else kw
+    last = dict(kw, num_alloc_retries=retries) if retries is not None else kw
+    got = levels([S(0, D, 600, **first), S(1, P, 700, **kw), S(2, D, 600, **last)])
+    assert got[2][0] == expected[0]
+    assert got[2][3] == expected[1]
+
+
+def test_healthy_unchunked_prefills_on_a_fragmented_cache_are_no_risk():
+    # the demo's healthy server without chunked prefill (8k-token prompts), in MiB: a
+    # 672 MiB prefill spike, largest free block 224 MiB (external fragmentation 0.91), but 732
+    # MiB still to reserve under the 22,614 MiB limit and 11 % headroom after the spike: it
+    # served 3 simulated hours without one allocator retry. Not a fragmentation risk.
+    M = 2**20
+    limit, reserved = 22614 * M, (22614 - 732) * M
+    decode = dict(reserved_bytes=reserved, largest_free_block_bytes=224 * M,
+                  device_total_bytes=limit, num_alloc_retries=0)
+    got = levels([S(0, D, reserved - 2469 * M, **decode),
+                  S(1, P, reserved - 2469 * M + 672 * M, **decode),
+                  S(2, D, reserved - 2469 * M, **decode)])
+    assert [g[0] for g in got] == ["ok", "ok", "ok"]
+    assert got[2][2] == round((732 + 2469 - 672) / 22614, 6)  # 11 %
 
 
 def test_risk_timeline_is_per_device_and_causal():
@@ -154,3 +199,27 @@ def test_a_snapshot_sample_is_read_against_the_latest_allocator_figures():
     m.update(S(0, D, 600, reserved_bytes=1000))
     m.update(Sample(1.0, 0, D, "torch_snapshot", largest_free_block_bytes=100))
     assert m.external_fragmentation_ratio == pytest.approx(0.75)  # 1 - 100 / 400
+
+
+def test_risk_timeline_max_points_keeps_the_worst_level_and_least_headroom_per_bucket():
+    # limit 1000; device 0 over 0..9 s: allocated 900 (10 % headroom, ok), a spike to 960
+    # at 3 s (warning, 4 %) and 990 at 7 s (critical, 1 %); device 1 has two points
+    alloc = [900, 900, 900, 960, 900, 900, 900, 990, 900, 900]
+    samples = [S(t, P if t in (3, 7) else D, a) for t, a in enumerate(alloc)]
+    samples += [Sample(0.5, 1, D, allocated_bytes=10, device_total_bytes=100),
+                Sample(8.5, 1, D, allocated_bytes=20, device_total_bytes=100)]
+    full = risk_timeline(samples)
+    got = risk_timeline(samples, max_points=3)
+    # device 0 buckets of 3 s: [0, 3) ok; [3, 6) from the spike at 3 s on; [6, 9] critical at 7
+    assert [(p.ts_s, p.device, p.level, p.headroom_bytes, round(p.headroom_ratio, 6),
+             p.reasons) for p in got] == [
+        (0.0, 0, "ok", 100, 0.1, ()),
+        (0.5, 1, "ok", 90, 0.9, ()),
+        (3.0, 0, "warning", 40, 0.04, ("headroom",)),
+        (7.0, 0, "critical", 10, 0.01, ("headroom",)),
+        (8.5, 1, "ok", 80, 0.8, ()),
+    ]
+    assert len(full) == 12
+    assert risk_timeline(samples, max_points=100) == full  # fewer points than asked: as is
+    with pytest.raises(ValueError, match="max_points must be at least 1, got 0"):
+        risk_timeline(samples, max_points=0)

@@ -14,8 +14,9 @@ with memory figures it gives a :class:`RiskPoint`:
   ``alerts.trend_window_s``), not of the raw samples: a Theil–Sen line over the last
   ``TREND_WINDOWS`` peaks, extrapolated to the limit, with Sen's 90 % band on the slope as
   the uncertainty band; only when the band's low slope is above zero (a significant rise);
-- **fragmentation**: the largest contiguous room (unreserved memory plus the largest free block
-  of the latest snapshot) smaller than the largest request seen;
+- **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
+  largest free block of the latest snapshot nor in the memory the allocator can still reserve
+  under the limit (a new segment);
 - **allocator retries**: ``num_alloc_retries`` rose within the last ``RETRY_WINDOW_S`` — the
   allocator is already flushing its cache to survive.
 
@@ -23,14 +24,14 @@ Levels: ``critical`` when the headroom after spike is below ``alerts.headroom_cr
 of the limit, the time to OOM is below ``alerts.time_to_oom_critical_s``, or fragmentation
 leaves no room for the largest request while retries rise; ``warning`` when the headroom is
 below ``alerts.headroom_warning_ratio``, the time to OOM below ``alerts.time_to_oom_warning_s``,
-retries rise, or external fragmentation is above ``alerts.fragmentation_warning_ratio`` while the
-contiguous room is less than twice the largest request.
+retries rise, or the largest request fits neither in a free block nor in a new segment while
+external fragmentation is above ``alerts.fragmentation_warning_ratio``.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from agent.analysis.fragmentation import external_fragmentation
@@ -45,6 +46,8 @@ TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
 LEVELS = ("ok", "warning", "critical")
+LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
+REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
 _NO_FORECAST = (None, None, None)
 CAP_RATIO = 0.98  # an allocator limit under this share of NVML's total is a per-process cap
 
@@ -223,20 +226,30 @@ class RiskModel:
         return level, tuple(reasons)
 
     def _fragmentation_level(self, limit: int, other: int, retrying: bool) -> int:
-        """1 when fragmentation is high and the contiguous room is tight, 2 when it is gone."""
+        """1 when the largest request seen would fit neither in the largest free block nor in
+        what the allocator can still reserve, while external fragmentation is high; 2 when
+        that holds and the allocator is already retrying. A request that fits in either is no
+        risk, however fragmented the cache: plenty of headroom is not a fragmentation risk."""
         if self._largest_free is None or self._reserved is None or not self.largest_request_bytes:
             return 0
-        room = max(0, limit - other - self._reserved) + self._largest_free
-        if room < self.largest_request_bytes and retrying:
+        need = self.largest_request_bytes  # a prefill spike: an upper bound on its largest block
+        unreserved = limit - other - self._reserved
+        if need <= self._largest_free or need <= unreserved:
+            return 0
+        if retrying:
             return 2
-        frag = self.external_fragmentation_ratio or 0.0
-        return int(frag > self.t.fragmentation_warning_ratio
-                   and room < 2 * self.largest_request_bytes)
+        return int((self.external_fragmentation_ratio or 0.0) > self.t.fragmentation_warning_ratio)
 
 
 def risk_timeline(samples: Iterable[Sample], events: Iterable[Event] = (),
-                  config: Mapping[str, Any] | None = None) -> list[RiskPoint]:
-    """Every device's risk points in time order, each computed only from data up to it."""
+                  config: Mapping[str, Any] | None = None,
+                  max_points: int | None = None) -> list[RiskPoint]:
+    """Every device's risk points in time order, each computed only from data up to it.
+
+    With ``max_points``, each device's span is cut into ``max_points`` equal buckets of time
+    and each bucket becomes one point (:func:`downsample_risk`): at most ``max_points`` per
+    device, for a chart of a long window. The model still sees every sample.
+    """
     thresholds = Thresholds.from_config(config)
     models: dict[int, RiskModel] = {}
     out = []
@@ -249,4 +262,52 @@ def risk_timeline(samples: Iterable[Sample], events: Iterable[Event] = (),
         point = model.update(rec)
         if point is not None:
             out.append(point)
+    return out if max_points is None else downsample_risk(out, max_points)
+
+
+def downsample_risk(points: Sequence[RiskPoint], max_points: int) -> list[RiskPoint]:
+    """At most ``max_points`` points per device, one per equal bucket of its time span.
+
+    A bucket's point is its worst one (highest level; then least headroom after the spike;
+    then the earliest), stamped with that point's time, with the bucket's least
+    ``headroom_bytes`` and ``headroom_ratio``, its soonest time-to-OOM band and every reason
+    seen in it: the chart of a long window still shows every warning and the tightest moment.
+    """
+    if max_points < 1:
+        raise ValueError(f"max_points must be at least 1, got {max_points}")
+    by_device: dict[int, list[RiskPoint]] = {}
+    for p in points:
+        by_device.setdefault(p.device, []).append(p)
+    out: list[RiskPoint] = []
+    for pts in by_device.values():
+        if len(pts) <= max_points:
+            out += pts
+            continue
+        t0, span = pts[0].ts_s, pts[-1].ts_s - pts[0].ts_s
+        buckets: dict[int, list[RiskPoint]] = {}
+        for p in pts:
+            k = min(max_points - 1, int((p.ts_s - t0) / span * max_points)) if span else 0
+            buckets.setdefault(k, []).append(p)
+        out += [_merge_bucket(b) for _, b in sorted(buckets.items())]
+    out.sort(key=lambda p: p.ts_s)
     return out
+
+
+def _merge_bucket(pts: list[RiskPoint]) -> RiskPoint:
+    worst = max(pts, key=lambda p: (LEVEL_INDEX[p.level], _tight(p.headroom_ratio), -p.ts_s))
+    reasons = {r: None for p in pts for r in p.reasons}
+    return worst._replace(headroom_bytes=_least(p.headroom_bytes for p in pts),
+                          headroom_ratio=_least(p.headroom_ratio for p in pts),
+                          time_to_oom_s=_least(p.time_to_oom_s for p in pts),
+                          time_to_oom_low_s=_least(p.time_to_oom_low_s for p in pts),
+                          time_to_oom_high_s=_least(p.time_to_oom_high_s for p in pts),
+                          reasons=tuple(sorted(reasons, key=REASONS.index)))
+
+
+def _tight(ratio: float | None) -> float:
+    return float("-inf") if ratio is None else -ratio
+
+
+def _least(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
