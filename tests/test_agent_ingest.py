@@ -135,3 +135,14 @@ def test_while_paused_nothing_is_read_and_then_everything_is(short_dir):
         assert [r.allocated_bytes for r in got] == [1, 2]
     finally:
         srv.stop()
+
+
+def test_paced_replay_follows_the_trace_timestamps_at_speed(server):
+    from agent.cli.cmd_replay import replay
+    from agent.clock import FakeClock
+
+    clock = FakeClock()
+    records = [_s(i) for i in (0, 1, 1, 5, 9)]  # spans 9 s of trace time
+    assert replay(records, server.path, speed=3.0, clock=clock) == 5
+    assert clock.monotonic_s() == pytest.approx(3.0)  # 9 s at 3x
+    assert [r.allocated_bytes for r in server.got] == [0, 1, 1, 5, 9]
