@@ -59,6 +59,18 @@ _KEYS = ("name", "metric", "op", "threshold", "for", "clear", "clear_for", "seve
 
 
 @dataclass(frozen=True)
+class Gate:
+    """A second condition on another metric of the same device (``kv_usage_ratio >= 0.8``)."""
+
+    metric: str
+    op: str
+    threshold: float
+
+    def holds(self, value: float | None) -> bool:
+        return value is not None and OPS[self.op](value, self.threshold)
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     metric: str
@@ -72,9 +84,15 @@ class Rule:
     device: int | None = None
     message: str = ""
     builtin: bool = False
+    # built-in refinements (not TOML keys yet):
+    urgent: float | None = None  # a value past this (by ``op``) fires at once, without ``for``
+    gate: Gate | None = None  # fire only while the gate holds; stay active until it no longer does
 
     def breached(self, value: float | None) -> bool:
         return value is not None and OPS[self.op](value, self.threshold)
+
+    def is_urgent(self, value: float | None) -> bool:
+        return self.urgent is not None and value is not None and OPS[self.op](value, self.urgent)
 
     def cleared(self, value: float | None) -> bool:
         """True when an active alert may resolve (past the clear threshold, if any)."""
@@ -89,11 +107,22 @@ class Rule:
 
 
 def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
-    """The default rules, with thresholds from the ``alerts.*`` settings."""
-    kv_s = 60.0 if config is None else float(config.get("alerts.kv_exhaustion_warning_s", 60.0))
+    """The default rules, with thresholds from the ``alerts.*`` settings.
+
+    ``oom_risk`` waits ``alerts.risk_for_s`` at warning before it fires (an unsteady load
+    that touches the warning level for a few samples is not an alert) but fires at once at
+    critical, as ``oom_risk_critical`` does; both resolve after a minute below their level.
+    ``kv_exhaustion`` fires only while the pool is at least ``alerts.kv_exhaustion_min_usage_
+    ratio`` full, and stays until it is below that again: a burst that fills a roomy pool
+    quickly is not exhaustion, and a full pool whose usage pauses at the top is still full.
+    """
+    kv_s = _setting(config, "alerts.kv_exhaustion_warning_s", 60.0)
+    kv_min = _setting(config, "alerts.kv_exhaustion_min_usage_ratio", 0.8)
+    risk_for = _setting(config, "alerts.risk_for_s", 15.0)
     hold = 60.0  # a risk level must stay down a minute before its alert resolves (no flapping)
     return [
-        Rule("oom_risk", "risk_level", ">=", 1, clear_for_s=hold, severity="warning",
+        Rule("oom_risk", "risk_level", ">=", 1, for_s=risk_for, clear_for_s=hold,
+             severity="warning", urgent=2,
              message="OOM risk: low headroom, memory trending to the limit, or fragmentation",
              builtin=True),
         Rule("oom_risk_critical", "risk_level", ">=", 2, clear_for_s=hold, severity="critical",
@@ -101,10 +130,15 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
         Rule("memory_leak", "leak_detected", ">=", 1, severity="warning",
              message="idle floor keeps rising after warm-up (leak)", builtin=True),
         Rule("kv_exhaustion", "kv_exhaustion_s", "<", kv_s, for_s=5.0, clear_for_s=30.0,
-             severity="warning", message="KV pool runs out of blocks soon", builtin=True),
+             severity="warning", gate=Gate("kv_usage_ratio", ">=", kv_min),
+             message="KV pool runs out of blocks soon", builtin=True),
         Rule("oom", "oom_recent", ">=", 1, severity="critical",
              message="out of memory", builtin=True),
     ]
+
+
+def _setting(config: Mapping[str, Any] | None, key: str, default: float) -> float:
+    return default if config is None else float(config.get(key, default))
 
 
 def parse_rules(config: Any) -> list[Rule]:

@@ -171,11 +171,13 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
 class _RuleState:
     """One rule on one device: its metric getter and where it stands."""
 
-    __slots__ = ("rule", "getter", "op", "threshold", "pending_since", "fired_ts", "clear_since")
+    __slots__ = ("rule", "getter", "gate", "op", "threshold", "pending_since", "fired_ts",
+                 "clear_since")
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.getter = getter_for(rule.metric)
+        self.gate = getter_for(rule.gate.metric) if rule.gate is not None else None
         self.op, self.threshold = OPS[rule.op], rule.threshold  # Rule.breached, inlined
         self.pending_since: float | None = None
         self.fired_ts: float | None = None
@@ -242,33 +244,36 @@ class AlertEngine:
                                                     and st.op(value, st.threshold)):
                     self._maybe_fire(st.rule, st, d, now, value, host, out)
             else:
-                self._maybe_resolve(st.rule, st, d.device, now, value, host, out)
+                self._maybe_resolve(st.rule, st, d, now, value, host, out)
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
-        if not rule.breached(value):
+        if not rule.breached(value) or not _gate_holds(st, d, now):
             st.pending_since = None
             return
         if st.pending_since is None:
             st.pending_since = now
-        if now - st.pending_since >= rule.for_s:
+        if now - st.pending_since >= rule.for_s or rule.is_urgent(value):
             st.fired_ts, st.clear_since = now, None
             out.append(AlertChange("fired", rule.name, rule.severity, d.device, now, value,
                                    _message(rule, value, d), rule.labels, now, host))
 
-    def _maybe_resolve(self, rule: Rule, st: _RuleState, device: int, now: float,
+    def _maybe_resolve(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                        value: float | None, host: str | None, out: list[AlertChange]) -> None:
-        if not rule.cleared(value):
+        if not rule.cleared(value) or (st.gate is not None and _gate_holds(st, d, now)):
             st.clear_since = None
             return
         if st.clear_since is None:
             st.clear_since = now
         if now - st.clear_since >= rule.clear_for_s:
             fired, st.fired_ts, st.pending_since = st.fired_ts, None, None
-            out.append(AlertChange("resolved", rule.name, rule.severity, device, now, value,
+            out.append(AlertChange("resolved", rule.name, rule.severity, d.device, now, value,
                                    rule.describe(value), rule.labels, fired, host))
 
 
+def _gate_holds(st: _RuleState, d: DeviceAnalysis, now: float) -> bool:
+    """The rule's gate holds (a rule without one: always)."""
+    return st.gate is None or st.rule.gate.holds(st.gate(d, now))
 
 
 def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:

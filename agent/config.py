@@ -172,6 +172,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.kv_exhaustion_warning_s", float, 60.0,
             "Warn when the KV pool's free plus cached blocks run out within this.", min=0,
             max=86400),
+    Setting("alerts.kv_exhaustion_min_usage_ratio", float, 0.8,
+            "The KV exhaustion alert fires only while this share of the pool's blocks is used, "
+            "and stays until usage is below it again (a burst in a roomy pool is not "
+            "exhaustion).", min=0, max=1),
+    Setting("alerts.risk_for_s", float, 15.0,
+            "The OOM-risk warning fires once the risk has stayed at warning this long (at "
+            "once when critical). Shorten only for short recordings.", min=0, max=86400),
     Setting("alerts.webhook_url", str, "", "POST alerts to this URL (JSON body); empty: off."),
     Setting("alerts.webhook_timeout_s", float, 5.0, "Webhook request timeout.", min=0.1,
             max=120),

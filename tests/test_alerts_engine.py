@@ -1,5 +1,7 @@
 """The alert engine on scripted records: for, clear, clear_for, devices, OOMs, identity."""
 
+import pytest
+
 from agent.alert_rules import Rule
 from agent.alerts import AlertChange, AlertEngine
 from agent.analysis.report import analyze_records
@@ -121,3 +123,79 @@ def test_orphaned_kv_blocks_fire_the_leak_alert_at_the_event():
                   Event(3.0, "kv_orphaned_blocks", data={"blocks": 4, "block_ids": [7]})])
     assert [(c.kind, c.rule, c.ts_s) for c in got] == [("fired", "memory_leak", 3.0)]
     assert e.devices[0].value("kv_orphaned_blocks", 3.0) == 4.0
+
+
+def kv_samples(used_by_second):
+    return [Sample(float(t), 0, Phase.DECODE, "kv", kv_blocks_used=u, kv_blocks_total=100)
+            for t, u in enumerate(used_by_second)]
+
+
+def fired_and_resolved(records, rule=None):
+    got = [(c.kind, c.ts_s) for c in AlertEngine.from_config(None).feed(records)
+           if rule is None or c.rule == rule]
+    return got
+
+
+KV_CASES = [
+    # bursty, healthy: 10 blocks, a burst to 63 of 100 at 5 blocks/s, back down. The forecast
+    # says "full in 40 s" for ten seconds; at 63 % that is no exhaustion: no alert (it fired)
+    ("burst_to_63_percent", [10] * 10 + [10 + 5 * i for i in range(1, 11)] + [63] * 3
+     + [63 - 5 * i for i in range(1, 11)] + [13] * 60, []),
+    # a fill to the top at 3 blocks/s: 82 % at 33 s, held 5 s -> fires at 38; it stays while
+    # the pool is full (the rate is 0 from 70 s on), and resolves 30 s after usage drops
+    # below 80 % at 101 s (it resolved at 100 s, full, before)
+    ("fill_to_full", [10] * 10 + [10 + 3 * i for i in range(1, 31)] + [100] * 61 + [20] * 60,
+     [("fired", 38.0), ("resolved", 131.0)]),
+    # two fills to the top a minute apart, each full for 10 s: 82 % at 17 s -> fires at 22,
+    # resolves 30 s after the drop at 30 s; the second 70 s later
+    ("two_fills", ([10] * 10 + [10 + 9 * i for i in range(1, 11)] + [100] * 10 + [10] * 40) * 2,
+     [("fired", 22.0), ("resolved", 60.0), ("fired", 92.0), ("resolved", 130.0)]),
+]
+
+
+@pytest.mark.parametrize("name, used, expected", KV_CASES, ids=[c[0] for c in KV_CASES])
+def test_kv_exhaustion_needs_a_nearly_full_pool_and_holds_while_it_is(name, used, expected):
+    assert fired_and_resolved(kv_samples(used), "kv_exhaustion") == expected
+
+
+def test_kv_exhaustion_min_usage_from_the_config():
+    cfg = parse_config({"alerts": {"kv_exhaustion_min_usage_ratio": 0.5}}, None, {})
+    used = KV_CASES[0][1]
+    got = [(c.kind, c.ts_s) for c in AlertEngine.from_config(cfg).feed(kv_samples(used))]
+    # half full at 17 s, held 5 s; below half from 25 s, the forecast past 60 s from 28 s
+    assert got == [("fired", 22.0), ("resolved", 58.0)]
+
+
+def risk_samples(allocated):
+    """1 s decode samples on a 1000-byte limit (warning under 5 % headroom, critical under 2)."""
+    return [Sample(float(t), 0, Phase.DECODE, "t", allocated_bytes=a, device_total_bytes=1000)
+            for t, a in enumerate(allocated)]
+
+
+RISK_CASES = [
+    # an unsteady load touching the warning level (960: 4 % headroom) for 10 s every 40 s:
+    # no alert (it fired at 10 s, and again at 90 s, 130 s... once the minute of ok passed)
+    ("unsteady_near_warning", ([900] * 30 + [960] * 10) * 5, []),
+    # warning held: fires after 15 s at warning (at 25 s), resolves after 60 s back at ok
+    ("sustained_warning", [900] * 10 + [960] * 40 + [900] * 70,
+     [("fired", "oom_risk", 25.0), ("resolved", "oom_risk", 110.0)]),
+    # critical (990: 1 %) fires both at once
+    ("sudden_critical", [900] * 10 + [990] * 5 + [900] * 70,
+     [("fired", "oom_risk", 10.0), ("fired", "oom_risk_critical", 10.0),
+      ("resolved", "oom_risk", 75.0), ("resolved", "oom_risk_critical", 75.0)]),
+]
+
+
+@pytest.mark.parametrize("name, allocated, expected", RISK_CASES, ids=[c[0] for c in RISK_CASES])
+def test_risk_alerts_wait_for_a_steady_warning_but_not_for_critical(name, allocated, expected):
+    got = [(c.kind, c.rule, c.ts_s) for c in AlertEngine.from_config(None).feed(
+        risk_samples(allocated))]
+    assert got == expected
+
+
+def test_risk_for_s_from_the_config():
+    cfg = parse_config({"alerts": {"risk_for_s": 0}}, None, {})
+    allocated = [900] * 10 + [960] * 10 + [900] * 70
+    got = [(c.kind, c.rule, c.ts_s) for c in AlertEngine.from_config(cfg).feed(
+        risk_samples(allocated))]
+    assert got == [("fired", "oom_risk", 10.0), ("resolved", "oom_risk", 80.0)]
