@@ -48,7 +48,7 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
     cpu_per_round: list[float] = []
     bare_cpu: list[float] = []
     try:
-        e2e_t, direct_t, _ = interleaved([_via_agent(agent, rows, cpu_per_round),
+        e2e_t, direct_t, bare_t = interleaved([_via_agent(agent, rows, cpu_per_round),
                                           _direct(rows, workdir),
                                           _via_agent(bare, rows, bare_cpu)], rounds)
     finally:
@@ -61,6 +61,9 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
     return [
         Figure("agent", "end-to-end samples/s (replay->socket->DB)", e2e, "samples/s",
                spread=_rate_spread(n, e2e_t.samples_s), target=">= 50000", met=e2e >= 50_000),
+        Figure("agent", "end-to-end samples/s, live alert engine off", n / bare_t.median_s,
+               "samples/s", spread=_rate_spread(n, bare_t.samples_s),
+               baseline="the same agent with --no-alerts, same run"),
         Figure("agent", "direct Store.write samples/s", direct, "samples/s",
                spread=_rate_spread(n, direct_t.samples_s), baseline="(the baseline)"),
         Figure("agent", "end-to-end / direct rate", e2e / direct, "ratio",
