@@ -49,8 +49,14 @@ def live_status(socket_path: str) -> dict[str, Any]:
 
 
 def stored_status(config: Any, why: str) -> dict[str, Any]:
+    import os
+
     from agent.store import Store
 
+    url = config["database.url"]
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        return {"running": False, "why": why, "database": url, "devices": [],
+                "db_size_bytes": None, "last_report": None, "missing": True}
     with Store.open(config["database.url"], host_name=config["agent.host_name"] or None) as st:
         last = st.latest_agent_stats()
         out = {"running": False, "why": why, "database": st.safe_url,
@@ -83,6 +89,8 @@ def render(s: dict[str, Any]) -> str:
 
 
 def _render_stored(s: dict[str, Any]) -> str:
+    if s.get("missing"):
+        return f"agent: not running ({s['why']})\ndatabase: {s['database']} does not exist yet"
     lines = [f"agent: not running ({s['why']})",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}",
              f"devices: {len(s['devices'])}"]
