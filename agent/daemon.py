@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import PostMortem, Sample
+from agent.records import Event, PostMortem
 from agent.retention import Retention
 from agent.writer import Writer
 
@@ -32,7 +32,10 @@ log = logging.getLogger("vramscope.agent")
 
 STATS_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 10.0
-PROCESS_SOURCE = "nvml-process"  # per-process rows; "nvml" is the whole-device view
+# NVML's per-process rows become events with this name and ``data={"used_bytes": N}``: as
+# samples their device_used_bytes would mix with the whole-device view ("nvml" samples) in
+# every reader that takes a device's samples together (timelines, the risk model).
+PROCESS_EVENT = "nvml_process"
 
 
 class Schedule:
@@ -213,8 +216,8 @@ class Agent:
             log.exception("device sampling failed; will retry next tick")
 
     def sample_processes(self) -> None:
-        """NVML process rows -> samples for the processes that are our clients, plus their
-        device list in the processes table."""
+        """NVML process rows -> ``nvml_process`` events for the processes that are our clients,
+        plus their device list in the processes table."""
         if self.source is None:
             return
         try:
@@ -223,9 +226,9 @@ class Agent:
             log.exception("process sampling failed; will retry next tick")
             return
         clients = self._clients_by_peer_pid()
-        samples = [Sample(r.ts_s, r.device, source=PROCESS_SOURCE, pid=clients[r.pid],
-                          device_used_bytes=r.used_bytes) for r in rows if r.pid in clients]
-        self.writer.put_many(samples)
+        self.writer.put_many([Event(r.ts_s, PROCESS_EVENT, r.device, clients[r.pid],
+                                    data={"used_bytes": r.used_bytes})
+                              for r in rows if r.pid in clients])
         self._map_process_devices(rows, clients)
 
     def _clients_by_peer_pid(self) -> dict[int, int]:
@@ -309,8 +312,8 @@ class Agent:
         return task
 
     def _on_batch(self, samples: list, events: list) -> None:
-        if self.alert_engine is not None:  # per-process rows are not the device's view
-            self.alert_engine([s for s in samples if s.source != PROCESS_SOURCE], events)
+        if self.alert_engine is not None:
+            self.alert_engine(samples, events)
 
 
 def start_metrics(agent: Agent, port: int):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent.config import parse_config
-from agent.daemon import PROCESS_SOURCE, Agent, Schedule
+from agent.daemon import PROCESS_EVENT, Agent, Schedule
 from agent.embedded import EmbeddedAgent
 from agent.ingest import protocol as proto
 from agent.ingest.server import ClientInfo
@@ -56,14 +56,15 @@ def test_tick_samples_every_device_at_its_interval(agent, fake_clock, store):
         i * 0.25 for i in range(9)]
 
 
-def test_process_rows_become_samples_for_connected_clients_only(agent, store, fake_clock):
+def test_process_rows_become_events_for_connected_clients_only(agent, store, fake_clock):
     client = ClientInfo(peer_pid=111, peer_uid=0, hello=proto.Hello(1, 7, "srv", (0,), None))
     agent.server = SimpleNamespace(clients=[client])  # one connected hook client
     agent.sample_processes()
     agent.writer.flush()
-    rows = store.samples(source=PROCESS_SOURCE)
-    assert [(s.device, s.pid, s.device_used_bytes) for s in rows] == [(0, 7, 5 * GiB),
-                                                                      (1, 7, 2 * GiB)]
+    rows = store.events(names=[PROCESS_EVENT])
+    assert [(e.device, e.pid, e.data) for e in rows] == [(0, 7, {"used_bytes": 5 * GiB}),
+                                                         (1, 7, {"used_bytes": 2 * GiB})]
+    assert store.samples() == []  # never mixed into the device's samples
     assert [(p["pid"], p["devices"]) for p in store.processes()] == [(7, "0,1")]
 
 
@@ -101,7 +102,7 @@ def test_embedded_agent_stores_what_its_sink_receives(sqlite_url, fake_clock):
     torch_rows = st.samples(source="torch")
     assert [(s.allocated_bytes, s.pid) for s in torch_rows] == [(42, os.getpid())]
     assert [(e.name, e.pid) for e in st.events()] == [("phase", os.getpid())]
-    assert [p for _, p in st.postmortems()] == [pm]
+    assert [p._replace(host=None) for _, p in st.postmortems()] == [pm]
     assert st.samples(source="nvml")  # the sampler ran too
 
 

@@ -100,12 +100,12 @@ def test_agent_samples_nvml_next_to_a_hooked_transformers_process(short_dir):
     with Store.open(agent.db_url) as st:
         nvml = st.samples(source="nvml")
         torch_rows = st.samples(source="torch")
-        proc_rows = st.samples(source="nvml-process")
+        proc_rows = st.events(names=["nvml_process"])
         events = st.events()
         processes = st.processes()
     pids = {s.pid for s in torch_rows}
     print(f"\none database: {len(nvml)} nvml rows, {len(torch_rows)} torch rows (pids {pids}), "
-          f"{len(proc_rows)} nvml-process rows, {len(events)} events, processes "
+          f"{len(proc_rows)} nvml_process events, {len(events)} events, processes "
           f"{[(p['pid'], p['name'], p['devices']) for p in processes]}; agent status: "
           f"rejected {status['rejected_total']}, dropped {status['dropped_total']}")
     print(server.stdout[-2000:])
@@ -116,9 +116,9 @@ def test_agent_samples_nvml_next_to_a_hooked_transformers_process(short_dir):
     assert status["rejected_total"] == 0
     server_pid = pids.pop()
     if not proc_rows:  # NVML reports pids of another PID namespace (some containers)
-        warnings.warn("no nvml-process rows: NVML's pids did not match the client's pid",
+        warnings.warn("no nvml_process events: NVML's pids did not match the client's pid",
                       stacklevel=1)
         return
     assert {s.pid for s in proc_rows} == {server_pid}  # NVML's rows mapped to the client
-    assert all(s.device_used_bytes > 0 for s in proc_rows)
+    assert all(e.data["used_bytes"] > 0 for e in proc_rows)
     assert [p["devices"] for p in processes if p["pid"] == server_pid] == ["0"]
