@@ -78,8 +78,8 @@ def render_rules(config: Any) -> str:
     from agent.alert_rules import parse_rules
 
     rules = parse_rules(config)
-    kept = [r for r in rules if r.metric in SERIES]
-    left_out = [r for r in rules if r.metric not in SERIES]
+    kept = [r for r in rules if exportable(r)]
+    left_out = [r for r in rules if not exportable(r)]
     for r in left_out:
         log.warning("alert rule %r is not exported to Prometheus: its metric %r has no "
                     "Prometheus series (the agent still evaluates it)", r.name, r.metric)
@@ -100,15 +100,36 @@ def alert_name(rule_name: str) -> str:
 
 
 def expression(rule: Any) -> str:
-    """The PromQL condition of ``rule`` (hysteresis included when it has ``clear``)."""
+    """The PromQL condition of ``rule``: the comparison, and-ed with its gate; then, while the
+    alert fires, what keeps it (the ``clear`` hysteresis, the gate still holding)."""
     sel = "" if rule.device is None else f'{{device="{rule.device}"}}'
     value = SERIES[rule.metric].format(sel=sel)
+    on = f"on({', '.join(LABELS)})"
     fires = f"{value} {rule.op} {_number(rule.threshold)}"
-    if rule.clear is None:
+    gate = _gate(rule, sel)
+    if gate is not None:
+        fires = f"({fires}) and {on} ({gate})"
+    keeps = [] if rule.clear is None else [f"{value} {rule.op} {_number(rule.clear)}"]
+    keeps += [] if gate is None else [gate]
+    if not keeps:
         return fires
     firing = f'ALERTS{{alertname="{alert_name(rule.name)}", alertstate="firing"}}'
-    holds = f"{value} {rule.op} {_number(rule.clear)}"
-    return f"{fires} or ({holds} and on({', '.join(LABELS)}) {firing})"
+    kept = keeps[0] if len(keeps) == 1 else " or ".join(f"({k})" for k in keeps)
+    return f"{fires} or (({kept}) and {on} {firing})"
+
+
+def _gate(rule: Any, sel: str) -> str | None:
+    """A built-in's second condition (``kv_usage_ratio >= 0.8``), as PromQL."""
+    gate = getattr(rule, "gate", None)
+    if gate is None:
+        return None
+    return f"{SERIES[gate.metric].format(sel=sel)} {gate.op} {_number(gate.threshold)}"
+
+
+def exportable(rule: Any) -> bool:
+    """Its metric (and its gate's) have Prometheus series."""
+    gate = getattr(rule, "gate", None)
+    return rule.metric in SERIES and (gate is None or gate.metric in SERIES)
 
 
 def duration(seconds: float) -> str:
@@ -121,7 +142,9 @@ def duration(seconds: float) -> str:
 
 
 def _rule_lines(rule: Any) -> list[str]:
-    lines = [f"      - alert: {_q(alert_name(rule.name))}", f"        expr: {_q(expression(rule))}"]
+    lines = _urgent_comment(rule)
+    lines += [f"      - alert: {_q(alert_name(rule.name))}",
+              f"        expr: {_q(expression(rule))}"]
     if rule.for_s > 0:
         lines.append(f"        for: {_q(duration(rule.for_s))}")
     if rule.clear_for_s > 0:
@@ -135,14 +158,31 @@ def _rule_lines(rule: Any) -> list[str]:
     return lines
 
 
+def _urgent_comment(rule: Any) -> list[str]:
+    """A built-in that fires at once past an urgent level cannot say so in one Prometheus rule
+    (``for`` holds at every level, and a second rule of the same name fails promtool's lint)."""
+    urgent = getattr(rule, "urgent", None)
+    if urgent is None or rule.for_s <= 0:
+        return []
+    return [f"      # The agent fires this at once when {rule.metric} {rule.op} "
+            f"{_number(urgent)}; Prometheus waits the `for` at every level."]
+
+
 def _summary(rule: Any) -> str:
     text = rule.message or f"{rule.metric} {rule.op} {_number(rule.threshold)}"
     return _escape_template(text)
 
 
 def _description(rule: Any) -> str:
+    """Where, the value, and the rule's condition. A gated alert kept firing by its gate shows
+    the gate's value (the metric itself may be absent then, e.g. a pool that stopped growing)."""
+    condition = f"{rule.metric} {rule.op} {_number(rule.threshold)}"
+    gate = getattr(rule, "gate", None)
+    if gate is not None:
+        condition += f" while {gate.metric} {gate.op} {_number(gate.threshold)}"
     return (f"{_summary(rule)} on host {{{{ $labels.host }}}} GPU {{{{ $labels.device }}}}: "
-            f"{rule.metric} is {{{{ $value }}}} (vramscope rule {_escape_template(rule.name)})")
+            f"value {{{{ $value }}}} (vramscope rule {_escape_template(rule.name)}: "
+            f"{condition})")
 
 
 def _header(source: str | None) -> list[str]:

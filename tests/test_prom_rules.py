@@ -77,25 +77,45 @@ def rules_of(text: str) -> dict[str, dict]:
     return {r["alert"]: r for r in doc["groups"][0]["rules"]}
 
 
+KV_EXPR = (
+    "(((vramscope_kv_blocks_total - vramscope_kv_blocks_used)"
+    " / (deriv(vramscope_kv_blocks_used[5m]) > 0)) < 60)"
+    " and on(host, device) ((vramscope_kv_blocks_used / vramscope_kv_blocks_total) >= 0.8)"
+    " or (((vramscope_kv_blocks_used / vramscope_kv_blocks_total) >= 0.8)"
+    ' and on(host, device) ALERTS{alertname="VramscopeKvExhaustion", alertstate="firing"})')
+
+
 def test_default_rules_exact():
     text = render_rules(parse_config({}, None, {}))
     rules = rules_of(text)
     assert {name: r["expr"] for name, r in rules.items()} == {
         "VramscopeOomRisk": "vramscope_risk_level >= 1",
         "VramscopeOomRiskCritical": "vramscope_risk_level >= 2",
-        "VramscopeKvExhaustion":
-            "((vramscope_kv_blocks_total - vramscope_kv_blocks_used)"
-            " / (deriv(vramscope_kv_blocks_used[5m]) > 0)) < 60",
+        # Fires while growing toward the end of a pool at least 80 % full; stays while it is.
+        "VramscopeKvExhaustion": KV_EXPR,
         "VramscopeOom": "(increase(vramscope_ooms_total[5m]) > bool 0) >= 1",
     }
-    assert rules["VramscopeOomRisk"]["keep_firing_for"] == "1m"
-    assert "for" not in rules["VramscopeOomRisk"]
+    assert (rules["VramscopeOomRisk"]["for"], rules["VramscopeOomRisk"]["keep_firing_for"]) \
+        == ("15s", "1m")  # alerts.risk_for_s
+    assert "for" not in rules["VramscopeOomRiskCritical"]
     assert rules["VramscopeKvExhaustion"]["for"] == "5s"
     assert rules["VramscopeKvExhaustion"]["keep_firing_for"] == "30s"
     assert rules["VramscopeOomRiskCritical"]["labels"] == {
         "severity": "critical", "vramscope_rule": "oom_risk_critical"}
+    # The agent's "fire at once when critical" cannot be said in the same rule: a comment.
+    assert ("      # The agent fires this at once when risk_level >= 2; Prometheus waits the "
+            "`for` at every level.\n      - alert: \"VramscopeOomRisk\"") in text
     # The leak detector's verdict is not a Prometheus series: left out, and said so.
     assert text.rstrip().endswith("#   memory_leak (leak_detected)")
+
+
+def test_settings_reach_the_rules():
+    config = parse_config({"alerts": {"risk_for_s": 30.0, "kv_exhaustion_warning_s": 90.0,
+                                      "kv_exhaustion_min_usage_ratio": 0.9}}, None, {})
+    rules = rules_of(render_rules(config))
+    assert rules["VramscopeOomRisk"]["for"] == "30s"
+    assert rules["VramscopeKvExhaustion"]["expr"] == (
+        KV_EXPR.replace("< 60", "< 90").replace(">= 0.8", ">= 0.9"))
 
 
 def test_scripted_rules_exact():
@@ -105,7 +125,7 @@ def test_scripted_rules_exact():
                            "VramscopeFragmented"]
     high = rules["VramscopeReservedHigh"]
     assert high["expr"] == (
-        'vramscope_reserved_bytes{device="0"} > 100 or (vramscope_reserved_bytes{device="0"} > 80'
+        'vramscope_reserved_bytes{device="0"} > 100 or ((vramscope_reserved_bytes{device="0"} > 80)'
         ' and on(host, device) ALERTS{alertname="VramscopeReservedHigh", alertstate="firing"})')
     assert (high["for"], high["keep_firing_for"]) == ("1m", "2m")
     assert high["labels"] == {"severity": "critical", "team": "serving",
@@ -115,7 +135,7 @@ def test_scripted_rules_exact():
     # A user rule named like a built-in replaces it; the config's KV threshold is used.
     assert rules["VramscopeOom"]["expr"] == "vramscope_ooms_total >= 1"
     assert rules["VramscopeOom"]["labels"]["severity"] == "info"
-    assert rules["VramscopeKvExhaustion"]["expr"].endswith(" < 120")
+    assert rules["VramscopeKvExhaustion"]["expr"] == KV_EXPR.replace("< 60", "< 120")
     assert rules["VramscopeFragmented"]["expr"] == (
         "(1 - vramscope_largest_free_block_bytes / (vramscope_reserved_bytes"
         " - vramscope_allocated_bytes)) >= 0.35")
@@ -167,7 +187,8 @@ def _alert(device: str, value: int) -> dict:
             "exp_annotations": {
                 "summary": "reserved above {{100}} bytes",
                 "description": f"reserved above {{{{100}}}} bytes on host a GPU {device}: "
-                               f"reserved_bytes is {value} (vramscope rule reserved-high)"}}
+                               f"value {value} (vramscope rule reserved-high: "
+                               f"reserved_bytes > 100)"}}
 
 
 @needs_promtool
@@ -190,6 +211,39 @@ def test_promtool_evaluates_for_hysteresis_and_keep_firing(tmp_path):
             at(7, [_alert("0", 90)]),  # below clear since 6m: kept by keep_firing_for 2m
             at(8, []),  # resolved
         ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+def test_promtool_evaluates_the_kv_gate(tmp_path):
+    """Blocks used per minute, of 100: 20 40 60 85 95 95 95 95 95 50 50 50. At 3 min the
+    5-minute growth (21.5 blocks/min) runs the pool out in 42 s (< 60) while it is 85 % full:
+    pending, firing at 4 min (15 s left). Growth then stops, so the time to exhaustion is
+    gone, but the pool stays 95 % full: the gate keeps the alert. At 9 min usage drops to 50 %;
+    keep_firing_for holds it one more evaluation; resolved at 10 min."""
+    (tmp_path / "rules.yml").write_text(render_rules(parse_config({}, None, {})))
+    labels = {"host": "a", "device": "0", "severity": "warning", "vramscope_rule": "kv_exhaustion"}
+
+    def firing(value: str) -> list[dict]:
+        return [{"exp_labels": labels, "exp_annotations": {
+            "summary": "KV pool runs out of blocks soon",
+            "description": f"KV pool runs out of blocks soon on host a GPU 0: value {value} "
+                           "(vramscope rule kv_exhaustion: kv_exhaustion_s < 60 while "
+                           "kv_usage_ratio >= 0.8)"}}]
+
+    at = lambda minute, alerts: {"eval_time": f"{minute}m", "alertname": "VramscopeKvExhaustion",
+                                 "exp_alerts": alerts}
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": 'vramscope_kv_blocks_used{host="a",device="0"}',
+             "values": "20 40 60 85 95 95 95 95 95 50 50 50"},
+            {"series": 'vramscope_kv_blocks_total{host="a",device="0"}', "values": "100x11"}],
+        "alert_rule_test": [at(2, []), at(3, []), at(4, firing("15.384615384615383")),
+                            at(8, firing("0.95")), at(9, firing("0.95")), at(10, [])]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
     done = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
