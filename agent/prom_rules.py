@@ -10,7 +10,9 @@ Alertmanager) alerts on the same conditions as the agent:
   there is exported; ``tests/test_prom_rules.py`` scrapes a real app to check);
 - ``for`` becomes ``for``, ``clear_for`` becomes ``keep_firing_for`` (Prometheus >= 2.42);
 - ``clear`` (hysteresis) keeps the alert firing while the value is still past the clear level:
-  ``E > T or (E > C and on(host, device) ALERTS{alertname="...", alertstate="firing"})``;
+  ``E > T or ((E > C) and on(host, device) ALERTS{alertname="...", alertstate="firing"})``;
+- a built-in's gate is and-ed with the condition and, like ``clear``, keeps a firing alert;
+  a built-in's urgent level (fire at once, skipping ``for``) has no one-rule form: a comment;
 - ``device`` becomes a ``device="N"`` matcher; ``severity`` and ``labels`` become labels, plus
   ``vramscope_rule`` with the agent's own rule name; ``message`` becomes the summary.
 
