@@ -268,3 +268,15 @@ def test_docs_list_every_mapping():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
     missing = [m for m, e in SERIES.items() if f"| `{m}` | `{e.format(sel='')}` |" not in doc]
     assert missing == []
+
+
+def test_cli_export_names_a_bad_rule_and_writes_nothing(tmp_path, capsys):
+    from agent.cli import main
+
+    cfg = tmp_path / "vramscope.toml"
+    cfg.write_text('[[alerts.rules]]\nname = "typo"\nmetric = "reserved_byte"\nthreshold = 1\n')
+    out = tmp_path / "rules.yml"
+    assert main(["export", "prometheus-rules", "--config", str(cfg), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "alert rule 'typo'" in err and "'reserved_byte'" in err and str(cfg) in err
+    assert not out.exists() or out.read_text() == ""
