@@ -176,3 +176,26 @@ def test_a_forked_child_gets_its_own_connection_and_pid(short_dir):
     srv.stop()
     assert os.waitstatus_to_exitcode(status) == 0
     assert [(r.allocated_bytes, r.pid) for r in got.records] == [(1, os.getpid()), (2, child)]
+
+
+def test_install_ships_phase_events_through_the_socket_to_the_agent(short_dir):
+    import vramscope
+    from agent.daemon import Agent
+
+    config = parse_config({"agent": {"socket_path": f"{short_dir}/run/agent.sock"},
+                           "database": {"url": f"sqlite:///{short_dir}/db.sqlite"}}, None)
+    agent = Agent(config, source=None, alerts=False)
+    agent.start()
+    try:
+        report = vramscope.install(config)
+        with vramscope.phase("prefill"):
+            pass
+        vramscope.uninstall()  # closes the socket client after a last drain
+        _wait_for(lambda: agent.status()["records_received_total"] >= 2)
+    finally:
+        vramscope.uninstall()
+        agent.stop()
+    assert "agent socket" in str(report)
+    events = agent.store.events(names=["phase"])
+    assert len(events) >= 2 and {e.pid for e in events} == {os.getpid()}
+    assert Phase.PREFILL in {e.phase for e in events}
