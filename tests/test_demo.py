@@ -98,7 +98,8 @@ def test_gpu_demo_records_real_allocator_samples(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     url = f"sqlite:///{tmp_path}/gpu.db"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    paths = [str(REPO), os.environ.get("PYTHONPATH", "")]  # keep the GPU machine's wheels
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.run([sys.executable, "-m", "agent", "demo", "--gpu", "--duration", "20",
                            "--no-browser", "--port", "0", "--db", url], env=env,
                           capture_output=True, text=True, timeout=300)

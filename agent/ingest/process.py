@@ -23,11 +23,13 @@ _MAIN = "import sys; from agent.cli.cmd_agent import main; sys.exit(main(sys.arg
 
 class AgentProcess:
     def __init__(self, db_url: str, socket_path: str, *, fake_devices: int = 0,
-                 config_path: str | None = None, env: dict[str, str] | None = None,
+                 nvml: bool = False, config_path: str | None = None,
+                 env: dict[str, str] | None = None,
                  log_path: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.db_url = db_url
         self.socket_path = socket_path
         self.fake_devices = fake_devices
+        self.nvml = nvml  # sample the real NVML (GPU tests); else fake devices or none
         self.config_path = config_path
         self.env = env or {}
         self.log_path = log_path
@@ -36,7 +38,10 @@ class AgentProcess:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-c", _MAIN, "--db", self.db_url, "--socket", self.socket_path]
-        cmd += ["--fake-devices", str(self.fake_devices)] if self.fake_devices else ["--no-nvml"]
+        if self.fake_devices:
+            cmd += ["--fake-devices", str(self.fake_devices)]
+        elif not self.nvml:
+            cmd += ["--no-nvml"]
         if self.config_path:
             cmd += ["--config", self.config_path]
         return cmd + list(self.extra_args)

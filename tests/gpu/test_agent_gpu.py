@@ -87,6 +87,7 @@ def test_agent_samples_nvml_next_to_a_hooked_transformers_process(short_dir):
     from agent.store import Store
 
     agent = AgentProcess(f"sqlite:///{short_dir}/vramscope.db", f"{short_dir}/run/agent.sock",
+                         nvml=True,
                          log_path=f"{short_dir}/agent.log").start()
     try:
         server = subprocess.run([sys.executable, "-c", SERVER, agent.socket_path, "6"],
