@@ -10,13 +10,20 @@ allocator's own constants and default configuration (no ``max_split_size_mb``, n
   (``kLargeBuffer``) for requests under 10 MiB (``kMinLargeAlloc``) and the request rounded up
   to 2 MiB (``kRoundLarge``) otherwise;
 - a request takes the smallest cached free block of its pool that is large enough (best fit,
-  ties broken by address), and the block is split when the remainder is at least 512 bytes
-  (small pool) or more than 1 MiB (large pool); the allocation keeps the lower address;
+  ties broken by the lower address: the pools are ordered by stream, size, address), and the
+  block is split when the remainder is at least 512 bytes (small pool) or more than 1 MiB
+  (large pool); the allocation keeps the lower address;
 - a freed block merges with free neighbours *of the same segment* only;
 - when no cached block fits, a new segment is obtained from a pretend ``cudaMalloc``; when that
   would exceed the limit, every fully free segment is released and the ``cudaMalloc`` retried
   (``num_alloc_retries`` counts the retries); when that fails too the allocation raises
-  :class:`SimulatedOOM` (``num_ooms``).
+  :class:`SimulatedOOM` (``num_ooms``);
+- the pretend ``cudaMalloc`` hands out addresses top-down: each new segment lies *below* every
+  earlier one, as the CUDA driver placed them on the H200. This matters for the tie-break
+  above: among equal-sized free blocks the one in the most recently created segment is taken.
+  With ascending addresses the model matched the H200 for 1879 steps of
+  ``agent.sim.gpu_check``'s sequence; with descending ones, all 3000
+  (``tests/test_sim_vs_h200_replay.py``).
 
 Counters mean what ``torch.cuda.memory_stats()``'s ``*.all.current`` counters mean, and
 :meth:`CachingAllocatorModel.snapshot` returns segment dicts shaped like
@@ -43,7 +50,7 @@ SMALL_BUFFER_BYTES = 2 << 20  # kSmallBuffer: small-pool segment size
 LARGE_BUFFER_BYTES = 20 << 20  # kLargeBuffer: large-pool segment size for mid-size requests
 MIN_LARGE_ALLOC_BYTES = 10 << 20  # kMinLargeAlloc: from here on a request gets its own segment
 ROUND_LARGE_BYTES = 2 << 20  # kRoundLarge: rounding of those own segments
-_BASE_ADDRESS = 0x7F00_0000_0000  # where pretend cudaMalloc starts handing out addresses
+_TOP_ADDRESS = 0x7F00_0000_0000  # pretend cudaMalloc hands out addresses downwards from here
 
 
 class SimulatedOOM(MemoryError):
@@ -135,7 +142,7 @@ class CachingAllocatorModel:
         self._pools = {True: _Pool(), False: _Pool()}
         self._live: dict[int, Block] = {}
         self._segments: dict[int, Block] = {}  # segment address -> its first block
-        self._next_address = _BASE_ADDRESS
+        self._lowest_address = _TOP_ADDRESS
         self.reserved_bytes = 0
         self.allocated_bytes = 0
         self.requested_bytes = 0
@@ -209,8 +216,11 @@ class CachingAllocatorModel:
         raise SimulatedOOM(self._oom_message(size), size)
 
     def _cuda_malloc(self, size: int, small: bool) -> Block:
-        block = Block(self._next_address, size, small)
-        self._next_address += size
+        # top-down, like the driver: a newer segment has a lower address, so it wins ties in
+        # best fit. Released ranges are not reused (the H200 record cannot tell whether they
+        # are; every top-down variant matches it).
+        self._lowest_address -= size
+        block = Block(self._lowest_address, size, small)
         self._segments[block.address] = block
         self.reserved_bytes += size
         self.num_segment_allocs += 1
