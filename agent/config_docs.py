@@ -36,7 +36,7 @@ host = "127.0.0.1"
 port = 8321
 
 [alerts]
-headroom_warning_ratio = 0.10
+headroom_warning_ratio = 0.05
 ```
 
 Alert rules of your own are `[[alerts.rules]]` tables; see [alerts.md](alerts.md).

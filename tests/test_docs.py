@@ -29,3 +29,10 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "tests/run.sh" in readme and "tests/run.sh" in ci
+
+
+def test_configuration_doc_is_generated_from_the_table():
+    from agent.config_docs import render
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert text == render(), "docs/configuration.md is stale: python -m agent.config_docs > it"
