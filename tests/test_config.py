@@ -113,3 +113,11 @@ def test_replace_validates_flags():
     with pytest.raises(ConfigError, match="command line: dashboard.port = 0 is out of range"):
         config.replace(dashboard__port=0)
     assert set(SETTINGS_BY_KEY) == set(config)
+
+
+def test_analysis_defaults_equal_the_settings_defaults():
+    from agent.analysis.thresholds import Thresholds
+
+    defaults = parse_config({}, None, {})
+    assert all(f"alerts.{name}" in defaults for name in Thresholds._fields)
+    assert Thresholds() == Thresholds.from_config(defaults)
