@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -63,6 +64,10 @@ class Writer:
         self._failing_since: float | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # --- idempotent batches (fleet on PostgreSQL; added by the fleet work, issue 9) ------
+        self._origin = _origin_for(store)
+        self._next_seq = 0
+        self._batch_seq = 0  # first seq of the pending batch; a retry reuses it
 
     # --- producers (any thread; never block) ----------------------------------------------
     def put(self, record: Sample | Event | PostMortem) -> None:
@@ -152,6 +157,9 @@ class Writer:
         batch = self._pending if self._pending is not None else self._take()
         if not batch:
             return False
+        if self._pending is None:  # a new batch is numbered once; its retries reuse the numbers
+            self._batch_seq = self._next_seq
+            self._next_seq += len(batch)
         self._pending = batch
         try:
             self._commit(batch)
@@ -171,7 +179,7 @@ class Writer:
         samples = [r for r in batch if isinstance(r, Sample)]
         events = [r for r in batch if isinstance(r, Event)]
         if samples or events:
-            self.store.write(samples, events)
+            self.store.write(samples, events, **self._idempotency())
             self.stats.written_total += len(samples) + len(events)
             batch[:] = [r for r in batch if isinstance(r, PostMortem)]
             self._notify_batch(samples, events)
@@ -180,6 +188,14 @@ class Writer:
             batch.pop(0)
             self.stats.written_total += 1
         self.stats.batches_total += 1
+
+    def _idempotency(self) -> dict[str, Any]:
+        """``(origin, seq)`` keys, so a batch retried after a lost commit reply (the commit
+        happened, the answer never came) inserts nothing twice. Off on SQLite: a local commit
+        has no reply to lose, and the keyed insert is slower than its fast path."""
+        if self._origin is None:
+            return {}
+        return {"origin": self._origin, "first_seq": self._batch_seq}
 
     def _notify_batch(self, samples: list[Sample], events: list[Event]) -> None:
         if self._on_batch is None:
@@ -245,6 +261,15 @@ class Writer:
             except Exception as exc:  # noqa: BLE001 - a failed task is retried by its owner
                 self.stats.tasks_failed += 1
                 log.debug("database task %r failed: %s", task, _short(exc))
+
+
+def _origin_for(store: Any) -> str | None:
+    """A name unique to this writer's lifetime (seq restarts at 0 with each writer), or None
+    on SQLite. Host name first, for whoever reads the rows."""
+    if getattr(store, "dialect", "sqlite") == "sqlite":
+        return None
+    host = str(getattr(store, "host_name", "") or "")[:40]
+    return f"{host}:{uuid.uuid4().hex[:20]}"
 
 
 def _is_transient(exc: Exception) -> bool:
