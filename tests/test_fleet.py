@@ -12,6 +12,10 @@ each also receiving a known series of hook records through its socket from a rea
   bounded queue held the records until the database was back, and they were written while
   the agent ran, not only in its final flush);
 - each agent stored exactly as many rows as it says it committed, and dropped none.
+
+And the case a restart rarely hits but a fleet eventually does: a commit that succeeded but
+whose reply was lost. The writer retries the batch; its ``(origin, seq)`` keys make the retry
+insert nothing twice.
 """
 
 from __future__ import annotations
@@ -219,3 +223,46 @@ def check_host_rows(store: Store, host: str, written_dropped: tuple[int, int],
     assert "cannot write to the database" in log  # it did see the outage...
     assert "database writable again" in log  # ...and came back
 
+
+
+class AckLostStore:
+    """The real store, except that the first ``write`` commits and then reports the
+    connection lost — what a client sees when the server dies between COMMIT and its reply."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.lost = 0
+
+    def write(self, *args, **kwargs) -> int:
+        inserted = self._store.write(*args, **kwargs)
+        if self.lost == 0:
+            from sqlalchemy.exc import OperationalError
+
+            from agent.errors import StoreError
+
+            self.lost += 1
+            cause = OperationalError("COMMIT", {}, Exception("server closed the connection"))
+            raise StoreError("cannot write: server closed the connection") from cause
+        return inserted
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_batch_retried_after_a_lost_commit_reply_is_stored_once(postgres_url):
+    """The writer retries a batch whose commit reply was lost; (origin, seq) makes the
+    retry insert nothing twice."""
+    from agent.writer import Writer
+
+    with Store.open(postgres_url, host_name="gpu-node-a") as real:
+        store = AckLostStore(real)
+        writer = Writer(store, batch_rows=50)
+        for n in range(120):
+            writer.put(Sample(1_700_000_000.0 + n, n % 2, source="torch", allocated_bytes=n))
+        writer.flush()  # stops at the failed commit, which stays pending...
+        writer.flush()  # ...and is retried here
+        assert writer.queue_depth == 0
+        assert store.lost == 1 and writer.stats.failed_attempts == 1
+        values = sorted(s.allocated_bytes for s in real.samples(host="gpu-node-a"))
+        assert values == list(range(120))
+        assert writer.stats.written_total == 120
