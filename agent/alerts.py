@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from agent.alert_rules import OPS, Rule, rules_from
@@ -60,8 +60,50 @@ class AlertChange(NamedTuple):
                 "message": self.message, "labels": dict(self.labels)}
 
 
+# What can change a metric's value. A rule is evaluated again only after a record changed one
+# of the inputs of its metric (or of its gate) on its device, or while its ``for`` /
+# ``clear_for`` timer runs: with the same inputs and no timer, evaluating it again cannot
+# change anything. So a sample that moves nothing a rule reads costs no rule evaluation.
+_SAMPLE = 1 << 0  # any sample: the metrics of the latest sample
+_RAW = 1 << 1  # a sample that carries a field some rule reads as it is
+_RISK = 1 << 2  # the risk model gave a point
+_RISK_LEVEL = 1 << 3  # ...of another level than the one before (or its first)
+_DEVICE = 1 << 4  # device used or device total bytes (the limit)
+_SNAPSHOT = 1 << 5  # a largest free block
+_LEAK = 1 << 6  # a new leak verdict
+_KV = 1 << 7  # a KV pool reading
+_ORPHANS = 1 << 8  # a kv_orphaned_blocks event
+_OOM = 1 << 9  # oom_recent changed: an OOM, or five minutes since the last one
+
+_INPUTS: dict[str, int] = {
+    "cached_free_bytes": _SAMPLE,
+    "inactive_split_ratio": _SAMPLE,
+    "external_fragmentation_ratio": _SNAPSHOT,
+    "device_used_ratio": _DEVICE,
+    "headroom_bytes": _RISK,
+    "headroom_ratio": _RISK,
+    "time_to_oom_s": _RISK,
+    "risk_level": _RISK_LEVEL,
+    "leak_detected": _LEAK,
+    "leak_slope_bytes_per_s": _LEAK,
+    "leak_slope_ratio_per_h": _LEAK | _DEVICE,
+    "kv_usage_ratio": _KV,
+    "kv_exhaustion_s": _KV,
+    "kv_orphaned_blocks": _ORPHANS,
+    "oom_recent": _OOM,
+}
+
+
+def inputs_of(metric: str) -> int:
+    """The input bits of ``metric`` (a sample field: any sample that carries a read field)."""
+    return _INPUTS.get(metric, _RAW)
+
+
 class DeviceAnalysis:
-    """The live analysis state of one device: models plus the latest value of each field."""
+    """The live analysis state of one device: models plus the latest value of each field.
+
+    ``on_sample`` and ``on_event`` return what the record changed, as input bits (above).
+    """
 
     def __init__(self, device: int, thresholds: Thresholds, raw_fields: frozenset[str]) -> None:
         self.device = device
@@ -77,44 +119,80 @@ class DeviceAnalysis:
         self.oom_ts_s: list[float] = []
         self.orphaned_blocks = 0
         self._num_ooms: int | None = None
+        self._level_seen: int | None = None  # the risk level the rules last saw
+        self._oom_recent = False  # oom_recent as the rules last saw it
 
-    def on_sample(self, s: Sample) -> None:
+    def on_sample(self, s: Sample) -> int:
         self.last_sample = s
+        changed = _SAMPLE
         if self._raw_fields:
-            for name in self._raw_fields:
-                value = getattr(s, name)
-                if value is not None:
-                    self.fields[name] = value
+            changed |= self._absorb_fields(s)
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s)
             self._num_ooms = s.num_ooms
-        point = self.risk.update(s)
-        if point is not None and (point.time_to_oom_s is not None or self.risk.level_index):
-            self._note_risk(point)
-        self.leak.update(s)
-        if s.kv_blocks_used is not None:
-            self.kv.update(s)
+        if self.risk.observe(s):
+            changed |= _RISK | self._note_risk(s.ts_s)
+        if s.device_used_bytes is not None or s.device_total_bytes:
+            changed |= _DEVICE
+        if s.largest_free_block_bytes is not None:
+            changed |= _SNAPSHOT
+        if self.leak.update(s) is not None:
+            changed |= _LEAK
+        if s.kv_blocks_used is not None and self.kv.observe(s):
+            changed |= _KV
+        if self.oom_ts_s:
+            changed |= self._oom_changed(s.ts_s)
+        return changed
 
-    def _note_risk(self, point) -> None:
+    def _absorb_fields(self, s: Sample) -> int:
+        changed = 0
+        for name in self._raw_fields:
+            value = getattr(s, name)
+            if value is not None:
+                self.fields[name] = value
+                changed = _RAW
+        return changed
+
+    def _note_risk(self, ts_s: float) -> int:
+        """Keep the first warning, the worst level and the soonest OOM forecast; the
+        ``_RISK_LEVEL`` bit when the level moved."""
         level = self.risk.level_index
-        if level and self.first_warning_ts_s is None:
-            self.first_warning_ts_s = point.ts_s
-        self.max_level = max(self.max_level, level)
-        tto = point.time_to_oom_s
+        if level:
+            if self.first_warning_ts_s is None:
+                self.first_warning_ts_s = ts_s
+            if level > self.max_level:
+                self.max_level = level
+        tto = self.risk.time_to_oom_s
         if tto is not None and (self.min_time_to_oom_s is None or tto < self.min_time_to_oom_s):
             self.min_time_to_oom_s = tto
+        if level == self._level_seen:
+            return 0
+        self._level_seen = level
+        return _RISK_LEVEL
 
-    def on_event(self, e: Event) -> None:
+    def on_event(self, e: Event) -> int | None:
+        """``None`` for an event no rule reads (it is not evaluated), else what it changed."""
         if e.name == "oom":
             self._note_oom(e.ts_s)
         self.leak.on_event(e)
         if e.name == "kv_orphaned_blocks":
             self.orphaned_blocks = orphaned_count(e)
+            return _ORPHANS | _LEAK | (self._oom_changed(e.ts_s) if self.oom_ts_s else 0)
+        if e.name == "oom":
+            return self._oom_changed(e.ts_s)
+        return None
 
     def _note_oom(self, ts_s: float) -> None:
         if not self.oom_ts_s or ts_s - self.oom_ts_s[-1] > 1.0:  # one OOM seen by two sources
             self.oom_ts_s.append(ts_s)
+
+    def _oom_changed(self, now_s: float) -> int:
+        recent = now_s - self.oom_ts_s[-1] < OOM_RECENT_S  # exactly as the oom_recent getter
+        if recent == self._oom_recent:
+            return 0
+        self._oom_recent = recent
+        return _OOM
 
     def value(self, metric: str, now_s: float) -> float | None:
         return getter_for(metric)(self, now_s)
@@ -130,10 +208,6 @@ def getter_for(metric: str) -> Callable[[DeviceAnalysis, float], float | None]:
 
 def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
-
-
-def _risk_attr(name: str) -> Callable[[DeviceAnalysis, float], float | None]:
-    return lambda d, now: getattr(d.risk.last, name) if d.risk.last is not None else None
 
 
 def _cached_free(d: DeviceAnalysis, now: float) -> float | None:
@@ -154,15 +228,15 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     if d.last_sample else None,
     "external_fragmentation_ratio": lambda d, now: d.risk.external_fragmentation_ratio,
     "device_used_ratio": lambda d, now: _ratio(d.risk._device_used, d.risk.limit_bytes),
-    "headroom_bytes": _risk_attr("headroom_bytes"),
-    "headroom_ratio": _risk_attr("headroom_ratio"),
-    "time_to_oom_s": _risk_attr("time_to_oom_s"),
-    "risk_level": lambda d, now: d.risk.level_index if d.risk.last else None,
+    "headroom_bytes": lambda d, now: d.risk.headroom_bytes,
+    "headroom_ratio": lambda d, now: d.risk.headroom_ratio,
+    "time_to_oom_s": lambda d, now: d.risk.time_to_oom_s,
+    "risk_level": lambda d, now: d.risk.level_index if d.risk.has_point else None,
     "leak_detected": lambda d, now: float(d.leak.result.detected),
     "leak_slope_bytes_per_s": lambda d, now: d.leak.result.slope_bytes_per_s,
     "leak_slope_ratio_per_h": _leak_ratio,
-    "kv_usage_ratio": lambda d, now: d.kv.last.usage_ratio if d.kv.last else None,
-    "kv_exhaustion_s": lambda d, now: d.kv.last.exhaustion_s if d.kv.last else None,
+    "kv_usage_ratio": lambda d, now: d.kv.usage_ratio,
+    "kv_exhaustion_s": lambda d, now: d.kv.exhaustion_s,
     "kv_orphaned_blocks": lambda d, now: float(d.orphaned_blocks),
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
 }
@@ -171,17 +245,35 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
 class _RuleState:
     """One rule on one device: its metric getter and where it stands."""
 
-    __slots__ = ("rule", "getter", "gate", "op", "threshold", "pending_since", "fired_ts",
-                 "clear_since")
+    __slots__ = ("rule", "getter", "gate", "op", "threshold", "inputs", "quiet",
+                 "pending_since", "fired_ts", "clear_since")
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.getter = getter_for(rule.metric)
         self.gate = getter_for(rule.gate.metric) if rule.gate is not None else None
         self.op, self.threshold = OPS[rule.op], rule.threshold  # Rule.breached, inlined
+        self.inputs = inputs_of(rule.metric) | (inputs_of(rule.gate.metric) if rule.gate else 0)
+        # quiet: no timer runs and the last evaluation changed nothing, so only a change of
+        # its inputs can make the next one do something (a new state is evaluated at once)
+        self.quiet = False
         self.pending_since: float | None = None
         self.fired_ts: float | None = None
         self.clear_since: float | None = None
+
+
+class _DeviceRules:
+    """The rules that apply to one device; ``watch``: their inputs; ``busy``: some rule is not
+    quiet (a timer runs, or it has yet to be evaluated)."""
+
+    __slots__ = ("states", "watch", "busy")
+
+    def __init__(self, rules: Iterable[Rule], device: int) -> None:
+        self.states = [_RuleState(r) for r in rules if r.device is None or r.device == device]
+        self.watch = 0
+        for st in self.states:
+            self.watch |= st.inputs
+        self.busy = bool(self.states)
 
 
 class AlertEngine:
@@ -192,7 +284,7 @@ class AlertEngine:
         self.thresholds = thresholds or Thresholds()
         self.devices: dict[int, DeviceAnalysis] = {}
         self._raw = frozenset(r.metric for r in self.rules if r.metric in SAMPLE_COUNTER_FIELDS)
-        self._state: dict[int, list[_RuleState]] = {}  # per device, in rule order
+        self._state: dict[int, _DeviceRules] = {}  # per device, in rule order
         # every change so far, for analyze; bounded so that a live agent never grows without end
         self.history: deque[AlertChange] = deque(maxlen=HISTORY_MAX)
 
@@ -204,47 +296,56 @@ class AlertEngine:
         d = self.devices.get(index)
         if d is None:
             d = self.devices[index] = DeviceAnalysis(index, self.thresholds, self._raw)
+            self._state[index] = _DeviceRules(self.rules, index)
         return d
 
     def feed(self, records: Iterable[Sample | Event]) -> list[AlertChange]:
         """Process records, put in time order here exactly as ``analyze`` orders a recording
         (an event before a sample of the same instant; other ties keep their order)."""
-        changes: list[AlertChange] = []
         records = records if isinstance(records, list) else list(records)
-        batch = merged([r for r in records if type(r) is not Event],
-                       [r for r in records if type(r) is Event])
-        devices = self.devices
-        for rec in batch:
+        return self.feed_batch([r for r in records if type(r) is not Event],
+                               [r for r in records if type(r) is Event])
+
+    def feed_batch(self, samples: Sequence[Sample], events: Sequence[Event]) -> list[AlertChange]:
+        """``feed`` for records already apart (the agent writer's batches): the same order."""
+        changes: list[AlertChange] = []
+        devices, state = self.devices, self._state
+        for rec in merged(samples, events):
             d = devices.get(rec.device) or self.device(rec.device)
             if type(rec) is Event:
-                d.on_event(rec)
-                if rec.name not in ("oom", "kv_orphaned_blocks"):
+                changed = d.on_event(rec)
+                if changed is None:
                     continue
             else:
-                d.on_sample(rec)
-            self._evaluate(d, rec.ts_s, rec.host, changes)
+                changed = d.on_sample(rec)
+            rules = state[rec.device]
+            if changed & rules.watch or rules.busy:
+                self._evaluate(d, rules, changed, rec.ts_s, rec.host, changes)
         self.history.extend(changes)
         return changes
 
     def active(self) -> list[tuple[str, int, float]]:
         """``(rule, device, fired_ts_s)`` of every alert now firing."""
-        return [(st.rule.name, dev, st.fired_ts) for dev, states in self._state.items()
-                for st in states if st.fired_ts is not None]
+        return [(st.rule.name, dev, st.fired_ts) for dev, rules in self._state.items()
+                for st in rules.states if st.fired_ts is not None]
 
-    def _evaluate(self, d: DeviceAnalysis, now: float, host: str | None,
-                  out: list[AlertChange]) -> None:
-        states = self._state.get(d.device)
-        if states is None:
-            states = self._state[d.device] = [_RuleState(r) for r in self.rules
-                                              if r.device is None or r.device == d.device]
-        for st in states:
-            value = st.getter(d, now)
+    def _evaluate(self, d: DeviceAnalysis, rules: _DeviceRules, changed: int, now: float,
+                  host: str | None, out: list[AlertChange]) -> None:
+        busy = False
+        for st in rules.states:
+            if st.quiet and not st.inputs & changed:
+                continue
+            value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
                 if st.pending_since is not None or (value is not None
                                                     and st.op(value, st.threshold)):
                     self._maybe_fire(st.rule, st, d, now, value, host, out)
+                st.quiet = st.pending_since is None and len(out) == before
             else:
                 self._maybe_resolve(st.rule, st, d, now, value, host, out)
+                st.quiet = st.clear_since is None and len(out) == before
+            busy = busy or not st.quiet
+        rules.busy = busy
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:

@@ -27,30 +27,51 @@ class KvPoint(NamedTuple):
 
 
 class KvTracker:
-    """Incremental KV exhaustion forecast for one device."""
+    """Incremental KV exhaustion forecast for one device.
+
+    ``observe(sample)`` updates the figures below (the live engine's per-sample path);
+    ``last`` builds the :class:`KvPoint` of the latest KV sample on demand.
+    """
 
     def __init__(self) -> None:
         self._history: deque[tuple[float, int]] = deque()
         self.peak_blocks_used: int | None = None
         self.blocks_total: int | None = None
         self.peak_usage_ratio: float | None = None
-        self.last: KvPoint | None = None
+        self.usage_ratio: float | None = None  # of the latest KV sample
+        self.exhaustion_s: float | None = None  # None when used blocks are not rising
+        self._latest: tuple[float, int, int] | None = None  # ts_s, device, blocks used
+        self._last: KvPoint | None = None
 
     def update(self, s: Sample) -> KvPoint | None:
-        if s.kv_blocks_used is None or not s.kv_blocks_total:
-            return None
+        return self.last if self.observe(s) else None
+
+    @property
+    def last(self) -> KvPoint | None:
+        if self._last is None and self._latest is not None:
+            ts_s, device, used = self._latest
+            self._last = KvPoint(ts_s, device, used, self.blocks_total, self.usage_ratio,
+                                 self.exhaustion_s)
+        return self._last
+
+    def observe(self, s: Sample) -> bool:
+        """Absorb a sample; True when it carried the pool's block counts."""
         used, total = s.kv_blocks_used, s.kv_blocks_total
-        self._history.append((s.ts_s, used))
-        while self._history[0][0] < s.ts_s - RATE_WINDOW_S:
-            self._history.popleft()
+        if used is None or not total:
+            return False
+        ts_s, history = s.ts_s, self._history
+        history.append((ts_s, used))
+        while history[0][0] < ts_s - RATE_WINDOW_S:
+            history.popleft()
         self.blocks_total = total
-        usage = used / total
+        self.usage_ratio = usage = used / total
         if self.peak_blocks_used is None or used > self.peak_blocks_used:
             self.peak_blocks_used = used
         if self.peak_usage_ratio is None or usage > self.peak_usage_ratio:
             self.peak_usage_ratio = usage
-        self.last = KvPoint(s.ts_s, s.device, used, total, usage, self._exhaustion_s(used, total))
-        return self.last
+        self.exhaustion_s = self._exhaustion_s(used, total)
+        self._latest, self._last = (ts_s, s.device, used), None
+        return True
 
     def _exhaustion_s(self, used: int, total: int) -> float | None:
         t_old, used_old = self._history[0]

@@ -74,15 +74,23 @@ def orphaned_count(e: Event) -> int:
 
 
 class FloorTracker:
-    """Turns samples (and request events) into idle-floor points, one per window."""
+    """Turns samples (and request events) into idle-floor points, one per window.
+
+    Per sample it only keeps three running minima (while idle, right after a request ended,
+    any), each a value and its time; the window's point is chosen when the window closes.
+    """
 
     def __init__(self, window_s: float = FLOOR_WINDOW_S) -> None:
         self.window_s = window_s
         self.in_flight = 0
         self._start: float | None = None
-        self._idle_min: tuple[int, float] | None = None
-        self._after_end_min: tuple[int, float] | None = None
-        self._any_min: tuple[int, float] | None = None
+        self._end = 0.0  # _start + window_s
+        self._idle: int | None = None  # the least value while idle, and when
+        self._idle_ts = 0.0
+        self._after_end: int | None = None
+        self._after_end_ts = 0.0
+        self._any: int | None = None
+        self._any_ts = 0.0
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
 
@@ -95,36 +103,42 @@ class FloorTracker:
 
     def update(self, s: Sample) -> tuple[float, int] | None:
         """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any."""
-        value = self._value(s)
-        if value is None:
+        value = s.allocated_bytes
+        if value is not None:
+            self._uses_allocated = True
+        elif self._uses_allocated or (value := s.device_used_bytes) is None:
             return None
-        point = None
-        if self._start is None:
-            self._start = s.ts_s
-        elif s.ts_s >= self._start + self.window_s:
-            point = self._close()
-            self._start += self.window_s * ((s.ts_s - self._start) // self.window_s)
-        idle = s.phase is Phase.IDLE or (self.in_flight == 0 and s.phase is not Phase.PREFILL
-                                         and s.phase is not Phase.DECODE)
-        if idle and (self._idle_min is None or value < self._idle_min[0]):
-            self._idle_min = (value, s.ts_s)
-        if self._ended and (self._after_end_min is None or value < self._after_end_min[0]):
-            self._after_end_min = (value, s.ts_s)  # the floor right after a request left
-        self._ended = False
-        if self._any_min is None or value < self._any_min[0]:
-            self._any_min = (value, s.ts_s)
+        ts_s, point = s.ts_s, None
+        if self._start is None or ts_s >= self._end:
+            point = self._next_window(ts_s)
+        phase = s.phase
+        idle = phase is Phase.IDLE or (self.in_flight == 0 and phase is not Phase.PREFILL
+                                       and phase is not Phase.DECODE)
+        if idle and (self._idle is None or value < self._idle):
+            self._idle, self._idle_ts = value, ts_s
+        if self._ended:
+            self._ended = False
+            if self._after_end is None or value < self._after_end:
+                self._after_end, self._after_end_ts = value, ts_s  # the floor after a request
+        if self._any is None or value < self._any:
+            self._any, self._any_ts = value, ts_s
         return point
 
-    def _value(self, s: Sample) -> int | None:
-        if s.allocated_bytes is not None:
-            self._uses_allocated = True
-            return s.allocated_bytes
-        return None if self._uses_allocated else s.device_used_bytes
-
-    def _close(self) -> tuple[float, int] | None:
-        best = self._idle_min or self._after_end_min or self._any_min
-        self._idle_min = self._after_end_min = self._any_min = None
-        return None if best is None else (best[1], best[0])
+    def _next_window(self, ts_s: float) -> tuple[float, int] | None:
+        """Open the first window, or close the current one: its point, and the next window."""
+        if self._start is None:
+            self._start, self._end = ts_s, ts_s + self.window_s
+            return None
+        if self._idle is not None:
+            point = (self._idle_ts, self._idle)
+        elif self._after_end is not None:
+            point = (self._after_end_ts, self._after_end)
+        else:
+            point = None if self._any is None else (self._any_ts, self._any)
+        self._idle = self._after_end = self._any = None
+        self._start += self.window_s * ((ts_s - self._start) // self.window_s)
+        self._end = self._start + self.window_s
+        return point
 
 
 class LeakDetector:
@@ -163,10 +177,11 @@ class LeakDetector:
         """Feed a sample; returns a new verdict when one was evaluated."""
         if self._first_ts is None:
             self._first_ts = s.ts_s
-        if s.device_total_bytes and (s.allocated_bytes is not None or self.limit_bytes is None):
-            self.limit_bytes = s.device_total_bytes  # an allocator sample's limit wins
-        if s.allocated_bytes is not None and s.allocated_bytes > self._max_seen:
-            self._max_seen = s.allocated_bytes
+        allocated, total = s.allocated_bytes, s.device_total_bytes
+        if total and (allocated is not None or self.limit_bytes is None):
+            self.limit_bytes = total  # an allocator sample's limit wins
+        if allocated is not None and allocated > self._max_seen:
+            self._max_seen = allocated
         point = self.floor.update(s)
         if point is None or point[0] < self._first_ts + self.t.leak_warmup_s:
             return None

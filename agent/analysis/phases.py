@@ -52,29 +52,34 @@ class SpikeTracker:
 
     def update(self, ts_s: float, phase: Phase, allocated: int) -> Spike | None:
         """Feed one allocator reading; returns the spike when a prefill episode ends."""
+        peak, base = self._peak, self.baseline_bytes
+        self.observe(ts_s, phase, allocated)
+        if phase is Phase.PREFILL or peak is None or base is None:
+            return None
+        return Spike(self._peak_ts, max(0, peak - base), peak, base)
+
+    def observe(self, ts_s: float, phase: Phase, allocated: int) -> int:
+        """``update`` without building the :class:`Spike` (the risk model's per-sample path);
+        returns the largest request so far: in prefill the episode's spike so far, else the
+        largest finished spike."""
         if phase is Phase.PREFILL:
             if self._peak is None or allocated > self._peak:
                 self._peak, self._peak_ts = allocated, ts_s
-            return None
-        spike = self._close()
+            base = self.baseline_bytes
+            return 0 if base is None or self._peak <= base else self._peak - base
+        if self._peak is not None:  # the episode ends
+            if self.baseline_bytes is not None and self._peak - self.baseline_bytes > \
+                    self.largest_bytes:
+                self.largest_bytes = self._peak - self.baseline_bytes
+            self._peak = None
         self.baseline_bytes = allocated
-        return spike
+        return self.largest_bytes
 
     def current_bytes(self) -> int:
         """The spike of the episode in progress so far (0 outside prefill)."""
         if self._peak is None or self.baseline_bytes is None:
             return 0
         return max(0, self._peak - self.baseline_bytes)
-
-    def _close(self) -> Spike | None:
-        if self._peak is None:
-            return None
-        peak, self._peak = self._peak, None
-        if self.baseline_bytes is None:
-            return None
-        size = max(0, peak - self.baseline_bytes)
-        self.largest_bytes = max(self.largest_bytes, size)
-        return Spike(self._peak_ts, size, peak, self.baseline_bytes)
 
 
 def prefill_spikes(samples: Iterable[Sample]) -> list[Spike]:

@@ -39,7 +39,7 @@ from agent.analysis.merge import merged
 from agent.analysis.phases import SpikeTracker
 from agent.analysis.stats import theil_sen
 from agent.analysis.thresholds import Thresholds
-from agent.records import Event, Phase, Sample
+from agent.records import Event, Sample
 
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # twenty minutes of peaks
@@ -49,6 +49,9 @@ LEVELS = ("ok", "warning", "critical")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
 _NO_FORECAST = (None, None, None)
+_HEADROOM, _TREND, _RETRIES, _FRAGMENTATION = 1, 2, 4, 8  # reason bits, in REASONS order
+_REASONS_BY_MASK = tuple(tuple(r for i, r in enumerate(REASONS) if mask >> i & 1)
+                         for mask in range(1 << len(REASONS)))
 CAP_RATIO = 0.98  # an allocator limit under this share of NVML's total is a per-process cap
 
 
@@ -73,7 +76,12 @@ class _Trend(NamedTuple):
 
 
 class RiskModel:
-    """Incremental risk for one device. ``update(sample)`` returns a point or ``None``."""
+    """Incremental risk for one device. ``update(sample)`` returns a point or ``None``.
+
+    ``observe(sample)`` is the same step without building the point: the live alert engine
+    calls it for every sample and reads ``level_index`` and the figures below, and ``last``
+    builds the :class:`RiskPoint` only when something asks for it (a chart, an alert message).
+    """
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
@@ -88,48 +96,93 @@ class RiskModel:
         self.external_fragmentation_ratio: float | None = None  # of the latest snapshot
         self._device_used: int | None = None
         self._largest_free: int | None = None
-        self._window: list[float] | None = None  # [start_s, peak]
+        self._window_start: float | None = None  # the peak window being filled, and its peak
+        self._window_end = 0.0
+        self._window_peak = 0
         self._window_s = self.t.trend_window_s
         self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
-        self.last: RiskPoint | None = None
-        self.level_index = 0  # of ``last``: 0 ok, 1 warning, 2 critical
+        # the latest point's figures (``last`` is built from them on demand)
+        self.has_point = False
+        self.level_index = 0  # 0 ok, 1 warning, 2 critical
+        self.headroom_bytes: int | None = None
+        self.headroom_ratio: float | None = None
+        self.time_to_oom_s: float | None = None
+        self._room = 0.0  # bytes left above the trend line, when there is a forecast
+        self._reasons = 0  # a bit per REASONS entry
+        self._ts_s = 0.0
+        self._device = 0
+        self._last: RiskPoint | None = None
 
     def update(self, s: Sample) -> RiskPoint | None:
-        self._absorb(s)
-        demand = self._demand(s)
-        if demand is None:
-            return None
-        self._track_peak(s.ts_s, demand)
-        self.last = self._assess(s, demand)
-        return self.last
+        return self.last if self.observe(s) else None
 
-    def _absorb(self, s: Sample) -> None:
-        if s.device_total_bytes:
+    @property
+    def last(self) -> RiskPoint | None:
+        """The latest point (``None`` before the first sample with memory figures)."""
+        if self._last is None and self.has_point:
+            tto, tr = self.time_to_oom_s, self._trend
+            forecast = _NO_FORECAST if tto is None else (
+                tto, self._room / tr.slope_high, self._room / tr.slope_low)
+            self._last = RiskPoint(self._ts_s, self._device, LEVELS[self.level_index],
+                                   self.headroom_bytes, self.headroom_ratio, *forecast,
+                                   _REASONS_BY_MASK[self._reasons])
+        return self._last
+
+    def observe(self, s: Sample) -> bool:
+        """Absorb one sample; True when it gave a point (it carried memory figures).
+
+        Called for every sample the agent receives, so the common case (an allocator sample
+        with an unchanged limit and no snapshot) runs inline, without allocating.
+        """
+        allocated, total = s.allocated_bytes, s.device_total_bytes
+        if total and total != (self._device_total if allocated is None else self._cap):
             self._absorb_limit(s)
         if s.reserved_bytes is not None:
-            self._reserved = s.reserved_bytes
-            self._allocated = s.allocated_bytes
+            self._reserved, self._allocated = s.reserved_bytes, allocated
         if s.device_used_bytes is not None:
             self._device_used = s.device_used_bytes
+        spike_allocated = allocated
         if s.largest_free_block_bytes is not None:
-            self._largest_free = s.largest_free_block_bytes
-            if s.reserved_bytes is None and self._reserved is not None:  # a snapshot sample
-                s = s._replace(reserved_bytes=self._reserved, allocated_bytes=self._allocated)
-            self.external_fragmentation_ratio = external_fragmentation(s)
-        if s.num_alloc_retries is not None:
-            if self._retries is not None and s.num_alloc_retries > self._retries:
+            spike_allocated = self._absorb_snapshot(s)
+        retries = s.num_alloc_retries
+        if retries is not None:
+            if self._retries is not None and retries > self._retries:
                 self._retry_rise_ts = s.ts_s
-            self._retries = s.num_alloc_retries
-        if s.allocated_bytes is not None:
-            spikes = self.spikes
-            spikes.update(s.ts_s, s.phase, s.allocated_bytes)
-            if spikes.largest_bytes > self.largest_request_bytes:
-                self.largest_request_bytes = spikes.largest_bytes
-            if s.phase is Phase.PREFILL and spikes.current_bytes() > self.largest_request_bytes:
-                self.largest_request_bytes = spikes.current_bytes()
+            self._retries = retries
+        if spike_allocated is not None:  # the largest request: a prefill spike, finished or not
+            request = self.spikes.observe(s.ts_s, s.phase, spike_allocated)
+            if request > self.largest_request_bytes:
+                self.largest_request_bytes = request
+        if allocated is not None:
+            other = self._other_bytes()
+            demand = allocated + other
+        elif s.reserved_bytes is None and s.device_used_bytes is not None \
+                and self._reserved is None:
+            other, demand = 0, s.device_used_bytes  # NVML-only recording
+        else:
+            return False
+        ts_s = s.ts_s
+        if self._window_start is not None and ts_s < self._window_end:
+            if demand > self._window_peak:
+                self._window_peak = demand
+        else:
+            self._next_window(ts_s, demand)
+        self._ts_s, self._device, self._last, self.has_point = ts_s, s.device, None, True
+        self._assess(ts_s, demand, other)
+        return True
+
+    def _absorb_snapshot(self, s: Sample) -> int | None:
+        """Keep the largest free block and the external fragmentation; a snapshot-only sample
+        takes the latest allocator figures, and the spike tracker then reads it as an allocator
+        reading with the latest allocated bytes (returned), as it always has."""
+        self._largest_free = s.largest_free_block_bytes
+        if s.reserved_bytes is None and self._reserved is not None:  # a snapshot sample
+            s = s._replace(reserved_bytes=self._reserved, allocated_bytes=self._allocated)
+        self.external_fragmentation_ratio = external_fragmentation(s)
+        return s.allocated_bytes
 
     def _absorb_limit(self, s: Sample) -> None:
         """An allocator sample's total is the process's limit (its per-process cap, if any);
@@ -151,26 +204,18 @@ class RiskModel:
         other = self._device_used - self._reserved
         return other if other > 0 else 0
 
-    def _demand(self, s: Sample) -> int | None:
-        if s.allocated_bytes is not None:
-            return s.allocated_bytes + self._other_bytes()
-        if s.reserved_bytes is None and s.device_used_bytes is not None and self._reserved is None:
-            return s.device_used_bytes  # NVML-only recording
-        return None
-
-    def _track_peak(self, ts_s: float, demand: int) -> None:
-        w = self._window
-        if w is None:
-            self._window = [ts_s, demand]
-            return
-        if ts_s < w[0] + self._window_s:
-            if demand > w[1]:
-                w[1] = demand
-            return
-        self._peaks.append((w[0], w[1]))
-        step = self._window_s
-        self._window = [w[0] + step * ((ts_s - w[0]) // step), demand]
-        self._trend = self._fit() if len(self._peaks) >= MIN_TREND_WINDOWS else None
+    def _next_window(self, ts_s: float, demand: int) -> None:
+        """Close the peak window (the first sample opens one) and refit the trend of peaks."""
+        start = self._window_start
+        if start is not None:
+            self._peaks.append((start, self._window_peak))
+            step = self._window_s
+            start += step * ((ts_s - start) // step)
+            self._trend = self._fit() if len(self._peaks) >= MIN_TREND_WINDOWS else None
+        else:
+            start = ts_s
+        self._window_start, self._window_end = start, start + self._window_s
+        self._window_peak = demand
 
     def _fit(self) -> _Trend | None:
         t0 = self._peaks[0][0]
@@ -179,51 +224,55 @@ class RiskModel:
             return None
         return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high)
 
-    def _assess(self, s: Sample, demand: int) -> RiskPoint:
+    def _assess(self, ts_s: float, demand: int, other: int) -> None:
+        """The point's figures and level. ``x if x > y else y`` is ``max(y, x)`` (the same
+        value and type, ties to ``y``), spelt out because this runs for every sample."""
         limit = self.limit_bytes
         if not limit:
-            self.level_index = 0
-            return RiskPoint(s.ts_s, s.device, "ok", None, None, None, None, None, ())
-        other = self._other_bytes()
-        base = self.spikes.baseline_bytes
-        spike = self.spikes.largest_bytes
-        projected = demand if base is None else max(demand, base + other + spike)
+            self.level_index = self._reasons = 0
+            self.headroom_bytes = self.headroom_ratio = self.time_to_oom_s = None
+            return
+        spikes = self.spikes
+        projected = demand
+        if spikes.baseline_bytes is not None:
+            projected = spikes.baseline_bytes + other + spikes.largest_bytes
+            projected = projected if projected > demand else demand
         ratio = (limit - projected) / limit
-        tto = self._time_to_oom(s.ts_s, demand, limit)
-        level, reasons = self._level(s.ts_s, ratio, tto, limit, other)
-        self.level_index = level
-        return RiskPoint(s.ts_s, s.device, LEVELS[level], limit - demand, ratio, *tto, reasons)
-
-    def _time_to_oom(self, ts_s: float, demand: int, limit: int) -> tuple:
+        self.headroom_bytes, self.headroom_ratio = limit - demand, ratio
         tr = self._trend
-        if tr is None:
-            return _NO_FORECAST
-        level = max(demand, tr.intercept + tr.slope * (ts_s - tr.t0))
-        room = max(0.0, limit - level)
-        return (room / tr.slope, room / tr.slope_high, room / tr.slope_low)
-
-    def _level(self, ts_s: float, ratio: float, tto: tuple, limit: int,
-               other: int) -> tuple[int, tuple]:
-        t = self.t
-        retrying = self._retry_rise_ts is not None and ts_s - self._retry_rise_ts <= RETRY_WINDOW_S
-        if ratio >= t.headroom_warning_ratio and tto[0] is None and not retrying \
+        tto = None
+        if tr is not None:  # room under the limit above the trend line (or the demand)
+            level = tr.intercept + tr.slope * (ts_s - tr.t0)
+            room = limit - (level if level > demand else demand)
+            self._room = room = room if room > 0.0 else 0.0
+            tto = room / tr.slope
+        self.time_to_oom_s = tto
+        rise = self._retry_rise_ts
+        retrying = rise is not None and ts_s - rise <= RETRY_WINDOW_S
+        if ratio >= self.t.headroom_warning_ratio and tto is None and not retrying \
                 and self._largest_free is None:
-            return 0, ()  # the common case, decided cheaply
-        reasons, level = [], 0
+            self.level_index = self._reasons = 0  # the common case, decided cheaply
+        else:
+            self._level(ratio, tto, limit, other, retrying)
+
+    def _level(self, ratio: float, tto: float | None, limit: int, other: int,
+               retrying: bool) -> None:
+        t = self.t
+        reasons = level = 0
         if ratio < t.headroom_warning_ratio:
-            reasons.append("headroom")
-            level = 2 if ratio < t.headroom_critical_ratio else 1
-        if tto[0] is not None and tto[0] < t.time_to_oom_warning_s:
-            reasons.append("trend")
-            level = max(level, 2 if tto[0] < t.time_to_oom_critical_s else 1)
+            reasons, level = _HEADROOM, 2 if ratio < t.headroom_critical_ratio else 1
+        if tto is not None and tto < t.time_to_oom_warning_s:
+            reasons |= _TREND
+            level = 2 if tto < t.time_to_oom_critical_s else (level or 1)
         if retrying:
-            reasons.append("alloc_retries")
-            level = max(level, 1)
-        frag = self._fragmentation_level(limit, other, retrying)
-        if frag:
-            reasons.append("fragmentation")
-            level = max(level, frag)
-        return level, tuple(reasons)
+            reasons |= _RETRIES
+            level = level or 1
+        if self._largest_free is not None:
+            frag = self._fragmentation_level(limit, other, retrying)
+            if frag:
+                reasons |= _FRAGMENTATION
+                level = frag if frag > level else level
+        self.level_index, self._reasons = level, reasons
 
     def _fragmentation_level(self, limit: int, other: int, retrying: bool) -> int:
         """1 when the largest request seen would fit neither in the largest free block nor in

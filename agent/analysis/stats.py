@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from itertools import repeat
+from operator import gt, lt
 from typing import NamedTuple
 
 Z_90_TWO_SIDED = 1.6448536269514722  # the slope band is a 90 % confidence interval
@@ -38,7 +40,10 @@ class TrendTest(NamedTuple):
 
 
 def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
+    return _median_sorted(sorted(values))
+
+
+def _median_sorted(ordered: Sequence[float]) -> float:
     n = len(ordered)
     if n == 0:
         raise ValueError("median of an empty sequence")
@@ -55,7 +60,7 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
     slopes.sort()
     if not slopes:
         raise ValueError("theil_sen needs at least two points with different x")
-    slope = median(slopes)
+    slope = _median_sorted(slopes)
     intercept = median([y - slope * x for x, y in zip(xs, ys)])
     low, high = _sen_band(slopes, len(xs))
     return Trend(slope, intercept, low, high)
@@ -80,10 +85,9 @@ def mann_kendall(ys: Sequence[float], slope_per_index: float | None = None) -> T
     if n < 4:
         return TrendTest(0, 0.0, 0.5, 1.0)
     s = 0
-    for i in range(n - 1):
-        yi = ys[i]
-        tail = ys[i + 1:]
-        s += sum([y > yi for y in tail]) - sum([y < yi for y in tail])
+    for i in range(n - 1):  # the sum of sign(y_j - y_i) over pairs, counted in C loops
+        yi, tail = ys[i], ys[i + 1:]
+        s += sum(map(lt, repeat(yi), tail)) - sum(map(gt, repeat(yi), tail))
     variance = _variance_with_ties(ys)
     if variance <= 0:
         return TrendTest(s, 0.0, 0.5, 1.0)
