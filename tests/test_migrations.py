@@ -51,3 +51,26 @@ def test_db_cli(tmp_path, capsys):
     assert "unknown revision 'nope'" in capsys.readouterr().err
     assert main(["db", "downgrade", "base", "--db", url]) == 0
     assert "revision base (empty)" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+def test_agents_opening_an_empty_postgres_together_all_succeed(postgres_url):
+    import threading
+
+    errors: list[BaseException] = []
+
+    def open_store() -> None:
+        try:
+            Store.open(postgres_url).close()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    engine = create_engine(postgres_url)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    engine.dispose()

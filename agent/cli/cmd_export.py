@@ -43,8 +43,9 @@ def _export_rules(args: argparse.Namespace) -> int:
         from agent.prom_rules import render_rules
     except ModuleNotFoundError:
         raise VramscopeError("Prometheus rule export is not available in this build") from None
+    text = render_rules(config_from_args(args))  # before opening -o: an error keeps the file
     with _output(args.output) as out:
-        out.write(render_rules(config_from_args(args)))
+        out.write(text)
     return 0
 
 

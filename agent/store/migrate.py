@@ -38,8 +38,17 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+# Any constant: the key of the PostgreSQL advisory lock that serialises schema upgrades.
+_UPGRADE_LOCK_KEY = 0x7652414D  # "vRAM"
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade inside one transaction. On PostgreSQL, agents of a fleet started together on an
+    empty database would race to create the same tables; a transaction-level advisory lock lets
+    one upgrade while the others wait, then find the schema current and do nothing."""
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_UPGRADE_LOCK_KEY})")
         command.upgrade(alembic_config(conn), revision)
 
 
