@@ -130,6 +130,7 @@ class Agent:
         if self.server is not None:
             self.server.bind()  # first: a second agent on the same socket fails before writing
         self.writer.start()
+        self.writer.submit(_record_boot_id)
         if self.source is not None:
             self.writer.submit(self._describe_devices(self.source.devices()))
         if self.server is not None:
@@ -314,6 +315,21 @@ class Agent:
     def _on_batch(self, samples: list, events: list) -> None:
         if self.alert_engine is not None:
             self.alert_engine(samples, events)
+
+
+def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str | None:
+    """This boot's id (Linux): with the host name, it tells a reboot apart in a fleet database."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _record_boot_id(store: Any) -> None:
+    boot_id = read_boot_id()
+    if boot_id is not None:
+        store.set_boot_id(boot_id)
 
 
 def start_metrics(agent: Agent, port: int):

@@ -165,3 +165,12 @@ def test_long_ranges_read_rollups_and_match_raw(any_url):
         assert _values(store.timeline(0, M0, end, 90, cols)) == _values(expected)
         # a short range never reads rollups: with raw samples gone it is empty
         assert store.timeline(0, M0, M0 + 600, 100, cols) == []
+
+
+def test_boot_id_is_recorded(store):
+    from agent.daemon import read_boot_id
+
+    boot_id = read_boot_id()
+    assert boot_id is not None and len(boot_id) == 36  # a UUID, on Linux
+    store.set_boot_id(boot_id)
+    assert [(h["name"], h["boot_id"]) for h in store.hosts()] == [("testhost", boot_id)]

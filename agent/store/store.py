@@ -132,6 +132,12 @@ class Store:
         self._device_ids[key] = row_id
         return row_id
 
+    def set_boot_id(self, boot_id: str, host: str | None = None) -> None:
+        """Record the host's current boot id (from ``/proc/sys/kernel/random/boot_id``)."""
+        with self.engine.begin() as c:
+            hid = self.host_id(host, c)
+            c.execute(update(hosts).where(hosts.c.id == hid).values(boot_id=boot_id))
+
     def describe_device(self, index: int, *, uuid: str | None = None, name: str | None = None,
                         total_bytes: int | None = None, host: str | None = None) -> None:
         """Record a device's UUID, name and total memory (from NVML)."""
