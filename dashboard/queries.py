@@ -58,7 +58,8 @@ def headroom_level(latest: dict[str, Any] | None, warning_ratio: float,
 
 
 def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
-    """One row per device of every host: current values, risk level and alert counts."""
+    """One row per device of every host, riskiest first: current values, risk level and alert
+    counts."""
     active = store.alerts(active_only=True, host="*")
     rows = []
     for d in store.devices(host="*"):
@@ -75,6 +76,9 @@ def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
                      "active_alerts": len(mine), "latest": latest,
                      "last_sample_age_s": None if latest is None else
                      max(0.0, now_s - latest["last_ts_s"])})
+    # A fleet's riskiest devices first, then by host and index (the operator's reading order).
+    rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
+                             r["device"]))
     return rows
 
 

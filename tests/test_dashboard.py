@@ -528,3 +528,21 @@ def test_with_a_token_any_host_name_is_served(token_client):
     r = token_client.get("/api/v1/hosts", headers={"Host": "gpu-dash.example",
                                                    "Authorization": "Bearer s3cret"})
     assert r.status_code == 200
+
+
+def test_fleet_devices_riskiest_first(store):
+    from agent.config import parse_config
+    from agent.records import Sample
+    from dashboard.queries import device_rows
+
+    t = 1_700_000_000.0
+    store.write([Sample(t, 0, source="nvml", device_used_bytes=10, device_total_bytes=100,
+                        host="a-host"),
+                 Sample(t, 1, source="nvml", device_used_bytes=99, device_total_bytes=100,
+                        host="a-host"),
+                 Sample(t, 0, source="nvml", device_used_bytes=10, device_total_bytes=100,
+                        host="b-host")])
+    store.open_alert("oom_risk", "warning", t, device=0, host="b-host")
+    rows = device_rows(store, parse_config({}, None, {}), t + 1)
+    assert [(r["host"], r["device"], r["risk"]) for r in rows] == [
+        ("a-host", 1, "critical"), ("b-host", 0, "warning"), ("a-host", 0, "ok")]
