@@ -1,7 +1,13 @@
 """The in-server client: ships records to the agent's socket without ever harming the server.
 
-``put`` is an O(1) append to a bounded deque under a lock that no I/O ever holds; when the
-buffer is full the oldest record is dropped and counted. A daemon thread drains the buffer in
+``put`` takes no lock: it appends to a ``deque(maxlen=buffer_records)`` (atomic in CPython; a
+full deque drops its oldest record) and then ticks an ``itertools.count`` (atomic too: C code
+that never releases the GIL). Drops are counted from that, not in ``put``: every record put is
+either still buffered, taken by the drain thread, or pushed out, so pushed out = put - taken -
+buffered. The drain thread's side (taking, and reading the counts) shares one lock; ``put``
+never waits for it. A put between its append and its tick is not counted yet, so the drop
+count can lag by the puts in progress, never run ahead of the truth (see ``dropped_total``);
+it is exact whenever no put is in progress. A daemon thread drains the buffer in
 batches to the agent (protocol v1, ``agent.ingest.protocol``). When the agent is absent, slow
 (a send that does not finish in ``send_timeout_s``) or restarting, the thread drops what it
 cannot send, counts it, and reconnects with exponential backoff; the server thread never waits
@@ -13,6 +19,7 @@ Memory is bounded by ``buffer_records`` records plus one batch in flight.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -43,12 +50,10 @@ class SocketSink:
                              f"{buffer_records}, {batch_records}")
         self.socket_path = socket_path
         self.buffer_records = buffer_records
-        self.dropped_total = 0  # records that never reached the agent
         self.sent_total = 0
         self.connects = 0
         self._reported = 0  # dropped_total already reported to the agent
-        self._buf: deque = deque()
-        self._lock = threading.Lock()
+        self._init_buffer()
         self._batch = batch_records
         self._hello = proto.hello(os.getpid(), process or _process_name(), devices, model)
         self._max_bytes = max_message_bytes
@@ -69,13 +74,28 @@ class SocketSink:
     # --- the server's side: never blocks, never raises ------------------------------------
     def put(self, record: Any) -> None:
         try:
-            with self._lock:
-                if len(self._buf) >= self.buffer_records:
-                    self._buf.popleft()
-                    self.dropped_total += 1
-                self._buf.append(record)
+            self._buf.append(record)  # at maxlen the deque drops its oldest record itself
+            next(self._puts)  # after the append, so the drop count never runs ahead
         except Exception:  # noqa: BLE001 - nothing may reach the server's thread
             pass
+
+    @property
+    def dropped_total(self) -> int:
+        """Records that never reached the agent: pushed out of the full buffer, or taken from
+        it and not sent (refused by the encoder, a failed send, still buffered at close).
+
+        Pushed out = counted puts - taken - buffered, read in that order under the drain lock
+        (so ``taken`` cannot move). A put counts itself after its append, so at any instant
+        counted puts <= appends, and the count read first can only be behind the buffer length
+        read after it: the figure is a lower bound of the truth, equal to it when no put is in
+        progress. The largest figure seen is kept, so the count never goes down.
+        """
+        with self._lock:
+            counted = next(self._puts) - self._count_reads  # this read ticks the counter too
+            self._count_reads += 1
+            pushed_out = counted - self._taken - len(self._buf)
+            self._pushed_out = max(self._pushed_out, pushed_out)
+            return self._pushed_out + self._unsent
 
     def close(self, timeout_s: float = 1.0) -> None:
         """Stop the thread after one last quick drain (at most ``timeout_s``)."""
@@ -121,8 +141,8 @@ class SocketSink:
 
     def _drain_once(self) -> bool:
         """Send one batch (and the drop report, when due). True if something was sent."""
-        if self.dropped_total > self._reported:
-            count = self.dropped_total
+        count = self.dropped_total
+        if count > self._reported:
             if not self._send(proto.dropped_message(count - self._reported)):
                 self._lost()
                 return False
@@ -141,18 +161,21 @@ class SocketSink:
 
     def _drop_buffered(self) -> None:
         """Closing: what is still buffered will never be sent; count it."""
-        with self._lock:
-            self.dropped_total += len(self._buf)
-            self._buf.clear()
+        self._add_dropped(len(self._take(len(self._buf))))
 
     def _add_dropped(self, n: int) -> None:
+        """``n`` records taken from the buffer will never be sent."""
         with self._lock:
-            self.dropped_total += n
+            self._unsent += n
 
-    def _take(self) -> list:
+    def _take(self, limit: int | None = None) -> list:
+        """Up to ``limit`` (default: a batch) of the oldest records. This thread is the only
+        one that removes records (puts only add), so ``n`` of them are surely there."""
         with self._lock:
-            n = min(self._batch, len(self._buf))
-            return [self._buf.popleft() for _ in range(n)]
+            n = min(self._batch if limit is None else limit, len(self._buf))
+            batch = [self._buf.popleft() for _ in range(n)]
+            self._taken += n
+            return batch
 
     def _frames(self, batch: list) -> list[tuple[bytes, int]]:
         """Encode a batch as (frame, records in it): records together, post-mortems alone."""
@@ -186,14 +209,22 @@ class SocketSink:
     def _after_fork_in_child(self) -> None:
         """A forked worker (gunicorn-style) gets its own buffer, connection and thread: the
         parent's thread does not exist in the child, and its socket must not be shared."""
-        self._lock = threading.Lock()
-        self._buf = deque()
+        self._init_buffer()
         self._sock = None  # the parent's socket object stays open for the parent only
-        self.dropped_total = self.sent_total = self.connects = self._reported = 0
+        self.sent_total = self.connects = self._reported = 0
         self._hello = proto.hello(os.getpid(), *self._hello_args)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
         self._thread.start()
+
+    def _init_buffer(self) -> None:
+        self._buf: deque = deque(maxlen=self.buffer_records)
+        self._puts = itertools.count()  # ticked once per put, and once per dropped_total read
+        self._lock = threading.Lock()  # the drain side's: put never takes it
+        self._count_reads = 0  # ticks of _puts by dropped_total, not by put
+        self._taken = 0  # records removed by the drain thread: sent, in flight or lost
+        self._unsent = 0  # taken and never sent
+        self._pushed_out = 0  # the largest count of records the full buffer pushed out seen
 
     # --- connection -----------------------------------------------------------------------
     def _connect(self) -> bool:
