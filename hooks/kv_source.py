@@ -4,7 +4,8 @@ Records it makes (trace format v1, ``source="kv"``):
 
 - ``Sample`` with ``kv_blocks_used``, ``kv_blocks_total``, ``kv_blocks_cached`` and
   ``kv_tokens_used``, at most one per ``sample_interval_s`` while the pool is active (counters
-  are sampled at a rate, never per event), and on demand from ``read()``;
+  are sampled at a rate, never per event; the rate runs on the events' own wall-clock reading,
+  and a clock set back makes the next sample due at once), and on demand from ``read()``;
 - ``Event`` ``kv_alloc`` (``request_id``; ``blocks``, ``tokens``, ``hit_tokens``; and, only
   with ``extend_events=True``, one with ``extend: true`` each time a growing request takes new
   blocks: one per ``block_size`` decoded tokens per request, which the rate samples already
@@ -13,6 +14,9 @@ Records it makes (trace format v1, ``source="kv"``):
   ``blocks_released``, ``blocks_cached``), ``kv_alloc_failed`` (``request_id``; ``tokens``,
   ``reason``) and ``kv_orphaned_blocks`` (``blocks``, ``block_ids``, ``owners``, ``problems``)
   when the bookkeeping check finds a leak or a broken invariant.
+
+Events with equal ``kv_free`` data, or equal extend data, share one ``data`` dict (a
+bounded memo): like every record's data it is read-only once put.
 
 The check runs by itself when a free leaves the pool with no requests (at most once per
 ``check_interval_s``): the moment SGLang's idle leak check runs. ``check(live_request_ids)``
@@ -34,6 +38,7 @@ from hooks.sink import RecordSink
 
 _new_event = tuple.__new__
 _MAX_IDS_IN_EVENT = 32  # bound the orphan event: a leak of 10k blocks is still one line
+_SHARED_DATA_MAX = 1024  # data dicts kept per event kind; a full memo starts over
 
 
 class KVSource(KVPoolObserver):
@@ -61,8 +66,14 @@ class KVSource(KVPoolObserver):
         self._time_s = time.time if system else clock.time_s
         self._monotonic_s = time.monotonic if system else clock.monotonic_s
         self._sink_put = sink.put
+        self._sampled_s = float("inf")  # with the next: the first event samples
         self._next_sample_s = float("-inf")
         self._next_check_s = float("-inf")
+        # Events with equal data share one dict (read-only, as every record's data): extend
+        # and free events repeat a few values (a decoding request takes a block every
+        # block_size tokens), and a buffered record that holds no dict of its own is smaller.
+        self._extend_data: dict[tuple[int, int], dict[str, Any]] = {}
+        self._free_data: dict[tuple[int, int], dict[str, Any]] = {}
         self.pool: Any = None
 
     def attach(self, pool: Any) -> KVSource:
@@ -85,41 +96,51 @@ class KVSource(KVPoolObserver):
         return None if self.pool is None else self.pool.check(live_request_ids)
 
     # --- observer methods ------------------------------------------------------------------
+    # The three per-request methods inline ``_event`` (a call less each): they are the path
+    # the 1 us per event target is about. One clock read serves the event's timestamp and the
+    # sample rate; the Event is built positionally as a plain tuple (``Event(...)`` runs a
+    # Python ``__new__``: half again the cost).
     def on_allocate(self, pool: Any, allocation: Allocation) -> None:
-        # _event inlined (here and in on_free): these two run once per request each
+        request_id, block_ids, num_tokens, hit_tokens, _ = allocation
         phase = self._phase_fn() if self._phase_fn is not None else None
-        data = {"blocks": len(allocation.block_ids), "tokens": allocation.num_tokens,
-                "hit_tokens": allocation.hit_tokens}
+        now_s = self._time_s()
         try:
-            self._sink_put(_new_event(Event, (self._time_s(), "kv_alloc", self.device,
-                                              self.pid, phase, allocation.request_id, data,
-                                              None)))
-            if self._monotonic_s() >= self._next_sample_s:
-                self._sample_now(pool)
+            self._sink_put(_new_event(Event, (
+                now_s, "kv_alloc", self.device, self.pid, phase, request_id,
+                {"blocks": len(block_ids), "tokens": num_tokens, "hit_tokens": hit_tokens},
+                None)))
+            if not self._sampled_s <= now_s < self._next_sample_s:
+                self._sample_at(pool, now_s)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
 
     def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
         phase = self._phase_fn() if self._phase_fn is not None else None
-        data = {"blocks": len(new_block_ids), "tokens": num_tokens, "extend": True}
-        try:  # _event inlined: with extend_events this is the most frequent event
-            self._sink_put(_new_event(Event, (self._time_s(), "kv_alloc", self.device, self.pid,
-                                              phase, request_id, data, None)))
-            if self._monotonic_s() >= self._next_sample_s:
-                self._sample_now(pool)
+        now_s = self._time_s()
+        try:
+            key = (len(new_block_ids), num_tokens)
+            data = self._extend_data.get(key) or _share(
+                self._extend_data, key, {"blocks": key[0], "tokens": num_tokens, "extend": True})
+            self._sink_put(_new_event(Event, (now_s, "kv_alloc", self.device, self.pid, phase,
+                                              request_id, data, None)))
+            if not self._sampled_s <= now_s < self._next_sample_s:
+                self._sample_at(pool, now_s)
         except Exception:
             pass
 
     def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:
         phase = self._phase_fn() if self._phase_fn is not None else None
-        data = {"blocks_released": len(released), "blocks_cached": len(cached)}
+        now_s = self._time_s()
         try:
-            self._sink_put(_new_event(Event, (self._time_s(), "kv_free", self.device, self.pid,
-                                              phase, request_id, data, None)))
-            if self._monotonic_s() >= self._next_sample_s:
-                self._sample_now(pool)
+            key = (len(released), len(cached))
+            data = self._free_data.get(key) or _share(
+                self._free_data, key, {"blocks_released": key[0], "blocks_cached": key[1]})
+            self._sink_put(_new_event(Event, (now_s, "kv_free", self.device, self.pid, phase,
+                                              request_id, data, None)))
+            if not self._sampled_s <= now_s < self._next_sample_s:
+                self._sample_at(pool, now_s)
         except Exception:
             pass
         if not pool._requests:
@@ -143,21 +164,22 @@ class KVSource(KVPoolObserver):
 
     # --- internals -------------------------------------------------------------------------
     def _event(self, pool: Any, name: str, request_id: str | None, data: dict[str, Any]) -> None:
-        """Put one event, then a sample if one is due. The path the 1 us target is about:
-        the Event is built as a plain tuple of its eight fields (Event(...) costs half again
-        more) and the clock functions are bound once."""
+        """Put one event, then a sample if one is due (the rare events; see on_allocate)."""
         phase = self._phase_fn() if self._phase_fn is not None else None
+        now_s = self._time_s()
         try:
-            self._sink_put(_new_event(Event, (self._time_s(), name, self.device, self.pid,
-                                              phase, request_id, data, None)))
-            if self._monotonic_s() >= self._next_sample_s:
-                self._sample_now(pool)
+            self._sink_put(_new_event(Event, (now_s, name, self.device, self.pid, phase,
+                                              request_id, data, None)))
+            if not self._sampled_s <= now_s < self._next_sample_s:
+                self._sample_at(pool, now_s)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
 
-    def _sample_now(self, pool: Any) -> None:
-        self._next_sample_s = self._monotonic_s() + self.sample_interval_s
-        self._put(self._sample(pool))
+    def _sample_at(self, pool: Any, now_s: float) -> None:
+        """Sample at ``now_s`` (the event's time). Due again ``sample_interval_s`` later on the
+        same wall clock, or at once if that clock is set back before this sample."""
+        self._sampled_s, self._next_sample_s = now_s, now_s + self.sample_interval_s
+        self._put(self._sample(pool, now_s))
 
     def _maybe_check(self, pool: Any) -> None:
         now_s = self._monotonic_s()
@@ -165,11 +187,12 @@ class KVSource(KVPoolObserver):
             self._next_check_s = now_s + self.check_interval_s
             pool.check(())
 
-    def _sample(self, pool: Any) -> Sample:
+    def _sample(self, pool: Any, now_s: float | None = None) -> Sample:
         s = pool.stats()
         phase = self._phase_fn() if self._phase_fn is not None else None
-        return Sample(self._time_s(), self.device, phase or Phase.UNKNOWN, "kv",
-                      self.pid, kv_blocks_used=s.blocks_used, kv_blocks_total=s.blocks_total,
+        ts_s = self._time_s() if now_s is None else now_s
+        return Sample(ts_s, self.device, phase or Phase.UNKNOWN, "kv", self.pid,
+                      kv_blocks_used=s.blocks_used, kv_blocks_total=s.blocks_total,
                       kv_blocks_cached=s.blocks_cached, kv_tokens_used=s.tokens_used)
 
     def _put(self, record: Any) -> None:
@@ -177,3 +200,11 @@ class KVSource(KVPoolObserver):
             self._sink_put(record)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
+
+
+def _share(memo: dict[Any, dict[str, Any]], key: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Keep ``data`` as the dict every later event with this ``key`` shares (memo bounded)."""
+    if len(memo) >= _SHARED_DATA_MAX:
+        memo.clear()
+    memo[key] = data
+    return data

@@ -258,12 +258,15 @@ class KVBlockPool:
             self._key_full_blocks(req)
         else:
             req.tokens = None
-        if new_blocks and self._on_extend is not None:  # decode inside a block stays quiet
+        if not new_blocks:  # decode inside a block stays quiet
+            return ()
+        new = tuple(new_blocks)  # one tuple for the observer and the caller
+        if self._on_extend is not None:
             try:  # inlined _emit, as for allocate and free
-                self._on_extend(self, request_id, tuple(new_blocks), req.num_tokens)
+                self._on_extend(self, request_id, new, req.num_tokens)
             except Exception:
                 self._observer_failed(self._on_extend)
-        return tuple(new_blocks)
+        return new
 
     def free(self, request_id: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """End a request: returns (blocks released to free, blocks kept cached).
@@ -287,12 +290,13 @@ class KVBlockPool:
                 self._free.append(block)
                 released.append(block)
         self._remember_finished(request_id)
+        released, cached = tuple(released), tuple(cached)  # once, for observer and caller
         if self._on_free is not None:  # inlined _emit: a frame less on the hot path
             try:
-                self._on_free(self, request_id, tuple(released), tuple(cached))
+                self._on_free(self, request_id, released, cached)
             except Exception:
                 self._observer_failed(self._on_free)
-        return tuple(released), tuple(cached)
+        return released, cached
 
     # --- tensors ---------------------------------------------------------------------------
     def write_kv(self, request_id: str, layer: int, start: int, key: Any, value: Any) -> None:

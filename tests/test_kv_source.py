@@ -130,3 +130,50 @@ def test_records_are_valid_trace_v1(setup):
 def test_a_bad_sample_interval_is_refused():
     with pytest.raises(ValueError, match="sample_interval_s must be >= 0, got -1"):
         KVSource(ListSink(), sample_interval_s=-1)
+
+
+class _SteppedWallClock(FakeClock):
+    """The FakeClock, plus a wall clock an operator (or NTP) can set back."""
+
+    def set_back(self, seconds: float) -> None:
+        with self._lock:
+            self._now_s -= seconds
+
+
+def test_a_wall_clock_set_back_makes_the_next_sample_due_at_once():
+    clock, sink = _SteppedWallClock(T0), ListSink()
+    pool = KVBlockPool(num_layers=1, num_kv_heads=1, head_dim=2, num_blocks=8, buffer=False)
+    KVSource(sink, clock=clock, sample_interval_s=1.0).attach(pool)
+    pool.allocate("a", 3)  # the first event samples
+    clock.advance(0.5)
+    pool.allocate("b", 3)  # half an interval later: not yet
+    clock.set_back(3600.0)
+    pool.allocate("c", 3)  # an hour back: would wait an hour, so samples now
+    clock.advance(0.5)
+    pool.allocate("d", 3)
+    assert [s.ts_s for s in sink.samples()] == [T0, T0 + 0.5 - 3600.0]
+    assert [s.kv_blocks_used for s in sink.samples()] == [1, 3]
+
+
+def test_events_with_equal_data_share_one_bounded_dict(setup, monkeypatch):
+    clock, sink, pool, _ = setup
+    KVSource(sink, clock=clock, extend_events=True).attach(pool)
+    for rid in ("a", "b"):
+        pool.allocate(rid, 4)
+        pool.extend(rid, 1)  # each takes a second block at 5 tokens
+        pool.free(rid)
+    ext = [e for e in sink.events() if e.data.get("extend")]
+    free = [e for e in sink.events() if e.name == "kv_free"]
+    assert [e.data for e in ext] == [{"blocks": 1, "tokens": 5, "extend": True}] * 2
+    assert [e.data for e in free] == [{"blocks_released": 2, "blocks_cached": 0}] * 2
+    assert ext[0].data is ext[1].data and free[0].data is free[1].data
+    alloc = [e for e in sink.events() if e.name == "kv_alloc" and "extend" not in e.data]
+    assert alloc[0].data is not alloc[1].data  # allocate data varies too much to share
+
+    monkeypatch.setattr("hooks.kv_source._SHARED_DATA_MAX", 2)
+    source = KVSource(sink, clock=clock, extend_events=True).attach(pool)
+    pool.allocate("c", 1)
+    for _ in range(4):
+        pool.extend("c", 4)  # 4 distinct token counts: the memo starts over at 2
+    assert len(source._extend_data) == 2
+    assert [e.data["tokens"] for e in sink.events()[-4:]] == [5, 9, 13, 17]
