@@ -14,6 +14,11 @@ from agent.ingest import protocol as proto
 from agent.ingest.connection import AgentConnection
 from agent.ingest.server import MAX_BAD_IN_A_ROW, IngestServer, prepare_socket_dir
 from agent.records import Phase, Sample
+from tests.waiting import wait_for
+
+
+def _wait_for(predicate, timeout_s=5.0):
+    return wait_for(predicate, timeout_s)
 
 
 @pytest.fixture
@@ -32,14 +37,6 @@ def server(short_dir):
     yield srv
     srv.stop()
 
-
-def _wait_for(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not met")
 
 
 def _s(i):

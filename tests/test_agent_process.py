@@ -22,6 +22,7 @@ from agent.ingest.connection import AgentConnection
 from agent.ingest.process import REPO_ROOT, AgentProcess
 from agent.records import Phase
 from agent.store import Store
+from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +35,6 @@ def agent_proc():
     proc.stop()
     shutil.rmtree(root, ignore_errors=True)
 
-
-def _wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met in {timeout_s} s")
 
 
 CLIENT = textwrap.dedent("""

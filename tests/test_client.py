@@ -15,6 +15,7 @@ from agent.ingest.process import AgentProcess
 from agent.ingest.server import IngestServer
 from agent.records import Event, Phase, PostMortem, Sample
 from hooks.client import SocketSink, make_default_sink
+from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture
@@ -34,14 +35,6 @@ class _Collector:
         srv.start()
         return srv
 
-
-def _wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"condition not met in {timeout_s} s")
 
 
 def _sample(i: int) -> Sample:

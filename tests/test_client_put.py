@@ -6,13 +6,13 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 
 import pytest
 
 from agent.ingest.server import IngestServer
 from agent.records import Phase, Sample
 from hooks.client import SocketSink
+from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture
@@ -81,11 +81,3 @@ def _read_until(sink: SocketSink, stop: threading.Event, seen: list) -> None:
     while not stop.is_set():
         seen.append(sink.dropped_total)
 
-
-def _wait_for(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"condition not met in {timeout_s} s")
