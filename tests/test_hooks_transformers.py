@@ -17,13 +17,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama()
 
 
 @pytest.fixture

@@ -24,18 +24,9 @@ from hooks.transformers_kv import (  # noqa: E402
     observe_paged_attention_cache,
     unobserve_paged_attention_cache,
 )
+from tests.tiny_models import tiny_llama  # noqa: E402
 
 SYSTEM_PROMPT = list(range(1, 41))  # 40 tokens: two full 16-token blocks are shareable
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256)
-    return LlamaForCausalLM(config).eval()
 
 
 def configs():
