@@ -125,12 +125,18 @@ def postmortem_snapshot(pm_id: int):
                      download_name=f"postmortem-{pm_id}-snapshot.pickle")
 
 
-@bp.get("/analysis")
-def analysis_report():
+def _analysis_json(view):
+    """``view(store, config, device, host, start, end)`` over the requested window (default:
+    six timeline spans ending at the newest sample), as JSON."""
     st = state()
     device, host = _device(), _host()
     start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
-    return jsonify(analysis.report(st.store, st.config, device, host, start, end))
+    return jsonify(view(st.store, st.config, device, host, start, end))
+
+
+@bp.get("/analysis")
+def analysis_report():
+    return _analysis_json(analysis.report)
 
 
 def _shape() -> dict:
@@ -179,18 +185,12 @@ def figure_timeline():
 
 @bp.get("/figures/leaks")
 def figure_leaks():
-    st = state()
-    device, host = _device(), _host()
-    start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
-    return jsonify(analysis.leaks_view(st.store, st.config, device, host, start, end))
+    return _analysis_json(analysis.leaks_view)
 
 
 @bp.get("/figures/risk")
 def figure_risk():
-    st = state()
-    device, host = _device(), _host()
-    start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
-    return jsonify(analysis.risk_view(st.store, st.config, device, host, start, end))
+    return _analysis_json(analysis.risk_view)
 
 
 @bp.get("/figures/capacity")
