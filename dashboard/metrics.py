@@ -83,20 +83,15 @@ def _labels(row: dict[str, Any]) -> list[str]:
 
 
 def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    for name, field, help_text in DEVICE_GAUGES:
-        fam = GaugeMetricFamily(name, help_text, labels=DEVICE_LABELS)
-        for r in rows:
-            value = (r["latest"] or {}).get(field)
-            if value is not None:
-                fam.add_metric(_labels(r), value)
-        yield fam
-    for name, field, help_text in DEVICE_COUNTERS:
-        fam = CounterMetricFamily(name, help_text, labels=DEVICE_LABELS)
-        for r in rows:
-            value = (r["latest"] or {}).get(field)
-            if value is not None:
-                fam.add_metric(_labels(r), value)
-        yield fam
+    for family, specs in ((GaugeMetricFamily, DEVICE_GAUGES),
+                          (CounterMetricFamily, DEVICE_COUNTERS)):
+        for name, field, help_text in specs:
+            fam = family(name, help_text, labels=DEVICE_LABELS)
+            for r in rows:
+                value = (r["latest"] or {}).get(field)
+                if value is not None:
+                    fam.add_metric(_labels(r), value)
+            yield fam
     risk = GaugeMetricFamily("vramscope_risk_level", "OOM risk: 0 ok, 1 warning, 2 critical.",
                              labels=DEVICE_LABELS)
     alerts = GaugeMetricFamily("vramscope_alerts_active", "Alerts firing now.",
