@@ -108,3 +108,11 @@ def test_gpu_demo_records_real_allocator_samples(tmp_path):
         torch_samples = store.samples(source="torch")
         assert torch_samples and max(s.allocated_bytes for s in torch_samples) > 0
         assert store.samples(source="nvml")
+
+
+def test_demo_keeps_the_dashboards_bind_rule(tmp_path, capsys):
+    from agent.cli import main
+
+    url = f"sqlite:///{tmp_path}/bind.db"
+    assert main(["demo", "--host", "0.0.0.0", "--duration", "1", "--no-browser", "--db", url]) == 1
+    assert "refusing to listen on '0.0.0.0' without a token" in capsys.readouterr().err

@@ -53,17 +53,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_server(config, host: str, port: int, threads: int = 8):
-    """A waitress server and its app; an address in use names the flag to change."""
+def make_server(config, host: str, port: int, threads: int = 8, store=None):
+    """A waitress server and its app (over ``store``, or one it opens from the config); an
+    address in use names the flag to change."""
     from waitress.server import create_server
 
     from dashboard.app import create_app
 
-    app = create_app(config)
+    app = create_app(config, store)
     try:
         return create_server(app, host=host, port=port, threads=threads), app
     except OSError as exc:
-        app.extensions["vramscope"].store.close()
+        if store is None:  # ours to close; a caller's store stays open
+            app.extensions["vramscope"].store.close()
         if exc.errno == errno.EADDRINUSE:
             raise UsageError(f"address {host}:{port} is in use; choose another port with "
                              f"--port (or dashboard.port in the config)") from None

@@ -133,18 +133,13 @@ def _hms(seconds: float) -> str:
 
 
 def serve_dashboard(config: Any, store: Any, host: str, port: int):
-    """Start the dashboard under waitress in a daemon thread; returns (server, url)."""
-    import waitress
+    """Start the dashboard under waitress in a daemon thread; returns (server, url). The same
+    bind rule and server as ``vramscope dashboard``: not loopback needs ``dashboard.token``."""
+    from agent.cli.cmd_dashboard import make_server
+    from dashboard.security import check_bind
 
-    from agent.errors import UsageError
-    from dashboard.app import create_app
-
-    app = create_app(config, store)
-    try:
-        server = waitress.create_server(app, host=host, port=port, threads=4)
-    except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}). "
-                         "Please specify a different port via `--port`") from None
+    check_bind(host, config["dashboard.token"])
+    server, _app = make_server(config, host, port, threads=4, store=store)
     thread = threading.Thread(target=server.run, name="vramscope-demo-dashboard", daemon=True)
     thread.start()
     return server, f"http://{host}:{server.effective_port}/"
