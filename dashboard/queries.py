@@ -142,8 +142,8 @@ def alert_markers(store: Store, device: int, host: str | None, start_s: float,
     name = host or store.host_name
     return [{"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
              "message": a["message"]}
-            for a in reversed(store.alerts(host=name, limit=10_000))
-            if a["device"] == device and start_s <= a["fired_ts_s"] <= end_s]
+            for a in reversed(store.alerts(host=name, device=device, start_s=start_s,
+                                           end_s=end_s, limit=10_000))]
 
 
 def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:

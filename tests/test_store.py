@@ -88,6 +88,10 @@ def test_postmortem_alerts_processes_stats(any_url):
         assert store.alerts(active_only=True) == []
         assert store.alerts()[0]["resolved_ts_s"] == T0 + 60
         assert store.alerts()[0]["labels"] == {"k": "v"}
+        store.open_alert("oom_risk", "critical", T0 + 30, device=1)
+        assert [a["rule"] for a in store.alerts(device=1)] == ["oom_risk"]
+        assert [a["rule"] for a in store.alerts(start_s=T0 + 10, end_s=T0 + 40)] == ["oom_risk"]
+        assert [a["rule"] for a in store.alerts(device=0, end_s=T0)] == ["leak"]
         store.upsert_process(42, T0, name="<img src=x>", device_indexes=[0, 1])
         store.upsert_process(42, T0 + 5, model="llama")
         [proc] = store.processes()

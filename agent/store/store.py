@@ -378,7 +378,10 @@ class Store:
         return downsample(self, device, start_s, end_s, buckets, columns, source, host)
 
     def alerts(self, *, active_only: bool = False, host: str | None = None,
-               limit: int = 1000) -> list[dict[str, Any]]:
+               device: int | None = None, start_s: float | None = None,
+               end_s: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """Alerts, newest first (of every host unless ``host`` names one), optionally of one
+        device index and fired within [start_s, end_s]."""
         q = (select(alerts, devices.c.device_index.label("device"),
                     hosts.c.name.label("host"))
              .outerjoin(devices, devices.c.id == alerts.c.device_id)
@@ -388,6 +391,9 @@ class Store:
             q = q.where(alerts.c.resolved_ts_s.is_(None))
         if host not in (None, "*"):
             q = q.where(hosts.c.name == host)
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        q = _time_filter(q, alerts.c.fired_ts_s, start_s, end_s)
         with self.engine.connect() as c:
             rows = [dict(r._mapping) for r in c.execute(q)]
         for r in rows:
