@@ -2,7 +2,8 @@
 # Every `gpu` test and the GPU-side checks in one pass on the GPU machine (one H200), writing
 # logs and recorded traces under $OUT. Run from the repo root with .whl carried:
 #   tests/gpu/lead_run.sh tests     # the gpu-marked tests + the allocator-model check
-#   tests/gpu/lead_run.sh bench     # vramscope bench --json, GPU benchmarks included
+#   tests/gpu/lead_run.sh bench [NAMES...]   # vramscope bench --json, GPU benchmarks included;
+#                                            # names split the suite over two 10-minute calls
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -11,7 +12,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-case "${1:-tests}" in
+MODE=${1:-tests}
+shift || true
+case "$MODE" in
 tests)
   VRAMSCOPE_TRACE_OUT=$OUT/kv_generate_batch_trace.jsonl timeout 200 python3 -m pytest -m gpu -s \
     -p no:cacheprovider tests/gpu/test_kvpool_gpu.py 2>&1 | tee "$OUT/kvpool_gpu.log" | tail -25
@@ -23,9 +26,12 @@ tests)
     tests/test_demo.py tests/gpu/test_hooks_gpu.py 2>&1 | tee "$OUT/other_gpu.log" | tail -25
   ;;
 bench)
-  timeout 560 python3 -m agent bench --json > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.err"
-  echo "rc=$?"; tail -5 "$OUT/bench_gpu.err"
-  python3 - "$OUT/bench_gpu.json" <<'PY'
+  TAG=$(IFS=-; echo "${*:-all}")
+  SECONDS=0
+  timeout 560 python3 -m agent bench --json "$@" \
+    > "$OUT/bench_gpu_$TAG.json" 2> "$OUT/bench_gpu_$TAG.err"
+  echo "rc=$? wall=${SECONDS}s"; tail -5 "$OUT/bench_gpu_$TAG.err"
+  python3 - "$OUT/bench_gpu_$TAG.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 for f in doc["figures"]:
