@@ -110,19 +110,35 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
     for col in grid.columns:
         agg += [func.min(samples.c[col]).label(f"{col}_min"),
                 func.max(samples.c[col]).label(f"{col}_max")]
-    grouped = select(*agg).where(and_(*where)).group_by(bucket).subquery()
-    # "last": the row at the bucket's latest timestamp (joined back on device and time).
-    last = samples.alias("last_row")
-    join_on = [last.c.device_id == did, last.c.ts_s == grouped.c.last_ts_s]
-    if source is not None:
-        join_on.append(last.c.source == source)
-    q = (select(grouped, *(func.max(last.c[c]).label(f"{c}_last") for c in grid.columns))
-         .join(last, and_(*join_on)).group_by(*grouped.c))
     with store.engine.connect() as c:
-        rows = [r._mapping for r in c.execute(q)]
+        grouped = [r._mapping for r in c.execute(select(*agg).where(and_(*where)).group_by(bucket))]
+        last = _last_values(c, did, [r["last_ts_s"] for r in grouped], grid.columns, source)
     return [(min(int(r["bucket"]), grid.buckets - 1), r["last_ts_s"],
-             {col: (r[f"{col}_min"], r[f"{col}_max"], r[f"{col}_last"]) for col in grid.columns})
-            for r in rows]
+             {col: (r[f"{col}_min"], r[f"{col}_max"], last[r["last_ts_s"]][col])
+              for col in grid.columns})
+            for r in grouped]
+
+
+LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits
+
+
+def _last_values(c, did: int, stamps: list[float], columns: Sequence[str],
+                 source: str | None) -> dict[float, dict[str, Any]]:
+    """Each bucket's "last": the row(s) at its latest timestamp, fetched by (device, ts_s) on
+    the samples index. A separate query rather than a join back on the grouped subquery,
+    because newer SQLite (the GPU machine's; reproduced with 3.51) plans that join as a scan of
+    every row of the device around the subquery: 17 s instead of 70 ms for a 24-hour view."""
+    out: dict[float, dict[str, Any]] = {}
+    for i in range(0, len(stamps), LAST_ROWS_CHUNK):
+        where = [samples.c.device_id == did,
+                 samples.c.ts_s.in_(stamps[i:i + LAST_ROWS_CHUNK])]
+        if source is not None:
+            where.append(samples.c.source == source)
+        q = (select(samples.c.ts_s, *(func.max(samples.c[col]).label(col) for col in columns))
+             .where(*where).group_by(samples.c.ts_s))
+        for r in c.execute(q):
+            out[r.ts_s] = {col: r._mapping[col] for col in columns}
+    return out
 
 
 def _rollup_span(store: Store, did: int, start_s: float,
