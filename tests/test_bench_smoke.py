@@ -76,3 +76,27 @@ def test_every_benchmark_is_in_the_report():
     text = DOC.read_text()
     missing = [name for name in BENCHMARKS if f"| `{name}` |" not in text]
     assert missing == []
+
+
+def test_hook_cost_figures_add_up_per_decode_token():
+    from agent.bench.hooks import hook_cost_figures
+
+    cost = {"step_s": 2e-6, "request_s": 64e-6, "new_tokens": 16, "sampler_s_per_s": 1e-3}
+    per_token, share = hook_cost_figures(cost, {"off_s": [0.012, 0.010, 0.008]})
+    # 2 us a step + 64 us / 16 tokens + 1 ms per second x 10 ms a token = 16 us of 10 ms
+    assert per_token.value == pytest.approx(16.0) and per_token.unit == "us"
+    assert share.value == pytest.approx(0.16) and share.met is True
+    assert hook_cost_figures({**cost, "step_s": 150e-6}, {"off_s": [0.01]})[1].met is False
+
+
+def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
+    torch = pytest.importorskip("torch")
+    from agent.bench.hooks import measure_hook_cost
+    from hooks import install as inst
+    from tests.tiny_models import tiny_llama
+
+    cost = measure_hook_cost(torch, tiny_llama(), batch=2, new_tokens=8, steps=200, requests=20)
+    assert 0 < cost["step_s"] < 1e-3 and 0 < cost["request_s"] < 1e-2
+    assert cost["new_tokens"] == 8
+    assert cost["sampler_s_per_s"] == 0  # no CUDA: the sampler has no allocator task
+    assert not inst.installed()  # uninstalled after measuring
