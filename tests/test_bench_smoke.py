@@ -100,3 +100,32 @@ def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
     assert cost["new_tokens"] == 8
     assert cost["sampler_s_per_s"] == 0  # no CUDA: the sampler has no allocator task
     assert not inst.installed()  # uninstalled after measuring
+
+
+def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
+    from agent.bench.report import render
+
+    text = DOC.read_text()
+    assert text.count("<!-- bench-table ") == 2  # CPU and H200
+    assert render(text, DOC.parent) == text, (
+        "docs/BENCHMARKS.md is out of date: python -m agent.bench.report docs/BENCHMARKS.md")
+
+
+def test_report_renders_rows_and_names_bad_input(tmp_path):
+    from agent.bench.report import render, rows
+
+    doc = {"format": "vramscope.bench/1",
+           "figures": [Figure("ingest", "a|b", 123456.7, "samples/s", "min 1 / max 2",
+                              target=">= 1", met=False).to_json()],
+           "skipped": [{"bench": "hooks", "error": "needs CUDA"}]}
+    assert rows(doc, "CPU") == [
+        "| ingest | a\\|b | 1.235e+05 | samples/s | min 1 / max 2 | >= 1 | **missed** | CPU |",
+        "| hooks | skipped: needs CUDA |  |  |  |  |  | CPU |"]
+    with pytest.raises(ValueError, match="not a vramscope.bench/1 document"):
+        rows({"figures": []}, "CPU")
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    md = "x\n<!-- bench-table a.json=GPU_box -->\nstale\n<!-- /bench-table -->\ny\n"
+    out = render(md, tmp_path)
+    assert "stale" not in out and out.endswith("| GPU box |\n<!-- /bench-table -->\ny\n")
+    with pytest.raises(ValueError, match="'a.json': expected FILE=LABEL"):
+        render(md.replace("a.json=GPU_box", "a.json"), tmp_path)

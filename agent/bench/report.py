@@ -1,0 +1,80 @@
+"""Markdown tables of ``vramscope bench --json`` files, for ``docs/BENCHMARKS.md``.
+
+The figures in the doc are rendered from the JSON files kept beside it (``docs/bench/``), never
+typed by hand, and ``tests/test_bench_smoke.py`` re-renders every table to check it still
+matches. A table sits between markers that name its sources, each ``FILE=LABEL`` (the label
+fills the ``where`` column; ``_`` in it stands for a space)::
+
+    <!-- bench-table bench/cpu.json=CPU bench/h200-run1.json=H200 -->
+    | bench | metric | ...
+    <!-- /bench-table -->
+
+``python -m agent.bench.report docs/BENCHMARKS.md`` rewrites every such table in place;
+``python -m agent.bench.report FILE=LABEL ...`` prints one table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+HEADER = ("| bench | metric | value | unit | spread | target | met | where |\n"
+          "|---|---|---|---|---|---|---|---|")
+BLOCK = re.compile(
+    r"(<!-- bench-table (?P<sources>[^>]*?) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: ""}[met]
+
+
+def rows(doc: dict[str, Any], where: str) -> list[str]:
+    if doc.get("format") != "vramscope.bench/1":
+        raise ValueError(f"not a vramscope.bench/1 document (format {doc.get('format')!r})")
+    out = [f"| {f['bench']} | {_cell(f['metric'])} | {f['value']:.4g} | {_cell(f['unit'])} | "
+           f"{_cell(f['spread'])} | {_cell(f['target'])} | {_verdict(f['met'])} | {where} |"
+           for f in doc["figures"]]
+    out += [f"| {s['bench']} | skipped: {_cell(s['error'])} |  |  |  |  |  | {where} |"
+            for s in doc.get("skipped", [])]
+    return out
+
+
+def table(sources: str, base: Path) -> str:
+    """The table for a marker's ``FILE=LABEL ...`` list, files relative to ``base``."""
+    lines = [HEADER]
+    for item in sources.split():
+        path, sep, label = item.partition("=")
+        if not sep or not label:
+            raise ValueError(f"bench-table source {item!r}: expected FILE=LABEL")
+        doc = json.loads((base / path).read_text())
+        lines += rows(doc, label.replace("_", " "))
+    return "\n".join(lines) + "\n"
+
+
+def render(markdown: str, base: Path) -> str:
+    """``markdown`` with every bench-table block re-rendered from its sources."""
+    return BLOCK.sub(lambda m: m.group(1) + table(m.group("sources"), base) + m.group(4),
+                     markdown)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 1 and argv[0].endswith(".md"):
+        doc = Path(argv[0])
+        doc.write_text(render(doc.read_text(), doc.parent))
+        return 0
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    sys.stdout.write(table(" ".join(argv), Path.cwd()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
