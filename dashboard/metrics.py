@@ -132,7 +132,9 @@ def _process_families(processes: list[dict[str, Any]]) -> Iterator[Metric]:
 
 def _agent_families(store) -> Iterator[Metric]:
     dropped = CounterMetricFamily("vramscope_agent_dropped_records",
-                                  "Records the agent dropped (queue full).", labels=("host",))
+                                  "Records lost before the database: dropped by the agent "
+                                  "(queue full) plus those hook clients reported dropped.",
+                                  labels=("host",))
     queue = GaugeMetricFamily("vramscope_agent_queue_depth", "Agent writer queue depth.",
                               labels=("host",))
     for h in store.hosts():
