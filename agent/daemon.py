@@ -313,6 +313,7 @@ class Agent:
         return task
 
     def _on_batch(self, samples: list, events: list) -> None:
+        self.retention.note_written(samples)  # late samples: their minutes are rolled up again
         if self.alert_engine is not None:
             self.alert_engine(samples, events)
 

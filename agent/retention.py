@@ -9,31 +9,46 @@ Rollups: per device, per minute, per source and metric (every ``*_bytes`` / coun
 a sample): min, max, mean, last and count, in the ``rollups`` table. A minute is rolled up once
 it is ``grace_s`` old; the watermark is the newest rolled-up minute, so after a restart work
 resumes where it stopped. Raw samples are deleted only once they are both older than
-``raw_s`` and rolled up. Samples that arrive for a minute already rolled up (a trace replayed
-with old timestamps) are kept raw but miss the rollups; see docs/agent.md.
+``raw_s`` and rolled up.
+
+Late samples: an agent catching up after the database was away, or one host of a fleet that
+lost its link while another host's agent kept rolling minutes up, writes samples into minutes
+that may already be rolled up. The writer thread reports what it committed
+(:meth:`Retention.note_written`); minutes older than the grace are remembered, and each step
+rolls a few of them up again (``rollup_window`` replaces a minute's rows), so long-range views
+do not keep a hole where the backlog landed. The memory is the agent's own: late samples that
+another process wrote (``vramscope import`` of an old trace) still miss the rollups.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.records import Sample
 
 log = logging.getLogger("vramscope.retention")
 
 BUCKET_S = 60.0
+_TS = attrgetter("ts_s")
+
+
+MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
 
 
 class StepResult(NamedTuple):
     rolled_up_minutes: int
     rollup_rows: int
     deleted: dict[str, int]
+    late_minutes: int = 0  # already rolled-up minutes rolled up again for late samples
 
     @property
     def busy(self) -> bool:
         """True when there was work: the caller may run the next step sooner."""
-        return bool(self.rolled_up_minutes or any(self.deleted.values()))
+        return bool(self.rolled_up_minutes or self.late_minutes or any(self.deleted.values()))
 
 
 class Retention:
@@ -49,6 +64,8 @@ class Retention:
         self.grace_s = grace_s
         self.minutes_per_step = minutes_per_step
         self._clock = clock
+        self._late: set[float] = set()  # minute starts written to after they could be rolled up
+        self.late_minutes_lost = 0  # late minutes not kept: MAX_LATE_MINUTES was reached
 
     @classmethod
     def from_config(cls, config: Any, clock: Clock = SYSTEM_CLOCK) -> Retention:
@@ -62,6 +79,7 @@ class Retention:
         now_s = self._clock.time_s()
         minutes, rows = self._rollup(store, sql, now_s)
         watermark = sql.rollup_watermark(store)
+        late = self._rollup_late(store, sql, watermark, now_s)
         raw_cutoff = now_s - self.raw_s
         if watermark is not None:
             raw_cutoff = min(raw_cutoff, watermark)
@@ -74,7 +92,37 @@ class Retention:
             "rollups": sql.delete_rollups_older(store, now_s - self.rollup_s,
                                                 self.minutes_per_step),
         }
-        return StepResult(minutes, rows, deleted)
+        return StepResult(minutes, rows, deleted, late)
+
+    def note_written(self, samples: Sequence[Sample]) -> None:
+        """Remember the minutes of committed samples that a step may already have rolled up
+        (older than the grace). Called by the writer thread after each commit: one ``min`` over
+        the batch when nothing is late, which is the steady state."""
+        if not samples:
+            return
+        cutoff = _floor_minute(self._clock.time_s() - self.grace_s)
+        if min(map(_TS, samples)) >= cutoff:
+            return
+        for minute in {_floor_minute(ts) for ts in map(_TS, samples) if ts < cutoff}:
+            if minute in self._late:
+                continue
+            if len(self._late) >= MAX_LATE_MINUTES:
+                self.late_minutes_lost += 1
+                continue
+            self._late.add(minute)
+
+    def _rollup_late(self, store: Any, sql: Any, watermark: float | None, now_s: float) -> int:
+        """Roll up again a few remembered late minutes that the watermark has passed; minutes
+        after it are the regular path's, minutes past ``rollup_s`` are not kept anyway."""
+        oldest_kept = now_s - self.rollup_s
+        redo = sorted(m for m in self._late
+                      if watermark is not None and oldest_kept <= m <= watermark)
+        self._late.difference_update(
+            [m for m in self._late if watermark is None or m > watermark or m < oldest_kept])
+        for minute in redo[:self.minutes_per_step]:
+            sql.rollup_window(store, minute, minute + BUCKET_S)
+            self._late.discard(minute)
+        return min(len(redo), self.minutes_per_step)
 
     def _rollup(self, store: Any, sql: Any, now_s: float) -> tuple[int, int]:
         """Roll up the minutes after the watermark, skipping any gap without samples."""

@@ -141,3 +141,22 @@ def test_agent_metrics_port_serves_its_counters(store, fake_clock):
     lines = text.decode().splitlines()
     assert "vramscope_agent_written_total 3.0" in lines
     assert "vramscope_agent_queue_depth 0.0" in lines
+
+
+def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_clock):
+    from agent.store import retention_sql
+
+    minute = (fake_clock.time_s() // 60) * 60 - 600  # ten minutes ago: past the grace
+    agent.writer.put_many([Sample(minute + i, 0, source="torch", allocated_bytes=10)
+                           for i in range(3)])
+    agent.writer.flush()
+    agent._retention_task(store)
+
+    def allocated():
+        return [(r["max_value"], r["count"]) for r in retention_sql.read_rollups(store)
+                if r["bucket_s"] == minute and r["metric"] == "allocated_bytes"]
+    assert allocated() == [(10, 3)]
+    agent.writer.put(Sample(minute + 30, 0, source="torch", allocated_bytes=99))  # the backlog
+    agent.writer.flush()
+    agent._retention_task(store)
+    assert allocated() == [(99, 4)]

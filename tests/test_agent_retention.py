@@ -99,3 +99,48 @@ def test_old_rollups_are_deleted_a_few_minutes_at_a_time(filled):
 def test_bad_settings_are_refused_with_the_values():
     with pytest.raises(ValueError, match="raw_s=0, rollup_s=1, step_rows=1"):
         Retention(raw_s=0, rollup_s=1, step_rows=1)
+
+
+def _minute_rows(store, minute_s: float, device: int = 0):
+    d = store.device_id(device)
+    return [(r["min_value"], r["max_value"], r["mean_value"], r["last_value"], r["count"])
+            for r in retention_sql.read_rollups(store)
+            if r["bucket_s"] == T0 + minute_s and r["device_id"] == d
+            and r["metric"] == "device_used_bytes"]
+
+
+def test_late_samples_get_their_rolled_up_minutes_rolled_up_again(filled):
+    clock = FakeClock(T0 + 20 * 60)
+    r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock, minutes_per_step=20)
+    assert r.step(filled).rolled_up_minutes == 18  # up to now - grace: minutes 0-17
+    assert _minute_rows(filled, 60) == [(5, 5, 5.0, 5, 1)]
+    # a backlog lands after the database came back: minutes 1 and 2 are already rolled up
+    late = [_s(70, 99), _s(130, 1)]
+    filled.write(late)
+    r.note_written(late)
+    result = r.step(filled)
+    assert (result.rolled_up_minutes, result.late_minutes, result.busy) == (0, 2, True)
+    assert _minute_rows(filled, 60) == [(5, 99, 52.0, 99, 2)]
+    assert _minute_rows(filled, 120) == [(1, 50, 25.5, 1, 2)]  # last: the sample at 130 s
+    assert r.step(filled).late_minutes == 0  # done once
+
+
+def test_live_samples_and_minutes_past_the_rollup_retention_are_not_redone(filled):
+    clock = FakeClock(T0 + 20 * 60)
+    r = Retention(raw_s=3600, rollup_s=600, step_rows=100, clock=clock, minutes_per_step=20)
+    r.step(filled)
+    fresh = [_s(20 * 60 - 30, 7)]  # within the grace: the regular path rolls it up later
+    old = [_s(70, 99)]  # minute 1 is older than rollup_s: its rollups are being deleted
+    filled.write(fresh + old)
+    r.note_written(fresh + old)
+    assert r.step(filled).late_minutes == 0
+    assert _minute_rows(filled, 60) == []
+
+
+def test_late_minutes_kept_are_bounded(filled, monkeypatch):
+    import agent.retention as retention_mod
+
+    monkeypatch.setattr(retention_mod, "MAX_LATE_MINUTES", 2)
+    r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=FakeClock(T0 + 20 * 60))
+    r.note_written([_s(0, 1), _s(60, 1), _s(61, 1), _s(120, 1)])
+    assert r.late_minutes_lost == 1
