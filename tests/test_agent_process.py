@@ -66,7 +66,13 @@ def test_records_from_two_clients_arrive_with_their_process_and_phase(agent_proc
         for s in rows:
             by_pid.setdefault(s.pid, set()).add((s.phase, s.device))
         assert by_pid == {procs[0].pid: {(Phase.PREFILL, 1)}, procs[1].pid: {(Phase.DECODE, 1)}}
-        names = {p["pid"]: (p["name"], p["devices"]) for p in st_.processes()}
+        # a hello's process row is a writer task, run after the batch being committed, so it
+        # may land just after the samples
+
+        def both_processes():
+            names = {p["pid"]: (p["name"], p["devices"]) for p in st_.processes()}
+            return {procs[0].pid, procs[1].pid} <= names.keys() and names
+        names = _wait_for(both_processes)
     assert names[procs[0].pid] == ("server-a", "1")
     assert names[procs[1].pid] == ("server-b", "1")
 
