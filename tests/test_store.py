@@ -77,9 +77,9 @@ def test_postmortem_alerts_processes_stats(any_url):
                     ({"address": 0, "total_size": 20 << 20, "allocated_size": 1 << 20},),
                     "CUDA out of memory", "fragmentation", ("expandable_segments",))
     with Store.open(any_url, host_name="h") as store:
-        store.write_postmortem(pm)
+        first = store.write_postmortem(pm)
         [(pm_id, got)] = store.postmortems()
-        assert got == pm._replace(host="h")  # the host it was stored under
+        assert pm_id == first and got == pm._replace(host="h")  # the host it was stored under
         assert store.postmortems(host="other") == []
         aid = store.open_alert("leak", "warning", T0, device=0, value=1.5,
                                labels={"k": "v"}, message="rising")
@@ -133,6 +133,21 @@ def test_write_failure_loses_nothing_already_stored(store):
 
 
 M0 = 1_699_999_980.0  # a whole minute, so 120 s buckets hold whole rolled-up minutes
+
+
+def test_a_retried_postmortem_write_stores_one_row(any_url):
+    # the writer retries a batch whose commit reply was lost (PostgreSQL): same row, not two
+    pm = PostMortem(T0, 0, 42, Phase.DECODE, 2 << 30, 1 << 30, 80 << 30, 70 << 30, 79 << 30,
+                    512 << 20, 0.75, cause="fragmentation")
+    with Store.open(any_url, host_name="h") as store:
+        first = store.write_postmortem(pm)
+        assert store.write_postmortem(pm) == first
+        anonymous = pm._replace(pid=None, cause=None)  # NULLs count as equal in the check
+        second = store.write_postmortem(anonymous)
+        assert store.write_postmortem(anonymous) == second != first
+        third = store.write_postmortem(pm._replace(ts_s=T0 + 1))  # another OOM: another row
+        assert sorted(i for i, _ in store.postmortems()) == sorted({first, second, third})
+        assert len({first, second, third}) == 3
 
 
 def _wavy(n: int, step_s: float) -> list[Sample]:

@@ -246,8 +246,17 @@ class Store:
         }
 
     def write_postmortem(self, pm: PostMortem) -> int:
+        """Store ``pm``; returns its row id. Idempotent: a post-mortem is one OOM of one process
+        at one instant, so a row with the same device, time, pid and cause is this one again
+        (the writer retrying after a commit whose reply was lost) and its id is returned."""
         with self.engine.begin() as c:
             did = self.device_id(pm.device, pm.host, c)
+            same = c.execute(select(postmortems.c.id).where(
+                postmortems.c.device_id == did, postmortems.c.ts_s == pm.ts_s,
+                postmortems.c.pid.is_not_distinct_from(pm.pid),
+                postmortems.c.cause.is_not_distinct_from(pm.cause))).scalar()
+            if same is not None:
+                return same
             return c.execute(insert(postmortems).values(
                 device_id=did, ts_s=pm.ts_s, pid=pm.pid, cause=pm.cause,
                 summary=json.dumps(pm.to_json(), sort_keys=True),
