@@ -71,6 +71,16 @@ def _url_check(value: str) -> str | None:
     return None
 
 
+def _ip_check(value: str) -> str | None:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "expected an IP address such as 127.0.0.1, 0.0.0.0 or ::1"
+    return None
+
+
 # One row per setting. Defaults that depend on the environment are callables.
 SETTINGS: tuple[Setting, ...] = (
     # --- database -----------------------------------------------------------------------
@@ -122,8 +132,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("agent.batch_interval_s", float, 0.5, "...or after this long, whichever first.",
             min=0.01, max=60),
     Setting("agent.metrics_port", int, 0,
-            "Port for the agent's own Prometheus /metrics on 127.0.0.1; 0 disables.", min=0,
-            max=65535),
+            "Port for the agent's own Prometheus /metrics; 0 disables.", min=0, max=65535),
+    Setting("agent.metrics_host", str, "127.0.0.1",
+            "Address the agent's /metrics binds to: 127.0.0.1 keeps it on this host; in a "
+            "Kubernetes pod, 0.0.0.0 lets Prometheus scrape the pod's IP (the counters are "
+            "health figures, no memory data).", check=_ip_check),
     Setting("agent.host_name", str, "", "Host name recorded in the store; empty uses the "
             "machine's hostname."),
     # --- retention ----------------------------------------------------------------------

@@ -136,7 +136,8 @@ class Agent:
         if self.server is not None:
             self.server.start()
         if self.config["agent.metrics_port"]:
-            self._metrics_server = start_metrics(self, self.config["agent.metrics_port"])
+            self._metrics_server = start_metrics(self, self.config["agent.metrics_port"],
+                                                 self.config["agent.metrics_host"])
         self._thread = threading.Thread(target=self._loop, name="vramscope-sampler", daemon=True)
         self._thread.start()
         log.info("agent started: %d NVML device(s), socket %s, database %s",
@@ -333,8 +334,8 @@ def _record_boot_id(store: Any) -> None:
         store.set_boot_id(boot_id)
 
 
-def start_metrics(agent: Agent, port: int):
-    """The agent's own counters as Prometheus metrics on 127.0.0.1:``port`` (``/metrics``)."""
+def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1"):
+    """The agent's own counters as Prometheus metrics on ``host:port`` (``/metrics``)."""
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -358,12 +359,13 @@ def start_metrics(agent: Agent, port: int):
     registry = CollectorRegistry()
     registry.register(_Collector())
     try:
-        server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+        server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         from agent.errors import VramscopeError
 
-        raise VramscopeError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}; "
-                             f"choose another agent.metrics_port (0 disables)") from None
+        raise VramscopeError(f"cannot serve metrics on {host}:{port}: {exc.strerror}; "
+                             f"choose another agent.metrics_port (0 disables) or "
+                             f"agent.metrics_host") from None
     return server
 
 

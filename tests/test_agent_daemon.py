@@ -143,6 +143,26 @@ def test_agent_metrics_port_serves_its_counters(store, fake_clock):
     assert "vramscope_agent_queue_depth 0.0" in lines
 
 
+def test_agent_metrics_bind_the_configured_address(store, fake_clock):
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port on another loopback address
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    config = parse_config({"agent": {"metrics_port": port, "metrics_host": "127.0.0.2"}}, None)
+    a = Agent(config, store=store, source=None, listen=False, clock=fake_clock, alerts=False)
+    a.start()
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5).read()
+        assert b"vramscope_agent_clients 0.0" in text
+        with pytest.raises(urllib.error.URLError):  # not on the default address
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        a.stop()
+
+
 def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_clock):
     from agent.store import retention_sql
 

@@ -71,6 +71,8 @@ BAD = [
      "database.synchronous = 'OFF' is not one of NORMAL, FULL"),
     ("[database]\nurl = \"vramscope.db\"\n",
      "database.url = 'vramscope.db': expected a database URL"),
+    ("[agent]\nmetrics_host = \"localhost\"\n",
+     "agent.metrics_host = 'localhost': expected an IP address"),
     ("dashboard = 3\n", "[dashboard] must be a table, got 3"),
     ("[alerts]\nrules = 3\n", "alerts.rules must be an array of tables"),
 ]

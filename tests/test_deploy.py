@@ -204,6 +204,18 @@ def test_config_file_is_mounted_where_the_agent_reads_it(k8s):
     assert any(db_path.is_relative_to(m["mountPath"]) for m in agent["volumeMounts"])
 
 
+def test_agent_metrics_are_scrapable_at_the_pod_ip(k8s):
+    # 127.0.0.1 inside a pod is the pod's own loopback: Prometheus reaches the pod's IP
+    pod, config = k8s["Pod"], _pod_config(k8s)
+    assert config["agent.metrics_host"] == "0.0.0.0"
+    [port] = _containers(pod)["vramscope-agent"]["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", config["agent.metrics_port"])
+    notes = pod["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true"
+    assert notes["prometheus.io/port"] == str(config["agent.metrics_port"])
+    assert notes["prometheus.io/path"] == "/metrics"
+
+
 def test_pod_env_names_are_real_overrides_and_apply(k8s):
     pod = k8s["Pod"]
     names = {n for c in _containers(pod).values() for n in _env(c) if n.startswith("VRAMSCOPE_")}
