@@ -34,8 +34,6 @@ log = logging.getLogger("vramscope.retention")
 
 BUCKET_S = 60.0
 _TS = attrgetter("ts_s")
-
-
 MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
 
 
@@ -115,14 +113,13 @@ class Retention:
         """Roll up again a few remembered late minutes that the watermark has passed; minutes
         after it are the regular path's, minutes past ``rollup_s`` are not kept anyway."""
         oldest_kept = now_s - self.rollup_s
-        redo = sorted(m for m in self._late
-                      if watermark is not None and oldest_kept <= m <= watermark)
-        self._late.difference_update(
-            [m for m in self._late if watermark is None or m > watermark or m < oldest_kept])
-        for minute in redo[:self.minutes_per_step]:
+        self._late = {m for m in self._late
+                      if watermark is not None and oldest_kept <= m <= watermark}
+        redo = sorted(self._late)[:self.minutes_per_step]
+        for minute in redo:
             sql.rollup_window(store, minute, minute + BUCKET_S)
             self._late.discard(minute)
-        return min(len(redo), self.minutes_per_step)
+        return len(redo)
 
     def _rollup(self, store: Any, sql: Any, now_s: float) -> tuple[int, int]:
         """Roll up the minutes after the watermark, skipping any gap without samples."""
