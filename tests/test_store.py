@@ -195,6 +195,23 @@ def test_boot_id_is_recorded(store):
     assert [(h["name"], h["boot_id"]) for h in store.hosts()] == [("testhost", boot_id)]
 
 
+def test_a_last_row_deleted_between_the_two_queries_leaves_last_empty(store, monkeypatch):
+    from agent.store import downsample
+
+    store.write([Sample(T0 + i, 0, source="torch", allocated_bytes=v)
+                 for i, v in enumerate([5, 1, 9, 3, 7, 2, 8, 4, 6, 0])])
+    real = downsample._last_values
+
+    def retention_deleted_the_newest(c, did, stamps, columns, source):
+        found = real(c, did, stamps, columns, source)
+        del found[max(found)]  # the row at T0 + 9, deleted after the grouped query
+        return found
+    monkeypatch.setattr(downsample, "_last_values", retention_deleted_the_newest)
+    rows = store.timeline(0, T0, T0 + 10, 2, ["allocated_bytes"])
+    assert [(r["allocated_bytes_min"], r["allocated_bytes_max"], r["allocated_bytes_last"])
+            for r in rows] == [(1, 9, 7), (0, 8, None)]
+
+
 def _vm_steps_of_timeline(store, start, end) -> int:
     """SQLite VM instructions (in thousands) spent by one timeline query: a count that does not
     depend on the machine's speed, only on how many rows the query plans visit."""

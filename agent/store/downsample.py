@@ -113,8 +113,10 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
     with store.engine.connect() as c:
         grouped = [r._mapping for r in c.execute(select(*agg).where(and_(*where)).group_by(bucket))]
         last = _last_values(c, did, [r["last_ts_s"] for r in grouped], grid.columns, source)
+    # A last row can be gone by the second query (PostgreSQL reads each statement afresh and
+    # retention may have deleted it): that bucket then has no "last", not a failed request.
     return [(min(int(r["bucket"]), grid.buckets - 1), r["last_ts_s"],
-             {col: (r[f"{col}_min"], r[f"{col}_max"], last[r["last_ts_s"]][col])
+             {col: (r[f"{col}_min"], r[f"{col}_max"], last.get(r["last_ts_s"], {}).get(col))
               for col in grid.columns})
             for r in grouped]
 
