@@ -128,6 +128,12 @@ def reset() -> None:
     _STATE = _State()
 
 
+def active_sink() -> Any:
+    """The sink ``install()`` (or ``configure``) wired, or None: integrations attached without
+    a sink of their own put their records there."""
+    return _STATE.sink
+
+
 def current_phase() -> Phase:
     """The phase now. A plain attribute read: safe and cheap from any thread."""
     return _STATE.phase

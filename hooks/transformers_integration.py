@@ -26,10 +26,10 @@ continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -86,11 +86,15 @@ class TransformersHandle:
         self.hooks: list[str] = []
         self.missing: list[str] = []
         self.steps = 0
+        # Undo steps for the model (long-lived, patched once per attach); objects that one
+        # call creates (manager, scheduler) are patched through ``_per_call``, held weakly.
         self._undo: list[Callable[[], None]] = []
+        self._per_call = PerCallPatches()
         self._local = threading.local()
         self._seen_requests: set[str] = set()
 
     def detach(self) -> None:
+        self._per_call.restore_all()
         while self._undo:
             try:
                 self._undo.pop()()
@@ -145,18 +149,14 @@ class TransformersHandle:
     def _instrument_manager(self, manager: Any) -> None:
         if getattr(manager, _MARK, False):
             return
-        create = getattr(manager, "_create_batch_processor", None)
-        if create is None:
-            self.missing.append("ContinuousBatchingManager._create_batch_processor")
+        if getattr(manager, "_create_batch_processor", None) is None:
+            self._missing("ContinuousBatchingManager._create_batch_processor")
             return
 
-        def create_batch_processor(*args: Any, **kwargs: Any) -> Any:
-            processor = create(*args, **kwargs)
+        def after_create(_manager: Any, processor: Any, *_: Any, **__: Any) -> None:
             _quietly(self._instrument_processor, processor)
-            return processor
 
-        _set_instance_attr(manager, "_create_batch_processor", create_batch_processor,
-                           self._undo)
+        self._per_call.wrap(manager, "_create_batch_processor", after=after_create)
         setattr(manager, _MARK, True)
         existing = getattr(manager, "batch_processor", None)
         if existing is not None:
@@ -172,27 +172,27 @@ class TransformersHandle:
             self._observe_kv(cache)
 
     def _instrument_scheduler(self, scheduler: Any) -> None:
-        schedule = getattr(scheduler, "schedule_batch", None)
-        if schedule is None:
-            self.missing.append("Scheduler.schedule_batch")
+        if getattr(scheduler, "schedule_batch", None) is None:
+            self._missing("Scheduler.schedule_batch")
             return
 
-        def schedule_batch(*args: Any, **kwargs: Any) -> Any:
-            before = statuses_before(scheduler)
-            result = schedule(*args, **kwargs)
-            _quietly(self._tag_step, result, before)
-            return result
+        def before_schedule(sched: Any, *_: Any, **__: Any) -> dict[str, str]:
+            return statuses_before(sched)
 
-        _set_instance_attr(scheduler, "schedule_batch", schedule_batch, self._undo)
-        finish = getattr(scheduler, "finish_request", None)
-        if finish is not None:
-            def finish_request(request_id: Any, *args: Any, **kwargs: Any) -> Any:
-                out = finish(request_id, *args, **kwargs)
-                _quietly(self._request_done, scheduler, str(request_id))
-                return out
-            _set_instance_attr(scheduler, "finish_request", finish_request, self._undo)
+        def after_schedule(_sched: Any, result: Any, before: Mapping[str, str], *_: Any,
+                           **__: Any) -> None:
+            _quietly(self._tag_step, result, before)
+
+        self._per_call.wrap(scheduler, "schedule_batch", before=before_schedule,
+                            after=after_schedule)
+        if getattr(scheduler, "finish_request", None) is not None:
+            def after_finish(sched: Any, _out: Any, _before: Any, request_id: Any, *_: Any,
+                             **__: Any) -> None:
+                _quietly(self._request_done, sched, str(request_id))
+
+            self._per_call.wrap(scheduler, "finish_request", after=after_finish)
         setattr(scheduler, _MARK, True)
-        self.hooks.append("continuous_batching")
+        self._hooked("continuous_batching")
 
     def _tag_step(self, result: Any, before: Mapping[str, str]) -> None:
         scheduled = result[0] if isinstance(result, tuple) else result
@@ -213,15 +213,24 @@ class TransformersHandle:
             phase_mod.set_phase(Phase.IDLE)
 
     def _observe_kv(self, cache: Any) -> None:
-        try:
-            kv = importlib.import_module("hooks.transformers_kv")
-        except ImportError:
-            self.missing.append("hooks.transformers_kv (KV pool view off)")
-            return
-        observe = getattr(kv, "observe_paged_attention_cache", None)
-        if observe is not None:
-            _quietly(observe, cache, self.sink)
-            self.hooks.append("paged_attention_cache")
+        from hooks.transformers_kv import observe_paged_attention_cache
+
+        sink = self.sink if self.sink is not None else phase_mod.active_sink()
+        if observe_paged_attention_cache(cache, sink):
+            self._hooked("paged_attention_cache")
+        else:
+            self._missing("paged_attention_cache (KV view off: see the log line)")
+
+    def _hooked(self, part: str) -> None:
+        """Name a hooked part once, however many calls hook it again (the list stays bounded)."""
+        if part not in self.hooks:
+            self.hooks.append(part)
+        if part in self.missing:
+            self.missing.remove(part)
+
+    def _missing(self, part: str) -> None:
+        if part not in self.missing:
+            self.missing.append(part)
 
 
 def attach_transformers(model: Any, sink: Any = None) -> TransformersHandle:
@@ -242,14 +251,69 @@ def attach_transformers(model: Any, sink: Any = None) -> TransformersHandle:
         handle._undo.append(hook.remove)
         handle.hooks.append("generate")
     else:
-        handle.missing.append("model.generate")
+        handle._missing("model.generate")
     if callable(getattr(model, "init_continuous_batching", None)):
         _set_instance_attr(model, "init_continuous_batching",
                            handle._init_cb_wrapper(model.init_continuous_batching), handle._undo)
         handle.hooks.append("init_continuous_batching")
     else:
-        handle.missing.append("model.init_continuous_batching (transformers too old?)")
+        handle._missing("model.init_continuous_batching (transformers too old?)")
     return handle
+
+
+class PerCallPatches:
+    """Method wrappers on objects that a server call creates, which never keep them alive.
+
+    ``generate_batch`` builds a new manager, scheduler and KV cache on every call. A wrapper
+    stored on such an object must not reference it strongly: a closure over the object or its
+    bound method would make a cycle (object -> wrapper -> object) that only the cyclic GC
+    frees, holding the whole KV pool until then; an undo list would hold it until ``detach()``
+    (the retention defect of issue 13). So the wrapper calls the *class's* function through a
+    weak reference, and this registry keeps weak references only, pruned as objects die.
+    """
+
+    def __init__(self) -> None:
+        self._patched: list[tuple[weakref.ref[Any], str]] = []
+
+    def wrap(self, obj: Any, name: str, *, before: Callable[..., Any] | None = None,
+             after: Callable[..., Any] | None = None) -> None:
+        """Wrap ``obj.name``: ``before(obj, *args)`` runs first, its result goes to
+        ``after(obj, result, before_result, *args)``; neither may raise into the caller."""
+        function = getattr(type(obj), name)
+        ref = weakref.ref(obj)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            target = ref()
+            ahead = _guarded(before, target, *args, **kwargs) if before else None
+            result = function(target, *args, **kwargs)
+            if after is not None:
+                _guarded(after, target, result, ahead, *args, **kwargs)
+            return result
+
+        wrapper.__wrapped__ = function  # type: ignore[attr-defined]
+        setattr(obj, name, wrapper)
+        self._patched = [(r, n) for r, n in self._patched if r() is not None]
+        self._patched.append((ref, name))
+
+    def __len__(self) -> int:
+        return sum(1 for ref, _ in self._patched if ref() is not None)
+
+    def restore_all(self) -> None:
+        """Remove the wrappers from the objects still alive (a call in flight at detach)."""
+        for ref, name in self._patched:
+            obj = ref()
+            if obj is not None and name in vars(obj):
+                delattr(obj, name)
+        self._patched.clear()
+
+
+def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        log.warning("vramscope: transformers hook %s failed: %r", getattr(fn, "__name__", fn),
+                    exc)
+        return None
 
 
 def _set_instance_attr(obj: Any, name: str, value: Any, undo: list) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -155,6 +156,20 @@ def install_paged_cache_hook(sink: Any, device: int = 0, **kwargs: Any) -> Calla
     return undo
 
 
+def _weak_method(obj: Any, name: str) -> Callable[..., Any]:
+    """``obj.name`` as a callable that does not keep ``obj`` alive (see ``PerCallPatches``).
+
+    A method already set on the instance (another library's wrapper) is kept as it is."""
+    if name in vars(obj):
+        return vars(obj)[name]  # type: ignore[no-any-return]
+    function = getattr(type(obj), name)
+    ref = weakref.ref(obj)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return function(ref(), *args, **kwargs)
+    return call
+
+
 def _default_phase_fn() -> Callable[[], Phase] | None:
     try:
         from hooks.phase import current_phase
@@ -169,7 +184,11 @@ class PagedCacheWatch:
     def __init__(self, cache: Any, layout: Any, sink: Any, device: int, clock: Clock,
                  sample_interval_s: float, extend_events: bool,
                  phase_fn: Callable[[], Phase] | None) -> None:
-        self.cache, self.layout, self.sink, self.device = cache, layout, sink, device
+        # Weakly: the watch hangs on the cache (``_WATCH_ATTR``) and its wrappers sit in the
+        # cache's __dict__, so a strong reference back would make a cycle that keeps the whole
+        # KV pool alive until the cyclic GC runs.
+        self._cache_ref = weakref.ref(cache)
+        self.layout, self.sink, self.device = layout, sink, device
         system = type(clock) is SystemClock
         self._time_s = time.time if system else clock.time_s
         self._monotonic_s = time.monotonic if system else clock.monotonic_s
@@ -184,7 +203,11 @@ class PagedCacheWatch:
         self.waiting: set[str] = set()  # requests refused once (kv_alloc_failed already put)
         self.prefix_query_tokens = self.prefix_hit_tokens = self.failed_allocations = 0
         self._next_sample_s = float("-inf")
-        self._originals: dict[str, Any] = {}
+        self._originals: dict[str, bool] = {}
+
+    @property
+    def cache(self) -> Any:
+        return self._cache_ref()
 
     # --- wrapping ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -195,16 +218,17 @@ class PagedCacheWatch:
             wrappers["allocate_blocks"] = self._wrap_allocate_blocks
         else:
             wrappers["can_store_request_tokens"] = self._wrap_can_store
+        cache = self.cache
         for name, make in wrappers.items():
-            original = getattr(self.cache, name, None)
-            if original is not None:
-                self._originals[name] = original
-                setattr(self.cache, name, make(original))
+            if getattr(cache, name, None) is not None:
+                self._originals[name] = True
+                setattr(cache, name, make(_weak_method(cache, name)))
 
     def uninstall(self) -> None:
+        cache = self.cache
         for name in self._originals:
-            if name in vars(self.cache):
-                delattr(self.cache, name)
+            if cache is not None and name in vars(cache):
+                delattr(cache, name)
         self._originals.clear()
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:

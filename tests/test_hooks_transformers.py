@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from types import SimpleNamespace
 
 import pytest
@@ -103,3 +104,94 @@ def test_generate_batch_records_mixed_steps_from_request_states(model, attached)
     starts = {e.request_id for e in sink.events() if e.name == "request_start"}
     ends = {e.request_id for e in sink.events() if e.name == "request_end"}
     assert starts == ends == set(out)
+
+
+def _alive(*classes):
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), classes))
+
+
+def test_repeated_generate_batch_keeps_nothing_a_call_created(model):
+    """Issue 13: each call's manager, scheduler and KV cache died with the call, 20 in a row.
+
+    On the landed code 2, 4, 6 ... managers and caches stayed alive after the 1st, 2nd, 3rd
+    call (held by the handle's undo list until detach) and the handle grew by 5 entries a call.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.continuous_api import (
+        ContinuousBatchingManager,
+    )
+    from transformers.generation.continuous_batching.scheduler import Scheduler
+
+    sink = ListSink()
+    handle = attach_transformers(model, sink=sink)
+    gen = GenerationConfig(max_new_tokens=3, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    per_call = []
+    try:
+        for i in range(20):
+            cb = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=16)
+            out = model.generate_batch([[1, 2, 3], [4, 5, 6, 7 + i]], generation_config=gen,
+                                       continuous_batching_config=cb, progress_bar=False)
+            assert len(out) == 2
+            del out
+            per_call.append((_alive(PagedAttentionCache, ContinuousBatchingManager, Scheduler),
+                             len(handle.hooks), len(handle._undo), len(getattr(handle, "_per_call", ()))))
+    finally:
+        handle.detach()
+        ph.reset()
+    assert per_call == [(0, 4, 3, 0)] * 20
+    assert handle.hooks == [] and handle.missing == []
+    kv_samples = [s for s in sink.samples() if s.source == "kv"]
+    assert len(kv_samples) >= 20  # the KV view stayed on for every call's new cache
+
+
+def test_repeated_generate_keeps_no_cache_alive(model):
+    from transformers import DynamicCache
+
+    handle = attach_transformers(model, sink=ListSink())
+    try:
+        for _ in range(20):
+            ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(2))
+            model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+            assert _alive(DynamicCache) == 0
+            assert (len(handle.hooks), len(handle._undo), handle._seen_requests) == (2, 3, set())
+    finally:
+        handle.detach()
+        ph.reset()
+
+
+def test_kv_view_uses_the_installed_sink_when_attach_gets_none(model):
+    """docs/hooks.md's call, ``attach_transformers(model)`` after ``install()``: full view."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    sink = ListSink()
+    ph.configure(sink=sink)
+    handle = attach_transformers(model)
+    try:
+        gen = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        model.generate_batch([[1, 2, 3]], generation_config=gen, progress_bar=False,
+                             continuous_batching_config=ContinuousBatchingConfig(num_blocks=8))
+    finally:
+        handle.detach()
+        ph.reset()
+    assert {e.name for e in sink.events()} >= {"kv_alloc", "kv_free", "request_start"}
+    assert any(s.source == "kv" for s in sink.samples())
+
+
+def test_the_handle_never_says_hooked_when_the_kv_view_is_off(model):
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    ph.reset()  # no install(): no sink anywhere, so the KV view cannot be on
+    handle = attach_transformers(model)
+    try:
+        gen = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        model.generate_batch([[1, 2, 3]], generation_config=gen, progress_bar=False,
+                             continuous_batching_config=ContinuousBatchingConfig(num_blocks=8))
+        assert "paged_attention_cache" not in handle.hooks
+        assert any(m.startswith("paged_attention_cache") for m in handle.missing)
+    finally:
+        handle.detach()
