@@ -1,3 +1,3 @@
-from agent.cli import entry
+from vramscope.agent.cli import entry
 
 entry()

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import ConfigError
-from agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.errors import ConfigError
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,

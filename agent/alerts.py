@@ -2,7 +2,8 @@
 
 The same :class:`AlertEngine` runs live in the agent's writer thread and offline in
 ``vramscope analyze``; it depends only on the records it is fed (never on a clock), so both give
-identical alerts. Per device it runs the analysis models (``agent.analysis``: risk, leak, KV),
+identical alerts. Per device it runs the analysis models
+(``vramscope.agent.analysis``: risk, leak, KV),
 and after every sample (or OOM / orphaned-block event) evaluates each rule:
 
 - ``pending`` when the condition first holds; ``fired`` once it has held ``for`` seconds;
@@ -23,16 +24,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.alert_rules import OPS, Rule, rules_from
-from agent.analysis.diagnosis import diagnose_warning
-from agent.analysis.fragmentation import inactive_split_ratio
-from agent.analysis.kv import KvTracker
-from agent.analysis.leaks import LeakDetector, orphaned_count
-from agent.analysis.merge import merged
-from agent.analysis.risk import RiskModel
-from agent.analysis.thresholds import Thresholds
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
+from vramscope.agent.alert_rules import OPS, Rule, rules_from
+from vramscope.agent.analysis.diagnosis import diagnose_warning
+from vramscope.agent.analysis.fragmentation import inactive_split_ratio
+from vramscope.agent.analysis.kv import KvTracker
+from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
+from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.risk import RiskModel
+from vramscope.agent.analysis.thresholds import Thresholds
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
 
 log = logging.getLogger("vramscope.alerts")
 OOM_RECENT_S = 300.0

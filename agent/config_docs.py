@@ -1,12 +1,13 @@
 """Render ``docs/configuration.md``'s settings reference from ``SETTINGS``.
 
-``python -m agent.config_docs > docs/configuration.md`` regenerates it; ``tests/test_docs.py``
+``python -m vramscope.agent.config_docs > docs/configuration.md`` regenerates it;
+``tests/test_docs.py``
 fails when a setting is missing from the docs, so the table and the docs cannot drift apart.
 """
 
 from __future__ import annotations
 
-from agent.config import SETTINGS, default_text, env_var_name
+from vramscope.agent.config import SETTINGS, default_text, env_var_name
 
 HEADER = """# Configuration
 

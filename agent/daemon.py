@@ -7,9 +7,9 @@ Threads (all daemon threads, all named):
   process rows (1 Hz), the agent's own stats (every ``STATS_INTERVAL_S``) and a retention step
   (submitted to the writer). :meth:`Agent.tick` runs whatever is due, so tests drive it with a
   ``FakeClock`` and never sleep.
-* ``vramscope-ingest`` — the socket server (``agent.ingest.server``).
-* ``vramscope-writer`` — the one writer (``agent.writer``); it also feeds the alert engine
-  after each committed batch, when ``agent.alerts`` is available.
+* ``vramscope-ingest`` — the socket server (``vramscope.agent.ingest.server``).
+* ``vramscope-writer`` — the one writer (``vramscope.agent.writer``); it also feeds the alert engine
+  after each committed batch, when ``vramscope.agent.alerts`` is available.
 
 ``run_forever`` installs SIGTERM/SIGINT handlers that stop the loops and flush the queue.
 """
@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Event, PostMortem
-from agent.retention import Retention
-from agent.writer import Writer
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, PostMortem
+from vramscope.agent.retention import Retention
+from vramscope.agent.writer import Writer
 
 log = logging.getLogger("vramscope.agent")
 
@@ -103,7 +103,7 @@ class Agent:
         self._paused = False
 
     def _make_server(self):
-        from agent.ingest.server import IngestServer
+        from vramscope.agent.ingest.server import IngestServer
 
         return IngestServer(self.socket_path, on_records=self._on_records,
                             on_postmortem=self._on_postmortem, on_hello=self._on_hello,
@@ -361,7 +361,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1"):
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        from agent.errors import VramscopeError
+        from vramscope.agent.errors import VramscopeError
 
         raise VramscopeError(f"cannot serve metrics on {host}:{port}: {exc.strerror}; "
                              f"choose another agent.metrics_port (0 disables) or "
@@ -370,7 +370,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1"):
 
 
 def _open_store(config: Any, db_url: str | None):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     return Store.open(db_url or config["database.url"],
                       synchronous=config["database.synchronous"],
@@ -381,14 +381,14 @@ def _open_source(source: Any, clock: Clock):
     """``"nvml"`` opens the real NVML (or None, with one log line); None means no sampling;
     anything else is a ``DeviceSource`` (a fake)."""
     if source == "nvml":
-        from agent.sources.nvml import open_nvml
+        from vramscope.agent.sources.nvml import open_nvml
 
         return open_nvml(clock)
     return source
 
 
 def _parse_uids(text: str) -> list[int]:
-    from agent.errors import ConfigError
+    from vramscope.agent.errors import ConfigError
 
     uids = []
     for part in (p.strip() for p in text.split(",")):
@@ -402,9 +402,10 @@ def _parse_uids(text: str) -> list[int]:
 
 
 def _load_alert_engine(config: Any, store: Any):
-    """Live alerting through ``agent.alerts`` when it exists; one log line when it does not."""
+    """Live alerting through ``vramscope.agent.alerts`` when it exists; one log line when it
+    does not."""
     try:
-        from agent import alerts
+        from vramscope.agent import alerts
     except ImportError:
         log.info("live alerting is off: agent.alerts is not available in this build")
         return None

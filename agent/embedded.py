@@ -18,10 +18,10 @@ import logging
 import os
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.daemon import Agent
-from agent.errors import VramscopeError
-from agent.records import PostMortem
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.daemon import Agent
+from vramscope.agent.errors import VramscopeError
+from vramscope.agent.records import PostMortem
 
 log = logging.getLogger("vramscope.embedded")
 
@@ -58,7 +58,7 @@ class EmbeddedAgent:
                  source: Any = "nvml", listen: bool = False, socket_path: str | None = None,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         if config is None:
-            from agent.config import load_config
+            from vramscope.agent.config import load_config
 
             config = load_config()
         self.agent = Agent(config, db_url=db_url, source=source, socket_path=socket_path,

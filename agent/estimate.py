@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UsageError
+from vramscope.agent.errors import UsageError
 
 GiB = 1 << 30
 MiB = 1 << 20

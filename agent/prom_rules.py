@@ -1,7 +1,7 @@
 """The config's alert rules as a Prometheus alerting-rules file (``vramscope export
 prometheus-rules``).
 
-Each rule of :func:`agent.alert_rules.parse_rules` (the built-ins with the ``alerts.*``
+Each rule of :func:`vramscope.agent.alert_rules.parse_rules` (the built-ins with the ``alerts.*``
 thresholds, plus ``[[alerts.rules]]``) becomes one Prometheus alert over the series vramscope
 exports on ``/metrics`` (docs/metrics.md), so the stack an operator already runs (Prometheus,
 Alertmanager) alerts on the same conditions as the agent:
@@ -77,7 +77,7 @@ def series_names() -> set[str]:
 
 def render_rules(config: Any) -> str:
     """The Prometheus rules file (YAML) for ``config``'s alert rules."""
-    from agent.alert_rules import parse_rules
+    from vramscope.agent.alert_rules import parse_rules
 
     rules = parse_rules(config)
     kept = [r for r in rules if exportable(r)]

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Sample
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Sample
 
 log = logging.getLogger("vramscope.retention")
 
@@ -72,7 +72,7 @@ class Retention:
 
     def step(self, store: Any) -> StepResult:
         """One bounded step: roll up a few minutes, then delete a few old rows."""
-        from agent.store import retention_sql as sql
+        from vramscope.agent.store import retention_sql as sql
 
         now_s = self._clock.time_s()
         minutes, rows = self._rollup(store, sql, now_s)

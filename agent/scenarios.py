@@ -29,7 +29,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.records import Event, Phase, PostMortem, Sample
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
 
 GIB = 2**30
 LIMIT_BYTES = 80 * GIB

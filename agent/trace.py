@@ -15,8 +15,8 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, NamedTuple
 
-from agent.errors import TraceError
-from agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.errors import TraceError
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 
 FORMAT_VERSION = 1
 _MAX_INT64 = 2**63 - 1  # the store's BigInteger columns

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import StoreError
-from agent.records import Event, PostMortem, Sample
+from vramscope.agent.errors import StoreError
+from vramscope.agent.records import Event, PostMortem, Sample
 
 log = logging.getLogger("vramscope.writer")
 

@@ -1,8 +1,10 @@
-"""The bridge to ``agent.analysis`` and ``agent.estimate`` for the Leaks, OOM risk and Capacity
+"""The bridge to ``vramscope.agent.analysis`` and ``vramscope.agent.estimate`` for the Leaks,
+OOM risk and Capacity
 pages and ``/api/v1/analysis``.
 
 Analysis is pure functions over records; this module reads the records (bounded), calls them,
-and hands the results to :mod:`dashboard.figures`. Where the analysis needs more raw samples than
+and hands the results to :mod:`vramscope.dashboard.figures`. Where the analysis needs more raw
+samples than
 a request should read, the Leaks page falls back to per-minute minima computed in SQL (the floor
 between requests), and says so in ``method``.
 """
@@ -12,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.errors import UsageError
-from agent.records import Phase, Sample
-from agent.store import Store
-from dashboard import figures, queries
-from dashboard.errors import BadParameter, Unavailable
+from vramscope.agent.errors import UsageError
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.store import Store
+from vramscope.dashboard import figures, queries
+from vramscope.dashboard.errors import BadParameter, Unavailable
 
 RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
 FLOOR_BUCKET_S = 60.0  # default alerts.leak_floor_window_s: one idle-floor point a minute
@@ -35,7 +37,7 @@ def report(store: Store, config, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
     """The ``vramscope.analysis/1`` document for one device and window."""
     try:
-        from agent.analysis.report import analyze_records
+        from vramscope.agent.analysis.report import analyze_records
     except ImportError:
         raise Unavailable("the analysis module is not available in this build") from None
     samples, events = _raw_records(store, device, host, start, end)
@@ -71,10 +73,10 @@ def leaks_view(store: Store, config, device: int, host: str | None, start: float
 
 def _leak_from_records(samples, events, config, device: int):
     try:
-        from agent.analysis import leaks
+        from vramscope.agent.analysis import leaks
     except ImportError:
         return [], None, "analysis unavailable"
-    from agent.analysis.thresholds import Thresholds
+    from vramscope.agent.analysis.thresholds import Thresholds
 
     window_s = Thresholds.from_config(config).leak_floor_window_s
     floor = leaks.idle_floor(samples, events, device, window_s)
@@ -89,8 +91,8 @@ def _leak_from_minima(store: Store, config, device: int, host: str | None, start
     floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
              if r["allocated_bytes_min"] is not None]
     try:
-        from agent.analysis import leaks
-        from agent.analysis.thresholds import Thresholds
+        from vramscope.agent.analysis import leaks
+        from vramscope.agent.analysis.thresholds import Thresholds
     except ImportError:
         return floor, None, "per-minute minima (analysis unavailable)"
     t = Thresholds.from_config(config)
@@ -155,7 +157,7 @@ def _forecast(store: Store, config, device: int, host: str | None, start: float,
     prefill-spike allowance, which needs the phases of raw samples.
     """
     try:
-        from agent.analysis.risk import risk_timeline
+        from vramscope.agent.analysis.risk import risk_timeline
     except ImportError:
         return None, [], "unavailable (the risk model is not in this build)"
     samples, events = _raw_records(store, device, host, start, end)
@@ -245,7 +247,7 @@ def _largest_limit(devices: list[dict[str, Any]]) -> int | None:
 
 def _estimate(shape: dict[str, Any], gpu_bytes: int | None):
     try:
-        from agent import estimate as est
+        from vramscope.agent import estimate as est
     except ImportError:
         return None, "the estimator is not available in this build"
     try:

@@ -1,19 +1,21 @@
-"""``/api/v1``: the JSON API, described by ``/api/v1/openapi.json`` (:mod:`dashboard.openapi`).
+"""``/api/v1``: the JSON API, described by ``/api/v1/openapi.json``
+(:mod:`vramscope.dashboard.openapi`).
 
-Handlers parse parameters with :mod:`dashboard.params` (a bad one is a 400 naming it), read
-through :mod:`dashboard.queries`, and return plain JSON. ``/api/v1/figures/*`` return Plotly
-figures built by the pure functions of :mod:`dashboard.figures`; the pages draw those.
+Handlers parse parameters with :mod:`vramscope.dashboard.params` (a bad one is a 400 naming it),
+read
+through :mod:`vramscope.dashboard.queries`, and return plain JSON. ``/api/v1/figures/*`` return
+Plotly
+figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the pages draw those.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, send_file
+from vramscope.dashboard import analysis, figures, params, queries
+from vramscope.dashboard import timeline as tl
+from vramscope.dashboard.app import state
+from vramscope.dashboard.errors import BadParameter
 from werkzeug.exceptions import NotFound
-
-from dashboard import analysis, figures, params, queries
-from dashboard import timeline as tl
-from dashboard.app import state
-from dashboard.errors import BadParameter
 
 bp = Blueprint("api", __name__)
 
@@ -31,7 +33,7 @@ def _device() -> int:
 
 @bp.get("/openapi.json")
 def openapi_document():
-    from dashboard.openapi import document
+    from vramscope.dashboard.openapi import document
 
     return jsonify(document())
 
@@ -156,7 +158,7 @@ def _shape() -> dict:
     gpu_gib = params.number("gpu_gib", None, low=0.001, high=100_000)
     shape["gpu_memory_bytes"] = int(gpu_gib * 2**30) if gpu_gib else None
     try:
-        from agent.estimate import DTYPE_BYTES
+        from vramscope.agent.estimate import DTYPE_BYTES
     except ImportError:
         return shape
     if shape["dtype"].lower() not in DTYPE_BYTES:

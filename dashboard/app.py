@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flask import Flask, current_app, send_file
-
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.config import Config, parse_config
-from agent.store import Store
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.config import Config, parse_config
+from vramscope.agent.store import Store
 
 PACKAGE_DIR = Path(__file__).parent
 
@@ -55,7 +54,7 @@ def create_app(config: Config | None = None, store: Store | None = None, *,
 
 
 def _init_extensions(app: Flask, config: Config) -> None:
-    from dashboard import api, errors, metrics, pages, security
+    from vramscope.dashboard import api, errors, metrics, pages, security
 
     security.init_app(app, config["dashboard.token"], plotly_js_path())
     errors.init_app(app)

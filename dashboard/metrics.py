@@ -15,8 +15,7 @@ from typing import Any
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-from agent.records import Phase
+from vramscope.agent.records import Phase
 
 # name -> (sample field, help). Gauges of the newest value per device.
 DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -69,7 +68,7 @@ class StoreCollector:
         yield took
 
     def _families(self) -> Iterator[Metric]:
-        from dashboard.queries import device_rows
+        from vramscope.dashboard.queries import device_rows
 
         rows = device_rows(self.store, self.config, self.clock.time_s())
         yield from _device_families(rows)
@@ -138,7 +137,7 @@ def _agent_families(store) -> Iterator[Metric]:
     queue = GaugeMetricFamily("vramscope_agent_queue_depth", "Agent writer queue depth.",
                               labels=("host",))
     for h in store.hosts():
-        from dashboard.queries import host_or_none
+        from vramscope.dashboard.queries import host_or_none
 
         stats = store.latest_agent_stats(host_or_none(store, h["name"]))
         if stats:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.params import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
-from dashboard.timeline import TIMELINE_COLUMNS
+from vramscope.dashboard.params import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
+from vramscope.dashboard.timeline import TIMELINE_COLUMNS
 
 NUM = {"type": "number"}
 INT = {"type": "integer"}

@@ -8,10 +8,9 @@ the same way, so a bad link gets a 400 page that names the parameter.
 from __future__ import annotations
 
 from flask import Blueprint, render_template
+from vramscope.dashboard import params
+from vramscope.dashboard.app import state
 from werkzeug.exceptions import NotFound
-
-from dashboard import params
-from dashboard.app import state
 
 bp = Blueprint("pages", __name__)
 

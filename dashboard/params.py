@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 from flask import request
-
-from dashboard.errors import BadParameter
+from vramscope.dashboard.errors import BadParameter
 
 MAX_POINTS_LIMIT = 10_000
 DEFAULT_MAX_POINTS = 2_000

@@ -1,16 +1,17 @@
 """What the pages and the API read, composed from ``agent``'s store queries.
 
 The only module of the dashboard that calls the store. Long ranges are always downsampled in
-SQL (:meth:`agent.store.Store.timeline`); raw samples are read only for short, bounded windows.
+SQL (:meth:`vramscope.agent.store.Store.timeline`); raw samples are read only for short, bounded
+windows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.records import SAMPLE_COUNTER_FIELDS, Phase
-from agent.store import Store
-from dashboard import timeline as tl
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
+from vramscope.agent.store import Store
+from vramscope.dashboard import timeline as tl
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 PHASE_SAMPLE_LIMIT = 20_000  # raw samples read for phase bands when there are no phase events
@@ -190,7 +191,7 @@ def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dic
     """The post-mortem for the API; a missing cause or remedies are filled in by the analysis'
     diagnosis, as ``vramscope analyze`` would."""
     try:
-        from agent.analysis.diagnosis import complete_postmortem
+        from vramscope.agent.analysis.diagnosis import complete_postmortem
     except ImportError:
         complete_postmortem = None
     out = (complete_postmortem(pm) if complete_postmortem else pm).to_json()

@@ -15,8 +15,7 @@ import logging
 import re
 
 from flask import Flask, Response, redirect, request
-
-from agent.errors import ConfigError
+from vramscope.agent.errors import ConfigError
 
 TOKEN_COOKIE = "vramscope_token"
 log = logging.getLogger("vramscope.dashboard")
@@ -117,7 +116,7 @@ def init_app(app: Flask, token: str, plotly_js) -> None:
             return None
         if token_matches(request.cookies.get(TOKEN_COOKIE), token):
             return None
-        from dashboard.errors import Unauthorized
+        from vramscope.dashboard.errors import Unauthorized
 
         raise Unauthorized()
 
@@ -127,7 +126,7 @@ def _require_loopback_host():
     domain at 127.0.0.1 (DNS rebinding) must not read the API from a visitor's browser."""
     host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
     if not is_loopback(host):
-        from dashboard.errors import ForbiddenHost
+        from vramscope.dashboard.errors import ForbiddenHost
 
         raise ForbiddenHost(f"Host {request.host!r} is not a loopback name; without "
                             f"dashboard.token only localhost, 127.0.0.1 and [::1] are served")

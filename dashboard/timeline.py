@@ -1,7 +1,7 @@
 """Pure functions that turn downsampled store rows and events into the timeline document.
 
-No I/O here: :mod:`dashboard.queries` fetches, these shape. The document is what
-``GET /api/v1/timeline`` returns and what :func:`dashboard.figures.timeline_figure` draws.
+No I/O here: :mod:`vramscope.dashboard.queries` fetches, these shape. The document is what
+``GET /api/v1/timeline`` returns and what :func:`vramscope.dashboard.figures.timeline_figure` draws.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Phase, Sample
 
 # What the timeline asks the store for, in the order the plots use them.
 TIMELINE_COLUMNS: tuple[str, ...] = (

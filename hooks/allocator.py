@@ -5,7 +5,7 @@ is Python flattening a nested dict of ~120 entries into ``"allocated_bytes.all.c
 sorting them. The binding beneath it, ``torch._C._cuda_memoryStats(device)``, returns the same
 counters as the nested dict straight from C++; we read the eight counters we need from it and
 skip the flattening. ``choose_binding`` picks the cheapest binding the installed torch has and
-``agent.bench.hooks`` measures it against ``memory_stats()`` side by side.
+``vramscope.agent.bench.hooks`` measures it against ``memory_stats()`` side by side.
 
 Counter contract (all ints >= 0, read at one instant under the allocator's lock):
 
@@ -25,9 +25,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Phase, Sample
-from hooks.phase import current_phase, note_allocated
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Phase, Sample
+from vramscope.hooks.phase import current_phase, note_allocated
 
 log = logging.getLogger("vramscope.hooks")
 

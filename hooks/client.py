@@ -8,7 +8,8 @@ buffered. The drain thread's side (taking, and reading the counts) shares one lo
 never waits for it. A put between its append and its tick is not counted yet, so the drop
 count can lag by the puts in progress, never run ahead of the truth (see ``dropped_total``);
 it is exact whenever no put is in progress. A daemon thread drains the buffer in
-batches to the agent (protocol v1, ``agent.ingest.protocol``). When the agent is absent, slow
+batches to the agent (protocol v1, ``vramscope.agent.ingest.protocol``). When the agent is absent,
+slow
 (a send that does not finish in ``send_timeout_s``) or restarting, the thread drops what it
 cannot send, counts it, and reconnects with exponential backoff; the server thread never waits
 and never sees an exception. After reconnecting it sends a ``dropped`` message with the count
@@ -30,8 +31,8 @@ import weakref
 from collections import deque
 from typing import Any
 
-from agent.ingest import protocol as proto
-from agent.records import PostMortem
+from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.records import PostMortem
 
 log = logging.getLogger("vramscope.client")
 

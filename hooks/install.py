@@ -8,14 +8,15 @@ What it turns on, each where the environment allows:
 
 - phase tracking (always): ``phase()`` / ``set_phase()`` events to the sink;
 - the allocator sampler: a daemon thread reading each device's counters every
-  ``sampling.allocator_interval_s`` (``hooks.allocator``);
-- fragmentation snapshots every ``sampling.snapshot_interval_s`` (``hooks.snapshot``);
-- the OOM observer (``hooks.oom``) and, when ``hooks.history`` is not ``off``, allocation
+  ``sampling.allocator_interval_s`` (``vramscope.hooks.allocator``);
+- fragmentation snapshots every ``sampling.snapshot_interval_s`` (``vramscope.hooks.snapshot``);
+- the OOM observer (``vramscope.hooks.oom``) and, when ``hooks.history`` is not ``off``, allocation
   history with a bounded ``hooks.history_max_entries``;
 - phase stamping through ``torch.cuda.memory._set_memory_metadata``.
 
 Records go to ``sink=`` if given; else, with ``embedded=True``, to an in-process
-``agent.embedded.EmbeddedAgent`` writing the store; else to ``hooks.client.make_default_sink``
+``vramscope.agent.embedded.EmbeddedAgent`` writing the store; else to
+``vramscope.hooks.client.make_default_sink``
 (the socket client to a sidecar agent). Nothing touches CUDA before the server does: reads and
 observers that need an initialized CUDA wait for it (``torch.cuda._lazy_call``).
 """
@@ -27,8 +28,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from hooks import phase as phase_mod
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.hooks import phase as phase_mod
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -157,7 +158,7 @@ def _install(report: InstallReport, config: Any, sink: Any, clock: Clock, embedd
                + ("; per-phase peaks from the allocator's peak counter" if sources else ""))
     _report_nvml(report)
     if tasks:
-        from hooks.sampler import Sampler
+        from vramscope.hooks.sampler import Sampler
 
         inst.sampler = Sampler(inst.sink, tasks, clock=clock)
         inst.sampler.start()
@@ -165,8 +166,8 @@ def _install(report: InstallReport, config: Any, sink: Any, clock: Clock, embedd
 
 
 def _resolve_config(config: Any, report: InstallReport) -> Any:
-    from agent.config import load_config, parse_config
-    from agent.errors import VramscopeError
+    from vramscope.agent.config import load_config, parse_config
+    from vramscope.agent.errors import VramscopeError
 
     if config is not None:
         return config
@@ -187,19 +188,19 @@ def _resolve_sink(inst: _Installation, config: Any, sink: Any, embedded: bool) -
         return
     try:
         if embedded:
-            from agent.embedded import EmbeddedAgent
+            from vramscope.agent.embedded import EmbeddedAgent
 
             inst.agent = EmbeddedAgent(config)
             inst.agent.start()
             inst.sink = inst.agent.sink
             report.add("sink", True, f"embedded agent writing {config['database.url']}")
         else:
-            from hooks.client import make_default_sink
+            from vramscope.hooks.client import make_default_sink
 
             inst.sink, inst.owns_sink = make_default_sink(config), True
             report.add("sink", True, f"agent socket {config['agent.socket_path']}")
     except Exception as exc:  # not built yet, or the agent cannot start
-        what = "agent.embedded" if embedded else "hooks.client"
+        what = "vramscope.agent.embedded" if embedded else "vramscope.hooks.client"
         inst.sink = DropSink()
         report.add("sink", False, f"{what} unavailable ({exc!r}); records are counted and dropped")
 
@@ -228,8 +229,8 @@ def _cuda_usable(torch: Any, report: InstallReport) -> bool:
 
 def _allocator_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
                      report: InstallReport) -> tuple[list[Any], list[Any]]:
-    from hooks.allocator import AllocatorSource
-    from hooks.sampler import Every
+    from vramscope.hooks.allocator import AllocatorSource
+    from vramscope.hooks.sampler import Every
 
     interval = float(config["sampling.allocator_interval_s"])
     sources = [AllocatorSource(d, clock=clock, torch_module=torch) for d in devices]
@@ -244,7 +245,7 @@ def _allocator_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
 
 def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
                     report: InstallReport) -> list[Any]:
-    from hooks.snapshot import SnapshotSource, light_snapshot_fn
+    from vramscope.hooks.snapshot import SnapshotSource, light_snapshot_fn
 
     interval = float(config["sampling.snapshot_interval_s"])
     if interval <= 0:
@@ -259,8 +260,8 @@ def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
 
 def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any, clock: Clock,
                          report: InstallReport) -> Any:
-    from hooks.oom import OomObserver
-    from hooks.snapshot import light_snapshot_fn
+    from vramscope.hooks.oom import OomObserver
+    from vramscope.hooks.snapshot import light_snapshot_fn
 
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if attach is None:

@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock, SystemClock
-from agent.records import Event, Phase, Sample
-from hooks.kvpool_types import Allocation, CheckReport, KVPoolObserver
-from hooks.sink import RecordSink
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock, SystemClock
+from vramscope.agent.records import Event, Phase, Sample
+from vramscope.hooks.kvpool_types import Allocation, CheckReport, KVPoolObserver
+from vramscope.hooks.sink import RecordSink
 
 _new_event = tuple.__new__
 _MAX_IDS_IN_EVENT = 32  # bound the orphan event: a leak of 10k blocks is still one line

@@ -18,7 +18,7 @@ walks its blocks' keys and shares every cached one (refcounts). The last prompt 
 hit, so the engine always has a token to compute logits from (as vLLM and transformers do).
 
 The observer is an optional collaborator with a free disabled path: with none set, every hook
-site costs one ``is None`` test. torch is optional (see ``hooks.kvpool_tier``).
+site costs one ``is None`` test. torch is optional (see ``vramscope.hooks.kvpool_tier``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,14 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from hooks.kvpool_tier import DeviceBuffer, HostTier, copy_block, load_torch, log_no_torch_once
-from hooks.kvpool_types import (
+from vramscope.hooks.kvpool_tier import (
+    DeviceBuffer,
+    HostTier,
+    copy_block,
+    load_torch,
+    log_no_torch_once,
+)
+from vramscope.hooks.kvpool_types import (
     Allocation,
     CheckReport,
     KVPoolError,
@@ -322,7 +328,7 @@ class KVBlockPool:
     def check(self, live_request_ids: Iterable[str] | None = None) -> CheckReport:
         """Verify the invariants; with ``live_request_ids``, blocks held by any other request
         are orphaned. ``check_idle()`` is ``check(())``: when idle, nothing may hold a block."""
-        from hooks.kvpool_check import run_check
+        from vramscope.hooks.kvpool_check import run_check
 
         report = run_check(self, None if live_request_ids is None else set(live_request_ids))
         if self._on_check is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooks.kvpool_types import CheckReport
+from vramscope.hooks.kvpool_types import CheckReport
 
 _MAX_PROBLEMS = 20  # a corrupt pool could list every block; the first few say enough
 

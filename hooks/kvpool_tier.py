@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from hooks.kvpool_types import KVPoolError
+from vramscope.hooks.kvpool_types import KVPoolError
 
 log = logging.getLogger("vramscope.kvpool")
 

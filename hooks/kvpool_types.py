@@ -1,4 +1,4 @@
-"""Records, errors and the observer seam of the KV block pool (``hooks.kvpool``).
+"""Records, errors and the observer seam of the KV block pool (``vramscope.hooks.kvpool``).
 
 Kept apart from the pool so the KV source and the transformers adapter can import the records
 without the pool's bookkeeping, and so this file documents the data contract where it is made.

@@ -24,10 +24,10 @@ import pickle
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Event, Holder, Phase, PostMortem
-from hooks.phase import METADATA_PREFIX
-from hooks.snapshot import largest_free_in_segment, summarize
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, Holder, Phase, PostMortem
+from vramscope.hooks.phase import METADATA_PREFIX
+from vramscope.hooks.snapshot import largest_free_in_segment, summarize
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -166,7 +166,7 @@ class OomObserver:
                 log.warning("vramscope: building the OOM post-mortem failed: %r", exc)
 
     def _record(self, device: int, alloc: int, limit: int, free: int) -> None:
-        from hooks.phase import current_phase, requests_in_flight
+        from vramscope.hooks.phase import current_phase, requests_in_flight
 
         counters = self._read_counters(device) if self._read_counters else None
         ts_s = self._clock.time_s()

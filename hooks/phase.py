@@ -27,8 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Event, Phase
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, Phase
 
 METADATA_PREFIX = "vramscope.phase="
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("vramscope.hooks")
 

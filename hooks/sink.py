@@ -1,8 +1,8 @@
 """Where in-server records go: the one-method seam between hooks and whatever ships them.
 
 ``RecordSink.put`` must never block and never raise: the inference server's thread calls it.
-Implementations: ``ListSink`` (the fake, for tests), the socket client in ``hooks.client``
-(to a sidecar agent) and the embedded agent's sink in ``agent.embedded``.
+Implementations: ``ListSink`` (the fake, for tests), the socket client in ``vramscope.hooks.client``
+(to a sidecar agent) and the embedded agent's sink in ``vramscope.agent.embedded``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from agent.records import Event, PostMortem, Sample
+from vramscope.agent.records import Event, PostMortem, Sample
 
 Record = Sample | Event | PostMortem
 

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Event, Sample
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, Sample
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -125,7 +125,7 @@ class SnapshotSource:
             self.interval_s = max(self.base_interval_s, self.interval_s / 2)
 
     def _records(self, frag: Fragmentation, cost_s: float) -> list[Sample | Event]:
-        from hooks.phase import current_phase
+        from vramscope.hooks.phase import current_phase
 
         ts_s = self._clock.time_s()
         phase = current_phase()

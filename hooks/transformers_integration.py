@@ -20,7 +20,8 @@ continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
     that is absent). A step with any prefill is tagged ``prefill`` (its activations set the
     memory peak) and records both token counts; a span of such steps counts ``mixed_steps``.
     ``scheduler.finish_request`` ends requests, and the phase goes ``idle`` when none is left.
-    When the batch processor's ``PagedAttentionCache`` appears and ``hooks.transformers_kv``
+    When the batch processor's ``PagedAttentionCache`` appears and
+    ``vramscope.hooks.transformers_kv``
     exists, ``observe_paged_attention_cache(cache, sink)`` is called with it.
 """
 
@@ -33,8 +34,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from agent.records import Phase
-from hooks import phase as phase_mod
+from vramscope.agent.records import Phase
+from vramscope.hooks import phase as phase_mod
 
 log = logging.getLogger("vramscope.hooks")
 _REQUEST_IDS = itertools.count(1)
@@ -213,7 +214,7 @@ class TransformersHandle:
             phase_mod.set_phase(Phase.IDLE)
 
     def _observe_kv(self, cache: Any) -> None:
-        from hooks.transformers_kv import observe_paged_attention_cache
+        from vramscope.hooks.transformers_kv import observe_paged_attention_cache
 
         sink = self.sink if self.sink is not None else phase_mod.active_sink()
         if observe_paged_attention_cache(cache, sink):
@@ -236,10 +237,11 @@ class TransformersHandle:
 def attach_transformers(model: Any, sink: Any = None) -> TransformersHandle:
     """Tag phases for ``model.generate()`` and continuous batching; returns a handle to detach.
 
-    ``sink`` receives the KV pool view of continuous batching (``hooks.transformers_kv``); when
+    ``sink`` receives the KV pool view of continuous batching
+    (``vramscope.hooks.transformers_kv``); when
     ``install()`` has not run, phase events go to it too.
     """
-    from hooks.install import installed
+    from vramscope.hooks.install import installed
 
     if sink is not None and not installed():
         phase_mod.configure(sink=sink)

@@ -3,7 +3,7 @@
 transformers preallocates one pool for the KV cache (by default most of the free GPU memory),
 so torch's counters stay flat while the pool fills: the KV view must come from the pool itself.
 ``observe_paged_attention_cache(cache, sink)`` wraps a few methods *on that cache instance* and
-puts the same records as vramscope's own pool (``hooks.kv_source``): ``kv_alloc`` (first
+puts the same records as vramscope's own pool (``vramscope.hooks.kv_source``): ``kv_alloc`` (first
 blocks of a request, with ``hit_tokens`` from prefix sharing), ``kv_free``, ``kv_alloc_failed``
 (once per waiting request), ``kv_orphaned_blocks`` (blocks still used when no request holds a
 block table: the idle leak check), and rate-limited ``Sample``s with ``kv_blocks_used``,
@@ -35,8 +35,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from agent.clock import SYSTEM_CLOCK, Clock, SystemClock
-from agent.records import Event, Phase, Sample
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock, SystemClock
+from vramscope.agent.records import Event, Phase, Sample
 
 log = logging.getLogger("vramscope.hooks")
 _WATCH_ATTR = "_vramscope_kv_watch"
@@ -172,7 +172,7 @@ def _weak_method(obj: Any, name: str) -> Callable[..., Any]:
 
 def _default_phase_fn() -> Callable[[], Phase] | None:
     try:
-        from hooks.phase import current_phase
+        from vramscope.hooks.phase import current_phase
     except ImportError:
         return None
     return current_phase

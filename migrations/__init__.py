@@ -1,5 +1,6 @@
-"""Alembic environment and revisions for the schema in ``agent.store.schema``.
+"""Alembic environment and revisions for the schema in ``vramscope.agent.store.schema``.
 
-Used programmatically by ``agent.store.migrate`` (no alembic.ini needed): the store passes its
+Used programmatically by ``vramscope.agent.store.migrate`` (no alembic.ini needed): the store
+passes its
 open connection through ``config.attributes["connection"]``.
 """

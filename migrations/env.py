@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from alembic import context
-
-from agent.store.schema import metadata
+from vramscope.agent.store.schema import metadata
 
 config = context.config
 

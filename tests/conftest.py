@@ -6,8 +6,7 @@ import os
 import uuid
 
 import pytest
-
-from agent.clock import FakeClock
+from vramscope.agent.clock import FakeClock
 
 
 @pytest.fixture
@@ -22,7 +21,7 @@ def sqlite_url(tmp_path) -> str:
 
 @pytest.fixture
 def store(sqlite_url):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     s = Store.open(sqlite_url, host_name="testhost")
     yield s
@@ -35,7 +34,7 @@ def postgres_server():
     if os.environ.get("VRAMSCOPE_TEST_POSTGRES_URL"):
         yield None
         return
-    from tests.pgserver import PostgresServer
+    from tests.support.pgserver import PostgresServer
 
     server = PostgresServer()
     server.start()

@@ -26,7 +26,7 @@ fi
 python3 -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test]'
 
 # One real PostgreSQL server for the `postgres` tests, on a free loopback port, stopped on exit.
-read -r PG_URL PG_ROOT PG_CTL PG_DATA < <(python3 -m tests.pgserver)
+read -r PG_URL PG_ROOT PG_CTL PG_DATA < <(python3 -m tests.support.pgserver)
 stop_pg() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$PG_CTL" -D "$PG_DATA" -m fast stop >/dev/null || true
   else "$PG_CTL" -D "$PG_DATA" -m fast stop >/dev/null || true; fi

@@ -20,8 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-
-from agent.config import SETTINGS, env_var_name, parse_config
+from vramscope.agent.config import SETTINGS, env_var_name, parse_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -252,8 +251,8 @@ def test_manifests_use_only_real_variable_names():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_prometheus_scrape_config_is_valid(tmp_path):
     """deploy/prometheus/prometheus.yml, with the rules file it loads, passes promtool."""
-    from agent.config import parse_config as _parse
-    from agent.prom_rules import render_rules
+    from vramscope.agent.config import parse_config as _parse
+    from vramscope.agent.prom_rules import render_rules
 
     src = ROOT / "deploy" / "prometheus" / "prometheus.yml"
     (tmp_path / "prometheus.yml").write_text(src.read_text())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.config import SETTINGS, env_var_name
+from vramscope.agent.config import SETTINGS, env_var_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_setting_is_documented():
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [s.key for s in SETTINGS if f"`{s.key}`" not in text]
-    assert missing == [], f"undocumented settings: {missing} (run python -m agent.config_docs)"
+    assert missing == [], (
+        f"undocumented settings: {missing} (run python -m vramscope.agent.config_docs)")
     missing_env = [s.key for s in SETTINGS if env_var_name(s.key) not in text]
     assert missing_env == []
 
@@ -32,7 +33,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_configuration_doc_is_generated_from_the_table():
-    from agent.config_docs import render
+    from vramscope.agent.config_docs import render
 
     text = (ROOT / "docs" / "configuration.md").read_text()
-    assert text == render(), "docs/configuration.md is stale: python -m agent.config_docs > it"
+    assert text == render(), (
+        "docs/configuration.md is stale: python -m vramscope.agent.config_docs > it")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.records import Phase, PostMortem, Sample
+from vramscope.agent.records import Phase, PostMortem, Sample
 
 CAUSES = ("startup", "growth", "fragmentation", "prefill_spike", "batch", "unknown")
 FRAGMENTED_RATIO = 0.5

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from agent.records import Sample
+from vramscope.agent.records import Sample
 
 
 class FragPoint(NamedTuple):

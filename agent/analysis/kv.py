@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from agent.records import Sample
+from vramscope.agent.records import Sample
 
 RATE_WINDOW_S = 30.0
 MIN_RATE_SPAN_S = 5.0

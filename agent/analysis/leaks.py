@@ -32,10 +32,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.analysis.merge import merged
-from agent.analysis.stats import mann_kendall, median, theil_sen
-from agent.analysis.thresholds import Thresholds
-from agent.records import Event, Phase, Sample
+from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.stats import mann_kendall, median, theil_sen
+from vramscope.agent.analysis.thresholds import Thresholds
+from vramscope.agent.records import Event, Phase, Sample
 
 FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
 HORIZON_POINTS = 120  # two hours of floor points

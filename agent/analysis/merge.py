@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
-from agent.records import Event, Sample
+from vramscope.agent.records import Event, Sample
 
 _TS = attrgetter("ts_s")
 

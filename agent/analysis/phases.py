@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from agent.records import Phase, Sample
+from vramscope.agent.records import Phase, Sample
 
 PHASES = (Phase.PREFILL, Phase.DECODE, Phase.IDLE, Phase.UNKNOWN)
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agent.analysis.diagnosis import REMEDIES, diagnose
-from agent.analysis.fragmentation import fragmentation_summary
-from agent.analysis.merge import merged
-from agent.analysis.phases import phase_stats
-from agent.analysis.risk import LEVELS
-from agent.records import Event, PostMortem, Sample
+from vramscope.agent.analysis.diagnosis import REMEDIES, diagnose
+from vramscope.agent.analysis.fragmentation import fragmentation_summary
+from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.phases import phase_stats
+from vramscope.agent.analysis.risk import LEVELS
+from vramscope.agent.records import Event, PostMortem, Sample
 
 FORMAT = "vramscope.analysis/1"
 _REPORT_PHASES = ("prefill", "decode", "idle")
@@ -26,7 +26,7 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
                     postmortems: Sequence[PostMortem] = (),
                     device: int | None = None) -> dict[str, Any]:
     """The analysis document of a recording (optionally of one device)."""
-    from agent.alerts import AlertEngine
+    from vramscope.agent.alerts import AlertEngine
 
     records = merged(samples, events)
     if device is not None:

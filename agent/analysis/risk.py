@@ -34,12 +34,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.analysis.fragmentation import external_fragmentation
-from agent.analysis.merge import merged
-from agent.analysis.phases import SpikeTracker
-from agent.analysis.stats import theil_sen
-from agent.analysis.thresholds import Thresholds
-from agent.records import Event, Sample
+from vramscope.agent.analysis.fragmentation import external_fragmentation
+from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.phases import SpikeTracker
+from vramscope.agent.analysis.stats import theil_sen
+from vramscope.agent.analysis.thresholds import Thresholds
+from vramscope.agent.records import Event, Sample
 
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # twenty minutes of peaks

@@ -1,6 +1,7 @@
 """The analysis thresholds, read once from the ``alerts.*`` settings (or their defaults).
 
-Analysis functions take a config mapping (``agent.config.Config`` or any mapping with the same
+Analysis functions take a config mapping (``vramscope.agent.config.Config`` or any mapping with the
+same
 keys) or ``None`` for the defaults; they turn it into this record once, so that the hot loops
 read attributes rather than dictionary keys.
 """

@@ -18,14 +18,14 @@ from typing import Any
 
 # name -> (module, what it measures). GPU benchmarks skip themselves without CUDA.
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "ingest": ("agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
-    "kvpool": ("agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
-    "agent": ("agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
-    "dashboard": ("agent.bench.dashboard", "downsampled timeline vs raw fetch"),
-    "detection": ("agent.bench.detection", "leak / OOM detection on the scenario suite"),
-    "allocators": ("agent.bench.allocators", "one trace through three allocators"),
-    "analysis": ("agent.bench.analysis", "analysis throughput vs trace reading"),
-    "hooks": ("agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
+    "ingest": ("vramscope.agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
+    "kvpool": ("vramscope.agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
+    "agent": ("vramscope.agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
+    "dashboard": ("vramscope.agent.bench.dashboard", "downsampled timeline vs raw fetch"),
+    "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
+    "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
+    "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
+    "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
 }
 
 

@@ -19,8 +19,8 @@ import statistics
 import tempfile
 import time
 
-from agent.bench import BenchOptions, Figure, interleaved
-from agent.errors import VramscopeError
+from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.errors import VramscopeError
 
 BATCH = 500
 
@@ -35,8 +35,8 @@ def run(options: BenchOptions) -> list[Figure]:
 
 # --- 1. throughput ---------------------------------------------------------------------------
 def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
-    from agent.bench.ingest import make_samples
-    from agent.ingest.process import AgentProcess
+    from vramscope.agent.bench.ingest import make_samples
+    from vramscope.agent.ingest.process import AgentProcess
 
     n = 20_000 if options.quick else 200_000
     rounds = 3 if options.quick else 5
@@ -82,7 +82,7 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
 
 
 def _via_agent(agent, rows: list, cpu_per_round: list[float]):
-    from agent.ingest.connection import AgentConnection
+    from vramscope.agent.ingest.connection import AgentConnection
 
     state = {"round": 0}
 
@@ -110,7 +110,7 @@ def _via_agent(agent, rows: list, cpu_per_round: list[float]):
 
 
 def _direct(rows: list, workdir: str):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     def write() -> None:
         path = os.path.join(workdir, f"direct-{os.urandom(4).hex()}.db")
@@ -147,7 +147,7 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
 
 def _measure(workdir: str, name: str, devices: int, window_s: float) -> tuple[float, int]:
     """CPU seconds per second over ``window_s`` after a settling second, and RSS at the end."""
-    from agent.ingest.process import AgentProcess
+    from vramscope.agent.ingest.process import AgentProcess
 
     agent = AgentProcess(f"sqlite:///{workdir}/{name}.db", f"{workdir}/{name}/agent.sock",
                          fake_devices=devices).start()

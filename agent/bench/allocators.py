@@ -1,15 +1,16 @@
 """``vramscope bench allocators``: one KV request trace through three allocator designs.
 
-The trace (fixed seed, :mod:`agent.sim.workload`) gives each request a KV buffer that holds its
+The trace (fixed seed, :mod:`vramscope.agent.sim.workload`) gives each request a KV buffer that
+holds its
 prompt at arrival and grows every ``growth_tokens`` decoded tokens until the request ends and
 frees it: requests end in an order set by their lengths, not their arrival. The designs, each
 with the same memory budget:
 
 - ``first_fit``: the pre-paging design of the articles: one arena, per-request buffers carved
-  first-fit, split and merged (:mod:`agent.sim.first_fit`); growing a buffer allocates the
+  first-fit, split and merged (:mod:`vramscope.agent.sim.first_fit`); growing a buffer allocates the
   larger one and frees the old (a copy, as ``torch.cat`` does);
 - ``caching``: the same buffers through the PyTorch caching-allocator model
-  (:mod:`agent.sim.caching_allocator`), the limit as budget;
+  (:mod:`vramscope.agent.sim.caching_allocator`), the limit as budget;
 - ``paged``: vramscope's ``KVBlockPool`` (bookkeeping only) with blocks of 16 tokens.
 
 A request whose allocation fails is an OOM: it is dropped and its memory freed, as a server
@@ -27,10 +28,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.bench import BenchOptions, Figure
-from agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
-from agent.sim.first_fit import FirstFitOOM, FirstFitPool
-from agent.sim.workload import WorkloadSpec, requests, take_until
+from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
+from vramscope.agent.sim.first_fit import FirstFitOOM, FirstFitPool
+from vramscope.agent.sim.workload import WorkloadSpec, requests, take_until
 
 MiB = 1 << 20
 KV_BYTES_PER_TOKEN = 2 * 16 * 4 * 128 * 2  # 32 KiB: 16 layers, 4 KV heads, head dim 128, bf16
@@ -118,7 +119,7 @@ class _PagedDesign:
     """Block tables in vramscope's KVBlockPool: any free block serves any request."""
 
     def __init__(self, budget_bytes: int = BUDGET_BYTES) -> None:
-        from hooks.kvpool import KVBlockPool, KVPoolError
+        from vramscope.hooks.kvpool import KVBlockPool, KVPoolError
 
         self.name, self._error = "paged", KVPoolError
         self.pool = KVBlockPool(num_layers=16, num_kv_heads=4, head_dim=128, dtype="bfloat16",

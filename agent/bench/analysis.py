@@ -8,7 +8,7 @@ to read (ratio <= 0.5).
 The trace is shaped like a real recording: per 0.1 s tick, one allocator sample (``torch``),
 one NVML sample and one KV-pool sample, each with only its own fields (as the hooks, the NVML
 source and the demo's simulated servers write them), from the steady scenario of
-``agent.scenarios``.
+``vramscope.agent.scenarios``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.bench import BenchOptions, Figure, interleaved
 
 FULL_SAMPLES = 1_000_000
 QUICK_SAMPLES = 20_000
@@ -35,9 +35,9 @@ def split_sources(s):
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    from agent.analysis.report import analyze_records
-    from agent.scenarios import simulate
-    from agent.trace import read_trace, write_trace
+    from vramscope.agent.analysis.report import analyze_records
+    from vramscope.agent.scenarios import simulate
+    from vramscope.agent.trace import read_trace, write_trace
 
     n = QUICK_SAMPLES if options.quick else FULL_SAMPLES
     sc = simulate("bench", "steady", 7, n * DT_S / 3, DT_S)

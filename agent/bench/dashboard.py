@@ -20,8 +20,8 @@ import os
 import statistics
 import tempfile
 
-from agent.bench import BenchOptions, Figure, interleaved
-from agent.records import Phase, Sample
+from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.records import Phase, Sample
 
 T0 = 1_700_000_000.0
 DAY_S = 86_400.0
@@ -56,7 +56,7 @@ def generate(store, per_device: int) -> None:
 def roll_up(store) -> None:
     """Per-minute rollups of the whole day, as the live agent's retention keeps them (set-up,
     not timed): long ranges are served from them, the newest minutes from raw samples."""
-    from agent.store.retention_sql import rollup_window
+    from vramscope.agent.store.retention_sql import rollup_window
 
     first = (T0 // 60) * 60
     for hour in range(25):
@@ -75,7 +75,7 @@ def _endpoint(client, device: int):
 
 
 def _sql_only(store, device: int):
-    from dashboard.timeline import TIMELINE_COLUMNS
+    from vramscope.dashboard.timeline import TIMELINE_COLUMNS
 
     def call() -> int:
         return len(store.timeline(device, T0, T0 + DAY_S, 2000, TIMELINE_COLUMNS))
@@ -83,7 +83,7 @@ def _sql_only(store, device: int):
 
 
 def _raw(store, device: int):
-    from agent.trace import sample_to_json
+    from vramscope.agent.trace import sample_to_json
 
     def call() -> int:
         rows = store.samples(device, T0, T0 + DAY_S)
@@ -92,8 +92,8 @@ def _raw(store, device: int):
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    from agent.store import Store
-    from dashboard.app import create_app
+    from vramscope.agent.store import Store
+    from vramscope.dashboard.app import create_app
 
     per_device = 5_000 if options.quick else 126_000
     rounds = 3 if options.quick else 5

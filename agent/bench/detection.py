@@ -18,9 +18,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.alerts import AlertEngine
-from agent.bench import BenchOptions, Figure
-from agent.scenarios import Scenario, hard_cases, suite
+from vramscope.agent.alerts import AlertEngine
+from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.scenarios import Scenario, hard_cases, suite
 
 TARGET_RATE = 0.005  # leaks at least this fast must be found...
 TARGET_WITHIN_S = 2 * 3600.0  # ...within this long

@@ -24,8 +24,8 @@ import statistics
 import time
 from typing import Any
 
-from agent.bench import BenchOptions, Figure, Timing, interleaved
-from agent.errors import VramscopeError
+from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
+from vramscope.agent.errors import VramscopeError
 
 
 def _require_cuda() -> Any:
@@ -52,7 +52,7 @@ def run(options: BenchOptions) -> list[Figure]:
 
 def measure_read_cost(torch: Any, rounds: int, calls: int) -> dict[str, Any]:
     """Per-call seconds of each way to read the counters, interleaved over ``rounds``."""
-    from hooks.allocator import AllocatorSource
+    from vramscope.hooks.allocator import AllocatorSource
 
     torch.cuda.init()
     keep = [torch.empty(2**20, device="cuda") for _ in range(64)]  # a realistic stats state
@@ -109,9 +109,9 @@ def build_llama(torch: Any, *, layers: int, hidden: int, vocab: int = 32000,
 def measure_decode_overhead(torch: Any, *, quick: bool, model: Any = None,
                             rounds: int = 30) -> dict[str, Any]:
     """Per-token generate() time, hooks off vs on, in ``rounds`` of alternating order."""
-    import hooks.install as inst
-    from hooks.sink import ListSink
-    from hooks.transformers_integration import attach_transformers
+    import vramscope.hooks.install as inst
+    from vramscope.hooks.sink import ListSink
+    from vramscope.hooks.transformers_integration import attach_transformers
 
     model = model or build_llama(torch, layers=4 if quick else 16, hidden=512 if quick else 2048)
     batch, prompt, new = (4, 64, 16) if quick else (16, 512, 64)
@@ -168,11 +168,11 @@ def overhead_figures(o: dict[str, Any]) -> list[Figure]:
 def measure_hook_cost(torch: Any, model: Any, *, batch: int, new_tokens: int,
                       steps: int = 20_000, requests: int = 500) -> dict[str, Any]:
     """Seconds of hook work per decode step, per request, and per second of sampling."""
-    import hooks.install as inst
-    from agent.records import Phase
-    from hooks import phase as phase_mod
-    from hooks.sink import ListSink
-    from hooks.transformers_integration import attach_transformers
+    import vramscope.hooks.install as inst
+    from vramscope.agent.records import Phase
+    from vramscope.hooks import phase as phase_mod
+    from vramscope.hooks.sink import ListSink
+    from vramscope.hooks.transformers_integration import attach_transformers
 
     device = next(model.parameters()).device
     decode_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)

@@ -12,8 +12,8 @@ import sqlite3
 import statistics
 import tempfile
 
-from agent.bench import BenchOptions, Figure, interleaved
-from agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
+from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
 
 BATCH_ROWS = 2000  # the agent writer's default batch
 
@@ -28,7 +28,7 @@ def make_samples(n: int, devices: int = 8) -> list[Sample]:
 
 
 def _store_writer(rows: list[Sample], workdir: str):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     def write() -> None:
         path = os.path.join(workdir, f"store-{os.urandom(4).hex()}.db")
@@ -62,7 +62,7 @@ def _raw_writer(rows: list[Sample], workdir: str, template: str):
 
 
 def _schema_sql(workdir: str) -> str:
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     path = os.path.join(workdir, "template.db")
     Store.open(f"sqlite:///{path}").close()

@@ -15,7 +15,7 @@ with the most events; medians over rounds, with the per-round spread.
 
 from __future__ import annotations
 
-from agent.bench import BenchOptions, Figure, Timing, interleaved
+from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
 
 # A 7B-class shape (32 layers, 8 KV heads, head dim 128, bf16), 16-token blocks.
 SHAPE = dict(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", block_size=16)
@@ -50,8 +50,8 @@ def _sizes(options: BenchOptions) -> tuple[int, int, int, int, int]:
 
 
 def _observed_pool(num_blocks: int, sink, extend_events: bool | None):
-    from hooks.kv_source import KVSource
-    from hooks.kvpool import KVBlockPool
+    from vramscope.hooks.kv_source import KVSource
+    from vramscope.hooks.kvpool import KVBlockPool
 
     pool = KVBlockPool(**SHAPE, num_blocks=num_blocks, buffer=False)
     if extend_events is not None:
@@ -61,7 +61,7 @@ def _observed_pool(num_blocks: int, sink, extend_events: bool | None):
 
 def _events_per_round(num_blocks: int, prompts, steps: int, extend_events: bool) -> int:
     """Events the observer puts in one warm round (samples are rate-limited, not counted)."""
-    from hooks.sink import ListSink
+    from vramscope.hooks.sink import ListSink
 
     sink = ListSink()
     pool = _observed_pool(num_blocks, sink, extend_events)
@@ -72,7 +72,7 @@ def _events_per_round(num_blocks: int, prompts, steps: int, extend_events: bool)
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    from hooks.client import SocketSink
+    from vramscope.hooks.client import SocketSink
 
     batch, prefix, suffix, steps, rounds = _sizes(options)
     prompts = _prompts(batch, prefix, suffix)

@@ -9,8 +9,8 @@ fills the ``where`` column; ``_`` in it stands for a space)::
     | bench | metric | ...
     <!-- /bench-table -->
 
-``python -m agent.bench.report docs/BENCHMARKS.md`` rewrites every such table in place;
-``python -m agent.bench.report FILE=LABEL ...`` prints one table.
+``python -m vramscope.agent.bench.report docs/BENCHMARKS.md`` rewrites every such table in place;
+``python -m vramscope.agent.bench.report FILE=LABEL ...`` prints one table.
 """
 
 from __future__ import annotations

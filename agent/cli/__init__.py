@@ -4,7 +4,8 @@ Each subcommand lives in ``agent/cli/cmd_<name>.py`` and exposes ``register(subp
 adds its parser and sets ``func=run(args) -> int``. Modules import their heavy dependencies
 inside ``run`` so ``vramscope --help`` stays fast and the sidecar never imports torch.
 
-User errors are :class:`agent.errors.VramscopeError` subclasses, printed once here with their exit
+User errors are :class:`vramscope.agent.errors.VramscopeError` subclasses, printed once here with
+their exit
 code (2 for usage, 1 for failures) and never as a traceback.
 """
 
@@ -16,7 +17,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from agent.errors import VramscopeError
+from vramscope.agent.errors import VramscopeError
 
 # Order is the order in ``--help``. Names reserved by DESIGN.md for later issues are listed too;
 # a module that does not exist yet gives a clear "not available" message instead of a crash.
@@ -40,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"agent.cli.cmd_{name}")
+            module = importlib.import_module(f"vramscope.agent.cli.cmd_{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"agent.cli.cmd_{name}":
+            if exc.name != f"vramscope.agent.cli.cmd_{name}":
                 raise
             _register_missing(sub, name)
             continue

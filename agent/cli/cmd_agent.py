@@ -27,9 +27,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import load_config
-    from agent.daemon import Agent
-    from agent.errors import UsageError
+    from vramscope.agent.config import load_config
+    from vramscope.agent.daemon import Agent
+    from vramscope.agent.errors import UsageError
 
     config = load_config(args.config).replace(database__url=args.db_url,
                                               agent__socket_path=args.socket_path)
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_nvml:
         source = None
     elif args.fake_devices:
-        from agent.sources.nvml import FakeNvmlSource
+        from vramscope.agent.sources.nvml import FakeNvmlSource
 
         source = FakeNvmlSource(args.fake_devices)
     Agent(config, source=source, alerts=not args.no_alerts).run_forever()
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     import sys
 
-    from agent.errors import VramscopeError
+    from vramscope.agent.errors import VramscopeError
 
     parser = argparse.ArgumentParser(prog="vramscope agent")
     _add_arguments(parser)

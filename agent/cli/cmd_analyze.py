@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from agent.cli.common import add_config_flag, config_from_args
-from agent.errors import UsageError
+from vramscope.agent.cli.common import add_config_flag, config_from_args
+from vramscope.agent.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.analysis.report import analyze_records, render_text
+    from vramscope.agent.analysis.report import analyze_records, render_text
 
     if bool(args.files) == bool(args.db_url):
         raise UsageError("give trace FILEs or --db URL (one of the two)")
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_files(paths: list[str]):
-    from agent.trace import read_trace
+    from vramscope.agent.trace import read_trace
 
     samples, events = [], []
     for path in paths:
@@ -58,7 +58,7 @@ def _from_files(paths: list[str]):
 
 
 def _from_db(config, device: int | None):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     with Store.open(config["database.url"], synchronous=config["database.synchronous"],
                     host_name=config["agent.host_name"] or None) as store:

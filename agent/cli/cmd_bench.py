@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from agent.errors import UsageError, VramscopeError
+from vramscope.agent.errors import UsageError, VramscopeError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from agent.bench import BENCHMARKS
+    from vramscope.agent.bench import BENCHMARKS
 
     names = ", ".join(BENCHMARKS)
     p = sub.add_parser("bench", help="run benchmarks (ratios against same-run baselines)",
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.bench import BENCHMARKS, BenchOptions, load
+    from vramscope.agent.bench import BENCHMARKS, BenchOptions, load
 
     names = args.names or list(BENCHMARKS)
     for name in names:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.common import add_config_flag
+from vramscope.agent.cli.common import add_config_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(path: str | None):
-    from agent.config import load_config
+    from vramscope.agent.config import load_config
 
     config = load_config(path)
     try:
-        from agent.alert_rules import parse_rules
+        from vramscope.agent.alert_rules import parse_rules
     except ModuleNotFoundError:
         return config, None
     return config, parse_rules(config)
@@ -39,7 +39,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from agent.config import load_config
+    from vramscope.agent.config import load_config
 
     config = load_config(args.config)
     print(f"# from {config.source or 'defaults'}")

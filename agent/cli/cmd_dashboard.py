@@ -10,7 +10,7 @@ import argparse
 import errno
 import logging
 
-from agent.errors import UsageError
+from vramscope.agent.errors import UsageError
 
 log = logging.getLogger("vramscope.dashboard")
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def dashboard_config(args: argparse.Namespace):
-    from agent.config import load_config
+    from vramscope.agent.config import load_config
 
     config = load_config(args.config)
     return config.replace(database__url=args.db_url, dashboard__host=args.host,
@@ -37,7 +37,7 @@ def dashboard_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dashboard.security import check_bind
+    from vramscope.dashboard.security import check_bind
 
     config = dashboard_config(args)
     host, port = config["dashboard.host"], config["dashboard.port"]
@@ -56,9 +56,8 @@ def run(args: argparse.Namespace) -> int:
 def make_server(config, host: str, port: int, threads: int = 8, store=None):
     """A waitress server and its app (over ``store``, or one it opens from the config); an
     address in use names the flag to change."""
+    from vramscope.dashboard.app import create_app
     from waitress.server import create_server
-
-    from dashboard.app import create_app
 
     app = create_app(config, store)
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.common import add_config_flag, add_db_flag, config_from_args
-from agent.errors import StoreError
+from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from_args
+from vramscope.agent.errors import StoreError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
-
-    from agent.store import Store, migrate
+    from vramscope.agent.store import Store, migrate
 
     config = config_from_args(args)
     store = Store.open(config["database.url"], synchronous=config["database.synchronous"],

@@ -3,7 +3,7 @@
     vramscope demo [--scenario all] [--duration SECONDS] [--no-browser] [--db URL] [--port PORT]
                    [--speed X] [--history-min M] [--gpu]
 
-See ``docs/demo.md`` and :mod:`agent.sim.demo` for what runs and how simulated time works.
+See ``docs/demo.md`` and :mod:`vramscope.agent.sim.demo` for what runs and how simulated time works.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agent.errors import UsageError
+from vramscope.agent.errors import UsageError
 
 SCENARIO_CHOICES = ("all", "healthy", "leak", "fragmentation", "pool")
 
@@ -42,14 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    from agent.config import load_config
+    from vramscope.agent.config import load_config
 
     config = load_config(args.config)
     if args.port is not None:
         config = config.replace(dashboard__port=max(args.port, 1))
     db_url = args.db_url or _temp_db_url()
     if args.gpu:
-        from agent.sim.gpu_demo import run_gpu_demo
+        from vramscope.agent.sim.gpu_demo import run_gpu_demo
 
         return run_gpu_demo(config, db_url, args)
     return _run_sim(config, db_url, args)
@@ -84,9 +84,9 @@ def _history_s(args: argparse.Namespace) -> float:
 def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
     import threading
 
-    from agent.clock import SYSTEM_CLOCK
-    from agent.embedded import EmbeddedAgent
-    from agent.sim import demo
+    from vramscope.agent.clock import SYSTEM_CLOCK
+    from vramscope.agent.embedded import EmbeddedAgent
+    from vramscope.agent.sim import demo
 
     scenarios = demo.resolve_scenarios(args.scenario)
     pacer = demo.Pacer(SYSTEM_CLOCK, _history_s(args), args.speed)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from agent.errors import UsageError
+from vramscope.agent.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +51,7 @@ def _count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent import estimate as est
+    from vramscope.agent import estimate as est
 
     shape = _shape(args, est)
     gpu_bytes = (int(args.gpu_memory_gib * est.GiB) if args.gpu_memory_gib

@@ -7,8 +7,8 @@ import argparse
 import contextlib
 import sys
 
-from agent.cli.common import add_config_flag, add_db_flag, config_from_args, open_store
-from agent.errors import VramscopeError
+from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from_args, open_store
+from vramscope.agent.errors import VramscopeError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.what == "prometheus-rules":
         return _export_rules(args)
-    from agent.trace import write_trace
+    from vramscope.agent.trace import write_trace
 
     with open_store(args) as store, _output(args.output) as out:
         samples = store.iter_samples(args.device, args.since, args.until)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _export_rules(args: argparse.Namespace) -> int:
     try:
-        from agent.prom_rules import render_rules
+        from vramscope.agent.prom_rules import render_rules
     except ModuleNotFoundError:
         raise VramscopeError("Prometheus rule export is not available in this build") from None
     text = render_rules(config_from_args(args))  # before opening -o: an error keeps the file

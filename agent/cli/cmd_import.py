@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agent.cli.common import add_config_flag, add_db_flag, open_store
+from vramscope.agent.cli.common import add_config_flag, add_db_flag, open_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.trace import read_trace
+    from vramscope.agent.trace import read_trace
 
     traces = [(path, read_trace(path, skip_invalid=args.skip_invalid)) for path in args.files]
     with open_store(args) as store:

@@ -28,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import load_config
-    from agent.errors import UsageError
-    from agent.trace import read_trace
+    from vramscope.agent.config import load_config
+    from vramscope.agent.errors import UsageError
+    from vramscope.agent.trace import read_trace
 
     if not args.as_fast_as_possible and not args.speed > 0:
         raise UsageError(f"--speed must be > 0, got {args.speed}")
@@ -47,8 +47,8 @@ def replay(records: list, socket_path: str, *, speed: float | None = None,
            batch_records: int = BATCH_RECORDS, clock=None) -> int:
     """Send ``records`` (in order) to the agent; pace by their timestamps unless ``speed`` is
     None. Returns the number sent."""
-    from agent.clock import SYSTEM_CLOCK
-    from agent.ingest.connection import AgentConnection
+    from vramscope.agent.clock import SYSTEM_CLOCK
+    from vramscope.agent.ingest.connection import AgentConnection
 
     clock = clock or SYSTEM_CLOCK
     devices = sorted({r.device for r in records})

@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import load_config
-    from agent.errors import VramscopeError
+    from vramscope.agent.config import load_config
+    from vramscope.agent.errors import VramscopeError
 
     config = load_config(args.config).replace(database__url=args.db_url,
                                               agent__socket_path=args.socket_path)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def live_status(socket_path: str) -> dict[str, Any]:
-    from agent.ingest.connection import AgentConnection
+    from vramscope.agent.ingest.connection import AgentConnection
 
     with AgentConnection(socket_path, timeout_s=5.0) as conn:
         status = conn.status()
@@ -51,7 +51,7 @@ def live_status(socket_path: str) -> dict[str, Any]:
 def stored_status(config: Any, why: str) -> dict[str, Any]:
     import os
 
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     url = config["database.url"]
     if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.config import Config, load_config
+from vramscope.agent.config import Config, load_config
 
 
 def add_config_flag(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def open_store(args: argparse.Namespace, config: Config | None = None):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     config = config or config_from_args(args)
     return Store.open(config["database.url"], synchronous=config["database.synchronous"],

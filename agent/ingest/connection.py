@@ -1,6 +1,7 @@
 """A blocking client connection to the agent: for ``replay``, ``status``, benchmarks and tests.
 
-Unlike the in-server ``hooks.client.SocketSink`` it waits for the socket instead of dropping:
+Unlike the in-server ``vramscope.hooks.client.SocketSink`` it waits for the socket instead of
+dropping:
 a load generator must deliver everything it was asked to send.
 """
 
@@ -12,8 +13,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from agent.errors import VramscopeError
-from agent.ingest import protocol as proto
+from vramscope.agent.errors import VramscopeError
+from vramscope.agent.ingest import protocol as proto
 
 
 class AgentConnection:

@@ -1,6 +1,6 @@
 """Run ``vramscope agent`` as a real child process: for the tests and ``bench agent``.
 
-Starts ``vramscope agent`` (through ``agent.cli.cmd_agent.main``) on a given socket and
+Starts ``vramscope agent`` (through ``vramscope.agent.cli.cmd_agent.main``) on a given socket and
 database, waits until the socket answers a status request, and stops it with a signal of the
 caller's choice (SIGTERM for a clean stop with final flush, SIGKILL for the crash test,
 SIGSTOP/SIGCONT for a hung agent).
@@ -57,7 +57,7 @@ class AgentProcess:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        from agent.ingest.connection import AgentConnection
+        from vramscope.agent.ingest.connection import AgentConnection
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -74,7 +74,7 @@ class AgentProcess:
                            + self._log_tail())
 
     def status(self) -> dict[str, Any]:
-        from agent.ingest.connection import AgentConnection
+        from vramscope.agent.ingest.connection import AgentConnection
 
         with AgentConnection(self.socket_path, timeout_s=5.0) as conn:
             return conn.status()

@@ -8,7 +8,7 @@ Frame::
     +----------------------+-----------------------------------------+
 
 Why JSON and not msgpack: the payload of a record is exactly trace format v1, so one validator
-(``agent.trace.record_from_json``) serves files, replay and the socket alike; the standard
+(``vramscope.agent.trace.record_from_json``) serves files, replay and the socket alike; the standard
 library decodes it (msgpack would be a new dependency inside every inference server); and at a
 few hundred records per frame the decode is not the bottleneck (see ``docs/protocol.md``).
 
@@ -23,7 +23,7 @@ Messages (client -> agent unless noted):
 ``dropped``    ``{"type": "dropped", "count": int}``: records the client dropped since its last
                report (buffer full, agent absent); the agent counts them.
 ``status``     ``{"type": "status"}``; the agent answers ``{"type": "status", ...}`` with its
-               counters (see ``agent.daemon.Agent.status``).
+               counters (see ``vramscope.agent.daemon.Agent.status``).
 
 A frame whose length prefix exceeds the cap cannot be skipped safely (we would have to trust
 the length), so the connection is dropped. A frame with a good length but a bad payload is
@@ -38,8 +38,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from agent.trace import event_to_json, record_from_json, sample_to_json
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
+from vramscope.agent.trace import event_to_json, record_from_json, sample_to_json
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")

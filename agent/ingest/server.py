@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import VramscopeError
-from agent.ingest import protocol as proto
-from agent.records import PostMortem
+from vramscope.agent.errors import VramscopeError
+from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.records import PostMortem
 
 log = logging.getLogger("vramscope.ingest")
 

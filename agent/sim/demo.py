@@ -1,6 +1,7 @@
 """``vramscope demo``: the embedded agent, the dashboard and simulated servers in one process.
 
-Why one process, with one simulated GPU per server: the phase tracker in ``hooks.phase`` is
+Why one process, with one simulated GPU per server: the phase tracker in ``vramscope.hooks.phase``
+is
 process-wide on purpose (DESIGN.md), so three servers sharing a process would share a phase.
 The simulated servers therefore tag every record with their own scheduler's phase and their own
 device index (healthy = 0, leak = 1, fragmentation = 2, pool = 3), and put their records into
@@ -23,10 +24,10 @@ import threading
 import time
 from typing import Any, TextIO
 
-from agent.clock import Clock
-from agent.sim.scenarios import scenario_spec
-from agent.sim.server import SimServer
-from agent.sources.nvml import DeviceInfo, ProcessRow
+from vramscope.agent.clock import Clock
+from vramscope.agent.sim.scenarios import scenario_spec
+from vramscope.agent.sim.server import SimServer
+from vramscope.agent.sources.nvml import DeviceInfo, ProcessRow
 
 log = logging.getLogger("vramscope.demo")
 
@@ -135,8 +136,8 @@ def _hms(seconds: float) -> str:
 def serve_dashboard(config: Any, store: Any, host: str, port: int):
     """Start the dashboard under waitress in a daemon thread; returns (server, url). The same
     bind rule and server as ``vramscope dashboard``: not loopback needs ``dashboard.token``."""
-    from agent.cli.cmd_dashboard import make_server
-    from dashboard.security import check_bind
+    from vramscope.agent.cli.cmd_dashboard import make_server
+    from vramscope.dashboard.security import check_bind
 
     check_bind(host, config["dashboard.token"])
     server, _app = make_server(config, host, port, threads=4, store=store)

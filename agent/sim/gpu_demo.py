@@ -14,7 +14,7 @@ import random
 import time
 from typing import Any
 
-from agent.errors import VramscopeError
+from vramscope.agent.errors import VramscopeError
 
 MODEL_SHAPE = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
                "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
@@ -44,9 +44,10 @@ def build_model(torch: Any) -> Any:
 
 def run_gpu_demo(config: Any, db_url: str, args: argparse.Namespace) -> int:
     torch = require_cuda()
+    from vramscope.agent.embedded import EmbeddedAgent
+    from vramscope.agent.sim.demo import serve_dashboard
+
     import vramscope
-    from agent.embedded import EmbeddedAgent
-    from agent.sim.demo import serve_dashboard
 
     agent = EmbeddedAgent(config, db_url=db_url).start()
     web, handle = None, None

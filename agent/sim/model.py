@@ -1,6 +1,7 @@
 """The simulated model's shape and the sizes of the tensors it allocates.
 
-Sizes follow a Llama-style decoder (the same formulas as :mod:`agent.estimate`): the weights
+Sizes follow a Llama-style decoder (the same formulas as :mod:`vramscope.agent.estimate`): the
+weights
 as one tensor per projection, the KV cache per token, and the temporaries of one prefill
 chunk or one decode step (hidden states, q/k/v, the gated MLP's two intermediate tensors and
 fp32 logits for the last position of each sequence).

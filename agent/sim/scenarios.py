@@ -18,9 +18,9 @@ All run a Llama-3-8B-shaped model (15 GiB of bf16 weights, 128 KiB of KV per tok
 
 from __future__ import annotations
 
-from agent.sim.model import SimModel
-from agent.sim.server import SCENARIOS, GiB, MiB, ServerSpec
-from agent.sim.workload import WorkloadSpec
+from vramscope.agent.sim.model import SimModel
+from vramscope.agent.sim.server import SCENARIOS, GiB, MiB, ServerSpec
+from vramscope.agent.sim.workload import WorkloadSpec
 
 ACTIVATION_RESERVE_BYTES = 2560 * MiB  # what the pool design leaves for temporaries
 

@@ -3,7 +3,7 @@
 One ``SimServer`` is one server process on one (simulated) GPU. Every ``step()`` is one
 scheduler tick of ``tick_s`` simulated seconds of continuous batching:
 
-1. arrivals (from :mod:`agent.sim.workload`) join the waiting queue;
+1. arrivals (from :mod:`vramscope.agent.sim.workload`) join the waiting queue;
 2. the scheduler admits waiting requests up to ``max_batch`` (with a paged pool, only while the
    pool can hold the prompt: it waits instead of failing);
 3. prefill: new prompts (or chunks of them, with ``prefill_chunk_tokens``) allocate their KV and
@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.records import Event, Phase, Sample
-from agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
-from agent.sim.model import SimModel
-from agent.sim.workload import Request, WorkloadSpec, requests
+from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
+from vramscope.agent.sim.model import SimModel
+from vramscope.agent.sim.workload import Request, WorkloadSpec, requests
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -128,7 +128,7 @@ class SimServer:
 
     # --- startup ---------------------------------------------------------------------------
     def _make_pool(self):
-        from hooks.kvpool import KVBlockPool
+        from vramscope.hooks.kvpool import KVBlockPool
 
         m = self.spec.model
         return KVBlockPool(num_layers=m.num_layers, num_kv_heads=m.num_kv_heads,
@@ -254,7 +254,7 @@ class SimServer:
         return True
 
     def _grow_paged(self, r: _Running, tokens: int) -> bool:
-        from hooks.kvpool import KVPoolError
+        from vramscope.hooks.kvpool import KVPoolError
 
         rid = r.req.request_id
         try:
@@ -294,7 +294,7 @@ class SimServer:
 
     # --- OOM: post-mortem, abort, empty the cache, pause ----------------------------------
     def _on_oom(self, exc: SimulatedOOM) -> None:
-        from hooks.oom import build_postmortem
+        from vramscope.hooks.oom import build_postmortem
 
         self.counts["ooms"] += 1
         phase = self._activity
@@ -369,7 +369,7 @@ class SimServer:
 
 def _diagnose(pm, samples) -> str | None:
     try:
-        from agent.analysis.diagnosis import diagnose
+        from vramscope.agent.analysis.diagnosis import diagnose
     except ImportError:
         return None
     return diagnose(pm, list(samples))[0]

@@ -24,8 +24,8 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from agent.clock import SYSTEM_CLOCK, Clock
-from agent.records import Sample
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Sample
 
 log = logging.getLogger("vramscope.nvml")
 

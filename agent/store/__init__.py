@@ -1,5 +1,5 @@
 """The store: the only package that imports SQLAlchemy (DESIGN.md rule 3)."""
 
-from agent.store.store import Store
+from vramscope.agent.store.store import Store
 
 __all__ = ["Store"]

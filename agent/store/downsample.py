@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Integer, and_, cast, func, select
-
-from agent.records import SAMPLE_COUNTER_FIELDS
-from agent.store.schema import devices, hosts, rollups, samples
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.store.schema import devices, hosts, rollups, samples
 
 if TYPE_CHECKING:
-    from agent.store.store import Store
+    from vramscope.agent.store.store import Store
 
 ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 

@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-import migrations
+from vramscope import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 

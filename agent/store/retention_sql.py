@@ -1,4 +1,5 @@
-"""Store queries for retention and rollups (used by ``agent.retention``; SQL lives in the store).
+"""Store queries for retention and rollups (used by ``vramscope.agent.retention``; SQL lives in
+the store).
 
 Every function does a bounded amount of work, so the writer thread that runs them never stalls
 ingest for long: a rollup covers a window of a few minutes, a delete removes at most ``limit``
@@ -11,10 +12,9 @@ from itertools import groupby
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
-
-from agent.records import SAMPLE_COUNTER_FIELDS
-from agent.store.schema import agent_stats, events, rollups, samples
-from agent.store.store import Store
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.store.schema import agent_stats, events, rollups, samples
+from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
 _TABLES = {"samples": samples, "events": events, "agent_stats": agent_stats}

@@ -19,8 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-
-from agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 
 # Names for constraints and indexes, so migrations are reproducible on SQLite (batch mode) and
 # PostgreSQL alike (Alembic cookbook: "The Importance of Naming Constraints").

@@ -20,11 +20,10 @@ from typing import Any
 from sqlalchemy import and_, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
-
-from agent.errors import StoreError
-from agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from agent.store import migrate
-from agent.store.schema import (
+from vramscope.agent.errors import StoreError
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
+from vramscope.agent.store import migrate
+from vramscope.agent.store.schema import (
     agent_stats,
     alerts,
     devices,
@@ -382,7 +381,7 @@ class Store:
         "last_ts_s": ..., "<col>_min": ..., "<col>_max": ..., "<col>_last": ...}``. Peaks survive
         because max is kept, not averaged away.
         """
-        from agent.store.downsample import downsample
+        from vramscope.agent.store.downsample import downsample
 
         return downsample(self, device, start_s, end_s, buckets, columns, source, host)
 
@@ -432,7 +431,7 @@ class Store:
         return dict(row._mapping) if row else None
 
     def count(self, table_name: str) -> int:
-        from agent.store.schema import metadata
+        from vramscope.agent.store.schema import metadata
 
         table = metadata.tables[table_name]
         with self.engine.connect() as c:

@@ -20,7 +20,7 @@ tests)
     -p no:cacheprovider tests/gpu/test_kvpool_gpu.py 2>&1 | tee "$OUT/kvpool_gpu.log" | tail -25
   timeout 150 python3 -m pytest -m gpu -s -p no:cacheprovider tests/gpu/test_agent_gpu.py \
     2>&1 | tee "$OUT/agent_gpu.log" | tail -25
-  timeout 120 python3 -m agent.sim.gpu_check --out "$OUT/gpu_allocator_check.jsonl" \
+  timeout 120 python3 -m vramscope.agent.sim.gpu_check --out "$OUT/gpu_allocator_check.jsonl" \
     2>&1 | tee "$OUT/sim_gpu_check.log" | tail -8
   timeout 200 python3 -m pytest -m gpu -s -p no:cacheprovider tests/test_sim_gpu_allocator.py \
     tests/test_demo.py tests/gpu/test_hooks_gpu.py 2>&1 | tee "$OUT/other_gpu.log" | tail -25
@@ -28,7 +28,7 @@ tests)
 bench)
   TAG=$(IFS=-; echo "${*:-all}")
   SECONDS=0
-  timeout 560 python3 -m agent bench --json "$@" \
+  timeout 560 python3 -m vramscope bench --json "$@" \
     > "$OUT/bench_gpu_$TAG.json" 2> "$OUT/bench_gpu_$TAG.err"
   echo "rc=$? wall=${SECONDS}s"; tail -5 "$OUT/bench_gpu_$TAG.err"
   python3 - "$OUT/bench_gpu_$TAG.json" <<'PY'

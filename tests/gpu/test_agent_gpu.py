@@ -26,14 +26,14 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-from agent.ingest.process import REPO_ROOT, AgentProcess  # noqa: E402
-from agent.sources.nvml import open_nvml  # noqa: E402
+from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess  # noqa: E402
+from vramscope.agent.sources.nvml import open_nvml  # noqa: E402
 
 SERVER = textwrap.dedent("""
     import sys, time, torch
     import vramscope
-    from agent.config import parse_config
-    from agent.bench.hooks import build_llama
+    from vramscope.agent.config import parse_config
+    from vramscope.agent.bench.hooks import build_llama
     config = parse_config({"agent": {"socket_path": sys.argv[1]}}, None)
     report = vramscope.install(config)
     print(report, flush=True)
@@ -84,7 +84,7 @@ def test_nvml_source_reads_the_real_devices():
 
 
 def test_agent_samples_nvml_next_to_a_hooked_transformers_process(short_dir):
-    from agent.store import Store
+    from vramscope.agent.store import Store
 
     agent = AgentProcess(f"sqlite:///{short_dir}/vramscope.db", f"{short_dir}/run/agent.sock",
                          nvml=True,

@@ -27,8 +27,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-from hooks.kvpool import KVBlockPool  # noqa: E402
-from hooks.sink import ListSink  # noqa: E402
+from vramscope.hooks.kvpool import KVBlockPool  # noqa: E402
+from vramscope.hooks.sink import ListSink  # noqa: E402
 
 SHAPE = dict(num_layers=2, num_kv_heads=2, head_dim=64, dtype="bfloat16", block_size=16)
 
@@ -128,9 +128,8 @@ def _configs(num_blocks: int = 256):
 def test_generate_batch_with_the_adapter_writes_a_kv_trace():
     pytest.importorskip("transformers")
     import transformers
-
-    from agent.trace import parse_lines, write_trace
-    from hooks.transformers_kv import install_paged_cache_hook
+    from vramscope.agent.trace import parse_lines, write_trace
+    from vramscope.hooks.transformers_kv import install_paged_cache_hook
 
     sink = ListSink()
     undo = install_paged_cache_hook(sink, sample_interval_s=0.0)

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from agent.bench import hooks as bench
-from agent.config import parse_config
-from agent.trace import write_trace
-from hooks import install as inst
-from hooks import phase as ph
-from hooks.sink import ListSink
-from hooks.transformers_integration import attach_transformers
+from vramscope.agent.bench import hooks as bench
+from vramscope.agent.config import parse_config
+from vramscope.agent.trace import write_trace
+from vramscope.hooks import install as inst
+from vramscope.hooks import phase as ph
+from vramscope.hooks.sink import ListSink
+from vramscope.hooks.transformers_integration import attach_transformers
 
 GiB = 2**30
 STAT_KEYS = {"allocated_bytes": "allocated_bytes.all.current",
@@ -173,7 +172,7 @@ class _Nvml:
     interval_s = 0.1
 
     def __init__(self) -> None:
-        from agent.sources.nvml import open_nvml
+        from vramscope.agent.sources.nvml import open_nvml
 
         self.source = open_nvml()
 

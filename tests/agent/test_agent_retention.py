@@ -1,0 +1,145 @@
+"""Retention: per-minute rollups (min, max, mean, last) and raw deletion in small steps."""
+
+from __future__ import annotations
+
+import pytest
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.retention import Retention
+from vramscope.agent.store import retention_sql
+
+T0 = 1_700_000_040.0  # a minute boundary (1_700_000_040 = 28_333_334 * 60)
+
+
+def _s(t: float, used: int, device: int = 0, source: str = "nvml") -> Sample:
+    return Sample(T0 + t, device, Phase.UNKNOWN, source, device_used_bytes=used,
+                  device_total_bytes=100)
+
+
+@pytest.fixture
+def filled(any_url):
+    """The same rows on SQLite and on a real PostgreSQL (the rollup reads the driver's cursor)."""
+    from vramscope.agent.store import Store
+
+    store = Store.open(any_url, host_name="testhost")
+    store.write([_s(0, 10), _s(20, 30), _s(40, 20),  # minute 0
+                 _s(60, 5), _s(61, 7, device=1),      # minute 1
+                 _s(125, 50),                          # minute 2
+                 _s(600, 1)])                          # minute 10, after a gap
+    yield store
+    store.close()
+
+
+def _rows(store):
+    return [(r["bucket_s"] - T0, r["device_id"], r["source"], r["metric"], r["min_value"],
+             r["max_value"], r["mean_value"], r["last_value"], r["count"])
+            for r in retention_sql.read_rollups(store)]
+
+
+def test_rollups_are_min_max_mean_last_per_device_minute_source_metric(filled):
+    clock = FakeClock(T0 + 5 * 60 + 30)  # grace 120 s: minutes 0-2 are complete
+    result = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock,
+                       minutes_per_step=5).step(filled)
+    assert (result.rolled_up_minutes, result.rollup_rows) == (3, 8)
+    d0, d1 = filled.device_id(0), filled.device_id(1)
+    assert _rows(filled) == [
+        (0.0, d0, "nvml", "device_total_bytes", 100, 100, 100.0, 100, 3),
+        (0.0, d0, "nvml", "device_used_bytes", 10, 30, 20.0, 20, 3),
+        (60.0, d0, "nvml", "device_total_bytes", 100, 100, 100.0, 100, 1),
+        (60.0, d0, "nvml", "device_used_bytes", 5, 5, 5.0, 5, 1),
+        (60.0, d1, "nvml", "device_total_bytes", 100, 100, 100.0, 100, 1),
+        (60.0, d1, "nvml", "device_used_bytes", 7, 7, 7.0, 7, 1),
+        (120.0, d0, "nvml", "device_total_bytes", 100, 100, 100.0, 100, 1),
+        (120.0, d0, "nvml", "device_used_bytes", 50, 50, 50.0, 50, 1),
+    ]
+
+
+def test_steps_are_small_resume_after_the_watermark_and_skip_gaps(filled):
+    clock = FakeClock(T0 + 20 * 60)
+    r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock, minutes_per_step=2)
+    assert r.step(filled).rolled_up_minutes == 2  # minutes 0, 1
+    assert {row[0] for row in _rows(filled)} == {0.0, 60.0}
+    assert r.step(filled).rolled_up_minutes == 2  # minutes 2, 3
+    assert r.step(filled).rolled_up_minutes == 2  # jumps the gap: minutes 10, 11
+    assert {row[0] for row in _rows(filled)} == {0.0, 60.0, 120.0, 600.0}
+    assert r.step(filled).rolled_up_minutes == 0  # nothing new: no work
+
+
+def test_raw_samples_are_deleted_in_steps_only_once_old_and_rolled_up(filled):
+    clock = FakeClock(T0 + 5 * 60 + 30)
+    r = Retention(raw_s=60, rollup_s=86400, step_rows=2, clock=clock, minutes_per_step=5)
+    first = r.step(filled)  # rolls up minutes 0-2, then deletes 2 of the 6 rows before minute 3
+    assert first.deleted["samples"] == 2
+    assert r.step(filled).deleted["samples"] == 2
+    assert r.step(filled).deleted["samples"] == 2
+    assert r.step(filled).deleted["samples"] == 0
+    assert [s.ts_s - T0 for s in filled.samples(device=None)] == [600.0]
+    assert len(_rows(filled)) == 8  # the rollups stay
+
+
+def test_nothing_raw_is_deleted_before_it_is_rolled_up(filled):
+    clock = FakeClock(T0 + 30)  # minute 0 not complete yet: no rollup, no deletion
+    r = Retention(raw_s=60, rollup_s=86400, step_rows=100, clock=clock)
+    assert r.step(filled).deleted["samples"] == 0
+    assert len(filled.samples()) == 7
+
+
+def test_old_rollups_are_deleted_a_few_minutes_at_a_time(filled):
+    clock = FakeClock(T0 + 5 * 60 + 30)
+    r = Retention(raw_s=3600, rollup_s=240, step_rows=100, clock=clock, minutes_per_step=5)
+    first = r.step(filled)  # rolls up minutes 0-2, then drops those starting before now-240 s
+    assert (first.rollup_rows, first.deleted["rollups"]) == (8, 6)
+    assert {row[0] for row in _rows(filled)} == {120.0}
+    clock.advance(60)
+    assert r.step(filled).deleted["rollups"] == 2
+    assert _rows(filled) == []
+
+
+def test_bad_settings_are_refused_with_the_values():
+    with pytest.raises(ValueError, match="raw_s=0, rollup_s=1, step_rows=1"):
+        Retention(raw_s=0, rollup_s=1, step_rows=1)
+
+
+def _minute_rows(store, minute_s: float, device: int = 0):
+    d = store.device_id(device)
+    return [(r["min_value"], r["max_value"], r["mean_value"], r["last_value"], r["count"])
+            for r in retention_sql.read_rollups(store)
+            if r["bucket_s"] == T0 + minute_s and r["device_id"] == d
+            and r["metric"] == "device_used_bytes"]
+
+
+def test_late_samples_get_their_rolled_up_minutes_rolled_up_again(filled):
+    clock = FakeClock(T0 + 20 * 60)
+    r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=clock, minutes_per_step=20)
+    assert r.step(filled).rolled_up_minutes == 18  # up to now - grace: minutes 0-17
+    assert _minute_rows(filled, 60) == [(5, 5, 5.0, 5, 1)]
+    # a backlog lands after the database came back: minutes 1 and 2 are already rolled up
+    late = [_s(70, 99), _s(130, 1)]
+    filled.write(late)
+    r.note_written(late)
+    result = r.step(filled)
+    assert (result.rolled_up_minutes, result.late_minutes, result.busy) == (0, 2, True)
+    assert _minute_rows(filled, 60) == [(5, 99, 52.0, 99, 2)]
+    assert _minute_rows(filled, 120) == [(1, 50, 25.5, 1, 2)]  # last: the sample at 130 s
+    assert r.step(filled).late_minutes == 0  # done once
+
+
+def test_live_samples_and_minutes_past_the_rollup_retention_are_not_redone(filled):
+    clock = FakeClock(T0 + 20 * 60)
+    r = Retention(raw_s=3600, rollup_s=600, step_rows=100, clock=clock, minutes_per_step=20)
+    r.step(filled)
+    fresh = [_s(20 * 60 - 30, 7)]  # within the grace: the regular path rolls it up later
+    old = [_s(70, 99)]  # minute 1 is older than rollup_s: its rollups are being deleted
+    filled.write(fresh + old)
+    r.note_written(fresh + old)
+    assert r.step(filled).late_minutes == 0
+    assert _minute_rows(filled, 60) == []
+
+
+def test_late_minutes_kept_are_bounded(filled, monkeypatch):
+    import vramscope.agent.retention as retention_mod
+
+    monkeypatch.setattr(retention_mod, "MAX_LATE_MINUTES", 2)
+    r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=FakeClock(T0 + 20 * 60))
+    r.note_written([_s(0, 1), _s(60, 1), _s(61, 1), _s(120, 1)])
+    assert r.late_minutes_lost == 1

@@ -1,0 +1,117 @@
+"""The one writer: batches, drop-oldest bound, retries with one log line, final flush."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+
+from vramscope.agent.errors import StoreError
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
+from vramscope.agent.writer import Writer
+
+
+def _s(i: int) -> Sample:
+    return Sample(1000.0 + i, 0, Phase.DECODE, "torch", 1, allocated_bytes=i)
+
+
+class FlakyStore:
+    """A real store whose writes fail ``failures`` times first, the way SQLite fails when the
+    database is locked (a StoreError caused by sqlite3.OperationalError)."""
+
+    def __init__(self, store, failures: int, error: Exception | None = None):
+        self.store, self.failures, self.attempts = store, failures, 0
+        self.error = error or sqlite3.OperationalError("database is locked")
+
+    def write(self, samples, events):
+        self.attempts += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise StoreError(f"cannot write: {self.error}") from self.error
+        return self.store.write(samples, events)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_commits_in_batches_of_batch_rows(store):
+    w = Writer(store, batch_rows=3)
+    for i in range(7):
+        w.put(_s(i))
+    assert [w.run_once() for _ in range(4)] == [True, True, True, False]
+    assert w.stats.batches_total == 3 and w.stats.written_total == 7
+    assert [s.allocated_bytes for s in store.samples()] == list(range(7))
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_them(store):
+    w = Writer(store, max_records=5, batch_rows=100)
+    for i in range(6):
+        w.put(_s(i))
+    w.put_many([_s(6), _s(7)])
+    assert w.stats.dropped_total == 3 and w.queue_depth == 5
+    w.flush()
+    assert [s.allocated_bytes for s in store.samples()] == [3, 4, 5, 6, 7]
+
+
+def test_samples_events_and_postmortems_are_all_written(store):
+    w = Writer(store)
+    pm = PostMortem(3.0, 0, 9, Phase.PREFILL, 1, 2, 3, 4, 5, 6, 0.5, message="boom")
+    w.put_many([_s(0), Event(2.0, "request_start", 0, 1, None, "r1"), pm])
+    w.flush()
+    assert len(store.samples()) == 1
+    assert [e.request_id for e in store.events()] == ["r1"]
+    assert [p._replace(host=None) for _, p in store.postmortems()] == [pm]
+
+
+def test_a_locked_database_is_retried_with_one_log_line_each_way(store, caplog):
+    flaky = FlakyStore(store, failures=5)
+    w = Writer(flaky, batch_rows=2, batch_interval_s=0.01, max_backoff_s=0.001)
+    w.put_many([_s(0), _s(1), _s(2)])
+    with caplog.at_level(logging.WARNING, logger="vramscope.writer"):
+        w.start()
+        deadline = time.monotonic() + 10
+        while w.stats.written_total < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        w.stop()
+    assert [s.allocated_bytes for s in store.samples()] == [0, 1, 2]  # nothing lost or doubled
+    assert w.stats.failed_attempts == 5 and w.stats.dropped_total == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[0].startswith("cannot write to the database (cannot write: database is "
+                                  "locked); sampling continues")
+    assert messages[1].startswith("database writable again after")
+    assert "5 failed attempts; 0 records were dropped meanwhile" in messages[1]
+
+
+def test_a_batch_refused_for_good_is_dropped_not_retried_forever(store, caplog):
+    flaky = FlakyStore(store, failures=1, error=ValueError("bad value"))
+    w = Writer(flaky)
+    w.put_many([_s(0), _s(1)])
+    with caplog.at_level(logging.ERROR, logger="vramscope.writer"):
+        w.flush()
+    assert w.stats.dropped_total == 2 and flaky.attempts == 1
+    assert "refused a batch of 2 records for good (cannot write: bad value)" in caplog.text
+    w.put(_s(5))
+    w.flush()
+    assert [s.allocated_bytes for s in store.samples()] == [5]
+
+
+def test_stop_flushes_what_is_queued(store):
+    w = Writer(store, batch_rows=10_000, batch_interval_s=30.0)
+    w.start()
+    w.put_many([_s(i) for i in range(5)])
+    t0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - t0 < 5
+    assert len(store.samples()) == 5 and w.queue_depth == 0
+
+
+def test_tasks_run_on_the_writer_after_the_batch(store):
+    w = Writer(store)
+    seen = []
+    w.put(_s(0))
+    w.submit(lambda st: seen.append(len(st.samples())))
+    w.submit(lambda st: 1 / 0)  # a failing task is counted, not fatal
+    w.submit(lambda st: seen.append("after"))
+    w.flush()
+    assert seen == [1, "after"] and w.stats.tasks_failed == 1

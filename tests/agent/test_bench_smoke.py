@@ -1,0 +1,132 @@
+"""``vramscope bench NAME --quick --json`` runs every benchmark whose module exists and returns
+figures with the documented keys (docs/BENCHMARKS.md). Quick sizes keep each run to seconds.
+
+A registry entry whose module is not written yet is skipped *with its name and reason* (shown
+by ``-ra``); once the module exists, the benchmark must run. GPU benchmarks (their registry
+description starts with "GPU") must report themselves skipped without CUDA, never crash.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+from vramscope.agent.bench import BENCHMARKS, Figure
+from vramscope.agent.cli import main
+
+FIGURE_KEYS = {"bench", "metric", "value", "unit", "spread", "baseline", "target", "met", "where"}
+DOC = Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md"
+
+
+def _is_gpu(name: str) -> bool:
+    return BENCHMARKS[name][1].startswith("GPU")
+
+
+def _cuda() -> bool:
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_bench(name: str, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["bench", name, "--quick", "--json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_bench_quick_json(name, capsys):
+    module = BENCHMARKS[name][0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"benchmark {name!r}: module {module} is not written yet")
+    doc = run_bench(name, capsys)
+    assert doc["format"] == "vramscope.bench/1"
+    if _is_gpu(name) and not _cuda():
+        assert doc["figures"] == []
+        assert [s["bench"] for s in doc["skipped"]] == [name]
+        assert "CUDA" in doc["skipped"][0]["error"]
+        return
+    assert doc["skipped"] == [], doc["skipped"]
+    assert doc["figures"], f"benchmark {name!r} returned no figures"
+    for f in doc["figures"]:
+        assert set(f) == FIGURE_KEYS, f
+        assert f["bench"] == name
+        assert isinstance(f["value"], (int, float)) and math.isfinite(f["value"]), f
+        assert f["metric"] and f["unit"], f
+        assert f["met"] in (True, False, None)
+        if f["target"]:
+            assert f["met"] is not None, f"{name}: {f['metric']} has a target but no verdict"
+
+
+def test_figure_keys_are_the_documented_ones():
+    assert set(Figure("b", "m", 1.0, "x").to_json()) == FIGURE_KEYS
+    text = DOC.read_text()
+    assert all(f"`{key}`" in text for key in FIGURE_KEYS)
+
+
+def test_every_benchmark_is_in_the_report():
+    text = DOC.read_text()
+    missing = [name for name in BENCHMARKS if f"| `{name}` |" not in text]
+    assert missing == []
+
+
+def test_hook_cost_figures_add_up_per_decode_token():
+    from vramscope.agent.bench.hooks import hook_cost_figures
+
+    cost = {"step_s": 2e-6, "request_s": 64e-6, "new_tokens": 16, "sampler_s_per_s": 1e-3}
+    per_token, share = hook_cost_figures(cost, {"off_s": [0.012, 0.010, 0.008]})
+    # 2 us a step + 64 us / 16 tokens + 1 ms per second x 10 ms a token = 16 us of 10 ms
+    assert per_token.value == pytest.approx(16.0) and per_token.unit == "us"
+    assert share.value == pytest.approx(0.16) and share.met is True
+    assert hook_cost_figures({**cost, "step_s": 150e-6}, {"off_s": [0.01]})[1].met is False
+
+
+def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
+    torch = pytest.importorskip("torch")
+    from vramscope.agent.bench.hooks import measure_hook_cost
+    from vramscope.hooks import install as inst
+
+    from tests.support.tiny_models import tiny_llama
+
+    cost = measure_hook_cost(torch, tiny_llama(), batch=2, new_tokens=8, steps=200, requests=20)
+    assert 0 < cost["step_s"] < 1e-3 and 0 < cost["request_s"] < 1e-2
+    assert cost["new_tokens"] == 8
+    assert cost["sampler_s_per_s"] == 0  # no CUDA: the sampler has no allocator task
+    assert not inst.installed()  # uninstalled after measuring
+
+
+def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
+    from vramscope.agent.bench.report import render
+
+    text = DOC.read_text()
+    assert text.count("<!-- bench-table ") == 2  # CPU and H200
+    assert render(text, DOC.parent) == text, (
+        "docs/BENCHMARKS.md is out of date: "
+        "python -m vramscope.agent.bench.report docs/BENCHMARKS.md")
+
+
+def test_report_renders_rows_and_names_bad_input(tmp_path):
+    from vramscope.agent.bench.report import render, rows
+
+    doc = {"format": "vramscope.bench/1",
+           "figures": [Figure("ingest", "a|b", 123456.7, "samples/s", "min 1 / max 2",
+                              target=">= 1", met=False).to_json()],
+           "skipped": [{"bench": "hooks", "error": "needs CUDA"}]}
+    assert rows(doc, "CPU") == [
+        "| ingest | a\\|b | 1.235e+05 | samples/s | min 1 / max 2 | >= 1 | **missed** | CPU |",
+        "| hooks | skipped: needs CUDA |  |  |  |  |  | CPU |"]
+    with pytest.raises(ValueError, match="not a vramscope.bench/1 document"):
+        rows({"figures": []}, "CPU")
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    md = "x\n<!-- bench-table a.json=GPU_box -->\nstale\n<!-- /bench-table -->\ny\n"
+    out = render(md, tmp_path)
+    assert "stale" not in out and out.endswith("| GPU box |\n<!-- /bench-table -->\ny\n")
+    with pytest.raises(ValueError, match="'a.json': expected FILE=LABEL"):
+        render(md.replace("a.json=GPU_box", "a.json"), tmp_path)

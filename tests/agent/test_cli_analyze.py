@@ -1,0 +1,116 @@
+"""``vramscope analyze`` end to end: trace files and a real SQLite store, text and --json."""
+
+import json
+
+import pytest
+from vramscope.agent.cli import main
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
+from vramscope.agent.trace import write_trace
+
+G = 2**30
+
+
+def recording():
+    """A minute of decode with one prefill, a KV pool, then an OOM in prefill."""
+    samples = []
+    for t in range(60):
+        phase = Phase.PREFILL if t in (20, 21) else Phase.DECODE
+        alloc = (60 if phase is Phase.PREFILL else 50) * G
+        samples.append(Sample(1000.0 + t, 0, phase, "sim", allocated_bytes=alloc,
+                              reserved_bytes=62 * G, inactive_split_bytes=G,
+                              device_total_bytes=80 * G, kv_blocks_used=100 + t,
+                              kv_blocks_total=1000))
+    samples.append(Sample(1060.0, 0, Phase.PREFILL, "sim", allocated_bytes=79 * G,
+                          reserved_bytes=79 * G, device_total_bytes=80 * G))
+    events = [Event(1060.5, "oom", 0, data={"message": "CUDA out of memory"})]
+    return samples, events
+
+
+EXPECTED_DEVICE = {
+    "leak": {"detected": False, "slope_bytes_per_s": 0.0, "first_detected_ts": None,
+             "evidence": "not enough idle-floor data after warm-up"},
+    # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
+    "oom": {"occurred": True, "first_oom_ts": 1060.5, "first_warning_ts": 1060.0,
+            "max_risk": "critical", "min_time_to_oom_s": None, "cause": "prefill_spike"},
+    "fragmentation": {"max_inactive_split_ratio": 1 / 62, "max_external_fragmentation": None},
+    "phases": {"prefill": {"samples": 3, "peak_allocated_bytes": 79 * G},
+               "decode": {"samples": 58, "peak_allocated_bytes": 50 * G},
+               "idle": {"samples": 0, "peak_allocated_bytes": 0}},
+    "kv": {"peak_blocks_used": 159, "blocks_total": 1000, "peak_usage_ratio": 0.159},
+}
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "run.jsonl"
+    with open(path, "w") as fh:
+        write_trace(fh, *recording())
+    return str(path)
+
+
+def test_json_is_exactly_the_analysis_document(trace_file, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", trace_file, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {"format": "vramscope.analysis/1", "devices": {"0": EXPECTED_DEVICE},
+                   "alerts": [
+                       {"rule": "oom_risk", "severity": "warning", "device": 0,
+                        "fired_ts": 1060.0, "resolved_ts": None},
+                       {"rule": "oom_risk_critical", "severity": "critical", "device": 0,
+                        "fired_ts": 1060.0, "resolved_ts": None},
+                       {"rule": "oom", "severity": "critical", "device": 0,
+                        "fired_ts": 1060.5, "resolved_ts": None}]}
+
+
+def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", trace_file]) == 0
+    out = capsys.readouterr().out
+    assert "device 0" in out
+    assert "OOM at 1060.500 (warned 0 s before); likely cause: prefill_spike" in out
+    assert "    - enable chunked prefill (bound the tokens prefilled per step)" in out
+    assert "KV pool: peak 159 of 1000 blocks (15.9%)" in out
+    assert "alerts: 3" in out
+
+
+def test_the_database_gives_the_same_document_and_uses_postmortems(store, sqlite_url, capsys,
+                                                                   monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VRAMSCOPE_AGENT_HOST_NAME", "testhost")  # the store fixture's host
+    samples, events = recording()
+    store.write(samples, events, origin="test")
+    # the post-mortem says the allocation failed with 4 GiB cached free but no block that large
+    store.write_postmortem(PostMortem(1060.5, 0, 7, Phase.PREFILL, 2 * G, 0, 80 * G, 75 * G,
+                                      79 * G, G // 2, 0.875, ("r1",)))
+    store.close()
+    assert main(["analyze", "--db", sqlite_url, "--json", "--device", "0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["devices"]["0"]["oom"]["cause"] == "fragmentation"
+    for key in ("leak", "fragmentation", "phases", "kv"):
+        assert doc["devices"]["0"][key] == EXPECTED_DEVICE[key]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["analyze"], "give trace FILEs or --db URL"),
+    (["analyze", "x.jsonl", "--db", "sqlite:///x.db"], "give trace FILEs or --db URL"),
+])
+def test_usage_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_trace_names_the_file_and_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ts": 1, "allocated_bytes": 5}\n{"ts": 2, "allocated_bytes": -1}\n')
+    assert main(["analyze", str(bad)]) == 1
+    assert f"{bad}:2: 'allocated_bytes' must be >= 0" in capsys.readouterr().err
+
+
+def test_a_bad_alert_rule_in_the_config_is_reported(trace_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "v.toml"
+    cfg.write_text('[[alerts.rules]]\nname = "x"\nmetric = "reserved_bytes"\nop = "=>"\n'
+                   'threshold = 1\n')
+    assert main(["analyze", trace_file, "--config", str(cfg)]) == 1
+    assert "alert rule 'x': op = '=>' is not one of" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+"""The scenario suite: deterministic, with the truth it claims, and the detectors right on it."""
+
+import pytest
+from vramscope.agent import scenarios as S
+from vramscope.agent.alerts import AlertEngine
+from vramscope.agent.bench.detection import score
+
+
+def fired(sc):
+    return [(c.rule, c.ts_s - S.START_S) for c in
+            AlertEngine.from_config(None).feed(sc.samples + sc.events) if c.kind == "fired"]
+
+
+def test_same_seed_same_recording():
+    a, b = S.growth_oom(3), S.growth_oom(3)
+    assert a.samples == b.samples and a.events == b.events and a.oom_ts == b.oom_ts
+    assert S.growth_oom(4).samples != a.samples
+
+
+def test_growth_oom_runs_out_of_memory_where_it_says():
+    sc = S.growth_oom(1)
+    last = sc.samples[-1]
+    assert last.ts_s == sc.oom_ts and last.num_ooms == 1
+    assert [e.name for e in sc.events if e.name == "oom"] == ["oom"]
+    assert sc.postmortems[0].ts_s == sc.oom_ts
+    # floor +1.5 %/min from 30 % weights plus the KV cache: out of room within an hour
+    assert 1200 < sc.duration_s < 3600
+
+
+def test_frag_oom_fails_with_memory_free_but_no_block():
+    sc = S.frag_oom(1)
+    pm = sc.postmortems[0]
+    assert pm.phase.value == "prefill"
+    assert pm.largest_free_block_bytes < pm.failed_alloc_bytes
+    assert pm.reserved_bytes - pm.allocated_bytes > pm.failed_alloc_bytes
+    assert sc.samples[-1].num_alloc_retries > 0
+
+
+@pytest.mark.parametrize("make", [S.growth_oom, S.frag_oom], ids=["growth", "frag"])
+def test_every_oom_is_warned_at_least_30_s_ahead(make):
+    sc = make(2)
+    warnings = [ts for rule, ts in fired(sc) if rule == "oom_risk"]
+    assert warnings and (sc.oom_ts - S.START_S) - warnings[0] >= 30
+
+
+@pytest.mark.parametrize("sc", [S.steady(1, days=0.25), S.prealloc(1, days=0.25),
+                                S.warmup(1, days=0.25)], ids=["steady", "prealloc", "warmup"])
+def test_healthy_serving_raises_no_alert(sc):
+    assert fired(sc) == []
+
+
+def test_a_half_percent_per_hour_leak_is_found_within_two_hours_of_its_start():
+    sc = S.leak(0.005, 1)
+    leaks = [ts for rule, ts in fired(sc) if rule == "memory_leak"]
+    assert leaks and 0 < leaks[0] - S.LEAK_START_S <= 7200
+    assert [rule for rule, _ in fired(sc)] == ["memory_leak"]
+
+
+def test_score_counts_what_it_claims():
+    s = score([S.leak(0.01, 2), S.growth_oom(1), S.steady(2, days=0.1)])
+    assert (s.leaks, s.detected, len(s.leads_s), s.false_alarms) == (1, 1, 1, 0)
+    assert s.quiet_days == pytest.approx(0.1 + S.LEAK_START_S / 86400)
+    assert s.leads_s[0] >= 30

@@ -1,0 +1,171 @@
+"""The pure shaping functions (dashboard/timeline.py) and figures (dashboard/figures.py), on
+literal inputs with exact expected outputs."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+from vramscope.agent.records import Event, Holder, Phase, PostMortem, Sample
+from vramscope.dashboard import figures
+from vramscope.dashboard import timeline as tl
+
+GIB = 2**30
+
+
+def row(ts, **cols):
+    out = {"ts_s": ts}
+    for name in tl.TIMELINE_COLUMNS:
+        lo, hi, last = cols.get(name, (None, None, None))
+        out.update({f"{name}_min": lo, f"{name}_max": hi, f"{name}_last": last})
+    return out
+
+
+def test_series_skip_empty_buckets_and_keep_min_and_max():
+    rows = [row(0.0, allocated_bytes=(1, 5, 4)), row(1.0), row(2.0, allocated_bytes=(2, 9, 9))]
+    assert tl.series_from_rows(rows, ("allocated_bytes", "reserved_bytes")) == {
+        "allocated_bytes": {"ts": [0.0, 2.0], "min": [1, 2], "max": [5, 9]}}
+
+
+@pytest.mark.parametrize(("largest", "reserved", "allocated", "expected"), [
+    (GIB, 10 * GIB, 6 * GIB, 0.75),  # 4 GiB free, largest hole 1 GiB
+    (4 * GIB, 10 * GIB, 6 * GIB, 0.0),  # one hole holds all the free memory
+    (GIB, 6 * GIB, 6 * GIB, None),  # nothing free: undefined
+    (None, 10 * GIB, 6 * GIB, None),  # no snapshot in the bucket's last row
+])
+def test_external_fragmentation_from_the_last_row(largest, reserved, allocated, expected):
+    r = row(0.0, largest_free_block_bytes=(largest, largest, largest),
+            reserved_bytes=(reserved, reserved, reserved),
+            allocated_bytes=(allocated, allocated, allocated))
+    got = tl.derived_series([r]).get("external_fragmentation")
+    assert (got["max"][0] if got else None) == expected
+
+
+def test_inactive_split_ratio_is_split_over_reserved_per_bucket():
+    r = row(5.0, inactive_split_bytes=(0, GIB, GIB), reserved_bytes=(GIB, 4 * GIB, 4 * GIB))
+    assert tl.derived_series([r])["inactive_split_ratio"] == {"ts": [5.0], "max": [0.25]}
+
+
+def test_retry_markers_where_the_counter_rose():
+    series = {"num_alloc_retries": {"ts": [0, 1, 2, 3], "min": [3, 3, 3, 5],
+                                    "max": [3, 3, 5, 7]}}
+    assert tl.retry_markers(series) == [{"ts": 2, "count": 2}, {"ts": 3, "count": 2}]
+    assert tl.retry_markers({}) == []
+
+
+def test_bands_from_events_run_until_the_next_change():
+    events = [Event(10.0, "phase", phase=Phase.PREFILL), Event(12.0, "phase", phase=Phase.DECODE),
+              Event(20.0, "phase", phase=Phase.DECODE), Event(25.0, "phase", phase=Phase.IDLE)]
+    assert tl.bands_from_events(events, 30.0) == [
+        {"phase": "prefill", "start": 10.0, "end": 12.0},
+        {"phase": "decode", "start": 12.0, "end": 25.0},
+        {"phase": "idle", "start": 25.0, "end": 30.0}]
+
+
+def test_bands_from_samples_ignore_unknown():
+    samples = [Sample(0.0, phase=Phase.PREFILL), Sample(0.5, phase=Phase.UNKNOWN),
+               Sample(1.0, phase=Phase.DECODE), Sample(2.0, phase=Phase.DECODE)]
+    assert tl.bands_from_samples(samples, 3.0) == [
+        {"phase": "prefill", "start": 0.0, "end": 1.0},
+        {"phase": "decode", "start": 1.0, "end": 3.0}]
+
+
+def test_coarsen_bands_gives_each_bucket_its_longest_phase():
+    bands = [{"phase": "prefill", "start": 0.0, "end": 1.0},
+             {"phase": "decode", "start": 1.0, "end": 10.0},
+             {"phase": "prefill", "start": 10.0, "end": 16.0},
+             {"phase": "decode", "start": 16.0, "end": 20.0}]
+    assert tl.coarsen_bands(bands, 0.0, 20.0, 2) == [
+        {"phase": "decode", "start": 0.0, "end": 10.0},
+        {"phase": "prefill", "start": 10.0, "end": 20.0}]
+    assert tl.coarsen_bands(bands, 0.0, 20.0, 4) == bands  # few enough: untouched
+
+
+def test_event_markers_keep_strings_as_strings_and_cap_messages():
+    e = Event(1.0, "oom", 0, 7, None, None, {"message": "<b>" + "x" * 600})
+    (m,) = tl.event_markers([e])
+    assert m["message"].startswith("<b>xx") and len(m["message"]) == 500
+    assert (m["ts"], m["name"], m["pid"], m["request_id"]) == (1.0, "oom", 7, None)
+
+
+def timeline_doc():
+    s = {"allocated_bytes": {"ts": [0.0, 1.0], "min": [GIB, GIB], "max": [GIB, 2 * GIB]},
+         "device_total_bytes": {"ts": [0.0, 1.0], "min": [8 * GIB] * 2, "max": [8 * GIB] * 2},
+         "kv_blocks_used": {"ts": [0.0], "min": [3], "max": [4]}}
+    return {"start": 0.0, "end": 2.0, "series": s, "bucket_s": 1.0, "phase_source": "events",
+            "events_truncated": False,
+            "phases": [{"phase": "prefill", "start": 0.0, "end": 0.5},
+                       {"phase": "idle", "start": 0.5, "end": 2.0}],
+            "events": [{"ts": 0.0, "name": "request_start", "request_id": "r1", "message": None,
+                        "pid": 1}, {"ts": 1.5, "name": "oom", "request_id": None,
+                                    "message": "boom", "pid": 1}],
+            "retries": [{"ts": 1.0, "count": 2}]}
+
+
+def test_timeline_figure_traces_units_and_axes():
+    fig = figures.timeline_figure(timeline_doc())
+    got = [(t["name"], t["yaxis"], len(t["x"])) for t in fig["data"]]
+    assert got == [("prefill", "y", 5), ("allocated", "y", 2), ("limit", "y", 2),
+                   ("KV blocks used", "y3", 1), ("request start", "y4", 1), ("OOM", "y4", 1),
+                   ("alloc retries", "y4", 1)]
+    assert fig["data"][1]["y"] == [1.0, 2.0]  # GiB, the bucket max
+    assert fig["data"][1]["x"] == [0.0, 1000.0]  # epoch milliseconds on a date axis
+    assert fig["data"][0]["y"] == [0, 8.32, 8.32, 0, None]  # bands reach the top of the axis
+    assert fig["layout"]["yaxis"]["range"] == [0, 8.32]
+    assert fig["layout"]["xaxis"]["range"] == [0.0, 2000.0]
+    assert fig["data"][-1]["text"] == ["+2 retries"]
+    go.Figure(fig)  # Plotly itself accepts every property
+
+
+def test_overview_figure_has_one_bar_group_per_device():
+    rows = [{"host": "h", "device": 0, "latest": {"allocated_bytes": 2 * GIB,
+                                                 "reserved_bytes": 3 * GIB,
+                                                 "device_used_bytes": 4 * GIB,
+                                                 "device_total_bytes": 80 * GIB}},
+            {"host": "h", "device": 1, "latest": None}]
+    fig = figures.overview_figure(rows)
+    assert [(t["name"], t["x"]) for t in fig["data"]] == [
+        ("allocated", [2.0, None]), ("reserved", [3.0, None]), ("device used", [4.0, None]),
+        ("limit", [80.0, None])]
+    assert fig["data"][0]["y"] == ["h · GPU 0", "h · GPU 1"]
+    go.Figure(fig)
+
+
+def test_leaks_and_risk_figures_are_valid_plotly():
+    leaks = figures.leaks_figure([(0.0, GIB), (60.0, 2 * GIB)], [[0.0, GIB], [60.0, 2 * GIB]],
+                                 80 * GIB)
+    assert [t["name"] for t in leaks["data"]] == ["idle floor", "trend (Theil–Sen)"]
+    go.Figure(leaks)
+    risk = figures.risk_figure({"ts": [0.0, 1.0], "bytes": [GIB, GIB // 2]},
+                               {"ts": [0.0], "time_to_oom_s": [7200.0], "low_s": [3600.0],
+                                "high_s": [10800.0]},
+                               [{"ts": 1.0, "severity": "warning", "label": "x"}], 10 * GIB,
+                               {"warning": 0.1, "critical": 0.03})
+    assert [t["name"] for t in risk["data"]] == ["headroom", "forecast soonest",
+                                                "forecast latest", "time to OOM",
+                                                "warning fired"]
+    assert risk["data"][3]["y"] == [2.0]  # hours
+    assert [s["y0"] for s in risk["layout"]["shapes"]] == pytest.approx([1.0, 0.3])
+    go.Figure(risk)
+
+
+def test_postmortem_figures_read_hook_or_torch_segments():
+    pm = PostMortem(0.0, 0, 1, Phase.PREFILL, None, None, None, None, None, None, None,
+                    top_holders=(Holder(3 * 2**20, ("a.py:1:f",)), Holder(2**20)),
+                    segments=({"total_size_bytes": 20 * 2**20, "allocated_bytes": 5 * 2**20,
+                               "largest_free_block_bytes": 10 * 2**20},
+                              {"total_size": 2 * 2**20, "allocated_size": 2**20}))
+    seg = figures.segment_map_figure(pm)
+    assert [(t["name"], t["x"]) for t in seg["data"]] == [
+        ("allocated", [5.0, 1.0]), ("largest hole", [10.0, 0.0]), ("other free", [5.0, 1.0])]
+    holders = figures.holders_figure(pm)
+    assert holders["data"][0]["y"] == ["#1 a.py:1:f", "#2 (no stack)"]
+    assert holders["data"][0]["x"] == [3.0, 1.0]
+    go.Figure(seg)
+    go.Figure(holders)
+
+
+def test_token_occupancy_from_the_last_kv_reading():
+    rows = [row(0.0, kv_tokens_used=(0, 900, 700), kv_blocks_used=(0, 60, 50)),
+            row(1.0, kv_tokens_used=(0, 0, 0), kv_blocks_used=(0, 0, 0)),  # empty pool: none
+            row(2.0)]
+    assert tl.derived_series(rows)["kv_tokens_per_block"] == {"ts": [0.0], "max": [14.0]}

@@ -1,0 +1,70 @@
+"""The Prometheus series vramscope really exports: scraped from a real dashboard app over a
+scripted store, and from a real agent's own ``/metrics`` server (``agent.metrics_port``).
+
+Shared by the tests of the Prometheus rules and the Grafana dashboard: whatever they query must
+be a series that a ``/metrics`` serves, not a name someone remembered.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.config import parse_config
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+
+NOW_S = 1_700_000_100.0
+
+
+def scripted_store(store) -> None:
+    """One device with every counter set, a process, and the agent's own stats."""
+    values = {name: 1000 + i for i, name in enumerate(SAMPLE_COUNTER_FIELDS)}
+    values.update(device_total_bytes=80_000_000_000, device_used_bytes=40_000_000_000)
+    store.write([Sample(NOW_S - 5, 0, Phase.DECODE, "torch", 42, **values)],
+                [Event(NOW_S - 6, "request_start", 0, 42, Phase.PREFILL, "r1")])
+    store.upsert_process(42, NOW_S - 5, name="python", device_indexes=[0])
+    store.write_agent_stats(NOW_S - 1, clients=1, rows_per_s=10.0, queue_depth=3,
+                            dropped_total=0, rejected_total=0, db_size_bytes=4096)
+
+
+def dashboard_metrics_text(store) -> str:
+    from vramscope.dashboard.app import create_app
+
+    app = create_app(parse_config({}, None, {}), store, clock=FakeClock(NOW_S))
+    response = app.test_client().get("/metrics")
+    assert response.status_code == 200, response.data[:500]
+    return response.get_data(as_text=True)
+
+
+def agent_metrics_text(store) -> str:
+    from vramscope.agent.daemon import Agent, start_metrics
+
+    from tests.support.pgserver import free_port
+
+    agent = Agent(parse_config({}, None, {}), store=store, source=None, listen=False,
+                  alerts=False)
+    port = free_port()
+    server = start_metrics(agent, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def series_in(text: str) -> dict[str, str]:
+    """Every sample name in an exposition, with its family's type (``counter`` gives
+    ``..._total`` samples)."""
+    out: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = family.type
+    return out
+
+
+def exported_series(store) -> dict[str, str]:
+    """Every series of the dashboard's and the agent's ``/metrics``, with its type."""
+    scripted_store(store)
+    return {**series_in(agent_metrics_text(store)), **series_in(dashboard_metrics_text(store))}

@@ -1,0 +1,55 @@
+"""vramscope: GPU memory observability for LLM inference servers.
+
+The one name an inference server imports. It re-exports the in-server API from ``hooks`` (and
+the records from ``vramscope.agent.records``) lazily, so ``import vramscope`` costs nothing until a
+name is
+used and works on a machine without torch or a GPU::
+
+    import vramscope
+
+    report = vramscope.install()          # what is active, and why anything is not
+    with vramscope.phase("prefill", request_id="r1"):
+        ...
+    pool = vramscope.KVBlockPool(num_layers=16, num_kv_heads=4, head_dim=128,
+                                 dtype="bfloat16", num_blocks=1024, block_size=16)
+
+A file at the repo root, not a package, so a user's own ``hooks.py`` or ``agent.py`` can never
+shadow it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "install": "vramscope.hooks.install",
+    "uninstall": "vramscope.hooks.install",
+    "InstallReport": "vramscope.hooks.install",
+    "phase": "vramscope.hooks.phase",
+    "set_phase": "vramscope.hooks.phase",
+    "current_phase": "vramscope.hooks.phase",
+    "KVBlockPool": "vramscope.hooks.kvpool",
+    "KVPoolObserver": "vramscope.hooks.kvpool",
+    "KVPoolError": "vramscope.hooks.kvpool",
+    "attach_transformers": "vramscope.hooks.transformers_integration",
+    "Phase": "vramscope.agent.records",
+    "Sample": "vramscope.agent.records",
+    "Event": "vramscope.agent.records",
+    "PostMortem": "vramscope.agent.records",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vramscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
