@@ -22,8 +22,8 @@ tests)
     2>&1 | tee "$OUT/agent_gpu.log" | tail -25
   timeout 120 python3 -m vramscope.agent.sim.gpu_check --out "$OUT/gpu_allocator_check.jsonl" \
     2>&1 | tee "$OUT/sim_gpu_check.log" | tail -8
-  timeout 200 python3 -m pytest -m gpu -s -p no:cacheprovider tests/test_sim_gpu_allocator.py \
-    tests/test_demo.py tests/gpu/test_hooks_gpu.py 2>&1 | tee "$OUT/other_gpu.log" | tail -25
+  timeout 200 python3 -m pytest -m gpu -s -p no:cacheprovider tests/agent/test_sim_gpu_allocator.py \
+    tests/agent/test_demo.py tests/gpu/test_hooks_gpu.py 2>&1 | tee "$OUT/other_gpu.log" | tail -25
   ;;
 bench)
   TAG=$(IFS=-; echo "${*:-all}")
