@@ -11,7 +11,11 @@ import argparse
 import json
 import sys
 
-from vramscope.agent.cli.common import add_config_flag, config_from_args
+from vramscope.agent.cli.common import (
+    add_config_flag,
+    config_from_args,
+    require_existing_database,
+)
 from vramscope.agent.errors import UsageError
 
 
@@ -30,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramscope.agent.analysis.report import analyze_records, render_text
+    from vramscope.agent.alerts.offline import analyze_records
+    from vramscope.agent.analysis.report import render_text
 
     if bool(args.files) == bool(args.db_url):
         raise UsageError("give trace FILEs or --db URL (one of the two)")
@@ -60,6 +65,7 @@ def _from_files(paths: list[str]):
 def _from_db(config, device: int | None):
     from vramscope.agent.store import Store
 
+    require_existing_database(config["database.url"], "analyze")
     with Store.open(config["database.url"], synchronous=config["database.synchronous"],
                     host_name=config["agent.host_name"] or None) as store:
         samples = list(store.iter_samples(device))

@@ -10,6 +10,7 @@ import argparse
 import errno
 import logging
 
+from vramscope.agent.cli.common import require_existing_database
 from vramscope.agent.errors import UsageError
 
 log = logging.getLogger("vramscope.dashboard")
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="database URL (default: database.url from the config)")
     p.add_argument("--host", help="address to bind (default: dashboard.host, 127.0.0.1); "
                                   "anything but loopback requires dashboard.token")
-    p.add_argument("--port", type=int, help="port (default: dashboard.port, 8321)")
+    p.add_argument("--port", type=int, help="port (default: dashboard.port, 8321; 0: any free "
+                                            "port, printed at start)")
     p.add_argument("--config", metavar="PATH", help="config file")
     p.add_argument("--threads", type=int, default=8, help="waitress worker threads (default 8)")
     p.set_defaults(func=run)
@@ -31,17 +33,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 def dashboard_config(args: argparse.Namespace):
     from vramscope.agent.config import load_config
 
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
     config = load_config(args.config)
+    # dashboard.port is 1..65535; --port 0 (any free port, as for `demo`) is applied at bind
+    port = None if args.port is None else max(args.port, 1)
     return config.replace(database__url=args.db_url, dashboard__host=args.host,
-                          dashboard__port=args.port)
+                          dashboard__port=port)
 
 
 def run(args: argparse.Namespace) -> int:
     from vramscope.dashboard.security import check_bind
 
     config = dashboard_config(args)
-    host, port = config["dashboard.host"], config["dashboard.port"]
+    host = config["dashboard.host"]
+    port = 0 if args.port == 0 else config["dashboard.port"]
     check_bind(host, config["dashboard.token"])  # before opening anything
+    require_existing_database(config["database.url"], "dashboard")
     server, app = make_server(config, host, port, args.threads)
     store = app.extensions["vramscope"].store
     print(f"vramscope dashboard on http://{_url_host(host)}:{server.effective_port}/ "

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
     p.add_argument("--db", dest="db_url", metavar="URL",
-                   help="database URL (default: a new SQLite file in a temporary directory)")
+                   help="database URL (default: a new SQLite file in a temporary directory, "
+                        "removed when the demo ends)")
     p.add_argument("--port", type=int, help="dashboard port (default: dashboard.port; 0: any)")
     p.add_argument("--host", default=None, help="dashboard address (default: dashboard.host)")
     p.add_argument("--speed", type=float, default=400.0,
@@ -47,12 +48,20 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.port is not None:
         config = config.replace(dashboard__port=max(args.port, 1))
-    db_url = args.db_url or _temp_db_url()
-    if args.gpu:
-        from vramscope.agent.sim.gpu_demo import run_gpu_demo
+    folder = None if args.db_url else _temp_folder()
+    db_url = args.db_url or f"sqlite:///{folder}/demo.db"
+    try:
+        if args.gpu:
+            from vramscope.agent.sim.gpu_demo import run_gpu_demo
 
-        return run_gpu_demo(config, db_url, args)
-    return _run_sim(config, db_url, args)
+            return run_gpu_demo(config, db_url, args)
+        return _run_sim(config, db_url, args)
+    finally:
+        if folder is not None:  # ours: a demo leaves no vramscope-demo-* folders behind
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"removed the temporary database {folder} (give --db URL to keep one)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -66,11 +75,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
 
 
-def _temp_db_url() -> str:
+def _temp_folder() -> str:
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="vramscope-demo-")
-    return f"sqlite:///{folder}/demo.db"
+    return tempfile.mkdtemp(prefix="vramscope-demo-")
 
 
 def _history_s(args: argparse.Namespace) -> float:
@@ -91,7 +99,9 @@ def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
     scenarios = demo.resolve_scenarios(args.scenario)
     pacer = demo.Pacer(SYSTEM_CLOCK, _history_s(args), args.speed)
     servers = demo.make_servers(scenarios, sink=None, start_ts_s=pacer.sim0_s)
-    agent = EmbeddedAgent(config, db_url=db_url, source=demo.SimDeviceSource(servers))
+    # listen: `vramscope status` asks the agent's socket; skipped if another agent has it
+    agent = EmbeddedAgent(config, db_url=db_url, source=demo.SimDeviceSource(servers),
+                          listen=True)
     for server in servers:
         server.sink = agent.sink
     agent.start()
@@ -113,7 +123,7 @@ def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
             web.close()
         agent.stop()
     print("demo finished:")
-    print("\n".join(demo.summary(agent.store, servers)))
+    print("\n".join(demo.summary(agent.store, servers, pacer.clock.time_s())))
     print(f"database: {db_url}")
     return 0
 

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return _export_rules(args)
     from vramscope.agent.trace import write_trace
 
-    with open_store(args) as store, _output(args.output) as out:
+    with open_store(args, reading="export") as store, _output(args.output) as out:
         samples = store.iter_samples(args.device, args.since, args.until)
         events = store.events(args.device, args.since, args.until)
         n = write_trace(out, samples, events)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _export_rules(args: argparse.Namespace) -> int:
     try:
-        from vramscope.agent.prom_rules import render_rules
+        from vramscope.agent.alerts.prom_rules import render_rules
     except ModuleNotFoundError:
         raise VramscopeError("Prometheus rule export is not available in this build") from None
     text = render_rules(config_from_args(args))  # before opening -o: an error keeps the file

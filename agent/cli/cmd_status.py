@@ -90,7 +90,9 @@ def render(s: dict[str, Any]) -> str:
 
 def _render_stored(s: dict[str, Any]) -> str:
     if s.get("missing"):
-        return f"agent: not running ({s['why']})\ndatabase: {s['database']} does not exist yet"
+        return (f"agent: not running ({s['why']})\ndatabase: {s['database']} does not exist; "
+                f"check --db or database.url, or start 'vramscope agent' (or 'vramscope demo', "
+                f"'vramscope import FILE') to create it")
     lines = [f"agent: not running ({s['why']})",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}",
              f"devices: {len(s['devices'])}"]

@@ -23,9 +23,29 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return config.replace(database__url=db_url) if db_url else config
 
 
-def open_store(args: argparse.Namespace, config: Config | None = None):
+def open_store(args: argparse.Namespace, config: Config | None = None, *,
+               reading: str | None = None):
+    """The store of ``--db`` (or ``database.url``). ``reading`` names a command that only
+    reads: it refuses a database that does not exist instead of creating it."""
     from vramscope.agent.store import Store
 
     config = config or config_from_args(args)
+    if reading:
+        require_existing_database(config["database.url"], reading)
     return Store.open(config["database.url"], synchronous=config["database.synchronous"],
                       host_name=config["agent.host_name"] or None)
+
+
+def require_existing_database(url: str, command: str) -> None:
+    """Raise when ``url`` is a SQLite file that does not exist: ``vramscope <command>`` reads,
+    and a mistyped path must not become a new, empty database that looks healthy."""
+    from vramscope.agent.errors import StoreError
+    from vramscope.agent.store.exists import missing_sqlite_file
+
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise StoreError(
+            f"database {missing} does not exist (URL {url}); 'vramscope {command}' only reads "
+            f"an existing database. Check the path, or create one: 'vramscope agent' records "
+            f"into it, 'vramscope import FILE --db URL' loads a trace, 'vramscope db upgrade "
+            f"--db URL' creates an empty one")

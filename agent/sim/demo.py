@@ -28,6 +28,7 @@ from vramscope.agent.clock import Clock
 from vramscope.agent.sim.scenarios import scenario_spec
 from vramscope.agent.sim.server import SimServer
 from vramscope.agent.sources.nvml import DeviceInfo, ProcessRow
+from vramscope.agent.timefmt import iso_utc
 
 log = logging.getLogger("vramscope.demo")
 
@@ -128,6 +129,12 @@ def status_line(servers: list[SimServer], pacer: Pacer, agent: Any) -> str:
     return " | ".join(parts)
 
 
+def _behind(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def _hms(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -161,15 +168,27 @@ def run_simulation(servers: list[SimServer], pacer: Pacer, agent: Any, duration_
             stop.wait(0.25)  # live: real time from here on
 
 
-def summary(store: Any, servers: list[SimServer]) -> list[str]:
+BEHIND_S = 5.0  # simulated time further behind the wall clock than this is "behind"
+
+
+def summary(store: Any, servers: list[SimServer], now_s: float | None = None) -> list[str]:
+    """What ran; with ``now_s`` (the wall clock), also whether the simulation caught up with
+    it: a dashboard opened on this database later shows the data as stale either way."""
     lines = []
+    sim_now = min((s.now_s for s in servers), default=None)
+    if now_s is not None and sim_now is not None and now_s - sim_now > BEHIND_S:
+        lines.append(f"  simulation stopped {_behind(now_s - sim_now)} behind real time: its "
+                     f"newest data is from {iso_utc(sim_now)} (--speed or --duration to "
+                     f"catch up)")
     for s in servers:
         c = s.counts
         lines.append(f"  device {s.spec.device} ({s.spec.scenario}): {c['served']} requests "
                      f"served, {c['aborted']} aborted, {c['ooms']} OOM")
     alerts = store.alerts()
     for a in alerts:
-        lines.append(f"  alert {a.get('rule')} ({a.get('severity')}) on device {a.get('device')}")
+        state = "active" if a.get("resolved_ts_s") is None else "resolved"
+        lines.append(f"  alert {a.get('rule')} ({a.get('severity')}, {state}) on device "
+                     f"{a.get('device')} at {iso_utc(a.get('fired_ts_s'))}")
     lines.append(f"  {len(store.postmortems())} OOM post-mortem(s), {len(alerts)} alert(s)")
     return lines
 

@@ -1,0 +1,30 @@
+"""Does a database URL name a database that already exists?
+
+Commands that only read (``analyze``, ``dashboard``, ``status``, ``export``) must not create a
+database where a mistyped path points: SQLAlchemy's SQLite driver creates the file, and
+:meth:`vramscope.agent.store.Store.open` its directory, on first connect. Only the agent,
+``import`` and ``db upgrade`` create one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite`` URL names when it does not exist; ``None`` when it exists, is
+    in memory, or the URL is not SQLite (a server database's existence shows on connect)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return None  # Store.open reports the bad URL with its own message
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    path = parsed.database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    file = Path(path).expanduser()
+    return None if file.is_file() else file
