@@ -120,3 +120,20 @@ def test_status_sees_a_running_demo_and_the_demo_cleans_its_folder(tmp_path):
     assert demo.returncode == 0, err[-2000:]
     assert "removed the temporary database" in out
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("vramscope-demo-")] == []
+
+
+def test_demo_summary_says_when_the_simulation_fell_behind(store):
+    from types import SimpleNamespace
+
+    from vramscope.agent.sim.demo import summary
+
+    server = SimpleNamespace(spec=SimpleNamespace(device=1, scenario="leak"), now_s=1_800_000_000.0,
+                             counts={"served": 10, "aborted": 0, "ooms": 0})
+    store.open_alert("memory_leak", "warning", 1_799_999_000.0, device=1, message="leak")
+    behind = summary(store, [server], now_s=1_800_000_000.0 + 3 * 3600)
+    assert behind[0] == ("  simulation stopped 3.0 h behind real time: its newest data is from "
+                         "2027-01-15T08:00:00.000Z (--speed or --duration to catch up)")
+    assert behind[2] == ("  alert memory_leak (warning, active) on device 1 at "
+                         "2027-01-15T07:43:20.000Z")
+    caught_up = summary(store, [server], now_s=1_800_000_001.0)
+    assert not any("behind" in line for line in caught_up)
