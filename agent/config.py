@@ -14,7 +14,7 @@ Then environment overrides: ``VRAMSCOPE_<SECTION>_<KEY>`` (``VRAMSCOPE_DATABASE_
 ``VRAMSCOPE_DASHBOARD_PORT``...) replace the file's value; then command-line flags replace both.
 
 Alert rules are ``[[alerts.rules]]`` tables; they are kept raw here and parsed by
-``vramscope.agent.alert_rules`` so that each rule's errors name the rule.
+``vramscope.agent.alerts.rules`` so that each rule's errors name the rule.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Threads (all daemon threads, all named):
   ``FakeClock`` and never sleep.
 * ``vramscope-ingest`` — the socket server (``vramscope.agent.ingest.server``).
 * ``vramscope-writer`` — the one writer (``vramscope.agent.writer``); it also feeds the alert engine
-  after each committed batch, when ``vramscope.agent.alerts`` is available.
+  after each committed batch (:class:`AlertFeed`); the webhook sink delivers from its own thread.
 
 ``run_forever`` installs SIGTERM/SIGINT handlers that stop the loops and flush the queue.
 """
@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, PostMortem
 from vramscope.agent.retention import Retention
@@ -91,7 +93,7 @@ class Agent:
         self.retention = Retention.from_config(config, clock)
         self.socket_path = socket_path or config["agent.socket_path"]
         self.server = self._make_server() if listen else None
-        self.alert_engine = _load_alert_engine(config, self.store) if alerts else None
+        self.alerts = AlertFeed.from_config(config, self.store) if alerts else None
         now = clock.monotonic_s()
         self._device_schedule = Schedule(config["sampling.device_interval_s"], now)
         self._process_schedule = Schedule(config["sampling.process_interval_s"], now)
@@ -153,6 +155,8 @@ class Agent:
             self.server.stop()
         self.writer.submit(self._stats_task(self.clock.time_s()))
         self.writer.stop(timeout_s)
+        if self.alerts is not None:
+            self.alerts.close()
         if self.source is not None:
             self.source.close()
         if getattr(self, "_metrics_server", None) is not None:
@@ -315,8 +319,8 @@ class Agent:
 
     def _on_batch(self, samples: list, events: list) -> None:
         self.retention.note_written(samples)  # late samples: their minutes are rolled up again
-        if self.alert_engine is not None:
-            self.alert_engine(samples, events)
+        if self.alerts is not None:
+            self.alerts(samples, events)
 
 
 def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str | None:
@@ -401,43 +405,34 @@ def _parse_uids(text: str) -> list[int]:
     return uids
 
 
-def _load_alert_engine(config: Any, store: Any):
-    """Live alerting through ``vramscope.agent.alerts`` when it exists; one log line when it
-    does not."""
-    try:
-        from vramscope.agent import alerts
-    except ImportError:
-        log.info("live alerting is off: agent.alerts is not available in this build")
-        return None
-    try:
-        engine = alerts.AlertEngine.from_config(config)
-        sinks = _alert_sinks(alerts, config, store)
-    except Exception as exc:  # noqa: BLE001 - a bad rule must not stop ingest
-        log.error("live alerting is off: cannot build the alert engine (%s)", exc)
-        return None
+class AlertFeed:
+    """Live alerting: each committed batch through the engine, each change to every sink.
 
-    def feed(samples: list, events: list) -> None:
-        for change in engine.feed_batch(samples, events):  # no copy, no re-split
-            for sink in sinks:
-                _deliver(sink, change)
-    return feed
+    Runs on the writer thread after a commit. A bad rule fails at construction (the agent does
+    not start with a config it cannot honour: ``vramscope config check`` names the rule); a sink
+    that raises is logged and the others still get the change.
+    """
 
+    def __init__(self, engine: AlertEngine, sinks: list[AlertSink]) -> None:
+        self.engine = engine
+        self.sinks = sinks
 
-def _alert_sinks(alerts: Any, config: Any, store: Any) -> list:
-    if hasattr(alerts, "make_sinks"):
-        return list(alerts.make_sinks(config, store))
-    sinks = [alerts.StoreSink(store), alerts.LogSink()]
-    if config["alerts.webhook_url"]:
-        sinks.append(alerts.WebhookSink.from_config(config))
-    return sinks
+    @classmethod
+    def from_config(cls, config: Any, store: Any) -> AlertFeed:
+        return cls(AlertEngine.from_config(config), sinks_from_config(config, store))
 
+    def __call__(self, samples: list, events: list) -> None:
+        for change in self.engine.feed_batch(samples, events):  # no copy, no re-split
+            for sink in self.sinks:
+                try:
+                    sink.send(change)
+                except Exception:  # noqa: BLE001 - one broken sink must not stop the others
+                    log.exception("alert sink %r failed", sink)
 
-def _deliver(sink: Any, change: Any) -> None:
-    try:
-        for name in ("send", "emit", "handle"):
-            if hasattr(sink, name):
-                getattr(sink, name)(change)
-                return
-        sink(change)
-    except Exception:  # noqa: BLE001 - one broken sink must not stop the others
-        log.exception("alert sink %r failed", sink)
+    def close(self) -> None:
+        """Let every sink deliver what it holds (after the final flush fed the last batch)."""
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:  # noqa: BLE001 - stopping goes on
+                log.exception("alert sink %r failed to close", sink)

@@ -37,7 +37,7 @@ def report(store: Store, config, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
     """The ``vramscope.analysis/1`` document for one device and window."""
     try:
-        from vramscope.agent.analysis.report import analyze_records
+        from vramscope.agent.alerts.offline import analyze_records
     except ImportError:
         raise Unavailable("the analysis module is not available in this build") from None
     samples, events = _raw_records(store, device, host, start, end)

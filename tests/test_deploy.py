@@ -251,8 +251,8 @@ def test_manifests_use_only_real_variable_names():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_prometheus_scrape_config_is_valid(tmp_path):
     """deploy/prometheus/prometheus.yml, with the rules file it loads, passes promtool."""
+    from vramscope.agent.alerts.prom_rules import render_rules
     from vramscope.agent.config import parse_config as _parse
-    from vramscope.agent.prom_rules import render_rules
 
     src = ROOT / "deploy" / "prometheus" / "prometheus.yml"
     (tmp_path / "prometheus.yml").write_text(src.read_text())

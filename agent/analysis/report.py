@@ -1,49 +1,66 @@
-"""The ``vramscope.analysis/1`` document (DESIGN.md) and its readable rendering.
+"""The ``vramscope.analysis/1`` document (docs/architecture.md, "Public contracts") and its
+readable rendering.
 
-``analyze_records`` feeds every record, in time order, through the same :class:`AlertEngine`
-the live agent runs, so the leak verdict, the first warning and the alerts are exactly what the
-agent would have said at the time. Pure: no I/O, no clock.
+:func:`analysis_document` assembles the document from per-device analysis state and the alert
+history; :func:`vramscope.agent.alerts.offline.analyze_records` produces both by feeding a
+recording through the live alert engine. This module reads that state through
+:class:`DeviceState` and imports nothing of the alerts package (analysis sits below alerts).
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from vramscope.agent.analysis.diagnosis import REMEDIES, diagnose
 from vramscope.agent.analysis.fragmentation import fragmentation_summary
-from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.kv import KvTracker
+from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.phases import phase_stats
 from vramscope.agent.analysis.risk import LEVELS
-from vramscope.agent.records import Event, PostMortem, Sample
+from vramscope.agent.records import PostMortem, Sample
 
 FORMAT = "vramscope.analysis/1"
-_REPORT_PHASES = ("prefill", "decode", "idle")
+_REPORT_PHASES = ("prefill", "decode", "idle", "setup")
 
 
-def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
-                    config: Mapping[str, Any] | None = None, *,
-                    postmortems: Sequence[PostMortem] = (),
-                    device: int | None = None) -> dict[str, Any]:
-    """The analysis document of a recording (optionally of one device)."""
-    from vramscope.agent.alerts import AlertEngine
+class DeviceState(Protocol):
+    """What the document reads of one device's analysis (the alert engine's ``DeviceAnalysis``)."""
 
-    records = merged(samples, events)
-    if device is not None:
-        records = [r for r in records if r.device == device]
-    engine = AlertEngine.from_config(config)
-    engine.feed(records)
+    leak: LeakDetector
+    kv: KvTracker
+    oom_ts_s: list[float]
+    first_warning_ts_s: float | None
+    max_level: int
+    min_time_to_oom_s: float | None
+
+
+class AlertRecord(Protocol):
+    """What the document reads of one alert change (the alert engine's ``AlertChange``)."""
+
+    kind: str
+    rule: str
+    severity: str
+    device: int
+    ts_s: float
+
+
+def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Sample],
+                      history: Iterable[AlertRecord],
+                      postmortems: Sequence[PostMortem] = ()) -> dict[str, Any]:
+    """The document of ``devices`` (their samples in time order, any device) and the alerts."""
     per_device: dict[int, list[Sample]] = {}
-    for r in records:
-        if isinstance(r, Sample):
-            per_device.setdefault(r.device, []).append(r)
-    devices = {str(dev): _device_doc(engine.devices[dev], per_device.get(dev, []),
-                                     [p for p in postmortems if p.device == dev])
-               for dev in sorted(engine.devices)}
-    return {"format": FORMAT, "devices": devices, "alerts": _alerts_doc(engine.history)}
+    for s in samples:
+        per_device.setdefault(s.device, []).append(s)
+    docs = {str(dev): _device_doc(devices[dev], per_device.get(dev, []),
+                                  [p for p in postmortems if p.device == dev])
+            for dev in sorted(devices)}
+    return {"format": FORMAT, "devices": docs, "alerts": _alerts_doc(history)}
 
 
-def _device_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict[str, Any]:
+def _device_doc(d: DeviceState, samples: list[Sample],
+                postmortems: list[PostMortem]) -> dict[str, Any]:
     frag = fragmentation_summary(samples)
     phases = phase_stats(samples)
     return {
@@ -59,13 +76,14 @@ def _device_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict
     }
 
 
-def _leak_doc(result) -> dict[str, Any]:
+def _leak_doc(result: LeakResult) -> dict[str, Any]:
     ever = result.first_detected_ts_s is not None
     return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
             "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence}
 
 
-def _oom_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict[str, Any]:
+def _oom_doc(d: DeviceState, samples: list[Sample],
+             postmortems: list[PostMortem]) -> dict[str, Any]:
     first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
     if first_oom is None and postmortems:
         first_oom = postmortems[0].ts_s
@@ -78,7 +96,7 @@ def _oom_doc(d, samples: list[Sample], postmortems: list[PostMortem]) -> dict[st
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
 
 
-def _alerts_doc(history) -> list[dict[str, Any]]:
+def _alerts_doc(history: Iterable[AlertRecord]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     open_index: dict[tuple[str, int], int] = {}
     for ch in history:

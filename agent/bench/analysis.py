@@ -35,7 +35,7 @@ def split_sources(s):
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    from vramscope.agent.analysis.report import analyze_records
+    from vramscope.agent.alerts.offline import analyze_records
     from vramscope.agent.scenarios import simulate
     from vramscope.agent.trace import read_trace, write_trace
 

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vramscope.agent.alerts import AlertEngine
+from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.scenarios import Scenario, hard_cases, suite
 

@@ -24,7 +24,7 @@ def _load(path: str | None):
 
     config = load_config(path)
     try:
-        from vramscope.agent.alert_rules import parse_rules
+        from vramscope.agent.alerts.rules import parse_rules
     except ModuleNotFoundError:
         return config, None
     return config, parse_rules(config)

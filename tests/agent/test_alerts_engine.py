@@ -1,9 +1,9 @@
 """The alert engine on scripted records: for, clear, clear_for, devices, OOMs, identity."""
 
 import pytest
-from vramscope.agent.alert_rules import Rule
-from vramscope.agent.alerts import AlertChange, AlertEngine
-from vramscope.agent.analysis.report import analyze_records
+from vramscope.agent.alerts.engine import AlertChange, AlertEngine
+from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.alerts.rules import Rule
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import Event, Phase, Sample
 

@@ -1,7 +1,13 @@
 """Alert rules from the config: built-ins, user rules, and errors that name the rule and key."""
 
 import pytest
-from vramscope.agent.alert_rules import Rule, builtin_rules, parse_duration, parse_rule, parse_rules
+from vramscope.agent.alerts.rules import (
+    Rule,
+    builtin_rules,
+    parse_duration,
+    parse_rule,
+    parse_rules,
+)
 from vramscope.agent.config import parse_config
 from vramscope.agent.errors import ConfigError
 

@@ -6,7 +6,8 @@ import logging
 import threading
 
 import pytest
-from vramscope.agent.alerts import AlertChange, LogSink, StoreSink, WebhookSink, sinks_from_config
+from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.alerts.sinks import LogSink, StoreSink, WebhookSink, sinks_from_config
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from vramscope.agent.analysis.report import analyze_records
+from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.records import PostMortem
 from vramscope.agent.trace import read_trace
 

@@ -15,9 +15,15 @@ import sys
 
 import pytest
 import yaml
-from vramscope.agent.alert_rules import METRICS
+from vramscope.agent.alerts.prom_rules import (
+    SERIES,
+    alert_name,
+    duration,
+    render_rules,
+    series_names,
+)
+from vramscope.agent.alerts.rules import METRICS
 from vramscope.agent.config import parse_config
-from vramscope.agent.prom_rules import SERIES, alert_name, duration, render_rules, series_names
 
 from tests.support.exported_metrics import exported_series
 

@@ -2,7 +2,7 @@
 
 import pytest
 from vramscope.agent import scenarios as S
-from vramscope.agent.alerts import AlertEngine
+from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.bench.detection import score
 
 

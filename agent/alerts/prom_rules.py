@@ -1,13 +1,13 @@
 """The config's alert rules as a Prometheus alerting-rules file (``vramscope export
 prometheus-rules``).
 
-Each rule of :func:`vramscope.agent.alert_rules.parse_rules` (the built-ins with the ``alerts.*``
+Each rule of :func:`vramscope.agent.alerts.rules.parse_rules` (the built-ins with the ``alerts.*``
 thresholds, plus ``[[alerts.rules]]``) becomes one Prometheus alert over the series vramscope
 exports on ``/metrics`` (docs/metrics.md), so the stack an operator already runs (Prometheus,
 Alertmanager) alerts on the same conditions as the agent:
 
 - ``metric op threshold`` becomes a PromQL comparison over :data:`SERIES` (every series named
-  there is exported; ``tests/test_prom_rules.py`` scrapes a real app to check);
+  there is exported; ``tests/agent/test_prom_rules.py`` scrapes a real app to check);
 - ``for`` becomes ``for``, ``clear_for`` becomes ``keep_firing_for`` (Prometheus >= 2.42);
 - ``clear`` (hysteresis) keeps the alert firing while the value is still past the clear level:
   ``E > T or ((E > C) and on(host, device) ALERTS{alertname="...", alertstate="firing"})``;
@@ -30,6 +30,8 @@ import logging
 import re
 from collections.abc import Sequence
 from typing import Any
+
+from vramscope.agent.alerts.rules import parse_rules
 
 log = logging.getLogger("vramscope.prom_rules")
 
@@ -77,8 +79,6 @@ def series_names() -> set[str]:
 
 def render_rules(config: Any) -> str:
     """The Prometheus rules file (YAML) for ``config``'s alert rules."""
-    from vramscope.agent.alert_rules import parse_rules
-
     rules = parse_rules(config)
     kept = [r for r in rules if exportable(r)]
     left_out = [r for r in rules if not exportable(r)]

@@ -1,0 +1,152 @@
+"""Where alerts go: the :class:`AlertSink` seam and its three sinks.
+
+``LogSink`` writes one log line, ``StoreSink`` opens and resolves alert rows in the store,
+``WebhookSink`` POSTs the documented JSON body (``vramscope.alert/1``, docs/alerts.md) from its
+own delivery thread. ``send`` never blocks the caller (the agent's writer thread) and never
+raises: a sink that cannot deliver logs why and counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("vramscope.alerts")
+
+
+class AlertSink(Protocol):
+    """Takes each fired or resolved alert; ``send`` never blocks and never raises."""
+
+    def send(self, change: AlertChange) -> None: ...
+
+    def close(self) -> None:
+        """Deliver what is pending (bounded) and release what the sink holds."""
+
+
+class LogSink:
+    """One log line per change."""
+
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self.logger = logger
+
+    def send(self, change: AlertChange) -> None:
+        level = logging.WARNING if change.kind == "fired" else logging.INFO
+        self.logger.log(level, "alert %s %s [%s] device %s at %.3f: %s", change.kind,
+                        change.rule, change.severity, change.device, change.ts_s, change.message)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreSink:
+    """Opens an alert row when one fires and resolves that row when it resolves."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._open: dict[tuple[str, int, str | None], int] = {}
+
+    def send(self, change: AlertChange) -> None:
+        key = (change.rule, change.device, change.host)
+        try:
+            if change.kind == "fired":
+                self._open[key] = self.store.open_alert(
+                    change.rule, change.severity, change.ts_s, device=change.device,
+                    value=change.value, message=change.message, labels=dict(change.labels) or None,
+                    host=change.host)
+            elif key in self._open:
+                self.store.resolve_alert(self._open.pop(key), change.ts_s)
+        except Exception as exc:  # a sink never raises into ingest
+            log.error("could not store alert %s: %s", change.rule, exc)
+
+    def close(self) -> None:
+        pass
+
+
+def _urllib_post(url: str, body: bytes, timeout_s: float) -> int:
+    import urllib.request  # only where a webhook is configured
+
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "User-Agent": "vramscope-alerts"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return resp.status
+
+
+class WebhookSink:
+    """POSTs each change as JSON from its own thread; a full queue drops (and counts) changes.
+
+    A failed POST (error or status >= 300) is retried ``retries`` times, waiting
+    ``backoff_s × 2**attempt`` between tries on the injected clock.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 3,
+                 backoff_s: float = 0.5, queue_max: int = 1000, clock: Clock = SYSTEM_CLOCK,
+                 post: Callable[[str, bytes, float], int] = _urllib_post) -> None:
+        self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
+        self.clock, self._post = clock, post
+        self._queue: queue.Queue[AlertChange | None] = queue.Queue(maxsize=queue_max)
+        self.sent = self.failed = self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="vramscope-webhook", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> WebhookSink:
+        return cls(config["alerts.webhook_url"], timeout_s=config["alerts.webhook_timeout_s"],
+                   retries=config["alerts.webhook_retries"], clock=clock)
+
+    def send(self, change: AlertChange) -> None:
+        try:
+            self._queue.put_nowait(change)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued (bounded by ``timeout_s``), then stop the thread."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            change = self._queue.get()
+            if change is None:
+                return
+            self._deliver(change)
+
+    def _deliver(self, change: AlertChange) -> None:
+        body = json.dumps(change.to_json(), sort_keys=True).encode("utf-8")
+        for attempt in range(self.retries + 1):
+            try:
+                status = self._post(self.url, body, self.timeout_s)
+                if status < 300:
+                    self.sent += 1
+                    return
+                problem = f"HTTP {status}"
+            except Exception as exc:
+                problem = str(exc)
+            if attempt < self.retries:
+                self.clock.sleep(self.backoff_s * 2 ** attempt)
+        self.failed += 1
+        log.error("alert webhook %s failed after %d tries: %s (alerts.webhook_url)", self.url,
+                  self.retries + 1, problem)
+
+
+def sinks_from_config(config: Mapping[str, Any] | None, store: Any = None,
+                      clock: Clock = SYSTEM_CLOCK) -> list[AlertSink]:
+    """Log always; the store when given; the webhook when ``alerts.webhook_url`` is set."""
+    sinks: list[AlertSink] = [LogSink()]
+    if store is not None:
+        sinks.append(StoreSink(store))
+    if config is not None and config.get("alerts.webhook_url"):
+        sinks.append(WebhookSink.from_config(config, clock))
+    return sinks
+
