@@ -81,6 +81,12 @@ def _ip_check(value: str) -> str | None:
     return None
 
 
+def _targets_check(value: str) -> str | None:
+    from vramscope.agent.sources.prometheus import check_targets
+
+    return check_targets(value)
+
+
 # One row per setting. Defaults that depend on the environment are callables.
 SETTINGS: tuple[Setting, ...] = (
     # --- database -----------------------------------------------------------------------
@@ -103,6 +109,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sampling.snapshot_max_cost_s", float, 0.05,
             "Skip and space out snapshots once one costs more than this.", min=0, max=60),
     Setting("sampling.kv_interval_s", float, 0.1, "KV pool counter reads.", min=0.001, max=3600),
+    # --- sources.prometheus: a server's /metrics beside it (agent/sources/prometheus.py) --
+    Setting("sources.prometheus.targets", str, "",
+            "Comma-separated /metrics URLs of inference servers to scrape for KV usage and "
+            "request counts (e.g. `http://127.0.0.1:8000/metrics`); empty: off. See "
+            "[vllm.md](vllm.md).", check=_targets_check),
+    Setting("sources.prometheus.preset", str, "vllm",
+            "Which metric names the targets publish.", choices=("vllm", "sglang", "tgi")),
+    Setting("sources.prometheus.interval_s", float, 1.0, "Scrape interval.", min=0.05,
+            max=3600),
+    Setting("sources.prometheus.timeout_s", float, 2.0, "Timeout of one scrape.", min=0.05,
+            max=60),
+    Setting("sources.prometheus.device", int, 0,
+            "Device index the scraped KV samples and request events are recorded under.",
+            min=0, max=1023),
     # --- hooks (in-server) --------------------------------------------------------------
     Setting("hooks.history", str, "off",
             "Allocation history for post-mortems: off, alloc (no stacks), python, all. "
@@ -201,6 +221,8 @@ SETTINGS: tuple[Setting, ...] = (
 SETTINGS_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 SECTIONS: frozenset[str] = frozenset(s.key.split(".")[0] for s in SETTINGS)
 _RAW_TABLES = {"alerts.rules"}  # arrays of tables validated by their owners
+# Sub-tables whose keys are settings of three parts (``sources.prometheus.targets``).
+_NESTED_TABLES = frozenset(s.key.rsplit(".", 1)[0] for s in SETTINGS if s.key.count(".") == 2)
 
 
 class Config(Mapping[str, Any]):
@@ -304,7 +326,10 @@ def _flatten(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[dict
             raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}")
         for name, value in table.items():
             key = f"{section}.{name}"
-            if key in _RAW_TABLES:
+            if isinstance(value, dict) and key in _NESTED_TABLES:  # [sources.prometheus]
+                flat.update(_flatten({section: {f"{name}.{k}": v for k, v in value.items()}},
+                                     where)[0])
+            elif key in _RAW_TABLES:
                 if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
                     raise ConfigError(f"{where}: {key} must be an array of tables "
                                       f"([[{key}]]), got {value!r}")

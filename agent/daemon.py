@@ -93,6 +93,7 @@ class Agent:
         self.retention = Retention.from_config(config, clock)
         self.socket_path = socket_path or config["agent.socket_path"]
         self.server = self._make_server() if listen else None
+        self.prometheus = _open_prometheus(config, self.writer, clock)
         self.alerts = AlertFeed.from_config(config, self.store) if alerts else None
         now = clock.monotonic_s()
         self._device_schedule = Schedule(config["sampling.device_interval_s"], now)
@@ -142,6 +143,8 @@ class Agent:
                                                  self.config["agent.metrics_host"])
         self._thread = threading.Thread(target=self._loop, name="vramscope-sampler", daemon=True)
         self._thread.start()
+        if self.prometheus is not None:
+            self.prometheus.start()
         log.info("agent started: %d NVML device(s), socket %s, database %s",
                  len(self.source.devices()) if self.source else 0,
                  self.socket_path if self.server else "(off)", self.store.safe_url)
@@ -153,6 +156,8 @@ class Agent:
             self._thread.join(timeout=5)
         if self.server is not None:
             self.server.stop()
+        if self.prometheus is not None:
+            self.prometheus.stop()
         self.writer.submit(self._stats_task(self.clock.time_s()))
         self.writer.stop(timeout_s)
         if self.alerts is not None:
@@ -389,6 +394,14 @@ def _open_source(source: Any, clock: Clock):
 
         return open_nvml(clock)
     return source
+
+
+def _open_prometheus(config: Any, writer: Writer, clock: Clock) -> Any:
+    """The ``[sources.prometheus]`` scraper (its own thread: a slow server must not stall NVML
+    sampling), or None when it names no target."""
+    from vramscope.agent.sources.prometheus import PrometheusSource
+
+    return PrometheusSource.from_config(config, writer.put_many, clock)
 
 
 def _parse_uids(text: str) -> list[int]:

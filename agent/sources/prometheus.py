@@ -1,0 +1,311 @@
+"""Prometheus source: the KV and request view of an inference server vramscope does not enter.
+
+``[sources.prometheus]`` names scrape targets (the servers' ``/metrics`` URLs) and a preset that
+says which of their metrics mean what. Every ``interval_s`` the agent fetches each target with
+``urllib`` (the text exposition format, parsed by ``prometheus_client.parser``) and maps it to
+the same records the in-server hooks make, so the KV panel, the KV-exhaustion alert and the
+load-aware leak analysis work beside an unmodified server:
+
+- a ``Sample`` (``source="prometheus"``) with ``kv_blocks_used`` and ``kv_blocks_total``. vLLM
+  publishes its pool size (``vllm:cache_config_info{num_gpu_blocks=...}``) and its usage ratio
+  (``vllm:kv_cache_usage_perc``: blocks referenced by requests over all blocks; cached blocks
+  count as free), so used = round(ratio × blocks). SGLang publishes a token ratio and its pool
+  size in tokens (``sglang:max_total_num_tokens``): its "blocks" are tokens (page size 1). Where
+  no size is published, the pool is counted in ``RATIO_SCALE`` parts (used / total is still the
+  usage ratio). TGI publishes no KV usage: its samples carry none.
+- ``request_start`` / ``request_end`` events when the running-requests gauge moves: one per
+  request of difference, with ids ``<preset>@<target>#<slot>`` and ``data.synthetic = true``
+  (a gauge has no request ids; slots make the in-flight count exact at each scrape, which is
+  what the idle-floor leak check needs);
+- a ``server_load`` event (``running``, ``waiting``) whenever either gauge changes;
+- ``kv_preempted`` (``count``) and ``prefix_cache`` (``query_tokens``, ``hit_tokens``) events
+  with the increase of the counters since the previous scrape (the first scrape only sets the
+  baseline: when earlier increases happened is unknown; a counter that went down was reset, and
+  its new value is the increase).
+
+Sums over label sets (several engines or models behind one endpoint add up). A failing target
+gives no records and one log line until it answers again; nothing here raises into the agent.
+Scrapes run on their own thread (``vramscope-prometheus``): a slow server must not stall NVML
+sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, Phase, Sample
+
+log = logging.getLogger("vramscope.prometheus")
+
+RATIO_SCALE = 10_000  # pool size used when a server publishes its usage ratio alone
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a /metrics page larger than this is refused, not parsed
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Which sample names of one server mean what. ``None``: the server has no such metric."""
+
+    name: str
+    kv_usage_ratio: str | None  # gauge in [0, 1]
+    kv_total: tuple[str, str | None] | None  # (sample name, label holding it, or None: value)
+    running: str | None
+    waiting: str | None
+    prefix_queries: str | None  # counter, tokens
+    prefix_hits: str | None  # counter, tokens
+    preemptions: str | None  # counter
+
+
+# Read in vLLM 0.32's ``vllm/v1/metrics/loggers.py``, SGLang's ``srt/metrics/collector.py`` and
+# production-metrics page, TGI's metrics reference.
+PRESETS: dict[str, Preset] = {
+    "vllm": Preset("vllm", "vllm:kv_cache_usage_perc", ("vllm:cache_config_info", "num_gpu_blocks"),
+                   "vllm:num_requests_running", "vllm:num_requests_waiting",
+                   "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                   "vllm:num_preemptions_total"),
+    "sglang": Preset("sglang", "sglang:token_usage", ("sglang:max_total_num_tokens", None),
+                     "sglang:num_running_reqs", "sglang:num_queue_reqs", None,
+                     "sglang:cached_tokens_total", None),
+    "tgi": Preset("tgi", None, None, "tgi_batch_current_size", "tgi_queue_size", None, None,
+                  None),
+}
+
+
+def parse_exposition(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Sample name -> [(labels, value)] of a text exposition; ValueError on a malformed page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str | None
+           ) -> float | None:
+    rows = samples.get(name) if name else None
+    if not rows:
+        return None
+    return sum(v for _, v in rows)
+
+
+def _pool_size(samples: dict[str, list[tuple[dict[str, str], float]]],
+               spec: tuple[str, str | None] | None) -> int | None:
+    if spec is None or spec[0] not in samples:
+        return None
+    name, label = spec
+    total = 0
+    for labels, value in samples[name]:
+        raw = labels.get(label) if label else value
+        try:
+            total += int(float(raw))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+    return total or None
+
+
+class TargetState:
+    """What one target looked like at its previous scrape: counters and gauges to diff against."""
+
+    def __init__(self, url: str, preset: Preset) -> None:
+        self.url = url
+        self.preset = preset
+        self.label = f"{preset.name}@{_short(url)}"
+        self.running = 0
+        self.waiting: int | None = None
+        self.counters: dict[str, float] = {}
+        self.failing = False
+
+    def records(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
+                device: int) -> list[Sample | Event]:
+        """The records one scrape makes (see the module docstring); updates the state."""
+        p = self.preset
+        out: list[Sample | Event] = []
+        sample = self._kv_sample(samples, ts_s, device)
+        if sample is not None:
+            out.append(sample)
+        out += self._requests(_total(samples, p.running), _total(samples, p.waiting), ts_s,
+                              device)
+        preempted = self._increase(samples, p.preemptions)
+        if preempted:
+            out.append(Event(ts_s, "kv_preempted", device, data={
+                "count": preempted, "source": "prometheus", "target": self.label}))
+        queries = self._increase(samples, p.prefix_queries)
+        hits = self._increase(samples, p.prefix_hits)
+        if queries or hits:
+            out.append(Event(ts_s, "prefix_cache", device, data={
+                "query_tokens": queries, "hit_tokens": hits, "source": "prometheus",
+                "target": self.label}))
+        return out
+
+    def _kv_sample(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
+                   device: int) -> Sample | None:
+        ratio = _total(samples, self.preset.kv_usage_ratio)
+        if ratio is None:
+            return None
+        total = _pool_size(samples, self.preset.kv_total) or RATIO_SCALE
+        ratio = min(1.0, max(0.0, ratio))
+        return Sample(ts_s, device, Phase.UNKNOWN, "prometheus",
+                      kv_blocks_used=round(ratio * total), kv_blocks_total=total)
+
+    def _requests(self, running: float | None, waiting: float | None, ts_s: float,
+                  device: int) -> list[Event]:
+        out: list[Event] = []
+        if running is not None:
+            now = max(0, int(running))
+            synthetic = {"synthetic": True, "source": "prometheus"}
+            out += [Event(ts_s, "request_start", device, request_id=f"{self.label}#{k}",
+                          data=synthetic) for k in range(self.running + 1, now + 1)]
+            out += [Event(ts_s, "request_end", device, request_id=f"{self.label}#{k}",
+                          data=synthetic) for k in range(self.running, now, -1)]
+        else:
+            now = self.running
+        queued = None if waiting is None else max(0, int(waiting))
+        if out or queued != self.waiting:
+            out.append(Event(ts_s, "server_load", device, data={
+                "running": now if running is not None else None, "waiting": queued,
+                "target": self.label}))
+        self.running, self.waiting = now, queued
+        return out
+
+    def _increase(self, samples: dict[str, list[tuple[dict[str, str], float]]],
+                  name: str | None) -> int:
+        value = _total(samples, name)
+        if value is None or name is None:
+            return 0
+        previous = self.counters.get(name)
+        self.counters[name] = value
+        if previous is None:
+            return 0
+        return int(value - previous) if value >= previous else int(value)
+
+
+class PrometheusSource:
+    """Scrape ``targets`` every ``interval_s``; records go to ``put`` (the writer's put_many).
+
+    ``run_once()`` scrapes every target once, synchronously (tests); ``start()`` runs it on a
+    drift-free loop in a named daemon thread. ``fetch`` is the seam (URL -> page text), the real
+    one is ``urllib``.
+    """
+
+    def __init__(self, targets: Iterable[str], preset: str, put: Callable[[list[Any]], None], *,
+                 interval_s: float = 1.0, timeout_s: float = 2.0, device: int = 0,
+                 clock: Clock = SYSTEM_CLOCK,
+                 fetch: Callable[[str, float], str] | None = None) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown Prometheus preset {preset!r}; allowed: "
+                             f"{', '.join(PRESETS)}")
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.targets = [TargetState(url, PRESETS[preset]) for url in targets]
+        self.put = put
+        self.interval_s, self.timeout_s, self.device = interval_s, timeout_s, device
+        self.clock = clock
+        self.fetch = fetch or fetch_url
+        self.scrapes_total = self.failures_total = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, put: Callable[[list[Any]], None],
+                    clock: Clock = SYSTEM_CLOCK) -> PrometheusSource | None:
+        """The source ``[sources.prometheus]`` asks for, or None when it names no target."""
+        targets = split_targets(config["sources.prometheus.targets"])
+        if not targets:
+            return None
+        return cls(targets, config["sources.prometheus.preset"], put,
+                   interval_s=config["sources.prometheus.interval_s"],
+                   timeout_s=config["sources.prometheus.timeout_s"],
+                   device=config["sources.prometheus.device"], clock=clock)
+
+    def run_once(self) -> int:
+        """Scrape every target once; returns how many records were put."""
+        count = 0
+        for target in self.targets:
+            records = self._scrape(target)
+            if records:
+                self.put(records)
+                count += len(records)
+        return count
+
+    def _scrape(self, target: TargetState) -> list[Sample | Event]:
+        self.scrapes_total += 1
+        try:
+            samples = parse_exposition(self.fetch(target.url, self.timeout_s))
+            records = target.records(samples, self.clock.time_s(), self.device)
+        except Exception as exc:  # noqa: BLE001 - a bad target must not stop the agent
+            self.failures_total += 1
+            if not target.failing:
+                target.failing = True
+                log.warning("Prometheus target %s: %s; no KV or request records from it until "
+                            "it answers (sources.prometheus.targets)", target.url, _why(exc))
+            return []
+        if target.failing:
+            target.failing = False
+            log.info("Prometheus target %s answers again", target.url)
+        return records
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="vramscope-prometheus",
+                                        daemon=True)
+        self._thread.start()
+        log.info("scraping %d Prometheus target(s) every %g s (preset %s)", len(self.targets),
+                 self.interval_s, self.targets[0].preset.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 5)
+
+    def _loop(self) -> None:
+        next_s = time.monotonic()
+        while not self._stop.is_set():
+            self.run_once()
+            next_s += self.interval_s
+            now = time.monotonic()
+            if next_s < now:  # late by more than an interval: skip, don't burst
+                next_s = now
+            self._stop.wait(next_s - now)
+
+
+def fetch_url(url: str, timeout_s: float) -> str:
+    """GET ``url`` as text; raises on HTTP errors, timeouts and pages over ``MAX_BODY_BYTES``."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        body = response.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise ValueError(f"page larger than {MAX_BODY_BYTES} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
+def split_targets(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def check_targets(text: str) -> str | None:
+    """The config check of ``sources.prometheus.targets``: a problem, or None."""
+    for target in split_targets(text):
+        if not target.startswith(("http://", "https://")):
+            return (f"{target!r} is not an http(s) URL; expected comma-separated URLs such as "
+                    f"http://127.0.0.1:8000/metrics")
+    return None
+
+
+def _short(url: str) -> str:
+    return url.split("://", 1)[-1].split("/", 1)[0]
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code}"
+    if isinstance(exc, urllib.error.URLError):
+        return f"cannot connect ({exc.reason})"
+    return f"{type(exc).__name__}: {exc}"

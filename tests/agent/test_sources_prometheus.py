@@ -1,0 +1,206 @@
+"""The Prometheus source: scripted /metrics pages from a real HTTP server on loopback, parsed by
+prometheus_client, mapped to records and written by a real agent to a real SQLite store."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import threading
+
+import pytest
+from vramscope.agent.config import parse_config
+from vramscope.agent.daemon import Agent
+from vramscope.agent.errors import ConfigError
+from vramscope.agent.records import Phase
+from vramscope.agent.sources.prometheus import RATIO_SCALE, PrometheusSource
+
+from tests.support.waiting import wait_for
+
+
+def vllm_page(usage: float, running: int, waiting: int, queries: int, hits: int,
+              preemptions: int) -> str:
+    """What vLLM 0.32's /metrics says (names and label layout as its logger writes them)."""
+    m = 'engine="0",model_name="tiny"'
+    return f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{m}}} {running}.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{m}}} {waiting}.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{{m}}} {usage}
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{{m}}} {queries}.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{{m}}} {hits}.0
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{{m}}} {preemptions}.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="400"}} 1.0
+"""
+
+
+class Pages:
+    """A real HTTP server on loopback serving the page the test sets (or an error status)."""
+
+    def __init__(self) -> None:
+        self.page, self.status = "", 200
+        pages = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                body = pages.page.encode()
+                self.send_response(pages.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def pages():
+    p = Pages()
+    yield p
+    p.close()
+
+
+def _source(url: str, preset: str = "vllm", clock=None):
+    got: list = []
+    kwargs = {"clock": clock} if clock else {}
+    return PrometheusSource([url], preset, got.extend, device=1, **kwargs), got
+
+
+def test_vllm_page_becomes_kv_sample_request_slots_and_counter_increases(pages, fake_clock):
+    src, got = _source(pages.url, clock=fake_clock)
+    pages.page = vllm_page(0.25, 2, 1, 100, 40, 3)
+    assert src.run_once() == 4
+    sample, start1, start2, load = got
+    assert (sample.source, sample.device, sample.phase, sample.kv_blocks_used,
+            sample.kv_blocks_total, sample.kv_blocks_cached) == (
+        "prometheus", 1, Phase.UNKNOWN, 100, 400, None)
+    host = pages.url.split("/")[2]
+    assert [(e.name, e.request_id) for e in (start1, start2)] == [
+        ("request_start", f"vllm@{host}#1"), ("request_start", f"vllm@{host}#2")]
+    assert start1.data == {"synthetic": True, "source": "prometheus"}
+    assert (load.name, load.data) == ("server_load", {"running": 2, "waiting": 1,
+                                                      "target": f"vllm@{host}"})
+    # first scrape: counters only set the baseline
+    got.clear()
+    fake_clock.advance(1.0)
+    pages.page = vllm_page(0.5, 0, 0, 164, 72, 5)
+    src.run_once()
+    names = [(e.name, getattr(e, "request_id", None)) for e in got[1:]]
+    assert got[0].kv_blocks_used == 200
+    assert names == [("request_end", f"vllm@{host}#2"), ("request_end", f"vllm@{host}#1"),
+                     ("server_load", None), ("kv_preempted", None), ("prefix_cache", None)]
+    assert got[-2].data["count"] == 2
+    assert (got[-1].data["query_tokens"], got[-1].data["hit_tokens"]) == (64, 32)
+    assert all(r.ts_s == 1_700_000_001.0 for r in got)
+
+
+def test_unchanged_gauges_make_a_sample_only_and_a_reset_counter_counts_its_new_value(pages):
+    src, got = _source(pages.url)
+    pages.page = vllm_page(0.1, 1, 0, 100, 40, 3)
+    src.run_once()
+    got.clear()
+    src.run_once()
+    assert [type(r).__name__ for r in got] == ["Sample"]
+    got.clear()
+    pages.page = vllm_page(0.1, 1, 0, 100, 40, 1)  # the server restarted: preemptions 3 -> 1
+    src.run_once()
+    assert [(e.name, e.data["count"]) for e in got[1:]] == [("kv_preempted", 1)]
+
+
+def test_sglang_counts_tokens_and_tgi_gives_requests_without_kv(pages):
+    src, got = _source(pages.url, "sglang")
+    pages.page = ('sglang:token_usage{model_name="m"} 0.28\n'
+                  'sglang:max_total_num_tokens{model_name="m"} 161721\n'
+                  'sglang:num_running_reqs{model_name="m"} 1\n'
+                  'sglang:num_queue_reqs{model_name="m"} 0\n')
+    src.run_once()
+    assert (got[0].kv_blocks_used, got[0].kv_blocks_total) == (round(0.28 * 161721), 161721)
+    src, got = _source(pages.url, "tgi")
+    pages.page = "tgi_batch_current_size 3\ntgi_queue_size 4\n"
+    src.run_once()
+    assert [e.name for e in got] == ["request_start"] * 3 + ["server_load"]
+    assert got[-1].data["waiting"] == 4
+
+
+def test_usage_without_a_published_pool_size_is_counted_in_ratio_parts(pages):
+    src, got = _source(pages.url)
+    pages.page = 'vllm:kv_cache_usage_perc{engine="0"} 0.125\n'
+    src.run_once()
+    assert (got[0].kv_blocks_used, got[0].kv_blocks_total) == (RATIO_SCALE // 8, RATIO_SCALE)
+
+
+def test_a_failing_target_logs_once_and_recovers(pages, caplog):
+    src, got = _source(pages.url)
+    pages.status = 500
+    with caplog.at_level(logging.INFO, logger="vramscope.prometheus"):
+        assert src.run_once() == 0
+        assert src.run_once() == 0
+        pages.status, pages.page = 200, "not a metric line {"
+        assert src.run_once() == 0
+        pages.page = vllm_page(0.5, 0, 0, 0, 0, 0)
+        assert src.run_once() == 2  # sample + the first server_load
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if "HTTP 500" in m]) == 1
+    assert lines[-1].endswith("answers again") and len(lines) == 2
+    assert (src.scrapes_total, src.failures_total) == (4, 3)
+
+
+def test_nothing_listening_is_a_log_line_not_an_exception():
+    src, got = _source("http://127.0.0.1:9/metrics")
+    assert src.run_once() == 0 and got == []
+
+
+def test_bad_preset_and_interval_are_refused_naming_the_value():
+    with pytest.raises(ValueError, match="'vlm'"):
+        PrometheusSource([], "vlm", print)
+    with pytest.raises(ValueError, match="interval_s must be > 0, got 0"):
+        PrometheusSource([], "vllm", print, interval_s=0)
+
+
+def test_config_reads_the_sources_prometheus_table_and_checks_urls():
+    c = parse_config({"sources": {"prometheus": {"targets": "http://a:1/metrics, http://b:2/m",
+                                                 "preset": "tgi"}}}, "v.toml")
+    assert PrometheusSource.from_config(c, print).targets[1].url == "http://b:2/m"
+    assert PrometheusSource.from_config(parse_config({}, None), print) is None
+    with pytest.raises(ConfigError, match=r"v.toml: sources.prometheus.targets = 'a:1'"):
+        parse_config({"sources": {"prometheus": {"targets": "a:1"}}}, "v.toml")
+    with pytest.raises(ConfigError, match="one of vllm, sglang, tgi"):
+        parse_config({"sources": {"prometheus": {"preset": "x"}}}, "v.toml")
+
+
+def test_the_agent_scrapes_on_its_own_thread_into_the_store(pages, store):
+    pages.page = vllm_page(0.75, 1, 0, 0, 0, 0)
+    config = parse_config({"sources": {"prometheus": {"targets": pages.url,
+                                                      "interval_s": 0.05}}}, None)
+    agent = Agent(config, store=store, source=None, listen=False, alerts=False)
+    agent.start()
+    try:
+        def landed():
+            agent.writer.flush()
+            return store.samples(source="prometheus")
+        sample = wait_for(landed)[0]
+    finally:
+        agent.stop()
+    assert (sample.kv_blocks_used, sample.kv_blocks_total) == (300, 400)
+    starts = store.events(names=("request_start",))
+    assert len(starts) == 1 and starts[0].request_id.endswith("#1")
