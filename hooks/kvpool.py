@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from vramscope.hooks.kvpool_tier import (
     DeviceBuffer,
@@ -48,6 +48,9 @@ from vramscope.hooks.kvpool_types import (
     require_positive_int,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["KVBlockPool", "KVPoolObserver", "KVPoolError", "Allocation", "KVPoolStats",
            "CheckReport", "kv_cache_bytes"]
 
@@ -55,6 +58,10 @@ log = logging.getLogger("vramscope.kvpool")
 _HOOKS = ("on_allocate", "on_extend", "on_free", "on_hit", "on_evict", "on_offload", "on_restore",
           "on_allocate_failed", "on_check")
 _FINISHED_MEMORY = 4096  # finished request ids remembered, to tell a double free from a typo
+# A full block's prefix key: (hash of the parent block's key, its tokens).
+_Key = tuple[int | None, tuple[int, ...]]
+_Plan = list[tuple[_Key, int | None]]  # matched leading blocks: (key, device block or None)
+_Hook = Callable[..., None]  # a bound observer method, called with the pool first
 
 
 class _Request:
@@ -79,9 +86,21 @@ class KVBlockPool:
     blocks to host memory (pinned when CUDA is available) instead of dropping them.
     """
 
+    # The observer's methods, bound by the ``observer`` setter (None: not overridden).
+    _on_allocate: _Hook | None
+    _on_extend: _Hook | None
+    _on_free: _Hook | None
+    _on_hit: _Hook | None
+    _on_evict: _Hook | None
+    _on_offload: _Hook | None
+    _on_restore: _Hook | None
+    _on_allocate_failed: _Hook | None
+    _on_check: _Hook | None
+
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: Any = "float16", block_size: int = 16, num_blocks: int | None = None,
-                 budget_bytes: int | None = None, device: Any = "cpu", buffer: bool = True,
+                 dtype: str | torch.dtype = "float16", block_size: int = 16,
+                 num_blocks: int | None = None, budget_bytes: int | None = None,
+                 device: str | torch.device = "cpu", buffer: bool = True,
                  cpu_tier_bytes: int = 0, prefix_caching: bool = True,
                  observer: KVPoolObserver | None = None) -> None:
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
@@ -115,6 +134,7 @@ class KVBlockPool:
             require_positive_int("num_blocks", num_blocks)
             return num_blocks
         require_positive_int("budget_bytes", budget_bytes)
+        assert budget_bytes is not None  # exactly one of the two was given
         fitted = budget_bytes // self.bytes_per_block
         if fitted < 1:
             raise KVPoolError(f"budget_bytes={budget_bytes} is smaller than one block "
@@ -152,14 +172,14 @@ class KVBlockPool:
                 method = None
             setattr(self, "_" + name, method)
 
-    def _emit(self, method: Any, *args: Any) -> None:
+    def _emit(self, method: _Hook, *args: object) -> None:
         """Call an observer method; its failure is logged once and counted, never raised."""
         try:
             method(self, *args)
         except Exception:
             self._observer_failed(method)
 
-    def _observer_failed(self, method: Any) -> None:
+    def _observer_failed(self, method: _Hook) -> None:
         self._counters["observer_errors"] += 1
         if self._counters["observer_errors"] == 1:
             log.exception("vramscope: KV pool observer %r failed in %s; further failures "
@@ -247,7 +267,7 @@ class KVBlockPool:
         n = check_count(num_new_tokens, token_ids, "num_new_tokens", request_id)
         room = len(req.blocks) * self.block_size - req.num_tokens
         if n <= room:  # the decode step's common case: the last block has room
-            new_blocks = []
+            new_blocks: list[int] = []
             self._fill[req.blocks[-1]] += n
             self._tokens_used += n
         else:
@@ -282,7 +302,8 @@ class KVBlockPool:
         req = self._requests.pop(request_id, None)
         if req is None:
             self._raise_unknown(request_id, "free")
-        released, cached = [], []
+        released: list[int] = []
+        cached: list[int] = []
         for block in reversed(req.blocks):
             self._ref[block] -= 1
             if self._ref[block]:
@@ -296,16 +317,17 @@ class KVBlockPool:
                 self._free.append(block)
                 released.append(block)
         self._remember_finished(request_id)
-        released, cached = tuple(released), tuple(cached)  # once, for observer and caller
+        result = tuple(released), tuple(cached)  # once, for observer and caller
         if self._on_free is not None:  # inlined _emit: a frame less on the hot path
             try:
-                self._on_free(self, request_id, released, cached)
+                self._on_free(self, request_id, *result)
             except Exception:
                 self._observer_failed(self._on_free)
-        return released, cached
+        return result
 
     # --- tensors ---------------------------------------------------------------------------
-    def write_kv(self, request_id: str, layer: int, start: int, key: Any, value: Any) -> None:
+    def write_kv(self, request_id: str, layer: int, start: int, key: torch.Tensor,
+                 value: torch.Tensor) -> None:
         """Write ``key``/``value`` ``(n, num_kv_heads, head_dim)`` at token ``start``."""
         req = self._live(request_id)
         if start < 0 or start + key.shape[0] > req.num_tokens:
@@ -313,7 +335,7 @@ class KVBlockPool:
                               f"{request_id!r}'s {req.num_tokens} tokens", request_id)
         self._require_buffer().write(req.blocks, layer, start, key, value)
 
-    def read_kv(self, request_id: str, layer: int) -> tuple[Any, Any]:
+    def read_kv(self, request_id: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """All of a request's K and V for ``layer``, each ``(num_tokens, heads, head_dim)``."""
         req = self._live(request_id)
         return self._require_buffer().read(req.blocks, layer, 0, req.num_tokens)
@@ -354,7 +376,7 @@ class KVBlockPool:
             self._raise_unknown(request_id, "use")
         return req
 
-    def _raise_unknown(self, request_id: str, action: str) -> None:
+    def _raise_unknown(self, request_id: str, action: str) -> NoReturn:
         if request_id in self._finished:
             raise KVPoolError(f"cannot {action} request {request_id!r}: it was already freed "
                               "(double free)", request_id)
@@ -366,7 +388,7 @@ class KVBlockPool:
         if len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    def _fail(self, request_id: str, num_tokens: int, reason: str) -> None:
+    def _fail(self, request_id: str, num_tokens: int, reason: str) -> NoReturn:
         self._counters["failed_allocations"] += 1
         if self._on_allocate_failed is not None:
             self._emit(self._on_allocate_failed, request_id, num_tokens, reason)
@@ -375,12 +397,14 @@ class KVBlockPool:
                           f"{cached} cached of {self.num_blocks}; use can_allocate() to wait)",
                           request_id)
 
-    def _match_prefix(self, token_ids: Sequence[int], num_tokens: int) -> list[tuple]:
+    def _match_prefix(self, token_ids: Sequence[int], num_tokens: int) -> _Plan:
         """Leading full blocks whose key is cached: ``(key, block)`` on the device, or
         ``(key, None)`` in the CPU tier. Stops at the first miss."""
         if not self.prefix_caching:
             return []
-        plan, parent, bs = [], None, self.block_size
+        plan: _Plan = []
+        parent: int | None = None
+        bs = self.block_size
         for i in range((num_tokens - 1) // bs):
             key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
             block = self._key_to_block.get(key)
@@ -390,13 +414,13 @@ class KVBlockPool:
             parent = hash(key)
         return plan
 
-    def _take_matched(self, plan: list[tuple]) -> list[int]:
+    def _take_matched(self, plan: _Plan) -> list[int]:
         """Reference the device hits, then restore the tier hits; blocks in prompt order.
 
         Device hits first, so a restore's eviction cannot reclaim a block this prompt matched;
         tier slots are claimed first, so an offload cannot push out a slot about to be read.
         """
-        slots = {key: self.tier.claim(key) for key, block in plan if block is None}
+        slots = {key: self._tier().claim(key) for key, block in plan if block is None}
         for _, block in plan:
             if block is not None:
                 self._reference(block)
@@ -409,11 +433,17 @@ class KVBlockPool:
             self._tokens_used += self._fill[block]
         self._ref[block] += 1
 
+    def _tier(self) -> HostTier:
+        """The CPU tier, where only a pool with one gets (a key found in it, an eviction)."""
+        assert self.tier is not None
+        return self.tier
+
     def _restore(self, key: Hashable, slot: int) -> int:
         block = self._take_block()
-        if self.buffer is not None and self.tier.host is not None:
-            copy_block(self.buffer.tensor, block, self.tier.host, slot)
-        self.tier.release(slot)
+        tier = self._tier()
+        if self.buffer is not None and tier.host is not None:
+            copy_block(self.buffer.tensor, block, tier.host, slot)
+        tier.release(slot)
         self._key[block], self._key_to_block[key] = key, block
         self._ref[block], self._fill[block] = 1, self.block_size
         self._tokens_used += self.block_size
@@ -424,7 +454,7 @@ class KVBlockPool:
 
     def _take_fresh(self, count: int, num_tokens: int) -> list[int]:
         """``count`` fresh blocks holding ``num_tokens`` tokens, the last one possibly partial."""
-        blocks = []
+        blocks: list[int] = []
         for _ in range(count):
             block = self._take_block()
             fill = min(self.block_size, num_tokens)
@@ -452,11 +482,12 @@ class KVBlockPool:
             self._emit(self._on_evict, block, offloaded)
 
     def _offload(self, key: Hashable, block: int) -> bool:
-        slot = self.tier.put(key)
+        tier = self._tier()
+        slot = tier.put(key)
         if slot is None:
             return False
-        if self.buffer is not None and self.tier.host is not None:
-            copy_block(self.tier.host, slot, self.buffer.tensor, block)
+        if self.buffer is not None and tier.host is not None:
+            copy_block(tier.host, slot, self.buffer.tensor, block)
         self._counters["offloads"] += 1
         if self._on_offload is not None:
             self._emit(self._on_offload, block, self.bytes_per_block)

@@ -9,14 +9,17 @@ idle moments and tests, never the per-token path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vramscope.hooks.kvpool_types import CheckReport
+
+if TYPE_CHECKING:
+    from vramscope.hooks.kvpool import KVBlockPool
 
 _MAX_PROBLEMS = 20  # a corrupt pool could list every block; the first few say enough
 
 
-def run_check(pool: Any, live: set[str] | None) -> CheckReport:
+def run_check(pool: KVBlockPool, live: set[str] | None) -> CheckReport:
     n = pool.num_blocks
     counts = _table_references(pool, n)
     problems = _refcount_problems(pool, counts)
@@ -31,7 +34,7 @@ def run_check(pool: Any, live: set[str] | None) -> CheckReport:
                        tuple(owners), tuple(problems[:_MAX_PROBLEMS]))
 
 
-def _table_references(pool: Any, n: int) -> list[int]:
+def _table_references(pool: KVBlockPool, n: int) -> list[int]:
     counts = [0] * n
     for req in pool._requests.values():
         for block in req.blocks:
@@ -39,14 +42,14 @@ def _table_references(pool: Any, n: int) -> list[int]:
     return counts
 
 
-def _refcount_problems(pool: Any, counts: list[int]) -> list[str]:
+def _refcount_problems(pool: KVBlockPool, counts: list[int]) -> list[str]:
     return [f"block {b}: refcount {ref} but {counts[b]} block-table references"
             for b, ref in enumerate(pool._ref) if ref != counts[b]]
 
 
-def _state_overlaps(pool: Any) -> list[str]:
+def _state_overlaps(pool: KVBlockPool) -> list[str]:
     free, cached = set(pool._free), set(pool._lru)
-    problems = []
+    problems: list[str] = []
     if len(free) != len(pool._free):
         problems.append("a block is on the free list twice")
     for block in sorted(free & cached):
@@ -56,7 +59,7 @@ def _state_overlaps(pool: Any) -> list[str]:
     return problems
 
 
-def _orphaned_blocks(pool: Any, owners: list[str], counts: list[int]) -> list[int]:
+def _orphaned_blocks(pool: KVBlockPool, owners: list[str], counts: list[int]) -> list[int]:
     """Blocks held only by dead owners, plus referenced blocks no table mentions."""
     dead_refs: dict[int, int] = {}
     for rid in owners:

@@ -15,14 +15,19 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from vramscope.hooks.kvpool_types import KVPoolError
+
+if TYPE_CHECKING:  # torch is optional: names for annotations only
+    from torch import Tensor
+    from torch import device as TorchDevice
 
 log = logging.getLogger("vramscope.kvpool")
 
 
-def load_torch() -> Any | None:
+def load_torch() -> ModuleType | None:
     """The torch module, or ``None`` when it is not installed."""
     try:
         import torch
@@ -34,21 +39,22 @@ def load_torch() -> Any | None:
 class DeviceBuffer:
     """One tensor holding every block of the pool, on the pool's device."""
 
-    def __init__(self, torch: Any, block_shape: tuple[int, ...], num_blocks: int,
-                 dtype_name: str, device: Any) -> None:
+    def __init__(self, torch: ModuleType, block_shape: tuple[int, ...], num_blocks: int,
+                 dtype_name: str, device: str | TorchDevice) -> None:
         self.torch = torch
         self.block_size = block_shape[2]
         dtype = getattr(torch, dtype_name)
-        self.tensor = torch.zeros((num_blocks, *block_shape), dtype=dtype, device=device)
+        self.tensor: Tensor = torch.zeros((num_blocks, *block_shape), dtype=dtype, device=device)
 
-    def key_cache(self, layer: int) -> Any:
+    def key_cache(self, layer: int) -> Tensor:
         """K of ``layer`` as a view ``(num_blocks, block_size, num_kv_heads, head_dim)``."""
         return self.tensor[:, layer, 0]
 
-    def value_cache(self, layer: int) -> Any:
+    def value_cache(self, layer: int) -> Tensor:
         return self.tensor[:, layer, 1]
 
-    def _slots(self, blocks: Sequence[int], start: int, end: int) -> tuple[Any, Any]:
+    def _slots(self, blocks: Sequence[int], start: int, end: int
+               ) -> tuple[Tensor, Tensor]:
         bs = self.block_size
         device = self.tensor.device
         block_idx = [blocks[p // bs] for p in range(start, end)]
@@ -57,13 +63,15 @@ class DeviceBuffer:
         return (as_tensor(block_idx, dtype=self.torch.long, device=device),
                 as_tensor(offsets, dtype=self.torch.long, device=device))
 
-    def write(self, blocks: Sequence[int], layer: int, start: int, key: Any, value: Any) -> None:
+    def write(self, blocks: Sequence[int], layer: int, start: int, key: Tensor,
+              value: Tensor) -> None:
         """Store ``key``/``value`` of shape ``(n, num_kv_heads, head_dim)`` at token ``start``."""
         block_idx, offsets = self._slots(blocks, start, start + key.shape[0])
         self.tensor[block_idx, layer, 0, offsets] = key.to(self.tensor.dtype)
         self.tensor[block_idx, layer, 1, offsets] = value.to(self.tensor.dtype)
 
-    def read(self, blocks: Sequence[int], layer: int, start: int, end: int) -> tuple[Any, Any]:
+    def read(self, blocks: Sequence[int], layer: int, start: int, end: int
+             ) -> tuple[Tensor, Tensor]:
         """K and V of tokens ``[start, end)``, each ``(end - start, num_kv_heads, head_dim)``."""
         block_idx, offsets = self._slots(blocks, start, end)
         return (self.tensor[block_idx, layer, 0, offsets],
@@ -79,7 +87,7 @@ class HostTier:
     the same bookkeeping with no tensor, so slot counts and hits behave identically.
     """
 
-    def __init__(self, capacity_bytes: int, bytes_per_block: int, torch: Any | None,
+    def __init__(self, capacity_bytes: int, bytes_per_block: int, torch: ModuleType | None,
                  block_shape: tuple[int, ...], dtype_name: str) -> None:
         slots = capacity_bytes // bytes_per_block
         if slots < 1:
@@ -92,7 +100,7 @@ class HostTier:
         self._free_slots = list(range(slots - 1, -1, -1))
         self._index: OrderedDict[Hashable, int] = OrderedDict()  # LRU first
         self.pinned = False
-        self.host = None
+        self.host: Tensor | None = None
         if torch is not None:
             self.pinned = bool(torch.cuda.is_available())
             self.host = torch.zeros((slots, *block_shape), dtype=getattr(torch, dtype_name),
@@ -132,7 +140,7 @@ class HostTier:
         self._free_slots.append(slot)
 
 
-def copy_block(dst: Any, dst_index: int, src: Any, src_index: int) -> None:
+def copy_block(dst: Tensor, dst_index: int, src: Tensor, src_index: int) -> None:
     """Copy one block (every layer, K and V) between the device buffer and the host tier."""
     dst[dst_index].copy_(src[src_index])
 

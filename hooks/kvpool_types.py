@@ -8,7 +8,10 @@ Standard library only: torch is optional everywhere in the pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from vramscope.hooks.kvpool import KVBlockPool
 
 # Bytes per element of the cache dtypes we know by name, so a pool can be sized without torch.
 _DTYPE_BYTES: dict[str, int] = {
@@ -30,7 +33,7 @@ class KVPoolError(Exception):
         self.request_id = request_id
 
 
-def dtype_name_and_bytes(dtype: Any) -> tuple[str, int]:
+def dtype_name_and_bytes(dtype: object) -> tuple[str, int]:
     """``("bfloat16", 2)`` for ``"bfloat16"``, ``"torch.bfloat16"`` or ``torch.bfloat16``."""
     if isinstance(dtype, str):
         name = dtype.removeprefix("torch.")
@@ -123,35 +126,36 @@ class KVPoolObserver:
     never raised into the caller.
     """
 
-    def on_allocate(self, pool: Any, allocation: Allocation) -> None:
+    def on_allocate(self, pool: KVBlockPool, allocation: Allocation) -> None:
         """A request got its blocks (``allocation.block_ids``)."""
 
-    def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
+    def on_extend(self, pool: KVBlockPool, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
         """A request grew to ``num_tokens`` tokens and took ``new_block_ids`` (never empty:
         an extend that fits in the last block is not reported, so decode steps cost nothing)."""
 
-    def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
+    def on_free(self, pool: KVBlockPool, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:
         """A request ended: ``released`` blocks went free, ``cached`` ones stay for reuse."""
 
-    def on_hit(self, pool: Any, request_id: str, hit_tokens: int, query_tokens: int) -> None:
+    def on_hit(self, pool: KVBlockPool, request_id: str, hit_tokens: int,
+               query_tokens: int) -> None:
         """A prompt of ``query_tokens`` tokens found ``hit_tokens`` of them cached."""
 
-    def on_evict(self, pool: Any, block_id: int, offloaded: bool) -> None:
+    def on_evict(self, pool: KVBlockPool, block_id: int, offloaded: bool) -> None:
         """An unreferenced cached block was reclaimed (copied to the CPU tier if ``offloaded``)."""
 
-    def on_offload(self, pool: Any, block_id: int, nbytes: int) -> None:
+    def on_offload(self, pool: KVBlockPool, block_id: int, nbytes: int) -> None:
         """A block's contents went to the CPU tier."""
 
-    def on_restore(self, pool: Any, block_id: int, nbytes: int) -> None:
+    def on_restore(self, pool: KVBlockPool, block_id: int, nbytes: int) -> None:
         """A block's contents came back from the CPU tier into ``block_id``."""
 
-    def on_allocate_failed(self, pool: Any, request_id: str, num_tokens: int,
+    def on_allocate_failed(self, pool: KVBlockPool, request_id: str, num_tokens: int,
                            reason: str) -> None:
         """An allocate or extend could not be served (the pool is unchanged)."""
 
-    def on_check(self, pool: Any, report: CheckReport) -> None:
+    def on_check(self, pool: KVBlockPool, report: CheckReport) -> None:
         """The bookkeeping check ran."""
 
 def check_count(n: int | None, token_ids: Sequence[int] | None, name: str, request_id: str) -> int:
@@ -171,11 +175,11 @@ def check_count(n: int | None, token_ids: Sequence[int] | None, name: str, reque
     return n
 
 
-def require_positive_int(name: str, value: Any) -> None:
+def require_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise KVPoolError(f"{name} must be a positive integer, got {value!r}")
 
 
-def require_non_negative_int(name: str, value: Any) -> None:
+def require_non_negative_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise KVPoolError(f"{name} must be a non-negative integer, got {value!r}")

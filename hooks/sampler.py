@@ -16,28 +16,42 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.hooks.sink import Record, RecordSink
 
 log = logging.getLogger("vramscope.hooks")
+
+
+class Source(Protocol):
+    """A plain source: one read, on whatever schedule the caller keeps."""
+
+    def read(self) -> Record | list[Record] | None: ...
+
+
+class Task(Source, Protocol):
+    """A source with its own interval (an attribute or a property; read after every run)."""
+
+    @property
+    def interval_s(self) -> float: ...
 
 
 class Every:
     """Gives a plain source (``read()`` only) a fixed interval."""
 
-    def __init__(self, source: Any, interval_s: float) -> None:
+    def __init__(self, source: Source, interval_s: float) -> None:
         if interval_s <= 0:
             raise ValueError(f"sampling interval must be > 0 s, got {interval_s!r}")
         self.source = source
         self.interval_s = interval_s
 
-    def read(self) -> Any:
+    def read(self) -> Record | list[Record] | None:
         return self.source.read()
 
 
 class Sampler:
-    def __init__(self, sink: Any, tasks: Sequence[Any], *, clock: Clock = SYSTEM_CLOCK,
+    def __init__(self, sink: RecordSink, tasks: Sequence[Task], *, clock: Clock = SYSTEM_CLOCK,
                  name: str = "vramscope-sampler") -> None:
         self.sink = sink
         self.tasks = list(tasks)
@@ -55,8 +69,9 @@ class Sampler:
         put = 0
         for i, task in enumerate(list(self.tasks)):
             due = self._next_due[i]
-            if due is None and getattr(task, "start_delay_s", 0):
-                due = self._next_due[i] = now + task.start_delay_s  # e.g. snapshots: not at once
+            delay_s: float = getattr(task, "start_delay_s", 0)  # optional: see the docstring
+            if due is None and delay_s:
+                due = self._next_due[i] = now + delay_s  # e.g. snapshots: not at once
             if due is not None and now < due:
                 continue
             put += self._run_task(task)
@@ -64,7 +79,7 @@ class Sampler:
         self.records_put += put
         return put
 
-    def _run_task(self, task: Any) -> int:
+    def _run_task(self, task: Task) -> int:
         try:
             got = task.read()
         except Exception as exc:  # a broken source must not stop the others
@@ -79,7 +94,7 @@ class Sampler:
             self.sink.put(record)
         return len(records)
 
-    def add(self, task: Any) -> None:
+    def add(self, task: Task) -> None:
         """Add a task while running (its due slot first, so the loop never misses it)."""
         self._next_due.append(None)
         self.tasks.append(task)

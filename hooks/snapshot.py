@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, Sample
+from vramscope.hooks.sink import Record
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -73,7 +74,7 @@ def largest_free_in_segment(seg: Mapping[str, Any]) -> int:
 
 def light_snapshot_fn(torch: Any) -> Callable[[], list[dict[str, Any]]]:
     """The cheapest segments-only snapshot this torch offers (no trace entries, no history)."""
-    snap = torch.cuda.memory_snapshot
+    snap: Callable[..., list[dict[str, Any]]] = torch.cuda.memory_snapshot
     try:
         takes_traces = "include_traces" in inspect.signature(snap).parameters
     except (TypeError, ValueError):
@@ -107,7 +108,7 @@ class SnapshotSource:
         self._ready = ready  # False while CUDA is not initialized: a snapshot would create it
         self.last_cost_s: float | None = None
 
-    def read(self) -> list[Sample | Event] | None:
+    def read(self) -> list[Record] | None:
         if not self._ready():
             return None
         t0 = self._clock.monotonic_s()
@@ -124,7 +125,7 @@ class SnapshotSource:
         elif self.max_cost_s <= 0 or cost_s < self.max_cost_s / 2:
             self.interval_s = max(self.base_interval_s, self.interval_s / 2)
 
-    def _records(self, frag: Fragmentation, cost_s: float) -> list[Sample | Event]:
+    def _records(self, frag: Fragmentation, cost_s: float) -> list[Record]:
         from vramscope.hooks.phase import current_phase
 
         ts_s = self._clock.time_s()
