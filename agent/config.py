@@ -142,6 +142,13 @@ SETTINGS: tuple[Setting, ...] = (
             "Unix socket the agent listens on (its directory is created with mode 0700)."),
     Setting("agent.allowed_uids", str, "",
             "Comma-separated uids allowed to connect besides the agent's own."),
+    Setting("agent.handshake_timeout_s", float, 5.0,
+            "A new connection must send its hello (or status request) within this.",
+            min=0.1, max=3600),
+    Setting("agent.idle_timeout_s", float, 60.0,
+            "A message once started must be complete within this; when every client slot is "
+            "taken, a client silent this long gives its slot to a new one.", min=0.1,
+            max=86400),
     Setting("agent.max_message_bytes", int, 1_048_576,
             "Largest accepted ingest message.", min=1024, max=64 * 1_048_576),
     Setting("agent.queue_max_records", int, 100_000,

@@ -113,7 +113,9 @@ class Agent:
                             status=self.status, max_message_bytes=self.config[
                                 "agent.max_message_bytes"],
                             allowed_uids=_parse_uids(self.config["agent.allowed_uids"]),
-                            pause=self._ingest_should_pause)
+                            pause=self._ingest_should_pause,
+                            handshake_timeout_s=self.config["agent.handshake_timeout_s"],
+                            idle_timeout_s=self.config["agent.idle_timeout_s"])
 
     def _ingest_should_pause(self) -> bool:
         """Back-pressure with hysteresis: pause reading the socket at 90 % of the queue bound,
@@ -292,6 +294,9 @@ class Agent:
             "rejected_total": ingest.rejected_total if ingest else 0,
             "rejected": dict(ingest.rejected) if ingest else {},
             "records_received_total": ingest.records_total if ingest else 0,
+            "accept_errors": ingest.accept_errors if ingest else 0,
+            "log_suppressed": ingest.log_suppressed if ingest else 0,
+            "db_refused_total": w.refused_total,
             "db_failing": self.writer.failing,
             "database": self.store.safe_url,
             "db_size_bytes": self.store.size_bytes(),

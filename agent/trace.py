@@ -20,7 +20,15 @@ from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 
 FORMAT_VERSION = 1
 _MAX_INT64 = 2**63 - 1  # the store's BigInteger columns
-_EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host"}
+_MAX_INT32 = 2**31 - 1  # its Integer columns (device index, pid)
+_EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host", "device_uuid"}
+# Column limits of the store (schema.py), checked here so that a bad record is refused where it
+# enters (a file line, one client's message) instead of failing a batch that also holds other
+# clients' rows. Every string must also be encodable as UTF-8 (no lone surrogates).
+STR_LIMITS = {"source": 32, "event": 64, "request_id": 255, "host": 255, "device_uuid": 80}
+# Bounds on an event's extra keys (stored as JSON text): readers recurse over them.
+MAX_DATA_DEPTH = 16
+MAX_DATA_BYTES = 65_536
 
 
 class Trace(NamedTuple):
@@ -86,20 +94,20 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
     if "ts" not in obj or obj["ts"] is None:
         raise ValueError("missing required key 'ts'")
     ts = _number(obj["ts"], "ts")
-    device = _int(obj.get("device"), "device", default=0)
-    pid = _int(obj.get("pid"), "pid", default=None)
+    device = _int(obj.get("device"), "device", default=0, top=_MAX_INT32)
+    pid = _int(obj.get("pid"), "pid", default=None, top=_MAX_INT32)
     host = _str(obj.get("host"), "host")
     if "event" in obj:
-        name = obj["event"]
-        if not isinstance(name, str) or not name:
+        name = _str(obj["event"], "event")
+        if not name:
             raise ValueError(f"'event' must be a non-empty string, got {name!r}")
         phase = _phase(obj.get("phase")) if obj.get("phase") is not None else None
         rid = obj.get("request_id")
-        if rid is not None and not isinstance(rid, (str, int)):
-            raise ValueError(f"'request_id' must be a string, got {rid!r}")
+        if rid is not None and not isinstance(rid, (str, int)) or isinstance(rid, bool):
+            raise ValueError(f"'request_id' must be a string, got {_show(rid)}")
+        rid = None if rid is None else _str(str(rid), "request_id")
         data = {k: v for k, v in obj.items() if k not in _EVENT_FIELDS}
-        return Event(ts, name, device, pid, phase, None if rid is None else str(rid),
-                     data or None, host)
+        return Event(ts, name, device, pid, phase, rid, check_data(data) or None, host)
     counters = [_int(obj.get(k), k, default=None, bytes_like=True) for k in SAMPLE_COUNTER_FIELDS]
     phase = _phase(obj.get("phase", "unknown"))
     return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid, *counters, host=host)
@@ -107,31 +115,85 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
 
 def _number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{key}' must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"'{key}' must be finite, got {value!r}")
+        raise ValueError(f"'{key}' must be a number, got {_show(value)}")
+    try:
+        finite = math.isfinite(value)  # an int past float's range raises OverflowError
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ValueError(f"'{key}' must be a finite number of seconds, got {_show(value)}")
     return float(value)
 
 
-def _int(value: Any, key: str, default: Any, bytes_like: bool = False) -> Any:
+def _int(value: Any, key: str, default: Any, bytes_like: bool = False,
+         top: int = _MAX_INT64) -> Any:
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer() and not bytes_like:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "a non-negative integer" if bytes_like else "an integer"
-        raise ValueError(f"'{key}' must be {kind}, got {value!r}")
+        raise ValueError(f"'{key}' must be {kind}, got {_show(value)}")
     if value < 0:
-        raise ValueError(f"'{key}' must be >= 0, got {value!r}")
-    if value > _MAX_INT64:
-        raise ValueError(f"'{key}' is too large (> 2**63 - 1), got {value!r}")
+        raise ValueError(f"'{key}' must be >= 0, got {_show(value)}")
+    if value > top:
+        raise ValueError(f"'{key}' is too large (at most {top}), got {_show(value)}")
     return value
 
 
 def _str(value: Any, key: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"'{key}' must be a string, got {value!r}")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"'{key}' must be a string, got {_show(value)}")
+    limit = STR_LIMITS.get(key)
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"'{key}' is longer than {limit} characters ({len(value)})")
+    if not is_encodable(value):
+        raise ValueError(f"'{key}' is not valid Unicode (a lone surrogate): {_show(value)}")
+    return value
+
+
+def is_encodable(text: str) -> bool:
+    """True if ``text`` encodes as UTF-8 (JSON's ``"\\ud800"`` decodes to a lone surrogate,
+    which every database driver refuses)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_data(data: dict[str, Any]) -> dict[str, Any]:
+    """Bound an event's extra keys: nesting at most ``MAX_DATA_DEPTH`` deep, at most
+    ``MAX_DATA_BYTES`` as JSON, encodable strings and finite numbers. Iterative, so a deep
+    value cannot exhaust the stack here; readers get only what passes."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DATA_DEPTH:
+                raise ValueError(f"event data nests deeper than {MAX_DATA_DEPTH} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str) and not is_encodable(k):
+                    raise ValueError(f"event data key {_show(k)} is not valid Unicode")
+                stack.append((v, depth + 1))
+        elif isinstance(value, str) and not is_encodable(value):
+            raise ValueError(f"event data value {_show(value)} is not valid Unicode")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"event data value {value!r} is not a finite number")
+    size = len(json.dumps(data, separators=(",", ":")))
+    if size > MAX_DATA_BYTES:
+        raise ValueError(f"event data is {size} bytes as JSON; at most {MAX_DATA_BYTES}")
+    return data
+
+
+def _show(value: Any) -> str:
+    """A bad value for an error message: its repr, cut short (a 400-digit number, a long
+    string)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _phase(value: Any) -> Phase:

@@ -7,9 +7,13 @@ commits a batch when ``batch_rows`` records are waiting or ``batch_interval_s`` 
 whichever comes first. Other database work (process rows, agent stats, retention steps) is
 submitted as small tasks that run on the same thread, so SQLite only ever sees one writer.
 
-When the database is locked, full or unreachable the batch is kept and retried with backoff;
-the queue keeps filling (and dropping oldest), and the log gets one line when the trouble
-starts and one when it ends, never a line per attempt.
+When the database is locked, full or unreachable the batch is kept and retried with backoff
+(a put never cuts the wait short); the queue keeps filling (and dropping oldest), and the log
+gets one line when the trouble starts and one when it ends, never a line per attempt.
+
+When the database refuses a batch for good (an integrity or data error: a value no validator
+caught), the batch is halved until the refused records are found; only they are dropped and
+counted (``refused_total``), so one client's bad record never costs another client its rows.
 """
 
 from __future__ import annotations
@@ -30,13 +34,18 @@ log = logging.getLogger("vramscope.writer")
 
 Task = Callable[[Any], None]  # called with the store, on the writer thread
 MAX_TASKS = 1000
+# Checked in this order: IntegrityError and DataError derive from DatabaseError, and would
+# fail again however often they were retried.
+_PERMANENT = ("IntegrityError", "DataError", "ProgrammingError", "NotSupportedError")
 _TRANSIENT = ("OperationalError", "DatabaseError", "InterfaceError", "TimeoutError")
+REFUSED_LOG_INTERVAL_S = 60.0  # at most one log line per minute about refused records
 
 
 @dataclass
 class WriterStats:
     written_total: int = 0  # rows committed
-    dropped_total: int = 0  # records dropped: queue full, or a batch the DB refused for good
+    dropped_total: int = 0  # records dropped: queue full, refused by the DB, unwritten at stop
+    refused_total: int = 0  # of those, records the database refused for good (also in dropped)
     failed_attempts: int = 0  # commits that failed (transient), cumulative
     batches_total: int = 0
     tasks_failed: int = 0
@@ -68,6 +77,8 @@ class Writer:
         self._origin = _origin_for(store)
         self._next_seq = 0
         self._batch_seq = 0  # first seq of the pending batch; a retry reuses it
+        self._refused_logged_at: float | None = None
+        self._refused_unlogged = 0
 
     # --- producers (any thread; never block) ----------------------------------------------
     def put(self, record: Sample | Event | PostMortem) -> None:
@@ -208,10 +219,53 @@ class Writer:
     def _failed(self, batch: list, exc: Exception) -> bool:
         if not _is_transient(exc):
             self._pending = None
-            self.stats.dropped_total += len(batch)
-            log.error("the database refused a batch of %d records for good (%s); dropped it",
-                      len(batch), _short(exc))
+            return self._isolate(batch, exc)
+        return self._retry_later(exc)
+
+    def _isolate(self, batch: list, exc: Exception) -> bool:
+        """Halve a refused batch until each part commits or is one refused record; only those
+        are dropped. A transient failure on the way keeps the part that failed as the pending
+        batch and puts the rest back at the head of the queue, in order."""
+        if len(batch) == 1:
+            self._refuse(batch[0], exc)
             return True
+        mid = len(batch) // 2
+        parts = [batch[:mid], batch[mid:]]
+        while parts:
+            part = parts.pop(0)
+            self._batch_seq, self._next_seq = self._next_seq, self._next_seq + len(part)
+            try:
+                self._commit(list(part))
+            except Exception as part_exc:  # noqa: BLE001 - classified just below
+                if _is_transient(part_exc):
+                    self._pending = part
+                    with self._cond:
+                        self._queue.extendleft(reversed([r for p in parts for r in p]))
+                    return self._retry_later(part_exc)
+                if len(part) == 1:
+                    self._refuse(part[0], part_exc)
+                else:
+                    half = len(part) // 2
+                    parts[0:0] = [part[:half], part[half:]]
+        self._recovered()
+        return True
+
+    def _refuse(self, record: Any, exc: Exception) -> None:
+        """One record the database will never take: drop and count it; log at most one line
+        a minute (a client that sends only bad records must not flood the log)."""
+        self.stats.refused_total += 1
+        self.stats.dropped_total += 1
+        self._refused_unlogged += 1
+        now = time.monotonic()
+        if (self._refused_logged_at is not None
+                and now - self._refused_logged_at < REFUSED_LOG_INTERVAL_S):
+            return
+        log.error("the database refused %d record(s) for good; dropped them and wrote the rest "
+                  "of their batch (latest: %s of pid %s: %s)", self._refused_unlogged,
+                  type(record).__name__, getattr(record, "pid", None), _short(exc))
+        self._refused_logged_at, self._refused_unlogged = now, 0
+
+    def _retry_later(self, exc: Exception) -> bool:
         self.stats.failed_attempts += 1
         if self._failing_since is None:
             self._failing_since = time.monotonic()
@@ -232,12 +286,15 @@ class Writer:
         self._failing_since = None
 
     def _sleep_backoff(self) -> None:
+        """Wait out the backoff. Puts notify the same condition (a batch is ready), so the wait
+        loops to its deadline: only stop() cuts it short."""
         attempts = self.stats.failed_attempts - self._failures_at_start
         delay = min(self._max_backoff_s, 0.1 * 2 ** min(attempts, 10))
+        deadline = time.monotonic() + delay
         with self._cond:
-            if not self._stopping:
-                self._cond.wait(delay)
-            elif not self._past_deadline():
+            while not self._stopping and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            if self._stopping and not self._past_deadline():
                 self._cond.wait(min(delay, 0.2))
 
     def _drained(self) -> bool:
@@ -260,7 +317,18 @@ class Writer:
                 task(self.store)
             except Exception as exc:  # noqa: BLE001 - a failed task is retried by its owner
                 self.stats.tasks_failed += 1
-                log.debug("database task %r failed: %s", task, _short(exc))
+                self._log_task_failure(task, exc)
+
+    def _log_task_failure(self, task: Task, exc: Exception) -> None:
+        """Warning, at most once a minute: a task that keeps failing (stats, retention) must be
+        visible, but not a line per attempt while the database is away."""
+        now = time.monotonic()
+        last = getattr(self, "_task_logged_at", None)
+        if last is not None and now - last < REFUSED_LOG_INTERVAL_S:
+            return
+        self._task_logged_at = now
+        log.warning("a database task failed (%d so far; next report in a minute at most): "
+                    "%r: %s", self.stats.tasks_failed, task, _short(exc))
 
 
 def _origin_for(store: Any) -> str | None:
@@ -273,9 +341,12 @@ def _origin_for(store: Any) -> str | None:
 
 
 def _is_transient(exc: Exception) -> bool:
-    """Locked, full, unreachable: worth retrying. Anything else would fail again."""
+    """Locked, full, unreachable: worth retrying. An integrity or data error, or anything
+    unknown, would fail again."""
     cause = exc.__cause__ if isinstance(exc, StoreError) and exc.__cause__ else exc
     names = {c.__name__ for c in type(cause).__mro__}
+    if names & set(_PERMANENT):
+        return False
     return bool(names & set(_TRANSIENT)) or isinstance(cause, OSError)
 
 

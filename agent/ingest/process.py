@@ -25,7 +25,8 @@ class AgentProcess:
     def __init__(self, db_url: str, socket_path: str, *, fake_devices: int = 0,
                  nvml: bool = False, config_path: str | None = None,
                  env: dict[str, str] | None = None,
-                 log_path: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 log_path: str | None = None, extra_args: tuple[str, ...] = (),
+                 nofile: int | None = None) -> None:
         self.db_url = db_url
         self.socket_path = socket_path
         self.fake_devices = fake_devices
@@ -34,6 +35,7 @@ class AgentProcess:
         self.env = env or {}
         self.log_path = log_path
         self.extra_args = tuple(extra_args)
+        self.nofile = nofile  # RLIMIT_NOFILE soft limit for the child (systemd's LimitNOFILE)
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
@@ -50,11 +52,31 @@ class AgentProcess:
         env = {**os.environ, "PYTHONPATH": _pythonpath(), **self.env}
         out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=out,
-                                     cwd=str(REPO_ROOT))
+                                     cwd=str(REPO_ROOT), preexec_fn=self._limits())
         if out is not subprocess.DEVNULL:
             out.close()
         self.wait_ready(timeout_s)
         return self
+
+    def _limits(self):
+        if self.nofile is None:
+            return None
+        nofile = self.nofile
+
+        def apply() -> None:  # in the child, before exec (as systemd applies LimitNOFILE)
+            import resource
+
+            _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+        return apply
+
+    def rss_bytes(self) -> int:
+        """The child's resident memory now (Linux ``/proc``)."""
+        with open(f"/proc/{self.proc.pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS line")
 
     def wait_ready(self, timeout_s: float) -> None:
         from vramscope.agent.ingest.connection import AgentConnection

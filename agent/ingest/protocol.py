@@ -39,13 +39,24 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from vramscope.agent.trace import event_to_json, record_from_json, sample_to_json
+from vramscope.agent.trace import (
+    STR_LIMITS,
+    event_to_json,
+    is_encodable,
+    record_from_json,
+    sample_to_json,
+)
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
 HEADER_BYTES = HEADER.size
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 MAX_RECORDS_PER_MESSAGE = 100_000
+# hello fields: the processes table's String(255) columns; a pid as the kernel hands them out
+# (Linux's PID_MAX_LIMIT is 2**22; the column is a 32-bit Integer).
+MAX_NAME_CHARS = 255
+MAX_PID = 2**31 - 1
+MAX_DEVICES = 64
 CLIENT_TYPES = frozenset({"hello", "records", "postmortem", "dropped", "status"})
 
 
@@ -141,17 +152,42 @@ def _reject_constant(token: str) -> Any:
 def parse_hello(obj: dict[str, Any]) -> Hello:
     """Validate a hello; a wrong protocol version is fatal and says which versions we speak."""
     version = obj.get("protocol")
-    if version != PROTOCOL_VERSION or isinstance(version, bool):
-        raise ProtocolError("version", f"protocol version {version!r} is not supported; this "
-                            f"agent speaks version {PROTOCOL_VERSION}", fatal=True)
+    if type(version) is not int or version != PROTOCOL_VERSION:  # 1.0 and True are not 1
+        raise ProtocolError("version", f"protocol version {_cut(version)} is not supported; "
+                            f"this agent speaks version {PROTOCOL_VERSION} (an integer)",
+                            fatal=True)
     pid = _optional(obj, "pid", int)
-    process = _optional(obj, "process", str)
-    model = _optional(obj, "model", str)
+    if pid is not None and not 0 <= pid <= MAX_PID:
+        raise ProtocolError("schema", f"'pid' must be a process id from 0 to {MAX_PID}, got "
+                            f"{_cut(pid)}", fatal=True)
+    process = _name(obj, "process")
+    model = _name(obj, "model")
     devices = obj.get("devices") or []
-    if not isinstance(devices, list) or not all(_is_index(d) for d in devices):
-        raise ProtocolError("schema", f"'devices' must be a list of device indexes, got "
-                            f"{devices!r}"[:300], fatal=True)
+    if (not isinstance(devices, list) or len(devices) > MAX_DEVICES
+            or not all(_is_index(d) and d <= MAX_PID for d in devices)):
+        raise ProtocolError("schema", f"'devices' must be a list of at most {MAX_DEVICES} "
+                            f"device indexes, got {_cut(devices)}", fatal=True)
     return Hello(version, pid, process, tuple(devices), model)
+
+
+def _name(obj: dict[str, Any], key: str) -> str | None:
+    value = _optional(obj, key, str)
+    if value is not None and len(value) > MAX_NAME_CHARS:
+        raise ProtocolError("schema", f"{key!r} is longer than {MAX_NAME_CHARS} characters "
+                            f"({len(value)})", fatal=True)
+    if value is not None and not is_encodable(value):
+        raise ProtocolError("schema", f"{key!r} is not valid Unicode (a lone surrogate)",
+                            fatal=True)
+    return value
+
+
+def _cut(value: Any) -> str:
+    """repr of a client's value for an error message, cut short (the reply is one frame)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than str() allows
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def parse_records(obj: dict[str, Any], default_pid: int | None = None) -> list[Sample | Event]:
@@ -177,7 +213,7 @@ def parse_records(obj: dict[str, Any], default_pid: int | None = None) -> list[S
             raise ProtocolError("schema", f"record {i}: expected an object, got "
                                 f"{type(item).__name__}")
         try:
-            out.append(_check_limits(record_from_json(item)))
+            out.append(record_from_json(item))
         except (ValueError, TypeError, OverflowError) as exc:
             raise ProtocolError("schema", f"record {i}: {exc}"[:500]) from None
     if default_pid is not None:
@@ -204,8 +240,8 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
     pid = _int_column(items, "pid", _INT32_MAX)
     phases = [_PHASES.get(p) if type(p) is str else None
               for p in (o.get("phase", "unknown") for o in items)]
-    source = _str_column(items, "source", _STR_LIMITS["source"])
-    host = _str_column(items, "host", _STR_LIMITS["host"])
+    source = _str_column(items, "source", STR_LIMITS["source"])
+    host = _str_column(items, "host", STR_LIMITS["host"])
     counters = [_int_column(items, k, _INT_MAX) for k in SAMPLE_COUNTER_FIELDS]
     if (device is None or pid is None or source is None or host is None or None in phases
             or any(c is None for c in counters)):
@@ -235,28 +271,15 @@ def _str_column(items: list[dict], key: str, limit: int) -> list | None:
         return col
     if not kinds <= {str, _NONE}:
         return None
-    return col if max(len(v) for v in col if v is not None) <= limit else None
+    present = [v for v in col if v is not None]
+    if max(map(len, present)) > limit or not is_encodable("".join(present)):
+        return None  # the slow path names the bad record
+    return col
 
 
-# Column limits of the store (schema.py), checked here so that one client's bad record is
-# rejected at the door instead of failing a batch that also holds other clients' rows.
-_STR_LIMITS = {"source": 32, "name": 64, "request_id": 255, "host": 255}
+# The store's integer limits (schema.py): the trace validator applies the same ones.
 _INT_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
-
-
-def _check_limits(record: Sample | Event) -> Sample | Event:
-    for key, value in zip(record._fields, record, strict=True):
-        if isinstance(value, int) and not isinstance(value, bool):
-            top = _INT32_MAX if key in ("device", "pid") else _INT_MAX
-            if value > top:
-                raise ValueError(f"'{key}' = {value} is too large (at most {top})")
-        limit = _STR_LIMITS.get(key)
-        if limit is not None and isinstance(value, str) and len(value) > limit:
-            raise ValueError(f"'{key}' is longer than {limit} characters")
-    if isinstance(record, Event) and record.data is not None:
-        json.dumps(record.data, allow_nan=False)  # stored as JSON text; must round-trip
-    return record
 
 
 def parse_postmortem(obj: dict[str, Any]) -> PostMortem:

@@ -6,6 +6,22 @@ stall the others. Every rejected message is counted by reason; a connection is d
 when the stream cannot be resynchronised (oversized length, wrong version, bad hello, EOF in
 the middle of a frame) or after too many bad messages in a row.
 
+Everything is bounded, so no client can take the agent down or lock the others out:
+
+* at most ``MAX_CLIENTS`` clients (after their hello) and ``MAX_PENDING`` connections that have
+  not said hello yet (a ``status`` query, a hook connecting); a new connection evicts the
+  oldest pending one, so ``vramscope status`` always gets in;
+* a connection must send its first frame within ``agent.handshake_timeout_s``; a frame once
+  started must be complete within ``agent.idle_timeout_s`` (slowloris); when every client slot
+  is taken, a client silent for ``agent.idle_timeout_s`` gives its slot to a new one;
+* memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
+  never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
+  300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
+* ``accept()`` failing (EMFILE: out of file descriptors) pauses accepting with backoff and is
+  logged at most once a minute; the loop never dies of it. The unit's ``LimitNOFILE`` leaves
+  room for every client slot;
+* refused connections are counted by reason and logged at most ``LOG_BURST`` lines a minute.
+
 Security: the socket lives in a directory of mode 0700 (created if missing; an existing one
 with another mode is refused, never chmod-ed, so ``--socket /tmp/x.sock`` cannot open up
 ``/tmp``), the socket itself is 0600, and each peer's uid (``SO_PEERCRED``) must be the agent's
@@ -23,6 +39,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,9 +51,21 @@ from vramscope.agent.records import PostMortem
 
 log = logging.getLogger("vramscope.ingest")
 
-MAX_CLIENTS = 1024
+# MAX_CLIENTS x agent.max_message_bytes (1 MiB) must fit the unit's MemoryMax (1 GiB) with the
+# writer's queue; MAX_CLIENTS + MAX_PENDING + the agent's own files must fit its LimitNOFILE.
+MAX_CLIENTS = 256
+MAX_PENDING = 32
+PENDING_MAX_BYTES = 65_536  # the largest frame before a hello: a hello or a status request
+BUFFER_BUDGET_BYTES = 384 * 2**20  # partial frames of all connections together
+HANDSHAKE_TIMEOUT_S = 5.0
+IDLE_TIMEOUT_S = 60.0
 MAX_BAD_IN_A_ROW = 64  # a client sending this many rejected messages in a row is dropped
+COUNTER_MAX = 2**63 - 1  # counters saturate here (the store's BigInteger)
+LOG_BURST = 10  # lines per LOG_WINDOW_S about refused connections; the rest are counted
+LOG_WINDOW_S = 60.0
 _RECV_BYTES = 256 * 1024
+_SWEEP_INTERVAL_S = 0.25
+_ACCEPT_BACKOFF_S = (0.05, 1.0)  # first and largest pause after accept() failed
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -62,6 +91,9 @@ class IngestStats:
     records_total: int = 0
     client_dropped_total: int = 0  # drops the clients reported (their buffers were full)
     paused_ticks: int = 0  # 10 ms waits while the writer was behind (back-pressure)
+    accept_errors: int = 0  # accept() failures (EMFILE...): the loop paused accepting
+    loop_errors: int = 0  # unexpected errors the loop survived
+    log_suppressed: int = 0  # refused-connection log lines not written (rate limit)
     rejected: Counter = field(default_factory=Counter)  # reason -> count
 
     @property
@@ -73,8 +105,37 @@ class IngestStats:
 class _Conn:
     sock: socket.socket
     info: ClientInfo
+    opened_s: float = 0.0  # monotonic
+    last_frame_s: float = 0.0  # monotonic: the last complete frame (or the connect)
     buf: bytearray = field(default_factory=bytearray)
     bad_in_a_row: int = 0
+
+
+class RateLimitedLog:
+    """At most ``burst`` lines per ``window_s``; the lines beyond are counted and the next line
+    written says how many were left out (a client cannot flood the log)."""
+
+    def __init__(self, logger: logging.Logger, level: int, burst: int = LOG_BURST,
+                 window_s: float = LOG_WINDOW_S) -> None:
+        self._log, self._level, self._burst, self._window_s = logger, level, burst, window_s
+        self._window_start = -float("inf")
+        self._in_window = 0
+        self._left_out = 0
+        self.left_out_total = 0
+
+    def __call__(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= self._window_s:
+            self._window_start, self._in_window = now, 0
+        if self._in_window >= self._burst:
+            self._left_out += 1
+            self.left_out_total += 1
+            return
+        self._in_window += 1
+        if self._left_out:
+            msg += f" ({self._left_out} similar lines left out)"
+            self._left_out = 0
+        self._log.log(self._level, msg, *args, **kwargs)
 
 
 class IngestServer:
@@ -89,7 +150,9 @@ class IngestServer:
                  status: Callable[[], dict[str, Any]] | None = None,
                  max_message_bytes: int = proto.DEFAULT_MAX_MESSAGE_BYTES,
                  allowed_uids: Iterable[int] = (),
-                 pause: Callable[[], bool] | None = None) -> None:
+                 pause: Callable[[], bool] | None = None,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.path = path
         self.stats = IngestStats()
         self._on_records = on_records
@@ -104,6 +167,15 @@ class IngestServer:
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._handshake_s = handshake_timeout_s
+        self._idle_s = idle_timeout_s
+        self._buffered = 0  # bytes of partial frames, all connections
+        self._next_sweep_s = 0.0
+        self._accept_paused_until: float | None = None
+        self._accept_backoff_s = 0.0
+        self._log_refused = RateLimitedLog(log, logging.INFO)
+        self._log_trouble = RateLimitedLog(log, logging.WARNING, burst=1)
+        self._counter_warned = False
 
     # --- lifecycle ------------------------------------------------------------------------
     def bind(self) -> None:
@@ -135,7 +207,13 @@ class IngestServer:
 
     def serve_forever(self) -> None:
         while not self._stop.is_set():
-            self.run_once(1.0)  # data wakes it at once; the timeout only bounds stop()
+            try:
+                self.run_once(1.0)  # data wakes it at once; the timeout only bounds stop()
+            except Exception:  # noqa: BLE001 - the ingest thread must outlive any one error
+                self.stats.loop_errors += 1
+                self._log_trouble("ingest loop error (survived; counted as loop_errors)",
+                                  exc_info=True)
+                self._stop.wait(0.01)
 
     def stop(self) -> None:
         self._stop.set()
@@ -146,7 +224,8 @@ class IngestServer:
         for conn in list(self._conns.values()):
             self._close(conn)
         if self._listener is not None:
-            self._sel.unregister(self._listener)
+            with contextlib.suppress(KeyError):  # unregistered while accepting was paused
+                self._sel.unregister(self._listener)
             self._listener.close()
             self._listener = None
             with contextlib.suppress(OSError):
@@ -166,11 +245,17 @@ class IngestServer:
         client drops and counts after its send timeout), instead of the agent reading records
         only to drop them from a full queue.
         """
+        now = time.monotonic()
+        self._resume_accepting(now)
+        if now >= self._next_sweep_s:
+            self._sweep(now)
         if self._pause is not None and self._pause():
             self.stats.paused_ticks += 1
             self._stop.wait(0.01)
             return
-        for key, _ in self._sel.select(timeout_s):
+        if self._accept_paused_until is not None:
+            timeout_s = max(0.0, min(timeout_s, self._accept_paused_until - now))
+        for key, _ in self._sel.select(min(timeout_s, _SWEEP_INTERVAL_S)):
             if key.data is None:
                 self._accept()
             else:
@@ -181,17 +266,54 @@ class IngestServer:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as exc:  # EMFILE, ENFILE, ENOBUFS...: pause, never die
+            return self._accept_failed(exc)
+        self._accept_backoff_s = 0.0
         sock.setblocking(False)
         pid, uid = _peercred(sock)
         self.stats.connections_total += 1
-        conn = _Conn(sock, ClientInfo(pid, uid))
-        if len(self._conns) >= MAX_CLIENTS:
-            return self._refuse(conn, "clients", f"too many clients (limit {MAX_CLIENTS})")
+        now = time.monotonic()
+        conn = _Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now)
         if uid not in self._allowed_uids:
             return self._refuse(conn, "uid", f"uid {uid} is not allowed to connect; add it to "
                                 "agent.allowed_uids")
+        pending = [c for c in self._conns.values() if c.info.hello is None]
+        if len(pending) >= MAX_PENDING:  # the oldest waits longest: it gives way
+            oldest = min(pending, key=lambda c: c.opened_s)
+            self._refuse(oldest, "pending", f"more than {MAX_PENDING} connections without a "
+                         "hello; the oldest is closed")
         self._conns[sock.fileno()] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of descriptors (or kernel memory): the pending connection stays in the listen
+        backlog, so stop polling the listener for a while instead of spinning on it."""
+        self.stats.accept_errors += 1
+        lo, hi = _ACCEPT_BACKOFF_S
+        self._accept_backoff_s = min(hi, max(lo, self._accept_backoff_s * 2))
+        self._accept_paused_until = time.monotonic() + self._accept_backoff_s
+        self._sel.unregister(self._listener)
+        self._log_trouble("cannot accept connections: %s (%d connections open, %d client "
+                          "slots); pausing %.2f s. Raise LimitNOFILE (systemd) or ulimit -n",
+                          exc.strerror or exc, len(self._conns), MAX_CLIENTS,
+                          self._accept_backoff_s)
+
+    def _resume_accepting(self, now: float) -> None:
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            if self._listener is not None:
+                self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    def _sweep(self, now: float) -> None:
+        """Close connections that never said hello, and frames that never completed."""
+        self._next_sweep_s = now + _SWEEP_INTERVAL_S
+        for conn in list(self._conns.values()):
+            if conn.info.hello is None and now - conn.opened_s > self._handshake_s:
+                self._refuse(conn, "timeout", f"no hello within {self._handshake_s:g} s "
+                             "(agent.handshake_timeout_s)")
+            elif conn.buf and now - conn.last_frame_s > self._idle_s:
+                self._refuse(conn, "timeout", f"a message still incomplete after "
+                             f"{self._idle_s:g} s (agent.idle_timeout_s)")
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -205,11 +327,23 @@ class IngestServer:
                 self._reject(conn, "truncated", f"connection closed inside a message "
                              f"({len(conn.buf)} bytes pending)")
             return self._close(conn)
+        before = len(conn.buf)
         conn.buf += data
+        limit = self._max_bytes if conn.info.hello is not None else PENDING_MAX_BYTES
         try:
-            payloads = proto.split_frames(conn.buf, self._max_bytes)
+            payloads = proto.split_frames(conn.buf, limit)
         except proto.ProtocolError as exc:
             return self._refuse(conn, exc.reason, str(exc))
+        finally:
+            self._buffered += len(conn.buf) - before
+        if payloads:
+            conn.last_frame_s = time.monotonic()
+            if not conn.buf:
+                conn.buf = bytearray()  # give a large frame's memory back
+        if self._buffered > BUFFER_BUDGET_BYTES:
+            return self._refuse(conn, "memory", f"partial messages of all clients exceed "
+                                f"{BUFFER_BUDGET_BYTES >> 20} MiB; the client reading now is "
+                                "dropped")
         for payload in payloads:
             if not self._handle(conn, payload):
                 return
@@ -256,16 +390,46 @@ class IngestServer:
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
             return None
-        self.stats.client_dropped_total += proto.parse_dropped(obj)  # "dropped"
+        self._add_client_dropped(proto.parse_dropped(obj))  # "dropped"
         return None
+
+    def _add_client_dropped(self, count: int) -> None:
+        """Saturate instead of growing past what the store (and Prometheus) can hold."""
+        total = self.stats.client_dropped_total + count
+        if total > COUNTER_MAX:
+            total = COUNTER_MAX
+            if not self._counter_warned:
+                self._counter_warned = True
+                log.warning("client_dropped_total reached %d and stays there (a client reported "
+                            "an absurd drop count)", COUNTER_MAX)
+        self.stats.client_dropped_total = total
 
     def _on_hello_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
         if conn.info.hello is not None:
             raise proto.ProtocolError("order", "a second hello on one connection")
-        conn.info.hello = proto.parse_hello(obj)
+        hello = proto.parse_hello(obj)
+        if self._client_count() >= MAX_CLIENTS and not self._evict_idle_client():
+            raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS})",
+                                      fatal=True)
+        conn.info.hello = hello
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
         if self._on_hello is not None:
             self._on_hello(conn.info)
+
+    def _client_count(self) -> int:
+        return sum(1 for c in self._conns.values() if c.info.hello is not None)
+
+    def _evict_idle_client(self) -> bool:
+        """Every slot is taken: the client silent longest gives its slot up, if it has been
+        silent for ``idle_timeout_s`` (an idle connection must not lock the others out)."""
+        now = time.monotonic()
+        clients = [c for c in self._conns.values() if c.info.hello is not None]
+        idlest = min(clients, key=lambda c: c.last_frame_s, default=None)
+        if idlest is None or now - idlest.last_frame_s < self._idle_s:
+            return False
+        self._refuse(idlest, "idle", f"idle for {now - idlest.last_frame_s:.0f} s while every "
+                     f"client slot was taken (agent.idle_timeout_s)")
+        return True
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
         records = proto.parse_records(obj, default_pid=conn.info.pid)
@@ -290,7 +454,8 @@ class IngestServer:
     def _refuse(self, conn: _Conn, reason: str, message: str) -> None:
         """Reject, tell the client why (best effort), and close."""
         self._reject(conn, reason, message)
-        log.info("dropped client pid %s: %s", conn.info.pid, message)
+        self._log_refused("dropped client pid %s: %s", conn.info.pid, message)
+        self.stats.log_suppressed = self._log_refused.left_out_total
         with contextlib.suppress(OSError):
             conn.sock.send(proto.frame({"type": "error", "message": message}))
         self._close(conn)
@@ -299,6 +464,8 @@ class IngestServer:
         fd = conn.sock.fileno()
         if fd >= 0 and self._conns.pop(fd, None) is not None:
             self._sel.unregister(conn.sock)
+            self._buffered -= len(conn.buf)
+        conn.buf = bytearray()
         conn.sock.close()
 
 

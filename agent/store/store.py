@@ -35,6 +35,7 @@ from vramscope.agent.store.schema import (
 )
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+_BIGINT_MAX = 2**63 - 1
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
@@ -184,9 +185,16 @@ class Store:
                     self._insert_samples(c, sample_batch)
                 if event_rows:
                     c.execute(insert(events), event_rows)
-        except (SQLAlchemyError, OverflowError) as exc:
+        except (SQLAlchemyError, OverflowError, UnicodeError) as exc:
+            self._forget_ids()
             raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
         return len(sample_batch) + len(event_batch)
+
+    def _forget_ids(self) -> None:
+        """A rolled-back transaction may have inserted host or device rows and cached their
+        ids: forget the cache, or every later batch would point at rows that do not exist."""
+        self._host_ids.clear()
+        self._device_ids.clear()
 
     def write_samples(self, batch: Sequence[Sample]) -> int:
         return self.write(batch, ())
@@ -248,6 +256,13 @@ class Store:
         """Store ``pm``; returns its row id. Idempotent: a post-mortem is one OOM of one process
         at one instant, so a row with the same device, time, pid and cause is this one again
         (the writer retrying after a commit whose reply was lost) and its id is returned."""
+        try:
+            return self._write_postmortem(pm)
+        except Exception:
+            self._forget_ids()
+            raise
+
+    def _write_postmortem(self, pm: PostMortem) -> int:
         with self.engine.begin() as c:
             did = self.device_id(pm.device, pm.host, c)
             same = c.execute(select(postmortems.c.id).where(
@@ -281,6 +296,10 @@ class Store:
     def write_agent_stats(self, ts_s: float, *, clients: int, rows_per_s: float,
                           queue_depth: int, dropped_total: int, rejected_total: int,
                           db_size_bytes: int | None, host: str | None = None) -> None:
+        # Sums of client-reported counters could pass the BigInteger range: saturate, so the
+        # row (and the dashboard's sampling health) is still written.
+        dropped_total, rejected_total = (min(v, _BIGINT_MAX) for v in (dropped_total,
+                                                                       rejected_total))
         with self.engine.begin() as c:
             c.execute(insert(agent_stats).values(
                 host_id=self.host_id(host, c), ts_s=ts_s, clients=clients,

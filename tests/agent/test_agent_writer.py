@@ -83,17 +83,58 @@ def test_a_locked_database_is_retried_with_one_log_line_each_way(store, caplog):
     assert "5 failed attempts; 0 records were dropped meanwhile" in messages[1]
 
 
-def test_a_batch_refused_for_good_is_dropped_not_retried_forever(store, caplog):
-    flaky = FlakyStore(store, failures=1, error=ValueError("bad value"))
-    w = Writer(flaky)
-    w.put_many([_s(0), _s(1)])
-    with caplog.at_level(logging.ERROR, logger="vramscope.writer"):
+def test_a_record_refused_for_good_is_dropped_alone_and_not_retried(any_url, caplog):
+    """The database (SQLite or PostgreSQL, really) refuses a lone surrogate: only that record
+    is dropped; the other 999 rows of its batch are written, none retried."""
+    from vramscope.agent.store import Store
+
+    with Store.open(any_url, host_name="testhost") as store:
+        w = Writer(store, batch_rows=1000)
+        good = [_s(i) for i in range(999)]
+        bad = _s(500)._replace(source="\ud800")  # what a validator missed would look like
+        w.put_many([*good[:500], bad, *good[500:]])
+        with caplog.at_level(logging.ERROR, logger="vramscope.writer"):
+            w.flush()
+        assert [s.allocated_bytes for s in store.samples()] == list(range(999))
+        assert (w.stats.refused_total, w.stats.dropped_total, w.stats.failed_attempts) == (1, 1, 0)
+        assert w.stats.written_total == 999
+        assert "refused 1 record(s) for good; dropped them and wrote the rest" in caplog.text
+        w.put(_s(5))
         w.flush()
-    assert w.stats.dropped_total == 2 and flaky.attempts == 1
-    assert "refused a batch of 2 records for good (cannot write: bad value)" in caplog.text
-    w.put(_s(5))
-    w.flush()
-    assert [s.allocated_bytes for s in store.samples()] == [5]
+        assert len(store.samples()) == 1000
+
+
+def test_permanent_errors_are_not_transient():
+    from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+    from vramscope.agent.writer import _is_transient
+
+    def wrapped(exc):
+        try:
+            raise StoreError("cannot write") from exc
+        except StoreError as err:
+            return err
+
+    assert not _is_transient(wrapped(IntegrityError("x", {}, sqlite3.IntegrityError("uniq"))))
+    assert not _is_transient(wrapped(DataError("x", {}, Exception("too long"))))
+    assert _is_transient(wrapped(OperationalError("x", {}, sqlite3.OperationalError("locked"))))
+
+
+def test_puts_do_not_cut_the_backoff_short(store):
+    """A full disk: 1.5 s of failing writes while a producer puts a batch every 10 ms. The
+    backoff schedule (0.2, 0.4, 0.8 s...) allows 3-4 attempts, not one per put."""
+    flaky = FlakyStore(store, failures=10_000)
+    w = Writer(flaky, batch_rows=10, batch_interval_s=0.01, max_backoff_s=5.0)
+    w.start()
+    deadline = time.monotonic() + 1.5
+    i = 0
+    while time.monotonic() < deadline:
+        w.put_many([_s(i + k) for k in range(10)])
+        i += 10
+        time.sleep(0.01)
+    attempts = flaky.attempts
+    flaky.failures = 0
+    w.stop(timeout_s=5)
+    assert 2 <= attempts <= 5, attempts
 
 
 def test_stop_flushes_what_is_queued(store):
