@@ -11,7 +11,7 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, send_file
-from vramscope.dashboard import analysis, figures, params, queries
+from vramscope.dashboard import analysis, figures, params, queries, verdict
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.app import state
 from vramscope.dashboard.errors import BadParameter
@@ -40,7 +40,15 @@ def openapi_document():
 
 @bp.get("/hosts")
 def hosts():
-    return jsonify({"hosts": state().store.hosts()})
+    return jsonify({"hosts": queries.host_rows(state().store)})
+
+
+@bp.get("/freshness")
+def freshness():
+    """How old the newest sample of any device is, and whether that counts as stale."""
+    st = state()
+    return jsonify(verdict.freshness(queries.newest_sample_s(st.store), st.clock.time_s(),
+                                     st.config))
 
 
 @bp.get("/devices")
@@ -51,7 +59,7 @@ def devices():
 
 @bp.get("/processes")
 def processes():
-    return jsonify({"processes": state().store.processes(host="*")})
+    return jsonify({"processes": queries.process_rows(state().store)})
 
 
 @bp.get("/overview")
@@ -68,13 +76,30 @@ def _latest(store, device: int, host: str | None) -> float | None:
     return span[1] if span else state().clock.time_s()  # no data yet: end now
 
 
+def _known_device(store, device: int, host: str | None) -> int:
+    """``device`` when the host has reported it; else a 404 naming both (an empty series
+    would read as "no data in this window")."""
+    known = store.devices(host=host)
+    if not any(d["device_index"] == device for d in known):
+        name = host or store.host_name
+        raise NotFound(f"no device {device} on host {name}" if known
+                       else f"no device has reported on host {name} yet")
+    return device
+
+
 def _timeline_doc() -> dict:
-    store, device, host = state().store, _device(), _host()
+    st = state()
+    store, host = st.store, _host()
+    device = _known_device(store, _device(), host)
     start, end = params.time_window(DEFAULT_SPAN_S, _latest(store, device, host))
     max_points = params.integer("max_points", params.DEFAULT_MAX_POINTS, low=1,
                                 high=params.MAX_POINTS_LIMIT)
     columns = params.choices("columns", tl.TIMELINE_COLUMNS, tl.TIMELINE_COLUMNS)
-    return queries.timeline(store, device, host, start, end, max_points, columns)
+    doc = queries.timeline(store, device, host, start, end, max_points, columns)
+    # how far the window's end lies behind now: an old window must not pass for the present
+    doc["window_age_s"] = max(0.0, st.clock.time_s() - end)
+    doc["stale_after_s"] = verdict.stale_after_s(st.config)
+    return doc
 
 
 @bp.get("/timeline")
@@ -131,7 +156,8 @@ def _analysis_json(view):
     """``view(store, config, device, host, start, end)`` over the requested window (default:
     six timeline spans ending at the newest sample), as JSON."""
     st = state()
-    device, host = _device(), _host()
+    host = _host()
+    device = _known_device(st.store, _device(), host)
     start, end = params.time_window(DEFAULT_SPAN_S * 6, _latest(st.store, device, host))
     return jsonify(view(st.store, st.config, device, host, start, end))
 
@@ -182,7 +208,8 @@ def figure_overview():
 
 @bp.get("/figures/timeline")
 def figure_timeline():
-    return jsonify(figures.timeline_figure(_timeline_doc()))
+    return jsonify(figures.timeline_figure(
+        _timeline_doc(), state().config["alerts.fragmentation_warning_ratio"]))
 
 
 @bp.get("/figures/leaks")

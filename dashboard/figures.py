@@ -163,41 +163,13 @@ def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]
     return out
 
 
-def _memory_top_gib(s: dict[str, dict[str, list]]) -> float:
-    keys = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes")
-    top = max((max(s[k]["max"]) for k in keys if k in s), default=GIB)
-    return top * 1.04 / GIB
+def timeline_figure(doc: dict[str, Any],
+                    fragmentation_warning_ratio: float | None = None) -> dict[str, Any]:
+    """Memory, phases, fragmentation, KV pool and event lanes on one linked time axis (laid
+    out by :mod:`vramscope.dashboard.timeline_figure`, from the trace builders above)."""
+    from vramscope.dashboard.timeline_figure import build
 
-
-def _occupancy_top(s: dict[str, dict[str, list]]) -> float:
-    """Headroom above the fullest block, so the occupancy line does not sit on the frame."""
-    values = s.get("kv_tokens_per_block", {}).get("max") or [1.0]
-    return max(values) * 1.25
-
-
-def timeline_figure(doc: dict[str, Any]) -> dict[str, Any]:
-    """Memory, fragmentation, KV pool and event lanes on one linked time axis."""
-    s = doc["series"]
-    top = _memory_top_gib(s)
-    data = (band_traces(doc["phases"], top) + _memory_traces(s) + _fragmentation_traces(s)
-            + _kv_traces(s) + _marker_traces(doc))
-    layout = _layout(
-        height=820, showlegend=True, hovermode="x", uirevision="timeline",  # keeps legend toggles
-        margin={"l": 64, "r": 24, "t": 24, "b": 40},
-        legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top"},
-        xaxis={"type": "date", "range": [ms(doc["start"]), ms(doc["end"])],
-               "anchor": "y4", "showspikes": True},
-        yaxis={"domain": [0.56, 1.0], "title": {"text": "memory (GiB)"}, "range": [0, top]},
-        yaxis2={"domain": [0.36, 0.52], "title": {"text": "fragmentation"},
-                "range": [0, 1.02]},
-        yaxis3={"domain": [0.14, 0.32], "title": {"text": "KV blocks"}, "rangemode": "tozero"},
-        yaxis4={"domain": [0.0, 0.10], "type": "category", "fixedrange": True,
-                "automargin": True},
-        yaxis5={"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
-                "range": [0, _occupancy_top(s)], "showgrid": False, "automargin": True},
-        meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
-              "events_truncated": doc["events_truncated"]})
-    return {"data": data, "layout": layout}
+    return build(doc, fragmentation_warning_ratio)
 
 
 # --- leaks, risk, capacity --------------------------------------------------------------------

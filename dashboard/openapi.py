@@ -62,10 +62,18 @@ SERIES = obj({"ts": array(NUM), "min": array(nullable(NUM)), "max": array(nullab
 LATEST = nullable({"type": "object", "additionalProperties": True,
                    "properties": {"last_ts_s": NUM, "first_ts_s": NUM,
                                   "phase": nullable(STR), "pid": nullable(INT)}})
+LEVEL = {"type": "string", "enum": ["ok", "warning", "critical"]}
+# the alert engine's verdict: the worst severity of the device's active alerts, and those alerts
+VERDICT = obj({"level": LEVEL, "reasons": array(obj({
+    "rule": STR, "severity": STR, "message": nullable(STR), "fired_ts_s": NUM}))})
 DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nullable(STR),
-                  "total_bytes": nullable(INT),
-                  "risk": {"type": "string", "enum": ["ok", "warning", "critical"]},
-                  "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM)})
+                  "total_bytes": nullable(INT), "risk": LEVEL, "verdict": VERDICT,
+                  "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM),
+                  "stale": {"type": "boolean"}})
+FRESHNESS = obj({"now_s": NUM, "newest_ts_s": nullable(NUM), "age_s": nullable(NUM),
+                 "stale_after_s": NUM, "stale": {"type": "boolean"}})
+HOST_ROW = obj({"name": STR, "first_seen_s": nullable(NUM), "last_seen_s": nullable(NUM)},
+               required=False)
 PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
                "devices": nullable(STR), "host": STR, "first_seen_s": NUM, "last_seen_s": NUM},
               required=False)
@@ -137,16 +145,19 @@ PM_ID = {"name": "pm_id", "in": "path", "required": True,
 def paths() -> dict[str, Any]:
     window = [DEVICE, HOST, START, END, SPAN]
     return {
-        "/hosts": _op("Hosts that have reported", obj({"hosts": array({"type": "object"})}),
-                      errors=()),
+        "/hosts": _op("Hosts that have reported, first and last seen from their samples",
+                      obj({"hosts": array(HOST_ROW)}), errors=()),
+        "/freshness": _op("How old the newest sample is, and whether that is stale",
+                          FRESHNESS, errors=()),
         "/devices": _op("Every device with its current values and risk level",
                         obj({"devices": array(DEVICE_ROW)}), errors=()),
         "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
-            "now_s": NUM, "hosts": array({"type": "object"}), "devices": array(DEVICE_ROW),
+            "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),
+            "devices": array(DEVICE_ROW),
             "processes": array(PROCESS), "alerts": array(ALERT)}), errors=()),
         "/timeline": _op("Downsampled series, phase bands and event markers", TIMELINE,
-                         [*window, MAX_POINTS, COLUMNS]),
+                         [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
         "/alerts": _op("Alerts, newest first", obj({"alerts": array(ALERT)}), [
             _query("active", {"type": "boolean"}, "Only alerts still firing."),
             _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "At most."),
@@ -162,19 +173,20 @@ def paths() -> dict[str, Any]:
         "/analysis": _op("The vramscope.analysis/1 document for a device and window",
                          obj({"format": STR, "devices": {"type": "object"},
                               "alerts": array({"type": "object"})}, required=False),
-                         window, errors=(400, 503)),
+                         window, errors=(400, 404, 503)),
         "/capacity": _op("Measured peaks beside the capacity estimate", CAPACITY,
                          ESTIMATE_PARAMS),
         "/figures/overview": _op("Plotly figure: memory by device", FIGURE, errors=()),
         "/figures/timeline": _op("Plotly figure: the device timeline", FIGURE,
-                                 [*window, MAX_POINTS, COLUMNS]),
+                                 [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
         "/figures/leaks": _op("Plotly figure and verdict: the idle floor", obj({
             "figure": FIGURE, "result": nullable({"type": "object"}), "method": STR,
             "floor_points": INT, "limit_bytes": nullable(INT),
-            "orphaned": array({"type": "object"})}), window),
+            "orphaned": array({"type": "object"})}), window, errors=(400, 404)),
         "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
             "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
-            "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT)}), window),
+            "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT)}), window,
+            errors=(400, 404)),
         "/figures/capacity": _op("Plotly figure: peaks and estimate, with the capacity document",
                                  obj({"figure": FIGURE, "capacity": CAPACITY}),
                                  ESTIMATE_PARAMS),

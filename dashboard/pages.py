@@ -7,7 +7,7 @@ the same way, so a bad link gets a 400 page that names the parameter.
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
+from flask import Blueprint, redirect, render_template, url_for
 from vramscope.dashboard import params
 from vramscope.dashboard.app import state
 from werkzeug.exceptions import NotFound
@@ -81,3 +81,9 @@ def postmortem(pm_id: int):
 @bp.get("/capacity")
 def capacity():
     return _render("capacity.html", "capacity")
+
+
+@bp.get("/openapi.json")
+def openapi_redirect():
+    """Where tools look first; the document lives beside the API it describes."""
+    return redirect(url_for("api.openapi_document"), code=308)

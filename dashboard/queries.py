@@ -11,11 +11,14 @@ from typing import Any
 
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
 from vramscope.agent.store import Store
+from vramscope.agent.store.phase_shares import phase_counts
 from vramscope.dashboard import timeline as tl
+from vramscope.dashboard.verdict import device_verdict, freshness
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 PHASE_SAMPLE_LIMIT = 20_000  # raw samples read for phase bands when there are no phase events
 PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
+SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
@@ -30,9 +33,11 @@ def latest_values(store: Store, device: int, host: str | None) -> dict[str, Any]
         return None
     recent = store.samples(device, span[1] - LATEST_WINDOW_S, span[1], host=host)
     out: dict[str, Any] = {"last_ts_s": span[1], "first_ts_s": span[0], "phase": None,
-                           "pid": None, "sources": {}}
+                           "pid": None, "sources": {}, "pids": {}}
     for s in reversed(recent):
         out["sources"].setdefault(s.source or "unknown", s.ts_s)
+        if s.pid is not None:
+            out["pids"].setdefault(s.pid, s.ts_s)
         for name in SAMPLE_COUNTER_FIELDS:
             if out.get(name) is None:
                 out[name] = getattr(s, name)
@@ -45,52 +50,79 @@ def latest_values(store: Store, device: int, host: str | None) -> dict[str, Any]
     return out
 
 
-def headroom_level(latest: dict[str, Any] | None, warning_ratio: float,
-                   critical_ratio: float) -> str:
-    """``ok``/``warning``/``critical`` from free memory under the limit, now."""
-    if not latest or not latest.get("device_total_bytes"):
-        return "ok"
-    limit = latest["device_total_bytes"]
-    used = max(latest.get("reserved_bytes") or 0, latest.get("device_used_bytes") or 0)
-    free_ratio = (limit - used) / limit
-    if free_ratio < critical_ratio:
-        return "critical"
-    return "warning" if free_ratio < warning_ratio else "ok"
-
-
 def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
-    """One row per device of every host, riskiest first: current values, risk level and alert
-    counts."""
+    """One row per device of every host, riskiest first: current values, the alert engine's
+    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale."""
     active = store.alerts(active_only=True, host="*")
     rows = []
     for d in store.devices(host="*"):
         host = host_or_none(store, d["host"])
         latest = latest_values(store, d["device_index"], host)
-        level = headroom_level(latest, config["alerts.headroom_warning_ratio"],
-                               config["alerts.headroom_critical_ratio"])
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
-        for a in mine:
-            if SEVERITY_ORDER.get(a["severity"], 0) > SEVERITY_ORDER[level]:
-                level = "critical" if a["severity"] == "critical" else "warning"
+        verdict = device_verdict(mine)
+        fresh = freshness(latest and latest["last_ts_s"], now_s, config)
         rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
-                     "uuid": d["uuid"], "total_bytes": d["total_bytes"], "risk": level,
+                     "uuid": d["uuid"], "total_bytes": d["total_bytes"],
+                     "risk": verdict["level"], "verdict": verdict,
                      "active_alerts": len(mine), "latest": latest,
-                     "last_sample_age_s": None if latest is None else
-                     max(0.0, now_s - latest["last_ts_s"])})
+                     "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"]})
     # A fleet's riskiest devices first, then by host and index (the operator's reading order).
     rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
                              r["device"]))
     return rows
 
 
-def overview(store: Store, config, now_s: float) -> dict[str, Any]:
-    hosts = []
+def host_rows(store: Store) -> list[dict[str, Any]]:
+    """Hosts with first and last seen from their samples and agent reports (the hosts table
+    keeps only the moment a host was first named)."""
+    out = []
     for h in store.hosts():
-        stats = store.latest_agent_stats(host_or_none(store, h["name"]))
-        hosts.append({"name": h["name"], "first_seen_s": h["first_seen_s"],
-                      "last_seen_s": h["last_seen_s"], "agent": _stats(stats)})
-    return {"now_s": now_s, "hosts": hosts, "devices": device_rows(store, config, now_s),
-            "processes": store.processes(host="*"),
+        name = host_or_none(store, h["name"])
+        seen = [span for d in store.devices(host=name)
+                if (span := store.time_range(d["device_index"], name))]
+        stats = store.latest_agent_stats(name)
+        last = [t for t in (h["last_seen_s"], stats and stats["ts_s"]) if t]
+        first = [t for t in (h["first_seen_s"],) if t] + [lo for lo, _ in seen]
+        out.append({**h, "first_seen_s": min(first, default=None),
+                    "last_seen_s": max(last + [hi for _, hi in seen], default=None),
+                    "agent": _stats(stats)})
+    return out
+
+
+def process_rows(store: Store, rows: list[dict[str, Any]] | None = None) -> list[dict]:
+    """Server processes; ``last_seen_s`` moves with their newest sample (the stored value is
+    only the last handshake)."""
+    recent: dict[tuple[str, int], float] = {}
+    for r in rows if rows is not None else _latest_only(store):
+        for pid, ts in ((r["latest"] or {}).get("pids") or {}).items():
+            key = (r["host"], pid)
+            recent[key] = max(ts, recent.get(key, ts))
+    return [{**p, "last_seen_s": max(p["last_seen_s"],
+                                     recent.get((p["host"], p["pid"]), p["last_seen_s"]))}
+            for p in store.processes(host="*")]
+
+
+def newest_sample_s(store: Store) -> float | None:
+    """The newest sample's time over every device of every host (one indexed look-up each)."""
+    spans = (store.time_range(d["device_index"], host_or_none(store, d["host"]))
+             for d in store.devices(host="*"))
+    return max((span[1] for span in spans if span), default=None)
+
+
+def _latest_only(store: Store) -> list[dict[str, Any]]:
+    return [{"host": d["host"], "latest": latest_values(store, d["device_index"],
+                                                        host_or_none(store, d["host"]))}
+            for d in store.devices(host="*")]
+
+
+def overview(store: Store, config, now_s: float) -> dict[str, Any]:
+    hosts = [{k: h[k] for k in ("name", "first_seen_s", "last_seen_s", "agent")}
+             for h in host_rows(store)]
+    rows = device_rows(store, config, now_s)
+    newest = max((r["latest"]["last_ts_s"] for r in rows if r["latest"]), default=None)
+    return {"now_s": now_s, "freshness": freshness(newest, now_s, config), "hosts": hosts,
+            "devices": rows,
+            "processes": process_rows(store, rows),
             "alerts": [alert_json(a) for a in store.alerts(active_only=True, host="*")]}
 
 
@@ -115,11 +147,12 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     rows = store.timeline(device, start_s, end_s, max_points, wanted, host=host)
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
-    bands, band_source = phase_bands(store, device, host, start_s, end_s, max_points)
+    bands, shares, band_source = phase_bands(store, device, host, start_s, end_s, max_points)
     events, truncated = marker_events(store, device, host, start_s, end_s, max_points)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points, "bucket_s": (end_s - start_s) / max_points,
-            "series": series, "phases": bands, "phase_source": band_source,
+            "series": series, "phases": bands, "phase_shares": shares,
+            "phase_source": band_source,
             "events": tl.event_markers(events), "events_truncated": truncated,
             "retries": tl.retry_markers(series),
             "alerts": alert_markers(store, device, host, start_s, end_s)}
@@ -158,19 +191,24 @@ def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                max_bands: int) -> tuple[list[dict[str, Any]], str]:
-    """Bands from phase events; else from sample phases when the window is small enough."""
+                max_bands: int) -> tuple[list[dict[str, Any]], dict[str, list] | None, str]:
+    """``(bands, shares, source)``: exact bands from phase events, or from sample phases in a
+    short window, when at most ``max_bands`` of them; otherwise each phase's share per bucket
+    (a 2-second prefill would be narrower than a pixel, and no bucket's longest phase)."""
     changes = store.events(device, start_s, end_s, host=host, names=("phase",))
     if changes:
         bands = tl.bands_from_events(changes, end_s)
-        return tl.coarsen_bands(bands, start_s, end_s, max_bands), "events"
-    if end_s - start_s > PHASE_SAMPLE_SPAN_S:
-        return [], "zoom in for phases"
-    raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
-    if len(raw) > PHASE_SAMPLE_LIMIT:
-        return [], "zoom in for phases"
-    bands = tl.bands_from_samples(raw, end_s)
-    return tl.coarsen_bands(bands, start_s, end_s, max_bands), "samples"
+        if len(bands) <= max_bands:
+            return bands, None, "events"
+        return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), "events"
+    if end_s - start_s <= PHASE_SAMPLE_SPAN_S:
+        raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
+        bands = tl.bands_from_samples(raw, end_s) if len(raw) <= PHASE_SAMPLE_LIMIT else None
+        if bands is not None and len(bands) <= max_bands:
+            return bands, None, "samples"
+    counts = phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host)
+    shares = tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS)
+    return [], shares, "samples" if shares["ts"] else "no phase reported"
 
 
 def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
@@ -190,11 +228,9 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
 def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dict[str, Any]:
     """The post-mortem for the API; a missing cause or remedies are filled in by the analysis'
     diagnosis, as ``vramscope analyze`` would."""
-    try:
-        from vramscope.agent.analysis.diagnosis import complete_postmortem
-    except ImportError:
-        complete_postmortem = None
-    out = (complete_postmortem(pm) if complete_postmortem else pm).to_json()
+    from vramscope.agent.analysis.diagnosis import complete_postmortem
+
+    out = complete_postmortem(pm).to_json()
     out["id"] = pm_id
     out["host"] = pm.host or default_host
     out["snapshot_available"] = snapshot_file(pm, snapshot_dir) is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from vramscope.agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
 from vramscope.agent.records import Event, Phase, Sample
 
 # What the timeline asks the store for, in the order the plots use them.
@@ -36,12 +37,13 @@ def series_from_rows(rows: Sequence[dict[str, Any]],
 
 
 def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]:
-    """Fragmentation ratios per bucket.
+    """Fragmentation ratios per bucket, by the analysis' own definitions
+    (:mod:`vramscope.agent.analysis.fragmentation`, the risk model's), never a copy here.
 
     ``inactive_split_ratio`` is the bucket's largest inactive split over its largest reserved
-    (never above 1, since split bytes live inside reserved). ``external_fragmentation`` is
-    1 − largest free block / cached free, computed only from a bucket's last row when that row
-    carries a snapshot, so it is exact rather than mixed across readings. ``kv_tokens_per_block``
+    (clamped to 1). ``external_fragmentation`` is 1 − largest free block / cached free,
+    computed only from a bucket's last row when that row carries a snapshot, so it is exact
+    rather than mixed across readings. ``kv_tokens_per_block``
     (token occupancy: tokens stored per used KV block, at most the block size) likewise comes
     from the last row, when it is a KV pool reading.
     """
@@ -53,13 +55,11 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]
         if tokens is not None and blocks:
             occupancy["ts"].append(r["ts_s"])
             occupancy["max"].append(tokens / blocks)
-        reserved = r.get("reserved_bytes_max")
-        inactive = r.get("inactive_split_bytes_max")
-        if reserved and inactive is not None:
+        ratio = inactive_split_ratio(_reading(r, "max"))
+        if ratio is not None:
             split["ts"].append(r["ts_s"])
-            split["max"].append(min(1.0, inactive / reserved))
-        value = _external_fragmentation(r.get("largest_free_block_bytes_last"),
-                                        r.get("reserved_bytes_last"), r.get("allocated_bytes_last"))
+            split["max"].append(ratio)
+        value = external_fragmentation(_reading(r, "last"))
         if value is not None:
             ext["ts"].append(r["ts_s"])
             ext["max"].append(value)
@@ -68,11 +68,67 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]
                                     ("kv_tokens_per_block", occupancy)) if s["ts"]}
 
 
-def _external_fragmentation(largest: int | None, reserved: int | None,
-                            allocated: int | None) -> float | None:
-    if largest is None or reserved is None or allocated is None or reserved <= allocated:
-        return None
-    return max(0.0, min(1.0, 1.0 - largest / (reserved - allocated)))
+_READING_FIELDS = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes",
+                   "largest_free_block_bytes")
+
+
+def _reading(row: dict[str, Any], which: str) -> Sample:
+    """A bucket's ``max`` or ``last`` values as one allocator reading for the analysis."""
+    values = {f: row.get(f"{f}_{which}") for f in _READING_FIELDS}
+    return Sample(row["ts_s"], 0, Phase.UNKNOWN, None, None, **values)
+
+
+def floor_series(allocated: dict[str, list] | None, window_s: float) -> dict[str, list]:
+    """The lowest allocated bytes in each ``window_s`` of the buckets' minima: the idle floor
+    the leak detector trends, drawn where a rise of a few hundred MiB would hide in the KV
+    and prefill swings. ``{"ts", "min"}`` at each window's lowest point."""
+    out: dict[str, list] = {"ts": [], "min": []}
+    if not allocated or window_s <= 0:
+        return out
+    windows: dict[int, tuple[float, float]] = {}
+    t0 = allocated["ts"][0]
+    for ts, lo in zip(allocated["ts"], allocated["min"]):
+        if lo is None:
+            continue
+        k = int((ts - t0) // window_s)
+        if k not in windows or lo < windows[k][1]:
+            windows[k] = (ts, lo)
+    for k in sorted(windows):
+        out["ts"].append(windows[k][0])
+        out["min"].append(windows[k][1])
+    return out
+
+
+_PHASE_ORDER = ("prefill", "decode", "setup", "idle")  # drawing order of shares, bottom up
+
+
+def shares_from_counts(counts: dict[int, dict[str, int]], start_s: float, end_s: float,
+                       buckets: int) -> dict[str, list]:
+    """Per bucket, each phase's share of the samples that carried a phase:
+    ``{"ts": [bucket start...], "<phase>": [share...]}`` (buckets without any are left out)."""
+    width = (end_s - start_s) / buckets
+    phases = sorted({p for c in counts.values() for p in c if p in BAND_PHASES},
+                    key=_PHASE_ORDER.index)
+    out: dict[str, list] = {"ts": [], **{p: [] for p in phases}}
+    for b in sorted(counts):
+        total = sum(n for p, n in counts[b].items() if p in BAND_PHASES)
+        if not total:
+            continue
+        out["ts"].append(start_s + b * width)
+        for p in phases:
+            out[p].append(counts[b].get(p, 0) / total)
+    return out
+
+
+def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
+                      buckets: int) -> dict[str, list]:
+    """The same shares from phase bands (time held per bucket instead of samples)."""
+    width = (end_s - start_s) / buckets
+    held: list[dict[str, float]] = [{} for _ in range(buckets)]
+    for band in bands:
+        _spread(band, start_s, width, held)
+    counts = {i: h for i, h in enumerate(held) if h}
+    return shares_from_counts(counts, start_s, end_s, buckets)  # type: ignore[arg-type]
 
 
 def retry_markers(series: dict[str, dict[str, list]], name: str = "num_alloc_retries"
@@ -112,20 +168,6 @@ def _bands(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any
         else:
             bands.append({"phase": phase, "start": ts, "end": stop})
     return bands
-
-
-def coarsen_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
-                  buckets: int) -> list[dict[str, Any]]:
-    """At most ``buckets`` bands: each bucket takes the phase that held it longest."""
-    if len(bands) <= buckets:
-        return bands
-    width = (end_s - start_s) / buckets
-    held: list[dict[str, float]] = [{} for _ in range(buckets)]
-    for band in bands:
-        _spread(band, start_s, width, held)
-    per_bucket = [(start_s + i * width, max(h, key=h.get) if h else "none")
-                  for i, h in enumerate(held)]
-    return _bands(per_bucket, end_s)  # "none" buckets are skipped: not a band phase
 
 
 def _spread(band: dict[str, Any], start_s: float, width: float,

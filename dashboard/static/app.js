@@ -118,6 +118,29 @@ function timelineHref(device, host, ts) {
   return "/timeline?" + qs({ device: device, host: host, start: (ts - 600).toFixed(3), end: (ts + 600).toFixed(3) });
 }
 
+// Stale data must never look live: when the newest sample is older than a few sampling
+// intervals (the server decides: /api/v1/freshness), a banner says since when and "● live"
+// becomes "stale". Every value, verdict and alert shown is then as of that time.
+function showFreshness(f) {
+  const live = document.getElementById("live");
+  const node = document.getElementById("stale-banner");
+  live.classList.toggle("old", f.stale);
+  node.hidden = !f.stale;
+  if (f.stale) {
+    live.textContent = "○ stale: " + fmtAge(f.age_s) + " old";
+    live.title = "no new sample since " + fmtTime(f.newest_ts_s);
+    node.textContent = "Stale data: the newest sample is " + fmtAge(f.age_s) + " old (" + fmtTime(f.newest_ts_s) +
+      "). Values, verdicts and alerts below are as of then, not now. Is the agent running?";
+  } else {
+    live.textContent = f.newest_ts_s === null ? "○ no data yet" : "● live";
+    live.title = f.newest_ts_s === null ? "no sample stored yet" : "newest sample " + fmtAge(f.age_s) + " old";
+  }
+}
+
+async function checkFreshness() {
+  showFreshness(await getJSON("/api/v1/freshness"));
+}
+
 // Poll every refresh_s (at least minSeconds) while the tab is visible; a failure shows once
 // and marks "stale". Pages that run the analysis poll less often: a verdict moves by the minute.
 function poll(fn, minSeconds) {
@@ -125,12 +148,13 @@ function poll(fn, minSeconds) {
   const run = async () => {
     if (document.hidden) return;
     try {
-      await fn();
+      await Promise.all([fn(), checkFreshness()]);
       banner(null);
       live.classList.remove("stale");
     } catch (err) {
       banner("Could not refresh: " + err.message);
       live.classList.add("stale");
+      live.textContent = "○ not refreshing";
     }
   };
   run();
@@ -149,26 +173,53 @@ function wirePicker() {
 // --- pages -----------------------------------------------------------------------------
 const PAGES = {};
 
+// The verdict of a device is the alert engine's (its active alerts): a badge and the rules.
+function verdictCell(d) {
+  const box = el("div");
+  box.append(badge(d.verdict.level));
+  const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");
+  box.append(el("div", rules.length ? rules.join(", ") : "no active alert", {
+    class: "reasons", title: d.verdict.reasons.map((r) => r.rule + ": " + (r.message || "")).join("\n") }));
+  return box;
+}
+
+function deviceCell(d) {
+  const box = el("div");
+  box.append(el("strong", d.host + " · GPU " + d.device));
+  if (d.name) box.append(el("div", d.name, { class: "reasons" }));
+  return box;
+}
+
+function riskSummary(doc) {
+  const rank = { ok: 0, warning: 1, critical: 2 };
+  const level = ["ok", "warning", "critical"][doc.devices.reduce((w, d) => Math.max(w, rank[d.verdict.level]), 0)];
+  const worst = doc.devices.filter((d) => d.verdict.level === level && level !== "ok");
+  let sub = level === "ok" ? "no active alert on " + doc.devices.length + " device(s)"
+    : worst.map((d) => "GPU " + d.device + ": " + d.verdict.reasons.filter((r) => r.severity === level).map((r) => r.rule).join(", ")).join("; ");
+  if (doc.freshness.stale) sub += " · as of " + fmtTime(doc.freshness.newest_ts_s);
+  return card("Risk", level, sub, level);
+}
+
 PAGES.overview = () => poll(async () => {
   const [doc, fig] = await Promise.all([getJSON("/api/v1/overview"), getJSON("/api/v1/figures/overview")]);
-  const worst = doc.devices.reduce((w, d) => Math.max(w, { ok: 0, warning: 1, critical: 2 }[d.risk]), 0);
-  const level = ["ok", "warning", "critical"][worst];
+  showFreshness(doc.freshness);
   fill("summary-cards", [
-    card("Risk", level, "worst of " + doc.devices.length + " device(s)", level),
+    riskSummary(doc),
     card("Active alerts", doc.alerts.length, null, doc.alerts.length ? "warning" : "ok"),
     card("Hosts", doc.hosts.length),
     card("Server processes", doc.processes.length),
   ]);
-  await plot("overview-plot", fig);
+  const plotDiv = document.getElementById("overview-plot");
+  plotDiv.hidden = doc.devices.length === 0; // no blank axis for an empty database
+  if (doc.devices.length) await plot("overview-plot", fig);
   table("devices-table", [
-    ["Host", (d) => d.host], ["GPU", (d) => d.device], ["Name", (d) => d.name],
+    ["Device", deviceCell, "wrap"], ["Verdict", verdictCell, "wrap"],
     ["Allocated", (d) => fmtBytes(d.latest && d.latest.allocated_bytes), "num"],
     ["Reserved", (d) => fmtBytes(d.latest && d.latest.reserved_bytes), "num"],
     ["Device used", (d) => fmtBytes(d.latest && d.latest.device_used_bytes), "num"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
-    ["Risk", (d) => badge(d.risk)], ["Alerts", (d) => d.active_alerts, "num"],
-    ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago", "num"],
+    ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
   ], doc.devices, "No devices have reported yet.");
   table("alerts-table", alertColumns(), doc.alerts, "No alert is firing.");
@@ -231,6 +282,10 @@ PAGES.timeline = () => {
       ? "No samples for this device in this window."
       : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
         (m.events_truncated ? " · request markers: zoom in" : "");
+    const note = document.getElementById("timeline-note");
+    note.hidden = !(m.window_age_s > m.stale_after_s);
+    note.textContent = "This window ended " + fmtAge(m.window_age_s) + " ago (" + fmtTime(m.window_end) +
+      "): it shows the past, not now.";
     await plot("timeline-plot", fig);
     if (!wired) {
       wired = true;

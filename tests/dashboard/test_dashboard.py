@@ -164,9 +164,13 @@ def test_span_sets_the_window_length(client):
     assert 'data-span="21600.0"' in html
 
 
-def test_timeline_of_an_unknown_device_is_empty(client):
-    doc = client.get(f"/api/v1/timeline?device=7&{WINDOW}").get_json()
-    assert doc["series"] == {} and doc["events"] == [] and doc["phases"] == []
+@pytest.mark.parametrize("route", ["timeline", "figures/timeline", "analysis", "figures/leaks",
+                                   "figures/risk"])
+def test_an_unknown_device_is_a_404_naming_it(client, route):
+    """Empty series would read as "no data in this window" for a device that never existed."""
+    r = client.get(f"/api/v1/{route}?device=7&{WINDOW}")
+    assert r.status_code == 404
+    assert r.get_json()["error"]["message"] == f"no device 7 on host {F.HOST}"
 
 
 @pytest.mark.parametrize(("query", "parameter"), [
@@ -504,13 +508,22 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
 
 
 @pytest.mark.parametrize("path", [*PAGES, "/api/v1/overview", "/api/v1/devices",
-                                  "/api/v1/timeline", "/api/v1/figures/timeline",
-                                  "/api/v1/figures/leaks", "/api/v1/figures/risk",
                                   "/api/v1/capacity", "/api/v1/figures/capacity",
-                                  "/api/v1/figures/overview", "/api/v1/analysis", "/metrics"])
+                                  "/api/v1/freshness", "/api/v1/hosts",
+                                  "/api/v1/figures/overview", "/metrics"])
 def test_an_empty_store_serves_every_route(tmp_path, path):
     store = Store.open(f"sqlite:///{tmp_path / 'empty.db'}", host_name="h")
     assert create_app(None, store).test_client().get(path).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/v1/timeline", "/api/v1/figures/timeline",
+                                  "/api/v1/figures/leaks", "/api/v1/figures/risk",
+                                  "/api/v1/analysis"])
+def test_an_empty_store_says_no_device_has_reported(tmp_path, path):
+    store = Store.open(f"sqlite:///{tmp_path / 'empty.db'}", host_name="h")
+    r = create_app(None, store).test_client().get(path)
+    assert r.status_code == 404
+    assert r.get_json()["error"]["message"] == "no device has reported on host h yet"
 
 
 @pytest.mark.parametrize(("host", "status"), [("localhost", 200), ("localhost:8321", 200),
@@ -542,7 +555,12 @@ def test_fleet_devices_riskiest_first(store):
                         host="a-host"),
                  Sample(t, 0, source="nvml", device_used_bytes=10, device_total_bytes=100,
                         host="b-host")])
-    store.open_alert("oom_risk", "warning", t, device=0, host="b-host")
+    store.open_alert("oom_risk", "warning", t, device=0, host="b-host", message="low")
     rows = device_rows(store, parse_config({}, None, {}), t + 1)
+    # The verdict is the alert engine's alone: a full device without an alert is "ok" here
+    # (the dashboard once applied a headroom rule of its own and called it critical).
     assert [(r["host"], r["device"], r["risk"]) for r in rows] == [
-        ("a-host", 1, "critical"), ("b-host", 0, "warning"), ("a-host", 0, "ok")]
+        ("b-host", 0, "warning"), ("a-host", 0, "ok"), ("a-host", 1, "ok")]
+    assert rows[0]["verdict"] == {"level": "warning", "reasons": [
+        {"rule": "oom_risk", "severity": "warning", "message": "low", "fired_ts_s": t}]}
+    assert rows[2]["verdict"] == {"level": "ok", "reasons": []}

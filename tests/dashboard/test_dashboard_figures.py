@@ -69,15 +69,29 @@ def test_bands_from_samples_ignore_unknown():
         {"phase": "decode", "start": 1.0, "end": 3.0}]
 
 
-def test_coarsen_bands_gives_each_bucket_its_longest_phase():
-    bands = [{"phase": "prefill", "start": 0.0, "end": 1.0},
-             {"phase": "decode", "start": 1.0, "end": 10.0},
-             {"phase": "prefill", "start": 10.0, "end": 16.0},
-             {"phase": "decode", "start": 16.0, "end": 20.0}]
-    assert tl.coarsen_bands(bands, 0.0, 20.0, 2) == [
-        {"phase": "decode", "start": 0.0, "end": 10.0},
-        {"phase": "prefill", "start": 10.0, "end": 20.0}]
-    assert tl.coarsen_bands(bands, 0.0, 20.0, 4) == bands  # few enough: untouched
+def test_phase_shares_per_bucket_from_sample_counts():
+    counts = {0: {"prefill": 1, "decode": 3}, 2: {"idle": 2, "decode": 2}}
+    assert tl.shares_from_counts(counts, 0.0, 30.0, 3) == {
+        "ts": [0.0, 20.0], "prefill": [0.25, 0.0], "decode": [0.75, 0.5], "idle": [0.0, 0.5]}
+
+
+def test_phase_shares_from_bands_keep_a_prefill_narrower_than_a_bucket():
+    bands = [{"phase": "prefill", "start": 0.0, "end": 2.0},
+             {"phase": "decode", "start": 2.0, "end": 22.0},
+             {"phase": "idle", "start": 22.0, "end": 30.0},
+             {"phase": "prefill", "start": 30.0, "end": 32.0},
+             {"phase": "decode", "start": 32.0, "end": 60.0}]
+    got = tl.shares_from_bands(bands, 0.0, 60.0, 2)
+    assert got["ts"] == [0.0, 30.0]
+    assert got["prefill"] == pytest.approx([2 / 30, 2 / 30])
+    assert got["decode"] == pytest.approx([20 / 30, 28 / 30])
+
+
+def test_floor_is_the_lowest_bucket_minimum_per_window():
+    allocated = {"ts": [0.0, 20.0, 40.0, 60.0, 80.0, 130.0],
+                 "min": [5, 3, 4, None, 6, 7], "max": [9] * 6}
+    assert tl.floor_series(allocated, 60.0) == {"ts": [20.0, 80.0, 130.0], "min": [3, 6, 7]}
+    assert tl.floor_series(None, 60.0) == {"ts": [], "min": []}
 
 
 def test_event_markers_keep_strings_as_strings_and_cap_messages():
@@ -105,15 +119,59 @@ def test_timeline_figure_traces_units_and_axes():
     fig = figures.timeline_figure(timeline_doc())
     got = [(t["name"], t["yaxis"], len(t["x"])) for t in fig["data"]]
     assert got == [("prefill", "y", 5), ("allocated", "y", 2), ("limit", "y", 2),
-                   ("KV blocks used", "y3", 1), ("request start", "y4", 1), ("OOM", "y4", 1),
-                   ("alloc retries", "y4", 1)]
+                   ("KV blocks used", "y3", 1), ("request start", "y4", 1),
+                   ("alloc retries", "y4", 1), ("OOM", "y4", 1)]
     assert fig["data"][1]["y"] == [1.0, 2.0]  # GiB, the bucket max
     assert fig["data"][1]["x"] == [0.0, 1000.0]  # epoch milliseconds on a date axis
-    assert fig["data"][0]["y"] == [0, 8.32, 8.32, 0, None]  # bands reach the top of the axis
-    assert fig["layout"]["yaxis"]["range"] == [0, 8.32]
+    # the axis fits the data (1..2 GiB, padded by 8 % of the span), not 0..8 GiB
+    assert fig["layout"]["yaxis"]["range"] == pytest.approx([0.92, 2.08])
+    assert fig["data"][0]["y"] == pytest.approx([0, 8.4, 8.4, 0, None])  # bands reach the limit
+    (buttons,) = fig["layout"]["updatemenus"]
+    assert [(b["label"], b["args"][0]["yaxis.range"]) for b in buttons["buttons"]] == [
+        ("Fit the data", pytest.approx([0.92, 2.08])), ("0 to the limit", [0, pytest.approx(8.4)])]
     assert fig["layout"]["xaxis"]["range"] == [0.0, 2000.0]
-    assert fig["data"][-1]["text"] == ["+2 retries"]
+    assert fig["layout"]["yaxis4"]["categoryarray"][:3] == ["request start", "request end",
+                                                            "alloc retries"]
+    assert fig["data"][-2]["text"] == ["+2 retries"]
+    assert "yaxis2" not in fig["layout"] and "yaxis6" not in fig["layout"]  # no empty lanes
     go.Figure(fig)  # Plotly itself accepts every property
+
+
+def test_timeline_figure_keeps_a_near_limit_in_view_and_shows_the_floor_growth():
+    doc = timeline_doc()
+    ts = [i * 60.0 for i in range(5)]
+    doc["series"] = {
+        "allocated_bytes": {"ts": ts, "min": [6 * GIB + i * GIB // 4 for i in range(5)],
+                            "max": [7 * GIB] * 5},
+        "device_total_bytes": {"ts": ts, "min": [8 * GIB] * 5, "max": [8 * GIB] * 5}}
+    doc["bucket_s"], doc["end"] = 60.0, 300.0
+    doc["phase_shares"] = {"ts": [0.0, 150.0], "prefill": [0.1, 0.2], "decode": [0.9, 0.8]}
+    fig = figures.timeline_figure(doc, fragmentation_warning_ratio=0.5)
+    low, high = fig["layout"]["yaxis"]["range"]
+    assert high > 8.0 and low == pytest.approx(6.0 - 0.16)  # limit within 1.25x: in range
+    buttons = fig["layout"]["updatemenus"][0]["buttons"]
+    assert buttons[1]["args"][0]["yaxis.range"] == [0, pytest.approx(8.16 * 1.05)]
+    floor = next(t for t in fig["data"] if t["name"] == "allocated floor (lowest per minute)")
+    assert floor["y"] == [6.0, 6.25, 6.5, 6.75, 7.0]
+    assert fig["layout"]["annotations"][0]["text"] == "allocated floor +1.00 GiB over this window"
+    shares = [(t["name"], t["type"], t["yaxis"]) for t in fig["data"] if t["yaxis"] == "y6"]
+    assert shares == [("prefill share", "bar", "y6"), ("decode share", "bar", "y6")]
+    assert fig["layout"]["barmode"] == "stack"
+    go.Figure(fig)
+
+
+def test_fragmentation_is_drawn_with_its_warning_setting_and_what_it_means():
+    doc = timeline_doc()
+    doc["series"]["external_fragmentation"] = {"ts": [0.0], "max": [0.9]}
+    fig = figures.timeline_figure(doc, fragmentation_warning_ratio=0.5)
+    (line,) = fig["layout"]["shapes"]
+    assert (line["yref"], line["y0"], line["y1"]) == ("y2", 0.5, 0.5)
+    note = fig["layout"]["annotations"][-1]["text"]
+    assert note.startswith("external fragmentation: a share of the cached free memory; it is "
+                           "a risk only when the largest request fits neither")
+    ext = next(t for t in fig["data"] if t["name"] == "external fragmentation")
+    assert ext["line"]["color"] == "#6e7781"  # neutral: a high value alone is not an alarm
+    go.Figure(fig)
 
 
 def test_overview_figure_has_one_bar_group_per_device():

@@ -1,0 +1,42 @@
+"""Phase shares per time bucket, counted in SQL: what a long timeline shows instead of bands.
+
+At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
+pixel, and "the phase that held each bucket longest" would never be prefill. The share of
+samples in each phase per bucket keeps it visible. Only raw samples carry phases (rollups do
+not), so windows older than the raw retention have none; ``unknown`` samples (NVML) say
+nothing and are not counted. One indexed range scan of the window, grouped in the database.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Integer, cast, func, select
+from vramscope.agent.store.downsample import _device_row_id
+from vramscope.agent.store.schema import samples
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.store import Store
+
+
+def phase_counts(store: Store, device: int, start_s: float, end_s: float, buckets: int,
+                 host: str | None = None) -> dict[int, dict[str, int]]:
+    """``{bucket: {phase: samples}}`` for buckets ``0..buckets-1`` of ``[start_s, end_s]``."""
+    if buckets < 1 or not end_s > start_s:
+        raise ValueError(f"need buckets >= 1 and end > start, got {buckets}, {start_s}, {end_s}")
+    did = _device_row_id(store, device, host)
+    if did is None:
+        return {}
+    ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
+    bucket = (func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer))
+    bucket = bucket.label("bucket")
+    q = (select(bucket, samples.c.phase, func.count().label("n"))
+         .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s <= end_s,
+                samples.c.phase != "unknown")
+         .group_by(bucket, samples.c.phase))
+    out: dict[int, dict[str, int]] = {}
+    with store.engine.connect() as c:
+        for b, phase, n in c.execute(q):
+            k = min(int(b), buckets - 1)
+            out.setdefault(k, {})[phase] = out.get(k, {}).get(phase, 0) + int(n)
+    return out

@@ -1,0 +1,231 @@
+"""The device timeline figure: memory, phases, fragmentation, KV pool and event lanes on one
+time axis, laid out so the problem shows (pure: document in, Plotly figure out).
+
+- **Memory auto-ranges to the data**: allocated, reserved and device used of a server sit in
+  the top tenth of a 0..limit axis, where a leak of a few hundred MiB an hour is invisible.
+  The limit stays one click away ("0 to the limit") and is in view whenever it is close.
+- **The allocated floor** (lowest allocated bytes per minute, what the leak detector trends)
+  is drawn with its growth over the window, so a rising floor reads at a glance.
+- **Phases at every span**: exact bands while they are wider than a pixel, else each phase's
+  share per bucket on a lane of its own.
+- **Fragmentation as the risk model uses it**: the ratio is drawn with the warning setting and
+  a note that it warns only when the largest request fits no free block.
+- Lanes a device has no data for (no KV pool, no allocator) take no space.
+
+The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
+their label escaping) are reused; this module decides the layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramscope.dashboard import figures as f
+from vramscope.dashboard import timeline as tl
+
+GIB = f.GIB
+FLOOR_WINDOW_S = 60.0  # alerts.leak_floor_window_s's default: one floor point a minute
+LIMIT_NEAR = 1.25  # the limit is drawn in range when it is within this factor of the data
+MARKER_ORDER = ("request start", "request end", "alloc retries", "alert fired",
+                "orphaned KV blocks", "OOM")  # bottom up, the same on every device
+PHASE_SHARE_COLORS = {"prefill": "rgba(255,159,28,0.75)", "decode": "rgba(46,160,67,0.55)",
+                      "setup": "rgba(130,80,223,0.5)", "idle": "rgba(140,149,159,0.35)"}
+FRAGMENTATION_NOTE = ("a share of the cached free memory; it is a risk only when the largest "
+                      "request fits neither the largest free block nor new memory under the "
+                      "limit (the OOM-risk page and alerts say when)")
+# panel heights (relative) in drawing order, top down
+PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "markers": 1.3}
+PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
+              "markers": "yaxis4"}
+GAP = 0.035
+
+
+def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
+          ) -> dict[str, Any]:
+    s = doc["series"]
+    lo, hi, limit = memory_range(s)
+    floor = tl.floor_series(s.get("allocated_bytes"), max(FLOOR_WINDOW_S, doc["bucket_s"]))
+    shares = doc.get("phase_shares") or {}
+    frag = f._fragmentation_traces(s)
+    kv = f._kv_traces(s)
+    markers = _ordered_markers(f._marker_traces(doc))
+    panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
+                                   ("fragmentation", bool(frag)), ("kv", bool(kv)),
+                                   ("markers", True)) if present]
+    top = max(hi, (limit or 0) / GIB) * 1.05
+    data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
+            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + markers)
+    layout = f._layout(
+        height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
+        margin={"l": 64, "r": 24, "t": 36, "b": 48},
+        legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top"},
+        xaxis={"type": "date", "range": [f.ms(doc["start"]), f.ms(doc["end"])],
+               "anchor": PANEL_AXIS[panels[-1]].replace("axis", ""), "showspikes": True,
+               "tickformat": "%H:%M", "title": {"text": _date_title(doc)}},
+        updatemenus=_range_buttons(lo, hi, top, limit),
+        meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
+              "events_truncated": doc["events_truncated"],
+              "window_age_s": doc.get("window_age_s"), "window_end": doc["end"],
+              "stale_after_s": doc.get("stale_after_s"),
+              "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB})
+    axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio)
+    axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
+    layout.update(axes)
+    return {"data": data, "layout": layout}
+
+
+def memory_range(s: dict[str, dict[str, list]]) -> tuple[float, float, int | None]:
+    """``(low, high)`` GiB around allocated, reserved and device used (the limit only when it
+    is near them), and the limit in bytes."""
+    keys = ("allocated_bytes", "reserved_bytes", "device_used_bytes")
+    values = [v for k in keys if k in s for part in ("min", "max") for v in s[k][part]
+              if v is not None]
+    limits = s.get("device_total_bytes", {}).get("max") or []
+    limit = max((v for v in limits if v), default=None)
+    if not values:
+        return 0.0, (limit or GIB) / GIB * 1.04, limit
+    low, high = min(values), max(values)
+    if limit and limit <= high * LIMIT_NEAR:
+        high = max(high, limit)
+    pad = max((high - low) * 0.08, 0.05 * GIB)
+    return max(0.0, (low - pad) / GIB), (high + pad) / GIB, limit
+
+
+def _range_buttons(lo: float, hi: float, top: float, limit: int | None) -> list[dict]:
+    if not limit:
+        return []
+    return [{"type": "buttons", "direction": "right", "showactive": True, "active": 0,
+             "x": 0.0, "xanchor": "left", "y": 1.0, "yanchor": "bottom", "pad": {"b": 4},
+             "font": {"size": 11}, "bgcolor": "#ffffff", "bordercolor": "#d0d7de",
+             "buttons": [{"label": "Fit the data", "method": "relayout",
+                          "args": [{"yaxis.range": [lo, hi]}]},
+                         {"label": "0 to the limit", "method": "relayout",
+                          "args": [{"yaxis.range": [0, top]}]}]}]
+
+
+def _floor_traces(floor: dict[str, list]) -> list[dict[str, Any]]:
+    if len(floor["ts"]) < 2:
+        return []
+    return [f._line("allocated floor (lowest per minute)", [f.ms(t) for t in floor["ts"]],
+                    f.gib(floor["min"]), "#0a3069",
+                    line={"color": "#0a3069", "width": 2.2, "dash": "dot"},
+                    xaxis="x", yaxis="y", hovertemplate="floor %{y:.3f} GiB")]
+
+
+def _floor_note(floor: dict[str, list]) -> list[dict[str, Any]]:
+    """"floor +1.06 GiB since 21:10": the growth a leak makes, in words on the plot."""
+    if len(floor["ts"]) < 2:
+        return []
+    growth = floor["min"][-1] - floor["min"][0]
+    text = (f"allocated floor {'+' if growth >= 0 else '−'}{_size(abs(growth))} over this "
+            f"window")
+    return [{"xref": "paper", "yref": "paper", "x": 1.0, "y": 1.0, "xanchor": "right",
+             "yanchor": "bottom", "showarrow": False, "text": text,
+             "font": {"size": 12, "color": "#0a3069"}}]
+
+
+def _size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
+
+
+def _share_traces(shares: dict[str, list]) -> list[dict[str, Any]]:
+    """Each phase's share of a bucket as a stacked bar on the phase lane."""
+    if not shares.get("ts"):
+        return []
+    xs = [f.ms(t) for t in shares["ts"]]
+    width = (xs[1] - xs[0]) if len(xs) > 1 else 1000.0
+    return [{"type": "bar", "name": f"{p} share", "x": xs, "y": shares[p],
+             "width": width, "offset": 0, "marker": {"color": PHASE_SHARE_COLORS.get(p, "#999"),
+                                                     "line": {"width": 0}},
+             "xaxis": "x", "yaxis": "y6", "hovertemplate": f"{p} %{{y:.0%}}"}
+            for p in shares if p != "ts"]
+
+
+def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """External fragmentation in a neutral colour (a high value is not by itself a risk)."""
+    for t in traces:
+        if t["name"] == "external fragmentation":
+            t["line"] = {"color": "#6e7781", "width": 1.2}
+            t["marker"] = {"size": 3, "color": "#6e7781"}
+            t["hovertemplate"] = "%{y:.2f} of cached free outside the largest block"
+    return traces
+
+
+def _ordered_markers(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Start and end of requests as thin ticks in two colours, lanes in a fixed order."""
+    for t in traces:
+        if t["name"] in ("request start", "request end"):
+            color = "#2da44e" if t["name"] == "request start" else "#8c959f"
+            t["marker"] = {"symbol": "line-ns", "size": 9, "line": {"width": 1, "color": color},
+                           "color": color}
+    return sorted(traces, key=lambda t: MARKER_ORDER.index(t["name"])
+                  if t["name"] in MARKER_ORDER else len(MARKER_ORDER))
+
+
+def _date_title(doc: dict[str, Any]) -> str:
+    from vramscope.agent.timefmt import iso_utc
+
+    first, last = iso_utc(doc["start"], ms=False)[:10], iso_utc(doc["end"], ms=False)[:10]
+    return f"time (UTC), {first}" + ("" if first == last else f" – {last}")
+
+
+def _domains(panels: list[str]) -> dict[str, list[float]]:
+    total = sum(PANEL_WEIGHTS[p] for p in panels)
+    usable = 1.0 - GAP * (len(panels) - 1)
+    out, top = {}, 1.0
+    for p in panels:
+        height = usable * PANEL_WEIGHTS[p] / total
+        out[p] = [max(0.0, round(top - height, 4)), round(top, 4)]
+        top -= height + GAP
+    return out
+
+
+def _axes(panels: list[str], s: dict[str, dict[str, list]], lo: float, hi: float,
+          frag_warning: float | None) -> dict[str, Any]:
+    dom = _domains(panels)
+    axes: dict[str, Any] = {
+        "yaxis": {"domain": dom["memory"], "title": {"text": "memory (GiB)"},
+                  "range": [lo, hi], "ticksuffix": " "}}
+    if "phases" in dom:
+        axes["yaxis6"] = {"domain": dom["phases"], "range": [0, 1], "fixedrange": True,
+                          "tickvals": [0, 1], "ticktext": ["0", "100 %"],
+                          "title": {"text": "phase", "font": {"size": 11}}}
+        axes["barmode"] = "stack"
+        axes["bargap"] = 0
+    if "fragmentation" in dom:
+        title = "fragmentation"
+        axes["yaxis2"] = {"domain": dom["fragmentation"], "title": {"text": title},
+                          "range": [0, 1.02], "tickformat": ".0%"}
+        axes.setdefault("shapes", []).extend(_frag_threshold(frag_warning))
+        axes.setdefault("annotations", []).append(_frag_note(dom["fragmentation"]))
+    if "kv" in dom:
+        axes["yaxis3"] = {"domain": dom["kv"], "title": {"text": "KV blocks"},
+                          "rangemode": "tozero"}
+        axes["yaxis5"] = {"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
+                          "range": [0, _occupancy_top(s)], "showgrid": False,
+                          "automargin": True, "tickformat": ".0f", "nticks": 4}
+    axes["yaxis4"] = {"domain": dom["markers"], "type": "category", "fixedrange": True,
+                      "automargin": True, "categoryorder": "array",
+                      "categoryarray": list(MARKER_ORDER)}
+    return axes
+
+
+def _frag_threshold(ratio: float | None) -> list[dict[str, Any]]:
+    if ratio is None:
+        return []
+    return [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y2", "y0": ratio,
+             "y1": ratio, "line": {"color": "#bf8700", "dash": "dot", "width": 1}}]
+
+
+def _frag_note(domain: list[float]) -> dict[str, Any]:
+    return {"xref": "paper", "yref": "paper", "x": 0.0, "y": domain[1], "xanchor": "left",
+            "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": "#656d76"},
+            "text": "external fragmentation: " + FRAGMENTATION_NOTE}
+
+
+def _occupancy_top(s: dict[str, dict[str, list]]) -> float:
+    """A round number above the fullest block (tokens per block are whole numbers)."""
+    values = s.get("kv_tokens_per_block", {}).get("max") or [1.0]
+    top = max(values) * 1.2
+    step = 4 if top <= 40 else 10
+    return float(step * -(-top // step))

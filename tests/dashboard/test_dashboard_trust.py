@@ -1,0 +1,128 @@
+"""What an on-call engineer must be able to trust: one verdict (the alert engine's), stale data
+that never looks live, hosts and processes with real first/last seen, phases at every span.
+
+Flask test client on the seeded database (tests/support/dashboard_fixtures.py) or on small
+stores written here; expected values come from the generators, never re-measured.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.store import Store
+from vramscope.dashboard.app import create_app
+from vramscope.dashboard.verdict import device_verdict, freshness, stale_after_s
+
+from tests.support import dashboard_fixtures as F
+
+seeded, dash_app, client = F.seeded, F.dash_app, F.client  # shared fixtures
+
+LAST_T = F.T0 + (F.STEPS - 1) * F.STEP_S
+
+
+def test_stale_after_is_five_of_the_slowest_step_to_the_page(seeded):
+    assert stale_after_s(seeded.config()) == 25.0  # dashboard.refresh_s 5 s
+    assert stale_after_s(seeded.config(dashboard={"refresh_s": 1.0})) == 15.0  # the floor
+    assert freshness(None, 100.0, seeded.config())["stale"] is False  # no data: nothing stale
+
+
+def test_fresh_data_is_live(client):
+    doc = client.get("/api/v1/freshness").get_json()
+    assert doc == {"now_s": F.NOW_S, "newest_ts_s": LAST_T, "age_s": F.NOW_S - LAST_T,
+                   "stale_after_s": 25.0, "stale": False}
+    assert client.get("/api/v1/overview").get_json()["freshness"]["stale"] is False
+
+
+def test_hours_old_data_is_stale_everywhere(seeded):
+    later = F.NOW_S + 8.4 * 3600
+    c = create_app(seeded.config(), seeded.store, clock=FakeClock(later)).test_client()
+    fresh = c.get("/api/v1/freshness").get_json()
+    assert (fresh["stale"], fresh["age_s"]) == (True, later - LAST_T)
+    overview = c.get("/api/v1/overview").get_json()
+    assert overview["freshness"] == fresh
+    assert [d["stale"] for d in overview["devices"]] == [True, True]
+    # the timeline of the newest hour says how old its window is
+    doc = c.get("/api/v1/timeline?device=0&columns=allocated_bytes").get_json()
+    assert doc["window_age_s"] == later - LAST_T and doc["stale_after_s"] == 25.0
+    meta = c.get("/api/v1/figures/timeline?device=0").get_json()["layout"]["meta"]
+    assert (meta["window_age_s"], meta["window_end"]) == (later - LAST_T, LAST_T)
+
+
+def test_the_verdict_is_the_worst_active_alert_with_its_reasons(client):
+    devices = client.get("/api/v1/devices").get_json()["devices"]
+    active = client.get("/api/v1/alerts?active=true").get_json()["alerts"]
+    for d in devices:
+        mine = [a for a in active if (a["host"], a["device"]) == (d["host"], d["device"])]
+        assert d["verdict"] == device_verdict(mine)
+        assert d["risk"] == d["verdict"]["level"]
+    assert devices[0]["verdict"] == {"level": "warning", "reasons": [
+        {"rule": "idle_floor_leak", "severity": "warning", "fired_ts_s": F.T0 + 5400,
+         "message": "idle floor rising <b>2 GiB/h</b>"}]}
+    assert devices[1]["verdict"] == {"level": "ok", "reasons": []}
+
+
+def test_verdict_orders_reasons_by_severity_then_time():
+    alerts = [{"rule": "memory_leak", "severity": "warning", "fired_ts_s": 5.0, "message": "a"},
+              {"rule": "oom", "severity": "critical", "fired_ts_s": 9.0, "message": "b"},
+              {"rule": "kv", "severity": "info", "fired_ts_s": 1.0, "message": None}]
+    v = device_verdict(alerts)
+    assert v["level"] == "critical"
+    assert [r["rule"] for r in v["reasons"]] == ["oom", "memory_leak", "kv"]
+    assert device_verdict([{"rule": "x", "severity": "info", "fired_ts_s": 1.0}])["level"] == "ok"
+
+
+def test_hosts_first_and_last_seen_come_from_their_data(client):
+    (host,) = client.get("/api/v1/hosts").get_json()["hosts"]
+    # first sample; the agent's last report (NOW_S - 1) is newer than the last sample
+    assert (host["name"], host["first_seen_s"], host["last_seen_s"]) == (
+        F.HOST, F.T0, F.NOW_S - 1)
+    (overview_host,) = client.get("/api/v1/overview").get_json()["hosts"]
+    assert (overview_host["first_seen_s"], overview_host["last_seen_s"]) == (F.T0, F.NOW_S - 1)
+
+
+def test_a_process_last_seen_moves_with_its_samples(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
+    store.upsert_process(77, 1000.0, name="server", device_indexes=[0])
+    store.write([Sample(1000.0 + i, 0, Phase.DECODE, "torch", 77, allocated_bytes=1)
+                 for i in range(50)])
+    c = create_app(None, store, clock=FakeClock(1050.0)).test_client()
+    (p,) = c.get("/api/v1/processes").get_json()["processes"]
+    assert (p["first_seen_s"], p["last_seen_s"]) == (1000.0, 1049.0)
+    (p,) = c.get("/api/v1/overview").get_json()["processes"]
+    assert p["last_seen_s"] == 1049.0
+
+
+def test_openapi_at_the_root_redirects_to_the_document(client):
+    r = client.get("/openapi.json")
+    assert (r.status_code, r.headers["Location"]) == (308, "/api/v1/openapi.json")
+    assert "/freshness" in client.get(r.headers["Location"]).get_json()["paths"]
+
+
+def test_phase_shares_per_bucket_without_phase_events_at_an_hour(tmp_path):
+    """The demo's case: phases only on samples, 10 Hz, an hour: no bands, but shares."""
+    store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
+    store.write([F.torch_sample(F.T0 + i, 1) for i in range(3600)])
+    c = create_app(None, store).test_client()
+    doc = c.get(f"/api/v1/timeline?device=1&start={F.T0}&end={F.T0 + 3600}").get_json()
+    assert (doc["phase_source"], doc["phases"]) == ("samples", [])
+    shares = doc["phase_shares"]
+    assert len(shares["ts"]) == 240 and shares["ts"][:2] == [F.T0, F.T0 + 15]
+    # 15 s buckets of one sample a second: 2 prefill + 13 decode, then 7 decode + 8 idle
+    assert [shares[p][0] for p in ("prefill", "decode", "idle")] == [2 / 15, 13 / 15, 0.0]
+    assert [shares[p][1] for p in ("prefill", "decode", "idle")] == [0.0, 7 / 15, 8 / 15]
+    fig = c.get(f"/api/v1/figures/timeline?device=1&start={F.T0}&end={F.T0 + 3600}").get_json()
+    assert [t["name"] for t in fig["data"] if t["yaxis"] == "y6"] == [
+        "prefill share", "decode share", "idle share"]
+
+
+def test_phases_at_six_hours_from_events_are_shares(seeded):
+    """720 requests x 3 bands do not fit 100 buckets: shares instead of nothing."""
+    c = create_app(seeded.config(), seeded.store, clock=seeded.clock).test_client()
+    doc = c.get("/api/v1/timeline?device=0&span=21600&max_points=100"
+                "&columns=allocated_bytes").get_json()
+    assert doc["phases"] == [] and doc["phase_source"] == "events"
+    shares = doc["phase_shares"]
+    inside = [i for i, t in enumerate(shares["ts"]) if F.T0 + 60 <= t < F.T0 + 7000]
+    assert inside and all(shares["prefill"][i] == pytest.approx(2 / 30, abs=0.02)
+                          for i in inside)
