@@ -29,16 +29,22 @@ import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.records import PostMortem
+from vramscope.agent.records import Event, PostMortem, Sample
+from vramscope.hooks.sink import Record
+
+_Payload = TypeVar("_Payload")
 
 log = logging.getLogger("vramscope.client")
 
 
 class SocketSink:
     """A ``RecordSink`` to the agent's Unix socket."""
+
+    _pushed_out: int  # set in _init_buffer; declared here for dropped_total, written first
 
     def __init__(self, socket_path: str, *, buffer_records: int = 10_000,
                  batch_records: int = 256, process: str | None = None,
@@ -73,7 +79,7 @@ class SocketSink:
             _restart_in_forked_children(self)
 
     # --- the server's side: never blocks, never raises ------------------------------------
-    def put(self, record: Any) -> None:
+    def put(self, record: Record) -> None:
         try:
             self._buf.append(record)  # at maxlen the deque drops its oldest record itself
             next(self._puts)  # after the append, so the drop count never runs ahead
@@ -169,7 +175,7 @@ class SocketSink:
         with self._lock:
             self._unsent += n
 
-    def _take(self, limit: int | None = None) -> list:
+    def _take(self, limit: int | None = None) -> list[Record]:
         """Up to ``limit`` (default: a batch) of the oldest records. This thread is the only
         one that removes records (puts only add), so ``n`` of them are surely there."""
         with self._lock:
@@ -178,7 +184,7 @@ class SocketSink:
             self._taken += n
             return batch
 
-    def _frames(self, batch: list) -> list[tuple[bytes, int]]:
+    def _frames(self, batch: list[Record]) -> list[tuple[bytes, int]]:
         """Encode a batch as (frame, records in it): records together, post-mortems alone."""
         records = [r for r in batch if not isinstance(r, PostMortem)]
         frames: list[tuple[bytes, int]] = []
@@ -188,14 +194,15 @@ class SocketSink:
             frames += self._encode_one(proto.postmortem_message, pm, 1)
         return frames
 
-    def _encode(self, records: list) -> list[tuple[bytes, int]]:
+    def _encode(self, records: list[Sample | Event]) -> list[tuple[bytes, int]]:
         out = self._encode_one(proto.records_message, records, len(records))
         if out or len(records) == 1:
             return out
         half = len(records) // 2  # too big for one message: split until it fits
         return self._encode(records[:half]) + self._encode(records[half:])
 
-    def _encode_one(self, make, payload: Any, count: int) -> list[tuple[bytes, int]]:
+    def _encode_one(self, make: Callable[[_Payload], bytes], payload: _Payload,
+                    count: int) -> list[tuple[bytes, int]]:
         try:
             data = make(payload)
         except (TypeError, ValueError, AttributeError):
@@ -219,7 +226,7 @@ class SocketSink:
         self._thread.start()
 
     def _init_buffer(self) -> None:
-        self._buf: deque = deque(maxlen=self.buffer_records)
+        self._buf: deque[Record] = deque(maxlen=self.buffer_records)
         self._puts = itertools.count()  # ticked once per put, and once per dropped_total read
         self._lock = threading.Lock()  # the drain side's: put never takes it
         self._count_reads = 0  # ticks of _puts by dropped_total, not by put
@@ -325,8 +332,8 @@ def _process_name() -> str:
     return f"{comm} {script}".strip()[:255] or "python"
 
 
-def make_default_sink(config: Any, *, process: str | None = None, devices: tuple[int, ...] = (),
-                      model: str | None = None) -> SocketSink:
+def make_default_sink(config: Mapping[str, Any], *, process: str | None = None,
+                      devices: tuple[int, ...] = (), model: str | None = None) -> SocketSink:
     """The sink ``vramscope.install()`` uses: the socket client, configured from ``config``."""
     return SocketSink(config["agent.socket_path"], buffer_records=config["hooks.buffer_records"],
                       max_message_bytes=config["agent.max_message_bytes"], process=process,

@@ -37,7 +37,10 @@ from typing import Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, SystemClock
 from vramscope.agent.records import Event, Phase, Sample
+from vramscope.hooks.sink import Record, RecordSink
 
+# ``cache: Any`` throughout: transformers' PagedAttentionCache and its internals, read by duck
+# typing because they differ between versions (the layouts below); nothing here relies on a type.
 log = logging.getLogger("vramscope.hooks")
 _WATCH_ATTR = "_vramscope_kv_watch"
 
@@ -54,7 +57,7 @@ class BlockManagerLayout:
         cached = len(initialized) if initialized is not None else None
         return cache.num_blocks - cache.get_num_free_blocks(), cached
 
-    def tables(self, cache: Any) -> list[dict]:
+    def tables(self, cache: Any) -> list[dict[str, list[int]]]:
         return [cm.block_table for cm in cache.group_cache_managers]
 
 
@@ -76,26 +79,28 @@ class AllocatorLayout:
         used = round((total_bytes - free_bytes - cached_bytes) / per_block)
         return used, round(cached_bytes / per_block)
 
-    def tables(self, cache: Any) -> list[dict]:
+    def tables(self, cache: Any) -> list[dict[str, list[int]]]:
         return [ca.block_table for ca in cache.cache_allocators.values()]
 
 
-LAYOUTS = (AllocatorLayout(), BlockManagerLayout())
+Layout = AllocatorLayout | BlockManagerLayout
+LAYOUTS: tuple[Layout, ...] = (AllocatorLayout(), BlockManagerLayout())
 
 
-def pick_layout(cache: Any) -> tuple[Any | None, str]:
+def pick_layout(cache: Any) -> tuple[Layout | None, str]:
     """The layout ``cache`` has, or None and what the closest one lacks."""
-    best = None
+    best: tuple[Layout, list[str]] | None = None
     for layout in LAYOUTS:
         missing = [name for name in layout.requires if not hasattr(cache, name)]
         if not missing:
             return layout, ""
         if best is None or len(missing) < len(best[1]):
             best = (layout, missing)
+    assert best is not None  # LAYOUTS is not empty
     return None, f"no {', '.join(best[1])} (closest layout: {best[0].name})"
 
 
-def observe_paged_attention_cache(cache: Any, sink: Any, device: int = 0, *,
+def observe_paged_attention_cache(cache: Any, sink: RecordSink | None, device: int = 0, *,
                                   clock: Clock = SYSTEM_CLOCK, sample_interval_s: float = 0.5,
                                   extend_events: bool = False,
                                   phase_fn: Callable[[], Phase] | None = None) -> bool:
@@ -129,7 +134,8 @@ def unobserve_paged_attention_cache(cache: Any) -> None:
         delattr(cache, _WATCH_ATTR)
 
 
-def install_paged_cache_hook(sink: Any, device: int = 0, **kwargs: Any) -> Callable[[], None]:
+def install_paged_cache_hook(sink: RecordSink | None, device: int = 0,
+                             **kwargs: Any) -> Callable[[], None]:
     """Observe every ``PagedAttentionCache`` built from now on; returns the undo function.
 
     For code that builds caches without ``attach_transformers``: wraps the class's
@@ -149,10 +155,10 @@ def install_paged_cache_hook(sink: Any, device: int = 0, **kwargs: Any) -> Calla
         except Exception as exc:  # never into the model's set-up
             log.warning("vramscope: observing a PagedAttentionCache failed: %r", exc)
 
-    PagedAttentionCache.__init__ = __init__
+    PagedAttentionCache.__init__ = __init__  # type: ignore[method-assign]  # the class patch
 
     def undo() -> None:
-        PagedAttentionCache.__init__ = original
+        PagedAttentionCache.__init__ = original  # type: ignore[method-assign]
     return undo
 
 
@@ -181,7 +187,7 @@ def _default_phase_fn() -> Callable[[], Phase] | None:
 class PagedCacheWatch:
     """The wrappers around one cache and the records they make. Counters are attributes."""
 
-    def __init__(self, cache: Any, layout: Any, sink: Any, device: int, clock: Clock,
+    def __init__(self, cache: Any, layout: Layout, sink: RecordSink, device: int, clock: Clock,
                  sample_interval_s: float, extend_events: bool,
                  phase_fn: Callable[[], Phase] | None) -> None:
         # Weakly: the watch hangs on the cache (``_WATCH_ATTR``) and its wrappers sit in the
@@ -379,7 +385,7 @@ class PagedCacheWatch:
         self._put(Event(self._time_s(), name, self.device, self.pid, self._phase(), request_id,
                         data))
 
-    def _put(self, record: Any) -> None:
+    def _put(self, record: Record) -> None:
         try:
             self.sink.put(record)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
