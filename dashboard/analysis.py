@@ -14,11 +14,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vramscope.agent import estimate as est
+from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.analysis import leaks
+from vramscope.agent.analysis.risk import risk_timeline
+from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.dashboard import figures, queries
-from vramscope.dashboard.errors import BadParameter, Unavailable
+from vramscope.dashboard.errors import BadParameter
 
 RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
 FLOOR_BUCKET_S = 60.0  # default alerts.leak_floor_window_s: one idle-floor point a minute
@@ -36,10 +41,6 @@ def _raw_records(store: Store, device: int, host: str | None, start: float, end:
 def report(store: Store, config, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
     """The ``vramscope.analysis/1`` document for one device and window."""
-    try:
-        from vramscope.agent.alerts.offline import analyze_records
-    except ImportError:
-        raise Unavailable("the analysis module is not available in this build") from None
     samples, events = _raw_records(store, device, host, start, end)
     if samples is None:
         raise BadParameter("start", f"the window holds more than {RAW_SAMPLE_LIMIT} samples; "
@@ -72,12 +73,6 @@ def leaks_view(store: Store, config, device: int, host: str | None, start: float
 
 
 def _leak_from_records(samples, events, config, device: int):
-    try:
-        from vramscope.agent.analysis import leaks
-    except ImportError:
-        return [], None, "analysis unavailable"
-    from vramscope.agent.analysis.thresholds import Thresholds
-
     window_s = Thresholds.from_config(config).leak_floor_window_s
     floor = leaks.idle_floor(samples, events, device, window_s)
     return floor, _leak_json(leaks.detect_leak(samples, events, config, device)), "idle floor"
@@ -90,11 +85,6 @@ def _leak_from_minima(store: Store, config, device: int, host: str | None, start
     rows = store.timeline(device, start, end, buckets, ("allocated_bytes",), host=host)
     floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
              if r["allocated_bytes_min"] is not None]
-    try:
-        from vramscope.agent.analysis import leaks
-        from vramscope.agent.analysis.thresholds import Thresholds
-    except ImportError:
-        return floor, None, "per-minute minima (analysis unavailable)"
     t = Thresholds.from_config(config)
     warm = [p for p in floor if p[0] >= floor[0][0] + t.leak_warmup_s] if floor else []
     verdict = leaks.evaluate_floor(warm[-leaks.HORIZON_POINTS:], limit or 1, t)
@@ -156,10 +146,6 @@ def _forecast(store: Store, config, device: int, host: str | None, start: float,
     bucket carrying the bucket's peaks (the model trends the peaks anyway), without the
     prefill-spike allowance, which needs the phases of raw samples.
     """
-    try:
-        from vramscope.agent.analysis.risk import risk_timeline
-    except ImportError:
-        return None, [], "unavailable (the risk model is not in this build)"
     samples, events = _raw_records(store, device, host, start, end)
     method = "risk model (causal)"
     if samples is None:
@@ -246,10 +232,6 @@ def _largest_limit(devices: list[dict[str, Any]]) -> int | None:
 
 
 def _estimate(shape: dict[str, Any], gpu_bytes: int | None):
-    try:
-        from vramscope.agent import estimate as est
-    except ImportError:
-        return None, "the estimator is not available in this build"
     try:
         model = est.ModelShape(
             num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],

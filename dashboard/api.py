@@ -183,10 +183,8 @@ def _shape() -> dict:
              "margin": params.number("margin", 0.10, low=0, high=0.99)}
     gpu_gib = params.number("gpu_gib", None, low=0.001, high=100_000)
     shape["gpu_memory_bytes"] = int(gpu_gib * 2**30) if gpu_gib else None
-    try:
-        from vramscope.agent.estimate import DTYPE_BYTES
-    except ImportError:
-        return shape
+    from vramscope.agent.estimate import DTYPE_BYTES
+
     if shape["dtype"].lower() not in DTYPE_BYTES:
         raise BadParameter("dtype", f"unknown dtype {shape['dtype']!r}; known: "
                                     f"{', '.join(sorted(DTYPE_BYTES))}")

@@ -38,12 +38,6 @@ class ForbiddenHost(HTTPException):
     code = 403
 
 
-class Unavailable(HTTPException):
-    """A feature whose module is not installed or not built yet (503)."""
-
-    code = 503
-
-
 def error_body(exc: HTTPException) -> dict:
     error = {"status": exc.code, "title": exc.name, "message": exc.description}
     parameter = getattr(exc, "parameter", None)

@@ -5,8 +5,7 @@ adds its parser and sets ``func=run(args) -> int``. Modules import their heavy d
 inside ``run`` so ``vramscope --help`` stays fast and the sidecar never imports torch.
 
 User errors are :class:`vramscope.agent.errors.VramscopeError` subclasses, printed once here with
-their exit
-code (2 for usage, 1 for failures) and never as a traceback.
+their exit code (2 for usage, 1 for failures) and never as a traceback.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from collections.abc import Sequence
 
 from vramscope.agent.errors import VramscopeError
 
-# Order is the order in ``--help``. Names reserved by DESIGN.md for later issues are listed too;
-# a module that does not exist yet gives a clear "not available" message instead of a crash.
+# Order is the order in ``--help``; each name is a module ``cmd_<name>`` beside this one.
 COMMANDS: tuple[str, ...] = (
     "demo", "agent", "dashboard", "status", "analyze", "import", "export", "replay",
     "estimate", "bench", "config", "db",
@@ -40,25 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"vramscope.agent.cli.cmd_{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"vramscope.agent.cli.cmd_{name}":
-                raise
-            _register_missing(sub, name)
-            continue
-        module.register(sub)
+        importlib.import_module(f"vramscope.agent.cli.cmd_{name}").register(sub)
     return parser
-
-
-def _register_missing(sub: argparse._SubParsersAction, name: str) -> None:
-    p = sub.add_parser(name, help="(not available in this build)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-
-    def run(args: argparse.Namespace) -> int:
-        raise VramscopeError(f"'vramscope {name}' is not available in this build")
-
-    p.set_defaults(func=run)
 
 
 def _version() -> str:

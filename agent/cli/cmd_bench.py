@@ -32,11 +32,7 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(quick=args.quick, db_url=args.db_url)
     figures, failures = [], []
     for name in names:
-        try:
-            module = load(name)
-        except ModuleNotFoundError:
-            failures.append({"bench": name, "error": "not available in this build"})
-            continue
+        module = load(name)
         try:
             got = module.run(options)
         except VramscopeError as exc:

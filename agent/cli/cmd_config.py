@@ -23,10 +23,8 @@ def _load(path: str | None):
     from vramscope.agent.config import load_config
 
     config = load_config(path)
-    try:
-        from vramscope.agent.alerts.rules import parse_rules
-    except ModuleNotFoundError:
-        return config, None
+    from vramscope.agent.alerts.rules import parse_rules
+
     return config, parse_rules(config)
 
 

@@ -1,13 +1,12 @@
 """``vramscope dashboard [--db URL] [--host 127.0.0.1] [--port 8321] [--config PATH]``.
 
-Serves the Flask dashboard with waitress. Loopback by default; any other address needs
-``dashboard.token`` (checked before the socket is opened).
+Serves the Flask dashboard with waitress (:mod:`vramscope.dashboard.server`). Loopback by
+default; any other address needs ``dashboard.token`` (checked before the database is looked at).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 
 from vramscope.agent.cli.common import require_existing_database
@@ -44,6 +43,7 @@ def dashboard_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from vramscope.dashboard.security import check_bind
+    from vramscope.dashboard.server import make_server
 
     config = dashboard_config(args)
     host = config["dashboard.host"]
@@ -59,28 +59,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
-
-
-def make_server(config, host: str, port: int, threads: int = 8, store=None):
-    """A waitress server and its app (over ``store``, or one it opens from the config); an
-    address in use names the flag to change."""
-    from vramscope.dashboard.app import create_app
-    from waitress.server import create_server
-
-    app = create_app(config, store)
-    try:
-        return create_server(app, host=host, port=port, threads=threads), app
-    except OSError as exc:
-        if store is None:  # ours to close; a caller's store stays open
-            app.extensions["vramscope"].store.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise UsageError(f"address {host}:{port} is in use; choose another port with "
-                             f"--port (or dashboard.port in the config)") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise UsageError(f"cannot bind {host}: no such address on this machine; "
-                             f"change --host") from None
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}; change --host or "
-                         f"--port") from None
 
 
 def _url_host(host: str) -> str:

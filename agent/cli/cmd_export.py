@@ -39,10 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export_rules(args: argparse.Namespace) -> int:
-    try:
-        from vramscope.agent.alerts.prom_rules import render_rules
-    except ModuleNotFoundError:
-        raise VramscopeError("Prometheus rule export is not available in this build") from None
+    from vramscope.agent.alerts.prom_rules import render_rules
+
     text = render_rules(config_from_args(args))  # before opening -o: an error keeps the file
     with _output(args.output) as out:
         out.write(text)

@@ -143,14 +143,9 @@ def _hms(seconds: float) -> str:
 def serve_dashboard(config: Any, store: Any, host: str, port: int):
     """Start the dashboard under waitress in a daemon thread; returns (server, url). The same
     bind rule and server as ``vramscope dashboard``: not loopback needs ``dashboard.token``."""
-    from vramscope.agent.cli.cmd_dashboard import make_server
-    from vramscope.dashboard.security import check_bind
+    from vramscope.dashboard.server import serve_in_thread
 
-    check_bind(host, config["dashboard.token"])
-    server, _app = make_server(config, host, port, threads=4, store=store)
-    thread = threading.Thread(target=server.run, name="vramscope-demo-dashboard", daemon=True)
-    thread.start()
-    return server, f"http://{host}:{server.effective_port}/"
+    return serve_in_thread(config, store, host, port, name="vramscope-demo-dashboard")
 
 
 def run_simulation(servers: list[SimServer], pacer: Pacer, agent: Any, duration_s: float | None,

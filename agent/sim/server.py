@@ -368,8 +368,6 @@ class SimServer:
 
 
 def _diagnose(pm, samples) -> str | None:
-    try:
-        from vramscope.agent.analysis.diagnosis import diagnose
-    except ImportError:
-        return None
+    from vramscope.agent.analysis.diagnosis import diagnose
+
     return diagnose(pm, list(samples))[0]

@@ -442,7 +442,7 @@ def test_cli_refuses_a_public_address_without_token(tmp_path, capsys):
 
 
 def test_cli_names_the_port_flag_when_the_address_is_in_use(tmp_path):
-    from vramscope.agent.cli.cmd_dashboard import make_server
+    from vramscope.dashboard.server import make_server
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -457,7 +457,7 @@ def test_cli_names_the_port_flag_when_the_address_is_in_use(tmp_path):
 
 
 def test_cli_serves_the_app_with_waitress(tmp_path):
-    from vramscope.agent.cli.cmd_dashboard import make_server
+    from vramscope.dashboard.server import make_server
 
     config = parse_config({"database": {"url": f"sqlite:///{tmp_path / 'c.db'}"}}, None, {})
     server, app = make_server(config, "127.0.0.1", 0)
