@@ -26,6 +26,7 @@ class Phase(str, enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     IDLE = "idle"
+    SETUP = "setup"  # allocating a KV pool and warming up before the first scheduled step
     UNKNOWN = "unknown"
 
     @classmethod

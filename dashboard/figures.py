@@ -15,6 +15,7 @@ COLORS = {
     "allocated": "#1f6feb", "reserved": "#8250df", "device_used": "#57606a",
     "limit": "#cf222e", "largest_free": "#1a7f37", "prefill": "rgba(255,159,28,0.16)",
     "decode": "rgba(46,160,67,0.10)", "idle": "rgba(140,149,159,0.08)",
+    "setup": "rgba(130,80,223,0.12)",
     "split": "#bf8700", "external": "#cf222e", "kv_used": "#1f6feb", "kv_cached": "#8250df",
     "kv_total": "#57606a", "tokens": "#bf3989", "request": "#8c959f", "oom": "#cf222e",
     "retry": "#fb8500", "orphan": "#8250df", "warning": "#bf8700", "critical": "#cf222e",
@@ -145,10 +146,11 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]:
-    """Prefill and decode as shaded bands behind the memory curves: one filled trace per phase
-    (rectangles separated by gaps), far cheaper for the browser than hundreds of shapes."""
+    """Prefill, decode and setup (a KV pool allocated and warmed up) as shaded bands behind the
+    memory curves: one filled trace per phase (rectangles separated by gaps), far cheaper for
+    the browser than hundreds of shapes."""
     out = []
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "decode", "setup"):
         xs: list[float | None] = []
         ys: list[float | None] = []
         for b in bands:

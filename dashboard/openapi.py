@@ -95,7 +95,8 @@ FIGURE = obj({"data": array({"type": "object"}), "layout": {"type": "object"}})
 TIMELINE = obj({
     "device": INT, "host": STR, "start": NUM, "end": NUM, "max_points": INT, "bucket_s": NUM,
     "series": {"type": "object", "additionalProperties": SERIES},
-    "phases": array(obj({"phase": {"type": "string", "enum": ["prefill", "decode", "idle"]},
+    "phases": array(obj({"phase": {"type": "string",
+                                   "enum": ["prefill", "decode", "idle", "setup"]},
                          "start": NUM, "end": NUM})),
     "phase_source": STR,
     "events": array(obj({"ts": NUM, "name": STR, "request_id": nullable(STR),

@@ -20,7 +20,8 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
 )
 REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
 RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks")  # always shown
-BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.value})
+BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.value,
+                         Phase.SETUP.value})
 
 
 def series_from_rows(rows: Sequence[dict[str, Any]],

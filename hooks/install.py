@@ -253,9 +253,25 @@ def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
         return []
     take = light_snapshot_fn(torch)
     max_cost = float(config["sampling.snapshot_max_cost_s"])
-    report.add("snapshots", True, f"every {interval:g} s, spaced out above {max_cost:g} s each")
+    report.add("snapshots", True, f"every {interval:g} s, spaced out above {max_cost:g} s each; "
+               "the segment layout at idle points as often (a leak's make-up)")
     return [SnapshotSource(d, take, interval_s=interval, max_cost_s=max_cost, clock=clock,
-                           ready=torch.cuda.is_initialized) for d in devices]
+                           ready=torch.cuda.is_initialized) for d in devices] + \
+        _idle_layout_tasks(torch, take, devices, config, clock, interval, max_cost)
+
+
+def _idle_layout_tasks(torch: Any, take: Any, devices: list[int], config: Any, clock: Clock,
+                       interval: float, max_cost: float) -> list[Any]:
+    """One ``memory_layout`` per idle point and interval (``vramscope.hooks.idle_layout``)."""
+    import os
+
+    from vramscope.hooks.idle_layout import IdleLayoutSource, cublas_workspace_bytes
+
+    workspace = cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    poll = float(config["sampling.allocator_interval_s"])
+    return [IdleLayoutSource(d, take, min_interval_s=interval, poll_s=poll, max_cost_s=max_cost,
+                             clock=clock, ready=torch.cuda.is_initialized,
+                             workspace_bytes=workspace) for d in devices]
 
 
 def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any, clock: Clock,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -74,26 +75,37 @@ class KVSource(KVPoolObserver):
         # block_size tokens), and a buffered record that holds no dict of its own is smaller.
         self._extend_data: dict[tuple[int, int], dict[str, Any]] = {}
         self._free_data: dict[tuple[int, int], dict[str, Any]] = {}
-        self.pool: Any = None
+        self._pool_ref: Callable[[], Any] = _no_pool
+
+    @property
+    def pool(self) -> Any:
+        """The attached pool, or None (detached, or the pool died)."""
+        return self._pool_ref()
 
     def attach(self, pool: Any) -> KVSource:
+        # Weakly: the pool holds this observer (its bound methods), so a strong reference back
+        # would make a cycle that keeps the pool, and its preallocated buffer, alive until the
+        # cyclic GC runs, or for as long as the server keeps this source (issue 13).
         pool.observer = self
-        self.pool = pool
+        self._pool_ref = weakref.ref(pool)
         return self
 
     def detach(self) -> None:
-        if self.pool is not None and self.pool.observer is self:
-            self.pool.observer = None
-        self.pool = None
+        pool = self.pool
+        if pool is not None and pool.observer is self:
+            pool.observer = None
+        self._pool_ref = _no_pool
 
     # --- the one-method seam ---------------------------------------------------------------
     def read(self) -> Sample | None:
-        """A sample of the attached pool now, or None when detached."""
-        return None if self.pool is None else self._sample(self.pool)
+        """A sample of the attached pool now, or None when detached (or the pool is gone)."""
+        pool = self.pool
+        return None if pool is None else self._sample(pool)
 
     def check(self, live_request_ids: Iterable[str] | None = ()) -> CheckReport | None:
         """Run the pool's bookkeeping check (its ``on_check`` puts the event if it fails)."""
-        return None if self.pool is None else self.pool.check(live_request_ids)
+        pool = self.pool
+        return None if pool is None else pool.check(live_request_ids)
 
     # --- observer methods ------------------------------------------------------------------
     # The three per-request methods inline ``_event`` (a call less each): they are the path
@@ -200,6 +212,10 @@ class KVSource(KVPoolObserver):
             self._sink_put(record)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
+
+
+def _no_pool() -> None:
+    return None
 
 
 def _share(memo: dict[Any, dict[str, Any]], key: Any, data: dict[str, Any]) -> dict[str, Any]:

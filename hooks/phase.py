@@ -31,6 +31,10 @@ from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, Phase
 
 METADATA_PREFIX = "vramscope.phase="
+# Requests remembered as in flight. A server that starts requests and never ends them (a crash
+# path, a cancelled request) must not make this grow without end: past the bound the oldest is
+# forgotten (counted in ``requests_forgotten()``); post-mortems list at most 100 anyway.
+MAX_REQUESTS_IN_FLIGHT = 10_000
 
 
 class PhasePeak(NamedTuple):
@@ -101,6 +105,8 @@ class _State:
         self.trackers: list[PeakTracker] = []
         self.stamp: Callable[[str], None] | None = None
         self.requests: dict[str, float] = {}
+        self.requests_forgotten = 0
+        self.idle_entries = 0  # times the idle phase was entered: idle-point snapshots key on it
         self.span = _Span(SYSTEM_CLOCK.monotonic_s())
         self.pid = os.getpid()
 
@@ -171,6 +177,8 @@ def _transition(state: _State, previous: Phase, new: Phase, request_id: str | No
     now_mono = state.clock.monotonic_s()
     ended = state.span
     state.phase = new
+    if new is Phase.IDLE:
+        state.idle_entries += 1
     state.span = _Span(now_mono)
     state.span.count(prefill_tokens, decode_tokens)
     if state.stamp is not None:
@@ -248,11 +256,25 @@ def _request_event(name: str, request_id: str, *, start: bool) -> None:
     with state.lock:
         if start:
             state.requests[request_id] = state.clock.time_s()
+            if len(state.requests) > MAX_REQUESTS_IN_FLIGHT:
+                del state.requests[next(iter(state.requests))]
+                state.requests_forgotten += 1
         elif state.requests.pop(request_id, None) is None:
             return
         if state.sink is not None:
             state.sink.put(Event(state.clock.time_s(), name, 0, state.pid, state.phase,
                                  request_id))
+
+
+def requests_forgotten() -> int:
+    """Requests dropped from the in-flight set because more than ``MAX_REQUESTS_IN_FLIGHT``
+    were open (started and never finished)."""
+    return _STATE.requests_forgotten
+
+
+def idle_entries() -> int:
+    """How many times the process entered the idle phase (a new idle point each time)."""
+    return _STATE.idle_entries
 
 
 def requests_in_flight() -> tuple[str, ...]:

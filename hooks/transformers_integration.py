@@ -20,6 +20,8 @@ continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
     that is absent). A step with any prefill is tagged ``prefill`` (its activations set the
     memory peak) and records both token counts; a span of such steps counts ``mixed_steps``.
     ``scheduler.finish_request`` ends requests, and the phase goes ``idle`` when none is left.
+    From ``init_continuous_batching`` to the first scheduled step (the KV pool's allocation and
+    warm-up) the phase is ``setup``, unless a step of another manager is running.
     When the batch processor's ``PagedAttentionCache`` appears and
     ``vramscope.hooks.transformers_kv``
     exists, ``observe_paged_attention_cache(cache, sink)`` is called with it.
@@ -141,6 +143,10 @@ class TransformersHandle:
     # -- continuous batching ------------------------------------------------------------------
     def _init_cb_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def init_continuous_batching(*args: Any, **kwargs: Any) -> Any:
+            # Until the first scheduled step the manager allocates its KV pool and warms up:
+            # setup, not idle (a 120 GB "idle" peak otherwise) and not a request's prefill.
+            if phase_mod.current_phase() in (Phase.IDLE, Phase.UNKNOWN):
+                _quietly(phase_mod.set_phase, Phase.SETUP)
             manager = original(*args, **kwargs)
             _quietly(self._instrument_manager, manager)
             return manager

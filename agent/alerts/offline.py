@@ -21,12 +21,15 @@ from vramscope.agent.records import Event, PostMortem, Sample
 def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
                     config: Mapping[str, Any] | None = None, *,
                     postmortems: Sequence[PostMortem] = (),
-                    device: int | None = None) -> dict[str, Any]:
-    """The ``vramscope.analysis/1`` document of a recording (optionally of one device)."""
+                    device: int | None = None, makeup: bool = False) -> dict[str, Any]:
+    """The ``vramscope.analysis/1`` document of a recording (optionally of one device);
+    ``makeup=True`` adds each device's leak make-up even without a leak."""
     records = merged(samples, events)
     if device is not None:
         records = [r for r in records if r.device == device]
     engine = AlertEngine.from_config(config)
     engine.feed(records)
     in_order = [r for r in records if isinstance(r, Sample)]
-    return analysis_document(engine.devices, in_order, engine.history, postmortems)
+    layouts = [r for r in records if isinstance(r, Event) and r.name == "memory_layout"]
+    return analysis_document(engine.devices, in_order, engine.history, postmortems,
+                             events=layouts, makeup=makeup)

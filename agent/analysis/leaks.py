@@ -45,6 +45,7 @@ EVAL_EVERY_POINTS = 5
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
+_BUSY = frozenset({Phase.PREFILL, Phase.DECODE, Phase.SETUP})
 
 
 class LeakResult(NamedTuple):
@@ -112,8 +113,8 @@ class FloorTracker:
         if self._start is None or ts_s >= self._end:
             point = self._next_window(ts_s)
         phase = s.phase
-        idle = phase is Phase.IDLE or (self.in_flight == 0 and phase is not Phase.PREFILL
-                                       and phase is not Phase.DECODE)
+        # setup (a KV pool being allocated and warmed up) is never the floor between requests
+        idle = phase is Phase.IDLE or (self.in_flight == 0 and phase not in _BUSY)
         if idle and (self._idle is None or value < self._idle):
             self._idle, self._idle_ts = value, ts_s
         if self._ended:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from vramscope.agent.records import Phase, Sample
 
-PHASES = (Phase.PREFILL, Phase.DECODE, Phase.IDLE, Phase.UNKNOWN)
+PHASES = (Phase.PREFILL, Phase.DECODE, Phase.IDLE, Phase.SETUP, Phase.UNKNOWN)
 
 
 class PhaseStats(NamedTuple):

@@ -17,9 +17,10 @@ from vramscope.agent.analysis.diagnosis import REMEDIES, diagnose
 from vramscope.agent.analysis.fragmentation import fragmentation_summary
 from vramscope.agent.analysis.kv import KvTracker
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
+from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
 from vramscope.agent.analysis.phases import phase_stats
 from vramscope.agent.analysis.risk import LEVELS
-from vramscope.agent.records import PostMortem, Sample
+from vramscope.agent.records import Event, PostMortem, Sample
 
 FORMAT = "vramscope.analysis/1"
 _REPORT_PHASES = ("prefill", "decode", "idle", "setup")
@@ -48,14 +49,24 @@ class AlertRecord(Protocol):
 
 def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Sample],
                       history: Iterable[AlertRecord],
-                      postmortems: Sequence[PostMortem] = ()) -> dict[str, Any]:
-    """The document of ``devices`` (their samples in time order, any device) and the alerts."""
+                      postmortems: Sequence[PostMortem] = (), *,
+                      events: Iterable[Event] = (), makeup: bool = False) -> dict[str, Any]:
+    """The document of ``devices`` (their samples in time order, any device) and the alerts.
+
+    ``events``: the recording's ``memory_layout`` events (others are ignored), from which a
+    detected leak's make-up is computed; ``makeup=True`` computes it without a leak too.
+    """
     per_device: dict[int, list[Sample]] = {}
     for s in samples:
         per_device.setdefault(s.device, []).append(s)
+    layouts = [e for e in events if e.name == LAYOUT_EVENT]
     docs = {str(dev): _device_doc(devices[dev], per_device.get(dev, []),
                                   [p for p in postmortems if p.device == dev])
             for dev in sorted(devices)}
+    for dev in sorted(devices):
+        leak = docs[str(dev)]["leak"]
+        if leak["detected"] or makeup:
+            leak["makeup"] = leak_makeup(layouts, dev, devices[dev].leak.result.start_ts_s)
     return {"format": FORMAT, "devices": docs, "alerts": _alerts_doc(history)}
 
 
@@ -71,15 +82,17 @@ def _device_doc(d: DeviceState, samples: list[Sample],
         "phases": {p: {"samples": phases[p].samples,
                        "peak_allocated_bytes": phases[p].peak_allocated_bytes}
                    for p in _REPORT_PHASES},
-        "kv": {"peak_blocks_used": d.kv.peak_blocks_used, "blocks_total": d.kv.blocks_total,
-               "peak_usage_ratio": d.kv.peak_usage_ratio},
+        # peak, total and ratio of one pool (the fullest); "pools" counts the pools seen
+        "kv": {"peak_blocks_used": d.kv.peak_blocks_used, "blocks_total": d.kv.peak_blocks_total,
+               "peak_usage_ratio": d.kv.peak_usage_ratio, "pools": d.kv.pools},
     }
 
 
 def _leak_doc(result: LeakResult) -> dict[str, Any]:
     ever = result.first_detected_ts_s is not None
     return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
-            "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence}
+            "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence,
+            "makeup": None}
 
 
 def _oom_doc(d: DeviceState, samples: list[Sample],
@@ -115,7 +128,8 @@ def render_text(doc: Mapping[str, Any]) -> str:
     """The analysis document as text for a terminal (MiB/GiB only here)."""
     lines = []
     for dev, d in doc["devices"].items():
-        lines += [f"device {dev}", *_leak_lines(d["leak"]), *_oom_lines(d["oom"]),
+        lines += [f"device {dev}", *_leak_lines(d["leak"]), *_makeup_lines(d["leak"]),
+                  *_oom_lines(d["oom"]),
                   *_frag_lines(d["fragmentation"]), *_phase_lines(d["phases"]),
                   *_kv_lines(d["kv"]), ""]
     lines.append(f"alerts: {len(doc['alerts'])}")
@@ -137,6 +151,25 @@ def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
     rate = leak["slope_bytes_per_s"] * 3600 / 2**20
     return [f"  leak: DETECTED at {leak['first_detected_ts']:.3f}, {rate:.1f} MiB/h",
             f"        {leak['evidence']}"]
+
+
+def _makeup_lines(leak: Mapping[str, Any]) -> list[str]:
+    """The make-up table: what the growth between two idle points is made of."""
+    m = leak.get("makeup")
+    if m is None:
+        return ["  make-up: no two idle-point layouts to compare (memory_layout events)"] \
+            if leak["detected"] else []
+    lines = [f"  make-up: {m['summary']}"]
+    for kind in ("blocks", "segments"):
+        for r in m[kind][:8]:
+            where = f"  phase {r['phase']}" if r["phase"] else ""
+            lines.append(f"    {r['bytes'] / 2**20:>10.1f} MiB  {r['description']}{where}")
+            lines += [f"{'':20}at {frame}" for frame in r["stack"][:4]]
+    if m["diagnosis"]:
+        lines += [f"  diagnosis: {m['diagnosis']}", f"    - {m['remedy']}"]
+    if m["incomplete"]:
+        lines.append("    (a layout left small groups out: the rows may miss some)")
+    return lines
 
 
 def _oom_lines(oom: Mapping[str, Any]) -> list[str]:
@@ -167,5 +200,7 @@ def _phase_lines(phases: Mapping[str, Any]) -> list[str]:
 def _kv_lines(kv: Mapping[str, Any]) -> list[str]:
     if kv["blocks_total"] is None:
         return ["  KV pool: not observed"]
+    pools = kv.get("pools") or 1
+    which = "" if pools == 1 else f" (the fullest of {pools} pools)"
     return [f"  KV pool: peak {kv['peak_blocks_used']} of {kv['blocks_total']} blocks "
-            f"({kv['peak_usage_ratio']:.1%})"]
+            f"({kv['peak_usage_ratio']:.1%}){which}"]

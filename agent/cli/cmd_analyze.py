@@ -1,8 +1,10 @@
-"""``vramscope analyze FILE... | --db URL [--json] [--config PATH] [--device N]``.
+"""``vramscope analyze FILE... | --db URL [--json] [--config PATH] [--device N] [--makeup]``.
 
 Reads trace files (v1, strict) or the store, runs the same analysis and alert rules as the live
 agent, and prints a readable report, or with ``--json`` exactly the ``vramscope.analysis/1``
-document (DESIGN.md).
+document (DESIGN.md). A detected leak comes with its make-up (``leak.makeup``: what the growth
+between two idle points is made of, from the ``memory_layout`` events); ``--makeup`` computes it
+without a leak too, and says so when the recording has no two layouts to compare.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the vramscope.analysis/1 JSON document")
     p.add_argument("--device", type=int, metavar="N", help="only this device index")
+    p.add_argument("--makeup", action="store_true",
+                   help="diff the idle-point allocator layouts (memory_layout events) and show "
+                        "what the growth is made of, with or without a detected leak")
     add_config_flag(p)
     p.set_defaults(func=run)
 
@@ -42,12 +47,19 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     samples, events, postmortems = (_from_db(config, args.device) if args.db_url
                                     else _from_files(args.files))
-    doc = analyze_records(samples, events, config, postmortems=postmortems, device=args.device)
+    doc = analyze_records(samples, events, config, postmortems=postmortems, device=args.device,
+                          makeup=args.makeup)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(doc))
+    if args.makeup and not args.json:
+        for dev, d in doc["devices"].items():
+            if d["leak"]["makeup"] is None and not d["leak"]["detected"]:
+                sys.stdout.write(f"device {dev}: no make-up: the recording has fewer than two "
+                                 "memory_layout events (idle-point layouts; install() takes "
+                                 "them where torch sees a GPU)\n")
     return 0
 
 

@@ -28,15 +28,17 @@ def recording():
 
 EXPECTED_DEVICE = {
     "leak": {"detected": False, "slope_bytes_per_s": 0.0, "first_detected_ts": None,
-             "evidence": "not enough idle-floor data after warm-up"},
+             "evidence": "not enough idle-floor data after warm-up", "makeup": None},
     # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
     "oom": {"occurred": True, "first_oom_ts": 1060.5, "first_warning_ts": 1060.0,
             "max_risk": "critical", "min_time_to_oom_s": None, "cause": "prefill_spike"},
     "fragmentation": {"max_inactive_split_ratio": 1 / 62, "max_external_fragmentation": None},
     "phases": {"prefill": {"samples": 3, "peak_allocated_bytes": 79 * G},
                "decode": {"samples": 58, "peak_allocated_bytes": 50 * G},
-               "idle": {"samples": 0, "peak_allocated_bytes": 0}},
-    "kv": {"peak_blocks_used": 159, "blocks_total": 1000, "peak_usage_ratio": 0.159},
+               "idle": {"samples": 0, "peak_allocated_bytes": 0},
+               "setup": {"samples": 0, "peak_allocated_bytes": 0}},
+    "kv": {"peak_blocks_used": 159, "blocks_total": 1000, "peak_usage_ratio": 0.159,
+           "pools": 1},
 }
 
 

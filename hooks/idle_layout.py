@@ -1,0 +1,170 @@
+"""The allocator's layout at idle points: what a leak's make-up is computed from.
+
+A rising idle floor says *that* memory leaks; the operator's next question is *what* holds it.
+Today they diff two ``torch.cuda.memory._snapshot()`` pickles by hand. ``IdleLayoutSource``
+takes the light snapshot (segments only, no history dump) at an idle point (the phase just
+entered ``idle``: no request in flight) and puts a ``memory_layout`` event: a compact summary of
+the segments and of the live blocks, grouped. ``vramscope.agent.analysis.makeup`` diffs two of
+them.
+
+The ``memory_layout`` event's data (trace format v1, docs/trace-format.md):
+
+- ``segments``, ``reserved_bytes``, ``allocated_bytes``: totals of this device;
+- ``segment_groups``: ``[segment_size, stream, count, allocated_bytes]`` per (size, stream);
+- ``block_groups``: ``[block_size, stream, count, phase, stack]`` per live (``active_allocated``)
+  block size, stream, phase (when the block carries the ``vramscope.phase=`` stamp, else
+  ``null``) and stack (an index into ``stacks``, or ``null`` when allocation history is off);
+- ``stacks``: each ``["file:line:function", ...]``, innermost first, torch's own frames dropped;
+- ``dropped_groups``: groups left out past ``MAX_GROUPS`` (the smallest by bytes);
+  ``dropped_bytes``: the live-block bytes in the block groups left out;
+- ``cublas_workspace_bytes``: the workspace size ``CUBLAS_WORKSPACE_CONFIG`` asks for, or ``null``
+  when it is unset (torch's default then applies: 32 MiB on Hopper, 8 MiB + 128 KiB before);
+- ``cost_s``: what the snapshot and the summary cost, on the sampler thread.
+
+Bounded: at most ``MAX_GROUPS`` groups of each kind and ``MAX_STACKS`` stacks of ``MAX_FRAMES``
+frames, so one event stays a few tens of kilobytes however many segments there are. At most one
+per ``min_interval_s`` (``sampling.snapshot_interval_s``), doubled while one costs more than
+``max_cost_s``. The summary is a pure function of the segments (``layout_summary``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import Event, Phase
+from vramscope.hooks.oom import _phase_from_metadata, format_frames
+from vramscope.hooks.snapshot import MAX_BACKOFF_S
+
+LAYOUT_EVENT = "memory_layout"
+MAX_GROUPS = 512
+MAX_STACKS = 64
+MAX_FRAMES = 4
+
+
+def cublas_workspace_bytes(config: str | None) -> int | None:
+    """Bytes of one cuBLAS workspace as ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` pairs,
+    e.g. ``:4096:8`` = 32 MiB) asks for; None when unset or not in that form."""
+    if not config:
+        return None
+    parts = config.strip().strip(":").split(":")
+    if len(parts) % 2 or not all(p.isdigit() for p in parts):
+        return None
+    return sum(int(size) * 1024 * int(count) for size, count in zip(parts[::2], parts[1::2]))
+
+
+def layout_summary(segments: Iterable[Mapping[str, Any]], device: int | None = None, *,
+                   workspace_bytes: int | None = None) -> dict[str, Any]:
+    """The ``memory_layout`` data of the segments (of one device when ``device`` is given)."""
+    seg_groups: dict[tuple[int, int], list[int]] = {}
+    block_groups: dict[tuple[int, int, str | None, tuple[str, ...]], int] = {}
+    n = reserved = allocated = 0
+    for seg in segments:
+        if device is not None and seg.get("device", device) != device:
+            continue
+        size, stream = int(seg["total_size"]), int(seg.get("stream") or 0)
+        n += 1
+        reserved += size
+        group = seg_groups.setdefault((size, stream), [0, 0])
+        group[0] += 1
+        for block in seg.get("blocks", ()):
+            if block["state"] != "active_allocated":
+                continue
+            bsize = int(block["size"])
+            allocated += bsize
+            group[1] += bsize
+            phase = _phase_from_metadata(block)
+            stack = format_frames(block.get("frames") or (), MAX_FRAMES)
+            key = (bsize, stream, phase.value if phase else None, stack)
+            block_groups[key] = block_groups.get(key, 0) + 1
+    segs, seg_dropped = _largest([[s, st, c, a] for (s, st), (c, a) in seg_groups.items()],
+                                 lambda g: g[0] * g[2])
+    blocks, blk_dropped = _largest([[*k, c] for k, c in block_groups.items()],
+                                   lambda g: g[0] * g[4])
+    stacks: dict[tuple[str, ...], int] = {}
+    rows = [[size, stream, count, phase, _stack_index(stacks, stack)]
+            for size, stream, phase, stack, count in blocks]
+    return {"segments": n, "reserved_bytes": reserved, "allocated_bytes": allocated,
+            "segment_groups": segs, "block_groups": rows,
+            "stacks": [list(s) for s in stacks],
+            "dropped_groups": seg_dropped[0] + blk_dropped[0],
+            "dropped_bytes": blk_dropped[1],
+            "cublas_workspace_bytes": workspace_bytes}
+
+
+def _largest(groups: list[list[Any]], weight: Callable[[list[Any]], int],
+             ) -> tuple[list[list[Any]], tuple[int, int]]:
+    """The ``MAX_GROUPS`` heaviest groups (ties in a stable order), and (count, bytes) left out."""
+    groups.sort(key=lambda g: (-weight(g), g[0], g[1]))
+    left = groups[MAX_GROUPS:]
+    return groups[:MAX_GROUPS], (len(left), sum(weight(g) for g in left))
+
+
+def _stack_index(stacks: dict[tuple[str, ...], int], stack: tuple[str, ...]) -> int | None:
+    """The stack's index in the event's ``stacks`` (None: no frames, or past ``MAX_STACKS``)."""
+    if not stack:
+        return None
+    if stack not in stacks and len(stacks) < MAX_STACKS:
+        stacks[stack] = len(stacks)
+    return stacks.get(stack)
+
+
+class IdleLayoutSource:
+    """A sampler task: at each new idle point, at most once per ``min_interval_s``, one
+    ``memory_layout`` event. ``read()`` costs two attribute reads when there is nothing to do."""
+
+    def __init__(self, device: int, take: Callable[[], list[dict[str, Any]]], *,
+                 min_interval_s: float, poll_s: float = 0.1, max_cost_s: float = 0.0,
+                 clock: Clock = SYSTEM_CLOCK, pid: int | None = None,
+                 ready: Callable[[], bool] = lambda: True,
+                 idle_entries: Callable[[], int] | None = None,
+                 phase_fn: Callable[[], Phase] | None = None,
+                 workspace_bytes: int | None = None) -> None:
+        if min_interval_s <= 0 or poll_s <= 0:
+            raise ValueError(f"idle layout intervals must be > 0 s, got min_interval_s="
+                             f"{min_interval_s!r}, poll_s={poll_s!r}")
+        from vramscope.hooks import phase as phase_mod
+
+        self.device = device
+        self.interval_s = poll_s  # how often the sampler asks; the work is rarer
+        self.base_min_interval_s = self.min_interval_s = min_interval_s
+        self.max_cost_s = max_cost_s
+        self._take = take
+        self._clock = clock
+        self._pid = os.getpid() if pid is None else pid
+        self._ready = ready  # False while CUDA is not initialized: a snapshot would create it
+        self._idle_entries = idle_entries or phase_mod.idle_entries
+        self._phase = phase_fn or phase_mod.current_phase
+        self._workspace_bytes = workspace_bytes
+        self._done_entry = 0  # the idle point last summarized (0: none yet)
+        self._last_mono_s: float | None = None
+        self.last_cost_s: float | None = None
+
+    def read(self) -> Event | None:
+        entry = self._idle_entries()
+        if entry == self._done_entry or self._phase() is not Phase.IDLE:
+            return None
+        now_s = self._clock.monotonic_s()
+        if self._last_mono_s is not None and now_s - self._last_mono_s < self.min_interval_s:
+            return None  # this idle point is skipped; a later one is taken
+        if not self._ready():
+            return None
+        self._done_entry, self._last_mono_s = entry, now_s
+        segments = self._take()
+        data = layout_summary(segments, self.device, workspace_bytes=self._workspace_bytes)
+        del segments  # the snapshot is large: gone before the event is handed on
+        cost_s = self._clock.monotonic_s() - now_s
+        self.last_cost_s = cost_s
+        self._adapt(cost_s)
+        data["cost_s"] = round(cost_s, 6)
+        return Event(self._clock.time_s(), LAYOUT_EVENT, self.device, self._pid, Phase.IDLE,
+                     None, data)
+
+    def _adapt(self, cost_s: float) -> None:
+        if self.max_cost_s > 0 and cost_s > self.max_cost_s:
+            self.min_interval_s = min(self.min_interval_s * 2,
+                                      max(MAX_BACKOFF_S, self.base_min_interval_s))
+        elif self.max_cost_s <= 0 or cost_s < self.max_cost_s / 2:
+            self.min_interval_s = max(self.base_min_interval_s, self.min_interval_s / 2)
