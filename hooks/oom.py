@@ -22,12 +22,16 @@ import logging
 import os
 import pickle
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, Holder, Phase, PostMortem
 from vramscope.hooks.phase import METADATA_PREFIX
+from vramscope.hooks.sink import RecordSink
 from vramscope.hooks.snapshot import largest_free_in_segment, summarize
+
+if TYPE_CHECKING:
+    from vramscope.hooks.allocator import Counters
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -129,8 +133,8 @@ def oom_message(device: int, failed: int | None, free: int | None, limit: int | 
 class OomObserver:
     """The callable torch calls at an OOM. Never raises; rate-limited; disabled, not detached."""
 
-    def __init__(self, sink: Any, *, take_segments: Callable[[], list[dict[str, Any]]],
-                 read_counters: Callable[[int], Any] | None = None,
+    def __init__(self, sink: RecordSink, *, take_segments: Callable[[], list[dict[str, Any]]],
+                 read_counters: Callable[[int], Counters | None] | None = None,
                  full_snapshot: Callable[[], dict[str, Any]] | None = None,
                  snapshot_dir: str = "",
                  min_interval_s: float = 60.0, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -149,7 +153,7 @@ class OomObserver:
         self.failures = 0
 
     def __call__(self, device: int, alloc_size: int, device_limit: int, device_free: int,
-                 *_: Any) -> None:
+                 *_: object) -> None:
         if not self.enabled:
             return
         self.seen += 1

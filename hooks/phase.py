@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, Phase
+from vramscope.hooks.sink import RecordSink
+
+if TYPE_CHECKING:
+    from vramscope.hooks.allocator import Counters
 
 METADATA_PREFIX = "vramscope.phase="
 # Requests remembered as in flight. A server that starts requests and never ends them (a crash
@@ -42,18 +46,28 @@ class PhasePeak(NamedTuple):
     exact: bool
 
 
+class CounterSource(Protocol):
+    """One device's allocator counters (``vramscope.hooks.allocator.AllocatorSource``)."""
+
+    @property
+    def device(self) -> int: ...
+
+    def counters(self) -> Counters | None: ...
+
+
 class PeakTracker:
     """Brackets one device's phase spans with reads of the allocator's peak counter."""
 
-    def __init__(self, source: Any, reset_peak: Callable[[int], None] | None = None) -> None:
-        self.source = source  # has .device and .counters() -> Counters | None
+    def __init__(self, source: CounterSource,
+                 reset_peak: Callable[[int], None] | None = None) -> None:
+        self.source = source
         self.device: int = source.device
         self.reset_peak = reset_peak  # set only in "reset" mode
         self._start_peak = 0
         self._max_seen = 0
         self.process_peak = 0
 
-    def begin(self, counters: Any) -> None:
+    def begin(self, counters: Counters | None) -> None:
         # No counters yet (CUDA not initialized) means nothing allocated: zero is exact.
         allocated = counters.allocated if counters else 0
         peak = counters.allocated_peak if counters else 0
@@ -64,7 +78,7 @@ class PeakTracker:
             self.reset_peak(self.device)
             self._start_peak = -1  # after a reset the peak counter is this span's alone
 
-    def end(self, counters: Any) -> PhasePeak | None:
+    def end(self, counters: Counters | None) -> PhasePeak | None:
         if not counters:
             return None
         peak = counters.allocated_peak
@@ -100,7 +114,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.phase = Phase.UNKNOWN
-        self.sink: Any = None
+        self.sink: RecordSink | None = None
         self.clock: Clock = SYSTEM_CLOCK
         self.trackers: list[PeakTracker] = []
         self.stamp: Callable[[str], None] | None = None
@@ -114,7 +128,8 @@ class _State:
 _STATE = _State()
 
 
-def configure(*, sink: Any = None, clock: Clock | None = None, sources: list[Any] = (),
+def configure(*, sink: RecordSink | None = None, clock: Clock | None = None,
+              sources: Sequence[CounterSource] = (),
               stamp: Callable[[str], None] | None = None,
               reset_peak: Callable[[int], None] | None = None) -> None:
     """Wire the phase tracker to a sink, a clock and allocator sources (``install`` calls it)."""
@@ -134,7 +149,7 @@ def reset() -> None:
     _STATE = _State()
 
 
-def active_sink() -> Any:
+def active_sink() -> RecordSink | None:
     """The sink ``install()`` (or ``configure``) wired, or None: integrations attached without
     a sink of their own put their records there."""
     return _STATE.sink
@@ -205,7 +220,7 @@ def _transition(state: _State, previous: Phase, new: Phase, request_id: str | No
             state.sink.put(event)
 
 
-def _safe_counters(source: Any) -> Any:
+def _safe_counters(source: CounterSource) -> Counters | None:
     try:
         return source.counters()
     except Exception:
@@ -237,7 +252,7 @@ class phase:  # noqa: N801 - used like a function: ``with phase("prefill"):``
 
     def __exit__(self, *exc: object) -> None:
         set_phase(self._previous, self._request_id)
-        if self._owns_request:
+        if self._owns_request and self._request_id is not None:  # owned: it has an id
             request_finished(self._request_id)
 
 
