@@ -295,6 +295,7 @@ class Agent:
             "rejected": dict(ingest.rejected) if ingest else {},
             "records_received_total": ingest.records_total if ingest else 0,
             "accept_errors": ingest.accept_errors if ingest else 0,
+            "loop_errors": ingest.loop_errors if ingest else 0,
             "log_suppressed": ingest.log_suppressed if ingest else 0,
             "db_refused_total": w.refused_total,
             "db_failing": self.writer.failing,

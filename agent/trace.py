@@ -164,28 +164,29 @@ def is_encodable(text: str) -> bool:
     return True
 
 
-def check_data(data: dict[str, Any]) -> dict[str, Any]:
-    """Bound an event's extra keys: nesting at most ``MAX_DATA_DEPTH`` deep, at most
-    ``MAX_DATA_BYTES`` as JSON, encodable strings and finite numbers. Iterative, so a deep
+def check_data(data: dict[str, Any], what: str = "event data",
+               max_bytes: int = MAX_DATA_BYTES) -> dict[str, Any]:
+    """Bound an event's extra keys (or a post-mortem): nesting at most ``MAX_DATA_DEPTH`` deep,
+    at most ``max_bytes`` as JSON, encodable strings and finite numbers. Iterative, so a deep
     value cannot exhaust the stack here; readers get only what passes."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, (dict, list)):
             if depth > MAX_DATA_DEPTH:
-                raise ValueError(f"event data nests deeper than {MAX_DATA_DEPTH} levels")
+                raise ValueError(f"{what} nests deeper than {MAX_DATA_DEPTH} levels")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for k, v in items:
                 if isinstance(k, str) and not is_encodable(k):
-                    raise ValueError(f"event data key {_show(k)} is not valid Unicode")
+                    raise ValueError(f"{what} key {_show(k)} is not valid Unicode")
                 stack.append((v, depth + 1))
         elif isinstance(value, str) and not is_encodable(value):
-            raise ValueError(f"event data value {_show(value)} is not valid Unicode")
+            raise ValueError(f"{what} value {_show(value)} is not valid Unicode")
         elif isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"event data value {value!r} is not a finite number")
+            raise ValueError(f"{what} value {value!r} is not a finite number")
     size = len(json.dumps(data, separators=(",", ":")))
-    if size > MAX_DATA_BYTES:
-        raise ValueError(f"event data is {size} bytes as JSON; at most {MAX_DATA_BYTES}")
+    if size > max_bytes:
+        raise ValueError(f"{what} is {size} bytes as JSON; at most {max_bytes}")
     return data
 
 

@@ -61,8 +61,9 @@ def security_headers(csp: str) -> dict[str, str]:
 
 
 def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
+    """True for 127.0.0.0/8, ::1 and ``localhost`` (any case, trailing dot: DNS names are
+    case-insensitive)."""
+    if host.lower().rstrip(".") == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

@@ -140,8 +140,9 @@ class SocketSink:
             backoff_s = 0.05
             sent_any = self._drain_once()
             if closing and (not sent_any or self._sock is None):
-                self._disconnect()
                 self._drop_buffered()
+                self._report_drops_at_close()
+                self._disconnect()
                 return
             if not sent_any:
                 self._closed.wait(self._poll_s)
@@ -165,6 +166,16 @@ class SocketSink:
                 return False
             self.sent_total += count
         return True
+
+    def _report_drops_at_close(self) -> None:
+        """Closing: tell the agent what was dropped since the last report (a batch whose send
+        just failed, what is still buffered), over a fresh connection if the old one died.
+        Best effort, within close()'s time; never raises."""
+        count = self.dropped_total
+        if count <= self._reported or (self._sock is None and not self._connect()):
+            return
+        if self._send(proto.dropped_message(count - self._reported)):
+            self._reported = count
 
     def _drop_buffered(self) -> None:
         """Closing: what is still buffered will never be sent; count it."""

@@ -40,11 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def live_status(socket_path: str) -> dict[str, Any]:
+    from vramscope.agent.errors import VramscopeError
     from vramscope.agent.ingest.connection import AgentConnection
 
     with AgentConnection(socket_path, timeout_s=5.0) as conn:
         status = conn.status()
-    status.pop("type", None)
+    if status.pop("type", None) != "status":  # an error frame: the agent refused us
+        raise VramscopeError(f"the agent at {socket_path} answered: "
+                             f"{status.get('message', status)}")
     return {"running": True, "socket": socket_path, **status}
 
 

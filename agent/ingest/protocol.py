@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.trace import (
     STR_LIMITS,
+    check_data,
     event_to_json,
     is_encodable,
     record_from_json,
@@ -288,16 +289,23 @@ def parse_postmortem(obj: dict[str, Any]) -> PostMortem:
         raise ProtocolError("schema", "'postmortem' must be an object")
     try:
         pm = PostMortem.from_json(body)
-        json.dumps(pm.to_json(), allow_nan=False)  # what the store will write must serialize
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        # what the store will write: bounded, encodable, and it must serialize
+        check_data(pm.to_json(), "post-mortem", max_bytes=DEFAULT_MAX_MESSAGE_BYTES)
+        json.dumps(pm.to_json(), allow_nan=False)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise ProtocolError("schema", f"bad post-mortem: {exc}"[:500]) from None
+    for key, limit in (("cause", 32), ("snapshot_path", 4096)):
+        value = getattr(pm, key)
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            raise ProtocolError("schema", f"post-mortem {key!r} must be a string of at most "
+                                f"{limit} characters, got {_cut(value)}")
     ts = pm.ts_s
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
         raise ProtocolError("schema", f"post-mortem 'ts_s' must be a finite number, got {ts!r}")
-    if not _is_index(pm.device):
+    if not (_is_index(pm.device) and pm.device <= MAX_PID):
         raise ProtocolError("schema", f"post-mortem 'device' must be an index, got "
                             f"{pm.device!r}")
-    if pm.pid is not None and not _is_index(pm.pid):
+    if pm.pid is not None and not (_is_index(pm.pid) and pm.pid <= MAX_PID):
         raise ProtocolError("schema", f"post-mortem 'pid' must be an integer, got {pm.pid!r}")
     return pm._replace(ts_s=float(ts))
 

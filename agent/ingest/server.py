@@ -180,7 +180,8 @@ class IngestServer:
     # --- lifecycle ------------------------------------------------------------------------
     def bind(self) -> None:
         """Create the private directory and the 0600 socket; refuse a live agent's socket."""
-        prepare_socket_dir(os.path.dirname(os.path.abspath(self.path)))
+        shared = bool(self._allowed_uids - {os.getuid()})
+        prepare_socket_dir(os.path.dirname(os.path.abspath(self.path)), shared=shared)
         remove_stale_socket(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others connect
@@ -192,7 +193,10 @@ class IngestServer:
                                  f"another path with --socket or agent.socket_path") from None
         finally:
             os.umask(old_umask)
-        os.chmod(self.path, 0o600)
+        # With agent.allowed_uids, other users must be able to connect(): that needs write on
+        # the socket. Who gets through is decided by the directory (group or ACL: mode 710)
+        # and, for every connection, by the peer's uid (SO_PEERCRED).
+        os.chmod(self.path, 0o666 if shared else 0o600)
         listener.listen(128)
         listener.setblocking(False)
         self._sel.register(listener, selectors.EVENT_READ, None)
@@ -478,8 +482,12 @@ def _peercred(sock: socket.socket) -> tuple[int | None, int | None]:
     return pid, uid
 
 
-def prepare_socket_dir(path: str) -> None:
-    """Create ``path`` with mode 0700, or accept it only if it already is private and ours."""
+def prepare_socket_dir(path: str, shared: bool = False) -> None:
+    """Create ``path`` with mode 0700, or accept it only if it already is private and ours.
+
+    ``shared`` (``agent.allowed_uids`` is set): the operator lets those users through with a
+    group or an ACL, which shows as group bits: 0710 or 0750 is accepted; write for anyone
+    but the owner (who could swap the socket) and any access for others never are."""
     try:
         os.makedirs(path, mode=0o700)
         os.chmod(path, 0o700)  # makedirs applies the umask; be exact
@@ -490,10 +498,12 @@ def prepare_socket_dir(path: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise VramscopeError(f"{path} is not a directory; choose another --socket path")
     mode = stat.S_IMODE(st.st_mode)
-    if mode != 0o700 or st.st_uid != os.getuid():
+    ok = mode & 0o700 == 0o700 and (mode & 0o027 == 0 if shared else mode & 0o077 == 0)
+    if not ok or st.st_uid != os.getuid():
+        need = ("mode 700, or 710/750 for agent.allowed_uids" if shared else "mode 700")
         raise VramscopeError(
             f"socket directory {path} has mode {mode:o} and owner uid {st.st_uid}; the agent "
-            f"needs a private directory (mode 700, owned by uid {os.getuid()}): choose another "
+            f"needs a private directory ({need}, owned by uid {os.getuid()}): choose another "
             f"path with --socket or agent.socket_path")
 
 
