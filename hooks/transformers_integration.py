@@ -38,7 +38,10 @@ from typing import Any
 
 from vramscope.agent.records import Phase
 from vramscope.hooks import phase as phase_mod
+from vramscope.hooks.sink import RecordSink
 
+# The model, its manager, processor, scheduler and their results stay ``Any``: transformers'
+# internals, found by name (hasattr) because they change between versions.
 log = logging.getLogger("vramscope.hooks")
 _REQUEST_IDS = itertools.count(1)
 _MARK = "_vramscope_instrumented"
@@ -83,7 +86,7 @@ def classify_step(scheduled: Iterable[Any] | None,
 class TransformersHandle:
     """What ``attach_transformers`` hooked; ``detach()`` undoes it. ``hooks`` names each part."""
 
-    def __init__(self, model: Any, sink: Any) -> None:
+    def __init__(self, model: Any, sink: RecordSink | None) -> None:
         self.model = model
         self.sink = sink
         self.hooks: list[str] = []
@@ -123,7 +126,8 @@ class TransformersHandle:
         generate.__wrapped__ = original  # type: ignore[attr-defined]
         return generate
 
-    def _forward_pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def _forward_pre_hook(self, module: Any, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> None:
         local = self._local
         rid = getattr(local, "request_id", None)
         if rid is None:
@@ -240,7 +244,7 @@ class TransformersHandle:
             self.missing.append(part)
 
 
-def attach_transformers(model: Any, sink: Any = None) -> TransformersHandle:
+def attach_transformers(model: Any, sink: RecordSink | None = None) -> TransformersHandle:
     """Tag phases for ``model.generate()`` and continuous batching; returns a handle to detach.
 
     ``sink`` receives the KV pool view of continuous batching
@@ -324,7 +328,8 @@ def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return None
 
 
-def _set_instance_attr(obj: Any, name: str, value: Any, undo: list) -> None:
+def _set_instance_attr(obj: Any, name: str, value: object,
+                       undo: list[Callable[[], None]]) -> None:
     had = name in vars(obj)
     before = vars(obj).get(name)
     setattr(obj, name, value)
@@ -338,7 +343,7 @@ def _set_instance_attr(obj: Any, name: str, value: Any, undo: list) -> None:
     undo.append(restore)
 
 
-def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
     ids = kwargs.get("input_ids")
     if ids is None and args:
         ids = args[0]
