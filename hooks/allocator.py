@@ -94,10 +94,10 @@ def choose_binding(torch: Any) -> Binding:
     raw = getattr(torch._C, "_cuda_memoryStats", None)
     if raw is not None:
         return Binding("torch._C._cuda_memoryStats", lambda d: counters_from_nested(raw(d)))
-    raw = getattr(torch._C, "_accelerator_getDeviceStats", None)
-    if raw is not None:
+    device_stats = getattr(torch._C, "_accelerator_getDeviceStats", None)
+    if device_stats is not None:
         return Binding("torch._C._accelerator_getDeviceStats",
-                       lambda d: counters_from_nested(raw(d)))
+                       lambda d: counters_from_nested(device_stats(d)))
     stats = torch.cuda.memory_stats
     return Binding("torch.cuda.memory_stats", lambda d: counters_from_flat(stats(d)))
 
