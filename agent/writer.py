@@ -25,14 +25,18 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import Event, PostMortem, Sample
 
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
+
 log = logging.getLogger("vramscope.writer")
 
-Task = Callable[[Any], None]  # called with the store, on the writer thread
+Task = Callable[["Store"], None]  # called with the store, on the writer thread
+Record = Sample | Event | PostMortem
 MAX_TASKS = 1000
 # Checked in this order: IntegrityError and DataError derive from DatabaseError, and would
 # fail again however often they were retried.
@@ -52,7 +56,7 @@ class WriterStats:
 
 
 class Writer:
-    def __init__(self, store: Any, *, max_records: int = 100_000, batch_rows: int = 2000,
+    def __init__(self, store: Store, *, max_records: int = 100_000, batch_rows: int = 2000,
                  batch_interval_s: float = 0.5,
                  on_batch: Callable[[list[Sample], list[Event]], None] | None = None,
                  max_backoff_s: float = 5.0) -> None:
@@ -66,10 +70,10 @@ class Writer:
         self._interval_s = batch_interval_s
         self._on_batch = on_batch
         self._max_backoff_s = max_backoff_s
-        self._queue: deque = deque()
-        self._tasks: deque = deque(maxlen=MAX_TASKS)
+        self._queue: deque[Record] = deque()
+        self._tasks: deque[Task] = deque(maxlen=MAX_TASKS)
         self._cond = threading.Condition()
-        self._pending: list | None = None  # a batch that failed and will be retried
+        self._pending: list[Record] | None = None  # a batch that failed and will be retried
         self._failing_since: float | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -81,7 +85,7 @@ class Writer:
         self._refused_unlogged = 0
 
     # --- producers (any thread; never block) ----------------------------------------------
-    def put(self, record: Sample | Event | PostMortem) -> None:
+    def put(self, record: Record) -> None:
         with self._cond:
             if len(self._queue) >= self._max:
                 self._queue.popleft()
@@ -90,7 +94,7 @@ class Writer:
             if len(self._queue) in (1, self._batch_rows):  # woken on first record, or full
                 self._cond.notify()
 
-    def put_many(self, records: Iterable[Sample | Event | PostMortem]) -> None:
+    def put_many(self, records: Iterable[Record]) -> None:
         with self._cond:
             was_empty = not self._queue
             self._queue.extend(records)
@@ -180,12 +184,12 @@ class Writer:
         self._recovered()
         return True
 
-    def _take(self) -> list:
+    def _take(self) -> list[Record]:
         with self._cond:
             n = min(self._batch_rows, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
 
-    def _commit(self, batch: list) -> None:
+    def _commit(self, batch: list[Record]) -> None:
         """Write ``batch``; what got committed is removed from it, so a retry never repeats it."""
         samples = [r for r in batch if isinstance(r, Sample)]
         events = [r for r in batch if isinstance(r, Event)]
@@ -195,7 +199,7 @@ class Writer:
             batch[:] = [r for r in batch if isinstance(r, PostMortem)]
             self._notify_batch(samples, events)
         while batch:
-            self.store.write_postmortem(batch[0])
+            self.store.write_postmortem(cast(PostMortem, batch[0]))  # only they are left
             batch.pop(0)
             self.stats.written_total += 1
         self.stats.batches_total += 1
@@ -216,13 +220,13 @@ class Writer:
         except Exception:  # noqa: BLE001 - analysis must never stop the writer
             log.exception("the batch callback (alert engine) failed; continuing")
 
-    def _failed(self, batch: list, exc: Exception) -> bool:
+    def _failed(self, batch: list[Record], exc: Exception) -> bool:
         if not _is_transient(exc):
             self._pending = None
             return self._isolate(batch, exc)
         return self._retry_later(exc)
 
-    def _isolate(self, batch: list, exc: Exception) -> bool:
+    def _isolate(self, batch: list[Record], exc: Exception) -> bool:
         """Halve a refused batch until each part commits or is one refused record; only those
         are dropped. A transient failure on the way keeps the part that failed as the pending
         batch and puts the rest back at the head of the queue, in order."""
@@ -250,7 +254,7 @@ class Writer:
         self._recovered()
         return True
 
-    def _refuse(self, record: Any, exc: Exception) -> None:
+    def _refuse(self, record: Record, exc: Exception) -> None:
         """One record the database will never take: drop and count it; log at most one line
         a minute (a client that sends only bad records must not flood the log)."""
         self.stats.refused_total += 1
@@ -331,7 +335,7 @@ class Writer:
                     "%r: %s", self.stats.tasks_failed, task, _short(exc))
 
 
-def _origin_for(store: Any) -> str | None:
+def _origin_for(store: Store) -> str | None:
     """A name unique to this writer's lifetime (seq restarts at 0 with each writer), or None
     on SQLite. Host name first, for whoever reads the rows."""
     if getattr(store, "dialect", "sqlite") == "sqlite":
