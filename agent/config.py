@@ -81,10 +81,19 @@ def _ip_check(value: str) -> str | None:
     return None
 
 
-def _targets_check(value: str) -> str | None:
-    from vramscope.agent.sources.prometheus import check_targets
+def split_targets(text: str) -> list[str]:
+    """``sources.prometheus.targets`` as a list of URLs."""
+    return [t.strip() for t in text.split(",") if t.strip()]
 
-    return check_targets(value)
+
+def _targets_check(value: str) -> str | None:
+    # here, not in sources.prometheus: config is part of the core the hooks import, and the core
+    # imports nothing above it (docs/architecture.md, "Direction of imports")
+    for target in split_targets(value):
+        if not target.startswith(("http://", "https://")):
+            return (f"{target!r} is not an http(s) URL; expected comma-separated URLs such as "
+                    f"http://127.0.0.1:8000/metrics")
+    return None
 
 
 # One row per setting. Defaults that depend on the environment are callables.

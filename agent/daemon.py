@@ -325,7 +325,9 @@ class Agent:
         def task(store: Any) -> None:
             for d in infos:
                 store.describe_device(d.index, uuid=d.uuid, name=d.name,
-                                      total_bytes=d.total_bytes)
+                                      total_bytes=d.total_bytes,
+                                      parent_uuid=getattr(d, "parent_uuid", None),
+                                      physical_index=getattr(d, "physical_index", None))
         return task
 
     def _on_batch(self, samples: list, events: list) -> None:

@@ -1,11 +1,20 @@
 """Embedded mode: the agent's sampler, writer (and optionally its ingest socket) as threads
 of the calling process — for notebooks, single-process servers and the demo.
 
-    agent = EmbeddedAgent(config, db_url="sqlite:///run.db")
-    agent.start()
-    vramscope.install(sink=agent.sink)   # hooks put records straight into the writer queue
+    embedded = vramscope.install_embedded(config)   # the agent, then the hooks into its queue
     ...
-    agent.stop()                          # final flush
+    embedded.stop()                                 # hooks off, then the final flush
+
+or, step by step (what :func:`install_embedded` does)::
+
+    agent = EmbeddedAgent(config, db_url="sqlite:///run.db").start()
+    vramscope.install(config, sink=agent.sink)   # hooks put records straight into the writer queue
+    ...
+    vramscope.uninstall()
+    agent.stop()                                  # final flush
+
+The composition runs from this side: the hooks never import the agent (docs/architecture.md,
+"Direction of imports"); they only see ``agent.sink``.
 
 ``agent.sink`` is a ``RecordSink``: ``put`` never blocks (a lock held for a deque append) and
 never raises; when the queue is full the oldest record is dropped and counted, as in the
@@ -16,12 +25,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.records import PostMortem
+
+if TYPE_CHECKING:
+    from vramscope.hooks.install import InstallReport
 
 log = logging.getLogger("vramscope.embedded")
 
@@ -99,3 +112,47 @@ class EmbeddedAgent:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class EmbeddedInstall:
+    """What :func:`install_embedded` started: the agent (None when it could not start) and the
+    hooks' report. ``stop()`` turns the hooks off, then stops the agent with a final flush."""
+
+    agent: EmbeddedAgent | None
+    report: InstallReport
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        from vramscope.hooks.install import uninstall
+
+        uninstall()
+        if self.agent is not None:
+            self.agent.stop(timeout_s)
+
+    def __enter__(self) -> EmbeddedInstall:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def install_embedded(config: Any = None, *, db_url: str | None = None, listen: bool = False,
+                     devices: list[int] | None = None) -> EmbeddedInstall:
+    """Start an :class:`EmbeddedAgent` and install the hooks with its sink. Never raises: an
+    agent that cannot start (a bad config file, a database it cannot open) is an
+    ``embedded_agent`` line of the report, and the hooks count and drop their records."""
+    from vramscope.hooks.install import DropSink, install, installed
+
+    if installed():  # its records already go somewhere: no second agent to feed nothing
+        return EmbeddedInstall(None, install(config))
+    try:
+        agent = EmbeddedAgent(config, db_url, listen=listen).start()
+    except Exception as exc:  # noqa: BLE001 - like install(), never into the server
+        log.warning("vramscope: the embedded agent cannot start: %s", exc)
+        report = install(config, sink=DropSink(), devices=devices)
+        report.add("embedded_agent", False, f"cannot start ({exc}); records are counted and "
+                                            f"dropped")
+        return EmbeddedInstall(None, report)
+    report = install(agent.agent.config, sink=agent.sink, devices=devices)
+    report.add("embedded_agent", True, f"writing {agent.store.safe_url}")
+    return EmbeddedInstall(agent, report)

@@ -13,6 +13,7 @@ timestamps, float), ``_ratio`` is a float in [0, 1]. A field that is ``None`` wa
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, NamedTuple
 
 
@@ -88,6 +89,9 @@ class Sample(NamedTuple):
     kv_blocks_cached: int | None = None
     kv_tokens_used: int | None = None
     host: str | None = None  # None means "this host"; set by the agent for fleet databases
+    # The device's identity (DESIGN.md rule 6): NVML's UUID, "GPU-..." or "MIG-...". ``device``
+    # is then only a label (torch's logical index in a hook sample); the store joins on this.
+    device_uuid: str | None = None
 
 
 class Event(NamedTuple):
@@ -106,6 +110,41 @@ class Event(NamedTuple):
     request_id: str | None = None
     data: dict[str, Any] | None = None
     host: str | None = None
+    device_uuid: str | None = None  # as in Sample: the identity; ``device`` is a label
+
+
+def format_uuid(value: Any) -> str | None:
+    """A device UUID as NVML writes it: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``.
+
+    Accepts NVML's own text (returned as is, ``GPU-`` or ``MIG-``), torch's ``_CUuuid``
+    (``str()`` gives the bare 36 characters; ``.bytes`` the 16 raw bytes) or bytes. A bare UUID
+    gets ``GPU-``: CUDA cannot tell a MIG slice from a GPU, so the store also tries ``MIG-``.
+    ``None`` for anything else (an unknown device keeps its index join; it is never guessed).
+    """
+    raw = getattr(value, "bytes", None)
+    if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
+        h = bytes(raw).hex()
+        value = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    elif isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("ascii", "replace")
+    if value is None:
+        return None
+    text = str(value).strip().strip("\0")
+    if text.startswith(("GPU-", "MIG-")):
+        return text[:80] if len(text) > 4 else None
+    return f"GPU-{text.lower()}" if _BARE_UUID.fullmatch(text) else None
+
+
+def uuid_candidates(uuid: str) -> tuple[str, ...]:
+    """The names one device may have: CUDA's view of a MIG slice is ``GPU-<body>`` where NVML
+    says ``MIG-<body>`` (drivers >= 470), so a hook's ``GPU-`` UUID is tried both ways."""
+    if uuid.startswith("GPU-"):
+        return (uuid, "MIG-" + uuid[4:])
+    return (uuid,)
+
+
+_HEX = "[0-9A-Fa-f]"
+_BARE_UUID = re.compile(f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}")
 
 
 class Holder(NamedTuple):
@@ -142,6 +181,7 @@ class PostMortem(NamedTuple):
     remedies: tuple[str, ...] = ()
     snapshot_path: str | None = None  # PyTorch snapshot pickle, when configured and kept
     host: str | None = None
+    device_uuid: str | None = None  # as in Sample: the identity; ``device`` is a label
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-compatible dict (the stored and shipped form)."""

@@ -97,6 +97,7 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
     device = _int(obj.get("device"), "device", default=0, top=_MAX_INT32)
     pid = _int(obj.get("pid"), "pid", default=None, top=_MAX_INT32)
     host = _str(obj.get("host"), "host")
+    uuid = _str(obj.get("device_uuid"), "device_uuid")
     if "event" in obj:
         name = _str(obj["event"], "event")
         if not name:
@@ -107,10 +108,11 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
             raise ValueError(f"'request_id' must be a string, got {_show(rid)}")
         rid = None if rid is None else _str(str(rid), "request_id")
         data = {k: v for k, v in obj.items() if k not in _EVENT_FIELDS}
-        return Event(ts, name, device, pid, phase, rid, check_data(data) or None, host)
+        return Event(ts, name, device, pid, phase, rid, check_data(data) or None, host, uuid)
     counters = [_int(obj.get(k), k, default=None, bytes_like=True) for k in SAMPLE_COUNTER_FIELDS]
     phase = _phase(obj.get("phase", "unknown"))
-    return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid, *counters, host=host)
+    return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid, *counters, host=host,
+                  device_uuid=uuid)
 
 
 def _number(value: Any, key: str) -> float:
@@ -215,13 +217,16 @@ def sample_to_json(s: Sample) -> dict[str, Any]:
             out[key] = value
     if s.host is not None:
         out["host"] = s.host
+    if s.device_uuid is not None:
+        out["device_uuid"] = s.device_uuid
     return out
 
 
 def event_to_json(e: Event) -> dict[str, Any]:
     out: dict[str, Any] = dict(e.data or {})
     out.update({"ts": e.ts_s, "event": e.name, "device": e.device})
-    for key, value in (("pid", e.pid), ("request_id", e.request_id), ("host", e.host)):
+    for key, value in (("pid", e.pid), ("request_id", e.request_id), ("host", e.host),
+                       ("device_uuid", e.device_uuid)):
         if value is not None:
             out[key] = value
     if e.phase is not None:

@@ -11,10 +11,10 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, send_file
-from vramscope.dashboard import analysis, figures, params, queries, verdict
+from vramscope.dashboard import analysis, figures, params, queries, timeline_figure, verdict
 from vramscope.dashboard import timeline as tl
-from vramscope.dashboard.app import state
 from vramscope.dashboard.errors import BadParameter
+from vramscope.dashboard.state import state
 from werkzeug.exceptions import NotFound
 
 bp = Blueprint("api", __name__)
@@ -206,7 +206,7 @@ def figure_overview():
 
 @bp.get("/figures/timeline")
 def figure_timeline():
-    return jsonify(figures.timeline_figure(
+    return jsonify(timeline_figure.build(
         _timeline_doc(), state().config["alerts.fragmentation_warning_ratio"]))
 
 

@@ -1,33 +1,21 @@
 """The app factory (as in flaskr's ``create_app``): config and store in, a Flask app out.
 
 Nothing is built at import time. Extensions hang off ``app.extensions["vramscope"]`` (a
-:class:`DashboardState`), so two apps in one process (tests, the embedded demo) never share a
-store, a clock or a metrics registry.
+:class:`~vramscope.dashboard.state.DashboardState`), so two apps in one process (tests, the
+embedded demo) never share a store, a clock or a metrics registry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from flask import Flask, current_app, send_file
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import Config, parse_config
 from vramscope.agent.store import Store
+from vramscope.dashboard.state import DashboardState, state
 
 PACKAGE_DIR = Path(__file__).parent
-
-
-@dataclass
-class DashboardState:
-    store: Store
-    config: Config
-    clock: Clock
-    owns_store: bool  # opened by the factory, so closed with the app's server
-
-
-def state() -> DashboardState:
-    return current_app.extensions["vramscope"]
 
 
 def plotly_js_path() -> Path:
@@ -72,6 +60,10 @@ def _healthz():
     except Exception as exc:  # any driver error: unhealthy, not a crash
         current_app.logger.warning("health check: database does not answer: %s", exc)
         return {"status": "error", "problem": "database does not answer"}, 503
+    damage = st.store.integrity()  # quick_check, at most every 10 minutes
+    if damage is not None:
+        current_app.logger.error("health check: database integrity check failed: %s", damage)
+        return {"status": "error", "problem": f"database integrity check failed: {damage}"}, 503
     return {"status": "ok", "now_s": st.clock.time_s()}
 
 

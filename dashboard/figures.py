@@ -165,15 +165,6 @@ def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]
     return out
 
 
-def timeline_figure(doc: dict[str, Any],
-                    fragmentation_warning_ratio: float | None = None) -> dict[str, Any]:
-    """Memory, phases, fragmentation, KV pool and event lanes on one linked time axis (laid
-    out by :mod:`vramscope.dashboard.timeline_figure`, from the trace builders above)."""
-    from vramscope.dashboard.timeline_figure import build
-
-    return build(doc, fragmentation_warning_ratio)
-
-
 # --- leaks, risk, capacity --------------------------------------------------------------------
 def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
                  limit_bytes: int | None) -> dict[str, Any]:

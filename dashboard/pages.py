@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, redirect, render_template, url_for
 from vramscope.dashboard import params
-from vramscope.dashboard.app import state
+from vramscope.dashboard.state import state
 from werkzeug.exceptions import NotFound
 
 bp = Blueprint("pages", __name__)

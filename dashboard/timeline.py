@@ -1,7 +1,8 @@
 """Pure functions that turn downsampled store rows and events into the timeline document.
 
 No I/O here: :mod:`vramscope.dashboard.queries` fetches, these shape. The document is what
-``GET /api/v1/timeline`` returns and what :func:`vramscope.dashboard.figures.timeline_figure` draws.
+``GET /api/v1/timeline`` returns and what :func:`vramscope.dashboard.timeline_figure.build`
+draws.
 """
 
 from __future__ import annotations

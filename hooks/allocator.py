@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
-from vramscope.agent.records import Phase, Sample
+from vramscope.agent.records import Phase, Sample, format_uuid
 from vramscope.hooks.phase import current_phase, note_allocated
 
 log = logging.getLogger("vramscope.hooks")
@@ -113,6 +113,24 @@ def device_limit_bytes(torch: Any, device: int) -> int | None:
         return None
 
 
+def device_uuid(torch: Any, device: int) -> str | None:
+    """The device's UUID as NVML writes it (``GPU-...``), from torch's device properties.
+
+    The identity the agent joins on: ``device`` is torch's *logical* index, which
+    ``CUDA_VISIBLE_DEVICES`` and container runtimes renumber; the UUID is the same everywhere.
+    Call only after CUDA is initialized (``get_device_properties`` would initialize it).
+    """
+    try:
+        return format_uuid(torch.cuda.get_device_properties(device).uuid)
+    except Exception:  # older torch (no .uuid), or a driver error: the index join stays
+        return None
+
+
+# Re-read the limit every this many reads: a server may call set_per_process_memory_fraction
+# after the first read (the cap is then its limit), and the read is cheap but not free.
+LIMIT_REFRESH_READS = 50
+
+
 class AllocatorSource:
     """Reads one device's counters into a ``Sample`` tagged with the current phase.
 
@@ -132,6 +150,8 @@ class AllocatorSource:
         self.binding = binding or choose_binding(torch_module)
         self._pid = os.getpid()
         self._limit_bytes: int | None = None
+        self._reads = 0
+        self.device_uuid: str | None = None  # read once, after CUDA is initialized
         self._failures = 0
 
     def counters(self) -> Counters | None:
@@ -152,11 +172,15 @@ class AllocatorSource:
         if counters is None:
             return None
         note_allocated(self.device, counters.allocated)
-        if self._limit_bytes is None:
+        if self._limit_bytes is None or self._reads % LIMIT_REFRESH_READS == 0:
             self._limit_bytes = device_limit_bytes(self._torch, self.device)
+            if self.device_uuid is None:
+                self.device_uuid = device_uuid(self._torch, self.device)
+        self._reads += 1
         return sample_from_counters(counters, ts_s=self._clock.time_s(), device=self.device,
                                     phase=current_phase(), pid=self._pid,
-                                    limit_bytes=self._limit_bytes)
+                                    limit_bytes=self._limit_bytes,
+                                    device_uuid=self.device_uuid)
 
     def refresh_limit(self) -> None:
         """Re-read the limit next time (after ``set_per_process_memory_fraction``)."""
@@ -165,12 +189,14 @@ class AllocatorSource:
 
 def sample_from_counters(c: Counters, *, ts_s: float, device: int, phase: Phase,
                          pid: int | None, limit_bytes: int | None = None,
-                         source: str = "torch") -> Sample:
+                         source: str = "torch", device_uuid: str | None = None) -> Sample:
+    """``device_total_bytes`` of an allocator sample is the process's limit: the device total,
+    or the per-process cap (``set_per_process_memory_fraction``) when one is set."""
     return Sample(ts_s=ts_s, device=device, phase=phase, source=source, pid=pid,
                   allocated_bytes=c.allocated, reserved_bytes=c.reserved,
                   active_bytes=c.active, inactive_split_bytes=c.inactive_split,
                   requested_bytes=c.requested, num_alloc_retries=c.num_alloc_retries,
-                  num_ooms=c.num_ooms, device_total_bytes=limit_bytes)
+                  num_ooms=c.num_ooms, device_total_bytes=limit_bytes, device_uuid=device_uuid)
 
 
 class FakeAllocatorSource:
@@ -185,8 +211,9 @@ class FakeAllocatorSource:
 
     def __init__(self, counters: Counters | None = None, *, device: int = 0,
                  clock: Clock = SYSTEM_CLOCK, pid: int | None = 4242,
-                 limit_bytes: int | None = None) -> None:
+                 limit_bytes: int | None = None, device_uuid: str | None = None) -> None:
         self.device = device
+        self.device_uuid = device_uuid
         self.now = counters
         self._clock = clock
         self._pid = pid
@@ -215,4 +242,4 @@ class FakeAllocatorSource:
         note_allocated(self.device, c.allocated)
         return sample_from_counters(c, ts_s=self._clock.time_s(), device=self.device,
                                     phase=current_phase(), pid=self._pid,
-                                    limit_bytes=self._limit)
+                                    limit_bytes=self._limit, device_uuid=self.device_uuid)

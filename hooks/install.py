@@ -14,11 +14,11 @@ What it turns on, each where the environment allows:
   history with a bounded ``hooks.history_max_entries``;
 - phase stamping through ``torch.cuda.memory._set_memory_metadata``.
 
-Records go to ``sink=`` if given; else, with ``embedded=True``, to an in-process
-``vramscope.agent.embedded.EmbeddedAgent`` writing the store; else to
-``vramscope.hooks.client.make_default_sink``
-(the socket client to a sidecar agent). Nothing touches CUDA before the server does: reads and
-observers that need an initialized CUDA wait for it (``torch.cuda._lazy_call``).
+Records go to ``sink=`` if given; else to ``vramscope.hooks.client.make_default_sink`` (the
+socket client to a sidecar agent). The hooks never start an agent: embedded mode composes from
+the agent side (``vramscope.install_embedded(config)`` starts one and passes its sink here).
+Nothing touches CUDA before the server does: reads and observers that need an initialized CUDA
+wait for it (``torch.cuda._lazy_call``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ class _Installation:
     report: InstallReport
     sink: Any
     owns_sink: bool = False
-    agent: Any = None
     sampler: Any = None
     observer: Any = None
     history_on: bool = False
@@ -96,12 +95,18 @@ _LOCK = threading.Lock()
 _INSTALLED: _Installation | None = None
 _OOM_TARGET: list[Any] = [None]  # the observer the one attached trampoline forwards to
 _OOM_ATTACHED = [False]
+EMBEDDED_MOVED = ("install(embedded=True) is gone: the hooks never start the agent. Call "
+                  "vramscope.install_embedded(config), which starts the embedded agent and "
+                  "installs the hooks with its sink (stop both with its .stop()).")
 
 
 def install(config: Any = None, *, sink: Any = None, clock: Clock | None = None,
             embedded: bool = False, devices: list[int] | None = None) -> InstallReport:
-    """Turn on what this process supports; returns the report. Never raises."""
+    """Turn on what this process supports; returns the report. Never raises, except for
+    ``embedded=True``, a call that no longer has a meaning (see :data:`EMBEDDED_MOVED`)."""
     global _INSTALLED
+    if embedded:
+        raise TypeError(EMBEDDED_MOVED)
     with _LOCK:
         if _INSTALLED is not None:
             report = InstallReport(list(_INSTALLED.report.items))
@@ -109,7 +114,7 @@ def install(config: Any = None, *, sink: Any = None, clock: Clock | None = None,
             return report
         report = InstallReport()
         try:
-            _INSTALLED = _install(report, config, sink, clock or SYSTEM_CLOCK, embedded, devices)
+            _INSTALLED = _install(report, config, sink, clock or SYSTEM_CLOCK, devices)
         except Exception as exc:  # a bug of ours must not take the server down
             log.warning("vramscope: install failed: %r", exc)
             report.add("install", False, f"failed: {exc!r}; the server runs unobserved")
@@ -138,11 +143,11 @@ def installed() -> bool:
     return _INSTALLED is not None
 
 
-def _install(report: InstallReport, config: Any, sink: Any, clock: Clock, embedded: bool,
+def _install(report: InstallReport, config: Any, sink: Any, clock: Clock,
              devices: list[int] | None) -> _Installation:
     config = _resolve_config(config, report)
     inst = _Installation(report, None)
-    _resolve_sink(inst, config, sink, embedded)
+    _resolve_sink(inst, config, sink)
     torch = _import_torch(report)
     inst.torch = torch
     tasks, sources, stamp = [], [], None
@@ -180,29 +185,21 @@ def _resolve_config(config: Any, report: InstallReport) -> Any:
     return config
 
 
-def _resolve_sink(inst: _Installation, config: Any, sink: Any, embedded: bool) -> None:
+def _resolve_sink(inst: _Installation, config: Any, sink: Any) -> None:
     report = inst.report
     if sink is not None:
         inst.sink = sink
         report.add("sink", True, f"given: {type(sink).__name__}")
         return
     try:
-        if embedded:
-            from vramscope.agent.embedded import EmbeddedAgent
+        from vramscope.hooks.client import make_default_sink
 
-            inst.agent = EmbeddedAgent(config)
-            inst.agent.start()
-            inst.sink = inst.agent.sink
-            report.add("sink", True, f"embedded agent writing {config['database.url']}")
-        else:
-            from vramscope.hooks.client import make_default_sink
-
-            inst.sink, inst.owns_sink = make_default_sink(config), True
-            report.add("sink", True, f"agent socket {config['agent.socket_path']}")
-    except Exception as exc:  # not built yet, or the agent cannot start
-        what = "vramscope.agent.embedded" if embedded else "vramscope.hooks.client"
+        inst.sink, inst.owns_sink = make_default_sink(config), True
+        report.add("sink", True, f"agent socket {config['agent.socket_path']}")
+    except Exception as exc:  # a bug of ours in the client must not stop the hooks
         inst.sink = DropSink()
-        report.add("sink", False, f"{what} unavailable ({exc!r}); records are counted and dropped")
+        report.add("sink", False, f"vramscope.hooks.client unavailable ({exc!r}); records are "
+                                  f"counted and dropped")
 
 
 def _import_torch(report: InstallReport) -> Any:
@@ -369,7 +366,5 @@ def _clear_metadata(inst: _Installation) -> None:
 
 
 def _close_sink(inst: _Installation) -> None:
-    if inst.agent is not None:
-        inst.agent.stop()
-    elif inst.owns_sink:
+    if inst.owns_sink:
         inst.sink.close()

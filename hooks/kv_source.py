@@ -111,7 +111,8 @@ class KVSource(KVPoolObserver):
     # The three per-request methods inline ``_event`` (a call less each): they are the path
     # the 1 us per event target is about. One clock read serves the event's timestamp and the
     # sample rate; the Event is built positionally as a plain tuple (``Event(...)`` runs a
-    # Python ``__new__``: half again the cost).
+    # Python ``__new__``: half again the cost), so it must list every field of Event (host and
+    # device_uuid last: the install sink stamps the UUID).
     def on_allocate(self, pool: Any, allocation: Allocation) -> None:
         request_id, block_ids, num_tokens, hit_tokens, _ = allocation
         phase = self._phase_fn() if self._phase_fn is not None else None
@@ -120,7 +121,7 @@ class KVSource(KVPoolObserver):
             self._sink_put(_new_event(Event, (
                 now_s, "kv_alloc", self.device, self.pid, phase, request_id,
                 {"blocks": len(block_ids), "tokens": num_tokens, "hit_tokens": hit_tokens},
-                None)))
+                None, None)))
             if not self._sampled_s <= now_s < self._next_sample_s:
                 self._sample_at(pool, now_s)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
@@ -135,7 +136,7 @@ class KVSource(KVPoolObserver):
             data = self._extend_data.get(key) or _share(
                 self._extend_data, key, {"blocks": key[0], "tokens": num_tokens, "extend": True})
             self._sink_put(_new_event(Event, (now_s, "kv_alloc", self.device, self.pid, phase,
-                                              request_id, data, None)))
+                                              request_id, data, None, None)))
             if not self._sampled_s <= now_s < self._next_sample_s:
                 self._sample_at(pool, now_s)
         except Exception:
@@ -150,7 +151,7 @@ class KVSource(KVPoolObserver):
             data = self._free_data.get(key) or _share(
                 self._free_data, key, {"blocks_released": key[0], "blocks_cached": key[1]})
             self._sink_put(_new_event(Event, (now_s, "kv_free", self.device, self.pid, phase,
-                                              request_id, data, None)))
+                                              request_id, data, None, None)))
             if not self._sampled_s <= now_s < self._next_sample_s:
                 self._sample_at(pool, now_s)
         except Exception:
@@ -181,7 +182,7 @@ class KVSource(KVPoolObserver):
         now_s = self._time_s()
         try:
             self._sink_put(_new_event(Event, (now_s, name, self.device, self.pid, phase,
-                                              request_id, data, None)))
+                                              request_id, data, None, None)))
             if not self._sampled_s <= now_s < self._next_sample_s:
                 self._sample_at(pool, now_s)
         except Exception:  # a sink must not raise; if one does, the server still must not see it

@@ -1,9 +1,9 @@
 """vramscope: GPU memory observability for LLM inference servers.
 
-The one name an inference server imports. It re-exports the in-server API from ``hooks`` (and
-the records from ``vramscope.agent.records``) lazily, so ``import vramscope`` costs nothing until a
-name is
-used and works on a machine without torch or a GPU::
+The one name an inference server imports. It re-exports the in-server API from
+``vramscope.hooks`` (and the records from ``vramscope.agent.records``) lazily, so
+``import vramscope`` costs nothing until a name is used and works on a machine without torch or
+a GPU::
 
     import vramscope
 
@@ -13,8 +13,9 @@ used and works on a machine without torch or a GPU::
     pool = vramscope.KVBlockPool(num_layers=16, num_kv_heads=4, head_dim=128,
                                  dtype="bfloat16", num_blocks=1024, block_size=16)
 
-A file at the repo root, not a package, so a user's own ``hooks.py`` or ``agent.py`` can never
-shadow it.
+The only top-level name vramscope installs: the hooks and the agent are its sub-packages
+(``vramscope.hooks``, ``vramscope.agent``), so a user's own ``hooks.py`` or ``agent.py`` can
+never shadow them (``tests/test_packaging.py`` checks it from an installed wheel).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "KVPoolObserver": "vramscope.hooks.kvpool",
     "KVPoolError": "vramscope.hooks.kvpool",
     "attach_transformers": "vramscope.hooks.transformers_integration",
+    # embedded mode composes from the agent side: importing it costs the agent, so only on use
+    "install_embedded": "vramscope.agent.embedded",
     "Phase": "vramscope.agent.records",
     "Sample": "vramscope.agent.records",
     "Event": "vramscope.agent.records",

@@ -243,15 +243,17 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
               for p in (o.get("phase", "unknown") for o in items)]
     source = _str_column(items, "source", STR_LIMITS["source"])
     host = _str_column(items, "host", STR_LIMITS["host"])
+    uuid = _str_column(items, "device_uuid", STR_LIMITS["device_uuid"])
     counters = [_int_column(items, k, _INT_MAX) for k in SAMPLE_COUNTER_FIELDS]
-    if (device is None or pid is None or source is None or host is None or None in phases
+    if (device is None or pid is None or source is None or host is None or uuid is None
+            or None in phases
             or any(c is None for c in counters)):
         return None
     device = [0 if d is None else d for d in device]
     if default_pid is not None:
         pid = [default_pid if p is None else p for p in pid]
     return list(map(Sample._make, zip(map(float, ts), device, phases, source, pid, *counters,
-                                      host, strict=True)))
+                                      host, uuid, strict=True)))
 
 
 def _int_column(items: list[dict], key: str, top: int) -> list | None:

@@ -30,11 +30,23 @@ from vramscope.agent.records import Sample
 log = logging.getLogger("vramscope.nvml")
 
 
+# MIG slices have no NVML index of their own; the agent numbers them after the GPUs so that a
+# device is still addressable by one integer: slot s of GPU g is MIG_INDEX_BASE + 100 * g + s
+# (GPU 3's slot 2 is 1302). The label only: the identity is the slice's own UUID.
+MIG_INDEX_BASE = 1000
+
+
+def mig_index(parent_index: int, slot: int) -> int:
+    return MIG_INDEX_BASE + 100 * parent_index + slot
+
+
 class DeviceInfo(NamedTuple):
-    index: int
+    index: int  # NVML's physical index; for a MIG slice, mig_index(parent, slot)
     uuid: str | None
     name: str | None
     total_bytes: int | None
+    parent_uuid: str | None = None  # a MIG slice's GPU
+    physical_index: int | None = None  # the GPU's NVML index (a slice's parent's)
 
 
 class ProcessRow(NamedTuple):
@@ -42,8 +54,9 @@ class ProcessRow(NamedTuple):
 
     ts_s: float
     device: int
-    pid: int
+    pid: int  # as NVML sees it: the host's PID namespace (or the agent's, in a container)
     used_bytes: int | None  # None where the driver does not say (some vGPU / MIG setups)
+    device_uuid: str | None = None
 
 
 class DeviceSource(Protocol):
@@ -59,16 +72,25 @@ class DeviceSource(Protocol):
 
 
 class NvmlSource:
-    """The real thing, over ``pynvml`` (package ``nvidia-ml-py``). Build with :func:`open_nvml`."""
+    """The real thing, over ``pynvml`` (package ``nvidia-ml-py``). Build with :func:`open_nvml`.
+
+    Every GPU is a device; on a GPU in MIG mode each MIG slice is a device too (its own UUID,
+    memory and processes), named with its parent, so a server on a slice never shares a series
+    with the whole GPU.
+    """
 
     def __init__(self, nvml: Any, clock: Clock = SYSTEM_CLOCK) -> None:
         self._nvml = nvml
         self._clock = clock
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i)
-                         for i in range(nvml.nvmlDeviceGetCount())]
         self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
         self._warned: set[tuple[str, int]] = set()
-        self._info = [self._describe(i, h) for i, h in enumerate(self._handles)]
+        gpus = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self._handles: list[tuple[DeviceInfo, Any]] = []
+        for i, handle in enumerate(gpus):
+            info = self._describe(i, handle)
+            self._handles.append((info, handle))
+            self._handles += self._mig_slices(info, handle)
+        self._info = [info for info, _ in self._handles]
 
     def devices(self) -> list[DeviceInfo]:
         return list(self._info)
@@ -76,23 +98,23 @@ class NvmlSource:
     def read(self) -> list[Sample]:
         ts_s = self._clock.time_s()
         out = []
-        for index, handle in enumerate(self._handles):
-            total, free = self._memory(index, handle)
+        for info, handle in self._handles:
+            total, free = self._memory(info.index, handle)
             used = None if total is None or free is None else total - free
-            out.append(Sample(ts_s, index, source="nvml", device_used_bytes=used,
-                              device_total_bytes=total))
+            out.append(Sample(ts_s, info.index, source="nvml", device_used_bytes=used,
+                              device_total_bytes=total, device_uuid=info.uuid))
         return out
 
     def read_processes(self) -> list[ProcessRow]:
         ts_s = self._clock.time_s()
         rows = []
-        for index, handle in enumerate(self._handles):
-            procs = self._query("processes", index, self._nvml.nvmlDeviceGetComputeRunningProcesses,
-                                handle) or []
+        for info, handle in self._handles:
+            procs = self._query("processes", info.index,
+                                self._nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
-                rows.append(ProcessRow(ts_s, index, int(p.pid),
-                                       used if isinstance(used, int) else None))
+                rows.append(ProcessRow(ts_s, info.index, int(p.pid),
+                                       used if isinstance(used, int) else None, info.uuid))
         return rows
 
     def close(self) -> None:
@@ -100,6 +122,25 @@ class NvmlSource:
             self._nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutting down; nothing to do about it
             pass
+
+    def _mig_slices(self, gpu: DeviceInfo, handle: Any) -> list[tuple[DeviceInfo, Any]]:
+        """The MIG slices of one GPU in MIG mode (none otherwise, or on an older driver)."""
+        nvml, index = self._nvml, gpu.index
+        if not hasattr(nvml, "nvmlDeviceGetMigMode"):
+            return []
+        mode = self._query("mig_mode", index, nvml.nvmlDeviceGetMigMode, handle)
+        if not mode or not mode[0]:  # (current, pending); 1 is NVML_DEVICE_MIG_ENABLE
+            return []
+        count = self._query("mig_count", index, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        out = []
+        for slot in range(count):
+            try:  # an empty slot raises NVML_ERROR_NOT_FOUND: expected, not worth a log line
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except Exception:  # noqa: BLE001
+                continue
+            info = self._describe(mig_index(index, slot), mig)
+            out.append((info._replace(parent_uuid=gpu.uuid, physical_index=index), mig))
+        return out
 
     def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
         info = None
@@ -118,7 +159,7 @@ class NvmlSource:
         name = self._query("name", index, self._nvml.nvmlDeviceGetName, handle)
         uuid = self._query("uuid", index, self._nvml.nvmlDeviceGetUUID, handle)
         total, _ = self._memory(index, handle)
-        return DeviceInfo(index, _text(uuid), _text(name), total)
+        return DeviceInfo(index, _text(uuid), _text(name), total, physical_index=index)
 
     def _query(self, what: str, index: int, fn: Callable[..., Any], *args: Any,
                **kwargs: Any) -> Any:
@@ -160,23 +201,35 @@ def open_nvml(clock: Clock = SYSTEM_CLOCK) -> NvmlSource | None:
         return None
 
 
+def fake_uuid(index: int) -> str:
+    return f"GPU-fake-{index:04d}"
+
+
 class FakeNvmlSource:
-    """A scripted fleet of devices: used memory follows ``used_fn(device, t)`` over the clock.
+    """A scripted node: used memory follows ``used_fn(device, t)`` over the clock.
 
     The default script is a slow sine around half the memory, different per device, so plots
     and rollups have something to show; pass ``used_fn`` for exact values in tests.
+    ``mig={gpu: [slice_total_bytes, ...]}`` puts those GPUs in MIG mode with one slice per
+    entry (indexes from :func:`mig_index`, UUIDs ``MIG-fake-<gpu>-<slot>``), as NVML shows them.
+    ``processes`` maps a device index (a slice's too) to its ``(pid, used_bytes)`` rows.
     """
 
     def __init__(self, devices: int = 1, total_bytes: int = 80 * 2**30, *,
                  clock: Clock = SYSTEM_CLOCK,
                  used_fn: Callable[[int, float], int | None] | None = None,
-                 processes: dict[int, list[tuple[int, int | None]]] | None = None) -> None:
+                 processes: dict[int, list[tuple[int, int | None]]] | None = None,
+                 mig: dict[int, list[int]] | None = None, name: str = "Fake GPU") -> None:
         self._clock = clock
         self._total = total_bytes
         self._used_fn = used_fn or self._default_used
-        self._processes = processes or {}  # device -> [(pid, used_bytes)]
-        self._info = [DeviceInfo(i, f"GPU-fake-{i:04d}", "Fake GPU", total_bytes)
-                      for i in range(devices)]
+        self.processes = processes or {}  # device -> [(pid, used_bytes)]; tests may change it
+        self._info: list[DeviceInfo] = []
+        for i in range(devices):
+            self._info.append(DeviceInfo(i, fake_uuid(i), name, total_bytes, physical_index=i))
+            for slot, slice_total in enumerate((mig or {}).get(i, ())):
+                self._info.append(DeviceInfo(mig_index(i, slot), f"MIG-fake-{i}-{slot}",
+                                             f"{name} MIG slice", slice_total, fake_uuid(i), i))
         self.reads = 0
 
     def devices(self) -> list[DeviceInfo]:
@@ -186,16 +239,18 @@ class FakeNvmlSource:
         self.reads += 1
         ts_s = self._clock.time_s()
         return [Sample(ts_s, d.index, source="nvml", device_used_bytes=self._used_fn(d.index, ts_s),
-                       device_total_bytes=self._total) for d in self._info]
+                       device_total_bytes=d.total_bytes, device_uuid=d.uuid) for d in self._info]
 
     def read_processes(self) -> list[ProcessRow]:
         ts_s = self._clock.time_s()
-        return [ProcessRow(ts_s, device, pid, used)
-                for device, rows in sorted(self._processes.items()) for pid, used in rows]
+        uuids = {d.index: d.uuid for d in self._info}
+        return [ProcessRow(ts_s, device, pid, used, uuids.get(device))
+                for device, rows in sorted(self.processes.items()) for pid, used in rows]
 
     def close(self) -> None:
         pass
 
     def _default_used(self, device: int, t_s: float) -> int:
+        total = next((d.total_bytes for d in self._info if d.index == device), self._total)
         wave = 0.5 + 0.25 * math.sin(t_s / 60.0 + device)
-        return int(self._total * wave)
+        return int((total or self._total) * wave)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.config import split_targets
 from vramscope.agent.records import Event, Phase, Sample
 
 log = logging.getLogger("vramscope.prometheus")
@@ -284,19 +285,6 @@ def fetch_url(url: str, timeout_s: float) -> str:
     if len(body) > MAX_BODY_BYTES:
         raise ValueError(f"page larger than {MAX_BODY_BYTES} bytes")
     return body.decode("utf-8", errors="replace")
-
-
-def split_targets(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def check_targets(text: str) -> str | None:
-    """The config check of ``sources.prometheus.targets``: a problem, or None."""
-    for target in split_targets(text):
-        if not target.startswith(("http://", "https://")):
-            return (f"{target!r} is not an http(s) URL; expected comma-separated URLs such as "
-                    f"http://127.0.0.1:8000/metrics")
-    return None
 
 
 def _short(url: str) -> str:

@@ -1,5 +1,5 @@
 """The database schema, as SQLAlchemy Core tables. Alembic revisions in ``migrations/`` create it;
-``tests/test_migrations.py`` runs ``alembic check`` so the two never drift.
+``tests/agent/test_migrations.py`` runs ``alembic check`` so the two never drift.
 
 Bytes are BigInteger, times are float seconds of Unix time (``_s``); JSON documents are text.
 """
@@ -47,11 +47,19 @@ devices = Table(
     "devices", metadata,
     Column("id", Integer, primary_key=True),
     Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
+    # The label a device is addressed by: NVML's physical index for a GPU, mig_index(parent,
+    # slot) for a MIG slice (vramscope.agent.sources.nvml). Records join on uuid when they
+    # carry one, on (host, device_index) only when they do not (old rows, traces, no NVML).
     Column("device_index", Integer, nullable=False),
-    Column("uuid", String(80), nullable=True),
+    Column("uuid", String(80), nullable=True),  # the identity: NVML's "GPU-..." / "MIG-..."
     Column("name", String(255), nullable=True),
     Column("total_bytes", BigInteger, nullable=True),
+    Column("parent_uuid", String(80), nullable=True),  # a MIG slice's GPU
+    Column("physical_index", Integer, nullable=True),  # the GPU's NVML index (a slice's parent's)
     UniqueConstraint("host_id", "device_index", name="uq_devices_host_index"),
+    # a unique index, not a constraint: SQLite adds it without rebuilding the table (a rebuild
+    # would have to drop a table that samples reference)
+    Index("uq_devices_host_uuid", "host_id", "uuid", unique=True),
 )
 
 processes = Table(
@@ -62,6 +70,13 @@ processes = Table(
     Column("name", String(255), nullable=True),  # shown as text, never as HTML
     Column("model", String(255), nullable=True),
     Column("devices", String(255), nullable=True),  # comma-separated device indexes
+    # Distributed rank (torch.distributed, or RANK / LOCAL_RANK / WORLD_SIZE from the launcher)
+    Column("rank", Integer, nullable=True),
+    Column("local_rank", Integer, nullable=True),
+    Column("world_size", Integer, nullable=True),
+    # The pid inside the process's own PID namespace (a container), when it differs from `pid`
+    # (always the agent's view: SO_PEERCRED, NVML's process rows).
+    Column("ns_pid", Integer, nullable=True),
     Column("first_seen_s", Float, nullable=False),
     Column("last_seen_s", Float, nullable=False),
     UniqueConstraint("host_id", "pid", name="uq_processes_host_pid"),

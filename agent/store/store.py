@@ -6,11 +6,18 @@ PostgreSQL by URL. Opening a store upgrades an older schema and refuses a newer 
 
 Records in, records out: callers pass and get ``Sample`` / ``Event`` / ``PostMortem``; devices
 are addressed by ``(host, index)``, where ``host=None`` means this store's own host.
+
+A record joins its device by ``device_uuid`` when it carries one (DESIGN.md rule 6: a hook's
+``device`` is torch's logical index, which ``CUDA_VISIBLE_DEVICES`` and containers renumber),
+and by ``(host, index)`` only when it does not. A record whose UUID names no device of its host
+while its index belongs to another device is *unjoined*: counted in ``unjoined_total``, logged
+once per UUID, and not written, rather than landing on the other device.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterable, Sequence
@@ -21,7 +28,14 @@ from sqlalchemy import and_, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from vramscope.agent.errors import StoreError
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
+from vramscope.agent.records import (
+    SAMPLE_COUNTER_FIELDS,
+    Event,
+    Phase,
+    PostMortem,
+    Sample,
+    uuid_candidates,
+)
 from vramscope.agent.store import migrate
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -39,6 +53,7 @@ _BIGINT_MAX = 2**63 - 1
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+log = logging.getLogger("vramscope.store")
 
 
 class Store:
@@ -49,6 +64,9 @@ class Store:
         self.host_name = host_name or socket.gethostname()
         self._host_ids: dict[str, int] = {}
         self._device_ids: dict[tuple[str, int], int] = {}
+        self._uuid_ids: dict[tuple[str, str], int] = {}
+        self._unjoined: set[tuple[str, str]] = set()  # (host, uuid) already logged
+        self.unjoined_total = 0  # records not written: their UUID named no device of the host
         self._sample_sql: str | None = None  # compiled once, see _insert_samples
 
     # --- opening --------------------------------------------------------------------------
@@ -139,24 +157,100 @@ class Store:
             c.execute(update(hosts).where(hosts.c.id == hid).values(boot_id=boot_id))
 
     def describe_device(self, index: int, *, uuid: str | None = None, name: str | None = None,
-                        total_bytes: int | None = None, host: str | None = None) -> None:
-        """Record a device's UUID, name and total memory (from NVML)."""
+                        total_bytes: int | None = None, host: str | None = None,
+                        parent_uuid: str | None = None,
+                        physical_index: int | None = None) -> None:
+        """Record a device's UUID, name and total memory (from NVML) under ``index``.
+
+        The UUID's row keeps its samples when the index moved (a reboot renumbered the GPUs, or
+        a hook client named the device before NVML did): the row takes ``index``, and another
+        row that held it is retired to the label ``-id``, its history intact under that label.
+        """
+        values = {"uuid": uuid, "name": name, "total_bytes": total_bytes,
+                  "parent_uuid": parent_uuid,
+                  "physical_index": index if physical_index is None else physical_index}
         with self.engine.begin() as c:
-            did = self.device_id(index, host, c)
-            c.execute(update(devices).where(devices.c.id == did).values(
-                uuid=uuid, name=name, total_bytes=total_bytes))
+            hid = self.host_id(host, c)
+            mine = self._row_by_uuid(c, hid, (uuid,)) if uuid else None
+            at_index = c.execute(select(devices.c.id, devices.c.uuid).where(
+                devices.c.host_id == hid, devices.c.device_index == index)).first()
+            if at_index is not None and (at_index.id != mine if mine is not None
+                                         else at_index.uuid not in (None, uuid)):
+                c.execute(update(devices).where(devices.c.id == at_index.id)
+                          .values(device_index=-at_index.id))
+                at_index = None
+            target = mine if mine is not None else (at_index.id if at_index else None)
+            if target is None:
+                c.execute(insert(devices).values(host_id=hid, device_index=index, **values))
+            else:
+                c.execute(update(devices).where(devices.c.id == target)
+                          .values(device_index=index, **values))
+        self._device_ids.clear()
+        self._uuid_ids.clear()
+
+    @staticmethod
+    def _row_by_uuid(c, hid: int, names: Sequence[str]) -> int | None:
+        return c.execute(select(devices.c.id).where(
+            devices.c.host_id == hid, devices.c.uuid.in_(list(names)))).scalar()
+
+    def resolve_device(self, index: int, uuid: str | None, host: str | None = None,
+                       conn=None) -> int | None:
+        """The device row of a record: by UUID if it has one, else by ``(host, index)``.
+
+        An unknown UUID claims the row at ``index`` when that row has no UUID yet (no NVML on
+        this host: the hook's view is all there is) or creates it; when the row at ``index`` is
+        another device's, the record is unjoined: ``None``, counted, logged once.
+        """
+        if uuid is None:
+            return self.device_id(index, host, conn)
+        name = host or self.host_name
+        cached = self._uuid_ids.get((name, uuid))
+        if cached is not None:
+            return cached
+        with _maybe_begin(self.engine, conn) as c:
+            hid = self.host_id(name, c)
+            did = self._row_by_uuid(c, hid, uuid_candidates(uuid))
+            if did is None:
+                did = self._claim_index(c, hid, index, uuid)
+        if did is None:
+            self._note_unjoined(name, uuid, index)
+            return None
+        self._uuid_ids[(name, uuid)] = did
+        return did
+
+    def _claim_index(self, c, hid: int, index: int, uuid: str) -> int | None:
+        row = c.execute(select(devices.c.id, devices.c.uuid).where(
+            devices.c.host_id == hid, devices.c.device_index == index)).first()
+        if row is None:
+            return c.execute(insert(devices).values(
+                host_id=hid, device_index=index, uuid=uuid,
+                physical_index=index)).inserted_primary_key[0]
+        if row.uuid is None:
+            c.execute(update(devices).where(devices.c.id == row.id).values(uuid=uuid))
+            return row.id
+        return None
+
+    def _note_unjoined(self, host: str, uuid: str, index: int) -> None:
+        self.unjoined_total += 1
+        if (host, uuid) not in self._unjoined:
+            self._unjoined.add((host, uuid))
+            log.warning("records of device %s (index %d as the client numbers it) on host %s "
+                        "name no device NVML reported there; they are counted as unjoined and "
+                        "not stored (is the agent seeing the same GPUs as the server?)",
+                        uuid, index, host)
 
     def upsert_process(self, pid: int, ts_s: float, *, name: str | None = None,
                        model: str | None = None, device_indexes: Sequence[int] = (),
-                       host: str | None = None) -> None:
+                       host: str | None = None, rank: int | None = None,
+                       local_rank: int | None = None, world_size: int | None = None,
+                       ns_pid: int | None = None) -> None:
         with self.engine.begin() as c:
             hid = self.host_id(host, c)
             where = and_(processes.c.host_id == hid, processes.c.pid == pid)
             values: dict[str, Any] = {"last_seen_s": ts_s}
-            if name is not None:
-                values["name"] = name
-            if model is not None:
-                values["model"] = model
+            optional = {"name": name, "model": model, "rank": rank, "local_rank": local_rank,
+                        "world_size": world_size, "ns_pid": ns_pid}
+            values.update({k: v for k, v in optional.items() if v is not None})
             if device_indexes:
                 values["devices"] = ",".join(str(i) for i in device_indexes)
             if c.execute(update(processes).where(where).values(**values)).rowcount == 0:
@@ -179,16 +273,16 @@ class Store:
                 event_rows = [self._event_row(e, c) for e in event_batch]
                 if origin is not None and first_seq is not None:
                     sample_rows = [self._sample_row(s, c) for s in sample_batch]
-                    _number(sample_rows + event_rows, origin, first_seq)
-                    return self._insert_idempotent(c, sample_rows, event_rows)
-                if sample_batch:
-                    self._insert_samples(c, sample_batch)
+                    _number(sample_rows + event_rows, origin, first_seq)  # unjoined keep a seq
+                    return self._insert_idempotent(c, _joined(sample_rows), _joined(event_rows))
+                written = self._insert_samples(c, sample_batch) if sample_batch else 0
+                event_rows = _joined(event_rows)
                 if event_rows:
                     c.execute(insert(events), event_rows)
         except (SQLAlchemyError, OverflowError, UnicodeError) as exc:
             self._forget_ids()
             raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
-        return len(sample_batch) + len(event_batch)
+        return written + len(event_rows)
 
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have inserted host or device rows and cached their
@@ -212,31 +306,43 @@ class Store:
             inserted += len(c.execute(stmt, rows).all())
         return inserted
 
-    def _insert_samples(self, c, batch: Sequence[Sample]) -> None:
+    def _insert_samples(self, c, batch: Sequence[Sample]) -> int:
         """The hot path. On SQLite, the Core ``insert()`` is compiled once and rows go to the
         driver's ``executemany`` as plain tuples: building a dict per row and letting SQLAlchemy
         re-process its parameters costs more than the insert itself (``vramscope bench ingest``).
         """
         if self.dialect != "sqlite":
-            c.execute(insert(samples), [self._sample_row(s, c) for s in batch])
-            return
+            rows = _joined([self._sample_row(s, c) for s in batch])
+            if rows:
+                c.execute(insert(samples), rows)
+            return len(rows)
         if self._sample_sql is None:
             stmt = insert(samples).values({k: None for k in _ROW_ORDER})
             self._sample_sql = str(stmt.compile(dialect=self.engine.dialect))
-        device_ids, rows = self._device_ids, []
+        rows = []
         for s in batch:
-            did = device_ids.get((s.host or self.host_name, s.device))
+            did = self._device_of(s, c)
             if did is None:
-                did = self.device_id(s.device, s.host, c)
+                continue
             phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
             rows.append((did, s.ts_s, phase, s.source, s.pid) + s[_COUNTERS_START:_COUNTERS_END])
-        c.exec_driver_sql(self._sample_sql, rows)
+        if rows:
+            c.exec_driver_sql(self._sample_sql, rows)
+        return len(rows)
+
+    def _device_of(self, r: Sample | Event | PostMortem, conn) -> int | None:
+        """The row id of a record's device, from the caches when it is there (the hot path)."""
+        host = r.host or self.host_name
+        if r.device_uuid is None:
+            did = self._device_ids.get((host, r.device))
+            return did if did is not None else self.device_id(r.device, r.host, conn)
+        did = self._uuid_ids.get((host, r.device_uuid))
+        return did if did is not None else self.resolve_device(r.device, r.device_uuid,
+                                                                r.host, conn)
 
     def _sample_row(self, s: Sample, conn) -> dict[str, Any]:
         row = dict(zip(SAMPLE_COUNTER_FIELDS, s[_COUNTERS_START:_COUNTERS_END]))
-        key = (s.host or self.host_name, s.device)
-        did = self._device_ids.get(key)
-        row["device_id"] = did if did is not None else self.device_id(s.device, s.host, conn)
+        row["device_id"] = self._device_of(s, conn)
         row["ts_s"] = s.ts_s
         row["phase"] = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
         row["source"] = s.source
@@ -245,14 +351,14 @@ class Store:
 
     def _event_row(self, e: Event, conn) -> dict[str, Any]:
         return {
-            "device_id": self.device_id(e.device, e.host, conn),
+            "device_id": self._device_of(e, conn),
             "ts_s": e.ts_s, "name": e.name, "pid": e.pid,
             "phase": e.phase.value if e.phase is not None else None,
             "request_id": e.request_id,
             "data": json.dumps(e.data, sort_keys=True) if e.data else None,
         }
 
-    def write_postmortem(self, pm: PostMortem) -> int:
+    def write_postmortem(self, pm: PostMortem) -> int | None:
         """Store ``pm``; returns its row id. Idempotent: a post-mortem is one OOM of one process
         at one instant, so a row with the same device, time, pid and cause is this one again
         (the writer retrying after a commit whose reply was lost) and its id is returned."""
@@ -262,9 +368,11 @@ class Store:
             self._forget_ids()
             raise
 
-    def _write_postmortem(self, pm: PostMortem) -> int:
+    def _write_postmortem(self, pm: PostMortem) -> int | None:
         with self.engine.begin() as c:
-            did = self.device_id(pm.device, pm.host, c)
+            did = self._device_of(pm, c)
+            if did is None:  # unjoined: counted and logged; nothing to retry
+                return None
             same = c.execute(select(postmortems.c.id).where(
                 postmortems.c.device_id == did, postmortems.c.ts_s == pm.ts_s,
                 postmortems.c.pid.is_not_distinct_from(pm.pid),
@@ -341,7 +449,8 @@ class Store:
                      source: str | None = None, limit: int | None = None) -> Iterable[Sample]:
         hname = host or self.host_name
         q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase, samples.c.source,
-                    samples.c.pid, *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
+                    samples.c.pid, *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS),
+                    devices.c.uuid)
              .join(devices, devices.c.id == samples.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
              .where(hosts.c.name == hname)
@@ -356,12 +465,13 @@ class Store:
         host_field = None if host is None else host
         with self.engine.connect() as c:
             for r in c.execute(q).yield_per(10_000):
-                yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4], *r[5:], host=host_field)
+                yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4], *r[5:-1], host=host_field,
+                             device_uuid=r[-1])
 
     def events(self, device: int | None = None, start_s: float | None = None,
                end_s: float | None = None, *, host: str | None = None,
                names: Sequence[str] | None = None, limit: int | None = None) -> list[Event]:
-        q = (select(devices.c.device_index, events)
+        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
              .join(devices, devices.c.id == events.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
              .where(hosts.c.name == (host or self.host_name))
@@ -376,7 +486,7 @@ class Store:
         with self.engine.connect() as c:
             return [Event(r.ts_s, r.name, r.device_index, r.pid,
                           Phase(r.phase) if r.phase else None, r.request_id,
-                          json.loads(r.data) if r.data else None, host)
+                          json.loads(r.data) if r.data else None, host, r.device_uuid)
                     for r in c.execute(q)]
 
     def time_range(self, device: int | None = None,
@@ -525,6 +635,10 @@ def _time_filter(q, column, start_s: float | None, end_s: float | None):
     if end_s is not None:
         q = q.where(column <= end_s)
     return q
+
+
+def _joined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["device_id"] is not None]
 
 
 def _number(rows: list[dict[str, Any]], origin: str, first_seq: int) -> None:

@@ -8,6 +8,7 @@ import pytest
 from vramscope.agent.records import Event, Holder, Phase, PostMortem, Sample
 from vramscope.dashboard import figures
 from vramscope.dashboard import timeline as tl
+from vramscope.dashboard.timeline_figure import build as timeline_figure
 
 GIB = 2**30
 
@@ -116,7 +117,7 @@ def timeline_doc():
 
 
 def test_timeline_figure_traces_units_and_axes():
-    fig = figures.timeline_figure(timeline_doc())
+    fig = timeline_figure(timeline_doc())
     got = [(t["name"], t["yaxis"], len(t["x"])) for t in fig["data"]]
     assert got == [("prefill", "y", 5), ("allocated", "y", 2), ("limit", "y", 2),
                    ("KV blocks used", "y3", 1), ("request start", "y4", 1),
@@ -146,7 +147,7 @@ def test_timeline_figure_keeps_a_near_limit_in_view_and_shows_the_floor_growth()
         "device_total_bytes": {"ts": ts, "min": [8 * GIB] * 5, "max": [8 * GIB] * 5}}
     doc["bucket_s"], doc["end"] = 60.0, 300.0
     doc["phase_shares"] = {"ts": [0.0, 150.0], "prefill": [0.1, 0.2], "decode": [0.9, 0.8]}
-    fig = figures.timeline_figure(doc, fragmentation_warning_ratio=0.5)
+    fig = timeline_figure(doc, fragmentation_warning_ratio=0.5)
     low, high = fig["layout"]["yaxis"]["range"]
     assert high > 8.0 and low == pytest.approx(6.0 - 0.16)  # limit within 1.25x: in range
     buttons = fig["layout"]["updatemenus"][0]["buttons"]
@@ -163,7 +164,7 @@ def test_timeline_figure_keeps_a_near_limit_in_view_and_shows_the_floor_growth()
 def test_fragmentation_is_drawn_with_its_warning_setting_and_what_it_means():
     doc = timeline_doc()
     doc["series"]["external_fragmentation"] = {"ts": [0.0], "max": [0.9]}
-    fig = figures.timeline_figure(doc, fragmentation_warning_ratio=0.5)
+    fig = timeline_figure(doc, fragmentation_warning_ratio=0.5)
     (line,) = fig["layout"]["shapes"]
     assert (line["yref"], line["y0"], line["y1"]) == ("y2", 0.5, 0.5)
     note = fig["layout"]["annotations"][-1]["text"]

@@ -91,20 +91,7 @@ def test_a_bad_config_file_is_reported_not_raised(tmp_path, monkeypatch):
     assert report.detail("config").endswith("; using defaults")
 
 
-def test_embedded_agent_writes_phase_events_to_the_store(tmp_path):
-    pytest.importorskip("vramscope.agent.embedded")
-    url = f"sqlite:///{tmp_path / 'v.db'}"
-    config = parse_config({"database": {"url": url}}, None, {})
-    report = vramscope.install(config, embedded=True)
-    assert report.active("sink"), str(report)
-    vramscope.set_phase("prefill")
-    vramscope.set_phase("decode")
-    vramscope.uninstall()  # stops the agent, which flushes
-    from vramscope.agent.store import Store
-
-    store = Store.open(url)
-    try:
-        names = [(e.name, e.phase) for e in store.events()]
-    finally:
-        store.close()
-    assert names == [("phase", Phase.PREFILL), ("phase", Phase.DECODE)]
+def test_embedded_true_is_a_clear_error_pointing_to_install_embedded(config):
+    with pytest.raises(TypeError, match=r"vramscope\.install_embedded\(config\)"):
+        vramscope.install(config, embedded=True)
+    assert not inst.installed()

@@ -1,0 +1,204 @@
+"""The direction of imports (docs/architecture.md, "Direction of imports"), computed from the code.
+
+Every ``import`` and ``from ... import`` of every module under the four folders and the
+``vramscope`` facade is read with ``ast`` — module level, inside functions and under
+``if TYPE_CHECKING:`` alike — and mapped to installed names (``agent/x.py`` is
+``vramscope.agent.x``). The rules:
+
+- the hooks import only the hooks and the shared core (:data:`CORE`), and the core imports only
+  itself: whatever an inference server loads of ours stays in that set;
+- analysis never imports alerts (alerts are built on analysis, not the other way round);
+- the dashboard never reaches the hooks, torch or pynvml, not even through the agent;
+- no import cycle between modules (imports under ``TYPE_CHECKING`` do not run, so they are
+  left out of this one), other than Alembic's env.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"vramscope": "vramscope", "vramscope.agent": "agent", "vramscope.hooks": "hooks",
+           "vramscope.dashboard": "dashboard", "vramscope.migrations": "migrations"}
+
+# The shared language of the in-server hooks and the sidecar: the typed records, the trace
+# format v1 that encodes them, the wire protocol that frames them, the clock seam, the error
+# types and the settings table. Small on purpose; docs/architecture.md says why each is here.
+CORE = frozenset({
+    "vramscope.agent.records", "vramscope.agent.trace", "vramscope.agent.ingest.protocol",
+    "vramscope.agent.clock", "vramscope.agent.errors", "vramscope.agent.config",
+})
+# Packages whose __init__ runs on the way to a core module; each must stay import-free.
+CORE_PACKAGES = frozenset({"vramscope", "vramscope.agent", "vramscope.agent.ingest"})
+VENDOR_ONLY_IN_SERVER = ("torch", "pynvml")
+# Alembic's env.py imports the schema that the store upgrades through Alembic (by path).
+ALLOWED_CYCLE_MEMBERS = frozenset({"vramscope.migrations.env"})
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for body in node.body for n in ast.walk(body)}
+    return out
+
+
+def _resolve(name: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, *, runtime_only: bool = False) -> set[str]:
+    """Every module ``name`` imports: first-party ones by installed name, others by top level."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skip = _type_checking_nodes(tree) if runtime_only else set()
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(name, path, node)
+            for alias in node.names:  # `from pkg import mod` imports the module pkg.mod
+                sub = f"{module}.{alias.name}"
+                out.add(sub if sub in MODULES else module)
+    return {m if m.split(".")[0] == "vramscope" else m.split(".")[0] for m in out}
+
+
+GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+RUNTIME_GRAPH = {name: imports_of(name, path, runtime_only=True)
+                 for name, path in MODULES.items()}
+
+
+def _with_parents(name: str) -> set[str]:
+    """The module and every package whose ``__init__`` runs on the way to it."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def reachable(start: set[str], graph: dict[str, set[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [p for s in start for p in _with_parents(s)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for target in graph.get(name, ()):
+            todo += [p for p in _with_parents(target) if p not in seen]
+    return seen
+
+
+def under(package: str) -> set[str]:
+    return {m for m in MODULES if m == package or m.startswith(package + ".")}
+
+
+def test_the_graph_sees_every_kind_of_import():
+    assert "vramscope.agent.records" in GRAPH["vramscope.hooks.phase"]  # module level
+    assert "vramscope.agent.alerts.rules" in GRAPH["vramscope.agent.cli.cmd_config"]  # function
+    assert "vramscope.agent.estimate" in GRAPH["vramscope.dashboard.analysis"]  # from pkg import m
+    assert len(MODULES) > 100 and all(m in MODULES for m in CORE | CORE_PACKAGES)
+
+
+def test_the_hooks_import_only_the_hooks_and_the_shared_core():
+    hooks = under("vramscope.hooks")
+    wrong = {f"{m} -> {t}" for m in hooks for t in GRAPH[m]
+             if t.startswith("vramscope.") and t not in hooks and t not in CORE}
+    assert sorted(wrong) == []
+
+
+def test_the_core_imports_only_the_core():
+    wrong = {f"{m} -> {t}" for m in CORE | CORE_PACKAGES for t in GRAPH[m]
+             if t.startswith("vramscope") and t not in CORE}
+    assert sorted(wrong) == []
+
+
+def test_what_a_server_can_load_of_ours_is_the_hooks_and_the_core():
+    loaded = {m for m in reachable(under("vramscope.hooks"), GRAPH) if m.startswith("vramscope")}
+    assert loaded <= under("vramscope.hooks") | CORE | CORE_PACKAGES
+
+
+def test_analysis_imports_nothing_from_alerts():
+    wrong = {f"{m} -> {t}" for m in under("vramscope.agent.analysis") for t in GRAPH[m]
+             if t.startswith("vramscope.agent.alerts")}
+    assert sorted(wrong) == []
+
+
+@pytest.mark.parametrize("forbidden", ["vramscope.hooks", *VENDOR_ONLY_IN_SERVER])
+def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
+    reached = reachable(under("vramscope.dashboard"), GRAPH)
+    hits = sorted(m for m in reached if m == forbidden or m.startswith(forbidden + "."))
+    assert hits == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root] & graph.keys())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child] & graph.keys()))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_other_than_alembics_env():
+    cycles = [c for c in _cycles(RUNTIME_GRAPH) if not ALLOWED_CYCLE_MEMBERS & set(c)]
+    assert cycles == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
