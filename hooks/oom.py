@@ -18,6 +18,7 @@ holder the phase ``_set_memory_metadata`` stamped on its allocation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -166,8 +167,8 @@ class OomObserver:
             self._record(int(device), int(alloc_size), int(device_limit), int(device_free))
         except Exception as exc:  # the server is already failing; never make it worse
             self.failures += 1
-            if self.failures == 1:
-                log.warning("vramscope: building the OOM post-mortem failed: %r", exc)
+            if self.failures == 1:  # the text only: a record holding exc would hold its frames
+                log.warning("vramscope: building the OOM post-mortem failed: %s", repr(exc))
 
     def _record(self, device: int, alloc: int, limit: int, free: int) -> None:
         from vramscope.hooks.phase import current_phase, requests_in_flight
@@ -193,7 +194,7 @@ class OomObserver:
         """The full snapshot (with history) pickled for memory_viz, only when configured."""
         if not self._snapshot_dir or self._full_snapshot is None:
             return None, None
-        full = None
+        full = path = None
         try:
             full = self._full_snapshot()
             os.makedirs(self._snapshot_dir, exist_ok=True)
@@ -202,6 +203,12 @@ class OomObserver:
                 pickle.dump(full, fh)
             return path, full
         except Exception as exc:
-            log.warning("vramscope: could not write the OOM snapshot to %s: %r "
-                        "(set hooks.snapshot_dir to a writable directory)", self._snapshot_dir, exc)
+            # The text only: a log record holding exc would hold its traceback, whose frames
+            # hold the snapshot (a handler that keeps records would keep gigabytes of dicts).
+            log.warning("vramscope: could not write the OOM snapshot to %s: %s "
+                        "(set hooks.snapshot_dir to a writable directory)", self._snapshot_dir,
+                        repr(exc))
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(path)  # half a pickle is no snapshot
             return None, full

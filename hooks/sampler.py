@@ -85,7 +85,9 @@ class Sampler:
         except Exception as exc:  # a broken source must not stop the others
             self.failures += 1
             if self.failures == 1:
-                log.warning("vramscope: sampler task %r failed: %r", task, exc)
+                # text only: a log record holding exc would keep its frames' locals alive
+                log.warning("vramscope: sampler task %r failed: %s", type(task).__name__,
+                            repr(exc))
             return 0
         if got is None:
             return 0
