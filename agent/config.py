@@ -105,6 +105,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("database.synchronous", str, "NORMAL",
             "SQLite `synchronous` pragma: NORMAL (WAL-safe, may lose the last commits on power "
             "loss) or FULL.", choices=("NORMAL", "FULL")),
+    Setting("database.integrity_check_interval_s", float, 900.0,
+            "The agent runs SQLite's `PRAGMA quick_check` this often (reads the whole file once; "
+            "the result is in `vramscope status`, /healthz and the log); 0 disables.", min=0,
+            max=7 * 86400),
     # --- sampling -----------------------------------------------------------------------
     Setting("sampling.device_interval_s", float, 0.1,
             "NVML device memory sampling interval (default 10 Hz).", min=0.001, max=3600),

@@ -100,6 +100,9 @@ class Agent:
         self._process_schedule = Schedule(config["sampling.process_interval_s"], now)
         self._stats_schedule = Schedule(STATS_INTERVAL_S, now)
         self._retention_schedule = Schedule(RETENTION_INTERVAL_S, now + 1.0)
+        every = config["database.integrity_check_interval_s"]
+        self._integrity_schedule = Schedule(every, now + min(every, 60.0)) if every else None
+        self.integrity: dict[str, Any] | None = None  # the last check's result
         self._rate = _Rate(now, 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -197,6 +200,8 @@ class Agent:
 
     def _next_due_s(self) -> float:
         due = [self._stats_schedule.next_s, self._retention_schedule.next_s]
+        if self._integrity_schedule is not None:
+            due.append(self._integrity_schedule.next_s)
         if self.source is not None:  # no source: no 10 Hz wake-ups for nothing
             due += [self._device_schedule.next_s, self._process_schedule.next_s]
         return min(due)
@@ -212,6 +217,8 @@ class Agent:
             self.writer.submit(self._stats_task(self.clock.time_s()))
         if self._retention_schedule.due(now):
             self.writer.submit(self._retention_task)
+        if self._integrity_schedule is not None and self._integrity_schedule.due(now):
+            self.writer.submit(self._integrity_task)
 
     def run_once(self) -> None:
         """One of everything, synchronously: sample, write, stats. For tests."""
@@ -299,6 +306,7 @@ class Agent:
             "log_suppressed": ingest.log_suppressed if ingest else 0,
             "db_refused_total": w.refused_total,
             "db_failing": self.writer.failing,
+            "db_integrity": self.integrity,
             "database": self.store.safe_url,
             "db_size_bytes": self.store.size_bytes(),
         }
@@ -313,6 +321,20 @@ class Agent:
                                     rejected_total=s["rejected_total"],
                                     db_size_bytes=s["db_size_bytes"])
         return task
+
+    def _integrity_task(self, store: Any) -> None:
+        """SQLite's quick_check on the writer thread (a reader: WAL lets it run beside the
+        writes of others); one log line when the verdict changes, not one per check."""
+        problem = store.check_integrity()
+        was_ok = self.integrity is None or self.integrity["ok"]
+        self.integrity = {"ok": problem is None, "problem": problem,
+                          "checked_ts_s": self.clock.time_s()}
+        if problem is not None and was_ok:
+            log.error("database integrity check failed: %s. Stop the agent, check the file "
+                      "with `sqlite3 FILE 'PRAGMA integrity_check'` and restore or move it "
+                      "aside", problem)
+        elif problem is None and not was_ok:
+            log.warning("database integrity check passes again")
 
     def _retention_task(self, store: Any) -> None:
         result = self.retention.step(store)

@@ -18,6 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_db_flag(a)
         add_config_flag(a)
         a.set_defaults(func=run)
+    st = actions.add_parser("stamp", help="record REV as the schema's revision without "
+                            "migrating (a vramscope database whose alembic_version was lost)")
+    st.add_argument("revision", metavar="REV")
+    add_db_flag(st)
+    add_config_flag(st)
+    st.set_defaults(func=run)
     down = actions.add_parser("downgrade", help="downgrade the schema to REV ('base' drops all)")
     down.add_argument("revision", metavar="REV")
     add_db_flag(down)
@@ -35,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "upgrade":
             store.ensure_schema()
+        elif args.action == "stamp":
+            if args.revision != "head" and args.revision not in migrate.known_revisions():
+                raise StoreError(f"unknown revision {args.revision!r}; known: head, "
+                                 f"{', '.join(sorted(migrate.known_revisions()))}")
+            migrate.stamp(store.engine, args.revision)
         elif args.action == "downgrade":
             if args.revision != "base" and args.revision not in migrate.known_revisions():
                 raise StoreError(f"unknown revision {args.revision!r}; known: base, "

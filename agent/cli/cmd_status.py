@@ -74,7 +74,8 @@ def render(s: dict[str, Any]) -> str:
         return _render_stored(s)
     lines = [f"agent: running (pid {s['pid']}), socket {s['socket']}",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}"
-             + (" — WRITES FAILING, retrying" if s.get("db_failing") else "")]
+             + (" — WRITES FAILING, retrying" if s.get("db_failing") else "")
+             + _integrity(s.get("db_integrity"))]
     lines.append(f"devices: {len(s['devices'])}")
     for d in s["devices"]:
         lines.append(f"  {d['index']}: {d.get('name') or '?'} {d.get('uuid') or ''} "
@@ -89,6 +90,12 @@ def render(s: dict[str, Any]) -> str:
               f"reported by clients",
               f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else "")]
     return "\n".join(lines)
+
+
+def _integrity(result: dict[str, Any] | None) -> str:
+    if not result or result.get("ok"):
+        return ""
+    return f" — INTEGRITY CHECK FAILED: {result.get('problem')}"
 
 
 def _render_stored(s: dict[str, Any]) -> str:

@@ -52,6 +52,13 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(alembic_config(conn), revision)
 
 
+def stamp(engine: Engine, revision: str = "head") -> None:
+    """Record ``revision`` as the schema's without running migrations (a database whose
+    alembic_version table was lost)."""
+    with engine.begin() as conn:
+        command.stamp(alembic_config(conn), revision)
+
+
 def downgrade(engine: Engine, revision: str) -> None:
     with engine.begin() as conn:
         command.downgrade(alembic_config(conn), revision)

@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import and_, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     SAMPLE_COUNTER_FIELDS,
@@ -81,16 +81,77 @@ class Store:
         return store
 
     def ensure_schema(self) -> None:
+        """Upgrade an older schema; refuse a newer one, a damaged file and tables without a
+        revision. Never writes over what it does not recognise."""
         try:
             current = migrate.current_revision(self.engine)
+            tables = [t for t in self._table_names() if t != "alembic_version"] \
+                if current is None else []
         except OperationalError as exc:
             raise StoreError(f"cannot open database {self.safe_url}: {exc.orig}") from None
+        except DatabaseError as exc:  # SQLite: not a database at all, or damaged
+            raise StoreError(self._damaged(exc)) from None
         if current is not None and current not in migrate.known_revisions():
             raise StoreError(
                 f"database {self.safe_url} has schema revision {current}, newer than this "
                 f"vramscope knows (head {migrate.head_revision()}); upgrade vramscope")
+        if current is None and tables:
+            raise StoreError(
+                f"database {self.safe_url} has tables ({', '.join(sorted(tables)[:5])}) but no "
+                f"alembic_version, so its schema revision is unknown; vramscope will not write "
+                f"over it. Use another database, or, if this is a vramscope database whose "
+                f"revision was lost, record it with `vramscope db stamp head` and then run "
+                f"`vramscope db upgrade`")
         if current != migrate.head_revision():
-            migrate.upgrade(self.engine)
+            try:
+                migrate.upgrade(self.engine)
+            except DatabaseError as exc:
+                raise StoreError(self._damaged(exc)) from None
+
+    def _table_names(self) -> list[str]:
+        from sqlalchemy import inspect
+
+        return inspect(self.engine).get_table_names()
+
+    def _damaged(self, exc: Exception) -> str:
+        path = self.engine.url.database if self.dialect == "sqlite" else None
+        if not path:
+            return f"cannot open database {self.safe_url}: {_reason(exc)}"
+        return (f"database file {path} is not a usable SQLite database ({_reason(exc)}); "
+                f"vramscope will not write over it. Check it with `sqlite3 {path} 'PRAGMA "
+                f"integrity_check'`, then move it aside (`mv {path} {path}.broken`) to start "
+                f"a new one, or restore a backup")
+
+    def check_integrity(self) -> str | None:
+        """None when the database looks sound, else what is wrong. SQLite: ``PRAGMA
+        quick_check`` (reads every page once, O(size); seconds per GB, so run it on a
+        schedule, not per request); other databases check themselves: None."""
+        path = self.engine.url.database if self.dialect == "sqlite" else None
+        if not path or path == ":memory:":
+            return None
+        import sqlite3
+
+        # A connection of its own: a pooled one keeps pages cached and would not see damage
+        # done to the file under it.
+        try:
+            conn = sqlite3.connect(path, timeout=5)
+            try:
+                rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            return str(exc)
+        return None if rows == ["ok"] else "; ".join(rows)[:500]
+
+    def integrity(self, max_age_s: float = 600.0) -> str | None:
+        """``check_integrity()``, run at most once per ``max_age_s`` (for /healthz)."""
+        import time
+
+        now = time.monotonic()
+        last = getattr(self, "_integrity", None)
+        if last is None or now - last[0] >= max_age_s:
+            self._integrity = last = (now, self.check_integrity())
+        return last[1]
 
     @property
     def safe_url(self) -> str:
