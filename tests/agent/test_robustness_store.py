@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from vramscope.agent.ingest.process import AgentProcess, REPO_ROOT
+from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
 
