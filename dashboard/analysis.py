@@ -118,13 +118,40 @@ def risk_view(store: Store, config, device: int, host: str | None, start: float,
     rows = store.timeline(device, start, end, 2000, RISK_COLUMNS, host=host)
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
-    forecast, rises, method = _forecast(store, config, device, host, start, end, rows)
-    warnings = sorted(_warnings(store, device, host, start, end) + rises, key=lambda w: w["ts"])
+    forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows)
+    stored = _warnings(store, device, host, start, end)
+    warnings = sorted(stored + unmatched_rises(rises, stored), key=lambda w: w["ts"])
     levels = {"warning": config["alerts.headroom_warning_ratio"],
               "critical": config["alerts.headroom_critical_ratio"]}
-    return {"figure": figures.risk_figure(headroom, forecast, warnings, limit, levels),
-            "warnings": warnings, "forecast_method": method, "limit_bytes": limit,
+    figure = figures.risk_figure(headroom, forecast, warnings, limit, levels,
+                                 config["alerts.time_to_oom_warning_s"])
+    return {"figure": figure, "warnings": warnings, "forecast_method": method,
+            "limit_bytes": limit, "now": _point_json(last),
             "latest_headroom_bytes": headroom["bytes"][-1] if headroom["bytes"] else None}
+
+
+RISE_MATCH_S = 120.0  # a stored risk alert this close to a model rise is the same warning
+
+
+def unmatched_rises(rises: list[dict[str, Any]],
+                    stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The causal model's level rises that no stored risk alert already stands for: the live
+    agent opens ``oom_risk``/``oom_risk_critical`` from the same model (a few seconds later,
+    after ``alerts.risk_for_s``), so listing both showed most warnings twice. An imported
+    recording without alerts keeps every rise."""
+    risk_alerts = [w["ts"] for w in stored if w["rule"].startswith("oom_risk")]
+    return [r for r in rises
+            if not any(abs(r["ts"] - ts) <= RISE_MATCH_S for ts in risk_alerts)]
+
+
+def _point_json(p) -> dict[str, Any] | None:
+    """The risk model's latest point: its level, why, the headroom and the forecast."""
+    if p is None:
+        return None
+    return {"ts_s": p.ts_s, "level": p.level, "reasons": list(p.reasons),
+            "headroom_bytes": p.headroom_bytes, "headroom_ratio": p.headroom_ratio,
+            "time_to_oom_s": p.time_to_oom_s, "time_to_oom_low_s": p.time_to_oom_low_s,
+            "time_to_oom_high_s": p.time_to_oom_high_s}
 
 
 def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
@@ -152,7 +179,8 @@ def _forecast(store: Store, config, device: int, host: str | None, start: float,
         samples, events = peak_samples(rows, device), []
         method = "risk model on per-bucket peaks (long window)"
     points = [p for p in risk_timeline(samples, events, config) if p.device == device]
-    return _forecast_series(points, start, end), _level_rises(points), method
+    last = points[-1] if points else None
+    return _forecast_series(points, start, end), _level_rises(points), method, last
 
 
 def peak_samples(rows: list[dict[str, Any]], device: int) -> list[Sample]:

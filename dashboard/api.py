@@ -13,6 +13,7 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, send_file
 from vramscope.dashboard import analysis, figures, params, queries, timeline_figure, verdict
 from vramscope.dashboard import timeline as tl
+from vramscope.dashboard.alert_text import metrics_by_rule
 from vramscope.dashboard.errors import BadParameter
 from vramscope.dashboard.state import state
 from werkzeug.exceptions import NotFound
@@ -111,8 +112,10 @@ def timeline():
 def alerts():
     active = params.boolean("active", False)
     limit = params.integer("limit", 500, low=1, high=10_000)
-    rows = state().store.alerts(active_only=active, host=params.text("host"), limit=limit)
-    return jsonify({"alerts": [queries.alert_json(a) for a in rows]})
+    st = state()
+    rows = st.store.alerts(active_only=active, host=params.text("host"), limit=limit)
+    metrics = metrics_by_rule(st.config)
+    return jsonify({"alerts": [queries.alert_json(a, metrics) for a in rows]})
 
 
 def _postmortems() -> list:

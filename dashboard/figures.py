@@ -185,8 +185,13 @@ def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
 
 def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
                 warnings: list[dict[str, Any]], limit_bytes: int | None,
-                levels: dict[str, float]) -> dict[str, Any]:
-    """Headroom under the limit, the time-to-OOM forecast and when each warning fired."""
+                levels: dict[str, float],
+                tto_warning_s: float = 1800.0) -> dict[str, Any]:
+    """Headroom under the limit, the time-to-OOM forecast and when each warning fired.
+
+    The threshold lines carry their names; the time-to-OOM axis stops at the 90th percentile
+    of the forecast (at least twice ``alerts.time_to_oom_warning_s``), so one early 140 h
+    forecast cannot flatten the ones that matter."""
     data = [_line("headroom", [ms(t) for t in headroom["ts"]], gib(headroom["bytes"]),
                   COLORS["allocated"], fill="tozeroy", fillcolor="rgba(31,111,235,0.08)",
                   hovertemplate="%{y:.2f} GiB")]
@@ -209,12 +214,23 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
                "y0": limit_bytes * ratio / GIB, "y1": limit_bytes * ratio / GIB,
                "line": {"color": COLORS[name], "dash": "dot", "width": 1}}
               for name, ratio in levels.items() if limit_bytes]
+    notes = [{"xref": "paper", "x": 0.0, "xanchor": "left", "yref": "y",
+              "y": limit_bytes * ratio / GIB, "yanchor": "bottom", "showarrow": False,
+              "text": f"{name}: headroom under {ratio:.0%} of the limit",
+              "font": {"size": 10, "color": COLORS[name]}}
+             for name, ratio in levels.items() if limit_bytes]
     return {"data": data, "layout": _layout(
-        height=420, shapes=shapes, xaxis={"type": "date"},
+        height=420, shapes=shapes, annotations=notes, xaxis={"type": "date"},
         yaxis={"title": {"text": "headroom (GiB)"}, "rangemode": "tozero"},
         yaxis2={"title": {"text": "time to OOM (h)"}, "overlaying": "y", "side": "right",
-                "rangemode": "tozero", "showgrid": False, "automargin": True,
-                "tickmode": "auto", "nticks": 7})}
+                "range": [0, _tto_top_h(forecast, tto_warning_s)], "showgrid": False,
+                "automargin": True, "tickmode": "auto", "nticks": 7})}
+
+
+def _tto_top_h(forecast: dict[str, list] | None, warning_s: float) -> float:
+    values = sorted(v for v in (forecast or {}).get("time_to_oom_s", []) if v is not None)
+    p90 = values[int(0.9 * (len(values) - 1))] if values else 0.0
+    return max(2 * warning_s, p90) * 1.1 / 3600.0
 
 
 def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:

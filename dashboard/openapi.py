@@ -80,7 +80,7 @@ PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
 ALERT = obj({"id": INT, "rule": STR, "severity": STR, "fired_ts_s": NUM,
              "resolved_ts_s": nullable(NUM), "value": nullable(NUM), "message": nullable(STR),
              "labels": {"type": "object", "additionalProperties": True},
-             "device": nullable(INT), "host": nullable(STR)})
+             "device": nullable(INT), "host": nullable(STR), "value_text": nullable(STR)})
 HOLDER = obj({"size_bytes": INT, "frames": array(STR), "phase": nullable(STR)})
 POSTMORTEM = obj({"id": INT, "ts_s": NUM, "device": INT, "pid": nullable(INT), "phase": STR,
                   "failed_alloc_bytes": nullable(INT), "driver_free_bytes": nullable(INT),
@@ -186,7 +186,13 @@ def paths() -> dict[str, Any]:
             "orphaned": array({"type": "object"})}), window, errors=(400, 404)),
         "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
             "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
-            "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT)}), window,
+            "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT),
+            "now": nullable(obj({"ts_s": NUM, "level": LEVEL, "reasons": array(STR),
+                                 "headroom_bytes": nullable(INT),
+                                 "headroom_ratio": nullable(NUM),
+                                 "time_to_oom_s": nullable(NUM),
+                                 "time_to_oom_low_s": nullable(NUM),
+                                 "time_to_oom_high_s": nullable(NUM)}))}), window,
             errors=(400, 404)),
         "/figures/capacity": _op("Plotly figure: peaks and estimate, with the capacity document",
                                  obj({"figure": FIGURE, "capacity": CAPACITY}),

@@ -13,6 +13,7 @@ from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
 from vramscope.agent.store import Store
 from vramscope.agent.store.phase_shares import phase_counts
 from vramscope.dashboard import timeline as tl
+from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import device_verdict, freshness
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
@@ -26,27 +27,90 @@ def host_or_none(store: Store, host: str | None) -> str | None:
     return None if host in (None, "", store.host_name) else host
 
 
-def latest_values(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
-    """The newest non-null value of each counter in the last ``LATEST_WINDOW_S`` of samples."""
+# Per-process counters that add up to the device's; the rest are not summed (max, or NVML's).
+_SUMMED = tuple(f for f in SAMPLE_COUNTER_FIELDS
+                if f not in ("largest_free_block_bytes", "device_used_bytes", "device_total_bytes"))
+
+
+def latest_values(store: Store, device: int, host: str | None,
+                  procs: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The device now: each process's newest values, the device's NVML view, and the rest.
+
+    Several processes on one device (two models, MPS, ranks sharing a GPU) stay apart
+    (DESIGN.md rule 6): ``processes`` holds each one's newest non-null counters in the last
+    ``LATEST_WINDOW_S``, with its own limit (``limit_bytes``: its per-process cap, or the
+    device total), name, rank and bounded ``process`` label (``procs``: the processes table's
+    rows by pid). The device's counters are the processes' sum; ``device_used_bytes`` and
+    ``device_total_bytes`` are NVML's; ``unexplained_bytes`` = NVML used − the processes'
+    reserved bytes (other users of the GPU, CUDA contexts, memory outside torch).
+    """
     span = store.time_range(device, host)
     if span is None:
         return None
     recent = store.samples(device, span[1] - LATEST_WINDOW_S, span[1], host=host)
-    out: dict[str, Any] = {"last_ts_s": span[1], "first_ts_s": span[0], "phase": None,
-                           "pid": None, "sources": {}, "pids": {}}
-    for s in reversed(recent):
-        out["sources"].setdefault(s.source or "unknown", s.ts_s)
-        if s.pid is not None:
-            out["pids"].setdefault(s.pid, s.ts_s)
-        for name in SAMPLE_COUNTER_FIELDS:
-            if out.get(name) is None:
-                out[name] = getattr(s, name)
-        if out["phase"] is None and s.phase is not Phase.UNKNOWN:
-            out["phase"] = s.phase.value
-        if out["pid"] is None:
-            out["pid"] = s.pid
-    for name in SAMPLE_COUNTER_FIELDS:
-        out.setdefault(name, None)
+    nvml: dict[str, Any] = {}
+    per_pid: dict[int | None, dict[str, Any]] = {}
+    sources: dict[str, float] = {}
+    for s in reversed(recent):  # newest first
+        sources.setdefault(s.source or "unknown", s.ts_s)
+        if s.source == "nvml":
+            _newest(nvml, s, ("device_used_bytes", "device_total_bytes"))
+        else:
+            _newest(per_pid.setdefault(s.pid, {"pid": s.pid, "last_ts_s": s.ts_s}), s,
+                    SAMPLE_COUNTER_FIELDS)
+    processes = [_process_entry(p, (procs or {}).get(p["pid"]))
+                 for p in sorted(per_pid.values(), key=lambda p: -p["last_ts_s"])]
+    return _device_entry(span, sources, nvml, processes)
+
+
+def _newest(into: dict[str, Any], s, fields) -> None:
+    for name in fields:
+        if into.get(name) is None:
+            into[name] = getattr(s, name)
+    if into.get("phase") is None and s.phase is not Phase.UNKNOWN:
+        into["phase"] = s.phase.value
+
+
+def _process_entry(p: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
+    out = {name: p.get(name) for name in SAMPLE_COUNTER_FIELDS}
+    out.update(pid=p["pid"], last_ts_s=p["last_ts_s"], phase=p.get("phase"),
+               limit_bytes=p.get("device_total_bytes"),
+               name=(row or {}).get("name"), rank=(row or {}).get("rank"),
+               process=process_label(row))
+    return out
+
+
+def process_label(row: dict[str, Any] | None) -> str:
+    """A process's bounded name for labels: its name, with its rank when it has one; never a
+    pid or a request id (a pid grows without bound over restarts)."""
+    name = (row or {}).get("name") or "unknown"
+    rank = (row or {}).get("rank")
+    return name if rank is None else f"{name}/rank{rank}"
+
+
+def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: dict[str, Any],
+                  processes: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"last_ts_s": span[1], "first_ts_s": span[0], "sources": sources,
+                           "phase": next((p["phase"] for p in processes if p["phase"]), None),
+                           "pid": processes[0]["pid"] if processes else None,
+                           "pids": {p["pid"]: p["last_ts_s"] for p in processes
+                                    if p["pid"] is not None},
+                           "processes": processes}
+    for name in _SUMMED:
+        values = [p[name] for p in processes if p[name] is not None]
+        out[name] = sum(values) if values else None
+    out["largest_free_block_bytes"] = max(
+        (p["largest_free_block_bytes"] for p in processes
+         if p["largest_free_block_bytes"] is not None), default=None)
+    limits = [p["limit_bytes"] for p in processes if p["limit_bytes"]]
+    # NVML's used; without NVML, what a wide sample said (a simulator, a trace)
+    out["device_used_bytes"] = nvml.get("device_used_bytes") or max(
+        (p["device_used_bytes"] for p in processes if p["device_used_bytes"] is not None),
+        default=None)
+    # NVML's total; without NVML, the processes' limit (the single-process reading of old)
+    out["device_total_bytes"] = nvml.get("device_total_bytes") or max(limits, default=None)
+    used, reserved = out["device_used_bytes"], out["reserved_bytes"]
+    out["unexplained_bytes"] = None if used is None else max(0, used - (reserved or 0))
     return out
 
 
@@ -54,15 +118,20 @@ def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
     """One row per device of every host, riskiest first: current values, the alert engine's
     verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale."""
     active = store.alerts(active_only=True, host="*")
+    procs: dict[str, dict[int, dict[str, Any]]] = {}
+    for p in store.processes(host="*"):
+        procs.setdefault(p["host"], {})[p["pid"]] = p
     rows = []
     for d in store.devices(host="*"):
         host = host_or_none(store, d["host"])
-        latest = latest_values(store, d["device_index"], host)
+        latest = latest_values(store, d["device_index"], host, procs.get(d["host"]))
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         verdict = device_verdict(mine)
         fresh = freshness(latest and latest["last_ts_s"], now_s, config)
         rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
-                     "uuid": d["uuid"], "total_bytes": d["total_bytes"],
+                     "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
+                     "physical_index": d.get("physical_index"),
+                     "total_bytes": d["total_bytes"],
                      "risk": verdict["level"], "verdict": verdict,
                      "active_alerts": len(mine), "latest": latest,
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"]})
@@ -123,7 +192,12 @@ def overview(store: Store, config, now_s: float) -> dict[str, Any]:
     return {"now_s": now_s, "freshness": freshness(newest, now_s, config), "hosts": hosts,
             "devices": rows,
             "processes": process_rows(store, rows),
-            "alerts": [alert_json(a) for a in store.alerts(active_only=True, host="*")]}
+            "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}
+
+
+def _alerts_json(alerts: list[dict[str, Any]], config) -> list[dict[str, Any]]:
+    metrics = metrics_by_rule(config)
+    return [alert_json(a, metrics) for a in alerts]
 
 
 def _stats(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -134,10 +208,13 @@ def _stats(row: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: row[k] for k in keys}
 
 
-def alert_json(a: dict[str, Any]) -> dict[str, Any]:
+def alert_json(a: dict[str, Any], metrics: dict[str, str] | None = None) -> dict[str, Any]:
+    """An alert for the API; ``value_text`` is its value with the rule metric's unit."""
     keys = ("id", "rule", "severity", "fired_ts_s", "resolved_ts_s", "value", "message",
             "labels", "device", "host")
-    return {k: a.get(k) for k in keys}
+    out = {k: a.get(k) for k in keys}
+    out["value_text"] = value_text(a["rule"], a.get("value"), metrics or {})
+    return out
 
 
 def timeline(store: Store, device: int, host: str | None, start_s: float, end_s: float,

@@ -30,14 +30,15 @@ MARKER_ORDER = ("request start", "request end", "alloc retries", "alert fired",
                 "orphaned KV blocks", "OOM")  # bottom up, the same on every device
 PHASE_SHARE_COLORS = {"prefill": "rgba(255,159,28,0.75)", "decode": "rgba(46,160,67,0.55)",
                       "setup": "rgba(130,80,223,0.5)", "idle": "rgba(140,149,159,0.35)"}
-FRAGMENTATION_NOTE = ("a share of the cached free memory; it is a risk only when the largest "
-                      "request fits neither the largest free block nor new memory under the "
-                      "limit (the OOM-risk page and alerts say when)")
+FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free block.<br>"
+                      "A risk only when the largest request fits neither that block nor new "
+                      "memory under the limit: the OOM-risk page and alerts say when.")
 # panel heights (relative) in drawing order, top down
-PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "markers": 1.3}
+PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "markers": 1.6}
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
               "markers": "yaxis4"}
 GAP = 0.035
+GAP_ABOVE = {"fragmentation": 0.075}  # room for the two-line note on what the ratio means
 
 
 def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
@@ -51,14 +52,15 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     markers = _ordered_markers(f._marker_traces(doc))
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
                                    ("fragmentation", bool(frag)), ("kv", bool(kv)),
-                                   ("markers", True)) if present]
+                                   ("markers", bool(markers))) if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
     data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
             + _share_traces(shares) + _restyle_fragmentation(frag) + kv + markers)
     layout = f._layout(
         height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
         margin={"l": 64, "r": 24, "t": 36, "b": 48},
-        legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top"},
+        legend={"orientation": "v", "x": 1.06, "xanchor": "left", "y": 1.0, "yanchor": "top",
+                "traceorder": "normal"},
         xaxis={"type": "date", "range": [f.ms(doc["start"]), f.ms(doc["end"])],
                "anchor": PANEL_AXIS[panels[-1]].replace("axis", ""), "showspikes": True,
                "tickformat": "%H:%M", "title": {"text": _date_title(doc)}},
@@ -68,7 +70,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
               "window_age_s": doc.get("window_age_s"), "window_end": doc["end"],
               "stale_after_s": doc.get("stale_after_s"),
               "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB})
-    axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio)
+    axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers})
     axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
     layout.update(axes)
     return {"data": data, "layout": layout}
@@ -171,17 +173,19 @@ def _date_title(doc: dict[str, Any]) -> str:
 
 def _domains(panels: list[str]) -> dict[str, list[float]]:
     total = sum(PANEL_WEIGHTS[p] for p in panels)
-    usable = 1.0 - GAP * (len(panels) - 1)
+    gaps = [0.0] + [GAP_ABOVE.get(p, GAP) for p in panels[1:]]
+    usable = 1.0 - sum(gaps)
     out, top = {}, 1.0
-    for p in panels:
+    for p, gap in zip(panels, gaps):
+        top -= gap
         height = usable * PANEL_WEIGHTS[p] / total
         out[p] = [max(0.0, round(top - height, 4)), round(top, 4)]
-        top -= height + GAP
+        top -= height
     return out
 
 
 def _axes(panels: list[str], s: dict[str, dict[str, list]], lo: float, hi: float,
-          frag_warning: float | None) -> dict[str, Any]:
+          frag_warning: float | None, markers: set[str]) -> dict[str, Any]:
     dom = _domains(panels)
     axes: dict[str, Any] = {
         "yaxis": {"domain": dom["memory"], "title": {"text": "memory (GiB)"},
@@ -199,14 +203,16 @@ def _axes(panels: list[str], s: dict[str, dict[str, list]], lo: float, hi: float
         axes.setdefault("shapes", []).extend(_frag_threshold(frag_warning))
         axes.setdefault("annotations", []).append(_frag_note(dom["fragmentation"]))
     if "kv" in dom:
+        top = _occupancy_top(s)
         axes["yaxis3"] = {"domain": dom["kv"], "title": {"text": "KV blocks"},
                           "rangemode": "tozero"}
         axes["yaxis5"] = {"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
-                          "range": [0, _occupancy_top(s)], "showgrid": False,
-                          "automargin": True, "tickformat": ".0f", "nticks": 4}
-    axes["yaxis4"] = {"domain": dom["markers"], "type": "category", "fixedrange": True,
-                      "automargin": True, "categoryorder": "array",
-                      "categoryarray": list(MARKER_ORDER)}
+                          "range": [0, top], "showgrid": False, "automargin": True,
+                          "tickmode": "linear", "tick0": 0, "dtick": top / 4}
+    if "markers" in dom:
+        axes["yaxis4"] = {"domain": dom["markers"], "type": "category", "fixedrange": True,
+                          "automargin": True, "categoryorder": "array",
+                          "categoryarray": [m for m in MARKER_ORDER if m in markers]}
     return axes
 
 
@@ -219,7 +225,8 @@ def _frag_threshold(ratio: float | None) -> list[dict[str, Any]]:
 
 def _frag_note(domain: list[float]) -> dict[str, Any]:
     return {"xref": "paper", "yref": "paper", "x": 0.0, "y": domain[1], "xanchor": "left",
-            "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": "#656d76"},
+            "yanchor": "bottom", "showarrow": False, "align": "left",
+            "font": {"size": 11, "color": "#656d76"},
             "text": "external fragmentation: " + FRAGMENTATION_NOTE}
 
 
@@ -227,5 +234,5 @@ def _occupancy_top(s: dict[str, dict[str, list]]) -> float:
     """A round number above the fullest block (tokens per block are whole numbers)."""
     values = s.get("kv_tokens_per_block", {}).get("max") or [1.0]
     top = max(values) * 1.2
-    step = 4 if top <= 40 else 10
+    step = 4 if top <= 40 else 20  # four ticks of whole tokens
     return float(step * -(-top // step))

@@ -222,7 +222,7 @@ PAGES.overview = () => poll(async () => {
     ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
   ], doc.devices, "No devices have reported yet.");
-  table("alerts-table", alertColumns(), doc.alerts, "No alert is firing.");
+  table("alerts-table", alertColumns(doc.alerts, false), doc.alerts, "No alert is firing.");
   table("health-table", [
     ["Host", (h) => h.name],
     ["Agent report", (h) => h.agent ? fmtAge(doc.now_s - h.agent.ts_s) + " ago" : "none"],
@@ -240,22 +240,30 @@ PAGES.overview = () => poll(async () => {
   ], doc.processes, "No server process has reported yet.");
 });
 
-function alertColumns() {
-  return [
+// Alert tables: the device in one column, the value with its unit, labels only when any
+// alert has some, and the resolved time only in the history (an active alert has none).
+function alertColumns(alerts, history) {
+  const cols = [
     ["Severity", (a) => badge(a.severity)], ["Rule", (a) => a.rule],
-    ["Value", (a) => (a.value === null ? null : Number(a.value).toPrecision(4)), "num"],
-    ["Host", (a) => a.host], ["GPU", (a) => a.device],
-    ["Fired", (a) => fmtTime(a.fired_ts_s)], ["Resolved", (a) => a.resolved_ts_s ? fmtTime(a.resolved_ts_s) : "active"],
-    ["Message", (a) => a.message, "wrap"],
-    ["Labels", (a) => Object.entries(a.labels || {}).map(([k, v]) => k + "=" + v).join(", ")],
-    ["", (a) => (a.device === null ? null : link("at the moment →", timelineHref(a.device, a.host, a.fired_ts_s)))],
+    ["Device", (a) => (a.device === null ? a.host : a.host + " · GPU " + a.device)],
+    ["Value", (a) => a.value_text, "num"],
+    ["Fired", (a) => fmtTime(a.fired_ts_s)],
   ];
+  if (history) cols.push(["Resolved", (a) => fmtTime(a.resolved_ts_s)]);
+  cols.push(["Message", (a) => a.message, "wrap"]);
+  if (alerts.some((a) => Object.keys(a.labels || {}).length)) {
+    cols.push(["Labels", (a) => Object.entries(a.labels || {}).map(([k, v]) => k + "=" + v).join(", "), "wrap"]);
+  }
+  cols.push(["", (a) => (a.device === null ? null : link("at the moment →", timelineHref(a.device, a.host, a.fired_ts_s)))]);
+  return cols;
 }
 
 PAGES.alerts = () => poll(async () => {
   const doc = await getJSON("/api/v1/alerts");
-  table("active-table", alertColumns(), doc.alerts.filter((a) => a.resolved_ts_s === null), "No alert is firing.");
-  table("history-table", alertColumns(), doc.alerts.filter((a) => a.resolved_ts_s !== null), "No resolved alerts.");
+  const active = doc.alerts.filter((a) => a.resolved_ts_s === null);
+  const past = doc.alerts.filter((a) => a.resolved_ts_s !== null);
+  table("active-table", alertColumns(active, false), active, "No alert is firing.");
+  table("history-table", alertColumns(past, true), past, "No resolved alerts.");
 });
 
 // Timeline: follows the newest data until the user zooms; a zoom re-queries the server.
@@ -327,18 +335,33 @@ PAGES.leaks = () => {
   }, ANALYSIS_POLL_S);
 };
 
+// OOM risk: the level and reasons are the risk model's (the alert engine runs the same model);
+// the page keeps no threshold of its own.
+function riskCards(doc) {
+  const now = doc.now;
+  const ratio = doc.limit_bytes && doc.latest_headroom_bytes !== null ? doc.latest_headroom_bytes / doc.limit_bytes : null;
+  const why = now && now.reasons.length ? now.reasons.join(", ") : "nothing near a threshold";
+  const headroomLevel = now && now.reasons.includes("headroom") ? now.level : "";
+  let forecast = "not rising";
+  let sub = "no significant rise in peak memory";
+  if (now && now.time_to_oom_s !== null) {
+    forecast = fmtAge(now.time_to_oom_s);
+    sub = "band " + fmtAge(now.time_to_oom_low_s) + " – " + fmtAge(now.time_to_oom_high_s);
+  }
+  return [
+    card("Risk model now", now ? now.level : "–", why, now ? now.level : ""),
+    card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of " + fmtBytes(doc.limit_bytes) +
+      (now && now.headroom_ratio !== null ? "; " + (100 * now.headroom_ratio).toFixed(1) + " % after the largest prefill" : ""), headroomLevel),
+    card("Time to OOM", forecast, sub + " · " + doc.forecast_method, now && now.reasons.includes("trend") ? now.level : ""),
+    card("Warnings fired", doc.warnings.length, "in this window", doc.warnings.length ? "warning" : "ok"),
+  ];
+}
+
 PAGES.risk = () => {
   wirePicker();
   poll(async () => {
     const doc = await getJSON("/api/v1/figures/risk?" + deviceQuery({ start: body.start, end: body.end }));
-    const ratio = doc.limit_bytes ? doc.latest_headroom_bytes / doc.limit_bytes : null;
-    const level = ratio === null ? "" : ratio < 0.03 ? "critical" : ratio < 0.1 ? "warning" : "ok";
-    fill("risk-cards", [
-      card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of the limit", level),
-      card("Limit", fmtBytes(doc.limit_bytes)),
-      card("Warnings fired", doc.warnings.length, "in this window", doc.warnings.length ? "warning" : "ok"),
-      card("Forecast", doc.forecast_method),
-    ]);
+    fill("risk-cards", riskCards(doc));
     await plot("risk-plot", doc.figure);
     table("warnings-table", [
       ["Fired", (w) => fmtTime(w.ts)], ["Severity", (w) => badge(w.severity)], ["Rule", (w) => w.rule],

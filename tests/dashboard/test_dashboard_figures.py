@@ -131,8 +131,7 @@ def test_timeline_figure_traces_units_and_axes():
     assert [(b["label"], b["args"][0]["yaxis.range"]) for b in buttons["buttons"]] == [
         ("Fit the data", pytest.approx([0.92, 2.08])), ("0 to the limit", [0, pytest.approx(8.4)])]
     assert fig["layout"]["xaxis"]["range"] == [0.0, 2000.0]
-    assert fig["layout"]["yaxis4"]["categoryarray"][:3] == ["request start", "request end",
-                                                            "alloc retries"]
+    assert fig["layout"]["yaxis4"]["categoryarray"] == ["request start", "alloc retries", "OOM"]
     assert fig["data"][-2]["text"] == ["+2 retries"]
     assert "yaxis2" not in fig["layout"] and "yaxis6" not in fig["layout"]  # no empty lanes
     go.Figure(fig)  # Plotly itself accepts every property
@@ -168,8 +167,9 @@ def test_fragmentation_is_drawn_with_its_warning_setting_and_what_it_means():
     (line,) = fig["layout"]["shapes"]
     assert (line["yref"], line["y0"], line["y1"]) == ("y2", 0.5, 0.5)
     note = fig["layout"]["annotations"][-1]["text"]
-    assert note.startswith("external fragmentation: a share of the cached free memory; it is "
-                           "a risk only when the largest request fits neither")
+    assert note.startswith("external fragmentation: the share of cached free memory outside "
+                           "the largest free block.<br>A risk only when the largest request "
+                           "fits neither")
     ext = next(t for t in fig["data"] if t["name"] == "external fragmentation")
     assert ext["line"]["color"] == "#6e7781"  # neutral: a high value alone is not an alarm
     go.Figure(fig)

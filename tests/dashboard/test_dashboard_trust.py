@@ -126,3 +126,56 @@ def test_phases_at_six_hours_from_events_are_shares(seeded):
     inside = [i for i, t in enumerate(shares["ts"]) if F.T0 + 60 <= t < F.T0 + 7000]
     assert inside and all(shares["prefill"][i] == pytest.approx(2 / 30, abs=0.02)
                           for i in inside)
+
+
+def test_alert_values_carry_their_unit(seeded):
+    from vramscope.dashboard.alert_text import metrics_by_rule, value_text
+
+    config = seeded.config(alerts={"rules": [{"name": "reserved_high",
+                                              "metric": "reserved_bytes",
+                                              "threshold": 1e9}]})
+    metrics = metrics_by_rule(config)
+    assert value_text("oom_risk", 1.0, metrics) == "warning (risk level 1)"
+    assert value_text("oom_risk_critical", 2.0, metrics) == "critical (risk level 2)"
+    assert value_text("kv_exhaustion", 14.0532, metrics) == "14.1 s"
+    assert value_text("memory_leak", 1.0, metrics) == "leak"
+    assert value_text("reserved_high", 3 * 2**30, metrics) == "3.00 GiB"
+    assert value_text("unknown_rule", 2.5, metrics) == "2.5"
+    assert value_text("oom", None, metrics) is None
+
+
+def test_the_alerts_api_gives_the_value_text(client):
+    alerts = client.get("/api/v1/alerts").get_json()["alerts"]
+    assert {a["rule"]: a["value_text"] for a in alerts} == {"idle_floor_leak": "2.5",
+                                                            "headroom": "0.02"}
+
+
+def test_risk_model_rises_that_a_stored_alert_stands_for_are_listed_once():
+    from vramscope.dashboard.analysis import unmatched_rises
+
+    rises = [{"ts": 100.0, "rule": "risk model"}, {"ts": 1000.0, "rule": "risk model"}]
+    stored = [{"ts": 115.0, "rule": "oom_risk"}, {"ts": 990.0, "rule": "memory_leak"}]
+    assert unmatched_rises(rises, stored) == [{"ts": 1000.0, "rule": "risk model"}]
+    assert unmatched_rises(rises, []) == rises  # an imported recording keeps every rise
+
+
+def test_the_risk_page_reports_the_model_level_and_time_to_oom(client):
+    doc = client.get(f"/api/v1/figures/risk?device=0&start={F.T0}&end={F.T0 + F.DURATION_S}"
+                     ).get_json()
+    now = doc["now"]
+    assert now["ts_s"] == LAST_T and now["level"] in ("ok", "warning", "critical")
+    assert set(now) == {"ts_s", "level", "reasons", "headroom_bytes", "headroom_ratio",
+                        "time_to_oom_s", "time_to_oom_low_s", "time_to_oom_high_s"}
+    notes = [a["text"] for a in doc["figure"]["layout"]["annotations"]]
+    assert notes == ["warning: headroom under 5% of the limit",
+                     "critical: headroom under 2% of the limit"]
+
+
+def test_time_to_oom_axis_is_not_flattened_by_one_early_spike():
+    from vramscope.dashboard import figures
+
+    forecast = {"ts": [float(i) for i in range(20)],
+                "time_to_oom_s": [140 * 3600.0] + [1200.0] * 19,
+                "low_s": [None] * 20, "high_s": [None] * 20}
+    fig = figures.risk_figure({"ts": [], "bytes": []}, forecast, [], None, {}, 1800.0)
+    assert fig["layout"]["yaxis2"]["range"] == [0, pytest.approx(1.1)]  # 2 x 30 min, in hours

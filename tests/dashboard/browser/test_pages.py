@@ -2,25 +2,33 @@
 
 Each page loads from the seeded database with no console error (CSP violations included), its
 plots hold the traces and points the data implies, zooming fetches a new range from the server,
-and a process named ``<img src=x onerror=alert(1)>`` is shown as text. A screenshot of each page
-is kept under docs/img/.
+and a process named ``<img src=x onerror=alert(1)>`` is shown as text. On a ``vramscope demo``
+database the Overview's verdicts equal the active alerts and the analysis, phases show at 1 h
+and 6 h, and no page overflows at 1280 px; hours-old data shows a stale banner and no "live".
+
+Screenshots of every page at 1280 and 1600 px go to ``$VRAMSCOPE_SCREENSHOT_DIR`` (default
+``$TMPDIR/vramscope-screenshots``), never into the checkout: the README's pictures are updated
+on purpose with ``python -m vramscope.dashboard.screenshots --db URL --out docs/img``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from vramscope.dashboard import screenshots as shots
 
 from tests.support import dashboard_fixtures as F
 
 pytestmark = pytest.mark.browser
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
-IMG_DIR = Path(__file__).resolve().parents[3] / "docs" / "img"
+SHOT_DIR = Path(os.environ.get("VRAMSCOPE_SCREENSHOT_DIR")
+                or Path(tempfile.gettempdir()) / "vramscope-screenshots")
+REPO = Path(__file__).resolve().parents[3]
 WAIT_S = 30
 
 
@@ -36,22 +44,11 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver():
-    if not (os.path.exists(CHROMEDRIVER) and shutil.which("chromium")):
+    if not shots.chromium_available():
         pytest.skip("Debian chromium and chromedriver are not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    profile = tempfile.mkdtemp(prefix="vramscope-chromium-")
-    options.add_argument(f"--user-data-dir={profile}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    d = shots.start_driver(1400)
     yield d
-    d.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    shots.stop_driver(d)
 
 
 def wait_for(driver, script: str, what: str):
@@ -83,12 +80,9 @@ def console_errors(driver) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def screenshot(driver, name: str) -> None:
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1400, min(height + 140, 4000))
-    IMG_DIR.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(IMG_DIR / f"{name}.png"))
-    driver.set_window_size(1400, 1000)
+def screenshot(driver, name: str, width: int = 1400) -> None:
+    """Into SHOT_DIR, outside the checkout (a test run must not modify tracked files)."""
+    shots.screenshot(driver, SHOT_DIR / f"{name}.png", width)
 
 
 def in_window(start: float, end: float) -> int:
@@ -125,14 +119,16 @@ def test_timeline(driver, served):
     got = open_page(driver, served, "/timeline?device=0", ("timeline-plot",))["timeline-plot"]
     names = [n for n, _ in got]
     assert names == ["prefill", "decode", "allocated", "reserved", "device used", "limit",
-                     "largest free block", "inactive split ratio", "external fragmentation",
+                     "largest free block", "allocated floor (lowest per minute)",
+                     "inactive split ratio", "external fragmentation",
                      "KV blocks used", "KV blocks cached", "KV blocks total",
-                     "tokens per used block", "request start", "request end", "OOM",
-                     "alloc retries", "alert fired"]
+                     "tokens per used block", "request start", "request end",
+                     "alloc retries", "alert fired", "OOM"]
     points = dict(got)
     start = LAST_T - 3600
     assert points["allocated"] == points["limit"] == in_window(start, LAST_T) == 1801
     assert points["largest free block"] == 60  # one snapshot a minute
+    assert points["allocated floor (lowest per minute)"] == 60  # one per minute of the hour
     requests = sum(1 for k in range(F.DURATION_S // F.REQUEST_EVERY_S)
                    if start <= F.T0 + k * F.REQUEST_EVERY_S <= LAST_T)
     assert points["request start"] == requests
@@ -140,6 +136,30 @@ def test_timeline(driver, served):
     assert points["prefill"] == 5 * requests  # 4 corners and a gap per band
     assert console_errors(driver) == []
     screenshot(driver, "timeline")
+
+
+def test_the_leak_is_visible_the_memory_axis_spans_the_data(driver, served):
+    """Device 0 holds 14..26 GiB under an 80 GiB limit: the axis fits the data, and the
+    "0 to the limit" button shows the limit on demand."""
+    open_page(driver, served, "/timeline?device=0", ("timeline-plot",))
+    y_range = "return document.getElementById('timeline-plot')._fullLayout.yaxis.range;"
+    low, high = driver.execute_script(y_range)
+    lo_data, hi_data = driver.execute_script(
+        "const d = document.getElementById('timeline-plot').data;"
+        "const ys = d.filter(t => ['allocated', 'reserved', 'device used'].includes(t.name))"
+        "  .flatMap(t => t.y);"
+        "return [Math.min(...ys), Math.max(...ys)];")
+    limit = F.LIMIT_BYTES / F.GIB
+    assert 0 < low < lo_data and hi_data < high < limit * 0.5
+    note = driver.execute_script(
+        "return document.getElementById('timeline-plot')._fullLayout.annotations[0].text;")
+    assert note.startswith("allocated floor +")  # 2 GiB/h over the hour
+    buttons = driver.find_elements("css selector", "#timeline-plot .updatemenu-button")
+    assert [b.text for b in buttons] == ["Fit the data", "0 to the limit"]
+    buttons[1].click()
+    wait_for(driver, f"const r = document.getElementById('timeline-plot')._fullLayout.yaxis"
+                     f".range; return r[0] === 0 && r[1] > {limit};", "the limit in view")
+    assert console_errors(driver) == []
 
 
 def test_zoom_fetches_the_visible_range(driver, served):
@@ -231,3 +251,147 @@ def test_capacity(driver, served):
                                     ("peak device used", 2), ("limit", 2), ("estimate", 2)]
     assert console_errors(driver) == []
     screenshot(driver, "capacity")
+
+
+# --- a demo database: one verdict everywhere, phases at every span, nothing overflows ----------
+@pytest.fixture(scope="module")
+def demo_served(tmp_path_factory):
+    """``vramscope demo`` for 20 s (healthy, leaking and fragmenting servers), then its database
+    served by the dashboard alone, on the real clock."""
+    from vramscope.agent.config import parse_config
+    from vramscope.dashboard.app import create_app
+
+    folder = tmp_path_factory.mktemp("demo")
+    url = f"sqlite:///{folder}/demo.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(folder),
+           "XDG_RUNTIME_DIR": str(folder), "XDG_DATA_HOME": str(folder)}
+    proc = subprocess.run([sys.executable, "-m", "vramscope", "demo", "--duration", "20",
+                           "--no-browser", "--db", url, "--port", "0"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    app = create_app(parse_config({"database": {"url": url}}, None, {}))
+    server = F.ServedApp(app)
+    yield server, url
+    server.close()
+    app.extensions["vramscope"].store.close()
+
+
+def _get(server, path: str):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(server.url + path, timeout=60) as r:
+        return json.load(r)
+
+
+RANK = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
+
+
+def _worst(severities) -> str:
+    return ["ok", "warning", "critical"][max((RANK[s] for s in severities), default=0)]
+
+
+def test_overview_verdicts_equal_the_active_alerts_and_the_analysis(driver, demo_served):
+    server, _ = demo_served
+    open_page(driver, (server, None), "/", ("overview-plot",), "devices-table")
+    shown = driver.execute_script(
+        "return [...document.querySelectorAll('#devices-table tbody tr')].map(r => ["
+        "  r.cells[0].querySelector('strong').textContent,"
+        "  r.cells[1].querySelector('.badge').textContent,"
+        "  r.cells[1].querySelector('.reasons').textContent]);")
+    active = _get(server, "/api/v1/alerts?active=true")["alerts"]
+    assert len(shown) == 3
+    for label, level, reasons in shown:
+        host, device = label.split(" · GPU ")
+        device = int(device)
+        mine = [a for a in active if (a["host"], a["device"]) == (host, device)]
+        assert level == _worst(a["severity"] for a in mine), label
+        assert reasons == (", ".join(f"{a['rule']} ({a['severity']})" for a in sorted(
+            mine, key=lambda a: (-RANK[a["severity"]], a["fired_ts_s"]))) or "no active alert")
+        doc = _get(server, f"/api/v1/analysis?device={device}&host={host}&span=86400")
+        still_open = [a["severity"] for a in doc["alerts"] if a["resolved_ts"] is None]
+        assert level == _worst(still_open), (label, doc["alerts"])
+    card = driver.execute_script(
+        "return document.querySelector('#summary-cards .card .value').textContent;")
+    assert card == _worst(level for _, level, _ in shown)
+    assert {level for _, level, _ in shown} != {"ok"}  # the leaking device has its alert
+    assert console_errors(driver) == []
+
+
+@pytest.mark.parametrize("span", [3600, 21600])
+def test_phases_are_shown_at_an_hour_and_six_hours(driver, demo_served, span):
+    """The demo records phases on samples only (no phase events): beyond 15 min the timeline
+    shows each phase's share per bucket instead of nothing."""
+    server, _ = demo_served
+    got = open_page(driver, (server, None), f"/timeline?device=1&span={span}",
+                    ("timeline-plot",))["timeline-plot"]
+    shares = dict(got)
+    assert {"prefill share", "decode share"} <= set(shares), got
+    assert shares["prefill share"] > 10
+    meta = driver.execute_script("return document.getElementById('timeline-meta').textContent;")
+    assert "phases from samples" in meta
+    assert console_errors(driver) == []
+
+
+def _overflowing(driver) -> list[str]:
+    """Elements wider than their box: the page itself, a panel, a card, a table cell's link."""
+    return driver.execute_script(
+        "const out = [];"
+        "const doc = document.documentElement;"
+        "if (doc.scrollWidth > doc.clientWidth + 1) out.push('page ' + doc.scrollWidth);"
+        "for (const e of document.querySelectorAll('.panel, .card, header.top, .heading')) {"
+        "  if (e.scrollWidth > e.clientWidth + 1)"
+        "    out.push(e.className + '#' + e.id + ' ' + e.scrollWidth + '>' + e.clientWidth);"
+        "}"
+        "return out;")
+
+
+def test_no_element_overflows_at_1280_px(driver, demo_served):
+    server, _ = demo_served
+    driver.set_window_size(1280, 1000)
+    try:
+        for name, path in shots.page_paths(server.url):
+            driver.get(server.url + path)
+            shots.wait_ready(driver, name)
+            assert _overflowing(driver) == [], name
+    finally:
+        driver.set_window_size(1400, 1000)
+
+
+def test_screenshots_of_every_page_at_1280_and_1600(driver, demo_served):
+    server, _ = demo_served
+    written = shots.capture(driver, server.url, SHOT_DIR / "demo", (1280, 1600))
+    names = sorted(p.name for p in written)
+    assert len(names) == 16 and "overview-1280.png" in names and "capacity-1600.png" in names
+    assert all(p.stat().st_size > 10_000 for p in written)
+    assert not any(REPO in p.parents for p in written)  # never into the checkout
+    assert console_errors(driver) == []
+
+
+def test_hours_old_data_shows_a_stale_banner_and_no_live(driver, served):
+    from vramscope.agent.clock import FakeClock
+    from vramscope.dashboard.app import create_app
+
+    _, seeded = served
+    old = F.ServedApp(create_app(seeded.config(), seeded.store,
+                                 clock=FakeClock(F.NOW_S + 8.4 * 3600)))
+    try:
+        open_page(driver, (old, seeded), "/", ("overview-plot",), "devices-table")
+        wait_for(driver, "return !document.getElementById('stale-banner').hidden;",
+                 "the stale banner")
+        banner = driver.find_element("id", "stale-banner").text
+        assert banner.startswith("Stale data: the newest sample is 8.4 h old")
+        live = driver.find_element("id", "live").text
+        assert "live" not in live and live.startswith("○ stale")
+        risk = driver.execute_script(
+            "return document.querySelector('#summary-cards .card .sub').textContent;")
+        assert "as of " in risk
+        screenshot(driver, "overview-stale")
+        open_page(driver, (old, seeded), "/timeline?device=0", ("timeline-plot",))
+        wait_for(driver, "return !document.getElementById('timeline-note').hidden;",
+                 "the old-window note")
+        assert driver.find_element("id", "timeline-note").text.startswith(
+            "This window ended 8.4 h ago")
+        assert console_errors(driver) == []
+    finally:
+        old.close()
