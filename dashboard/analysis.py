@@ -67,9 +67,56 @@ def leaks_view(store: Store, config, device: int, host: str | None, start: float
         floor, result, method = _leak_from_minima(store, config, device, host, start, end,
                                                   limit)
     orphaned = store.events(device, start, end, host=host, names=("kv_orphaned_blocks",))
+    rise = result.get("start_ts_s") if result else None
     return {"figure": figures.leaks_figure(floor, result and result.get("trend_line"), limit),
             "result": result, "method": method, "floor_points": len(floor),
-            "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned]}
+            "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned],
+            "makeup": leak_makeup_view(store, config, device, host, start, end, rise)}
+
+
+LAYOUT_READ_LIMIT = 16  # memory_layout events read per query (each up to tens of kB)
+
+
+def leak_makeup_view(store: Store, config, device: int, host: str | None, start: float,
+                     end: float, rise_ts_s: float | None) -> dict[str, Any] | None:
+    """The make-up of the growth in the window: the layout at the last idle point at or before
+    the rise began (the window's first without one) diffed with the latest. Reads at most a few
+    ``memory_layout`` events, whatever the window holds."""
+    try:
+        from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
+    except ImportError:
+        return None
+    interval = float(config["sampling.snapshot_interval_s"]) if config else 60.0
+    latest = _last_event(store, device, host, start, end, LAYOUT_EVENT, interval)
+    before = None
+    if rise_ts_s is not None and start <= rise_ts_s < end:
+        before = _last_event(store, device, host, start, rise_ts_s, LAYOUT_EVENT, interval)
+    if before is None:
+        first = store.events(device, start, end, host=host, names=(LAYOUT_EVENT,), limit=1)
+        before = first[0] if first else None
+    if before is None or latest is None or before.ts_s >= latest.ts_s:
+        return None
+    return leak_makeup([before, latest], device)
+
+
+def _last_event(store: Store, device: int, host: str | None, lo: float, hi: float, name: str,
+                step_s: float):
+    """The newest ``name`` event in [lo, hi]: windows back from ``hi``, doubling, so that a
+    long window with an event a minute costs a query or two, not every event."""
+    width = 2 * max(step_s, 1.0)
+    while True:
+        got = store.events(device, max(lo, hi - width), hi, host=host, names=(name,),
+                           limit=LAYOUT_READ_LIMIT)
+        if got or hi - width <= lo:
+            break
+        width *= 4
+    while len(got) == LAYOUT_READ_LIMIT:  # more than one read holds: page on to the newest
+        more = store.events(device, got[-1].ts_s, hi, host=host, names=(name,),
+                            limit=LAYOUT_READ_LIMIT)
+        if more[-1].ts_s == got[-1].ts_s:
+            break
+        got = more
+    return got[-1] if got else None
 
 
 def _leak_from_records(samples, events, config, device: int):

@@ -183,7 +183,8 @@ def paths() -> dict[str, Any]:
         "/figures/leaks": _op("Plotly figure and verdict: the idle floor", obj({
             "figure": FIGURE, "result": nullable({"type": "object"}), "method": STR,
             "floor_points": INT, "limit_bytes": nullable(INT),
-            "orphaned": array({"type": "object"})}), window, errors=(400, 404)),
+            "orphaned": array({"type": "object"}),
+            "makeup": nullable({"type": "object"})}), window, errors=(400, 404)),
         "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
             "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
             "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT),

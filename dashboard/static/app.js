@@ -332,8 +332,24 @@ PAGES.leaks = () => {
       ["Blocks", (o) => o.blocks, "num"], ["Message", (o) => o.message, "wrap"],
       ["", (o) => link("at the moment →", timelineHref(body.device, body.host, o.ts))],
     ], doc.orphaned, "The KV pool reported no orphaned blocks.");
+    makeupPanel(doc.makeup);
   }, ANALYSIS_POLL_S);
 };
+
+// The leak's make-up: new live blocks and new segments between two idle points, largest first.
+function makeupPanel(m) {
+  const summary = document.getElementById("makeup-summary");
+  summary.textContent = !m ? "No two idle-point layouts in this window: the hooks record one (memory_layout) at idle points where torch sees a GPU."
+    : m.summary + (m.diagnosis ? ". Diagnosis: " + m.diagnosis + ". Remedy: " + m.remedy + "." : "");
+  const rows = m ? m.blocks.map((r) => Object.assign({ kind: "live blocks" }, r))
+    .concat(m.segments.map((r) => Object.assign({ kind: "segments" }, r))) : [];
+  table("makeup-table", [
+    ["Kind", (r) => r.kind], ["Size", (r) => fmtBytes(r.size_bytes), "num"], ["New", (r) => r.count, "num"],
+    ["Bytes", (r) => fmtBytes(r.bytes), "num"], ["Streams (new)", (r) => r.streams + " (" + r.new_streams + ")", "num"],
+    ["Phase", (r) => r.phase], ["What", (r) => r.description, "wrap"],
+    ["Stack (innermost first)", (r) => el("pre", r.stack.join("\n") || "(no allocation history)", { class: "frames" }), "wrap"],
+  ], rows, m ? "Nothing new between the two idle points." : "No make-up to show.");
+}
 
 // OOM risk: the level and reasons are the risk model's (the alert engine runs the same model);
 // the page keeps no threshold of its own.
