@@ -1,0 +1,186 @@
+"""What ``pip install vramscope`` puts on a machine: one top-level name, every file it needs.
+
+The wheel is built once per session from a clean copy of the working tree (setuptools reuses a
+``build/`` folder in the source tree, so a stale module there would end up in a wheel built in
+place), then installed with ``pip --no-deps --no-index`` into a fresh virtual environment and
+used from a working directory that holds a module named after each of our sub-packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
+# What a clean copy leaves out: VCS, environments, caches and earlier builds.
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
+                                    ".*_cache", ".hypothesis", "out", ".whl", "*.db*")
+SHADOWS = ("agent", "hooks", "dashboard", "migrations")
+
+
+def _run(*cmd: str | Path, cwd: Path | None = None, timeout: float = 300) -> str:
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src") / "vramscope"
+    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)
+    out = tmp_path_factory.mktemp("wheel")
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", out, src)
+    [built] = out.glob("vramscope-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.namelist()
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, wheel) -> Path:
+    """A fresh virtual environment with the wheel and nothing else of ours; its python."""
+    env = tmp_path_factory.mktemp("venv") / "env"
+    _run(sys.executable, "-m", "venv", env)
+    python = env / "bin" / "python"
+    _run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel)
+    return python
+
+
+def _folder_packages() -> set[str]:
+    """Installed package names of every folder with an ``__init__.py`` (package-dir mapped)."""
+    found = set()
+    for package, folder in SETUPTOOLS["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([package, *rel]))
+    return found
+
+
+def test_pyproject_packages_are_the_folders_with_an_init():
+    assert sorted(SETUPTOOLS["packages"]) == sorted(_folder_packages())
+
+
+def test_the_wheel_installs_one_top_level_name(wheel, wheel_names):
+    tops = {name.split("/")[0] for name in wheel_names}
+    [dist_info] = [t for t in tops if t.endswith(".dist-info")]
+    assert tops - {dist_info} == {"vramscope"}
+    with zipfile.ZipFile(wheel) as zf:  # what pip records as the distribution's top level
+        top_level = f"{dist_info}/top_level.txt"
+        if top_level in wheel_names:
+            assert zf.read(top_level).decode().split() == ["vramscope"]
+
+
+def _data_files() -> list[str]:
+    """Non-Python files and migration scripts the code reads at run time, as wheel paths."""
+    wanted = [*(ROOT / "migrations" / "versions").glob("*.py"),
+              *(ROOT / "migrations").glob("*.mako"), ROOT / "migrations" / "env.py",
+              *(ROOT / "dashboard" / "templates").iterdir(),
+              *(ROOT / "dashboard" / "static").iterdir(), ROOT / "vramscope" / "py.typed"]
+    names = []
+    for path in wanted:
+        rel = path.relative_to(ROOT)
+        package = {"migrations": "vramscope/migrations", "dashboard": "vramscope/dashboard",
+                   "vramscope": "vramscope"}[rel.parts[0]]
+        names.append("/".join([package, *rel.parts[1:]]))
+    return sorted(names)
+
+
+def test_the_wheel_holds_the_migrations_templates_and_static_files(wheel_names):
+    assert len(_data_files()) > 15
+    assert sorted(set(_data_files()) - set(wheel_names)) == []
+
+
+def test_the_wheel_holds_every_module_of_every_package(wheel_names):
+    modules = set()
+    for package, folder in SETUPTOOLS["package-dir"].items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder)
+            if ".".join([package, *rel.parent.parts]) in SETUPTOOLS["packages"]:
+                modules.add("/".join([*package.split("."), *rel.parts]))
+    assert sorted(modules - set(wheel_names)) == []
+    stray = {n for n in wheel_names if n.endswith(".py")} - modules - set(_data_files())
+    assert sorted(stray) == []  # nothing that is not in the source tree (a stale build/)
+
+
+def _shadowed_dir(tmp_path: Path) -> Path:
+    """A server's working directory with a module named after each of our sub-packages."""
+    for name in SHADOWS:
+        (tmp_path / f"{name}.py").write_text(
+            f"raise ImportError('the user module {name}.py was imported instead of ours')\n")
+    return tmp_path
+
+
+INSTALL_SCRIPT = """
+import vramscope
+
+class Sink:
+    def __init__(self):
+        self.records = []
+    def put(self, record):
+        self.records.append(record)
+    def close(self):
+        pass
+
+sink = Sink()
+r = vramscope.install(sink=sink)
+print(r)
+vramscope.set_phase("decode")
+print("records:", [(x.name, x.phase.value) for x in sink.records])
+print("from:", vramscope.__file__)
+vramscope.uninstall()
+"""
+
+
+def test_install_from_the_wheel_beside_modules_named_agent_hooks_dashboard_migrations(
+        venv, tmp_path):
+    cwd = _shadowed_dir(tmp_path)
+    out = _run(venv, "-c", INSTALL_SCRIPT, cwd=cwd)  # -c puts the working directory first
+    assert "vramscope: on  sink: given: Sink" in out
+    assert "vramscope: off allocator: torch is not importable" in out  # no torch in that venv
+    assert "records: [('phase', 'decode')]" in out
+    site = Path(_run(venv, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                     cwd=cwd).strip())
+    assert f"from: {site / 'vramscope' / '__init__.py'}" in out
+
+
+def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):
+    """The installed package finds its Alembic scripts: ``vramscope db upgrade`` on a temporary
+    SQLite file. The wheel's venv borrows this interpreter's dependencies (SQLAlchemy, Alembic)
+    through a .pth line, which adds the folder without running its .pth files, so the editable
+    install of the checkout stays out and ``vramscope`` is the wheel's."""
+    site = Path(_run(venv, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+                     ).strip())
+    (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    try:
+        cwd = _shadowed_dir(tmp_path)
+        db = tmp_path / "fresh.db"
+        _run(venv, "-m", "vramscope", "db", "upgrade", "--db", f"sqlite:///{db}", cwd=cwd)
+        out = _run(venv, "-c", "import vramscope.migrations as m, sqlalchemy as sa; "
+                               f"e = sa.create_engine('sqlite:///{db}'); "
+                               "print(m.__file__); print(sorted(sa.inspect(e).get_table_names()))",
+                   cwd=cwd)
+    finally:
+        (site / "zz_test_deps.pth").unlink()
+    where, tables = out.splitlines()
+    assert where == str(site / "vramscope" / "migrations" / "__init__.py")
+    assert "'alembic_version'" in tables and "'samples'" in tables and "'devices'" in tables
