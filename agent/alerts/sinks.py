@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.timefmt import iso_utc
 
 log = logging.getLogger("vramscope.alerts")
 
@@ -38,8 +39,9 @@ class LogSink:
 
     def send(self, change: AlertChange) -> None:
         level = logging.WARNING if change.kind == "fired" else logging.INFO
-        self.logger.log(level, "alert %s %s [%s] device %s at %.3f: %s", change.kind,
-                        change.rule, change.severity, change.device, change.ts_s, change.message)
+        self.logger.log(level, "alert %s %s [%s] device %s at %s: %s", change.kind,
+                        change.rule, change.severity, change.device, iso_utc(change.ts_s),
+                        change.message)
 
     def close(self) -> None:
         pass

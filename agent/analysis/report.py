@@ -21,6 +21,7 @@ from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
 from vramscope.agent.analysis.phases import phase_stats
 from vramscope.agent.analysis.risk import LEVELS
 from vramscope.agent.records import Event, PostMortem, Sample
+from vramscope.agent.timefmt import iso_utc
 
 FORMAT = "vramscope.analysis/1"
 _REPORT_PHASES = ("prefill", "decode", "idle", "setup")
@@ -125,7 +126,8 @@ def _alerts_doc(history: Iterable[AlertRecord]) -> list[dict[str, Any]]:
 
 # --- readable report -------------------------------------------------------------------------
 def render_text(doc: Mapping[str, Any]) -> str:
-    """The analysis document as text for a terminal (MiB/GiB only here)."""
+    """The analysis document as text for a terminal (MiB/GiB and ISO 8601 UTC times only
+    here; the JSON document keeps bytes and Unix seconds)."""
     lines = []
     for dev, d in doc["devices"].items():
         lines += [f"device {dev}", *_leak_lines(d["leak"]), *_makeup_lines(d["leak"]),
@@ -135,9 +137,9 @@ def render_text(doc: Mapping[str, Any]) -> str:
     lines.append(f"alerts: {len(doc['alerts'])}")
     for a in doc["alerts"]:
         resolved = ("still firing" if a["resolved_ts"] is None
-                    else f"resolved {a['resolved_ts']:.3f}")
+                    else f"resolved {iso_utc(a['resolved_ts'])}")
         lines.append(f"  {a['severity']:8} {a['rule']:20} device {a['device']} "
-                     f"fired {a['fired_ts']:.3f}, {resolved}")
+                     f"fired {iso_utc(a['fired_ts'])}, {resolved}")
     return "\n".join(lines) + "\n"
 
 
@@ -149,7 +151,7 @@ def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
     if not leak["detected"]:
         return [f"  leak: none ({leak['evidence']})"]
     rate = leak["slope_bytes_per_s"] * 3600 / 2**20
-    return [f"  leak: DETECTED at {leak['first_detected_ts']:.3f}, {rate:.1f} MiB/h",
+    return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {rate:.1f} MiB/h",
             f"        {leak['evidence']}"]
 
 
@@ -176,12 +178,13 @@ def _oom_lines(oom: Mapping[str, Any]) -> list[str]:
     tto = oom["min_time_to_oom_s"]
     warn = oom["first_warning_ts"]
     out = [f"  OOM risk: max {oom['max_risk']}"
-           + ("" if warn is None else f", first warning {warn:.3f}")
+           + ("" if warn is None else f", first warning {iso_utc(warn)}")
            + ("" if tto is None else f", shortest forecast time to OOM {tto:.0f} s")]
     if oom["occurred"]:
         lead = "" if warn is None or warn > oom["first_oom_ts"] \
             else f" (warned {oom['first_oom_ts'] - warn:.0f} s before)"
-        out.append(f"  OOM at {oom['first_oom_ts']:.3f}{lead}; likely cause: {oom['cause']}")
+        out.append(f"  OOM at {iso_utc(oom['first_oom_ts'])}{lead}; likely cause: "
+                   f"{oom['cause']}")
         out += [f"    - {r}" for r in REMEDIES[oom["cause"]]]
     return out
 

@@ -120,7 +120,8 @@ def test_a_full_webhook_queue_drops_instead_of_blocking():
 def test_log_sink(caplog):
     with caplog.at_level(logging.INFO, logger="vramscope.alerts"):
         LogSink().send(FIRED)
-    assert "alert fired oom_risk [warning] device 0 at 100.000: low headroom" in caplog.text
+    assert ("alert fired oom_risk [warning] device 0 at 1970-01-01T00:01:40.000Z: low headroom"
+            in caplog.text)  # ISO 8601 UTC in the log, not raw Unix seconds
 
 
 def test_sinks_from_config(store):

@@ -69,7 +69,11 @@ def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
     assert main(["analyze", trace_file]) == 0
     out = capsys.readouterr().out
     assert "device 0" in out
-    assert "OOM at 1060.500 (warned 0 s before); likely cause: prefill_spike" in out
+    # ISO 8601 UTC, not raw Unix seconds
+    assert ("OOM at 1970-01-01T00:17:40.500Z (warned 0 s before); likely cause: prefill_spike"
+            in out)
+    assert "first warning 1970-01-01T00:17:40.000Z" in out
+    assert "fired 1970-01-01T00:17:40.500Z, still firing" in out
     assert "    - enable chunked prefill (bound the tokens prefilled per step)" in out
     assert "KV pool: peak 159 of 1000 blocks (15.9%)" in out
     assert "alerts: 3" in out
