@@ -296,6 +296,7 @@ class Agent:
             "rows_per_s": round(self._rate.per_s, 3),
             "written_total": w.written_total,
             "queue_depth": self.writer.queue_depth,
+            "at_risk_records": self.writer.queue_depth,  # what a SIGKILL now would lose
             "dropped_total": w.dropped_total,
             "client_dropped_total": ingest.client_dropped_total if ingest else 0,
             "rejected_total": ingest.rejected_total if ingest else 0,

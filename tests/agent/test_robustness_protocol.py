@@ -159,6 +159,7 @@ def test_drops_at_client_shutdown_reach_the_agent(short_dir):
 
 def test_status_json_has_the_robustness_counters(agent):
     status = agent.status()
-    for key in ("accept_errors", "loop_errors", "log_suppressed", "db_refused_total"):
+    for key in ("accept_errors", "loop_errors", "log_suppressed", "db_refused_total",
+                "at_risk_records"):
         assert status[key] == 0
     json.dumps(status)
