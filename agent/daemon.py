@@ -20,15 +20,25 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal
 
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
-from vramscope.agent.records import Event, PostMortem
+from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.writer import Writer
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+    from vramscope.agent.config import Config
+    from vramscope.agent.ingest.server import ClientInfo, IngestServer
+    from vramscope.agent.sources.nvml import DeviceInfo, DeviceSource, ProcessRow
+    from vramscope.agent.sources.prometheus import PrometheusSource
+    from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.agent")
 
@@ -79,8 +89,9 @@ class _Rate:
 class Agent:
     """The sidecar's parts wired together; also the core of ``EmbeddedAgent``."""
 
-    def __init__(self, config: Any, *, store: Any = None, db_url: str | None = None,
-                 source: Any = "nvml", socket_path: str | None = None, listen: bool = True,
+    def __init__(self, config: Config, *, store: Store | None = None, db_url: str | None = None,
+                 source: DeviceSource | Literal["nvml"] | None = "nvml",
+                 socket_path: str | None = None, listen: bool = True,
                  clock: Clock = SYSTEM_CLOCK, alerts: bool = True) -> None:
         self.config = config
         self.clock = clock
@@ -108,7 +119,7 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._paused = False
 
-    def _make_server(self):
+    def _make_server(self) -> IngestServer:
         from vramscope.agent.ingest.server import IngestServer
 
         return IngestServer(self.socket_path, on_records=self._on_records,
@@ -176,7 +187,7 @@ class Agent:
 
     def run_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then stop with a final flush."""
-        def _on_signal(signum, _frame):
+        def _on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("received %s; flushing and stopping", signal.Signals(signum).name)
             self._stop.set()
 
@@ -254,29 +265,29 @@ class Agent:
     def _clients_by_peer_pid(self) -> dict[int, int]:
         if self.server is None:
             return {}
-        return {c.peer_pid: c.pid for c in self.server.clients if c.peer_pid is not None}
+        return {c.peer_pid: c.pid for c in self.server.clients
+                if c.peer_pid is not None and c.pid is not None}  # pid: peer_pid at least
 
-    def _map_process_devices(self, rows: list, clients: dict[int, int]) -> None:
+    def _map_process_devices(self, rows: list[ProcessRow], clients: dict[int, int]) -> None:
         by_pid: dict[int, list[int]] = {}
         for r in rows:
             if r.pid in clients:
                 by_pid.setdefault(clients[r.pid], []).append(r.device)
         ts_s = self.clock.time_s()
         for pid, devices in by_pid.items():
-            self.writer.submit(lambda st, p=pid, d=tuple(devices):
-                               st.upsert_process(p, ts_s, device_indexes=d))
+            self.writer.submit(_process_devices_task(pid, ts_s, tuple(devices)))
 
     # --- callbacks from ingest (server thread) --------------------------------------------
-    def _on_records(self, records: list, client: Any) -> None:
+    def _on_records(self, records: list[Sample | Event], client: ClientInfo) -> None:
         self.writer.put_many(records)
 
-    def _on_postmortem(self, pm: PostMortem, client: Any) -> None:
+    def _on_postmortem(self, pm: PostMortem, client: ClientInfo) -> None:
         self.writer.put(pm)
 
-    def _on_hello(self, client: Any) -> None:
+    def _on_hello(self, client: ClientInfo) -> None:
         hello = client.hello
         pid = client.pid
-        if pid is None:
+        if pid is None or hello is None:  # called after the hello: never None here
             return
         ts_s = self.clock.time_s()
         self.writer.submit(lambda st: st.upsert_process(
@@ -312,8 +323,8 @@ class Agent:
             "db_size_bytes": self.store.size_bytes(),
         }
 
-    def _stats_task(self, ts_s: float):
-        def task(store: Any) -> None:
+    def _stats_task(self, ts_s: float) -> Callable[[Store], None]:
+        def task(store: Store) -> None:
             self._rate.update(self.clock.monotonic_s(), self.writer.stats.written_total)
             s = self.status()
             store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
@@ -323,7 +334,7 @@ class Agent:
                                     db_size_bytes=s["db_size_bytes"])
         return task
 
-    def _integrity_task(self, store: Any) -> None:
+    def _integrity_task(self, store: Store) -> None:
         """SQLite's quick_check on the writer thread (a reader: WAL lets it run beside the
         writes of others); one log line when the verdict changes, not one per check."""
         problem = store.check_integrity()
@@ -337,15 +348,15 @@ class Agent:
         elif problem is None and not was_ok:
             log.warning("database integrity check passes again")
 
-    def _retention_task(self, store: Any) -> None:
+    def _retention_task(self, store: Store) -> None:
         result = self.retention.step(store)
         if result.busy:
             log.debug("retention step: %s", result)
             # more to do: again in a second, not at once, so catching up stays a small share
             self._retention_schedule.next_s = self.clock.monotonic_s() + 1.0
 
-    def _describe_devices(self, infos: list):
-        def task(store: Any) -> None:
+    def _describe_devices(self, infos: list[DeviceInfo]) -> Callable[[Store], None]:
+        def task(store: Store) -> None:
             for d in infos:
                 store.describe_device(d.index, uuid=d.uuid, name=d.name,
                                       total_bytes=d.total_bytes,
@@ -353,7 +364,7 @@ class Agent:
                                       physical_index=getattr(d, "physical_index", None))
         return task
 
-    def _on_batch(self, samples: list, events: list) -> None:
+    def _on_batch(self, samples: list[Sample], events: list[Event]) -> None:
         self.retention.note_written(samples)  # late samples: their minutes are rolled up again
         if self.alerts is not None:
             self.alerts(samples, events)
@@ -368,19 +379,25 @@ def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str | None:
         return None
 
 
-def _record_boot_id(store: Any) -> None:
+def _process_devices_task(pid: int, ts_s: float,
+                          devices: tuple[int, ...]) -> Callable[[Store], None]:
+    return lambda store: store.upsert_process(pid, ts_s, device_indexes=devices)
+
+
+def _record_boot_id(store: Store) -> None:
     boot_id = read_boot_id()
     if boot_id is not None:
         store.set_boot_id(boot_id)
 
 
-def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1"):
+def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
+    # Any: prometheus_client's WSGIServer, which its stubs do not export.
     """The agent's own counters as Prometheus metrics on ``host:port`` (``/metrics``)."""
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     class _Collector:
-        def collect(self):
+        def collect(self) -> Iterator[Metric]:
             s = agent.status()
             yield GaugeMetricFamily("vramscope_agent_clients", "connected hook clients",
                                     value=len(s["clients"]))
@@ -409,7 +426,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1"):
     return server
 
 
-def _open_store(config: Any, db_url: str | None):
+def _open_store(config: Config, db_url: str | None) -> Store:
     from vramscope.agent.store import Store
 
     return Store.open(db_url or config["database.url"],
@@ -417,7 +434,8 @@ def _open_store(config: Any, db_url: str | None):
                       host_name=config["agent.host_name"] or None)
 
 
-def _open_source(source: Any, clock: Clock):
+def _open_source(source: DeviceSource | Literal["nvml"] | None,
+                 clock: Clock) -> DeviceSource | None:
     """``"nvml"`` opens the real NVML (or None, with one log line); None means no sampling;
     anything else is a ``DeviceSource`` (a fake)."""
     if source == "nvml":
@@ -427,7 +445,7 @@ def _open_source(source: Any, clock: Clock):
     return source
 
 
-def _open_prometheus(config: Any, writer: Writer, clock: Clock) -> Any:
+def _open_prometheus(config: Config, writer: Writer, clock: Clock) -> PrometheusSource | None:
     """The ``[sources.prometheus]`` scraper (its own thread: a slow server must not stall NVML
     sampling), or None when it names no target."""
     from vramscope.agent.sources.prometheus import PrometheusSource
@@ -462,10 +480,10 @@ class AlertFeed:
         self.sinks = sinks
 
     @classmethod
-    def from_config(cls, config: Any, store: Any) -> AlertFeed:
+    def from_config(cls, config: Config, store: Store) -> AlertFeed:
         return cls(AlertEngine.from_config(config), sinks_from_config(config, store))
 
-    def __call__(self, samples: list, events: list) -> None:
+    def __call__(self, samples: list[Sample], events: list[Event]) -> None:
         for change in self.engine.feed_batch(samples, events):  # no copy, no re-split
             for sink in self.sinks:
                 try:
