@@ -15,6 +15,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from vramscope.agent.errors import VramscopeError
 
@@ -26,7 +27,7 @@ COMMANDS: tuple[str, ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default exits 2 too; keep its wording
+    def error(self, message: str) -> NoReturn:  # argparse's default exits 2 too; its wording
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from vramscope.agent.sources.nvml import DeviceSource
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_arguments(sub.add_parser(
         "agent", help="run the sidecar agent (NVML sampling, ingest socket, writer)",
         description="Sample every visible GPU through NVML, accept records from the in-server "
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                                               agent__socket_path=args.socket_path)
     if args.fake_devices < 0:
         raise UsageError(f"--fake-devices must be >= 0, got {args.fake_devices}")
-    source: object = "nvml"
+    source: DeviceSource | Literal["nvml"] | None = "nvml"
     if args.no_nvml:
         source = None
     elif args.fake_devices:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from vramscope.agent.cli.common import (
     add_config_flag,
@@ -20,8 +21,12 @@ from vramscope.agent.cli.common import (
 )
 from vramscope.agent.errors import UsageError
 
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+    from vramscope.agent.records import Event, PostMortem, Sample
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("analyze", help="leaks, OOM risk, fragmentation and alerts of a recording",
                        description="Analyze trace files or the database: leak detection, OOM "
                                    "risk (causal), fragmentation, phases, KV pool, alerts.")
@@ -63,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _from_files(paths: list[str]):
+def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostMortem]]:
     from vramscope.agent.trace import read_trace
 
-    samples, events = [], []
+    samples: list[Sample] = []
+    events: list[Event] = []
     for path in paths:
         trace = read_trace(path)
         samples += trace.samples
@@ -74,7 +80,8 @@ def _from_files(paths: list[str]):
     return samples, events, []
 
 
-def _from_db(config, device: int | None):
+def _from_db(config: Config, device: int | None
+             ) -> tuple[list[Sample], list[Event], list[PostMortem]]:
     from vramscope.agent.store import Store
 
     require_existing_database(config["database.url"], "analyze")

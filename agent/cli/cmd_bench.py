@@ -9,7 +9,7 @@ import sys
 from vramscope.agent.errors import UsageError, VramscopeError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from vramscope.agent.bench import BENCHMARKS
 
     names = ", ".join(BENCHMARKS)

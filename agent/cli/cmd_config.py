@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from vramscope.agent.cli.common import add_config_flag
 
+if TYPE_CHECKING:
+    from vramscope.agent.alerts.rules import Rule
+    from vramscope.agent.config import Config
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("config", help="check or show the configuration")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
@@ -19,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=run_show)
 
 
-def _load(path: str | None):
+def _load(path: str | None) -> tuple[Config, list[Rule]]:
     from vramscope.agent.config import load_config
 
     config = load_config(path)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from vramscope.agent.cli.common import require_existing_database
 from vramscope.agent.errors import UsageError
 
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+
 log = logging.getLogger("vramscope.dashboard")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("dashboard", help="serve the web dashboard (Flask + Plotly, /api/v1, "
                                          "/metrics)")
     p.add_argument("--db", metavar="URL", dest="db_url",
@@ -29,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def dashboard_config(args: argparse.Namespace):
+def dashboard_config(args: argparse.Namespace) -> Config:
     from vramscope.agent.config import load_config
 
     if args.port is not None and not 0 <= args.port <= 65535:

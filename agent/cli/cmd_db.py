@@ -8,7 +8,7 @@ from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from
 from vramscope.agent.errors import StoreError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("db", help="database schema migrations (Alembic)")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vramscope.agent.errors import UsageError
+
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+    from vramscope.agent.embedded import EmbeddedAgent
+    from vramscope.agent.sim.demo import Pacer
+    from vramscope.agent.sim.server import SimServer
 
 SCENARIO_CHOICES = ("all", "healthy", "leak", "fragmentation", "pool")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="see vramscope at work on simulated inference servers",
                        description="Start the agent (embedded), the dashboard and simulated "
                                    "inference servers: healthy, leaking and fragmenting.")
@@ -83,13 +91,13 @@ def _temp_folder() -> str:
 
 def _history_s(args: argparse.Namespace) -> float:
     if args.history_min is not None:
-        return args.history_min * 60.0
+        return float(args.history_min * 60.0)
     if args.duration is not None:
-        return 0.75 * args.duration * args.speed
+        return float(0.75 * args.duration * args.speed)
     return 90 * 60.0
 
 
-def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
+def _run_sim(config: Config, db_url: str, args: argparse.Namespace) -> int:
     import threading
 
     from vramscope.agent.clock import SYSTEM_CLOCK
@@ -128,7 +136,7 @@ def _run_sim(config, db_url: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_process(agent, servers) -> None:
+def _register_process(agent: EmbeddedAgent, servers: list[SimServer]) -> None:
     """Name this process in the store, as a server's hook handshake would."""
     import os
     import time
@@ -140,7 +148,8 @@ def _register_process(agent, servers) -> None:
         device_indexes=devices))
 
 
-def _announce(url: str, db_url: str, scenarios, pacer, args: argparse.Namespace) -> None:
+def _announce(url: str, db_url: str, scenarios: Sequence[str], pacer: Pacer,
+              args: argparse.Namespace) -> None:
     history_min = (pacer.wall0_s - pacer.sim0_s) / 60
     print(f"vramscope demo: dashboard at {url}")
     print(f"  simulated servers: {', '.join(scenarios)} (one simulated GPU each)")

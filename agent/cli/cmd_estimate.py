@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from vramscope.agent.errors import UsageError
 
+if TYPE_CHECKING:
+    from types import ModuleType
 
-def register(sub: argparse._SubParsersAction) -> None:
+    from vramscope.agent.estimate import Estimate, ModelShape, Plan
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "estimate", help="plan GPU memory: weights, KV cache, what concurrency/context fits",
         description="Estimate GPU memory for serving a model, from a Hugging Face config.json "
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shape(args: argparse.Namespace, est):
+def _shape(args: argparse.Namespace, est: ModuleType) -> ModelShape:
     cfg = est.load_hf_config(args.config) if args.config else {}
     cfg = dict(cfg.get("text_config") or cfg)
     flags = {"num_hidden_layers": args.layers, "num_key_value_heads": args.kv_heads,
@@ -82,10 +88,11 @@ def _shape(args: argparse.Namespace, est):
         cfg["num_attention_heads"] = cfg["hidden_size"] // cfg["head_dim"]
     if not cfg.get("num_parameters") and not cfg.get("vocab_size") and not args.config:
         raise UsageError("give --params (or --vocab and --intermediate so they can be counted)")
-    return est.shape_from_hf_config(cfg, name=args.config or "model")
+    shape: ModelShape = est.shape_from_hf_config(cfg, name=args.config or "model")
+    return shape
 
 
-def render(r, plan, shape) -> str:
+def render(r: Estimate, plan: Plan, shape: ModelShape) -> str:
     gib = 1 << 30
 
     def g(n: int) -> str:

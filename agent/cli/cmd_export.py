@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Iterator
+from typing import IO
 
 from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from_args, open_store
 from vramscope.agent.errors import VramscopeError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="export a trace (v1) or Prometheus alerting rules")
     p.add_argument("what", nargs="?", default="trace", choices=("trace", "prometheus-rules"),
                    help="what to export (default: trace)")
@@ -48,7 +50,7 @@ def _export_rules(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _output(path: str | None):
+def _output(path: str | None) -> Iterator[IO[str]]:
     if path is None:
         yield sys.stdout
         return

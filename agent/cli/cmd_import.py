@@ -12,7 +12,7 @@ import sys
 from vramscope.agent.cli.common import add_config_flag, add_db_flag, open_store
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="import trace files (trace format v1, JSON Lines)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--skip-invalid", action="store_true",

@@ -8,11 +8,17 @@ keep their timestamps (and pids, when the trace has them); ``--speed`` only pace
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vramscope.agent.clock import Clock
+    from vramscope.agent.ingest.connection import AgentConnection
+    from vramscope.agent.records import Event, Sample
 
 BATCH_RECORDS = 500
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("replay", help="send a trace file through the agent's socket",
                        description="Replay a trace-format-v1 file into a running agent.")
     p.add_argument("file", help="trace file (JSON Lines, trace format v1)")
@@ -36,15 +42,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--speed must be > 0, got {args.speed}")
     config = load_config(args.config).replace(agent__socket_path=args.socket_path)
     trace = read_trace(args.file)
-    records = sorted([*trace.samples, *trace.events], key=lambda r: r.ts_s)
+    records: list[Sample | Event] = [*trace.samples, *trace.events]
+    records.sort(key=lambda r: r.ts_s)
     speed = None if args.as_fast_as_possible else args.speed
     sent = replay(records, config["agent.socket_path"], speed=speed)
     print(f"replayed {sent} records from {args.file}")
     return 0
 
 
-def replay(records: list, socket_path: str, *, speed: float | None = None,
-           batch_records: int = BATCH_RECORDS, clock=None) -> int:
+def replay(records: list[Sample | Event], socket_path: str, *, speed: float | None = None,
+           batch_records: int = BATCH_RECORDS, clock: Clock | None = None) -> int:
     """Send ``records`` (in order) to the agent; pace by their timestamps unless ``speed`` is
     None. Returns the number sent."""
     from vramscope.agent.clock import SYSTEM_CLOCK
@@ -63,7 +70,8 @@ def replay(records: list, socket_path: str, *, speed: float | None = None,
     return len(records)
 
 
-def _paced(conn, records: list, speed: float, clock) -> None:
+def _paced(conn: AgentConnection, records: list[Sample | Event], speed: float,
+           clock: Clock) -> None:
     if not records:
         return
     t0_trace, t0 = records[0].ts_s, clock.monotonic_s()

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="devices, clients, rows/s, queue, drops, rejected, DB size",
                        description="Ask the running agent for its state over its socket; when "
                                    "it is not running, show the last state it stored.")

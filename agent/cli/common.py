@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from vramscope.agent.config import Config, load_config
+
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
 
 
 def add_config_flag(p: argparse.ArgumentParser) -> None:
@@ -24,7 +28,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def open_store(args: argparse.Namespace, config: Config | None = None, *,
-               reading: str | None = None):
+               reading: str | None = None) -> Store:
     """The store of ``--db`` (or ``database.url``). ``reading`` names a command that only
     reads: it refuses a database that does not exist instead of creating it."""
     from vramscope.agent.store import Store
