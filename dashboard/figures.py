@@ -23,6 +23,19 @@ COLORS = {
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
 
 
+def text(value: Any) -> str:
+    """A stored string as Plotly label text. Plotly renders a subset of HTML in every label,
+    hover text and trace name (``<a href>``, ``<b>``, ``<br>``, ``<span style>``, entities), so a
+    host named ``<a href="https://evil.example/">x</a>`` would become a link: escape ``&``, ``<``
+    and ``>``; Plotly turns the entities back into the characters they stand for
+    (docs/dashboard.md: server strings are text, never HTML)."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def device_label(row: dict[str, Any]) -> str:
+    return text(f"{row['host']} · GPU {row['device']}")
+
+
 def ms(ts_s: float) -> float:
     return ts_s * 1000.0
 
@@ -49,7 +62,7 @@ def _line(name: str, xs: list, ys: list, color: str, **extra: Any) -> dict[str, 
 # --- overview -----------------------------------------------------------------------------
 def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Allocated, reserved, device used and limit per device, as grouped horizontal bars."""
-    labels = [f"{r['host']} · GPU {r['device']}" for r in rows]
+    labels = [device_label(r) for r in rows]
     bars = []
     for key, name, color in (("allocated_bytes", "allocated", COLORS["allocated"]),
                              ("reserved_bytes", "reserved", COLORS["reserved"]),
@@ -124,7 +137,7 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
                  "kv_orphaned_blocks": "orphaned KV blocks"}[e["name"]]
         xs, texts = groups.setdefault(label, ([], []))
         xs.append(ms(e["ts"]))
-        texts.append(e["request_id"] or e["message"] or "")
+        texts.append(text(e["request_id"] or e["message"] or ""))
     for r in doc.get("retries", ()):
         xs, texts = groups.setdefault("alloc retries", ([], []))
         xs.append(ms(r["ts"]))
@@ -132,7 +145,7 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for a in doc.get("alerts", ()):
         xs, texts = groups.setdefault("alert fired", ([], []))
         xs.append(ms(a["ts"]))
-        texts.append(f"{a['severity']}: {a['rule']}: {a['message'] or ''}"[:200])
+        texts.append(text(f"{a['severity']}: {a['rule']}: {a['message'] or ''}"[:200]))
     style = {"request start": ("triangle-right", COLORS["request"]),
              "request end": ("triangle-left", COLORS["request"]),
              "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
@@ -206,7 +219,7 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
         if mine:
             data.append({"type": "scatter", "mode": "markers", "name": f"{level} fired",
                          "x": [ms(w["ts"]) for w in mine], "y": [0] * len(mine),
-                         "text": [w["label"] for w in mine], "hovertemplate": "%{text}",
+                         "text": [text(w["label"]) for w in mine], "hovertemplate": "%{text}",
                          "cliponaxis": False,
                          "marker": {"symbol": "triangle-up", "size": 12,
                                     "color": COLORS[level]}})
@@ -251,7 +264,7 @@ def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
 def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
     """Measured peaks per device beside the estimator's budget, when there is one."""
     rows = capacity["devices"]
-    labels = [f"{r['host']} · GPU {r['device']}" for r in rows]
+    labels = [device_label(r) for r in rows]
     data = []
     for key, name, color in (("allocated_bytes", "peak allocated", COLORS["allocated"]),
                              ("reserved_bytes", "peak reserved", COLORS["reserved"]),
@@ -306,7 +319,7 @@ def _first_int(segment: dict[str, Any], *keys: str) -> int:
 def holders_figure(pm) -> dict[str, Any]:
     """The top holders by size; the innermost frame names each."""
     holders = list(pm.top_holders)
-    labels = [f"#{i + 1} {h.frames[0] if h.frames else '(no stack)'}"[:80]
+    labels = [text(f"#{i + 1} {h.frames[0] if h.frames else '(no stack)'}"[:80])
               for i, h in enumerate(holders)]
     return {"data": [{"type": "bar", "orientation": "h", "name": "held",
                       "y": labels, "x": [h.size_bytes / 2**20 for h in holders],

@@ -547,7 +547,7 @@ class Store:
         with self.engine.connect() as c:
             return [Event(r.ts_s, r.name, r.device_index, r.pid,
                           Phase(r.phase) if r.phase else None, r.request_id,
-                          json.loads(r.data) if r.data else None, host, r.device_uuid)
+                          stored_json(r.data), host, r.device_uuid)
                     for r in c.execute(q)]
 
     def time_range(self, device: int | None = None,
@@ -595,7 +595,7 @@ class Store:
         with self.engine.connect() as c:
             rows = [dict(r._mapping) for r in c.execute(q)]
         for r in rows:
-            r["labels"] = json.loads(r["labels"]) if r["labels"] else {}
+            r["labels"] = stored_json(r["labels"]) or {}
         return rows
 
     def postmortems(self, device: int | None = None,
@@ -609,8 +609,17 @@ class Store:
         if device is not None:
             q = q.where(devices.c.device_index == device)
         with self.engine.connect() as c:
-            return [(r.id, PostMortem.from_json(json.loads(r.summary))._replace(host=r.host))
-                    for r in c.execute(q)]
+            rows = c.execute(q).all()
+        out = []
+        for r in rows:
+            summary = stored_json(r.summary, max_bytes=64 * 2**20)
+            try:
+                if not isinstance(summary, dict) or set(summary) == {"unreadable"}:
+                    raise ValueError(summary)
+                out.append((r.id, PostMortem.from_json(summary)._replace(host=r.host)))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                log.warning("post-mortem %d is unreadable and left out: %s", r.id, exc)
+        return out
 
     def latest_agent_stats(self, host: str | None = None) -> dict[str, Any] | None:
         q = (select(agent_stats).join(hosts, hosts.c.id == agent_stats.c.host_id)
@@ -688,6 +697,23 @@ class _maybe_begin:
         if self._ctx is not None:
             return self._ctx.__exit__(*exc)
         return False
+
+
+def stored_json(text: str | None, max_bytes: int = 2**20) -> Any:
+    """Decode JSON text the store holds. Whatever is there — nested deeper than readers can
+    walk, not JSON at all (another tool, an older version, a hand edit) — comes back as
+    ``{"unreadable": why}`` instead of raising into a page: readers survive what is stored."""
+    if not text:
+        return None
+    from vramscope.agent.trace import check_data
+
+    try:
+        value = json.loads(text)
+        check_data(value if isinstance(value, dict) else {"value": value}, "stored data",
+                   max_bytes=max_bytes)
+    except (ValueError, RecursionError) as exc:
+        return {"unreadable": str(exc)[:200]}
+    return value
 
 
 def _time_filter(q, column, start_s: float | None, end_s: float | None):
