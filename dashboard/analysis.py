@@ -17,7 +17,7 @@ from typing import Any
 from vramscope.agent import estimate as est
 from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.analysis import leaks
-from vramscope.agent.analysis.risk import risk_timeline
+from vramscope.agent.analysis.risk import device_points, risk_timeline
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import Phase, Sample
@@ -225,7 +225,7 @@ def _forecast(store: Store, config, device: int, host: str | None, start: float,
     if samples is None:
         samples, events = peak_samples(rows, device), []
         method = "risk model on per-bucket peaks (long window)"
-    points = [p for p in risk_timeline(samples, events, config) if p.device == device]
+    points = device_points(risk_timeline(samples, events, config), device)
     last = points[-1] if points else None
     return _forecast_series(points, start, end), _level_rises(points), method, last
 

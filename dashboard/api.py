@@ -207,6 +207,13 @@ def figure_overview():
         queries.device_rows(st.store, st.config, st.clock.time_s())))
 
 
+@bp.get("/figures/processes")
+def figure_processes():
+    st = state()
+    return jsonify(figures.processes_figure(
+        queries.device_rows(st.store, st.config, st.clock.time_s())))
+
+
 @bp.get("/figures/timeline")
 def figure_timeline():
     return jsonify(timeline_figure.build(

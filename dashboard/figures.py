@@ -79,6 +79,45 @@ def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
         yaxis={"autorange": "reversed", "automargin": True})}
 
 
+def processes_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each device's processes stacked under its NVML total (DESIGN.md rule 6): one bar
+    segment per process (its reserved bytes, named by its bounded label), then what no
+    process explains (NVML used − their reserved: other users, CUDA contexts, memory outside
+    torch), with NVML's used and total as markers. Several processes on one GPU stay apart."""
+    labels = [device_label(r) for r in rows]
+    names: dict[str, None] = {}
+    per_row: list[dict[str, int]] = []
+    for r in rows:
+        mine: dict[str, int] = {}
+        for p in (r["latest"] or {}).get("processes") or ():
+            if p.get("reserved_bytes") is not None:
+                label = text(p.get("process") or "unknown")
+                mine[label] = mine.get(label, 0) + p["reserved_bytes"]
+                names[label] = None
+        per_row.append(mine)
+    data = [{"type": "bar", "orientation": "h", "name": name, "y": labels,
+             "x": gib([m.get(name) for m in per_row]),
+             "hovertemplate": "%{x:.2f} GiB<extra>%{fullData.name}</extra>"}
+            for name in names]
+    latest = [r["latest"] or {} for r in rows]
+    data.append({"type": "bar", "orientation": "h", "name": "unexplained", "y": labels,
+                 "x": gib([lt.get("unexplained_bytes") for lt in latest]),
+                 "marker": {"color": "rgba(140,149,159,0.55)", "pattern": {"shape": "/"}},
+                 "hovertemplate": "%{x:.2f} GiB<extra>unexplained</extra>"})
+    for key, name, color, symbol in (
+            ("device_used_bytes", "device used (NVML)", COLORS["device_used"], "line-ns-open"),
+            ("device_total_bytes", "device total", COLORS["limit"], "line-ns")):
+        data.append({"type": "scatter", "mode": "markers", "name": name, "y": labels,
+                     "x": gib([lt.get(key) for lt in latest]),
+                     "marker": {"color": color, "symbol": symbol, "size": 18,
+                                "line": {"width": 3, "color": color}},
+                     "hovertemplate": "%{x:.2f} GiB<extra>" + name + "</extra>"})
+    return {"data": data, "layout": _layout(
+        barmode="stack", height=120 + 70 * max(1, len(rows)), hovermode="closest",
+        xaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
+        yaxis={"autorange": "reversed", "automargin": True})}
+
+
 # --- device timeline ------------------------------------------------------------------------
 def _xs(series: dict[str, list]) -> list[float]:
     return [ms(t) for t in series["ts"]]

@@ -2,8 +2,13 @@
 
 A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
 registry of the app's own, so two apps never share series. Labels are bounded by design: only
-``host``, ``device``, ``process`` (a process *name*), ``phase`` and ``source`` — never a request
-id or a pid, which would grow without bound. Metric names are listed in docs/dashboard.md.
+``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``phase``
+and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request id or a
+pid, which would grow without bound. Metric names are listed in docs/metrics.md.
+
+Device series (``host``, ``device``) are the device's: allocator counters summed over its
+processes, NVML's used and total, and the ``unexplained`` rest. ``vramscope_process_*`` series
+add ``process`` and keep each server process apart, with its own limit (its per-process cap).
 """
 
 from __future__ import annotations
@@ -17,32 +22,57 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from vramscope.agent.records import Phase
 
-# name -> (sample field, help). Gauges of the newest value per device.
+# name -> (field, help). Gauges of the newest value per device; allocator and KV values are
+# the sum over the device's processes (each one is a vramscope_process_* series too).
 DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("vramscope_allocated_bytes", "allocated_bytes", "Bytes the caching allocator handed to "
-     "tensors."),
-    ("vramscope_reserved_bytes", "reserved_bytes", "Bytes the caching allocator holds from the "
-     "driver."),
+    ("vramscope_allocated_bytes", "allocated_bytes", "Bytes the caching allocators handed to "
+     "tensors (all processes of the device)."),
+    ("vramscope_reserved_bytes", "reserved_bytes", "Bytes the caching allocators hold from the "
+     "driver (all processes of the device)."),
     ("vramscope_inactive_split_bytes", "inactive_split_bytes", "Free bytes inside partially "
-     "used segments."),
+     "used segments (all processes of the device)."),
     ("vramscope_largest_free_block_bytes", "largest_free_block_bytes", "Largest free block in "
-     "the last allocator snapshot."),
+     "the last allocator snapshot of any process of the device."),
     ("vramscope_device_used_bytes", "device_used_bytes", "Device memory in use, all processes "
      "(NVML)."),
-    ("vramscope_device_limit_bytes", "device_total_bytes", "Device total, or the per-process "
-     "limit when one applies."),
+    ("vramscope_device_limit_bytes", "device_total_bytes", "Device total memory (NVML); a "
+     "process's own cap is vramscope_process_limit_bytes."),
+    ("vramscope_unexplained_bytes", "unexplained_bytes", "NVML used minus the reserved bytes "
+     "of the device's observed processes: other users, CUDA contexts, memory outside torch."),
     ("vramscope_kv_blocks_used", "kv_blocks_used", "KV pool blocks referenced by live requests."),
     ("vramscope_kv_blocks_cached", "kv_blocks_cached", "KV pool blocks kept for prefix reuse."),
-    ("vramscope_kv_blocks_total", "kv_blocks_total", "KV pool blocks in the pool."),
+    ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool."),
     ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks."),
 )
 DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vramscope_alloc_retries", "num_alloc_retries", "Allocator cache flushes and retries "
-     "(cumulative, per server process)."),
-    ("vramscope_ooms", "num_ooms", "OOMs raised by the allocator (cumulative)."),
+     "(cumulative, all processes of the device)."),
+    ("vramscope_ooms", "num_ooms", "OOMs raised by the allocators (cumulative)."),
+)
+# Per server process on a device: labels host, device, process.
+PROCESS_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("vramscope_process_allocated_bytes", "allocated_bytes", "Bytes this process's caching "
+     "allocator handed to tensors."),
+    ("vramscope_process_reserved_bytes", "reserved_bytes", "Bytes this process's caching "
+     "allocator holds from the driver."),
+    ("vramscope_process_inactive_split_bytes", "inactive_split_bytes", "Free bytes inside "
+     "this process's partially used segments."),
+    ("vramscope_process_limit_bytes", "limit_bytes", "What this process may use: its "
+     "per-process cap (set_per_process_memory_fraction), else the device total."),
+    ("vramscope_process_kv_blocks_used", "kv_blocks_used", "This process's KV blocks "
+     "referenced by live requests."),
+    ("vramscope_process_kv_blocks_capacity", "kv_blocks_total", "Blocks in this process's KV "
+     "pool."),
+)
+PROCESS_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("vramscope_process_alloc_retries", "num_alloc_retries", "This process's allocator cache "
+     "flushes and retries (cumulative)."),
+    ("vramscope_process_ooms", "num_ooms", "OOMs this process's allocator raised (cumulative)."),
 )
 RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 DEVICE_LABELS = ("host", "device")
+PROCESS_LABELS = ("host", "device", "process")
+INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
 
 
 class StoreCollector:
@@ -72,6 +102,8 @@ class StoreCollector:
 
         rows = device_rows(self.store, self.config, self.clock.time_s())
         yield from _device_families(rows)
+        yield from _per_process_families(rows)
+        yield _info_family(rows)
         yield from _source_families(rows, self.clock.time_s())
         yield from _process_families(self.store.processes(host="*"))
         yield from _agent_families(self.store)
@@ -104,6 +136,42 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
         for p in Phase:
             phase.add_metric([*_labels(r), p.value], 1 if p.value == current else 0)
     yield from (risk, alerts, phase)
+
+
+def _per_process_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Each process of each device. Two processes with one label (same name, no rank) are
+    summed into one series: a label set must be unique, and the pid may not be a label."""
+    for family, specs in ((GaugeMetricFamily, PROCESS_GAUGES),
+                          (CounterMetricFamily, PROCESS_COUNTERS)):
+        for name, field, help_text in specs:
+            fam = family(name, help_text, labels=PROCESS_LABELS)
+            for labels, value in sorted(_process_values(rows, field).items()):
+                fam.add_metric(list(labels), value)
+            yield fam
+
+
+def _process_values(rows: list[dict[str, Any]], field: str) -> dict[tuple[str, ...], int]:
+    out: dict[tuple[str, ...], int] = {}
+    for r in rows:
+        for p in (r["latest"] or {}).get("processes") or ():
+            if p.get(field) is not None:
+                key = (*_labels(r), p["process"])
+                out[key] = max(out.get(key, 0), p[field]) if field == "limit_bytes" \
+                    else out.get(key, 0) + p[field]
+    return out
+
+
+def _info_family(rows: list[dict[str, Any]]) -> Metric:
+    """1 per device, with its identity: joins with dcgm-exporter's series (``UUID``)."""
+    info = GaugeMetricFamily("vramscope_device_info", "Device identity: UUID, name, physical "
+                             "index and, for a MIG slice, its GPU's UUID. Always 1.",
+                             labels=INFO_LABELS)
+    for r in rows:
+        index = r.get("physical_index")
+        info.add_metric([*_labels(r), r.get("uuid") or "", r.get("name") or "",
+                         str(r["device"] if index is None else index),
+                         r.get("parent_uuid") or ""], 1)
+    return info
 
 
 def _source_families(rows: list[dict[str, Any]], now_s: float) -> Iterator[Metric]:

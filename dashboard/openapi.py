@@ -61,12 +61,19 @@ SERIES = obj({"ts": array(NUM), "min": array(nullable(NUM)), "max": array(nullab
              required=False)
 LATEST = nullable({"type": "object", "additionalProperties": True,
                    "properties": {"last_ts_s": NUM, "first_ts_s": NUM,
-                                  "phase": nullable(STR), "pid": nullable(INT)}})
+                                  "phase": nullable(STR), "pid": nullable(INT),
+                                  "unexplained_bytes": nullable(INT),
+                                  "processes": array(obj({
+                                      "pid": nullable(INT), "process": STR,
+                                      "name": nullable(STR), "rank": nullable(INT),
+                                      "limit_bytes": nullable(INT),
+                                      "reserved_bytes": nullable(INT)}, required=False))}})
 LEVEL = {"type": "string", "enum": ["ok", "warning", "critical"]}
 # the alert engine's verdict: the worst severity of the device's active alerts, and those alerts
 VERDICT = obj({"level": LEVEL, "reasons": array(obj({
     "rule": STR, "severity": STR, "message": nullable(STR), "fired_ts_s": NUM}))})
 DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nullable(STR),
+                  "parent_uuid": nullable(STR), "physical_index": nullable(INT),
                   "total_bytes": nullable(INT), "risk": LEVEL, "verdict": VERDICT,
                   "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM),
                   "stale": {"type": "boolean"}})
@@ -75,7 +82,9 @@ FRESHNESS = obj({"now_s": NUM, "newest_ts_s": nullable(NUM), "age_s": nullable(N
 HOST_ROW = obj({"name": STR, "first_seen_s": nullable(NUM), "last_seen_s": nullable(NUM)},
                required=False)
 PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
-               "devices": nullable(STR), "host": STR, "first_seen_s": NUM, "last_seen_s": NUM},
+               "devices": nullable(STR), "host": STR, "first_seen_s": NUM, "last_seen_s": NUM,
+               "rank": nullable(INT), "local_rank": nullable(INT), "world_size": nullable(INT),
+               "ns_pid": nullable(INT)},
               required=False)
 ALERT = obj({"id": INT, "rule": STR, "severity": STR, "fired_ts_s": NUM,
              "resolved_ts_s": nullable(NUM), "value": nullable(NUM), "message": nullable(STR),
@@ -178,6 +187,8 @@ def paths() -> dict[str, Any]:
         "/capacity": _op("Measured peaks beside the capacity estimate", CAPACITY,
                          ESTIMATE_PARAMS),
         "/figures/overview": _op("Plotly figure: memory by device", FIGURE, errors=()),
+        "/figures/processes": _op("Plotly figure: each device's processes stacked under its "
+                                  "NVML total, with the unexplained rest", FIGURE, errors=()),
         "/figures/timeline": _op("Plotly figure: the device timeline", FIGURE,
                                  [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
         "/figures/leaks": _op("Plotly figure and verdict: the idle floor", obj({

@@ -47,7 +47,7 @@ SERIES: dict[str, str] = {
     "device_used_bytes": "vramscope_device_used_bytes{sel}",
     "device_total_bytes": "vramscope_device_limit_bytes{sel}",
     "kv_blocks_used": "vramscope_kv_blocks_used{sel}",
-    "kv_blocks_total": "vramscope_kv_blocks_total{sel}",
+    "kv_blocks_total": "vramscope_kv_blocks_capacity{sel}",
     "kv_blocks_cached": "vramscope_kv_blocks_cached{sel}",
     "kv_tokens_used": "vramscope_kv_tokens_used{sel}",
     "num_alloc_retries": "vramscope_alloc_retries_total{sel}",
@@ -60,10 +60,10 @@ SERIES: dict[str, str] = {
         "(1 - vramscope_largest_free_block_bytes{sel}"
         " / (vramscope_reserved_bytes{sel} - vramscope_allocated_bytes{sel}))",
     "device_used_ratio": "(vramscope_device_used_bytes{sel} / vramscope_device_limit_bytes{sel})",
-    "kv_usage_ratio": "(vramscope_kv_blocks_used{sel} / vramscope_kv_blocks_total{sel})",
+    "kv_usage_ratio": "(vramscope_kv_blocks_used{sel} / vramscope_kv_blocks_capacity{sel})",
     # Free plus cached blocks over the growth rate of used blocks; absent when not growing.
     "kv_exhaustion_s":
-        "((vramscope_kv_blocks_total{sel} - vramscope_kv_blocks_used{sel})"
+        "((vramscope_kv_blocks_capacity{sel} - vramscope_kv_blocks_used{sel})"
         " / (deriv(vramscope_kv_blocks_used{sel}[5m]) > 0))",
     # 1 for five minutes after the OOM counter rose (the agent's OOM_RECENT_S).
     "oom_recent": "(increase(vramscope_ooms_total{sel}[5m]) > bool 0)",

@@ -1,13 +1,17 @@
-"""Samples and events in one time order, cheaply when they already are (the usual case)."""
+"""Samples and events in one time order, cheaply when they already are (the usual case); and the
+split of a device's records into per-process series (DESIGN.md rule 6)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
+from typing import Generic, TypeVar
 
 from vramscope.agent.records import Event, Sample
 
 _TS = attrgetter("ts_s")
+SeriesKey = tuple[int, "int | None"]  # (device, pid); pid None: the device as a whole
+S = TypeVar("S")
 
 
 def merged(samples: Iterable[Sample], events: Iterable[Event]) -> list[Sample | Event]:
@@ -26,3 +30,68 @@ def by_device(records: Sequence[Sample | Event]) -> dict[int, list[Sample | Even
     for r in records:
         out.setdefault(r.device, []).append(r)
     return out
+
+
+def is_device_wide(r: Sample | Event) -> bool:
+    """A reading of the whole device (NVML: used and total, all processes), not of one process.
+
+    Such a sample belongs to every process series of its device: a process's risk needs what
+    the others use. Anything with a pid, or with allocator or KV counters, is one process's.
+    """
+    return (isinstance(r, Sample) and r.pid is None and r.allocated_bytes is None
+            and r.reserved_bytes is None and r.kv_blocks_used is None
+            and (r.device_used_bytes is not None or r.source == "nvml"))
+
+
+class SeriesSplit(Generic[S]):
+    """Routes records, in time order, to one state per ``(device, pid)`` series.
+
+    A process's record goes to its own series, opened on first sight (``make()``) and primed
+    with the device's latest device-wide sample; a device-wide sample goes to every process
+    series of its device, or to the device's own ``(device, None)`` series while the device has
+    no process series yet (an NVML-only recording). Events without a pid go to every series of
+    their device.
+    """
+
+    def __init__(self, make: Callable[[], S]) -> None:
+        self._make = make
+        self.series: dict[SeriesKey, S] = {}
+        self._procs: dict[int, list[SeriesKey]] = {}  # device -> its process series
+        self._wide: dict[int, Sample] = {}  # device -> latest device-wide sample
+
+    def route(self, r: Sample | Event) -> list[tuple[SeriesKey, S, bool]]:
+        """The series ``r`` belongs to, as ``(key, state, fresh)``: ``fresh`` when just opened
+        (feed it ``primer(key)`` first)."""
+        device = r.device
+        if is_device_wide(r) or (isinstance(r, Event) and r.pid is None):
+            if isinstance(r, Sample):
+                self._wide[device] = r  # type: ignore[assignment]
+            keys = self._procs.get(device) or [(device, None)]
+            return [self._get(k) for k in keys]
+        return [self._get((device, r.pid))]
+
+    def primer(self, key: SeriesKey) -> Sample | None:
+        """The device-wide sample a freshly opened process series starts from."""
+        return self._wide.get(key[0]) if key[1] is not None else None
+
+    def _get(self, key: SeriesKey) -> tuple[SeriesKey, S, bool]:
+        state = self.series.get(key)
+        if state is not None:
+            return key, state, False
+        state = self.series[key] = self._make()
+        if key[1] is not None:
+            self._procs.setdefault(key[0], []).append(key)
+        return key, state, True
+
+
+def by_series(records: Iterable[Sample | Event]) -> dict[SeriesKey, list[Sample | Event]]:
+    """Records (in time order) split per ``(device, pid)``, as :class:`SeriesSplit` routes them:
+    each process's series holds its own records plus its device's device-wide ones."""
+    split: SeriesSplit[list[Sample | Event]] = SeriesSplit(list)
+    for r in records:
+        for key, out, fresh in split.route(r):
+            primer = split.primer(key) if fresh else None
+            if primer is not None and primer is not r:
+                out.append(primer)
+            out.append(r)
+    return split.series

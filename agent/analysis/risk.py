@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation
-from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.merge import SeriesSplit, merged
 from vramscope.agent.analysis.phases import SpikeTracker
 from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -65,6 +65,7 @@ class RiskPoint(NamedTuple):
     time_to_oom_low_s: float | None  # soonest (the band's steepest slope)
     time_to_oom_high_s: float | None  # latest (the band's shallowest slope)
     reasons: tuple[str, ...]  # headroom, trend, fragmentation, alloc_retries
+    pid: int | None = None  # the process whose series this is; None: the device as a whole
 
 
 class _Trend(NamedTuple):
@@ -114,6 +115,7 @@ class RiskModel:
         self._reasons = 0  # a bit per REASONS entry
         self._ts_s = 0.0
         self._device = 0
+        self.pid: int | None = None  # set by whoever splits records per process
         self._last: RiskPoint | None = None
 
     def update(self, s: Sample) -> RiskPoint | None:
@@ -128,7 +130,7 @@ class RiskModel:
                 tto, self._room / tr.slope_high, self._room / tr.slope_low)
             self._last = RiskPoint(self._ts_s, self._device, LEVELS[self.level_index],
                                    self.headroom_bytes, self.headroom_ratio, *forecast,
-                                   _REASONS_BY_MASK[self._reasons])
+                                   _REASONS_BY_MASK[self._reasons], self.pid)
         return self._last
 
     def observe(self, s: Sample) -> bool:
@@ -293,25 +295,53 @@ class RiskModel:
 def risk_timeline(samples: Iterable[Sample], events: Iterable[Event] = (),
                   config: Mapping[str, Any] | None = None,
                   max_points: int | None = None) -> list[RiskPoint]:
-    """Every device's risk points in time order, each computed only from data up to it.
+    """Every process's risk points in time order, each computed only from data up to it.
 
-    With ``max_points``, each device's span is cut into ``max_points`` equal buckets of time
+    One model per ``(device, pid)`` series (:class:`~vramscope.agent.analysis.merge.SeriesSplit`):
+    each server process is assessed against its own limit (its per-process cap, when one is
+    set) with the device's NVML view, so two processes on one GPU never feed one model. A
+    device with no process records gets one model of its NVML view (``pid`` None).
+
+    With ``max_points``, each series' span is cut into ``max_points`` equal buckets of time
     and each bucket becomes one point (:func:`downsample_risk`): at most ``max_points`` per
-    device, for a chart of a long window. The model still sees every sample.
+    series, for a chart of a long window. The models still see every sample.
     """
     thresholds = Thresholds.from_config(config)
-    models: dict[int, RiskModel] = {}
+    split: SeriesSplit[RiskModel] = SeriesSplit(lambda: RiskModel(thresholds))
     out = []
     for rec in merged(samples, events):
         if isinstance(rec, Event):
             continue
-        model = models.get(rec.device)
-        if model is None:
-            model = models[rec.device] = RiskModel(thresholds)
-        point = model.update(rec)
-        if point is not None:
-            out.append(point)
+        for key, model, fresh in split.route(rec):
+            if fresh:
+                model.pid = key[1]
+                primer = split.primer(key)
+                if primer is not None and primer is not rec:
+                    model.observe(primer)
+            point = model.update(rec)
+            if point is not None:
+                out.append(point)
     return out if max_points is None else downsample_risk(out, max_points)
+
+
+def device_points(points: Sequence[RiskPoint], device: int) -> list[RiskPoint]:
+    """The points of one device's riskiest series (highest final level, then least headroom):
+    the device's chart follows the process closest to its limit."""
+    series: dict[int | None, list[RiskPoint]] = {}
+    for p in points:
+        if p.device == device:
+            series.setdefault(p.pid, []).append(p)
+    if not series:
+        return []
+    if len(series) > 1:  # an NVML-only start before the first process record: not a rival
+        series.pop(None, None)
+
+    def risk(pts: list[RiskPoint]) -> tuple[int, float]:
+        last = pts[-1]
+        ratio = last.headroom_ratio if last.headroom_ratio is not None else 1.0
+        return LEVELS.index(last.level), -ratio
+
+    return max(series.values(), key=risk)
 
 
 def downsample_risk(points: Sequence[RiskPoint], max_points: int) -> list[RiskPoint]:
@@ -324,11 +354,11 @@ def downsample_risk(points: Sequence[RiskPoint], max_points: int) -> list[RiskPo
     """
     if max_points < 1:
         raise ValueError(f"max_points must be at least 1, got {max_points}")
-    by_device: dict[int, list[RiskPoint]] = {}
+    by_series: dict[tuple[int, int | None], list[RiskPoint]] = {}
     for p in points:
-        by_device.setdefault(p.device, []).append(p)
+        by_series.setdefault((p.device, p.pid), []).append(p)
     out: list[RiskPoint] = []
-    for pts in by_device.values():
+    for pts in by_series.values():
         if len(pts) <= max_points:
             out += pts
             continue

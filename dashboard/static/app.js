@@ -187,6 +187,7 @@ function deviceCell(d) {
   const box = el("div");
   box.append(el("strong", d.host + " · GPU " + d.device));
   if (d.name) box.append(el("div", d.name, { class: "reasons" }));
+  if (d.uuid) box.append(el("div", d.uuid + (d.parent_uuid ? " (MIG slice of " + d.parent_uuid + ")" : ""), { class: "reasons" }));
   return box;
 }
 
@@ -201,7 +202,8 @@ function riskSummary(doc) {
 }
 
 PAGES.overview = () => poll(async () => {
-  const [doc, fig] = await Promise.all([getJSON("/api/v1/overview"), getJSON("/api/v1/figures/overview")]);
+  const [doc, fig, procFig] = await Promise.all([getJSON("/api/v1/overview"),
+    getJSON("/api/v1/figures/overview"), getJSON("/api/v1/figures/processes")]);
   showFreshness(doc.freshness);
   fill("summary-cards", [
     riskSummary(doc),
@@ -212,11 +214,15 @@ PAGES.overview = () => poll(async () => {
   const plotDiv = document.getElementById("overview-plot");
   plotDiv.hidden = doc.devices.length === 0; // no blank axis for an empty database
   if (doc.devices.length) await plot("overview-plot", fig);
+  document.getElementById("processes-plot").hidden = doc.devices.length === 0;
+  if (doc.devices.length) await plot("processes-plot", procFig);
   table("devices-table", [
     ["Device", deviceCell, "wrap"], ["Verdict", verdictCell, "wrap"],
     ["Allocated", (d) => fmtBytes(d.latest && d.latest.allocated_bytes), "num"],
     ["Reserved", (d) => fmtBytes(d.latest && d.latest.reserved_bytes), "num"],
     ["Device used", (d) => fmtBytes(d.latest && d.latest.device_used_bytes), "num"],
+    ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
+    ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
     ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : ""), "num"],
@@ -235,6 +241,7 @@ PAGES.overview = () => poll(async () => {
   ], doc.hosts, "No host has reported yet.");
   table("processes-table", [
     ["Host", (p) => p.host], ["PID", (p) => p.pid, "num"], ["Name", (p) => p.name],
+    ["Rank", (p) => p.rank == null ? "" : p.rank + (p.world_size == null ? "" : " / " + p.world_size), "num"],
     ["Model", (p) => p.model], ["Devices", (p) => p.devices],
     ["Last seen", (p) => fmtTime(p.last_seen_s)],
   ], doc.processes, "No server process has reported yet.");

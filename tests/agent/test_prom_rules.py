@@ -84,10 +84,10 @@ def rules_of(text: str) -> dict[str, dict]:
 
 
 KV_EXPR = (
-    "(((vramscope_kv_blocks_total - vramscope_kv_blocks_used)"
+    "(((vramscope_kv_blocks_capacity - vramscope_kv_blocks_used)"
     " / (deriv(vramscope_kv_blocks_used[5m]) > 0)) < 60)"
-    " and on(host, device) ((vramscope_kv_blocks_used / vramscope_kv_blocks_total) >= 0.8)"
-    " or (((vramscope_kv_blocks_used / vramscope_kv_blocks_total) >= 0.8)"
+    " and on(host, device) ((vramscope_kv_blocks_used / vramscope_kv_blocks_capacity) >= 0.8)"
+    " or (((vramscope_kv_blocks_used / vramscope_kv_blocks_capacity) >= 0.8)"
     ' and on(host, device) ALERTS{alertname="VramscopeKvExhaustion", alertstate="firing"})')
 
 
@@ -247,7 +247,7 @@ def test_promtool_evaluates_the_kv_gate(tmp_path):
         "input_series": [
             {"series": 'vramscope_kv_blocks_used{host="a",device="0"}',
              "values": "20 40 60 85 95 95 95 95 95 50 50 50"},
-            {"series": 'vramscope_kv_blocks_total{host="a",device="0"}', "values": "100x11"}],
+            {"series": 'vramscope_kv_blocks_capacity{host="a",device="0"}', "values": "100x11"}],
         "alert_rule_test": [at(2, []), at(3, []), at(4, firing("15.384615384615383")),
                             at(8, firing("0.95")), at(9, firing("0.95")), at(10, [])]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test))

@@ -1,0 +1,121 @@
+"""Several server processes on one GPU stay apart (DESIGN.md rule 6): on a fake 8-GPU node,
+two processes on GPU 0 show two series, the device total is their reserved bytes plus the
+unexplained band, and a process's per-process cap is the limit of its own risk model.
+Real SQLite store, the real dashboard app, Prometheus' own parser."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from vramscope.agent.analysis.merge import by_series, is_device_wide
+from vramscope.agent.analysis.risk import device_points, risk_timeline
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.config import parse_config
+from vramscope.agent.daemon import Agent
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.sources.nvml import FakeNvmlSource, fake_uuid
+from vramscope.dashboard import queries
+from vramscope.dashboard.app import create_app
+
+GiB = 2**30
+T0 = 1_700_000_000.0
+A, B = 100, 200  # pids: A capped at 40 GiB (set_per_process_memory_fraction(0.5)), B not
+
+
+def _proc(t: float, pid: int, allocated: int, reserved: int, limit: int) -> Sample:
+    return Sample(t, 0, Phase.DECODE, "torch", pid, allocated_bytes=allocated,
+                  reserved_bytes=reserved, device_total_bytes=limit,
+                  device_uuid=fake_uuid(0))
+
+
+def records() -> list[Sample]:
+    out = []
+    for i in range(10):
+        t = T0 + i
+        out += [_proc(t, A, 28 * GiB, 30 * GiB, 40 * GiB), _proc(t, B, GiB, 2 * GiB, 80 * GiB)]
+    return out
+
+
+@pytest.fixture
+def node(store):
+    clock = FakeClock(T0 + 9)
+    source = FakeNvmlSource(8, 80 * GiB, clock=clock,
+                            used_fn=lambda d, t: 35 * GiB if d == 0 else GiB)
+    agent = Agent(parse_config({}, None), store=store, source=source, listen=False,
+                  clock=clock, alerts=False)
+    agent.writer.submit(agent._describe_devices(source.devices()))
+    agent.writer.put_many(records())
+    agent.sample_devices()
+    agent.writer.flush()
+    store.upsert_process(A, T0 + 9, name="vllm", rank=0)
+    store.upsert_process(B, T0 + 9, name="embedder")
+    app = create_app(parse_config({}, None, {}), store, clock=clock)
+    return app.test_client()
+
+
+def test_two_processes_are_two_series_and_the_device_adds_up(node, store):
+    latest = queries.latest_values(store, 0, None, {p["pid"]: p for p in store.processes()})
+    by_pid = {p["pid"]: p for p in latest["processes"]}
+    assert {pid: (p["process"], p["reserved_bytes"], p["limit_bytes"])
+            for pid, p in by_pid.items()} == {A: ("vllm/rank0", 30 * GiB, 40 * GiB),
+                                              B: ("embedder", 2 * GiB, 80 * GiB)}
+    assert latest["reserved_bytes"] == 32 * GiB and latest["allocated_bytes"] == 29 * GiB
+    assert latest["device_used_bytes"] == 35 * GiB and latest["device_total_bytes"] == 80 * GiB
+    assert latest["unexplained_bytes"] == 3 * GiB
+    assert latest["device_used_bytes"] == latest["reserved_bytes"] + latest["unexplained_bytes"]
+
+
+def _scrape(client) -> dict[str, list]:
+    text = client.get("/metrics").get_data(as_text=True)
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _one(samples, **labels) -> float:
+    found = [s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) == 1, (labels, samples)
+    return found[0]
+
+
+def test_metrics_api_and_pages_agree(node):
+    got = _scrape(node)
+    host = node.application.extensions["vramscope"].store.host_name
+    d0 = {"host": host, "device": "0"}
+    assert _one(got["vramscope_allocated_bytes"], **d0) == 29 * GiB  # not the newest process's
+    assert _one(got["vramscope_device_limit_bytes"], **d0) == 80 * GiB
+    assert _one(got["vramscope_unexplained_bytes"], **d0) == 3 * GiB
+    assert _one(got["vramscope_process_limit_bytes"], **d0, process="vllm/rank0") == 40 * GiB
+    assert _one(got["vramscope_process_reserved_bytes"], **d0, process="embedder") == 2 * GiB
+    api = node.get("/api/v1/devices").get_json()["devices"]
+    [row] = [r for r in api if r["device"] == 0]
+    assert row["uuid"] == fake_uuid(0) and row["latest"]["unexplained_bytes"] == 3 * GiB
+    assert sorted(p["reserved_bytes"] for p in row["latest"]["processes"]) == [2 * GiB, 30 * GiB]
+    fig = node.get("/api/v1/figures/processes").get_json()  # what the overview page plots
+    gpu0 = fig["data"][0]["y"].index(f"{host} · GPU 0")
+    assert {t["name"]: t["x"][gpu0] for t in fig["data"]} == {
+        "vllm/rank0": 30.0, "embedder": 2.0, "unexplained": 3.0, "device used (NVML)": 35.0,
+        "device total": 80.0}
+    assert node.get("/").status_code == 200
+
+
+def test_a_per_process_cap_is_the_limit_of_that_process_risk_model():
+    nvml = [Sample(T0 + i, 0, Phase.UNKNOWN, "nvml", device_used_bytes=35 * GiB,
+                   device_total_bytes=80 * GiB) for i in range(10)]
+    points = risk_timeline(sorted(records() + nvml, key=lambda s: s.ts_s))
+    last = {p.pid: p for p in points}
+    # A: 40 GiB cap, 28 GiB allocated, nothing else counts under a cap -> 12 GiB of headroom
+    assert last[A].headroom_bytes == 12 * GiB
+    # B: the device's 80 GiB, its 1 GiB plus what it does not own (35 - 2 GiB) -> 46 GiB
+    assert last[B].headroom_bytes == 46 * GiB
+    assert {p.pid for p in device_points(points, 0)} == {A}  # the chart follows the tighter
+
+
+def test_by_series_gives_each_process_the_device_wide_samples():
+    nv1 = Sample(1.0, 0, source="nvml", device_used_bytes=5)
+    a1 = Sample(2.0, 0, source="torch", pid=A, allocated_bytes=1)
+    b1 = Sample(3.0, 0, source="torch", pid=B, allocated_bytes=2)
+    nv2 = Sample(4.0, 0, source="nvml", device_used_bytes=6)
+    other = Sample(4.0, 1, source="nvml", device_used_bytes=7)
+    assert is_device_wide(nv1) and not is_device_wide(a1)
+    series = by_series([nv1, a1, b1, nv2, other])
+    assert series == {(0, None): [nv1], (0, A): [nv1, a1, nv2], (0, B): [nv1, b1, nv2],
+                      (1, None): [other]}
