@@ -72,7 +72,7 @@ class Retention:
 
     def step(self, store: Any) -> StepResult:
         """One bounded step: roll up a few minutes, then delete a few old rows."""
-        from vramscope.agent.store import retention_sql as sql
+        from vramscope.agent.store import maintenance as sql
 
         now_s = self._clock.time_s()
         minutes, rows = self._rollup(store, sql, now_s)

@@ -8,7 +8,7 @@ to read (ratio <= 0.5).
 The trace is shaped like a real recording: per 0.1 s tick, one allocator sample (``torch``),
 one NVML sample and one KV-pool sample, each with only its own fields (as the hooks, the NVML
 source and the demo's simulated servers write them), from the steady scenario of
-``vramscope.agent.scenarios``.
+``vramscope.agent.bench.labelled_recordings``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def split_sources(s):
 
 def run(options: BenchOptions) -> list[Figure]:
     from vramscope.agent.alerts.offline import analyze_records
-    from vramscope.agent.scenarios import simulate
+    from vramscope.agent.bench.labelled_recordings import simulate
     from vramscope.agent.trace import read_trace, write_trace
 
     n = QUICK_SAMPLES if options.quick else FULL_SAMPLES

@@ -56,7 +56,7 @@ def generate(store, per_device: int) -> None:
 def roll_up(store) -> None:
     """Per-minute rollups of the whole day, as the live agent's retention keeps them (set-up,
     not timed): long ranges are served from them, the newest minutes from raw samples."""
-    from vramscope.agent.store.retention_sql import rollup_window
+    from vramscope.agent.store.maintenance import rollup_window
 
     first = (T0 // 60) * 60
     for hour in range(25):

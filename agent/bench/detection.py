@@ -1,4 +1,5 @@
-"""``vramscope bench detection``: leak and OOM detection on the scenario suite (agent/scenarios.py).
+"""``vramscope bench detection``: leak and OOM detection on the scenario suite
+(``vramscope.agent.bench.labelled_recordings``).
 
 Runs the alert engine with the default settings over every scenario, as the live agent would,
 and reports: the share of leaks of at least 0.5 % of the device per hour detected within two
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.bench import BenchOptions, Figure
-from vramscope.agent.scenarios import Scenario, hard_cases, suite
+from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, suite
 
 TARGET_RATE = 0.005  # leaks at least this fast must be found...
 TARGET_WITHIN_S = 2 * 3600.0  # ...within this long

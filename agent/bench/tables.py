@@ -1,7 +1,7 @@
 """Markdown tables of ``vramscope bench --json`` files, for ``docs/BENCHMARKS.md``.
 
 The figures in the doc are rendered from the JSON files kept beside it (``docs/bench/``), never
-typed by hand, and ``tests/test_bench_smoke.py`` re-renders every table to check it still
+typed by hand, and ``tests/agent/test_bench_smoke.py`` re-renders every table to check it still
 matches. A table sits between markers that name its sources, each ``FILE=LABEL`` (the label
 fills the ``where`` column; ``_`` in it stands for a space)::
 
@@ -9,8 +9,8 @@ fills the ``where`` column; ``_`` in it stands for a space)::
     | bench | metric | ...
     <!-- /bench-table -->
 
-``python -m vramscope.agent.bench.report docs/BENCHMARKS.md`` rewrites every such table in place;
-``python -m vramscope.agent.bench.report FILE=LABEL ...`` prints one table.
+``python -m vramscope.agent.bench.tables docs/BENCHMARKS.md`` rewrites every such table in place;
+``python -m vramscope.agent.bench.tables FILE=LABEL ...`` prints one table.
 """
 
 from __future__ import annotations

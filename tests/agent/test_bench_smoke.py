@@ -103,17 +103,17 @@ def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
 
 
 def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
-    from vramscope.agent.bench.report import render
+    from vramscope.agent.bench.tables import render
 
     text = DOC.read_text()
     assert text.count("<!-- bench-table ") == 2  # CPU and H200
     assert render(text, DOC.parent) == text, (
         "docs/BENCHMARKS.md is out of date: "
-        "python -m vramscope.agent.bench.report docs/BENCHMARKS.md")
+        "python -m vramscope.agent.bench.tables docs/BENCHMARKS.md")
 
 
 def test_report_renders_rows_and_names_bad_input(tmp_path):
-    from vramscope.agent.bench.report import render, rows
+    from vramscope.agent.bench.tables import render, rows
 
     doc = {"format": "vramscope.bench/1",
            "figures": [Figure("ingest", "a|b", 123456.7, "samples/s", "min 1 / max 2",

@@ -1,8 +1,8 @@
 """The scenario suite: deterministic, with the truth it claims, and the detectors right on it."""
 
 import pytest
-from vramscope.agent import scenarios as S
 from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.bench import labelled_recordings as S
 from vramscope.agent.bench.detection import score
 
 

@@ -166,7 +166,7 @@ def _values(rows):  # a rolled-up minute's last value is stamped at the minute's
 
 
 def test_long_ranges_read_rollups_and_match_raw(any_url):
-    from vramscope.agent.store.retention_sql import rollup_window
+    from vramscope.agent.store.maintenance import rollup_window
     from vramscope.agent.store.schema import samples as samples_table
 
     cols = ["allocated_bytes", "reserved_bytes"]
