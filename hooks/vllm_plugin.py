@@ -1,0 +1,474 @@
+"""vramscope inside vLLM: a ``vllm.general_plugins`` entry point (read in vLLM 0.32's source).
+
+Enable it with ``VRAMSCOPE_VLLM=1`` or by naming it in ``VLLM_PLUGINS`` (comma-separated:
+``VLLM_PLUGINS=vramscope``); ``VRAMSCOPE_VLLM=0`` turns it off even when listed. vLLM calls
+``register()`` in every process it starts (the front end, the engine core, each worker;
+``vllm/plugins/__init__.py``), possibly more
+than once: it patches a few vLLM classes once per process, and the first process-local object
+that owns a device or the scheduler runs ``vramscope.install()`` there.
+
+Hook points (each a class-level patch made once; a missing one turns that part off with one log
+line, and a wrapper never raises into the engine):
+
+``WorkerWrapperBase.init_device`` (``vllm/v1/worker/worker_base.py``)
+    after it, ``install()`` in the worker process with that worker's device (``cuda:<i>``: the
+    allocator sampler and OOM observer for it; a CPU worker has no CUDA allocator, and the report
+    says so) and a sink named ``vllm rank <rank>`` with the model's name.
+``Scheduler.__init__`` / ``schedule`` / ``add_request`` / ``_free_request`` / ``_preempt_request``
+    (``vllm/v1/core/sched/scheduler.py``, engine-core process): ``install()`` there when no worker
+    did (tensor parallel: workers are other processes); per step, the prefill and decode tokens
+    of ``SchedulerOutput.num_scheduled_tokens`` (a scheduled token is prefill when its position
+    is below ``max(num_prompt_tokens, num_tokens - 1)``: prompt chunks and recomputation after a
+    preemption; the rest is decode) go to ``set_phase`` exactly as for transformers' continuous
+    batching (a step with any prefill is ``prefill``); ``request_start`` / ``request_end`` per
+    request; ``kv_preempted`` per preemption; ``idle`` when no request is left.
+``KVCacheManager.allocate_slots`` / ``free`` / ``pop_blocks_for_free``
+    (``vllm/v1/core/kv_cache_manager.py``): ``kv_alloc`` on a request's first blocks (``blocks``,
+    ``tokens``, ``hit_tokens`` = its prefix-cache hit), ``kv_alloc_failed`` once while a request
+    waits for blocks, ``kv_free`` (``blocks_released``, ``blocks_cached``).
+``BlockPool.free_blocks`` / ``touch`` / ``_maybe_evict_cached_block`` / ``reset_prefix_cache``
+    (``vllm/v1/core/block_pool.py``): a running count of cached blocks (free, but holding a prefix
+    hash: vLLM counts them as free) and of evictions, so a sample costs O(1), never a walk of the
+    free queue.
+
+KV samples (``source="kv"``) right after a ``schedule()``, at most one per
+``sampling.kv_interval_s``, plus one whenever the engine goes idle: ``kv_blocks_total`` is the
+pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly
+vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. Evictions since the previous
+step are one ``kv_evicted`` event (``blocks``) per step.
+
+Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
+block; the per-request state is request-id strings, dropped at ``kv_free`` / ``request_end``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vramscope.agent.records import Event, Phase, Sample
+
+# A child of vLLM's logger: vLLM configures "vllm" with its handler, so these lines appear in
+# the server's own log, prefixed like its other lines.
+log = logging.getLogger("vllm.plugins.vramscope")
+_MARK = "_vramscope_wrapped"
+_CACHED = "_vramscope_cached_blocks"  # on a BlockPool: cached (free, hashed) blocks
+_EVICTED = "_vramscope_evicted_blocks"
+
+
+def enabled(environ: Any = None) -> bool:
+    """On when ``VRAMSCOPE_VLLM`` is true, or unset and ``VLLM_PLUGINS`` names ``vramscope``."""
+    env = os.environ if environ is None else environ
+    flag = (env.get("VRAMSCOPE_VLLM") or "").strip().lower()
+    if flag:
+        return flag in ("1", "true", "yes", "on")
+    listed = env.get("VLLM_PLUGINS")
+    return listed is not None and "vramscope" in [p.strip() for p in listed.split(",")]
+
+
+def register() -> None:
+    """vLLM's entry point (``vllm.general_plugins``). Never raises into vLLM."""
+    if not enabled():
+        return
+    try:
+        observer().patch_all()
+    except Exception as exc:  # a bug of ours must not stop vLLM from starting
+        log.warning("vramscope: vLLM plugin failed to load (%r); vLLM runs unobserved", exc)
+
+
+_OBSERVER: list[VllmObserver] = []
+
+
+def observer() -> VllmObserver:
+    """This process's observer (one per process: vLLM's classes are patched once)."""
+    if not _OBSERVER:
+        _OBSERVER.append(VllmObserver())
+    return _OBSERVER[0]
+
+
+class VllmObserver:
+    """The class patches and the records they make. ``parts`` says what is observed and why not."""
+
+    def __init__(self, install: Callable[..., Any] | None = None) -> None:
+        self.parts: dict[str, str] = {}  # part -> "observed" or why not
+        self._install = install
+        self._patched: list[tuple[type, str, Any]] = []
+        self._lock = threading.Lock()
+        self.device = 0
+        self.sink: Any = None
+        self.installed = False
+        self.steps = 0
+        self.seen: set[str] = set()  # requests started, not ended
+        self.live: set[str] = set()  # requests holding blocks
+        self.waiting: set[str] = set()  # requests refused blocks once
+        self.prefix_query_tokens = self.prefix_hit_tokens = self.preemptions = 0
+        self._interval_s = 0.1
+        self._next_sample_s = float("-inf")
+        self._evicted_seen = 0
+
+    # --- patching ---------------------------------------------------------------------------
+    def patch_all(self) -> None:
+        with self._lock:
+            if self._patched:
+                return
+            self._patch_module("worker", "vllm.v1.worker.worker_base", "WorkerWrapperBase",
+                               {"init_device": self._wrap_init_device})
+            self._patch_module("scheduler", "vllm.v1.core.sched.scheduler", "Scheduler", {
+                "__init__": self._wrap_scheduler_init, "schedule": self._wrap_schedule,
+                "add_request": self._wrap_add_request, "_free_request": self._wrap_free_request,
+                "_preempt_request": self._wrap_preempt})
+            self._patch_module("kv_cache_manager", "vllm.v1.core.kv_cache_manager",
+                               "KVCacheManager", {
+                                   "allocate_slots": self._wrap_allocate,
+                                   "free": self._wrap_free, "pop_blocks_for_free":
+                                   self._wrap_pop_for_free})
+            self._patch_module("block_pool", "vllm.v1.core.block_pool", "BlockPool", {
+                "free_blocks": self._wrap_pool_free, "touch": self._wrap_touch,
+                "_maybe_evict_cached_block": self._wrap_evict,
+                "reset_prefix_cache": self._wrap_reset})
+
+    def unpatch_all(self) -> None:
+        """Put vLLM's own functions back (tests and ``bench vllm``'s baseline rounds)."""
+        with self._lock:
+            while self._patched:
+                cls, name, original = self._patched.pop()
+                setattr(cls, name, original)
+
+    def _patch_module(self, part: str, module: str, cls_name: str,
+                      wrappers: dict[str, Callable[[Any], Any]]) -> None:
+        try:
+            cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+        except Exception as exc:
+            return self._off(part, f"{module}.{cls_name} not importable ({exc!r})")
+        missing = [name for name in wrappers if not callable(getattr(cls, name, None))]
+        if missing:
+            return self._off(part, f"{cls_name} has no {', '.join(missing)}")
+        for name, make in wrappers.items():
+            original = cls.__dict__.get(name, getattr(cls, name))
+            if getattr(original, _MARK, False):
+                continue
+            wrapper = make(original)
+            setattr(wrapper, _MARK, True)
+            wrapper.__wrapped__ = original
+            setattr(cls, name, wrapper)
+            self._patched.append((cls, name, original))
+        self.parts[part] = "observed"
+        return None
+
+    def _off(self, part: str, why: str) -> None:
+        """One log line per part that vLLM's internals keep us from observing."""
+        if self.parts.get(part) != why:
+            self.parts[part] = why
+            log.info("vramscope: vLLM %s not observed: %s (vLLM's internals differ from 0.32's; "
+                     "the rest still works)", part, why)
+
+    def _guard(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an observation; a failure turns nothing off in vLLM, it logs once per part."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._off(part, f"observation failed: {exc!r}")
+            return None
+
+    # --- install in the process that owns a device or the scheduler ---------------------------
+    def _wrap_init_device(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def init_device(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(wrapper, *args, **kwargs)
+            self._guard("worker", self._install_for_worker, wrapper)
+            return result
+        return init_device
+
+    def _install_for_worker(self, wrapper: Any) -> None:
+        worker = getattr(wrapper, "worker", wrapper)
+        device = getattr(worker, "device", None)
+        rank = getattr(worker, "rank", getattr(wrapper, "global_rank", 0))
+        index = device.index if getattr(device, "type", None) == "cuda" else None
+        self.ensure_installed(f"vllm worker rank {rank}", index,
+                              _model_name(getattr(worker, "vllm_config", None)))
+
+    def ensure_installed(self, process: str, device_index: int | None,
+                         model: str | None) -> None:
+        """``vramscope.install()`` once in this process, with a sink named after the rank."""
+        if self.installed:
+            return
+        self.installed = True
+        self.device = device_index or 0
+        from vramscope.agent.config import load_config, parse_config
+        from vramscope.hooks import phase as phase_mod
+
+        try:
+            config = load_config()
+        except Exception as exc:
+            log.warning("vramscope: config unreadable (%s); using defaults", exc)
+            config = parse_config({}, None, {})
+        self._interval_s = float(config["sampling.kv_interval_s"])
+        devices = [device_index] if device_index is not None else []
+        sink = self._make_sink(config, process, devices, model)
+        install = self._install
+        if install is None:
+            from vramscope.hooks.install import install
+        report = install(config, sink=sink, devices=devices)
+        self.sink = phase_mod.active_sink() or sink
+        for line in str(report).splitlines():
+            log.info("%s (%s)", line, process)
+
+    def _make_sink(self, config: Any, process: str, devices: list[int],
+                   model: str | None) -> Any:
+        if self._install is not None:
+            return None  # tests hand their own install() a sink
+        import atexit
+
+        from vramscope.hooks.client import make_default_sink
+
+        sink = make_default_sink(config, process=process, devices=tuple(devices), model=model)
+        atexit.register(sink.close)  # flush what is buffered when the engine exits
+        return sink
+
+    def _wrap_scheduler_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(sched: Any, *args: Any, **kwargs: Any) -> None:
+            original(sched, *args, **kwargs)
+            if not self.installed:  # tensor parallel: the workers are other processes
+                self._guard("scheduler", self.ensure_installed, "vllm engine core", None,
+                            _model_name(getattr(sched, "vllm_config", None)))
+        return __init__
+
+    # --- steps and requests -----------------------------------------------------------------
+    def _wrap_schedule(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def schedule(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            output = original(sched, *args, **kwargs)
+            self._guard("scheduler", self._step, sched, output)
+            return output
+        return schedule
+
+    def _step(self, sched: Any, output: Any) -> None:
+        from vramscope.hooks import phase as phase_mod
+
+        prefill, decode = split_tokens(sched.requests, output.num_scheduled_tokens)
+        self.steps += 1
+        if prefill or decode:  # an empty step (nothing runnable) changes nothing
+            phase = Phase.PREFILL if prefill else Phase.DECODE
+            phase_mod.set_phase(phase, prefill_tokens=prefill, decode_tokens=decode)
+            self._kv_after(sched.kv_cache_manager, force=False)
+
+    def _wrap_add_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def add_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(sched, request, *args, **kwargs)
+            self._guard("scheduler", self._started, str(request.request_id))
+            return result
+        return add_request
+
+    def _started(self, rid: str) -> None:
+        if rid not in self.seen:
+            from vramscope.hooks import phase as phase_mod
+
+            self.seen.add(rid)
+            phase_mod.request_started(rid)
+
+    def _wrap_free_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _free_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(sched, request, *args, **kwargs)
+            self._guard("scheduler", self._ended, sched, str(request.request_id))
+            return result
+        return _free_request
+
+    def _ended(self, sched: Any, rid: str) -> None:
+        from vramscope.hooks import phase as phase_mod
+
+        if rid in self.seen:
+            self.seen.discard(rid)
+            phase_mod.request_finished(rid)
+        if not sched.requests:  # _free_request dropped it from there: none is left
+            phase_mod.set_phase(Phase.IDLE)
+            self._kv_after(sched.kv_cache_manager, force=True)
+
+    def _wrap_preempt(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _preempt_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(sched, request, *args, **kwargs)
+            self._guard("scheduler", self._preempted, str(request.request_id))
+            return result
+        return _preempt_request
+
+    def _preempted(self, rid: str) -> None:
+        self.preemptions += 1
+        self._put(Event(time.time(), "kv_preempted", self.device, os.getpid(), _phase(), rid,
+                        {"count": 1}))
+
+    # --- KV cache manager -----------------------------------------------------------------
+    def _wrap_allocate(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def allocate_slots(manager: Any, request: Any, num_new_tokens: int,
+                           num_new_computed_tokens: int = 0, *args: Any, **kwargs: Any) -> Any:
+            blocks = original(manager, request, num_new_tokens, num_new_computed_tokens, *args,
+                              **kwargs)
+            rid = request.request_id
+            if blocks is None or rid not in self.live:  # decode steps of live requests: nothing
+                self._guard("kv_cache_manager", self._allocated, manager, request,
+                            blocks is not None, num_new_tokens, num_new_computed_tokens)
+            return blocks
+        return allocate_slots
+
+    def _allocated(self, manager: Any, request: Any, ok: bool, new_tokens: int,
+                   hit_tokens: int) -> None:
+        rid = str(request.request_id)
+        if not ok:
+            if rid not in self.waiting:
+                self.waiting.add(rid)
+                self._event("kv_alloc_failed", rid, {"tokens": request.num_tokens,
+                                                     "reason": "not enough free blocks"})
+            return
+        self.waiting.discard(rid)
+        self.live.add(rid)
+        self.prefix_query_tokens += request.num_tokens
+        self.prefix_hit_tokens += hit_tokens
+        blocks = sum(len(ids) for ids in manager.get_block_ids(rid))
+        self._event("kv_alloc", rid, {"blocks": blocks, "hit_tokens": int(hit_tokens),
+                                      "tokens": request.num_computed_tokens + hit_tokens
+                                      + new_tokens})
+
+    def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def free(manager: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            held = self._guard("kv_cache_manager", _blocks_of, manager, rid) if (
+                rid in self.live) else None
+            result = original(manager, request, *args, **kwargs)
+            if held is not None:
+                self._guard("kv_cache_manager", self._freed, manager, str(rid), held)
+            return result
+        return free
+
+    def _freed(self, manager: Any, rid: str, held: list[Any]) -> None:
+        self.live.discard(rid)
+        cached = sum(1 for b in held if b.ref_cnt == 0 and b.block_hash is not None)
+        released = sum(1 for b in held if b.ref_cnt == 0)
+        self._event("kv_free", rid, {"blocks_released": released, "blocks_cached": cached})
+
+    def _wrap_pop_for_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def pop_blocks_for_free(manager: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            blocks = original(manager, request, *args, **kwargs)
+            rid = str(request.request_id)
+            if rid in self.live:  # freed later, when the in-flight step is done
+                self.live.discard(rid)
+                self._guard("kv_cache_manager", self._event, "kv_free", rid,
+                            {"blocks_released": 0, "blocks_deferred": len(blocks)})
+            return blocks
+        return pop_blocks_for_free
+
+    # --- block pool counters --------------------------------------------------------------
+    def _wrap_pool_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def free_blocks(pool: Any, ordered_blocks: Any, *args: Any, **kwargs: Any) -> Any:
+            blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+            result = original(pool, blocks, *args, **kwargs)
+            self._guard("block_pool", _count_cached_freed, pool, blocks)
+            return result
+        return free_blocks
+
+    def _wrap_touch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def touch(pool: Any, blocks: Any, *args: Any, **kwargs: Any) -> Any:
+            self._guard("block_pool", _count_cached_touched, pool, blocks)
+            return original(pool, blocks, *args, **kwargs)
+        return touch
+
+    def _wrap_evict(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _maybe_evict_cached_block(pool: Any, block: Any, *args: Any, **kwargs: Any) -> Any:
+            was_cached = block.ref_cnt == 0 and block.block_hash is not None
+            evicted = original(pool, block, *args, **kwargs)
+            if evicted:
+                setattr(pool, _EVICTED, getattr(pool, _EVICTED, 0) + 1)
+                if was_cached:
+                    setattr(pool, _CACHED, getattr(pool, _CACHED, 0) - 1)
+            return evicted
+        return _maybe_evict_cached_block
+
+    def _wrap_reset(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def reset_prefix_cache(pool: Any, *args: Any, **kwargs: Any) -> Any:
+            done = original(pool, *args, **kwargs)
+            if done:
+                setattr(pool, _CACHED, 0)
+            return done
+        return reset_prefix_cache
+
+    # --- records --------------------------------------------------------------------------
+    def _kv_after(self, manager: Any, force: bool) -> None:
+        """A KV sample when due (or forced), and the step's evictions as one event."""
+        pool = manager.block_pool
+        evicted = getattr(pool, _EVICTED, 0)
+        if evicted > self._evicted_seen:
+            self._event("kv_evicted", None, {"blocks": evicted - self._evicted_seen})
+            self._evicted_seen = evicted
+        now_s = time.monotonic()
+        if not force and now_s < self._next_sample_s:
+            return
+        self._next_sample_s = now_s + self._interval_s
+        self._put(kv_sample(pool, self.device))
+
+    def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
+        self._put(Event(time.time(), name, self.device, os.getpid(), _phase(), rid, data))
+
+    def _put(self, record: Any) -> None:
+        sink = self.sink
+        if sink is not None:
+            try:
+                sink.put(record)
+            except Exception:  # a sink must not raise; if one does, vLLM still must not see it
+                pass
+
+
+def split_tokens(requests: Any, num_scheduled_tokens: dict[str, int]) -> tuple[int, int]:
+    """(prefill, decode) tokens of one scheduled step, read after ``schedule()`` returned.
+
+    ``schedule()`` has already advanced each scheduled request's ``num_computed_tokens`` by its
+    scheduled count, so the step started at ``num_computed_tokens - n``. Positions below
+    ``max(num_prompt_tokens, num_tokens - 1)`` were known before the step (prompt chunks, and
+    a preempted request's recomputed output): prefill. The rest, the token sampled last step
+    (and speculative ones), is decode.
+    """
+    prefill = decode = 0
+    for rid, n in num_scheduled_tokens.items():
+        request = requests[rid]
+        start = request.num_computed_tokens - n
+        known = max(request.num_prompt_tokens, request.num_tokens - 1)
+        part = max(0, min(start + n, known) - start)
+        prefill += part
+        decode += n - part
+    return prefill, decode
+
+
+def kv_sample(pool: Any, device: int) -> Sample:
+    """The pool now, in vLLM's own terms: total excludes the null block, used = total - free."""
+    total = pool.num_gpu_blocks - 1
+    return Sample(time.time(), device, _phase(), "kv", os.getpid(),
+                  kv_blocks_used=total - pool.get_num_free_blocks(), kv_blocks_total=total,
+                  kv_blocks_cached=max(0, getattr(pool, _CACHED, 0)))
+
+
+def _blocks_of(manager: Any, rid: str) -> list[Any]:
+    return [b for group in manager.get_blocks(rid).blocks for b in group if not b.is_null]
+
+
+def _count_cached_freed(pool: Any, blocks: list[Any]) -> None:
+    """Blocks this free left unreferenced with a hash joined the cached (evictable) set."""
+    n = sum(1 for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null
+            and (b.pool is None or b.pool is pool))
+    if n:
+        setattr(pool, _CACHED, getattr(pool, _CACHED, 0) + n)
+
+
+def _count_cached_touched(pool: Any, blocks: Any) -> None:
+    """A prefix hit takes cached blocks back (their ref_cnt goes 0 -> 1)."""
+    n = sum(1 for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null)
+    if n:
+        setattr(pool, _CACHED, getattr(pool, _CACHED, 0) - n)
+
+
+def _phase() -> Phase:
+    from vramscope.hooks.phase import current_phase
+
+    return current_phase()
+
+
+def _model_name(vllm_config: Any) -> str | None:
+    model = getattr(getattr(vllm_config, "model_config", None), "model", None)
+    return str(model) if model is not None else None
