@@ -22,6 +22,7 @@ The order of the checks is the order an experienced engineer goes through them:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from vramscope.agent.records import Phase, PostMortem, Sample
 
@@ -86,7 +87,7 @@ class _Facts:
 
     def __init__(self, pm: PostMortem | None, last: Sample | None, before: Sequence[Sample],
                  in_flight: int | None) -> None:
-        def pick(pm_field: str, sample_field: str):
+        def pick(pm_field: str, sample_field: str) -> Any:  # a record's field, by name
             value = getattr(pm, pm_field, None) if pm is not None else None
             if value is None and last is not None:
                 value = getattr(last, sample_field)
@@ -120,13 +121,14 @@ def _is_fragmentation(f: _Facts) -> bool:
     if f.failed is not None:
         no_block = f.largest_free is not None and f.largest_free < f.failed
         return not _is_full(f) and (no_block or (f.ext_frag or 0) >= FRAGMENTED_RATIO)
-    return (f.ext_frag or 0) >= FRAGMENTED_RATIO and bool(f.total) and \
-        cached_free >= SPIKE_RATIO * f.total
+    return (f.ext_frag or 0) >= FRAGMENTED_RATIO and f.total is not None and f.total != 0 \
+        and cached_free >= SPIKE_RATIO * f.total
 
 
 def _free_total(f: _Facts) -> int:
     """Free under the limit in total: cached free plus what the allocator could still reserve."""
-    return max(0, f.reserved - f.allocated) + _room_to_grow(f)
+    free: int = max(0, f.reserved - f.allocated) + _room_to_grow(f)
+    return free
 
 
 def _shortfall(f: _Facts) -> float | None:

@@ -58,10 +58,11 @@ class KvTracker:
 
     @property
     def last(self) -> KvPoint | None:
-        if self._last is None and self._latest is not None:
+        total, ratio = self.blocks_total, self.usage_ratio  # set with _latest
+        if self._last is None and self._latest is not None and total is not None \
+                and ratio is not None:
             ts_s, device, used = self._latest
-            self._last = KvPoint(ts_s, device, used, self.blocks_total, self.usage_ratio,
-                                 self.exhaustion_s)
+            self._last = KvPoint(ts_s, device, used, total, ratio, self.exhaustion_s)
         return self._last
 
     def observe(self, s: Sample) -> bool:

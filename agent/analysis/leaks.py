@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.merge import merged
-from vramscope.agent.analysis.stats import mann_kendall, median, theil_sen
+from vramscope.agent.analysis.stats import TrendTest, mann_kendall, median, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Event, Phase, Sample
 
@@ -130,6 +130,7 @@ class FloorTracker:
         if self._start is None:
             self._start, self._end = ts_s, ts_s + self.window_s
             return None
+        point: tuple[float, int] | None
         if self._idle is not None:
             point = (self._idle_ts, self._idle)
         elif self._after_end is not None:
@@ -207,7 +208,7 @@ class LeakDetector:
         if prev.orphaned_blocks:
             evidence = f"KV pool reported {prev.orphaned_blocks} orphaned block(s); " + evidence
         start = verdict.start_ts_s
-        if was and prev.start_ts_s is not None:
+        if was and prev.start_ts_s is not None and start is not None:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon
         return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
                                 first_detected_ts_s=first, evidence=evidence,
@@ -259,7 +260,9 @@ def rise_start(points: Sequence[tuple[float, int]]) -> float:
     return points[last][0]
 
 
-def _evidence(points, slope, growth, test, r_test, limit_bytes, checks) -> str:
+def _evidence(points: Sequence[tuple[float, int]], slope: float, growth: float,
+              test: TrendTest, r_test: TrendTest, limit_bytes: int,
+              checks: tuple[bool, bool, bool, bool]) -> str:
     hours = (points[-1][0] - points[0][0]) / 3600.0
     pct_h = 100.0 * slope * 3600.0 / limit_bytes
     failed = [name for name, ok in zip(

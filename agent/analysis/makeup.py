@@ -40,14 +40,14 @@ CUBLAS_REMEDY = ("call torch._C._cuda_clearCublasWorkspaces() after each generat
 class SegmentGroup(NamedTuple):
     size_bytes: int
     stream: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, as intended
     allocated_bytes: int
 
 
 class BlockGroup(NamedTuple):
     size_bytes: int
     stream: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, as intended
     phase: str | None
     stack: tuple[str, ...]
 
@@ -73,7 +73,7 @@ class GrowthRow(NamedTuple):
 
     kind: str  # "blocks" or "segments"
     size_bytes: int
-    count: int  # how many more than at the earlier idle point
+    count: int  # type: ignore[assignment]  # how many more than at the earlier idle point
     bytes: int
     streams: int  # distinct streams the new ones are on
     new_streams: int  # of those, streams the earlier layout did not have

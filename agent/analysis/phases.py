@@ -97,8 +97,10 @@ def prefill_spikes(samples: Iterable[Sample]) -> list[Spike]:
 def peak_phase(samples: Sequence[Sample], start_s: float, end_s: float) -> Phase | None:
     """The phase of the sample with the most allocated memory in ``[start_s, end_s]``."""
     best: Sample | None = None
+    best_bytes = 0
     for s in samples:
-        in_window = start_s <= s.ts_s <= end_s and s.allocated_bytes is not None
-        if in_window and (best is None or s.allocated_bytes > best.allocated_bytes):
-            best = s
+        allocated = s.allocated_bytes
+        in_window = start_s <= s.ts_s <= end_s and allocated is not None
+        if in_window and allocated is not None and (best is None or allocated > best_bytes):
+            best, best_bytes = s, allocated
     return None if best is None else best.phase

@@ -25,7 +25,7 @@ class Thresholds(NamedTuple):
     kv_exhaustion_warning_s: float = 60.0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None) -> Thresholds:
+    def from_config(cls, config: Mapping[str, Any] | Thresholds | None) -> Thresholds:
         """Read ``alerts.<field>`` for every field; missing keys keep the defaults above."""
         if config is None:
             return cls()
