@@ -11,7 +11,7 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, send_file
-from vramscope.dashboard import analysis, figures, params, queries, timeline_figure, verdict
+from vramscope.dashboard import figures, params, queries, timeline_figure, verdict, views
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule
 from vramscope.dashboard.errors import BadParameter
@@ -167,7 +167,7 @@ def _analysis_json(view):
 
 @bp.get("/analysis")
 def analysis_report():
-    return _analysis_json(analysis.report)
+    return _analysis_json(views.report)
 
 
 def _shape() -> dict:
@@ -197,7 +197,7 @@ def _shape() -> dict:
 @bp.get("/capacity")
 def capacity():
     st = state()
-    return jsonify(analysis.capacity(st.store, params.text("host"), _shape()))
+    return jsonify(views.capacity(st.store, params.text("host"), _shape()))
 
 
 @bp.get("/figures/overview")
@@ -222,18 +222,18 @@ def figure_timeline():
 
 @bp.get("/figures/leaks")
 def figure_leaks():
-    return _analysis_json(analysis.leaks_view)
+    return _analysis_json(views.leaks_view)
 
 
 @bp.get("/figures/risk")
 def figure_risk():
-    return _analysis_json(analysis.risk_view)
+    return _analysis_json(views.risk_view)
 
 
 @bp.get("/figures/capacity")
 def figure_capacity():
     st = state()
-    doc = analysis.capacity(st.store, params.text("host"), _shape())
+    doc = views.capacity(st.store, params.text("host"), _shape())
     return jsonify({"figure": figures.capacity_figure(doc), "capacity": doc})
 
 

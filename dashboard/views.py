@@ -1,12 +1,10 @@
-"""The bridge to ``vramscope.agent.analysis`` and ``vramscope.agent.estimate`` for the Leaks,
-OOM risk and Capacity
-pages and ``/api/v1/analysis``.
+"""The data behind the Leaks, OOM risk and Capacity views and ``/api/v1/analysis``: the bridge
+from the store to ``vramscope.agent.analysis`` and ``vramscope.agent.estimate``.
 
 Analysis is pure functions over records; this module reads the records (bounded), calls them,
 and hands the results to :mod:`vramscope.dashboard.figures`. Where the analysis needs more raw
-samples than
-a request should read, the Leaks page falls back to per-minute minima computed in SQL (the floor
-between requests), and says so in ``method``.
+samples than a request should read, the Leaks page falls back to per-minute minima computed in
+SQL (the floor between requests), and says so in ``method``.
 """
 
 from __future__ import annotations

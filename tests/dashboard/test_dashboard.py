@@ -312,9 +312,9 @@ def test_risk_view(client):
 
 
 def test_long_windows_fall_back_to_sql_minima_and_peaks(client, monkeypatch):
-    from vramscope.dashboard import analysis
+    from vramscope.dashboard import views
 
-    monkeypatch.setattr(analysis, "RAW_SAMPLE_LIMIT", 1000)  # the seeded window holds 36,000
+    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)  # the seeded window holds 36,000
     leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
     assert leaks["method"] == "per-minute minima"
     assert leaks["floor_points"] == F.DURATION_S // 60

@@ -151,7 +151,7 @@ def test_the_alerts_api_gives_the_value_text(client):
 
 
 def test_risk_model_rises_that_a_stored_alert_stands_for_are_listed_once():
-    from vramscope.dashboard.analysis import unmatched_rises
+    from vramscope.dashboard.views import unmatched_rises
 
     rises = [{"ts": 100.0, "rule": "risk model"}, {"ts": 1000.0, "rule": "risk model"}]
     stored = [{"ts": 115.0, "rule": "oom_risk"}, {"ts": 990.0, "rule": "memory_leak"}]

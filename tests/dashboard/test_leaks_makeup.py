@@ -6,7 +6,7 @@ import pytest
 from vramscope.agent.analysis.makeup import CUBLAS_DIAGNOSIS, CUBLAS_REMEDY
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
-from vramscope.dashboard import analysis
+from vramscope.dashboard import views
 from vramscope.dashboard.app import create_app
 
 from tests.agent.test_analysis_makeup import WS, after_calls, event
@@ -39,7 +39,7 @@ def test_the_leaks_api_names_the_makeup_of_the_growth(store):
 
 
 def test_the_makeup_starts_at_the_rise_and_reads_only_a_few_layouts(store, monkeypatch):
-    monkeypatch.setattr(analysis, "LAYOUT_READ_LIMIT", 2)
+    monkeypatch.setattr(views, "LAYOUT_READ_LIMIT", 2)
     reads = []
     real = store.events
 
@@ -49,10 +49,10 @@ def test_the_makeup_starts_at_the_rise_and_reads_only_a_few_layouts(store, monke
         return got
 
     monkeypatch.setattr(store, "events", counting)
-    m = analysis.leak_makeup_view(store, None, 0, None, T0, T0 + 600, rise_ts_s=T0 + 200)
+    m = views.leak_makeup_view(store, None, 0, None, T0, T0 + 600, rise_ts_s=T0 + 200)
     assert (m["before_ts"], m["after_ts"]) == (T0 + 150, T0 + 570)
     assert m["blocks"][0]["count"] == 7
     assert sum(reads) <= 6  # never the whole window's layouts
-    whole = analysis.leak_makeup_view(store, None, 0, None, T0, T0 + 10_000, None)
+    whole = views.leak_makeup_view(store, None, 0, None, T0, T0 + 10_000, None)
     assert whole["after_ts"] == T0 + 570  # paged on to the newest past the read limit
-    assert analysis.leak_makeup_view(store, None, 0, None, T0, T0 + 60, None) is None
+    assert views.leak_makeup_view(store, None, 0, None, T0, T0 + 60, None) is None
