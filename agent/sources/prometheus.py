@@ -8,8 +8,9 @@ load-aware leak analysis work beside an unmodified server:
 
 - a ``Sample`` (``source="prometheus"``) with ``kv_blocks_used`` and ``kv_blocks_total``. vLLM
   publishes its pool size (``vllm:cache_config_info{num_gpu_blocks=...}``) and its usage ratio
-  (``vllm:kv_cache_usage_perc``: blocks referenced by requests over all blocks; cached blocks
-  count as free), so used = round(ratio × blocks). SGLang publishes a token ratio and its pool
+  (``vllm:kv_cache_usage_perc``: blocks referenced by requests over all blocks but its null
+  block; cached blocks count as free), so total = blocks - 1 and used = round(ratio × total),
+  the same numbers the vLLM plugin records. SGLang publishes a token ratio and its pool
   size in tokens (``sglang:max_total_num_tokens``): its "blocks" are tokens (page size 1). Where
   no size is published, the pool is counted in ``RATIO_SCALE`` parts (used / total is still the
   usage ratio). TGI publishes no KV usage: its samples carry none.
@@ -23,7 +24,8 @@ load-aware leak analysis work beside an unmodified server:
   baseline: when earlier increases happened is unknown; a counter that went down was reset, and
   its new value is the increase).
 
-Sums over label sets (several engines or models behind one endpoint add up). A failing target
+Counts and pool sizes add up over label sets (several engines behind one endpoint); the usage
+ratio is their mean. A failing target
 gives no records and one log line until it answers again; nothing here raises into the agent.
 Scrapes run on their own thread (``vramscope-prometheus``): a slow server must not stall NVML
 sampling.
@@ -62,6 +64,7 @@ class Preset:
     prefix_queries: str | None  # counter, tokens
     prefix_hits: str | None  # counter, tokens
     preemptions: str | None  # counter
+    reserved_blocks: int = 0  # blocks of the published pool size that are never usable
 
 
 # Read in vLLM 0.32's ``vllm/v1/metrics/loggers.py``, SGLang's ``srt/metrics/collector.py`` and
@@ -70,7 +73,7 @@ PRESETS: dict[str, Preset] = {
     "vllm": Preset("vllm", "vllm:kv_cache_usage_perc", ("vllm:cache_config_info", "num_gpu_blocks"),
                    "vllm:num_requests_running", "vllm:num_requests_waiting",
                    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                   "vllm:num_preemptions_total"),
+                   "vllm:num_preemptions_total", reserved_blocks=1),  # vLLM's null block
     "sglang": Preset("sglang", "sglang:token_usage", ("sglang:max_total_num_tokens", None),
                      "sglang:num_running_reqs", "sglang:num_queue_reqs", None,
                      "sglang:cached_tokens_total", None),
@@ -149,10 +152,13 @@ class TargetState:
 
     def _kv_sample(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
                    device: int) -> Sample | None:
-        ratio = _total(samples, self.preset.kv_usage_ratio)
-        if ratio is None:
+        rows = samples.get(self.preset.kv_usage_ratio or "")
+        if not rows:
             return None
-        total = _pool_size(samples, self.preset.kv_total) or RATIO_SCALE
+        ratio = sum(v for _, v in rows) / len(rows)
+        size = _pool_size(samples, self.preset.kv_total)
+        pools = len(samples[self.preset.kv_total[0]]) if size and self.preset.kv_total else 0
+        total = size - self.preset.reserved_blocks * pools if size else RATIO_SCALE
         ratio = min(1.0, max(0.0, ratio))
         return Sample(ts_s, device, Phase.UNKNOWN, "prometheus",
                       kv_blocks_used=round(ratio * total), kv_blocks_total=total)

@@ -93,7 +93,7 @@ def test_vllm_page_becomes_kv_sample_request_slots_and_counter_increases(pages, 
     sample, start1, start2, load = got
     assert (sample.source, sample.device, sample.phase, sample.kv_blocks_used,
             sample.kv_blocks_total, sample.kv_blocks_cached) == (
-        "prometheus", 1, Phase.UNKNOWN, 100, 400, None)
+        "prometheus", 1, Phase.UNKNOWN, 100, 399, None)  # 399: vLLM's null block is not usable
     host = pages.url.split("/")[2]
     assert [(e.name, e.request_id) for e in (start1, start2)] == [
         ("request_start", f"vllm@{host}#1"), ("request_start", f"vllm@{host}#2")]
@@ -106,7 +106,7 @@ def test_vllm_page_becomes_kv_sample_request_slots_and_counter_increases(pages, 
     pages.page = vllm_page(0.5, 0, 0, 164, 72, 5)
     src.run_once()
     names = [(e.name, getattr(e, "request_id", None)) for e in got[1:]]
-    assert got[0].kv_blocks_used == 200
+    assert got[0].kv_blocks_used == 200  # round(0.5 * 399)
     assert names == [("request_end", f"vllm@{host}#2"), ("request_end", f"vllm@{host}#1"),
                      ("server_load", None), ("kv_preempted", None), ("prefix_cache", None)]
     assert got[-2].data["count"] == 2
@@ -140,6 +140,16 @@ def test_sglang_counts_tokens_and_tgi_gives_requests_without_kv(pages):
     src.run_once()
     assert [e.name for e in got] == ["request_start"] * 3 + ["server_load"]
     assert got[-1].data["waiting"] == 4
+
+
+def test_engines_add_up_their_pools_and_average_their_usage(pages):
+    src, got = _source(pages.url)
+    pages.page = ('vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+                  'vllm:kv_cache_usage_perc{engine="1"} 0.25\n'
+                  'vllm:cache_config_info{engine="0",num_gpu_blocks="101"} 1\n'
+                  'vllm:cache_config_info{engine="1",num_gpu_blocks="101"} 1\n')
+    src.run_once()
+    assert (got[0].kv_blocks_used, got[0].kv_blocks_total) == (75, 200)  # 0.375 * (2 * 100)
 
 
 def test_usage_without_a_published_pool_size_is_counted_in_ratio_parts(pages):
@@ -201,6 +211,6 @@ def test_the_agent_scrapes_on_its_own_thread_into_the_store(pages, store):
         sample = wait_for(landed)[0]
     finally:
         agent.stop()
-    assert (sample.kv_blocks_used, sample.kv_blocks_total) == (300, 400)
+    assert (sample.kv_blocks_used, sample.kv_blocks_total) == (299, 399)
     starts = store.events(names=("request_start",))
     assert len(starts) == 1 and starts[0].request_id.endswith("#1")
