@@ -226,7 +226,7 @@ def _severity(raw: Mapping[str, Any], where: str) -> str:
     value = raw.get("severity", "warning")
     if value not in SEVERITIES:
         raise ConfigError(f"{where}: severity = {value!r} is not one of {', '.join(SEVERITIES)}")
-    return value
+    return str(value)  # one of SEVERITIES
 
 
 def _labels(raw: Mapping[str, Any], where: str) -> dict[str, str]:

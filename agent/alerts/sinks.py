@@ -78,7 +78,8 @@ def _urllib_post(url: str, body: bytes, timeout_s: float) -> int:
                                  headers={"Content-Type": "application/json",
                                           "User-Agent": "vramscope-alerts"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return resp.status
+        status: int = resp.status
+        return status
 
 
 class WebhookSink:

@@ -41,11 +41,20 @@ class DeviceState(Protocol):
 class AlertRecord(Protocol):
     """What the document reads of one alert change (the alert engine's ``AlertChange``)."""
 
-    kind: str
-    rule: str
-    severity: str
-    device: int
-    ts_s: float
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def severity(self) -> str: ...
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def ts_s(self) -> float: ...
 
 
 def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Sample],
