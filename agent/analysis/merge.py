@@ -65,7 +65,7 @@ class SeriesSplit(Generic[S]):
         device = r.device
         if is_device_wide(r) or (isinstance(r, Event) and r.pid is None):
             if isinstance(r, Sample):
-                self._wide[device] = r  # type: ignore[assignment]
+                self._wide[device] = r
             keys = self._procs.get(device) or [(device, None)]
             return [self._get(k) for k in keys]
         return [self._get((device, r.pid))]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
@@ -48,7 +48,9 @@ RETRY_WINDOW_S = 60.0
 LEVELS = ("ok", "warning", "critical")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
-_NO_FORECAST = (None, None, None)
+_Forecast = tuple[float | None, float | None, float | None]  # central, soonest, latest
+_NO_FORECAST: _Forecast = (None, None, None)
+_Number = TypeVar("_Number", int, float)
 _HEADROOM, _TREND, _RETRIES, _FRAGMENTATION = 1, 2, 4, 8  # reason bits, in REASONS order
 _REASONS_BY_MASK = tuple(tuple(r for i, r in enumerate(REASONS) if mask >> i & 1)
                          for mask in range(1 << len(REASONS)))
@@ -126,8 +128,8 @@ class RiskModel:
         """The latest point (``None`` before the first sample with memory figures)."""
         if self._last is None and self.has_point:
             tto, tr = self.time_to_oom_s, self._trend
-            forecast = _NO_FORECAST if tto is None else (
-                tto, self._room / tr.slope_high, self._room / tr.slope_low)
+            forecast: _Forecast = _NO_FORECAST if tto is None or tr is None else (
+                tto, self._room / tr.slope_high, self._room / tr.slope_low)  # tto: a trend
             self._last = RiskPoint(self._ts_s, self._device, LEVELS[self.level_index],
                                    self.headroom_bytes, self.headroom_ratio, *forecast,
                                    _REASONS_BY_MASK[self._reasons], self.pid)
@@ -387,6 +389,6 @@ def _tight(ratio: float | None) -> float:
     return float("-inf") if ratio is None else -ratio
 
 
-def _least(values: Iterable[float | None]) -> float | None:
+def _least(values: Iterable[_Number | None]) -> _Number | None:
     known = [v for v in values if v is not None]
     return min(known) if known else None
