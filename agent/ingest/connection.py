@@ -54,7 +54,8 @@ class AgentConnection:
         (length,) = proto.HEADER.unpack(self._recv_exact(proto.HEADER_BYTES))
         if length > 64 * proto.DEFAULT_MAX_MESSAGE_BYTES:
             raise VramscopeError(f"reply of {length} bytes from {self.path} is too large")
-        return json.loads(self._recv_exact(length))
+        reply: dict[str, Any] = json.loads(self._recv_exact(length))
+        return reply
 
     def _recv_exact(self, n: int) -> bytes:
         chunks, left = [], n

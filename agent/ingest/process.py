@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class AgentProcess:
         self.log_path = log_path
         self.extra_args = tuple(extra_args)
         self.nofile = nofile  # RLIMIT_NOFILE soft limit for the child (systemd's LimitNOFILE)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-c", _MAIN, "--db", self.db_url, "--socket", self.socket_path]
@@ -58,7 +59,7 @@ class AgentProcess:
         self.wait_ready(timeout_s)
         return self
 
-    def _limits(self):
+    def _limits(self) -> Callable[[], None] | None:
         if self.nofile is None:
             return None
         nofile = self.nofile
@@ -72,7 +73,7 @@ class AgentProcess:
 
     def rss_bytes(self) -> int:
         """The child's resident memory now (Linux ``/proc``)."""
-        with open(f"/proc/{self.proc.pid}/status", encoding="ascii") as fh:
+        with open(f"/proc/{self._child.pid}/status", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
@@ -83,8 +84,8 @@ class AgentProcess:
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited with {self.proc.returncode} while starting"
+            if self._child.poll() is not None:
+                raise RuntimeError(f"agent exited with {self._child.returncode} while starting"
                                    + self._log_tail())
             try:
                 with AgentConnection(self.socket_path, timeout_s=2.0) as conn:
@@ -102,7 +103,7 @@ class AgentProcess:
             return conn.status()
 
     def send_signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
+        self._child.send_signal(signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         """Signal the agent and wait for it to exit; returns its exit code."""
@@ -117,7 +118,13 @@ class AgentProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._child.pid
+
+    @property
+    def _child(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise RuntimeError("the agent process is not started; call start() first")
+        return self.proc
 
     def _log_tail(self) -> str:
         if not self.log_path or not os.path.exists(self.log_path):

@@ -36,7 +36,7 @@ import json
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard, cast
 
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.trace import (
@@ -172,7 +172,7 @@ def parse_hello(obj: dict[str, Any]) -> Hello:
 
 
 def _name(obj: dict[str, Any], key: str) -> str | None:
-    value = _optional(obj, key, str)
+    value: str | None = _optional(obj, key, str)
     if value is not None and len(value) > MAX_NAME_CHARS:
         raise ProtocolError("schema", f"{key!r} is longer than {MAX_NAME_CHARS} characters "
                             f"({len(value)})", fatal=True)
@@ -207,8 +207,8 @@ def parse_records(obj: dict[str, Any], default_pid: int | None = None) -> list[S
                             f"{MAX_RECORDS_PER_MESSAGE}")
     fast = fast_samples(items, default_pid)
     if fast is not None:
-        return fast
-    out = []
+        return cast("list[Sample | Event]", fast)  # no copy: read-only from here
+    out: list[Sample | Event] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ProtocolError("schema", f"record {i}: expected an object, got "
@@ -252,11 +252,12 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
     device = [0 if d is None else d for d in device]
     if default_pid is not None:
         pid = [default_pid if p is None else p for p in pid]
-    return list(map(Sample._make, zip(map(float, ts), device, phases, source, pid, *counters,
+    columns = [c for c in counters if c is not None]  # all of them (checked above)
+    return list(map(Sample._make, zip(map(float, ts), device, phases, source, pid, *columns,
                                       host, uuid, strict=True)))
 
 
-def _int_column(items: list[dict], key: str, top: int) -> list | None:
+def _int_column(items: list[dict[str, Any]], key: str, top: int) -> list[int | None] | None:
     col = [o.get(key) for o in items]
     kinds = set(map(type, col))
     if kinds <= {_NONE}:
@@ -267,7 +268,7 @@ def _int_column(items: list[dict], key: str, top: int) -> list | None:
     return col if min(values) >= 0 and max(values) <= top else None
 
 
-def _str_column(items: list[dict], key: str, limit: int) -> list | None:
+def _str_column(items: list[dict[str, Any]], key: str, limit: int) -> list[str | None] | None:
     col = [o.get(key) for o in items]
     kinds = set(map(type, col))
     if kinds <= {_NONE}:
@@ -319,7 +320,7 @@ def parse_dropped(obj: dict[str, Any]) -> int:
     return count
 
 
-def _is_index(value: Any) -> bool:
+def _is_index(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
