@@ -124,6 +124,7 @@ function timelineHref(device, host, ts) {
 function showFreshness(f) {
   const live = document.getElementById("live");
   const node = document.getElementById("stale-banner");
+  live.classList.remove("stale"); // answered: no longer "checking"
   live.classList.toggle("old", f.stale);
   node.hidden = !f.stale;
   if (f.stale) {
@@ -421,10 +422,23 @@ function facts(id, pairs) {
   fill(id, nodes);
 }
 
+const NO_STACK = "(no stack: the server ran with hooks.history = \"off\" or \"alloc\"; set it to \"python\" to record where each block was allocated)";
+
+// The post-mortem's limit is torch's (what the process may use); the device total elsewhere is
+// NVML's, larger by what the driver and the CUDA context keep. Say so where both differ.
+function limitText(pm, dev) {
+  const text = fmtBytes(pm.device_total_bytes) + " as torch saw it";
+  if (!dev || !dev.total_bytes || !pm.device_total_bytes || dev.total_bytes === pm.device_total_bytes) return text;
+  return text + "; NVML's device total is " + fmtBytes(dev.total_bytes) + " (the rest is kept by the driver and the CUDA context)";
+}
+
 PAGES.postmortem = async () => {
   const id = body.pmId;
+  checkFreshness().catch(() => {}); // this page does not poll, but must not claim "live" blindly
   try {
-    const [pm, figs] = await Promise.all([getJSON("/api/v1/postmortems/" + id), getJSON("/api/v1/figures/postmortems/" + id)]);
+    const [pm, figs, devs] = await Promise.all([getJSON("/api/v1/postmortems/" + id), getJSON("/api/v1/figures/postmortems/" + id),
+      getJSON("/api/v1/devices")]);
+    const dev = devs.devices.find((d) => d.host === pm.host && d.device === pm.device);
     document.getElementById("pm-title").textContent = "#" + pm.id + " · " + fmtTime(pm.ts_s);
     fill("pm-cards", [
       card("Failed allocation", fmtBytes(pm.failed_alloc_bytes), null, "critical"),
@@ -435,7 +449,7 @@ PAGES.postmortem = async () => {
     facts("pm-facts", [
       ["Host · GPU", (pm.host || "") + " · " + pm.device], ["PID", pm.pid], ["Phase", pm.phase],
       ["Allocated", fmtBytes(pm.allocated_bytes)], ["Reserved", fmtBytes(pm.reserved_bytes)],
-      ["Limit", fmtBytes(pm.device_total_bytes)], ["Message", pm.message],
+      ["Limit", limitText(pm, dev)], ["Message", pm.message],
       ["Requests in flight", pm.requests_in_flight.join(", ") || "none"],
       ["Timeline", link("at the moment →", timelineHref(pm.device, pm.host, pm.ts_s))],
       ["Snapshot", pm.snapshot_available ? link("download the PyTorch snapshot", "/api/v1/postmortems/" + pm.id + "/snapshot") : "not kept"],
@@ -450,8 +464,8 @@ PAGES.postmortem = async () => {
     await plot("holders-plot", figs.holders);
     table("holders-table", [
       ["#", (h) => pm.top_holders.indexOf(h) + 1, "num"], ["Size", (h) => fmtBytes(h.size_bytes), "num"],
-      ["Phase", (h) => h.phase], ["Frames (innermost first)", (h) => el("pre", h.frames.join("\n") || "(no stack recorded)", { class: "frames" }), "wrap"],
-    ], pm.top_holders, "No holders recorded (enable hooks.history for stacks).");
+      ["Phase", (h) => h.phase], ["Frames (innermost first)", (h) => el("pre", h.frames.join("\n") || NO_STACK, { class: "frames" }), "wrap"],
+    ], pm.top_holders, "No holders recorded. " + NO_STACK);
   } catch (err) {
     banner("Could not load the post-mortem: " + err.message);
   }

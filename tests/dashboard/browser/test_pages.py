@@ -241,6 +241,11 @@ def test_postmortems(driver, served):
     link = driver.execute_script("return [...document.querySelectorAll('#pm-facts a')]"
                                  ".map(a => a.getAttribute('href'));")
     assert f"/api/v1/postmortems/{seeded.postmortem_id}/snapshot" in link
+    frames = driver.execute_script("return [...document.querySelectorAll('#holders-table pre')]"
+                                   ".map(p => p.textContent);")
+    assert frames[2].startswith("(no stack: the server ran with hooks.history")  # how to get one
+    facts = driver.execute_script("return document.getElementById('pm-facts').textContent;")
+    assert "80.00 GiB as torch saw it" in facts
     assert console_errors(driver) == []
     screenshot(driver, "postmortem")
 
