@@ -47,7 +47,7 @@ from typing import Any
 
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.records import PostMortem
+from vramscope.agent.records import Event, PostMortem, Sample
 
 log = logging.getLogger("vramscope.ingest")
 
@@ -94,7 +94,7 @@ class IngestStats:
     accept_errors: int = 0  # accept() failures (EMFILE...): the loop paused accepting
     loop_errors: int = 0  # unexpected errors the loop survived
     log_suppressed: int = 0  # refused-connection log lines not written (rate limit)
-    rejected: Counter = field(default_factory=Counter)  # reason -> count
+    rejected: Counter[str] = field(default_factory=Counter)  # reason -> count
 
     @property
     def rejected_total(self) -> int:
@@ -144,7 +144,7 @@ class IngestServer:
     Callbacks run on the server thread and must not block (they put into the writer queue).
     """
 
-    def __init__(self, path: str, *, on_records: Callable[[list, ClientInfo], None],
+    def __init__(self, path: str, *, on_records: Callable[[list[Sample | Event], ClientInfo], None],
                  on_postmortem: Callable[[PostMortem, ClientInfo], None] | None = None,
                  on_hello: Callable[[ClientInfo], None] | None = None,
                  status: Callable[[], dict[str, Any]] | None = None,
@@ -266,6 +266,7 @@ class IngestServer:
                 self._read(key.data)
 
     def _accept(self) -> None:
+        assert self._listener is not None  # the loop runs after bind()
         try:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
@@ -296,6 +297,7 @@ class IngestServer:
         lo, hi = _ACCEPT_BACKOFF_S
         self._accept_backoff_s = min(hi, max(lo, self._accept_backoff_s * 2))
         self._accept_paused_until = time.monotonic() + self._accept_backoff_s
+        assert self._listener is not None  # accepting: bound
         self._sel.unregister(self._listener)
         self._log_trouble("cannot accept connections: %s (%d connections open, %d client "
                           "slots); pausing %.2f s. Raise LimitNOFILE (systemd) or ulimit -n",
