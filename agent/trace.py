@@ -37,15 +37,69 @@ class Trace(NamedTuple):
     skipped: list[TraceError]  # empty unless skip_invalid
 
 
+MAX_LINE_BYTES = 16 * 2**20  # one record; a longer line is not a trace line
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def read_trace(path: str, *, skip_invalid: bool = False) -> Trace:
     """Read a whole trace file; strict unless ``skip_invalid``."""
+    return parse_lines(file_lines(path), path, skip_invalid=skip_invalid)
+
+
+def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceError] | None = None,
+               chunk: int = 5000) -> Iterator[tuple[list[Sample], list[Event]]]:
+    """Stream a trace file as ``(samples, events)`` chunks of at most ``chunk`` records, so a
+    file of any size costs one chunk of memory. Strict unless ``skip_invalid`` (then the bad
+    lines go to ``skipped``)."""
+    samples: list[Sample] = []
+    events: list[Event] = []
+    for _lineno, record in _records(file_lines(path), path, skip_invalid,
+                                    skipped if skipped is not None else []):
+        if isinstance(record, Event):
+            events.append(record)
+        else:
+            samples.append(record)
+        if len(samples) + len(events) >= chunk:
+            yield samples, events
+            samples, events = [], []
+    if samples or events:
+        yield samples, events
+
+
+def file_lines(path: str) -> Iterator[str]:
+    """The lines of a trace file, decoded one at a time: a file that is not UTF-8 JSON Lines
+    (invalid UTF-8, binary, gzip) is reported at the line where it goes wrong."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return parse_lines(fh, path, skip_invalid=skip_invalid)
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(path, 0, f"not UTF-8: {exc.reason}") from None
+    try:
+        lineno = 0
+        while raw := _read_line(fh, path, lineno + 1):
+            lineno += 1
+            if lineno == 1 and raw.startswith(_GZIP_MAGIC):
+                raise TraceError(path, 1, f"gzip-compressed; decompress it first (gunzip -k "
+                                 f"{path}) and import the .jsonl")
+            if b"\0" in raw:
+                raise TraceError(path, lineno, "binary data (a NUL byte), not a JSON Lines "
+                                 "trace")
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(path, lineno, f"not UTF-8 at byte {exc.start + 1} of the "
+                                 f"line: {exc.reason}") from None
+    except OSError as exc:
+        raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
+    finally:
+        fh.close()
+
+
+def _read_line(fh: IO[bytes], path: str, lineno: int) -> bytes:
+    raw = fh.readline(MAX_LINE_BYTES + 1)
+    if len(raw) > MAX_LINE_BYTES:
+        raise TraceError(path, lineno, f"line longer than {MAX_LINE_BYTES} bytes; a trace "
+                         f"line is one record")
+    return raw
 
 
 def parse_lines(lines: Iterable[str], name: str = "<trace>", *,
@@ -54,7 +108,10 @@ def parse_lines(lines: Iterable[str], name: str = "<trace>", *,
     events: list[Event] = []
     skipped: list[TraceError] = []
     for _lineno, record in _records(lines, name, skip_invalid, skipped):
-        (events if isinstance(record, Event) else samples).append(record)
+        if isinstance(record, Event):
+            events.append(record)
+        else:
+            samples.append(record)
     return Trace(samples, events, skipped)
 
 
@@ -75,8 +132,10 @@ def parse_record(line: str, name: str = "<trace>", lineno: int = 1) -> Sample | 
     """Parse one line into a ``Sample`` or an ``Event``; raise ``TraceError`` naming the line."""
     try:
         obj = json.loads(line, parse_constant=_reject_constant)
-    except ValueError as exc:
+    except ValueError as exc:  # also an integer of more digits than int() takes
         raise TraceError(name, lineno, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise TraceError(name, lineno, "not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise TraceError(name, lineno, f"expected a JSON object, got {type(obj).__name__}")
     try:
@@ -111,8 +170,8 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
         return Event(ts, name, device, pid, phase, rid, check_data(data) or None, host, uuid)
     counters = [_int(obj.get(k), k, default=None, bytes_like=True) for k in SAMPLE_COUNTER_FIELDS]
     phase = _phase(obj.get("phase", "unknown"))
-    return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid, *counters, host=host,
-                  device_uuid=uuid)
+    return Sample(ts, device, phase, _str(obj.get("source"), "source"), pid,  # type: ignore[misc]
+                  *counters, host=host, device_uuid=uuid)  # counters: the counter fields only
 
 
 def _number(value: Any, key: str) -> float:

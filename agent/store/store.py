@@ -319,9 +319,15 @@ class Store:
                                                    **values))
 
     # --- writing -------------------------------------------------------------------------
+    def transaction(self):
+        """One transaction for several ``write(..., conn=...)`` calls (``vramscope import`` of
+        several files: all or nothing)."""
+        return self.engine.begin()
+
     def write(self, sample_batch: Sequence[Sample] = (), event_batch: Sequence[Event] = (),
-              origin: str | None = None, first_seq: int | None = None) -> int:
-        """Insert samples and events in one transaction; returns rows inserted.
+              origin: str | None = None, first_seq: int | None = None, conn=None) -> int:
+        """Insert samples and events in one transaction (``conn``'s, if given); returns rows
+        inserted.
 
         With ``origin`` and ``first_seq`` every row gets ``(origin, seq)`` numbered in order
         (samples first, then events) and rows already present are skipped, so replaying a batch
@@ -330,7 +336,7 @@ class Store:
         if not sample_batch and not event_batch:
             return 0
         try:
-            with self.engine.begin() as c:
+            with _maybe_begin(self.engine, conn) as c:
                 event_rows = [self._event_row(e, c) for e in event_batch]
                 if origin is not None and first_seq is not None:
                     sample_rows = [self._sample_row(s, c) for s in sample_batch]
