@@ -15,20 +15,23 @@ The ``memory_layout`` event's data (trace format v1, docs/trace-format.md):
   block size, stream, phase (when the block carries the ``vramscope.phase=`` stamp, else
   ``null``) and stack (an index into ``stacks``, or ``null`` when allocation history is off);
 - ``stacks``: each ``["file:line:function", ...]``, innermost first, torch's own frames dropped;
-- ``dropped_groups``: groups left out past ``MAX_GROUPS`` (the smallest by bytes);
+- ``dropped_groups``: groups left out past ``MAX_GROUPS`` or the size bound (the smallest by bytes);
   ``dropped_bytes``: the live-block bytes in the block groups left out;
 - ``cublas_workspace_bytes``: the workspace size ``CUBLAS_WORKSPACE_CONFIG`` asks for, or ``null``
   when it is unset (torch's default then applies: 32 MiB on Hopper, 8 MiB + 128 KiB before);
 - ``cost_s``: what the snapshot and the summary cost, on the sampler thread.
 
 Bounded: at most ``MAX_GROUPS`` groups of each kind and ``MAX_STACKS`` stacks of ``MAX_FRAMES``
-frames, so one event stays a few tens of kilobytes however many segments there are. At most one
+frames of at most ``MAX_FRAME_CHARS`` characters, so one event stays under ``MAX_EVENT_BYTES`` as
+JSON however many segments there are (the ingest refuses event data over 64 KiB, and with it the
+client's whole batch). At most one
 per ``min_interval_s`` (``sampling.snapshot_interval_s``), doubled while one costs more than
 ``max_cost_s``. The summary is a pure function of the segments (``layout_summary``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -39,9 +42,11 @@ from vramscope.hooks.oom import _phase_from_metadata, format_frames
 from vramscope.hooks.snapshot import MAX_BACKOFF_S
 
 LAYOUT_EVENT = "memory_layout"
-MAX_GROUPS = 512
-MAX_STACKS = 64
+MAX_GROUPS = 256
+MAX_STACKS = 32
 MAX_FRAMES = 4
+MAX_FRAME_CHARS = 160
+MAX_EVENT_BYTES = 56_000  # under the ingest's 64 KiB per event's data, with room to spare
 
 
 def cublas_workspace_bytes(config: str | None) -> int | None:
@@ -76,7 +81,8 @@ def layout_summary(segments: Iterable[Mapping[str, Any]], device: int | None = N
             allocated += bsize
             group[1] += bsize
             phase = _phase_from_metadata(block)
-            stack = format_frames(block.get("frames") or (), MAX_FRAMES)
+            stack = tuple(f[-MAX_FRAME_CHARS:]
+                          for f in format_frames(block.get("frames") or (), MAX_FRAMES))
             key = (bsize, stream, phase.value if phase else None, stack)
             block_groups[key] = block_groups.get(key, 0) + 1
     segs, seg_dropped = _largest([[s, st, c, a] for (s, st), (c, a) in seg_groups.items()],
@@ -86,12 +92,30 @@ def layout_summary(segments: Iterable[Mapping[str, Any]], device: int | None = N
     stacks: dict[tuple[str, ...], int] = {}
     rows = [[size, stream, count, phase, _stack_index(stacks, stack)]
             for size, stream, phase, stack, count in blocks]
-    return {"segments": n, "reserved_bytes": reserved, "allocated_bytes": allocated,
-            "segment_groups": segs, "block_groups": rows,
-            "stacks": [list(s) for s in stacks],
-            "dropped_groups": seg_dropped[0] + blk_dropped[0],
-            "dropped_bytes": blk_dropped[1],
-            "cublas_workspace_bytes": workspace_bytes}
+    return _fit({"segments": n, "reserved_bytes": reserved, "allocated_bytes": allocated,
+                 "segment_groups": segs, "block_groups": rows,
+                 "stacks": [list(s) for s in stacks],
+                 "dropped_groups": seg_dropped[0] + blk_dropped[0],
+                 "dropped_bytes": blk_dropped[1],
+                 "cublas_workspace_bytes": workspace_bytes})
+
+
+def _fit(data: dict[str, Any]) -> dict[str, Any]:
+    """Within ``MAX_EVENT_BYTES``: the bounds above keep it there for any sane numbers; should
+    they not, the stacks go first, then the lightest half of the groups, counted as dropped."""
+    while len(json.dumps(data, separators=(",", ":"))) > MAX_EVENT_BYTES:
+        if data["stacks"]:
+            data["stacks"] = []
+            data["block_groups"] = [[*g[:4], None] for g in data["block_groups"]]
+            continue
+        for key in ("segment_groups", "block_groups"):
+            groups = data[key]
+            keep = len(groups) // 2
+            data["dropped_groups"] += len(groups) - keep
+            if key == "block_groups":
+                data["dropped_bytes"] += sum(g[0] * g[2] for g in groups[keep:])
+            data[key] = groups[:keep]
+    return data
 
 
 def _largest(groups: list[list[Any]], weight: Callable[[list[Any]], int],

@@ -154,6 +154,43 @@ def test_groups_past_the_bound_are_counted_not_shipped():
     assert layout_from_event(Event(1.0, LAYOUT_EVENT, data=data)).dropped_groups == 6
 
 
+def test_the_worst_layout_still_passes_the_ingest_and_trace_import_limits():
+    """Hundreds of streams with 15-digit handles, long frames, many stacks: under 64 KiB, the
+    event-data limit of the ingest and of trace import (over it a client's batch is refused)."""
+    from vramscope.agent.trace import MAX_DATA_BYTES, event_to_json, record_from_json
+
+    def frames(i):
+        return [{"filename": f"/srv/{'deep/' * 60}module_{i}.py", "line": 10_000 + i,
+                 "name": f"function_number_{i}"}] * 6
+
+    segs = [seg(2 * MIB * (1 + i % 7), 140_000_000_000_000 + i,
+                (MIB + 512 * i, "active_allocated",
+                 {"frames": frames(i), "user_metadata": "vramscope.phase=prefill"}),
+                (MIB + 512 * i + 1, "active_allocated", {"frames": frames(i + 1000)}))
+            for i in range(700)]
+    e = event(1.0, segs, workspace=32 * MIB)
+    size = len(json.dumps(e.data, separators=(",", ":")))
+    assert size <= 56_000 < MAX_DATA_BYTES
+    assert len(e.data["stacks"]) == 32 and len(e.data["block_groups"]) == 256
+    assert e.data["dropped_groups"] == (700 - 256) + (1400 - 256)
+    back = record_from_json(event_to_json(e))  # the strict import path takes it
+    assert layout_from_event(back).dropped_groups == e.data["dropped_groups"]
+
+
+def test_a_layout_over_the_size_bound_sheds_stacks_then_groups(monkeypatch):
+    from vramscope.hooks import idle_layout
+
+    monkeypatch.setattr(idle_layout, "MAX_EVENT_BYTES", 3_000)
+    frames = [{"filename": "/srv/app.py", "line": 1, "name": "f" * 100}]
+    segs = [seg(2 * MIB, 100 + i, (MIB, "active_allocated", {"frames": frames})) for i in range(80)]
+    data = layout_summary(segs)
+    assert len(json.dumps(data, separators=(",", ":"))) <= 3_000
+    assert data["stacks"] == [] and {g[4] for g in data["block_groups"]} == {None}
+    kept = len(data["block_groups"])
+    assert kept < 80 and data["dropped_bytes"] == (80 - kept) * MIB
+    assert data["dropped_groups"] == (80 - kept) + (80 - len(data["segment_groups"]))
+
+
 def test_pick_layouts_takes_the_last_before_the_rise_and_the_latest():
     layouts = [layout_from_event(event(float(t), base_segments())) for t in (10, 20, 30, 40)]
     assert [x.ts_s for x in pick_layouts(layouts)] == [10.0, 40.0]
