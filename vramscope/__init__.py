@@ -21,7 +21,17 @@ never shadow them (``tests/test_packaging.py`` checks it from an installed wheel
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
+
+# Installed (wheel or editable), the sub-packages are found as vramscope.agent etc. In a source
+# checkout used without installing (the repository root on sys.path, as GPU-machine scripts and
+# `python tests/gpu/x.py` run), this folder holds only the facade while agent/, hooks/,
+# dashboard/ and migrations/ sit beside it: look for sub-packages there too.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+_INSTALLED_LAYOUT = (Path(__file__).parent / "hooks").is_dir()
+if not _INSTALLED_LAYOUT and (_CHECKOUT / "hooks" / "__init__.py").is_file():
+    __path__.append(str(_CHECKOUT))  # noqa: F821 - a package's __path__
 
 _EXPORTS: dict[str, str] = {
     "install": "vramscope.hooks.install",
