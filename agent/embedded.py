@@ -26,14 +26,18 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.records import PostMortem
+from vramscope.agent.writer import Record, Writer
 
 if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+    from vramscope.agent.sources.nvml import DeviceSource
+    from vramscope.agent.store import Store
     from vramscope.hooks.install import InstallReport
 
 log = logging.getLogger("vramscope.embedded")
@@ -42,12 +46,12 @@ log = logging.getLogger("vramscope.embedded")
 class WriterSink:
     """A ``RecordSink`` into the writer's bounded queue, filling in this process's pid."""
 
-    def __init__(self, writer: Any, pid: int | None = None) -> None:
+    def __init__(self, writer: Writer, pid: int | None = None) -> None:
         self._writer = writer
         self._pid = os.getpid() if pid is None else pid
         self.errors = 0
 
-    def put(self, record: Any) -> None:
+    def put(self, record: Record) -> None:
         try:
             if record.pid is None and not isinstance(record, PostMortem):
                 record = record._replace(pid=self._pid)
@@ -67,8 +71,9 @@ class EmbeddedAgent:
     """The agent in this process. ``listen=True`` also serves the socket for other processes
     (skipped with one log line when another agent already listens there)."""
 
-    def __init__(self, config: Any = None, db_url: str | None = None, *,
-                 source: Any = "nvml", listen: bool = False, socket_path: str | None = None,
+    def __init__(self, config: Config | None = None, db_url: str | None = None, *,
+                 source: DeviceSource | Literal["nvml"] | None = "nvml", listen: bool = False,
+                 socket_path: str | None = None,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         if config is None:
             from vramscope.agent.config import load_config
@@ -80,7 +85,7 @@ class EmbeddedAgent:
         self._started = False
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self.agent.store
 
     def start(self) -> EmbeddedAgent:
@@ -136,8 +141,8 @@ class EmbeddedInstall:
         self.stop()
 
 
-def install_embedded(config: Any = None, *, db_url: str | None = None, listen: bool = False,
-                     devices: list[int] | None = None) -> EmbeddedInstall:
+def install_embedded(config: Config | None = None, *, db_url: str | None = None,
+                     listen: bool = False, devices: list[int] | None = None) -> EmbeddedInstall:
     """Start an :class:`EmbeddedAgent` and install the hooks with its sink. Never raises: an
     agent that cannot start (a bad config file, a database it cannot open) is an
     ``embedded_agent`` line of the report, and the hooks count and drop their records."""

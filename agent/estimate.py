@@ -115,8 +115,9 @@ def shape_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelShape
 
 def _key(cfg: dict[str, Any], name: str, *keys: str) -> int:
     for key in keys:
-        if isinstance(cfg.get(key), int) and cfg[key] > 0:
-            return cfg[key]
+        value = cfg.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
     raise UsageError(f"{name}: config has no positive integer {' / '.join(keys)}")
 
 

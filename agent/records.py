@@ -200,7 +200,7 @@ class PostMortem(NamedTuple):
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PostMortem:
         """Inverse of :meth:`to_json`; unknown keys are ignored."""
-        fields = {k: obj.get(k) for k in cls._fields if k in obj}
+        fields: dict[str, Any] = {k: obj.get(k) for k in cls._fields if k in obj}
         fields["phase"] = Phase.parse(obj.get("phase") or "unknown")
         fields["requests_in_flight"] = tuple(obj.get("requests_in_flight") or ())
         fields["top_holders"] = tuple(

@@ -41,7 +41,8 @@ def mig_index(parent_index: int, slot: int) -> int:
 
 
 class DeviceInfo(NamedTuple):
-    index: int  # NVML's physical index; for a MIG slice, mig_index(parent, slot)
+    # NVML's physical index; for a MIG slice, mig_index(parent, slot). (It shadows tuple.index.)
+    index: int  # type: ignore[assignment]
     uuid: str | None
     name: str | None
     total_bytes: int | None
@@ -177,7 +178,8 @@ class NvmlSource:
 def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    return value
+    text: str | None = value  # NVML's str, or None
+    return text
 
 
 def open_nvml(clock: Clock = SYSTEM_CLOCK) -> NvmlSource | None:

@@ -287,7 +287,7 @@ def fetch_url(url: str, timeout_s: float) -> str:
     """GET ``url`` as text; raises on HTTP errors, timeouts and pages over ``MAX_BODY_BYTES``."""
     request = urllib.request.Request(url, headers={"Accept": "text/plain"})
     with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        body = response.read(MAX_BODY_BYTES + 1)
+        body: bytes = response.read(MAX_BODY_BYTES + 1)
     if len(body) > MAX_BODY_BYTES:
         raise ValueError(f"page larger than {MAX_BODY_BYTES} bytes")
     return body.decode("utf-8", errors="replace")

@@ -26,7 +26,9 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
 
 
 def head_revision() -> str:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None  # the package ships its revisions
+    return head
 
 
 def known_revisions() -> set[str]:
