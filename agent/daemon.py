@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
-from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.writer import Writer
@@ -48,28 +48,6 @@ RETENTION_INTERVAL_S = 10.0
 # samples their device_used_bytes would mix with the whole-device view ("nvml" samples) in
 # every reader that takes a device's samples together (timelines, the risk model).
 PROCESS_EVENT = "nvml_process"
-
-
-class Schedule:
-    """A drift-free periodic deadline on the monotonic clock."""
-
-    def __init__(self, interval_s: float, start_s: float) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"interval must be > 0 s, got {interval_s}")
-        self.interval_s = interval_s
-        self.next_s = start_s
-        self.missed = 0  # ticks skipped because we were late by more than one interval
-
-    def due(self, now_s: float) -> bool:
-        """True (and advance by whole intervals) when the deadline has passed."""
-        if now_s < self.next_s:
-            return False
-        self.next_s += self.interval_s
-        if self.next_s <= now_s:  # late by more than an interval: skip, don't burst
-            skipped = int((now_s - self.next_s) // self.interval_s) + 1
-            self.missed += skipped
-            self.next_s += skipped * self.interval_s
-        return True
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The background sampler: a named daemon thread that reads sources and hands records to a sink.
 
-Drift-free, as ``collect_in_background`` in nvitop's ``api/collector.py``: each task keeps its own
-next-due time on the monotonic clock and advances it by its interval (``next += interval``), so a
-slow read does not push every later sample back; a task that fell more than a whole interval
-behind skips ahead instead of bursting. ``run_once()`` runs what is due now, for tests with a
-``FakeClock``. A source's failure is counted and logged once; it never stops the thread.
+Drift-free: each task has its own :class:`vramscope.agent.clock.Schedule` (the agent's loop uses
+the same one), advanced by its interval (``next += interval``), so a slow read does not push
+every later sample back; a task that fell more than a whole interval behind skips ahead instead
+of bursting. ``run_once()`` runs what is due now, for tests with a ``FakeClock``. A source's
+failure is counted and logged once; it never stops the thread.
 
 A task is any object with ``read() -> record | list[record] | None`` and an ``interval_s``
 attribute, read again after every run (``SnapshotSource`` changes its own). A task with a
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.hooks.sink import Record, RecordSink
 
 log = logging.getLogger("vramscope.hooks")
@@ -57,7 +57,7 @@ class Sampler:
         self.tasks = list(tasks)
         self.name = name
         self._clock = clock
-        self._next_due: list[float | None] = [None] * len(self.tasks)
+        self._schedules: list[Schedule | None] = [None] * len(self.tasks)  # None: not started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.records_put = 0
@@ -68,14 +68,14 @@ class Sampler:
         now = self._clock.monotonic_s()
         put = 0
         for i, task in enumerate(list(self.tasks)):
-            due = self._next_due[i]
-            delay_s: float = getattr(task, "start_delay_s", 0)  # optional: see the docstring
-            if due is None and delay_s:
-                due = self._next_due[i] = now + delay_s  # e.g. snapshots: not at once
-            if due is not None and now < due:
+            schedule = self._schedules[i]
+            if schedule is None:
+                delay_s: float = getattr(task, "start_delay_s", 0)  # e.g. snapshots: not at once
+                schedule = self._schedules[i] = Schedule(task.interval_s, now + delay_s)
+            if not schedule.is_due(now):
                 continue
             put += self._run_task(task)
-            self._next_due[i] = _advance(due, now, task.interval_s)
+            schedule.advance(now, task.interval_s)  # read after the run: a task may change it
         self.records_put += put
         return put
 
@@ -97,14 +97,14 @@ class Sampler:
         return len(records)
 
     def add(self, task: Task) -> None:
-        """Add a task while running (its due slot first, so the loop never misses it)."""
-        self._next_due.append(None)
+        """Add a task while running (its schedule slot first, so the loop never misses it)."""
+        self._schedules.append(None)
         self.tasks.append(task)
 
     def seconds_until_due(self) -> float:
         now = self._clock.monotonic_s()
-        pending = [d for d in self._next_due if d is not None]
-        if len(pending) < len(self._next_due):
+        pending = [s.next_s for s in self._schedules if s is not None]
+        if len(pending) < len(self._schedules):
             return 0.0
         return max(0.0, min(pending, default=now + 1.0) - now)
 
@@ -129,11 +129,3 @@ class Sampler:
         while not self._stop.is_set():
             self.run_once()
             self._stop.wait(self.seconds_until_due())
-
-
-def _advance(due: float | None, now: float, interval_s: float) -> float:
-    """The next due time: ``due + interval``, or from ``now`` when more than one behind."""
-    if due is None:
-        return now + interval_s
-    nxt = due + interval_s
-    return nxt if nxt > now else now + interval_s

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from vramscope.agent.config import parse_config
-from vramscope.agent.daemon import PROCESS_EVENT, Agent, Schedule
+from vramscope.agent.daemon import PROCESS_EVENT, Agent
 from vramscope.agent.embedded import EmbeddedAgent
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.server import ClientInfo
@@ -32,14 +32,6 @@ def agent(store, fake_clock):
               alerts=False)
     yield a
     a.writer.flush()
-
-
-def test_schedule_is_drift_free_and_skips_instead_of_bursting():
-    s = Schedule(0.25, 0.0)
-    assert [s.due(t) for t in (0.0, 0.1, 0.25, 0.3, 0.5)] == [True, False, True, False, True]
-    assert s.next_s == 0.75
-    assert s.due(1.6) and s.next_s == 1.75 and s.missed == 3  # 0.75, 1.0 ... 1.5 skipped: 3
-    assert not s.due(1.7)
 
 
 def test_tick_samples_every_device_at_its_interval(agent, fake_clock, store):

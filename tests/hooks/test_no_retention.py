@@ -358,7 +358,7 @@ def test_the_sampler_keeps_no_record_and_stays_bounded():
         # as pytest's does) held the failing frame and its snapshot
         assert made[0]() is None and held[0]() is None
     assert our_growth(call) < GROWTH_LIMIT
-    assert (len(sampler.tasks), len(sampler._next_due), sampler.failures) == (2, 2, 1001)
+    assert (len(sampler.tasks), len(sampler._schedules), sampler.failures) == (2, 2, 1001)
     assert sampler.records_put == 2002
 
 
