@@ -171,15 +171,18 @@ def analysis_report():
 
 
 def _shape() -> dict:
-    """The model and serving plan to estimate (defaults: a Llama-2-7B shape, 8 x 4k context)."""
-    shape = {"name": params.text("model", "Llama-2-7B shape", max_len=80),
+    """The model and serving plan to estimate (defaults: a Llama-3-8B shape, the demo's, 8 x 4k
+    context). Without ``params_b`` the parameters are counted from the shape (``gated``: a
+    gate/up/down MLP, as Llama's), so changing the shape changes the weights too."""
+    shape = {"name": params.text("model", "Llama-3-8B shape", max_len=80),
              "layers": params.integer("layers", 32, low=1, high=1000),
-             "kv_heads": params.integer("kv_heads", 32, low=1, high=1024),
+             "kv_heads": params.integer("kv_heads", 8, low=1, high=1024),
              "head_dim": params.integer("head_dim", 128, low=1, high=4096),
              "hidden": params.integer("hidden", 4096, low=1, high=1_000_000),
-             "intermediate": params.integer("intermediate", 11008, low=0, high=10_000_000),
-             "vocab": params.integer("vocab", 32000, low=0, high=10_000_000),
-             "params_b": params.number("params_b", 6.74, low=0.001, high=10_000),
+             "intermediate": params.integer("intermediate", 14336, low=0, high=10_000_000),
+             "vocab": params.integer("vocab", 128256, low=0, high=10_000_000),
+             "gated": params.boolean("gated", True),
+             "params_b": params.number("params_b", None, low=0.001, high=10_000),
              "dtype": params.text("dtype", "bfloat16", max_len=32),
              "context": params.integer("context", 4096, low=1, high=10_000_000),
              "concurrency": params.integer("concurrency", 8, low=1, high=100_000),

@@ -301,22 +301,30 @@ def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
 
 
 def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
-    """Measured peaks per device beside the estimator's budget, when there is one."""
+    """Measured peaks per device, and the estimate in a column of its own beside the memory it
+    was sized against and what is usable after the margin: the estimate is compared with that
+    GPU, not drawn against every device's limit."""
     rows = capacity["devices"]
     labels = [device_label(r) for r in rows]
+    estimate = capacity.get("estimate") or {}
+    extra = [f"estimate: {capacity['shape'].get('name', 'model')}"] if estimate else []
     data = []
     for key, name, color in (("allocated_bytes", "peak allocated", COLORS["allocated"]),
                              ("reserved_bytes", "peak reserved", COLORS["reserved"]),
                              ("device_used_bytes", "peak device used", COLORS["device_used"]),
                              ("device_total_bytes", "limit", COLORS["limit"])):
-        data.append({"type": "bar", "name": name, "x": labels,
-                     "y": gib([(r["peaks"] or {}).get(key) for r in rows]),
+        values = [(r["peaks"] or {}).get(key) for r in rows]
+        if extra:
+            values.append(estimate.get("gpu_memory_bytes") if key == "device_total_bytes"
+                          else None)
+        data.append({"type": "bar", "name": name, "x": labels + extra, "y": gib(values),
                      "marker": {"color": color}, "hovertemplate": "%{y:.2f} GiB"})
-    estimate = capacity.get("estimate")
-    if estimate and estimate.get("total_bytes"):
-        data.append({"type": "bar", "name": "estimate", "x": labels,
-                     "y": [estimate["total_bytes"] / GIB] * len(rows),
-                     "marker": {"color": COLORS["warning"]}, "hovertemplate": "%{y:.2f} GiB"})
+    for key, name, color in (("usable_bytes", "usable after margin", COLORS["largest_free"]),
+                             ("total_bytes", "estimate", COLORS["warning"])):
+        if extra and estimate.get(key):
+            data.append({"type": "bar", "name": name, "x": labels + extra,
+                         "y": [None] * len(rows) + [estimate[key] / GIB],
+                         "marker": {"color": color}, "hovertemplate": "%{y:.2f} GiB"})
     return {"data": data, "layout": _layout(barmode="group", height=380, hovermode="closest",
                                             yaxis={"title": {"text": "GiB"}})}
 

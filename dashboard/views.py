@@ -304,12 +304,29 @@ def _largest_limit(devices: list[dict[str, Any]]) -> int | None:
                default=0) or None
 
 
+def _parameters(shape: dict[str, Any]) -> int:
+    """``params_b`` when given; else counted from the shape (the estimator's own count, as
+    ``vramscope estimate`` does for a config.json), noted in ``shape["params_source"]``."""
+    if shape.get("params_b"):
+        shape["params_source"] = "given"
+        return int(shape["params_b"] * 1e9)
+    heads = max(1, shape["hidden"] // shape["head_dim"])
+    count = est.count_parameters(layers=shape["layers"], hidden=shape["hidden"], heads=heads,
+                                 kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
+                                 intermediate=shape["intermediate"], vocab=shape["vocab"],
+                                 gated=shape.get("gated", True))
+    shape["params_b"] = round(count / 1e9, 3)
+    shape["params_source"] = ("counted from the shape, "
+                              + ("gated MLP" if shape.get("gated", True) else "plain MLP"))
+    return count
+
+
 def _estimate(shape: dict[str, Any], gpu_bytes: int | None):
     try:
         model = est.ModelShape(
             num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],
             head_dim=shape["head_dim"], hidden_size=shape["hidden"],
-            num_params=int(shape["params_b"] * 1e9), dtype=shape["dtype"],
+            num_params=_parameters(shape), dtype=shape["dtype"],
             intermediate_size=shape["intermediate"], vocab_size=shape["vocab"],
             name=shape["name"])
         plan = est.Plan(context_tokens=shape["context"], concurrency=shape["concurrency"],

@@ -28,7 +28,8 @@ function badge(level) {
 function fmtBytes(b) {
   if (b === null || b === undefined) return "–";
   if (Math.abs(b) >= GIB) return (b / GIB).toFixed(2) + " GiB";
-  return (b / 2 ** 20).toFixed(1) + " MiB";
+  if (Math.abs(b) >= 2 ** 20) return (b / 2 ** 20).toFixed(1) + " MiB";
+  return Math.abs(b) >= 1024 ? (b / 1024).toFixed(1) + " KiB" : b + " B";
 }
 
 function fmtTime(ts) {
@@ -485,6 +486,7 @@ PAGES.capacity = () => {
       ? "Estimate for " + doc.shape.name + " at " + doc.shape.context + " tokens × " + doc.shape.concurrency + " sequences, against " + fmtBytes(e.gpu_memory_bytes) + "."
       : "The estimate is unavailable: " + (doc.estimate_problem || "unknown reason") + ". Measured peaks are shown.";
     facts("estimate-facts", e ? [
+      ["Parameters", doc.shape.params_b.toFixed(2) + " B (" + doc.shape.params_source + ")"],
       ["Weights", fmtBytes(e.weights_bytes)], ["Runtime overhead", fmtBytes(e.overhead_bytes)],
       ["KV cache", fmtBytes(e.kv_cache_bytes) + " (" + fmtBytes(e.kv_bytes_per_token) + "/token)"],
       ["Activations", fmtBytes(e.activation_bytes)], ["Total", fmtBytes(e.total_bytes)],

@@ -179,3 +179,31 @@ def test_time_to_oom_axis_is_not_flattened_by_one_early_spike():
                 "low_s": [None] * 20, "high_s": [None] * 20}
     fig = figures.risk_figure({"ts": [], "bytes": []}, forecast, [], None, {}, 1800.0)
     assert fig["layout"]["yaxis2"]["range"] == [0, pytest.approx(1.1)]  # 2 x 30 min, in hours
+
+
+def test_capacity_counts_parameters_from_the_shape_by_default(client):
+    """Defaults: the demo's Llama-3-8B shape, 8.03 B parameters counted with a gated MLP (the
+    page once kept "6.74" whatever the shape); a smaller shape gives fewer weights."""
+    doc = client.get("/api/v1/capacity").get_json()
+    assert doc["shape"]["name"] == "Llama-3-8B shape"
+    assert (doc["shape"]["params_b"], doc["shape"]["params_source"]) == (
+        8.03, "counted from the shape, gated MLP")
+    assert doc["estimate"]["weights_bytes"] == 8_030_261_248 * 2  # bf16
+    half = client.get("/api/v1/capacity?layers=16").get_json()
+    assert half["shape"]["params_b"] == 4.54
+    plain = client.get("/api/v1/capacity?gated=false").get_json()["shape"]
+    assert (plain["params_b"], plain["params_source"]) == (6.151, "counted from the shape, "
+                                                                   "plain MLP")
+    given = client.get("/api/v1/capacity?params_b=7").get_json()["shape"]
+    assert (given["params_b"], given["params_source"]) == (7.0, "given")
+
+
+def test_capacity_figure_puts_the_estimate_beside_the_memory_it_was_sized_for(client):
+    both = client.get("/api/v1/figures/capacity").get_json()
+    est = both["capacity"]["estimate"]
+    traces = {t["name"]: t for t in both["figure"]["data"]}
+    column = "estimate: Llama-3-8B shape"
+    assert traces["estimate"]["x"][-1] == column
+    assert traces["estimate"]["y"] == [None, None, est["total_bytes"] / 2**30]
+    assert traces["limit"]["y"][-1] == est["gpu_memory_bytes"] / 2**30
+    assert traces["usable after margin"]["y"][-1] == est["usable_bytes"] / 2**30

@@ -252,8 +252,12 @@ def test_postmortems(driver, served):
 
 def test_capacity(driver, served):
     got = open_page(driver, served, "/capacity", ("capacity-plot",), "peaks-table")
-    assert got["capacity-plot"] == [("peak allocated", 2), ("peak reserved", 2),
-                                    ("peak device used", 2), ("limit", 2), ("estimate", 2)]
+    # two devices and the estimate's own column
+    assert got["capacity-plot"] == [("peak allocated", 3), ("peak reserved", 3),
+                                    ("peak device used", 3), ("limit", 3),
+                                    ("usable after margin", 3), ("estimate", 3)]
+    facts = driver.execute_script("return document.getElementById('estimate-facts').textContent;")
+    assert "8.03 B (counted from the shape, gated MLP)" in facts
     assert console_errors(driver) == []
     screenshot(driver, "capacity")
 
