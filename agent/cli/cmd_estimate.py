@@ -1,4 +1,6 @@
-"""``vramscope estimate [CONFIG.json] [shape flags] [plan flags] [--json]``: capacity planning."""
+"""``vramscope estimate [CONFIG.json] [shape flags] [plan flags] [--json]``: capacity planning.
+
+Exits 0 when the plan fits, 1 when it does not (the report is printed either way)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape.add_argument("--intermediate", type=int, help="MLP intermediate size")
     shape.add_argument("--vocab", type=int, help="vocabulary size")
     shape.add_argument("--params", type=_count, help="parameter count: 7e9, 7B, 500M")
+    shape.add_argument("--mlp", choices=("gated", "plain"),
+                       help="MLP kind for counting parameters: gated (gate, up, down: Llama, "
+                            "Qwen, Mistral) or plain (GPT-2); default: the config's model_type, "
+                            "else gated")
     shape.add_argument("--dtype", help="model dtype (default: the config's, else bfloat16)")
     plan = p.add_argument_group("serving plan")
     plan.add_argument("--context", type=int, default=4096, help="tokens per sequence")
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(render(result, plan, shape))
-    return 0
+    return 0 if result.fits else 1  # scriptable: "does not fit" is a failure
 
 
 def _shape(args: argparse.Namespace, est: ModuleType) -> ModelShape:
@@ -84,6 +90,8 @@ def _shape(args: argparse.Namespace, est: ModuleType) -> ModelShape:
              "intermediate_size": args.intermediate, "vocab_size": args.vocab,
              "num_parameters": args.params, "torch_dtype": args.dtype}
     cfg.update({k: v for k, v in flags.items() if v is not None})
+    if args.mlp or not args.config:  # flags alone: a gated MLP, as today's decoder LLMs
+        cfg["model_type"] = "llama" if (args.mlp or "gated") == "gated" else "gpt2"
     if "num_attention_heads" not in cfg and "head_dim" in cfg and "hidden_size" in cfg:
         cfg["num_attention_heads"] = cfg["hidden_size"] // cfg["head_dim"]
     if not cfg.get("num_parameters") and not cfg.get("vocab_size") and not args.config:

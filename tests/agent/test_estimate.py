@@ -117,3 +117,20 @@ def test_cli_errors(tmp_path, capsys):
     assert "config file not found" in capsys.readouterr().err
     assert main(["estimate", "--layers", "2"]) == 2
     assert "--params" in capsys.readouterr().err
+
+
+LLAMA3_FLAGS = ["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--hidden", "4096",
+                "--intermediate", "14336", "--vocab", "128256", "--json"]
+
+
+def test_cli_flags_count_a_gated_mlp_like_the_config_file(capsys):
+    """Flags alone gave 6.15 B for Llama-3-8B (a plain MLP); config.json gives 8.03 B."""
+    assert main(["estimate", *LLAMA3_FLAGS, "--gpu", "H200"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights_bytes"] == 2 * 8_030_261_248
+    assert main(["estimate", *LLAMA3_FLAGS, "--gpu", "H200", "--mlp", "plain"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights_bytes"] == 2 * 6_151_213_056
+
+
+def test_cli_exits_1_when_the_plan_does_not_fit(capsys):
+    assert main(["estimate", *LLAMA3_FLAGS, "--gpu-memory-gib", "12"]) == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
