@@ -24,16 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vramscope.agent.dtypes import element_bytes, known_dtypes
 from vramscope.agent.errors import UsageError
 
 GiB = 1 << 30
 MiB = 1 << 20
 
-DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
-    "bf16": 2, "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
-    "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5,
-}
 
 # Device memory as nvidia-smi / NVML report it (MiB), for --gpu NAME.
 GPU_MEMORY_MIB: dict[str, int] = {
@@ -74,10 +70,10 @@ class ModelShape:
 
 
 def dtype_bytes(name: str) -> float:
-    key = str(name).lower().replace("torch.", "")
-    if key not in DTYPE_BYTES:
-        raise UsageError(f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
-    return DTYPE_BYTES[key]
+    size = element_bytes(name)
+    if size is None:
+        raise UsageError(f"unknown dtype {name!r}; known: {known_dtypes()}")
+    return size
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, send_file
+from vramscope.agent.dtypes import element_bytes, known_dtypes
 from vramscope.dashboard import figures, params, queries, timeline_figure, verdict, views
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule
@@ -189,11 +190,9 @@ def _shape() -> dict:
              "margin": params.number("margin", 0.10, low=0, high=0.99)}
     gpu_gib = params.number("gpu_gib", None, low=0.001, high=100_000)
     shape["gpu_memory_bytes"] = int(gpu_gib * 2**30) if gpu_gib else None
-    from vramscope.agent.estimate import DTYPE_BYTES
-
-    if shape["dtype"].lower() not in DTYPE_BYTES:
+    if element_bytes(shape["dtype"]) is None:
         raise BadParameter("dtype", f"unknown dtype {shape['dtype']!r}; known: "
-                                    f"{', '.join(sorted(DTYPE_BYTES))}")
+                                    f"{known_dtypes()}")
     return shape
 
 

@@ -10,16 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from vramscope.agent.dtypes import element_bytes, known_dtypes
+
 if TYPE_CHECKING:
     from vramscope.hooks.kvpool import KVBlockPool
 
-# Bytes per element of the cache dtypes we know by name, so a pool can be sized without torch.
-_DTYPE_BYTES: dict[str, int] = {
-    "float64": 8, "double": 8,
-    "float32": 4, "float": 4,
-    "float16": 2, "half": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1, "uint8": 1,
-}
 
 
 class KVPoolError(Exception):
@@ -35,12 +30,14 @@ class KVPoolError(Exception):
 
 def dtype_name_and_bytes(dtype: object) -> tuple[str, int]:
     """``("bfloat16", 2)`` for ``"bfloat16"``, ``"torch.bfloat16"`` or ``torch.bfloat16``."""
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-        if name not in _DTYPE_BYTES:
-            known = ", ".join(sorted(_DTYPE_BYTES))
-            raise KVPoolError(f"unknown dtype {dtype!r}; known: {known}")
-        return name, _DTYPE_BYTES[name]
+    if isinstance(dtype, str):  # by name, so a pool can be sized without torch
+        size = element_bytes(dtype)
+        if size is None:
+            raise KVPoolError(f"unknown dtype {dtype!r}; known: {known_dtypes()}")
+        if size != int(size):
+            raise KVPoolError(f"dtype {dtype!r} packs {size} bytes per element; a KV pool "
+                              f"needs whole bytes per element")
+        return dtype.removeprefix("torch."), int(size)
     itemsize = getattr(dtype, "itemsize", None)
     if not isinstance(itemsize, int) or itemsize <= 0:
         raise KVPoolError(f"dtype {dtype!r} has no itemsize; pass a torch dtype or its name")

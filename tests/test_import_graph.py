@@ -25,11 +25,13 @@ FOLDERS = {"vramscope": "vramscope", "vramscope.agent": "agent", "vramscope.hook
            "vramscope.dashboard": "dashboard", "vramscope.migrations": "migrations"}
 
 # The shared language of the in-server hooks and the sidecar: the typed records, the trace
-# format v1 that encodes them, the wire protocol that frames them, the clock seam, the error
-# types and the settings table. Small on purpose; docs/architecture.md says why each is here.
+# format v1 that encodes them, the wire protocol that frames them, the clock seam (and its
+# scheduler), the error types, the settings table and the dtype sizes. Small on purpose;
+# docs/architecture.md says why each is here.
 CORE = frozenset({
     "vramscope.agent.records", "vramscope.agent.trace", "vramscope.agent.ingest.protocol",
     "vramscope.agent.clock", "vramscope.agent.errors", "vramscope.agent.config",
+    "vramscope.agent.dtypes",
 })
 # Packages whose __init__ runs on the way to a core module; each must stay import-free.
 CORE_PACKAGES = frozenset({"vramscope", "vramscope.agent", "vramscope.agent.ingest"})
