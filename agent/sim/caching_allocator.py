@@ -41,6 +41,7 @@ Sizes are bytes; no memory is touched.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,7 +270,7 @@ class CachingAllocatorModel:
         return first
 
     # --- what torch.cuda.memory_stats() and memory_snapshot() would say ---------------------
-    def _free_blocks(self):
+    def _free_blocks(self) -> Iterator[Block]:
         for small in (True, False):
             yield from self._pools[small].blocks()
 
@@ -328,7 +329,7 @@ class CachingAllocatorModel:
         }
 
 
-def _chain(first: Block):
+def _chain(first: Block) -> Iterator[Block]:
     block: Block | None = first
     while block is not None:
         yield block

@@ -22,13 +22,20 @@ import logging
 import os
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from vramscope.agent.clock import Clock
 from vramscope.agent.sim.scenarios import scenario_spec
 from vramscope.agent.sim.server import SimServer
 from vramscope.agent.sources.nvml import DeviceInfo, ProcessRow
 from vramscope.agent.timefmt import iso_utc
+
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+    from vramscope.agent.embedded import EmbeddedAgent
+    from vramscope.agent.records import Sample
+    from vramscope.agent.store import Store
+    from vramscope.hooks.sink import RecordSink
 
 log = logging.getLogger("vramscope.demo")
 
@@ -48,7 +55,7 @@ class SimDeviceSource:
     def devices(self) -> list[DeviceInfo]:
         return list(self._info)
 
-    def read(self) -> list:
+    def read(self) -> list[Sample]:
         return []
 
     def read_processes(self) -> list[ProcessRow]:
@@ -62,7 +69,8 @@ def resolve_scenarios(name: str) -> tuple[str, ...]:
     return DEMO_SCENARIOS if name == "all" else (name,)
 
 
-def make_servers(scenarios: tuple[str, ...], sink: Any, start_ts_s: float) -> list[SimServer]:
+def make_servers(scenarios: tuple[str, ...], sink: RecordSink | None,
+                 start_ts_s: float) -> list[SimServer]:
     pid = os.getpid()
     return [SimServer(scenario_spec(name, device=i if name != "pool" else 3, pid=pid), sink,
                       start_ts_s) for i, name in enumerate(scenarios)]
@@ -117,7 +125,7 @@ class Progress:
             self.out.write("\n")
 
 
-def status_line(servers: list[SimServer], pacer: Pacer, agent: Any) -> str:
+def status_line(servers: list[SimServer], pacer: Pacer, agent: EmbeddedAgent) -> str:
     lag_s = pacer.clock.time_s() - min(s.now_s for s in servers)
     parts = [f"sim {_hms(min(s.now_s for s in servers) - pacer.sim0_s)}",
              "live" if lag_s < 2 else f"{lag_s / 60:.0f} min behind now"]
@@ -140,7 +148,7 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def serve_dashboard(config: Any, store: Any, host: str, port: int):
+def serve_dashboard(config: Config, store: Store, host: str, port: int) -> tuple[Any, str]:
     """Start the dashboard under waitress in a daemon thread; returns (server, url). The same
     bind rule and server as ``vramscope dashboard``: not loopback needs ``dashboard.token``."""
     from vramscope.dashboard.server import serve_in_thread
@@ -148,7 +156,8 @@ def serve_dashboard(config: Any, store: Any, host: str, port: int):
     return serve_in_thread(config, store, host, port, name="vramscope-demo-dashboard")
 
 
-def run_simulation(servers: list[SimServer], pacer: Pacer, agent: Any, duration_s: float | None,
+def run_simulation(servers: list[SimServer], pacer: Pacer, agent: EmbeddedAgent,
+                   duration_s: float | None,
                    progress: Progress, stop: threading.Event) -> None:
     """Advance the servers until ``duration_s`` of wall time passes or ``stop`` is set."""
     t0 = time.monotonic()
@@ -166,7 +175,7 @@ def run_simulation(servers: list[SimServer], pacer: Pacer, agent: Any, duration_
 BEHIND_S = 5.0  # simulated time further behind the wall clock than this is "behind"
 
 
-def summary(store: Any, servers: list[SimServer], now_s: float | None = None) -> list[str]:
+def summary(store: Store, servers: list[SimServer], now_s: float | None = None) -> list[str]:
     """What ran; with ``now_s`` (the wall clock), also whether the simulation caught up with
     it: a dashboard opened on this database later shows the data as stale either way."""
     lines = []

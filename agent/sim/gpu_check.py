@@ -99,7 +99,8 @@ def run_cuda(torch: Any, ops: list[tuple[str, int]]) -> list[dict[str, int]]:
     return out
 
 
-def first_divergence(model: list[dict], real: list[dict]) -> tuple[int, dict, dict] | None:
+def first_divergence(model: list[dict[str, Any]], real: list[dict[str, Any]]
+                     ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
     for i, (m, r) in enumerate(zip(model, real)):
         if any(m[f] != r[f] for f in FIELDS):
             return i, m, r

@@ -12,16 +12,21 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.errors import VramscopeError
 
-MODEL_SHAPE = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
-               "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
-               "max_position_embeddings": 4096}
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
+
+MODEL_SHAPE: dict[str, Any] = {
+    "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
+    "max_position_embeddings": 4096}
 
 
-def require_cuda() -> Any:
+def require_cuda() -> ModuleType:
     try:
         import torch
     except ImportError:
@@ -34,15 +39,15 @@ def require_cuda() -> Any:
     return torch
 
 
-def build_model(torch: Any) -> Any:
+def build_model(torch: ModuleType) -> Any:  # a transformers model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**MODEL_SHAPE))
+    model: Any = LlamaForCausalLM(LlamaConfig(**MODEL_SHAPE))  # its stubs lack .to(dtype)
     return model.to(device="cuda", dtype=torch.bfloat16).eval()
 
 
-def run_gpu_demo(config: Any, db_url: str, args: argparse.Namespace) -> int:
+def run_gpu_demo(config: Config, db_url: str, args: argparse.Namespace) -> int:
     torch = require_cuda()
     from vramscope.agent.embedded import EmbeddedAgent
     from vramscope.agent.sim.demo import serve_dashboard
@@ -77,7 +82,7 @@ def run_gpu_demo(config: Any, db_url: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def generate_until(torch: Any, model: Any, duration_s: float | None) -> int:
+def generate_until(torch: ModuleType, model: Any, duration_s: float | None) -> int:
     rng = random.Random(0)
     t0, calls = time.monotonic(), 0
     while duration_s is None or time.monotonic() - t0 < duration_s:

@@ -18,6 +18,8 @@ All run a Llama-3-8B-shaped model (15 GiB of bf16 weights, 128 KiB of KV per tok
 
 from __future__ import annotations
 
+from typing import Any
+
 from vramscope.agent.sim.model import SimModel
 from vramscope.agent.sim.server import SCENARIOS, GiB, MiB, ServerSpec
 from vramscope.agent.sim.workload import WorkloadSpec
@@ -35,7 +37,7 @@ def scenario_spec(name: str, device: int = 0, pid: int | None = None,
     """The spec of scenario ``name`` on simulated device ``device``."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
-    common = {"device": device, "pid": pid}
+    common: dict[str, Any] = {"device": device, "pid": pid}
     if name == "healthy":  # chunked prefill keeps its temporaries small and few in size
         return ServerSpec("healthy", workload=_STEADY, **common,
                           prefill_chunk_tokens=prefill_chunk_tokens or 2048)

@@ -33,14 +33,18 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
 from vramscope.agent.sim.model import SimModel
 from vramscope.agent.sim.workload import Request, WorkloadSpec, requests
+
+if TYPE_CHECKING:
+    from vramscope.hooks.kvpool import KVBlockPool
+    from vramscope.hooks.sink import Record, RecordSink
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -101,7 +105,7 @@ class _Running:
 class SimServer:
     """One simulated server. ``step()`` advances one tick; records go to ``sink.put``."""
 
-    def __init__(self, spec: ServerSpec, sink: Any, start_ts_s: float,
+    def __init__(self, spec: ServerSpec, sink: RecordSink | None, start_ts_s: float,
                  arrivals: Iterator[Request] | None = None) -> None:
         self.spec = spec
         self.sink = sink
@@ -127,7 +131,7 @@ class SimServer:
         self._load_weights()
 
     # --- startup ---------------------------------------------------------------------------
-    def _make_pool(self):
+    def _make_pool(self) -> KVBlockPool:
         from vramscope.hooks.kvpool import KVBlockPool
 
         m = self.spec.model
@@ -257,12 +261,14 @@ class SimServer:
         from vramscope.hooks.kvpool import KVPoolError
 
         rid = r.req.request_id
+        pool = self.pool
+        assert pool is not None  # a paged server
         try:
             if not r.in_pool:
-                self.pool.allocate(rid, tokens)
+                pool.allocate(rid, tokens)
                 r.in_pool = True
-            elif tokens > self.pool.num_tokens(rid):
-                self.pool.extend(rid, tokens - self.pool.num_tokens(rid))
+            elif tokens > pool.num_tokens(rid):
+                pool.extend(rid, tokens - pool.num_tokens(rid))
             return True
         except KVPoolError:  # out of blocks: preempt (recompute later), as vLLM does
             self._preempt(r)
@@ -306,7 +312,7 @@ class SimServer:
             reserved_bytes=self.alloc.reserved_bytes,
             requests_in_flight=[r.req.request_id for r in self.running])
         self._maybe_sample(phase, force=True)
-        self.sink.put(pm._replace(message=str(exc), cause=_diagnose(pm, self._history)))
+        self._put(pm._replace(message=str(exc), cause=_diagnose(pm, self._history)))
         self._event("oom", None, {"message": str(exc), "failed_alloc_bytes": exc.size_bytes})
         self._abort_all()
 
@@ -330,10 +336,16 @@ class SimServer:
         self._load_weights()
 
     # --- records ---------------------------------------------------------------------------
-    def _event(self, name: str, request_id: str | None, data: dict | None = None) -> None:
+    def _put(self, record: Record) -> None:
+        if self.sink is None:
+            raise RuntimeError("SimServer.sink is not set: pass one, or set it before running")
+        self.sink.put(record)
+
+    def _event(self, name: str, request_id: str | None,
+               data: dict[str, Any] | None = None) -> None:
         phase = Phase.DECODE if self.running else Phase.IDLE
-        self.sink.put(Event(self.now_s, name, self.spec.device, self.spec.pid, phase,
-                            request_id, data))
+        self._put(Event(self.now_s, name, self.spec.device, self.spec.pid, phase, request_id,
+                        data))
 
     def _maybe_sample(self, phase: Phase, force: bool = False) -> None:
         if self.now_s < self._next_sample_s and not force:
@@ -343,7 +355,7 @@ class SimServer:
         self._samples_taken += 1
         records = self.read(phase)
         for record in records:
-            self.sink.put(record)
+            self._put(record)
         self._history.append(records[0])  # torch samples, for the post-mortem's diagnosis
 
     def read(self, phase: Phase) -> list[Sample]:
@@ -367,7 +379,7 @@ class SimServer:
         return out
 
 
-def _diagnose(pm, samples) -> str | None:
+def _diagnose(pm: PostMortem, samples: Iterable[Sample]) -> str | None:
     from vramscope.agent.analysis.diagnosis import diagnose
 
     return diagnose(pm, list(samples))[0]
