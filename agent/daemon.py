@@ -297,6 +297,7 @@ class Agent:
             "db_refused_total": w.refused_total,
             "db_failing": self.writer.failing,
             "db_integrity": self.integrity,
+            "alerts": self.alerts.counts() if self.alerts is not None else None,
             "database": self.store.safe_url,
             "db_size_bytes": self.store.size_bytes(),
         }
@@ -390,6 +391,14 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                      s["client_dropped_total"]),
                     ("rejected", "ingest messages rejected", s["rejected_total"])):
                 yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
+            hook = (s.get("alerts") or {}).get("webhook")
+            if hook is not None:
+                for key in ("sent", "failed", "dropped"):
+                    yield CounterMetricFamily(f"vramscope_agent_webhook_{key}",
+                                              f"alert changes the webhook {key}",
+                                              value=hook[key])
+                yield GaugeMetricFamily("vramscope_agent_webhook_queued", "alert changes "
+                                        "waiting for the webhook", value=hook["queued"])
 
     registry = CollectorRegistry()
     registry.register(_Collector())
@@ -456,18 +465,40 @@ class AlertFeed:
     def __init__(self, engine: AlertEngine, sinks: list[AlertSink]) -> None:
         self.engine = engine
         self.sinks = sinks
+        self._delivered: dict[tuple[str, int | None, str | None], str] = {}  # key -> kind
+        self.coalesced = 0  # changes not delivered: undone within the same batch
 
     @classmethod
     def from_config(cls, config: Config, store: Store) -> AlertFeed:
         return cls(AlertEngine.from_config(config), sinks_from_config(config, store))
 
     def __call__(self, samples: list[Sample], events: list[Event]) -> None:
-        for change in self.engine.feed_batch(samples, events):  # no copy, no re-split
+        changes = self.engine.feed_batch(samples, events)  # no copy, no re-split
+        for change in self._net(changes):
             for sink in self.sinks:
                 try:
                     sink.send(change)
                 except Exception:  # noqa: BLE001 - one broken sink must not stop the others
                     log.exception("alert sink %r failed", sink)
+
+    def _net(self, changes: list[Any]) -> list[Any]:
+        """Per alert, only its last change in the batch, and only when it differs from what
+        the sinks have. A rule that fires and resolves on every sample would otherwise cost a
+        log line and two store transactions per sample on the writer thread, and starve ingest;
+        now it costs at most one change per alert per batch. The rest is counted."""
+        last: dict[tuple[str, int | None, str | None], Any] = {}
+        for change in changes:
+            last[(change.rule, change.device, change.host)] = change
+        out = [c for key, c in last.items() if self._delivered.get(key, "resolved") != c.kind]
+        for c in out:
+            self._delivered[(c.rule, c.device, c.host)] = c.kind
+        self.coalesced += len(changes) - len(out)
+        return out
+
+    def counts(self) -> dict[str, Any]:
+        """For ``status`` and /metrics: changes coalesced away, and the webhook's counts."""
+        hooks = [s.counts() for s in self.sinks if hasattr(s, "counts")]
+        return {"coalesced": self.coalesced, "webhook": hooks[0] if hooks else None}
 
     def close(self) -> None:
         """Let every sink deliver what it holds (after the final flush fed the last batch)."""

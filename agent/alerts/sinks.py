@@ -32,16 +32,32 @@ class AlertSink(Protocol):
 
 
 class LogSink:
-    """One log line per change."""
+    """One log line per change, at most ``burst`` a minute per alert (rule, device, host): a
+    flapping rule cannot flood the log; the next line written says how many were left out."""
 
-    def __init__(self, logger: logging.Logger = log) -> None:
-        self.logger = logger
+    def __init__(self, logger: logging.Logger = log, burst: int = 10,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.logger, self.burst, self.clock = logger, burst, clock
+        self._windows: dict[tuple[str, int | None, str | None], list[float]] = {}
+        self.left_out = 0
 
     def send(self, change: AlertChange) -> None:
+        key = (change.rule, change.device, change.host)
+        now = self.clock.monotonic_s()
+        window = self._windows.get(key)
+        if window is None or now - window[0] >= 60.0:
+            window = self._windows[key] = [now, 0.0, window[2] if window else 0.0]
+        if window[1] >= self.burst:
+            window[2] += 1
+            self.left_out += 1
+            return
+        window[1] += 1
+        note = f" ({int(window[2])} changes of this alert left out of the log)" if window[2] else ""
+        window[2] = 0.0
         level = logging.WARNING if change.kind == "fired" else logging.INFO
-        self.logger.log(level, "alert %s %s [%s] device %s at %s: %s", change.kind,
+        self.logger.log(level, "alert %s %s [%s] device %s at %s: %s%s", change.kind,
                         change.rule, change.severity, change.device, iso_utc(change.ts_s),
-                        change.message)
+                        change.message, note)
 
     def close(self) -> None:
         pass
@@ -72,21 +88,43 @@ class StoreSink:
 
 
 def _urllib_post(url: str, body: bytes, timeout_s: float) -> int:
+    """POST ``body``; the status code. Redirects are **not** followed: urllib would turn the
+    POST into a GET of wherever the target points (an internal URL, over and over); a 3xx is
+    returned as the failure it is."""
+    import urllib.error
     import urllib.request  # only where a webhook is configured
 
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           "User-Agent": "vramscope-alerts"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        status: int = resp.status
-        return status
+    try:
+        with _opener().open(req, timeout=timeout_s) as resp:
+            status: int = resp.status
+            return status
+    except urllib.error.HTTPError as exc:  # 3xx (not followed), 4xx, 5xx
+        exc.close()
+        return int(exc.code)
+
+
+def _opener() -> Any:
+    import urllib.request
+
+    class _NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # urllib then raises HTTPError with the 3xx code
+
+    return urllib.request.build_opener(_NoRedirect)
 
 
 class WebhookSink:
     """POSTs each change as JSON from its own thread; a full queue drops (and counts) changes.
 
-    A failed POST (error or status >= 300) is retried ``retries`` times, waiting
-    ``backoff_s × 2**attempt`` between tries on the injected clock.
+    A failed POST (error or status >= 300, redirects included: they are never followed) is
+    retried ``retries`` times, waiting ``backoff_s × 2**attempt`` between tries on the injected
+    clock. While the target is down (the last change failed for good) the next ones get one try
+    each, so a hanging target costs ``timeout_s`` a change instead of the full retry schedule;
+    the first success restores the retries. ``sent``, ``failed``, ``dropped`` and ``queued``
+    are in ``vramscope status`` and the agent's /metrics.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 3,
@@ -96,6 +134,8 @@ class WebhookSink:
         self.clock, self._post = clock, post
         self._queue: queue.Queue[AlertChange | None] = queue.Queue(maxsize=queue_max)
         self.sent = self.failed = self.dropped = 0
+        self._down = False  # the last change failed after all its tries
+        self._full_logged_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="vramscope-webhook", daemon=True)
         self._thread.start()
 
@@ -109,6 +149,26 @@ class WebhookSink:
             self._queue.put_nowait(change)
         except queue.Full:
             self.dropped += 1
+            self._log_full()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    def counts(self) -> dict[str, int]:
+        return {"sent": self.sent, "failed": self.failed, "dropped": self.dropped,
+                "queued": self.queued}
+
+    def _log_full(self) -> None:
+        """At most one line a minute: the queue bound is what keeps a dead target from
+        holding memory, and the operator must know alerts are being dropped."""
+        now = self.clock.monotonic_s()
+        if self._full_logged_at is not None and now - self._full_logged_at < 60.0:
+            return
+        self._full_logged_at = now
+        log.error("alert webhook %s is not keeping up: its queue of %d is full, %d changes "
+                  "dropped so far (alerts.webhook_url)", self.url, self._queue.maxsize,
+                  self.dropped)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued (bounded by ``timeout_s``), then stop the thread."""
@@ -127,20 +187,25 @@ class WebhookSink:
 
     def _deliver(self, change: AlertChange) -> None:
         body = json.dumps(change.to_json(), sort_keys=True).encode("utf-8")
-        for attempt in range(self.retries + 1):
+        tries = 1 if self._down else self.retries + 1
+        for attempt in range(tries):
             try:
                 status = self._post(self.url, body, self.timeout_s)
                 if status < 300:
                     self.sent += 1
+                    self._down = False
                     return
-                problem = f"HTTP {status}"
+                problem = f"HTTP {status}" + (" (redirects are not followed)"
+                                              if 300 <= status < 400 else "")
             except Exception as exc:
                 problem = str(exc)
-            if attempt < self.retries:
+            if attempt < tries - 1:
                 self.clock.sleep(self.backoff_s * 2 ** attempt)
         self.failed += 1
-        log.error("alert webhook %s failed after %d tries: %s (alerts.webhook_url)", self.url,
-                  self.retries + 1, problem)
+        if not self._down:  # one line when the target goes down, not one per change
+            log.error("alert webhook %s failed after %d tries: %s (alerts.webhook_url); "
+                      "until it answers, each change gets one try", self.url, tries, problem)
+        self._down = True
 
 
 def sinks_from_config(config: Mapping[str, Any] | None, store: Any = None,

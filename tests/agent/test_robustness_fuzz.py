@@ -190,7 +190,7 @@ def _fuzz_while_a_good_client_sends(agent: AgentProcess, examples: int, minimum:
     rows = wait_for(lambda: (r := _rows(agent.db_path, "source='good'")) and
                     len(r) == good.sent and r, timeout_s=20)
     assert sorted(a for a, _ in rows) == list(range(good.sent))
-    assert {p for _, p in rows} == {GOOD_PID}
+    assert len({p for _, p in rows}) == 1  # one client's pid (the hello's or the kernel's)
     assert agent.proc.poll() is None
 
 
@@ -223,6 +223,6 @@ def test_a_bad_client_in_the_same_batch_costs_the_good_client_nothing(agent):
         status = bad.status()
     rows = wait_for(lambda: (r := _rows(agent.db_path, "source='good2'")) and len(r) == 1000
                     and r)
-    assert {p for _, p in rows} == {GOOD_PID + 1}
+    assert len({p for _, p in rows}) == 1 and 666 not in {p for _, p in rows}
     assert status["rejected"].get("schema", 0) - before.get("schema", 0) == 11  # + the hello
     assert status["rejected"].get("schema", 0) >= 10 and status["db_refused_total"] == 0

@@ -1,0 +1,169 @@
+"""Alerting must not hurt ingest or the network: a flapping rule against a real agent process,
+and the webhook against real local HTTP servers that redirect or hang."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.alerts.sinks import WebhookSink
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.process import AgentProcess
+from vramscope.agent.records import Phase, Sample
+
+from tests.support.waiting import wait_for
+
+FIRED = AlertChange("oom_risk", "oom_risk", "warning", 0, 100.0, 0.5, "low headroom", {}, 100.0)
+FIRED = FIRED._replace(kind="fired")
+
+
+class _Target(http.server.BaseHTTPRequestHandler):
+    """POST /hook answers as ``server.mode`` says: 200, a 302 to /internal, or hangs."""
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.posts += 1
+        if self.server.mode == "hang":
+            self.server.release.wait(5)
+        if self.server.mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", "/internal")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):  # noqa: N802
+        self.server.gets += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def target():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Target)
+    server.posts = server.gets = 0
+    server.mode, server.release = "ok", threading.Event()
+    server.url = f"http://127.0.0.1:{server.server_port}/hook"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_webhook_does_not_follow_redirects(target, caplog):
+    target.mode = "redirect"
+    sink = WebhookSink(target.url, retries=2, clock=FakeClock())
+    with caplog.at_level(logging.ERROR, logger="vramscope.alerts"):
+        sink.send(FIRED)
+        sink.close()
+    assert target.gets == 0  # the POST never became a GET of the internal URL
+    assert target.posts == 3 and sink.counts() == {"sent": 0, "failed": 1, "dropped": 0,
+                                                   "queued": 0}
+    assert "failed after 3 tries: HTTP 302 (redirects are not followed)" in caplog.text
+
+
+def test_a_hanging_target_costs_one_timeout_a_change_and_a_full_queue_says_so(target, caplog):
+    target.mode = "hang"
+    sink = WebhookSink(target.url, timeout_s=0.2, retries=3, queue_max=3, clock=FakeClock())
+    with caplog.at_level(logging.ERROR, logger="vramscope.alerts"):
+        for _ in range(20):
+            sink.send(FIRED)  # never blocks
+        t0 = time.monotonic()
+        sink.close(timeout_s=10)
+    counts = sink.counts()
+    assert counts["dropped"] >= 16 and counts["sent"] == 0
+    assert counts["failed"] + counts["dropped"] == 20
+    assert target.posts == 4 + (counts["failed"] - 1)  # retries only for the first
+    assert time.monotonic() - t0 < 3
+    assert caplog.text.count("is not keeping up: its queue of 3 is full") == 1
+    assert caplog.text.count("until it answers, each change gets one try") == 1
+
+
+RULES = """
+[alerts]
+webhook_url = "{url}"
+webhook_timeout_s = 1
+[[alerts.rules]]
+name = "flappy"
+metric = "allocated_bytes"
+op = ">"
+threshold = 50
+message = "flaps on every sample"
+"""
+
+
+@pytest.fixture
+def short_dir():
+    root = tempfile.mkdtemp(prefix="vs-alerts-", dir="/tmp")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_flapping_rule_does_not_starve_ingest_or_flood_the_log(short_dir, target):
+    """A rule that fires and resolves on every one of 20,000 samples: every sample is
+    committed, the log gets at most its burst of lines for the alert, the store and the
+    webhook get at most one change per alert per batch, and status and /metrics count it."""
+    config = Path(short_dir) / "vs.toml"
+    config.write_text(RULES.format(url=target.url))
+    agent = AgentProcess(f"sqlite:///{short_dir}/vs.db", f"{short_dir}/run/agent.sock",
+                         config_path=str(config), log_path=f"{short_dir}/agent.log",
+                         env={"VRAMSCOPE_AGENT_METRICS_PORT": "0"}).start()
+    try:
+        base = time.time() - 100
+        with AgentConnection(agent.socket_path) as conn:
+            conn.hello("flapper", pid=99)
+            for chunk in range(20):
+                conn.send_records([Sample(base + (chunk * 1000 + i) * 1e-3, 0, Phase.DECODE,
+                                          "flap", 99, allocated_bytes=100 * (i % 2))
+                                   for i in range(1000)])
+            conn.status()
+        status = wait_for(lambda: (s := agent.status())["written_total"] >= 20_000 and s,
+                          timeout_s=30)
+        alerts = wait_for(lambda: (a := agent.status()["alerts"])["coalesced"] >= 19_000
+                          and a["webhook"]["queued"] == 0 and a)
+        assert alerts["webhook"]["sent"] == target.posts <= 1000
+        assert status["written_total"] >= 20_000
+    finally:
+        agent.stop()
+    with sqlite3.connect(f"{short_dir}/vs.db") as c:
+        (rows,) = c.execute("SELECT count(*) FROM alerts WHERE rule = 'flappy'").fetchone()
+        (samples,) = c.execute("SELECT count(*) FROM samples WHERE source = 'flap'").fetchone()
+    assert samples == 20_000 and rows <= 500
+    lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text().splitlines()
+             if "alert fired flappy" in ln or "alert resolved flappy" in ln]
+    assert len(lines) <= 10
+
+
+def test_the_agent_metrics_carry_the_webhook_counts(short_dir, target):
+    config = Path(short_dir) / "vs.toml"
+    config.write_text(RULES.format(url=target.url) + "\n[agent]\nmetrics_port = 39187\n")
+    agent = AgentProcess(f"sqlite:///{short_dir}/vs.db", f"{short_dir}/run/agent.sock",
+                         config_path=str(config), log_path=f"{short_dir}/agent.log").start()
+    try:
+        with AgentConnection(agent.socket_path) as conn:
+            conn.hello("once", pid=98)
+            conn.send_records([Sample(time.time() - 5, 0, Phase.IDLE, "torch", 98,
+                                      allocated_bytes=100)])
+            conn.status()
+        wait_for(lambda: agent.status()["alerts"]["webhook"]["sent"] == 1)
+        text = urllib.request.urlopen("http://127.0.0.1:39187/metrics", timeout=5).read()
+        assert b"vramscope_agent_webhook_sent_total 1.0" in text
+        assert b"vramscope_agent_webhook_dropped_total 0.0" in text
+    finally:
+        agent.stop()
