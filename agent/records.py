@@ -1,4 +1,4 @@
-"""The typed records that every part of vramscope speaks (DESIGN.md, "Data flow").
+"""The typed records that every part of vramscope speaks (docs/architecture.md, "Data flow").
 
 Torch's ``memory_stats()`` dict, NVML structs and KV pool internals are converted to these
 records at the source, once; nothing downstream sees vendor objects.
@@ -89,17 +89,19 @@ class Sample(NamedTuple):
     kv_blocks_cached: int | None = None
     kv_tokens_used: int | None = None
     host: str | None = None  # None means "this host"; set by the agent for fleet databases
-    # The device's identity (DESIGN.md rule 6): NVML's UUID, "GPU-..." or "MIG-...". ``device``
-    # is then only a label (torch's logical index in a hook sample); the store joins on this.
+    # The device's identity (docs/architecture.md rule 6): NVML's UUID, "GPU-..." or "MIG-...".
+    # ``device`` is then only a label (torch's logical index in a hook sample); the store joins
+    # on this.
     device_uuid: str | None = None
 
 
 class Event(NamedTuple):
     """Something that happened at one instant: a phase change, a request boundary, an OOM.
 
-    Names used so far (DESIGN.md): ``request_start``, ``request_end`` (with ``request_id``),
-    ``oom`` (with ``message`` in ``data``), ``kv_alloc``, ``kv_free``, ``phase``; later parts add
-    ``kv_orphaned_blocks`` and ``alert``. ``data`` holds the event's other keys, JSON-compatible.
+    Names used so far (docs/trace-format.md): ``request_start``, ``request_end`` (with
+    ``request_id``), ``oom`` (with ``message`` in ``data``), ``kv_alloc``, ``kv_free``, ``phase``;
+    later parts add ``kv_orphaned_blocks`` and ``alert``. ``data`` holds the event's other keys,
+    JSON-compatible.
     """
 
     ts_s: float

@@ -1,7 +1,7 @@
 """Times for people: Unix seconds as ISO 8601 UTC, the one format of the CLI, logs and pages.
 
-Stored and JSON times stay Unix seconds (``_s``, DESIGN.md rule 5); only text shown to a person
-goes through here, so "leak detected at 1796139189.231" becomes "2026-12-02T01:33:09.231Z".
+Stored and JSON times stay Unix seconds (``_s``, docs/architecture.md rule 5); only text shown to a
+person goes through here, so "leak detected at 1796139189.231" becomes "2026-12-02T01:33:09.231Z".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trace format v1 (JSON Lines), a public contract (DESIGN.md, "Trace format v1").
+"""Trace format v1 (JSON Lines), a public contract (docs/trace-format.md).
 
 One JSON object per line. A line with an ``"event"`` key is an event; any other is a sample.
 Unknown keys are ignored (never an error). Strict by default: the first malformed line raises

@@ -1,7 +1,7 @@
 """Pure functions from query and analysis results to Plotly figures (``{"data", "layout"}``).
 
-No I/O and no Flask here (DESIGN.md rule 3). Figures are plain JSON-ready dicts, so they cost
-nothing to build and are what ``/api/v1/figures/*`` return; the browser hands them to
+No I/O and no Flask here (docs/architecture.md rule 3). Figures are plain JSON-ready dicts, so they
+cost nothing to build and are what ``/api/v1/figures/*`` return; the browser hands them to
 ``Plotly.react``. Bytes become GiB only here; times become epoch milliseconds for date axes.
 Only SVG trace types are used (no WebGL), so the page needs no ``eval``.
 """
@@ -80,7 +80,7 @@ def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def processes_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each device's processes stacked under its NVML total (DESIGN.md rule 6): one bar
+    """Each device's processes stacked under its NVML total (docs/architecture.md rule 6): one bar
     segment per process (its reserved bytes, named by its bounded label), then what no
     process explains (NVML used − their reserved: other users, CUDA contexts, memory outside
     torch), with NVML's used and total as markers. Several processes on one GPU stay apart."""

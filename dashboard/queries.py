@@ -37,8 +37,8 @@ def latest_values(store: Store, device: int, host: str | None,
     """The device now: each process's newest values, the device's NVML view, and the rest.
 
     Several processes on one device (two models, MPS, ranks sharing a GPU) stay apart
-    (DESIGN.md rule 6): ``processes`` holds each one's newest non-null counters in the last
-    ``LATEST_WINDOW_S``, with its own limit (``limit_bytes``: its per-process cap, or the
+    (docs/architecture.md rule 6): ``processes`` holds each one's newest non-null counters in the
+    last ``LATEST_WINDOW_S``, with its own limit (``limit_bytes``: its per-process cap, or the
     device total), name, rank and bounded ``process`` label (``procs``: the processes table's
     rows by pid). The device's counters are the processes' sum; ``device_used_bytes`` and
     ``device_total_bytes`` are NVML's; ``unexplained_bytes`` = NVML used − the processes'

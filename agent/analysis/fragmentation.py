@@ -1,7 +1,7 @@
 """Fragmentation of the caching allocator's reserved memory, sample by sample.
 
-Vocabulary (DESIGN.md): *cached free* = reserved − allocated is reusable memory, not
-fragmentation. Fragmentation is free memory that a large request cannot use:
+Vocabulary (docs/architecture.md, "Words"): *cached free* = reserved − allocated is reusable memory,
+not fragmentation. Fragmentation is free memory that a large request cannot use:
 
 - ``inactive_split_ratio`` = inactive split bytes / reserved bytes — free bytes stranded inside
   partially used segments; the cheap signal available on every allocator read.

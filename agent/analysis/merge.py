@@ -1,5 +1,5 @@
 """Samples and events in one time order, cheaply when they already are (the usual case); and the
-split of a device's records into per-process series (DESIGN.md rule 6)."""
+split of a device's records into per-process series (docs/architecture.md rule 6)."""
 
 from __future__ import annotations
 

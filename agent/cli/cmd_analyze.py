@@ -2,9 +2,9 @@
 
 Reads trace files (v1, strict) or the store, runs the same analysis and alert rules as the live
 agent, and prints a readable report, or with ``--json`` exactly the ``vramscope.analysis/1``
-document (DESIGN.md). A detected leak comes with its make-up (``leak.makeup``: what the growth
-between two idle points is made of, from the ``memory_layout`` events); ``--makeup`` computes it
-without a leak too, and says so when the recording has no two layouts to compare.
+document (docs/analysis.md). A detected leak comes with its make-up (``leak.makeup``: what the
+growth between two idle points is made of, from the ``memory_layout`` events); ``--makeup`` computes
+it without a leak too, and says so when the recording has no two layouts to compare.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Why one process, with one simulated GPU per server: the phase tracker in ``vramscope.hooks.phase``
 is
-process-wide on purpose (DESIGN.md), so three servers sharing a process would share a phase.
-The simulated servers therefore tag every record with their own scheduler's phase and their own
-device index (healthy = 0, leak = 1, fragmentation = 2, pool = 3), and put their records into
+process-wide on purpose (docs/architecture.md), so three servers sharing a process would share a
+phase. The simulated servers therefore tag every record with their own scheduler's phase and their
+own device index (healthy = 0, leak = 1, fragmentation = 2, pool = 3), and put their records into
 the embedded agent's sink, the same ``RecordSink`` the in-server hooks use. From there on it is
 the product's real path: the bounded writer queue, the store, the live alert engine after each
 batch, the dashboard reading the store.

@@ -20,7 +20,7 @@ had, the allocation fails: the server writes a post-mortem and dies with its req
 supervisor restarts it (a fresh allocator, weights and pool, and no leaked memory) after
 ``restart_s``.
 
-Records (DESIGN.md vocabulary), all stamped with simulated time and this server's device:
+Records (docs/architecture.md, "Words"), all stamped with simulated time and this server's device:
 ``Sample``s from source ``torch`` (the allocator model's counters; the largest free block from a
 snapshot every ``snapshot_every`` samples), ``kv`` (pool counters) and ``nvml`` (the device view:
 reserved plus the CUDA context), every ``sample_interval_s``; ``Event``s ``request_start``,

@@ -1,4 +1,4 @@
-"""The store: the only package that imports SQLAlchemy (DESIGN.md rule 3)."""
+"""The store: the only package that imports SQLAlchemy (docs/architecture.md rule 3)."""
 
 from vramscope.agent.store.store import Store
 

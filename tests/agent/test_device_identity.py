@@ -1,7 +1,7 @@
-"""Devices are their UUIDs (DESIGN.md rule 6), on a fake 8-GPU node with the FakeNvmlSource and
-a real SQLite store: hook records carry torch's logical index plus the UUID and land on the
-physical GPU; records whose UUID names no device say so instead of landing on another one;
-old index-only records keep their (host, index) join."""
+"""Devices are their UUIDs (docs/architecture.md rule 6), on a fake 8-GPU node with the
+FakeNvmlSource and a real SQLite store: hook records carry torch's logical index plus the UUID and
+land on the physical GPU; records whose UUID names no device say so instead of landing on another
+one; old index-only records keep their (host, index) join."""
 
 from __future__ import annotations
 

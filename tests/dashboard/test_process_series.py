@@ -1,5 +1,5 @@
-"""Several server processes on one GPU stay apart (DESIGN.md rule 6): on a fake 8-GPU node,
-two processes on GPU 0 show two series, the device total is their reserved bytes plus the
+"""Several server processes on one GPU stay apart (docs/architecture.md rule 6): on a fake 8-GPU
+node, two processes on GPU 0 show two series, the device total is their reserved bytes plus the
 unexplained band, and a process's per-process cap is the limit of its own risk model.
 Real SQLite store, the real dashboard app, Prometheus' own parser."""
 

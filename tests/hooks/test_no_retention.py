@@ -1,4 +1,5 @@
-"""Nothing a server call creates outlives the call because of vramscope (DESIGN.md rule 7).
+"""Nothing a server call creates outlives the call because of vramscope
+(docs/architecture.md rule 7).
 
 For every integration point but the transformers integration's own (tests/hooks/
 test_hooks_transformers.py runs generate and generate_batch 20 times each): the KV pool adapter
