@@ -200,8 +200,13 @@ def _oom_lines(oom: Mapping[str, Any]) -> list[str]:
 
 def _frag_lines(frag: Mapping[str, Any]) -> list[str]:
     ext = frag["max_external_fragmentation"]
-    return [f"  fragmentation: max inactive split {frag['max_inactive_split_ratio']:.1%}, "
-            f"max external {'n/a' if ext is None else f'{ext:.1%}'}"]
+    lines = [f"  fragmentation: max inactive split {frag['max_inactive_split_ratio']:.1%}, "
+             f"max external {'n/a' if ext is None else f'{ext:.1%}'}"]
+    if ext is not None:  # a high share alone is common and harmless: say what would matter
+        lines.append("    (external: the share of cached free memory outside the largest free "
+                     "block; a risk only when the largest request fits neither that block nor "
+                     "new memory, which the OOM-risk line above includes)")
+    return lines
 
 
 def _phase_lines(phases: Mapping[str, Any]) -> list[str]:

@@ -74,6 +74,7 @@ def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
             in out)
     assert "first warning 1970-01-01T00:17:40.000Z" in out
     assert "fired 1970-01-01T00:17:40.500Z, still firing" in out
+    assert "max external n/a" in out and "(external: the share" not in out  # no snapshot
     assert "    - enable chunked prefill (bound the tokens prefilled per step)" in out
     assert "KV pool: peak 159 of 1000 blocks (15.9%)" in out
     assert "alerts: 3" in out
@@ -120,3 +121,19 @@ def test_a_bad_alert_rule_in_the_config_is_reported(trace_file, tmp_path, capsys
                    'threshold = 1\n')
     assert main(["analyze", trace_file, "--config", str(cfg)]) == 1
     assert "alert rule 'x': op = '=>' is not one of" in capsys.readouterr().err
+
+
+def test_external_fragmentation_is_explained_where_it_is_printed(tmp_path, capsys):
+    """96.9 % looked alarming on healthy devices: the report says what the share means."""
+    path = tmp_path / "frag.jsonl"
+    samples = [Sample(1000.0 + t, 0, Phase.DECODE, "sim", allocated_bytes=10 * G,
+                      reserved_bytes=14 * G, largest_free_block_bytes=G // 8,
+                      device_total_bytes=80 * G) for t in range(5)]
+    with open(path, "w") as fh:
+        write_trace(fh, samples, [])
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "max external 96.9%" in out  # 1 - 0.125 / 4
+    assert ("    (external: the share of cached free memory outside the largest free block; a "
+            "risk only when the largest request fits neither that block nor new memory, which "
+            "the OOM-risk line above includes)") in out
