@@ -38,3 +38,11 @@ def test_configuration_doc_is_generated_from_the_table():
     text = (ROOT / "docs" / "configuration.md").read_text()
     assert text == render(), (
         "docs/configuration.md is stale: python -m vramscope.agent.config_docs > it")
+
+
+def test_gpu_verification_tables_are_rendered_from_committed_json():
+    from tests.support.gpu_docs import DOC, render_blocks
+
+    text = DOC.read_text()
+    assert text == render_blocks(text), (
+        "docs/gpu-verification.md differs from its JSON: python -m tests.support.gpu_docs")

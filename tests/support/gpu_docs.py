@@ -1,0 +1,68 @@
+"""Tables in docs/gpu-verification.md rendered from the raw JSON the GPU scripts wrote.
+
+    python -m tests.support.gpu_docs            # rewrite the generated blocks in place
+
+Each block sits between ``<!-- gpu:NAME -->`` and ``<!-- /gpu:NAME -->``; ``tests/test_docs.py``
+fails when a block differs from what its JSON renders, so no figure there is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "gpu-verification.md"
+RUNS = ROOT / "docs" / "gpu-runs"
+MIB = 2**20
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / MIB:,.1f}"
+
+
+def render_ab(doc: dict[str, Any]) -> str:
+    """The generate_batch A/B: the floor after each call without and with the integration."""
+    a = doc["args"]
+    rows = ["| call | floor step without (MiB) | floor step with (MiB) | difference (bytes) "
+            "| pool blocks without | pool blocks with |", "|---|---|---|---|---|---|"]
+    steps = zip(doc["floor_steps_without_bytes"], doc["floor_steps_with_bytes"],
+                doc["step_differences_bytes"], doc["pool_blocks_without"],
+                doc["pool_blocks_with"])
+    for i, (wo, w, diff, pa, pb) in enumerate(steps, 1):
+        rows.append(f"| {i} | {_mib(wo)} | {_mib(w)} | {diff:,} | {pa:,} | {pb:,} |")
+    checks = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in doc["checks"].items())
+    v = doc["versions"]
+    head = (f"{v['device']}, torch {v['torch']}, transformers {v['transformers']}: "
+            f"{a['calls']} `generate_batch` calls of {a['requests']} requests "
+            f"({a['prompt']} prompt + {a['new_tokens']} new tokens) on a random-weight Llama "
+            f"({a['layers']} layers, hidden {a['hidden']}, {a['kv_heads']} KV heads), first "
+            f"without vramscope, then after `vramscope.install()` + "
+            f"`vramscope.attach_transformers(model)` in the same process. Largest difference "
+            f"between the floor steps: **{doc['max_abs_step_difference_bytes']:,} bytes** "
+            f"(bound: 1 MiB per call). Checks: {checks}.")
+    return head + "\n\n" + "\n".join(rows)
+
+
+BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
+}
+
+
+def render_blocks(text: str) -> str:
+    for name, (source, render) in BLOCKS.items():
+        body = render(json.loads((RUNS / source).read_text()))
+        pattern = re.compile(rf"(<!-- gpu:{name} -->\n)(?:.*?\n)?(<!-- /gpu:{name} -->)", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"docs/gpu-verification.md has no <!-- gpu:{name} --> block")
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+if __name__ == "__main__":
+    DOC.write_text(render_blocks(DOC.read_text()))
+    sys.exit(0)
