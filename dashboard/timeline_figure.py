@@ -38,6 +38,10 @@ PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, 
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
               "markers": "yaxis4"}
 GAP = 0.035
+# times of day under a day per tick (the date is in the axis title: Plotly's own second line
+# of dates overlapped a tick), dates beyond
+TICK_FORMATS = [{"dtickrange": [None, 43_200_000], "value": "%H:%M"},  # ticks up to 12 h apart
+                {"dtickrange": [43_200_001, None], "value": "%b %d"}]
 GAP_ABOVE = {"fragmentation": 0.075}  # room for the two-line note on what the ratio means
 
 
@@ -63,7 +67,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
                 "traceorder": "normal"},
         xaxis={"type": "date", "range": [f.ms(doc["start"]), f.ms(doc["end"])],
                "anchor": PANEL_AXIS[panels[-1]].replace("axis", ""), "showspikes": True,
-               "tickformat": "%H:%M", "title": {"text": _date_title(doc)}},
+               "tickformatstops": TICK_FORMATS, "title": {"text": _date_title(doc)}},
         updatemenus=_range_buttons(lo, hi, top, limit),
         meta={"phase_source": doc["phase_source"], "bucket_s": doc["bucket_s"],
               "events_truncated": doc["events_truncated"],

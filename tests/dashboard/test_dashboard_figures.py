@@ -131,6 +131,9 @@ def test_timeline_figure_traces_units_and_axes():
     assert [(b["label"], b["args"][0]["yaxis.range"]) for b in buttons["buttons"]] == [
         ("Fit the data", pytest.approx([0.92, 2.08])), ("0 to the limit", [0, pytest.approx(8.4)])]
     assert fig["layout"]["xaxis"]["range"] == [0.0, 2000.0]
+    # times of day up to 12 h a tick, dates beyond; the date itself in the axis title
+    assert [f["value"] for f in fig["layout"]["xaxis"]["tickformatstops"]] == ["%H:%M", "%b %d"]
+    assert fig["layout"]["xaxis"]["title"]["text"] == "time (UTC), 1970-01-01"
     assert fig["layout"]["yaxis4"]["categoryarray"] == ["request start", "alloc retries", "OOM"]
     assert fig["data"][-2]["text"] == ["+2 retries"]
     assert "yaxis2" not in fig["layout"] and "yaxis6" not in fig["layout"]  # no empty lanes
