@@ -8,6 +8,19 @@ import uuid
 import pytest
 from vramscope.agent.clock import FakeClock
 
+from tests.support.tools import require_tool
+
+
+@pytest.fixture
+def promtool() -> str:
+    """promtool's path; a test that needs it is skipped without it (failed under CI=true)."""
+    return require_tool("promtool")
+
+
+@pytest.fixture
+def systemd_analyze() -> str:
+    return require_tool("systemd-analyze")
+
 
 @pytest.fixture
 def fake_clock() -> FakeClock:

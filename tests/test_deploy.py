@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -105,7 +104,7 @@ def test_unit_provides_the_directories_the_config_uses(unit):
         PurePosixPath("/etc") / one(service, "ConfigurationDirectory") / UNIT_CONFIG.name)
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+@pytest.mark.usefixtures("systemd_analyze")
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     # verify insists that ExecStart's binary exists; point it at one that does.
     text = UNIT.read_text().replace("/usr/local/bin/vramscope", sys.executable)
@@ -248,7 +247,7 @@ def test_manifests_use_only_real_variable_names():
         assert sorted(found - REAL_VARS) == [], path.name
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@pytest.mark.usefixtures("promtool")
 def test_prometheus_scrape_config_is_valid(tmp_path):
     """deploy/prometheus/prometheus.yml, with the rules file it loads, passes promtool."""
     from vramscope.agent.alerts.prom_rules import render_rules

@@ -112,14 +112,11 @@ def test_two_apps_have_separate_registries(seeded, tmp_path):
 def test_promtool_checks_the_exposition_clean(client):
     """Prometheus' own parser and linter (Debian's promtool), when installed: no parse error
     (exit 1) and no lint note (exit 3), with no exception list."""
-    import shutil
     import subprocess
 
-    import pytest
+    from tests.support.tools import require_tool
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     text = client.get("/metrics").get_data(as_text=True)
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                          text=True, timeout=60)

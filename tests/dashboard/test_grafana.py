@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def test_fleet_panel_puts_the_riskiest_devices_first(dashboard):
     assert panel["targets"][0]["expr"].startswith("sort_desc(vramscope_risk_level{")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+@pytest.mark.usefixtures("promtool")
 def test_every_expression_is_valid_promql(dashboard, tmp_path):
     exprs = [promql(e) for e in expressions(dashboard) if not e.startswith("label_values(")]
     # label_values() is Grafana's, not PromQL: check its selector instead.

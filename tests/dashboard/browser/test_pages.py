@@ -23,6 +23,7 @@ import pytest
 from vramscope.dashboard import screenshots as shots
 
 from tests.support import dashboard_fixtures as F
+from tests.support.tools import tool_missing
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +46,8 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def driver():
     if not shots.chromium_available():
-        pytest.skip("Debian chromium and chromedriver are not installed")
+        tool_missing(f"chromium and {shots.CHROMEDRIVER}",
+                     "apt-get install chromium chromium-driver")
     d = shots.start_driver(1400)
     yield d
     shots.stop_driver(d)
@@ -404,3 +406,25 @@ def test_hours_old_data_shows_a_stale_banner_and_no_live(driver, served):
         assert console_errors(driver) == []
     finally:
         old.close()
+
+
+def test_an_empty_database_draws_no_blank_axis_and_claims_nothing(driver, tmp_path):
+    from vramscope.agent.store import Store
+    from vramscope.dashboard.app import create_app
+
+    store = Store.open(f"sqlite:///{tmp_path / 'empty.db'}", host_name="h")
+    empty = F.ServedApp(create_app(None, store))
+    try:
+        driver.get(empty.url + "/")
+        wait_for(driver, "return document.querySelector('#devices-table .empty') !== null;",
+                 "the empty devices table")
+        assert driver.execute_script("return document.getElementById('overview-plot').hidden;")
+        assert driver.find_element("css selector", "#devices-table .empty").text == \
+            "No devices have reported yet."
+        wait_for(driver, "return document.getElementById('live').textContent !== '○ checking';",
+                 "the freshness answer")
+        assert driver.find_element("id", "live").text == "○ no data yet"
+        assert console_errors(driver) == []
+    finally:
+        empty.close()
+        store.close()
