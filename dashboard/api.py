@@ -10,6 +10,8 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, jsonify, send_file
 from vramscope.agent.dtypes import element_bytes, known_dtypes
 from vramscope.dashboard import figures, params, queries, timeline_figure, verdict, views
@@ -175,7 +177,7 @@ def _shape() -> dict:
     """The model and serving plan to estimate (defaults: a Llama-3-8B shape, the demo's, 8 x 4k
     context). Without ``params_b`` the parameters are counted from the shape (``gated``: a
     gate/up/down MLP, as Llama's), so changing the shape changes the weights too."""
-    shape = {"name": params.text("model", "Llama-3-8B shape", max_len=80),
+    shape: dict[str, Any] = {"name": params.text("model", "Llama-3-8B shape", max_len=80),
              "layers": params.integer("layers", 32, low=1, high=1000),
              "kv_heads": params.integer("kv_heads", 8, low=1, high=1024),
              "head_dim": params.integer("head_dim", 128, low=1, high=4096),

@@ -35,7 +35,7 @@ def create_app(config: Config | None = None, store: Store | None = None, *,
     app = Flask(__name__, template_folder=str(PACKAGE_DIR / "templates"),
                 static_folder=str(PACKAGE_DIR / "static"))
     app.config["JSON_SORT_KEYS"] = False
-    app.json.sort_keys = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # Flask's DefaultJSONProvider
     app.extensions["vramscope"] = DashboardState(store, config, clock or SYSTEM_CLOCK, owns)
     _init_extensions(app, config)
     return app

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException, InternalServerError
 
 log = logging.getLogger("vramscope.dashboard")
@@ -55,8 +55,10 @@ def handle(exc: Exception):
     headers = {}
     if exc.code == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="vramscope"'
-    if exc.code == 405 and exc.valid_methods:
-        headers["Allow"] = ", ".join(exc.valid_methods)
+    valid_methods = getattr(exc, "valid_methods", None)  # MethodNotAllowed's
+    if exc.code == 405 and valid_methods:
+        headers["Allow"] = ", ".join(valid_methods)
+    response: Response | str
     if request.path.startswith("/api/") or request.path == "/metrics":
         response = jsonify(error_body(exc))
     else:

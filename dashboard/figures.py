@@ -95,10 +95,10 @@ def processes_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 mine[label] = mine.get(label, 0) + p["reserved_bytes"]
                 names[label] = None
         per_row.append(mine)
-    data = [{"type": "bar", "orientation": "h", "name": name, "y": labels,
-             "x": gib([m.get(name) for m in per_row]),
-             "hovertemplate": "%{x:.2f} GiB<extra>%{fullData.name}</extra>"}
-            for name in names]
+    data: list[dict[str, Any]] = [  # Plotly traces: JSON
+        {"type": "bar", "orientation": "h", "name": name, "y": labels,
+         "x": gib([m.get(name) for m in per_row]),
+         "hovertemplate": "%{x:.2f} GiB<extra>%{fullData.name}</extra>"} for name in names]
     latest = [r["latest"] or {} for r in rows]
     data.append({"type": "bar", "orientation": "h", "name": "unexplained", "y": labels,
                  "x": gib([lt.get("unexplained_bytes") for lt in latest]),
@@ -293,7 +293,7 @@ def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
         return []
     xs = [ms(t) for t in forecast["ts"]]
     to_h = lambda vs: [None if v is None else v / 3600.0 for v in vs]
-    style = {"color": "rgba(207,34,46,0.45)", "width": 1, "dash": "dot"}
+    style: dict[str, Any] = {"color": "rgba(207,34,46,0.45)", "width": 1, "dash": "dot"}
     return [_line("forecast soonest", xs, to_h(lo), style["color"], yaxis="y2", line=style,
                   hovertemplate="%{y:.2f} h"),
             _line("forecast latest", xs, to_h(hi), style["color"], yaxis="y2", line=style,

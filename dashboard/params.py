@@ -7,6 +7,7 @@ out-of-range value is the client's mistake and must never surface as a 500.
 from __future__ import annotations
 
 import math
+from typing import overload
 
 from flask import request
 from vramscope.dashboard.errors import BadParameter
@@ -18,6 +19,16 @@ DEFAULT_MAX_POINTS = 2_000
 def _raw(name: str) -> str | None:
     value = request.args.get(name)
     return None if value is None or value == "" else value
+
+
+@overload
+def number(name: str, default: float, *, low: float | None = None,
+           high: float | None = None) -> float: ...
+
+
+@overload
+def number(name: str, default: None = None, *, low: float | None = None,
+           high: float | None = None) -> float | None: ...
 
 
 def number(name: str, default: float | None = None, *, low: float | None = None,
@@ -33,6 +44,16 @@ def number(name: str, default: float | None = None, *, low: float | None = None,
         raise BadParameter(name, f"expected a finite number, got {text!r}")
     _check_range(name, value, low, high)
     return value
+
+
+@overload
+def integer(name: str, default: int, *, low: int | None = None,
+            high: int | None = None) -> int: ...
+
+
+@overload
+def integer(name: str, default: None = None, *, low: int | None = None,
+            high: int | None = None) -> int | None: ...
 
 
 def integer(name: str, default: int | None = None, *, low: int | None = None,

@@ -127,7 +127,7 @@ def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]))
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         verdict = device_verdict(mine)
-        fresh = freshness(latest and latest["last_ts_s"], now_s, config)
+        fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config)
         rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
                      "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
                      "physical_index": d.get("physical_index"),
@@ -280,9 +280,9 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
         return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), "events"
     if end_s - start_s <= PHASE_SAMPLE_SPAN_S:
         raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
-        bands = tl.bands_from_samples(raw, end_s) if len(raw) <= PHASE_SAMPLE_LIMIT else None
-        if bands is not None and len(bands) <= max_bands:
-            return bands, None, "samples"
+        sampled = tl.bands_from_samples(raw, end_s) if len(raw) <= PHASE_SAMPLE_LIMIT else None
+        if sampled is not None and len(sampled) <= max_bands:
+            return sampled, None, "samples"
     counts = phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host)
     shares = tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS)
     return [], shares, "samples" if shares["ts"] else "no phase reported"

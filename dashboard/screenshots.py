@@ -45,7 +45,7 @@ def start_driver(width: int = 1400):
     options.add_argument(f"--user-data-dir={profile}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.profile_dir = profile
+    driver.profile_dir = profile  # type: ignore[attr-defined]  # ours: removed at quit
     return driver
 
 

@@ -16,6 +16,7 @@ import re
 
 from flask import Flask, Response, redirect, request
 from vramscope.agent.errors import ConfigError
+from werkzeug.wrappers import Response as BaseResponse
 
 TOKEN_COOKIE = "vramscope_token"
 log = logging.getLogger("vramscope.dashboard")
@@ -134,7 +135,7 @@ def _require_loopback_host():
     return None
 
 
-def _cookie_redirect(token: str) -> Response:
+def _cookie_redirect(token: str) -> BaseResponse:
     """Trade ``?token=`` for an HttpOnly cookie and drop the token from the address bar."""
     args = request.args.to_dict(flat=False)
     args.pop("token", None)
