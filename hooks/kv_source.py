@@ -30,12 +30,15 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, SystemClock
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.hooks.kvpool_types import Allocation, CheckReport, KVPoolObserver
-from vramscope.hooks.sink import RecordSink
+from vramscope.hooks.sink import Record, RecordSink
+
+if TYPE_CHECKING:
+    from vramscope.hooks.kvpool import KVBlockPool
 
 _new_event = tuple.__new__
 _MAX_IDS_IN_EVENT = 32  # bound the orphan event: a leak of 10k blocks is still one line
@@ -75,14 +78,14 @@ class KVSource(KVPoolObserver):
         # block_size tokens), and a buffered record that holds no dict of its own is smaller.
         self._extend_data: dict[tuple[int, int], dict[str, Any]] = {}
         self._free_data: dict[tuple[int, int], dict[str, Any]] = {}
-        self._pool_ref: Callable[[], Any] = _no_pool
+        self._pool_ref: Callable[[], KVBlockPool | None] = _no_pool
 
     @property
-    def pool(self) -> Any:
+    def pool(self) -> KVBlockPool | None:
         """The attached pool, or None (detached, or the pool died)."""
         return self._pool_ref()
 
-    def attach(self, pool: Any) -> KVSource:
+    def attach(self, pool: KVBlockPool) -> KVSource:
         # Weakly: the pool holds this observer (its bound methods), so a strong reference back
         # would make a cycle that keeps the pool, and its preallocated buffer, alive until the
         # cyclic GC runs, or for as long as the server keeps this source (issue 13).
@@ -113,7 +116,7 @@ class KVSource(KVPoolObserver):
     # sample rate; the Event is built positionally as a plain tuple (``Event(...)`` runs a
     # Python ``__new__``: half again the cost), so it must list every field of Event (host and
     # device_uuid last: the install sink stamps the UUID).
-    def on_allocate(self, pool: Any, allocation: Allocation) -> None:
+    def on_allocate(self, pool: KVBlockPool, allocation: Allocation) -> None:
         request_id, block_ids, num_tokens, hit_tokens, _ = allocation
         phase = self._phase_fn() if self._phase_fn is not None else None
         now_s = self._time_s()
@@ -127,7 +130,7 @@ class KVSource(KVPoolObserver):
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
 
-    def on_extend(self, pool: Any, request_id: str, new_block_ids: tuple[int, ...],
+    def on_extend(self, pool: KVBlockPool, request_id: str, new_block_ids: tuple[int, ...],
                   num_tokens: int) -> None:
         phase = self._phase_fn() if self._phase_fn is not None else None
         now_s = self._time_s()
@@ -142,7 +145,7 @@ class KVSource(KVPoolObserver):
         except Exception:
             pass
 
-    def on_free(self, pool: Any, request_id: str, released: tuple[int, ...],
+    def on_free(self, pool: KVBlockPool, request_id: str, released: tuple[int, ...],
                 cached: tuple[int, ...]) -> None:
         phase = self._phase_fn() if self._phase_fn is not None else None
         now_s = self._time_s()
@@ -159,12 +162,12 @@ class KVSource(KVPoolObserver):
         if not pool._requests:
             self._maybe_check(pool)
 
-    def on_allocate_failed(self, pool: Any, request_id: str, num_tokens: int,
+    def on_allocate_failed(self, pool: KVBlockPool, request_id: str, num_tokens: int,
                            reason: str) -> None:
         self._event(pool, "kv_alloc_failed", request_id, {"tokens": num_tokens,
                                                           "reason": reason})
 
-    def on_check(self, pool: Any, report: CheckReport) -> None:
+    def on_check(self, pool: KVBlockPool, report: CheckReport) -> None:
         if report.ok:
             return
         self._event(pool, "kv_orphaned_blocks", None, {
@@ -176,7 +179,8 @@ class KVSource(KVPoolObserver):
         self._put(self._sample(pool))
 
     # --- internals -------------------------------------------------------------------------
-    def _event(self, pool: Any, name: str, request_id: str | None, data: dict[str, Any]) -> None:
+    def _event(self, pool: KVBlockPool, name: str, request_id: str | None,
+               data: dict[str, Any]) -> None:
         """Put one event, then a sample if one is due (the rare events; see on_allocate)."""
         phase = self._phase_fn() if self._phase_fn is not None else None
         now_s = self._time_s()
@@ -188,19 +192,19 @@ class KVSource(KVPoolObserver):
         except Exception:  # a sink must not raise; if one does, the server still must not see it
             pass
 
-    def _sample_at(self, pool: Any, now_s: float) -> None:
+    def _sample_at(self, pool: KVBlockPool, now_s: float) -> None:
         """Sample at ``now_s`` (the event's time). Due again ``sample_interval_s`` later on the
         same wall clock, or at once if that clock is set back before this sample."""
         self._sampled_s, self._next_sample_s = now_s, now_s + self.sample_interval_s
         self._put(self._sample(pool, now_s))
 
-    def _maybe_check(self, pool: Any) -> None:
+    def _maybe_check(self, pool: KVBlockPool) -> None:
         now_s = self._monotonic_s()
         if now_s >= self._next_check_s:
             self._next_check_s = now_s + self.check_interval_s
             pool.check(())
 
-    def _sample(self, pool: Any, now_s: float | None = None) -> Sample:
+    def _sample(self, pool: KVBlockPool, now_s: float | None = None) -> Sample:
         s = pool.stats()
         phase = self._phase_fn() if self._phase_fn is not None else None
         ts_s = self._time_s() if now_s is None else now_s
@@ -208,7 +212,7 @@ class KVSource(KVPoolObserver):
                       kv_blocks_used=s.blocks_used, kv_blocks_total=s.blocks_total,
                       kv_blocks_cached=s.blocks_cached, kv_tokens_used=s.tokens_used)
 
-    def _put(self, record: Any) -> None:
+    def _put(self, record: Record) -> None:
         try:
             self._sink_put(record)
         except Exception:  # a sink must not raise; if one does, the server still must not see it
@@ -219,7 +223,8 @@ def _no_pool() -> None:
     return None
 
 
-def _share(memo: dict[Any, dict[str, Any]], key: Any, data: dict[str, Any]) -> dict[str, Any]:
+def _share(memo: dict[tuple[int, int], dict[str, Any]], key: tuple[int, int],
+           data: dict[str, Any]) -> dict[str, Any]:
     """Keep ``data`` as the dict every later event with this ``key`` shares (memo bounded)."""
     if len(memo) >= _SHARED_DATA_MAX:
         memo.clear()
