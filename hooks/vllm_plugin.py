@@ -93,9 +93,10 @@ def observer() -> VllmObserver:
 class VllmObserver:
     """The class patches and the records they make. ``parts`` says what is observed and why not."""
 
-    def __init__(self, install: Callable[..., Any] | None = None) -> None:
+    def __init__(self, install: Callable[..., Any] | None = None, sink: Any = None) -> None:
         self.parts: dict[str, str] = {}  # part -> "observed" or why not
-        self._install = install
+        self._install = install  # tests and benchmarks hand their own install() and sink
+        self._given_sink = sink
         self._patched: list[tuple[type, str, Any]] = []
         self._lock = threading.Lock()
         self.device = 0
@@ -218,8 +219,8 @@ class VllmObserver:
 
     def _make_sink(self, config: Any, process: str, devices: list[int],
                    model: str | None) -> Any:
-        if self._install is not None:
-            return None  # tests hand their own install() a sink
+        if self._install is not None or self._given_sink is not None:
+            return self._given_sink
         import atexit
 
         from vramscope.hooks.client import make_default_sink

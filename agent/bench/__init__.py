@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
     "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
     "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
+    "vllm": ("vramscope.agent.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
 }
 
 

@@ -93,6 +93,15 @@ class Child:
             self.proc.terminate()
             self.proc.wait(30)
 
+    def terminate(self, timeout_s: float = 60) -> None:
+        """SIGTERM (a server's clean shutdown), then SIGKILL if it hangs."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+
     def text(self) -> str:
         return "".join(self.lines)
 

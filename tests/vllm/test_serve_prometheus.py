@@ -88,7 +88,7 @@ def test_vllm_serve_metrics_reach_the_database_and_the_dashboard(model_dir, prom
             loads = [e.data for e in st.events(names=("server_load",))]
             samples = st.samples(source="prometheus")
     finally:
-        server.stop()
+        server.terminate()
     assert served == [200] * 6
     blocks = int(_label(metrics, "vllm:cache_config_info", "num_gpu_blocks"))
     assert {s.kv_blocks_total for s in samples} == {blocks - 1}
