@@ -21,6 +21,7 @@ import threading
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 30
@@ -31,7 +32,7 @@ def chromium_available() -> bool:
     return Path(CHROMEDRIVER).exists() and shutil.which("chromium") is not None
 
 
-def start_driver(width: int = 1400):
+def start_driver(width: int = 1400) -> Any:
     """Headless Chromium with a throwaway profile; ``driver.profile_dir`` to remove after."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -49,12 +50,12 @@ def start_driver(width: int = 1400):
     return driver
 
 
-def stop_driver(driver) -> None:
+def stop_driver(driver: Any) -> None:
     driver.quit()
     shutil.rmtree(driver.profile_dir, ignore_errors=True)
 
 
-def wait_ready(driver, what: str = "the page") -> None:
+def wait_ready(driver: Any, what: str = "the page") -> None:
     """Every plot drawn and every table (or its "nothing here") filled."""
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -67,7 +68,7 @@ def wait_ready(driver, what: str = "the page") -> None:
         lambda d: d.execute_script(script), message=f"timed out waiting for {what}")
 
 
-def screenshot(driver, path: Path, width: int) -> Path:
+def screenshot(driver: Any, path: Path, width: int) -> Path:
     """The whole page at ``width`` CSS pixels (as tall as its content, at most 4000)."""
     driver.set_window_size(width, 1000)
     height = driver.execute_script("return document.documentElement.scrollHeight")
@@ -79,7 +80,7 @@ def screenshot(driver, path: Path, width: int) -> Path:
     return path
 
 
-def relayout(driver) -> None:
+def relayout(driver: Any) -> None:
     """Every plot re-laid out at the window's new size, before the picture is taken."""
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
@@ -107,7 +108,7 @@ def page_paths(base_url: str) -> list[tuple[str, str]]:
     return pages + [("capacity", "/capacity")]
 
 
-def capture(driver, base_url: str, out: Path, widths: Sequence[int],
+def capture(driver: Any, base_url: str, out: Path, widths: Sequence[int],
             pages: Iterable[tuple[str, str]] | None = None) -> list[Path]:
     """Every page at every width into ``out``; the file names carry the width when there is
     more than one."""
@@ -121,9 +122,10 @@ def capture(driver, base_url: str, out: Path, widths: Sequence[int],
     return written
 
 
-def _get(base_url: str, path: str) -> dict:
+def _get(base_url: str, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(base_url + path, timeout=30) as r:
-        return json.load(r)
+        doc: dict[str, Any] = json.load(r)
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,7 +80,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     return {"data": data, "layout": layout}
 
 
-def memory_range(s: dict[str, dict[str, list]]) -> tuple[float, float, int | None]:
+def memory_range(s: dict[str, dict[str, list[Any]]]) -> tuple[float, float, int | None]:
     """``(low, high)`` GiB around allocated, reserved and device used (the limit only when it
     is near them), and the limit in bytes."""
     keys = ("allocated_bytes", "reserved_bytes", "device_used_bytes")
@@ -97,7 +97,7 @@ def memory_range(s: dict[str, dict[str, list]]) -> tuple[float, float, int | Non
     return max(0.0, (low - pad) / GIB), (high + pad) / GIB, limit
 
 
-def _range_buttons(lo: float, hi: float, top: float, limit: int | None) -> list[dict]:
+def _range_buttons(lo: float, hi: float, top: float, limit: int | None) -> list[dict[str, Any]]:
     if not limit:
         return []
     return [{"type": "buttons", "direction": "right", "showactive": True, "active": 0,
@@ -109,7 +109,7 @@ def _range_buttons(lo: float, hi: float, top: float, limit: int | None) -> list[
                           "args": [{"yaxis.range": [0, top]}]}]}]
 
 
-def _floor_traces(floor: dict[str, list]) -> list[dict[str, Any]]:
+def _floor_traces(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
     if len(floor["ts"]) < 2:
         return []
     return [f._line("allocated floor (lowest per minute)", [f.ms(t) for t in floor["ts"]],
@@ -118,7 +118,7 @@ def _floor_traces(floor: dict[str, list]) -> list[dict[str, Any]]:
                     xaxis="x", yaxis="y", hovertemplate="floor %{y:.3f} GiB")]
 
 
-def _floor_note(floor: dict[str, list]) -> list[dict[str, Any]]:
+def _floor_note(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """"floor +1.06 GiB since 21:10": the growth a leak makes, in words on the plot."""
     if len(floor["ts"]) < 2:
         return []
@@ -134,7 +134,7 @@ def _size(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
 
 
-def _share_traces(shares: dict[str, list]) -> list[dict[str, Any]]:
+def _share_traces(shares: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Each phase's share of a bucket as a stacked bar on the phase lane."""
     if not shares.get("ts"):
         return []
@@ -188,7 +188,7 @@ def _domains(panels: list[str]) -> dict[str, list[float]]:
     return out
 
 
-def _axes(panels: list[str], s: dict[str, dict[str, list]], lo: float, hi: float,
+def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: float,
           frag_warning: float | None, markers: set[str]) -> dict[str, Any]:
     dom = _domains(panels)
     axes: dict[str, Any] = {
@@ -234,7 +234,7 @@ def _frag_note(domain: list[float]) -> dict[str, Any]:
             "text": "external fragmentation: " + FRAGMENTATION_NOTE}
 
 
-def _occupancy_top(s: dict[str, dict[str, list]]) -> float:
+def _occupancy_top(s: dict[str, dict[str, list[Any]]]) -> float:
     """A round number above the fullest block (tokens per block are whole numbers)."""
     values = s.get("kv_tokens_per_block", {}).get("max") or [1.0]
     top = max(values) * 1.2

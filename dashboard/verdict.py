@@ -41,7 +41,8 @@ def stale_after_s(config: Mapping[str, Any]) -> float:
     return max(STALE_MIN_S, STALE_INTERVALS * slowest)
 
 
-def freshness(newest_ts_s: float | None, now_s: float, config: Mapping[str, Any]) -> dict:
+def freshness(newest_ts_s: float | None, now_s: float,
+              config: Mapping[str, Any]) -> dict[str, Any]:
     """``{"now_s", "newest_ts_s", "age_s", "stale_after_s", "stale"}``; no data is not stale
     (there is nothing to mistake for live), but ``newest_ts_s`` is ``None``."""
     limit = stale_after_s(config)

@@ -28,8 +28,9 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
     if did is None:
         return {}
     ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
-    bucket = (func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer))
-    bucket = bucket.label("bucket")
+    # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
+    grid = func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer)
+    bucket = grid.label("bucket")
     q = (select(bucket, samples.c.phase, func.count().label("n"))
          .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s <= end_s,
                 samples.c.phase != "unknown")
