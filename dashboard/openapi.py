@@ -1,8 +1,8 @@
 """The OpenAPI 3.0 document of ``/api/v1`` (served at ``/api/v1/openapi.json``).
 
 Written by hand next to the handlers and checked against them by schemathesis
-(``tests/test_api_schemathesis.py``): every response must match these schemas, and no input the
-schema allows may produce a 5xx.
+(``tests/dashboard/test_api_schemathesis.py``): every response must match these schemas, and no
+input the schema allows may produce a 5xx.
 """
 
 from __future__ import annotations
