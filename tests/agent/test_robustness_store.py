@@ -153,3 +153,38 @@ def test_a_sound_database_is_healthy(short_dir):
     _good_db(db, rows=100)
     config = parse_config({"database": {"url": f"sqlite:///{db}"}}, None, {})
     assert create_app(config).test_client().get("/healthz").get_json()["status"] == "ok"
+
+
+@pytest.mark.postgres
+def test_a_postgresql_restart_mid_stream_loses_and_doubles_nothing():
+    """A server of its own, stopped while the writer has batches to commit and started again:
+    the writer retries (transient), then every record is stored exactly once (the batch keys)."""
+    from vramscope.agent.writer import Writer
+
+    from tests.support.pgserver import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    try:
+        url = server.create_database("restart")
+        store = Store.open(url, host_name="h")
+        writer = Writer(store, batch_rows=500, batch_interval_s=0.05, max_backoff_s=0.5)
+        writer.start()
+        writer.put_many([Sample(1e9 + i, 0, Phase.IDLE, "pg", 1, allocated_bytes=i)
+                         for i in range(2000)])
+        wait_for(lambda: writer.stats.written_total >= 500)
+        server.stop()
+        writer.put_many([Sample(2e9 + i, 0, Phase.IDLE, "pg", 1, allocated_bytes=i)
+                         for i in range(2000)])
+        wait_for(lambda: writer.failing, timeout_s=20)
+        server.start()
+        wait_for(lambda: writer.stats.written_total >= 4000 and not writer.failing,
+                 timeout_s=30)
+        writer.stop()
+        assert writer.stats.failed_attempts >= 1 and writer.stats.dropped_total == 0
+        assert writer.stats.refused_total == 0
+        got = sorted(s.ts_s for s in store.samples(source="pg"))
+        assert len(got) == 4000 == len(set(got))
+        store.close()
+    finally:
+        server.destroy()
