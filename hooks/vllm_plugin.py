@@ -332,6 +332,7 @@ class VllmObserver:
     def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def free(manager: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
             rid = request.request_id
+            self.waiting.discard(rid)  # refused and then finished: forget it here too
             held = self._guard("kv_cache_manager", _blocks_of, manager, rid) if (
                 rid in self.live) else None
             result = original(manager, request, *args, **kwargs)
