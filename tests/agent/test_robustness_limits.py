@@ -5,6 +5,7 @@ slowloris clients filling every slot, idle connections, descriptor exhaustion, c
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -255,4 +256,31 @@ def test_long_hello_names_are_refused_and_status_keeps_answering(short_dir):
             assert "exceeds the cap of 65536 bytes" in conn.read()["message"]
         assert agent.status()["type"] == "status"
     finally:
+        agent.stop()
+
+
+def test_more_connections_than_limit_nofile_never_exhaust_the_agents_descriptors(short_dir):
+    """Under the unit's LimitNOFILE, a flood of silent connections beyond it: the pending
+    slots make the agent close the oldest, so it never runs out of descriptors (no EMFILE),
+    and `status` and a good client get in at once."""
+    nofile, _ = unit_limits()
+    agent = _agent(short_dir, handshake_timeout_s="30").start()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(nofile + 200):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(agent.socket_path)
+            socks.append(sock)
+        status = wait_for(lambda: (s := _try_status(agent)) and s["rejected"].get(
+            "pending", 0) >= nofile + 200 - ingest.MAX_PENDING and s)  # the backlog drained
+        assert status["accept_errors"] == 0
+        assert len(os.listdir(f"/proc/{agent.pid}/fd")) < ingest.MAX_CLIENTS + ingest.MAX_PENDING
+        with AgentConnection(agent.socket_path) as good:
+            good.hello("good", pid=4242)
+            good.send_records(_samples(100))
+            good.status()
+        wait_for(lambda: _good_rows(f"{short_dir}/vs.db") == 100)
+    finally:
+        for sock in socks:
+            sock.close()
         agent.stop()
