@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import Any
 
 # name -> (module, what it measures). GPU benchmarks skip themselves without CUDA.
@@ -73,7 +74,8 @@ def _gpu_name() -> str | None:
 
         torch = sys.modules.get("torch")  # never import torch just to name the machine
         if torch is not None and torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
+            name: str = torch.cuda.get_device_name(0)
+            return name
     except Exception:
         return None
     return None
@@ -103,7 +105,7 @@ def interleaved(fns: Sequence[Callable[[], Any]], rounds: int) -> list[Timing]:
     return out
 
 
-def load(name: str):
+def load(name: str) -> ModuleType:
     if name not in BENCHMARKS:
         known = ", ".join(BENCHMARKS)
         raise KeyError(f"unknown benchmark {name!r}; known: {known}")

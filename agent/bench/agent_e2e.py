@@ -18,9 +18,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from vramscope.agent.bench import BenchOptions, Figure, interleaved
 from vramscope.agent.errors import VramscopeError
+
+if TYPE_CHECKING:
+    from vramscope.agent.ingest.process import AgentProcess
+    from vramscope.agent.records import Sample
 
 BATCH = 500
 
@@ -81,7 +87,8 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
     ]
 
 
-def _via_agent(agent, rows: list, cpu_per_round: list[float]):
+def _via_agent(agent: AgentProcess, rows: list[Sample],
+               cpu_per_round: list[float]) -> Callable[[], None]:
     from vramscope.agent.ingest.connection import AgentConnection
 
     state = {"round": 0}
@@ -109,7 +116,7 @@ def _via_agent(agent, rows: list, cpu_per_round: list[float]):
     return send
 
 
-def _direct(rows: list, workdir: str):
+def _direct(rows: list[Sample], workdir: str) -> Callable[[], None]:
     from vramscope.agent.store import Store
 
     def write() -> None:
@@ -125,7 +132,9 @@ def _direct(rows: list, workdir: str):
 def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     window_s = 3.0 if options.quick else 15.0
     rounds = 2 if options.quick else 3
-    loaded, idle, rss = [], [], []
+    loaded: list[float] = []
+    idle: list[float] = []
+    rss: list[float] = []
     for r in range(rounds):
         for devices, out in ((8, loaded), (0, idle)):
             cpu, rss_bytes = _measure(workdir, f"cost-{r}-{devices}", devices, window_s)

@@ -25,6 +25,7 @@ construction: a request takes any free blocks, so every free block is usable.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +137,7 @@ class _PagedDesign:
             self.pool.free(rid)
         return ok
 
-    def _try(self, fn, rid: str, n: int) -> bool:
+    def _try(self, fn: Callable[[str, int], object], rid: str, n: int) -> bool:
         try:
             fn(rid, n)
         except self._error:

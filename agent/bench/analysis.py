@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 from vramscope.agent.bench import BenchOptions, Figure, interleaved
+
+if TYPE_CHECKING:
+    from vramscope.agent.records import Sample
 
 FULL_SAMPLES = 1_000_000
 QUICK_SAMPLES = 20_000
 DT_S = 0.1  # a 10 Hz allocator reader, as sampling.allocator_interval_s defaults to
 
 
-def split_sources(s):
+def split_sources(s: Sample) -> tuple[Sample, Sample, Sample]:
     """One all-fields simulated sample as the three samples a real recording has."""
     torch = s._replace(source="torch", device_used_bytes=None, kv_blocks_used=None,
                        kv_blocks_total=None, kv_blocks_cached=None)

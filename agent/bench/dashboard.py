@@ -19,9 +19,15 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
 from vramscope.agent.records import Phase, Sample
+
+if TYPE_CHECKING:
+    from flask.testing import FlaskClient
+    from vramscope.agent.store import Store
 
 T0 = 1_700_000_000.0
 DAY_S = 86_400.0
@@ -40,7 +46,7 @@ def _sample(t: float, device: int, i: int) -> Sample:
                   kv_blocks_cached=100)
 
 
-def generate(store, per_device: int) -> None:
+def generate(store: Store, per_device: int) -> None:
     """``per_device`` samples for each of 8 devices, spread evenly over 24 hours."""
     step = DAY_S / per_device
     batch: list[Sample] = []
@@ -53,7 +59,7 @@ def generate(store, per_device: int) -> None:
     store.write_samples(batch)
 
 
-def roll_up(store) -> None:
+def roll_up(store: Store) -> None:
     """Per-minute rollups of the whole day, as the live agent's retention keeps them (set-up,
     not timed): long ranges are served from them, the newest minutes from raw samples."""
     from vramscope.agent.store.maintenance import rollup_window
@@ -63,7 +69,7 @@ def roll_up(store) -> None:
         rollup_window(store, first + hour * 3600, first + (hour + 1) * 3600)
 
 
-def _endpoint(client, device: int):
+def _endpoint(client: FlaskClient, device: int) -> Callable[[], int]:
     url = (f"/api/v1/timeline?device={device}&start={T0}&end={T0 + DAY_S}&max_points=2000")
 
     def call() -> int:
@@ -74,7 +80,7 @@ def _endpoint(client, device: int):
     return call
 
 
-def _sql_only(store, device: int):
+def _sql_only(store: Store, device: int) -> Callable[[], int]:
     from vramscope.dashboard.timeline import TIMELINE_COLUMNS
 
     def call() -> int:
@@ -82,7 +88,7 @@ def _sql_only(store, device: int):
     return call
 
 
-def _raw(store, device: int):
+def _raw(store: Store, device: int) -> Callable[[], int]:
     from vramscope.agent.trace import sample_to_json
 
     def call() -> int:
@@ -114,7 +120,7 @@ def run(options: BenchOptions) -> list[Figure]:
                spread=sql.spread(1000, "ms"), baseline="the endpoint's own query, same run")]
 
 
-def _figures(per_device: int, sub, base, sizes: tuple[int, int]) -> list[Figure]:
+def _figures(per_device: int, sub: Timing, base: Timing, sizes: tuple[int, int]) -> list[Figure]:
     total = per_device * DEVICES
     ratio = base.median_s / sub.median_s
     per_round = [b / s for s, b in zip(sub.samples_s, base.samples_s)]

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, suite
 
@@ -55,7 +55,7 @@ class DetectionScore:
 def score(scenarios: Sequence[Scenario]) -> DetectionScore:
     out = DetectionScore()
     for sc in scenarios:
-        fired = [c for c in AlertEngine.from_config(None).feed(sc.samples + sc.events)
+        fired = [c for c in AlertEngine.from_config(None).feed([*sc.samples, *sc.events])
                  if c.kind == "fired" and c.severity != "info"]
         if sc.kind == "leak":
             _score_leak(sc, fired, out)
@@ -69,8 +69,9 @@ def score(scenarios: Sequence[Scenario]) -> DetectionScore:
     return out
 
 
-def _score_leak(sc: Scenario, fired, out: DetectionScore) -> None:
+def _score_leak(sc: Scenario, fired: list[AlertChange], out: DetectionScore) -> None:
     start = sc.leak_start_ts
+    assert start is not None  # a leak scenario
     before = [c for c in fired if c.ts_s < start]
     out.false_alarms += len(before)
     out.quiet_days += (start - sc.samples[0].ts_s) / 86400.0
@@ -91,9 +92,9 @@ def _score_leak(sc: Scenario, fired, out: DetectionScore) -> None:
 
 def _naive_fires(sc: Scenario) -> float | None:
     """First time the OLS slope of raw allocated over the last two hours is over the minimum."""
-    limit = sc.samples[0].device_total_bytes
+    limit = sc.samples[0].device_total_bytes or 0  # simulated: always set
     min_slope = 0.0025 * limit / 3600.0
-    pts = [(s.ts_s, s.allocated_bytes) for s in sc.samples]
+    pts = [(s.ts_s, s.allocated_bytes or 0) for s in sc.samples]  # simulated: always set
     t0, next_eval, lo = pts[0][0], pts[0][0] + 1800.0, 0
     for i, (ts, _) in enumerate(pts):
         if ts < next_eval:
@@ -106,7 +107,7 @@ def _naive_fires(sc: Scenario) -> float | None:
     return None
 
 
-def _ols_slope(pts, t0: float) -> float:
+def _ols_slope(pts: Sequence[tuple[float, float]], t0: float) -> float:
     n = len(pts)
     mx = sum(p[0] - t0 for p in pts) / n
     my = sum(p[1] for p in pts) / n

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import statistics
 import tempfile
+from collections.abc import Callable
 
 from vramscope.agent.bench import BenchOptions, Figure, interleaved
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
@@ -27,7 +28,7 @@ def make_samples(n: int, devices: int = 8) -> list[Sample]:
             for i in range(n)]
 
 
-def _store_writer(rows: list[Sample], workdir: str):
+def _store_writer(rows: list[Sample], workdir: str) -> Callable[[], None]:
     from vramscope.agent.store import Store
 
     def write() -> None:
@@ -39,7 +40,7 @@ def _store_writer(rows: list[Sample], workdir: str):
     return write
 
 
-def _raw_writer(rows: list[Sample], workdir: str, template: str):
+def _raw_writer(rows: list[Sample], workdir: str, template: str) -> Callable[[], None]:
     cols = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
     sql = f"INSERT INTO samples ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
     tuples = [(1, s.ts_s, s.phase.value, s.source, s.pid, *s[5:5 + len(SAMPLE_COUNTER_FIELDS)])

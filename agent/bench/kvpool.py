@@ -15,10 +15,18 @@ with the most events; medians over rounds, with the per-round spread.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
 from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
 
+if TYPE_CHECKING:
+    from vramscope.hooks.kvpool import KVBlockPool
+    from vramscope.hooks.sink import RecordSink
+
 # A 7B-class shape (32 layers, 8 KV heads, head dim 128, bf16), 16-token blocks.
-SHAPE = dict(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", block_size=16)
+SHAPE: dict[str, Any] = dict(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16",
+                             block_size=16)
 BASELINE = "the same workload on a pool with no observer (free disabled path), same run"
 
 
@@ -28,7 +36,7 @@ def _prompts(batch: int, prefix_tokens: int, suffix_tokens: int) -> list[list[in
     return [systems[i % 4] + [i * 7919 + t for t in range(suffix_tokens)] for i in range(batch)]
 
 
-def _workload(pool, prompts: list[list[int]], decode_steps: int) -> int:
+def _workload(pool: KVBlockPool, prompts: list[list[int]], decode_steps: int) -> int:
     """Run one batch through the pool; returns the number of pool operations."""
     ids = [f"req-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts):
@@ -49,7 +57,8 @@ def _sizes(options: BenchOptions) -> tuple[int, int, int, int, int]:
     return (4, 32, 16, 8, 21) if options.quick else (8, 128, 32, 128, 1001)
 
 
-def _observed_pool(num_blocks: int, sink, extend_events: bool | None):
+def _observed_pool(num_blocks: int, sink: RecordSink,
+                   extend_events: bool | None) -> KVBlockPool:
     from vramscope.hooks.kv_source import KVSource
     from vramscope.hooks.kvpool import KVBlockPool
 
@@ -59,7 +68,8 @@ def _observed_pool(num_blocks: int, sink, extend_events: bool | None):
     return pool
 
 
-def _events_per_round(num_blocks: int, prompts, steps: int, extend_events: bool) -> int:
+def _events_per_round(num_blocks: int, prompts: list[list[int]], steps: int,
+                      extend_events: bool) -> int:
     """Events the observer puts in one warm round (samples are rate-limited, not counted)."""
     from vramscope.hooks.sink import ListSink
 
@@ -82,7 +92,7 @@ def run(options: BenchOptions) -> list[Figure]:
     ops = 0
     for pool in pools:  # warm: later rounds see prefix hits, as a serving pool does
         ops = _workload(pool, prompts, steps)
-    timings = interleaved([lambda p=p: _workload(p, prompts, steps) for p in pools], rounds)
+    timings = interleaved([partial(_workload, p, prompts, steps) for p in pools], rounds)
     events = [_events_per_round(num_blocks, prompts, steps, mode) for mode in (False, True)]
     return _figures(timings, ops, events)
 

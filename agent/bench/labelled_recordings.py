@@ -177,7 +177,8 @@ def frag_oom(seed: int, dt_s: float = 1.0, duration_s: float = 1500.0) -> Scenar
 
 
 def _run_to_oom(name: str, kind: str, seed: int, srv: _Server, rng: random.Random,
-                step: Callable) -> Scenario:
+                step: Callable[[_Server, random.Random, _Cycle, float], PostMortem | None]
+                ) -> Scenario:
     c = srv._cycle(START_S)
     srv.request_events(c)
     t = START_S
