@@ -99,9 +99,10 @@ def test_openapi_at_the_root_redirects_to_the_document(client):
     assert "/freshness" in client.get(r.headers["Location"]).get_json()["paths"]
 
 
-def test_phase_shares_per_bucket_without_phase_events_at_an_hour(tmp_path):
-    """The demo's case: phases only on samples, 10 Hz, an hour: no bands, but shares."""
-    store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
+def test_phase_shares_per_bucket_without_phase_events_at_an_hour(any_url):
+    """The demo's case: phases only on samples, 10 Hz, an hour: no bands, but shares (counted
+    in SQL: SQLite and PostgreSQL bucket differently)."""
+    store = Store.open(any_url, host_name="h")
     store.write([F.torch_sample(F.T0 + i, 1) for i in range(3600)])
     c = create_app(None, store).test_client()
     doc = c.get(f"/api/v1/timeline?device=1&start={F.T0}&end={F.T0 + 3600}").get_json()
