@@ -17,12 +17,14 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, and_, cast, func, select
+from sqlalchemy import ColumnElement, Connection, Integer, and_, cast, func, select
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store.schema import devices, hosts, rollups, samples
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
+
+_MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
 
 ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 
@@ -72,9 +74,10 @@ class _Grid:
     def index(self, ts_s: float) -> int:
         return min(int((ts_s - self.start_s) // self.width_s), self.buckets - 1)
 
-    def rows(self, parts: list[tuple[int, float, dict[str, tuple]]]) -> list[dict[str, Any]]:
+    def rows(self, parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
+             ) -> list[dict[str, Any]]:
         """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket."""
-        merged: dict[int, tuple[float, dict[str, list]]] = {}
+        merged: dict[int, tuple[float, dict[str, list[Any]]]] = {}
         for b, last_ts, values in sorted(parts, key=lambda p: (p[0], p[1])):
             _, acc = merged.get(b, (last_ts, {}))
             for col, (lo, hi, last) in values.items():
@@ -95,11 +98,12 @@ class _Grid:
 
 
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
-         include_hi: bool) -> list[tuple[int, float, dict[str, tuple]]]:
+         include_hi: bool) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
     """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped in SQL on the grid."""
     ratio = (samples.c.ts_s - grid.start_s) / grid.width_s
     # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds.
-    bucket = (func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer))
+    bucket: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
+                                  else cast(ratio, Integer))
     bucket = bucket.label("bucket")
     upper = samples.c.ts_s <= hi_s if include_hi else samples.c.ts_s < hi_s
     where = [samples.c.device_id == did, samples.c.ts_s >= lo_s, upper]
@@ -123,7 +127,7 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
 LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits
 
 
-def _last_values(c, did: int, stamps: list[float], columns: Sequence[str],
+def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence[str],
                  source: str | None) -> dict[float, dict[str, Any]]:
     """Each bucket's "last": the row(s) at its latest timestamp, fetched by (device, ts_s) on
     the samples index. A separate query rather than a join back on the grouped subquery,
@@ -157,7 +161,7 @@ def _rollup_span(store: Store, did: int, start_s: float,
 
 
 def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
-                  source: str | None) -> list[tuple[int, float, dict[str, tuple]]]:
+                  source: str | None) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
     q = (select(rollups.c.bucket_s, rollups.c.metric, func.min(rollups.c.min_value),
                 func.max(rollups.c.max_value), func.max(rollups.c.last_value))
          .where(rollups.c.device_id == did, rollups.c.bucket_s >= lo_s,
@@ -165,7 +169,7 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
          .group_by(rollups.c.bucket_s, rollups.c.metric))
     if source is not None:
         q = q.where(rollups.c.source == source)
-    per_minute: dict[float, dict[str, tuple]] = {}
+    per_minute: dict[float, dict[str, _MinMaxLast]] = {}
     with store.engine.connect() as c:
         for minute, metric, lo, hi, last in c.execute(q):
             per_minute.setdefault(float(minute), {})[metric] = (lo, hi, last)

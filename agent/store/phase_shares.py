@@ -9,9 +9,9 @@ nothing and are not counted. One indexed range scan of the window, grouped in th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, cast, func, select
+from sqlalchemy import ColumnElement, Integer, cast, func, select
 from vramscope.agent.store.downsample import _device_row_id
 from vramscope.agent.store.schema import samples
 
@@ -29,7 +29,8 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
         return {}
     ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
     # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
-    grid = func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer)
+    grid: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
+                                else cast(ratio, Integer))
     bucket = grid.label("bucket")
     q = (select(bucket, samples.c.phase, func.count().label("n"))
          .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s <= end_s,
