@@ -42,6 +42,9 @@ from vramscope.hooks.oom import _phase_from_metadata, format_frames
 from vramscope.hooks.snapshot import MAX_BACKOFF_S
 
 LAYOUT_EVENT = "memory_layout"
+# the keys of a block without a phase stamp (``Block`` in torch.cuda.memory._snapshot's docstring)
+_PLAIN_BLOCK = frozenset({"address", "size", "requested_size", "state", "frames"})
+_KEY_FRAMES = 24  # frames that tell two stacks apart (their first four own frames are kept)
 MAX_GROUPS = 256
 MAX_STACKS = 32
 MAX_FRAMES = 4
@@ -64,6 +67,7 @@ def layout_summary(segments: Iterable[Mapping[str, Any]], device: int | None = N
                    workspace_bytes: int | None = None) -> dict[str, Any]:
     """The ``memory_layout`` data of the segments (of one device when ``device`` is given)."""
     seg_groups: dict[tuple[int, int], list[int]] = {}
+    stacks_seen: dict[tuple[Any, ...], tuple[str, ...]] = {}
     block_groups: dict[tuple[int, int, str | None, tuple[str, ...]], int] = {}
     n = reserved = allocated = 0
     for seg in segments:
@@ -80,9 +84,9 @@ def layout_summary(segments: Iterable[Mapping[str, Any]], device: int | None = N
             bsize = int(block["size"])
             allocated += bsize
             group[1] += bsize
-            phase = _phase_from_metadata(block)
-            stack = tuple(f[-MAX_FRAME_CHARS:]
-                          for f in format_frames(block.get("frames") or (), MAX_FRAMES))
+            phase = None if block.keys() <= _PLAIN_BLOCK else _phase_from_metadata(block)
+            frames = block.get("frames")
+            stack = _stack_of(frames, stacks_seen) if frames else ()
             key = (bsize, stream, phase.value if phase else None, stack)
             block_groups[key] = block_groups.get(key, 0) + 1
     segs, seg_dropped = _largest([[s, st, c, a] for (s, st), (c, a) in seg_groups.items()],
@@ -116,6 +120,21 @@ def _fit(data: dict[str, Any]) -> dict[str, Any]:
                 data["dropped_bytes"] += sum(g[0] * g[2] for g in groups[keep:])
             data[key] = groups[:keep]
     return data
+
+
+def _stack_of(frames: list[Mapping[str, Any]],
+              seen: dict[tuple[Any, ...], tuple[str, ...]]) -> tuple[str, ...]:
+    """The formatted stack, formatted once per distinct frame list (many blocks share one: a
+    snapshot of 30k blocks costs a tuple per block, not a string per frame). Lists alike in
+    their first ``_KEY_FRAMES`` frames share a stack."""
+    # by identity: torch builds each distinct frame dict once per snapshot and shares it among
+    # the tracebacks that have it; the snapshot is alive for the whole summary, so ids are too
+    key = tuple(map(id, frames[:_KEY_FRAMES]))
+    stack = seen.get(key)
+    if stack is None:
+        stack = seen[key] = tuple(f[-MAX_FRAME_CHARS:]
+                                  for f in format_frames(frames, MAX_FRAMES))
+    return stack
 
 
 def _largest(groups: list[list[Any]], weight: Callable[[list[Any]], int],
