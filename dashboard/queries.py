@@ -20,6 +20,9 @@ LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 PHASE_SAMPLE_LIMIT = 20_000  # raw samples read for phase bands when there are no phase events
 PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
 SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
+# ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
+# as much as the timeline itself; longer windows read rollups, which carry no phase
+PHASE_SHARE_SPAN_S = 6 * 3600.0
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
@@ -283,6 +286,8 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
         sampled = tl.bands_from_samples(raw, end_s) if len(raw) <= PHASE_SAMPLE_LIMIT else None
         if sampled is not None and len(sampled) <= max_bands:
             return sampled, None, "samples"
+    if end_s - start_s > PHASE_SHARE_SPAN_S:
+        return [], None, "zoom to 6 h or less"
     counts = phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host)
     shares = tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS)
     return [], shares, "samples" if shares["ts"] else "no phase reported"

@@ -208,3 +208,17 @@ def test_capacity_figure_puts_the_estimate_beside_the_memory_it_was_sized_for(cl
     assert traces["estimate"]["y"] == [None, None, est["total_bytes"] / 2**30]
     assert traces["limit"]["y"][-1] == est["gpu_memory_bytes"] / 2**30
     assert traces["usable after margin"]["y"][-1] == est["usable_bytes"] / 2**30
+
+
+def test_phase_shares_from_samples_stop_at_six_hours(tmp_path):
+    """Counting phases scans raw samples (rollups carry none): bounded to 6 h windows."""
+    store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
+    store.write([F.torch_sample(F.T0 + i, 1) for i in range(60)])
+    c = create_app(None, store).test_client()
+    doc = c.get(f"/api/v1/timeline?device=1&end={F.T0 + 60}&span=86400"
+                "&columns=allocated_bytes").get_json()
+    assert (doc["phases"], doc["phase_shares"], doc["phase_source"]) == (
+        [], None, "zoom to 6 h or less")
+    doc = c.get(f"/api/v1/timeline?device=1&end={F.T0 + 60}&span=21600"
+                "&columns=allocated_bytes").get_json()
+    assert doc["phase_source"] == "samples" and doc["phase_shares"]["ts"]
