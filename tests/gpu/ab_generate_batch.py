@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.gpu.*
+# cb_models beside this file: the script's folder is sys.path[0]. Not the repo root: its
+# vramscope/ (the facade alone) would shadow the installed package on the GPU machine.
+sys.path.append(str(Path(__file__).resolve().parent))
 
+import cb_models  # noqa: E402
 import torch  # noqa: E402
 
 import vramscope  # noqa: E402
-from tests.gpu import cb_models  # noqa: E402
 
 MIB = 2**20
 TOLERANCE_BYTES = MIB
