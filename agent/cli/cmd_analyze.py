@@ -65,7 +65,26 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(f"device {dev}: no make-up: the recording has fewer than two "
                                  "memory_layout events (idle-point layouts; install() takes "
                                  "them where torch sees a GPU)\n")
+    if not args.json:
+        sys.stdout.write(postmortem_lines(postmortems, args.device))
     return 0
+
+
+def postmortem_lines(postmortems: list[PostMortem], device: int | None) -> str:
+    """Every stored OOM post-mortem, not only each device's first OOM (the document's)."""
+    from vramscope.agent.analysis.diagnosis import complete_postmortem
+    from vramscope.agent.timefmt import iso_utc
+
+    mine = [pm for pm in postmortems if device is None or pm.device == device]
+    if not mine:
+        return ""
+    lines = [f"post-mortems: {len(mine)}"]
+    for pm in sorted(mine, key=lambda p: (p.device, p.ts_s)):
+        failed = ("" if pm.failed_alloc_bytes is None
+                  else f", failed allocation {pm.failed_alloc_bytes / 2**20:.1f} MiB")
+        lines.append(f"  device {pm.device} at {iso_utc(pm.ts_s)}: likely cause "
+                     f"{complete_postmortem(pm).cause}{failed}")
+    return "\n".join(lines) + "\n"
 
 
 def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostMortem]]:

@@ -137,3 +137,24 @@ def test_external_fragmentation_is_explained_where_it_is_printed(tmp_path, capsy
     assert ("    (external: the share of cached free memory outside the largest free block; a "
             "risk only when the largest request fits neither that block nor new memory, which "
             "the OOM-risk line above includes)") in out
+
+
+def test_the_readable_report_lists_every_postmortem(store, sqlite_url, capsys, monkeypatch,
+                                                    tmp_path):
+    """The document keeps each device's first OOM; the text lists every post-mortem (GPU 2 of
+    the demo had two and the report showed one)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VRAMSCOPE_AGENT_HOST_NAME", "testhost")
+    samples, events = recording()
+    store.write(samples, events, origin="test")
+    for ts in (1030.0, 1060.5):
+        store.write_postmortem(PostMortem(ts, 0, 7, Phase.PREFILL, 2 * G, 0, 80 * G, 75 * G,
+                                          79 * G, G // 2, 0.875, ("r1",)))
+    store.close()
+    assert main(["analyze", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("post-mortems: 2\n"
+                        "  device 0 at 1970-01-01T00:17:10.000Z: likely cause fragmentation, "
+                        "failed allocation 2048.0 MiB\n"
+                        "  device 0 at 1970-01-01T00:17:40.500Z: likely cause fragmentation, "
+                        "failed allocation 2048.0 MiB\n")
