@@ -64,7 +64,8 @@ def test_new_segments_lie_below_older_ones():
 
 def test_equal_sized_holes_tie_break_to_the_lower_address_the_newer_segment():
     """Which of two same-sized holes is reused decides where the next holes merge; the H200
-    record (tests/agent/test_sim_vs_h200_replay.py) diverged at step 1879 when this went the other way."""
+    record (tests/agent/test_sim_vs_h200_replay.py) diverged at step 1879 when this went the
+    other way."""
     a = CachingAllocatorModel(limit_bytes=1 << 30)
     old = [a.malloc(MiB // 2) for _ in range(4)]  # fills 2 MiB small segment one
     new = [a.malloc(MiB // 2) for _ in range(4)]  # and segment two, below it
