@@ -21,10 +21,23 @@ import logging
 import os
 import socket
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, create_engine, event, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    CursorResult,
+    Table,
+    and_,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from vramscope.agent.errors import StoreError
@@ -171,18 +184,20 @@ class Store:
         self.close()
 
     # --- identity ------------------------------------------------------------------------
-    def host_id(self, host: str | None = None, conn=None, ts_s: float = 0.0) -> int:
+    def host_id(self, host: str | None = None, conn: Connection | None = None,
+                ts_s: float = 0.0) -> int:
         name = host or self.host_name
         cached = self._host_ids.get(name)
         if cached is not None:
             return cached
+        row_id: int
         with _maybe_begin(self.engine, conn) as c:
             row = c.execute(select(hosts.c.id).where(hosts.c.name == name)).first()
             if row is None:
                 try:
                     with c.begin_nested():
-                        row_id = c.execute(insert(hosts).values(
-                            name=name, first_seen_s=ts_s, last_seen_s=ts_s)).inserted_primary_key[0]
+                        row_id = _new_id(c.execute(insert(hosts).values(
+                            name=name, first_seen_s=ts_s, last_seen_s=ts_s)))
                 except IntegrityError:  # another agent inserted it first
                     row_id = c.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
             else:
@@ -190,11 +205,13 @@ class Store:
         self._host_ids[name] = row_id
         return row_id
 
-    def device_id(self, index: int, host: str | None = None, conn=None) -> int:
+    def device_id(self, index: int, host: str | None = None,
+                  conn: Connection | None = None) -> int:
         key = (host or self.host_name, index)
         cached = self._device_ids.get(key)
         if cached is not None:
             return cached
+        row_id: int
         with _maybe_begin(self.engine, conn) as c:
             hid = self.host_id(key[0], c)
             where = and_(devices.c.host_id == hid, devices.c.device_index == index)
@@ -202,8 +219,8 @@ class Store:
             if row is None:
                 try:
                     with c.begin_nested():
-                        row_id = c.execute(insert(devices).values(
-                            host_id=hid, device_index=index)).inserted_primary_key[0]
+                        row_id = _new_id(c.execute(insert(devices).values(
+                            host_id=hid, device_index=index)))
                 except IntegrityError:
                     row_id = c.execute(select(devices.c.id).where(where)).scalar_one()
             else:
@@ -250,12 +267,13 @@ class Store:
         self._uuid_ids.clear()
 
     @staticmethod
-    def _row_by_uuid(c, hid: int, names: Sequence[str]) -> int | None:
-        return c.execute(select(devices.c.id).where(
+    def _row_by_uuid(c: Connection, hid: int, names: Sequence[str]) -> int | None:
+        did: int | None = c.execute(select(devices.c.id).where(
             devices.c.host_id == hid, devices.c.uuid.in_(list(names)))).scalar()
+        return did
 
     def resolve_device(self, index: int, uuid: str | None, host: str | None = None,
-                       conn=None) -> int | None:
+                       conn: Connection | None = None) -> int | None:
         """The device row of a record: by UUID if it has one, else by ``(host, index)``.
 
         An unknown UUID claims the row at ``index`` when that row has no UUID yet (no NVML on
@@ -279,16 +297,16 @@ class Store:
         self._uuid_ids[(name, uuid)] = did
         return did
 
-    def _claim_index(self, c, hid: int, index: int, uuid: str) -> int | None:
+    def _claim_index(self, c: Connection, hid: int, index: int, uuid: str) -> int | None:
         row = c.execute(select(devices.c.id, devices.c.uuid).where(
             devices.c.host_id == hid, devices.c.device_index == index)).first()
         if row is None:
-            return c.execute(insert(devices).values(
-                host_id=hid, device_index=index, uuid=uuid,
-                physical_index=index)).inserted_primary_key[0]
+            return _new_id(c.execute(insert(devices).values(
+                host_id=hid, device_index=index, uuid=uuid, physical_index=index)))
         if row.uuid is None:
             c.execute(update(devices).where(devices.c.id == row.id).values(uuid=uuid))
-            return row.id
+            claimed: int = row.id
+            return claimed
         return None
 
     def _note_unjoined(self, host: str, uuid: str, index: int) -> None:
@@ -319,13 +337,14 @@ class Store:
                                                    **values))
 
     # --- writing -------------------------------------------------------------------------
-    def transaction(self):
+    def transaction(self) -> AbstractContextManager[Connection]:
         """One transaction for several ``write(..., conn=...)`` calls (``vramscope import`` of
         several files: all or nothing)."""
         return self.engine.begin()
 
     def write(self, sample_batch: Sequence[Sample] = (), event_batch: Sequence[Event] = (),
-              origin: str | None = None, first_seq: int | None = None, conn=None) -> int:
+              origin: str | None = None, first_seq: int | None = None,
+              conn: Connection | None = None) -> int:
         """Insert samples and events in one transaction (``conn``'s, if given); returns rows
         inserted.
 
@@ -363,7 +382,8 @@ class Store:
     def write_events(self, batch: Sequence[Event]) -> int:
         return self.write((), batch)
 
-    def _insert_idempotent(self, c, sample_rows: list[dict], event_rows: list[dict]) -> int:
+    def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
+                           event_rows: list[dict[str, Any]]) -> int:
         inserted = 0
         for table, rows in ((samples, sample_rows), (events, event_rows)):
             if not rows:
@@ -373,7 +393,7 @@ class Store:
             inserted += len(c.execute(stmt, rows).all())
         return inserted
 
-    def _insert_samples(self, c, batch: Sequence[Sample]) -> int:
+    def _insert_samples(self, c: Connection, batch: Sequence[Sample]) -> int:
         """The hot path. On SQLite, the Core ``insert()`` is compiled once and rows go to the
         driver's ``executemany`` as plain tuples: building a dict per row and letting SQLAlchemy
         re-process its parameters costs more than the insert itself (``vramscope bench ingest``).
@@ -383,21 +403,22 @@ class Store:
             if rows:
                 c.execute(insert(samples), rows)
             return len(rows)
-        if self._sample_sql is None:
+        if self._sample_sql is None:  # (the SQLite path: rows are plain tuples from here)
             stmt = insert(samples).values({k: None for k in _ROW_ORDER})
             self._sample_sql = str(stmt.compile(dialect=self.engine.dialect))
-        rows = []
+        tuples: list[tuple[Any, ...]] = []
         for s in batch:
             did = self._device_of(s, c)
             if did is None:
                 continue
             phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
-            rows.append((did, s.ts_s, phase, s.source, s.pid) + s[_COUNTERS_START:_COUNTERS_END])
-        if rows:
-            c.exec_driver_sql(self._sample_sql, rows)
-        return len(rows)
+            tuples.append((did, s.ts_s, phase, s.source, s.pid)
+                          + s[_COUNTERS_START:_COUNTERS_END])
+        if tuples:
+            c.exec_driver_sql(self._sample_sql, tuples)
+        return len(tuples)
 
-    def _device_of(self, r: Sample | Event | PostMortem, conn) -> int | None:
+    def _device_of(self, r: Sample | Event | PostMortem, conn: Connection | None) -> int | None:
         """The row id of a record's device, from the caches when it is there (the hot path)."""
         host = r.host or self.host_name
         if r.device_uuid is None:
@@ -407,7 +428,7 @@ class Store:
         return did if did is not None else self.resolve_device(r.device, r.device_uuid,
                                                                 r.host, conn)
 
-    def _sample_row(self, s: Sample, conn) -> dict[str, Any]:
+    def _sample_row(self, s: Sample, conn: Connection | None) -> dict[str, Any]:
         row = dict(zip(SAMPLE_COUNTER_FIELDS, s[_COUNTERS_START:_COUNTERS_END]))
         row["device_id"] = self._device_of(s, conn)
         row["ts_s"] = s.ts_s
@@ -416,7 +437,7 @@ class Store:
         row["pid"] = s.pid
         return row
 
-    def _event_row(self, e: Event, conn) -> dict[str, Any]:
+    def _event_row(self, e: Event, conn: Connection | None) -> dict[str, Any]:
         return {
             "device_id": self._device_of(e, conn),
             "ts_s": e.ts_s, "name": e.name, "pid": e.pid,
@@ -445,11 +466,12 @@ class Store:
                 postmortems.c.pid.is_not_distinct_from(pm.pid),
                 postmortems.c.cause.is_not_distinct_from(pm.cause))).scalar()
             if same is not None:
-                return same
-            return c.execute(insert(postmortems).values(
+                found: int = same
+                return found
+            return _new_id(c.execute(insert(postmortems).values(
                 device_id=did, ts_s=pm.ts_s, pid=pm.pid, cause=pm.cause,
                 summary=json.dumps(pm.to_json(), sort_keys=True),
-                snapshot_path=pm.snapshot_path)).inserted_primary_key[0]
+                snapshot_path=pm.snapshot_path)))
 
     def open_alert(self, rule: str, severity: str, fired_ts_s: float, *,
                    device: int | None = None, value: float | None = None,
@@ -457,11 +479,11 @@ class Store:
                    host: str | None = None) -> int:
         with self.engine.begin() as c:
             did = self.device_id(device, host, c) if device is not None else None
-            return c.execute(insert(alerts).values(
+            return _new_id(c.execute(insert(alerts).values(
                 device_id=did, rule=rule, severity=severity, fired_ts_s=fired_ts_s,
                 value=value, message=message,
                 labels=json.dumps(labels, sort_keys=True) if labels else None,
-            )).inserted_primary_key[0]
+            )))
 
     def resolve_alert(self, alert_id: int, resolved_ts_s: float) -> None:
         with self.engine.begin() as c:
@@ -532,8 +554,8 @@ class Store:
         host_field = None if host is None else host
         with self.engine.connect() as c:
             for r in c.execute(q).yield_per(10_000):
-                yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4], *r[5:-1], host=host_field,
-                             device_uuid=r[-1])
+                yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4],  # type: ignore[misc]
+                             *r[5:-1], host=host_field, device_uuid=r[-1])  # r: counters
 
     def events(self, device: int | None = None, start_s: float | None = None,
                end_s: float | None = None, *, host: str | None = None,
@@ -678,7 +700,7 @@ def _sqlite_pragmas(engine: Engine, synchronous: str) -> None:
     """WAL and busy timeout on connections of *this* engine only, never process-wide."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:
+    def _on_connect(dbapi_conn: Any, _record: object) -> None:  # the DB-API connection
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
@@ -690,16 +712,17 @@ def _sqlite_pragmas(engine: Engine, synchronous: str) -> None:
 class _maybe_begin:
     """Use the caller's connection if given, else a fresh transaction."""
 
-    def __init__(self, engine: Engine, conn) -> None:
-        self._engine, self._conn, self._ctx = engine, conn, None
+    def __init__(self, engine: Engine, conn: Connection | None) -> None:
+        self._engine, self._conn = engine, conn
+        self._ctx: AbstractContextManager[Connection] | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> Connection:
         if self._conn is not None:
             return self._conn
         self._ctx = self._engine.begin()
         return self._ctx.__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> bool | None:
         if self._ctx is not None:
             return self._ctx.__exit__(*exc)
         return False
@@ -722,12 +745,22 @@ def stored_json(text: str | None, max_bytes: int = 2**20) -> Any:
     return value
 
 
-def _time_filter(q, column, start_s: float | None, end_s: float | None):
+def _time_filter(q: Any, column: ColumnElement[Any], start_s: float | None,
+                 end_s: float | None) -> Any:  # q: a Select of any columns (SQLAlchemy's
+    # variadic Select[...] cannot be spelled on Python 3.10 without typing_extensions)
     if start_s is not None:
         q = q.where(column >= start_s)
     if end_s is not None:
         q = q.where(column <= end_s)
     return q
+
+
+def _new_id(result: CursorResult[Any]) -> int:
+    """The id an INSERT of one row gave it."""
+    key = result.inserted_primary_key
+    assert key is not None  # one row was inserted
+    new: int = key[0]
+    return new
 
 
 def _joined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -740,7 +773,7 @@ def _number(rows: list[dict[str, Any]], origin: str, first_seq: int) -> None:
         row["seq"] = first_seq + i
 
 
-def _insert_ignore(dialect: str, table):
+def _insert_ignore(dialect: str, table: Table) -> Any:  # a dialect's INSERT ... DO NOTHING
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
