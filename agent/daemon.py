@@ -236,7 +236,8 @@ class Agent:
             return
         clients = self._clients_by_peer_pid()
         self.writer.put_many([Event(r.ts_s, PROCESS_EVENT, r.device, clients[r.pid],
-                                    data={"used_bytes": r.used_bytes})
+                                    data={"used_bytes": r.used_bytes},
+                                    device_uuid=getattr(r, "device_uuid", None))
                               for r in rows if r.pid in clients])
         self._map_process_devices(rows, clients)
 
@@ -268,8 +269,10 @@ class Agent:
         if pid is None or hello is None:  # called after the hello: never None here
             return
         ts_s = self.clock.time_s()
+        ns_pid = getattr(client, "ns_pid", None)  # its pid inside its container, if other
         self.writer.submit(lambda st: st.upsert_process(
-            pid, ts_s, name=hello.process, model=hello.model, device_indexes=hello.devices))
+            pid, ts_s, name=hello.process, model=hello.model, device_indexes=hello.devices,
+            ns_pid=ns_pid))
 
     # --- state ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

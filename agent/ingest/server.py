@@ -71,7 +71,14 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 @dataclass
 class ClientInfo:
-    """What the agent knows about one connection (from SO_PEERCRED and the hello)."""
+    """What the agent knows about one connection (from SO_PEERCRED and the hello).
+
+    ``pid`` is the kernel's (``SO_PEERCRED``: the client's pid in the agent's PID namespace,
+    the one NVML's process rows and ``/proc`` use), not the one the client states: a server in
+    a container calls itself by its namespace's pid (often 1). The hello's pid is kept as
+    ``ns_pid`` when it differs, and the client's records are moved onto ``pid``. Without a
+    kernel pid (not Linux, or a peer outside the agent's namespace: 0) the hello's is used.
+    """
 
     peer_pid: int | None
     peer_uid: int | None
@@ -79,9 +86,28 @@ class ClientInfo:
 
     @property
     def pid(self) -> int | None:
-        if self.hello is not None and self.hello.pid is not None:
-            return self.hello.pid
-        return self.peer_pid
+        if self.peer_pid:  # 0: the peer lives in a PID namespace the agent cannot see
+            return self.peer_pid
+        return self.hello.pid if self.hello is not None else None
+
+    @property
+    def ns_pid(self) -> int | None:
+        """The pid the client calls itself, when it is not ``pid`` (another PID namespace)."""
+        stated = self.hello.pid if self.hello is not None else None
+        return stated if stated is not None and stated != self.pid else None
+
+
+def ns_pids(pid: int, proc: str = "/proc") -> tuple[int, ...]:
+    """``pid`` in each PID namespace it belongs to, outermost (``proc``'s) first: the NSpid line
+    of ``/proc/<pid>/status`` (Linux >= 4.1). Empty when unknown."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()
 
 
 @dataclass
@@ -391,7 +417,7 @@ class IngestServer:
             return self._on_records_message(conn, obj)
         if kind == "postmortem":
             pm = proto.parse_postmortem(obj)
-            if pm.pid is None:
+            if pm.pid is None or pm.pid == conn.info.ns_pid:
                 pm = pm._replace(pid=conn.info.pid)
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
@@ -418,6 +444,7 @@ class IngestServer:
             raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS})",
                                       fatal=True)
         conn.info.hello = hello
+        _check_ns_pid(conn.info)
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
         if self._on_hello is not None:
             self._on_hello(conn.info)
@@ -439,6 +466,10 @@ class IngestServer:
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
         records = proto.parse_records(obj, default_pid=conn.info.pid)
+        ns_pid = conn.info.ns_pid
+        if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
+            pid = conn.info.pid
+            records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
         self.stats.records_total += len(records)
         self._on_records(records, conn.info)
 
@@ -473,6 +504,19 @@ class IngestServer:
             self._buffered -= len(conn.buf)
         conn.buf = bytearray()
         conn.sock.close()
+
+
+def _check_ns_pid(info: ClientInfo) -> None:
+    """A hello pid that is none of the peer's pids (NSpid) is a client naming another process:
+    its records still go to the kernel's pid; say so once per connection."""
+    stated = info.ns_pid
+    if stated is None or info.peer_pid is None:
+        return
+    chain = ns_pids(info.peer_pid)
+    if chain and stated not in chain:
+        log.warning("client pid %s calls itself pid %s, which is none of its pids %s (NSpid); "
+                    "its records are stored under pid %s", info.peer_pid, stated, chain,
+                    info.peer_pid)
 
 
 def _peercred(sock: socket.socket) -> tuple[int | None, int | None]:

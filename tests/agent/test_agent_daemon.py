@@ -53,10 +53,11 @@ def test_process_rows_become_events_for_connected_clients_only(agent, store, fak
     agent.sample_processes()
     agent.writer.flush()
     rows = store.events(names=[PROCESS_EVENT])
-    assert [(e.device, e.pid, e.data) for e in rows] == [(0, 7, {"used_bytes": 5 * GiB}),
-                                                         (1, 7, {"used_bytes": 2 * GiB})]
+    # the kernel's pid (111, NVML's too), not the one the client calls itself (7: a container)
+    assert [(e.device, e.pid, e.data) for e in rows] == [(0, 111, {"used_bytes": 5 * GiB}),
+                                                         (1, 111, {"used_bytes": 2 * GiB})]
     assert store.samples() == []  # never mixed into the device's samples
-    assert [(p["pid"], p["devices"]) for p in store.processes()] == [(7, "0,1")]
+    assert [(p["pid"], p["devices"]) for p in store.processes()] == [(111, "0,1")]
 
 
 def test_run_once_writes_the_agents_own_stats(agent, store):
