@@ -187,7 +187,7 @@ class VllmObserver:
         worker = getattr(wrapper, "worker", wrapper)
         device = getattr(worker, "device", None)
         rank = getattr(worker, "rank", getattr(wrapper, "global_rank", 0))
-        index = device.index if getattr(device, "type", None) == "cuda" else None
+        index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
         self.ensure_installed(f"vllm worker rank {rank}", index,
                               _model_name(getattr(worker, "vllm_config", None)))
 
@@ -209,13 +209,17 @@ class VllmObserver:
         self._interval_s = float(config["sampling.kv_interval_s"])
         devices = [device_index] if device_index is not None else []
         sink = self._make_sink(config, process, devices, model)
-        install = self._install
-        if install is None:
-            from vramscope.hooks.install import install
-        report = install(config, sink=sink, devices=devices)
+        report = self._install_fn()(config, sink=sink, devices=devices)
         self.sink = phase_mod.active_sink() or sink
         for line in str(report).splitlines():
             log.info("%s (%s)", line, process)
+
+    def _install_fn(self) -> Callable[..., Any]:
+        if self._install is not None:
+            return self._install
+        from vramscope.hooks.install import install
+
+        return install
 
     def _make_sink(self, config: Any, process: str, devices: list[int],
                    model: str | None) -> Any:

