@@ -4,29 +4,54 @@
 #
 #   tests/run.sh                 # the CI set: everything but `gpu` and `slow`
 #   tests/run.sh -m slow         # extra pytest arguments are passed through
+#
+# Python packages go into a virtual environment, .venv in the repository (reused when present):
+# Debian and Ubuntu refuse `pip install` into the system Python (PEP 668). System tools the
+# tests run are installed with apt when missing. With CI=true a test whose tool is still
+# missing fails instead of being skipped (tests/support/tools.py), so CI never passes with
+# tests unrun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
-# System packages: Chromium + driver (browser tests), PostgreSQL server (postgres tests),
-# promtool (Prometheus rule tests). Installed only when missing.
-pkgs=()
-command -v chromium >/dev/null || pkgs+=(chromium)
-command -v chromedriver >/dev/null || pkgs+=(chromium-driver)
-command -v promtool >/dev/null || pkgs+=(prometheus)
-command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || pkgs+=(postgresql)
-if [ ${#pkgs[@]} -gt 0 ]; then
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-fi
+have_initdb() {
+  command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
+}
 
-# Python packages. torch is pinned: 2.13.0's CPU build is what CI has on local disk.
-python3 -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test]'
+# System packages, each only when what it provides is missing:
+#   systemd           systemd-analyze (the unit file test)
+#   prometheus        promtool (rule, scrape config and /metrics tests)
+#   chromium, chromium-driver   the browser tests (Debian's names; /usr/bin/chromedriver)
+#   postgresql        the PostgreSQL server the `postgres` tests run against
+apt_install() {
+  echo "tests/run.sh: apt-get install $*"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+pkgs=()
+command -v systemd-analyze >/dev/null || pkgs+=(systemd)
+command -v promtool >/dev/null || pkgs+=(prometheus)
+command -v chromium >/dev/null || pkgs+=(chromium)
+[ -x /usr/bin/chromedriver ] || pkgs+=(chromium-driver)
+have_initdb || pkgs+=(postgresql)
+[ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+
+# The virtual environment (Debian's python3 makes one only with python3-venv installed).
+# torch is pinned: 2.13.0's CPU build is what CI has on local disk.
+if [ ! -x .venv/bin/python ]; then
+  if ! python3 -m venv .venv >/dev/null 2>&1; then
+    rm -rf .venv
+    apt_install python3-venv
+    python3 -m venv .venv
+  fi
+fi
+PY=.venv/bin/python
+$PY -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[test]'
 
 # One real PostgreSQL server for the `postgres` tests, on a free loopback port, stopped on exit.
-read -r PG_URL PG_ROOT PG_CTL PG_DATA < <(python3 -m tests.support.pgserver)
+read -r PG_URL PG_ROOT PG_CTL PG_DATA < <($PY -m tests.support.pgserver)
 stop_pg() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$PG_CTL" -D "$PG_DATA" -m fast stop >/dev/null || true
   else "$PG_CTL" -D "$PG_DATA" -m fast stop >/dev/null || true; fi
@@ -35,5 +60,6 @@ stop_pg() {
 trap stop_pg EXIT
 export VRAMSCOPE_TEST_POSTGRES_URL="$PG_URL"
 
-ruff check .
-python3 -m pytest -m "not gpu and not slow" "$@"
+.venv/bin/ruff check .
+$PY -m tests.support.typecheck  # mypy: strict on hooks/ and agent/ (pyproject.toml [tool.mypy])
+$PY -m pytest -m "not gpu and not slow" "$@"
