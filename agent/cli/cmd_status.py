@@ -85,10 +85,11 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"  pid {c['pid']}: {c.get('process') or '?'} devices {c.get('devices')}")
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejected", {}).items()))
     lines += [f"rows/s: {s['rows_per_s']:.1f} (written {s['written_total']})",
-              f"queue depth: {s['queue_depth']}",
+              f"queue depth: {s['queue_depth']} (at risk: lost if the agent is killed now)",
               f"dropped: {s['dropped_total']} in the agent, {s['client_dropped_total']} "
               f"reported by clients",
-              f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else "")]
+              f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else ""),
+              f"refused by the database: {s.get('db_refused_total', 0)} records (dropped alone)"]
     return "\n".join(lines)
 
 
