@@ -105,7 +105,7 @@ class TransformersHandle:
             try:
                 self._undo.pop()()
             except Exception as exc:
-                log.warning("vramscope: detaching a transformers hook failed: %r", exc)
+                log.warning("vramscope: detaching a transformers hook failed: %s", repr(exc))
         self.hooks.clear()
 
     # -- generate() ------------------------------------------------------------------------
@@ -323,8 +323,8 @@ def _guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        log.warning("vramscope: transformers hook %s failed: %r", getattr(fn, "__name__", fn),
-                    exc)
+        # text only: a kept record holding exc (or fn) would hold the call's objects
+        log.warning("vramscope: transformers hook %s failed: %s", _name(fn), repr(exc))
         return None
 
 
@@ -359,4 +359,8 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
     try:
         fn(*args)
     except Exception as exc:
-        log.warning("vramscope: transformers hook %s failed: %r", getattr(fn, "__name__", fn), exc)
+        log.warning("vramscope: transformers hook %s failed: %s", _name(fn), repr(exc))
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)

@@ -153,7 +153,7 @@ def install_paged_cache_hook(sink: RecordSink | None, device: int = 0,
         try:
             observe_paged_attention_cache(self, sink, device, **kwargs)
         except Exception as exc:  # never into the model's set-up
-            log.warning("vramscope: observing a PagedAttentionCache failed: %r", exc)
+            log.warning("vramscope: observing a PagedAttentionCache failed: %s", repr(exc))
 
     PagedAttentionCache.__init__ = __init__  # type: ignore[method-assign]  # the class patch
 
@@ -245,9 +245,10 @@ class PagedCacheWatch:
             fn(*args)
         except Exception as exc:
             self.enabled = False
-            log.warning("vramscope: KV view of transformers' cache turned off: %r while "
+            # as text: a kept record holding exc would hold its frames, the cache among them
+            log.warning("vramscope: KV view of transformers' cache turned off: %s while "
                         "reading its %s layout (internals differ from this version's)",
-                        exc, self.layout.name)
+                        repr(exc), self.layout.name)
 
     def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A guarded read before the wrapped call; None when the view is (or turns) off."""

@@ -214,6 +214,30 @@ def test_an_observed_paged_cache_dies_by_refcount_when_dropped(model):
         assert watch.cache is None  # the watch, still referenced here, did not keep it
 
 
+def test_a_fault_in_the_kv_view_keeps_no_cache_through_the_log(model, caplog):
+    """The view turns off with one log line. A record holding the exception (as pytest's
+    handler keeps every record) held its traceback, whose frame held the cache: logged as text,
+    nothing of the call is kept."""
+    import logging
+
+    from vramscope.hooks.transformers_kv import BlockManagerLayout, PagedCacheWatch
+
+    class Renamed(BlockManagerLayout):
+        def used_cached(self, cache):
+            raise AttributeError(f"{type(cache).__name__} has no _block_manager any more")
+
+    cache = run_requests(model, [[1, 2, 3]])
+    with refcount_only(), caplog.at_level(logging.WARNING, logger="vramscope.hooks"):
+        watch = PagedCacheWatch(cache, Renamed(), DropSink(), 0, FakeClock(), 0.0, False, None)
+        watch.install()
+        cache.free_blocks("gone")
+        assert watch.enabled is False
+        ref = weakref.ref(cache)
+        del cache
+        assert ref() is None
+    assert "turned off" in caplog.text and "no _block_manager any more" in caplog.text
+
+
 def test_caches_observed_through_the_class_hook_die_with_their_calls(model):
     from vramscope.hooks.transformers_kv import install_paged_cache_hook
 
