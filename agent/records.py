@@ -115,6 +115,10 @@ class Event(NamedTuple):
     device_uuid: str | None = None  # as in Sample: the identity; ``device`` is a label
 
 
+# The event a process's rank arrives in (data: rank, local_rank, world_size; hooks.identity).
+RANK_EVENT = "process_rank"
+
+
 def format_uuid(value: Any) -> str | None:
     """A device UUID as NVML writes it: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``.
 

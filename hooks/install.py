@@ -158,6 +158,10 @@ def _install(report: InstallReport, config: Any, sink: Any, clock: Clock,
         inst.observer = _attach_oom_observer(torch, inst.sink, sources, config, clock, report)
         inst.history_on = _start_history(torch, config, report)
         stamp = _metadata_stamp(torch, report)
+    if torch is not None:  # the rank, once torch.distributed or the launcher says it
+        from vramscope.hooks.identity import RankWatch
+
+        tasks.append(RankWatch(torch, clock=clock))
     phase_mod.configure(sink=inst.sink, clock=clock, sources=sources, stamp=stamp)
     report.add("phases", True, "phase() / set_phase() transitions are events"
                + ("; per-phase peaks from the allocator's peak counter" if sources else ""))

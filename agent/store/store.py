@@ -42,6 +42,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
+    RANK_EVENT,
     SAMPLE_COUNTER_FIELDS,
     Event,
     Phase,
@@ -323,18 +324,29 @@ class Store:
                        host: str | None = None, rank: int | None = None,
                        local_rank: int | None = None, world_size: int | None = None,
                        ns_pid: int | None = None) -> None:
+        values: dict[str, Any] = {"last_seen_s": ts_s}
+        optional = {"name": name, "model": model, "rank": rank, "local_rank": local_rank,
+                    "world_size": world_size, "ns_pid": ns_pid}
+        values.update({k: v for k, v in optional.items() if v is not None})
+        if device_indexes:
+            values["devices"] = ",".join(str(i) for i in device_indexes)
         with self.engine.begin() as c:
-            hid = self.host_id(host, c)
-            where = and_(processes.c.host_id == hid, processes.c.pid == pid)
-            values: dict[str, Any] = {"last_seen_s": ts_s}
-            optional = {"name": name, "model": model, "rank": rank, "local_rank": local_rank,
-                        "world_size": world_size, "ns_pid": ns_pid}
-            values.update({k: v for k, v in optional.items() if v is not None})
-            if device_indexes:
-                values["devices"] = ",".join(str(i) for i in device_indexes)
-            if c.execute(update(processes).where(where).values(**values)).rowcount == 0:
-                c.execute(insert(processes).values(host_id=hid, pid=pid, first_seen_s=ts_s,
-                                                   **values))
+            self._upsert_process(c, pid, host, values)
+
+    def _upsert_process(self, c, pid: int, host: str | None, values: dict[str, Any]) -> None:
+        hid = self.host_id(host, c)
+        where = and_(processes.c.host_id == hid, processes.c.pid == pid)
+        if c.execute(update(processes).where(where).values(**values)).rowcount == 0:
+            c.execute(insert(processes).values(host_id=hid, pid=pid,
+                                               first_seen_s=values["last_seen_s"], **values))
+
+    def _note_ranks(self, c, batch: Sequence[Event]) -> None:
+        """A ``process_rank`` event (the hooks' RankWatch) puts the rank on its process's row."""
+        for e in batch:
+            if e.name == RANK_EVENT and e.pid is not None and e.data:
+                ranks = {k: e.data.get(k) for k in ("rank", "local_rank", "world_size")}
+                self._upsert_process(c, e.pid, e.host, {"last_seen_s": e.ts_s, **{
+                    k: v for k, v in ranks.items() if isinstance(v, int) and 0 <= v < 2**31}})
 
     # --- writing -------------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[Connection]:
@@ -357,6 +369,8 @@ class Store:
         try:
             with _maybe_begin(self.engine, conn) as c:
                 event_rows = [self._event_row(e, c) for e in event_batch]
+                if event_batch:
+                    self._note_ranks(c, event_batch)
                 if origin is not None and first_seq is not None:
                     sample_rows = [self._sample_row(s, c) for s in sample_batch]
                     _number(sample_rows + event_rows, origin, first_seq)  # unjoined keep a seq
@@ -375,6 +389,7 @@ class Store:
         ids: forget the cache, or every later batch would point at rows that do not exist."""
         self._host_ids.clear()
         self._device_ids.clear()
+        self._uuid_ids.clear()
 
     def write_samples(self, batch: Sequence[Sample]) -> int:
         return self.write(batch, ())
