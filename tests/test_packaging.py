@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 # What a clean copy leaves out: VCS, environments, caches and earlier builds.
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__",
                                     ".*_cache", ".hypothesis", "out", ".whl", "*.db*")
 SHADOWS = ("agent", "hooks", "dashboard", "migrations")
 
