@@ -184,3 +184,64 @@ def test_upgrade_from_0001_keeps_old_rows(tmp_path):
     with engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM samples")).scalar() == 3
     engine.dispose()
+
+
+class FakeNvmlLibrary:
+    """``pynvml`` as an 8-GPU node with GPU 2 in MIG mode (slices in slots 0 and 3 of 7) shows
+    it: the calls NvmlSource makes, nothing else. Handles are ("gpu", i) or ("mig", i, slot)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.slices = {(2, 0): 10 * GiB, (2, 3): 20 * GiB}
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 8
+
+    def nvmlDeviceGetHandleByIndex(self, i: int):
+        return ("gpu", i)
+
+    def nvmlDeviceGetName(self, h) -> str:
+        return "NVIDIA H100 80GB HBM3" if h[0] == "gpu" else "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+
+    def nvmlDeviceGetUUID(self, h) -> str:
+        return f"GPU-{h[1]:08x}-0000-4000-8000-000000000000" if h[0] == "gpu" else \
+            f"MIG-{h[1]:04x}{h[2]:04x}-0000-4000-8000-000000000000"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        total = 80 * GiB if h[0] == "gpu" else self.slices[(h[1], h[2])]
+        used = 30 * GiB if h == ("gpu", 2) else (GiB if h[0] == "gpu" else 4 * GiB)
+        return SimpleNamespace(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetMigMode(self, h):
+        return (1, 1) if h == ("gpu", 2) else (0, 0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, slot: int):
+        if (h[1], slot) not in self.slices:
+            raise self.NVMLError("Not Found")
+        return ("mig", h[1], slot)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=4242, usedGpuMemory=4 * GiB)] if h == ("mig", 2, 3) else []
+
+
+def test_nvml_source_samples_each_mig_slice_as_a_device_with_its_parent(fake_clock):
+    from vramscope.agent.sources.nvml import NvmlSource
+
+    source = NvmlSource(FakeNvmlLibrary(), fake_clock)
+    infos = source.devices()
+    assert [d.index for d in infos] == [0, 1, 2, 1200, 1203, 3, 4, 5, 6, 7]
+    slices = [d for d in infos if d.parent_uuid]
+    parent = "GPU-00000002-0000-4000-8000-000000000000"
+    assert [(d.uuid, d.parent_uuid, d.physical_index, d.total_bytes) for d in slices] == [
+        ("MIG-00020000-0000-4000-8000-000000000000", parent, 2, 10 * GiB),
+        ("MIG-00020003-0000-4000-8000-000000000000", parent, 2, 20 * GiB)]
+    used = {s.device: (s.device_uuid, s.device_used_bytes) for s in source.read()}
+    assert used[2] == (parent, 30 * GiB)  # the whole GPU keeps its own series
+    assert used[1203] == ("MIG-00020003-0000-4000-8000-000000000000", 4 * GiB)
+    assert [(r.device, r.pid, r.device_uuid) for r in source.read_processes()] == [
+        (1203, 4242, "MIG-00020003-0000-4000-8000-000000000000")]
