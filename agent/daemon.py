@@ -334,7 +334,9 @@ class Agent:
         result = self.retention.step(store)
         if result.busy:
             log.debug("retention step: %s", result)
-            # more to do: again in a second, not at once, so catching up stays a small share
+        if result.backlog:
+            # a budget ran out (catching up): again in a second, not at once, so catching up
+            # stays a small share; the steady state's few rows wait for the next interval
             self._retention_schedule.next_s = self.clock.monotonic_s() + 1.0
 
     def _describe_devices(self, infos: list[DeviceInfo]) -> Callable[[Store], None]:

@@ -7,8 +7,9 @@ one writer).
 
 Rollups: per device, per minute, per source and metric (every ``*_bytes`` / counter field of
 a sample): min, max, mean, last and count, in the ``rollups`` table. A minute is rolled up once
-it is ``grace_s`` old; the watermark is the newest rolled-up minute, so after a restart work
-resumes where it stopped. Raw samples are deleted only once they are both older than
+it is ``grace_s`` old; the watermark is the end of the newest rolled-up minute, read from the
+rollups once (a seek per device, so after a restart work resumes where it stopped) and then
+remembered. Raw samples are deleted only once they are both older than
 ``raw_s`` and rolled up.
 
 Late samples: an agent catching up after the database was away, or one host of a fleet that
@@ -42,10 +43,11 @@ class StepResult(NamedTuple):
     rollup_rows: int
     deleted: dict[str, int]
     late_minutes: int = 0  # already rolled-up minutes rolled up again for late samples
+    backlog: bool = False  # a budget ran out: more of the same work is waiting
 
     @property
     def busy(self) -> bool:
-        """True when there was work: the caller may run the next step sooner."""
+        """True when there was work (steady state: the last few seconds' rows each step)."""
         return bool(self.rolled_up_minutes or self.late_minutes or any(self.deleted.values()))
 
 
@@ -64,6 +66,8 @@ class Retention:
         self._clock = clock
         self._late: set[float] = set()  # minute starts written to after they could be rolled up
         self.late_minutes_lost = 0  # late minutes not kept: MAX_LATE_MINUTES was reached
+        self._watermark: float | None = None  # end of the last rolled-up minute, once known
+        self._watermark_known = False
 
     @classmethod
     def from_config(cls, config: Any, clock: Clock = SYSTEM_CLOCK) -> Retention:
@@ -76,7 +80,7 @@ class Retention:
 
         now_s = self._clock.time_s()
         minutes, rows = self._rollup(store, sql, now_s)
-        watermark = sql.rollup_watermark(store)
+        watermark = self._watermark
         late = self._rollup_late(store, sql, watermark, now_s)
         raw_cutoff = now_s - self.raw_s
         if watermark is not None:
@@ -90,7 +94,10 @@ class Retention:
             "rollups": sql.delete_rollups_older(store, now_s - self.rollup_s,
                                                 self.minutes_per_step),
         }
-        return StepResult(minutes, rows, deleted, late)
+        behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
+        backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
+                   or any(n >= self.step_rows for k, n in deleted.items() if k != "rollups"))
+        return StepResult(minutes, rows, deleted, late, backlog)
 
     def note_written(self, samples: Sequence[Sample]) -> None:
         """Remember the minutes of committed samples that a step may already have rolled up
@@ -123,7 +130,9 @@ class Retention:
 
     def _rollup(self, store: Any, sql: Any, now_s: float) -> tuple[int, int]:
         """Roll up the minutes after the watermark, skipping any gap without samples."""
-        first = sql.first_sample_ts(store, sql.rollup_watermark(store))
+        if not self._watermark_known:
+            self._watermark, self._watermark_known = sql.rollup_watermark(store), True
+        first = sql.first_sample_ts(store, self._watermark)
         if first is None:
             return 0, 0
         start = _floor_minute(first)
@@ -131,6 +140,8 @@ class Retention:
         if end <= start:
             return 0, 0
         rows = sql.rollup_window(store, start, end)
+        # the window is done even where it had no samples: the next step seeks past it
+        self._watermark = end
         return int((end - start) // BUCKET_S), rows
 
 

@@ -4,6 +4,12 @@ the store).
 Every function does a bounded amount of work, so the writer thread that runs them never stalls
 ingest for long: a rollup covers a window of a few minutes, a delete removes at most ``limit``
 rows (``DELETE ... WHERE id IN (SELECT id ... LIMIT n)`` works on SQLite and PostgreSQL).
+
+Work is bounded by the window, not by the history (design rule 8): every query names one device
+(or host) and a time range, so it is a seek on the ``(device_id, ts_s)`` index (the rollups'
+primary key starts with ``(device_id, bucket_s)``) and costs the same after a week as after a
+minute. A query over every device's time column (``min(ts_s) WHERE ts_s >= ?``) would walk the
+whole index instead: 0.66 s per step at 24 h of 8 devices at 10 Hz, 10 s at 7 days.
 """
 
 from __future__ import annotations
@@ -11,28 +17,50 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import Connection, Table, delete, func, insert, select
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
-from vramscope.agent.store.schema import agent_stats, events, rollups, samples
+from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
 from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
-_TABLES = {"samples": samples, "events": events, "agent_stats": agent_stats}
+_IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
+# table -> (the column its time index starts with, the table that column's ids come from)
+_TABLES: dict[str, tuple[Table, str, Table]] = {
+    "samples": (samples, "device_id", devices),
+    "events": (events, "device_id", devices),
+    "agent_stats": (agent_stats, "host_id", hosts),
+}
+
+
+def device_ids(c: Any) -> list[int]:
+    """Every device row's id (all hosts): the few keys the per-device seeks loop over."""
+    return [int(i) for i in c.execute(select(devices.c.id).order_by(devices.c.id)).scalars()]
 
 
 def rollup_watermark(store: Store) -> float | None:
-    """The end of the last rolled-up minute, or None when nothing was rolled up yet."""
+    """The end of the last rolled-up minute, or None when nothing was rolled up yet: one
+    ``max(bucket_s)`` seek on the primary key per device."""
     with store.engine.connect() as c:
-        last = c.execute(select(func.max(rollups.c.bucket_s))).scalar()
-    return None if last is None else float(last) + BUCKET_S
+        lasts = [c.execute(select(func.max(rollups.c.bucket_s))
+                           .where(rollups.c.device_id == d)).scalar() for d in device_ids(c)]
+    found = [float(x) for x in lasts if x is not None]
+    return max(found) + BUCKET_S if found else None
 
 
 def first_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
-    q = select(func.min(samples.c.ts_s))
+    """The first sample time at or after ``at_or_after_s`` of any device: one index seek per
+    device (``ORDER BY ts_s LIMIT 1`` under ``device_id = ?``)."""
+    with store.engine.connect() as c:
+        firsts = [_first_ts(c, d, at_or_after_s) for d in device_ids(c)]
+    found = [x for x in firsts if x is not None]
+    return min(found) if found else None
+
+
+def _first_ts(c: Any, did: int, at_or_after_s: float | None) -> float | None:
+    q = select(samples.c.ts_s).where(samples.c.device_id == did)
     if at_or_after_s is not None:
         q = q.where(samples.c.ts_s >= at_or_after_s)
-    with store.engine.connect() as c:
-        first = c.execute(q).scalar()
+    first = c.execute(q.order_by(samples.c.ts_s).limit(1)).scalar()
     return None if first is None else float(first)
 
 
@@ -40,35 +68,45 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
     """Replace the rollups of the minutes in [start_s, end_s) from raw samples; rows written.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
-    window gives the same rows (delete, then insert, in one transaction). Rows are fetched
-    through the driver's own cursor: SQLAlchemy's Row objects would cost more than the
-    aggregation itself.
+    window gives the same rows (delete, then insert, in one transaction). One device at a
+    time, each a range on the ``(device_id, ts_s)`` index, so the cost is the window's rows
+    whatever the history. Rows are fetched through the driver's own cursor: SQLAlchemy's Row
+    objects would cost more than the aggregation itself.
     """
+    written = 0
+    with store.engine.begin() as c:
+        for did in device_ids(c):
+            written += _rollup_device(c, did, start_s, end_s)
+    return written
+
+
+def _rollup_device(c: Any, did: int, start_s: float, end_s: float) -> int:
     cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
             *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS)]
-    q = (select(*cols).where(samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
-         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
-                   samples.c.id))
-    with store.engine.begin() as c:
-        rows = aggregate(_fetch_raw(c, q))
-        c.execute(delete(rollups).where(rollups.c.bucket_s >= start_s,
-                                        rollups.c.bucket_s < end_s))
-        if rows:
-            c.execute(insert(rollups), rows)
+    q = (select(*cols)
+         .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
+         .order_by(func.coalesce(samples.c.source, ""), samples.c.ts_s, samples.c.id))
+    rows = aggregate(_fetch_raw(c, q))
+    c.execute(delete(rollups).where(rollups.c.device_id == did, rollups.c.bucket_s >= start_s,
+                                    rollups.c.bucket_s < end_s))
+    if rows:
+        c.execute(insert(rollups), rows)
     return len(rows)
 
 
-def _fetch_raw(c, query) -> list[tuple]:
+def _fetch_raw(c: Connection, query: Any) -> list[tuple[Any, ...]]:  # query: a Select
     compiled = query.compile(dialect=c.dialect, compile_kwargs={"literal_binds": True})
-    cursor = c.connection.driver_connection.cursor()
+    driver: Any = c.connection.driver_connection  # the DB-API connection (open: c is)
+    cursor = driver.cursor()
     try:
         cursor.execute(str(compiled))
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
     finally:
         cursor.close()
 
 
-def aggregate(rows: list[tuple]) -> list[dict[str, Any]]:
+def aggregate(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """Per (device, minute, source, metric): min, max, mean, last, count.
 
     ``rows`` are ``(device_id, source, ts_s, *counters)`` ordered by device, source and time,
@@ -88,26 +126,46 @@ def aggregate(rows: list[tuple]) -> list[dict[str, Any]]:
     return out
 
 
-def _group_key(row: tuple) -> tuple:
+def _group_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return row[0], row[1] or "", (row[2] // BUCKET_S) * BUCKET_S
 
 
 def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int) -> int:
-    """Delete at most ``limit`` rows of ``table_name`` with ``ts_s < cutoff_s``; rows deleted."""
-    table = _TABLES[table_name]
-    ids = select(table.c.id).where(table.c.ts_s < cutoff_s).limit(limit).scalar_subquery()
+    """Delete at most ``limit`` rows of ``table_name`` with ``ts_s < cutoff_s``, oldest first,
+    one device (host, for agent_stats) at a time; rows deleted.
+
+    The ids are read first (a range of the time index, at most ``limit``) and then deleted by
+    primary key: with ``DELETE ... WHERE id IN (SELECT ... LIMIT n)`` both SQLite and
+    PostgreSQL may plan a scan of the whole table against the subquery's rows."""
+    table, key, owners = _TABLES[table_name]
+    deleted = 0
     with store.engine.begin() as c:
-        return c.execute(delete(table).where(table.c.id.in_(ids))).rowcount
+        for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
+            if deleted >= limit:
+                break
+            ids = c.execute(select(table.c.id)
+                            .where(table.c[key] == owner, table.c.ts_s < cutoff_s)
+                            .order_by(table.c.ts_s).limit(limit - deleted)).scalars().all()
+            for i in range(0, len(ids), _IDS_PER_DELETE):
+                chunk = ids[i:i + _IDS_PER_DELETE]
+                deleted += c.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
+    return deleted
 
 
 def delete_rollups_older(store: Store, cutoff_s: float, max_minutes: int) -> int:
-    """Delete the rollups of at most ``max_minutes`` of the oldest minutes before ``cutoff_s``."""
+    """Delete, per device, the rollups of at most ``max_minutes`` of its oldest minutes before
+    ``cutoff_s`` (a ``min(bucket_s)`` seek, then a range of the primary key)."""
+    deleted = 0
     with store.engine.begin() as c:
-        first = c.execute(select(func.min(rollups.c.bucket_s))).scalar()
-        if first is None or first >= cutoff_s:
-            return 0
-        upto = min(cutoff_s, float(first) + max_minutes * BUCKET_S)
-        return c.execute(delete(rollups).where(rollups.c.bucket_s < upto)).rowcount
+        for did in device_ids(c):
+            first = c.execute(select(func.min(rollups.c.bucket_s))
+                              .where(rollups.c.device_id == did)).scalar()
+            if first is None or first >= cutoff_s:
+                continue
+            upto = min(cutoff_s, float(first) + max_minutes * BUCKET_S)
+            deleted += c.execute(delete(rollups).where(rollups.c.device_id == did,
+                                                       rollups.c.bucket_s < upto)).rowcount
+    return deleted
 
 
 def read_rollups(store: Store, device_id: int | None = None) -> list[dict[str, Any]]:

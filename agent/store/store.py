@@ -595,15 +595,26 @@ class Store:
 
     def time_range(self, device: int | None = None,
                    host: str | None = None) -> tuple[float, float] | None:
-        q = (select(func.min(samples.c.ts_s), func.max(samples.c.ts_s))
-             .join(devices, devices.c.id == samples.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name)))
+        """First and last sample time of a device (every device of the host when None).
+
+        Per device, ``min`` and ``max`` are separate scalar subqueries: each is then one seek on
+        the ``(device_id, ts_s)`` index, whereas both in one SELECT turns SQLite's min/max
+        shortcut off and reads every row of the device (1.26 s at 7 days of 10 Hz)."""
+        ids = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+               .where(hosts.c.name == (host or self.host_name)))
         if device is not None:
-            q = q.where(devices.c.device_index == device)
+            ids = ids.where(devices.c.device_index == device)
+        spans = []
         with self.engine.connect() as c:
-            lo, hi = c.execute(q).one()
-        return None if lo is None else (lo, hi)
+            for did in c.execute(ids).scalars().all():
+                mine = samples.c.device_id == did
+                lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
+                hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
+                spans.append(c.execute(select(lo, hi)).one())
+        found = [(lo, hi) for lo, hi in spans if lo is not None]
+        if not found:
+            return None
+        return min(lo for lo, _ in found), max(hi for _, hi in found)
 
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
                  columns: Sequence[str], *, source: str | None = None,
