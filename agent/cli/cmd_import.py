@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vramscope.agent.cli.common import add_config_flag, add_db_flag, open_store
 
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from vramscope.agent.errors import TraceError
+    from vramscope.agent.store import Store
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="import trace files (trace format v1, JSON Lines)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--skip-invalid", action="store_true",
@@ -33,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_file(store: Any, conn: Any, path: str, skip_invalid: bool) -> str:
+def _import_file(store: Store, conn: Connection, path: str, skip_invalid: bool) -> str:
     from vramscope.agent.trace import iter_trace
 
-    skipped: list = []
+    skipped: list[TraceError] = []
     n_samples = n_events = 0
     for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
         store.write(samples, events, conn=conn)
