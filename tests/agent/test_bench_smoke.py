@@ -43,10 +43,7 @@ def run_bench(name: str, capsys) -> dict:
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_bench_quick_json(name, capsys):
-    module = BENCHMARKS[name][0]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"benchmark {name!r}: module {module} is not written yet")
-    doc = run_bench(name, capsys)
+    doc = run_bench(name, capsys)  # a registered module that is missing fails here
     assert doc["format"] == "vramscope.bench/1"
     if name == "vllm" and importlib.util.find_spec("vllm") is None:  # its own venv has it
         assert [s["bench"] for s in doc["skipped"]] == ["vllm"]
