@@ -24,6 +24,7 @@ site costs one ``is None`` test. torch is optional (see ``vramscope.hooks.kvpool
 from __future__ import annotations
 
 import logging
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -182,8 +183,11 @@ class KVBlockPool:
     def _observer_failed(self, method: _Hook) -> None:
         self._counters["observer_errors"] += 1
         if self._counters["observer_errors"] == 1:
-            log.exception("vramscope: KV pool observer %r failed in %s; further failures "
-                          "are only counted", self._observer, method.__name__)
+            # The traceback as text: a kept record holding exc_info would hold this pool (and
+            # its buffer) in the traceback's frames.
+            log.warning("vramscope: KV pool observer %s failed in %s; further failures are only "
+                        "counted\n%s", type(self._observer).__name__, method.__name__,
+                        traceback.format_exc())
 
     # --- queries ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:

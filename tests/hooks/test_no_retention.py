@@ -139,6 +139,26 @@ def test_a_pool_and_source_per_call_die_with_the_call():
         assert [r() for r in refs] == [None] * 40
 
 
+def test_a_failing_observer_keeps_no_pool_through_the_log(caplog):
+    """Logged once, with its traceback as text: a record holding exc_info held the pool."""
+    import logging
+
+    class Broken(KVSource):
+        def on_allocate(self, pool, allocation):
+            raise RuntimeError("observer bug")
+
+    small_pool()
+    with refcount_only(), caplog.at_level(logging.WARNING, logger="vramscope.kvpool"):
+        pool = small_pool()
+        Broken(DropSink()).attach(pool)
+        pool.allocate("r1", 4)
+        assert pool.stats().observer_errors == 1
+        ref = weakref.ref(pool)
+        del pool
+        assert ref() is None
+    assert "RuntimeError: observer bug" in caplog.text  # the traceback is still there
+
+
 def test_the_kv_source_stays_bounded_over_1000_requests():
     """After the pool's own memory of finished ids (bounded, 4,096) is full."""
     from vramscope.hooks.kvpool import _FINISHED_MEMORY
