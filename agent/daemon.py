@@ -292,6 +292,8 @@ class Agent:
             "dropped_total": w.dropped_total,
             "client_dropped_total": ingest.client_dropped_total if ingest else 0,
             "rejected_total": ingest.rejected_total if ingest else 0,
+            # records whose device UUID named no device of this host: not stored (store.py)
+            "unjoined_total": getattr(self.store, "unjoined_total", 0),
             "rejected": dict(ingest.rejected) if ingest else {},
             "records_received_total": ingest.records_total if ingest else 0,
             "accept_errors": ingest.accept_errors if ingest else 0,
@@ -394,7 +396,9 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                     ("dropped", "records the agent dropped (queue full)", s["dropped_total"]),
                     ("client_dropped", "records clients reported dropped",
                      s["client_dropped_total"]),
-                    ("rejected", "ingest messages rejected", s["rejected_total"])):
+                    ("rejected", "ingest messages rejected", s["rejected_total"]),
+                    ("unjoined", "records whose device UUID names no device the agent's "
+                     "NVML shows (not stored)", s["unjoined_total"])):
                 yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
             hook = (s.get("alerts") or {}).get("webhook")
             if hook is not None:

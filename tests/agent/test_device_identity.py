@@ -101,6 +101,7 @@ def test_unknown_uuid_on_a_taken_index_is_unjoined_not_misplaced(node, store, ca
     with caplog.at_level(logging.WARNING, "vramscope.store"):
         written = store.write([stray, stray, stray._replace(device=4)])
     assert written == 0 and store.unjoined_total == 3
+    assert node.status()["unjoined_total"] == 3  # `vramscope status`, the agent's /metrics
     assert store.samples(source="torch") == []
     warnings = [r for r in caplog.records if "GPU-elsewhere" in r.getMessage()]
     assert len(warnings) == 1 and "unjoined" in warnings[0].getMessage()
