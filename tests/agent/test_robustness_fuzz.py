@@ -200,7 +200,7 @@ def test_fuzzed_messages_of_every_type_never_cost_a_good_client_a_row(agent):
 
 @pytest.mark.slow
 def test_fuzzed_messages_at_length(agent):
-    _fuzz_while_a_good_client_sends(agent, examples=6000, minimum=50_000)
+    _fuzz_while_a_good_client_sends(agent, examples=6600, minimum=50_000)
 
 
 def test_a_bad_client_in_the_same_batch_costs_the_good_client_nothing(agent):
