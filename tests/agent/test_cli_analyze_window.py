@@ -1,0 +1,51 @@
+"""``analyze --db`` reads one device's window at a time and gives the document a trace file of
+the same window gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vramscope.agent.cli import main
+from vramscope.agent.store import Store
+from vramscope.agent.store.history_generator import T_END, History, generate
+from vramscope.agent.trace import write_trace
+
+
+@pytest.fixture
+def week_db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    with Store.open(url) as store:  # the machine's host name, as the CLI's default
+        generate(store, History(devices=4, hz=0.05, days=1, rollups=False))
+    return url
+
+
+def _analyze(capsys, *argv: str) -> dict:
+    assert main(["analyze", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_window_of_the_database_is_analyzed_like_the_same_window_exported(
+        week_db, tmp_path, capsys):
+    since, until = T_END - 6 * 3600, T_END - 3600
+    from_db = _analyze(capsys, "--db", week_db, "--since", str(since), "--until", str(until))
+    with Store.open(week_db) as store:
+        samples = list(store.iter_samples(None, since, until))
+        events = store.events(None, since, until)
+    trace = tmp_path / "window.jsonl"
+    with open(trace, "w", encoding="utf-8") as out:
+        write_trace(out, samples, events)
+    from_file = _analyze(capsys, str(trace))
+    assert from_db["devices"] == from_file["devices"]
+    key = (lambda a: (a["fired_ts"], a["device"], a["rule"]))
+    assert sorted(from_db["alerts"], key=key) == sorted(from_file["alerts"], key=key)
+    # 5 hours at one sample per 20 s per device, the window's both ends included
+    assert [sum(p["samples"] for p in d["phases"].values())
+            for d in from_db["devices"].values()] == [901] * 4
+
+
+def test_one_device_and_the_window_flags_need_the_database(week_db, capsys, tmp_path):
+    doc = _analyze(capsys, "--db", week_db, "--device", "2", "--since", str(T_END - 600))
+    assert list(doc["devices"]) == ["2"]
+    assert main(["analyze", str(tmp_path / "x.jsonl"), "--since", "1"]) == 2
+    assert "--since and --until need --db" in capsys.readouterr().err
