@@ -25,10 +25,10 @@ from vramscope.agent.analysis.diagnosis import diagnose_warning
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker
 from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
-from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.merge import is_device_wide, merged
 from vramscope.agent.analysis.risk import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
+from vramscope.agent.records import RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
 
 OOM_RECENT_S = 300.0
 HISTORY_MAX = 100_000
@@ -102,7 +102,15 @@ class DeviceAnalysis:
 
     def __init__(self, device: int, thresholds: Thresholds, raw_fields: frozenset[str]) -> None:
         self.device = device
-        self.risk = RiskModel(thresholds)
+        self._thresholds = thresholds
+        # One risk model per server process on the device (its own limit, the device's NVML
+        # view; DESIGN.md rule 6), None: the device's NVML view before any process reported.
+        # ``risk`` is the one the rules read: the riskiest process's.
+        self.risks: dict[int | None, RiskModel] = {None: RiskModel(thresholds)}
+        self.risk = self.risks[None]
+        self.risk_pid: int | None = None
+        self.ranks: dict[int, int] = {}  # pid -> rank, from process_rank events
+        self._wide: Sample | None = None  # the latest device-wide (NVML) sample
         self.leak = LeakDetector(thresholds)
         self.kv = KvTracker()
         self.fields: dict[str, int] = {}
@@ -126,7 +134,7 @@ class DeviceAnalysis:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s)
             self._num_ooms = s.num_ooms
-        if self.risk.observe(s):
+        if self._observe_risk(s):
             changed |= _RISK | self._note_risk(s.ts_s)
         if s.device_used_bytes is not None or s.device_total_bytes:
             changed |= _DEVICE
@@ -139,6 +147,39 @@ class DeviceAnalysis:
         if self.oom_ts_s:
             changed |= self._oom_changed(s.ts_s)
         return changed
+
+    def _observe_risk(self, s: Sample) -> bool:
+        """Feed the sample to its process's model (a device-wide one to every process's);
+        True when a model gave a point. ``risk`` becomes the riskiest process's model."""
+        if is_device_wide(s):
+            self._wide = s
+            models = [m for pid, m in self.risks.items() if pid is not None] or [self.risk]
+            gave = False
+            for m in models:
+                gave = m.observe(s) or gave
+        else:
+            model = self.risks.get(s.pid)
+            if model is None:
+                model = self.risks[s.pid] = RiskModel(self._thresholds)
+                if self._wide is not None:
+                    model.observe(self._wide)
+            gave = model.observe(s)
+        if gave and len(self.risks) > 1:
+            procs = {pid: m for pid, m in self.risks.items() if pid is not None} or self.risks
+            self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
+            self.risk = procs[self.risk_pid]
+        return gave
+
+    def process_name(self) -> str | None:
+        """Which process ``risk`` is, for alert text: ``rank N (pid P)`` when its rank is
+        known, ``pid P`` when the device has several processes, else None."""
+        pid = self.risk_pid
+        if pid is None:
+            return None
+        rank = self.ranks.get(pid)
+        if rank is not None:
+            return f"rank {rank} (pid {pid})"
+        return f"pid {pid}" if sum(1 for p in self.risks if p is not None) > 1 else None
 
     def _absorb_fields(self, s: Sample) -> int:
         changed = 0
@@ -168,6 +209,9 @@ class DeviceAnalysis:
 
     def on_event(self, e: Event) -> int | None:
         """``None`` for an event no rule reads (it is not evaluated), else what it changed."""
+        if e.name == RANK_EVENT and e.pid is not None and isinstance((e.data or {}).get("rank"),
+                                                                    int):
+            self.ranks[e.pid] = e.data["rank"]  # type: ignore[index]
         if e.name == "oom":
             self._note_oom(e.ts_s)
         self.leak.on_event(e)
@@ -191,6 +235,11 @@ class DeviceAnalysis:
 
     def value(self, metric: str, now_s: float) -> float | None:
         return getter_for(metric)(self, now_s)
+
+
+def _riskiness(m: RiskModel) -> tuple[bool, int, float]:
+    ratio = m.headroom_ratio
+    return m.has_point, m.level_index, -(ratio if ratio is not None else 1.0)
 
 
 def getter_for(metric: str) -> Callable[[DeviceAnalysis, float], float | None]:
@@ -375,9 +424,18 @@ def _gate_holds(st: _RuleState, d: DeviceAnalysis, now: float) -> bool:
     return st.gate is None or gate is None or gate.holds(st.gate(d, now))
 
 
+# Metrics read from the risk model: with several processes on a device, the riskiest one's.
+_PER_PROCESS_METRICS = frozenset({"risk_level", "headroom_bytes", "headroom_ratio",
+                                  "time_to_oom_s", "device_used_ratio",
+                                  "external_fragmentation_ratio"})
+
+
 def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     """The rule's text; a risk alert adds why and the first remedy for that cause."""
     text = rule.describe(value)
+    who = d.process_name() if rule.metric in _PER_PROCESS_METRICS else None
+    if who is not None:
+        text = f"{text} [{who}]"
     point = d.risk.last
     if rule.metric != "risk_level" or point is None or not point.reasons:
         return text

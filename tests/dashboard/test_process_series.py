@@ -119,3 +119,27 @@ def test_by_series_gives_each_process_the_device_wide_samples():
     series = by_series([nv1, a1, b1, nv2, other])
     assert series == {(0, None): [nv1], (0, A): [nv1, a1, nv2], (0, B): [nv1, b1, nv2],
                       (1, None): [other]}
+
+
+def test_the_live_alert_engine_judges_each_process_by_its_own_cap_and_names_its_rank():
+    """A at 39.5 of its 40 GiB cap is critical although the GPU has 38 GiB free; B at 1 GiB
+    would hide it from a per-device model whose limit flipped to B's 80 GiB."""
+    from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent.alerts.rules import Rule
+    from vramscope.agent.records import RANK_EVENT, Event
+
+    rule = Rule("oom_risk", "risk_level", ">=", 2, severity="critical", message="OOM risk")
+    engine = AlertEngine([rule])
+    recs: list = [Event(T0 - 1, RANK_EVENT, 0, A, data={"rank": 3, "world_size": 4})]
+    for i in range(5):
+        t = T0 + i
+        recs += [Sample(t, 0, Phase.UNKNOWN, "nvml", device_used_bytes=42 * GiB,
+                        device_total_bytes=80 * GiB),
+                 _proc(t, A, 39 * GiB + GiB // 2, 39 * GiB + 3 * GiB // 4, 40 * GiB),
+                 _proc(t, B, GiB, 2 * GiB, 80 * GiB)]
+    fired = [c for c in engine.feed(recs) if c.kind == "fired"]
+    assert [(c.rule, c.device) for c in fired] == [("oom_risk", 0)]
+    assert "[rank 3 (pid 100)]" in fired[0].message
+    d = engine.devices[0]
+    assert d.risk_pid == A and d.risk.limit_bytes == 40 * GiB
+    assert d.risks[B].limit_bytes == 80 * GiB and d.risks[B].level_index == 0
