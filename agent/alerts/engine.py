@@ -111,7 +111,10 @@ class DeviceAnalysis:
         self.risk_pid: int | None = None
         self.ranks: dict[int, int] = {}  # pid -> rank, from process_rank events
         self._wide: Sample | None = None  # the latest device-wide (NVML) sample
-        self.leak = LeakDetector(thresholds)
+        # Leak detectors per process too (each its own idle floor); ``leak`` is the one the
+        # rules and the report read: a detected one first, then the steepest.
+        self.leaks: dict[int | None, LeakDetector] = {None: LeakDetector(thresholds)}
+        self.leak = self.leaks[None]
         self.kv = KvTracker()
         self.fields: dict[str, int] = {}
         self._raw_fields = tuple(f for f in SAMPLE_COUNTER_FIELDS if f in raw_fields)
@@ -140,7 +143,7 @@ class DeviceAnalysis:
             changed |= _DEVICE
         if s.largest_free_block_bytes is not None:
             changed |= _SNAPSHOT
-        if self.leak.update(s) is not None:
+        if self._update_leak(s):
             changed |= _LEAK
         if s.kv_blocks_used is not None and self.kv.observe(s):
             changed |= _KV
@@ -169,6 +172,31 @@ class DeviceAnalysis:
             self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
             self.risk = procs[self.risk_pid]
         return gave
+
+    def _leaks_of(self, r: Sample | Event) -> list[LeakDetector]:
+        """The detectors a record feeds: its process's; a device-wide sample or an event
+        without a pid, every process's (the device's own while no process reported)."""
+        if r.pid is None or is_device_wide(r):
+            procs = [d for pid, d in self.leaks.items() if pid is not None]
+            if isinstance(r, Sample):  # NVML: the device's own view, until processes report
+                return procs[:0] if procs else [self.leaks[None]]
+            return procs or [self.leaks[None]]
+        leak = self.leaks.get(r.pid)
+        if leak is None:
+            leak = self.leaks[r.pid] = LeakDetector(self._thresholds)
+        return [leak]
+
+    def _update_leak(self, s: Sample) -> bool:
+        gave = False
+        for leak in self._leaks_of(s):
+            gave = leak.update(s) is not None or gave
+        if gave:
+            self._pick_leak()
+        return gave
+
+    def _pick_leak(self) -> None:
+        procs = [d for pid, d in self.leaks.items() if pid is not None] or [self.leaks[None]]
+        self.leak = max(procs, key=lambda d: (d.result.detected, d.result.slope_bytes_per_s))
 
     def process_name(self) -> str | None:
         """Which process ``risk`` is, for alert text: ``rank N (pid P)`` when its rank is
@@ -214,8 +242,10 @@ class DeviceAnalysis:
             self.ranks[e.pid] = e.data["rank"]  # type: ignore[index]
         if e.name == "oom":
             self._note_oom(e.ts_s)
-        self.leak.on_event(e)
+        for leak in self._leaks_of(e):
+            leak.on_event(e)
         if e.name == "kv_orphaned_blocks":
+            self._pick_leak()
             self.orphaned_blocks = orphaned_count(e)
             return _ORPHANS | _LEAK | (self._oom_changed(e.ts_s) if self.oom_ts_s else 0)
         if e.name == "oom":

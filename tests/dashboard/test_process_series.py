@@ -143,3 +143,22 @@ def test_the_live_alert_engine_judges_each_process_by_its_own_cap_and_names_its_
     d = engine.devices[0]
     assert d.risk_pid == A and d.risk.limit_bytes == 40 * GiB
     assert d.risks[B].limit_bytes == 80 * GiB and d.risks[B].level_index == 0
+
+
+def test_a_leak_in_one_of_two_processes_is_found_in_that_process():
+    """B's idle floor rises 10 kB/s; A's stays flat below it. One detector fed both would see
+    A's flat floor (the minimum) and nothing else."""
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    engine = AlertEngine([])
+    recs = []
+    for t in range(2200):
+        recs += [Sample(float(t), 0, Phase.IDLE, "torch", A, allocated_bytes=GiB,
+                        device_total_bytes=8_000_000_000),
+                 Sample(float(t), 0, Phase.IDLE, "torch", B,
+                        allocated_bytes=2 * GiB + 10_000 * t, device_total_bytes=8_000_000_000)]
+    engine.feed(recs)
+    d = engine.devices[0]
+    assert d.leaks[B].result.detected and not d.leaks[A].result.detected
+    assert d.leak is d.leaks[B]
+    assert d.leak.result.slope_bytes_per_s == pytest.approx(10_000)
