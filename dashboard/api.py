@@ -10,10 +10,14 @@ figures built by the pure functions of :mod:`vramscope.dashboard.figures`; the p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, jsonify, send_file
+from flask import Blueprint, Response, jsonify, send_file
+from flask.typing import ResponseReturnValue
 from vramscope.agent.dtypes import element_bytes, known_dtypes
+from vramscope.agent.records import PostMortem
+from vramscope.agent.store import Store
 from vramscope.dashboard import figures, params, queries, timeline_figure, verdict, views
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule
@@ -36,19 +40,19 @@ def _device() -> int:
 
 
 @bp.get("/openapi.json")
-def openapi_document():
+def openapi_document() -> ResponseReturnValue:
     from vramscope.dashboard.openapi import document
 
     return jsonify(document())
 
 
 @bp.get("/hosts")
-def hosts():
+def hosts() -> ResponseReturnValue:
     return jsonify({"hosts": queries.host_rows(state().store)})
 
 
 @bp.get("/freshness")
-def freshness():
+def freshness() -> ResponseReturnValue:
     """How old the newest sample of any device is, and whether that counts as stale."""
     st = state()
     return jsonify(verdict.freshness(queries.newest_sample_s(st.store), st.clock.time_s(),
@@ -56,23 +60,23 @@ def freshness():
 
 
 @bp.get("/devices")
-def devices():
+def devices() -> ResponseReturnValue:
     st = state()
     return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s())})
 
 
 @bp.get("/processes")
-def processes():
+def processes() -> ResponseReturnValue:
     return jsonify({"processes": queries.process_rows(state().store)})
 
 
 @bp.get("/overview")
-def overview():
+def overview() -> ResponseReturnValue:
     st = state()
     return jsonify(queries.overview(st.store, st.config, st.clock.time_s()))
 
 
-def _latest(store, device: int, host: str | None) -> float | None:
+def _latest(store: Store, device: int, host: str | None) -> float | None:
     """The newest sample's time, read only when the request leaves ``end`` out."""
     if params.number("end", low=0, high=1e11) is not None:
         return None
@@ -80,7 +84,7 @@ def _latest(store, device: int, host: str | None) -> float | None:
     return span[1] if span else state().clock.time_s()  # no data yet: end now
 
 
-def _known_device(store, device: int, host: str | None) -> int:
+def _known_device(store: Store, device: int, host: str | None) -> int:
     """``device`` when the host has reported it; else a 404 naming both (an empty series
     would read as "no data in this window")."""
     known = store.devices(host=host)
@@ -91,7 +95,7 @@ def _known_device(store, device: int, host: str | None) -> int:
     return device
 
 
-def _timeline_doc() -> dict:
+def _timeline_doc() -> dict[str, Any]:
     st = state()
     store, host = st.store, _host()
     device = _known_device(store, _device(), host)
@@ -107,12 +111,12 @@ def _timeline_doc() -> dict:
 
 
 @bp.get("/timeline")
-def timeline():
+def timeline() -> ResponseReturnValue:
     return jsonify(_timeline_doc())
 
 
 @bp.get("/alerts")
-def alerts():
+def alerts() -> ResponseReturnValue:
     active = params.boolean("active", False)
     limit = params.integer("limit", 500, low=1, high=10_000)
     st = state()
@@ -121,20 +125,20 @@ def alerts():
     return jsonify({"alerts": [queries.alert_json(a, metrics) for a in rows]})
 
 
-def _postmortems() -> list:
+def _postmortems() -> list[tuple[int, PostMortem]]:
     device = params.integer("device", None, low=0, high=MAX_DEVICE)
     return state().store.postmortems(device, host=params.text("host", "*"))
 
 
 @bp.get("/postmortems")
-def postmortems():
+def postmortems() -> ResponseReturnValue:
     st = state()
     return jsonify({"postmortems": [
         queries.postmortem_json(i, pm, st.store.host_name, st.config["hooks.snapshot_dir"])
         for i, pm in _postmortems()]})
 
 
-def _postmortem(pm_id: int):
+def _postmortem(pm_id: int) -> PostMortem:
     for i, pm in state().store.postmortems(host="*"):
         if i == pm_id:
             return pm
@@ -142,14 +146,14 @@ def _postmortem(pm_id: int):
 
 
 @bp.get("/postmortems/<int:pm_id>")
-def postmortem(pm_id: int):
+def postmortem(pm_id: int) -> ResponseReturnValue:
     st = state()
     return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id), st.store.host_name,
                                            st.config["hooks.snapshot_dir"]))
 
 
 @bp.get("/postmortems/<int:pm_id>/snapshot")
-def postmortem_snapshot(pm_id: int):
+def postmortem_snapshot(pm_id: int) -> ResponseReturnValue:
     path = queries.snapshot_file(_postmortem(pm_id), state().config["hooks.snapshot_dir"])
     if path is None:
         raise NotFound(f"post-mortem {pm_id} kept no snapshot in hooks.snapshot_dir (or it was "
@@ -158,7 +162,7 @@ def postmortem_snapshot(pm_id: int):
                      download_name=f"postmortem-{pm_id}-snapshot.pickle")
 
 
-def _analysis_json(view):
+def _analysis_json(view: Callable[..., Any]) -> Response:  # a views.* function
     """``view(store, config, device, host, start, end)`` over the requested window (default:
     six timeline spans ending at the newest sample), as JSON."""
     st = state()
@@ -169,11 +173,11 @@ def _analysis_json(view):
 
 
 @bp.get("/analysis")
-def analysis_report():
+def analysis_report() -> ResponseReturnValue:
     return _analysis_json(views.report)
 
 
-def _shape() -> dict:
+def _shape() -> dict[str, Any]:
     """The model and serving plan to estimate (defaults: a Llama-3-8B shape, the demo's, 8 x 4k
     context). Without ``params_b`` the parameters are counted from the shape (``gated``: a
     gate/up/down MLP, as Llama's), so changing the shape changes the weights too."""
@@ -199,50 +203,50 @@ def _shape() -> dict:
 
 
 @bp.get("/capacity")
-def capacity():
+def capacity() -> ResponseReturnValue:
     st = state()
     return jsonify(views.capacity(st.store, params.text("host"), _shape()))
 
 
 @bp.get("/figures/overview")
-def figure_overview():
+def figure_overview() -> ResponseReturnValue:
     st = state()
     return jsonify(figures.overview_figure(
         queries.device_rows(st.store, st.config, st.clock.time_s())))
 
 
 @bp.get("/figures/processes")
-def figure_processes():
+def figure_processes() -> ResponseReturnValue:
     st = state()
     return jsonify(figures.processes_figure(
         queries.device_rows(st.store, st.config, st.clock.time_s())))
 
 
 @bp.get("/figures/timeline")
-def figure_timeline():
+def figure_timeline() -> ResponseReturnValue:
     return jsonify(timeline_figure.build(
         _timeline_doc(), state().config["alerts.fragmentation_warning_ratio"]))
 
 
 @bp.get("/figures/leaks")
-def figure_leaks():
+def figure_leaks() -> ResponseReturnValue:
     return _analysis_json(views.leaks_view)
 
 
 @bp.get("/figures/risk")
-def figure_risk():
+def figure_risk() -> ResponseReturnValue:
     return _analysis_json(views.risk_view)
 
 
 @bp.get("/figures/capacity")
-def figure_capacity():
+def figure_capacity() -> ResponseReturnValue:
     st = state()
     doc = views.capacity(st.store, params.text("host"), _shape())
     return jsonify({"figure": figures.capacity_figure(doc), "capacity": doc})
 
 
 @bp.get("/figures/postmortems/<int:pm_id>")
-def figure_postmortem(pm_id: int):
+def figure_postmortem(pm_id: int) -> ResponseReturnValue:
     pm = _postmortem(pm_id)
     return jsonify({"segments": figures.segment_map_figure(pm),
                     "holders": figures.holders_figure(pm)})

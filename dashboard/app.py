@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flask import Flask, current_app, send_file
+from flask.typing import ResponseReturnValue
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import Config, parse_config
 from vramscope.agent.store import Store
@@ -53,7 +54,7 @@ def _init_extensions(app: Flask, config: Config) -> None:
     app.add_url_rule("/vendor/plotly.min.js", "plotly_js", _plotly_js)
 
 
-def _healthz():
+def _healthz() -> ResponseReturnValue:
     st = state()
     try:
         st.store.time_range()  # one cheap query proves the database answers
@@ -67,5 +68,5 @@ def _healthz():
     return {"status": "ok", "now_s": st.clock.time_s()}
 
 
-def _plotly_js():
+def _plotly_js() -> ResponseReturnValue:
     return send_file(plotly_js_path(), mimetype="text/javascript", max_age=86400)

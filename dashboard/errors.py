@@ -9,8 +9,10 @@ traceback and answered with a 500 that leaks nothing.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Flask, Response, jsonify, render_template, request
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, InternalServerError
 
 log = logging.getLogger("vramscope.dashboard")
@@ -38,7 +40,7 @@ class ForbiddenHost(HTTPException):
     code = 403
 
 
-def error_body(exc: HTTPException) -> dict:
+def error_body(exc: HTTPException) -> dict[str, Any]:
     error = {"status": exc.code, "title": exc.name, "message": exc.description}
     parameter = getattr(exc, "parameter", None)
     if parameter is not None:
@@ -46,7 +48,7 @@ def error_body(exc: HTTPException) -> dict:
     return {"error": error}
 
 
-def handle(exc: Exception):
+def handle(exc: Exception) -> ResponseReturnValue:
     if not isinstance(exc, HTTPException):
         log.exception("unhandled error on %s %s", request.method, request.path)
         exc = InternalServerError("internal error; the dashboard log has the details")
@@ -63,7 +65,7 @@ def handle(exc: Exception):
         response = jsonify(error_body(exc))
     else:
         response = render_template("error.html", error=error_body(exc)["error"])
-    return response, exc.code, headers
+    return response, exc.code if exc.code is not None else 500, headers  # (always has one)
 
 
 def init_app(app: Flask) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.agent.records import PostMortem
+
 GIB = float(2**30)
 COLORS = {
     "allocated": "#1f6feb", "reserved": "#8250df", "device_used": "#57606a",
@@ -52,7 +54,7 @@ def _layout(**extra: Any) -> dict[str, Any]:
     return base
 
 
-def _line(name: str, xs: list, ys: list, color: str, **extra: Any) -> dict[str, Any]:
+def _line(name: str, xs: list[Any], ys: list[Any], color: str, **extra: Any) -> dict[str, Any]:
     trace = {"type": "scatter", "mode": "lines", "name": name, "x": xs, "y": ys,
              "line": {"color": color, "width": 1.6}}
     trace.update(extra)
@@ -119,11 +121,11 @@ def processes_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- device timeline ------------------------------------------------------------------------
-def _xs(series: dict[str, list]) -> list[float]:
+def _xs(series: dict[str, list[Any]]) -> list[float]:
     return [ms(t) for t in series["ts"]]
 
 
-def _memory_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+def _memory_traces(s: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
     out = []
     for key, name, color, dash in (
             ("allocated_bytes", "allocated", COLORS["allocated"], "solid"),
@@ -138,7 +140,7 @@ def _memory_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
     return out
 
 
-def _fragmentation_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+def _fragmentation_traces(s: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
     out = []
     for key, name, color in (("inactive_split_ratio", "inactive split ratio", COLORS["split"]),
                              ("external_fragmentation", "external fragmentation",
@@ -151,7 +153,7 @@ def _fragmentation_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]
     return out
 
 
-def _kv_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
+def _kv_traces(s: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
     out = []
     for key, name, color in (("kv_blocks_used", "KV blocks used", COLORS["kv_used"]),
                              ("kv_blocks_cached", "KV blocks cached", COLORS["kv_cached"]),
@@ -170,7 +172,7 @@ def _kv_traces(s: dict[str, dict[str, list]]) -> list[dict[str, Any]]:
 
 def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Requests, allocator retries, OOMs and orphaned KV blocks on one lane (y4)."""
-    groups: dict[str, tuple[list, list]] = {}
+    groups: dict[str, tuple[list[Any], list[Any]]] = {}
     for e in doc["events"]:
         label = {"request_start": "request start", "request_end": "request end", "oom": "OOM",
                  "kv_orphaned_blocks": "orphaned KV blocks"}[e["name"]]
@@ -235,7 +237,7 @@ def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
         meta={"limit_bytes": limit_bytes})}
 
 
-def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
+def risk_figure(headroom: dict[str, list[Any]], forecast: dict[str, list[Any]] | None,
                 warnings: list[dict[str, Any]], limit_bytes: int | None,
                 levels: dict[str, float],
                 tto_warning_s: float = 1800.0) -> dict[str, Any]:
@@ -279,20 +281,23 @@ def risk_figure(headroom: dict[str, list], forecast: dict[str, list] | None,
                 "automargin": True, "tickmode": "auto", "nticks": 7})}
 
 
-def _tto_top_h(forecast: dict[str, list] | None, warning_s: float) -> float:
+def _tto_top_h(forecast: dict[str, list[Any]] | None, warning_s: float) -> float:
     values = sorted(v for v in (forecast or {}).get("time_to_oom_s", []) if v is not None)
     p90 = values[int(0.9 * (len(values) - 1))] if values else 0.0
     return max(2 * warning_s, p90) * 1.1 / 3600.0
 
 
-def _forecast_band(forecast: dict[str, list]) -> list[dict[str, Any]]:
+def _forecast_band(forecast: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """The forecast's uncertainty as two dotted lines (soonest, latest); a filled band would
     smear across the gaps where the model makes no forecast."""
     lo, hi = forecast.get("low_s"), forecast.get("high_s")
     if not lo or not hi:
         return []
     xs = [ms(t) for t in forecast["ts"]]
-    to_h = lambda vs: [None if v is None else v / 3600.0 for v in vs]
+
+    def to_h(vs: list[float | None]) -> list[float | None]:
+        return [None if v is None else v / 3600.0 for v in vs]
+
     style: dict[str, Any] = {"color": "rgba(207,34,46,0.45)", "width": 1, "dash": "dot"}
     return [_line("forecast soonest", xs, to_h(lo), style["color"], yaxis="y2", line=style,
                   hovertemplate="%{y:.2f} h"),
@@ -330,7 +335,7 @@ def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- post-mortems ---------------------------------------------------------------------------
-def segment_map_figure(pm) -> dict[str, Any]:
+def segment_map_figure(pm: PostMortem) -> dict[str, Any]:
     """Each segment as a bar: allocated, its largest hole, and the rest of its free bytes.
 
     A segment map of small scattered holes (lots of "other free", little "largest hole") is
@@ -343,7 +348,10 @@ def segment_map_figure(pm) -> dict[str, Any]:
     hole = [min(_first_int(s, "largest_free_block_bytes"), max(0, t - u))
             for s, t, u in zip(segs, total, used)]
     rest = [max(0, t - u - h) for t, u, h in zip(total, used, hole)]
-    mib = lambda vs: [v / 2**20 for v in vs]
+
+    def mib(vs: list[int]) -> list[float]:
+        return [v / 2**20 for v in vs]
+
     parts = (("allocated", used, COLORS["allocated"]), ("largest hole", hole, "#8c959f"),
              ("other free", rest, "#d0d7de"))
     data = [{"type": "bar", "orientation": "h", "name": name, "y": labels, "x": mib(values),
@@ -363,7 +371,7 @@ def _first_int(segment: dict[str, Any], *keys: str) -> int:
     return 0
 
 
-def holders_figure(pm) -> dict[str, Any]:
+def holders_figure(pm: PostMortem) -> dict[str, Any]:
     """The top holders by size; the innermost frame names each."""
     holders = list(pm.top_holders)
     labels = [text(f"#{i + 1} {h.frames[0] if h.frames else '(no stack)'}"[:80])

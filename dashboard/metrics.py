@@ -20,7 +20,10 @@ from typing import Any
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from vramscope.agent.clock import Clock
+from vramscope.agent.config import Config
 from vramscope.agent.records import Phase
+from vramscope.agent.store import Store
 
 # name -> (field, help). Gauges of the newest value per device; allocator and KV values are
 # the sum over the device's processes (each one is a vramscope_process_* series too).
@@ -78,7 +81,7 @@ INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
 class StoreCollector:
     """Reads the store on each scrape; one failure gives ``vramscope_up 0``, never a 500."""
 
-    def __init__(self, store, config, clock) -> None:
+    def __init__(self, store: Store, config: Config, clock: Clock) -> None:
         self.store, self.config, self.clock = store, config, clock
 
     def collect(self) -> Iterator[Metric]:
@@ -197,7 +200,7 @@ def _process_families(processes: list[dict[str, Any]]) -> Iterator[Metric]:
     yield seen
 
 
-def _agent_families(store) -> Iterator[Metric]:
+def _agent_families(store: Store) -> Iterator[Metric]:
     dropped = CounterMetricFamily("vramscope_agent_dropped_records",
                                   "Records lost before the database: dropped by the agent "
                                   "(queue full) plus those hook clients reported dropped.",

@@ -138,7 +138,7 @@ CAPACITY = obj({"devices": array(obj({"host": STR, "device": INT,
                 "estimate_problem": nullable(STR)})
 
 
-def _op(summary: str, schema: dict[str, Any], parameters: list | None = None,
+def _op(summary: str, schema: dict[str, Any], parameters: list[dict[str, Any]] | None = None,
         errors: tuple[int, ...] = (400,), content_type: str = "application/json"
         ) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK",

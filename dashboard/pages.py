@@ -7,7 +7,10 @@ the same way, so a bad link gets a 400 page that names the parameter.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, redirect, render_template, url_for
+from flask.typing import ResponseReturnValue
 from vramscope.dashboard import params
 from vramscope.dashboard.state import state
 from werkzeug.exceptions import NotFound
@@ -21,7 +24,7 @@ NAV: tuple[tuple[str, str], ...] = (
 )
 
 
-def _render(template: str, page: str, **context):
+def _render(template: str, page: str, **context: Any) -> str:
     st = state()
     devices = st.store.devices(host="*")
     return render_template(template, page=page, nav=NAV, devices=devices,
@@ -29,7 +32,7 @@ def _render(template: str, page: str, **context):
                            host_name=st.store.host_name, **context)
 
 
-def _device_context() -> dict:
+def _device_context() -> dict[str, Any]:
     """The device, host and window a page was asked for (validated, then passed to the JS)."""
     return {"device": params.integer("device", 0, low=0, high=4095),
             "host": params.text("host", "") or "",
@@ -39,12 +42,12 @@ def _device_context() -> dict:
 
 
 @bp.get("/")
-def overview():
+def overview() -> ResponseReturnValue:
     return _render("overview.html", "overview")
 
 
 @bp.get("/timeline")
-def timeline():
+def timeline() -> ResponseReturnValue:
     ctx = _device_context()
     if ctx["start"] is not None and ctx["end"] is not None and ctx["end"] <= ctx["start"]:
         params.time_window(3600.0, None)  # raises the 400 naming "end"
@@ -52,38 +55,38 @@ def timeline():
 
 
 @bp.get("/leaks")
-def leaks():
+def leaks() -> ResponseReturnValue:
     return _render("leaks.html", "leaks", **_device_context())
 
 
 @bp.get("/risk")
-def risk():
+def risk() -> ResponseReturnValue:
     return _render("risk.html", "risk", **_device_context())
 
 
 @bp.get("/alerts")
-def alerts():
+def alerts() -> ResponseReturnValue:
     return _render("alerts.html", "alerts")
 
 
 @bp.get("/postmortems")
-def postmortems():
+def postmortems() -> ResponseReturnValue:
     return _render("postmortems.html", "postmortems")
 
 
 @bp.get("/postmortems/<int:pm_id>")
-def postmortem(pm_id: int):
+def postmortem(pm_id: int) -> ResponseReturnValue:
     if not any(i == pm_id for i, _ in state().store.postmortems(host="*")):
         raise NotFound(f"no post-mortem with id {pm_id}")
     return _render("postmortem.html", "postmortem", pm_id=pm_id)
 
 
 @bp.get("/capacity")
-def capacity():
+def capacity() -> ResponseReturnValue:
     return _render("capacity.html", "capacity")
 
 
 @bp.get("/openapi.json")
-def openapi_redirect():
+def openapi_redirect() -> ResponseReturnValue:
     """Where tools look first; the document lives beside the API it describes."""
     return redirect(url_for("api.openapi_document"), code=308)

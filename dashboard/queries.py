@@ -7,9 +7,12 @@ windows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
+from vramscope.agent.config import Config
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.phase_shares import phase_counts
 from vramscope.dashboard import timeline as tl
@@ -66,7 +69,7 @@ def latest_values(store: Store, device: int, host: str | None,
     return _device_entry(span, sources, nvml, processes)
 
 
-def _newest(into: dict[str, Any], s, fields) -> None:
+def _newest(into: dict[str, Any], s: Sample, fields: Sequence[str]) -> None:
     for name in fields:
         if into.get(name) is None:
             into[name] = getattr(s, name)
@@ -117,7 +120,7 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
     return out
 
 
-def device_rows(store: Store, config, now_s: float) -> list[dict[str, Any]]:
+def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, Any]]:
     """One row per device of every host, riskiest first: current values, the alert engine's
     verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale."""
     active = store.alerts(active_only=True, host="*")
@@ -161,7 +164,8 @@ def host_rows(store: Store) -> list[dict[str, Any]]:
     return out
 
 
-def process_rows(store: Store, rows: list[dict[str, Any]] | None = None) -> list[dict]:
+def process_rows(store: Store, rows: list[dict[str, Any]] | None = None
+                 ) -> list[dict[str, Any]]:
     """Server processes; ``last_seen_s`` moves with their newest sample (the stored value is
     only the last handshake)."""
     recent: dict[tuple[str, int], float] = {}
@@ -187,7 +191,7 @@ def _latest_only(store: Store) -> list[dict[str, Any]]:
             for d in store.devices(host="*")]
 
 
-def overview(store: Store, config, now_s: float) -> dict[str, Any]:
+def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     hosts = [{k: h[k] for k in ("name", "first_seen_s", "last_seen_s", "agent")}
              for h in host_rows(store)]
     rows = device_rows(store, config, now_s)
@@ -198,7 +202,7 @@ def overview(store: Store, config, now_s: float) -> dict[str, Any]:
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}
 
 
-def _alerts_json(alerts: list[dict[str, Any]], config) -> list[dict[str, Any]]:
+def _alerts_json(alerts: list[dict[str, Any]], config: Config) -> list[dict[str, Any]]:
     metrics = metrics_by_rule(config)
     return [alert_json(a, metrics) for a in alerts]
 
@@ -239,7 +243,7 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
 
 
 def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                  limit: int) -> tuple[list, bool]:
+                  limit: int) -> tuple[list[Event], bool]:
     """OOMs and orphaned blocks always; request boundaries only when at most ``limit`` of them
     fall in the window (the first ``limit`` of a busy day would only mislead)."""
     rare = store.events(device, start_s, end_s, host=host, names=tl.RARE_EVENTS, limit=limit)
@@ -271,7 +275,7 @@ def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                max_bands: int) -> tuple[list[dict[str, Any]], dict[str, list] | None, str]:
+                max_bands: int) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
     """``(bands, shares, source)``: exact bands from phase events, or from sample phases in a
     short window, when at most ``max_bands`` of them; otherwise each phase's share per bucket
     (a 2-second prefill would be narrower than a pixel, and no bucket's longest phase)."""
@@ -307,7 +311,8 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
     return {"first_ts_s": span[0], "last_ts_s": span[1], **peaks}
 
 
-def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dict[str, Any]:
+def postmortem_json(pm_id: int, pm: PostMortem, default_host: str,
+                    snapshot_dir: str) -> dict[str, Any]:
     """The post-mortem for the API; a missing cause or remedies are filled in by the analysis'
     diagnosis, as ``vramscope analyze`` would."""
     from vramscope.agent.analysis.diagnosis import complete_postmortem
@@ -320,14 +325,12 @@ def postmortem_json(pm_id: int, pm, default_host: str, snapshot_dir: str) -> dic
     return out
 
 
-def snapshot_file(pm, snapshot_dir: str):
+def snapshot_file(pm: PostMortem, snapshot_dir: str) -> Path | None:
     """The kept PyTorch snapshot, only when it is a file inside ``hooks.snapshot_dir``.
 
     The path comes from a stored record; without this check anyone able to send the agent a
     post-mortem could make the dashboard serve any file it can read.
     """
-    from pathlib import Path
-
     if not pm.snapshot_path or not snapshot_dir:
         return None
     root = Path(snapshot_dir).expanduser().resolve()

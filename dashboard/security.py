@@ -12,9 +12,11 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
 import re
 
 from flask import Flask, Response, redirect, request
+from flask.typing import ResponseReturnValue
 from vramscope.agent.errors import ConfigError
 from werkzeug.wrappers import Response as BaseResponse
 
@@ -35,7 +37,7 @@ _CSP_TEMPLATE = (
 )
 
 
-def plotly_bundle_version(path) -> str | None:
+def plotly_bundle_version(path: str | os.PathLike[str]) -> str | None:
     """The version in the bundle's banner (``* plotly.js v4.1.1``)."""
     try:
         with open(path, "rb") as f:
@@ -92,7 +94,7 @@ def _bearer(header: str | None) -> str | None:
     return None
 
 
-def init_app(app: Flask, token: str, plotly_js) -> None:
+def init_app(app: Flask, token: str, plotly_js: str | os.PathLike[str]) -> None:
     """Install the token check (when ``token`` is set) and the security headers."""
     headers = security_headers(content_security_policy(plotly_bundle_version(plotly_js)))
 
@@ -109,7 +111,7 @@ def init_app(app: Flask, token: str, plotly_js) -> None:
         return
 
     @app.before_request
-    def _require_token():
+    def _require_token() -> ResponseReturnValue | None:
         query_token = request.args.get("token")
         if query_token is not None and request.method == "GET" and token_matches(query_token,
                                                                                   token):
@@ -123,7 +125,7 @@ def init_app(app: Flask, token: str, plotly_js) -> None:
         raise Unauthorized()
 
 
-def _require_loopback_host():
+def _require_loopback_host() -> ResponseReturnValue | None:
     """Without a token only loopback names may be in ``Host``: a web page that re-points its own
     domain at 127.0.0.1 (DNS rebinding) must not read the API from a visitor's browser."""
     host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host

@@ -24,4 +24,5 @@ class DashboardState:
 
 def state() -> DashboardState:
     """The current app's state (inside a request or an app context)."""
-    return current_app.extensions["vramscope"]
+    st: DashboardState = current_app.extensions["vramscope"]
+    return st

@@ -26,9 +26,9 @@ BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.val
 
 
 def series_from_rows(rows: Sequence[dict[str, Any]],
-                     columns: Sequence[str]) -> dict[str, dict[str, list]]:
+                     columns: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
     """Per column: bucket times with that bucket's min and max, skipping empty buckets."""
-    out: dict[str, dict[str, list]] = {}
+    out: dict[str, dict[str, list[Any]]] = {}
     for col in columns:
         lo_key, hi_key = f"{col}_min", f"{col}_max"
         kept = [r for r in rows if r[hi_key] is not None]
@@ -38,7 +38,7 @@ def series_from_rows(rows: Sequence[dict[str, Any]],
     return out
 
 
-def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]:
+def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
     """Fragmentation ratios per bucket, by the analysis' own definitions
     (:mod:`vramscope.agent.analysis.fragmentation`, the risk model's), never a copy here.
 
@@ -49,9 +49,9 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list]]
     (token occupancy: tokens stored per used KV block, at most the block size) likewise comes
     from the last row, when it is a KV pool reading.
     """
-    split: dict[str, list] = {"ts": [], "max": []}
-    ext: dict[str, list] = {"ts": [], "max": []}
-    occupancy: dict[str, list] = {"ts": [], "max": []}
+    split: dict[str, list[Any]] = {"ts": [], "max": []}
+    ext: dict[str, list[Any]] = {"ts": [], "max": []}
+    occupancy: dict[str, list[Any]] = {"ts": [], "max": []}
     for r in rows:
         tokens, blocks = r.get("kv_tokens_used_last"), r.get("kv_blocks_used_last")
         if tokens is not None and blocks:
@@ -80,11 +80,11 @@ def _reading(row: dict[str, Any], which: str) -> Sample:
     return Sample(row["ts_s"], 0, Phase.UNKNOWN, None, None, **values)
 
 
-def floor_series(allocated: dict[str, list] | None, window_s: float) -> dict[str, list]:
+def floor_series(allocated: dict[str, list[Any]] | None, window_s: float) -> dict[str, list[Any]]:
     """The lowest allocated bytes in each ``window_s`` of the buckets' minima: the idle floor
     the leak detector trends, drawn where a rise of a few hundred MiB would hide in the KV
     and prefill swings. ``{"ts", "min"}`` at each window's lowest point."""
-    out: dict[str, list] = {"ts": [], "min": []}
+    out: dict[str, list[Any]] = {"ts": [], "min": []}
     if not allocated or window_s <= 0:
         return out
     windows: dict[int, tuple[float, float]] = {}
@@ -105,13 +105,13 @@ _PHASE_ORDER = ("prefill", "decode", "setup", "idle")  # drawing order of shares
 
 
 def shares_from_counts(counts: dict[int, dict[str, int]], start_s: float, end_s: float,
-                       buckets: int) -> dict[str, list]:
+                       buckets: int) -> dict[str, list[Any]]:
     """Per bucket, each phase's share of the samples that carried a phase:
     ``{"ts": [bucket start...], "<phase>": [share...]}`` (buckets without any are left out)."""
     width = (end_s - start_s) / buckets
     phases = sorted({p for c in counts.values() for p in c if p in BAND_PHASES},
                     key=_PHASE_ORDER.index)
-    out: dict[str, list] = {"ts": [], **{p: [] for p in phases}}
+    out: dict[str, list[Any]] = {"ts": [], **{p: [] for p in phases}}
     for b in sorted(counts):
         total = sum(n for p, n in counts[b].items() if p in BAND_PHASES)
         if not total:
@@ -123,7 +123,7 @@ def shares_from_counts(counts: dict[int, dict[str, int]], start_s: float, end_s:
 
 
 def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
-                      buckets: int) -> dict[str, list]:
+                      buckets: int) -> dict[str, list[Any]]:
     """The same shares from phase bands (time held per bucket instead of samples)."""
     width = (end_s - start_s) / buckets
     held: list[dict[str, float]] = [{} for _ in range(buckets)]
@@ -133,7 +133,7 @@ def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
     return shares_from_counts(counts, start_s, end_s, buckets)  # type: ignore[arg-type]
 
 
-def retry_markers(series: dict[str, dict[str, list]], name: str = "num_alloc_retries"
+def retry_markers(series: dict[str, dict[str, list[Any]]], name: str = "num_alloc_retries"
                   ) -> list[dict[str, Any]]:
     """Buckets where a cumulative counter rose: ``{"ts", "count"}`` with the increase."""
     s = series.get(name)

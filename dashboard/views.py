@@ -10,33 +10,39 @@ SQL (the floor between requests), and says so in ``method``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from vramscope.agent import estimate as est
 from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.analysis import leaks
-from vramscope.agent.analysis.risk import device_points, risk_timeline
+from vramscope.agent.analysis.leaks import LeakResult
+from vramscope.agent.analysis.risk import RiskPoint, device_points, risk_timeline
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
-from vramscope.agent.records import Phase, Sample
+from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.dashboard import figures, queries
 from vramscope.dashboard.errors import BadParameter
 
+Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
 RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
 FLOOR_BUCKET_S = 60.0  # default alerts.leak_floor_window_s: one idle-floor point a minute
 MAX_FLOOR_BUCKETS = 5_000
 
 
-def _raw_records(store: Store, device: int, host: str | None, start: float, end: float):
-    samples = store.samples(device, start, end, host=host, limit=RAW_SAMPLE_LIMIT + 1)
-    if len(samples) > RAW_SAMPLE_LIMIT:
-        return None, None
+def _raw_records(store: Store, device: int, host: str | None, start: float, end: float
+                 ) -> tuple[list[Sample] | None, list[Event]]:
+    from vramscope.agent.store.window import count_at_most
+
+    if count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host) > RAW_SAMPLE_LIMIT:
+        return None, []  # too many to analyse raw (counted, not built): callers take another way
+    samples = store.samples(device, start, end, host=host)
     events = store.events(device, start, end, host=host)
     return samples, events
 
 
-def report(store: Store, config, device: int, host: str | None, start: float,
+def report(store: Store, config: Settings, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
     """The ``vramscope.analysis/1`` document for one device and window."""
     samples, events = _raw_records(store, device, host, start, end)
@@ -55,7 +61,7 @@ def _limit_bytes(store: Store, device: int, host: str | None, start: float,
                 if r["device_total_bytes_max"] is not None), default=None)
 
 
-def leaks_view(store: Store, config, device: int, host: str | None, start: float,
+def leaks_view(store: Store, config: Settings, device: int, host: str | None, start: float,
                end: float) -> dict[str, Any]:
     limit = _limit_bytes(store, device, host, start, end)
     samples, events = _raw_records(store, device, host, start, end)
@@ -75,8 +81,8 @@ def leaks_view(store: Store, config, device: int, host: str | None, start: float
 LAYOUT_READ_LIMIT = 16  # memory_layout events read per query (each up to tens of kB)
 
 
-def leak_makeup_view(store: Store, config, device: int, host: str | None, start: float,
-                     end: float, rise_ts_s: float | None) -> dict[str, Any] | None:
+def leak_makeup_view(store: Store, config: Settings, device: int, host: str | None,
+                     start: float, end: float, rise_ts_s: float | None) -> dict[str, Any] | None:
     """The make-up of the growth in the window: the layout at the last idle point at or before
     the rise began (the window's first without one) diffed with the latest. Reads at most a few
     ``memory_layout`` events, whatever the window holds."""
@@ -98,7 +104,7 @@ def leak_makeup_view(store: Store, config, device: int, host: str | None, start:
 
 
 def _last_event(store: Store, device: int, host: str | None, lo: float, hi: float, name: str,
-                step_s: float):
+                step_s: float) -> Event | None:
     """The newest ``name`` event in [lo, hi]: windows back from ``hi``, doubling, so that a
     long window with an event a minute costs a query or two, not every event."""
     width = 2 * max(step_s, 1.0)
@@ -117,14 +123,16 @@ def _last_event(store: Store, device: int, host: str | None, lo: float, hi: floa
     return got[-1] if got else None
 
 
-def _leak_from_records(samples, events, config, device: int):
+def _leak_from_records(samples: list[Sample], events: list[Event], config: Settings,
+                       device: int) -> tuple[list[tuple[float, int]], dict[str, Any], str]:
     window_s = Thresholds.from_config(config).leak_floor_window_s
     floor = leaks.idle_floor(samples, events, device, window_s)
     return floor, _leak_json(leaks.detect_leak(samples, events, config, device)), "idle floor"
 
 
-def _leak_from_minima(store: Store, config, device: int, host: str | None, start: float,
-                      end: float, limit: int | None):
+def _leak_from_minima(store: Store, config: Settings, device: int, host: str | None,
+                      start: float, end: float, limit: int | None
+                      ) -> tuple[list[tuple[float, int]], dict[str, Any], str]:
     window_s = float(config["alerts.leak_floor_window_s"]) if config else FLOOR_BUCKET_S
     buckets = max(1, min(MAX_FLOOR_BUCKETS, math.ceil((end - start) / window_s)))
     rows = store.timeline(device, start, end, buckets, ("allocated_bytes",), host=host)
@@ -136,7 +144,7 @@ def _leak_from_minima(store: Store, config, device: int, host: str | None, start
     return floor, _leak_json(verdict), "per-minute minima"
 
 
-def _leak_json(r) -> dict[str, Any]:
+def _leak_json(r: LeakResult) -> dict[str, Any]:
     return {"detected": bool(r.detected), "slope_bytes_per_s": r.slope_bytes_per_s,
             "slope_bytes_per_h": r.slope_bytes_per_s * 3600.0, "growth_bytes": r.growth_bytes,
             "start_ts_s": r.start_ts_s, "first_detected_ts_s": r.first_detected_ts_s,
@@ -145,7 +153,7 @@ def _leak_json(r) -> dict[str, Any]:
             "orphaned_blocks": r.orphaned_blocks}
 
 
-def _orphan_json(e) -> dict[str, Any]:
+def _orphan_json(e: Event) -> dict[str, Any]:
     data = e.data or {}
     blocks = data.get("blocks", data.get("count"))
     return {"ts": e.ts_s, "pid": e.pid, "request_id": e.request_id,
@@ -157,7 +165,7 @@ RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "devic
                 "largest_free_block_bytes", "num_alloc_retries")
 
 
-def risk_view(store: Store, config, device: int, host: str | None, start: float,
+def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | None, start: float,
               end: float) -> dict[str, Any]:
     """Headroom over time, the risk model's forecast, and when each warning fired."""
     rows = store.timeline(device, start, end, 2000, RISK_COLUMNS, host=host)
@@ -189,7 +197,7 @@ def unmatched_rises(rises: list[dict[str, Any]],
             if not any(abs(r["ts"] - ts) <= RISE_MATCH_S for ts in risk_alerts)]
 
 
-def _point_json(p) -> dict[str, Any] | None:
+def _point_json(p: RiskPoint | None) -> dict[str, Any] | None:
     """The risk model's latest point: its level, why, the headroom and the forecast."""
     if p is None:
         return None
@@ -199,7 +207,7 @@ def _point_json(p) -> dict[str, Any] | None:
             "time_to_oom_high_s": p.time_to_oom_high_s}
 
 
-def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
+def _headroom(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     ts, free = [], []
     for r in rows:
         limit = r["device_total_bytes_max"]
@@ -210,8 +218,9 @@ def _headroom(rows: list[dict[str, Any]]) -> dict[str, list]:
     return {"ts": ts, "bytes": free}
 
 
-def _forecast(store: Store, config, device: int, host: str | None, start: float, end: float,
-              rows: list[dict[str, Any]]):
+def _forecast(store: Store, config: Settings, device: int, host: str | None, start: float,
+              end: float, rows: list[dict[str, Any]]
+              ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], str, RiskPoint | None]:
     """The risk model's forecast (downsampled) and the moments its level rose.
 
     On raw samples when the window holds at most ``RAW_SAMPLE_LIMIT``; else on one sample per
@@ -239,7 +248,8 @@ def peak_samples(rows: list[dict[str, Any]], device: int) -> list[Sample]:
     return out
 
 
-def _forecast_series(points, start: float, end: float, buckets: int = 2000) -> dict[str, list]:
+def _forecast_series(points: list[RiskPoint], start: float, end: float,
+                     buckets: int = 2000) -> dict[str, list[Any]]:
     """At most ``buckets`` points: in each time bucket the most pessimistic forecast."""
     width = (end - start) / buckets
     best: dict[int, Any] = {}
@@ -248,7 +258,7 @@ def _forecast_series(points, start: float, end: float, buckets: int = 2000) -> d
         kept = best.get(b)
         if kept is None or _soonest(p) < _soonest(kept):
             best[b] = p
-    out: dict[str, list] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
+    out: dict[str, list[Any]] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
     for b in sorted(best):
         p = best[b]
         out["ts"].append(p.ts_s)
@@ -258,11 +268,11 @@ def _forecast_series(points, start: float, end: float, buckets: int = 2000) -> d
     return out
 
 
-def _soonest(p) -> float:
+def _soonest(p: RiskPoint) -> float:
     return math.inf if p.time_to_oom_s is None else p.time_to_oom_s
 
 
-def _level_rises(points) -> list[dict[str, Any]]:
+def _level_rises(points: list[RiskPoint]) -> list[dict[str, Any]]:
     """When the causal model's level went up: when each warning would have fired."""
     rank = {"ok": 0, "warning": 1, "critical": 2}
     out, previous = [], "ok"
@@ -321,7 +331,8 @@ def _parameters(shape: dict[str, Any]) -> int:
     return count
 
 
-def _estimate(shape: dict[str, Any], gpu_bytes: int | None):
+def _estimate(shape: dict[str, Any], gpu_bytes: int | None
+              ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     try:
         model = est.ModelShape(
             num_layers=shape["layers"], num_kv_heads=shape["kv_heads"],
