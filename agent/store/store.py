@@ -333,14 +333,15 @@ class Store:
         with self.engine.begin() as c:
             self._upsert_process(c, pid, host, values)
 
-    def _upsert_process(self, c, pid: int, host: str | None, values: dict[str, Any]) -> None:
+    def _upsert_process(self, c: Connection, pid: int, host: str | None,
+                        values: dict[str, Any]) -> None:
         hid = self.host_id(host, c)
         where = and_(processes.c.host_id == hid, processes.c.pid == pid)
         if c.execute(update(processes).where(where).values(**values)).rowcount == 0:
             c.execute(insert(processes).values(host_id=hid, pid=pid,
                                                first_seen_s=values["last_seen_s"], **values))
 
-    def _note_ranks(self, c, batch: Sequence[Event]) -> None:
+    def _note_ranks(self, c: Connection, batch: Sequence[Event]) -> None:
         """A ``process_rank`` event (the hooks' RankWatch) puts the rank on its process's row."""
         for e in batch:
             if e.name == RANK_EVENT and e.pid is not None and e.data:
@@ -422,10 +423,15 @@ class Store:
             stmt = insert(samples).values({k: None for k in _ROW_ORDER})
             self._sample_sql = str(stmt.compile(dialect=self.engine.dialect))
         tuples: list[tuple[Any, ...]] = []
+        by_uuid, by_index, host_name = self._uuid_ids, self._device_ids, self.host_name
         for s in batch:
-            did = self._device_of(s, c)
+            uuid = s.device_uuid  # the cached ids inline: a call per row costs ~10 % here
+            did = (by_index.get((s.host or host_name, s.device)) if uuid is None
+                   else by_uuid.get((s.host or host_name, uuid)))
             if did is None:
-                continue
+                did = self._device_of(s, c)
+                if did is None:
+                    continue
             phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
             tuples.append((did, s.ts_s, phase, s.source, s.pid)
                           + s[_COUNTERS_START:_COUNTERS_END])
