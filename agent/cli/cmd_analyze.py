@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.cli.common import (
     add_config_flag,
@@ -112,7 +112,8 @@ def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostM
     return samples, events, []
 
 
-def _analyze_db(config: Config, args: argparse.Namespace) -> tuple[dict, list[PostMortem]]:
+def _analyze_db(config: Config, args: argparse.Namespace
+                ) -> tuple[dict[str, Any], list[PostMortem]]:
     """Each device's window analyzed on its own (the alert rules are per device), the
     documents joined: one device's records in memory at a time."""
     from vramscope.agent.alerts.offline import analyze_records
@@ -120,7 +121,7 @@ def _analyze_db(config: Config, args: argparse.Namespace) -> tuple[dict, list[Po
     from vramscope.agent.store import Store
 
     require_existing_database(config["database.url"], "analyze")
-    doc: dict = {"format": FORMAT, "devices": {}, "alerts": []}
+    doc: dict[str, Any] = {"format": FORMAT, "devices": {}, "alerts": []}
     postmortems: list[PostMortem] = []
     with Store.open(config["database.url"], synchronous=config["database.synchronous"],
                     host_name=config["agent.host_name"] or None) as store:
