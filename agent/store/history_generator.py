@@ -16,9 +16,13 @@ on SQLite and PostgreSQL — so a test can compute what any row holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.store import Store
 
 T_END = 1_700_604_780.0  # the default end (a minute boundary); the newest sample is 1 tick before
 GIB = 2**30
@@ -51,7 +55,7 @@ class History:
         return self.end_s - self.ticks / self.hz
 
 
-def generate(store, history: History | None = None, **kwargs) -> History:
+def generate(store: Store, history: History | None = None, **kwargs: Any) -> History:
     """Write ``history`` (or ``History(**kwargs)``) into ``store``; returns what was written."""
     h = history or History(**kwargs)
     ids = [store.device_id(d) for d in range(h.devices)]
@@ -123,7 +127,7 @@ def _events_sql(h: History, ids: list[int]) -> str:
             f"FROM tick, dev WHERE {c} IN (0, 27) ORDER BY n, dev")
 
 
-def roll_up_all(store, start_s: float, end_s: float) -> None:
+def roll_up_all(store: Store, start_s: float, end_s: float) -> None:
     """The per-minute rollups retention would have made over [start_s, end_s), in SQL: one
     grouped pass per device into a temporary table, the "last" row of each minute fetched by
     its (device, ts) index key, then one row per metric (the rollups table's shape)."""
