@@ -168,7 +168,8 @@ class DeviceAnalysis:
                     model.observe(self._wide)
             gave = model.observe(s)
         if gave and len(self.risks) > 1:
-            procs = {pid: m for pid, m in self.risks.items() if pid is not None} or self.risks
+            procs: dict[int | None, RiskModel] = {
+                pid: m for pid, m in self.risks.items() if pid is not None} or self.risks
             self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
             self.risk = procs[self.risk_pid]
         return gave
