@@ -19,7 +19,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `vramscope agent` without importing the other subcommands (flask, plotly...).
-_MAIN = "import sys; from agent.cli.cmd_agent import main; sys.exit(main(sys.argv[1:]))"
+_MAIN = ("import sys; from vramscope.agent.cli.cmd_agent import main; "
+         "sys.exit(main(sys.argv[1:]))")
 
 
 class AgentProcess:
@@ -50,7 +51,7 @@ class AgentProcess:
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 20.0) -> AgentProcess:
-        env = {**os.environ, "PYTHONPATH": _pythonpath(), **self.env}
+        env = {**os.environ, **self.env}  # the child imports the installed vramscope, as we do
         out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=out,
                                      cwd=str(REPO_ROOT), preexec_fn=self._limits())
@@ -138,7 +139,3 @@ class AgentProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop(signal.SIGKILL if exc[0] else signal.SIGTERM)
 
-
-def _pythonpath() -> str:
-    parts = [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
-    return os.pathsep.join(p for p in parts if p)

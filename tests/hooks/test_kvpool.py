@@ -393,7 +393,7 @@ def test_a_failing_observer_is_counted_never_raised():
 
 # --- torch is optional -----------------------------------------------------------------------
 def test_importing_and_using_a_bookkeeping_pool_never_imports_torch():
-    code = ("import sys; from hooks.kvpool import KVBlockPool; "
+    code = ("import sys; from vramscope.hooks.kvpool import KVBlockPool; "
             "p = KVBlockPool(num_layers=2, num_kv_heads=2, head_dim=4, num_blocks=4, "
             "buffer=False); p.allocate('a', token_ids=[1, 2, 3, 4, 5]); p.free('a'); "
             "print('torch' in sys.modules)")
