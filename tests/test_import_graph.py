@@ -124,6 +124,13 @@ def test_the_graph_sees_every_kind_of_import():
     assert len(MODULES) > 100 and all(m in MODULES for m in CORE | CORE_PACKAGES)
 
 
+def test_nothing_imports_a_folder_by_its_bare_name():
+    """``from agent.x import y`` works only from a checkout and clashes with a user's agent.py."""
+    bare = set(FOLDERS.values()) - {"vramscope"}
+    wrong = {f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets if t in bare}
+    assert sorted(wrong) == []
+
+
 def test_the_hooks_import_only_the_hooks_and_the_shared_core():
     hooks = under("vramscope.hooks")
     wrong = {f"{m} -> {t}" for m in hooks for t in GRAPH[m]
