@@ -1,10 +1,17 @@
-"""``vramscope bench [NAMES...] [--json] [--quick]``."""
+"""``vramscope bench [NAMES...] [--json] [--quick]``.
+
+A benchmark that cannot run here (a ``VramscopeError``: no GPU, no vLLM) is listed under
+``skipped``; one that fails (any other exception) under ``errors`` with its traceback, and the
+others still run and report: one broken benchmark never voids the whole JSON. The exit status
+is 1 when any failed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import traceback
 
 from vramscope.agent.errors import UsageError, VramscopeError
 
@@ -30,13 +37,16 @@ def run(args: argparse.Namespace) -> int:
         if name not in BENCHMARKS:
             raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     options = BenchOptions(quick=args.quick, db_url=args.db_url)
-    figures, failures = [], []
+    figures, failures, errors = [], [], []
     for name in names:
-        module = load(name)
         try:
-            got = module.run(options)
-        except VramscopeError as exc:
+            got = load(name).run(options)
+        except VramscopeError as exc:  # a benchmark that cannot run here (no GPU, no vLLM)
             failures.append({"bench": name, "error": str(exc)})
+            continue
+        except Exception as exc:  # noqa: BLE001 - one broken benchmark must not void the rest
+            errors.append({"bench": name, "error": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc(limit=8)})
             continue
         figures.extend(got)
         if not args.json:
@@ -47,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     if args.json:
         json.dump({"format": "vramscope.bench/1", "figures": [f.to_json() for f in figures],
-                   "skipped": failures}, sys.stdout, indent=2)
+                   "skipped": failures, "errors": errors}, sys.stdout, indent=2)
         print()
     else:
         for f in failures:
             print(f"{f['bench']:10} skipped: {f['error']}")
-    return 0
+        for f in errors:
+            print(f"{f['bench']:10} FAILED: {f['error']}\n{f['traceback']}", file=sys.stderr)
+    return 1 if errors else 0
