@@ -7,7 +7,10 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramscope.agent.config import Config
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +54,7 @@ def live_status(socket_path: str) -> dict[str, Any]:
     return {"running": True, "socket": socket_path, **status}
 
 
-def stored_status(config: Any, why: str) -> dict[str, Any]:
+def stored_status(config: Config, why: str) -> dict[str, Any]:
     import os
 
     from vramscope.agent.store import Store
