@@ -38,7 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,7 +222,7 @@ class PrometheusSource:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_config(cls, config: Any, put: Callable[[list[Any]], None],
+    def from_config(cls, config: Mapping[str, Any], put: Callable[[list[Any]], None],
                     clock: Clock = SYSTEM_CLOCK) -> PrometheusSource | None:
         """The source ``[sources.prometheus]`` asks for, or None when it names no target."""
         targets = split_targets(config["sources.prometheus.targets"])
