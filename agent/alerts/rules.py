@@ -141,7 +141,7 @@ def _setting(config: Mapping[str, Any] | None, key: str, default: float) -> floa
     return default if config is None else float(config.get(key, default))
 
 
-def parse_rules(config: Any) -> list[Rule]:
+def parse_rules(config: Mapping[str, Any] | None) -> list[Rule]:
     """Built-ins plus ``config.rules``; a user rule with a built-in's name replaces it."""
     raw = getattr(config, "rules", None) or []
     source = getattr(config, "source", None)
