@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vramscope.agent.alerts.rules import parse_rules
@@ -77,7 +77,7 @@ def series_names() -> set[str]:
     return {name for expr in SERIES.values() for name in _SERIES_NAME.findall(expr)}
 
 
-def render_rules(config: Any) -> str:
+def render_rules(config: Mapping[str, Any] | None) -> str:
     """The Prometheus rules file (YAML) for ``config``'s alert rules."""
     rules = parse_rules(config)
     kept = [r for r in rules if exportable(r)]
