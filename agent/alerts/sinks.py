@@ -13,11 +13,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.timefmt import iso_utc
+
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.alerts")
 
@@ -66,7 +69,7 @@ class LogSink:
 class StoreSink:
     """Opens an alert row when one fires and resolves that row when it resolves."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self._open: dict[tuple[str, int, str | None], int] = {}
 
@@ -208,7 +211,7 @@ class WebhookSink:
         self._down = True
 
 
-def sinks_from_config(config: Mapping[str, Any] | None, store: Any = None,
+def sinks_from_config(config: Mapping[str, Any] | None, store: Store | None = None,
                       clock: Clock = SYSTEM_CLOCK) -> list[AlertSink]:
     """Log always; the store when given; the webhook when ``alerts.webhook_url`` is set."""
     sinks: list[AlertSink] = [LogSink()]
