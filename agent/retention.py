@@ -24,12 +24,16 @@ another process wrote (``vramscope import`` of an old trace) still miss the roll
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any, NamedTuple
+from types import ModuleType  # sql: vramscope.agent.store.maintenance, imported when first used
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Sample
+
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.retention")
 
@@ -70,11 +74,11 @@ class Retention:
         self._watermark_known = False
 
     @classmethod
-    def from_config(cls, config: Any, clock: Clock = SYSTEM_CLOCK) -> Retention:
+    def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
         return cls(raw_s=config["retention.raw_s"], rollup_s=config["retention.rollup_s"],
                    step_rows=config["retention.step_rows"], clock=clock)
 
-    def step(self, store: Any) -> StepResult:
+    def step(self, store: Store) -> StepResult:
         """One bounded step: roll up a few minutes, then delete a few old rows."""
         from vramscope.agent.store import maintenance as sql
 
@@ -116,7 +120,8 @@ class Retention:
                 continue
             self._late.add(minute)
 
-    def _rollup_late(self, store: Any, sql: Any, watermark: float | None, now_s: float) -> int:
+    def _rollup_late(self, store: Store, sql: ModuleType, watermark: float | None,
+                     now_s: float) -> int:
         """Roll up again a few remembered late minutes that the watermark has passed; minutes
         after it are the regular path's, minutes past ``rollup_s`` are not kept anyway."""
         oldest_kept = now_s - self.rollup_s
@@ -128,7 +133,7 @@ class Retention:
             self._late.discard(minute)
         return len(redo)
 
-    def _rollup(self, store: Any, sql: Any, now_s: float) -> tuple[int, int]:
+    def _rollup(self, store: Store, sql: ModuleType, now_s: float) -> tuple[int, int]:
         """Roll up the minutes after the watermark, skipping any gap without samples."""
         if not self._watermark_known:
             self._watermark, self._watermark_known = sql.rollup_watermark(store), True
