@@ -14,7 +14,7 @@ MIB = 2**20
 LEVEL_NAMES = {0: "ok", 1: "warning", 2: "critical"}
 
 
-def metrics_by_rule(config: Any) -> dict[str, str]:
+def metrics_by_rule(config: Mapping[str, Any] | None) -> dict[str, str]:
     """``{rule name: metric}`` for the built-ins and the config's own rules."""
     try:
         from vramscope.agent.alerts.rules import parse_rules
