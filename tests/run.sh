@@ -38,9 +38,11 @@ command -v chromium >/dev/null || pkgs+=(chromium)
 have_initdb || pkgs+=(postgresql)
 [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
 
-# The virtual environment (Debian's python3 makes one only with python3-venv installed).
+# The virtual environment, reused when it has pip (Debian's python3 makes a working one only
+# with python3-venv installed; without it `python3 -m venv` leaves one without pip behind).
 # torch is pinned: 2.13.0's CPU build is what CI has on local disk.
-if [ ! -x .venv/bin/python ]; then
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  rm -rf .venv
   if ! python3 -m venv .venv >/dev/null 2>&1; then
     rm -rf .venv
     apt_install python3-venv
