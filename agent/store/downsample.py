@@ -172,7 +172,8 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     where = [rollups.c.device_id == did, rollups.c.metric.in_(list(grid.columns))]
     if source is not None:
         where.append(rollups.c.source == source)
-    agg = [bucket.label("b"), func.max(rollups.c.bucket_s).label("newest")]
+    agg: list[ColumnElement[Any]] = [bucket.label("b"),
+                                     func.max(rollups.c.bucket_s).label("newest")]
     for col in grid.columns:
         mine = rollups.c.metric == col
         agg += [func.min(case((mine, rollups.c.min_value))),
@@ -189,10 +190,10 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
             for r in grouped]
 
 
-def _rollup_lasts(c, where: list, minutes: list[float],
-                  columns: Sequence[str]) -> dict[float, tuple]:
+def _rollup_lasts(c: Connection, where: list[ColumnElement[bool]], minutes: list[float],
+                  columns: Sequence[str]) -> dict[float, tuple[Any, ...]]:
     """Each minute's last value per column (the max over sources), by primary key."""
-    out: dict[float, tuple] = {}
+    out: dict[float, tuple[Any, ...]] = {}
     pivot = [func.max(case((rollups.c.metric == col, rollups.c.last_value))) for col in columns]
     for i in range(0, len(minutes), LAST_ROWS_CHUNK):
         q = (select(rollups.c.bucket_s, *pivot)
