@@ -82,7 +82,7 @@ def test_a_wrong_protocol_version_is_refused_with_a_message(agent_proc):
             pytest.raises(VramscopeError) as err:
         conn.hello(protocol=2)
     assert str(err.value) == ("the agent refused the connection: protocol version 2 is not "
-                              "supported; this agent speaks version 1")
+                              "supported; this agent speaks version 1 (an integer)")
     assert agent_proc.status()["rejected"]["version"] >= 1
 
 
