@@ -8,6 +8,7 @@ used from a working directory that holds a module named after each of our sub-pa
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -131,6 +132,8 @@ def _shadowed_dir(tmp_path: Path) -> Path:
 
 
 INSTALL_SCRIPT = """
+import sys
+
 import vramscope
 
 class Sink:
@@ -147,6 +150,7 @@ print(r)
 vramscope.set_phase("decode")
 print("records:", [(x.name, x.phase.value) for x in sink.records])
 print("from:", vramscope.__file__)
+print("agent modules:", sorted(m for m in sys.modules if m.startswith("vramscope.agent")))
 vramscope.uninstall()
 """
 
@@ -161,6 +165,13 @@ def test_install_from_the_wheel_beside_modules_named_agent_hooks_dashboard_migra
     site = Path(_run(venv, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                      cwd=cwd).strip())
     assert f"from: {site / 'vramscope' / '__init__.py'}" in out
+    # what a server loads of the agent is the shared core (tests/test_import_graph.py's CORE)
+    loaded = out.split("agent modules: ", 1)[1].splitlines()[0]
+    assert "vramscope.agent.records" in ast.literal_eval(loaded)
+    assert set(ast.literal_eval(loaded)) <= {
+        "vramscope.agent", "vramscope.agent.ingest", "vramscope.agent.records",
+        "vramscope.agent.trace", "vramscope.agent.ingest.protocol", "vramscope.agent.clock",
+        "vramscope.agent.errors", "vramscope.agent.config", "vramscope.agent.dtypes"}
 
 
 def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):
