@@ -22,7 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ingest": ("vramscope.agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
     "kvpool": ("vramscope.agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
     "agent": ("vramscope.agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
-    "dashboard": ("vramscope.agent.bench.dashboard", "downsampled timeline vs raw fetch"),
+    "dashboard": ("vramscope.agent.bench.dashboard", "every route, 15 min to 7 d, old store"),
     "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
     "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
