@@ -97,7 +97,9 @@ class TransformersHandle:
         self._undo: list[Callable[[], None]] = []
         self._per_call = PerCallPatches()
         self._local = threading.local()
-        self._seen_requests: set[str] = set()
+        # Requests whose start was put, until their end; bounded like phase's in-flight set (a
+        # call that raised mid-way never finishes its requests).
+        self._seen_requests: dict[str, None] = {}
 
     def detach(self) -> None:
         self._per_call.restore_all()
@@ -210,14 +212,15 @@ class TransformersHandle:
         phase, prefill, decode, prefilling = classify_step(scheduled, before)
         for rid in prefilling:
             if rid not in self._seen_requests:
-                self._seen_requests.add(rid)
+                self._seen_requests[rid] = None
+                if len(self._seen_requests) > phase_mod.MAX_REQUESTS_IN_FLIGHT:
+                    del self._seen_requests[next(iter(self._seen_requests))]
                 phase_mod.request_started(rid)
         self.steps += 1
         phase_mod.set_phase(phase, prefill_tokens=prefill, decode_tokens=decode)
 
     def _request_done(self, scheduler: Any, request_id: str) -> None:
-        if request_id in self._seen_requests:
-            self._seen_requests.discard(request_id)
+        if self._seen_requests.pop(request_id, False) is None:
             phase_mod.request_finished(request_id)
         pending = getattr(scheduler, "has_pending_requests", None)
         if pending is not None and not pending():

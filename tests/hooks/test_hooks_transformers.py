@@ -156,7 +156,7 @@ def test_repeated_generate_keeps_no_cache_alive(model):
             ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(2))
             model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
             assert _alive(DynamicCache) == 0
-            assert (len(handle.hooks), len(handle._undo), handle._seen_requests) == (2, 3, set())
+            assert (len(handle.hooks), len(handle._undo), handle._seen_requests) == (2, 3, {})
     finally:
         handle.detach()
         ph.reset()
@@ -195,3 +195,44 @@ def test_the_handle_never_says_hooked_when_the_kv_view_is_off(model):
         assert any(m.startswith("paged_attention_cache") for m in handle.missing)
     finally:
         handle.detach()
+
+
+def test_the_generate_wrapper_and_step_hook_hold_nothing_over_1000_requests(model):
+    """vramscope's own per-request state stays bounded: 1,000 requests through the wrapper and
+    the forward pre-hook (the model's forward itself is not what is measured, so it is skipped:
+    the real generate() path is covered 20 calls deep above)."""
+    import tracemalloc
+    from pathlib import Path
+
+    import vramscope.hooks
+
+    ours = tracemalloc.Filter(True, str(Path(vramscope.hooks.__file__).parent / "*"))
+    handle = attach_transformers(model, sink=ListSink(max_records=0))
+    calls = []
+
+    def fake_generate(ids):
+        handle._forward_pre_hook(model, (ids,), {})  # prefill
+        handle._forward_pre_hook(model, (ids[:, :1],), {})  # one decode step
+        calls.append(1)
+        return ids
+
+    wrapped = handle._generate_wrapper(fake_generate)
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    try:
+        tracemalloc.start()
+        for _ in range(1000):  # warm-up: counters, caches and interned ids settle
+            wrapped(ids)
+        gc.collect()
+        before = tracemalloc.take_snapshot().filter_traces([ours])
+        for _ in range(1000):
+            wrapped(ids)
+        gc.collect()
+        after = tracemalloc.take_snapshot().filter_traces([ours])
+        tracemalloc.stop()
+    finally:
+        handle.detach()
+        ph.reset()
+    growth = sum(s.size_diff for s in after.compare_to(before, "lineno"))
+    assert len(calls) == 2000 and handle.steps == 4000
+    assert ph.requests_in_flight() == () and handle._seen_requests == {}
+    assert growth < 1024, f"hooks' memory grew {growth} bytes over 1,000 requests"
