@@ -57,7 +57,7 @@ def _init_extensions(app: Flask, config: Config) -> None:
 def _healthz() -> ResponseReturnValue:
     st = state()
     try:
-        st.store.time_range()  # one cheap query proves the database answers
+        st.store.ping()  # one cheap query proves the database and its schema answer
     except Exception as exc:  # any driver error: unhealthy, not a crash
         current_app.logger.warning("health check: database does not answer: %s", exc)
         return {"status": "error", "problem": "database does not answer"}, 503

@@ -136,6 +136,12 @@ class Store:
                 f"integrity_check'`, then move it aside (`mv {path} {path}.broken`) to start "
                 f"a new one, or restore a backup")
 
+    def ping(self) -> None:
+        """One cheap query that proves the database answers and has its main table (raises
+        otherwise): one row of ``samples``, whatever its size."""
+        with self.engine.connect() as c:
+            c.execute(select(samples.c.id).limit(1)).all()
+
     def check_integrity(self) -> str | None:
         """None when the database looks sound, else what is wrong. SQLite: ``PRAGMA
         quick_check`` (reads every page once, O(size); seconds per GB, so run it on a
