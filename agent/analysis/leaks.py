@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.stats import TrendTest, mann_kendall, median, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
+from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
 FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
@@ -45,6 +46,7 @@ EVAL_EVERY_POINTS = 5
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
+MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 _BUSY = frozenset({Phase.PREFILL, Phase.DECODE, Phase.SETUP})
 
 
@@ -148,7 +150,13 @@ class LeakDetector:
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
+        # The windows come from the data (vramscope.agent.analysis.windows): until they are
+        # chosen the records wait in ``_pending`` and are then replayed, so the first floor
+        # points are the same as if the windows had been known from the start.
+        self.chooser = WindowChooser(self.t)
+        self.windows: Windows | None = None
         self.floor = FloorTracker(self.t.leak_floor_window_s)
+        self._pending: list[Sample | Event] = []
         # the floor points after the warm-up that the next verdict can use (bounded: live agents
         # run for months)
         self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS)
@@ -160,9 +168,15 @@ class LeakDetector:
         self._first_ts: float | None = None
         self._since_eval = 0
         self._max_seen = 0
+        self._uses_allocated = False
 
     def on_event(self, e: Event) -> LeakResult | None:
-        self.floor.on_event(e)
+        if self.windows is None:
+            self.chooser.on_event(e)
+            if e.name in ("request_start", "request_end"):
+                self._pending.append(e)
+        else:
+            self.floor.on_event(e)
         if e.name != "kv_orphaned_blocks":
             return None
         count = orphaned_count(e)
@@ -177,6 +191,32 @@ class LeakDetector:
 
     def update(self, s: Sample) -> LeakResult | None:
         """Feed a sample; returns a new verdict when one was evaluated."""
+        if self.windows is not None:
+            return self._step(s)
+        if s.allocated_bytes is not None:
+            self._uses_allocated = True
+        memory = s.allocated_bytes is not None or (
+            not self._uses_allocated and s.device_used_bytes is not None)
+        windows = self.chooser.update(s) if memory else None
+        self._pending.append(s)
+        if windows is None and len(self._pending) < MAX_PENDING:
+            return None
+        return self._start(windows or self.chooser.decide_now())
+
+    def _start(self, windows: Windows) -> LeakResult | None:
+        """The windows are known: replay the records that waited for them."""
+        self.windows = windows
+        self.floor = FloorTracker(windows.floor_s)
+        pending, self._pending = self._pending, []
+        out = None
+        for rec in pending:
+            if isinstance(rec, Event):
+                self.floor.on_event(rec)
+            else:
+                out = self._step(rec) or out
+        return out
+
+    def _step(self, s: Sample) -> LeakResult | None:
         if self._first_ts is None:
             self._first_ts = s.ts_s
         allocated, total = s.allocated_bytes, s.device_total_bytes
@@ -185,7 +225,8 @@ class LeakDetector:
         if allocated is not None and allocated > self._max_seen:
             self._max_seen = allocated
         point = self.floor.update(s)
-        if point is None or point[0] < self._first_ts + self.t.leak_warmup_s:
+        warmup = self.windows.warmup_s if self.windows is not None else self.t.leak_warmup_s
+        if point is None or point[0] < self._first_ts + warmup:
             return None
         self._recent.append(point[1])
         self.points.append((point[0], min(self._recent)))
@@ -205,6 +246,8 @@ class LeakDetector:
         if verdict.detected and first is None:
             first = now_s
         evidence = verdict.evidence
+        if self.windows is not None:
+            evidence += "; " + self.windows.describe()
         if prev.orphaned_blocks:
             evidence = f"KV pool reported {prev.orphaned_blocks} orphaned block(s); " + evidence
         start = verdict.start_ts_s

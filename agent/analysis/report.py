@@ -20,6 +20,7 @@ from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
 from vramscope.agent.analysis.phases import phase_stats
 from vramscope.agent.analysis.risk import LEVELS
+from vramscope.agent.analysis.windows import Windows
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.timefmt import iso_utc
 
@@ -85,7 +86,7 @@ def _device_doc(d: DeviceState, samples: list[Sample],
     frag = fragmentation_summary(samples)
     phases = phase_stats(samples)
     return {
-        "leak": _leak_doc(d.leak.result),
+        "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
         "oom": _oom_doc(d, samples, postmortems),
         "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
                           "max_external_fragmentation": frag.max_external_fragmentation},
@@ -103,6 +104,23 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
     return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
             "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence,
             "makeup": None}
+
+
+def _windows_of(d: DeviceState) -> Windows | None:
+    """The reported detector's windows, else any process's (one that has not found a leak
+    is not the reported one, but it chose windows all the same)."""
+    if d.leak.windows is not None:
+        return d.leak.windows
+    detectors = getattr(d, "leaks", {}).values()
+    return next((x.windows for x in detectors if x.windows is not None), None)
+
+
+def _windows_doc(w: Windows | None) -> dict[str, Any] | None:
+    """The windows the analysis chose from the data (None: too few records to choose)."""
+    if w is None:
+        return None
+    return {"floor_s": w.floor_s, "trend_s": w.trend_s, "warmup_s": w.warmup_s,
+            "sample_interval_s": w.dt_s, "cycle_s": w.cycle_s, "cycle_from": w.cycle_from}
 
 
 def _oom_doc(d: DeviceState, samples: list[Sample],

@@ -39,12 +39,14 @@ from vramscope.agent.analysis.merge import SeriesSplit, merged
 from vramscope.agent.analysis.phases import SpikeTracker
 from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
-from vramscope.agent.records import Event, Sample
+from vramscope.agent.analysis.windows import WindowChooser, Windows
+from vramscope.agent.records import Event, Phase, Sample
 
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
+MAX_PENDING = 100_000  # readings held while the windows are chosen
 LEVELS = ("ok", "warning", "critical")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
@@ -103,6 +105,13 @@ class RiskModel:
         self._window_end = 0.0
         self._window_peak = 0
         self._window_s = self.t.trend_window_s
+        # The trend window and its warm-up come from the data (analysis.windows): no peak is
+        # kept before they are chosen and the warm-up has passed, so a first KV-pool fill is
+        # not a trend toward OOM.
+        self.chooser = WindowChooser(self.t)
+        self.windows: Windows | None = None
+        self._trend_from: float | None = None
+        self._pending: list[tuple[float, int, Phase]] = []
         self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._retries: int | None = None
@@ -169,14 +178,40 @@ class RiskModel:
         else:
             return False
         ts_s = s.ts_s
+        if self._trend_from is None or ts_s < self._trend_from:
+            self._calibrate(s, demand)
+        else:
+            self._peak(ts_s, demand, s.phase)
+        self._ts_s, self._device, self._last, self.has_point = ts_s, s.device, None, True
+        self._assess(ts_s, demand, other)
+        return True
+
+    def _calibrate(self, s: Sample, demand: int) -> None:
+        """Before the trend starts: choose the windows (the readings wait, then are replayed
+        from the end of the warm-up on), then wait out the warm-up."""
+        if self.windows is not None:
+            return
+        if len(self._pending) < MAX_PENDING:
+            self._pending.append((s.ts_s, demand, s.phase))
+        w = self.chooser.update(s)
+        if w is None:
+            return
+        self.windows, self._window_s = w, w.trend_s
+        first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
+        self._trend_from = first + w.warmup_s
+        pending, self._pending = self._pending, []
+        for ts_s, value, phase in pending:
+            if ts_s >= self._trend_from:
+                self._peak(ts_s, value, phase)
+
+    def _peak(self, ts_s: float, demand: int, phase: Phase) -> None:
+        if phase is Phase.SETUP:
+            return  # a pool's one-time allocation and warm-up: not the serving peaks
         if self._window_start is not None and ts_s < self._window_end:
             if demand > self._window_peak:
                 self._window_peak = demand
         else:
             self._next_window(ts_s, demand)
-        self._ts_s, self._device, self._last, self.has_point = ts_s, s.device, None, True
-        self._assess(ts_s, demand, other)
-        return True
 
     def _absorb_snapshot(self, s: Sample) -> int | None:
         """Keep the largest free block and the external fragmentation; a snapshot-only sample

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, suite
+from vramscope.agent.bench.real_recordings import RealScore, recordings
+from vramscope.agent.bench.real_recordings import score as score_real
 
 TARGET_RATE = 0.005  # leaks at least this fast must be found...
 TARGET_WITHIN_S = 2 * 3600.0  # ...within this long
@@ -143,7 +145,33 @@ def run(options: BenchOptions) -> list[Figure]:
         figures.append(Figure("detection", f"leak {100 * rate:.2f}%/h found within 2 h",
                               100 * len(found) / len(times), "%",
                               spread=f"{len(found)} of {len(times)}; " + _range(found)))
-    return figures + _hard_figures(score(hard_cases(quick=options.quick)))
+    return (figures + _hard_figures(score(hard_cases(quick=options.quick)))
+            + real_figures([score_real(r) for r in recordings()]))
+
+
+def real_figures(scores: Sequence[RealScore]) -> list[Figure]:
+    """One figure per real recording (agent/bench/real_recordings.py), analyzed with the
+    defaults: right (1) when its leak is found within 1.5x of its rate or none is said, no
+    alert fires on its leak-free span and an OOM is warned before it happens."""
+    out = []
+    for r in scores:
+        parts = [f"{r.duration_s:.0f} s"]
+        if r.leak:
+            found = r.detected and r.delay_s is not None and r.slope_ratio is not None
+            parts.append(f"leak found after {r.delay_s:.0f} s, slope x{r.slope_ratio:.2f}"
+                         if found else "leak NOT found")
+        else:
+            parts.append("leak said" if r.detected else "no leak said")
+        parts.append(f"{r.false_alarms} false alarms ({r.false_alarms_per_day:.3g}/day)")
+        if r.oom:
+            parts.append("OOM not warned" if r.oom_lead_s is None else
+                         f"OOM warned {r.oom_lead_s:.1f} s ahead")
+            parts.append(f"cause {r.cause}")
+        if r.windows:
+            parts.append(f"floor window {r.windows['floor_s']:.3g} s")
+        out.append(Figure("detection", f"real: {r.name}", float(r.right), "right",
+                          spread="; ".join(parts), target="1", met=r.right))
+    return out
 
 
 def _hard_figures(h: DetectionScore) -> list[Figure]:

@@ -7,6 +7,7 @@ from vramscope.agent.records import Phase, Sample
 
 P, D = Phase.PREFILL, Phase.DECODE
 LIMIT = 1000
+NO_WARMUP = Thresholds(leak_warmup_s=0.0)
 
 
 def S(ts, phase=D, alloc=None, **kw):
@@ -50,7 +51,8 @@ def test_no_limit_means_no_verdict():
 def test_time_to_oom_from_the_trend_of_the_peaks():
     # allocated = 500 + t on a 10,000-byte limit: 60 s peaks 559, 619, ... slope exactly 1 B/s.
     # At t=600 the 10th window closes: level max(1100, 559 + 600) = 1159 -> 8841 s to OOM.
-    m = RiskModel()
+    # (No warm-up here; the trend's warm-up is tested below.)
+    m = RiskModel(NO_WARMUP)
     points = [m.update(S(t, D, 500 + t, device_total_bytes=10_000)) for t in range(601)]
     assert all(p.time_to_oom_s is None for p in points[:600])
     last = points[600]
@@ -60,7 +62,7 @@ def test_time_to_oom_from_the_trend_of_the_peaks():
 
 
 def test_a_short_time_to_oom_warns_and_then_goes_critical():
-    t = Thresholds(time_to_oom_warning_s=9000.0, time_to_oom_critical_s=8841.5)
+    t = Thresholds(time_to_oom_warning_s=9000.0, time_to_oom_critical_s=8841.5, leak_warmup_s=0.0)
     m = RiskModel(t)
     for ts in range(600):
         m.update(S(ts, D, 500 + ts, device_total_bytes=10_000))
@@ -165,7 +167,8 @@ def test_thresholds_come_from_the_config(config, level):
 def test_trend_window_from_the_config():
     # 100 B/s in 0.1 s steps; 1 s windows peak at k + 0.9 s: 590 + 100 k. At t = 10 s the
     # 10th window closes: level max(1500, 590 + 1000) = 1590 -> (10,000 - 1590) / 100 s
-    m = RiskModel(Thresholds(trend_window_s=1.0))
+    # (the windows are chosen within 2 floor windows of 0.5 s; no warm-up)
+    m = RiskModel(Thresholds(trend_window_s=1.0, leak_floor_window_s=0.5, leak_warmup_s=0.0))
     points = [m.update(S(i / 10, D, 500 + 10 * i, device_total_bytes=10_000)) for i in range(101)]
     assert points[99].time_to_oom_s is None
     assert points[100].time_to_oom_s == pytest.approx(84.1)
@@ -222,3 +225,22 @@ def test_risk_timeline_max_points_keeps_the_worst_level_and_least_headroom_per_b
     assert risk_timeline(samples, max_points=100) == full  # fewer points than asked: as is
     with pytest.raises(ValueError, match="max_points must be at least 1, got 0"):
         risk_timeline(samples, max_points=0)
+
+
+def test_the_trend_waits_out_its_warm_up():
+    # The same rise with the default warm-up (5 windows of 60 s: no cycle is seen): no peak
+    # before t=300 counts, so the 10th window after it closes at t=900, not t=600.
+    m = RiskModel()
+    points = [m.update(S(t, D, 500 + t, device_total_bytes=100_000)) for t in range(901)]
+    assert all(p.time_to_oom_s is None for p in points[:900])
+    assert m.windows.warmup_s == 300.0 and points[900].time_to_oom_s is not None
+
+
+def test_a_one_time_fill_in_setup_is_no_trend():
+    # A KV pool allocated in setup (a step of 5,000 B) between flat serving peaks: the step
+    # samples are setup, so the peaks stay flat and nothing forecasts an OOM.
+    m = RiskModel(NO_WARMUP)
+    points = [m.update(S(t, Phase.SETUP if 300 <= t < 360 else D,
+                         500 + (5000 if t >= 300 else 0) * (t < 360), device_total_bytes=10_000))
+              for t in range(1200)]
+    assert [p.time_to_oom_s for p in points if p.time_to_oom_s is not None] == []

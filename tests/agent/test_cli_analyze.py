@@ -28,7 +28,8 @@ def recording():
 
 EXPECTED_DEVICE = {
     "leak": {"detected": False, "slope_bytes_per_s": 0.0, "first_detected_ts": None,
-             "evidence": "not enough idle-floor data after warm-up", "makeup": None},
+             "evidence": "not enough idle-floor data after warm-up", "makeup": None,
+             "windows": None},  # one prefill in 61 s: no cycle, windows chosen after 120 s
     # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
     "oom": {"occurred": True, "first_oom_ts": 1060.5, "first_warning_ts": 1060.0,
             "max_risk": "critical", "min_time_to_oom_s": None, "cause": "prefill_spike"},

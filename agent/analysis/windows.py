@@ -1,0 +1,135 @@
+"""Analysis windows chosen from the data: the floor window, the trend window and the warm-up.
+
+A leak verdict needs floor points, each the least memory of a window that holds at least one
+trough of the server's own cycle (a moment between requests, the bottom of a KV fill); a
+time-to-OOM forecast needs peaks, each the top of at least one such cycle. How long a cycle is
+depends on the server, not on a config file: a test run that serves a request a second has
+cycles of a second; a batch server with a two-minute KV sawtooth has cycles of two minutes. So
+the windows are derived from what the recording shows, causally, from its first records:
+
+- ``dt``: the median interval between allocator samples (a window holds several of them);
+- ``cycle``: the median time between the server's troughs: idle entries (the last request in
+  flight ended), else entries into prefill seen on the samples (a new batch), else unknown.
+
+Then ``floor = max(FLOOR_SAMPLES × dt, cycle)``, ``trend = max(TREND_SAMPLES × dt, 2 × cycle)``,
+``warm-up = WARMUP_WINDOWS × floor``, each clamped to ``[MIN_WINDOW_S, the alerts.* setting]``:
+the settings are the upper bounds (for the defaults, a minute, a minute and five minutes: a
+server whose cycle is a minute or more gets exactly those). The choice is made once per device,
+as soon as ``MIN_SAMPLES`` samples and ``MIN_CYCLES`` cycles have been seen, or at the latest
+after ``2 × alerts.leak_floor_window_s`` of records (then an unknown cycle gives the bounds).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from vramscope.agent.analysis.stats import median
+from vramscope.agent.analysis.thresholds import Thresholds
+from vramscope.agent.records import Event, Phase, Sample
+
+MIN_WINDOW_S = 0.5
+FLOOR_SAMPLES = 4
+TREND_SAMPLES = 8
+WARMUP_WINDOWS = 5.0
+MIN_SAMPLES = 16
+MIN_CYCLES = 4
+MAX_GAPS = 64  # a median over the first gaps is enough; bounded memory
+
+
+class Windows(NamedTuple):
+    floor_s: float
+    trend_s: float
+    warmup_s: float
+    dt_s: float | None  # the sampling interval seen (None: too few samples)
+    cycle_s: float | None  # the cycle seen (None: none)
+    cycle_from: str  # "idle entries", "prefill entries" or "none"
+
+    def describe(self) -> str:
+        dt = "unknown" if self.dt_s is None else f"{self.dt_s:.3g} s"
+        cycle = "no cycle seen" if self.cycle_s is None else \
+            f"a cycle of {self.cycle_s:.3g} s ({self.cycle_from})"
+        return (f"windows: floor {self.floor_s:.3g} s, trend {self.trend_s:.3g} s, warm-up "
+                f"{self.warmup_s:.3g} s (samples every {dt}, {cycle})")
+
+
+def choose(t: Thresholds, dt_s: float | None, cycle_s: float | None,
+           cycle_from: str = "none") -> Windows:
+    """The windows for a sampling interval and a cycle (pure; see the module docstring)."""
+    def clamp(value: float, top: float) -> float:
+        return max(min(MIN_WINDOW_S, top), min(value, top))
+
+    dt = dt_s or 0.0
+    floor_top, trend_top = t.leak_floor_window_s, t.trend_window_s
+    if cycle_s is None:  # a cycle not seen in the first minutes: it is long, or none
+        floor, trend = floor_top, trend_top
+    else:
+        floor = clamp(max(FLOOR_SAMPLES * dt, cycle_s), floor_top)
+        trend = clamp(max(TREND_SAMPLES * dt, 2 * cycle_s), trend_top)
+    warmup = min(t.leak_warmup_s, WARMUP_WINDOWS * floor)
+    return Windows(floor, trend, warmup, dt_s, cycle_s, cycle_from if cycle_s else "none")
+
+
+class WindowChooser:
+    """Watches a device's first records and decides its windows once (causal)."""
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.t = thresholds
+        self.windows: Windows | None = None
+        self._first_ts: float | None = None
+        self._last_sample_ts: float | None = None
+        self._dts: list[float] = []
+        self._in_flight = 0
+        self._idle_marks: list[float] = []
+        self._prefill_marks: list[float] = []
+        self._last_phase: Phase | None = None
+
+    @property
+    def first_ts(self) -> float | None:
+        return self._first_ts
+
+    def on_event(self, e: Event) -> None:
+        if self.windows is not None:
+            return
+        if e.name == "request_start":
+            self._in_flight += 1
+        elif e.name == "request_end" and self._in_flight > 0:
+            self._in_flight -= 1
+            if self._in_flight == 0 and len(self._idle_marks) <= MAX_GAPS:
+                self._idle_marks.append(e.ts_s)
+
+    def update(self, s: Sample) -> Windows | None:
+        """Feed a sample with memory figures; the windows once decided (then always them)."""
+        if self.windows is not None:
+            return self.windows
+        ts = s.ts_s
+        if self._first_ts is None:
+            self._first_ts = ts
+        if self._last_sample_ts is not None and ts > self._last_sample_ts \
+                and len(self._dts) <= MAX_GAPS:
+            self._dts.append(ts - self._last_sample_ts)
+        self._last_sample_ts = ts
+        if s.phase is Phase.PREFILL and self._last_phase is not Phase.PREFILL \
+                and len(self._prefill_marks) <= MAX_GAPS:
+            self._prefill_marks.append(ts)
+        self._last_phase = s.phase
+        cycle, source = self._cycle()
+        enough = len(self._dts) >= MIN_SAMPLES and cycle is not None
+        if enough or ts - self._first_ts >= 2 * self.t.leak_floor_window_s:
+            dt = median(self._dts) if len(self._dts) >= 2 else None
+            self.windows = choose(self.t, dt, cycle, source)
+        return self.windows
+
+    def _cycle(self) -> tuple[float | None, str]:
+        for marks, name in ((self._idle_marks, "idle entries"),
+                            (self._prefill_marks, "prefill entries")):
+            if len(marks) > MIN_CYCLES:
+                return median([b - a for a, b in zip(marks, marks[1:])]), name
+        return None, "none"
+
+    def decide_now(self) -> Windows:
+        """The windows from what has been seen so far (too many records to wait longer)."""
+        if self.windows is None:
+            cycle, source = self._cycle()
+            dt = median(self._dts) if len(self._dts) >= 2 else None
+            self.windows = choose(self.t, dt, cycle, source)
+        return self.windows
