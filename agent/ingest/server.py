@@ -506,6 +506,9 @@ class IngestServer:
         conn.sock.close()
 
 
+_log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
+
+
 def _check_ns_pid(info: ClientInfo) -> None:
     """A hello pid that is none of the peer's pids (NSpid) is a client naming another process:
     its records still go to the kernel's pid; say so once per connection."""
@@ -513,10 +516,10 @@ def _check_ns_pid(info: ClientInfo) -> None:
     if stated is None or info.peer_pid is None:
         return
     chain = ns_pids(info.peer_pid)
-    if chain and stated not in chain:
-        log.warning("client pid %s calls itself pid %s, which is none of its pids %s (NSpid); "
-                    "its records are stored under pid %s", info.peer_pid, stated, chain,
-                    info.peer_pid)
+    if chain and stated not in chain:  # rate-limited: a client reconnecting in a loop
+        _log_pid_mismatch("client pid %s calls itself pid %s, which is none of its pids %s "
+                          "(NSpid); its records are stored under pid %s", info.peer_pid, stated,
+                          chain, info.peer_pid)
 
 
 def _peercred(sock: socket.socket) -> tuple[int | None, int | None]:

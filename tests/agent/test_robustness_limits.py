@@ -284,3 +284,16 @@ def test_more_connections_than_limit_nofile_never_exhaust_the_agents_descriptors
         for sock in socks:
             sock.close()
         agent.stop()
+
+
+def test_a_client_lying_about_its_pid_in_a_loop_cannot_flood_the_log(short_dir):
+    agent = _agent(short_dir).start()
+    try:
+        for i in range(200):
+            with AgentConnection(agent.socket_path) as conn:
+                conn.hello("liar", pid=3_000_000 + i)  # welcomed: the hello was handled
+    finally:
+        agent.stop()
+    lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text().splitlines()
+             if "calls itself pid" in ln]
+    assert len(lines) == ingest.LOG_BURST
