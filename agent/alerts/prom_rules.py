@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vramscope.agent.alerts.rules import parse_rules
+from vramscope.agent.alerts.rules import Rule, parse_rules
 
 log = logging.getLogger("vramscope.prom_rules")
 
@@ -101,7 +101,7 @@ def alert_name(rule_name: str) -> str:
     return "Vramscope" + "".join(w[0].upper() + w[1:] for w in words)
 
 
-def expression(rule: Any) -> str:
+def expression(rule: Rule) -> str:
     """The PromQL condition of ``rule``: the comparison, and-ed with its gate; then, while the
     alert fires, what keeps it (the ``clear`` hysteresis, the gate still holding)."""
     sel = "" if rule.device is None else f'{{device="{rule.device}"}}'
@@ -120,7 +120,7 @@ def expression(rule: Any) -> str:
     return f"{fires} or (({kept}) and {on} {firing})"
 
 
-def _gate(rule: Any, sel: str) -> str | None:
+def _gate(rule: Rule, sel: str) -> str | None:
     """A built-in's second condition (``kv_usage_ratio >= 0.8``), as PromQL."""
     gate = getattr(rule, "gate", None)
     if gate is None:
@@ -128,7 +128,7 @@ def _gate(rule: Any, sel: str) -> str | None:
     return f"{SERIES[gate.metric].format(sel=sel)} {gate.op} {_number(gate.threshold)}"
 
 
-def exportable(rule: Any) -> bool:
+def exportable(rule: Rule) -> bool:
     """Its metric (and its gate's) have Prometheus series."""
     gate = getattr(rule, "gate", None)
     return rule.metric in SERIES and (gate is None or gate.metric in SERIES)
@@ -143,7 +143,7 @@ def duration(seconds: float) -> str:
     return f"{ms}ms"
 
 
-def _rule_lines(rule: Any) -> list[str]:
+def _rule_lines(rule: Rule) -> list[str]:
     lines = _urgent_comment(rule)
     lines += [f"      - alert: {_q(alert_name(rule.name))}",
               f"        expr: {_q(expression(rule))}"]
@@ -160,7 +160,7 @@ def _rule_lines(rule: Any) -> list[str]:
     return lines
 
 
-def _urgent_comment(rule: Any) -> list[str]:
+def _urgent_comment(rule: Rule) -> list[str]:
     """A built-in that fires at once past an urgent level cannot say so in one Prometheus rule
     (``for`` holds at every level, and a second rule of the same name fails promtool's lint)."""
     urgent = getattr(rule, "urgent", None)
@@ -170,12 +170,12 @@ def _urgent_comment(rule: Any) -> list[str]:
             f"{_number(urgent)}; Prometheus waits the `for` at every level."]
 
 
-def _summary(rule: Any) -> str:
+def _summary(rule: Rule) -> str:
     text = rule.message or f"{rule.metric} {rule.op} {_number(rule.threshold)}"
     return _escape_template(text)
 
 
-def _description(rule: Any) -> str:
+def _description(rule: Rule) -> str:
     """Where, the value, and the rule's condition. A gated alert kept firing by its gate shows
     the gate's value (the metric itself may be absent then, e.g. a pool that stopped growing)."""
     condition = f"{rule.metric} {rule.op} {_number(rule.threshold)}"
