@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
@@ -89,7 +90,7 @@ class Binding(NamedTuple):
     read: Callable[[int], Counters | None]
 
 
-def choose_binding(torch: Any) -> Binding:
+def choose_binding(torch: ModuleType) -> Binding:
     """The cheapest counter binding the installed torch offers, most direct first."""
     raw = getattr(torch._C, "_cuda_memoryStats", None)
     if raw is not None:
@@ -102,7 +103,7 @@ def choose_binding(torch: Any) -> Binding:
     return Binding("torch.cuda.memory_stats", lambda d: counters_from_flat(stats(d)))
 
 
-def device_limit_bytes(torch: Any, device: int) -> int | None:
+def device_limit_bytes(torch: ModuleType, device: int) -> int | None:
     """Device total, or less under ``set_per_process_memory_fraction`` (what may be used)."""
     try:
         total = int(torch.cuda.get_device_properties(device).total_memory)
@@ -113,7 +114,7 @@ def device_limit_bytes(torch: Any, device: int) -> int | None:
         return None
 
 
-def device_uuid(torch: Any, device: int) -> str | None:
+def device_uuid(torch: ModuleType, device: int) -> str | None:
     """The device's UUID as NVML writes it (``GPU-...``), from torch's device properties.
 
     The identity the agent joins on: ``device`` is torch's *logical* index, which
@@ -141,9 +142,11 @@ class AllocatorSource:
     source_name = "torch"
 
     def __init__(self, device: int = 0, *, clock: Clock = SYSTEM_CLOCK,
-                 torch_module: Any = None, binding: Binding | None = None) -> None:
+                 torch_module: ModuleType | None = None, binding: Binding | None = None) -> None:
         if torch_module is None:
-            import torch as torch_module  # noqa: PLC0415 - only where torch is wanted
+            import torch  # noqa: PLC0415 - only where torch is wanted
+
+            torch_module = torch
         self.device = device
         self._torch = torch_module
         self._clock = clock
