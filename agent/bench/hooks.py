@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import ModuleType
 from typing import Any
 
 from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
 from vramscope.agent.errors import VramscopeError
 
 
-def _require_cuda() -> Any:
+def _require_cuda() -> ModuleType:
     try:
         import torch
     except ImportError:
@@ -50,7 +51,7 @@ def run(options: BenchOptions) -> list[Figure]:
     return figures + overhead_figures(overhead) + hook_cost_figures(cost, overhead)
 
 
-def measure_read_cost(torch: Any, rounds: int, calls: int) -> dict[str, Any]:
+def measure_read_cost(torch: ModuleType, rounds: int, calls: int) -> dict[str, Any]:
     """Per-call seconds of each way to read the counters, interleaved over ``rounds``."""
     from vramscope.hooks.allocator import AllocatorSource
 
@@ -91,7 +92,7 @@ def read_cost_figures(cost: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def build_llama(torch: Any, *, layers: int, hidden: int, vocab: int = 32000,
+def build_llama(torch: ModuleType, *, layers: int, hidden: int, vocab: int = 32000,
                 kv_heads: int = 4) -> Any:
     """A random-weight Llama built on the GPU in bf16 (no hub, no download)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -106,7 +107,7 @@ def build_llama(torch: Any, *, layers: int, hidden: int, vocab: int = 32000,
     return model
 
 
-def measure_decode_overhead(torch: Any, *, quick: bool, model: Any = None,
+def measure_decode_overhead(torch: ModuleType, *, quick: bool, model: Any = None,
                             rounds: int = 30) -> dict[str, Any]:
     """Per-token generate() time, hooks off vs on, in ``rounds`` of alternating order."""
     import vramscope.hooks.install as inst
@@ -165,7 +166,7 @@ def overhead_figures(o: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def measure_hook_cost(torch: Any, model: Any, *, batch: int, new_tokens: int,
+def measure_hook_cost(torch: ModuleType, model: Any, *, batch: int, new_tokens: int,
                       steps: int = 20_000, requests: int = 500) -> dict[str, Any]:
     """Seconds of hook work per decode step, per request, and per second of sampling."""
     import vramscope.hooks.install as inst
