@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
@@ -80,7 +81,7 @@ class NvmlSource:
     with the whole GPU.
     """
 
-    def __init__(self, nvml: Any, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, nvml: ModuleType, clock: Clock = SYSTEM_CLOCK) -> None:
         self._nvml = nvml
         self._clock = clock
         self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
