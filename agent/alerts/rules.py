@@ -262,7 +262,8 @@ def parse_duration(value: Any, key: str = "for", where: str = "alert rule") -> f
                       f"\"1h\", got {value!r}")
 
 
-def rules_from(config_or_rules: Any) -> Sequence[Rule]:
+def rules_from(config_or_rules: Mapping[str, Any] | list[Rule] | tuple[Rule, ...] | None
+               ) -> Sequence[Rule]:
     """Accept a Config, a list of Rule, or None (built-ins with default thresholds)."""
     if config_or_rules is None:
         return builtin_rules(None)
