@@ -115,6 +115,9 @@ class DeviceAnalysis:
         # rules and the report read: a detected one first, then the steepest.
         self.leaks: dict[int | None, LeakDetector] = {None: LeakDetector(thresholds)}
         self.leak = self.leaks[None]
+        # KV pools per process too (two servers on a GPU have two pools); ``kv`` is the
+        # fullest one's tracker, the one the rules and the report read.
+        self.kvs: dict[int | None, KvTracker] = {}
         self.kv = KvTracker()
         self.fields: dict[str, int] = {}
         self._raw_fields = tuple(f for f in SAMPLE_COUNTER_FIELDS if f in raw_fields)
@@ -145,7 +148,7 @@ class DeviceAnalysis:
             changed |= _SNAPSHOT
         if self._update_leak(s):
             changed |= _LEAK
-        if s.kv_blocks_used is not None and self.kv.observe(s):
+        if s.kv_blocks_used is not None and self._observe_kv(s):
             changed |= _KV
         if self.oom_ts_s:
             changed |= self._oom_changed(s.ts_s)
@@ -198,6 +201,15 @@ class DeviceAnalysis:
     def _pick_leak(self) -> None:
         procs = [d for pid, d in self.leaks.items() if pid is not None] or [self.leaks[None]]
         self.leak = max(procs, key=lambda d: (d.result.detected, d.result.slope_bytes_per_s))
+
+    def _observe_kv(self, s: Sample) -> bool:
+        kv = self.kvs.get(s.pid)
+        if kv is None:
+            kv = self.kvs[s.pid] = self.kv if not self.kvs else KvTracker()
+        changed = kv.observe(s)
+        if len(self.kvs) > 1:
+            self.kv = max(self.kvs.values(), key=lambda k: (k.usage_ratio or 0.0))
+        return changed
 
     def process_name(self) -> str | None:
         """Which process ``risk`` is, for alert text: ``rank N (pid P)`` when its rank is

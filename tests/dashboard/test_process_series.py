@@ -162,3 +162,19 @@ def test_a_leak_in_one_of_two_processes_is_found_in_that_process():
     assert d.leaks[B].result.detected and not d.leaks[A].result.detected
     assert d.leak is d.leaks[B]
     assert d.leak.result.slope_bytes_per_s == pytest.approx(10_000)
+
+
+def test_two_kv_pools_on_one_gpu_are_tracked_apart():
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    engine = AlertEngine([])
+    recs = []
+    for t in range(3):
+        recs += [Sample(float(t), 0, Phase.DECODE, "kv", A, kv_blocks_used=900,
+                        kv_blocks_total=1000),
+                 Sample(float(t), 0, Phase.DECODE, "kv", B, kv_blocks_used=10,
+                        kv_blocks_total=4000)]
+    engine.feed(recs)
+    d = engine.devices[0]
+    assert {pid: k.usage_ratio for pid, k in d.kvs.items()} == {A: 0.9, B: 0.0025}
+    assert d.kv is d.kvs[A]  # the fullest pool is the one kv_usage_ratio rules read
