@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
     "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
+    "history": ("vramscope.agent.bench.history", "analyze --db and retention on a week-old store"),
     "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
     "vllm": ("vramscope.agent.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
 }

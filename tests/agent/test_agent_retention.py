@@ -143,3 +143,18 @@ def test_late_minutes_kept_are_bounded(filled, monkeypatch):
     r = Retention(raw_s=3600, rollup_s=86400, step_rows=100, clock=FakeClock(T0 + 20 * 60))
     r.note_written([_s(0, 1), _s(60, 1), _s(61, 1), _s(120, 1)])
     assert r.late_minutes_lost == 1
+
+
+def test_backlog_only_when_a_budget_ran_out(filled):
+    # The agent re-runs a step after 1 s only on a backlog: a step that deleted a few rows
+    # (the steady state, every 10 s) is busy but has none.
+    clock = FakeClock(T0 + 5 * 60 + 30)
+    r = Retention(raw_s=60, rollup_s=86400, step_rows=2, clock=clock, minutes_per_step=5)
+    steps = [r.step(filled) for _ in range(4)]
+    assert [(s.deleted["samples"], s.busy, s.backlog) for s in steps] == [
+        (2, True, True), (2, True, True), (2, True, True), (0, False, False)]
+    relaxed = Retention(raw_s=60, rollup_s=86400, step_rows=100, clock=clock,
+                        minutes_per_step=5)
+    filled.write([_s(130, 3)])
+    step = relaxed.step(filled)
+    assert (step.busy, step.backlog) == (True, False)  # rolled up and deleted, within budget
