@@ -131,6 +131,8 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
     for d in store.devices(host="*"):
         host = host_or_none(store, d["host"])
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]))
+        if d["device_index"] < 0 and latest is None:
+            continue  # a retired label (NVML renumbered the GPUs) with nothing recent
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         verdict = device_verdict(mine)
         fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config)

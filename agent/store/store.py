@@ -254,13 +254,16 @@ class Store:
         values = {"uuid": uuid, "name": name, "total_bytes": total_bytes,
                   "parent_uuid": parent_uuid,
                   "physical_index": index if physical_index is None else physical_index}
+        if uuid is None:  # NVML could not say (a failed query): the row at index keeps its own
+            del values["uuid"]
         with self.engine.begin() as c:
             hid = self.host_id(host, c)
             mine = self._row_by_uuid(c, hid, (uuid,)) if uuid else None
             at_index = c.execute(select(devices.c.id, devices.c.uuid).where(
                 devices.c.host_id == hid, devices.c.device_index == index)).first()
-            if at_index is not None and (at_index.id != mine if mine is not None
-                                         else at_index.uuid not in (None, uuid)):
+            if at_index is not None and uuid is not None and (
+                    at_index.id != mine if mine is not None
+                    else at_index.uuid not in (None, uuid)):
                 c.execute(update(devices).where(devices.c.id == at_index.id)
                           .values(device_index=-at_index.id))
                 at_index = None

@@ -246,3 +246,21 @@ def test_nvml_source_samples_each_mig_slice_as_a_device_with_its_parent(fake_clo
     assert used[1203] == ("MIG-00020003-0000-4000-8000-000000000000", 4 * GiB)
     assert [(r.device, r.pid, r.device_uuid) for r in source.read_processes()] == [
         (1203, 4242, "MIG-00020003-0000-4000-8000-000000000000")]
+
+
+def test_a_failed_uuid_query_does_not_retire_the_device(store):
+    store.describe_device(0, uuid="GPU-a", name="A")
+    store.write([Sample(1.0, 0, Phase.IDLE, "torch", 1, allocated_bytes=1, device_uuid="GPU-a")])
+    store.describe_device(0, uuid=None, name="A", total_bytes=5)  # NVML's UUID query failed
+    assert [(d["device_index"], d["uuid"], d["total_bytes"]) for d in store.devices()] == [
+        (0, "GPU-a", 5)]
+
+
+def test_a_retired_label_without_recent_data_is_not_an_overview_row(store):
+    from vramscope.agent.config import parse_config
+    from vramscope.dashboard.queries import device_rows
+
+    store.describe_device(0, uuid="GPU-a")
+    store.describe_device(0, uuid="GPU-b")  # another GPU took index 0: GPU-a's row retires
+    assert sorted(d["device_index"] < 0 for d in store.devices()) == [False, True]
+    assert [r["uuid"] for r in device_rows(store, parse_config({}, None), 10.0)] == ["GPU-b"]
