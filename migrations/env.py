@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 from vramscope.agent.store.schema import metadata
 
 config = context.config
@@ -14,7 +15,10 @@ def run_migrations_online() -> None:
     if connection is None:
         from sqlalchemy import create_engine
 
-        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:
+            raise SystemExit("alembic: no connection passed and no sqlalchemy.url configured")
+        engine = create_engine(url)
         with engine.connect() as connection:
             _run(connection)
             connection.commit()
@@ -23,7 +27,7 @@ def run_migrations_online() -> None:
         _run(connection)
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,

@@ -25,7 +25,7 @@ FOLDERS = {"agent": "agent", "hooks": "hooks", "dashboard": "dashboard", "migrat
 FACADE_FILES = ("__init__.py", "__main__.py", "py.typed")
 # -p is recursive, so the facade goes in as modules and each folder as a package.
 MODULES = ("vramscope", "vramscope.__main__")
-PACKAGES = ("vramscope.hooks", "vramscope.agent", "vramscope.dashboard")
+PACKAGES = ("vramscope.hooks", "vramscope.agent", "vramscope.dashboard", "vramscope.migrations")
 
 
 def build_tree(base: Path) -> Path:
