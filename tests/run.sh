@@ -63,5 +63,5 @@ trap stop_pg EXIT
 export VRAMSCOPE_TEST_POSTGRES_URL="$PG_URL"
 
 .venv/bin/ruff check .
-$PY -m tests.support.typecheck  # mypy --strict: hooks/, agent/, dashboard/ (pyproject [tool.mypy])
+$PY -m tests.support.typecheck  # mypy --strict: hooks, agent, dashboard, migrations
 $PY -m pytest -m "not gpu and not slow" "$@"
