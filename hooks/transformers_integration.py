@@ -123,7 +123,9 @@ class TransformersHandle:
             finally:
                 local.request_id, local.pending_prefill = outer, False
                 _quietly(phase_mod.request_finished, rid)
-                if outer is None:
+                # idle only when no other thread's request is still in flight: a server
+                # answering requests from several threads is not idle between two of them
+                if outer is None and not phase_mod.requests_in_flight():
                     _quietly(phase_mod.set_phase, Phase.IDLE)
         generate.__wrapped__ = original  # type: ignore[attr-defined]
         return generate

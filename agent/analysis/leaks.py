@@ -115,8 +115,10 @@ class FloorTracker:
         if self._start is None or ts_s >= self._end:
             point = self._next_window(ts_s)
         phase = s.phase
-        # setup (a KV pool being allocated and warmed up) is never the floor between requests
-        idle = phase is Phase.IDLE or (self.in_flight == 0 and phase not in _BUSY)
+        # setup (a KV pool being allocated and warmed up) is never the floor between requests;
+        # nor is a moment a request is still in flight by the request events, whatever the
+        # phase says (one thread's request ending while another's runs)
+        idle = self.in_flight == 0 and phase not in _BUSY
         if idle and (self._idle is None or value < self._idle):
             self._idle, self._idle_ts = value, ts_s
         if self._ended:

@@ -78,3 +78,18 @@ def test_healthy_recording_with_the_defaults_no_leak_no_warning():
     dev = analyze_records(trace.samples, trace.events)["devices"]["0"]
     assert dev["leak"]["detected"] is False
     assert (dev["oom"]["first_warning_ts"], dev["oom"]["max_risk"]) == (None, "ok")
+
+
+def test_idle_phase_with_a_request_in_flight_is_not_the_floor():
+    # One thread's request ended (its hook said idle) while another's still runs: the 100 B
+    # moment is not between requests; the floor is the 150 B after the last one ended.
+    from vramscope.agent.analysis.leaks import FloorTracker
+
+    f = FloorTracker(10.0)
+    f.update(Sample(0.0, 0, Phase.DECODE, "t", allocated_bytes=300))
+    f.on_event(Event(0.5, "request_start", 0, request_id="a"))
+    f.update(Sample(1.0, 0, Phase.IDLE, "t", allocated_bytes=100))
+    f.update(Sample(2.0, 0, Phase.DECODE, "t", allocated_bytes=200))
+    f.on_event(Event(3.0, "request_end", 0, request_id="a"))
+    f.update(Sample(4.0, 0, Phase.IDLE, "t", allocated_bytes=150))
+    assert f.update(Sample(11.0, 0, Phase.IDLE, "t", allocated_bytes=150)) == (4.0, 150)
