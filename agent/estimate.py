@@ -209,3 +209,100 @@ def gpu_memory_bytes(name: str) -> int:
         raise UsageError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY_MIB)} "
                          "(or give --gpu-memory-gib)")
     return GPU_MEMORY_MIB[key] * MiB
+
+
+# --- the OOM a configuration makes possible ---------------------------------------------------
+@dataclass(frozen=True)
+class Admission:
+    """What a server admits: the longest sequence, how many at once, how many tokens one
+    forward may take (chunked prefill; None: whole prompts), and a preallocated KV pool (None:
+    the KV cache grows with the requests)."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_batch_tokens: int | None = None
+    kv_pool_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_seqs", "max_batch_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise UsageError(f"admission: {name} must be a positive integer, got {value!r}")
+        if self.kv_pool_bytes is not None and self.kv_pool_bytes < 0:
+            raise UsageError(f"admission: kv_pool_bytes must be >= 0, got {self.kv_pool_bytes}")
+
+
+@dataclass(frozen=True)
+class AdmissionCheck:
+    fits: bool
+    prefill_tokens: int  # the worst admissible forward: the longest prompts, all at once
+    kv_bytes: int  # the pool, or the KV of max_num_seqs sequences of max_model_len
+    activation_bytes: int  # of that forward (the estimator's allowance)
+    needed_bytes: int  # weights + overhead + KV + activations
+    limit_bytes: int
+    headroom_bytes: int  # limit − needed (negative: the worst request cannot fit)
+    lower: str | None  # the limit to lower, when it does not fit
+    lower_to: int | None
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def admission_check(shape: ModelShape, admission: Admission, limit_bytes: int, *,
+                    overhead_bytes: int = 1 * GiB, weight_dtype: str | None = None,
+                    kv_dtype: str | None = None) -> AdmissionCheck:
+    """Can the worst request the server admits fit? (The early warning for a prefill-spike
+    OOM: nothing in a memory trend foresees one 16 × 16,000-token prompt, but the limits say
+    in advance that it can be admitted.) Uses the estimator's formulas; when it cannot fit,
+    names the limit to lower and the largest value that fits."""
+    a = admission
+    weights = int(shape.num_params * dtype_bytes(weight_dtype or shape.dtype))
+    per_token_kv = shape.kv_bytes_per_token(kv_dtype)
+    whole = a.max_num_seqs * a.max_model_len
+    tokens = min(whole, a.max_batch_tokens) if a.max_batch_tokens else whole
+    kv = a.kv_pool_bytes if a.kv_pool_bytes is not None else per_token_kv * whole
+    plan = Plan(context_tokens=a.max_model_len, concurrency=a.max_num_seqs,
+                gpu_memory_bytes=limit_bytes, overhead_bytes=overhead_bytes,
+                prefill_tokens=tokens)
+    acts = activation_bytes(shape, plan)
+    needed = weights + overhead_bytes + kv + acts
+    lower, lower_to = (None, None) if needed <= limit_bytes else _limit_to_lower(
+        shape, a, limit_bytes - weights - overhead_bytes, per_token_kv)
+    gib = float(GiB)
+    if lower is None and needed <= limit_bytes:
+        message = (f"the worst admissible request ({a.max_num_seqs} x {a.max_model_len} tokens, "
+                   f"{tokens} in one forward) fits: {needed / gib:.2f} of {limit_bytes / gib:.2f}"
+                   " GiB")
+    else:
+        fix = f"lower {lower} to {lower_to}" if lower else "the weights alone do not fit"
+        message = (f"the worst admissible request ({a.max_num_seqs} x {a.max_model_len} tokens, "
+                   f"{tokens} in one forward) cannot fit: it needs {needed / gib:.2f} GiB of "
+                   f"{limit_bytes / gib:.2f} GiB; {fix}")
+    return AdmissionCheck(needed <= limit_bytes, tokens, kv, acts, needed, limit_bytes,
+                          limit_bytes - needed, lower, lower_to, message)
+
+
+def _limit_to_lower(shape: ModelShape, a: Admission, room: int,
+                    per_token_kv: int) -> tuple[str | None, int | None]:
+    """The first limit whose lowering makes the worst request fit, and its largest value:
+    the tokens of one forward (chunked prefill) when the server has that limit, else the
+    number of sequences, else the sequence length."""
+    inter = shape.intermediate_size or 4 * shape.hidden_size
+    per_token_act = (4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype)
+    logits = a.max_num_seqs * shape.vocab_size * 4
+    if a.kv_pool_bytes is not None:
+        free = room - a.kv_pool_bytes - logits
+        most = int(free // per_token_act) if free > 0 else 0
+        if a.max_batch_tokens and most >= 1:
+            return "max_batch_tokens", most
+        if most >= a.max_model_len:
+            return "max_num_seqs", most // a.max_model_len
+        return ("max_batch_tokens", most) if most >= 1 else (None, None)
+    # no pool: KV and activations both grow with the sequences admitted
+    per_seq = a.max_model_len * (per_token_kv + per_token_act) + shape.vocab_size * 4
+    if room >= per_seq:
+        return "max_num_seqs", int(room // per_seq)
+    per_len = a.max_num_seqs * (per_token_kv + per_token_act)  # one more token of each
+    free = room - logits
+    return ("max_model_len", int(free // per_len)) if free >= per_len else (None, None)
