@@ -47,10 +47,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vramscope.agent.records import Event, Phase, Sample
+from vramscope.hooks.sink import Record, RecordSink
 
 # A child of vLLM's logger: vLLM configures "vllm" with its handler, so these lines appear in
 # the server's own log, prefixed like its other lines.
@@ -93,14 +94,15 @@ def observer() -> VllmObserver:
 class VllmObserver:
     """The class patches and the records they make. ``parts`` says what is observed and why not."""
 
-    def __init__(self, install: Callable[..., Any] | None = None, sink: Any = None) -> None:
+    def __init__(self, install: Callable[..., Any] | None = None,
+                 sink: RecordSink | None = None) -> None:
         self.parts: dict[str, str] = {}  # part -> "observed" or why not
         self._install = install  # tests and benchmarks hand their own install() and sink
         self._given_sink = sink
         self._patched: list[tuple[type, str, Any]] = []
         self._lock = threading.Lock()
         self.device = 0
-        self.sink: Any = None
+        self.sink: RecordSink | None = None
         self.installed = False
         self.steps = 0
         self.seen: set[str] = set()  # requests started, not ended
@@ -221,8 +223,8 @@ class VllmObserver:
 
         return install
 
-    def _make_sink(self, config: Any, process: str, devices: list[int],
-                   model: str | None) -> Any:
+    def _make_sink(self, config: Mapping[str, Any], process: str, devices: list[int],
+                   model: str | None) -> RecordSink | None:
         if self._install is not None or self._given_sink is not None:
             return self._given_sink
         import atexit
@@ -413,7 +415,7 @@ class VllmObserver:
     def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
         self._put(Event(time.time(), name, self.device, os.getpid(), _phase(), rid, data))
 
-    def _put(self, record: Any) -> None:
+    def _put(self, record: Record) -> None:
         sink = self.sink
         if sink is not None:
             try:
