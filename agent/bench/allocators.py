@@ -76,7 +76,7 @@ def _round_up(n: int, step: int) -> int:
 class _VariableDesign:
     """Per-request buffers in a variable-size allocator (first fit or caching model)."""
 
-    def __init__(self, name: str, allocator: Any) -> None:
+    def __init__(self, name: str, allocator: FirstFitPool | CachingAllocatorModel) -> None:
         self.name, self.a = name, allocator
         self.handles: dict[str, int] = {}
 
@@ -161,6 +161,9 @@ class _PagedDesign:
         return self.peak_blocks * self.pool.bytes_per_block
 
 
+_Design = _VariableDesign | _PagedDesign
+
+
 @dataclass
 class Result:
     design: str
@@ -176,7 +179,7 @@ class Result:
         return statistics.fmean(values) if values else None
 
 
-def replay(design: Any, ops: list[Op], sample_every_s: float = 1.0) -> Result:
+def replay(design: _Design, ops: list[Op], sample_every_s: float = 1.0) -> Result:
     result = Result(design.name, sum(1 for op in ops if op.kind == "alloc"))
     next_sample_s = 0.0
     for op in ops:
@@ -188,7 +191,7 @@ def replay(design: Any, ops: list[Op], sample_every_s: float = 1.0) -> Result:
     return result
 
 
-def _apply(design: Any, op: Op, result: Result) -> None:
+def _apply(design: _Design, op: Op, result: Result) -> None:
     if op.kind == "alloc":
         ok = design.alloc(op.request_id, op.tokens)
     elif not design.live(op.request_id):
@@ -204,7 +207,7 @@ def _apply(design: Any, op: Op, result: Result) -> None:
         _sample(design, result, at_oom=True)
 
 
-def _sample(design: Any, result: Result, at_oom: bool) -> None:
+def _sample(design: _Design, result: Result, at_oom: bool) -> None:
     budget, allocated, requested, largest = design.state()
     free = budget - allocated
     frag = 1.0 - largest / free if free > 0 else 0.0
