@@ -32,7 +32,7 @@ _TABLES: dict[str, tuple[Table, str, Table]] = {
 }
 
 
-def device_ids(c: Any) -> list[int]:
+def device_ids(c: Connection) -> list[int]:
     """Every device row's id (all hosts): the few keys the per-device seeks loop over."""
     return [int(i) for i in c.execute(select(devices.c.id).order_by(devices.c.id)).scalars()]
 
@@ -56,7 +56,7 @@ def first_sample_ts(store: Store, at_or_after_s: float | None = None) -> float |
     return min(found) if found else None
 
 
-def _first_ts(c: Any, did: int, at_or_after_s: float | None) -> float | None:
+def _first_ts(c: Connection, did: int, at_or_after_s: float | None) -> float | None:
     q = select(samples.c.ts_s).where(samples.c.device_id == did)
     if at_or_after_s is not None:
         q = q.where(samples.c.ts_s >= at_or_after_s)
@@ -80,7 +80,7 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
     return written
 
 
-def _rollup_device(c: Any, did: int, start_s: float, end_s: float) -> int:
+def _rollup_device(c: Connection, did: int, start_s: float, end_s: float) -> int:
     cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
             *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS)]
     q = (select(*cols)
