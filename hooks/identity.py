@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
@@ -54,7 +55,7 @@ def rank_from_env(environ: Mapping[str, str] | None = None) -> RankInfo:
     return RankInfo(**found)
 
 
-def rank_from_torch(torch: Any, environ: Mapping[str, str] | None = None) -> RankInfo | None:
+def rank_from_torch(torch: ModuleType, environ: Mapping[str, str] | None = None) -> RankInfo | None:
     """``torch.distributed``'s rank and world size (local rank from the environment), or
     ``None`` while it is not initialized."""
     try:
@@ -70,7 +71,7 @@ def rank_from_torch(torch: Any, environ: Mapping[str, str] | None = None) -> Ran
 class RankWatch:
     """Sampler task: one ``process_rank`` event when the rank is known or changes."""
 
-    def __init__(self, torch: Any, *, clock: Clock = SYSTEM_CLOCK, pid: int | None = None,
+    def __init__(self, torch: ModuleType, *, clock: Clock = SYSTEM_CLOCK, pid: int | None = None,
                  environ: Mapping[str, str] | None = None, interval_s: float = 5.0) -> None:
         self._torch = torch
         self._clock = clock
