@@ -143,7 +143,7 @@ def test_drops_at_client_shutdown_reach_the_agent(short_dir):
 
     path = f"{short_dir}/run/agent.sock"
     first = AgentProcess(f"sqlite:///{short_dir}/vs.db", path).start()
-    sink = SocketSink(path, poll_s=0.05)
+    sink = SocketSink(path, poll_s=60.0)  # the drain thread wakes only when close() asks
     wait_for(lambda: sink.connected)
     first.stop(signal.SIGKILL)
     second = AgentProcess(f"sqlite:///{short_dir}/vs.db", path).start()
