@@ -35,8 +35,8 @@ def _client(socket_path: str, name: str, physical: str, reserved_gib: float,
            str(reserved_gib)]
     if namespace:
         cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _host_pid_of_namespaced(unshare: subprocess.Popen) -> int:
@@ -62,11 +62,12 @@ def test_clients_across_pid_namespaces_land_on_their_device_and_host_pid(store, 
         b_host = _host_pid_of_namespaced(b)
         assert ns_pids(b_host)[-1] == 1  # the kernel's view: host pid ..., pid 1 inside
         source.processes = {3: [(a.pid, 21 * GiB), (b_host, 13 * GiB)], 5: [(a.pid, 21 * GiB)]}
-        out_a, err_a = a.communicate(timeout=60)
-        out_b, err_b = b.communicate(timeout=60)
+        wait_for(lambda: {a.pid, b_host} <= {e.pid for e in store.events(
+            names=["nvml_process"])}, 20)  # both connected while NVML lists them
+        out_a, err_a = a.communicate(input="", timeout=60)
+        out_b, err_b = b.communicate(input="", timeout=60)
         assert a.returncode == 0 and b.returncode == 0, err_a + err_b
         assert out_b.split()[0] == "1"  # what client B calls itself
-        wait_for(lambda: store.events(names=["nvml_process"]), 10)
         agent.writer.flush()
     finally:
         agent.stop()

@@ -5,8 +5,8 @@ It runs the hooks' own path (an ``AllocatorSource`` per visible device, the
 ``DeviceIdentitySink`` that stamps UUIDs, the ``SocketSink`` to the agent) over a stand-in for
 torch that sees the GPUs a server started with ``CUDA_VISIBLE_DEVICES=<PHYSICAL>`` sees: logical
 index i is physical GPU PHYSICAL[i], and only its UUID (``GPU-fake-000<n>``, the
-FakeNvmlSource's) says so. It prints its own pid (as its PID namespace numbers it) and exits
-once everything was sent.
+FakeNvmlSource's) says so. It prints its own pid (as its PID namespace numbers it) once
+everything was sent, then stays connected until its stdin closes.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main(socket_path: str, name: str, physical: str, reserved_gib: str) -> int:
     while socket_sink.sent_total < 2 * len(devices) and time.monotonic() < deadline:
         time.sleep(0.02)
     print(os.getpid(), socket_sink.sent_total, flush=True)
+    sys.stdin.read()  # connected (NVML's process rows are joined to live clients) until EOF
     socket_sink.close()
     return 0 if socket_sink.sent_total >= 2 * len(devices) else 1
 
