@@ -211,14 +211,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Smallest idle-floor growth, as a share of the limit per hour, reported as a leak.",
             min=0, max=1),
     Setting("alerts.leak_warmup_s", float, 300.0,
-            "Ignore the idle floor for this long after start (warm-up).", min=0, max=86400),
+            "Longest warm-up: the idle floor and the OOM trend ignore the first 5 floor windows "
+            "after start, at most this long.", min=0, max=86400),
     Setting("alerts.leak_floor_window_s", float, 60.0,
-            "One idle-floor point per window of this length; the leak detector needs 30 points "
-            "after warm-up and fits the last 120. Shorten only for short recordings.",
+            "Longest idle-floor window: the window is one cycle of the server (idle or prefill "
+            "entries; at least 4 samples), at most this long; the leak detector needs 30 "
+            "points after warm-up and fits the last 120.",
             min=0.01, max=86400),
     Setting("alerts.trend_window_s", float, 60.0,
-            "The OOM forecast fits the peaks of the last 20 windows of this length (10 at "
-            "least). Shorten only for short recordings.", min=0.01, max=86400),
+            "Longest OOM-trend window: two cycles of the server (at least 8 samples), at most "
+            "this long; the forecast fits the peaks of the last 20 windows (10 at least).",
+            min=0.01, max=86400),
     Setting("alerts.fragmentation_warning_ratio", float, 0.5,
             "Warn when external fragmentation exceeds this while headroom is low.", min=0,
             max=1),

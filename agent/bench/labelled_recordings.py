@@ -71,8 +71,10 @@ class _Server:
     """One simulated server; ``run`` yields its samples and events."""
 
     def __init__(self, rng: random.Random, dt_s: float, floor: Callable[[float], float],
-                 prealloc_ratio: float | None = None, never_idle: bool = False) -> None:
+                 prealloc_ratio: float | None = None, never_idle: bool = False,
+                 noise_ratio: float = 0.0005) -> None:
         self.rng, self.dt_s, self.floor = rng, dt_s, floor
+        self.noise_ratio = noise_ratio  # sd of the allocated memory's noise, share of the device
         self.prealloc = prealloc_ratio
         self.weights = int(0.30 * LIMIT_BYTES)
         self.reserved = 0
@@ -102,7 +104,7 @@ class _Server:
         return Phase.DECODE, min(1.0, fill), int(0.005 * LIMIT_BYTES)
 
     def allocated(self, t: float, kv_fill: float, c: _Cycle, activation: int) -> int:
-        noise = int(self.rng.gauss(0, 0.0005) * LIMIT_BYTES)
+        noise = int(self.rng.gauss(0, self.noise_ratio) * LIMIT_BYTES)
         extra = int(self.floor(t - START_S) * LIMIT_BYTES)
         if self.prealloc is not None:
             return int(self.prealloc * LIMIT_BYTES) + activation + extra + abs(noise)
@@ -139,10 +141,11 @@ def _sample(t: float, phase: Phase, allocated: int, reserved: int, used_blocks: 
 
 def simulate(name: str, kind: str, seed: int, duration_s: float, dt_s: float,
              floor: Callable[[float], float] = lambda t: 0.0,
-             prealloc_ratio: float | None = None, never_idle: bool = False) -> Scenario:
+             prealloc_ratio: float | None = None, never_idle: bool = False,
+             noise_ratio: float = 0.0005) -> Scenario:
     """A server that never runs out of memory (steady, warmup, leak, prealloc)."""
     rng = random.Random(seed)
-    srv = _Server(rng, dt_s, floor, prealloc_ratio, never_idle)
+    srv = _Server(rng, dt_s, floor, prealloc_ratio, never_idle, noise_ratio)
     c = srv._cycle(START_S)
     srv.request_events(c)
     t = START_S
@@ -256,13 +259,13 @@ def warmup_floor(t: float) -> float:
 
 
 def leak(rate_per_h: float, seed: int, dt_s: float = 2.0, after_s: float = 3 * 3600,
-         never_idle: bool = False) -> Scenario:
+         never_idle: bool = False, noise_ratio: float = 0.0005) -> Scenario:
     def floor(t: float) -> float:
         return warmup_floor(t) + rate_per_h * max(0.0, t - LEAK_START_S) / 3600.0
 
     prefix = "never_idle_leak" if never_idle else "leak"
     sc = simulate(f"{prefix}/{rate_per_h:.2%}/{seed}", "leak", seed, LEAK_START_S + after_s,
-                  dt_s, floor, never_idle=never_idle)
+                  dt_s, floor, never_idle=never_idle, noise_ratio=noise_ratio)
     sc.leak_start_ts = START_S + LEAK_START_S
     sc.leak_rate_ratio_per_h = rate_per_h
     return sc

@@ -1,7 +1,8 @@
 """The analysis on real traces recorded on the H200 (tests/gpu/verify_hooks.py, hooks issue).
 
-Each recording is seconds long, so the windows are shortened the documented way (docs/analysis.md,
-"Short recordings"); the rules and thresholds are the defaults. What the recordings hold:
+Each recording is 13-25 s long: 30 floor points of one serving cycle (the windows the defaults
+choose from the data, docs/analysis.md "Windows from the data") need longer, so the window bounds
+are lowered to 0.5 s here; the rules and thresholds are the defaults. What the recordings hold:
 
 - ``gpu_healthy``: a small Llama serving generate() requests with idle gaps for ~25 s;
 - ``gpu_leak``: the same, but each request leaves a 64 MiB tensor behind;

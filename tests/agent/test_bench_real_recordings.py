@@ -1,0 +1,50 @@
+"""bench detection's real recordings: listed truth, record_serving truth files, per-recording
+scores with the default settings."""
+
+import json
+
+import pytest
+from vramscope.agent.bench.detection import real_figures
+from vramscope.agent.bench.real_recordings import RealRecording, recordings, score
+from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.trace import write_trace
+
+MIB = 2**20
+
+
+def test_the_cublas_recording_scores_right_with_the_defaults():
+    rec = next(r for r in recordings() if r.name == "gpu_cublas_leak")
+    s = score(rec)
+    assert (s.leak, s.detected, s.false_alarms, s.right) == (True, True, 0, True)
+    assert s.slope_ratio == pytest.approx(0.90, abs=0.01)  # 15.1 MB/s found, 16.8 leaked
+    assert s.windows["floor_s"] == pytest.approx(2.2, abs=0.01)
+    [fig] = real_figures([s])
+    assert (fig.metric, fig.value, fig.met) == ("real: gpu_cublas_leak", 1.0, True)
+    assert "slope x0.90" in fig.spread
+
+
+def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
+    # 10 minutes of a server idle between requests every 2 s, leaking 1 MiB per request
+    samples, events = [], []
+    for i in range(300):
+        t = 2.0 * i
+        events += [Event(t + 0.5, "request_start", 0, request_id=f"r{i}"),
+                   Event(t + 1.0, "request_end", 0, request_id=f"r{i}")]
+        for k in range(4):
+            phase = Phase.DECODE if k == 1 else Phase.IDLE
+            alloc = 100 * MIB + i * MIB + (8 * MIB if k == 1 else 0)
+            samples.append(Sample(t + 0.5 * k, 0, phase, "torch", allocated_bytes=alloc,
+                                  reserved_bytes=400 * MIB, device_total_bytes=80 * 2**30))
+    trace = tmp_path / "serving.jsonl"
+    with open(trace, "w") as fh:
+        write_trace(fh, samples, events)
+    truth = {"scenario": "request_leak", "oom_expected": False,
+             "leak": {"present": True, "start_ts": 1.0, "bytes_per_s": MIB / 2.0, "how": "x"}}
+    (tmp_path / "serving.jsonl.truth.json").write_text(json.dumps(truth))
+    [rec] = recordings(tmp_path)
+    assert rec == RealRecording("serving", trace, True, MIB / 2.0, 1.0, False, "x")
+    s = score(rec)
+    assert (s.detected, s.false_alarms, s.right) == (True, 0, True)
+    assert s.slope_ratio == pytest.approx(1.0, abs=0.02)
+    assert s.windows["cycle_s"] == 2.0 and s.windows["floor_s"] == 2.0
+    assert s.delay_s < 120  # 30 points of 2 s after a 10 s warm-up, evaluated every 5
