@@ -123,12 +123,13 @@ def format_uuid(value: Any) -> str | None:
     """A device UUID as NVML writes it: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``.
 
     Accepts NVML's own text (returned as is, ``GPU-`` or ``MIG-``), torch's ``_CUuuid``
-    (``str()`` gives the bare 36 characters; ``.bytes`` the 16 raw bytes) or bytes. A bare UUID
+    (``str()`` gives the bare 36 characters; ``.bytes`` the 16 bytes as a list of ints) or
+    bytes. A bare UUID
     gets ``GPU-``: CUDA cannot tell a MIG slice from a GPU, so the store also tries ``MIG-``.
     ``None`` for anything else (an unknown device keeps its index join; it is never guessed).
     """
-    raw = getattr(value, "bytes", None)
-    if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
+    raw = getattr(value, "bytes", None)  # torch's _CUuuid.bytes: a list of 16 ints
+    if isinstance(raw, (bytes, bytearray, list, tuple)) and len(raw) == 16:
         h = bytes(raw).hex()
         value = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
     elif isinstance(value, (bytes, bytearray)):

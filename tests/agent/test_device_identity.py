@@ -60,6 +60,8 @@ def node(store, fake_clock):
 def test_format_uuid_writes_nvml_form():
     raw = SimpleNamespace(bytes=bytes(range(16)))
     assert format_uuid(raw) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    as_list = SimpleNamespace(bytes=list(range(16)))  # torch's _CUuuid.bytes
+    assert format_uuid(as_list) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     assert format_uuid("00010203-0405-0607-0809-0A0B0C0D0E0F") == (
         "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f")
     assert format_uuid(b"MIG-1234") == "MIG-1234"

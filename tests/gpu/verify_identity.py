@@ -41,6 +41,7 @@ def serve(name: str, socket_path: str, gib: int, state_dir: str) -> int:
     """One inference server stand-in: hooks on, ``gib`` GiB held, its own figures written."""
     import torch
     from vramscope.agent.config import parse_config
+    from vramscope.agent.records import format_uuid
     from vramscope.hooks.client import make_default_sink
     from vramscope.hooks.install import install
 
@@ -52,7 +53,8 @@ def serve(name: str, socket_path: str, gib: int, state_dir: str) -> int:
     held = [torch.empty(GiB // 4, dtype=torch.uint8, device="cuda:0") for _ in range(4 * gib)]
     torch.cuda.synchronize()
     props = torch.cuda.get_device_properties(0)
-    mine = {"name": name, "pid": os.getpid(), "torch_uuid": str(props.uuid),
+    mine = {"name": name, "pid": os.getpid(), "torch_uuid": format_uuid(props.uuid),
+            "torch_uuid_raw": repr(props.uuid),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "reserved_bytes": torch.cuda.memory_reserved(0),
             "allocated_bytes": torch.cuda.memory_allocated(0), "held_tensors": len(held),
@@ -107,7 +109,6 @@ def check(results: dict[str, Any], name: str, ok: bool, detail: Any) -> None:
 def measure(agent: Any, store: Any, servers: dict[str, dict], results: dict[str, Any]) -> None:
     """Both servers hold still: NVML now, the newest stored rows right after."""
     from vramscope.agent.config import parse_config
-    from vramscope.agent.records import format_uuid
     from vramscope.dashboard import queries
     from vramscope.dashboard.app import create_app
 
@@ -134,7 +135,7 @@ def measure(agent: Any, store: Any, servers: dict[str, dict], results: dict[str,
         samples = [s for s in store.samples(source="torch") if s.pid == mine["pid"]]
         landed = sorted({(s.device, s.device_uuid) for s in samples})
         # the GPU torch calls cuda:0 in that server; on the one-GPU machine, NVML's GPU 0
-        theirs = format_uuid(mine["torch_uuid"])
+        theirs = mine["torch_uuid"]  # format_uuid(torch.cuda.get_device_properties(0).uuid)
         check(results, f"{name}: every sample on its GPU's UUID (the H200's)",
               bool(samples) and theirs == nvml["uuid"]
               and landed == [(gpu0["device_index"], nvml["uuid"])],
