@@ -50,6 +50,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--block-size", type=int, default=16, help="paged KV block, in tokens")
     plan.add_argument("--prefill-tokens", type=int,
                       help="largest prefill chunk (default: one whole context)")
+    admit = p.add_argument_group(
+        "admission limits (check that the worst request the server admits can fit: the "
+        "longest prompt, --context tokens, times --max-num-seqs in one forward)")
+    admit.add_argument("--max-num-seqs", type=int, help="sequences admitted at once")
+    admit.add_argument("--max-batch-tokens", type=int,
+                       help="tokens one forward may take (chunked prefill; default: no limit)")
+    admit.add_argument("--kv-pool-gib", type=float,
+                       help="a preallocated KV pool (default: the KV cache grows per request)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=run)
 
@@ -74,12 +82,26 @@ def run(args: argparse.Namespace) -> int:
                     margin_ratio=args.margin, block_size_tokens=args.block_size,
                     prefill_tokens=args.prefill_tokens)
     result = est.estimate(shape, plan)
+    check = None
+    if args.max_num_seqs is not None:
+        pool = None if args.kv_pool_gib is None else int(args.kv_pool_gib * est.GiB)
+        admission = est.Admission(max_model_len=args.context, max_num_seqs=args.max_num_seqs,
+                                  max_batch_tokens=args.max_batch_tokens, kv_pool_bytes=pool)
+        check = est.admission_check(shape, admission, gpu_bytes,
+                                    overhead_bytes=plan.overhead_bytes,
+                                    weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype)
     if args.json:
-        json.dump({"format": "vramscope.estimate/1", **result.to_json()}, sys.stdout, indent=2)
+        doc = {"format": "vramscope.estimate/1", **result.to_json()}
+        if check is not None:
+            doc["admission"] = check.to_json()
+        json.dump(doc, sys.stdout, indent=2)
         print()
     else:
         print(render(result, plan, shape))
-    return 0 if result.fits else 1  # scriptable: "does not fit" is a failure
+        if check is not None:
+            print(("" if check.fits else "WARNING: ") + check.message)
+    # scriptable: "does not fit" (or a worst admissible request that cannot) is a failure
+    return 0 if result.fits and (check is None or check.fits) else 1
 
 
 def _shape(args: argparse.Namespace, est: ModuleType) -> ModelShape:

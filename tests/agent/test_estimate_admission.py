@@ -50,3 +50,24 @@ def test_without_a_pool_the_kv_grows_with_the_sequences():
 def test_bad_limits_are_named():
     with pytest.raises(UsageError, match="max_num_seqs must be a positive integer, got 0"):
         Admission(max_model_len=10, max_num_seqs=0)
+
+
+def test_cli_warns_when_the_worst_admissible_prefill_cannot_fit(capsys):
+    """A Llama-3-8B shape on an H200 with a 110 GiB KV pool admitting 16 prompts of 16,000
+    tokens at once: one such batch's prefill needs 147 GiB (the prefill-spike OOM, foreseeable
+    from the limits alone); with chunked prefill of 8,192 tokens it fits."""
+    import json
+
+    from vramscope.agent.cli import main
+
+    argv = ["estimate", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--hidden",
+            "4096", "--intermediate", "14336", "--vocab", "128256", "--params", "8B", "--gpu",
+            "H200", "--context", "16000", "--max-num-seqs", "16", "--kv-pool-gib", "110"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (
+        "WARNING: the worst admissible request (16 x 16000 tokens, 256000 in one forward) "
+        "cannot fit: it needs 147.39 GiB of 140.40 GiB; lower max_num_seqs to 10")
+    assert main([*argv, "--max-batch-tokens", "8192", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["admission"]["fits"], doc["admission"]["prefill_tokens"]) == (True, 8192)
