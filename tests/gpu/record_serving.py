@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = cb_models.llama(args.layers, args.hidden, vocab=args.vocab, device=args.device,
                             kv_heads=min(4, max(1, args.hidden // 128)))
+    # generate() needs a standard attention: cb_models picks transformers 5.17's "paged|sdpa"
+    # for generate_batch, which refuses a forward without a paged cache.
+    model.set_attn_implementation("sdpa")
     sink = StreamingTraceSink(args.out)
     config = parse_config({"sampling": {"allocator_interval_s": args.sample_s,
                                         "snapshot_interval_s": args.snapshot_s}}, None, {})
