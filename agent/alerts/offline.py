@@ -30,6 +30,8 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     engine = AlertEngine.from_config(config)
     engine.feed(records)
     in_order = [r for r in records if isinstance(r, Sample)]
-    layouts = [r for r in records if isinstance(r, Event) and r.name == "memory_layout"]
+    # layouts (a leak's make-up), oom and request events (an OOM's cause without a post-mortem)
+    kept = {"memory_layout", "oom", "request_start", "request_end"}
+    context = [r for r in records if isinstance(r, Event) and r.name in kept]
     return analysis_document(engine.devices, in_order, engine.history, postmortems,
-                             events=layouts, makeup=makeup)
+                             events=context, makeup=makeup)

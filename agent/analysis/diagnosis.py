@@ -31,6 +31,7 @@ FRAGMENTED_RATIO = 0.5
 GROWTH_RATIO = 0.05
 FULL_RATIO = 0.02  # free in total below failed + this share of the limit: a full device
 SPIKE_RATIO = 0.10
+SNAPSHOT_MAX_AGE_S = 120.0  # an older largest free block says nothing of the OOM's moment
 
 REMEDIES: dict[str, tuple[str, ...]] = {
     "startup": (
@@ -68,16 +69,22 @@ REMEDIES: dict[str, tuple[str, ...]] = {
 
 def diagnose(postmortem: PostMortem | None = None, samples: Sequence[Sample] = (),
              *, ts_s: float | None = None, requests_in_flight: int | None = None,
+             failed_alloc_bytes: int | None = None, phase: Phase | None = None,
              ) -> tuple[str, tuple[str, ...]]:
     """``(cause, remedies)`` of the OOM in ``postmortem`` (or at ``ts_s`` from samples alone).
 
     ``samples`` are the device's samples up to the OOM (later ones are ignored); either source
-    may be missing, and each check uses what is known.
+    may be missing, and each check uses what is known. Without a post-mortem,
+    ``failed_alloc_bytes`` and ``phase`` (an ``oom`` event's) stand in for its own.
     """
     at = postmortem.ts_s if postmortem is not None else ts_s
     before = [s for s in samples if at is None or s.ts_s <= at]
     last = before[-1] if before else None
     facts = _Facts(postmortem, last, before, requests_in_flight)
+    if postmortem is None:
+        facts.failed = failed_alloc_bytes
+        if phase is not None:
+            facts.phase = phase
     cause = next((name for name, check in _CHECKS if check(facts)), "unknown")
     return cause, REMEDIES[cause]
 
@@ -101,6 +108,11 @@ class _Facts:
         self.allocated = pick("allocated_bytes", "allocated_bytes")
         self.reserved = pick("reserved_bytes", "reserved_bytes")
         self.largest_free = pick("largest_free_block_bytes", "largest_free_block_bytes")
+        if self.largest_free is None and last is not None:  # the latest snapshot's, if recent
+            self.largest_free = next(
+                (s.largest_free_block_bytes for s in reversed(before)
+                 if s.largest_free_block_bytes is not None
+                 and last.ts_s - s.ts_s <= SNAPSHOT_MAX_AGE_S), None)
         self.ext_frag = pm.external_fragmentation_ratio if pm is not None else None
         if in_flight is None and pm is not None:
             in_flight = len(pm.requests_in_flight)

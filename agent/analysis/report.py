@@ -64,15 +64,19 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
                       events: Iterable[Event] = (), makeup: bool = False) -> dict[str, Any]:
     """The document of ``devices`` (their samples in time order, any device) and the alerts.
 
-    ``events``: the recording's ``memory_layout`` events (others are ignored), from which a
-    detected leak's make-up is computed; ``makeup=True`` computes it without a leak too.
+    ``events``: the recording's ``memory_layout`` events, from which a detected leak's
+    make-up is computed (``makeup=True`` computes it without a leak too), and its ``oom`` and
+    request events, from which an OOM without a post-mortem is diagnosed (the failed size and
+    phase the ``oom`` event carries, the requests in flight); others are ignored.
     """
     per_device: dict[int, list[Sample]] = {}
     for s in samples:
         per_device.setdefault(s.device, []).append(s)
+    events = list(events)
     layouts = [e for e in events if e.name == LAYOUT_EVENT]
+    context = [e for e in events if e.name in _OOM_CONTEXT]
     docs = {str(dev): _device_doc(devices[dev], per_device.get(dev, []),
-                                  [p for p in postmortems if p.device == dev])
+                                  [p for p in postmortems if p.device == dev], context)
             for dev in sorted(devices)}
     for dev in sorted(devices):
         leak = docs[str(dev)]["leak"]
@@ -81,13 +85,13 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
     return {"format": FORMAT, "devices": docs, "alerts": _alerts_doc(history)}
 
 
-def _device_doc(d: DeviceState, samples: list[Sample],
-                postmortems: list[PostMortem]) -> dict[str, Any]:
+def _device_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
+                context: Sequence[Event] = ()) -> dict[str, Any]:
     frag = fragmentation_summary(samples)
     phases = phase_stats(samples)
     return {
         "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
-        "oom": _oom_doc(d, samples, postmortems),
+        "oom": _oom_doc(d, samples, postmortems, context),
         "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
                           "max_external_fragmentation": frag.max_external_fragmentation},
         "phases": {p: {"samples": phases[p].samples,
@@ -104,6 +108,39 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
     return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
             "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence,
             "makeup": None}
+
+
+_OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"})
+
+
+def _oom_facts(context: Sequence[Event], oom_ts: float,
+               samples: Sequence[Sample]) -> dict[str, Any]:
+    """What a live post-mortem would have said, from the recording's events: the failed
+    allocation and phase of the ``oom`` event at the OOM, and the requests in flight then.
+    Offline analysis then names the cause as the live agent does."""
+    device = samples[0].device if samples else 0
+    out: dict[str, Any] = {}
+    oom = next((e for e in context if e.name == "oom" and e.device == device
+                and abs(e.ts_s - oom_ts) <= 5.0), None)
+    if oom is not None:
+        failed = (oom.data or {}).get("failed_alloc_bytes")
+        if isinstance(failed, int) and not isinstance(failed, bool) and failed > 0:
+            out["failed_alloc_bytes"] = failed
+        if oom.phase is not None:
+            out["phase"] = oom.phase
+    open_ids: set[str] = set()
+    seen = False
+    for e in context:
+        if e.ts_s > oom_ts or e.request_id is None:
+            continue
+        seen = True
+        if e.name == "request_start":
+            open_ids.add(e.request_id)
+        elif e.name == "request_end":
+            open_ids.discard(e.request_id)
+    if seen:
+        out["requests_in_flight"] = len(open_ids)
+    return out
 
 
 def _windows_of(d: DeviceState) -> Windows | None:
@@ -123,15 +160,17 @@ def _windows_doc(w: Windows | None) -> dict[str, Any] | None:
             "sample_interval_s": w.dt_s, "cycle_s": w.cycle_s, "cycle_from": w.cycle_from}
 
 
-def _oom_doc(d: DeviceState, samples: list[Sample],
-             postmortems: list[PostMortem]) -> dict[str, Any]:
+def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
+             context: Sequence[Event] = ()) -> dict[str, Any]:
     first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
     if first_oom is None and postmortems:
         first_oom = postmortems[0].ts_s
     cause = None
     if first_oom is not None:
         pm = next((p for p in postmortems if abs(p.ts_s - first_oom) <= 5.0), None)
-        cause, _ = diagnose(pm, samples, ts_s=first_oom)
+        cause, _ = diagnose(pm, samples, ts_s=first_oom,
+                            **({} if pm is not None else _oom_facts(context, first_oom,
+                                                                    samples)))
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
             "first_warning_ts": d.first_warning_ts_s, "max_risk": LEVELS[d.max_level],
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
