@@ -48,3 +48,15 @@ def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
     assert s.slope_ratio == pytest.approx(1.0, abs=0.02)
     assert s.windows["cycle_s"] == 2.0 and s.windows["floor_s"] == 2.0
     assert s.delay_s < 120  # 30 points of 2 s after a 10 s warm-up, evaluated every 5
+
+
+def test_the_detection_figures_in_docs_analysis_are_rendered_from_the_committed_json():
+    from pathlib import Path
+
+    from vramscope.agent.bench.tables import render
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    text = (docs / "analysis.md").read_text()
+    assert "bench/detection.json" in text
+    assert render(text, docs) == text, (
+        "docs/analysis.md is out of date: python -m vramscope.agent.bench.tables docs/analysis.md")
