@@ -20,9 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from vramscope.agent.bench import BenchOptions, Figure, Timing
 from vramscope.agent.store.history_generator import History, generate
+
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
 
 
 def run(options: BenchOptions) -> list[Figure]:
@@ -41,7 +45,7 @@ def run(options: BenchOptions) -> list[Figure]:
         return _analyze(url, trace, rounds) + steps
 
 
-def _export(store, workdir: str) -> str:
+def _export(store: Store, workdir: str) -> str:
     from vramscope.agent.trace import write_trace
 
     path = os.path.join(workdir, "week.jsonl")
@@ -66,7 +70,9 @@ def _child(argv: list[str]) -> tuple[float, int]:
 
 
 def _analyze(url: str, trace: str, rounds: int) -> list[Figure]:
-    db_t, file_t, db_rss, file_rss = Timing([]), Timing([]), [], []
+    db_t, file_t = Timing([]), Timing([])
+    db_rss: list[float] = []
+    file_rss: list[float] = []
     for _ in range(rounds):
         for argv, timing, rss in ((["analyze", "--db", url, "--json"], db_t, db_rss),
                                   (["analyze", trace, "--json"], file_t, file_rss)):
@@ -89,7 +95,7 @@ def _analyze(url: str, trace: str, rounds: int) -> list[Figure]:
     ]
 
 
-def _retention_steps(store, workdir: str, history: History, rounds: int) -> list[Figure]:
+def _retention_steps(store: Store, workdir: str, history: History, rounds: int) -> list[Figure]:
     from vramscope.agent.store import Store
 
     hour = History(devices=history.devices, hz=history.hz, days=1 / 24, end_s=history.end_s)
@@ -107,7 +113,7 @@ def _retention_steps(store, workdir: str, history: History, rounds: int) -> list
                    target="<= 2", met=ratio <= 2)]
 
 
-def _step_cpu_s(store, end_s: float) -> float:
+def _step_cpu_s(store: Store, end_s: float) -> float:
     from vramscope.agent.clock import FakeClock
     from vramscope.agent.retention import Retention
 
