@@ -47,6 +47,8 @@ TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
 MAX_PENDING = 100_000  # readings held while the windows are chosen
+HYSTERESIS_RATIO = 0.01  # a headroom warning clears 1 % of the limit above where it began
+HYSTERESIS_TIME = 1.25  # a trend warning clears at 1.25x the time-to-OOM it began under
 LEVELS = ("ok", "warning", "critical")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
@@ -288,8 +290,12 @@ class RiskModel:
         self.time_to_oom_s = tto
         rise = self._retry_rise_ts
         retrying = rise is not None and ts_s - rise <= RETRY_WINDOW_S
-        if ratio >= self.t.headroom_warning_ratio and tto is None and not retrying \
-                and self._largest_free is None:
+        # hysteresis: a headroom warning holds until the headroom is back above the threshold
+        # by HYSTERESIS_RATIO of the limit (a server hovering at the threshold: one warning,
+        # not dozens)
+        held = self._reasons & _HEADROOM
+        if ratio >= self.t.headroom_warning_ratio + (HYSTERESIS_RATIO if held else 0.0) \
+                and tto is None and not retrying and self._largest_free is None:
             self.level_index = self._reasons = 0  # the common case, decided cheaply
         else:
             self._level(ratio, tto, limit, other, retrying)
@@ -297,12 +303,18 @@ class RiskModel:
     def _level(self, ratio: float, tto: float | None, limit: int, other: int,
                retrying: bool) -> None:
         t = self.t
+        was, was_level = self._reasons, self.level_index
+        band = HYSTERESIS_RATIO if was & _HEADROOM else 0.0
+        critical_band = band if was_level == 2 else 0.0
+        stretch = HYSTERESIS_TIME if was & _TREND else 1.0
         reasons = level = 0
-        if ratio < t.headroom_warning_ratio:
-            reasons, level = _HEADROOM, 2 if ratio < t.headroom_critical_ratio else 1
-        if tto is not None and tto < t.time_to_oom_warning_s:
+        if ratio < t.headroom_warning_ratio + band:
+            reasons, level = _HEADROOM, 2 if ratio < t.headroom_critical_ratio + critical_band \
+                else 1
+        if tto is not None and tto < t.time_to_oom_warning_s * stretch:
             reasons |= _TREND
-            level = 2 if tto < t.time_to_oom_critical_s else (level or 1)
+            critical_stretch = stretch if was_level == 2 else 1.0
+            level = 2 if tto < t.time_to_oom_critical_s * critical_stretch else (level or 1)
         if retrying:
             reasons |= _RETRIES
             level = level or 1

@@ -244,3 +244,10 @@ def test_a_one_time_fill_in_setup_is_no_trend():
                          500 + (5000 if t >= 300 else 0) * (t < 360), device_total_bytes=10_000))
               for t in range(1200)]
     assert [p.time_to_oom_s for p in points if p.time_to_oom_s is not None] == []
+
+
+def test_a_headroom_warning_holds_with_hysteresis_instead_of_flapping():
+    # headroom hovering at the 5 % threshold: 4.9 %, 5.1 %, 4.9 %, 5.1 % is one warning held
+    # (it cleared and fired at every sample); it clears at 7 %, above 5 % + 1 % of the limit
+    got = levels([S(t, D, a) for t, a in enumerate((951, 949, 951, 949, 941, 930, 949))])
+    assert [g[0] for g in got] == ["warning"] * 5 + ["ok", "ok"]
