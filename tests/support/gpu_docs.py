@@ -48,8 +48,28 @@ def render_ab(doc: dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(rows)
 
 
+def render_identity(doc: dict[str, Any]) -> str:
+    """Device identity: each check of tests/gpu/verify_identity.py with its numbers."""
+    rows = ["| check | result | detail |", "|---|---|---|"]
+    for c in doc["checks"]:
+        detail = c["detail"]
+        if isinstance(detail, dict):
+            detail = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
+                               for k, v in detail.items() if not isinstance(v, (list, dict)))
+        rows.append(f"| {c['check']} | {'pass' if c['ok'] else 'FAIL'} | {detail} |")
+    servers = "; ".join(f"`{s['name']}` (pid {s['pid']}, CUDA_VISIBLE_DEVICES="
+                        f"{s['cuda_visible_devices'] or 'unset'}) reserved "
+                        f"{s['reserved_bytes']:,} bytes, torch UUID {s['torch_uuid']}"
+                        for s in doc["servers"].values())
+    nvml = doc["nvml"]["after"]
+    head = (f"Servers: {servers}. NVML at the check: used {nvml['used_bytes']:,} of "
+            f"{nvml['total_bytes']:,} bytes on {nvml['uuid']}.")
+    return head + "\n\n" + "\n".join(rows)
+
+
 BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
+    "identity": ("2026-12-02/identity_results.json", render_identity),
 }
 
 
