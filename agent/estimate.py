@@ -188,19 +188,34 @@ def estimate(shape: ModelShape, plan: Plan) -> Estimate:
         total_bytes=total, gpu_memory_bytes=plan.gpu_memory_bytes, usable_bytes=usable,
         fits=total <= usable, headroom_bytes=usable - total,
         max_concurrency=kv_budget // (per_token * plan.context_tokens),
-        max_context_tokens=kv_budget // (per_token * plan.concurrency),
+        max_context_tokens=largest_context(shape, plan, usable - weights - plan.overhead_bytes),
         block_size_tokens=plan.block_size_tokens, block_bytes=block_bytes,
         pool_blocks=kv_budget // block_bytes,
         blocks_needed=plan.concurrency * -(-plan.context_tokens // plan.block_size_tokens))
+
+
+def largest_context(shape: ModelShape, plan: Plan, budget_bytes: int) -> int:
+    """The longest context that fits ``budget_bytes`` (usable memory less weights and overhead)
+    at the plan's concurrency. Without a prefill cap the prompt is prefilled whole, so the
+    activation allowance grows with the context too: a longer context costs KV *and* a larger
+    prefill peak (the plan's own context's allowance would overstate what is left)."""
+    logits = plan.concurrency * shape.vocab_size * 4
+    kv_per_token = shape.kv_bytes_per_token(plan.kv_dtype) * plan.concurrency
+    if plan.prefill_tokens:  # chunked prefill: the peak does not grow with the context
+        return max(0, budget_bytes - activation_bytes(shape, plan)) // kv_per_token
+    return max(0, budget_bytes - logits) // (kv_per_token + _activation_bytes_per_token(shape))
+
+
+def _activation_bytes_per_token(shape: ModelShape) -> int:
+    inter = shape.intermediate_size or 4 * shape.hidden_size
+    return int((4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype))
 
 
 def activation_bytes(shape: ModelShape, plan: Plan) -> int:
     """An allowance for the prefill peak: one layer's hidden and MLP temporaries over the
     prefill tokens, plus one step's fp32 logits for every sequence."""
     tokens = plan.prefill_tokens or plan.context_tokens
-    inter = shape.intermediate_size or 4 * shape.hidden_size
-    per_token = (4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype)
-    return int(tokens * per_token) + plan.concurrency * shape.vocab_size * 4
+    return tokens * _activation_bytes_per_token(shape) + plan.concurrency * shape.vocab_size * 4
 
 
 def gpu_memory_bytes(name: str) -> int:

@@ -60,7 +60,9 @@ def test_llama2_7b_on_an_h100_by_hand():
     assert r.fits and r.headroom_bytes == 76_968_728_985 - 32_046_039_040
     # KV budget 76,968,728,985 - 13,476,831,232 - 1 GiB - 315,596,800 = 62,102,559,129
     assert r.max_concurrency == 28  # 62,102,559,129 // (512 KiB x 4096)
-    assert r.max_context_tokens == 14806  # 62,102,559,129 // (512 KiB x 8)
+    # the longest context also prefills longer: (76,968,728,985 - 13,476,831,232 - 1 GiB - 8 x
+    # 32000 x 4 of logits) // (512 KiB x 8 of KV + (4x4096 + 2x11008) x 2 of activations)
+    assert r.max_context_tokens == 14613  # 62,417,131,929 // 4,271,104
     assert (r.block_bytes, r.pool_blocks, r.blocks_needed) == (8 * MiB, 7403, 8 * 256)
 
 
@@ -71,8 +73,15 @@ def test_llama3_8b_that_does_not_fit_on_an_l4():
     assert not r.fits and r.headroom_bytes < 0
     # usable int(23034 MiB x 0.9) = 21,737,609,625; activations 8192 x (4x4096 + 2x14336) x 2
     # + 16 x 128256 x 4 = 746,405,888; KV budget 21,737,609,625 - 16,060,522,496 - 1 GiB -
-    # 746,405,888 = 3,856,939,417: three 1 GiB contexts, or 1839 tokens for each of 16
-    assert (r.max_concurrency, r.max_context_tokens) == (3, 1839)
+    # 746,405,888 = 3,856,939,417: three 1 GiB contexts. The longest context for each of 16:
+    # (21,737,609,625 - 16,060,522,496 - 1 GiB - 8,208,384 of logits) // (128 KiB x 16 +
+    # 90,112 of activations per prefilled token) = 4,595,136,921 // 2,187,264 = 2100 (the 8k
+    # plan's prefill allowance left only 1839)
+    assert (r.max_concurrency, r.max_context_tokens) == (3, 2100)
+    at_most = Plan(context_tokens=2100, concurrency=16, gpu_memory_bytes=gpu_memory_bytes("L4"))
+    assert estimate(shape_from_hf_config(LLAMA3_8B), at_most).fits
+    one_more = Plan(context_tokens=2101, concurrency=16, gpu_memory_bytes=gpu_memory_bytes("L4"))
+    assert not estimate(shape_from_hf_config(LLAMA3_8B), one_more).fits
     plan_fp8 = Plan(context_tokens=8192, concurrency=16, gpu_memory_bytes=24 * GiB,
                     weight_dtype="int4", kv_dtype="fp8", margin_ratio=0.2)
     r = estimate(shape_from_hf_config(LLAMA3_8B), plan_fp8)
