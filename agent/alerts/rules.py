@@ -103,7 +103,36 @@ class Rule:
 
     def describe(self, value: float | None) -> str:
         text = self.message or f"{self.metric} {self.op} {self.threshold:g}"
-        return text if value is None else f"{text} (value {value:.6g})"
+        return text if value is None else f"{text}: {format_value(self.metric, value)}"
+
+
+LEVEL_NAMES = {0: "ok", 1: "warning", 2: "critical"}
+_MIB = 2**20
+
+
+def format_value(metric: str, value: float) -> str:
+    """A rule's value in words with its metric's unit: "warning (risk level 1)", "14.1 s",
+    "772.9 MiB/h", "3.00 GiB". Alerts store the bare number the rule compared; every place that
+    shows one (messages, the dashboard, the CLI) says it this way."""
+    exact: dict[str, Callable[[float], str]] = {
+        "risk_level": lambda v: f"{LEVEL_NAMES.get(int(v), 'level')} (risk level {v:g})",
+        "leak_detected": lambda v: "leak" if v >= 1 else "no leak",
+        "oom_recent": lambda v: "OOM in the last 5 min" if v >= 1 else "none",
+        "leak_slope_bytes_per_s": lambda v: f"{v * 3600 / _MIB:.1f} MiB/h",
+        "leak_slope_ratio_per_h": lambda v: f"{v * 100:.2f} % of the limit per hour",
+        "kv_orphaned_blocks": lambda v: f"{v:.0f} blocks",
+    }
+    if metric in exact:
+        return exact[metric](value)
+    if metric.endswith("_bytes"):
+        return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / _MIB:.1f} MiB"
+    if metric.endswith("_ratio"):
+        return f"{value * 100:.1f} %"
+    if metric.endswith("_s"):
+        if value < 120:
+            return f"{value:.1f} s"
+        return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.1f} h"
+    return f"{value:.6g}"
 
 
 def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:

@@ -34,10 +34,10 @@ def test_change_records_carry_the_rule():
     e = AlertEngine([RULE.__class__("r", "reserved_bytes", ">", 1, severity="info",
                                     labels={"k": "v"}, message="m")])
     [c] = e.feed([Sample(5.0, 2, reserved_bytes=3, host="h1")])
-    assert c == AlertChange("fired", "r", "info", 2, 5.0, 3, "m (value 3)", {"k": "v"}, 5.0, "h1")
+    assert c == AlertChange("fired", "r", "info", 2, 5.0, 3, "m: 0.0 MiB", {"k": "v"}, 5.0, "h1")
     assert c.to_json() == {"format": "vramscope.alert/1", "kind": "fired", "rule": "r",
                            "severity": "info", "device": 2, "host": "h1", "ts": 5.0,
-                           "fired_ts": 5.0, "value": 3, "message": "m (value 3)",
+                           "fired_ts": 5.0, "value": 3, "message": "m: 0.0 MiB",
                            "labels": {"k": "v"}}
 
 
@@ -93,7 +93,8 @@ def test_a_risk_alert_says_why_and_what_to_try():
                                        device_total_bytes=100)])
     assert fired.rule == "oom_risk"
     assert fired.message == (
-        "OOM risk: low headroom, memory trending to the limit, or fragmentation (value 2); "
+        "OOM risk: low headroom, memory trending to the limit, or fragmentation: critical "
+        "(risk level 2); "
         "headroom: likely prefill_spike; try: enable chunked prefill (bound the tokens "
         "prefilled per step)")
     assert critical.rule == "oom_risk_critical"
