@@ -25,11 +25,23 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.hooks import phase as phase_mod
+from vramscope.hooks.sink import Record, RecordSink
+
+if TYPE_CHECKING:  # the modules themselves load lazily, for what this process supports
+    from vramscope.hooks.allocator import AllocatorSource
+    from vramscope.hooks.oom import OomObserver
+    from vramscope.hooks.sampler import Sampler, Task
+
+# ``torch: ModuleType``: torch is imported lazily (optional), so its attributes are Any here.
+# ``config``: the settings table (``vramscope.agent.config.Config``), a Mapping of mixed values.
+Settings = Mapping[str, Any]
 
 log = logging.getLogger("vramscope.hooks")
 
@@ -73,35 +85,78 @@ class DropSink:
     def __init__(self) -> None:
         self.dropped = 0
 
-    def put(self, record: Any) -> None:
+    def put(self, record: Record) -> None:
         self.dropped += 1
 
     def close(self) -> None:
         pass
 
 
+class DeviceIdentitySink:
+    """Stamps each record with its device's UUID, so the agent joins it to the right GPU.
+
+    Every hook record names torch's *logical* index (``cuda:0``), which ``CUDA_VISIBLE_DEVICES``
+    and container runtimes renumber; the UUID is the same for the agent, NVML and the server.
+    UUIDs are read once per device, and only once CUDA is initialized (reading them would
+    initialize it); records before that keep their index alone. Never raises.
+    """
+
+    def __init__(self, sink: RecordSink, torch: ModuleType) -> None:
+        self.sink = sink
+        self._torch = torch
+        self._uuids: dict[int, str | None] = {}
+
+    def put(self, record: Record) -> None:
+        try:
+            if getattr(record, "device_uuid", False) is None:
+                uuid = self._uuid(record.device)
+                if uuid is not None:
+                    record = record._replace(device_uuid=uuid)
+        except Exception:  # noqa: BLE001 - the record goes on without its UUID
+            pass
+        self.sink.put(record)
+
+    def _uuid(self, device: int) -> str | None:
+        if device in self._uuids:
+            return self._uuids[device]
+        if not self._torch.cuda.is_initialized():
+            return None
+        from vramscope.hooks.allocator import device_uuid
+
+        uuid = self._uuids[device] = device_uuid(self._torch, device)
+        return uuid
+
+    def close(self) -> None:
+        self.sink.close()
+
+    def __getattr__(self, name: str) -> Any:  # dropped, errors, ... of the wrapped sink
+        return getattr(self.sink, name)
+
+
 @dataclass
 class _Installation:
     report: InstallReport
-    sink: Any
+    sink: RecordSink
     owns_sink: bool = False
-    sampler: Any = None
-    observer: Any = None
+    sampler: Sampler | None = None
+    observer: OomObserver | None = None
     history_on: bool = False
-    torch: Any = None
+    torch: ModuleType | None = None
 
 
 _LOCK = threading.Lock()
 _INSTALLED: _Installation | None = None
-_OOM_TARGET: list[Any] = [None]  # the observer the one attached trampoline forwards to
+# the observer the one attached trampoline forwards to
+_OOM_TARGET: list[OomObserver | None] = [None]
 _OOM_ATTACHED = [False]
 EMBEDDED_MOVED = ("install(embedded=True) is gone: the hooks never start the agent. Call "
                   "vramscope.install_embedded(config), which starts the embedded agent and "
                   "installs the hooks with its sink (stop both with its .stop()).")
 
 
-def install(config: Any = None, *, sink: Any = None, clock: Clock | None = None,
-            embedded: bool = False, devices: list[int] | None = None) -> InstallReport:
+def install(config: Settings | None = None, *, sink: RecordSink | None = None,
+            clock: Clock | None = None, embedded: bool = False,
+            devices: list[int] | None = None) -> InstallReport:
     """Turn on what this process supports; returns the report. Never raises, except for
     ``embedded=True``, a call that no longer has a meaning (see :data:`EMBEDDED_MOVED`)."""
     global _INSTALLED
@@ -143,16 +198,20 @@ def installed() -> bool:
     return _INSTALLED is not None
 
 
-def _install(report: InstallReport, config: Any, sink: Any, clock: Clock,
+def _install(report: InstallReport, config: Settings | None, sink: RecordSink | None,
+             clock: Clock,
              devices: list[int] | None) -> _Installation:
     config = _resolve_config(config, report)
-    inst = _Installation(report, None)
+    inst = _Installation(report, DropSink())  # until _resolve_sink sets the real one
     _resolve_sink(inst, config, sink)
     torch = _import_torch(report)
     inst.torch = torch
-    tasks, sources, stamp = [], [], None
+    tasks: list[Task] = []
+    sources: list[AllocatorSource] = []
+    stamp = None
     if torch is not None and _cuda_usable(torch, report):
         devices = list(range(torch.cuda.device_count())) if devices is None else list(devices)
+        inst.sink = DeviceIdentitySink(inst.sink, torch)
         sources, tasks = _allocator_tasks(torch, devices, config, clock, report)
         tasks += _snapshot_tasks(torch, devices, config, clock, report)
         inst.observer = _attach_oom_observer(torch, inst.sink, sources, config, clock, report)
@@ -174,7 +233,7 @@ def _install(report: InstallReport, config: Any, sink: Any, clock: Clock,
     return inst
 
 
-def _resolve_config(config: Any, report: InstallReport) -> Any:
+def _resolve_config(config: Settings | None, report: InstallReport) -> Settings:
     from vramscope.agent.config import load_config, parse_config
     from vramscope.agent.errors import VramscopeError
 
@@ -189,7 +248,7 @@ def _resolve_config(config: Any, report: InstallReport) -> Any:
     return config
 
 
-def _resolve_sink(inst: _Installation, config: Any, sink: Any) -> None:
+def _resolve_sink(inst: _Installation, config: Settings, sink: RecordSink | None) -> None:
     report = inst.report
     if sink is not None:
         inst.sink = sink
@@ -206,7 +265,7 @@ def _resolve_sink(inst: _Installation, config: Any, sink: Any) -> None:
                                   f"counted and dropped")
 
 
-def _import_torch(report: InstallReport) -> Any:
+def _import_torch(report: InstallReport) -> ModuleType | None:
     try:
         import torch
     except Exception as exc:
@@ -216,7 +275,7 @@ def _import_torch(report: InstallReport) -> Any:
     return torch
 
 
-def _cuda_usable(torch: Any, report: InstallReport) -> bool:
+def _cuda_usable(torch: ModuleType, report: InstallReport) -> bool:
     if getattr(torch.version, "cuda", None) is None:
         why = f"CPU-only torch build ({torch.__version__})"
     elif not torch.cuda.is_available():
@@ -228,8 +287,8 @@ def _cuda_usable(torch: Any, report: InstallReport) -> bool:
     return False
 
 
-def _allocator_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
-                     report: InstallReport) -> tuple[list[Any], list[Any]]:
+def _allocator_tasks(torch: ModuleType, devices: list[int], config: Settings, clock: Clock,
+                     report: InstallReport) -> tuple[list[AllocatorSource], list[Task]]:
     from vramscope.hooks.allocator import AllocatorSource
     from vramscope.hooks.sampler import Every
 
@@ -244,8 +303,8 @@ def _allocator_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
     return sources, [Every(s, interval) for s in sources]
 
 
-def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
-                    report: InstallReport) -> list[Any]:
+def _snapshot_tasks(torch: ModuleType, devices: list[int], config: Settings, clock: Clock,
+                    report: InstallReport) -> list[Task]:
     from vramscope.hooks.snapshot import SnapshotSource, light_snapshot_fn
 
     interval = float(config["sampling.snapshot_interval_s"])
@@ -261,7 +320,8 @@ def _snapshot_tasks(torch: Any, devices: list[int], config: Any, clock: Clock,
         _idle_layout_tasks(torch, take, devices, config, clock, interval, max_cost)
 
 
-def _idle_layout_tasks(torch: Any, take: Any, devices: list[int], config: Any, clock: Clock,
+def _idle_layout_tasks(torch: ModuleType, take: Callable[[], list[dict[str, Any]]],
+                       devices: list[int], config: Settings, clock: Clock,
                        interval: float, max_cost: float) -> list[Any]:
     """One ``memory_layout`` per idle point and interval (``vramscope.hooks.idle_layout``)."""
     import os
@@ -275,8 +335,9 @@ def _idle_layout_tasks(torch: Any, take: Any, devices: list[int], config: Any, c
                              workspace_bytes=workspace) for d in devices]
 
 
-def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any, clock: Clock,
-                         report: InstallReport) -> Any:
+def _attach_oom_observer(torch: ModuleType, sink: RecordSink, sources: list[AllocatorSource],
+                         config: Settings, clock: Clock,
+                         report: InstallReport) -> OomObserver | None:
     from vramscope.hooks.oom import OomObserver
     from vramscope.hooks.snapshot import light_snapshot_fn
 
@@ -300,17 +361,18 @@ def _attach_oom_observer(torch: Any, sink: Any, sources: list[Any], config: Any,
     return observer
 
 
-def _oom_trampoline(*args: Any) -> None:
+def _oom_trampoline(*args: Any) -> None:  # torch's (device, size, limit, free)
     target = _OOM_TARGET[0]
     if target is not None:
         target(*args)
 
 
-_HISTORY_ARGS = {"alloc": {"context": None}, "python": {"context": "all", "stacks": "python"},
-                 "all": {"context": "all", "stacks": "all"}}
+_HISTORY_ARGS: dict[str, dict[str, str | None]] = {
+    "alloc": {"context": None}, "python": {"context": "all", "stacks": "python"},
+    "all": {"context": "all", "stacks": "all"}}
 
 
-def _start_history(torch: Any, config: Any, report: InstallReport) -> bool:
+def _start_history(torch: ModuleType, config: Settings, report: InstallReport) -> bool:
     mode = config["hooks.history"]
     if mode == "off":
         report.add("history", False, "hooks.history = off (post-mortems name sizes, not stacks)")
@@ -320,14 +382,14 @@ def _start_history(torch: Any, config: Any, report: InstallReport) -> bool:
         report.add("history", False, f"torch {torch.__version__} cannot record history")
         return False
     entries = int(config["hooks.history_max_entries"])
-    kwargs = dict(_HISTORY_ARGS[mode], max_entries=entries)
+    kwargs: dict[str, object] = {**_HISTORY_ARGS[mode], "max_entries": entries}
     torch.cuda._lazy_call(lambda: record(enabled="all", **kwargs))
     report.add("history", True, f"{mode}, at most {entries} entries (about +35 % per allocation "
                "with python stacks)")
     return True
 
 
-def _metadata_stamp(torch: Any, report: InstallReport) -> Any:
+def _metadata_stamp(torch: ModuleType, report: InstallReport) -> Callable[[str], None] | None:
     setter = getattr(torch._C, "_cuda_setMemoryMetadata", None)
     if setter is None:
         report.add("phase_metadata", False, f"torch {torch.__version__} has no "
@@ -365,7 +427,7 @@ def _stop_history(inst: _Installation) -> None:
 
 def _clear_metadata(inst: _Installation) -> None:
     setter = getattr(getattr(inst.torch, "_C", None), "_cuda_setMemoryMetadata", None)
-    if setter is not None and inst.torch.cuda.is_initialized():
+    if setter is not None and inst.torch is not None and inst.torch.cuda.is_initialized():
         setter("")
 
 
