@@ -126,7 +126,8 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
                 if value is not None:
                     fam.add_metric(_labels(r), value)
             yield fam
-    risk = GaugeMetricFamily("vramscope_risk_level", "OOM risk: 0 ok, 1 warning, 2 critical.",
+    risk = GaugeMetricFamily("vramscope_risk_level", "The device verdict: the worst level among "
+                             "its firing alerts (0 ok, 1 warning, 2 critical).",
                              labels=DEVICE_LABELS)
     alerts = GaugeMetricFamily("vramscope_alerts_active", "Alerts firing now.",
                                labels=DEVICE_LABELS)
