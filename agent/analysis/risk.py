@@ -338,6 +338,9 @@ class RiskModel:
             return 0
         if retrying:
             return 2
+        if self._reasons & _FRAGMENTATION:
+            return 1  # holds while no block and no new segment holds the request, however the
+            #           external fragmentation ratio wavers around its threshold
         return int((self.external_fragmentation_ratio or 0.0) > self.t.fragmentation_warning_ratio)
 
 

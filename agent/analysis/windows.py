@@ -9,7 +9,9 @@ the windows are derived from what the recording shows, causally, from its first 
 
 - ``dt``: the median interval between allocator samples (a window holds several of them);
 - ``cycle``: the median time between the server's troughs: idle entries (the last request in
-  flight ended), else entries into prefill seen on the samples (a new batch), else unknown.
+  flight ended), else request ends (a server that is never idle: the floor after a request;
+  ends within ``END_BURST_S`` are one batch's), else entries into prefill seen on the samples
+  (a new batch), else unknown.
 
 Then ``floor = max(FLOOR_SAMPLES × dt, cycle)``, ``trend = max(TREND_SAMPLES × dt, 2 × cycle)``,
 ``warm-up = WARMUP_WINDOWS × floor``, each clamped to ``[MIN_WINDOW_S, the alerts.* setting]``:
@@ -34,6 +36,8 @@ WARMUP_WINDOWS = 5.0
 MIN_SAMPLES = 16
 MIN_CYCLES = 4
 MAX_GAPS = 64  # a median over the first gaps is enough; bounded memory
+END_BURST_S = 0.05  # request ends closer than this are one batch ending
+ENDS_AFTER_S = 30.0  # request ends are a cycle only when this long showed no idle cycle
 
 
 class Windows(NamedTuple):
@@ -80,6 +84,7 @@ class WindowChooser:
         self._dts: list[float] = []
         self._in_flight = 0
         self._idle_marks: list[float] = []
+        self._end_marks: list[float] = []
         self._prefill_marks: list[float] = []
         self._last_phase: Phase | None = None
 
@@ -96,6 +101,11 @@ class WindowChooser:
             self._in_flight -= 1
             if self._in_flight == 0 and len(self._idle_marks) <= MAX_GAPS:
                 self._idle_marks.append(e.ts_s)
+            # a request's end is a trough of a never-idle server (the floor after a request);
+            # requests ending together (one batch) are one trough
+            ends = self._end_marks
+            if (not ends or e.ts_s - ends[-1] > END_BURST_S) and len(ends) <= MAX_GAPS:
+                ends.append(e.ts_s)
 
     def update(self, s: Sample) -> Windows | None:
         """Feed a sample with memory figures; the windows once decided (then always them)."""
@@ -112,15 +122,20 @@ class WindowChooser:
                 and len(self._prefill_marks) <= MAX_GAPS:
             self._prefill_marks.append(ts)
         self._last_phase = s.phase
-        cycle, source = self._cycle()
+        cycle, source = self._cycle(ts - self._first_ts)
         enough = len(self._dts) >= MIN_SAMPLES and cycle is not None
         if enough or ts - self._first_ts >= 2 * self.t.leak_floor_window_s:
             dt = median(self._dts) if len(self._dts) >= 2 else None
             self.windows = choose(self.t, dt, cycle, source)
         return self.windows
 
-    def _cycle(self) -> tuple[float | None, str]:
+    def _cycle(self, elapsed_s: float | None = None) -> tuple[float | None, str]:
+        # Request ends are trusted only after ENDS_AFTER_S without enough idle entries: the
+        # requests of one batch end apart from each other, and its idle entry comes later.
+        ends_ok = elapsed_s is None or elapsed_s >= min(ENDS_AFTER_S,
+                                                        2 * self.t.leak_floor_window_s)
         for marks, name in ((self._idle_marks, "idle entries"),
+                            (self._end_marks if ends_ok else [], "request ends"),
                             (self._prefill_marks, "prefill entries")):
             if len(marks) > MIN_CYCLES:
                 return median([b - a for a, b in zip(marks, marks[1:])]), name

@@ -251,3 +251,16 @@ def test_a_headroom_warning_holds_with_hysteresis_instead_of_flapping():
     # (it cleared and fired at every sample); it clears at 7 %, above 5 % + 1 % of the limit
     got = levels([S(t, D, a) for t, a in enumerate((951, 949, 951, 949, 941, 930, 949))])
     assert [g[0] for g in got] == ["warning"] * 5 + ["ok", "ok"]
+
+
+def test_a_fragmentation_warning_holds_while_the_request_fits_nowhere():
+    # entered at external fragmentation 1 - 40/320 = 0.875; then 800 allocated of 920 reserved
+    # leaves 120 cached free with a 60-byte block: 0.5, not above the 0.5 that enters a warning,
+    # but the 100-byte request still fits neither in 60 nor in the 80 unreserved: the warning
+    # holds (it cleared); a 100-byte block ends it
+    base = dict(reserved_bytes=920, largest_free_block_bytes=40)
+    tight = dict(reserved_bytes=920, largest_free_block_bytes=60)
+    got = levels([S(0, D, 600, **base), S(1, P, 700, **base), S(2, D, 600, **base),
+                  S(3, D, 800, **tight), S(4, D, 800, **tight),
+                  S(5, D, 800, reserved_bytes=920, largest_free_block_bytes=100)])
+    assert [g[0] for g in got[2:]] == ["warning", "warning", "warning", "ok"]

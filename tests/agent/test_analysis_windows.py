@@ -93,3 +93,22 @@ def test_idle_phase_with_a_request_in_flight_is_not_the_floor():
     f.on_event(Event(3.0, "request_end", 0, request_id="a"))
     f.update(Sample(4.0, 0, Phase.IDLE, "t", allocated_bytes=150))
     assert f.update(Sample(11.0, 0, Phase.IDLE, "t", allocated_bytes=150)) == (4.0, 150)
+
+
+def test_a_never_idle_server_takes_its_cycle_from_request_ends_after_30_s():
+    # two clients always busy: a request ends every 0.6 s, never all at once; samples 0.5 s
+    c = WindowChooser(Thresholds())
+    n_start = 0
+    decided = None
+    for i in range(200):
+        ts = i * 0.5
+        while n_start * 0.6 <= ts:  # one request starts as one ends: two always in flight
+            if n_start >= 2:
+                c.on_event(Event(n_start * 0.6, "request_end", 0, request_id=str(n_start - 2)))
+            c.on_event(Event(n_start * 0.6, "request_start", 0, request_id=str(n_start)))
+            n_start += 1
+        decided = c.update(Sample(ts, 0, Phase.DECODE, "t", allocated_bytes=100))
+        if decided:
+            break
+    assert ts == 30.0 and decided.cycle_from == "request ends"
+    assert decided[:3] == (2.0, 4.0, 10.0) and decided.cycle_s == pytest.approx(0.6)
