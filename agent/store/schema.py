@@ -153,6 +153,7 @@ rollups = Table(
     Column("mean_value", Float, nullable=False),
     Column("last_value", BigInteger, nullable=False),
     Column("count", Integer, nullable=False),
+    sqlite_with_rowid=False,  # the primary key is the table: no second copy of the key (0003)
 )
 
 # The agent's own health, so the dashboard can show it (Sidecar issue).
