@@ -115,6 +115,7 @@ class DeviceAnalysis:
         # rules and the report read: a detected one first, then the steepest.
         self.leaks: dict[int | None, LeakDetector] = {None: LeakDetector(thresholds)}
         self.leak = self.leaks[None]
+        self._sampled: set[int | None] = set()  # whose process samples fed a leak detector
         # KV pools per process too (two servers on a GPU have two pools); ``kv`` is the
         # fullest one's tracker, the one the rules and the report read.
         self.kvs: dict[int | None, KvTracker] = {}
@@ -178,17 +179,27 @@ class DeviceAnalysis:
         return gave
 
     def _leaks_of(self, r: Sample | Event) -> list[LeakDetector]:
-        """The detectors a record feeds: its process's; a device-wide sample or an event
-        without a pid, every process's (the device's own while no process reported)."""
-        if r.pid is None or is_device_wide(r):
-            procs = [d for pid, d in self.leaks.items() if pid is not None]
-            if isinstance(r, Sample):  # NVML: the device's own view, until processes report
-                return procs[:0] if procs else [self.leaks[None]]
+        """The detectors a record feeds: its process's; a device-wide (NVML) sample, the
+        device's own until a process reports; an event without a pid, every process's. A
+        process sample without a pid (a hand-written trace) is the device's own detector's."""
+        procs = self._process_leaks()
+        if isinstance(r, Sample) and is_device_wide(r):
+            return [] if procs else [self.leaks[None]]
+        if r.pid is None:
+            if isinstance(r, Sample):
+                self._sampled.add(None)
+                return [self.leaks[None]]
             return procs or [self.leaks[None]]
         leak = self.leaks.get(r.pid)
         if leak is None:
             leak = self.leaks[r.pid] = LeakDetector(self._thresholds)
+        if isinstance(r, Sample):
+            self._sampled.add(r.pid)
         return [leak]
+
+    def _process_leaks(self) -> list[LeakDetector]:
+        """Detectors of processes that sent samples (events alone make no idle floor)."""
+        return [d for pid, d in self.leaks.items() if pid in self._sampled]
 
     def _update_leak(self, s: Sample) -> bool:
         gave = False
@@ -199,7 +210,7 @@ class DeviceAnalysis:
         return gave
 
     def _pick_leak(self) -> None:
-        procs = [d for pid, d in self.leaks.items() if pid is not None] or [self.leaks[None]]
+        procs = self._process_leaks() or [self.leaks[None]]
         self.leak = max(procs, key=lambda d: (d.result.detected, d.result.slope_bytes_per_s))
 
     def _observe_kv(self, s: Sample) -> bool:
