@@ -186,10 +186,10 @@ class DeviceAnalysis:
         if isinstance(r, Sample) and is_device_wide(r):
             return [] if procs else [self.leaks[None]]
         if r.pid is None:
-            if isinstance(r, Sample):
+            if isinstance(r, Sample) and r.allocated_bytes is not None:
                 self._sampled.add(None)
                 return [self.leaks[None]]
-            return procs or [self.leaks[None]]
+            return procs or [self.leaks[None]]  # events, snapshot readings: every process's
         leak = self.leaks.get(r.pid)
         if leak is None:
             leak = self.leaks[r.pid] = LeakDetector(self._thresholds)
