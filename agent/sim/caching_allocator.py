@@ -23,7 +23,7 @@ allocator's own constants and default configuration (no ``max_split_size_mb``, n
   above: among equal-sized free blocks the one in the most recently created segment is taken.
   With ascending addresses the model matched the H200 for 1879 steps of
   ``vramscope.agent.sim.gpu_check``'s sequence; with descending ones, all 3000
-  (``tests/test_sim_vs_h200_replay.py``).
+  (``tests/agent/test_sim_vs_h200_replay.py``).
 
 Counters mean what ``torch.cuda.memory_stats()``'s ``*.all.current`` counters mean, and
 :meth:`CachingAllocatorModel.snapshot` returns segment dicts shaped like

@@ -8,10 +8,10 @@ the retry and OOM counts; the first step where they differ is printed.
 
     python -m vramscope.agent.sim.gpu_check [--steps 3000] [--limit-mib 1024] [--out FILE.jsonl]
 
-Needs a fresh process (nothing else allocated on the device). ``tests/test_sim_gpu_allocator.py``
-runs it under the ``gpu`` marker; one H200 run (torch 2.11, the defaults) is recorded in
-``tests/data/gpu_allocator_check.jsonl``, which ``tests/test_sim_vs_h200_replay.py`` replays
-through the model on the CPU.
+Needs a fresh process (nothing else allocated on the device).
+``tests/agent/test_sim_gpu_allocator.py`` runs it under the ``gpu`` marker; one H200 run (torch
+2.11, the defaults) is recorded in ``tests/data/gpu_allocator_check.jsonl``, which
+``tests/agent/test_sim_vs_h200_replay.py`` replays through the model on the CPU.
 """
 
 from __future__ import annotations
