@@ -99,7 +99,8 @@ def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
     cost = measure_hook_cost(torch, tiny_llama(), batch=2, new_tokens=8, steps=200, requests=20)
     assert 0 < cost["step_s"] < 1e-3 and 0 < cost["request_s"] < 1e-2
     assert cost["new_tokens"] == 8
-    assert cost["sampler_s_per_s"] == 0  # no CUDA: the sampler has no allocator task
+    # no CUDA: no allocator task; the one task is the rank watch (a few us a second)
+    assert 0 < cost["sampler_s_per_s"] < 1e-3
     assert not inst.installed()  # uninstalled after measuring
 
 
