@@ -126,10 +126,19 @@ class Agent:
     def start(self) -> None:
         if self.server is not None:
             self.server.bind()  # first: a second agent on the same socket fails before writing
+        if self.source is not None:
+            # Before the writer and the socket start: a hook's record names its device by UUID,
+            # and one written before NVML's devices would be unjoined (a startup race).
+            describe = self._describe_devices(self.source.devices())
+            try:
+                describe(self.store)
+            except Exception as exc:  # noqa: BLE001 - the writer retries it as a task
+                log.warning("describing the devices at start failed (%r); tried again by the "
+                            "writer once it runs",
+                            exc)
+                self.writer.submit(describe)
         self.writer.start()
         self.writer.submit(_record_boot_id)
-        if self.source is not None:
-            self.writer.submit(self._describe_devices(self.source.devices()))
         if self.server is not None:
             self.server.start()
         if self.config["agent.metrics_port"]:
