@@ -23,5 +23,5 @@ if ! cmp -s "$LOCK" "$VENV/vramscope-requirements.txt"; then
 fi
 "$VENV/bin/python" "${PIP[@]}" -e .
 echo "tests/vllm/run.sh: environment ready in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" -m pytest -m vllm tests/vllm "$@"
-echo "tests/vllm/run.sh: done in $(( $(date +%s) - start )) s"
+# last, so pytest's summary stays the closing line of tests/run.sh's output
+exec "$VENV/bin/python" -m pytest -m vllm tests/vllm "$@"
