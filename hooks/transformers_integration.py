@@ -39,6 +39,7 @@ from typing import Any
 from vramscope.agent.records import Phase
 from vramscope.hooks import phase as phase_mod
 from vramscope.hooks.sink import RecordSink
+from vramscope.hooks.transformers_kv import observe_paged_attention_cache, weak_method
 
 # The model, its manager, processor, scheduler and their results stay ``Any``: transformers'
 # internals, found by name (hasattr) because they change between versions.
@@ -122,11 +123,11 @@ class TransformersHandle:
                 return original(*args, **kwargs)
             finally:
                 local.request_id, local.pending_prefill = outer, False
-                _quietly(phase_mod.request_finished, rid)
+                _guarded(phase_mod.request_finished, rid)
                 # idle only when no other thread's request is still in flight: a server
                 # answering requests from several threads is not idle between two of them
                 if outer is None and not phase_mod.requests_in_flight():
-                    _quietly(phase_mod.set_phase, Phase.IDLE)
+                    _guarded(phase_mod.set_phase, Phase.IDLE)
         generate.__wrapped__ = original  # type: ignore[attr-defined]
         return generate
 
@@ -154,9 +155,9 @@ class TransformersHandle:
             # Until the first scheduled step the manager allocates its KV pool and warms up:
             # setup, not idle (a 120 GB "idle" peak otherwise) and not a request's prefill.
             if phase_mod.current_phase() in (Phase.IDLE, Phase.UNKNOWN):
-                _quietly(phase_mod.set_phase, Phase.SETUP)
+                _guarded(phase_mod.set_phase, Phase.SETUP)
             manager = original(*args, **kwargs)
-            _quietly(self._instrument_manager, manager)
+            _guarded(self._instrument_manager, manager)
             return manager
         init_continuous_batching.__wrapped__ = original  # type: ignore[attr-defined]
         return init_continuous_batching
@@ -169,7 +170,7 @@ class TransformersHandle:
             return
 
         def after_create(_manager: Any, processor: Any, *_: Any, **__: Any) -> None:
-            _quietly(self._instrument_processor, processor)
+            _guarded(self._instrument_processor, processor)
 
         self._per_call.wrap(manager, "_create_batch_processor", after=after_create)
         setattr(manager, _MARK, True)
@@ -196,14 +197,14 @@ class TransformersHandle:
 
         def after_schedule(_sched: Any, result: Any, before: Mapping[str, str], *_: Any,
                            **__: Any) -> None:
-            _quietly(self._tag_step, result, before)
+            _guarded(self._tag_step, result, before)
 
         self._per_call.wrap(scheduler, "schedule_batch", before=before_schedule,
                             after=after_schedule)
         if getattr(scheduler, "finish_request", None) is not None:
             def after_finish(sched: Any, _out: Any, _before: Any, request_id: Any, *_: Any,
                              **__: Any) -> None:
-                _quietly(self._request_done, sched, str(request_id))
+                _guarded(self._request_done, sched, str(request_id))
 
             self._per_call.wrap(scheduler, "finish_request", after=after_finish)
         setattr(scheduler, _MARK, True)
@@ -229,8 +230,6 @@ class TransformersHandle:
             phase_mod.set_phase(Phase.IDLE)
 
     def _observe_kv(self, cache: Any) -> None:
-        from vramscope.hooks.transformers_kv import observe_paged_attention_cache
-
         sink = self.sink if self.sink is not None else phase_mod.active_sink()
         if observe_paged_attention_cache(cache, sink):
             self._hooked("paged_attention_cache")
@@ -285,8 +284,9 @@ class PerCallPatches:
     stored on such an object must not reference it strongly: a closure over the object or its
     bound method would make a cycle (object -> wrapper -> object) that only the cyclic GC
     frees, holding the whole KV pool until then; an undo list would hold it until ``detach()``
-    (the retention defect of issue 13). So the wrapper calls the *class's* function through a
-    weak reference, and this registry keeps weak references only, pruned as objects die.
+    (the retention defect of issue 13). So the wrapper calls the original through
+    :func:`~vramscope.hooks.transformers_kv.weak_method`, and this registry keeps weak
+    references only, pruned as objects die.
     """
 
     def __init__(self) -> None:
@@ -296,18 +296,18 @@ class PerCallPatches:
              after: Callable[..., Any] | None = None) -> None:
         """Wrap ``obj.name``: ``before(obj, *args)`` runs first, its result goes to
         ``after(obj, result, before_result, *args)``; neither may raise into the caller."""
-        function = getattr(type(obj), name)
+        original = weak_method(obj, name)
         ref = weakref.ref(obj)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             target = ref()
             ahead = _guarded(before, target, *args, **kwargs) if before else None
-            result = function(target, *args, **kwargs)
+            result = original(*args, **kwargs)
             if after is not None:
                 _guarded(after, target, result, ahead, *args, **kwargs)
             return result
 
-        wrapper.__wrapped__ = function  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = getattr(type(obj), name)  # type: ignore[attr-defined]
         setattr(obj, name, wrapper)
         self._patched = [(r, n) for r, n in self._patched if r() is not None]
         self._patched.append((ref, name))
@@ -358,13 +358,6 @@ def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
     if not shape:
         return 1, 1
     return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
-
-
-def _quietly(fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:
-        log.warning("vramscope: transformers hook %s failed: %s", _name(fn), repr(exc))
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -162,8 +162,11 @@ def install_paged_cache_hook(sink: RecordSink | None, device: int = 0,
     return undo
 
 
-def _weak_method(obj: Any, name: str) -> Callable[..., Any]:
-    """``obj.name`` as a callable that does not keep ``obj`` alive (see ``PerCallPatches``).
+def weak_method(obj: Any, name: str) -> Callable[..., Any]:
+    """``obj.name`` as a callable that does not keep ``obj`` alive: the class's function called
+    through a weak reference. A wrapper stored on the object itself must call the original this
+    way, or object -> wrapper -> bound method -> object is a cycle that only the cyclic GC
+    frees, holding (for a KV cache) the whole pool until then.
 
     A method already set on the instance (another library's wrapper) is kept as it is."""
     if name in vars(obj):
@@ -228,7 +231,7 @@ class PagedCacheWatch:
         for name, make in wrappers.items():
             if getattr(cache, name, None) is not None:
                 self._originals[name] = True
-                setattr(cache, name, make(_weak_method(cache, name)))
+                setattr(cache, name, make(weak_method(cache, name)))
 
     def uninstall(self) -> None:
         cache = self.cache
