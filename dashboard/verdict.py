@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-LEVELS = ("ok", "warning", "critical")
+from vramscope.agent.analysis.risk import LEVELS
+
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 STALE_INTERVALS = 5  # intervals without a new sample before the data counts as stale
 STALE_MIN_S = 15.0  # never stale sooner: a batch and a page refresh may both be in flight

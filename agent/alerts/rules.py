@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.agent.analysis.risk import LEVELS
 from vramscope.agent.errors import ConfigError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 
@@ -106,8 +107,12 @@ class Rule:
         return text if value is None else f"{text}: {format_value(self.metric, value)}"
 
 
-LEVEL_NAMES = {0: "ok", 1: "warning", 2: "critical"}
 _MIB = 2**20
+
+
+def _level_name(value: float) -> str:
+    level = int(value)
+    return LEVELS[level] if 0 <= level < len(LEVELS) else "level"
 
 
 def format_value(metric: str, value: float) -> str:
@@ -115,7 +120,7 @@ def format_value(metric: str, value: float) -> str:
     "772.9 MiB/h", "3.00 GiB". Alerts store the bare number the rule compared; every place that
     shows one (messages, the dashboard, the CLI) says it this way."""
     exact: dict[str, Callable[[float], str]] = {
-        "risk_level": lambda v: f"{LEVEL_NAMES.get(int(v), 'level')} (risk level {v:g})",
+        "risk_level": lambda v: f"{_level_name(v)} (risk level {v:g})",
         "leak_detected": lambda v: "leak" if v >= 1 else "no leak",
         "oom_recent": lambda v: "OOM in the last 5 min" if v >= 1 else "none",
         "leak_slope_bytes_per_s": lambda v: f"{v * 3600 / _MIB:.1f} MiB/h",
