@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 
-def missing_sqlite_file(url: str) -> Path | None:
-    """The file a ``sqlite`` URL names when it does not exist; ``None`` when it exists, is
-    in memory, or the URL is not SQLite (a server database's existence shows on connect)."""
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file a ``sqlite`` URL opens, named as the driver opens it: pysqlite takes the path
+    as written (no ``~`` expansion; relative to the working directory). ``None`` for another
+    backend, an in-memory database, a ``file:`` URI or a URL that does not parse."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
@@ -26,5 +27,11 @@ def missing_sqlite_file(url: str) -> Path | None:
     path = parsed.database
     if not path or path == ":memory:" or path.startswith("file:"):
         return None
-    file = Path(path).expanduser()
-    return None if file.is_file() else file
+    return Path(path)
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite`` URL names when it does not exist; ``None`` when it exists, is
+    in memory, or the URL is not SQLite (a server database's existence shows on connect)."""
+    file = sqlite_file(url)
+    return None if file is None or file.is_file() else file

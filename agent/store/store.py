@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -51,6 +49,7 @@ from vramscope.agent.records import (
     uuid_candidates,
 )
 from vramscope.agent.store import migrate
+from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
     alerts,
@@ -128,8 +127,8 @@ class Store:
         return inspect(self.engine).get_table_names()
 
     def _damaged(self, exc: Exception) -> str:
-        path = self.engine.url.database if self.dialect == "sqlite" else None
-        if not path:
+        path = sqlite_file(self.engine.url)
+        if path is None:
             return f"cannot open database {self.safe_url}: {_reason(exc)}"
         return (f"database file {path} is not a usable SQLite database ({_reason(exc)}); "
                 f"vramscope will not write over it. Check it with `sqlite3 {path} 'PRAGMA "
@@ -146,8 +145,8 @@ class Store:
         """None when the database looks sound, else what is wrong. SQLite: ``PRAGMA
         quick_check`` (reads every page once, O(size); seconds per GB, so run it on a
         schedule, not per request); other databases check themselves: None."""
-        path = self.engine.url.database if self.dialect == "sqlite" else None
-        if not path or path == ":memory:":
+        path = sqlite_file(self.engine.url)
+        if path is None:
             return None
         import sqlite3
 
@@ -708,10 +707,11 @@ class Store:
     def size_bytes(self) -> int | None:
         """Size of the database on disk (SQLite file plus WAL, or PostgreSQL's own figure)."""
         if self.dialect == "sqlite":
-            path = self.engine.url.database
-            if not path or path == ":memory:":
+            path = sqlite_file(self.engine.url)
+            if path is None:
                 return None
-            return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+            files = (path, path.with_name(path.name + "-wal"))
+            return sum(f.stat().st_size for f in files if f.exists())
         if self.dialect == "postgresql":
             with self.engine.connect() as c:
                 return c.exec_driver_sql("SELECT pg_database_size(current_database())").scalar()
@@ -727,10 +727,10 @@ def _make_engine(url: str, synchronous: str) -> Engine:
         raise StoreError(f"database URL {url!r} needs the {exc.name!r} driver; "
                          f"install it (pip install 'vramscope[postgres]')") from None
     if engine.dialect.name == "sqlite":
-        path = engine.url.database
-        if path and path != ":memory:":
+        path = sqlite_file(engine.url)
+        if path is not None:
             try:
-                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot open database {url}: {exc}") from None
         _sqlite_pragmas(engine, synchronous)

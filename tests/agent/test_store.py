@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import Event, Holder, Phase, PostMortem, Sample
@@ -266,3 +268,19 @@ def test_timeline_cost_follows_the_range_not_the_device_history(tmp_path, sqlite
         store.write(history + window)
         long = _vm_steps_of_timeline(store, T0, T0 + 100)
     assert short > 0 and long <= 2 * short, (short, long)
+
+
+def test_a_sqlite_path_is_the_file_the_driver_opens(tmp_path, monkeypatch):
+    """pysqlite opens ``~/x.db`` as written (relative, no home expansion): the folder made for
+    it, the existence check and the size all name that same file."""
+    from vramscope.agent.store.exists import missing_sqlite_file, sqlite_file
+
+    monkeypatch.chdir(tmp_path)
+    url = "sqlite:///~/x.db"
+    assert missing_sqlite_file(url) == Path("~/x.db")
+    with Store.open(url, host_name="h") as store:
+        files = (tmp_path / "~" / "x.db", tmp_path / "~" / "x.db-wal")
+        assert store.size_bytes() == sum(f.stat().st_size for f in files) > 0
+        assert store.check_integrity() is None
+    assert (tmp_path / "~" / "x.db").is_file() and missing_sqlite_file(url) is None
+    assert sqlite_file("sqlite://") is None and sqlite_file("postgresql://h/db") is None
