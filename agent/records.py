@@ -42,6 +42,12 @@ class Phase(str, enum.Enum):
             raise ValueError(f"unknown phase {value!r}; allowed: {allowed}") from None
 
 
+# The store's integer columns: BigInteger (counters, bytes) and Integer (device index, pid, rank).
+# Every edge that accepts records (the socket protocol, trace import, the hooks) bounds its
+# integers by these, so a value one edge accepts never fails at the database.
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
 # The integer counters a Sample may carry, in trace-format order. All are bytes or counts >= 0.
 SAMPLE_COUNTER_FIELDS: tuple[str, ...] = (
     "allocated_bytes",  # caching allocator: handed to tensors

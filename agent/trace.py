@@ -16,11 +16,16 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any, NamedTuple
 
 from vramscope.agent.errors import TraceError
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.records import (
+    INT32_MAX,
+    INT64_MAX,
+    SAMPLE_COUNTER_FIELDS,
+    Event,
+    Phase,
+    Sample,
+)
 
 FORMAT_VERSION = 1
-_MAX_INT64 = 2**63 - 1  # the store's BigInteger columns
-_MAX_INT32 = 2**31 - 1  # its Integer columns (device index, pid)
 _EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host", "device_uuid"}
 # Column limits of the store (schema.py), checked here so that a bad record is refused where it
 # enters (a file line, one client's message) instead of failing a batch that also holds other
@@ -153,8 +158,8 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
     if "ts" not in obj or obj["ts"] is None:
         raise ValueError("missing required key 'ts'")
     ts = _number(obj["ts"], "ts")
-    device = _int(obj.get("device"), "device", default=0, top=_MAX_INT32)
-    pid = _int(obj.get("pid"), "pid", default=None, top=_MAX_INT32)
+    device = _int(obj.get("device"), "device", default=0, top=INT32_MAX)
+    pid = _int(obj.get("pid"), "pid", default=None, top=INT32_MAX)
     host = _str(obj.get("host"), "host")
     uuid = _str(obj.get("device_uuid"), "device_uuid")
     if "event" in obj:
@@ -187,7 +192,7 @@ def _number(value: Any, key: str) -> float:
 
 
 def _int(value: Any, key: str, default: Any, bytes_like: bool = False,
-         top: int = _MAX_INT64) -> Any:
+         top: int = INT64_MAX) -> Any:
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer() and not bytes_like:

@@ -20,9 +20,9 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
-from vramscope.agent.records import RANK_EVENT, Event
+from vramscope.agent.records import INT32_MAX, RANK_EVENT, Event
 
-MAX_RANK = 2**31 - 1  # the processes table's Integer columns
+MAX_RANK = INT32_MAX  # the processes table's Integer columns
 _ENV: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rank", ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")),
     ("local_rank", ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",

@@ -38,7 +38,15 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeGuard, cast
 
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
+from vramscope.agent.records import (
+    INT32_MAX,
+    INT64_MAX,
+    SAMPLE_COUNTER_FIELDS,
+    Event,
+    Phase,
+    PostMortem,
+    Sample,
+)
 from vramscope.agent.trace import (
     STR_LIMITS,
     check_data,
@@ -56,7 +64,7 @@ MAX_RECORDS_PER_MESSAGE = 100_000
 # hello fields: the processes table's String(255) columns; a pid as the kernel hands them out
 # (Linux's PID_MAX_LIMIT is 2**22; the column is a 32-bit Integer).
 MAX_NAME_CHARS = 255
-MAX_PID = 2**31 - 1
+MAX_PID = INT32_MAX
 MAX_DEVICES = 64
 CLIENT_TYPES = frozenset({"hello", "records", "postmortem", "dropped", "status"})
 
@@ -237,14 +245,14 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
             return None
     except OverflowError:  # an int beyond float range: the slow path explains it
         return None
-    device = _int_column(items, "device", _INT32_MAX)
-    pid = _int_column(items, "pid", _INT32_MAX)
+    device = _int_column(items, "device", INT32_MAX)
+    pid = _int_column(items, "pid", INT32_MAX)
     phases = [_PHASES.get(p) if type(p) is str else None
               for p in (o.get("phase", "unknown") for o in items)]
     source = _str_column(items, "source", STR_LIMITS["source"])
     host = _str_column(items, "host", STR_LIMITS["host"])
     uuid = _str_column(items, "device_uuid", STR_LIMITS["device_uuid"])
-    counters = [_int_column(items, k, _INT_MAX) for k in SAMPLE_COUNTER_FIELDS]
+    counters = [_int_column(items, k, INT64_MAX) for k in SAMPLE_COUNTER_FIELDS]
     if (device is None or pid is None or source is None or host is None or uuid is None
             or None in phases
             or any(c is None for c in counters)):
@@ -279,11 +287,6 @@ def _str_column(items: list[dict[str, Any]], key: str, limit: int) -> list[str |
     if max(map(len, present)) > limit or not is_encodable("".join(present)):
         return None  # the slow path names the bad record
     return col
-
-
-# The store's integer limits (schema.py): the trace validator applies the same ones.
-_INT_MAX = 2**63 - 1
-_INT32_MAX = 2**31 - 1
 
 
 def parse_postmortem(obj: dict[str, Any]) -> PostMortem:
@@ -321,7 +324,7 @@ def parse_dropped(obj: dict[str, Any]) -> int:
 
 
 def _is_index(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
 def _optional(obj: dict[str, Any], key: str, kind: type) -> Any:

@@ -47,7 +47,7 @@ from typing import Any
 
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.records import Event, PostMortem, Sample
+from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
 
 log = logging.getLogger("vramscope.ingest")
 
@@ -60,7 +60,7 @@ BUFFER_BUDGET_BYTES = 384 * 2**20  # partial frames of all connections together
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 60.0
 MAX_BAD_IN_A_ROW = 64  # a client sending this many rejected messages in a row is dropped
-COUNTER_MAX = 2**63 - 1  # counters saturate here (the store's BigInteger)
+COUNTER_MAX = INT64_MAX  # counters saturate here (the store's BigInteger)
 LOG_BURST = 10  # lines per LOG_WINDOW_S about refused connections; the rest are counted
 LOG_WINDOW_S = 60.0
 _RECV_BYTES = 256 * 1024

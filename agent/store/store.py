@@ -40,6 +40,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
+    INT32_MAX,
+    INT64_MAX,
     RANK_EVENT,
     SAMPLE_COUNTER_FIELDS,
     Event,
@@ -62,7 +64,6 @@ from vramscope.agent.store.schema import (
 )
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
-_BIGINT_MAX = 2**63 - 1
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
@@ -355,7 +356,7 @@ class Store:
             if e.name == RANK_EVENT and e.pid is not None and e.data:
                 ranks = {k: e.data.get(k) for k in ("rank", "local_rank", "world_size")}
                 self._upsert_process(c, e.pid, e.host, {"last_seen_s": e.ts_s, **{
-                    k: v for k, v in ranks.items() if isinstance(v, int) and 0 <= v < 2**31}})
+                    k: v for k, v in ranks.items() if isinstance(v, int) and 0 <= v <= INT32_MAX}})
 
     # --- writing -------------------------------------------------------------------------
     def transaction(self) -> AbstractContextManager[Connection]:
@@ -524,7 +525,7 @@ class Store:
                           db_size_bytes: int | None, host: str | None = None) -> None:
         # Sums of client-reported counters could pass the BigInteger range: saturate, so the
         # row (and the dashboard's sampling health) is still written.
-        dropped_total, rejected_total = (min(v, _BIGINT_MAX) for v in (dropped_total,
+        dropped_total, rejected_total = (min(v, INT64_MAX) for v in (dropped_total,
                                                                        rejected_total))
         with self.engine.begin() as c:
             c.execute(insert(agent_stats).values(
