@@ -1,8 +1,11 @@
-"""Shared fixtures: a fresh SQLite store, a real PostgreSQL server, a fake clock."""
+"""Shared fixtures: a fresh SQLite store, a real PostgreSQL server, a fake clock, a short
+folder for sockets."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 
 import pytest
@@ -20,6 +23,15 @@ def promtool() -> str:
 @pytest.fixture
 def systemd_analyze() -> str:
     return require_tool("systemd-analyze")
+
+
+@pytest.fixture
+def short_dir():
+    """A folder with a short path under /tmp: a Unix socket's path must fit in 108 bytes,
+    which pytest's tmp_path often does not."""
+    root = tempfile.mkdtemp(prefix="vs-", dir="/tmp")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

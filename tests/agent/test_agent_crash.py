@@ -10,15 +10,12 @@ kernel buffers.
 from __future__ import annotations
 
 import random
-import shutil
 import signal
 import socket
 import sqlite3
-import tempfile
 import threading
 import time
 
-import pytest
 from vramscope.agent.config import SETTINGS
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
@@ -78,13 +75,6 @@ def _loss_bound(buffer_bytes: int) -> int:
 def _integrity(db_path: str) -> str:
     with sqlite3.connect(db_path, timeout=10) as conn:
         return conn.execute("PRAGMA integrity_check").fetchone()[0]
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-crash-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_sigkill_during_replay_never_corrupts_or_loses_committed_rows(short_dir):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
@@ -19,13 +17,6 @@ from tests.support.waiting import wait_for
 
 def _wait_for(predicate, timeout_s=5.0):
     return wait_for(predicate, timeout_s)
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-ingest-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

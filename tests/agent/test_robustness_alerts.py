@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import http.server
 import logging
-import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 import urllib.request
@@ -106,13 +104,6 @@ op = ">"
 threshold = 50
 message = "flaps on every sample"
 """
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-alerts-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_flapping_rule_does_not_starve_ingest_or_flood_the_log(short_dir, target):

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,13 +31,6 @@ def unit_limits() -> tuple[int, int]:
     nofile = int(one(service, "LimitNOFILE"))
     number, suffix = re.fullmatch(r"(\d+)([KMGT]?)", one(service, "MemoryMax")).groups()
     return nofile, int(number) * _SIZES.get(suffix, 1)
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-limits-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _agent(short_dir: str, **env: str) -> AgentProcess:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 
 import pytest
@@ -22,13 +20,6 @@ from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-proto-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,13 +20,6 @@ from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-store-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _vramscope(*args: str) -> subprocess.CompletedProcess:

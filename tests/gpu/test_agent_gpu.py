@@ -11,11 +11,9 @@ kind in the one database.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import warnings
@@ -48,13 +46,6 @@ SERVER = textwrap.dedent("""
         torch.cuda.synchronize()
     vramscope.uninstall()  # closes the socket client after a last drain
 """)
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-gpu-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_nvml_source_reads_the_real_devices():

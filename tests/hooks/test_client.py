@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import time
 
-import pytest
 from vramscope.agent.config import parse_config
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.ingest.server import IngestServer
@@ -16,13 +13,6 @@ from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.hooks.client import SocketSink, make_default_sink
 
 from tests.support.waiting import wait_for as _wait_for
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-client-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 class _Collector:

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import threading
 
-import pytest
 from vramscope.agent.ingest.server import IngestServer
 from vramscope.agent.records import Phase, Sample
 from vramscope.hooks.client import SocketSink
 
 from tests.support.waiting import wait_for as _wait_for
-
-
-@pytest.fixture
-def short_dir():
-    root = tempfile.mkdtemp(prefix="vs-put-", dir="/tmp")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _sample(i: int) -> Sample:
