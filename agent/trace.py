@@ -10,8 +10,10 @@ Pure functions over text; the CLI and the store do the I/O around them.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, NamedTuple
 
@@ -73,18 +75,21 @@ def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceErro
 
 def file_lines(path: str) -> Iterator[str]:
     """The lines of a trace file, decoded one at a time: a file that is not UTF-8 JSON Lines
-    (invalid UTF-8, binary, gzip) is reported at the line where it goes wrong."""
+    (invalid UTF-8, binary, a damaged or truncated gzip stream) is reported at the line where it
+    goes wrong. A gzip-compressed trace (``.jsonl.gz``, found by its magic bytes, whatever its
+    name) is decompressed as it is read: long recordings are kept compressed."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
+        raw_fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
+        compressed = raw_fh.read(2) == _GZIP_MAGIC
+        raw_fh.seek(0)
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
+    # GzipFile does not close the file it is given: both are closed in the finally below
+    fh: IO[bytes] = gzip.GzipFile(fileobj=raw_fh, mode="rb") if compressed else raw_fh
+    lineno = 0
     try:
-        lineno = 0
         while raw := _read_line(fh, path, lineno + 1):
             lineno += 1
-            if lineno == 1 and raw.startswith(_GZIP_MAGIC):
-                raise TraceError(path, 1, f"gzip-compressed; decompress it first (gunzip -k "
-                                 f"{path}) and import the .jsonl")
             if b"\0" in raw:
                 raise TraceError(path, lineno, "binary data (a NUL byte), not a JSON Lines "
                                  "trace")
@@ -93,10 +98,14 @@ def file_lines(path: str) -> Iterator[str]:
             except UnicodeDecodeError as exc:
                 raise TraceError(path, lineno, f"not UTF-8 at byte {exc.start + 1} of the "
                                  f"line: {exc.reason}") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        # a gzip stream cut short (a recording killed mid-write) or damaged
+        raise TraceError(path, lineno + 1, f"damaged gzip stream: {exc}") from None
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
     finally:
         fh.close()
+        raw_fh.close()
 
 
 def _read_line(fh: IO[bytes], path: str, lineno: int) -> bytes:

@@ -83,6 +83,8 @@ def recordings(directory: Path | None = None) -> list[RealRecording]:
     listed = {r.path.name for r in out}
     for truth_path in sorted(directory.glob("*.jsonl.truth.json")):
         trace = truth_path.with_name(truth_path.name[:-len(".truth.json")])
+        if not trace.exists():  # a long recording, kept compressed
+            trace = trace.with_name(trace.name + ".gz")
         if trace.name not in listed and trace.exists():
             out.append(from_truth(trace, json.loads(truth_path.read_text(encoding="utf-8"))))
     return out
@@ -91,7 +93,7 @@ def recordings(directory: Path | None = None) -> list[RealRecording]:
 def from_truth(trace: Path, truth: dict[str, Any]) -> RealRecording:
     """A recording from ``record_serving.py``'s truth file."""
     leak = truth["leak"]
-    return RealRecording(trace.name[:-len(".jsonl")], trace, bool(leak["present"]),
+    return RealRecording(trace.name.split(".jsonl")[0], trace, bool(leak["present"]),
                          leak.get("bytes_per_s"), leak.get("start_ts"),
                          bool(truth.get("oom_expected", False)), leak.get("how", ""))
 
