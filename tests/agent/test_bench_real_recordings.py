@@ -78,3 +78,16 @@ def test_the_h200_serving_recordings_with_the_defaults(name):
         assert s.right
     if name == "gpu_serving_request_leak":
         assert 1 / 1.5 < s.slope_ratio < 1.5
+
+
+def test_the_20_minute_never_idle_h200_recording_is_right_with_the_defaults():
+    """tests/gpu/record_serving.py --scenario never_idle --duration-s 1230 --leak-start-s 420 on
+    the H200 (4 clients, never idle; a 2 MiB tensor kept every 20th request from 420 s), kept
+    gzip-compressed: the leak is found with the defaults, at its rate, and nothing else fires."""
+    rec = next(r for r in recordings() if r.name == "gpu_never_idle_long")
+    assert rec.path.name == "gpu_never_idle_long.jsonl.gz" and rec.leak
+    s = score(rec)
+    assert s.duration_s > 1200 and (s.detected, s.false_alarms, s.right) == (True, 0, True)
+    assert 1 / 1.5 < s.slope_ratio < 1.5
+    assert s.windows["cycle_from"] == "request ends"  # never idle: the floor after a request
+    assert s.delay_s < 600
