@@ -67,15 +67,45 @@ def render_identity(doc: dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(rows)
 
 
+def render_recordings(truths: dict[str, Any]) -> str:
+    """The serving recordings of tests/gpu/record_serving.py, from their truth files."""
+    rows = ["| recording | scenario | length | requests | clients | leak | leaked | errors | "
+            "allocated at the end |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, t in truths.items():
+        a, leak = t["args"], t["leak"]
+        how = (f"{leak['bytes_per_s'] / 1000:,.0f} kB/s from {leak['start_ts'] - t['t0']:.0f} s"
+               if leak["present"] else "none")
+        leaked = f"{leak['bytes_total'] / MIB:,.0f} MiB" if leak["present"] else "—"
+        clients = a["threads"] if t["scenario"] == "never_idle" else 1
+        rows.append(f"| `{name}` | {t['scenario']} | {t['duration_s']:,.0f} s | "
+                    f"{t['requests_served']:,} | {clients} | {how} | {leaked} | "
+                    f"{len(t['errors'])} | {_mib(t['allocator_end']['allocated_bytes'])} MiB |")
+    v = next(iter(truths.values()))["versions"]
+    return (f"{v['device']}, torch {v['torch']}, transformers {v['transformers']}, Python "
+            f"{v['python']}.\n\n" + "\n".join(rows))
+
+
+def _truth_files() -> dict[str, Any]:
+    data = ROOT / "tests" / "data"
+    out = {}
+    for p in sorted(data.glob("*.truth.json")):
+        trace = p.name[:-len(".truth.json")]
+        name = trace if (data / trace).exists() else trace + ".gz"  # long ones are compressed
+        out[name] = json.loads(p.read_text())
+    return out
+
+
 BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
     "identity": ("2026-12-02/identity_results.json", render_identity),
+    "recordings": ("../../tests/data/*.truth.json", render_recordings),
 }
 
 
 def render_blocks(text: str) -> str:
     for name, (source, render) in BLOCKS.items():
-        body = render(json.loads((RUNS / source).read_text()))
+        doc = _truth_files() if "*" in source else json.loads((RUNS / source).read_text())
+        body = render(doc)
         pattern = re.compile(rf"(<!-- gpu:{name} -->\n)(?:.*?\n)?(<!-- /gpu:{name} -->)", re.S)
         if not pattern.search(text):
             raise ValueError(f"docs/gpu-verification.md has no <!-- gpu:{name} --> block")
