@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramscope.agent.dtypes import element_bytes, known_dtypes
 from vramscope.agent.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -94,6 +95,13 @@ def _targets_check(value: str) -> str | None:
             return (f"{target!r} is not an http(s) URL; expected comma-separated URLs such as "
                     f"http://127.0.0.1:8000/metrics")
     return None
+
+
+def _dtype_check(value: str) -> str | None:
+    # vLLM's --kv-cache-dtype names its fp8 formats fp8_e4m3, fp8_e5m2: one byte each
+    if value == "auto" or value.startswith("fp8") or element_bytes(value) is not None:
+        return None
+    return f"unknown dtype; expected auto or one of {known_dtypes()}"
 
 
 # One row per setting. Defaults that depend on the environment are callables.
@@ -196,6 +204,39 @@ SETTINGS: tuple[Setting, ...] = (
             "Bearer token required on every request when set (compared in constant time)."),
     Setting("dashboard.refresh_s", float, 5.0, "Live refresh interval of pages.", min=0.5,
             max=3600),
+    # --- server: the inference server's model and admission limits (alerts/config_check.py) -
+    Setting("server.model", str, "",
+            "The model the inference server runs: its Hugging Face `config.json`, or the model "
+            "folder that holds it (a local vLLM `--model`). Set, the agent checks at start-up "
+            "and on the OOM risk page that the worst request the server admits fits under "
+            "each device's limit (alert `config_oom`); empty: no check. See "
+            "[estimate.md](estimate.md#the-oom-a-configuration-makes-possible)."),
+    Setting("server.max_model_len", int, 0,
+            "Longest sequence admitted, in tokens (vLLM's `--max-model-len`); 0: the model's "
+            "`max_position_embeddings`, as vLLM does.", min=0, max=100_000_000),
+    Setting("server.max_num_seqs", int, 0,
+            "Sequences admitted at once (vLLM's `--max-num-seqs`); required with "
+            "`server.model`.", min=0, max=10_000_000),
+    Setting("server.max_num_batched_tokens", int, 0,
+            "Tokens one forward may take (vLLM's `--max-num-batched-tokens`, chunked "
+            "prefill); 0: no limit, every admitted sequence's whole prompt in one forward.",
+            min=0, max=1_000_000_000),
+    Setting("server.kv_pool_gib", float, 0.0,
+            "A preallocated KV pool, GiB (vLLM logs it at start-up as \"Available KV cache "
+            "memory\"); 0: the KV cache grows with the requests (max_num_seqs × max_model_len "
+            "tokens).", min=0, max=1_000_000),
+    Setting("server.dtype", str, "auto",
+            "Weights' and activations' dtype (vLLM's `--dtype`); auto: the config's "
+            "`torch_dtype`.", check=_dtype_check),
+    Setting("server.weight_dtype", str, "auto",
+            "Stored weight dtype when quantized (`int4` for AWQ/GPTQ, `fp8`); auto: "
+            "`server.dtype`.", check=_dtype_check),
+    Setting("server.kv_cache_dtype", str, "auto",
+            "KV cache dtype (vLLM's `--kv-cache-dtype`: `fp8`...); auto: `server.dtype`.",
+            check=_dtype_check),
+    Setting("server.overhead_gib", float, 1.0,
+            "CUDA context, cuBLAS/NCCL workspaces and allocator slack, GiB (the estimator's "
+            "allowance).", min=0, max=1_000_000),
     # --- alerts (built-in rule thresholds; user rules are [[alerts.rules]]) ---------------
     Setting("alerts.headroom_warning_ratio", float, 0.05,
             "Warn when free memory under the limit, after the largest prefill spike, is below "
