@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
+from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
+from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
 from vramscope.agent.alerts.rules import OPS, Rule, rules_from
 from vramscope.agent.analysis.diagnosis import diagnose_warning
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
@@ -86,6 +88,7 @@ _INPUTS: dict[str, int] = {
     "kv_exhaustion_s": _KV,
     "kv_orphaned_blocks": _ORPHANS,
     "oom_recent": _OOM,
+    CONFIG_METRIC: _DEVICE,  # the [server] check, computed again when the limit moves
 }
 
 
@@ -131,6 +134,7 @@ class DeviceAnalysis:
         self._num_ooms: int | None = None
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
+        self.config_check: LimitCheck | None = None  # with a [server] section (config_check.py)
 
     def on_sample(self, s: Sample) -> int:
         self.last_sample = s
@@ -337,6 +341,8 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "kv_exhaustion_s": lambda d, now: d.kv.exhaustion_s,
     "kv_orphaned_blocks": lambda d, now: float(d.orphaned_blocks),
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
+    CONFIG_METRIC: lambda d, now: d.config_check.headroom_bytes(d.risk.limit_bytes)
+    if d.config_check else None,
 }
 
 
@@ -377,9 +383,11 @@ class _DeviceRules:
 class AlertEngine:
     """Rules over the records of every device; ``feed`` returns what fired and resolved."""
 
-    def __init__(self, rules: Iterable[Rule], thresholds: Thresholds | None = None) -> None:
+    def __init__(self, rules: Iterable[Rule], thresholds: Thresholds | None = None,
+                 server: ServerLimits | None = None) -> None:
         self.rules = list(rules)
         self.thresholds = thresholds or Thresholds()
+        self.server = server  # the [server] section: each device checks it at its limit
         self.devices: dict[int, DeviceAnalysis] = {}
         self._raw = frozenset(r.metric for r in self.rules if r.metric in SAMPLE_COUNTER_FIELDS)
         self._state: dict[int, _DeviceRules] = {}  # per device, in rule order
@@ -388,12 +396,15 @@ class AlertEngine:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> AlertEngine:
-        return cls(rules_from(config), Thresholds.from_config(config))
+        return cls(rules_from(config), Thresholds.from_config(config),
+                   server_from_config(config))
 
     def device(self, index: int) -> DeviceAnalysis:
         d = self.devices.get(index)
         if d is None:
             d = self.devices[index] = DeviceAnalysis(index, self.thresholds, self._raw)
+            if self.server is not None:
+                d.config_check = LimitCheck(self.server)
             self._state[index] = _DeviceRules(self.rules, index)
         return d
 
@@ -486,6 +497,8 @@ _PER_PROCESS_METRICS = frozenset({"risk_level", "headroom_bytes", "headroom_rati
 
 def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     """The rule's text; a risk alert adds why and the first remedy for that cause."""
+    if rule.metric == CONFIG_METRIC and d.config_check is not None:
+        return d.config_check.message() or rule.describe(value)  # names the limit to lower
     text = rule.describe(value)
     who = d.process_name() if rule.metric in _PER_PROCESS_METRICS else None
     if who is not None:

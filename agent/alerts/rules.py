@@ -53,6 +53,8 @@ DERIVED_METRICS: dict[str, str] = {
     "kv_exhaustion_s": "time until used KV blocks reach the total at the current rate",
     "kv_orphaned_blocks": "orphaned KV blocks in the pool's latest check that found any",
     "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
+    "config_headroom_bytes": "limit − what the worst request the [server] section admits "
+                             "needs (absent without server.model)",
 }
 METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(DERIVED_METRICS)
 _KEYS = ("name", "metric", "op", "threshold", "for", "clear", "clear_for", "severity", "labels",
@@ -168,7 +170,17 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
              message="KV pool runs out of blocks soon", builtin=True),
         Rule("oom", "oom_recent", ">=", 1, severity="critical",
              message="out of memory", builtin=True),
-    ]
+    ] + _config_rules(config)
+
+
+def _config_rules(config: Mapping[str, Any] | None) -> list[Rule]:
+    """``config_oom`` with a ``[server]`` section: the worst request it admits cannot fit under
+    the limit (vramscope.agent.alerts.config_check). It holds while the configuration does."""
+    if config is None or not config.get("server.model"):
+        return []
+    return [Rule("config_oom", "config_headroom_bytes", "<", 0, severity="warning",
+                 message="the worst request the server admits cannot fit under the limit",
+                 builtin=True)]
 
 
 def _setting(config: Mapping[str, Any] | None, key: str, default: float) -> float:

@@ -170,7 +170,7 @@ def test_metrics_without_a_series_are_exactly_the_agent_only_ones():
     assert sorted(set(METRICS) - set(SERIES)) == sorted([
         "active_bytes", "requested_bytes", "headroom_bytes", "headroom_ratio", "time_to_oom_s",
         "leak_detected", "leak_slope_bytes_per_s", "leak_slope_ratio_per_h",
-        "kv_orphaned_blocks"])
+        "kv_orphaned_blocks", "config_headroom_bytes"])
 
 
 @needs_promtool

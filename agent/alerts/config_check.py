@@ -1,0 +1,202 @@
+"""The OOM a configuration makes possible: the ``[server]`` section against each device's limit.
+
+A prefill-spike OOM (one 16 × 16,000-token prompt after a flat floor) gives no warning in any
+memory trend: the floor is flat until the request arrives. The server's own limits say it in
+advance: when the worst request they admit (every admitted sequence at the longest length, in
+one forward unless ``max_num_batched_tokens`` chunks it) needs more than the limit, the OOM is
+only waiting for that request. This module turns the ``server.*`` settings into the estimator's
+:func:`~vramscope.agent.estimate.admission_check` (weights + overhead + KV + activations) and
+says which limit to lower, by the setting's name and vLLM's flag, and to what.
+
+The alert engine runs :class:`LimitCheck` per device against the limit the risk model uses (an
+allocator's per-process cap wins over NVML's device total) and raises ``config_oom`` when the
+worst request cannot fit; the agent logs the check once at start-up against NVML's totals; the
+OOM risk page shows it. :func:`server_from_config` reads the model's ``config.json`` (the edge,
+at start-up); everything else here is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vramscope.agent.errors import ConfigError, UsageError
+from vramscope.agent.estimate import (
+    Admission,
+    AdmissionCheck,
+    GiB,
+    ModelShape,
+    admission_check,
+    load_hf_config,
+    shape_from_hf_config,
+)
+
+RULE = "config_oom"
+METRIC = "config_headroom_bytes"  # limit − what the worst admissible request needs
+
+# The setting (and vLLM's flag) through which each limit of the estimator's check is lowered.
+LIMIT_KEYS: dict[str, tuple[str, str]] = {
+    "max_batch_tokens": ("server.max_num_batched_tokens", "--max-num-batched-tokens"),
+    "max_num_seqs": ("server.max_num_seqs", "--max-num-seqs"),
+    "max_model_len": ("server.max_model_len", "--max-model-len"),
+}
+_DEFAULTS: dict[str, Any] = {
+    "server.model": "", "server.max_model_len": 0, "server.max_num_seqs": 0,
+    "server.max_num_batched_tokens": 0, "server.kv_pool_gib": 0.0, "server.dtype": "auto",
+    "server.weight_dtype": "auto", "server.kv_cache_dtype": "auto", "server.overhead_gib": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The model and what the server admits, as the ``[server]`` section gives them."""
+
+    shape: ModelShape
+    admission: Admission
+    overhead_bytes: int = 1 * GiB
+    weight_dtype: str | None = None  # None: the model's dtype
+    kv_dtype: str | None = None  # None: the model's dtype
+
+    def check(self, limit_bytes: int) -> AdmissionCheck:
+        return admission_check(self.shape, self.admission, limit_bytes,
+                               overhead_bytes=self.overhead_bytes,
+                               weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype)
+
+    def worst_request(self, check: AdmissionCheck) -> str:
+        a = self.admission
+        return (f"{a.max_num_seqs} x {a.max_model_len} tokens, {check.prefill_tokens} in one "
+                "forward")
+
+    def message(self, check: AdmissionCheck) -> str:
+        """One line: fits or not, needed against the limit, and the limit to lower to what."""
+        need, limit = check.needed_bytes / GiB, check.limit_bytes / GiB
+        head = f"the worst request the server admits ({self.worst_request(check)})"
+        if check.fits:
+            return (f"{head} fits: it needs {need:.2f} GiB of the {limit:.2f} GiB limit "
+                    f"({check.headroom_bytes / GiB:.2f} GiB to spare)")
+        return f"{head} cannot fit: it needs {need:.2f} GiB, the limit is {limit:.2f} GiB; " \
+               + remedy(check)
+
+
+def remedy(check: AdmissionCheck) -> str:
+    """What to change: the first limit whose lowering makes the worst request fit."""
+    if check.lower is None or check.lower_to is None:
+        return ("the weights, the runtime and the KV pool alone exceed the limit: serve a "
+                "smaller or quantized model (server.weight_dtype) or a smaller KV pool")
+    key, flag = LIMIT_KEYS[check.lower]
+    return f"lower {key} (vLLM {flag}) to {check.lower_to}"
+
+
+def _get(config: Mapping[str, Any], key: str) -> Any:
+    return config.get(key, _DEFAULTS[key])
+
+
+def _dtype(config: Mapping[str, Any], key: str) -> str | None:
+    value = str(_get(config, key))
+    if value == "auto":
+        return None
+    return "fp8" if value.startswith("fp8") else value  # vLLM's fp8_e4m3, fp8_e5m2: 1 byte
+
+
+def server_from_config(config: Mapping[str, Any] | None) -> ServerLimits | None:
+    """The ``[server]`` section as :class:`ServerLimits`; None when ``server.model`` is empty.
+    Reads the model's ``config.json``; a problem is a :class:`ConfigError` naming the key."""
+    model = str(_get(config, "server.model")) if config is not None else ""
+    if config is None or not model:
+        return None
+    where = f"{getattr(config, 'source', None) or '<settings>'}: "
+    shape = _shape(model, _dtype(config, "server.dtype"), where)
+    length = _get(config, "server.max_model_len") or shape.max_position_embeddings
+    if not length:
+        raise ConfigError(f"{where}server.max_model_len is not set and the model's config has "
+                          "no max_position_embeddings; set it to vLLM's --max-model-len")
+    seqs = _get(config, "server.max_num_seqs")
+    if not seqs:
+        raise ConfigError(f"{where}server.max_num_seqs must be set with server.model (vLLM's "
+                          "--max-num-seqs; vLLM logs its value at start-up)")
+    pool_gib = float(_get(config, "server.kv_pool_gib"))
+    try:
+        admission = Admission(max_model_len=int(length), max_num_seqs=int(seqs),
+                              max_batch_tokens=_get(config, "server.max_num_batched_tokens")
+                              or None,
+                              kv_pool_bytes=int(pool_gib * GiB) if pool_gib else None)
+    except UsageError as exc:  # a plain mapping (analyze's settings) skipped the table's checks
+        raise ConfigError(f"{where}[server]: {exc}") from None
+    return ServerLimits(shape, admission,
+                        overhead_bytes=int(float(_get(config, "server.overhead_gib")) * GiB),
+                        weight_dtype=_dtype(config, "server.weight_dtype"),
+                        kv_dtype=_dtype(config, "server.kv_cache_dtype"))
+
+
+def _shape(model: str, dtype: str | None, where: str) -> ModelShape:
+    """The model's shape from its config.json (or the folder that holds one)."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        shape = shape_from_hf_config(load_hf_config(path), name=model)
+        return dataclasses.replace(shape, dtype=dtype) if dtype else shape
+    except UsageError as exc:
+        raise ConfigError(f"{where}server.model = {model!r}: {exc}") from None
+
+
+def limit_of(device_total_bytes: int | None, process_limits: Iterable[int | None]) -> int | None:
+    """A device's limit as the risk model takes it: a process's own (its per-process cap, from
+    its allocator samples) wins over NVML's device total; with several, the tightest."""
+    caps = [c for c in process_limits if c]
+    return min(caps) if caps else (device_total_bytes or None)
+
+
+class LimitCheck:
+    """The check of one device at its current limit, computed again only when the limit moves
+    (the alert engine reads it after every sample that carries a limit)."""
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.limit_bytes: int | None = None
+        self.result: AdmissionCheck | None = None
+
+    def at(self, limit_bytes: int | None) -> AdmissionCheck | None:
+        if not limit_bytes:
+            return self.result
+        if limit_bytes != self.limit_bytes:
+            self.limit_bytes, self.result = limit_bytes, self.limits.check(limit_bytes)
+        return self.result
+
+    def headroom_bytes(self, limit_bytes: int | None) -> float | None:
+        check = self.at(limit_bytes)
+        return None if check is None else float(check.headroom_bytes)
+
+    def message(self) -> str | None:
+        return None if self.result is None else self.limits.message(self.result)
+
+
+def startup_lines(limits: ServerLimits,
+                  totals: Mapping[int, int]) -> list[tuple[bool, str]]:
+    """``(fits, line)`` per device from NVML's totals, for the agent's start-up log."""
+    out = []
+    for index, total in sorted(totals.items()):
+        check = limits.check(total)
+        out.append((check.fits, f"config check, device {index}: {limits.message(check)}"))
+    return out
+
+
+def check_json(limits: ServerLimits, limit_bytes: int | None) -> dict[str, Any]:
+    """The check as the dashboard shows it (``fits`` None while no limit is known)."""
+    doc: dict[str, Any] = {"model": limits.shape.name, "fits": None, "needed_bytes": None,
+                           "limit_bytes": limit_bytes, "headroom_bytes": None,
+                           "worst_request": None, "lower": None, "lower_to": None,
+                           "message": "no limit known for this device yet"}
+    if not limit_bytes:
+        return doc
+    check = limits.check(limit_bytes)
+    lower = LIMIT_KEYS[check.lower][0] if check.lower is not None else None
+    doc.update(fits=check.fits, needed_bytes=check.needed_bytes,
+               headroom_bytes=check.headroom_bytes, worst_request=limits.worst_request(check),
+               lower=None if check.fits else lower,
+               lower_to=None if check.fits else check.lower_to,
+               message=limits.message(check))
+    return doc
