@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
+from vramscope.agent.alerts.config_check import startup_lines
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
@@ -151,6 +152,16 @@ class Agent:
         log.info("agent started: %d NVML device(s), socket %s, database %s",
                  len(self.source.devices()) if self.source else 0,
                  self.socket_path if self.server else "(off)", self.store.safe_url)
+        self._log_config_check()
+
+    def _log_config_check(self) -> None:
+        """The ``[server]`` check against NVML's device totals, once at start-up; the
+        ``config_oom`` alert follows from the first samples, at each process's own limit."""
+        server = self.alerts.engine.server if self.alerts is not None else None
+        if server is not None and self.source is not None:
+            totals = {d.index: d.total_bytes for d in self.source.devices()}
+            for fits, line in startup_lines(server, totals):
+                (log.info if fits else log.warning)("%s", line)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop sampling and ingest, then flush every queued record (the final flush)."""
