@@ -238,6 +238,16 @@ def figure_risk() -> ResponseReturnValue:
     return _analysis_json(views.risk_view)
 
 
+@bp.get("/config-check")
+def config_check() -> ResponseReturnValue:
+    """The ``[server]`` section's worst admissible request against the device's limit."""
+    st = state()
+    host = _host()
+    device = _known_device(st.store, _device(), host)
+    return jsonify({"device": device,
+                    "check": views.config_check_view(st.store, st.config, device, host)})
+
+
 @bp.get("/figures/capacity")
 def figure_capacity() -> ResponseReturnValue:
     st = state()

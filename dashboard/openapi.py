@@ -137,6 +137,11 @@ CAPACITY = obj({"devices": array(obj({"host": STR, "device": INT,
                 "shape": {"type": "object"}, "estimate": nullable({"type": "object"}),
                 "estimate_problem": nullable(STR)})
 
+CONFIG_CHECK = obj({"model": nullable(STR), "fits": nullable({"type": "boolean"}),
+                    "needed_bytes": nullable(INT), "limit_bytes": nullable(INT),
+                    "headroom_bytes": nullable(INT), "worst_request": nullable(STR),
+                    "lower": nullable(STR), "lower_to": nullable(INT), "message": STR})
+
 
 def _op(summary: str, schema: dict[str, Any], parameters: list[dict[str, Any]] | None = None,
         errors: tuple[int, ...] = (400,), content_type: str = "application/json"
@@ -207,6 +212,9 @@ def paths() -> dict[str, Any]:
                                  "time_to_oom_low_s": nullable(NUM),
                                  "time_to_oom_high_s": nullable(NUM)}))}), window,
             errors=(400, 404)),
+        "/config-check": _op("The [server] section's worst admissible request against the "
+                             "device's limit (check: null without a [server] section)", obj({
+            "device": INT, "check": nullable(CONFIG_CHECK)}), [DEVICE, HOST], errors=(400, 404)),
         "/figures/capacity": _op("Plotly figure: peaks and estimate, with the capacity document",
                                  obj({"figure": FIGURE, "capacity": CAPACITY}),
                                  ESTIMATE_PARAMS),

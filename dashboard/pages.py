@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Blueprint, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
-from vramscope.dashboard import params
+from vramscope.dashboard import params, queries, views
 from vramscope.dashboard.state import state
 from werkzeug.exceptions import NotFound
 
@@ -61,7 +61,11 @@ def leaks() -> ResponseReturnValue:
 
 @bp.get("/risk")
 def risk() -> ResponseReturnValue:
-    return _render("risk.html", "risk", **_device_context())
+    ctx = _device_context()
+    st = state()
+    check = views.config_check_view(st.store, st.config, ctx["device"],
+                                    queries.host_or_none(st.store, ctx["host"]))
+    return _render("risk.html", "risk", config_check=check, **ctx)
 
 
 @bp.get("/alerts")

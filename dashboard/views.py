@@ -346,3 +346,25 @@ def _estimate(shape: dict[str, Any], gpu_bytes: int | None
         return est.estimate(model, plan).to_json(), None
     except (UsageError, ValueError) as exc:
         return None, str(exc)
+
+
+def config_check_view(store: Store, config: Settings, device: int,
+                      host: str | None) -> dict[str, Any] | None:
+    """The ``[server]`` check at the device's limit now (its process's cap, else NVML's total),
+    as the ``config_oom`` alert makes it; None without a ``[server]`` section. A section the
+    dashboard cannot read (a config.json gone since the agent started) is said, not a 500."""
+    from vramscope.agent.alerts.config_check import check_json, limit_of, server_from_config
+    from vramscope.agent.errors import ConfigError
+
+    try:
+        limits = server_from_config(config)
+    except ConfigError as exc:
+        return {"model": None, "fits": None, "needed_bytes": None, "limit_bytes": None,
+                "headroom_bytes": None, "worst_request": None, "lower": None,
+                "lower_to": None, "message": f"cannot check the configuration: {exc}"}
+    if limits is None:
+        return None
+    now = queries.latest_values(store, device, host)
+    limit = None if now is None else limit_of(
+        now["device_total_bytes"], [p["limit_bytes"] for p in now["processes"]])
+    return check_json(limits, limit)

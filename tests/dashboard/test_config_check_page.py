@@ -1,0 +1,85 @@
+"""The OOM risk page and ``/api/v1/config-check``: the [server] section's worst admissible
+request against the device's limit (the seeded store: NVML's 80 GiB on both devices)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vramscope.dashboard.app import create_app
+
+from tests.support import dashboard_fixtures as F
+
+seeded, dash_app, client = F.seeded, F.dash_app, F.client  # shared fixtures
+
+GIB = 2**30
+LLAMA = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+         "vocab_size": 128256, "torch_dtype": "bfloat16", "max_position_embeddings": 131072}
+# 32 x 16,000 tokens of Llama-3-8B's shape: 16,060,522,496 weights + 1 GiB + 67,108,864,000 KV
+# + 46,137,344,000 + 32 x 128,256 x 4 activations = 130,396,889,088 bytes (121.44 GiB); the
+# room after weights and overhead, 68,765,081,600 bytes, holds 19 sequences of 16,000 x
+# (131,072 KV + 90,112 activation bytes) + 513,024 for logits = 3,539,457,024 bytes each.
+NEEDED_32 = 130_396_889_088
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return str(path)
+
+
+def _client(seeded, **server):
+    return create_app(seeded.config(server=server), seeded.store,
+                      clock=seeded.clock).test_client()
+
+
+def test_the_risk_page_says_the_worst_request_cannot_fit(seeded, model):
+    html = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32).get(
+        "/risk?device=0").get_data(as_text=True)
+    assert ('<span class="badge warning">cannot fit</span> the worst request the server admits '
+            '(32 x 16000 tokens, 512000 in one forward) cannot fit: it needs 121.44 GiB, the '
+            'limit is 80.00 GiB; lower server.max_num_seqs (vLLM --max-num-seqs) to 19'
+            in html)
+    assert "<dt>needed</dt><dd>121.44 GiB</dd>" in html
+    assert "<dt>limit</dt><dd>80.00 GiB</dd>" in html
+    assert "<dt>lower</dt><dd>server.max_num_seqs to 19</dd>" in html
+
+
+def test_the_risk_page_says_it_fits(seeded, model):
+    html = _client(seeded, model=model, max_model_len=16000, max_num_seqs=16).get(
+        "/risk?device=1").get_data(as_text=True)
+    assert ('<span class="badge ok">fits</span> the worst request the server admits (16 x 16000 '
+            'tokens, 256000 in one forward) fits: it needs 68.70 GiB of the 80.00 GiB limit '
+            '(11.30 GiB to spare)' in html)
+    assert "<dt>lower</dt>" not in html
+
+
+def test_no_server_section_no_panel(client):
+    assert 'id="config-check"' not in client.get("/risk").get_data(as_text=True)
+    assert client.get("/api/v1/config-check?device=1").get_json() == {"device": 1,
+                                                                      "check": None}
+
+
+def test_the_api_gives_the_check(seeded, model):
+    c = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32)
+    doc = c.get("/api/v1/config-check?device=0").get_json()
+    assert doc == {"device": 0, "check": {
+        "model": model, "fits": False, "needed_bytes": NEEDED_32, "limit_bytes": 80 * GIB,
+        "headroom_bytes": 80 * GIB - NEEDED_32,
+        "worst_request": "32 x 16000 tokens, 512000 in one forward",
+        "lower": "server.max_num_seqs", "lower_to": 19,
+        "message": "the worst request the server admits (32 x 16000 tokens, 512000 in one "
+                   "forward) cannot fit: it needs 121.44 GiB, the limit is 80.00 GiB; lower "
+                   "server.max_num_seqs (vLLM --max-num-seqs) to 19"}}
+    assert c.get("/api/v1/config-check?device=7").status_code == 404
+
+
+def test_a_model_config_gone_is_said_on_the_page_not_a_500(seeded, tmp_path):
+    gone = str(tmp_path / "gone.json")
+    r = _client(seeded, model=gone, max_num_seqs=4).get("/risk")
+    assert r.status_code == 200
+    assert (f'<span class="badge info">not checked</span> cannot check the configuration: '
+            f'&lt;settings&gt;: server.model = &#39;{gone}&#39;: {gone}: config file not found'
+            in r.get_data(as_text=True))
