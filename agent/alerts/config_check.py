@@ -200,3 +200,21 @@ def check_json(limits: ServerLimits, limit_bytes: int | None) -> dict[str, Any]:
                lower_to=None if check.fits else check.lower_to,
                message=limits.message(check))
     return doc
+
+
+def attach_to_document(doc: dict[str, Any], devices: Mapping[int, Any]) -> None:
+    """``vramscope analyze``: each device's check at the last limit its samples carried, as
+    ``devices[N]["config_check"]`` (``devices``: the engine's, each with a ``config_check``).
+    Only with a ``[server]`` section; the ``config_oom`` alert is in ``alerts`` as live."""
+    for index, d in devices.items():
+        check: LimitCheck | None = getattr(d, "config_check", None)
+        entry = doc["devices"].get(str(index))
+        if check is not None and entry is not None:
+            entry["config_check"] = check_json(check.limits, check.limit_bytes)
+
+
+def document_lines(doc: Mapping[str, Any]) -> str:
+    """The checks of an analysis document as text lines (none without a ``[server]``)."""
+    lines = [f"config check, device {dev}: {d['config_check']['message']}"
+             for dev, d in doc["devices"].items() if d.get("config_check")]
+    return "".join(line + "\n" for line in lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.report import analysis_document
@@ -33,5 +34,7 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     # layouts (a leak's make-up), oom and request events (an OOM's cause without a post-mortem)
     kept = {"memory_layout", "oom", "request_start", "request_end"}
     context = [r for r in records if isinstance(r, Event) and r.name in kept]
-    return analysis_document(engine.devices, in_order, engine.history, postmortems,
-                             events=context, makeup=makeup)
+    doc = analysis_document(engine.devices, in_order, engine.history, postmortems,
+                            events=context, makeup=makeup)
+    attach_to_document(doc, engine.devices)  # the [server] check, when configured
+    return doc

@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramscope.agent.alerts.config_check import document_lines
     from vramscope.agent.alerts.offline import analyze_records
     from vramscope.agent.analysis.report import render_text
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(doc))
+        sys.stdout.write(render_text(doc) + document_lines(doc))
     if args.makeup and not args.json:
         for dev, d in doc["devices"].items():
             if d["leak"]["makeup"] is None and not d["leak"]["detected"]:

@@ -14,11 +14,13 @@ from vramscope.agent.alerts.config_check import (
 )
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.cli import main
 from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import ConfigError
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.sources.nvml import FakeNvmlSource
+from vramscope.agent.trace import write_trace
 
 GiB = 2**30
 # Llama-3-8B's shape: 8,030,261,248 parameters counted from it (bf16: 16,060,522,496 bytes),
@@ -164,13 +166,33 @@ def test_config_oom_fires_once_the_limit_is_known_and_a_cap_wins(model_dir):
                                        "(vLLM --max-num-seqs) to 7")
 
 
+MESSAGE_40 = ("the worst request the server admits (16 x 16000 tokens, 256000 in one forward) "
+              "cannot fit: it needs 68.70 GiB, the limit is 40.00 GiB; lower server.max_num_seqs "
+              "(vLLM --max-num-seqs) to 7")
+
+
 def test_offline_analyze_reports_config_oom(model_dir):
     config = _server(model_dir, max_model_len=16000, max_num_seqs=16)
     doc = analyze_records([_nvml(10.0, 40 * GiB), _nvml(11.0, 40 * GiB)], [], config)
     assert doc["alerts"] == [{"rule": "config_oom", "severity": "warning", "device": 0,
                               "fired_ts": 10.0, "resolved_ts": None}]
-    assert analyze_records([_nvml(10.0, 40 * GiB)], [], parse_config({}, None, {}))[
-        "alerts"] == []
+    check = doc["devices"]["0"]["config_check"]
+    assert (check["fits"], check["limit_bytes"], check["needed_bytes"], check["message"]) == (
+        False, 40 * GiB, NEEDED, MESSAGE_40)
+    plain = analyze_records([_nvml(10.0, 40 * GiB)], [], parse_config({}, None, {}))
+    assert plain["alerts"] == [] and "config_check" not in plain["devices"]["0"]
+
+
+def test_the_analyze_command_prints_the_check(model_dir, tmp_path, capsys):
+    trace, toml = tmp_path / "run.jsonl", tmp_path / "vramscope.toml"
+    with open(trace, "w") as fh:
+        write_trace(fh, [_nvml(10.0, 40 * GiB), _nvml(11.0, 40 * GiB)], [])
+    toml.write_text(f'[server]\nmodel = "{model_dir}"\nmax_model_len = 16000\n'
+                    'max_num_seqs = 16\n')
+    assert main(["analyze", str(trace), "--config", str(toml)]) == 0
+    out = capsys.readouterr().out
+    assert f"config check, device 0: {MESSAGE_40}\n" in out
+    assert "config_oom" in out  # the alert, as the live agent raised it
 
 
 def test_the_agent_logs_the_check_at_start_and_stores_the_alert(model_dir, store, fake_clock,
