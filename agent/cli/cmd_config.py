@@ -34,9 +34,15 @@ def _load(path: str | None) -> tuple[Config, list[Rule]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from vramscope.agent.alerts.config_check import server_from_config
+
     config, rules = _load(args.path)
+    server = server_from_config(config)  # reads the model's config.json; errors name the key
     where = config.source or "no config file found; defaults"
     extra = f", {len(rules)} alert rules" if rules is not None else ""
+    if server is not None:
+        a = server.admission
+        extra += f", [server] {a.max_num_seqs} x {a.max_model_len} tokens of {server.shape.name}"
     print(f"{where}: ok ({len(config)} settings{extra})")
     return 0
 

@@ -214,3 +214,16 @@ def test_the_agent_logs_the_check_at_start_and_stores_the_alert(model_dir, store
     stored = store.alerts()
     assert [(a["rule"], a["severity"], a["message"]) for a in stored] == [
         ("config_oom", "warning", warned[0].removeprefix("config check, device 0: "))]
+
+
+def test_config_check_reads_the_server_section(model_dir, tmp_path, capsys):
+    toml = tmp_path / "vramscope.toml"
+    toml.write_text(f'[server]\nmodel = "{model_dir}"\nmax_model_len = 16000\n')
+    assert main(["config", "check", str(toml)]) == 1
+    assert capsys.readouterr().err == (
+        f"vramscope: error: {toml}: server.max_num_seqs must be set with server.model (vLLM's "
+        "--max-num-seqs; vLLM logs its value at start-up)\n")
+    toml.write_text(f'[server]\nmodel = "{model_dir}"\nmax_model_len = 16000\n'
+                    'max_num_seqs = 16\n')
+    assert main(["config", "check", str(toml)]) == 0
+    assert capsys.readouterr().out.endswith(f", [server] 16 x 16000 tokens of {model_dir})\n")
