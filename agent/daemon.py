@@ -159,7 +159,7 @@ class Agent:
         ``config_oom`` alert follows from the first samples, at each process's own limit."""
         server = self.alerts.engine.server if self.alerts is not None else None
         if server is not None and self.source is not None:
-            totals = {d.index: d.total_bytes for d in self.source.devices()}
+            totals = {d.index: d.total_bytes for d in self.source.devices() if d.total_bytes}
             for fits, line in startup_lines(server, totals):
                 (log.info if fits else log.warning)("%s", line)
 

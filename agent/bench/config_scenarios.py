@@ -179,7 +179,7 @@ def write_model(folder: str) -> str:
 def run_scenario(sc: ConfigScenario, floor_s: float, model: str) -> Outcome:
     config = settings(sc, model)
     rec = simulate(sc, floor_s, config)
-    records = [*rec.samples, *rec.events]
+    records: list[Sample | Event] = [*rec.samples, *rec.events]
     changes = AlertEngine.from_config(config).feed(records)
     warned = next((c.ts_s for c in changes if c.rule == "config_oom" and c.kind == "fired"),
                   None)
