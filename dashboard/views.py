@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vramscope.agent import estimate as est
@@ -20,15 +21,92 @@ from vramscope.agent.analysis.leaks import LeakResult
 from vramscope.agent.analysis.risk import RiskPoint, device_points, risk_timeline
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.dashboard import figures, queries
 from vramscope.dashboard.errors import BadParameter
 
 Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
-RAW_SAMPLE_LIMIT = 100_000  # raw samples one request may analyse
-FLOOR_BUCKET_S = 60.0  # default alerts.leak_floor_window_s: one idle-floor point a minute
-MAX_FLOOR_BUCKETS = 5_000
+# Raw samples one request may analyse: building a Sample and running the models over it costs
+# about 30 us, so 4,000 is ~120 ms of the 300 ms a page may take (100,000 took 1-3 s). Counted
+# before anything is built (store.window.count_at_most: an index range of at most N + 1 keys).
+RAW_SAMPLE_LIMIT = 4_000
+# A longer window is read a tier up: per-minute buckets (the rollups the agent keeps, or raw
+# rows grouped in SQL where none are kept yet), coarser when a window would need more than
+# TIER_BUCKETS of them (7 days: 5-minute buckets).
+TIER_WIDTHS_S = (60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0,
+                 86_400.0)
+TIER_BUCKETS = 2_100
+# The analysis document runs the alert engine, whose leak detector fits the last 120 floor
+# points every 5 (about 15 ms each): a day of minutes is 280 fits, 4 s. Its tier is coarser.
+REPORT_BUCKETS = 100
+TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
+TIER_EVENT_LIMIT = 1_000
+LEAK_COLUMNS = ("allocated_bytes", "device_used_bytes", "device_total_bytes")
+
+
+@dataclass(frozen=True)
+class Window:
+    """The records a view analyses, and the tier they were read from."""
+
+    samples: list[Sample]
+    events: list[Event]
+    tier: str  # "raw samples", or how the buckets were made
+    bucket_s: float | None = None  # None: raw samples
+
+
+def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
+    """The narrowest tier bucket that keeps ``span_s`` within ``max_buckets`` buckets."""
+    for width in TIER_WIDTHS_S:
+        if span_s / width <= max_buckets:
+            return width
+    raise BadParameter("start", f"a window of {span_s:.0f} s is longer than the dashboard "
+                                f"reads ({TIER_WIDTHS_S[-1] * TIER_BUCKETS:.0f} s)")
+
+
+def read_window(store: Store, device: int, host: str | None, start: float, end: float,
+                columns: tuple[str, ...], peaks: bool, max_buckets: int = TIER_BUCKETS
+                ) -> Window:
+    """Raw samples and events when the window holds at most ``RAW_SAMPLE_LIMIT``; else one
+    sample per tier bucket carrying the bucket's minima at its start (phase idle: the minimum
+    of allocated over a minute is the floor the leak detector takes) and, with ``peaks``, one
+    in its middle carrying its maxima (the peaks the risk model trends)."""
+    from vramscope.agent.store.window import count_at_most
+
+    if count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host) <= RAW_SAMPLE_LIMIT:
+        return Window(store.samples(device, start, end, host=host),
+                      store.events(device, start, end, host=host), "raw samples")
+    width = tier_width(end - start, max_buckets)
+    rows = store.timeline(device, start, end, max(1, math.ceil((end - start) / width)),
+                          columns, host=host)
+    events = store.events(device, start, end, host=host, names=TIER_EVENTS,
+                          limit=TIER_EVENT_LIMIT)
+    return Window(bucket_samples(rows, device, width, columns, peaks), events,
+                  _tier_name(store, device, host, start, end, width), width)
+
+
+def _tier_name(store: Store, device: int, host: str | None, start: float, end: float,
+               width: float) -> str:
+    from vramscope.agent.store.downsample import ROLLUP_S, rollup_span
+
+    rolled = width >= ROLLUP_S / 2 and rollup_span(store, device, start, end, host) is not None
+    where = "per-minute rollups" if rolled else "raw samples grouped in SQL"
+    return f"{where}, {width:.3g} s buckets"
+
+
+def bucket_samples(rows: list[dict[str, Any]], device: int, width: float,
+                   columns: tuple[str, ...], peaks: bool) -> list[Sample]:
+    """Downsampled rows (``Store.timeline``) as samples: see :func:`read_window`."""
+    out = []
+    for r in rows:
+        low = {c: r[f"{c}_min"] for c in columns}
+        if low.get("allocated_bytes") is None and low.get("device_used_bytes") is None:
+            continue
+        out.append(Sample(r["ts_s"], device, Phase.IDLE, "tier", None, **low))
+        if peaks:
+            high = {c: r[f"{c}_max"] for c in columns}
+            out.append(Sample(r["ts_s"] + width / 2, device, Phase.DECODE, "tier", None, **high))
+    return out
 
 
 def _raw_records(store: Store, device: int, host: str | None, start: float, end: float
@@ -44,41 +122,72 @@ def _raw_records(store: Store, device: int, host: str | None, start: float, end:
 
 def report(store: Store, config: Settings, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
-    """The ``vramscope.analysis/1`` document for one device and window."""
-    samples, events = _raw_records(store, device, host, start, end)
-    if samples is None:
-        raise BadParameter("start", f"the window holds more than {RAW_SAMPLE_LIMIT} samples; "
-                                    "narrow it with start and end")
+    """The ``vramscope.analysis/1`` document for one device and window, with the tier its
+    records were read from (``tier``, ``bucket_s``)."""
+    window = read_window(store, device, host, start, end, SAMPLE_COUNTER_FIELDS, peaks=True,
+                         max_buckets=REPORT_BUCKETS)
     postmortems = [pm for _, pm in store.postmortems(device, host)
                    if start <= pm.ts_s <= end]
-    return analyze_records(samples, events, config, postmortems=postmortems, device=device)
-
-
-def _limit_bytes(store: Store, device: int, host: str | None, start: float,
-                 end: float) -> int | None:
-    rows = store.timeline(device, start, end, 1, ("device_total_bytes",), host=host)
-    return max((r["device_total_bytes_max"] for r in rows
-                if r["device_total_bytes_max"] is not None), default=None)
+    doc = analyze_records(window.samples, window.events, config, postmortems=postmortems,
+                          device=device)
+    doc.update(tier=window.tier, bucket_s=window.bucket_s)
+    return doc
 
 
 def leaks_view(store: Store, config: Settings, device: int, host: str | None, start: float,
                end: float) -> dict[str, Any]:
-    limit = _limit_bytes(store, device, host, start, end)
-    samples, events = _raw_records(store, device, host, start, end)
-    if samples is not None:
-        floor, result, method = _leak_from_records(samples, events, config, device)
-    else:
-        floor, result, method = _leak_from_minima(store, config, device, host, start, end,
-                                                  limit)
-    orphaned = store.events(device, start, end, host=host, names=("kv_orphaned_blocks",))
-    rise = result.get("start_ts_s") if result else None
-    return {"figure": figures.leaks_figure(floor, result and result.get("trend_line"), limit),
-            "result": result, "method": method, "floor_points": len(floor),
+    """The idle floor and the leak verdict over the window: the causal detector over raw
+    samples, or, for a longer window, the detector's final fit over per-minute minima
+    (``tier`` says which)."""
+    window = read_window(store, device, host, start, end, LEAK_COLUMNS, peaks=False)
+    limit = max((s.device_total_bytes for s in window.samples if s.device_total_bytes),
+                default=None)
+    t = Thresholds.from_config(config)
+    if window.bucket_s is None:
+        floor = leaks.idle_floor(window.samples, window.events, device, t.leak_floor_window_s)
+        verdict = leaks.detect_leak(window.samples, window.events, config, device)
+        method = "idle floor"
+    else:  # a bucket is at least a floor window: its minimum is its floor point
+        floor = [(s.ts_s, _floor_value(s)) for s in window.samples]
+        verdict = final_verdict(floor, limit, t)
+        method = f"idle floor of {window.tier}"
+    result = _leak_json(verdict)
+    orphaned = [e for e in window.events if e.name == "kv_orphaned_blocks"]
+    if orphaned and any(leaks.orphaned_count(e) > 0 for e in orphaned):
+        result["detected"] = True  # the KV pool's own leak signal, as the detector takes it
+    return {"figure": figures.leaks_figure(floor, result.get("trend_line"), limit),
+            "result": result, "method": method, "tier": window.tier,
+            "bucket_s": window.bucket_s, "floor_points": len(floor),
             "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned],
-            "makeup": leak_makeup_view(store, config, device, host, start, end, rise)}
+            "makeup": leak_makeup_view(store, config, device, host, start, end,
+                                       result.get("start_ts_s"))}
+
+
+def _floor_value(s: Sample) -> int:
+    value = s.allocated_bytes if s.allocated_bytes is not None else s.device_used_bytes
+    assert value is not None  # bucket_samples keeps only buckets with one of them
+    return value
+
+
+def final_verdict(floor: list[tuple[float, int]], limit: int | None,
+                  t: Thresholds) -> LeakResult:
+    """The leak detector's last fit over ``floor``: past the warm-up, each point the least of
+    the last ``ROLLING_POINTS`` (as the detector keeps them), the last ``HORIZON_POINTS``.
+    One fit, where running the detector causally over a day of minutes fits 280 times."""
+    if not floor:
+        return leaks.NO_VERDICT
+    warm = [(ts, v) for ts, v in floor if ts >= floor[0][0] + t.leak_warmup_s]
+    rolled = [(ts, min(v for _, v in warm[max(0, i - leaks.ROLLING_POINTS + 1):i + 1]))
+              for i, (ts, _) in enumerate(warm)]
+    return leaks.evaluate_floor(rolled[-leaks.HORIZON_POINTS:], limit or 1, t)
 
 
 LAYOUT_READ_LIMIT = 16  # memory_layout events read per query (each up to tens of kB)
+# How far from the window's end (or the rise, or its start) a layout is looked for: the events
+# index is (device, time), so a name is found by reading every event of the range; a server
+# that records layouts records one a snapshot interval, one that does not would cost a scan of
+# the whole window (a week: 1.3 M request events per device).
+LAYOUT_LOOKBACK_S = 6 * 3600.0
 
 
 def leak_makeup_view(store: Store, config: Settings, device: int, host: str | None,
@@ -96,7 +205,8 @@ def leak_makeup_view(store: Store, config: Settings, device: int, host: str | No
     if rise_ts_s is not None and start <= rise_ts_s < end:
         before = _last_event(store, device, host, start, rise_ts_s, LAYOUT_EVENT, interval)
     if before is None:
-        first = store.events(device, start, end, host=host, names=(LAYOUT_EVENT,), limit=1)
+        first = store.events(device, start, min(end, start + LAYOUT_LOOKBACK_S), host=host,
+                             names=(LAYOUT_EVENT,), limit=1)
         before = first[0] if first else None
     if before is None or latest is None or before.ts_s >= latest.ts_s:
         return None
@@ -105,9 +215,10 @@ def leak_makeup_view(store: Store, config: Settings, device: int, host: str | No
 
 def _last_event(store: Store, device: int, host: str | None, lo: float, hi: float, name: str,
                 step_s: float) -> Event | None:
-    """The newest ``name`` event in [lo, hi]: windows back from ``hi``, doubling, so that a
-    long window with an event a minute costs a query or two, not every event."""
+    """The newest ``name`` event in [lo, hi] within ``LAYOUT_LOOKBACK_S`` of ``hi``: windows
+    back from ``hi``, quadrupling, so that an event a minute costs a query or two."""
     width = 2 * max(step_s, 1.0)
+    lo = max(lo, hi - LAYOUT_LOOKBACK_S)
     while True:
         got = store.events(device, max(lo, hi - width), hi, host=host, names=(name,),
                            limit=LAYOUT_READ_LIMIT)
@@ -121,27 +232,6 @@ def _last_event(store: Store, device: int, host: str | None, lo: float, hi: floa
             break
         got = more
     return got[-1] if got else None
-
-
-def _leak_from_records(samples: list[Sample], events: list[Event], config: Settings,
-                       device: int) -> tuple[list[tuple[float, int]], dict[str, Any], str]:
-    window_s = Thresholds.from_config(config).leak_floor_window_s
-    floor = leaks.idle_floor(samples, events, device, window_s)
-    return floor, _leak_json(leaks.detect_leak(samples, events, config, device)), "idle floor"
-
-
-def _leak_from_minima(store: Store, config: Settings, device: int, host: str | None,
-                      start: float, end: float, limit: int | None
-                      ) -> tuple[list[tuple[float, int]], dict[str, Any], str]:
-    window_s = float(config["alerts.leak_floor_window_s"]) if config else FLOOR_BUCKET_S
-    buckets = max(1, min(MAX_FLOOR_BUCKETS, math.ceil((end - start) / window_s)))
-    rows = store.timeline(device, start, end, buckets, ("allocated_bytes",), host=host)
-    floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
-             if r["allocated_bytes_min"] is not None]
-    t = Thresholds.from_config(config)
-    warm = [p for p in floor if p[0] >= floor[0][0] + t.leak_warmup_s] if floor else []
-    verdict = leaks.evaluate_floor(warm[-leaks.HORIZON_POINTS:], limit or 1, t)
-    return floor, _leak_json(verdict), "per-minute minima"
 
 
 def _leak_json(r: LeakResult) -> dict[str, Any]:
@@ -161,6 +251,7 @@ def _orphan_json(e: Event) -> dict[str, Any]:
             "message": None if data.get("message") is None else str(data["message"])}
 
 
+RISK_BUCKETS = 2000
 RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
                 "largest_free_block_bytes", "num_alloc_retries")
 
@@ -168,7 +259,7 @@ RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "devic
 def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | None, start: float,
               end: float) -> dict[str, Any]:
     """Headroom over time, the risk model's forecast, and when each warning fired."""
-    rows = store.timeline(device, start, end, 2000, RISK_COLUMNS, host=host)
+    rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host)
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows)
@@ -230,8 +321,10 @@ def _forecast(store: Store, config: Settings, device: int, host: str | None, sta
     samples, events = _raw_records(store, device, host, start, end)
     method = "risk model (causal)"
     if samples is None:
+        width = (end - start) / RISK_BUCKETS
         samples, events = peak_samples(rows, device), []
-        method = "risk model on per-bucket peaks (long window)"
+        method = ("risk model on per-bucket peaks of "
+                  + _tier_name(store, device, host, start, end, width))
     points = device_points(risk_timeline(samples, events, config), device)
     last = points[-1] if points else None
     return _forecast_series(points, start, end), _level_rises(points), method, last

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, Integer, and_, case, cast, func, select
@@ -77,6 +77,9 @@ class _Grid:
     def rows(self, parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
              ) -> list[dict[str, Any]]:
         """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket."""
+        if len({p[0] for p in parts}) == len(parts):  # one part a bucket: nothing to merge
+            return [self._row(b, last_ts, values)
+                    for b, last_ts, values in sorted(parts, key=lambda p: p[0])]
         merged: dict[int, tuple[float, dict[str, list[Any]]]] = {}
         for b, last_ts, values in sorted(parts, key=lambda p: (p[0], p[1])):
             _, acc = merged.get(b, (last_ts, {}))
@@ -86,15 +89,15 @@ class _Grid:
                 cur[1] = hi if cur[1] is None or (hi is not None and hi > cur[1]) else cur[1]
                 cur[2] = last if last is not None else cur[2]  # parts arrive in time order
             merged[b] = (last_ts, acc)
-        out = []
-        for b in sorted(merged):
-            last_ts, acc = merged[b]
-            row: dict[str, Any] = {"ts_s": self.start_s + b * self.width_s, "last_ts_s": last_ts}
-            for col in self.columns:
-                lo, hi, last = acc.get(col, (None, None, None))
-                row[f"{col}_min"], row[f"{col}_max"], row[f"{col}_last"] = lo, hi, last
-            out.append(row)
-        return out
+        return [self._row(b, *merged[b]) for b in sorted(merged)]
+
+    def _row(self, b: int, last_ts: float, values: Mapping[str, Sequence[Any]]
+             ) -> dict[str, Any]:
+        row: dict[str, Any] = {"ts_s": self.start_s + b * self.width_s, "last_ts_s": last_ts}
+        for col in self.columns:
+            lo, hi, last = values.get(col, (None, None, None))
+            row[f"{col}_min"], row[f"{col}_max"], row[f"{col}_last"] = lo, hi, last
+        return row
 
 
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
@@ -144,6 +147,14 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
         for r in c.execute(q):
             out[r.ts_s] = {col: r._mapping[col] for col in columns}
     return out
+
+
+def rollup_span(store: Store, device: int, start_s: float, end_s: float,
+                host: str | None = None) -> tuple[float, float] | None:
+    """The part of [start_s, end_s] that per-minute rollups cover for device index ``device``
+    (see ``_rollup_span``), or None: which tier a downsampled window was read from."""
+    did = _device_row_id(store, device, host)
+    return None if did is None else _rollup_span(store, did, start_s, end_s)
 
 
 def _rollup_span(store: Store, did: int, start_s: float,

@@ -32,4 +32,5 @@ def test_a_window_over_the_limit_is_not_built(tmp_path, monkeypatch):
         monkeypatch.setattr(store, "samples", refuse)
         assert views._raw_records(store, 1, None, T_END - 3600, T_END) == (None, [])
         view = views.leaks_view(store, None, 1, None, T_END - 3600, T_END)
-        assert (view["method"], view["floor_points"]) == ("per-minute minima", 60)
+        assert (view["tier"], view["floor_points"]) == ("per-minute rollups, 60 s buckets", 60)
+        assert view["method"] == "idle floor of per-minute rollups, 60 s buckets"

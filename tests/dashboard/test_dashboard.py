@@ -287,7 +287,10 @@ def test_postmortem_figures(client, seeded):
     assert figs["holders"]["data"][0]["x"] == [6144.0, 2048.0, 1024.0]
 
 
-def test_leaks_view_finds_the_seeded_leak(client):
+def test_leaks_view_finds_the_seeded_leak(client, monkeypatch):
+    from vramscope.dashboard import views
+
+    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 100_000)  # raw: the seeded window's 36,000
     doc = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
     assert doc["method"] == "idle floor"
     r = doc["result"]
@@ -311,20 +314,24 @@ def test_risk_view(client):
     assert doc["figure"]["data"][0]["name"] == "headroom"
 
 
-def test_long_windows_fall_back_to_sql_minima_and_peaks(client, monkeypatch):
-    from vramscope.dashboard import views
-
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)  # the seeded window holds 36,000
+def test_long_windows_are_read_a_tier_up(client):
+    """The seeded window holds 36,000 samples, over RAW_SAMPLE_LIMIT: per-minute buckets grouped
+    in SQL (the fixture has no rollups), and the page says so."""
+    tier = "raw samples grouped in SQL, 60 s buckets"
     leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
-    assert leaks["method"] == "per-minute minima"
+    assert (leaks["method"], leaks["tier"], leaks["bucket_s"]) == (
+        f"idle floor of {tier}", tier, 60.0)
     assert leaks["floor_points"] == F.DURATION_S // 60
     assert leaks["result"]["detected"] is True
     assert leaks["result"]["slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=0.01)
+    assert leaks["orphaned"][0]["blocks"] == 12  # rare events survive the tier
     risk = client.get(f"/api/v1/figures/risk?device=0&{WINDOW}").get_json()
-    assert risk["forecast_method"] == "risk model on per-bucket peaks (long window)"
+    assert risk["forecast_method"] == "risk model on per-bucket peaks of raw samples grouped " \
+                                      "in SQL, 3.6 s buckets"
     assert "time to OOM" in [t["name"] for t in risk["figure"]["data"]]
-    r = client.get(f"/api/v1/analysis?device=0&{WINDOW}")
-    assert r.status_code == 400 and r.get_json()["error"]["parameter"] == "start"
+    doc = client.get(f"/api/v1/analysis?device=0&{WINDOW}").get_json()
+    assert (doc["tier"], doc["bucket_s"]) == ("raw samples grouped in SQL, 120 s buckets", 120.0)
+    assert doc["devices"]["0"]["leak"]["detected"] is True
 
 
 def test_analysis_document(client):
