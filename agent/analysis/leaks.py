@@ -22,6 +22,22 @@ points and calls it a leak only when all of these hold:
 4. the growth over the horizon is at least ``MIN_GROWTH_NOISE`` times the floor's own noise
    (scaled median absolute deviation of the residuals).
 
+Two refinements make it fast and load-aware:
+
+- the floor is the *residual* floor where the server reports its KV pool: allocated memory less
+  the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
+  estimated online), so that a never-idle server whose KV cache follows the day's load has a
+  flat floor, and a preallocated pool (no bytes per block) changes nothing;
+- a sequential test (``vramscope.agent.analysis.sequential``: a one-sided CUSUM on the floor's
+  increments, armed once the floor settled after the warm-up) names a clean rise after a few
+  points; its crossing is confirmed by the same trend checks on the points since the change
+  point (``confirm``: Mann–Kendall p < ``P_CONFIRM`` over at least ``MIN_CONFIRM`` points,
+  Theil–Sen slope at least the minimum over them and over their second half, growth at least
+  ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
+  before the floor ever settled and for slow leaks.
+
+A leak found stays found until its trend is gone (hysteresis, on either route).
+
 Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
 that were never returned; ``blocks`` is the current count) is a leak signal of its own.
 """
@@ -32,7 +48,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from vramscope.agent.analysis.load_floor import BlockBytes
 from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
 from vramscope.agent.analysis.stats import TrendTest, mann_kendall, median, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
@@ -46,6 +64,8 @@ EVAL_EVERY_POINTS = 5
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
+MIN_CONFIRM = 6  # floor points since the change point before a sequential verdict
+P_CONFIRM = 0.01
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 _BUSY = frozenset({Phase.PREFILL, Phase.DECODE, Phase.SETUP})
 
@@ -96,6 +116,7 @@ class FloorTracker:
         self._any_ts = 0.0
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
+        self._explained = False  # the window's samples had KV bytes taken off (residual)
 
     def on_event(self, e: Event) -> None:
         if e.name == "request_start":
@@ -104,13 +125,18 @@ class FloorTracker:
             self.in_flight = max(0, self.in_flight - 1)
             self._ended = True
 
-    def update(self, s: Sample) -> tuple[float, int] | None:
-        """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any."""
+    def update(self, s: Sample, explained: int = 0) -> tuple[float, int] | None:
+        """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any.
+        ``explained``: bytes the server's load holds now (KV blocks in use), taken off the
+        sample's memory (the residual floor)."""
         value = s.allocated_bytes
         if value is not None:
             self._uses_allocated = True
         elif self._uses_allocated or (value := s.device_used_bytes) is None:
             return None
+        value -= explained
+        if explained:
+            self._explained = True
         ts_s, point = s.ts_s, None
         if self._start is None or ts_s >= self._end:
             point = self._next_window(ts_s)
@@ -137,11 +163,12 @@ class FloorTracker:
         point: tuple[float, int] | None
         if self._idle is not None:
             point = (self._idle_ts, self._idle)
-        elif self._after_end is not None:
+        elif self._after_end is not None and not self._explained:
             point = (self._after_end_ts, self._after_end)
-        else:
+        else:  # the residual floor has the KV taken off: its least is the floor, any time
             point = None if self._any is None else (self._any_ts, self._any)
         self._idle = self._after_end = self._any = None
+        self._explained = False
         self._start += self.window_s * ((ts_s - self._start) // self.window_s)
         self._end = self._start + self.window_s
         return point
@@ -171,6 +198,10 @@ class LeakDetector:
         self._since_eval = 0
         self._max_seen = 0
         self._uses_allocated = False
+        self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
+        self.cusum = Cusum()  # the sequential test
+        self._seq: LeakResult | None = None  # the sequential verdict while it holds a leak
+        self._seq_start: float | None = None  # its change point
 
     def on_event(self, e: Event) -> LeakResult | None:
         if self.windows is None:
@@ -224,30 +255,79 @@ class LeakDetector:
         allocated, total = s.allocated_bytes, s.device_total_bytes
         if total and (allocated is not None or self.limit_bytes is None):
             self.limit_bytes = total  # an allocator sample's limit wins
-        if allocated is not None and allocated > self._max_seen:
-            self._max_seen = allocated
-        point = self.floor.update(s)
+        self.load.observe_kv(s.kv_blocks_used)
+        if allocated is not None:
+            self.load.observe(allocated)
+            if allocated > self._max_seen:
+                self._max_seen = allocated
+        point = self.floor.update(s, self.load.explained())
         warmup = self.windows.warmup_s if self.windows is not None else self.t.leak_warmup_s
         if point is None or point[0] < self._first_ts + warmup:
             return None
         self._recent.append(point[1])
         self.points.append((point[0], min(self._recent)))
         self._since_eval += 1
-        if len(self.points) < MIN_POINTS or self._since_eval < EVAL_EVERY_POINTS:
+        verdict = self._sequential(point[1])
+        if len(self.points) >= MIN_POINTS and self._since_eval >= EVAL_EVERY_POINTS:
+            self._since_eval = 0
+            prev = self.result
+            mk = evaluate_floor(list(self.points), self._limit(), self.t,
+                                prev.detected and prev.p_value is not None)
+            # a sequential leak is reported over its own span (since its change point): its
+            # slope is the leak's, not diluted by the flat floor before it
+            verdict = mk if self._seq is None else self._seq
+        if verdict is None:
             return None
-        self._since_eval = 0
-        self.result = self._evaluate(s.ts_s)
+        self.result = self._publish(verdict, s.ts_s)
         return self.result
 
-    def _evaluate(self, now_s: float) -> LeakResult:
-        window = list(self.points)
+    def _limit(self) -> int:
+        return self.limit_bytes or self._max_seen or 1
+
+    def _sequential(self, raw: int) -> LeakResult | None:
+        """Feed the newest floor point to the CUSUM; a verdict when it found a leak, holds one,
+        or lets one go (None otherwise)."""
+        ts, y = self.points[-1]
+        limit = self._limit()
+        window = self.windows.floor_s if self.windows is not None else self.floor.window_s
+        k = 0.5 * self.t.leak_min_slope_ratio_per_h * limit / 3600.0 * window
+        if len(self._recent) < ROLLING_POINTS:
+            return None  # the first points' least-of-five repeats the first one: not a settle
+        restarts = self.cusum.restarts
+        fired = self.cusum.update(ts, y, raw, k)
+        if self.cusum.restarts != restarts:
+            self.load.restart()  # still warming up: bytes per block learnt so far are stale
+        if self._seq is None:
+            if not fired or self.cusum.start_ts is None:
+                return None
+            start = self.cusum.start_ts
+            v = confirm([p for p in self.points if p[0] >= start], limit, self.t,
+                        self.cusum.noise(), self.cusum.s, self.cusum.h)
+            if not v.detected:
+                return None
+            self._seq, self._seq_start = v, start
+            return v
+        start = self._seq_start if self._seq_start is not None else ts
+        v = confirm([p for p in self.points if p[0] >= start], limit, self.t,
+                    self.cusum.noise(), self.cusum.s, self.cusum.h, was_detected=True)
+        if v.detected:
+            self._seq = v
+            return v
+        self._seq = self._seq_start = None  # its trend is gone: a new excursion from here
+        self.cusum.restart(ts)
+        return v
+
+    def _publish(self, verdict: LeakResult, now_s: float) -> LeakResult:
+        """The verdict with what carries over: the first detection, the windows, orphans."""
         prev = self.result
         was = prev.detected and prev.p_value is not None
-        verdict = evaluate_floor(window, self.limit_bytes or self._max_seen or 1, self.t, was)
         first = prev.first_detected_ts_s
         if verdict.detected and first is None:
             first = now_s
         evidence = verdict.evidence
+        if self.load.bytes_per_block > 0:
+            evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
+                         "per KV block in use")
         if self.windows is not None:
             evidence += "; " + self.windows.describe()
         if prev.orphaned_blocks:
@@ -258,6 +338,47 @@ class LeakDetector:
         return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
                                 first_detected_ts_s=first, evidence=evidence,
                                 orphaned_blocks=prev.orphaned_blocks, start_ts_s=start)
+
+
+def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,
+            noise: float, cusum: float, h: float, was_detected: bool = False) -> LeakResult:
+    """The sequential test's verdict over the floor points since its change point. Pure.
+
+    A crossing is a leak when, over at least ``MIN_CONFIRM`` points, Mann–Kendall finds a rise
+    with p < ``P_CONFIRM``, the Theil–Sen slope is at least the minimum over them and over their
+    second half (a step followed by a plateau fails here), and the growth is at least
+    ``MIN_GROWTH_NOISE`` times the noise. ``was_detected``: it holds while the points still rise
+    (p < ``P_RECENT``) at half the minimum slope or more.
+    """
+    n = len(points)
+    if n < max(4, MIN_CONFIRM if not was_detected else 4):
+        return NO_VERDICT._replace(evidence=f"sequential test: {n} floor point(s) since the "
+                                   "change point, too few to confirm")
+    t0 = points[0][0]
+    xs = [p[0] - t0 for p in points]
+    ys = [float(p[1]) for p in points]
+    trend = theil_sen(xs, ys)
+    test = mann_kendall(ys, trend.slope * (xs[-1] / max(1, n - 1)))
+    r_trend = theil_sen(xs[n // 2:], ys[n // 2:])
+    min_slope = t.leak_min_slope_ratio_per_h * limit_bytes / 3600.0
+    growth = trend.slope * xs[-1]
+    if was_detected:
+        checks = (test.p_rising < P_RECENT, trend.slope >= min_slope / 2, True, True)
+    else:
+        checks = (test.p_rising < P_CONFIRM, trend.slope >= min_slope,
+                  r_trend.slope >= min_slope, growth >= MIN_GROWTH_NOISE * noise)
+    failed = [name for name, ok in zip(("not significant", "too slow", "not rising recently",
+                                        "within noise"), checks) if not ok]
+    pct_h = 100.0 * trend.slope * 3600.0 / limit_bytes
+    verdict = "leak" if not failed else "no leak (" + ", ".join(failed) + ")"
+    evidence = (f"{verdict} (sequential test): CUSUM {cusum / 2**20:.3g} MiB over a threshold "
+                f"of {h / 2**20:.3g} MiB ({H_SIGMA:g} x the floor noise {noise / 2**20:.3g} MiB, "
+                f"or the minimum slope's rise); since the change point at {t0:.3f} the floor "
+                f"moved {growth / 2**20:+.1f} MiB over {n} points ({pct_h:+.3f} %/h of the "
+                f"limit, Theil-Sen); Mann-Kendall p={test.p_rising:.2g}")
+    line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
+    return LeakResult(all(checks), trend.slope, int(growth), t0, None, evidence,
+                      test.p_rising, line)
 
 
 def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,

@@ -1,0 +1,95 @@
+"""Load-aware floors: the part of allocated memory that the server's work explains.
+
+A server that is never idle has no idle floor: the least memory between requests still holds
+the KV cache of the requests in flight, and that follows the load (more requests at midday than
+at night). A floor that rises with the load is not a leak; a floor that rises with nothing the
+server holds for its work is. So the leak detector looks at the *residual* floor,
+``allocated − bytes_per_block × kv_blocks_used``, where the bytes per KV block are estimated
+online from how allocated memory moves with the blocks in use:
+
+- each pair of consecutive memory samples gives a ratio ``Δallocated / Δkv_blocks_used`` (the
+  KV figures may come on their own samples, another ``source``: the latest is kept);
+- the estimate is the median of the last ``KEEP`` ratios (unweighted: the rare big steps, a
+  batch ending while the next one's prefill activations arrive, are the outliers, and a median
+  weighted by the step would follow them);
+- it is used only when allocated memory clearly moves *with* the blocks: at least
+  ``MIN_RATIOS`` ratios, and at least ``MIN_POSITIVE`` of them positive. A preallocated
+  pool (allocated memory independent of the blocks in use) gives ratios scattered around 0: the
+  estimate is 0 and the floor is left as it is.
+
+A leak is slow against the sample interval, so it barely biases ratios taken between
+consecutive samples; a warm-up ramp is not (graph capture, caches: gigabytes in minutes while
+the first batches fill the KV cache), so the ratios are forgotten each time the sequential
+test restarts during the warm-up (``restart``), and the estimate is made afresh from what
+follows. Memory that is leaked *as KV blocks* (blocks never freed, counted as used)
+is explained away here; the KV pool's orphan check (``kv_orphaned_blocks``) names that one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from vramscope.agent.analysis.stats import median
+
+KEEP = 2048  # ratios kept (bounded; enough that the median barely moves: its drift × the
+# blocks in use would read as floor noise)
+MIN_RATIOS = 32
+MIN_POSITIVE = 0.8
+REFRESH_EVERY = 32  # ratios between two recomputations of the median
+
+
+class BlockBytes:
+    """Online estimate of the allocated bytes per KV block in use (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._ratios: deque[float] = deque(maxlen=KEEP)
+        self._last: tuple[int, int] | None = None  # (allocated, blocks) of the last sample
+        self.kv_used: int | None = None  # the latest blocks in use seen on any sample
+        self._estimate = 0.0
+        self._stale = 0
+
+    def observe_kv(self, used: int | None) -> None:
+        """Note a sample's KV blocks in use (any source)."""
+        if used is not None and used >= 0:
+            self.kv_used = used
+
+    def observe(self, allocated: int) -> None:
+        """Note a memory sample: its allocated bytes against the latest blocks in use."""
+        used = self.kv_used
+        if used is None:
+            return
+        last = self._last
+        self._last = (allocated, used)
+        if last is None or used == last[1]:
+            return
+        self._ratios.append((allocated - last[0]) / (used - last[1]))
+        self._stale += 1
+        if self._stale >= REFRESH_EVERY or len(self._ratios) == MIN_RATIOS:
+            self._estimate = estimate(self._ratios)
+            self._stale = 0
+
+    def restart(self) -> None:
+        """Forget the ratios: they were taken while the floor was still warming up (a ramp in
+        allocated memory while the KV cache fills reads as bytes per block)."""
+        self._ratios.clear()
+        self._estimate, self._stale = 0.0, 0
+
+    @property
+    def bytes_per_block(self) -> float:
+        return self._estimate
+
+    def explained(self) -> int:
+        """Bytes the KV blocks in use explain now (0 without KV data or a clear estimate)."""
+        if self.kv_used is None or self._estimate <= 0:
+            return 0
+        return int(self._estimate * self.kv_used)
+
+
+def estimate(ratios: deque[float] | list[float]) -> float:
+    """The median ratio, or 0 when allocated memory does not clearly move with the blocks (too
+    few ratios, or fewer than ``MIN_POSITIVE`` of them > 0)."""
+    if len(ratios) < MIN_RATIOS:
+        return 0.0
+    if sum(1 for r in ratios if r > 0) < MIN_POSITIVE * len(ratios):
+        return 0.0
+    return max(0.0, median(ratios))

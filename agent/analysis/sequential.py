@@ -1,0 +1,101 @@
+"""A sequential test on the floor: a one-sided CUSUM on the floor's increments.
+
+The Mann–Kendall verdict over a two-hour horizon (``leaks.evaluate_floor``) waits for 30 floor
+points whatever the leak; a sequential test instead accumulates evidence point by point, so a
+fast, clean rise is named after a few points and a slow one when enough of it has been seen.
+
+For floor points ``y_i`` (one per floor window), the statistic is
+
+    S_i = max(0, S_{i-1} + (y_i − y_{i-1}) − k)
+
+with ``k`` half the minimum leak slope per floor window (``alerts.leak_min_slope_ratio_per_h``
+of the limit per hour: a rise slower than ``2k`` per point drifts back to 0). It fires when
+``S_i > h``, ``h = max(H_SIGMA × σ, QUIET_POINTS × 2k)``: ``σ`` the noise of one floor point,
+estimated robustly from the increments of the raw (not rolled) floor points
+(the 80th percentile of ``|Δ − median Δ|`` over ``1.2816 √2``: the median takes a steady
+rise out, and the 80th percentile, unlike the median, still gives a floor whose points mostly
+repeat a scale from its moves), and the second term the rise the minimum slope makes in
+``QUIET_POINTS`` windows (a floor that is perfectly flat still needs a rise worth a leak).
+Summed increments telescope: ``S_i > h`` means the floor rose more than ``h`` plus ``k`` per
+point above its level at the start of the excursion (the last time ``S`` was 0: the
+change point).
+
+Warm-up: the test is *armed* only once the floor has settled, ``QUIET_POINTS`` points in a row
+with ``S ≤ h``; while it is not, a crossing restarts it (``S = 0``, and the noise is measured
+again from the increments after it): a graph-capture or cache
+ramp in the first minutes is the warm-up, however long it lasts, and what rises after a settled
+floor is a change. A leak present from the first request never lets the floor settle: that one
+is left to the Mann–Kendall verdict over the horizon.
+
+The caller confirms a crossing with the trend checks on the points since the change point
+(``leaks.confirm``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+H_SIGMA = 8.0
+QUIET_POINTS = 8
+NOISE_KEEP = 120  # increments the noise is estimated from (the horizon)
+MIN_NOISE_STEPS = 4
+_Q80 = 1.2815515655446004 * math.sqrt(2.0)  # |Δ| of two N(0, σ²) points: 80 % below this × σ
+
+
+class Cusum:
+    """The CUSUM state of one device's floor (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+        self.start_ts: float | None = None  # the change point of the current excursion
+        self.armed = False
+        self.quiet = 0  # consecutive points with S <= h while not armed
+        self.h = 0.0  # the threshold at the last point
+        self.restarts = 0  # warm-up restarts so far (what was learnt before one is stale)
+        self._steps: deque[float] = deque(maxlen=NOISE_KEEP)  # Δ of the raw points
+        self._last_raw: float | None = None
+        self._last_y: float | None = None
+
+    def noise(self) -> float:
+        """σ of one floor point from the raw increments (0 before ``MIN_NOISE_STEPS``)."""
+        if len(self._steps) < MIN_NOISE_STEPS:
+            return 0.0
+        steps = sorted(self._steps)
+        mid = steps[len(steps) // 2]  # a steady rise moves every point: that is not noise
+        spread = sorted(abs(d - mid) for d in steps)
+        return spread[min(len(spread) - 1, int(0.8 * len(spread)))] / _Q80
+
+    def update(self, ts_s: float, y: float, raw: float, k: float) -> bool:
+        """Feed a floor point ``y`` (the raw one ``raw`` for the noise) with the drift allowance
+        ``k`` per point; True when the armed test crosses its threshold."""
+        if self._last_raw is not None:
+            self._steps.append(raw - self._last_raw)
+        self._last_raw = raw
+        prev, self._last_y = self._last_y, y
+        self.h = max(H_SIGMA * self.noise(), QUIET_POINTS * 2.0 * k)
+        if prev is None:
+            self.start_ts = ts_s
+            return False
+        s = self.s + (y - prev) - k
+        if s <= 0:
+            self.s, self.start_ts = 0.0, ts_s
+        else:
+            self.s = s
+        if self.s <= self.h:
+            if not self.armed:
+                self.quiet += 1
+                self.armed = self.quiet >= QUIET_POINTS and len(self._steps) >= MIN_NOISE_STEPS
+            return False
+        if not self.armed:  # still warming up: a rise before the floor settled restarts it,
+            # and the noise is measured afresh (a warm-up ramp's steps are not the noise)
+            self.s, self.start_ts, self.quiet = 0.0, ts_s, 0
+            self._steps.clear()
+            self.restarts += 1
+            return False
+        return True
+
+    def restart(self, ts_s: float) -> None:
+        """Start a new excursion (a leak found and then gone, or a crossing not confirmed and
+        fallen back)."""
+        self.s, self.start_ts = 0.0, ts_s
