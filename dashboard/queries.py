@@ -14,13 +14,13 @@ from typing import Any
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.phase_shares import phase_counts
+from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import device_verdict, freshness
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
-PHASE_SAMPLE_LIMIT = 20_000  # raw samples read for phase bands when there are no phase events
+PHASE_SAMPLE_LIMIT = 20_000  # phase changes read for phase bands when there are no phase events
 PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
 SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
 # ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
@@ -288,8 +288,8 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
             return bands, None, "events"
         return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), "events"
     if end_s - start_s <= PHASE_SAMPLE_SPAN_S:
-        raw = store.samples(device, start_s, end_s, host=host, limit=PHASE_SAMPLE_LIMIT + 1)
-        sampled = tl.bands_from_samples(raw, end_s) if len(raw) <= PHASE_SAMPLE_LIMIT else None
+        found = phase_changes(store, device, start_s, end_s, PHASE_SAMPLE_LIMIT, host)
+        sampled = None if found is None else tl.bands_from_changes(found, end_s)
         if sampled is not None and len(sampled) <= max_bands:
             return sampled, None, "samples"
     if end_s - start_s > PHASE_SHARE_SPAN_S:

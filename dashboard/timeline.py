@@ -159,6 +159,11 @@ def bands_from_samples(samples: Iterable[Sample], end_s: float) -> list[dict[str
     return _bands(changes, end_s)
 
 
+def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
+    """Bands from ``(ts_s, phase)`` changes (``phase_shares.phase_changes``)."""
+    return _bands(changes, end_s)
+
+
 def _bands(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
     bands: list[dict[str, Any]] = []
     for i, (ts, phase) in enumerate(changes):
