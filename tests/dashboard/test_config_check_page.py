@@ -4,8 +4,10 @@ request against the device's limit (the seeded store: NVML's 80 GiB on both devi
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from vramscope.agent.errors import ConfigError
 from vramscope.dashboard.app import create_app
 
 from tests.support import dashboard_fixtures as F
@@ -76,10 +78,19 @@ def test_the_api_gives_the_check(seeded, model):
     assert c.get("/api/v1/config-check?device=7").status_code == 404
 
 
-def test_a_model_config_gone_is_said_on_the_page_not_a_500(seeded, tmp_path):
+def test_an_unreadable_server_section_stops_the_dashboard_naming_the_key(seeded, tmp_path):
     gone = str(tmp_path / "gone.json")
-    r = _client(seeded, model=gone, max_num_seqs=4).get("/risk")
+    with pytest.raises(ConfigError) as info:
+        _client(seeded, model=gone, max_num_seqs=4)
+    assert str(info.value) == (f"<settings>: server.model = '{gone}': {gone}: config file not "
+                               "found")
+
+
+def test_a_model_config_gone_since_start_is_said_on_the_page_not_a_500(seeded, model):
+    c = _client(seeded, model=model, max_num_seqs=4)
+    os.remove(model)
+    r = c.get("/risk")
     assert r.status_code == 200
     assert (f'<span class="badge info">not checked</span> cannot check the configuration: '
-            f'&lt;settings&gt;: server.model = &#39;{gone}&#39;: {gone}: config file not found'
+            f'&lt;settings&gt;: server.model = &#39;{model}&#39;: {model}: config file not found'
             in r.get_data(as_text=True))
