@@ -206,8 +206,9 @@ SETTINGS: tuple[Setting, ...] = (
             max=3600),
     # --- server: the inference server's model and admission limits (alerts/config_check.py) -
     Setting("server.model", str, "",
-            "The model the inference server runs: its Hugging Face `config.json`, or the model "
-            "folder that holds it (a local vLLM `--model`). Set, the agent checks at start-up "
+            "The model the inference server runs, as vLLM's `--model` names it: its Hugging "
+            "Face `config.json`, the model folder that holds it, or a model id "
+            "(`org/name`) in the local Hugging Face cache. Set, the agent checks at start-up "
             "and on the OOM risk page that the worst request the server admits fits under "
             "each device's limit (alert `config_oom`); empty: no check. See "
             "[estimate.md](estimate.md#the-oom-a-configuration-makes-possible)."),

@@ -18,6 +18,7 @@ at start-up); everything else here is pure.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,14 +102,17 @@ def _dtype(config: Mapping[str, Any], key: str) -> str | None:
     return "fp8" if value.startswith("fp8") else value  # vLLM's fp8_e4m3, fp8_e5m2: 1 byte
 
 
-def server_from_config(config: Mapping[str, Any] | None) -> ServerLimits | None:
+def server_from_config(config: Mapping[str, Any] | None,
+                       environ: Mapping[str, str] | None = None) -> ServerLimits | None:
     """The ``[server]`` section as :class:`ServerLimits`; None when ``server.model`` is empty.
-    Reads the model's ``config.json``; a problem is a :class:`ConfigError` naming the key."""
+    Reads the model's ``config.json`` (``environ``: where the Hugging Face cache is, default
+    ``os.environ``); a problem is a :class:`ConfigError` naming the key."""
     model = str(_get(config, "server.model")) if config is not None else ""
     if config is None or not model:
         return None
     where = f"{getattr(config, 'source', None) or '<settings>'}: "
-    shape = _shape(model, _dtype(config, "server.dtype"), where)
+    path = config_path(model, os.environ if environ is None else environ)
+    shape = _shape(model, path, _dtype(config, "server.dtype"), where)
     length = _get(config, "server.max_model_len") or shape.max_position_embeddings
     if not length:
         raise ConfigError(f"{where}server.max_model_len is not set and the model's config has "
@@ -131,11 +135,28 @@ def server_from_config(config: Mapping[str, Any] | None) -> ServerLimits | None:
                         kv_dtype=_dtype(config, "server.kv_cache_dtype"))
 
 
-def _shape(model: str, dtype: str | None, where: str) -> ModelShape:
-    """The model's shape from its config.json (or the folder that holds one)."""
-    path = Path(model)
+def config_path(model: str, environ: Mapping[str, str]) -> Path:
+    """Where ``server.model``'s config.json is: the file, the folder holding it, or, for a
+    Hugging Face model id (``meta-llama/Meta-Llama-3-8B``, as vLLM's ``--model`` takes it),
+    the snapshot its ``refs/main`` names in the local Hugging Face cache (where vLLM put it)."""
+    path = Path(model).expanduser()
     if path.is_dir():
-        path = path / "config.json"
+        return path / "config.json"
+    if path.exists() or model.count("/") != 1 or model.startswith(("/", ".", "~")):
+        return path
+    hub = environ.get("HF_HUB_CACHE") or os.path.join(
+        environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache",
+                                               "huggingface"), "hub")
+    folder = Path(hub) / ("models--" + model.replace("/", "--"))
+    try:
+        revision = (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+    except OSError:
+        return path  # not in the cache: "not found" names what was given
+    return folder / "snapshots" / revision / "config.json"
+
+
+def _shape(model: str, path: Path, dtype: str | None, where: str) -> ModelShape:
+    """The model's shape from its config.json."""
     try:
         shape = shape_from_hf_config(load_hf_config(path), name=model)
         return dataclasses.replace(shape, dtype=dtype) if dtype else shape

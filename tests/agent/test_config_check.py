@@ -104,6 +104,22 @@ def test_the_model_folder_and_vllm_defaults(model_dir):
     assert limits.shape.kv_bytes_per_token(limits.kv_dtype) == 65_536  # fp8: one byte
 
 
+def test_a_hugging_face_model_id_is_read_from_the_local_cache(tmp_path):
+    repo = tmp_path / "hub" / "models--meta-llama--Meta-Llama-3-8B"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text(json.dumps(LLAMA))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    config = _server("meta-llama/Meta-Llama-3-8B", max_num_seqs=16)
+    for environ in ({"HF_HUB_CACHE": str(tmp_path / "hub")}, {"HF_HOME": str(tmp_path)}):
+        limits = server_from_config(config, environ)
+        assert limits is not None and limits.shape.num_params == 8_030_261_248
+    with pytest.raises(ConfigError) as info:
+        server_from_config(config, {"HF_HUB_CACHE": str(tmp_path / "elsewhere")})
+    assert str(info.value) == ("vramscope.toml: server.model = 'meta-llama/Meta-Llama-3-8B': "
+                               "meta-llama/Meta-Llama-3-8B: config file not found")
+
+
 # --- the check --------------------------------------------------------------------------------
 def test_the_toy_checks_to_the_byte(tmp_path):
     limits = server_from_config(_cfg(tmp_path, TOY, max_num_seqs=4, overhead_gib=0))
