@@ -3,8 +3,12 @@ are never fetched as ``Sample`` objects."""
 
 from __future__ import annotations
 
+import pytest
+from vramscope.agent.config import parse_config
+from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.history_generator import T_END, History, generate
+from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
+from vramscope.agent.store.phase_shares import phase_changes
 from vramscope.agent.store.window import count_at_most
 from vramscope.dashboard import views
 
@@ -34,3 +38,84 @@ def test_a_window_over_the_limit_is_not_built(tmp_path, monkeypatch):
         view = views.leaks_view(store, None, 1, None, T_END - 3600, T_END)
         assert (view["tier"], view["floor_points"]) == ("per-minute rollups, 60 s buckets", 60)
         assert view["method"] == "idle floor of per-minute rollups, 60 s buckets"
+
+
+def test_the_analysis_and_risk_views_do_not_build_a_window_over_the_limit(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
+    with _store(tmp_path) as store:
+        def refuse(*args, **kwargs):
+            raise AssertionError("samples built for a window over the limit")
+        monkeypatch.setattr(store, "samples", refuse)
+        doc = views.report(store, None, 1, None, T_END - 3600, T_END)
+        assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 60 s buckets", 60.0)
+        risk = views.risk_view(store, parse_config({}, None), 1, None, T_END - 3600, T_END)
+        assert risk["forecast_method"] == ("risk model on per-bucket peaks of raw samples "
+                                           "grouped in SQL, 1.8 s buckets")
+
+
+def test_tier_widths_keep_a_window_within_its_buckets():
+    assert [views.tier_width(s) for s in (900, 3600, 86_400, 126_000, 126_060, 7 * 86_400)] \
+        == [60.0, 60.0, 60.0, 60.0, 120.0, 300.0]
+    assert [views.tier_width(s, views.REPORT_BUCKETS) for s in (3600, 86_400, 7 * 86_400)] \
+        == [60.0, 900.0, 7200.0]
+
+
+# A scripted device: a sample every 15 s; each minute's first is idle at the floor, which
+# rises LEAK a minute (or stays), the other three are busy 1 GiB above it.
+MIN = 60.0
+T0 = 1_700_000_040.0  # a minute boundary
+GIB = 2**30
+
+
+def _scripted(store: Store, minutes: int, leak: int) -> None:
+    out = []
+    for k in range(minutes * 4):
+        m, idle = k // 4, k % 4 == 0
+        floor = 20 * GIB + m * leak
+        out.append(Sample(T0 + 15 * k, 0, Phase.IDLE if idle else Phase.DECODE, "torch", 1,
+                          allocated_bytes=floor if idle else floor + GIB,
+                          device_total_bytes=80 * GIB))
+    store.write(out)
+
+
+@pytest.mark.parametrize("leak", [2**24, 0])
+def test_a_long_window_read_from_rollups_gives_the_raw_floor_and_verdict(tmp_path,
+                                                                          monkeypatch, leak):
+    minutes = 180
+    end = T0 + minutes * MIN
+    with Store.open(f"sqlite:///{tmp_path / 's.db'}", host_name="h") as store:
+        _scripted(store, minutes, leak)
+        roll_up_all(store, T0, end)
+        raw = views.leaks_view(store, None, 0, None, T0, end)
+        monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 100)  # the window holds 720
+        tier = views.leaks_view(store, None, 0, None, T0, end)
+    assert (raw["method"], raw["tier"]) == ("idle floor", "raw samples")
+    assert tier["tier"] == "per-minute rollups, 60 s buckets"
+    # the figure's x in ms, y in GiB
+    floor = [[(T0 + MIN * m) * 1000, (20 * GIB + m * leak) / GIB] for m in range(minutes)]
+    assert _floor(tier) == floor
+    assert _floor(raw) == floor[:-1]  # raw: a floor point when its minute has closed
+    assert tier["result"]["detected"] is raw["result"]["detected"] is (leak > 0)
+    assert tier["result"]["slope_bytes_per_s"] == pytest.approx(leak / MIN)
+    assert raw["result"]["slope_bytes_per_s"] == pytest.approx(leak / MIN)
+    assert tier["limit_bytes"] == raw["limit_bytes"] == 80 * GIB
+
+
+def _floor(view: dict) -> list[list[float]]:
+    trace = view["figure"]["data"][0]
+    return [[x, y] for x, y in zip(trace["x"], trace["y"])]
+
+
+def test_phase_changes_are_found_in_sql_and_bounded(tmp_path):
+    with Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h") as store:
+        phases = [Phase.IDLE, Phase.IDLE, Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE,
+                  Phase.DECODE, Phase.IDLE]
+        store.write([Sample(T0 + i, 0, p, "torch", 1, allocated_bytes=1)
+                     for i, p in enumerate(phases)])
+        assert phase_changes(store, 0, T0, T0 + 10, 10) == [
+            (T0, "idle"), (T0 + 3, "prefill"), (T0 + 4, "decode"), (T0 + 6, "idle")]
+        assert phase_changes(store, 0, T0 + 1, T0 + 5, 10) == [
+            (T0 + 1, "idle"), (T0 + 3, "prefill"), (T0 + 4, "decode")]
+        assert phase_changes(store, 0, T0, T0 + 10, 3) is None  # 4 changes > 3
+        assert phase_changes(store, 5, T0, T0 + 10, 3) == []  # no such device
