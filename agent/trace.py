@@ -15,7 +15,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 from vramscope.agent.errors import TraceError
 from vramscope.agent.records import (
@@ -85,7 +85,8 @@ def file_lines(path: str) -> Iterator[str]:
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
     # GzipFile does not close the file it is given: both are closed in the finally below
-    fh: IO[bytes] = gzip.GzipFile(fileobj=raw_fh, mode="rb") if compressed else raw_fh
+    fh: IO[bytes] = (cast(IO[bytes], gzip.GzipFile(fileobj=raw_fh, mode="rb")) if compressed
+                     else raw_fh)
     lineno = 0
     try:
         while raw := _read_line(fh, path, lineno + 1):
