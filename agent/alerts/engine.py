@@ -86,6 +86,7 @@ _INPUTS: dict[str, int] = {
     "leak_slope_ratio_per_h": _LEAK | _DEVICE,
     "kv_usage_ratio": _KV,
     "kv_exhaustion_s": _KV,
+    "kv_exhaustion_horizon_s": _KV,
     "kv_orphaned_blocks": _ORPHANS,
     "oom_recent": _OOM,
     CONFIG_METRIC: _DEVICE,  # the [server] check, computed again when the limit moves
@@ -339,6 +340,8 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "leak_slope_ratio_per_h": _leak_ratio,
     "kv_usage_ratio": lambda d, now: d.kv.usage_ratio,
     "kv_exhaustion_s": lambda d, now: d.kv.exhaustion_s,
+    "kv_exhaustion_horizon_s": lambda d, now: max(d._thresholds.kv_exhaustion_warning_s,
+                                                  d.kv.trend_span_s),
     "kv_orphaned_blocks": lambda d, now: float(d.orphaned_blocks),
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
     CONFIG_METRIC: lambda d, now: d.config_check.headroom_bytes(d.risk.limit_bytes)
@@ -349,15 +352,18 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
 class _RuleState:
     """One rule on one device: its metric getter and where it stands."""
 
-    __slots__ = ("rule", "getter", "gate", "op", "threshold", "inputs", "quiet",
+    __slots__ = ("rule", "getter", "gate", "horizon", "op", "threshold", "inputs", "quiet",
                  "pending_since", "fired_ts", "clear_since")
 
     def __init__(self, rule: Rule) -> None:
-        self.rule = rule
+        self.rule = rule  # its threshold: ``limit`` (a horizon's value may raise it)
         self.getter = getter_for(rule.metric)
         self.gate = getter_for(rule.gate.metric) if rule.gate is not None else None
+        self.horizon = getter_for(rule.horizon) if rule.horizon is not None else None
         self.op, self.threshold = OPS[rule.op], rule.threshold  # Rule.breached, inlined
         self.inputs = inputs_of(rule.metric) | (inputs_of(rule.gate.metric) if rule.gate else 0)
+        if rule.horizon is not None:
+            self.inputs |= inputs_of(rule.horizon)
         # quiet: no timer runs and the last evaluation changed nothing, so only a change of
         # its inputs can make the next one do something (a new state is evaluated at once)
         self.quiet = False
@@ -447,8 +453,9 @@ class AlertEngine:
                 continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
+                limit = st.threshold if st.horizon is None else _limit(st, d, now)
                 if st.pending_since is not None or (value is not None
-                                                    and st.op(value, st.threshold)):
+                                                    and st.op(value, limit)):
                     self._maybe_fire(st.rule, st, d, now, value, host, out)
                 st.quiet = st.pending_since is None and len(out) == before
             else:
@@ -459,7 +466,7 @@ class AlertEngine:
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
-        if not rule.breached(value) or not _gate_holds(st, d, now):
+        if not rule.breached(value, _limit(st, d, now)) or not _gate_holds(st, d, now):
             st.pending_since = None
             return
         if st.pending_since is None:
@@ -471,7 +478,11 @@ class AlertEngine:
 
     def _maybe_resolve(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                        value: float | None, host: str | None, out: list[AlertChange]) -> None:
-        if not rule.cleared(value) or (st.gate is not None and _gate_holds(st, d, now)):
+        # a gated rule holds while its gate does and resolves once it does not (a pool below
+        # its usage gate is no longer running out, whatever its fill trend said before)
+        held = _gate_holds(st, d, now) if st.gate is not None \
+            else not rule.cleared(value, _limit(st, d, now))
+        if held:
             st.clear_since = None
             return
         if st.clear_since is None:
@@ -481,6 +492,14 @@ class AlertEngine:
             assert fired is not None  # only a fired alert resolves
             out.append(AlertChange("resolved", rule.name, rule.severity, d.device, now, value,
                                    rule.describe(value), rule.labels, fired, host))
+
+
+def _limit(st: _RuleState, d: DeviceAnalysis, now: float) -> float:
+    """The rule's threshold now: its own, or its horizon metric's value when that is larger."""
+    if st.horizon is None:
+        return st.threshold
+    horizon = st.horizon(d, now)
+    return horizon if horizon is not None and horizon > st.threshold else st.threshold
 
 
 def _gate_holds(st: _RuleState, d: DeviceAnalysis, now: float) -> bool:

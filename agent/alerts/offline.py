@@ -14,6 +14,7 @@ from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.report import analysis_document
 from vramscope.agent.records import Event, PostMortem, Sample
@@ -31,8 +32,9 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     engine = AlertEngine.from_config(config)
     engine.feed(records)
     in_order = [r for r in records if isinstance(r, Sample)]
-    # layouts (a leak's make-up), oom and request events (an OOM's cause without a post-mortem)
-    kept = {"memory_layout", "oom", "request_start", "request_end"}
+    # layouts (a leak's make-up); oom, request and KV-refusal events (an OOM's cause: the
+    # failed size, the requests in flight over time, a pool that ran out)
+    kept = {"memory_layout", "oom", "request_start", "request_end", *KV_REFUSAL_EVENTS}
     context = [r for r in records if isinstance(r, Event) and r.name in kept]
     doc = analysis_document(engine.devices, in_order, engine.history, postmortems,
                             events=context, makeup=makeup)

@@ -50,7 +50,9 @@ DERIVED_METRICS: dict[str, str] = {
     "leak_slope_bytes_per_s": "idle-floor Theil–Sen slope at the latest leak evaluation",
     "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
     "kv_usage_ratio": "KV blocks used / total",
-    "kv_exhaustion_s": "time until used KV blocks reach the total at the current rate",
+    "kv_exhaustion_s": "time until used KV blocks reach the total at the pool's fill trend",
+    "kv_exhaustion_horizon_s": "how far the KV fill trend may be trusted: the history it rests "
+                               "on (up to 10 min), at least alerts.kv_exhaustion_warning_s",
     "kv_orphaned_blocks": "orphaned KV blocks in the pool's latest check that found any",
     "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
     "config_headroom_bytes": "limit − what the worst request the [server] section admits "
@@ -90,18 +92,23 @@ class Rule:
     # built-in refinements (not TOML keys yet):
     urgent: float | None = None  # a value past this (by ``op``) fires at once, without ``for``
     gate: Gate | None = None  # fire only while the gate holds; stay active until it no longer does
+    # a metric whose value, when larger, replaces the threshold (a ``<`` rule: a forecast
+    # compared with the horizon its evidence covers, not a fixed look-ahead)
+    horizon: str | None = None
 
-    def breached(self, value: float | None) -> bool:
-        return value is not None and OPS[self.op](value, self.threshold)
+    def breached(self, value: float | None, threshold: float | None = None) -> bool:
+        limit = self.threshold if threshold is None else threshold
+        return value is not None and OPS[self.op](value, limit)
 
     def is_urgent(self, value: float | None) -> bool:
         return self.urgent is not None and value is not None and OPS[self.op](value, self.urgent)
 
-    def cleared(self, value: float | None) -> bool:
+    def cleared(self, value: float | None, threshold: float | None = None) -> bool:
         """True when an active alert may resolve (past the clear threshold, if any)."""
         if value is None:
             return True
-        limit = self.threshold if self.clear is None else self.clear
+        limit = self.clear if self.clear is not None else \
+            self.threshold if threshold is None else threshold
         return not OPS[self.op](value, limit)
 
     def describe(self, value: float | None) -> str:
@@ -142,20 +149,29 @@ def format_value(metric: str, value: float) -> str:
     return f"{value:.6g}"
 
 
+RISK_HOLD_S = 1800.0  # an OOM-risk alert resolves after half an hour below its level
+
+
 def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
     """The default rules, with thresholds from the ``alerts.*`` settings.
 
     ``oom_risk`` waits ``alerts.risk_for_s`` at warning before it fires (an unsteady load
     that touches the warning level for a few samples is not an alert) but fires at once at
-    critical, as ``oom_risk_critical`` does; both resolve after a minute below their level.
-    ``kv_exhaustion`` fires only while the pool is at least ``alerts.kv_exhaustion_min_usage_
-    ratio`` full, and stays until it is below that again: a burst that fills a roomy pool
-    quickly is not exhaustion, and a full pool whose usage pauses at the top is still full.
+    critical, as ``oom_risk_critical`` does. Both resolve only after ``RISK_HOLD_S`` below
+    their level: a server that comes back to the same risk within half an hour is the same
+    risk, held by one alert (a tight server fired and cleared 31 of them in 12 h with a
+    one-minute hold).
+    ``kv_exhaustion`` fires when the pool's fill trend reaches the total within the horizon the
+    trend rests on (``kv_exhaustion_horizon_s``: up to ten minutes of history, at least
+    ``alerts.kv_exhaustion_warning_s``), and only while the pool is at least
+    ``alerts.kv_exhaustion_min_usage_ratio`` full; it stays until it is below that again: a
+    burst that fills a roomy pool quickly is not exhaustion, and a full pool whose usage
+    pauses at the top is still full.
     """
     kv_s = _setting(config, "alerts.kv_exhaustion_warning_s", 60.0)
     kv_min = _setting(config, "alerts.kv_exhaustion_min_usage_ratio", 0.8)
     risk_for = _setting(config, "alerts.risk_for_s", 15.0)
-    hold = 60.0  # a risk level must stay down a minute before its alert resolves (no flapping)
+    hold = RISK_HOLD_S
     return [
         Rule("oom_risk", "risk_level", ">=", 1, for_s=risk_for, clear_for_s=hold,
              severity="warning", urgent=2,
@@ -167,6 +183,7 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
              message="idle floor keeps rising after warm-up (leak)", builtin=True),
         Rule("kv_exhaustion", "kv_exhaustion_s", "<", kv_s, for_s=5.0, clear_for_s=30.0,
              severity="warning", gate=Gate("kv_usage_ratio", ">=", kv_min),
+             horizon="kv_exhaustion_horizon_s",
              message="KV pool runs out of blocks soon", builtin=True),
         Rule("oom", "oom_recent", ">=", 1, severity="critical",
              message="out of memory", builtin=True),

@@ -1,8 +1,17 @@
 """KV block pool: usage and time until its free plus cached blocks run out.
 
 Cached blocks (unreferenced, kept for prefix reuse) are reclaimable, so the pool is exhausted
-only when *used* blocks reach the total. The rate is the change of used blocks over the last
-``RATE_WINDOW_S`` (at least ``MIN_RATE_SPAN_S`` of data), so one scheduler step does not swing it.
+only when *used* blocks reach the total. The forecast follows the pool's *fill trend*: a
+least-squares line through its used blocks over the last ``TREND_WINDOW_S`` (at least
+``MIN_RATE_SPAN_S`` of data), so the sawtooth of admissions and finished requests around the
+trend does not hide it (the change over ``RATE_WINDOW_S`` alone was negative between admissions
+and reset the alert's timer: a pool past 80 % for five minutes was alerted 25 s before it ran
+out). The time to exhaustion is the room above the higher of the line and the latest reading,
+over the line's slope, or the recent rate's forecast when sooner (a burst to the top shows no
+trend yet), and 0 with every block used; ``trend_span_s`` (how much history the line rests
+on) is the horizon the forecast may be trusted over, which the ``kv_exhaustion`` alert uses:
+a trend seen for ten minutes says when a pool ten minutes from full runs out, not only the
+last minute.
 
 A new pool is a new pool: a sample whose ``kv_blocks_total`` differs from the one before starts
 one (transformers' ``generate_batch`` sizes a pool per call from the memory left). Its used
@@ -19,8 +28,10 @@ from typing import NamedTuple
 
 from vramscope.agent.records import Sample
 
-RATE_WINDOW_S = 30.0
+TREND_WINDOW_S = 600.0  # the fill trend: ten minutes of used blocks
+RATE_WINDOW_S = 30.0  # the recent rate: a burst to the top is caught before any trend shows
 MIN_RATE_SPAN_S = 5.0
+REBASE_S = 86400.0  # the running sums start again from the window's first reading daily
 
 
 class KvPoint(NamedTuple):
@@ -41,6 +52,10 @@ class KvTracker:
 
     def __init__(self) -> None:
         self._history: deque[tuple[float, int]] = deque()
+        self._recent: deque[tuple[float, int]] = deque()  # the last RATE_WINDOW_S of it
+        self._t0 = -1.0  # times are taken from here (a reading of the current pool)
+        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σt, Σu, Σt², Σtu over the history
+        self.trend_span_s = 0.0  # how long a history the forecast rests on
         # the summary: the pool with the highest peak usage ratio, all three from that pool
         self.peak_blocks_used: int | None = None
         self.peak_blocks_total: int | None = None
@@ -74,8 +89,14 @@ class KvTracker:
         if total != self.blocks_total:
             self._new_pool(total)
         history.append((ts_s, used))
-        while history[0][0] < ts_s - RATE_WINDOW_S:
-            history.popleft()
+        self._add(ts_s, used, 1.0)
+        while history[0][0] < ts_s - TREND_WINDOW_S:
+            old_ts, old_used = history.popleft()
+            self._add(old_ts, old_used, -1.0)
+        recent = self._recent
+        recent.append((ts_s, used))
+        while recent[0][0] < ts_s - RATE_WINDOW_S:
+            recent.popleft()
         self.usage_ratio = usage = used / total
         if self.pool_peak_blocks_used is None or used > self.pool_peak_blocks_used:
             self.pool_peak_blocks_used = used
@@ -90,15 +111,58 @@ class KvTracker:
         self.pools += 1
         self.blocks_total = total
         self.pool_peak_blocks_used = None
-        self._history.clear()  # the old pool's used blocks are no rate for this one
+        self._history.clear()  # the old pool's used blocks are no trend for this one
+        self._recent.clear()
+        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._t0 = -1.0  # set by the first reading of the pool
+
+    def _add(self, ts_s: float, used: int, sign: float) -> None:
+        """Add (sign 1) or take out (-1) one reading of the running least-squares sums."""
+        if self._t0 < 0:
+            self._t0 = ts_s
+        elif sign > 0 and ts_s - self._t0 > REBASE_S:  # keep the sums' numbers small
+            self._t0, self._sums = self._history[0][0], [0.0, 0.0, 0.0, 0.0, 0.0]
+            for old_ts, old_used in list(self._history)[:-1]:
+                self._add(old_ts, old_used, 1.0)
+        t = ts_s - self._t0
+        sums = self._sums
+        sums[0] += sign
+        sums[1] += sign * t
+        sums[2] += sign * used
+        sums[3] += sign * t * t
+        sums[4] += sign * t * used
 
     def _exhaustion_s(self, used: int, total: int) -> float | None:
-        t_old, used_old = self._history[0]
-        span = self._history[-1][0] - t_old
+        """The sooner of two forecasts: the fill trend's and the recent rate's (the change over
+        the last ``RATE_WINDOW_S``); 0 with every block used; None when neither is rising."""
+        history = self._history
+        self.trend_span_s = history[-1][0] - history[0][0]
+        if used >= total:
+            return 0.0
+        forecasts = [f for f in (self._trend_forecast(used, total), self._rate_forecast(used,
+                                                                                   total))
+                     if f is not None]
+        return min(forecasts) if forecasts else None
+
+    def _trend_forecast(self, used: int, total: int) -> float | None:
+        """Room above the fill trend (or the latest reading, when higher) over its slope."""
+        n, st, su, stt, stu = self._sums
+        sxx = stt - st * st / n
+        if self.trend_span_s < MIN_RATE_SPAN_S or sxx <= 0:
+            return None
+        slope = (stu - st * su / n) / sxx
+        if slope <= 0:
+            return None
+        now = self._history[-1][0] - self._t0
+        level = su / n + slope * (now - st / n)
+        return max(0.0, total - max(level, used)) / slope
+
+    def _rate_forecast(self, used: int, total: int) -> float | None:
+        t_old, used_old = self._recent[0]
+        span = self._recent[-1][0] - t_old
         if span < MIN_RATE_SPAN_S or used <= used_old:
             return None
-        rate = (used - used_old) / span
-        return max(0, total - used) / rate
+        return (total - used) * span / (used - used_old)
 
 
 def kv_exhaustion(samples: Iterable[Sample], device: int = 0) -> list[KvPoint]:

@@ -10,10 +10,11 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from vramscope.agent.analysis.diagnosis import REMEDIES, diagnose
+from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS, REMEDIES, diagnose
 from vramscope.agent.analysis.fragmentation import fragmentation_summary
 from vramscope.agent.analysis.kv import KvTracker
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
@@ -110,37 +111,67 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
             "makeup": None}
 
 
-_OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"})
+_OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS
 
 
 def _oom_facts(context: Sequence[Event], oom_ts: float,
                samples: Sequence[Sample]) -> dict[str, Any]:
     """What a live post-mortem would have said, from the recording's events: the failed
-    allocation and phase of the ``oom`` event at the OOM, and the requests in flight then.
-    Offline analysis then names the cause as the live agent does."""
+    allocation (``failed_alloc_bytes``, else read from its message) and phase of the ``oom``
+    event at the OOM; and what only the recording knows:
+    the requests in flight over time (the load check, the load-aware floor) and the KV pool's
+    refusals. Offline analysis then names the cause from the same facts as the live agent."""
     device = samples[0].device if samples else 0
     out: dict[str, Any] = {}
     oom = next((e for e in context if e.name == "oom" and e.device == device
                 and abs(e.ts_s - oom_ts) <= 5.0), None)
     if oom is not None:
         failed = (oom.data or {}).get("failed_alloc_bytes")
-        if isinstance(failed, int) and not isinstance(failed, bool) and failed > 0:
+        if not isinstance(failed, int) or isinstance(failed, bool) or failed <= 0:
+            failed = failed_from_message((oom.data or {}).get("message"))
+        if failed is not None:
             out["failed_alloc_bytes"] = failed
         if oom.phase is not None:
             out["phase"] = oom.phase
+    series = _in_flight_series(context, device, oom_ts)
+    if series:
+        out["in_flight_series"] = series
+    out["kv_refusals_ts"] = [e.ts_s for e in context if e.name in KV_REFUSAL_EVENTS
+                             and e.device == device and e.ts_s <= oom_ts]
+    return out
+
+
+_TRIED = re.compile(r"tried to allocate ([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b",
+                    re.IGNORECASE)
+_UNIT_BYTES = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def failed_from_message(message: Any) -> int | None:
+    """The failed allocation of an OOM message: torch's "Tried to allocate 2.00 GiB" (rounded
+    as torch prints it) or the hooks' "tried to allocate 1453326336 bytes"; None without one."""
+    m = _TRIED.search(message) if isinstance(message, str) else None
+    if m is None:
+        return None
+    size = int(float(m.group(1)) * _UNIT_BYTES[m.group(2).lower()])
+    return size if size > 0 else None
+
+
+def _in_flight_series(context: Sequence[Event], device: int,
+                      oom_ts: float) -> list[tuple[float, int]]:
+    """``(ts_s, requests in flight from then on)`` at every request event up to the OOM."""
     open_ids: set[str] = set()
-    seen = False
+    series: list[tuple[float, int]] = []
     for e in context:
-        if e.ts_s > oom_ts or e.request_id is None:
+        if e.ts_s > oom_ts or e.request_id is None or e.device != device:
             continue
-        seen = True
         if e.name == "request_start":
             open_ids.add(e.request_id)
         elif e.name == "request_end":
             open_ids.discard(e.request_id)
-    if seen:
-        out["requests_in_flight"] = len(open_ids)
-    return out
+        else:
+            continue
+        series.append((e.ts_s, len(open_ids)))
+    return series
 
 
 def _windows_of(d: DeviceState) -> Windows | None:
@@ -168,9 +199,11 @@ def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem
     cause = None
     if first_oom is not None:
         pm = next((p for p in postmortems if abs(p.ts_s - first_oom) <= 5.0), None)
-        cause, _ = diagnose(pm, samples, ts_s=first_oom,
-                            **({} if pm is not None else _oom_facts(context, first_oom,
-                                                                    samples)))
+        facts = _oom_facts(context, first_oom, samples)
+        if pm is not None:  # its own size, phase and requests; the history from the events
+            facts = {k: v for k, v in facts.items()
+                     if k in ("in_flight_series", "kv_refusals_ts")}
+        cause, _ = diagnose(pm, samples, ts_s=first_oom, **facts)
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
             "first_warning_ts": d.first_warning_ts_s, "max_risk": LEVELS[d.max_level],
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}

@@ -18,7 +18,11 @@ with memory figures it gives a :class:`RiskPoint`:
   largest free block of the latest snapshot nor in the memory the allocator can still reserve
   under the limit (a new segment);
 - **allocator retries**: ``num_alloc_retries`` rose within the last ``RETRY_WINDOW_S`` — the
-  allocator is already flushing its cache to survive.
+  allocator is already flushing its cache to survive; and the risk *holds* while the condition
+  behind the retries holds: reserved memory within ``NEAR_LIMIT_RATIO`` of what the allocator
+  may reserve and a retry within ``RETRY_HOLD_S`` (a fragmented cache retries at every long
+  prompt, minutes apart: a one-minute window made short warnings that had all cleared before the
+  OOM).
 
 Levels: ``critical`` when the headroom after spike is below ``alerts.headroom_critical_ratio``
 of the limit, the time to OOM is below ``alerts.time_to_oom_critical_s``, or fragmentation
@@ -46,6 +50,8 @@ PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the t
 TREND_WINDOWS = 20  # twenty minutes of peaks
 MIN_TREND_WINDOWS = 10
 RETRY_WINDOW_S = 60.0
+RETRY_HOLD_S = 1800.0  # retries this recent hold the risk while reserved stays near the limit
+NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no room to regrow
 MAX_PENDING = 100_000  # readings held while the windows are chosen
 HYSTERESIS_RATIO = 0.01  # a headroom warning clears 1 % of the limit above where it began
 HYSTERESIS_TIME = 1.25  # a trend warning clears at 1.25x the time-to-OOM it began under
@@ -288,8 +294,7 @@ class RiskModel:
             self._room = room = room if room > 0.0 else 0.0
             tto = room / tr.slope
         self.time_to_oom_s = tto
-        rise = self._retry_rise_ts
-        retrying = rise is not None and ts_s - rise <= RETRY_WINDOW_S
+        retrying = self._retrying(ts_s, limit, other)
         # hysteresis: a headroom warning holds until the headroom is back above the threshold
         # by HYSTERESIS_RATIO of the limit (a server hovering at the threshold: one warning,
         # not dozens)
@@ -299,6 +304,19 @@ class RiskModel:
             self.level_index = self._reasons = 0  # the common case, decided cheaply
         else:
             self._level(ratio, tto, limit, other, retrying)
+
+    def _retrying(self, ts_s: float, limit: int, other: int) -> bool:
+        """Retries rose within ``RETRY_WINDOW_S``; or within ``RETRY_HOLD_S`` while reserved
+        memory is still within ``NEAR_LIMIT_RATIO`` of what the allocator may reserve."""
+        rise = self._retry_rise_ts
+        if rise is None:
+            return False
+        age = ts_s - rise
+        if age <= RETRY_WINDOW_S:
+            return True
+        reserved = self._reserved
+        return age <= RETRY_HOLD_S and reserved is not None \
+            and reserved >= NEAR_LIMIT_RATIO * (limit - other)
 
     def _level(self, ratio: float, tto: float | None, limit: int, other: int,
                retrying: bool) -> None:

@@ -162,8 +162,9 @@ def test_kv_exhaustion_min_usage_from_the_config():
     cfg = parse_config({"alerts": {"kv_exhaustion_min_usage_ratio": 0.5}}, None, {})
     used = KV_CASES[0][1]
     got = [(c.kind, c.ts_s) for c in AlertEngine.from_config(cfg).feed(kv_samples(used))]
-    # half full at 17 s, held 5 s; below half from 25 s, the forecast past 60 s from 28 s
-    assert got == [("fired", 22.0), ("resolved", 58.0)]
+    # half full at 17 s, held 5 s; below half from 25 s: resolved 30 s later (the gate, not
+    # the forecast, holds it: it resolved at 58 s, 30 s after the forecast passed 60 s)
+    assert got == [("fired", 22.0), ("resolved", 55.0)]
 
 
 def risk_samples(allocated):
@@ -172,17 +173,23 @@ def risk_samples(allocated):
             for t, a in enumerate(allocated)]
 
 
+HOLD = 1800  # an OOM-risk alert resolves after half an hour back at ok (rules.RISK_HOLD_S)
+
 RISK_CASES = [
     # an unsteady load touching the warning level (960: 4 % headroom) for 10 s every 40 s:
     # no alert (it fired at 10 s, and again at 90 s, 130 s... once the minute of ok passed)
     ("unsteady_near_warning", ([900] * 30 + [960] * 10) * 5, []),
-    # warning held: fires after 15 s at warning (at 25 s), resolves after 60 s back at ok
-    ("sustained_warning", [900] * 10 + [960] * 40 + [900] * 70,
-     [("fired", "oom_risk", 25.0), ("resolved", "oom_risk", 110.0)]),
+    # warning held: fires after 15 s at warning (at 25 s), resolves after half an hour at ok
+    ("sustained_warning", [900] * 10 + [960] * 40 + [900] * (HOLD + 20),
+     [("fired", "oom_risk", 25.0), ("resolved", "oom_risk", 50.0 + HOLD)]),
     # critical (990: 1 %) fires both at once
-    ("sudden_critical", [900] * 10 + [990] * 5 + [900] * 70,
+    ("sudden_critical", [900] * 10 + [990] * 5 + [900] * (HOLD + 20),
      [("fired", "oom_risk", 10.0), ("fired", "oom_risk_critical", 10.0),
-      ("resolved", "oom_risk", 75.0), ("resolved", "oom_risk_critical", 75.0)]),
+      ("resolved", "oom_risk", 15.0 + HOLD), ("resolved", "oom_risk_critical", 15.0 + HOLD)]),
+    # a tight server at warning for 30 s every 10 minutes, for two hours: one alert held (it
+    # fired and resolved 12 times with a one-minute hold)
+    ("tight_every_10_min", ([960] * 30 + [900] * 570) * 12,
+     [("fired", "oom_risk", 15.0)]),
 ]
 
 
@@ -195,7 +202,7 @@ def test_risk_alerts_wait_for_a_steady_warning_but_not_for_critical(name, alloca
 
 def test_risk_for_s_from_the_config():
     cfg = parse_config({"alerts": {"risk_for_s": 0}}, None, {})
-    allocated = [900] * 10 + [960] * 10 + [900] * 70
+    allocated = [900] * 10 + [960] * 10 + [900] * (HOLD + 20)
     got = [(c.kind, c.rule, c.ts_s) for c in AlertEngine.from_config(cfg).feed(
         risk_samples(allocated))]
-    assert got == [("fired", "oom_risk", 10.0), ("resolved", "oom_risk", 80.0)]
+    assert got == [("fired", "oom_risk", 10.0), ("resolved", "oom_risk", 20.0 + HOLD)]
