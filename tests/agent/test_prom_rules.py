@@ -100,7 +100,7 @@ def test_default_rules_exact():
         "VramscopeOom": "(increase(vramscope_ooms_total[5m]) > bool 0) >= 1",
     }
     assert (rules["VramscopeOomRisk"]["for"], rules["VramscopeOomRisk"]["keep_firing_for"]) \
-        == ("15s", "1m")  # alerts.risk_for_s
+        == ("15s", "30m")  # alerts.risk_for_s; resolves after 30 min (rules.RISK_HOLD_S)
     assert "for" not in rules["VramscopeOomRiskCritical"]
     assert rules["VramscopeKvExhaustion"]["for"] == "5s"
     assert rules["VramscopeKvExhaustion"]["keep_firing_for"] == "30s"
@@ -170,7 +170,7 @@ def test_metrics_without_a_series_are_exactly_the_agent_only_ones():
     assert sorted(set(METRICS) - set(SERIES)) == sorted([
         "active_bytes", "requested_bytes", "headroom_bytes", "headroom_ratio", "time_to_oom_s",
         "leak_detected", "leak_slope_bytes_per_s", "leak_slope_ratio_per_h",
-        "kv_orphaned_blocks", "config_headroom_bytes"])
+        "kv_orphaned_blocks", "config_headroom_bytes", "kv_exhaustion_horizon_s"])
 
 
 @needs_promtool
