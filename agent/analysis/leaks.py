@@ -199,7 +199,7 @@ class LeakDetector:
         self._max_seen = 0
         self._uses_allocated = False
         self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
-        self.cusum = Cusum()  # the sequential test
+        self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
         self._seq: LeakResult | None = None  # the sequential verdict while it holds a leak
         self._seq_start: float | None = None  # its change point
 

@@ -150,28 +150,37 @@ def run(options: BenchOptions) -> list[Figure]:
             + real_figures([score_real(r) for r in recordings()]))
 
 
-GRID_RATES = (0.005, 0.02, 0.08)  # share of the device per hour
+GRID_RATES = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)  # share of the device per hour
+QUICK_RATES = (0.005, 0.02, 0.08)
 GRID_NOISE = (0.0005, 0.002)  # sd of allocated memory, share of the device (the suite: 0.0005)
 
 
 def delay_figures(quick: bool = False) -> list[Figure]:
-    """Time to detect as a function of the leak rate and the noise (one seed each; reported,
-    held to no target): the detector waits for evidence, so a faster or cleaner leak is named
-    sooner."""
+    """Time to detect as a function of the leak rate, the noise and the server (one seed
+    each; reported, held to no target): the detector waits for evidence, so a faster or
+    cleaner leak is named sooner. "idle gaps": the suite's server, whose floor points mix idle
+    moments and decode steps (their activations are not explained); "never idle": the floor
+    is the residual after the KV blocks in use, the same level in every window."""
     out = []
-    for noise in GRID_NOISE[:1] if quick else GRID_NOISE:
-        for rate in GRID_RATES:
-            sc = leak(rate, 7, after_s=2 * 3600, noise_ratio=noise)
-            fired = [c.ts_s for c in AlertEngine.from_config(None).feed([*sc.samples,
-                                                                          *sc.events])
-                     if c.kind == "fired" and c.rule == "memory_leak"]
-            start = sc.leak_start_ts or 0.0
-            took = next((t - start for t in fired if t >= start), None)
-            out.append(Figure("detection", f"delay: leak {100 * rate:g}%/h, noise "
-                              f"{100 * noise:g}%", float("nan") if took is None else took, "s",
-                              spread="not found within 2 h" if took is None else
-                              f"{took / 60:.0f} min after it began"))
+    rates = QUICK_RATES if quick else GRID_RATES
+    for never_idle in (False, True):
+        for noise in GRID_NOISE[:1] if quick or never_idle else GRID_NOISE:
+            for rate in rates:
+                out.append(_delay(rate, noise, never_idle))
     return out
+
+
+def _delay(rate: float, noise: float, never_idle: bool) -> Figure:
+    sc = leak(rate, 7, after_s=2 * 3600, noise_ratio=noise, never_idle=never_idle)
+    fired = [c.ts_s for c in AlertEngine.from_config(None).feed([*sc.samples, *sc.events])
+             if c.kind == "fired" and c.rule == "memory_leak"]
+    start = sc.leak_start_ts or 0.0
+    took = next((t - start for t in fired if t >= start), None)
+    server = "never idle" if never_idle else "idle gaps"
+    return Figure("detection", f"delay: leak {100 * rate:g}%/h, noise {100 * noise:g}%, "
+                  f"{server}", float("nan") if took is None else took, "s",
+                  spread="not found within 2 h" if took is None else
+                  f"{took / 60:.0f} min after it began")
 
 
 def real_figures(scores: Sequence[RealScore]) -> list[Figure]:
@@ -199,14 +208,20 @@ def real_figures(scores: Sequence[RealScore]) -> list[Figure]:
     return out
 
 
+NEVER_IDLE_TARGET = 0.90  # share of never-idle leaks >= 0.5 %/h found within 2 h
+
+
 def _hard_figures(h: DetectionScore) -> list[Figure]:
-    """Never-idle serving: reported, held to no target (docs/analysis.md, "Limits")."""
+    """Never-idle serving (KV cache under a daily load cycle): held to the same false-alarm
+    budget as the suite, and >= 90 % of its leaks found within 2 h."""
     return [
         Figure("detection", "never idle: leaks >=0.5%/h found in 2 h", 100 * h.detection_rate,
-               "%", spread=f"{h.detected} of {h.leaks}; " + _range(h.detect_times_s)),
+               "%", spread=f"{h.detected} of {h.leaks}; " + _range(h.detect_times_s),
+               target=">= 90", met=h.detection_rate >= NEVER_IDLE_TARGET),
         Figure("detection", "never idle: false alarms per day", h.false_alarms_per_day, "/day",
                spread=f"{h.false_alarms} in {h.quiet_days:.2f} days (daily load cycle)",
-               baseline=f"naive OLS slope: {h.naive_false_alarms} in {h.quiet_days:.2f} days"),
+               baseline=f"naive OLS slope: {h.naive_false_alarms} in {h.quiet_days:.2f} days",
+               target="<= 0.143", met=h.false_alarms_per_day <= FALSE_ALARMS_PER_DAY),
     ]
 
 
