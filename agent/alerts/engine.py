@@ -341,7 +341,7 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "kv_usage_ratio": lambda d, now: d.kv.usage_ratio,
     "kv_exhaustion_s": lambda d, now: d.kv.exhaustion_s,
     "kv_exhaustion_horizon_s": lambda d, now: max(d._thresholds.kv_exhaustion_warning_s,
-                                                  d.kv.trend_span_s),
+                                                  d.kv.horizon_s),
     "kv_orphaned_blocks": lambda d, now: float(d.orphaned_blocks),
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
     CONFIG_METRIC: lambda d, now: d.config_check.headroom_bytes(d.risk.limit_bytes)

@@ -51,8 +51,9 @@ DERIVED_METRICS: dict[str, str] = {
     "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
     "kv_usage_ratio": "KV blocks used / total",
     "kv_exhaustion_s": "time until used KV blocks reach the total at the pool's fill trend",
-    "kv_exhaustion_horizon_s": "how far the KV fill trend may be trusted: the history it rests "
-                               "on (up to 10 min), at least alerts.kv_exhaustion_warning_s",
+    "kv_exhaustion_horizon_s": "how far ahead the KV forecast may be trusted: the history the "
+                               "fill trend rests on (up to 10 min) when the trend reaches the "
+                               "total within it; at least alerts.kv_exhaustion_warning_s",
     "kv_orphaned_blocks": "orphaned KV blocks in the pool's latest check that found any",
     "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
     "config_headroom_bytes": "limit − what the worst request the [server] section admits "
@@ -161,9 +162,9 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
     their level: a server that comes back to the same risk within half an hour is the same
     risk, held by one alert (a tight server fired and cleared 31 of them in 12 h with a
     one-minute hold).
-    ``kv_exhaustion`` fires when the pool's fill trend reaches the total within the horizon the
-    trend rests on (``kv_exhaustion_horizon_s``: up to ten minutes of history, at least
-    ``alerts.kv_exhaustion_warning_s``), and only while the pool is at least
+    ``kv_exhaustion`` fires when the pool's fill trend reaches the total within the history
+    the trend rests on (``kv_exhaustion_horizon_s``: up to ten minutes), or its forecast within
+    ``alerts.kv_exhaustion_warning_s``, and only while the pool is at least
     ``alerts.kv_exhaustion_min_usage_ratio`` full; it stays until it is below that again: a
     burst that fills a roomy pool quickly is not exhaustion, and a full pool whose usage
     pauses at the top is still full.

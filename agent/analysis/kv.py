@@ -8,10 +8,12 @@ trend does not hide it (the change over ``RATE_WINDOW_S`` alone was negative bet
 and reset the alert's timer: a pool past 80 % for five minutes was alerted 25 s before it ran
 out). The time to exhaustion is the room above the higher of the line and the latest reading,
 over the line's slope, or the recent rate's forecast when sooner (a burst to the top shows no
-trend yet), and 0 with every block used; ``trend_span_s`` (how much history the line rests
-on) is the horizon the forecast may be trusted over, which the ``kv_exhaustion`` alert uses:
-a trend seen for ten minutes says when a pool ten minutes from full runs out, not only the
-last minute.
+trend yet), and 0 with every block used. ``horizon_s`` is how far ahead that may be trusted,
+which the ``kv_exhaustion`` alert uses: the span of history the line rests on when the line
+reaches the total within it (a trend seen for ten minutes says when a pool ten minutes from
+full runs out, not only the last minute), else 0 (the 30 s rate is held to the configured
+look-ahead: extrapolated ten minutes, one admitted batch on a steady full pool would say
+"exhausted").
 
 A new pool is a new pool: a sample whose ``kv_blocks_total`` differs from the one before starts
 one (transformers' ``generate_batch`` sizes a pool per call from the memory left). Its used
@@ -55,7 +57,8 @@ class KvTracker:
         self._recent: deque[tuple[float, int]] = deque()  # the last RATE_WINDOW_S of it
         self._t0 = -1.0  # times are taken from here (a reading of the current pool)
         self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σt, Σu, Σt², Σtu over the history
-        self.trend_span_s = 0.0  # how long a history the forecast rests on
+        self.trend_span_s = 0.0  # how long a history the fill trend rests on
+        self.horizon_s = 0.0  # how far ahead the forecast may be trusted (0: no trend within)
         # the summary: the pool with the highest peak usage ratio, all three from that pool
         self.peak_blocks_used: int | None = None
         self.peak_blocks_total: int | None = None
@@ -134,14 +137,20 @@ class KvTracker:
 
     def _exhaustion_s(self, used: int, total: int) -> float | None:
         """The sooner of two forecasts: the fill trend's and the recent rate's (the change over
-        the last ``RATE_WINDOW_S``); 0 with every block used; None when neither is rising."""
+        the last ``RATE_WINDOW_S``); 0 with every block used; None when neither is rising.
+        ``horizon_s`` becomes the trend's span when the trend's forecast falls within it (it may
+        be trusted that far ahead), else 0: the recent rate rests on 30 s and is held to the
+        configured look-ahead alone."""
         history = self._history
-        self.trend_span_s = history[-1][0] - history[0][0]
+        self.trend_span_s = span = history[-1][0] - history[0][0]
+        self.horizon_s = 0.0
         if used >= total:
             return 0.0
-        forecasts = [f for f in (self._trend_forecast(used, total), self._rate_forecast(used,
-                                                                                   total))
-                     if f is not None]
+        trend = self._trend_forecast(used, total)
+        if trend is not None and trend <= span:
+            self.horizon_s = span
+        rate = self._rate_forecast(used, total)
+        forecasts = [f for f in (trend, rate) if f is not None]
         return min(forecasts) if forecasts else None
 
     def _trend_forecast(self, used: int, total: int) -> float | None:

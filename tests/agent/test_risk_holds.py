@@ -94,10 +94,25 @@ def test_kv_exhaustion_is_warned_over_the_horizon_its_trend_covers():
     assert kv_alerts(samples) == [("fired", "kv_exhaustion", 275.0)]
 
 
-def test_the_horizon_is_at_least_the_configured_warning():
+def test_the_horizon_is_the_trend_span_when_the_trend_reaches_the_total_within_it():
+    flat = AlertEngine.from_config(None)
+    flat.feed([kv_sample(t, 500) for t in range(100)])
+    assert flat.devices[0].value("kv_exhaustion_horizon_s", 99.0) == 60.0  # the setting alone
+    ramp = [kv_sample(t, 500 + t) for t in range(300)]  # 1 block a second
     e = AlertEngine.from_config(None)
-    e.feed([kv_sample(t, 500) for t in range(3)])
+    e.feed(ramp[:101])
     d = e.devices[0]
-    assert d.value("kv_exhaustion_horizon_s", 3.0) == 60.0  # 2 s of history: the setting
-    e.feed([kv_sample(t, 500) for t in range(3, 400)])
-    assert d.value("kv_exhaustion_horizon_s", 400.0) == 399.0
+    assert d.kv.exhaustion_s == pytest.approx(400.0)  # at 100 s: 400 blocks left
+    assert d.value("kv_exhaustion_horizon_s", 100.0) == 60.0  # beyond its 100 s of history
+    e.feed(ramp[101:])
+    assert d.kv.exhaustion_s == pytest.approx(201.0)  # at 299 s: 201 blocks left
+    assert d.value("kv_exhaustion_horizon_s", 299.0) == 299.0  # within its 299 s of history
+
+
+def test_a_steady_full_pool_admitting_batches_is_not_running_out():
+    # 85-95 % used for 20 minutes, a batch of 100 blocks every 30 s drained until the next: no
+    # trend; the 30 s rate after each admission says "full in ~60-90 s", which is held to the
+    # 60 s look-ahead (stretched to the trend's ten minutes, it would fire at every batch)
+    samples = sawtooth(1200, start=900, rise_per_s=0.0, period=30, drop=100)
+    assert max(s.kv_blocks_used for s in samples) == 950
+    assert kv_alerts(samples) == []
