@@ -61,3 +61,41 @@ def test_score_counts_what_it_claims():
     assert (s.leaks, s.detected, len(s.leads_s), s.false_alarms) == (1, 1, 1, 0)
     assert s.quiet_days == pytest.approx(0.1 + S.LEAK_START_S / 86400)
     assert s.leads_s[0] >= 30
+
+
+def test_the_diurnal_load_is_kv_held_by_more_requests_and_shows_in_the_blocks_in_use():
+    # the day's +8 % of the device is KV cache: at 0.40 of the device for 2000 blocks, +400
+    # blocks at midday, and one more request per batch per 0.5 % of the device
+    sc = S.diurnal(1, days=1.0)
+    block = 0.40 * S.LIMIT_BYTES / S.KV_BLOCKS
+
+    def trough(samples, f):
+        return min(f(s) for s in samples)
+
+    night = [s for s in sc.samples if s.ts_s - S.START_S < 3600]
+    noon = [s for s in sc.samples if abs(s.ts_s - S.START_S - 43200) < 1800]
+    # the batch's 2 % (100 blocks, 99 by truncation) at night; at 11:30-12:30 the load adds
+    # at least 0.08 (1 + cos(2 pi / 48)) / 2 = 7.966 % of the device: 498 blocks
+    assert (trough(night, lambda s: s.kv_blocks_used),
+            trough(noon, lambda s: s.kv_blocks_used)) == (99, 498)
+    # allocated memory less the blocks' bytes: the same at night as at noon (within a block)
+    rest = [trough(part, lambda s: s.allocated_bytes - block * s.kv_blocks_used)
+            for part in (night, noon)]
+    assert abs(rest[1] - rest[0]) < block
+    starts = {}
+    for e in sc.events:
+        if e.name == "request_start":
+            starts[e.ts_s] = starts.get(e.ts_s, 0) + 1
+    midday = [n for ts, n in starts.items() if abs(ts - S.START_S - 43200) < 1800]
+    assert min(midday) >= 4 + 15  # randint(4, 16) plus int(0.08 * ~0.97 / 0.005) extra
+
+
+def test_a_never_idle_diurnal_day_raises_no_alert_and_the_hard_figures_have_targets():
+    from vramscope.agent.bench.detection import _hard_figures
+
+    sc = S.diurnal(2, days=1.0)
+    assert fired(sc) == []
+    figs = _hard_figures(score([sc, S.leak(0.01, 1, never_idle=True)]))
+    assert [(f.metric, f.value, f.target, f.met) for f in figs] == [
+        ("never idle: leaks >=0.5%/h found in 2 h", 100.0, ">= 90", True),
+        ("never idle: false alarms per day", 0.0, "<= 0.143", True)]

@@ -2,7 +2,6 @@
 reads on a server that is never idle."""
 
 import pytest
-
 from vramscope.agent.analysis import load_floor
 from vramscope.agent.analysis.leaks import LeakDetector
 from vramscope.agent.analysis.load_floor import BlockBytes, estimate
