@@ -26,6 +26,7 @@ SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per 
 # ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
 # as much as the timeline itself; longer windows read rollups, which carry no phase
 PHASE_SHARE_SPAN_S = 6 * 3600.0
+NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
@@ -233,8 +234,15 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     rows = store.timeline(device, start_s, end_s, max_points, wanted, host=host)
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
-    bands, shares, band_source = phase_bands(store, device, host, start_s, end_s, max_points)
-    events, truncated = marker_events(store, device, host, start_s, end_s, max_points)
+    # the rare markers and the phase events in one read: the events index is (device, time),
+    # so each name lookup reads every event of the window (a week: ~100 ms a read)
+    named = store.events(device, start_s, end_s, host=host,
+                         names=tl.RARE_EVENTS + ("phase",), limit=NAMED_EVENT_LIMIT + 1)
+    changes = [e for e in named if e.name == "phase"]
+    rare = [e for e in named if e.name != "phase"][:max_points]
+    bands, shares, band_source = phase_bands(store, device, host, start_s, end_s, max_points,
+                                             changes, len(named) > NAMED_EVENT_LIMIT)
+    events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points, "bucket_s": (end_s - start_s) / max_points,
             "series": series, "phases": bands, "phase_shares": shares,
@@ -245,10 +253,10 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
 
 
 def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                  limit: int) -> tuple[list[Event], bool]:
-    """OOMs and orphaned blocks always; request boundaries only when at most ``limit`` of them
-    fall in the window (the first ``limit`` of a busy day would only mislead)."""
-    rare = store.events(device, start_s, end_s, host=host, names=tl.RARE_EVENTS, limit=limit)
+                  limit: int, rare: list[Event]) -> tuple[list[Event], bool]:
+    """OOMs and orphaned blocks always (``rare``, read by the caller); request boundaries only
+    when at most ``limit`` of them fall in the window (the first ``limit`` of a busy day would
+    only mislead)."""
     requests = store.events(device, start_s, end_s, host=host, names=tl.REQUEST_EVENTS,
                             limit=limit + 1)
     truncated = len(requests) > limit
@@ -277,11 +285,14 @@ def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                max_bands: int) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
-    """``(bands, shares, source)``: exact bands from phase events, or from sample phases in a
-    short window, when at most ``max_bands`` of them; otherwise each phase's share per bucket
-    (a 2-second prefill would be narrower than a pixel, and no bucket's longest phase)."""
-    changes = store.events(device, start_s, end_s, host=host, names=("phase",))
+                max_bands: int, changes: list[Event], too_many: bool = False
+                ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
+    """``(bands, shares, source)``: exact bands from the window's phase events (``changes``),
+    or from sample phases in a short window, when at most ``max_bands`` of them; otherwise each
+    phase's share per bucket (a 2-second prefill would be narrower than a pixel, and no
+    bucket's longest phase). ``too_many``: the events were cut at ``NAMED_EVENT_LIMIT``."""
+    if too_many:
+        return [], None, "zoom in: too many phase events"
     if changes:
         bands = tl.bands_from_events(changes, end_s)
         if len(bands) <= max_bands:

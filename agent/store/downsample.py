@@ -117,26 +117,32 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
         agg += [func.min(samples.c[col]).label(f"{col}_min"),
                 func.max(samples.c[col]).label(f"{col}_max")]
     with store.engine.connect() as c:
-        grouped = [r._mapping for r in c.execute(select(*agg).where(and_(*where)).group_by(bucket))]
-        last = _last_values(c, did, [r["last_ts_s"] for r in grouped], grid.columns, source)
+        grouped = c.execute(select(*agg).where(and_(*where)).group_by(bucket)).all()
+        last = _last_values(c, did, [r[1] for r in grouped], grid.columns, source)
     # A last row can be gone by the second query (PostgreSQL reads each statement afresh and
     # retention may have deleted it): that bucket then has no "last", not a failed request.
-    return [(min(int(r["bucket"]), grid.buckets - 1), r["last_ts_s"],
-             {col: (r[f"{col}_min"], r[f"{col}_max"], last.get(r["last_ts_s"], {}).get(col))
-              for col in grid.columns})
-            for r in grouped]
+    # Rows by position (bucket, last_ts_s, then min, max per column): 2,000 buckets of a dozen
+    # columns by name was a third of a 15-minute timeline.
+    missing = (None,) * len(grid.columns)
+    out = []
+    for r in grouped:
+        lasts = last.get(r[1], missing)
+        out.append((min(int(r[0]), grid.buckets - 1), r[1],
+                    {col: (r[2 + 2 * i], r[3 + 2 * i], lasts[i])
+                     for i, col in enumerate(grid.columns)}))
+    return out
 
 
 LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits
 
 
 def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence[str],
-                 source: str | None) -> dict[float, dict[str, Any]]:
+                 source: str | None) -> dict[float, tuple[Any, ...]]:
     """Each bucket's "last": the row(s) at its latest timestamp, fetched by (device, ts_s) on
     the samples index. A separate query rather than a join back on the grouped subquery,
     because newer SQLite (the GPU machine's; reproduced with 3.51) plans that join as a scan of
     every row of the device around the subquery: 17 s instead of 70 ms for a 24-hour view."""
-    out: dict[float, dict[str, Any]] = {}
+    out: dict[float, tuple[Any, ...]] = {}
     for i in range(0, len(stamps), LAST_ROWS_CHUNK):
         where = [samples.c.device_id == did,
                  samples.c.ts_s.in_(stamps[i:i + LAST_ROWS_CHUNK])]
@@ -145,7 +151,7 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
         q = (select(samples.c.ts_s, *(func.max(samples.c[col]).label(col) for col in columns))
              .where(*where).group_by(samples.c.ts_s))
         for r in c.execute(q):
-            out[r.ts_s] = {col: r._mapping[col] for col in columns}
+            out[r[0]] = tuple(r[1:])  # the columns' values, in order
     return out
 
 
@@ -183,22 +189,31 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     where = [rollups.c.device_id == did, rollups.c.metric.in_(list(grid.columns))]
     if source is not None:
         where.append(rollups.c.source == source)
-    agg: list[ColumnElement[Any]] = [bucket.label("b"),
-                                     func.max(rollups.c.bucket_s).label("newest")]
-    for col in grid.columns:
-        mine = rollups.c.metric == col
-        agg += [func.min(case((mine, rollups.c.min_value))),
-                func.max(case((mine, rollups.c.max_value)))]
-    q = (select(*agg).where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
-         .group_by(bucket))
+    # grouped by (bucket, metric), not pivoted with a CASE per column: two aggregates a row
+    # instead of two per column (a week's 141k rows: 110 ms against 190 ms), 26k rows back
+    q = (select(bucket.label("b"), rollups.c.metric, func.min(rollups.c.min_value),
+                func.max(rollups.c.max_value), func.max(rollups.c.bucket_s))
+         .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
+         .group_by(bucket, rollups.c.metric))
+    newest: dict[int, float] = {}
+    values: dict[int, dict[str, tuple[Any, Any]]] = {}
     with store.engine.connect() as c:
-        grouped = c.execute(q).all()
-        last = _rollup_lasts(c, where, [float(r[1]) for r in grouped], grid.columns)
-    n = len(grid.columns)
-    return [(min(int(r[0]), grid.buckets - 1), float(r[1]) + ROLLUP_S,
-             {col: (r[2 + 2 * i], r[3 + 2 * i], last.get(float(r[1]), (None,) * n)[i])
-              for i, col in enumerate(grid.columns)})
-            for r in grouped]
+        for b, metric, lo, hi, minute in c.execute(q):
+            k = min(int(b), grid.buckets - 1)
+            newest[k] = max(float(minute), newest.get(k, float(minute)))
+            mine = values.setdefault(k, {})
+            if metric in mine:  # the end's bucket also takes the one past it (clamped)
+                lo, hi = min(lo, mine[metric][0]), max(hi, mine[metric][1])
+            mine[metric] = (lo, hi)
+        last = _rollup_lasts(c, where, sorted(newest.values()), grid.columns)
+    none = (None,) * len(grid.columns)
+    out = []
+    for k in sorted(newest):
+        lasts, mine = last.get(newest[k], none), values[k]
+        out.append((k, newest[k] + ROLLUP_S,
+                    {col: (*mine.get(col, (None, None)), lasts[i])
+                     for i, col in enumerate(grid.columns)}))
+    return out
 
 
 def _rollup_lasts(c: Connection, where: list[ColumnElement[bool]], minutes: list[float],
