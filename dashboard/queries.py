@@ -26,6 +26,9 @@ SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per 
 # ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
 # as much as the timeline itself; longer windows read rollups, which carry no phase
 PHASE_SHARE_SPAN_S = 6 * 3600.0
+# Capacity's measured peaks cover each device's newest day: over everything stored they read a
+# week of minute rollups per device (0.4 s for 4 devices, growing with the retention)
+PEAKS_WINDOW_S = 86_400.0
 NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
@@ -311,17 +314,19 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
 
 
 def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
-    """Peak allocated / reserved / device used / KV blocks over everything stored."""
+    """Peak allocated / reserved / device used / KV blocks over the device's newest
+    ``PEAKS_WINDOW_S`` of data (``first_ts_s``: where that began)."""
     span = store.time_range(device, host)
     if span is None:
         return None
     cols = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
             "kv_blocks_used", "kv_blocks_total")
-    end = span[1] if span[1] > span[0] else span[0] + 1.0
-    rows = store.timeline(device, span[0], end, 1, cols, host=host)
+    first = max(span[0], span[1] - PEAKS_WINDOW_S)
+    end = span[1] if span[1] > first else first + 1.0
+    rows = store.timeline(device, first, end, 1, cols, host=host)
     peaks = {c: max((r[f"{c}_max"] for r in rows if r[f"{c}_max"] is not None), default=None)
              for c in cols}
-    return {"first_ts_s": span[0], "last_ts_s": span[1], **peaks}
+    return {"first_ts_s": first, "last_ts_s": span[1], **peaks}
 
 
 def postmortem_json(pm_id: int, pm: PostMortem, default_host: str,

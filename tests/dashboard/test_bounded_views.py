@@ -10,7 +10,7 @@ from vramscope.agent.store import Store
 from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
 from vramscope.agent.store.window import count_at_most
-from vramscope.dashboard import views
+from vramscope.dashboard import queries, views
 
 
 def _store(tmp_path) -> Store:
@@ -119,3 +119,17 @@ def test_phase_changes_are_found_in_sql_and_bounded(tmp_path):
             (T0 + 1, "idle"), (T0 + 3, "prefill"), (T0 + 4, "decode")]
         assert phase_changes(store, 0, T0, T0 + 10, 3) is None  # 4 changes > 3
         assert phase_changes(store, 5, T0, T0 + 10, 3) == []  # no such device
+
+
+def test_capacity_peaks_cover_the_newest_day_only(tmp_path):
+    """A peak two days old is not read: the peaks' work is a day of rollups per device,
+    whatever the store's age, and ``first_ts_s`` says where the day began."""
+    with Store.open(f"sqlite:///{tmp_path / 'c.db'}", host_name="h") as store:
+        old, new = T0, T0 + 2 * 86_400
+        store.write([Sample(old, 0, Phase.IDLE, "torch", 1, allocated_bytes=50 * GIB),
+                     Sample(new - 10, 0, Phase.IDLE, "torch", 1, allocated_bytes=3 * GIB),
+                     Sample(new, 0, Phase.IDLE, "torch", 1, allocated_bytes=2 * GIB)])
+        peaks = queries.measured_peaks(store, 0, None)
+    assert peaks is not None
+    assert (peaks["allocated_bytes"], peaks["first_ts_s"], peaks["last_ts_s"]) == (
+        3 * GIB, new - 86_400, new)
