@@ -27,6 +27,7 @@ from vramscope.agent.timefmt import iso_utc
 
 FORMAT = "vramscope.analysis/1"
 _REPORT_PHASES = ("prefill", "decode", "idle", "setup")
+KV_WARNING_RULE = "kv_exhaustion"  # its first firing is a warning of the OOM too
 
 
 class DeviceState(Protocol):
@@ -76,8 +77,14 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
     events = list(events)
     layouts = [e for e in events if e.name == LAYOUT_EVENT]
     context = [e for e in events if e.name in _OOM_CONTEXT]
+    history = list(history)
+    kv_warned: dict[int, float] = {}  # the first kv_exhaustion alert of each device
+    for ch in history:
+        if ch.kind == "fired" and ch.rule == KV_WARNING_RULE:
+            kv_warned.setdefault(ch.device, ch.ts_s)
     docs = {str(dev): _device_doc(devices[dev], per_device.get(dev, []),
-                                  [p for p in postmortems if p.device == dev], context)
+                                  [p for p in postmortems if p.device == dev], context,
+                                  kv_warned.get(dev))
             for dev in sorted(devices)}
     for dev in sorted(devices):
         leak = docs[str(dev)]["leak"]
@@ -87,12 +94,13 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
 
 
 def _device_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
-                context: Sequence[Event] = ()) -> dict[str, Any]:
+                context: Sequence[Event] = (), kv_warned_ts: float | None = None
+                ) -> dict[str, Any]:
     frag = fragmentation_summary(samples)
     phases = phase_stats(samples)
     return {
         "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
-        "oom": _oom_doc(d, samples, postmortems, context),
+        "oom": _oom_doc(d, samples, postmortems, context, kv_warned_ts),
         "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
                           "max_external_fragmentation": frag.max_external_fragmentation},
         "phases": {p: {"samples": phases[p].samples,
@@ -192,7 +200,10 @@ def _windows_doc(w: Windows | None) -> dict[str, Any] | None:
 
 
 def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
-             context: Sequence[Event] = ()) -> dict[str, Any]:
+             context: Sequence[Event] = (), kv_warned_ts: float | None = None
+             ) -> dict[str, Any]:
+    """The OOM part of a device's document. The first warning is the risk model's, or the
+    ``kv_exhaustion`` alert's when sooner: a pool running out warns of its own OOM."""
     first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
     if first_oom is None and postmortems:
         first_oom = postmortems[0].ts_s
@@ -204,8 +215,10 @@ def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem
             facts = {k: v for k, v in facts.items()
                      if k in ("in_flight_series", "kv_refusals_ts")}
         cause, _ = diagnose(pm, samples, ts_s=first_oom, **facts)
+    warned = [t for t in (d.first_warning_ts_s, kv_warned_ts) if t is not None]
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
-            "first_warning_ts": d.first_warning_ts_s, "max_risk": LEVELS[d.max_level],
+            "first_warning_ts": min(warned) if warned else None,
+            "max_risk": LEVELS[d.max_level],
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
 
 

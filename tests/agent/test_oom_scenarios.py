@@ -70,3 +70,11 @@ def test_the_suites_ooms_are_named_from_their_events_alone(seed):
 ])
 def test_the_failed_size_from_an_oom_message(message, size):
     assert failed_from_message(message) == size
+
+
+def test_the_kv_warning_is_the_documents_first_warning():
+    # the risk model says nothing of a preallocated pool running out (allocated is flat); the
+    # kv_exhaustion alert, 301 s before the OOM, is the document's first warning (it was none)
+    sc = oom_scenarios.kv_exhaustion(1)
+    oom = analyze_records(sc.samples, sc.events)["devices"]["0"]["oom"]
+    assert (oom["max_risk"], oom["first_oom_ts"] - oom["first_warning_ts"]) == ("ok", 301.0)
