@@ -23,7 +23,8 @@ The order of the checks is the order an experienced engineer goes through them:
    allocated memory on the requests in flight and time; else the non-prefill allocated memory.
 5. ``load`` — the in-flight work grew to the limit with a flat floor: at least two requests in
    flight at the OOM and at least ``LOAD_RATIO`` times the median in flight over the first
-   quarter of the samples (a load ramp: more requests, each with its KV cache).
+   quarter of the samples (a load ramp: more requests, each with its KV cache), the failed
+   allocation under ``SPIKE_RATIO`` of the limit (a larger one is a prefill spike).
 6. ``prefill_spike`` — it failed in prefill with at most one request in flight, or the failed
    allocation alone is at least ``SPIKE_RATIO`` of the limit (one long prompt).
 7. ``batch`` — it failed with several requests in flight (a few long requests in one batch).
@@ -278,6 +279,8 @@ def _is_load(f: _Facts) -> bool:
     flat: the growth check comes first)."""
     if f.loads is None or f.in_flight is None or f.in_flight < 2 or len(f.loads) < 4:
         return False
+    if f.failed is not None and f.total and f.failed >= SPIKE_RATIO * f.total:
+        return False  # one allocation of a tenth of the limit: a spike, not work piling up
     early = _median(f.loads[:max(1, len(f.loads) // 4)])
     return f.in_flight >= LOAD_RATIO * max(1.0, early)
 

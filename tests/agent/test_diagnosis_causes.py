@@ -50,6 +50,14 @@ def test_a_load_ramp_with_a_flat_floor_is_load_not_growth():
     assert cause(samples, events) == "load"
 
 
+def test_a_tenth_of_the_limit_failing_under_the_ramp_is_a_prefill_spike():
+    # the same ramp, but the failed allocation is 9 GiB (11 % of the limit): one long prompt
+    samples, events = ramp(wobbling_ramp)
+    events[-1] = events[-1]._replace(data={"message": "CUDA out of memory",
+                                           "failed_alloc_bytes": 9 * G})
+    assert cause(samples, events) == "prefill_spike"
+
+
 def test_a_rising_floor_under_the_same_ramp_is_growth():
     # the same ramp with the floor rising 4 GiB per 100 s (16 GiB, 20 % of the limit): growth
     samples, events = ramp(wobbling_ramp, floor_at=lambda t: t * 4 * G // 100)
