@@ -294,7 +294,7 @@ class RiskModel:
             self._room = room = room if room > 0.0 else 0.0
             tto = room / tr.slope
         self.time_to_oom_s = tto
-        retrying = self._retrying(ts_s, limit, other)
+        retrying = self._retry_rise_ts is not None and self._retrying(ts_s, limit, other)
         # hysteresis: a headroom warning holds until the headroom is back above the threshold
         # by HYSTERESIS_RATIO of the limit (a server hovering at the threshold: one warning,
         # not dozens)
