@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, cast
 
 from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
-from vramscope.agent.alerts.rules import OPS, Rule, rules_from
+from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
 from vramscope.agent.analysis.diagnosis import diagnose_warning
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker
@@ -353,7 +353,7 @@ class _RuleState:
     """One rule on one device: its metric getter and where it stands."""
 
     __slots__ = ("rule", "getter", "gate", "horizon", "op", "threshold", "inputs", "quiet",
-                 "pending_since", "fired_ts", "clear_since")
+                 "pending_since", "fired_ts", "clear_since", "resolved_ts", "hold")
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule  # its threshold: ``limit`` (a horizon's value may raise it)
@@ -370,6 +370,8 @@ class _RuleState:
         self.pending_since: float | None = None
         self.fired_ts: float | None = None
         self.clear_since: float | None = None
+        self.resolved_ts: float | None = None  # when it last resolved
+        self.hold = 1.0  # clear_for is stretched this much (a ``backoff`` rule that came back)
 
 
 class _DeviceRules:
@@ -473,6 +475,9 @@ class AlertEngine:
             st.pending_since = now
         if now - st.pending_since >= rule.for_s or rule.is_urgent(value):
             st.fired_ts, st.clear_since = now, None
+            if rule.backoff:
+                back = st.resolved_ts is not None and now - st.resolved_ts <= BACKOFF_WINDOW_S
+                st.hold = min(BACKOFF_MAX, 2.0 * st.hold) if back else 1.0
             out.append(AlertChange("fired", rule.name, rule.severity, d.device, now, value,
                                    _message(rule, value, d), rule.labels, now, host))
 
@@ -487,8 +492,9 @@ class AlertEngine:
             return
         if st.clear_since is None:
             st.clear_since = now
-        if now - st.clear_since >= rule.clear_for_s:
+        if now - st.clear_since >= rule.clear_for_s * st.hold:
             fired, st.fired_ts, st.pending_since = st.fired_ts, None, None
+            st.resolved_ts = now
             assert fired is not None  # only a fired alert resolves
             out.append(AlertChange("resolved", rule.name, rule.severity, d.device, now, value,
                                    rule.describe(value), rule.labels, fired, host))

@@ -96,6 +96,10 @@ class Rule:
     # a metric whose value, when larger, replaces the threshold (a ``<`` rule: a forecast
     # compared with the horizon its evidence covers, not a fixed look-ahead)
     horizon: str | None = None
+    # an alert that fires again within BACKOFF_WINDOW_S of resolving holds twice as long before
+    # it resolves next (up to BACKOFF_MAX times ``clear_for``): a risk that keeps coming back is
+    # one risk, not an alert every time it returns
+    backoff: bool = False
 
     def breached(self, value: float | None, threshold: float | None = None) -> bool:
         limit = self.threshold if threshold is None else threshold
@@ -151,6 +155,8 @@ def format_value(metric: str, value: float) -> str:
 
 
 RISK_HOLD_S = 1800.0  # an OOM-risk alert resolves after half an hour below its level
+BACKOFF_WINDOW_S = 6 * 3600.0  # a firing this soon after a resolution is the same risk back
+BACKOFF_MAX = 8.0  # the hold grows at most to this many times ``clear_for``
 
 
 def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
@@ -161,7 +167,8 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
     critical, as ``oom_risk_critical`` does. Both resolve only after ``RISK_HOLD_S`` below
     their level: a server that comes back to the same risk within half an hour is the same
     risk, held by one alert (a tight server fired and cleared 31 of them in 12 h with a
-    one-minute hold).
+    one-minute hold); one that fires again within ``BACKOFF_WINDOW_S`` of resolving holds
+    twice as long before it resolves next (up to ``BACKOFF_MAX`` times: 4 h).
     ``kv_exhaustion`` fires when the pool's fill trend reaches the total within the history
     the trend rests on (``kv_exhaustion_horizon_s``: up to ten minutes), or its forecast within
     ``alerts.kv_exhaustion_warning_s``, and only while the pool is at least
@@ -175,11 +182,11 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
     hold = RISK_HOLD_S
     return [
         Rule("oom_risk", "risk_level", ">=", 1, for_s=risk_for, clear_for_s=hold,
-             severity="warning", urgent=2,
+             severity="warning", urgent=2, backoff=True,
              message="OOM risk: low headroom, memory trending to the limit, or fragmentation",
              builtin=True),
         Rule("oom_risk_critical", "risk_level", ">=", 2, clear_for_s=hold, severity="critical",
-             message="OOM risk critical", builtin=True),
+             backoff=True, message="OOM risk critical", builtin=True),
         Rule("memory_leak", "leak_detected", ">=", 1, severity="warning",
              message="idle floor keeps rising after warm-up (leak)", builtin=True),
         Rule("kv_exhaustion", "kv_exhaustion_s", "<", kv_s, for_s=5.0, clear_for_s=30.0,

@@ -116,3 +116,29 @@ def test_a_steady_full_pool_admitting_batches_is_not_running_out():
     samples = sawtooth(1200, start=900, rise_per_s=0.0, period=30, drop=100)
     assert max(s.kv_blocks_used for s in samples) == 950
     assert kv_alerts(samples) == []
+
+
+def risk_alerts(allocated):
+    """OOM-risk alert changes over 1 s decode samples on a 1000-byte limit."""
+    samples = [Sample(float(t), 0, Phase.DECODE, "t", allocated_bytes=a, device_total_bytes=LIMIT)
+               for t, a in enumerate(allocated)]
+    return [(c.kind, c.ts_s) for c in AlertEngine.from_config(None).feed(samples)
+            if c.rule == "oom_risk"]
+
+
+def test_a_risk_that_keeps_coming_back_holds_longer_each_time():
+    # 30 s at warning (4 % headroom) every 40 minutes for 12 hours: the first alert resolves
+    # 30 min after its dip, the risk is back 10 min later; the second alert then holds an hour,
+    # longer than the gaps, until the end. Two alerts (18 with a fixed 30 min hold, 18 with the
+    # old one-minute hold)
+    got = risk_alerts(([960] * 30 + [900] * 2370) * 18)
+    assert got == [("fired", 15.0), ("resolved", 30.0 + 1800.0), ("fired", 2415.0)]
+
+
+def test_a_risk_gone_for_six_hours_starts_over():
+    # two dips 8 h apart: each alert holds 30 min (the second is not a return of the first)
+    dip = [960] * 30
+    got = risk_alerts(dip + [900] * (8 * 3600 - 30) + dip + [900] * 1900)
+    second = 8 * 3600.0
+    assert got == [("fired", 15.0), ("resolved", 1830.0), ("fired", second + 15.0),
+                   ("resolved", second + 1830.0)]
