@@ -13,7 +13,9 @@ shaping and JSON: the server's whole time):
   7 days, held to 300 ms;
 - every windowless route (overview, devices, hosts, freshness, processes, capacity, metrics,
   the HTML pages) once, held to 300 ms; the overview also as a ratio against the same route
-  on an empty store in the same run (target: within 2x);
+  on a store of the same devices holding only the last hour of the same history (target:
+  within 2x: age must not cost), and, for reference, against an empty store (no devices: a
+  lower bound, not a target);
 - the 24 h timeline against its baseline, the same range fetched raw and serialised;
 - the database's bytes per device-day.
 """
@@ -57,21 +59,30 @@ def run(options: BenchOptions) -> list[Figure]:
         try:
             if store.count("samples") == 0:
                 generate(store, history)
-            return _measure(store, empty, history, rounds)
+            return _measure(store, empty, history, rounds, workdir)
         finally:
             store.close()
             empty.close()
 
 
-def _measure(store: Store, empty: Store, history: History, rounds: int) -> list[Figure]:
+def _measure(store: Store, empty: Store, history: History, rounds: int,
+             workdir: str) -> list[Figure]:
     from vramscope.agent.clock import FakeClock
     from vramscope.dashboard.app import create_app
 
     clock = FakeClock(history.end_s + 1.0)  # the newest sample is a second old: "live"
     client = create_app(None, store, clock=clock).test_client()
     figures = _windowed(client, history, rounds) + _plain(client, rounds)
+    young = _young_store(store, history, workdir)
+    try:
+        young_client = create_app(None, young, clock=clock).test_client()
+        figures.append(_overview_ratio(client, young_client, rounds, "an hour of the same "
+                                       f"history ({young.dialect})", target=True))
+    finally:
+        young.close()
     empty_client = create_app(None, empty, clock=clock).test_client()
-    figures.append(_overview_ratio(client, empty_client, rounds, empty.dialect))
+    figures.append(_overview_ratio(client, empty_client, rounds, f"an empty {empty.dialect} "
+                                   "store", target=False))
     figures += _timeline_vs_raw(client, store, history, rounds)
     figures.append(_bytes_per_device_day(store, history))
     return figures
@@ -117,17 +128,31 @@ def _plain(client: FlaskClient, rounds: int) -> list[Figure]:
     return out
 
 
-def _overview_ratio(client: FlaskClient, empty_client: FlaskClient, rounds: int,
-                    empty_dialect: str) -> Figure:
-    old, new = _get(client, "/api/v1/overview"), _get(empty_client, "/api/v1/overview")
+def _young_store(store: Store, history: History, workdir: str) -> Store:
+    """The store's devices with only the last hour of the same history: what the overview
+    costs when the store is young (an empty store has no devices to show)."""
+    from vramscope.agent.store import Store
+
+    devices = len(store.devices()) or history.devices
+    young = Store.open(f"sqlite:///{os.path.join(workdir, 'young.db')}", host_name="bench-host")
+    if young.count("samples") == 0:
+        generate(young, History(devices=devices, hz=history.hz, days=1 / 24,
+                                end_s=history.end_s))
+    return young
+
+
+def _overview_ratio(client: FlaskClient, other: FlaskClient, rounds: int, what: str,
+                    target: bool) -> Figure:
+    """The overview on the old store against ``other`` (the same route, same run)."""
+    old, new = _get(client, "/api/v1/overview"), _get(other, "/api/v1/overview")
     old(), new()
     aged, fresh = interleaved([old, new], rounds)
     ratio = aged.median_s / fresh.median_s
-    return Figure("dashboard", "/api/v1/overview, old store / empty store", ratio, "x",
-                  spread=f"old {aged.spread(1000, 'ms')}; empty {fresh.spread(1000, 'ms')}",
-                  baseline=f"the same route on an empty {empty_dialect} store, "
-                           "same run",
-                  target="<= 2", met=ratio <= 2)
+    label = "1 h store" if target else "empty store"
+    return Figure("dashboard", f"/api/v1/overview, old store / {label}", ratio, "x",
+                  spread=f"old {aged.spread(1000, 'ms')}; {label} {fresh.spread(1000, 'ms')}",
+                  baseline=f"the same route on {what}, same run",
+                  target="<= 2" if target else "", met=ratio <= 2 if target else None)
 
 
 def _timeline_vs_raw(client: FlaskClient, store: Store, history: History,
