@@ -86,12 +86,15 @@ def read_window(store: Store, device: int, host: str | None, start: float, end: 
 
 
 def _tier_name(store: Store, device: int, host: str | None, start: float, end: float,
-               width: float) -> str:
+               width: float, shown: float | None = None) -> str:
+    """Where buckets ``width`` wide were read from (``Store.timeline`` reads rollups for
+    buckets of half a minute or more, where kept), and the buckets' width as analysed
+    (``shown``, when they were merged further)."""
     from vramscope.agent.store.downsample import ROLLUP_S, rollup_span
 
     rolled = width >= ROLLUP_S / 2 and rollup_span(store, device, start, end, host) is not None
     where = "per-minute rollups" if rolled else "raw samples grouped in SQL"
-    return f"{where}, {width:.3g} s buckets"
+    return f"{where}, {shown or width:.3g} s buckets"
 
 
 def bucket_samples(rows: list[dict[str, Any]], device: int, width: float,
@@ -322,22 +325,34 @@ def _forecast(store: Store, config: Settings, device: int, host: str | None, sta
     method = "risk model (causal)"
     if samples is None:
         width = (end - start) / RISK_BUCKETS
+        merged = width * max(1, math.ceil(len(rows) / RISK_MODEL_POINTS))
         samples, events = peak_samples(rows, device), []
         method = ("risk model on per-bucket peaks of "
-                  + _tier_name(store, device, host, start, end, width))
+                  + _tier_name(store, device, host, start, end, width, merged))
     points = device_points(risk_timeline(samples, events, config), device)
     last = points[-1] if points else None
     return _forecast_series(points, start, end), _level_rises(points), method, last
 
 
-def peak_samples(rows: list[dict[str, Any]], device: int) -> list[Sample]:
-    """One sample per downsampled bucket, at its last time, holding the bucket's maxima."""
+# The risk model fits a trend at every sample (about 0.1 ms each): the forecast of a long
+# window runs on at most this many peaks, each the maxima of consecutive buckets.
+RISK_MODEL_POINTS = 500
+
+
+def peak_samples(rows: list[dict[str, Any]], device: int,
+                 max_points: int = RISK_MODEL_POINTS) -> list[Sample]:
+    """One sample per group of consecutive downsampled buckets (at most ``max_points``), at
+    the group's last time, holding its maxima."""
+    step = max(1, math.ceil(len(rows) / max_points))
     out = []
-    for r in rows:
-        values = {c: r[f"{c}_max"] for c in RISK_COLUMNS}
+    for i in range(0, len(rows), step):
+        group = rows[i:i + step]
+        values = {c: max((r[f"{c}_max"] for r in group if r[f"{c}_max"] is not None),
+                         default=None) for c in RISK_COLUMNS}
         if values["allocated_bytes"] is None and values["device_used_bytes"] is None:
             continue
-        out.append(Sample(r["last_ts_s"], device, Phase.UNKNOWN, "peaks", None, **values))
+        out.append(Sample(group[-1]["last_ts_s"], device, Phase.UNKNOWN, "peaks", None,
+                          **values))
     return out
 
 

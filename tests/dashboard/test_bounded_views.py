@@ -51,7 +51,7 @@ def test_the_analysis_and_risk_views_do_not_build_a_window_over_the_limit(tmp_pa
         assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 60 s buckets", 60.0)
         risk = views.risk_view(store, parse_config({}, None), 1, None, T_END - 3600, T_END)
         assert risk["forecast_method"] == ("risk model on per-bucket peaks of raw samples "
-                                           "grouped in SQL, 1.8 s buckets")
+                                           "grouped in SQL, 7.2 s buckets")  # 4 buckets a peak
 
 
 def test_tier_widths_keep_a_window_within_its_buckets():
@@ -133,3 +133,14 @@ def test_capacity_peaks_cover_the_newest_day_only(tmp_path):
     assert peaks is not None
     assert (peaks["allocated_bytes"], peaks["first_ts_s"], peaks["last_ts_s"]) == (
         3 * GIB, new - 86_400, new)
+
+
+def test_the_risk_model_gets_at_most_its_points_each_the_maxima_of_its_buckets():
+    cols = views.RISK_COLUMNS
+    rows = [{"ts_s": float(i), "last_ts_s": i + 0.5,
+             **{f"{c}_max": (i * 10 if c == "allocated_bytes" else None) for c in cols}}
+            for i in range(10)]
+    got = views.peak_samples(rows, 2, max_points=4)  # 3 buckets a peak: 4 peaks
+    assert [(s.ts_s, s.allocated_bytes, s.device) for s in got] == [
+        (2.5, 20, 2), (5.5, 50, 2), (8.5, 80, 2), (9.5, 90, 2)]
+    assert len(views.peak_samples(rows, 2)) == 10  # under the default: one a bucket

@@ -327,7 +327,7 @@ def test_long_windows_are_read_a_tier_up(client):
     assert leaks["orphaned"][0]["blocks"] == 12  # rare events survive the tier
     risk = client.get(f"/api/v1/figures/risk?device=0&{WINDOW}").get_json()
     assert risk["forecast_method"] == "risk model on per-bucket peaks of raw samples grouped " \
-                                      "in SQL, 3.6 s buckets"
+                                      "in SQL, 14.4 s buckets"  # 4 of 3.6 s a peak
     assert "time to OOM" in [t["name"] for t in risk["figure"]["data"]]
     doc = client.get(f"/api/v1/analysis?device=0&{WINDOW}").get_json()
     assert (doc["tier"], doc["bucket_s"]) == ("raw samples grouped in SQL, 120 s buckets", 120.0)
