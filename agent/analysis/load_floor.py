@@ -35,7 +35,9 @@ KEEP = 2048  # ratios kept (bounded; enough that the median barely moves: its dr
 # blocks in use would read as floor noise)
 MIN_RATIOS = 32
 MIN_POSITIVE = 0.8
-REFRESH_EVERY = 32  # ratios between two recomputations of the median
+REFRESH_EVERY = 32  # ratios between two recomputations of the median, at least; once many
+# are kept, every eighth of them (a median of 2,048 is a sort: not on every sample of a
+# million-sample trace)
 
 
 class BlockBytes:
@@ -64,7 +66,8 @@ class BlockBytes:
             return
         self._ratios.append((allocated - last[0]) / (used - last[1]))
         self._stale += 1
-        if self._stale >= REFRESH_EVERY or len(self._ratios) == MIN_RATIOS:
+        if self._stale >= max(REFRESH_EVERY, len(self._ratios) // 8) \
+                or len(self._ratios) == MIN_RATIOS:
             self._estimate = estimate(self._ratios)
             self._stale = 0
 
