@@ -27,7 +27,9 @@ Two refinements make it fast and load-aware:
 - the floor is the *residual* floor where the server reports its KV pool: allocated memory less
   the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
   estimated online), so that a never-idle server whose KV cache follows the day's load has a
-  flat floor, and a preallocated pool (no bytes per block) changes nothing;
+  flat floor, and a preallocated pool (no bytes per block) changes nothing; without KV
+  figures, the floor after a request less the bytes per request in flight times the requests
+  still in flight (the same estimator, fed the request events);
 - a sequential test (``vramscope.agent.analysis.sequential``: a one-sided CUSUM on the floor's
   increments, armed once the floor settled after the warm-up) names a clean rise after a few
   points; its crossing is confirmed by the same trend checks on the points since the change
@@ -125,17 +127,20 @@ class FloorTracker:
             self.in_flight = max(0, self.in_flight - 1)
             self._ended = True
 
-    def update(self, s: Sample, explained: int = 0) -> tuple[float, int] | None:
+    def update(self, s: Sample, explained: int = 0,
+               anytime: bool = True) -> tuple[float, int] | None:
         """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any.
         ``explained``: bytes the server's load holds now (KV blocks in use), taken off the
-        sample's memory (the residual floor)."""
+        sample's memory (the residual floor); ``anytime``: it explains the KV of every request,
+        so the window's least residual at any moment is its floor (else the floor after a
+        request stays the point, less what the requests still in flight hold)."""
         value = s.allocated_bytes
         if value is not None:
             self._uses_allocated = True
         elif self._uses_allocated or (value := s.device_used_bytes) is None:
             return None
         value -= explained
-        if explained:
+        if explained and anytime:
             self._explained = True
         ts_s, point = s.ts_s, None
         if self._start is None or ts_s >= self._end:
@@ -199,6 +204,7 @@ class LeakDetector:
         self._max_seen = 0
         self._uses_allocated = False
         self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
+        self.per_request = BlockBytes()  # without KV figures: bytes per request in flight
         self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
         self._seq: LeakResult | None = None  # the sequential verdict while it holds a leak
         self._seq_start: float | None = None  # its change point
@@ -260,7 +266,13 @@ class LeakDetector:
             self.load.observe(allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        point = self.floor.update(s, self.load.explained())
+        if self.load.kv_used is None:  # no KV figures: what the requests in flight hold
+            self.per_request.observe_kv(self.floor.in_flight)
+            if allocated is not None:
+                self.per_request.observe(allocated)
+            point = self.floor.update(s, self.per_request.explained(), anytime=False)
+        else:
+            point = self.floor.update(s, self.load.explained())
         warmup = self.windows.warmup_s if self.windows is not None else self.t.leak_warmup_s
         if point is None or point[0] < self._first_ts + warmup:
             return None
@@ -297,6 +309,7 @@ class LeakDetector:
         fired = self.cusum.update(ts, y, raw, k)
         if self.cusum.restarts != restarts:
             self.load.restart()  # still warming up: bytes per block learnt so far are stale
+            self.per_request.restart()
         if self._seq is None:
             if not fired or self.cusum.start_ts is None:
                 return None

@@ -17,6 +17,11 @@ online from how allocated memory moves with the blocks in use:
   pool (allocated memory independent of the blocks in use) gives ratios scattered around 0: the
   estimate is 0 and the floor is left as it is.
 
+Without KV figures the same estimator is fed the requests in flight (by the request events)
+instead of the blocks in use: bytes per request in flight, taken off the floor after each
+request (``LeakDetector``), so that a floor that follows the number of requests in flight, a
+load ramp, is not a leak either.
+
 A leak is slow against the sample interval, so it barely biases ratios taken between
 consecutive samples; a warm-up ramp is not (graph capture, caches: gigabytes in minutes while
 the first batches fill the KV cache), so the ratios are forgotten each time the sequential
@@ -27,6 +32,7 @@ is explained away here; the KV pool's orphan check (``kv_orphaned_blocks``) name
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 
 from vramscope.agent.analysis.stats import median
@@ -35,20 +41,18 @@ KEEP = 2048  # ratios kept (bounded; enough that the median barely moves: its dr
 # blocks in use would read as floor noise)
 MIN_RATIOS = 32
 MIN_POSITIVE = 0.8
-REFRESH_EVERY = 32  # ratios between two recomputations of the median, at least; once many
-# are kept, every eighth of them (a median of 2,048 is a sort: not on every sample of a
-# million-sample trace)
 
 
 class BlockBytes:
     """Online estimate of the allocated bytes per KV block in use (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._ratios: deque[float] = deque(maxlen=KEEP)
+        self._ratios: deque[float] = deque()  # in arrival order, at most KEEP
+        self._sorted: list[float] = []  # the same, sorted: the median on every sample, cheaply
+        self._positive = 0  # how many are > 0
         self._last: tuple[int, int] | None = None  # (allocated, blocks) of the last sample
         self.kv_used: int | None = None  # the latest blocks in use seen on any sample
         self._estimate = 0.0
-        self._stale = 0
 
     def observe_kv(self, used: int | None) -> None:
         """Note a sample's KV blocks in use (any source)."""
@@ -64,18 +68,32 @@ class BlockBytes:
         self._last = (allocated, used)
         if last is None or used == last[1]:
             return
-        self._ratios.append((allocated - last[0]) / (used - last[1]))
-        self._stale += 1
-        if self._stale >= max(REFRESH_EVERY, len(self._ratios) // 8) \
-                or len(self._ratios) == MIN_RATIOS:
-            self._estimate = estimate(self._ratios)
-            self._stale = 0
+        ratio = (allocated - last[0]) / (used - last[1])
+        self._ratios.append(ratio)
+        insort(self._sorted, ratio)
+        self._positive += ratio > 0
+        if len(self._ratios) > KEEP:
+            old = self._ratios.popleft()
+            del self._sorted[bisect_left(self._sorted, old)]
+            self._positive -= old > 0
+        self._estimate = self._median_if_clear()
+
+    def _median_if_clear(self) -> float:
+        """``estimate`` over the kept ratios, from the sorted copy (no sort per sample)."""
+        n = len(self._sorted)
+        if n < MIN_RATIOS or self._positive < MIN_POSITIVE * n:
+            return 0.0
+        mid = n // 2
+        value = self._sorted[mid] if n % 2 else (self._sorted[mid - 1] + self._sorted[mid]) / 2
+        return max(0.0, value)
 
     def restart(self) -> None:
         """Forget the ratios: they were taken while the floor was still warming up (a ramp in
         allocated memory while the KV cache fills reads as bytes per block)."""
         self._ratios.clear()
-        self._estimate, self._stale = 0.0, 0
+        self._sorted.clear()
+        self._positive = 0
+        self._estimate = 0.0
 
     @property
     def bytes_per_block(self) -> float:

@@ -104,3 +104,80 @@ def test_the_same_server_with_a_leak_is_found_by_the_sequential_test():
     assert fired.slope_bytes_per_s == MIB and fired.growth_bytes == 100 * MIB
     assert fired.p_value == pytest.approx(0.0042675, rel=1e-4)
     assert d.windows is not None and d.windows.floor_s == 20.0
+
+
+def _no_kv_server(n_s, leak_from_s=None, leak_per_s=0):
+    """Never idle, no KV figures: each request in flight holds 256 MiB over 10 GiB of weights;
+    every 20 s one request ends (at 20j - 0.6 s, sampled at 20j - 0.5 s: the floor after it) and
+    another starts (20j - 0.4 s); every 10 minutes one more starts: 2 in flight at first, 19
+    after 3 hours (+1.5 GiB an hour, 1.9 %/h of the 80 GiB limit)."""
+    samples, events, live, next_id = [], [], [], 0
+
+    def start(ts):
+        nonlocal next_id
+        live.append(f"r{next_id}")
+        events.append(Event(ts, "request_start", request_id=live[-1]))
+        next_id += 1
+
+    def sample(ts):
+        leaked = leak_per_s * max(0.0, ts - leak_from_s) if leak_from_s is not None else 0
+        samples.append(Sample(ts, 0, Phase.DECODE, allocated_bytes=int(
+            10 * 2**30 + 256 * MIB * len(live) + leaked), device_total_bytes=80 * 2**30))
+
+    start(0.0)
+    start(0.0)
+    for t in range(n_s):
+        if t and t % 20 == 0:
+            events.append(Event(t - 0.6, "request_end", request_id=live.pop(0)))
+            sample(t - 0.5)
+            start(t - 0.4)
+        if t and t % 600 == 0:
+            start(t - 0.3)
+        sample(float(t))
+    return samples, events
+
+
+def test_without_kv_figures_the_floor_is_explained_by_the_requests_in_flight():
+    samples, events = _no_kv_server(3 * 3600)
+    d, fired = _run(samples, events)
+    assert fired is None
+    assert d.per_request.bytes_per_block == 256 * MIB  # bytes per request in flight
+    assert {y for _, y in list(d.points)[-60:]} == {10 * 2**30}
+
+
+def test_without_kv_figures_a_leak_under_a_growing_load_is_found():
+    # 1 MiB/s from 5400 s (the same server counted the load ramp a leak at 1500 s without the
+    # bytes per request in flight taken off). Floor windows of 20 s (a request ends every
+    # 20 s), each point the sample after a request ended (20j - 0.5 s), residual 10 GiB plus
+    # the leak. The raw points rise from 5419.5 s, the least of five from 5499.5 s (closed at
+    # 5500 s) by 19.5 MiB, over h at once (8 windows of 2k = 9.5 MB); 6 points since the change
+    # point 5479.5 s: 5479.5..5579.5, closed at 5580 s; Mann-Kendall p = 0.0043 as above
+    samples, events = _no_kv_server(3 * 3600, 5400, MIB)
+    d, fired = _run(samples, events)
+    assert fired is not None and "(sequential test)" in fired.evidence
+    assert (fired.first_detected_ts_s, fired.start_ts_s) == (5580.0, 5479.5)
+    assert fired.slope_bytes_per_s == pytest.approx(MIB)
+    assert fired.p_value == pytest.approx(0.0042675, rel=1e-4)
+    assert d.windows is not None and (d.windows.floor_s, d.windows.cycle_from) == (
+        20.0, "request ends")
+
+
+def test_the_oldest_ratios_leave_the_median_once_keep_is_reached():
+    # 1000 ratios of -1 MiB (a pool that does not move with its blocks), then KEEP of 16 MiB:
+    # the estimate is 0 while the old ones are more than a fifth, then exactly 16 MiB
+    b, alloc, used = BlockBytes(), 10 * 2**30, 0
+    b.observe_kv(used)
+    b.observe(alloc)
+    seen = []
+    for i in range(1000 + load_floor.KEEP):
+        ratio = -MIB if i < 1000 else BLOCK
+        step = 1 if used == 0 else -1
+        used += step
+        alloc += ratio * step
+        b.observe_kv(used)
+        b.observe(alloc)
+        seen.append(b.bytes_per_block)
+    # positive share reaches 80 % when the 2048 kept hold at most 409 of the -1 MiB ones:
+    # after 1000 + 1639 ratios
+    assert seen[1000 + 1637] == 0.0 and seen[1000 + 1638] == BLOCK
+    assert seen[-1] == BLOCK and len(b._sorted) == load_floor.KEEP
