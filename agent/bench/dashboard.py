@@ -136,9 +136,22 @@ def _young_store(store: Store, history: History, workdir: str) -> Store:
     devices = len(store.devices()) or history.devices
     young = Store.open(f"sqlite:///{os.path.join(workdir, 'young.db')}", host_name="bench-host")
     if young.count("samples") == 0:
-        generate(young, History(devices=devices, hz=history.hz, days=1 / 24,
+        generate(young, History(devices=devices, hz=_rate_hz(store, history), days=1 / 24,
                                 end_s=history.end_s))
     return young
+
+
+def _rate_hz(store: Store, history: History) -> float:
+    """The old store's sampling rate over its newest minute (a ``--db`` store need not be the
+    default history's): the young store must show the overview as many samples."""
+    from vramscope.agent.store.window import count_at_most
+
+    span = store.time_range()
+    if span is None:
+        return history.hz
+    device = store.devices()[0]["device_index"]
+    n = count_at_most(store, device, span[1] - 60.0, span[1], 100_000)
+    return max(float(f"{n / 60.0:.2g}"), 1 / 60)
 
 
 def _overview_ratio(client: FlaskClient, other: FlaskClient, rounds: int, what: str,
