@@ -61,7 +61,7 @@ def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
         if span_s / width <= max_buckets:
             return width
     raise BadParameter("start", f"a window of {span_s:.0f} s is longer than the dashboard "
-                                f"reads ({TIER_WIDTHS_S[-1] * TIER_BUCKETS:.0f} s)")
+                                f"analyses ({TIER_WIDTHS_S[-1] * max_buckets:.0f} s)")
 
 
 def read_window(store: Store, device: int, host: str | None, start: float, end: float,
@@ -71,11 +71,9 @@ def read_window(store: Store, device: int, host: str | None, start: float, end: 
     sample per tier bucket carrying the bucket's minima at its start (phase idle: the minimum
     of allocated over a minute is the floor the leak detector takes) and, with ``peaks``, one
     in its middle carrying its maxima (the peaks the risk model trends)."""
-    from vramscope.agent.store.window import count_at_most
-
-    if count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host) <= RAW_SAMPLE_LIMIT:
-        return Window(store.samples(device, start, end, host=host),
-                      store.events(device, start, end, host=host), "raw samples")
+    samples, events = _raw_records(store, device, host, start, end)
+    if samples is not None:
+        return Window(samples, events, "raw samples")
     width = tier_width(end - start, max_buckets)
     rows = store.timeline(device, start, end, max(1, math.ceil((end - start) / width)),
                           columns, host=host)

@@ -144,3 +144,12 @@ def test_the_risk_model_gets_at_most_its_points_each_the_maxima_of_its_buckets()
     assert [(s.ts_s, s.allocated_bytes, s.device) for s in got] == [
         (2.5, 20, 2), (5.5, 50, 2), (8.5, 80, 2), (9.5, 90, 2)]
     assert len(views.peak_samples(rows, 2)) == 10  # under the default: one a bucket
+
+
+def test_a_window_longer_than_the_tier_reads_is_a_bad_start():
+    from vramscope.dashboard.errors import BadParameter
+
+    with pytest.raises(BadParameter) as err:
+        views.tier_width(101 * 86_400, views.REPORT_BUCKETS)  # 100 one-day buckets at most
+    assert err.value.parameter == "start"
+    assert "8640000 s" in str(err.value)
