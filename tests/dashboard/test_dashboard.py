@@ -511,6 +511,18 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
     assert [d["risk"] for d in c.get("/api/v1/devices").get_json()["devices"]] == ["warning",
                                                                                    "ok"]
     assert c.get("/metrics").status_code == 200
+    leaks = c.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()  # 36,000: a tier up
+    assert (leaks["tier"], leaks["floor_points"]) == ("raw samples grouped in SQL, 60 s buckets",
+                                                      F.DURATION_S // 60)
+    assert leaks["result"]["detected"] is True
+    # phase changes by lag() over: PostgreSQL finds what SQLite finds in the same records
+    from vramscope.agent.store.phase_shares import phase_changes
+
+    lite = F.seed(tmp_path / "lite.db")
+    window = (F.T0, F.T0 + 900)
+    on_pg = phase_changes(s.store, 0, *window, 10_000)
+    assert on_pg and on_pg == phase_changes(lite.store, 0, *window, 10_000)
+    lite.store.close()
     s.store.close()
 
 
