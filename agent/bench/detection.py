@@ -6,7 +6,10 @@ and reports: the share of leaks of at least 0.5 % of the device per hour detecte
 simulated hours of their start (target >= 95 %), the median time to detect, false alarms per
 simulated day of leak-free serving (target <= 1 per 7 days; any warning or critical alert in
 steady, warm-up and preallocated scenarios, and before a leak starts), and the warning lead time
-before each OOM (target: every OOM warned >= 30 s ahead).
+before each OOM (target: every OOM warned >= 30 s ahead). Beside the suite: the real GPU
+recordings (``real_recordings``), the OOM-cause scenarios (``oom_scenarios``: load ramp, long
+fragmentation, KV pool exhaustion, a tight server that must not flap) and the prefill-spike OOMs
+that only the ``[server]`` configuration can foresee (``config_scenarios``).
 
 The baseline, measured in the same run over the same scenarios, is the naive leak detector many
 dashboards use: an ordinary least-squares slope of the raw allocated memory over the last two
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
-from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.bench import BenchOptions, Figure, config_scenarios, oom_scenarios
 from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, leak, suite
 from vramscope.agent.bench.real_recordings import RealScore, recordings
 from vramscope.agent.bench.real_recordings import score as score_real
@@ -147,7 +150,9 @@ def run(options: BenchOptions) -> list[Figure]:
                               spread=f"{len(found)} of {len(times)}; " + _range(found)))
     return (figures + _hard_figures(score(hard_cases(quick=options.quick)))
             + delay_figures(quick=options.quick)
-            + real_figures([score_real(r) for r in recordings()]))
+            + real_figures([score_real(r) for r in recordings()])
+            + oom_scenarios.figures(quick=options.quick)
+            + config_scenarios.figures(quick=options.quick))
 
 
 GRID_RATES = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)  # share of the device per hour
