@@ -18,7 +18,8 @@ The simulated server serves in cycles (a batch of requests): an idle gap (0–10
   largest free block shrinks, the allocator starts retrying) until a prefill finds no block;
 - ``prealloc``: a KV pool preallocated at 90 % of the device, steady; the sawtooth is in the
   pool's block counters only;
-- ``diurnal`` (in ``hard_cases``): never idle, with a daily load cycle — more requests in
+- ``diurnal`` (in ``hard_cases``, with ``diurnal_leak``: the same plus a leak that starts 6 or
+  18 hours into the day): never idle, with a daily load cycle — more requests in
   flight at midday hold more KV cache (up to +8 % of the device, +20 % of the pool's blocks), so
   the memory between requests follows the day; no leak. The load shows where a server shows
   it: in ``kv_blocks_used`` and in the requests per batch.
@@ -309,6 +310,22 @@ def diurnal(seed: int, days: float = 2.0, dt_s: float = 10.0) -> Scenario:
                     load=diurnal_load)
 
 
+def diurnal_leak(rate_per_h: float, seed: int, start_h: float, dt_s: float = 10.0,
+                 after_s: float = 3 * 3600) -> Scenario:
+    """The diurnal server with a leak from ``start_h`` hours into its day (while the load
+    rises, or falls): the leak must be told from the day's swing."""
+    start = start_h * 3600.0
+
+    def floor(t: float) -> float:
+        return rate_per_h * max(0.0, t - start) / 3600.0
+
+    sc = simulate(f"diurnal_leak/{rate_per_h:.2%}/{start_h:g}h/{seed}", "leak", seed,
+                  start + after_s, dt_s, floor, never_idle=True, load=diurnal_load)
+    sc.leak_start_ts = START_S + start
+    sc.leak_rate_ratio_per_h = rate_per_h
+    return sc
+
+
 def suite(quick: bool = False) -> list[Scenario]:
     """Every scenario of the benchmark; ``quick`` shortens the long ones and uses fewer seeds."""
     seeds = (1, 2) if quick else (1, 2, 3, 4, 5)
@@ -320,8 +337,11 @@ def suite(quick: bool = False) -> list[Scenario]:
 
 
 def hard_cases(quick: bool = False) -> list[Scenario]:
-    """Never-idle serving: leaks under a large KV sawtooth, and a daily load cycle that moves
-    the memory between requests (no leak)."""
+    """Never-idle serving: leaks under a large KV sawtooth, a daily load cycle that moves
+    the memory between requests (no leak), and leaks that start while that load rises (6 h
+    into the day) or falls (18 h)."""
     seeds = (1,) if quick else (1, 2, 3)
     out = [leak(rate, seed, never_idle=True) for rate in LEAK_RATES[1:] for seed in seeds]
-    return out + [diurnal(seed, days=0.5 if quick else 2.0) for seed in seeds[:2]]
+    out += [diurnal(seed, days=0.5 if quick else 2.0) for seed in seeds[:2]]
+    return out + [diurnal_leak(0.005, seed, start_h) for seed in seeds[:1]
+                  for start_h in (6.0, 18.0)]

@@ -99,3 +99,12 @@ def test_a_never_idle_diurnal_day_raises_no_alert_and_the_hard_figures_have_targ
     assert [(f.metric, f.value, f.target, f.met) for f in figs] == [
         ("never idle: leaks >=0.5%/h found in 2 h", 100.0, ">= 90", True),
         ("never idle: false alarms per day", 0.0, "<= 0.143", True)]
+
+
+@pytest.mark.parametrize("start_h, found_s", [(6.0, 22680.0), (18.0, 65820.0)])
+def test_a_leak_on_a_diurnal_server_is_found_and_nothing_before_it(start_h, found_s):
+    # 0.5 %/h from 6 h (the load rising) or 18 h (falling) into the day: the only alert is the
+    # leak, 1,080 s and 1,020 s after it began (the floor is the residual after the KV blocks)
+    sc = S.diurnal_leak(0.005, 1, start_h)
+    assert fired(sc) == [("memory_leak", found_s)]
+    assert sc.leak_start_ts - S.START_S == start_h * 3600
