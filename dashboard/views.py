@@ -145,9 +145,12 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
                 default=None)
     t = Thresholds.from_config(config)
     if window.bucket_s is None:
-        floor = leaks.idle_floor(window.samples, window.events, device, t.leak_floor_window_s)
-        verdict = leaks.detect_leak(window.samples, window.events, config, device)
-        method = "idle floor"
+        # the detector's own floor points: residuals where the KV blocks in use (or the
+        # requests in flight) explain part of the memory, the coordinates of its trend line
+        floor = []
+        verdict = leaks.detect_leak(window.samples, window.events, config, device, floor)
+        method = ("idle floor less the memory the load explains"
+                  if "residual floor" in verdict.evidence else "idle floor")
     else:  # a bucket is at least a floor window: its minimum is its floor point
         floor = [(s.ts_s, _floor_value(s)) for s in window.samples]
         verdict = final_verdict(floor, limit, t)

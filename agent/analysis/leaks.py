@@ -208,6 +208,9 @@ class LeakDetector:
         self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
         self._seq: LeakResult | None = None  # the sequential verdict while it holds a leak
         self._seq_start: float | None = None  # its change point
+        # every floor point the verdicts were made on, when asked for (the dashboard draws
+        # them: where KV or requests explain part of the memory, these are residuals)
+        self.floor_points: list[tuple[float, int]] | None = None
 
     def on_event(self, e: Event) -> LeakResult | None:
         if self.windows is None:
@@ -273,6 +276,8 @@ class LeakDetector:
             point = self.floor.update(s, self.per_request.explained(), anytime=False)
         else:
             point = self.floor.update(s, self.load.explained())
+        if point is not None and self.floor_points is not None:
+            self.floor_points.append(point)
         warmup = self.windows.warmup_s if self.windows is not None else self.t.leak_warmup_s
         if point is None or point[0] < self._first_ts + warmup:
             return None
@@ -341,6 +346,10 @@ class LeakDetector:
         if self.load.bytes_per_block > 0:
             evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
                          "per KV block in use")
+        elif self.load.kv_used is None and self.per_request.bytes_per_block > 0:
+            evidence += (f"; residual floor: less "
+                         f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
+                         "in flight")
         if self.windows is not None:
             evidence += "; " + self.windows.describe()
         if prev.orphaned_blocks:
@@ -474,10 +483,14 @@ def idle_floor(samples: Iterable[Sample], events: Iterable[Event] = (),
 
 def detect_leak(samples: Iterable[Sample], events: Iterable[Event] = (),
                 config: Mapping[str, Any] | None = None,
-                device: int | None = None) -> LeakResult:
+                device: int | None = None,
+                floor: list[tuple[float, int]] | None = None) -> LeakResult:
     """Run the causal detector over a whole recording of one device; the final verdict, with
-    ``first_detected_ts_s`` the first time it would have fired live."""
+    ``first_detected_ts_s`` the first time it would have fired live. ``floor``: a list that
+    receives the floor points the detector made (residual where the load explains part of the
+    memory: the coordinates of the verdict's trend line)."""
     detector = LeakDetector(Thresholds.from_config(config))
+    detector.floor_points = floor
     ever = None
     for rec in merged(samples, events):
         if device is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from vramscope.agent.config import parse_config
-from vramscope.agent.records import Phase, Sample
+from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
@@ -153,3 +153,31 @@ def test_a_window_longer_than_the_tier_reads_is_a_bad_start():
         views.tier_width(101 * 86_400, views.REPORT_BUCKETS)  # 100 one-day buckets at most
     assert err.value.parameter == "start"
     assert "8640000 s" in str(err.value)
+
+
+def test_the_leaks_page_draws_the_floor_its_verdict_was_made_on(tmp_path):
+    """A never-idle server whose memory follows its KV blocks in use (16 MiB each): the
+    detector's floor is the residual (10 GiB: weights), and the page draws that floor, the
+    coordinates of its trend line, not the raw floor the KV lifts by 40+ blocks."""
+    block, gib = 16 * 2**20, 2**30
+    samples, events = [], []
+    for t in range(3600):  # one sample a second; a request ends every 20 s as the next begins
+        used = 40 + t // 60 + 5 * (t % 20)
+        samples.append(Sample(1000.0 + t, 0, Phase.DECODE, "torch",
+                              allocated_bytes=10 * gib + block * used,
+                              device_total_bytes=80 * gib, kv_blocks_used=used,
+                              kv_blocks_total=2000))
+        if t % 20 == 0:
+            events.append(Event(1000.0 + t, "request_start", 0, request_id=f"r{t}"))
+            if t:
+                events.append(Event(1000.0 + t - 0.5, "request_end", 0, request_id=f"r{t - 20}"))
+    with Store.open(f"sqlite:///{tmp_path / 'kv.db'}", host_name="h") as store:
+        store.write(samples, events)
+        view = views.leaks_view(store, None, 0, None, 1000.0, 4600.0)
+    assert view["method"] == "idle floor less the memory the load explains"
+    assert view["result"]["detected"] is False
+    assert "less 16 MiB per KV block in use" in view["result"]["evidence"]
+    [floor, trend] = view["figure"]["data"]
+    late = floor["y"][len(floor["y"]) // 2:]  # once bytes per block is learnt: weights alone
+    assert set(late) == {10.0}
+    assert {round(y, 3) for y in trend["y"]} == {10.0}
