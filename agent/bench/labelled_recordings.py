@@ -60,14 +60,16 @@ class Scenario:
 
 
 @dataclass
-class _Cycle:
+class Cycle:
+    """One serving cycle: idle, prefill (a spike), decode while the KV cache fills."""
+
     start: float
     idle_s: float
     prefill_s: float
     length_s: float
     spike: int
     kv_amp: float
-    requests: int
+    requests: int = 0  # the batch's requests (0: a scenario without request events)
 
 
 class _Server:
@@ -92,17 +94,17 @@ class _Server:
         self.frag_duration_s = 0.0  # frag_oom: how long reserved memory takes to fragment
         self.retries = 0  # frag_oom: num_alloc_retries so far
 
-    def _cycle(self, start: float) -> _Cycle:
+    def _cycle(self, start: float) -> Cycle:
         r = self.rng
         kv_amp = r.uniform(0.06, 0.12) if self.prealloc is None else r.uniform(0.30, 0.40)
         spike_ratio = r.uniform(0.02, 0.04) if self.prealloc is None else r.uniform(0.01, 0.015)
         idle_s = 0.0 if self.never_idle else r.uniform(0, 10)
         # the load's extra KV is held by extra requests: one per 0.5 % of the device
         extra = int(self.load(start - START_S) / 0.005)
-        return _Cycle(start, idle_s, r.uniform(1, 3), r.uniform(60, 120),
+        return Cycle(start, idle_s, r.uniform(1, 3), r.uniform(60, 120),
                       int(spike_ratio * LIMIT_BYTES), kv_amp, r.randint(4, 16) + extra)
 
-    def state(self, c: _Cycle, t: float) -> tuple[Phase, float, int]:
+    def state(self, c: Cycle, t: float) -> tuple[Phase, float, int]:
         """(phase, KV fill fraction of its amplitude, activation bytes) at time ``t``."""
         p = t - c.start
         if p < c.idle_s:
@@ -112,7 +114,7 @@ class _Server:
         fill = (p - c.idle_s - c.prefill_s) / (c.length_s - c.idle_s - c.prefill_s)
         return Phase.DECODE, min(1.0, fill), int(0.005 * LIMIT_BYTES)
 
-    def allocated(self, t: float, kv_fill: float, c: _Cycle, activation: int) -> int:
+    def allocated(self, t: float, kv_fill: float, c: Cycle, activation: int) -> int:
         noise = int(self.rng.gauss(0, self.noise_ratio) * LIMIT_BYTES)
         extra = int(self.floor(t - START_S) * LIMIT_BYTES)
         if self.prealloc is not None:
@@ -120,11 +122,11 @@ class _Server:
         kv = int(self._kv_ratio(t, c, kv_fill) * LIMIT_BYTES)
         return self.weights + kv + activation + extra + abs(noise)
 
-    def _kv_ratio(self, t: float, c: _Cycle, kv_fill: float) -> float:
+    def _kv_ratio(self, t: float, c: Cycle, kv_fill: float) -> float:
         """KV cache held (share of the device): the batch's fill, plus the day's load."""
         return 0.02 + self.load(t - START_S) + c.kv_amp * kv_fill
 
-    def kv_blocks(self, c: _Cycle, kv_fill: float, t: float = START_S) -> tuple[int, int]:
+    def kv_blocks(self, c: Cycle, kv_fill: float, t: float = START_S) -> tuple[int, int]:
         if self.prealloc is not None:
             used = 0.10 + c.kv_amp * kv_fill
         else:  # the pool's blocks are 0.40 of the device: the KV bytes above, in blocks
@@ -132,7 +134,7 @@ class _Server:
         used_blocks = int(used * KV_BLOCKS)
         return used_blocks, min(KV_BLOCKS - used_blocks, int(0.05 * KV_BLOCKS))
 
-    def request_events(self, c: _Cycle) -> None:
+    def request_events(self, c: Cycle) -> None:
         t0 = c.start + c.idle_s
         ids = [f"r{self._req + i}" for i in range(c.requests)]
         self._req += c.requests
@@ -194,7 +196,7 @@ def frag_oom(seed: int, dt_s: float = 1.0, duration_s: float = 1500.0) -> Scenar
 
 
 def _run_to_oom(name: str, kind: str, seed: int, srv: _Server, rng: random.Random,
-                step: Callable[[_Server, random.Random, _Cycle, float], PostMortem | None]
+                step: Callable[[_Server, random.Random, Cycle, float], PostMortem | None]
                 ) -> Scenario:
     c = srv._cycle(START_S)
     srv.request_events(c)
@@ -213,7 +215,7 @@ def _run_to_oom(name: str, kind: str, seed: int, srv: _Server, rng: random.Rando
     raise AssertionError(f"{name}: the simulated server never ran out of memory")
 
 
-def _growth_step(srv: _Server, rng: random.Random, c: _Cycle, t: float) -> PostMortem | None:
+def _growth_step(srv: _Server, rng: random.Random, c: Cycle, t: float) -> PostMortem | None:
     phase, fill, act = srv.state(c, t)
     alloc = srv.allocated(t, fill, c, act)
     used, cached = srv.kv_blocks(c, fill, t)
@@ -229,7 +231,7 @@ def _growth_step(srv: _Server, rng: random.Random, c: _Cycle, t: float) -> PostM
                        srv.reserved - shown, c.requests)
 
 
-def _frag_step(srv: _Server, rng: random.Random, c: _Cycle, t: float) -> PostMortem | None:
+def _frag_step(srv: _Server, rng: random.Random, c: Cycle, t: float) -> PostMortem | None:
     phase, fill, act = srv.state(c, t)
     alloc = srv.allocated(t, fill, c, act)
     used, cached = srv.kv_blocks(c, fill, t)

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.bench import Figure
-from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, LIMIT_BYTES, START_S
+from vramscope.agent.bench.labelled_recordings import (
+    CONTEXT_BYTES,
+    GIB,
+    LIMIT_BYTES,
+    START_S,
+    Cycle,
+)
 from vramscope.agent.records import Event, Phase, Sample
 
 TOP_BYTES = LIMIT_BYTES - CONTEXT_BYTES  # what the allocator can reserve
@@ -137,16 +143,6 @@ def load_ramp(seed: int, ramp_s: float = 2400.0) -> OomScenario:
 
 
 # --- fragmentation -----------------------------------------------------------------------------
-@dataclass
-class _Cycle:
-    start: float
-    idle_s: float
-    prefill_s: float
-    length_s: float
-    spike: int
-    kv_amp: float
-
-
 def _cycles(rng: random.Random, amp: tuple[float, float], fill_share: float = 1.0
             ) -> Iterator[tuple[float, Phase, float, int]]:
     """``(t, phase, KV fill 0-1 of the cycle's amplitude, activation bytes)`` one a second, in
@@ -154,7 +150,7 @@ def _cycles(rng: random.Random, amp: tuple[float, float], fill_share: float = 1.
     fills to its amplitude over ``fill_share`` of the decode, then holds)."""
     t = START_S
     while True:
-        c = _Cycle(t, rng.uniform(0, 10), rng.uniform(1, 3), rng.uniform(60, 120),
+        c = Cycle(t, rng.uniform(0, 10), rng.uniform(1, 3), rng.uniform(60, 120),
                    int(rng.uniform(0.02, 0.04) * LIMIT_BYTES), rng.uniform(*amp))
         while t < c.start + c.length_s:
             p = t - c.start
