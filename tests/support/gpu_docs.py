@@ -85,6 +85,22 @@ def render_recordings(truths: dict[str, Any]) -> str:
             f"{v['python']}.\n\n" + "\n".join(rows))
 
 
+def render_config_check(doc: dict[str, Any]) -> str:
+    """The [server] check through a real agent with real NVML (verify_config_check.py)."""
+    nvml = doc["nvml"]
+    rows = ["| configuration | agent's start-up log | alerts stored | analyze: fits |",
+            "|---|---|---|---|"]
+    for name, c in doc["cases"].items():
+        limits = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                           for k, v in c["limits"].items())
+        log = " ".join(line.split(" config check, ", 1)[-1] for line in c["config_check_log"])
+        fits = ", ".join(f"device {d}: {'yes' if v and v['fits'] else 'no'}"
+                         for d, v in c["config_check"].items())
+        alerts = ", ".join(a["rule"] for a in c["alerts"]) or "none"
+        rows.append(f"| `{name}`: {limits} | {log} | {alerts} | {fits} |")
+    return (f"{nvml['name']}, NVML total {nvml['total_bytes']:,} bytes.\n\n" + "\n".join(rows))
+
+
 def _truth_files() -> dict[str, Any]:
     data = ROOT / "tests" / "data"
     out = {}
@@ -99,6 +115,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
     "identity": ("2026-12-02/identity_results.json", render_identity),
     "recordings": ("../../tests/data/*.truth.json", render_recordings),
+    "config_check": ("2026-12-02b/config_check.json", render_config_check),
 }
 
 
