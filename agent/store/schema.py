@@ -113,6 +113,8 @@ events = Table(
     Column("seq", BigInteger, nullable=True),
     UniqueConstraint("origin", "seq", name="uq_events_origin_seq"),
     Index("ix_events_device_ts", "device_id", "ts_s"),
+    # rare events (OOMs, phase changes) by name without reading the requests around them (0004)
+    Index("ix_events_device_name_ts", "device_id", "name", "ts_s"),
 )
 
 alerts = Table(

@@ -16,6 +16,7 @@ once per UUID, and not written, rather than landing on the other device.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import socket
@@ -590,6 +591,13 @@ class Store:
     def events(self, device: int | None = None, start_s: float | None = None,
                end_s: float | None = None, *, host: str | None = None,
                names: Sequence[str] | None = None, limit: int | None = None) -> list[Event]:
+        """Events in time order (ties by id), at most ``limit``.
+
+        With ``names``, one query per name, merged: each is then a range of the
+        ``(device_id, name, ts_s)`` index, read in order and cut at ``limit``. One query with
+        ``name IN (...)`` makes SQLite walk the ``(device_id, ts_s)`` index for its ORDER BY and
+        test every event of the window: a week's OOM and phase look-up read 327k request events
+        of a device (0.15 s) to find none."""
         q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
              .join(devices, devices.c.id == events.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
@@ -598,15 +606,17 @@ class Store:
         q = _time_filter(q, events.c.ts_s, start_s, end_s)
         if device is not None:
             q = q.where(devices.c.device_index == device)
-        if names:
-            q = q.where(events.c.name.in_(list(names)))
         if limit is not None:
             q = q.limit(limit)
+        queries = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())] or [q]
         with self.engine.connect() as c:
-            return [Event(r.ts_s, r.name, r.device_index, r.pid,
-                          Phase(r.phase) if r.phase else None, r.request_id,
-                          stored_json(r.data), host, r.device_uuid)
-                    for r in c.execute(q)]
+            found = [c.execute(one).all() for one in queries]
+        rows = found[0] if len(found) == 1 else list(
+            heapq.merge(*found, key=lambda r: (r.ts_s, r.id)))[:limit]
+        return [Event(r.ts_s, r.name, r.device_index, r.pid,
+                      Phase(r.phase) if r.phase else None, r.request_id,
+                      stored_json(r.data), host, r.device_uuid)
+                for r in rows]
 
     def time_range(self, device: int | None = None,
                    host: str | None = None) -> tuple[float, float] | None:
