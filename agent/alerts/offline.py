@@ -1,7 +1,8 @@
 """The offline driver: a recording through the live alert engine, into the analysis document.
 
 ``vramscope analyze`` (and the dashboard's analysis view, and the benchmarks) call
-:func:`analyze_records`. It feeds every record, in time order, through the same
+:func:`analyze_records`, or :func:`analyze_stream` for records read lazily (``analyze --db``).
+It feeds every record, in time order, through the same
 :class:`~vramscope.agent.alerts.engine.AlertEngine` the live agent runs, so the leak verdict,
 the first warning and the alerts are exactly what the agent would have said at the time; the
 document itself is assembled by :mod:`vramscope.agent.analysis.report`. Pure: no I/O, no clock.
@@ -9,15 +10,24 @@ document itself is assembled by :mod:`vramscope.agent.analysis.report`. Pure: no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
+from vramscope.agent.analysis.makeup import LAYOUT_EVENT
 from vramscope.agent.analysis.merge import merged
-from vramscope.agent.analysis.report import analysis_document
+from vramscope.agent.analysis.report import DeviceSummary, document_of
 from vramscope.agent.records import Event, PostMortem, Sample
+
+# oom, request and KV-refusal events: an OOM's cause (the failed size, the requests in flight
+# over time, a pool that ran out)
+OOM_CONTEXT = frozenset({"oom", "request_start", "request_end", *KV_REFUSAL_EVENTS})
+CHUNK = 4096  # records handed to the engine at a time (its batch call), then dropped
+
+Reopen = Callable[[int, float], Iterable["Sample | Event"]]
 
 
 def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
@@ -29,14 +39,48 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     records = merged(samples, events)
     if device is not None:
         records = [r for r in records if r.device == device]
+
+    def reopen(dev: int, until_s: float) -> Iterable[Sample | Event]:
+        return (r for r in records if r.device == dev and r.ts_s <= until_s)
+
+    return analyze_stream(records, reopen, config, postmortems=postmortems, makeup=makeup)
+
+
+def analyze_stream(records: Iterable[Sample | Event], reopen: Reopen,
+                   config: Mapping[str, Any] | None = None, *,
+                   postmortems: Sequence[PostMortem] = (), makeup: bool = False
+                   ) -> dict[str, Any]:
+    """:func:`analyze_records` of records already in time order (an event before a sample of
+    the same instant), read once and not kept: memory is bounded by the engine's state, not by
+    the recording. ``reopen(device, until_s)`` gives a device's records up to ``until_s`` again
+    (in the same order); it is read only for a device that had an OOM, up to it, for the
+    diagnosis (:class:`~vramscope.agent.analysis.report.OomWitness`)."""
     engine = AlertEngine.from_config(config)
-    engine.feed(records)
-    in_order = [r for r in records if isinstance(r, Sample)]
-    # layouts (a leak's make-up); oom, request and KV-refusal events (an OOM's cause: the
-    # failed size, the requests in flight over time, a pool that ran out)
-    kept = {"memory_layout", "oom", "request_start", "request_end", *KV_REFUSAL_EVENTS}
-    context = [r for r in records if isinstance(r, Event) and r.name in kept]
-    doc = analysis_document(engine.devices, in_order, engine.history, postmortems,
-                            events=context, makeup=makeup)
+    summaries: dict[int, DeviceSummary] = {}
+    layouts: list[Event] = []  # a leak's make-up (few: taken at idle points)
+    it = iter(records)
+    while chunk := list(islice(it, CHUNK)):
+        samples: list[Sample] = []
+        events: list[Event] = []
+        for r in chunk:
+            if type(r) is Event:
+                events.append(r)
+                if r.name == LAYOUT_EVENT:
+                    layouts.append(r)
+            else:
+                s: Sample = r  # type: ignore[assignment]  # not an Event: a Sample
+                samples.append(s)
+                acc = summaries.get(s.device)
+                if acc is None:
+                    acc = summaries[s.device] = DeviceSummary()
+                acc.add(s)
+        engine.feed_batch(samples, events)  # the same order: ties already events first
+
+    def replay(dev: int, until_s: float) -> Iterable[Sample | Event]:
+        return (r for r in reopen(dev, until_s)
+                if type(r) is not Event or r.name in OOM_CONTEXT)  # type: ignore[union-attr]
+
+    doc = document_of(engine.devices, summaries, engine.history, postmortems,
+                      layouts=layouts, replay=replay, makeup=makeup)
     attach_to_document(doc, engine.devices)  # the [server] check, when configured
     return doc

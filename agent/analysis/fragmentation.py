@@ -81,12 +81,33 @@ class FragSummary(NamedTuple):
 
 
 def fragmentation_summary(samples: Iterable[Sample]) -> FragSummary:
-    split, external = 0.0, None
-    for s in with_allocator_context(samples):
+    acc = FragAccumulator()
+    for s in samples:
+        acc.add(s)
+    return acc.summary()
+
+
+class FragAccumulator:
+    """:func:`fragmentation_summary` one sample at a time (streaming analysis: nothing kept but
+    the maxima and each device's latest allocator sample)."""
+
+    def __init__(self) -> None:
+        self.split = 0.0
+        self.external: float | None = None
+        self._latest: dict[int, Sample] = {}  # as with_allocator_context keeps it
+
+    def add(self, s: Sample) -> None:
+        if s.allocated_bytes is not None and s.reserved_bytes is not None:
+            self._latest[s.device] = s
+        elif s.largest_free_block_bytes is not None and s.device in self._latest:
+            ctx = self._latest[s.device]
+            s = s._replace(allocated_bytes=ctx.allocated_bytes, reserved_bytes=ctx.reserved_bytes)
         r = inactive_split_ratio(s)
-        if r is not None and r > split:
-            split = r
+        if r is not None and r > self.split:
+            self.split = r
         e = external_fragmentation(s)
-        if e is not None and (external is None or e > external):
-            external = e
-    return FragSummary(split, external)
+        if e is not None and (self.external is None or e > self.external):
+            self.external = e
+
+    def summary(self) -> FragSummary:
+        return FragSummary(self.split, self.external)

@@ -3,7 +3,8 @@ split of a device's records into per-process series (docs/architecture.md rule 6
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import Generic, TypeVar
 
@@ -23,6 +24,14 @@ def merged(samples: Iterable[Sample], events: Iterable[Event]) -> list[Sample | 
     records.extend(samples)
     records.sort(key=_TS)
     return records
+
+
+def iter_merged(samples: Iterable[Sample], events: Iterable[Event]
+                ) -> Iterator[Sample | Event]:
+    """:func:`merged` lazily, for inputs each already in time order (a store's queries): one
+    record of each in memory at a time. The same order: ``heapq.merge`` takes the earlier
+    iterable first on a tie, so an event comes before a sample of the same instant."""
+    return heapq.merge(events, samples, key=_TS)
 
 
 def by_device(records: Sequence[Sample | Event]) -> dict[int, list[Sample | Event]]:

@@ -30,15 +30,28 @@ class Spike(NamedTuple):
 
 def phase_stats(samples: Iterable[Sample]) -> dict[str, PhaseStats]:
     """Sample count and peak allocated / reserved per phase (every phase present, zeros if none)."""
-    counts = {p: [0, 0, 0] for p in PHASES}
+    acc = PhaseAccumulator()
     for s in samples:
-        c = counts[s.phase]
+        acc.add(s)
+    return acc.stats()
+
+
+class PhaseAccumulator:
+    """:func:`phase_stats` one sample at a time (streaming analysis: three numbers a phase)."""
+
+    def __init__(self) -> None:
+        self._counts = {p: [0, 0, 0] for p in PHASES}
+
+    def add(self, s: Sample) -> None:
+        c = self._counts[s.phase]
         c[0] += 1
         if s.allocated_bytes is not None and s.allocated_bytes > c[1]:
             c[1] = s.allocated_bytes
         if s.reserved_bytes is not None and s.reserved_bytes > c[2]:
             c[2] = s.reserved_bytes
-    return {p.value: PhaseStats(*c) for p, c in counts.items()}
+
+    def stats(self) -> dict[str, PhaseStats]:
+        return {p.value: PhaseStats(*c) for p, c in self._counts.items()}
 
 
 class SpikeTracker:

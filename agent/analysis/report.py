@@ -11,18 +11,24 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS, REMEDIES, diagnose
-from vramscope.agent.analysis.fragmentation import fragmentation_summary
+from vramscope.agent.analysis.diagnosis import (
+    KV_REFUSAL_EVENTS,
+    KV_REFUSAL_WINDOW_S,
+    REMEDIES,
+    diagnose,
+)
+from vramscope.agent.analysis.fragmentation import FragAccumulator
 from vramscope.agent.analysis.kv import KvTracker
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
-from vramscope.agent.analysis.phases import phase_stats
+from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.phases import PhaseAccumulator
 from vramscope.agent.analysis.risk import LEVELS
 from vramscope.agent.analysis.windows import Windows
-from vramscope.agent.records import Event, PostMortem, Sample
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.timefmt import iso_utc
 
 FORMAT = "vramscope.analysis/1"
@@ -77,13 +83,53 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
     events = list(events)
     layouts = [e for e in events if e.name == LAYOUT_EVENT]
     context = [e for e in events if e.name in _OOM_CONTEXT]
+    summaries: dict[int, DeviceSummary] = {}
+    for dev, mine in per_device.items():
+        summaries[dev] = acc = DeviceSummary()
+        for s in mine:
+            acc.add(s)
+
+    def replay(dev: int, until_s: float) -> Iterable[Sample | Event]:
+        return merged([s for s in per_device.get(dev, []) if s.ts_s <= until_s],
+                      [e for e in context if e.device == dev and e.ts_s <= until_s])
+
+    return document_of(devices, summaries, history, postmortems, layouts=layouts,
+                       replay=replay, makeup=makeup)
+
+
+class DeviceSummary:
+    """What the document reads of a device's samples besides the OOM: fed one sample at a
+    time, it keeps the fragmentation maxima and the per-phase counts and peaks, not samples."""
+
+    def __init__(self) -> None:
+        self.frag = FragAccumulator()
+        self.phases = PhaseAccumulator()
+
+    def add(self, s: Sample) -> None:
+        self.frag.add(s)
+        self.phases.add(s)
+
+
+Replay = Callable[[int, float], Iterable["Sample | Event"]]
+
+
+def document_of(devices: Mapping[int, DeviceState], summaries: Mapping[int, DeviceSummary],
+                history: Iterable[AlertRecord], postmortems: Sequence[PostMortem] = (), *,
+                layouts: Sequence[Event] = (), replay: Replay, makeup: bool = False
+                ) -> dict[str, Any]:
+    """The document from per-device summaries (:class:`DeviceSummary`), without the samples.
+
+    ``replay(device, until_s)``: the device's records up to ``until_s`` in time order again
+    (its samples and its ``oom``, request and KV-refusal events, others ignored), read only
+    for a device that had an OOM, through an :class:`OomWitness` that keeps what the diagnosis
+    reads, bounded."""
     history = list(history)
     kv_warned: dict[int, float] = {}  # the first kv_exhaustion alert of each device
     for ch in history:
         if ch.kind == "fired" and ch.rule == KV_WARNING_RULE:
             kv_warned.setdefault(ch.device, ch.ts_s)
-    docs = {str(dev): _device_doc(devices[dev], per_device.get(dev, []),
-                                  [p for p in postmortems if p.device == dev], context,
+    docs = {str(dev): _device_doc(dev, devices[dev], summaries.get(dev) or DeviceSummary(),
+                                  [p for p in postmortems if p.device == dev], replay,
                                   kv_warned.get(dev))
             for dev in sorted(devices)}
     for dev in sorted(devices):
@@ -93,14 +139,14 @@ def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Samp
     return {"format": FORMAT, "devices": docs, "alerts": _alerts_doc(history)}
 
 
-def _device_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
-                context: Sequence[Event] = (), kv_warned_ts: float | None = None
-                ) -> dict[str, Any]:
-    frag = fragmentation_summary(samples)
-    phases = phase_stats(samples)
+def _device_doc(dev: int, d: DeviceState, summary: DeviceSummary,
+                postmortems: list[PostMortem], replay: Replay,
+                kv_warned_ts: float | None = None) -> dict[str, Any]:
+    frag = summary.frag.summary()
+    phases = summary.phases.stats()
     return {
         "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
-        "oom": _oom_doc(d, samples, postmortems, context, kv_warned_ts),
+        "oom": _oom_doc(dev, d, postmortems, replay, kv_warned_ts),
         "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
                           "max_external_fragmentation": frag.max_external_fragmentation},
         "phases": {p: {"samples": phases[p].samples,
@@ -122,33 +168,6 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
 _OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS
 
 
-def _oom_facts(context: Sequence[Event], oom_ts: float,
-               samples: Sequence[Sample]) -> dict[str, Any]:
-    """What a live post-mortem would have said, from the recording's events: the failed
-    allocation (``failed_alloc_bytes``, else read from its message) and phase of the ``oom``
-    event at the OOM; and what only the recording knows:
-    the requests in flight over time (the load check, the load-aware floor) and the KV pool's
-    refusals. Offline analysis then names the cause from the same facts as the live agent."""
-    device = samples[0].device if samples else 0
-    out: dict[str, Any] = {}
-    oom = next((e for e in context if e.name == "oom" and e.device == device
-                and abs(e.ts_s - oom_ts) <= 5.0), None)
-    if oom is not None:
-        failed = (oom.data or {}).get("failed_alloc_bytes")
-        if not isinstance(failed, int) or isinstance(failed, bool) or failed <= 0:
-            failed = failed_from_message((oom.data or {}).get("message"))
-        if failed is not None:
-            out["failed_alloc_bytes"] = failed
-        if oom.phase is not None:
-            out["phase"] = oom.phase
-    series = _in_flight_series(context, device, oom_ts)
-    if series:
-        out["in_flight_series"] = series
-    out["kv_refusals_ts"] = [e.ts_s for e in context if e.name in KV_REFUSAL_EVENTS
-                             and e.device == device and e.ts_s <= oom_ts]
-    return out
-
-
 _TRIED = re.compile(r"tried to allocate ([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b",
                     re.IGNORECASE)
 _UNIT_BYTES = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -162,24 +181,6 @@ def failed_from_message(message: Any) -> int | None:
         return None
     size = int(float(m.group(1)) * _UNIT_BYTES[m.group(2).lower()])
     return size if size > 0 else None
-
-
-def _in_flight_series(context: Sequence[Event], device: int,
-                      oom_ts: float) -> list[tuple[float, int]]:
-    """``(ts_s, requests in flight from then on)`` at every request event up to the OOM."""
-    open_ids: set[str] = set()
-    series: list[tuple[float, int]] = []
-    for e in context:
-        if e.ts_s > oom_ts or e.request_id is None or e.device != device:
-            continue
-        if e.name == "request_start":
-            open_ids.add(e.request_id)
-        elif e.name == "request_end":
-            open_ids.discard(e.request_id)
-        else:
-            continue
-        series.append((e.ts_s, len(open_ids)))
-    return series
 
 
 def _windows_of(d: DeviceState) -> Windows | None:
@@ -199,9 +200,8 @@ def _windows_doc(w: Windows | None) -> dict[str, Any] | None:
             "sample_interval_s": w.dt_s, "cycle_s": w.cycle_s, "cycle_from": w.cycle_from}
 
 
-def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem],
-             context: Sequence[Event] = (), kv_warned_ts: float | None = None
-             ) -> dict[str, Any]:
+def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Replay,
+             kv_warned_ts: float | None = None) -> dict[str, Any]:
     """The OOM part of a device's document. The first warning is the risk model's, or the
     ``kv_exhaustion`` alert's when sooner: a pool running out warns of its own OOM."""
     first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
@@ -210,16 +210,133 @@ def _oom_doc(d: DeviceState, samples: list[Sample], postmortems: list[PostMortem
     cause = None
     if first_oom is not None:
         pm = next((p for p in postmortems if abs(p.ts_s - first_oom) <= 5.0), None)
-        facts = _oom_facts(context, first_oom, samples)
+        witness = OomWitness(dev, first_oom, pm.ts_s if pm is not None else first_oom)
+        for r in replay(dev, witness.until_s):
+            witness.add(r)
+        before, facts = witness.facts()
         if pm is not None:  # its own size, phase and requests; the history from the events
             facts = {k: v for k, v in facts.items()
                      if k in ("in_flight_series", "kv_refusals_ts")}
-        cause, _ = diagnose(pm, samples, ts_s=first_oom, **facts)
+        cause, _ = diagnose(pm, before, ts_s=first_oom, **facts)
     warned = [t for t in (d.first_warning_ts_s, kv_warned_ts) if t is not None]
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
             "first_warning_ts": min(warned) if warned else None,
             "max_risk": LEVELS[d.max_level],
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
+
+
+class OomWitness:
+    """What :func:`~vramscope.agent.analysis.diagnosis.diagnose` reads of a device's records
+    up to its first OOM, kept bounded however long the recording (a device-week at 10 Hz is
+    6 M samples, several GB as a list).
+
+    Fed the device's records in time order up to :attr:`until_s`, it keeps:
+
+    - every sample of the last ``TAIL_S`` before the diagnosis time at full resolution (the
+      last sample, and the largest free block and KV reading the checks look back
+      ``SNAPSHOT_MAX_AGE_S`` for);
+    - the samples before that evenly thinned: all of them up to ``HISTORY_MAX``, then every
+      second one, every fourth... (the stride doubles each time the history fills up), which is
+      what the growth and load checks read: medians over the first and last quarter of the
+      samples, and a least-squares fit. Exact up to ``HISTORY_MAX`` samples before the tail
+      (about 5.5 h at 10 Hz); beyond, those medians are of every 2nd, 4th... sample — a floor
+      that rises over hours is seen alike, a change that lasts less than the stride may not
+      be; and the first serving sample is always kept (the startup check asks whether it ever
+      served);
+    - the requests in flight at each kept sample, not the request events (the diagnosis reads
+      the in-flight count at the samples and at the OOM only), the KV pool's refusals within
+      ``KV_REFUSAL_WINDOW_S`` of the OOM (and the 5 s a post-mortem may lie from it), and the
+      first ``oom`` event within 5 s of it.
+
+    At most ``HISTORY_MAX`` + ``TAIL_S`` × rate samples: about 100 MB at 10 Hz.
+    ``oom_ts``: the first OOM (the request and refusal history is cut there, as the document
+    always cut it); ``diag_ts``: the diagnosis time (a post-mortem's, within 5 s of it), where
+    the samples end.
+    """
+
+    HISTORY_MAX = 200_000
+    TAIL_S = 300.0
+
+    def __init__(self, device: int, oom_ts: float, diag_ts: float, *,
+                 history_max: int | None = None) -> None:
+        self.device = device
+        self.oom_ts, self.diag_ts = oom_ts, diag_ts
+        self.until_s = max(diag_ts, oom_ts + 5.0)  # the oom event may come up to 5 s late
+        self._max = history_max or self.HISTORY_MAX
+        self._history: list[tuple[Sample, int]] = []  # (sample, requests in flight then)
+        self._tail: list[tuple[Sample, int]] = []
+        self._stride, self._skipped = 1, 0
+        self._served: tuple[Sample, int] | None = None  # the first prefill/decode sample
+        self._open: set[str] = set()  # requests in flight (up to the OOM)
+        self._requests = False  # a request event up to the OOM
+        self._refusals: list[float] = []
+        self._oom: Event | None = None
+        self.peak_held = 0  # the most samples held at once (a test reads it)
+
+    def add(self, r: Sample | Event) -> None:
+        if r.device != self.device or r.ts_s > self.until_s:
+            return
+        if isinstance(r, Event):
+            self._add_event(r)
+        elif r.ts_s <= self.diag_ts:
+            self._add_sample(r)
+
+    def _add_event(self, e: Event) -> None:
+        if e.name == "oom" and self._oom is None and abs(e.ts_s - self.oom_ts) <= 5.0:
+            self._oom = e
+        if e.ts_s > self.oom_ts:
+            return
+        if e.name in KV_REFUSAL_EVENTS and e.ts_s >= self.oom_ts - KV_REFUSAL_WINDOW_S - 5.0:
+            self._refusals.append(e.ts_s)
+        elif e.request_id is not None and e.name in ("request_start", "request_end"):
+            self._requests = True
+            if e.name == "request_start":
+                self._open.add(e.request_id)
+            else:
+                self._open.discard(e.request_id)
+
+    def _add_sample(self, s: Sample) -> None:
+        kept = (s, len(self._open))
+        if self._served is None and s.phase in (Phase.PREFILL, Phase.DECODE):
+            self._served = kept
+        if s.ts_s >= self.diag_ts - self.TAIL_S:
+            self._tail.append(kept)
+        elif self._skipped + 1 >= self._stride:
+            self._skipped = 0
+            self._history.append(kept)
+            if len(self._history) >= self._max:  # thin out: every second one, from the first
+                self._history = self._history[::2]
+                self._stride *= 2
+        else:
+            self._skipped += 1
+        held = len(self._history) + len(self._tail)
+        if held > self.peak_held:
+            self.peak_held = held
+
+    def facts(self) -> tuple[list[Sample], dict[str, Any]]:
+        """``(samples before the OOM, diagnose's keyword facts)``, as the whole recording gives
+        them (up to the thinning above)."""
+        kept = self._history + self._tail
+        serving = (Phase.PREFILL, Phase.DECODE)
+        if self._served is not None and not any(s.phase in serving for s, _ in kept):
+            kept = sorted([*kept, self._served], key=lambda x: x[0].ts_s)
+        before = [s for s, _ in kept]
+        out: dict[str, Any] = {}
+        oom = self._oom
+        if oom is not None:
+            failed = (oom.data or {}).get("failed_alloc_bytes")
+            if not isinstance(failed, int) or isinstance(failed, bool) or failed <= 0:
+                failed = failed_from_message((oom.data or {}).get("message"))
+            if failed is not None:
+                out["failed_alloc_bytes"] = failed
+            if oom.phase is not None:
+                out["phase"] = oom.phase
+        if self._requests:  # the in-flight steps the diagnosis reads: at each sample, the OOM
+            steps = [(s.ts_s, n) for s, n in kept]
+            steps.append((self.oom_ts, len(self._open)))
+            out["in_flight_series"] = sorted(steps, key=lambda x: x[0])
+        out["kv_refusals_ts"] = self._refusals
+        return before, out
 
 
 def _alerts_doc(history: Iterable[AlertRecord]) -> list[dict[str, Any]]:

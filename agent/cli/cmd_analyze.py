@@ -7,9 +7,9 @@ document (docs/analysis.md). A detected leak comes with its make-up (``leak.make
 growth between two idle points is made of, from the ``memory_layout`` events); ``--makeup`` computes
 it without a leak too, and says so when the recording has no two layouts to compare.
 
-``--db`` reads one device at a time, and only the window ``--since``/``--until`` asks for:
-memory is bounded by one device's window, not by the store (a week of 8 devices at 10 Hz
-loaded at once was 28 GB).
+``--db`` reads one device at a time, and only the window ``--since``/``--until`` asks for, as
+a stream: records flow through the analysis and are dropped, so memory is bounded whatever the
+window (a week of 8 devices at 10 Hz loaded at once was 28 GB; see docs/analysis.md, "Memory").
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.cli.common import (
@@ -116,8 +117,12 @@ def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostM
 def _analyze_db(config: Config, args: argparse.Namespace
                 ) -> tuple[dict[str, Any], list[PostMortem]]:
     """Each device's window analyzed on its own (the alert rules are per device), the
-    documents joined: one device's records in memory at a time."""
-    from vramscope.agent.alerts.offline import analyze_records
+    documents joined. A device's samples and events stream from the store, merged in time
+    order, through the engine and the summaries, and are dropped (``analyze_stream``): memory
+    is bounded, not by the window; a device with an OOM is read a second time up to it, for
+    the diagnosis."""
+    from vramscope.agent.alerts.offline import analyze_stream
+    from vramscope.agent.analysis.merge import iter_merged
     from vramscope.agent.analysis.report import FORMAT
     from vramscope.agent.store import Store
 
@@ -126,19 +131,26 @@ def _analyze_db(config: Config, args: argparse.Namespace
     postmortems: list[PostMortem] = []
     with Store.open(config["database.url"], synchronous=config["database.synchronous"],
                     host_name=config["agent.host_name"] or None) as store:
+
+        def records(dev: int, until_s: float | None = None) -> Iterator[Sample | Event]:
+            end = args.until if until_s is None else _earlier(until_s, args.until)
+            return iter_merged(store.iter_samples(dev, args.since, end),
+                               store.iter_events(dev, args.since, end))
+
         indexes = sorted({d["device_index"] for d in store.devices()})
         for dev in [i for i in indexes if args.device in (None, i)]:
-            samples = list(store.iter_samples(dev, args.since, args.until))
-            events = store.events(dev, args.since, args.until)
             mine = [pm for _, pm in store.postmortems(dev) if _within(pm.ts_s, args)]
-            part = analyze_records(samples, events, config, postmortems=mine, device=dev,
-                                   makeup=args.makeup)
-            del samples, events
+            part = analyze_stream(records(dev), records, config, postmortems=mine,
+                                  makeup=args.makeup)
             doc["devices"].update(part["devices"])
             doc["alerts"] += part["alerts"]
             postmortems += mine
     doc["alerts"].sort(key=lambda a: a["fired_ts"])  # stable: devices in order on a tie
     return doc, postmortems
+
+
+def _earlier(a: float, b: float | None) -> float:
+    return a if b is None else min(a, b)
 
 
 def _within(ts_s: float, args: argparse.Namespace) -> bool:
