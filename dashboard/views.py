@@ -40,6 +40,7 @@ TIER_BUCKETS = 2_100
 # The analysis document runs the alert engine, whose leak detector fits the last 120 floor
 # points every 5 (about 15 ms each): a day of minutes is 280 fits, 4 s. Its tier is coarser.
 REPORT_BUCKETS = 100
+ALERT_READ_LIMIT = 1_000  # a window's stored alerts a tiered analysis shows
 TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
 TIER_EVENT_LIMIT = 1_000
 LEAK_COLUMNS = ("allocated_bytes", "device_used_bytes", "device_total_bytes")
@@ -131,8 +132,28 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
                    if start <= pm.ts_s <= end]
     doc = analyze_records(window.samples, window.events, config, postmortems=postmortems,
                           device=device)
-    doc.update(tier=window.tier, bucket_s=window.bucket_s)
+    doc.update(tier=window.tier, bucket_s=window.bucket_s, alerts_from="analysis")
+    if window.bucket_s is not None:
+        stored = _stored_alerts(store, device, host, start, end)
+        if stored is not None:
+            doc.update(alerts=stored, alerts_from="agent")
     return doc
+
+
+def _stored_alerts(store: Store, device: int, host: str | None, start: float,
+                   end: float) -> list[dict[str, Any]] | None:
+    """The alerts the live agent stored for the window (fired in it, or still open at its
+    start), in the document's form; None when the agent stored none for this device. On a
+    tier the engine runs over bucket minima and peaks, a coarse replay; the agent ran the same
+    engine over every raw sample, so where it kept its alerts they are the window's alerts."""
+    if not store.alerts(device=device, host=host, limit=1):
+        return None  # an imported store: no live agent's alerts to show
+    rows = store.alerts(device=device, host=host, end_s=end, limit=ALERT_READ_LIMIT)
+    kept = [a for a in rows if a["fired_ts_s"] >= start
+            or a["resolved_ts_s"] is None or a["resolved_ts_s"] >= start]
+    return [{"rule": a["rule"], "severity": a["severity"], "device": device,
+             "fired_ts": a["fired_ts_s"], "resolved_ts": a["resolved_ts_s"]}
+            for a in sorted(kept, key=lambda a: a["fired_ts_s"])]
 
 
 def leaks_view(store: Store, config: Settings, device: int, host: str | None, start: float,

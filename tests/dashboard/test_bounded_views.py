@@ -54,6 +54,30 @@ def test_the_analysis_and_risk_views_do_not_build_a_window_over_the_limit(tmp_pa
                                            "grouped in SQL, 7.2 s buckets")  # 4 buckets a peak
 
 
+def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monkeypatch):
+    """Over a tier the engine replays bucket minima and peaks; the agent ran it over every raw
+    sample, so its stored alerts are the window's: one resolved before the window is left out,
+    one resolved inside and one still open are shown. Without stored alerts (an imported store)
+    the document keeps the replay's."""
+    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
+    with _store(tmp_path) as store:
+        doc = views.report(store, None, 1, None, T_END - 3600, T_END)
+        assert (doc["alerts_from"], doc["alerts"]) == ("analysis", [])
+        old = store.open_alert("memory_leak", "warning", T_END - 7200, device=1, host="h")
+        store.resolve_alert(old, T_END - 3700)
+        inside = store.open_alert("oom_risk", "warning", T_END - 3000, device=1, host="h")
+        store.resolve_alert(inside, T_END - 1000)
+        store.open_alert("oom_risk_critical", "critical", T_END - 600, device=1, host="h")
+        store.open_alert("memory_leak", "warning", T_END - 600, device=2, host="h")  # not 1
+        doc = views.report(store, None, 1, None, T_END - 3600, T_END)
+        assert doc["alerts_from"] == "agent"
+        assert doc["alerts"] == [
+            {"rule": "oom_risk", "severity": "warning", "device": 1, "fired_ts": T_END - 3000,
+             "resolved_ts": T_END - 1000},
+            {"rule": "oom_risk_critical", "severity": "critical", "device": 1,
+             "fired_ts": T_END - 600, "resolved_ts": None}]
+
+
 def test_tier_widths_keep_a_window_within_its_buckets():
     assert [views.tier_width(s) for s in (900, 3600, 86_400, 126_000, 126_060, 7 * 86_400)] \
         == [60.0, 60.0, 60.0, 60.0, 120.0, 300.0]
