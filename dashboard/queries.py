@@ -14,6 +14,7 @@ from typing import Any
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
+from vramscope.agent.store.downsample import downsample, tier_grid
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
@@ -234,11 +235,14 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
              max_points: int, columns: tuple[str, ...]) -> dict[str, Any]:
     """The timeline document: downsampled series, phase bands and event markers."""
     wanted = tuple(dict.fromkeys(columns + _ratio_inputs(columns)))
-    rows = store.timeline(device, start_s, end_s, max_points, wanted, host=host)
+    # buckets of five minutes or more on the ten-minute grid the rollups are indexed by (a
+    # week: 1,008 of ten minutes, grouped without a sort), finer ones as asked
+    rows = downsample(store, device, start_s, end_s, max_points, wanted, None, host,
+                      aligned=True)
+    tier = tier_grid(start_s, end_s, max_points)
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
-    # the rare markers and the phase events in one read: the events index is (device, time),
-    # so each name lookup reads every event of the window (a week: ~100 ms a read)
+    # the rare markers and the phase events, each name on the (device, name, time) index
     named = store.events(device, start_s, end_s, host=host,
                          names=tl.RARE_EVENTS + ("phase",), limit=NAMED_EVENT_LIMIT + 1)
     changes = [e for e in named if e.name == "phase"]
@@ -247,7 +251,8 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
                                              changes, len(named) > NAMED_EVENT_LIMIT)
     events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
-            "max_points": max_points, "bucket_s": (end_s - start_s) / max_points,
+            "max_points": max_points,
+            "bucket_s": tier[1] if tier else (end_s - start_s) / max_points,
             "series": series, "phases": bands, "phase_shares": shares,
             "phase_source": band_source,
             "events": tl.event_markers(events), "events_truncated": truncated,

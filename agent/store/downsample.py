@@ -17,9 +17,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, and_, case, cast, func, select
+from sqlalchemy import ColumnElement, Connection, Integer, Select, and_, case, cast, func, select
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
-from vramscope.agent.store.schema import devices, hosts, rollups, samples
+from vramscope.agent.store.schema import (
+    ROLLUP_TIER_S,
+    devices,
+    hosts,
+    rollup_tier,
+    rollups,
+    samples,
+)
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
@@ -30,23 +37,42 @@ ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 
 
 def downsample(store: Store, device: int, start_s: float, end_s: float, buckets: int,
-               columns: Sequence[str], source: str | None,
-               host: str | None) -> list[dict[str, Any]]:
+               columns: Sequence[str], source: str | None, host: str | None,
+               aligned: bool = False) -> list[dict[str, Any]]:
+    """``aligned``: buckets of five minutes or more go on the ten-minute grid of
+    :func:`tier_grid`, which the rollups are indexed by: a week's minutes are then grouped along
+    the index rather than sorted (see ``_grouped``)."""
     _validate(start_s, end_s, buckets, columns)
     did = _device_row_id(store, device, host)
     if did is None:
         return []
-    grid = _Grid(start_s, (end_s - start_s) / buckets, buckets, tuple(columns))
+    tier = tier_grid(start_s, end_s, buckets) if aligned else None
+    grid = (_Grid(*tier, tuple(columns)) if tier else
+            _Grid(start_s, (end_s - start_s) / buckets, buckets, tuple(columns)))
     covered = _rollup_span(store, did, start_s, end_s) if _rollups_worthwhile(
         start_s, end_s, buckets) else None
     if covered is None:
         return grid.rows(_raw(store, did, grid, start_s, end_s, source, True))
     lo, hi = covered
     parts = _raw(store, did, grid, start_s, lo, source, False) if lo > start_s else []
-    parts += _from_rollups(store, did, grid, lo, hi, source)
+    parts += _from_rollups(store, did, grid, lo, hi, source, tiered=tier is not None)
     if hi <= end_s:
         parts += _raw(store, did, grid, hi, end_s, source, True)
     return grid.rows(parts)
+
+
+def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int] | None:
+    """``(start, width, count)`` of the grid an aligned window is drawn on when the ``buckets``
+    asked for are five minutes or wider: the width a multiple of ``ROLLUP_TIER_S`` (ten
+    minutes), the start on a ten-minute boundary at or before ``start_s``, between half and all
+    of the buckets asked for (a week in 2,000: 1,008 of ten minutes). None for finer buckets."""
+    if (end_s - start_s) / buckets < ROLLUP_TIER_S / 2:
+        return None
+    start = math.floor(start_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
+    width = math.ceil((end_s - start_s) / buckets / ROLLUP_TIER_S) * ROLLUP_TIER_S
+    while math.ceil((end_s - start) / width) > buckets:
+        width += ROLLUP_TIER_S
+    return start, width, max(1, math.ceil((end_s - start) / width))
 
 
 def _validate(start_s: float, end_s: float, buckets: int, columns: Sequence[str]) -> None:
@@ -76,20 +102,19 @@ class _Grid:
 
     def rows(self, parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
              ) -> list[dict[str, Any]]:
-        """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket."""
-        if len({p[0] for p in parts}) == len(parts):  # one part a bucket: nothing to merge
-            return [self._row(b, last_ts, values)
-                    for b, last_ts, values in sorted(parts, key=lambda p: p[0])]
-        merged: dict[int, tuple[float, dict[str, list[Any]]]] = {}
-        for b, last_ts, values in sorted(parts, key=lambda p: (p[0], p[1])):
-            _, acc = merged.get(b, (last_ts, {}))
-            for col, (lo, hi, last) in values.items():
-                cur = acc.setdefault(col, [None, None, None])
-                cur[0] = lo if cur[0] is None or (lo is not None and lo < cur[0]) else cur[0]
-                cur[1] = hi if cur[1] is None or (hi is not None and hi > cur[1]) else cur[1]
-                cur[2] = last if last is not None else cur[2]  # parts arrive in time order
-            merged[b] = (last_ts, acc)
-        return [self._row(b, *merged[b]) for b in sorted(merged)]
+        """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket.
+
+        Only buckets with several parts are merged (a long window's first and last bucket,
+        where raw samples meet the rollups): merging all 2,000 of a week was 70 ms."""
+        by_bucket: dict[int, list[tuple[int, float, dict[str, _MinMaxLast]]]] = {}
+        for part in parts:
+            by_bucket.setdefault(part[0], []).append(part)
+        out = []
+        for b in sorted(by_bucket):
+            mine = by_bucket[b]
+            out.append(self._row(b, mine[0][1], mine[0][2]) if len(mine) == 1
+                       else self._row(b, *_merge(mine)))
+        return out
 
     def _row(self, b: int, last_ts: float, values: Mapping[str, Sequence[Any]]
              ) -> dict[str, Any]:
@@ -98,6 +123,21 @@ class _Grid:
             lo, hi, last = values.get(col, (None, None, None))
             row[f"{col}_min"], row[f"{col}_max"], row[f"{col}_last"] = lo, hi, last
         return row
+
+
+def _merge(parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
+           ) -> tuple[float, dict[str, list[Any]]]:
+    """One bucket's parts, in time order, to its (last_ts_s, {col: [min, max, last]})."""
+    last_ts = 0.0
+    acc: dict[str, list[Any]] = {}
+    for _, part_last_ts, values in sorted(parts, key=lambda p: p[1]):
+        last_ts = part_last_ts
+        for col, (lo, hi, last) in values.items():
+            cur = acc.setdefault(col, [None, None, None])
+            cur[0] = lo if cur[0] is None or (lo is not None and lo < cur[0]) else cur[0]
+            cur[1] = hi if cur[1] is None or (hi is not None and hi > cur[1]) else cur[1]
+            cur[2] = last if last is not None else cur[2]  # parts arrive in time order
+    return last_ts, acc
 
 
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
@@ -178,31 +218,25 @@ def _rollup_span(store: Store, did: int, start_s: float,
 
 
 def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
-                  source: str | None) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+                  source: str | None, tiered: bool = False
+                  ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
     """Rollup minutes in [lo_s, hi_s) grouped on the grid in SQL, pivoted to one row per
     output bucket (a week is 10,080 minutes of a dozen metric rows each; merging them in
     Python was 2 s a device). Each bucket's "last" is its newest minute's, fetched by primary
     key in a second pivoted query; a minute's last value stands at the minute's end (its
     exact time is not kept)."""
-    ratio = (rollups.c.bucket_s - grid.start_s) / grid.width_s
-    bucket = (func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer))
     where = [rollups.c.device_id == did, rollups.c.metric.in_(list(grid.columns))]
     if source is not None:
         where.append(rollups.c.source == source)
-    # grouped by (bucket, metric), not pivoted with a CASE per column: two aggregates a row
-    # instead of two per column (a week's 141k rows: 110 ms against 190 ms), 26k rows back
-    q = (select(bucket.label("b"), rollups.c.metric, func.min(rollups.c.min_value),
-                func.max(rollups.c.max_value), func.max(rollups.c.bucket_s))
-         .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
-         .group_by(bucket, rollups.c.metric))
     newest: dict[int, float] = {}
     values: dict[int, dict[str, tuple[Any, Any]]] = {}
     with store.engine.connect() as c:
-        for b, metric, lo, hi, minute in c.execute(q):
-            k = min(int(b), grid.buckets - 1)
+        for b, metric, lo, hi, minute in c.execute(_grouped(store, grid, where, lo_s, hi_s,
+                                                            tiered)):
+            k = grid.index(float(minute)) if tiered else min(int(b), grid.buckets - 1)
             newest[k] = max(float(minute), newest.get(k, float(minute)))
             mine = values.setdefault(k, {})
-            if metric in mine:  # the end's bucket also takes the one past it (clamped)
+            if metric in mine:  # several groups a bucket (tiers; the end's clamped bucket)
                 lo, hi = min(lo, mine[metric][0]), max(hi, mine[metric][1])
             mine[metric] = (lo, hi)
         last = _rollup_lasts(c, where, sorted(newest.values()), grid.columns)
@@ -214,6 +248,29 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
                     {col: (*mine.get(col, (None, None)), lasts[i])
                      for i, col in enumerate(grid.columns)}))
     return out
+
+
+def _grouped(store: Store, grid: _Grid, where: list[ColumnElement[bool]], lo_s: float,
+             hi_s: float, tiered: bool) -> Select[Any]:
+    """Per group and metric: min, max and the newest minute.
+
+    Grouped by (bucket, metric), not pivoted with a CASE per column: two aggregates a row
+    instead of two per column (a week's 141k rows: 110 ms against 190 ms), 22k rows back.
+    ``tiered`` (a grid aligned to ten minutes, on SQLite): grouped by ten-minute group, in the
+    order of the ``ix_rollups_device_tier`` index, which SQLite then reads without the sort a
+    computed bucket needs (a week: 54 ms and 11k rows instead of 154 ms and 22k); each group
+    lies in one bucket. PostgreSQL hashes its groups: no sort to save."""
+    if tiered and store.dialect == "sqlite":
+        group: ColumnElement[Any] = rollup_tier
+        where = [*where, rollup_tier >= math.floor(lo_s / ROLLUP_TIER_S),
+                 rollup_tier <= math.floor(hi_s / ROLLUP_TIER_S)]
+    else:
+        ratio = (rollups.c.bucket_s - grid.start_s) / grid.width_s
+        group = func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer)
+    return (select(group.label("b"), rollups.c.metric, func.min(rollups.c.min_value),
+                   func.max(rollups.c.max_value), func.max(rollups.c.bucket_s))
+            .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
+            .group_by(group, rollups.c.metric))
 
 
 def _rollup_lasts(c: Connection, where: list[ColumnElement[bool]], minutes: list[float],
