@@ -1,0 +1,92 @@
+"""The timeline over a week: ten-minute buckets on the grid the rollups are indexed by, each
+bucket's min / max / last exactly those of the samples in it; OOM markers and phase bands
+found by name among thousands of request events; the figure route on the same document."""
+
+from __future__ import annotations
+
+import math
+
+from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.store import Store
+from vramscope.agent.store.maintenance import rollup_window
+from vramscope.dashboard.app import create_app
+
+T0 = 1_700_000_400.0  # a ten-minute boundary
+WEEK = 7 * 86_400.0
+STEP = 60.0  # one sample a minute: 10,081 a week, rolled up but for the newest hour
+
+
+def _allocated(i: int) -> int:
+    return 1_000_000 + (i * 7919) % 100_000 + 10 * i  # wavy, slowly rising
+
+
+def _history() -> tuple[list[Sample], list[Event]]:
+    n = int(WEEK / STEP) + 1
+    samples = [Sample(T0 + 30 + i * STEP, 1, Phase.DECODE, "torch", 42,
+                      allocated_bytes=_allocated(i), reserved_bytes=2_000_000 + i)
+               for i in range(n)]
+    events = [Event(T0 + 10 + j * 150, name, 1, 42, None, f"r{j}")
+              for j in range(int(WEEK / 150)) for name in ("request_start", "request_end")]
+    events += [Event(T0 + 3 * 86_400 + 5, "oom", 1, 42, None, None, {"message": "OOM"}),
+               Event(T0 + 86_400, "phase", 1, 42, Phase.PREFILL),
+               Event(T0 + 86_400 + 20, "phase", 1, 42, Phase.DECODE)]
+    return samples, events
+
+
+def _store(tmp_path) -> tuple[Store, list[Sample]]:
+    store = Store.open(f"sqlite:///{tmp_path / 'week.db'}", host_name="h")
+    samples, events = _history()
+    store.write(samples, events)
+    rollup_window(store, T0, T0 + WEEK - 3600)
+    return store, samples
+
+
+def _expected(samples: list[Sample], start: float, end: float, grid_start: float,
+              width: float, count: int) -> dict[str, list[float]]:
+    """allocated_bytes per bucket, straight from the samples written."""
+    buckets: dict[int, list[int]] = {}
+    for s in samples:
+        if start <= s.ts_s <= end:
+            k = min(int((s.ts_s - grid_start) // width), count - 1)
+            buckets.setdefault(k, []).append(s.allocated_bytes or 0)
+    ks = sorted(buckets)
+    return {"ts": [grid_start + k * width for k in ks], "min": [min(buckets[k]) for k in ks],
+            "max": [max(buckets[k]) for k in ks]}
+
+
+def test_a_week_is_drawn_in_ten_minute_buckets_exact_to_the_samples(tmp_path):
+    store, samples = _store(tmp_path)
+    start, end = T0 + 17, T0 + 17 + WEEK  # a window that starts off the grid
+    client = create_app(None, store).test_client()
+    doc = client.get(f"/api/v1/timeline?device=1&start={start!r}&end={end!r}").get_json()
+    assert doc["bucket_s"] == 600.0 and doc["max_points"] == 2000
+    count = math.ceil((end - T0) / 600)
+    assert count == 1009
+    allocated = doc["series"]["allocated_bytes"]
+    assert allocated == _expected(samples, start, end, T0, 600.0, count)
+    # the last bucket holds the window's last 17 s, no sample
+    assert len(allocated["ts"]) == 1008 and all(t % 600 == 0 for t in allocated["ts"])
+    assert doc["series"]["reserved_bytes"]["max"][:2] == [2_000_009, 2_000_019]
+    # the OOM among 8,064 request events (too many to draw: truncated), phases from events
+    assert [(e["name"], e["ts"]) for e in doc["events"]] == [("oom", T0 + 3 * 86_400 + 5)]
+    assert doc["events_truncated"] is True
+    assert doc["phase_source"] == "events"
+    assert doc["phases"] == [
+        {"phase": "prefill", "start": T0 + 86_400, "end": T0 + 86_400 + 20},
+        {"phase": "decode", "start": T0 + 86_400 + 20, "end": end}]
+    figure = client.get(f"/api/v1/figures/timeline?device=1&start={start!r}&end={end!r}")
+    assert figure.status_code == 200
+    assert figure.get_json()["layout"]["meta"]["bucket_s"] == 600.0
+    store.close()
+
+
+def test_a_day_keeps_the_grid_it_asked_for(tmp_path):
+    store, _ = _store(tmp_path)
+    start, end = T0 + WEEK - 86_400 - 17, T0 + WEEK - 17  # 43.2 s buckets: not a tier
+    doc = create_app(None, store).test_client().get(
+        f"/api/v1/timeline?device=1&start={start!r}&end={end!r}").get_json()
+    assert doc["bucket_s"] == 43.2
+    ts = doc["series"]["allocated_bytes"]["ts"]
+    assert ts[0] >= start and len(ts) == 1440  # one a minute: the other buckets are empty
+    assert all(abs((t - start) / 43.2 - round((t - start) / 43.2)) < 1e-6 for t in ts)
+    store.close()
