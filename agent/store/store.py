@@ -16,7 +16,6 @@ once per UUID, and not written, rather than landing on the other device.
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import socket
@@ -26,8 +25,10 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Connection,
     CursorResult,
+    Select,
     Table,
     and_,
     create_engine,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.engine import Engine
@@ -593,30 +595,33 @@ class Store:
                names: Sequence[str] | None = None, limit: int | None = None) -> list[Event]:
         """Events in time order (ties by id), at most ``limit``.
 
-        With ``names``, one query per name, merged: each is then a range of the
-        ``(device_id, name, ts_s)`` index, read in order and cut at ``limit``. One query with
-        ``name IN (...)`` makes SQLite walk the ``(device_id, ts_s)`` index for its ORDER BY and
-        test every event of the window: a week's OOM and phase look-up read 327k request events
-        of a device (0.15 s) to find none."""
-        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
+        With several ``names``, one SELECT per name under a UNION ALL: each a range of the
+        ``(device_id, name, ts_s)`` index in time order, which SQLite merges (PostgreSQL: a
+        Merge Append) and stops at ``limit``. One ``name IN (...)`` makes SQLite walk the
+        ``(device_id, ts_s)`` index for its ORDER BY and test every event of the window: a
+        week's OOM and phase look-up read 327k request events of a device (0.15 s) to find
+        none."""
+        # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
+        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
+                    *(col.label(col.name) for col in events.c))
              .join(devices, devices.c.id == events.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name))
-             .order_by(events.c.ts_s, events.c.id))
+             .where(hosts.c.name == (host or self.host_name)))
         q = _time_filter(q, events.c.ts_s, start_s, end_s)
         if device is not None:
             q = q.where(devices.c.device_index == device)
+        arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
+        both: Select[Any] | CompoundSelect[Any] = (
+            union_all(*arms) if len(arms) > 1 else arms[0] if arms else q)
+        cols = both.selected_columns
+        both = both.order_by(cols.ts_s, cols.id)
         if limit is not None:
-            q = q.limit(limit)
-        queries = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())] or [q]
+            both = both.limit(limit)
         with self.engine.connect() as c:
-            found = [c.execute(one).all() for one in queries]
-        rows = found[0] if len(found) == 1 else list(
-            heapq.merge(*found, key=lambda r: (r.ts_s, r.id)))[:limit]
-        return [Event(r.ts_s, r.name, r.device_index, r.pid,
-                      Phase(r.phase) if r.phase else None, r.request_id,
-                      stored_json(r.data), host, r.device_uuid)
-                for r in rows]
+            return [Event(r.ts_s, r.name, r.device_index, r.pid,
+                          Phase(r.phase) if r.phase else None, r.request_id,
+                          stored_json(r.data), host, r.device_uuid)
+                    for r in c.execute(both)]
 
     def iter_events(self, device: int | None = None, start_s: float | None = None,
                     end_s: float | None = None, *, host: str | None = None) -> Iterator[Event]:
