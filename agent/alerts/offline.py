@@ -10,22 +10,21 @@ document itself is assembled by :mod:`vramscope.agent.analysis.report`. Pure: no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import islice
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
-from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.merge import Batch, merged
 from vramscope.agent.analysis.report import DeviceSummary, document_of
 from vramscope.agent.records import Event, PostMortem, Sample
 
 # oom, request and KV-refusal events: an OOM's cause (the failed size, the requests in flight
 # over time, a pool that ran out)
 OOM_CONTEXT = frozenset({"oom", "request_start", "request_end", *KV_REFUSAL_EVENTS})
-CHUNK = 4096  # records handed to the engine at a time (its batch call), then dropped
+CHUNK = 4096  # samples (or records) handed to the engine at a time, then dropped
 
 Reopen = Callable[[int, float], Iterable["Sample | Event"]]
 
@@ -43,42 +42,45 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     def reopen(dev: int, until_s: float) -> Iterable[Sample | Event]:
         return (r for r in records if r.device == dev and r.ts_s <= until_s)
 
-    return analyze_stream(records, reopen, config, postmortems=postmortems, makeup=makeup)
+    return analyze_stream(_batches(records), reopen, config, postmortems=postmortems,
+                          makeup=makeup)
 
 
-def analyze_stream(records: Iterable[Sample | Event], reopen: Reopen,
+def _batches(records: list[Sample | Event]) -> Iterator[Batch]:
+    for i in range(0, len(records), CHUNK):
+        chunk = records[i:i + CHUNK]
+        # type(r) is faster than isinstance, and mypy cannot narrow it: hence the casts
+        yield (cast("list[Sample]", [r for r in chunk if type(r) is not Event]),
+               cast("list[Event]", [r for r in chunk if type(r) is Event]))
+
+
+def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
                    config: Mapping[str, Any] | None = None, *,
                    postmortems: Sequence[PostMortem] = (), makeup: bool = False
                    ) -> dict[str, Any]:
-    """:func:`analyze_records` of records already in time order (an event before a sample of
-    the same instant), read once and not kept: memory is bounded by the engine's state, not by
-    the recording. ``reopen(device, until_s)`` gives a device's records up to ``until_s`` again
-    (in the same order); it is read only for a device that had an OOM, up to it, for the
-    diagnosis (:class:`~vramscope.agent.analysis.report.OomWitness`)."""
+    """:func:`analyze_records` of a recording in consecutive batches of samples and events (each
+    batch, merged, follows the one before in time order:
+    :func:`~vramscope.agent.analysis.merge.time_batches`), read once and not kept: memory is
+    bounded by a batch and the engine's state, not by the recording. ``reopen(device,
+    until_s)`` gives a device's records up to ``until_s`` again, in time order; it is read only
+    for a device that had an OOM, up to it, for the diagnosis
+    (:class:`~vramscope.agent.analysis.report.OomWitness`)."""
     engine = AlertEngine.from_config(config)
     summaries: dict[int, DeviceSummary] = {}
     layouts: list[Event] = []  # a leak's make-up (few: taken at idle points)
-    it = iter(records)
-    while chunk := list(islice(it, CHUNK)):
-        samples: list[Sample] = []
-        events: list[Event] = []
-        for r in chunk:
-            if type(r) is Event:
-                events.append(r)
-                if r.name == LAYOUT_EVENT:
-                    layouts.append(r)
-            else:
-                s: Sample = r  # type: ignore[assignment]  # not an Event: a Sample
-                samples.append(s)
-                acc = summaries.get(s.device)
-                if acc is None:
-                    acc = summaries[s.device] = DeviceSummary()
-                acc.add(s)
-        engine.feed_batch(samples, events)  # the same order: ties already events first
+    for samples, events in batches:
+        for s in samples:
+            acc = summaries.get(s.device)
+            if acc is None:
+                acc = summaries[s.device] = DeviceSummary()
+            acc.add(s)
+        layouts += [e for e in events if e.name == LAYOUT_EVENT]
+        engine.feed_batch(samples, events)  # merges the batch: events first on a tie
 
-    def replay(dev: int, until_s: float) -> Iterable[Sample | Event]:
-        return (r for r in reopen(dev, until_s)
-                if type(r) is not Event or r.name in OOM_CONTEXT)  # type: ignore[union-attr]
+    def replay(dev: int, until_s: float) -> Iterator[Sample | Event]:
+        for r in reopen(dev, until_s):
+            if type(r) is not Event or cast("Event", r).name in OOM_CONTEXT:
+                yield r
 
     doc = document_of(engine.devices, summaries, engine.history, postmortems,
                       layouts=layouts, replay=replay, makeup=makeup)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from operator import attrgetter
 from typing import Generic, TypeVar
 
@@ -32,6 +33,30 @@ def iter_merged(samples: Iterable[Sample], events: Iterable[Event]
     record of each in memory at a time. The same order: ``heapq.merge`` takes the earlier
     iterable first on a tie, so an event comes before a sample of the same instant."""
     return heapq.merge(events, samples, key=_TS)
+
+
+Batch = tuple[list[Sample], list[Event]]
+
+
+def time_batches(samples: Iterable[Sample], events: Iterable[Event], size: int
+                 ) -> Iterator[Batch]:
+    """Samples and events (each in time order) cut into consecutive batches of ``size`` samples
+    and the events up to the batch's last sample: each batch :func:`merged` follows the one
+    before it in the order of the whole, so a consumer that merges each batch (the engine's
+    ``feed_batch``) sees the order of the whole recording, one batch in memory at a time
+    (and no merge here: the events are few, the samples only counted)."""
+    s_it, e_it = iter(samples), iter(events)
+    pending = next(e_it, None)
+    while chunk := list(islice(s_it, size)):
+        last, evs = chunk[-1].ts_s, []
+        while pending is not None and pending.ts_s <= last:  # a tie: the event goes first
+            evs.append(pending)
+            pending = next(e_it, None)
+        yield chunk, evs
+    while pending is not None:  # events after the last sample, a batch at a time
+        evs = [pending, *islice(e_it, size - 1)]
+        pending = next(e_it, None)
+        yield [], evs
 
 
 def by_device(records: Sequence[Sample | Event]) -> dict[int, list[Sample | Event]]:

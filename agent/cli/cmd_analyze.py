@@ -117,12 +117,12 @@ def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostM
 def _analyze_db(config: Config, args: argparse.Namespace
                 ) -> tuple[dict[str, Any], list[PostMortem]]:
     """Each device's window analyzed on its own (the alert rules are per device), the
-    documents joined. A device's samples and events stream from the store, merged in time
-    order, through the engine and the summaries, and are dropped (``analyze_stream``): memory
-    is bounded, not by the window; a device with an OOM is read a second time up to it, for
-    the diagnosis."""
-    from vramscope.agent.alerts.offline import analyze_stream
-    from vramscope.agent.analysis.merge import iter_merged
+    documents joined. A device's samples stream from the store in batches, each with the events
+    up to its last sample (``time_batches``), through the engine and the summaries, and are
+    dropped (``analyze_stream``): memory does not grow with the window. A device with an OOM
+    is read a second time, up to it, for the diagnosis."""
+    from vramscope.agent.alerts.offline import CHUNK, analyze_stream
+    from vramscope.agent.analysis.merge import iter_merged, time_batches
     from vramscope.agent.analysis.report import FORMAT
     from vramscope.agent.store import Store
 
@@ -132,15 +132,17 @@ def _analyze_db(config: Config, args: argparse.Namespace
     with Store.open(config["database.url"], synchronous=config["database.synchronous"],
                     host_name=config["agent.host_name"] or None) as store:
 
-        def records(dev: int, until_s: float | None = None) -> Iterator[Sample | Event]:
-            end = args.until if until_s is None else _earlier(until_s, args.until)
+        def records(dev: int, until_s: float) -> Iterator[Sample | Event]:
+            end = _earlier(until_s, args.until)
             return iter_merged(store.iter_samples(dev, args.since, end),
                                store.iter_events(dev, args.since, end))
 
         indexes = sorted({d["device_index"] for d in store.devices()})
         for dev in [i for i in indexes if args.device in (None, i)]:
             mine = [pm for _, pm in store.postmortems(dev) if _within(pm.ts_s, args)]
-            part = analyze_stream(records(dev), records, config, postmortems=mine,
+            batches = time_batches(store.iter_samples(dev, args.since, args.until),
+                                   store.iter_events(dev, args.since, args.until), CHUNK)
+            part = analyze_stream(batches, records, config, postmortems=mine,
                                   makeup=args.makeup)
             doc["devices"].update(part["devices"])
             doc["alerts"] += part["alerts"]

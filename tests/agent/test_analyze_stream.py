@@ -8,7 +8,7 @@ import json
 from vramscope.agent.alerts.engine import DeviceAnalysis
 from vramscope.agent.alerts.offline import CHUNK, analyze_records
 from vramscope.agent.analysis.diagnosis import diagnose
-from vramscope.agent.analysis.merge import iter_merged, merged
+from vramscope.agent.analysis.merge import iter_merged, merged, time_batches
 from vramscope.agent.analysis.report import OomWitness
 from vramscope.agent.cli import main
 from vramscope.agent.records import Event, Phase, Sample
@@ -35,6 +35,22 @@ def test_the_lazy_merge_orders_ties_like_the_list_merge():
     assert lazy == merged(samples, events)
     assert [r.name if isinstance(r, Event) else r.allocated_bytes for r in lazy] == [
         1, "a", "b", 2, 3, "c", 4]
+
+
+def test_time_batches_cut_the_merged_order_into_consecutive_pieces():
+    samples = [_s(1.0, 1), _s(2.0, 2), _s(2.0, 3), _s(3.0, 4), _s(4.0, 5)]
+    events = [_e(0.5, "a"), _e(2.0, "b"), _e(2.0, "c"), _e(3.5, "d"), _e(5.0, "e"),
+              _e(6.0, "f"), _e(7.0, "g")]
+    batches = list(time_batches(iter(samples), iter(events), 2))
+
+    def names(rs):
+        return [r.name if isinstance(r, Event) else r.allocated_bytes for r in rs]
+
+    # the events up to each batch's last sample (a tie: the event in the batch), then the
+    # events after the last sample, two at a time
+    assert [(names(s), names(e)) for s, e in batches] == [
+        ([1, 2], ["a", "b", "c"]), ([3, 4], []), ([5], ["d"]), ([], ["e", "f"]), ([], ["g"])]
+    assert [r for s, e in batches for r in merged(s, e)] == merged(samples, events)
 
 
 def _oom_recording(n: int) -> tuple[list[Sample], list[Event]]:
@@ -148,4 +164,4 @@ def test_the_database_is_analyzed_without_reading_the_window_ahead(tmp_path, cap
     doc = json.loads(capsys.readouterr().out)
     assert sum(p["samples"] for p in doc["devices"]["0"]["phases"].values()) == 8640
     assert read[0] == fed[0] == 8640
-    assert ahead[0] <= CHUNK + 1  # + the one the merge looks ahead
+    assert ahead[0] <= CHUNK
