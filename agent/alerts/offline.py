@@ -79,7 +79,7 @@ def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
 
     def replay(dev: int, until_s: float) -> Iterator[Sample | Event]:
         for r in reopen(dev, until_s):
-            if type(r) is not Event or cast("Event", r).name in OOM_CONTEXT:
+            if type(r) is not Event or r.name in OOM_CONTEXT:
                 yield r
 
     doc = document_of(engine.devices, summaries, engine.history, postmortems,
