@@ -248,7 +248,8 @@ class OomWitness:
       ``KV_REFUSAL_WINDOW_S`` of the OOM (and the 5 s a post-mortem may lie from it), and the
       first ``oom`` event within 5 s of it.
 
-    At most ``HISTORY_MAX`` + ``TAIL_S`` × rate samples: about 100 MB at 10 Hz.
+    At most ``HISTORY_MAX`` + ``TAIL_S`` × rate samples: 135 MiB at its peak (measured with
+    torch samples of the history generator, ~0.7 KB each), however long the window.
     ``oom_ts``: the first OOM (the request and refusal history is cut there, as the document
     always cut it); ``diag_ts``: the diagnosis time (a post-mortem's, within 5 s of it), where
     the samples end.
