@@ -25,7 +25,6 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    CompoundSelect,
     Connection,
     CursorResult,
     Select,
@@ -41,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.sql.expression import Executable
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -611,17 +611,11 @@ class Store:
         if device is not None:
             q = q.where(devices.c.device_index == device)
         arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
-        both: Select[Any] | CompoundSelect[Any] = (
-            union_all(*arms) if len(arms) > 1 else arms[0] if arms else q)
-        cols = both.selected_columns
-        both = both.order_by(cols.ts_s, cols.id)
-        if limit is not None:
-            both = both.limit(limit)
         with self.engine.connect() as c:
             return [Event(r.ts_s, r.name, r.device_index, r.pid,
                           Phase(r.phase) if r.phase else None, r.request_id,
                           stored_json(r.data), host, r.device_uuid)
-                    for r in c.execute(both)]
+                    for r in c.execute(_in_time_order(arms or [q], limit))]
 
     def iter_events(self, device: int | None = None, start_s: float | None = None,
                     end_s: float | None = None, *, host: str | None = None) -> Iterator[Event]:
@@ -818,6 +812,17 @@ def stored_json(text: str | None, max_bytes: int = 2**20) -> Any:
     except (ValueError, RecursionError) as exc:
         return {"unreadable": str(exc)[:200]}
     return value
+
+
+def _in_time_order(arms: list[Select[Any]], limit: int | None) -> Executable:
+    """The events of ``arms`` (one SELECT, or one per name) by time then id, at most
+    ``limit``; several arms as one UNION ALL whose ORDER BY the database merges."""
+    if len(arms) == 1:
+        one = arms[0].order_by(events.c.ts_s, events.c.id)
+        return one if limit is None else one.limit(limit)
+    both = union_all(*arms)
+    both = both.order_by(both.selected_columns.ts_s, both.selected_columns.id)
+    return both if limit is None else both.limit(limit)
 
 
 def _time_filter(q: Any, column: ColumnElement[Any], start_s: float | None,
