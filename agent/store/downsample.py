@@ -96,6 +96,8 @@ class _Grid:
     def __init__(self, start_s: float, width_s: float, buckets: int,
                  columns: tuple[str, ...]) -> None:
         self.start_s, self.width_s, self.buckets, self.columns = start_s, width_s, buckets, columns
+        # each column's output keys, formatted once rather than three times a bucket
+        self._keys = [(col, f"{col}_min", f"{col}_max", f"{col}_last") for col in columns]
 
     def index(self, ts_s: float) -> int:
         return min(int((ts_s - self.start_s) // self.width_s), self.buckets - 1)
@@ -119,9 +121,9 @@ class _Grid:
     def _row(self, b: int, last_ts: float, values: Mapping[str, Sequence[Any]]
              ) -> dict[str, Any]:
         row: dict[str, Any] = {"ts_s": self.start_s + b * self.width_s, "last_ts_s": last_ts}
-        for col in self.columns:
-            lo, hi, last = values.get(col, (None, None, None))
-            row[f"{col}_min"], row[f"{col}_max"], row[f"{col}_last"] = lo, hi, last
+        none = (None, None, None)
+        for col, lo_key, hi_key, last_key in self._keys:
+            row[lo_key], row[hi_key], row[last_key] = values.get(col, none)
         return row
 
 
