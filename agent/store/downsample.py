@@ -165,13 +165,15 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
     # retention may have deleted it): that bucket then has no "last", not a failed request.
     # Rows by position (bucket, last_ts_s, then min, max per column): 2,000 buckets of a dozen
     # columns by name was a third of a 15-minute timeline.
+    # Each Row made a plain tuple once and sliced: indexing a Row 24 times a bucket was 50 ms
+    # of a 1-hour timeline.
     missing = (None,) * len(grid.columns)
     out = []
     for r in grouped:
-        lasts = last.get(r[1], missing)
-        out.append((min(int(r[0]), grid.buckets - 1), r[1],
-                    {col: (r[2 + 2 * i], r[3 + 2 * i], lasts[i])
-                     for i, col in enumerate(grid.columns)}))
+        t = tuple(r)
+        lasts = last.get(t[1], missing)
+        out.append((min(int(t[0]), grid.buckets - 1), t[1],
+                    dict(zip(grid.columns, zip(t[2::2], t[3::2], lasts)))))
     return out
 
 
