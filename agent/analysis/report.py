@@ -1,10 +1,13 @@
 """The ``vramscope.analysis/1`` document (docs/architecture.md, "Public contracts") and its
 readable rendering.
 
-:func:`analysis_document` assembles the document from per-device analysis state and the alert
-history; :func:`vramscope.agent.alerts.offline.analyze_records` produces both by feeding a
-recording through the live alert engine. This module reads that state through
-:class:`DeviceState` and imports nothing of the alerts package (analysis sits below alerts).
+:func:`document_of` assembles the document from per-device analysis state, per-device
+summaries of the samples (:class:`DeviceSummary`) and the alert history, and reads a device's
+records again only for its OOM (:class:`OomWitness`, bounded); :func:`analysis_document` does
+the same from lists. :func:`vramscope.agent.alerts.offline.analyze_stream` produces the state
+by feeding a recording through the live alert engine a batch at a time. This module reads that
+state through :class:`DeviceState` and imports nothing of the alerts package (analysis sits
+below alerts).
 Pure: no I/O, no clock.
 """
 
