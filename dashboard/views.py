@@ -168,7 +168,7 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
     if window.bucket_s is None:
         # the detector's own floor points: residuals where the KV blocks in use (or the
         # requests in flight) explain part of the memory, the coordinates of its trend line
-        floor = []
+        floor: list[tuple[float, int]] = []
         verdict = leaks.detect_leak(window.samples, window.events, config, device, floor)
         method = ("idle floor less the memory the load explains"
                   if "residual floor" in verdict.evidence else "idle floor")
