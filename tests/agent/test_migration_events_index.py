@@ -7,6 +7,8 @@ from __future__ import annotations
 from sqlalchemy import create_engine, inspect, text
 from vramscope.agent.store import migrate
 
+from tests.support.sql_watch import insert_one_device
+
 EVENT = (1, 1, 1_700_000_040.0, "oom", 5, None, None, '{"message": "out of memory"}')
 ROLLUP = (1, 1_700_000_040.0, "torch", "allocated_bytes", 5, 9, 7.0, 8, 3)
 TIER = "CAST(bucket_s / 600.0 AS INTEGER)"
@@ -44,9 +46,7 @@ def test_events_name_index_up_and_down(any_url):
     try:
         migrate.upgrade(engine, "0003")
         with engine.begin() as c:
-            c.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) "
-                           "VALUES (1, 'h', 0, 0)"))
-            c.execute(text("INSERT INTO devices (id, host_id, device_index) VALUES (1, 1, 0)"))
+            insert_one_device(c)
             c.execute(text("INSERT INTO events (id, device_id, ts_s, name, pid, phase, "
                            "request_id, data) VALUES (:a, :b, :c, :d, :e, :f, :g, :h)"),
                       dict(zip("abcdefgh", EVENT)))

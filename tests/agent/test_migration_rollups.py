@@ -5,6 +5,8 @@ from __future__ import annotations
 from sqlalchemy import create_engine, text
 from vramscope.agent.store import migrate
 
+from tests.support.sql_watch import insert_one_device
+
 ROW = (1, 1_700_000_040.0, "torch", "allocated_bytes", 5, 9, 7.0, 8, 3)
 
 
@@ -19,9 +21,7 @@ def test_rollups_are_rebuilt_without_rowid_and_back(tmp_path):
     try:
         migrate.upgrade(engine, "0002")
         with engine.begin() as c:
-            c.execute(text("INSERT INTO hosts (id, name, first_seen_s, last_seen_s) "
-                           "VALUES (1, 'h', 0, 0)"))
-            c.execute(text("INSERT INTO devices (id, host_id, device_index) VALUES (1, 1, 0)"))
+            insert_one_device(c)
             c.execute(text("INSERT INTO rollups VALUES (:a, :b, :c, :d, :e, :f, :g, :h, :i)"),
                       dict(zip("abcdefghi", ROW)))
         assert "WITHOUT ROWID" not in _rollups_sql(engine)[0]

@@ -23,6 +23,8 @@ from vramscope.agent.store import Store
 from vramscope.agent.store import maintenance as sql
 from vramscope.agent.store.history_generator import T_END, History, generate
 
+from tests.support.sql_watch import statements_sent
+
 HZ = 0.1
 END = T_END
 
@@ -86,17 +88,9 @@ def _sqlite_cost(store: Store, call) -> int:
 
 
 def _postgres_cost(store: Store, call) -> int:
-    ran: list[tuple[str, object]] = []
-
-    def record(_conn, _cursor, statement, parameters, _context, _many):
-        if statement.lstrip().upper().startswith(("SELECT", "DELETE", "INSERT", "UPDATE")):
-            ran.append((statement, parameters))
-
-    event.listen(store.engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(store.engine, lambda statement: statement.lstrip().upper().startswith(
+            ("SELECT", "DELETE", "INSERT", "UPDATE"))) as ran:
         call()
-    finally:
-        event.remove(store.engine, "before_cursor_execute", record)
     blocks = 0
     with store.engine.connect() as c, c.begin() as tx:  # replayed in order, then undone
         for statement, parameters in ran:

@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from vramscope.agent.records import Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.downsample import _device_row_id, _Grid, _raw, downsample, tier_grid
 from vramscope.agent.store.maintenance import rollup_window
 from vramscope.agent.store.schema import samples as samples_table
+
+from tests.support.sql_watch import statements_sent
 
 M0 = 1_700_000_400.0  # a ten-minute boundary (2,833,334 x 600 s)
 COLS = ("allocated_bytes", "reserved_bytes")
@@ -71,17 +73,9 @@ def test_aligned_window_from_rollups_matches_raw_samples(any_url):
 
 
 def _rollup_statements(store: Store, run: Any) -> list[tuple[str, Any]]:
-    sent: list[tuple[str, Any]] = []
-
-    def watch(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "FROM rollups" in statement and "min(rollups.min_value)" in statement:
-            sent.append((statement, parameters))
-
-    event.listen(store.engine, "before_cursor_execute", watch)
-    try:
+    with statements_sent(store.engine, lambda statement: "FROM rollups" in statement
+                         and "min(rollups.min_value)" in statement) as sent:
         run()
-    finally:
-        event.remove(store.engine, "before_cursor_execute", watch)
     return sent
 
 
