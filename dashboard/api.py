@@ -72,8 +72,15 @@ def processes() -> ResponseReturnValue:
 
 @bp.get("/overview")
 def overview() -> ResponseReturnValue:
+    """With ``figures=true`` the overview page's two figures come in the same document, built
+    from the same device rows: one computation per refresh instead of three."""
     st = state()
-    return jsonify(queries.overview(st.store, st.config, st.clock.time_s()))
+    with_figures = params.boolean("figures")
+    doc = queries.overview(st.store, st.config, st.clock.time_s())
+    if with_figures:
+        doc["figures"] = {"overview": figures.overview_figure(doc["devices"]),
+                          "processes": figures.processes_figure(doc["devices"])}
+    return jsonify(doc)
 
 
 def _latest(store: Store, device: int, host: str | None) -> float | None:

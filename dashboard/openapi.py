@@ -171,7 +171,10 @@ def paths() -> dict[str, Any]:
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
             "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),
             "devices": array(DEVICE_ROW),
-            "processes": array(PROCESS), "alerts": array(ALERT)}), errors=()),
+            "processes": array(PROCESS), "alerts": array(ALERT)}), [
+            _query("figures", {"type": "boolean"}, "Add the overview and processes figures "
+                   "(those of /figures/overview and /figures/processes), built from the same "
+                   "device rows.")]),
         "/timeline": _op("Downsampled series, phase bands and event markers", TIMELINE,
                          [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
         "/alerts": _op("Alerts, newest first", obj({"alerts": array(ALERT)}), [

@@ -204,8 +204,9 @@ function riskSummary(doc) {
 }
 
 PAGES.overview = () => poll(async () => {
-  const [doc, fig, procFig] = await Promise.all([getJSON("/api/v1/overview"),
-    getJSON("/api/v1/figures/overview"), getJSON("/api/v1/figures/processes")]);
+  // one request per refresh: the figures come with the document, from the same device rows
+  const doc = await getJSON("/api/v1/overview?figures=true");
+  const fig = doc.figures.overview, procFig = doc.figures.processes;
   showFreshness(doc.freshness);
   fill("summary-cards", [
     riskSummary(doc),

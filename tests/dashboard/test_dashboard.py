@@ -101,6 +101,27 @@ def test_overview_document(client):
     assert doc["alerts"][0]["labels"] == {"server": "<i>api</i>"}
 
 
+def test_the_overview_brings_its_figures_from_one_computation(client, monkeypatch):
+    """The overview page refreshes with one request: the figures of /figures/overview and
+    /figures/processes come in the document, built from its own device rows (computed once)."""
+    from vramscope.dashboard import queries
+
+    separate = (client.get("/api/v1/figures/overview").get_json(),
+                client.get("/api/v1/figures/processes").get_json())
+    calls = []
+    device_rows = queries.device_rows
+    monkeypatch.setattr(queries, "device_rows",
+                        lambda *a: calls.append(1) or device_rows(*a))
+    doc = client.get("/api/v1/overview?figures=true").get_json()
+    assert calls == [1]
+    assert (doc["figures"]["overview"], doc["figures"]["processes"]) == separate
+    assert "figures" not in client.get("/api/v1/overview").get_json()
+    bad = client.get("/api/v1/overview?figures=maybe")
+    assert bad.status_code == 400
+    assert bad.get_json()["error"]["message"] == ("parameter 'figures': expected true or false, "
+                                                  "got 'maybe'")
+
+
 def test_timeline_keeps_bucket_peaks(client):
     doc = client.get(f"/api/v1/timeline?device=0&{WINDOW}&max_points=100").get_json()
     assert doc["bucket_s"] == F.DURATION_S / 100
