@@ -35,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 
-from vramscope.agent.analysis.stats import median
+from vramscope.agent.analysis.stats import median_sorted
 
 KEEP = 2048  # ratios kept (bounded; enough that the median barely moves: its drift × the
 # blocks in use would read as floor noise)
@@ -80,12 +80,7 @@ class BlockBytes:
 
     def _median_if_clear(self) -> float:
         """``estimate`` over the kept ratios, from the sorted copy (no sort per sample)."""
-        n = len(self._sorted)
-        if n < MIN_RATIOS or self._positive < MIN_POSITIVE * n:
-            return 0.0
-        mid = n // 2
-        value = self._sorted[mid] if n % 2 else (self._sorted[mid - 1] + self._sorted[mid]) / 2
-        return max(0.0, value)
+        return median_if_clear(self._sorted, self._positive)
 
     def restart(self) -> None:
         """Forget the ratios: they were taken while the floor was still warming up (a ramp in
@@ -106,11 +101,15 @@ class BlockBytes:
         return int(self._estimate * self.kv_used)
 
 
+def median_if_clear(ordered: list[float], positive: int) -> float:
+    """The median of the sorted ratios, or 0 when allocated memory does not clearly move with
+    the blocks (fewer than ``MIN_RATIOS`` ratios, or fewer than ``MIN_POSITIVE`` of them > 0,
+    ``positive`` being how many are)."""
+    if len(ordered) < MIN_RATIOS or positive < MIN_POSITIVE * len(ordered):
+        return 0.0
+    return max(0.0, median_sorted(ordered))
+
+
 def estimate(ratios: deque[float] | list[float]) -> float:
-    """The median ratio, or 0 when allocated memory does not clearly move with the blocks (too
-    few ratios, or fewer than ``MIN_POSITIVE`` of them > 0)."""
-    if len(ratios) < MIN_RATIOS:
-        return 0.0
-    if sum(1 for r in ratios if r > 0) < MIN_POSITIVE * len(ratios):
-        return 0.0
-    return max(0.0, median(ratios))
+    """:func:`median_if_clear` of ratios in any order."""
+    return median_if_clear(sorted(ratios), sum(1 for r in ratios if r > 0))

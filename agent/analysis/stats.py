@@ -40,10 +40,11 @@ class TrendTest(NamedTuple):
 
 
 def median(values: Sequence[float]) -> float:
-    return _median_sorted(sorted(values))
+    return median_sorted(sorted(values))
 
 
-def _median_sorted(ordered: Sequence[float]) -> float:
+def median_sorted(ordered: Sequence[float]) -> float:
+    """The median of values already sorted (a caller that keeps them sorted skips the sort)."""
     n = len(ordered)
     if n == 0:
         raise ValueError("median of an empty sequence")
@@ -60,7 +61,7 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
     slopes.sort()
     if not slopes:
         raise ValueError("theil_sen needs at least two points with different x")
-    slope = _median_sorted(slopes)
+    slope = median_sorted(slopes)
     intercept = median([y - slope * x for x, y in zip(xs, ys)])
     low, high = _sen_band(slopes, len(xs))
     return Trend(slope, intercept, low, high)
