@@ -389,10 +389,8 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
     else:
         checks = (test.p_rising < P_CONFIRM, trend.slope >= min_slope,
                   r_trend.slope >= min_slope, growth >= MIN_GROWTH_NOISE * noise)
-    failed = [name for name, ok in zip(("not significant", "too slow", "not rising recently",
-                                        "within noise"), checks) if not ok]
     pct_h = 100.0 * trend.slope * 3600.0 / limit_bytes
-    verdict = "leak" if not failed else "no leak (" + ", ".join(failed) + ")"
+    verdict = _verdict_word(checks)
     evidence = (f"{verdict} (sequential test): CUSUM {cusum / 2**20:.3g} MiB over a threshold "
                 f"of {h / 2**20:.3g} MiB ({H_SIGMA:g} x the floor noise {noise / 2**20:.3g} MiB, "
                 f"or the minimum slope's rise); since the change point at {t0:.3f} the floor "
@@ -448,15 +446,22 @@ def rise_start(points: Sequence[tuple[float, int]]) -> float:
     return points[last][0]
 
 
+CHECK_NAMES = ("not significant", "too slow", "not rising recently", "within noise")
+
+
+def _verdict_word(checks: tuple[bool, bool, bool, bool]) -> str:
+    """"leak", or "no leak (...)" naming the checks that failed (both tests' four, in order)."""
+    failed = [name for name, ok in zip(CHECK_NAMES, checks) if not ok]
+    return "leak" if not failed else "no leak (" + ", ".join(failed) + ")"
+
+
 def _evidence(points: Sequence[tuple[float, int]], slope: float, growth: float,
               test: TrendTest, r_test: TrendTest, limit_bytes: int,
               checks: tuple[bool, bool, bool, bool]) -> str:
     hours = (points[-1][0] - points[0][0]) / 3600.0
     pct_h = 100.0 * slope * 3600.0 / limit_bytes
-    failed = [name for name, ok in zip(
-        ("not significant", "too slow", "not rising recently", "within noise"), checks) if not ok]
-    verdict = "leak" if not failed else "no leak (" + ", ".join(failed) + ")"
-    return (f"{verdict}: idle floor moved {growth / 2**20:+.1f} MiB over {hours:.2f} h "
+    return (f"{_verdict_word(checks)}: idle floor moved {growth / 2**20:+.1f} MiB over "
+            f"{hours:.2f} h "
             f"({pct_h:+.3f} %/h of the limit, Theil-Sen); Mann-Kendall p={test.p_rising:.2g} "
             f"(variance x{test.variance_factor:.1f} for autocorrelation), "
             f"last third p={r_test.p_rising:.2g}")
