@@ -188,10 +188,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("agent.host_name", str, "", "Host name recorded in the store; empty uses the "
             "machine's hostname."),
     # --- retention ----------------------------------------------------------------------
-    Setting("retention.raw_s", float, 7 * 86400.0, "Keep raw samples this long.", min=60,
-            max=10 * 365 * 86400),
+    Setting("retention.raw_s", float, 86400.0,
+            "Keep raw samples (and frequent events: requests, KV block moves, phase changes) "
+            "this long.", min=60, max=10 * 365 * 86400),
+    Setting("retention.second_s", float, 14 * 86400.0,
+            "Keep the per-second tier (min, max, last of every counter and the phase, per "
+            "second) this long.", min=60, max=10 * 365 * 86400),
     Setting("retention.rollup_s", float, 90 * 86400.0,
-            "Keep per-minute rollups (min, max, mean, last) this long.", min=60,
+            "Keep per-minute rollups (min, max, mean, last) and rare events (OOMs, orphaned KV "
+            "blocks) this long.", min=60,
             max=10 * 365 * 86400),
     Setting("retention.step_rows", int, 5000,
             "Rows deleted per retention step (small steps never stall ingest).", min=10,

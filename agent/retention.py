@@ -1,4 +1,14 @@
-"""Retention: per-minute rollups, then deletion of raw rows past ``retention.raw_s``.
+"""Retention: the tiers (per-second and per-minute rollups), then deletion of what each tier
+no longer keeps.
+
+Tiers (docs/architecture.md, "Storage tiers"), each with its setting:
+
+- raw samples, and the frequent events (requests, KV block moves, phase changes):
+  ``retention.raw_s`` (a day by default);
+- the per-second tier (``seconds`` table, :mod:`vramscope.agent.store.seconds`):
+  ``retention.second_s`` (14 days);
+- per-minute rollups and the rare events (OOMs, orphaned KV blocks, alerts' own records):
+  ``retention.rollup_s`` (90 days).
 
 Each :meth:`Retention.step` does a small, bounded piece of work — roll up at most
 ``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table — and is run
@@ -39,6 +49,10 @@ log = logging.getLogger("vramscope.retention")
 
 BUCKET_S = 60.0
 _TS = attrgetter("ts_s")
+# Events as frequent as samples: kept as long as raw samples. Every other event (an OOM, orphaned
+# KV blocks, a process's rank) is rare and what an incident review needs: kept as long as the
+# minute rollups.
+FREQUENT_EVENTS = ("request_start", "request_end", "kv_alloc", "kv_free", "phase")
 MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
 
 
@@ -58,11 +72,15 @@ class StepResult(NamedTuple):
 class Retention:
     def __init__(self, *, raw_s: float, rollup_s: float, step_rows: int,
                  clock: Clock = SYSTEM_CLOCK, grace_s: float = 120.0,
-                 minutes_per_step: int = 2) -> None:
-        if raw_s <= 0 or rollup_s <= 0 or step_rows < 1 or minutes_per_step < 1:
+                 minutes_per_step: int = 2, second_s: float | None = None) -> None:
+        second_s = max(raw_s, min(14 * 86400.0, rollup_s)) if second_s is None else second_s
+        if (raw_s <= 0 or rollup_s <= 0 or step_rows < 1 or minutes_per_step < 1
+                or second_s <= 0):
             raise ValueError(f"bad retention settings: raw_s={raw_s}, rollup_s={rollup_s}, "
-                             f"step_rows={step_rows}, minutes_per_step={minutes_per_step}")
+                             f"step_rows={step_rows}, minutes_per_step={minutes_per_step}, "
+                             f"second_s={second_s}")
         self.raw_s = raw_s
+        self.second_s = second_s
         self.rollup_s = rollup_s
         self.step_rows = step_rows
         self.grace_s = grace_s
@@ -76,6 +94,7 @@ class Retention:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
         return cls(raw_s=config["retention.raw_s"], rollup_s=config["retention.rollup_s"],
+                   second_s=config["retention.second_s"],
                    step_rows=config["retention.step_rows"], clock=clock)
 
     def step(self, store: Store) -> StepResult:
@@ -92,15 +111,20 @@ class Retention:
         deleted = {
             "samples": sql.delete_older(store, "samples", raw_cutoff, self.step_rows)
             if watermark is not None else 0,
-            "events": sql.delete_older(store, "events", now_s - self.raw_s, self.step_rows),
+            "events": sql.delete_older(store, "events", now_s - self.raw_s, self.step_rows,
+                                       names=FREQUENT_EVENTS)
+            + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,
                                             self.step_rows),
             "rollups": sql.delete_rollups_older(store, now_s - self.rollup_s,
                                                 self.minutes_per_step),
+            "seconds": sql.delete_seconds_older(store, now_s - self.second_s,
+                                                self.minutes_per_step),
         }
         behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
         backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
-                   or any(n >= self.step_rows for k, n in deleted.items() if k != "rollups"))
+                   or any(n >= self.step_rows for k, n in deleted.items()
+                          if k not in ("rollups", "seconds")))
         return StepResult(minutes, rows, deleted, late, backlog)
 
     def note_written(self, samples: Sequence[Sample]) -> None:

@@ -19,7 +19,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, delete, func, insert, select
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
-from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
+from vramscope.agent.store import seconds as tier
+from vramscope.agent.store.schema import (
+    agent_stats,
+    devices,
+    events,
+    hosts,
+    rollups,
+    samples,
+    seconds,
+)
 from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
@@ -39,10 +48,14 @@ def device_ids(c: Connection) -> list[int]:
 
 def rollup_watermark(store: Store) -> float | None:
     """The end of the last rolled-up minute, or None when nothing was rolled up yet: one
-    ``max(bucket_s)`` seek on the primary key per device."""
+    ``max(minute_s)`` seek on the per-second tier's primary key per device.
+
+    The per-second tier, not the minute rollups: a store upgraded from before it (0005) has
+    minute rollups but no seconds, and must roll its kept raw samples up again (the minutes
+    come out the same) so that deleting them loses nothing a second tier keeps."""
     with store.engine.connect() as c:
-        lasts = [c.execute(select(func.max(rollups.c.bucket_s))
-                           .where(rollups.c.device_id == d)).scalar() for d in device_ids(c)]
+        lasts = [c.execute(select(func.max(seconds.c.minute_s))
+                           .where(seconds.c.device_id == d)).scalar() for d in device_ids(c)]
     found = [float(x) for x in lasts if x is not None]
     return max(found) + BUCKET_S if found else None
 
@@ -65,7 +78,8 @@ def _first_ts(c: Connection, did: int, at_or_after_s: float | None) -> float | N
 
 
 def rollup_window(store: Store, start_s: float, end_s: float) -> int:
-    """Replace the rollups of the minutes in [start_s, end_s) from raw samples; rows written.
+    """Replace the rollups and the per-second tier of the minutes in [start_s, end_s) from raw
+    samples; rollup rows written.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
     window gives the same rows (delete, then insert, in one transaction). One device at a
@@ -82,16 +96,35 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
 
 def _rollup_device(c: Connection, did: int, start_s: float, end_s: float) -> int:
     cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
-            *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS)]
+            *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
     q = (select(*cols)
          .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
          .order_by(func.coalesce(samples.c.source, ""), samples.c.ts_s, samples.c.id))
-    rows = aggregate(_fetch_raw(c, q))
+    raw = _fetch_raw(c, q)
+    rows = aggregate(raw)
     c.execute(delete(rollups).where(rollups.c.device_id == did, rollups.c.bucket_s >= start_s,
                                     rollups.c.bucket_s < end_s))
     if rows:
         c.execute(insert(rollups), rows)
+    packed = pack_seconds(raw)
+    c.execute(delete(seconds).where(seconds.c.device_id == did, seconds.c.minute_s >= start_s,
+                                    seconds.c.minute_s < end_s))
+    if packed:
+        c.execute(insert(seconds), packed)
     return len(rows)
+
+
+def pack_seconds(raw: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The per-second tier's rows (one per device, source and minute) of raw rows
+    ``(device_id, source, ts_s, *counters, phase)`` ordered by device, source and time."""
+    out: list[dict[str, Any]] = []
+    last = 3 + len(SAMPLE_COUNTER_FIELDS)
+    for (device_id, source), group in groupby(raw, key=lambda r: (r[0], r[1] or "")):
+        secs = tier.summarize((r[2], r[last], *r[3:last]) for r in group)
+        for minute, members in tier.by_minute(secs):
+            out.append({"device_id": device_id, "minute_s": minute, "source": source,
+                        "seconds": len(members), "data": tier.pack(members)})
+    return out
 
 
 def _fetch_raw(c: Connection, query: Any) -> list[tuple[Any, ...]]:  # query: a Select
@@ -130,9 +163,11 @@ def _group_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return row[0], row[1] or "", (row[2] // BUCKET_S) * BUCKET_S
 
 
-def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int) -> int:
+def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
+                 names: tuple[str, ...] | None = None) -> int:
     """Delete at most ``limit`` rows of ``table_name`` with ``ts_s < cutoff_s``, oldest first,
-    one device (host, for agent_stats) at a time; rows deleted.
+    one device (host, for agent_stats) at a time; rows deleted. ``names`` (events only): just
+    the events of these names, each a range of the ``(device_id, name, ts_s)`` index.
 
     The ids are read first (a range of the time index, at most ``limit``) and then deleted by
     primary key: with ``DELETE ... WHERE id IN (SELECT ... LIMIT n)`` both SQLite and
@@ -143,28 +178,40 @@ def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int) -> 
         for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
             if deleted >= limit:
                 break
-            ids = c.execute(select(table.c.id)
-                            .where(table.c[key] == owner, table.c.ts_s < cutoff_s)
-                            .order_by(table.c.ts_s).limit(limit - deleted)).scalars().all()
-            for i in range(0, len(ids), _IDS_PER_DELETE):
-                chunk = ids[i:i + _IDS_PER_DELETE]
-                deleted += c.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
+            for name in names or (None,):
+                where = [table.c[key] == owner, table.c.ts_s < cutoff_s]
+                if name is not None:
+                    where.append(table.c.name == name)
+                ids = c.execute(select(table.c.id).where(*where).order_by(table.c.ts_s)
+                                .limit(max(0, limit - deleted))).scalars().all()
+                for i in range(0, len(ids), _IDS_PER_DELETE):
+                    chunk = ids[i:i + _IDS_PER_DELETE]
+                    deleted += c.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
     return deleted
 
 
 def delete_rollups_older(store: Store, cutoff_s: float, max_minutes: int) -> int:
     """Delete, per device, the rollups of at most ``max_minutes`` of its oldest minutes before
     ``cutoff_s`` (a ``min(bucket_s)`` seek, then a range of the primary key)."""
+    return _delete_oldest_minutes(store, rollups.c.bucket_s, cutoff_s, max_minutes)
+
+
+def delete_seconds_older(store: Store, cutoff_s: float, max_minutes: int) -> int:
+    """The same for the per-second tier (a minute's row holds its seconds)."""
+    return _delete_oldest_minutes(store, seconds.c.minute_s, cutoff_s, max_minutes)
+
+
+def _delete_oldest_minutes(store: Store, minute: Any, cutoff_s: float, max_minutes: int) -> int:
+    table = minute.table
     deleted = 0
     with store.engine.begin() as c:
         for did in device_ids(c):
-            first = c.execute(select(func.min(rollups.c.bucket_s))
-                              .where(rollups.c.device_id == did)).scalar()
+            mine = table.c.device_id == did
+            first = c.execute(select(func.min(minute)).where(mine)).scalar()
             if first is None or first >= cutoff_s:
                 continue
             upto = min(cutoff_s, float(first) + max_minutes * BUCKET_S)
-            deleted += c.execute(delete(rollups).where(rollups.c.device_id == did,
-                                                       rollups.c.bucket_s < upto)).rowcount
+            deleted += c.execute(delete(table).where(mine, minute < upto)).rowcount
     return deleted
 
 

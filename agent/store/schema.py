@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -157,6 +158,19 @@ rollups = Table(
     Column("last_value", BigInteger, nullable=False),
     Column("count", Integer, nullable=False),
     sqlite_with_rowid=False,  # the primary key is the table: no second copy of the key (0003)
+)
+
+# The per-second tier (agent/store/seconds.py): per device, minute and source, that minute's
+# seconds packed in one blob (count, phase, and min / max / last of every counter per second).
+# Kept ``retention.second_s`` (default 14 days) after raw samples are gone (0005).
+seconds = Table(
+    "seconds", metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("minute_s", Float, primary_key=True),
+    Column("source", String(32), primary_key=True),  # "" for samples without a source
+    Column("seconds", Integer, nullable=False),  # seconds with samples in the minute (1-60)
+    Column("data", LargeBinary, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 # Ten-minute groups of rollups, in index order (0004): a week's timeline groups its 130k minute

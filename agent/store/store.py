@@ -63,8 +63,11 @@ from vramscope.agent.store.schema import (
     hosts,
     postmortems,
     processes,
+    rollups,
     samples,
+    seconds,
 )
+from vramscope.agent.store.seconds import Second
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
@@ -652,11 +655,35 @@ class Store:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
                 hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
-                spans.append(c.execute(select(lo, hi)).one())
-        found = [(lo, hi) for lo, hi in spans if lo is not None]
-        if not found:
+                # history older than the raw samples lives on in the tiers (retention)
+                tiers = [select(func.min(t.c[col])).where(t.c.device_id == did)
+                         .scalar_subquery() for t, col in ((seconds, "minute_s"),
+                                                           (rollups, "bucket_s"))]
+                spans.append(c.execute(select(lo, hi, *tiers)).one())
+        firsts = [x for span in spans for x in (span[0], span[2], span[3]) if x is not None]
+        lasts = [span[1] for span in spans if span[1] is not None]
+        if not firsts:
             return None
-        return min(lo for lo, _ in found), max(hi for _, hi in found)
+        return float(min(firsts)), float(max(lasts or firsts))
+
+    def seconds(self, device: int, start_s: float, end_s: float, *,
+                host: str | None = None) -> list[tuple[str, Second]]:
+        """The per-second tier's seconds in [start_s, end_s) of device index ``device``, as
+        (source, second) in time order (``agent/store/seconds.py``)."""
+        from vramscope.agent.store.seconds import MINUTE_S, unpack
+
+        q = (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
+             .join(devices, devices.c.id == seconds.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == (host or self.host_name), devices.c.device_index == device,
+                    seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s))
+        out: list[tuple[str, Second]] = []
+        with self.engine.connect() as c:
+            for minute, source, blob in c.execute(q):
+                out.extend((source, s) for s in unpack(float(minute), bytes(blob))
+                           if start_s <= s.ts_s < end_s)
+        out.sort(key=lambda pair: pair[1].ts_s)
+        return out
 
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
                  columns: Sequence[str], *, source: str | None = None,

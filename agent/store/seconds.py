@@ -1,0 +1,155 @@
+"""The per-second tier: what is kept of raw samples once ``retention.raw_s`` has passed.
+
+One row per device, source and minute (the ``seconds`` table) holds that minute's seconds: for
+every second that had samples, its sample count, the phase of its last sample and, for each
+counter of :data:`~vramscope.agent.records.SAMPLE_COUNTER_FIELDS`, the second's minimum,
+maximum and last value. The row is wide in the way a time-series database's chunk is: each of
+those series is a column of up to 60 integers, delta-encoded (counters move little from one
+second to the next) and compressed with zlib, all standard library.
+
+Why packed and not one SQL row per second: a row per second with a dozen 6-byte columns costs
+about 100 bytes on SQLite (8.5 MB per device-day at 10 Hz), more than the whole target of
+docs/BENCHMARKS.md leaves for it; packed, the same seconds cost about 0.6 to 2 kB per
+minute (1 to 3 MB per device-day). SQL cannot group inside a blob, but nothing needs it to:
+the per-second tier is read for windows of at most an hour or so (a few dozen rows);
+longer windows read the per-minute rollups, which stay plain rows that SQL groups.
+
+Format (version 1): one version byte, then zlib of little-endian int64s: ``k`` second offsets
+within the minute, then each series (:data:`SERIES`) as ``k`` values, first absolute, then
+differences. A counter that was not measured in a second is stored as -1 (counters are >= 0).
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
+
+FORMAT_VERSION = 1
+MINUTE_S = 60.0
+PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
+_PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
+STATS = ("min", "max", "last")
+# (field, stat) per counter, after the two per-second series "count" and "phase"
+SERIES: tuple[str, ...] = ("count", "phase",
+                           *(f"{f}_{s}" for f in SAMPLE_COUNTER_FIELDS for s in STATS))
+_MISSING = -1
+_N = len(SAMPLE_COUNTER_FIELDS)
+
+
+class Second(NamedTuple):
+    """One second of one device and source, as the tier keeps it."""
+
+    ts_s: float  # the second's start
+    n_samples: int  # raw samples it had
+    phase: Phase  # the phase of its last sample
+    low: tuple[int | None, ...]  # per SAMPLE_COUNTER_FIELDS: the second's minimum
+    high: tuple[int | None, ...]  # ... maximum
+    last: tuple[int | None, ...]  # ... value in its last sample that measured it
+
+    def sample(self, device: int, which: str = "last", source: str | None = "seconds",
+               phase: Phase | None = None) -> Sample:
+        """The second as one Sample at its start: ``which`` of min / max / last values."""
+        values = {"min": self.low, "max": self.high, "last": self.last}[which]
+        head = (self.ts_s, device, self.phase if phase is None else phase, source, None)
+        return Sample._make(head + values + (None, None))  # host, device_uuid
+
+
+def summarize(rows: Iterable[Sequence[Any]]) -> list[Second]:
+    """Seconds from raw rows ``(ts_s, phase, *counters)`` in time order (one source)."""
+    out: list[Second] = []
+    current: float | None = None
+    group: list[Sequence[Any]] = []
+    for row in rows:
+        second = float(int(row[0] // 1))
+        if second != current and group:
+            out.append(_second(current, group))  # type: ignore[arg-type]
+            group = []
+        current = second
+        group.append(row)
+    if group:
+        out.append(_second(current, group))  # type: ignore[arg-type]
+    return out
+
+
+def _second(ts_s: float, group: list[Sequence[Any]]) -> Second:
+    low, high, last = [], [], []
+    for i in range(2, 2 + _N):
+        col = [r[i] for r in group if r[i] is not None]
+        low.append(min(col) if col else None)
+        high.append(max(col) if col else None)
+        last.append(col[-1] if col else None)
+    return Second(ts_s, len(group), Phase.parse(group[-1][1]), tuple(low), tuple(high),
+                  tuple(last))
+
+
+def pack(seconds: Sequence[Second]) -> bytes:
+    """One minute's seconds (all in the same minute, in time order) as the tier's blob."""
+    if not seconds:
+        raise ValueError("pack: no seconds to pack")
+    minute = (seconds[0].ts_s // MINUTE_S) * MINUTE_S
+    columns: list[list[int]] = [[int(s.ts_s - minute) for s in seconds],
+                                [s.n_samples for s in seconds],
+                                [_PHASE_CODE[s.phase] for s in seconds]]
+    for i in range(_N):
+        for stat in (0, 1, 2):
+            columns.append([_MISSING if (v := (s.low, s.high, s.last)[stat][i]) is None else v
+                            for s in seconds])
+    if any(not 0 <= c < MINUTE_S for c in columns[0]):
+        raise ValueError(f"pack: seconds outside the minute starting at {minute}")
+    values = array("q")
+    for col in columns:
+        values.append(col[0])
+        values.extend(b - a for a, b in zip(col, col[1:], strict=False))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return bytes([FORMAT_VERSION]) + zlib.compress(values.tobytes(), 6)
+
+
+def unpack(minute_s: float, blob: bytes) -> list[Second]:
+    """The seconds a :func:`pack` blob holds, for the minute starting at ``minute_s``."""
+    if not blob or blob[0] != FORMAT_VERSION:
+        found = blob[0] if blob else "nothing"
+        raise ValueError(f"per-second tier row of minute {minute_s}: format {found}, "
+                         f"expected {FORMAT_VERSION}")
+    values = array("q")
+    values.frombytes(zlib.decompress(blob[1:]))
+    if sys.byteorder == "big":
+        values.byteswap()
+    width = 1 + len(SERIES)
+    k, rest = divmod(len(values), width)
+    if rest:
+        raise ValueError(f"per-second tier row of minute {minute_s}: {len(values)} values "
+                         f"are not {width} series of equal length")
+    columns = []
+    for c in range(width):
+        col = values[c * k:(c + 1) * k]
+        total, decoded = 0, []
+        for j, v in enumerate(col):
+            total = v if j == 0 else total + v
+            decoded.append(total)
+        columns.append(decoded)
+    offsets, counts, phases = columns[0], columns[1], columns[2]
+    counters = columns[3:]
+    out = []
+    for j in range(k):
+        stats = [tuple(None if (v := counters[3 * i + s][j]) == _MISSING else v
+                       for i in range(_N)) for s in (0, 1, 2)]
+        out.append(Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], *stats))
+    return out
+
+
+def by_minute(seconds: Sequence[Second]) -> list[tuple[float, list[Second]]]:
+    """``seconds`` (time order) split into their minutes: (minute start, its seconds)."""
+    out: list[tuple[float, list[Second]]] = []
+    for s in seconds:
+        minute = (s.ts_s // MINUTE_S) * MINUTE_S
+        if out and out[-1][0] == minute:
+            out[-1][1].append(s)
+        else:
+            out.append((minute, [s]))
+    return out
