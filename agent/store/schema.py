@@ -170,7 +170,8 @@ seconds = Table(
     Column("source", String(32), primary_key=True),  # "" for samples without a source
     Column("seconds", Integer, nullable=False),  # seconds with samples in the minute (1-60)
     Column("data", LargeBinary, nullable=False),
-    sqlite_with_rowid=False,
+    # a rowid table: a row's blob (1-2 kB) then stays on its B-tree page, where WITHOUT ROWID
+    # keeps at most ~1 kB in place and spills the rest to overflow pages (4.7 kB a row)
 )
 
 # Ten-minute groups of rollups, in index order (0004): a week's timeline groups its 130k minute

@@ -15,7 +15,8 @@ the per-second tier is read for windows of at most an hour or so (a few dozen ro
 longer windows read the per-minute rollups, which stay plain rows that SQL groups.
 
 Format (version 1): one version byte, then zlib of little-endian int64s: ``k`` second offsets
-within the minute, then each series (:data:`SERIES`) as ``k`` values, first absolute, then
+within the minute, then each series (:data:`SERIES`: count, phase, then the statistics
+:data:`KEPT` names per counter, last only for the others) as ``k`` values, first absolute, then
 differences. A counter that was not measured in a second is stored as -1 (counters are >= 0).
 """
 
@@ -25,6 +26,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
@@ -34,9 +36,24 @@ MINUTE_S = 60.0
 PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
 _PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 STATS = ("min", "max", "last")
-# (field, stat) per counter, after the two per-second series "count" and "phase"
+# The statistics kept per counter. Last for all; minimum and maximum where a view reads them:
+# the leak detector's floor (allocated, device used, KV blocks in use), the risk model's peaks
+# (reserved, device used), fragmentation (inactive split, the largest free block). A counter
+# without them reports its last value as its min and max. Cumulative counters (retries, OOMs)
+# and near-constant ones (totals) would gain nothing; each noisy series left out saves about
+# 4 % of the tier (measured on the generated week: 27 noisy series cost 2.3 kB a minute).
+KEPT: dict[str, tuple[str, ...]] = {
+    "allocated_bytes": STATS,
+    "reserved_bytes": STATS,
+    "inactive_split_bytes": ("max", "last"),
+    "largest_free_block_bytes": ("min", "last"),
+    "device_used_bytes": STATS,
+    "kv_blocks_used": STATS,
+}
+_KEPT = [(i, STATS.index(stat)) for i, f in enumerate(SAMPLE_COUNTER_FIELDS)
+         for stat in KEPT.get(f, ("last",))]
 SERIES: tuple[str, ...] = ("count", "phase",
-                           *(f"{f}_{s}" for f in SAMPLE_COUNTER_FIELDS for s in STATS))
+                           *(f"{SAMPLE_COUNTER_FIELDS[i]}_{STATS[s]}" for i, s in _KEPT))
 _MISSING = -1
 _N = len(SAMPLE_COUNTER_FIELDS)
 
@@ -47,8 +64,8 @@ class Second(NamedTuple):
     ts_s: float  # the second's start
     n_samples: int  # raw samples it had
     phase: Phase  # the phase of its last sample
-    low: tuple[int | None, ...]  # per SAMPLE_COUNTER_FIELDS: the second's minimum
-    high: tuple[int | None, ...]  # ... maximum
+    low: tuple[int | None, ...]  # per SAMPLE_COUNTER_FIELDS: the second's minimum (KEPT)
+    high: tuple[int | None, ...]  # ... maximum (KEPT; else the last value)
     last: tuple[int | None, ...]  # ... value in its last sample that measured it
 
     def sample(self, device: int, which: str = "last", source: str | None = "seconds",
@@ -95,10 +112,9 @@ def pack(seconds: Sequence[Second]) -> bytes:
     columns: list[list[int]] = [[int(s.ts_s - minute) for s in seconds],
                                 [s.n_samples for s in seconds],
                                 [_PHASE_CODE[s.phase] for s in seconds]]
-    for i in range(_N):
-        for stat in (0, 1, 2):
-            columns.append([_MISSING if (v := (s.low, s.high, s.last)[stat][i]) is None else v
-                            for s in seconds])
+    for i, stat in _KEPT:
+        columns.append([_MISSING if (v := (s.low, s.high, s.last)[stat][i]) is None else v
+                        for s in seconds])
     if any(not 0 <= c < MINUTE_S for c in columns[0]):
         raise ValueError(f"pack: seconds outside the minute starting at {minute}")
     values = array("q")
@@ -125,21 +141,19 @@ def unpack(minute_s: float, blob: bytes) -> list[Second]:
     if rest:
         raise ValueError(f"per-second tier row of minute {minute_s}: {len(values)} values "
                          f"are not {width} series of equal length")
-    columns = []
-    for c in range(width):
-        col = values[c * k:(c + 1) * k]
-        total, decoded = 0, []
-        for j, v in enumerate(col):
-            total = v if j == 0 else total + v
-            decoded.append(total)
-        columns.append(decoded)
+    columns = [list(accumulate(values[c * k:(c + 1) * k])) for c in range(width)]
     offsets, counts, phases = columns[0], columns[1], columns[2]
-    counters = columns[3:]
     out = []
     for j in range(k):
-        stats = [tuple(None if (v := counters[3 * i + s][j]) == _MISSING else v
-                       for i in range(_N)) for s in (0, 1, 2)]
-        out.append(Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], *stats))
+        stats: list[list[int | None]] = [[None] * _N for _ in STATS]
+        for (i, stat), series in zip(_KEPT, columns[3:], strict=True):
+            stats[stat][i] = None if series[j] == _MISSING else series[j]
+        for i, kept in enumerate(stats[2]):  # a statistic not kept is the last value
+            for stat in (0, 1):
+                if STATS[stat] not in KEPT.get(SAMPLE_COUNTER_FIELDS[i], ()):
+                    stats[stat][i] = kept
+        out.append(Second(minute_s + offsets[j], counts[j], PHASES[phases[j]],
+                          *(tuple(x) for x in stats)))
     return out
 
 
