@@ -70,6 +70,7 @@ from vramscope.agent.store.schema import (
 from vramscope.agent.store.seconds import Second
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+ROLLUP_BUCKET_S = 60.0  # the rollups' minute (agent.retention)
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
@@ -640,7 +641,8 @@ class Store:
 
     def time_range(self, device: int | None = None,
                    host: str | None = None) -> tuple[float, float] | None:
-        """First and last sample time of a device (every device of the host when None).
+        """First and last sample time of a device (every device of the host when None),
+        reaching back into the minute rollups where raw samples are gone.
 
         Per device, ``min`` and ``max`` are separate scalar subqueries: each is then one seek on
         the ``(device_id, ts_s)`` index, whereas both in one SELECT turns SQLite's min/max
@@ -655,16 +657,19 @@ class Store:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
                 hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
-                # history older than the raw samples lives on in the tiers (retention)
-                tiers = [select(func.min(t.c[col])).where(t.c.device_id == did)
-                         .scalar_subquery() for t, col in ((seconds, "minute_s"),
-                                                           (rollups, "bucket_s"))]
-                spans.append(c.execute(select(lo, hi, *tiers)).one())
-        firsts = [x for span in spans for x in (span[0], span[2], span[3]) if x is not None]
-        lasts = [span[1] for span in spans if span[1] is not None]
+                # history older than the raw samples lives on in the tiers (retention): the
+                # rollups reach furthest back, and end where a device without raw rows ends
+                first_minute = (select(func.min(rollups.c.bucket_s))
+                                .where(rollups.c.device_id == did).scalar_subquery())
+                last_minute = (select(func.max(rollups.c.bucket_s))
+                               .where(rollups.c.device_id == did).scalar_subquery())
+                spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
+        firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
+        lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
+                 for span in spans if span[1] is not None or span[3] is not None]
         if not firsts:
             return None
-        return float(min(firsts)), float(max(lasts or firsts))
+        return float(min(firsts)), float(max(lasts))
 
     def seconds(self, device: int, start_s: float, end_s: float, *,
                 host: str | None = None) -> list[tuple[str, Second]]:
