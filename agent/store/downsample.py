@@ -1,8 +1,13 @@
 """Downsampling: N time buckets, min / max / last per bucket, so peaks survive.
 
-24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Two sources:
+24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Three sources:
 
 - **raw samples**, grouped in SQL (one row per bucket leaves the database);
+- **the per-second tier** (``agent/store/seconds.py``), for buckets too fine for the rollups
+  over the part of the range before the device's first raw sample (retention deleted the
+  older ones after ``retention.raw_s``): each second's low, high and last merged into the
+  buckets, one row read per minute and source, up to ``SECONDS_READ_MAX_S`` (the rollups
+  beyond);
 - **per-minute rollups** (min, max, last per device, source and metric, kept by the agent's
   retention), used when the range is long enough that one point per minute still gives at
   least half the points asked for. Reading 1,440 rollup minutes instead of scanning 100k+ raw
@@ -26,9 +31,12 @@ from vramscope.agent.store.schema import (
     rollup_tier,
     rollups,
     samples,
+    seconds,
 )
+from vramscope.agent.store.window import first_sample_ts
 
 if TYPE_CHECKING:
+    from vramscope.agent.store.seconds import Second
     from vramscope.agent.store.store import Store
 
 _MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
@@ -52,7 +60,7 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     covered = _rollup_span(store, did, start_s, end_s) if _rollups_worthwhile(
         start_s, end_s, buckets) else None
     if covered is None:
-        return grid.rows(_raw(store, did, grid, start_s, end_s, source, True))
+        return grid.rows(_unrolled(store, device, host, did, grid, start_s, end_s, source))
     lo, hi = covered
     parts = _raw(store, did, grid, start_s, lo, source, False) if lo > start_s else []
     parts += _from_rollups(store, did, grid, lo, hi, source, tiered=tier is not None)
@@ -175,6 +183,100 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
         out.append((min(int(t[0]), grid.buckets - 1), t[1],
                     dict(zip(grid.columns, zip(t[2::2], t[3::2], lasts)))))
     return out
+
+
+def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid,
+              start_s: float, end_s: float, source: str | None
+              ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+    """[start_s, end_s] on a grid too fine for the minute rollups: raw rows grouped in SQL,
+    and before the device's first raw row (retention deleted the older ones) the per-second
+    tier (:func:`_before_raw`)."""
+    horizon = first_sample_ts(store, device, host)
+    old_end = end_s if horizon is None else min(horizon, end_s)
+    parts = _before_raw(store, device, host, did, grid, start_s, old_end, source)
+    if horizon is not None and horizon <= end_s:
+        parts += _raw(store, did, grid, max(start_s, horizon), end_s, source, True)
+    return parts
+
+
+# The per-second tier is read a row per device, source and minute, each unpacked in Python
+# (about 0.6 ms): two hours is 120 rows a source. Where raw rows are gone over a longer range
+# (a fine grid of up to 16 h: 2,000 buckets under 30 s), the minute rollups stand in.
+SECONDS_READ_MAX_S = 2 * 3600.0
+
+
+def _before_raw(store: Store, device: int, host: str | None, did: int, grid: _Grid,
+                lo_s: float, hi_s: float, source: str | None
+                ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+    """[lo_s, hi_s), where raw rows are gone: the per-second tier (each second's low, high and
+    last), or the minute rollups over a range longer than ``SECONDS_READ_MAX_S``."""
+    if hi_s <= lo_s:
+        return []
+    if hi_s - lo_s > SECONDS_READ_MAX_S:
+        return _from_rollups(store, did, grid, lo_s, hi_s, source)
+    seconds_read = store.seconds(device, lo_s, hi_s, host=host)
+    return _seconds_on_grid(grid, [s for src, s in seconds_read
+                                   if source is None or src == source])
+
+
+def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
+                     ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+    """Seconds (time order) merged into one part per bucket: [min, max, last] per column. A
+    second's last value stands at its end (its exact time is not kept), as a rolled-up
+    minute's stands at the minute's end. Merged here, not by ``_Grid.rows``: a part per second
+    through its generic merge was a third of an hour's timeline."""
+    fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
+    acc: dict[int, tuple[list[float], list[list[Any]]]] = {}
+    for second in seconds_read:
+        k = grid.index(second.ts_s)
+        mine = acc.get(k)
+        if mine is None:
+            acc[k] = ([second.ts_s + 1.0], [[second.low[i], second.high[i], second.last[i]]
+                                            for i in fields])
+            continue
+        mine[0][0] = second.ts_s + 1.0
+        for cur, i in zip(mine[1], fields, strict=True):
+            _fold(cur, second.low[i], second.high[i], second.last[i])
+    return [(k, end[0], dict(zip(grid.columns, map(tuple, values), strict=True)))
+            for k, (end, values) in acc.items()]
+
+
+def _fold(cur: list[Any], lo: Any, hi: Any, last: Any) -> None:
+    """A later second's (low, high, last) into a bucket's [min, max, last]."""
+    if lo is not None and (cur[0] is None or lo < cur[0]):
+        cur[0] = lo
+    if hi is not None and (cur[1] is None or hi > cur[1]):
+        cur[1] = hi
+    if last is not None:
+        cur[2] = last
+
+
+def read_from(store: Store, device: int, start_s: float, end_s: float, width_s: float,
+              host: str | None = None) -> str:
+    """Where :func:`downsample` reads buckets ``width_s`` wide over [start_s, end_s] from, for a
+    view to say: "per-minute rollups", "raw samples grouped in SQL", "per-second tier", or the
+    tier the deleted part came from followed by ", then raw samples grouped in SQL"."""
+    raw = "raw samples grouped in SQL"
+    did = _device_row_id(store, device, host)
+    if did is None:
+        return raw
+    if width_s >= ROLLUP_S / 2 and _rollup_span(store, did, start_s, end_s) is not None:
+        return "per-minute rollups"
+    horizon = first_sample_ts(store, device, host)
+    old_end = end_s if horizon is None else min(horizon, end_s)
+    if old_end <= start_s or not _any_seconds(store, did, start_s, old_end):
+        return raw
+    old = ("per-minute rollups" if old_end - start_s > SECONDS_READ_MAX_S
+           else "per-second tier")
+    return old if horizon is None or horizon > end_s else f"{old}, then {raw}"
+
+
+def _any_seconds(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
+    q = select(seconds.c.minute_s).where(seconds.c.device_id == did,
+                                         seconds.c.minute_s > lo_s - ROLLUP_S,
+                                         seconds.c.minute_s < hi_s).limit(1)
+    with store.engine.connect() as c:
+        return c.execute(q).first() is not None
 
 
 LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits

@@ -8,10 +8,11 @@ away.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, literal, select
-from vramscope.agent.store.schema import devices, hosts, samples
+from sqlalchemy import ScalarSelect, func, literal, select
+from vramscope.agent.store.schema import devices, hosts, samples, seconds
+from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
@@ -21,10 +22,7 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
                   limit: int, host: str | None = None) -> int:
     """Samples of device index ``device`` in [start_s, end_s], counted up to ``limit + 1``
     (``limit + 1`` means "more than ``limit``")."""
-    did = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
-           .where(hosts.c.name == (host or store.host_name), devices.c.device_index == device)
-           .scalar_subquery())
-    q = select(literal(1)).where(samples.c.device_id == did)
+    q = select(literal(1)).where(samples.c.device_id == _device_id(store, device, host))
     if start_s is not None:
         q = q.where(samples.c.ts_s >= start_s)
     if end_s is not None:
@@ -32,3 +30,35 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
     bounded = q.limit(limit + 1).subquery()
     with store.engine.connect() as c:
         return int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+
+
+def first_sample_ts(store: Store, device: int, host: str | None = None) -> float | None:
+    """The device's first raw sample time: one seek on the ``(device_id, ts_s)`` index.
+    Retention deletes raw samples oldest first, so a window that starts before it lives on
+    only in the tiers (the per-second tier, the minute rollups)."""
+    q = (select(samples.c.ts_s).where(samples.c.device_id == _device_id(store, device, host))
+         .order_by(samples.c.ts_s).limit(1))
+    with store.engine.connect() as c:
+        first = c.execute(q).scalar()
+    return None if first is None else float(first)
+
+
+def seconds_at_most(store: Store, device: int, start_s: float, end_s: float, limit: int,
+                    host: str | None = None) -> int:
+    """Seconds the per-second tier holds for device index ``device`` in [start_s, end_s) (every
+    source), counted up to ``limit + 1`` from its rows' ``seconds`` column: at most ``limit + 1``
+    rows read, each a minute of one source holding at least one second. A minute that straddles
+    an end counts whole (an over-count of at most two minutes a source: on the safe side)."""
+    q = (select(seconds.c.seconds)
+         .where(seconds.c.device_id == _device_id(store, device, host),
+                seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s)
+         .limit(limit + 1).subquery())
+    with store.engine.connect() as c:
+        counted = int(c.execute(select(func.coalesce(func.sum(q.c.seconds), 0))).scalar() or 0)
+    return min(counted, limit + 1)
+
+
+def _device_id(store: Store, device: int, host: str | None) -> ScalarSelect[Any]:
+    return (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+            .where(hosts.c.name == (host or store.host_name), devices.c.device_index == device)
+            .scalar_subquery())
