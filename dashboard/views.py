@@ -23,6 +23,7 @@ from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
+from vramscope.agent.store.seconds import Second
 from vramscope.dashboard import figures, queries
 from vramscope.dashboard.errors import BadParameter
 
@@ -46,14 +47,25 @@ TIER_EVENT_LIMIT = 1_000
 LEAK_COLUMNS = ("allocated_bytes", "device_used_bytes", "device_total_bytes")
 
 
+SECOND_S = 1.0  # the per-second tier's bucket
+RAW = "raw samples"
+PER_SECOND = "per-second tier"
+
+
 @dataclass(frozen=True)
 class Window:
     """The records a view analyses, and the tier they were read from."""
 
     samples: list[Sample]
     events: list[Event]
-    tier: str  # "raw samples", or how the buckets were made
-    bucket_s: float | None = None  # None: raw samples
+    tier: str  # "raw samples", "per-second tier[, then raw samples]", or how buckets were made
+    bucket_s: float | None = None  # None: raw samples; SECOND_S: (partly) the per-second tier
+
+    @property
+    def per_sample(self) -> bool:
+        """Records the models take as they come (raw samples, or one or two a second of the
+        per-second tier), rather than one or two a tier bucket."""
+        return self.bucket_s is None or self.bucket_s <= SECOND_S
 
 
 def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
@@ -68,13 +80,14 @@ def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
 def read_window(store: Store, device: int, host: str | None, start: float, end: float,
                 columns: tuple[str, ...], peaks: bool, max_buckets: int = TIER_BUCKETS
                 ) -> Window:
-    """Raw samples and events when the window holds at most ``RAW_SAMPLE_LIMIT``; else one
-    sample per tier bucket carrying the bucket's minima at its start (phase idle: the minimum
-    of allocated over a minute is the floor the leak detector takes) and, with ``peaks``, one
-    in its middle carrying its maxima (the peaks the risk model trends)."""
-    samples, events = _raw_records(store, device, host, start, end)
-    if samples is not None:
-        return Window(samples, events, "raw samples")
+    """Raw samples and events (stitched after the per-second tier where retention deleted
+    them: :func:`per_sample_window`) when the window holds at most ``RAW_SAMPLE_LIMIT``; else
+    one sample per tier bucket carrying the bucket's minima at its start (phase idle: the
+    minimum of allocated over a minute is the floor the leak detector takes) and, with
+    ``peaks``, one in its middle carrying its maxima (the peaks the risk model trends)."""
+    window = per_sample_window(store, device, host, start, end, peaks)
+    if window is not None:
+        return window
     width = tier_width(end - start, max_buckets)
     rows = store.timeline(device, start, end, max(1, math.ceil((end - start) / width)),
                           columns, host=host)
@@ -87,13 +100,12 @@ def read_window(store: Store, device: int, host: str | None, start: float, end: 
 def _tier_name(store: Store, device: int, host: str | None, start: float, end: float,
                width: float, shown: float | None = None) -> str:
     """Where buckets ``width`` wide were read from (``Store.timeline`` reads rollups for
-    buckets of half a minute or more, where kept), and the buckets' width as analysed
-    (``shown``, when they were merged further)."""
-    from vramscope.agent.store.downsample import ROLLUP_S, rollup_span
+    buckets of half a minute or more, where kept, and the per-second tier for finer ones where
+    raw samples are gone), and the buckets' width as analysed (``shown``, when they were
+    merged further)."""
+    from vramscope.agent.store.downsample import read_from
 
-    rolled = width >= ROLLUP_S / 2 and rollup_span(store, device, start, end, host) is not None
-    where = "per-minute rollups" if rolled else "raw samples grouped in SQL"
-    return f"{where}, {shown or width:.3g} s buckets"
+    return f"{read_from(store, device, start, end, width, host)}, {shown or width:.3g} s buckets"
 
 
 def bucket_samples(rows: list[dict[str, Any]], device: int, width: float,
@@ -111,15 +123,45 @@ def bucket_samples(rows: list[dict[str, Any]], device: int, width: float,
     return out
 
 
-def _raw_records(store: Store, device: int, host: str | None, start: float, end: float
-                 ) -> tuple[list[Sample] | None, list[Event]]:
-    from vramscope.agent.store.window import count_at_most
+def per_sample_window(store: Store, device: int, host: str | None, start: float, end: float,
+                      peaks: bool) -> Window | None:
+    """The window's records one by one: raw samples, and before the device's first raw sample
+    (retention deleted the older ones) the per-second tier's seconds (:func:`second_samples`);
+    None when that would build more than ``RAW_SAMPLE_LIMIT`` samples (counted, not built:
+    callers take a tier up). Events are all the window's: the frequent ones are gone with the
+    raw samples, the rare ones (OOMs, orphaned blocks) kept with the rollups."""
+    from vramscope.agent.store.window import count_at_most, first_sample_ts, seconds_at_most
 
-    if count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host) > RAW_SAMPLE_LIMIT:
-        return None, []  # too many to analyse raw (counted, not built): callers take another way
-    samples = store.samples(device, start, end, host=host)
+    horizon = first_sample_ts(store, device, host)
+    old_end = end if horizon is None else min(horizon, end)
+    n_seconds = (seconds_at_most(store, device, start, old_end, RAW_SAMPLE_LIMIT, host)
+                 if old_end > start else 0)
+    n_raw = count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host)
+    if n_seconds * (2 if peaks else 1) + n_raw > RAW_SAMPLE_LIMIT:
+        return None
     events = store.events(device, start, end, host=host)
-    return samples, events
+    if not n_seconds:
+        return Window(store.samples(device, start, end, host=host), events, RAW)
+    samples = second_samples(store.seconds(device, start, old_end, host=host), device, peaks)
+    if not n_raw:
+        return Window(samples, events, PER_SECOND, SECOND_S)
+    samples += store.samples(device, old_end, end, host=host)
+    return Window(samples, events, f"{PER_SECOND}, then {RAW}", SECOND_S)
+
+
+def second_samples(seconds: list[tuple[str, Second]], device: int,
+                   peaks: bool) -> list[Sample]:
+    """Seconds of the tier (``Store.seconds``) as samples, in the spirit of
+    :func:`bucket_samples`: each second's minima at its start and, with ``peaks``, its maxima
+    half a second on, both with the second's phase (that of its last sample) and source."""
+    out = []
+    for source, second in seconds:
+        out.append(second.sample(device, "min", source or None))
+        if peaks:
+            out.append(second.sample(device, "max", source or None)
+                       ._replace(ts_s=second.ts_s + SECOND_S / 2))
+    out.sort(key=lambda s: s.ts_s)  # several sources' seconds interleave (a stable sort)
+    return out
 
 
 def report(store: Store, config: Settings, device: int, host: str | None, start: float,
@@ -165,13 +207,13 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
     limit = max((s.device_total_bytes for s in window.samples if s.device_total_bytes),
                 default=None)
     t = Thresholds.from_config(config)
-    if window.bucket_s is None:
+    if window.per_sample:
         # the detector's own floor points: residuals where the KV blocks in use (or the
         # requests in flight) explain part of the memory, the coordinates of its trend line
         floor: list[tuple[float, int]] = []
         verdict = leaks.detect_leak(window.samples, window.events, config, device, floor)
         method = ("idle floor less the memory the load explains"
-                  if "residual floor" in verdict.evidence else "idle floor")
+                  if "residual floor" in verdict.evidence else "idle floor") + _of(window)
     else:  # a bucket is at least a floor window: its minimum is its floor point
         floor = [(s.ts_s, _floor_value(s)) for s in window.samples]
         verdict = final_verdict(floor, limit, t)
@@ -186,6 +228,11 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
             "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned],
             "makeup": leak_makeup_view(store, config, device, host, start, end,
                                        result.get("start_ts_s"))}
+
+
+def _of(window: Window, word: str = "of") -> str:
+    """A method's note of where its records came from, where not only raw samples."""
+    return "" if window.tier == RAW else f" {word} the {window.tier}"
 
 
 def _floor_value(s: Sample) -> int:
@@ -339,13 +386,16 @@ def _forecast(store: Store, config: Settings, device: int, host: str | None, sta
               ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], str, RiskPoint | None]:
     """The risk model's forecast (downsampled) and the moments its level rose.
 
-    On raw samples when the window holds at most ``RAW_SAMPLE_LIMIT``; else on one sample per
-    bucket carrying the bucket's peaks (the model trends the peaks anyway), without the
-    prefill-spike allowance, which needs the phases of raw samples.
+    On raw samples (after the per-second tier's minima and maxima where retention deleted
+    them) when the window holds at most ``RAW_SAMPLE_LIMIT``; else on one sample per bucket
+    carrying the bucket's peaks (the model trends the peaks anyway), without the prefill-spike
+    allowance, which needs the phases of raw samples.
     """
-    samples, events = _raw_records(store, device, host, start, end)
-    method = "risk model (causal)"
-    if samples is None:
+    window = per_sample_window(store, device, host, start, end, peaks=True)
+    if window is not None:
+        samples, events = window.samples, window.events
+        method = "risk model (causal)" + _of(window, "on")
+    else:
         width = (end - start) / RISK_BUCKETS
         merged = width * max(1, math.ceil(len(rows) / RISK_MODEL_POINTS))
         samples, events = peak_samples(rows, device), []

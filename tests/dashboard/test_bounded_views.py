@@ -34,7 +34,7 @@ def test_a_window_over_the_limit_is_not_built(tmp_path, monkeypatch):
         def refuse(*args, **kwargs):
             raise AssertionError("samples built for a window over the limit")
         monkeypatch.setattr(store, "samples", refuse)
-        assert views._raw_records(store, 1, None, T_END - 3600, T_END) == (None, [])
+        assert views.per_sample_window(store, 1, None, T_END - 3600, T_END, False) is None
         view = views.leaks_view(store, None, 1, None, T_END - 3600, T_END)
         assert (view["tier"], view["floor_points"]) == ("per-minute rollups, 60 s buckets", 60)
         assert view["method"] == "idle floor of per-minute rollups, 60 s buckets"
