@@ -143,18 +143,14 @@ def unpack(minute_s: float, blob: bytes) -> list[Second]:
                          f"are not {width} series of equal length")
     columns = [list(accumulate(values[c * k:(c + 1) * k])) for c in range(width)]
     offsets, counts, phases = columns[0], columns[1], columns[2]
-    out = []
-    for j in range(k):
-        stats: list[list[int | None]] = [[None] * _N for _ in STATS]
-        for (i, stat), series in zip(_KEPT, columns[3:], strict=True):
-            stats[stat][i] = None if series[j] == _MISSING else series[j]
-        for i, kept in enumerate(stats[2]):  # a statistic not kept is the last value
-            for stat in (0, 1):
-                if STATS[stat] not in KEPT.get(SAMPLE_COUNTER_FIELDS[i], ()):
-                    stats[stat][i] = kept
-        out.append(Second(minute_s + offsets[j], counts[j], PHASES[phases[j]],
-                          *(tuple(x) for x in stats)))
-    return out
+    kept = {key: [None if v == _MISSING else v for v in series]
+            for key, series in zip(_KEPT, columns[3:], strict=True)}
+    # per statistic, the series of each counter (its last values where the statistic is not
+    # kept), turned into one tuple per second by zip: C loops, not Python ones
+    per_stat = [list(zip(*(kept.get((i, stat), kept[(i, 2)]) for i in range(_N)), strict=True))
+                for stat in range(len(STATS))]
+    return [Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], per_stat[0][j],
+                   per_stat[1][j], per_stat[2][j]) for j in range(k)]
 
 
 def by_minute(seconds: Sequence[Second]) -> list[tuple[float, list[Second]]]:
