@@ -6,8 +6,9 @@
    through ``Store.write`` in this process (what the agent's writer does at best).
    Target: >= 50k samples/s end to end.
 2. Cost at the default 10 Hz x 8 simulated devices (``--fake-devices 8``) on a store that
-   starts a week old (the history generator's, ending now, so retention deletes and rolls up
-   while it is measured over 130 s): CPU seconds per wall second (from ``/proc/PID/stat``),
+   starts a week old (the history generator's with the default tiers: raw samples for the last
+   day, per-second and per-minute tiers for the week; ending now, so retention deletes and
+   rolls up while it is measured over 130 s): CPU seconds per wall second (from ``/proc/PID/stat``),
    RSS (``VmRSS``) and the writer's queue at the end, against the same agent idle
    (``--no-nvml``) on the same old store, measured alternately in the same run. Targets:
    <= 2 % of one core, <= 100 MB RSS, a queue that stays bounded.

@@ -1,7 +1,8 @@
 """``vramscope bench dashboard``: every page and API route on a store that starts old.
 
-The store comes from :mod:`vramscope.agent.store.history_generator` (built in SQL, with the
-rollups retention makes): 8 devices at 10 Hz for 7 days — 48.4 M samples — unless
+The store comes from :mod:`vramscope.agent.store.history_generator`, as the default tiers
+leave it: 8 devices at 10 Hz for 7 days, raw samples for the last day (6.9 M) and the
+per-second and per-minute tiers for the week (about 3.5 minutes to build) — unless
 ``options.quick`` (2 devices, one sample per 5 s, 7 days: seconds to build). ``--db URL``
 benchmarks the database at URL instead, as it is when it already holds samples (so a
 generated week can be built once and reused), or generated there when it is empty.

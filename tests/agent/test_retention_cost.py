@@ -5,8 +5,10 @@ The cost is counted, not timed, so a shared machine cannot make it flaky: on SQL
 instructions a call runs (a progress handler every 1,000), on PostgreSQL the shared buffers its
 statements touch (``EXPLAIN (ANALYZE, BUFFERS)`` of each statement the call ran, re-run in a
 transaction that is rolled back). Both stores come from the history generator at the same rate
-(2 devices, one sample per 10 s): 1 hour is 720 rows, 7 days 120,960. A query that walks the
-whole index (the old ``min(ts_s) WHERE ts_s >= ?``) costs 168x more on the second store.
+(2 devices, one sample per 10 s), with raw samples for all of their span and the per-second
+and per-minute tiers retention makes of them: 1 hour is 720 rows, 7 days 120,960. A query that
+walks the whole index (the old ``min(ts_s) WHERE ts_s >= ?``) costs 168x more on the second
+store.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ END = T_END
 
 
 def _history(days: float) -> History:
-    return History(devices=2, hz=HZ, days=days)
+    # raw for the whole span: the largest raw index a week can have (with raw_s of a week)
+    return History(devices=2, hz=HZ, days=days, raw_days=None)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql",
