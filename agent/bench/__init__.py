@@ -36,7 +36,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 class BenchOptions:
     quick: bool = False  # smaller sizes, for tests
     db_url: str | None = None
+    rounds: int | None = None  # --rounds: overrides each benchmark's own count (>= 1)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def rounds_or(options: BenchOptions, default: int) -> int:
+    """The rounds a benchmark runs: ``--rounds`` when given, else its own ``default``."""
+    return options.rounds or default
 
 
 @dataclass

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from vramscope.agent.bench import BenchOptions, Figure, interleaved, rounds_or
 from vramscope.agent.errors import VramscopeError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
     from vramscope.agent.ingest.process import AgentProcess
 
     n = 20_000 if options.quick else 200_000
-    rounds = 3 if options.quick else 5
+    rounds = rounds_or(options, 3 if options.quick else 5)
     rows = make_samples(n)
     agent = AgentProcess(f"sqlite:///{workdir}/e2e.db", f"{workdir}/run/agent.sock",
                          log_path=f"{workdir}/agent.log").start()
@@ -138,7 +138,7 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     deletes the oldest rows every step, and a window of over two minutes includes per-minute
     rollups, so the figure is what a week-old agent costs, not a fresh one."""
     window_s = 3.0 if options.quick else 130.0
-    rounds = 2 if options.quick else 3
+    rounds = rounds_or(options, 2 if options.quick else 3)
     old = _old_store(workdir, options.quick)
     loaded: list[float] = []
     idle: list[float] = []

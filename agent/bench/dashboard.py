@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
+from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved, rounds_or
 from vramscope.agent.store.history_generator import History, generate
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def run(options: BenchOptions) -> list[Figure]:
 
     history = (History(devices=2, hz=0.2, days=7) if options.quick
                else History(devices=8, hz=10.0, days=7))
-    rounds = 1 if options.quick else 3
+    rounds = rounds_or(options, 1 if options.quick else 3)
     with tempfile.TemporaryDirectory(prefix="vramscope-bench-") as workdir:
         url = options.db_url or f"sqlite:///{os.path.join(workdir, 'dashboard.db')}"
         store = Store.open(url, host_name="bench-host")

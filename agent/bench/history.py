@@ -1,9 +1,10 @@
 """``vramscope bench history``: what a week of history costs ``analyze --db`` and retention.
 
 The store comes from :mod:`vramscope.agent.store.history_generator` (8 devices at 10 Hz for
-7 days, raw samples for all of them, as a ``retention.raw_s`` of a week or more keeps: the
-whole week is what ``analyze --db`` reads; ``options.quick``: 2 devices at one sample per 5 s
-for a day), or is the database at ``--db`` as it is when it already holds samples.
+7 days as the default tiers keep them: raw samples for the newest day, 6.9 M, which is what
+``analyze --db`` reads; ``options.quick``: 2 devices at one sample per 5 s for a day), or is
+the database at ``--db`` as it is when it already holds samples (a store that keeps raw samples
+longer: ``analyze --db`` streams one device at a time, so its memory does not grow with them).
 
 - **analyze --db**: ``vramscope analyze --db URL --json`` of the whole store in a child
   process, its wall time and peak RSS (``wait4``'s ``ru_maxrss``), against the baseline of
@@ -23,7 +24,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing
+from vramscope.agent.bench import BenchOptions, Figure, Timing, rounds_or
 from vramscope.agent.store.history_generator import History, generate
 
 if TYPE_CHECKING:
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
 def run(options: BenchOptions) -> list[Figure]:
     from vramscope.agent.store import Store
 
-    history = (History(devices=2, hz=0.2, days=1, raw_days=None) if options.quick
-               else History(devices=8, hz=10.0, days=7, raw_days=None))
-    rounds = 2 if options.quick else 3
+    history = (History(devices=2, hz=0.2, days=1) if options.quick
+               else History(devices=8, hz=10.0, days=7))
+    rounds = rounds_or(options, 2 if options.quick else 3)
     with tempfile.TemporaryDirectory(prefix="vramscope-bench-") as workdir:
         url = options.db_url or f"sqlite:///{os.path.join(workdir, 'week.db')}"
         with Store.open(url, host_name="bench-host") as store:

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print figures as stable JSON")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
     p.add_argument("--db", dest="db_url", help="database URL where a benchmark needs one")
+    p.add_argument("--rounds", type=int, metavar="N",
+                   help="rounds of each measurement (default: each benchmark's own, 3 or 5; "
+                        "1 for a long store, spread then reads 'over 1 rounds')")
     p.set_defaults(func=run)
 
 
@@ -36,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         if name not in BENCHMARKS:
             raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    options = BenchOptions(quick=args.quick, db_url=args.db_url)
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, not {args.rounds}")
+    options = BenchOptions(quick=args.quick, db_url=args.db_url, rounds=args.rounds)
     figures, failures, errors = [], [], []
     for name in names:
         try:
