@@ -14,8 +14,10 @@ from typing import Any
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import downsample, tier_grid
+from vramscope.agent.store.downsample import SECONDS_READ_MAX_S, downsample, tier_grid
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
+from vramscope.agent.store.seconds import Second
+from vramscope.agent.store.window import first_sample_ts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import device_verdict, freshness
@@ -298,9 +300,77 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
     """``(bands, shares, source)``: exact bands from the window's phase events (``changes``),
     or from sample phases in a short window, when at most ``max_bands`` of them; otherwise each
     phase's share per bucket (a 2-second prefill would be narrower than a pixel, and no
-    bucket's longest phase). ``too_many``: the events were cut at ``NAMED_EVENT_LIMIT``."""
+    bucket's longest phase). ``too_many``: the events were cut at ``NAMED_EVENT_LIMIT``.
+
+    Phase events and raw samples are gone before the device's first raw sample (retention):
+    there the per-second tier's phases stand in (:func:`_stitched_phase_bands`)."""
     if too_many:
         return [], None, "zoom in: too many phase events"
+    unread = False  # a part before the raw samples too long to read the tier's phases of
+    if changes or end_s - start_s <= PHASE_SHARE_SPAN_S:  # else nothing is drawn either way
+        raw_from, seconds = _seconds_before_raw(store, device, host, start_s, end_s)
+        early = tl.changes_from_seconds(seconds)
+        if early:
+            return _stitched_phase_bands(store, device, host, start_s, end_s, max_bands,
+                                         changes, raw_from, seconds, early)
+        unread = raw_from - start_s > SECONDS_READ_MAX_S
+    bands, shares, source = _raw_phase_bands(store, device, host, start_s, end_s, max_bands,
+                                             changes)
+    if unread and not bands and not (shares and shares["ts"]):
+        # not "no phase reported": the tier holds phases there, only not read this far
+        return [], None, f"zoom to {SECONDS_READ_MAX_S / 3600:g} h or less"
+    return bands, shares, source
+
+
+def _seconds_before_raw(store: Store, device: int, host: str | None, start_s: float,
+                        end_s: float) -> tuple[float, list[tuple[str, Second]]]:
+    """``(raw_from, seconds)``: where the window's raw samples begin (the device's first one,
+    ``end_s`` when there are none, ``start_s`` when none of the window is gone) and the
+    per-second tier's seconds before it. Read only where the timeline's downsampling reads the
+    tier too: a part of at most ``SECONDS_READ_MAX_S`` (a row per minute and source, unpacked
+    in Python); a longer one says nothing rather than unpack days of seconds."""
+    first = first_sample_ts(store, device, host)
+    raw_from = max(start_s, end_s if first is None else min(first, end_s))
+    if raw_from <= start_s or raw_from - start_s > SECONDS_READ_MAX_S:
+        return raw_from, []
+    return raw_from, store.seconds(device, start_s, raw_from, host=host)
+
+
+def _stitched_phase_bands(store: Store, device: int, host: str | None, start_s: float,
+                          end_s: float, max_bands: int, changes: list[Event], raw_from: float,
+                          seconds: list[tuple[str, Second]], early: list[tuple[float, str]]
+                          ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
+    """:func:`phase_bands` of a window whose part before ``raw_from`` only the per-second tier
+    holds: its phase changes (``early``) then those of the phase events or raw samples from
+    ``raw_from`` on, made bands as one list, so that a phase held across the horizon is one
+    band (and the last one before a phase event lasts until it: events mark every change).
+    Past ``max_bands``, or when the raw part is too long to read its changes, shares per
+    bucket: the tier's seconds counted in their phase, with the raw samples' counts."""
+    after = tl.changes_from_events(e for e in changes if e.ts_s >= raw_from)
+    raw_source = "events" if after else "samples"
+    source = "per-second tier" + (f", then {raw_source}" if raw_from < end_s else "")
+    if after:
+        bands = tl.bands_from_changes(early + after, end_s)
+        if len(bands) <= max_bands:
+            return bands, None, source
+        return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), source
+    if end_s - raw_from <= PHASE_SAMPLE_SPAN_S:
+        found = (phase_changes(store, device, raw_from, end_s, PHASE_SAMPLE_LIMIT, host)
+                 if raw_from < end_s else [])
+        bands = [] if found is None else tl.bands_from_changes(early + found, end_s)
+        if found is not None and len(bands) <= max_bands:
+            return bands, None, source
+    counts = tl.counts_from_seconds(seconds, start_s, end_s, SHARE_BUCKETS)
+    if raw_from < end_s:
+        counts = tl.add_counts(counts, phase_counts(store, device, start_s, end_s,
+                                                    SHARE_BUCKETS, host))
+    return [], tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS), source
+
+
+def _raw_phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+                     max_bands: int, changes: list[Event]
+                     ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
+    """:func:`phase_bands` from phase events and raw samples only."""
     if changes:
         bands = tl.bands_from_events(changes, end_s)
         if len(bands) <= max_bands:

@@ -8,10 +8,13 @@ draws.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
 from vramscope.agent.records import Event, Phase, Sample
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.seconds import Second
 
 # What the timeline asks the store for, in the order the plots use them.
 TIMELINE_COLUMNS: tuple[str, ...] = (
@@ -149,8 +152,7 @@ def retry_markers(series: dict[str, dict[str, list[Any]]], name: str = "num_allo
 
 def bands_from_events(events: Iterable[Event], end_s: float) -> list[dict[str, Any]]:
     """Phase-change events to bands: each phase lasts until the next change."""
-    changes = [(e.ts_s, e.phase.value) for e in events if e.phase is not None]
-    return _bands(changes, end_s)
+    return _bands(changes_from_events(events), end_s)
 
 
 def bands_from_samples(samples: Iterable[Sample], end_s: float) -> list[dict[str, Any]]:
@@ -162,6 +164,52 @@ def bands_from_samples(samples: Iterable[Sample], end_s: float) -> list[dict[str
 def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
     """Bands from ``(ts_s, phase)`` changes (``phase_shares.phase_changes``)."""
     return _bands(changes, end_s)
+
+
+def changes_from_events(events: Iterable[Event]) -> list[tuple[float, str]]:
+    """Phase-change events as ``(ts_s, phase)`` changes, to be joined with others."""
+    return [(e.ts_s, e.phase.value) for e in events if e.phase is not None]
+
+
+def changes_from_seconds(seconds: Iterable[tuple[str, Second]]) -> list[tuple[float, str]]:
+    """The per-second tier's ``(source, second)`` pairs as ``(ts_s, phase)`` changes: a second
+    whose phase (its last sample's) differs from the one before, at the second's start, so
+    consecutive seconds of one phase make one band. Sources are merged in time order as raw
+    samples are (ties by source, so the order is the same on every backend); ``unknown``
+    seconds (NVML) say nothing. A change inside a second shows at that second's start: the
+    tier keeps no finer time."""
+    out: list[tuple[float, str]] = []
+    for _, second in sorted(seconds, key=lambda pair: (pair[1].ts_s, pair[0])):
+        if second.phase is Phase.UNKNOWN:
+            continue
+        if not out or out[-1][1] != second.phase.value:
+            out.append((second.ts_s, second.phase.value))
+    return out
+
+
+def counts_from_seconds(seconds: Iterable[tuple[str, Second]], start_s: float, end_s: float,
+                        buckets: int) -> dict[int, dict[str, int]]:
+    """``{bucket: {phase: samples}}`` on the grid of ``phase_shares.phase_counts``, from the
+    per-second tier: each second's samples counted in its phase (its last sample's)."""
+    width = (end_s - start_s) / buckets
+    out: dict[int, dict[str, int]] = {}
+    for _, second in seconds:
+        if second.phase is Phase.UNKNOWN or not start_s <= second.ts_s <= end_s:
+            continue
+        mine = out.setdefault(min(int((second.ts_s - start_s) // width), buckets - 1), {})
+        mine[second.phase.value] = mine.get(second.phase.value, 0) + second.n_samples
+    return out
+
+
+def add_counts(a: dict[int, dict[str, int]], b: dict[int, dict[str, int]]
+               ) -> dict[int, dict[str, int]]:
+    """Two ``{bucket: {phase: samples}}`` on one grid, summed (new dicts; neither changed)."""
+    out = {k: dict(v) for k, v in a.items()}
+    for k, phases in b.items():
+        mine = out.setdefault(k, {})
+        for phase, n in phases.items():
+            mine[phase] = mine.get(phase, 0) + n
+    return out
 
 
 def _bands(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:

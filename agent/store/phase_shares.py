@@ -2,9 +2,10 @@
 
 At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
 pixel, and "the phase that held each bucket longest" would never be prefill. The share of
-samples in each phase per bucket keeps it visible. Only raw samples carry phases (rollups do
-not), so windows older than the raw retention have none; ``unknown`` samples (NVML) say
-nothing and are not counted. One indexed range scan of the window, grouped in the database.
+samples in each phase per bucket keeps it visible. Counted here over raw samples only (rollups
+carry no phase; before the raw horizon the dashboard counts the per-second tier's seconds
+itself, ``dashboard.queries.phase_bands``); ``unknown`` samples (NVML) say nothing and are not
+counted. One indexed range scan of the window, grouped in the database.
 """
 
 from __future__ import annotations

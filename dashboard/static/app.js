@@ -295,7 +295,7 @@ PAGES.timeline = () => {
     const fig = await getJSON("/api/v1/figures/timeline?" + deviceQuery(view));
     const m = fig.layout.meta;
     const pts = fig.data.reduce((n, t) => n + t.x.length, 0);
-    const phases = m.phase_source === "events" || m.phase_source === "samples" ? "phases from " + m.phase_source : "phases: " + m.phase_source;
+    const phases = /^(events|samples|per-second tier)/.test(m.phase_source) ? "phases from " + m.phase_source : "phases: " + m.phase_source;
     document.getElementById("timeline-meta").textContent = pts === 0
       ? "No samples for this device in this window."
       : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
