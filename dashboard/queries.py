@@ -333,7 +333,7 @@ def _seconds_before_raw(store: Store, device: int, host: str | None, start_s: fl
     raw_from = max(start_s, end_s if first is None else min(first, end_s))
     if raw_from <= start_s or raw_from - start_s > SECONDS_READ_MAX_S:
         return raw_from, []
-    return raw_from, store.seconds(device, start_s, raw_from, host=host)
+    return raw_from, store.seconds(device, start_s, raw_from, host=host, counters=False)
 
 
 def _stitched_phase_bands(store: Store, device: int, host: str | None, start_s: float,

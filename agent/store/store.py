@@ -672,9 +672,10 @@ class Store:
         return float(min(firsts)), float(max(lasts))
 
     def seconds(self, device: int, start_s: float, end_s: float, *,
-                host: str | None = None) -> list[tuple[str, Second]]:
+                host: str | None = None, counters: bool = True) -> list[tuple[str, Second]]:
         """The per-second tier's seconds in [start_s, end_s) of device index ``device``, as
-        (source, second) in time order (``agent/store/seconds.py``)."""
+        (source, second) in time order (``agent/store/seconds.py``; ``counters=False``: time,
+        count and phase only)."""
         from vramscope.agent.store.seconds import MINUTE_S, unpack
 
         q = (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
@@ -685,7 +686,7 @@ class Store:
         out: list[tuple[str, Second]] = []
         with self.engine.connect() as c:
             for minute, source, blob in c.execute(q):
-                out.extend((source, s) for s in unpack(float(minute), bytes(blob))
+                out.extend((source, s) for s in unpack(float(minute), bytes(blob), counters)
                            if start_s <= s.ts_s < end_s)
         out.sort(key=lambda pair: pair[1].ts_s)
         return out

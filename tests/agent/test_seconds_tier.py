@@ -128,3 +128,9 @@ def test_a_store_from_before_the_tier_rolls_its_raw_samples_up_again_before_dele
         pass
     assert _count(store, seconds_table) == 8
     assert store.samples(0) == []  # all older than 60 s, and all rolled up now
+
+
+def test_phases_alone_are_unpacked_without_the_counters():
+    blob = tier.pack(tier.summarize(_raw(SCRIPT)))
+    assert [(s.ts_s - T0, s.n_samples, s.phase, s.low) for s in tier.unpack(T0, blob, False)] \
+        == [(0.0, 3, Phase.DECODE, ()), (2.0, 1, Phase.PREFILL, ())]
