@@ -90,6 +90,8 @@ class Retention:
         self.late_minutes_lost = 0  # late minutes not kept: MAX_LATE_MINUTES was reached
         self._watermark: float | None = None  # end of the last rolled-up minute, once known
         self._watermark_known = False
+        self._partition_day: int | None = None  # PostgreSQL: the day whose partitions exist
+        self._oldest_end_s: float | None = None  # and the oldest partition's end, once read
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
@@ -108,9 +110,15 @@ class Retention:
         raw_cutoff = now_s - self.raw_s
         if watermark is not None:
             raw_cutoff = min(raw_cutoff, watermark)
+        dropped, more_to_drop = self._partitions(store, now_s,
+                                                 raw_cutoff if watermark is not None else None)
         deleted = {
-            "samples": sql.delete_older(store, "samples", raw_cutoff, self.step_rows)
-            if watermark is not None else 0,
+            "partitions": dropped,
+            # PostgreSQL: a day partition's rows go with their partition (above); rows are
+            # deleted only from the default, which holds the days without one
+            "samples": sql.delete_older(
+                store, "samples_default" if store.dialect == "postgresql" else "samples",
+                raw_cutoff, self.step_rows) if watermark is not None else 0,
             "events": sql.delete_older(store, "events", now_s - self.raw_s, self.step_rows,
                                        names=FREQUENT_EVENTS)
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
@@ -123,9 +131,44 @@ class Retention:
         }
         behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
         backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
+                   or more_to_drop
                    or any(n >= self.step_rows for k, n in deleted.items()
-                          if k not in ("rollups", "seconds")))
+                          if k not in ("rollups", "seconds", "partitions")))
         return StepResult(minutes, rows, deleted, late, backlog)
+
+    def _partitions(self, store: Store, now_s: float,
+                    cutoff_s: float | None) -> tuple[int, bool]:
+        """PostgreSQL (samples partitioned by day, :mod:`vramscope.agent.store.partitions`):
+        the partitions of tomorrow and the day after made ahead of their writes, once a day,
+        and the oldest partition dropped once wholly before ``cutoff_s`` (the raw samples'
+        cutoff: old and rolled up); (partitions dropped, whether another one is droppable
+        already). The partition list is read only when the cutoff reaches the oldest one's
+        upper bound (and once a day), so a step with nothing to drop sends nothing.
+
+        Never today's: a day's partition is made before its first row, so the rows that miss
+        one (the first day of a new database, a day the agent was down over) stay in the
+        default and are deleted as rows, instead of being moved at once."""
+        if store.dialect != "postgresql":
+            return 0, False
+        from vramscope.agent.store import partitions
+
+        today = partitions.day_of(now_s)
+        if self._partition_day != today:
+            day = partitions.DAY_S
+            if partitions.ensure_days(store, now_s + day, now_s + 2 * day) is not None:
+                self._partition_day = today
+            self._oldest_end_s = None  # read the list again
+        if cutoff_s is None or (self._oldest_end_s is not None
+                                and cutoff_s < self._oldest_end_s):
+            return 0, False
+        result = partitions.drop_before(store, cutoff_s)
+        if result is None:  # the locks were not had: the next step tries again
+            return 0, False
+        self._oldest_end_s = result.oldest_end_s
+        if result.names:
+            log.info("dropped partition %s: all of it older than %.0f", result.names, cutoff_s)
+        return len(result.names), (result.oldest_end_s is not None
+                                   and result.oldest_end_s <= cutoff_s)
 
     def note_written(self, samples: Sequence[Sample]) -> None:
         """Remember the minutes of committed samples that a step may already have rolled up

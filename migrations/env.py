@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import Connection
 from vramscope.agent.store.schema import metadata
@@ -28,11 +30,27 @@ def run_migrations_online() -> None:
 
 
 def _run(connection: Connection) -> None:
+    from vramscope.agent.store.partitions import names
+
+    partitions = names(connection)  # samples's own (PostgreSQL, 0006): not tables of the schema
+    dialect = connection.dialect.name
+
+    def include_name(name: str | None, type_: str, _parents: Any) -> bool:
+        return not (type_ == "table" and name in partitions)
+
+    def include_object(obj: Any, _name: str | None, _type: str, reflected: bool,
+                       _compare_to: Any) -> bool:
+        # a constraint or index of one backend only (.ddl_if(dialect=...)): compared there only
+        ddl_if = getattr(obj, "_ddl_if", None)
+        return reflected or ddl_if is None or ddl_if.dialect in (None, dialect)
+
     context.configure(
         connection=connection,
         target_metadata=metadata,
         render_as_batch=True,  # SQLite cannot ALTER most things; batch mode copies the table
         compare_type=True,
+        include_name=include_name,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()

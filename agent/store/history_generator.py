@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, text
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
+from vramscope.agent.store import partitions
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import rollups, seconds
 
@@ -116,6 +117,8 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
     ids = [store.device_id(d) for d in range(h.devices)]
     host_id = store.host_id()
     first = h.tick_at(h.raw_start_s)
+    # PostgreSQL: the day partitions the agent's retention would have made for these days
+    partitions.ensure_days(store, h.raw_start_s, h.end_s)
     with store.engine.begin() as c:
         if first < h.ticks:
             c.execute(text(_samples_sql(h, ids, first)))

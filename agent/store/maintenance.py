@@ -17,7 +17,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, insert, select
+from sqlalchemy import Connection, TableClause, column, delete, func, insert, select, table
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import (
@@ -33,9 +33,13 @@ from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
+# PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
+# a partition of their own, which retention deletes as rows
+SAMPLES_DEFAULT = table("samples_default", column("id"), column("device_id"), column("ts_s"))
 # table -> (the column its time index starts with, the table that column's ids come from)
-_TABLES: dict[str, tuple[Table, str, Table]] = {
+_TABLES: dict[str, tuple[TableClause, str, TableClause]] = {
     "samples": (samples, "device_id", devices),
+    "samples_default": (SAMPLES_DEFAULT, "device_id", devices),
     "events": (events, "device_id", devices),
     "agent_stats": (agent_stats, "host_id", hosts),
 }
@@ -168,6 +172,8 @@ def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
     """Delete at most ``limit`` rows of ``table_name`` with ``ts_s < cutoff_s``, oldest first,
     one device (host, for agent_stats) at a time; rows deleted. ``names`` (events only): just
     the events of these names, each a range of the ``(device_id, name, ts_s)`` index.
+    ``samples_default`` (PostgreSQL): the rows of samples's DEFAULT partition only, those of
+    days without a partition of their own (retention drops the others a day at a time).
 
     The ids are read first (a range of the time index, at most ``limit``) and then deleted by
     primary key: with ``DELETE ... WHERE id IN (SELECT ... LIMIT n)`` both SQLite and
@@ -175,6 +181,10 @@ def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
     table, key, owners = _TABLES[table_name]
     deleted = 0
     with store.engine.begin() as c:
+        # PostgreSQL's samples is partitioned by ts_s (0006): each chunk's delete also names
+        # its time span, so it is planned on the one or two partitions that hold it instead of
+        # looking every id up in every partition's primary key
+        by_time = table is samples and c.dialect.name == "postgresql"
         for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
             if deleted >= limit:
                 break
@@ -182,11 +192,14 @@ def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
                 where = [table.c[key] == owner, table.c.ts_s < cutoff_s]
                 if name is not None:
                     where.append(table.c.name == name)
-                ids = c.execute(select(table.c.id).where(*where).order_by(table.c.ts_s)
-                                .limit(max(0, limit - deleted))).scalars().all()
-                for i in range(0, len(ids), _IDS_PER_DELETE):
-                    chunk = ids[i:i + _IDS_PER_DELETE]
-                    deleted += c.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
+                rows = c.execute(select(table.c.id, table.c.ts_s).where(*where)
+                                 .order_by(table.c.ts_s).limit(max(0, limit - deleted))).all()
+                for i in range(0, len(rows), _IDS_PER_DELETE):
+                    chunk = rows[i:i + _IDS_PER_DELETE]
+                    which = [table.c.id.in_([r[0] for r in chunk])]
+                    if by_time:  # in time order: the first and last rows bound the chunk
+                        which += [table.c.ts_s >= chunk[0][1], table.c.ts_s <= chunk[-1][1]]
+                    deleted += c.execute(delete(table).where(*which)).rowcount
     return deleted
 
 

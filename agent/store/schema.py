@@ -84,6 +84,11 @@ processes = Table(
     UniqueConstraint("host_id", "pid", name="uq_processes_host_pid"),
 )
 
+# On PostgreSQL a table partitioned by range of ts_s, a partition per day plus a DEFAULT one
+# (migration 0006, agent/store/partitions.py), so retention drops a day instead of deleting its
+# rows. A partitioned table's keys must include ts_s: there the primary key is (id, ts_s),
+# which Alembic does not compare, and the (origin, seq) key below is (origin, seq, ts_s) — a
+# replayed row carries its ts_s, so it still conflicts. SQLite keeps one table, id its rowid.
 samples = Table(
     "samples", metadata,
     Column("id", Integer, primary_key=True),
@@ -97,8 +102,11 @@ samples = Table(
     # after a reconnect inserts nothing twice. NULLs never conflict (single-host default).
     Column("origin", String(64), nullable=True),
     Column("seq", BigInteger, nullable=True),
-    UniqueConstraint("origin", "seq", name="uq_samples_origin_seq"),
+    UniqueConstraint("origin", "seq", name="uq_samples_origin_seq").ddl_if(dialect="sqlite"),
+    UniqueConstraint("origin", "seq", "ts_s", name="uq_samples_origin_seq_ts_s")
+    .ddl_if(dialect="postgresql"),
     Index("ix_samples_device_ts", "device_id", "ts_s"),
+    postgresql_partition_by="RANGE (ts_s)",
 )
 
 events = Table(

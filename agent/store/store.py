@@ -890,7 +890,10 @@ def _insert_ignore(dialect: str, table: Table) -> Any:  # a dialect's INSERT ...
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        return pg_insert(table).on_conflict_do_nothing(index_elements=["origin", "seq"])
+        # samples is partitioned by ts_s there (0006), so its key is (origin, seq, ts_s): a
+        # replayed row carries the ts_s it had, and conflicts
+        key = ["origin", "seq", "ts_s"] if table is samples else ["origin", "seq"]
+        return pg_insert(table).on_conflict_do_nothing(index_elements=key)
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
