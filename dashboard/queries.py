@@ -14,7 +14,15 @@ from typing import Any
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import SECONDS_READ_MAX_S, downsample, tier_grid
+from vramscope.agent.store.downsample import (
+    RAW_GROUP_LIMIT,
+    SECONDS_READ_MAX_S,
+    aligned_grid,
+    device_row_id,
+    downsample,
+    raw_rows_over,
+    seconds_end,
+)
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.seconds import Second
 from vramscope.agent.store.window import first_sample_ts
@@ -241,7 +249,7 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     # week: 1,008 of ten minutes, grouped without a sort), finer ones as asked
     rows = downsample(store, device, start_s, end_s, max_points, wanted, None, host,
                       aligned=True)
-    tier = tier_grid(start_s, end_s, max_points)
+    tier = aligned_grid(start_s, end_s, max_points)
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
     # the rare markers and the phase events, each name on the (device, name, time) index
@@ -383,9 +391,31 @@ def _raw_phase_bands(store: Store, device: int, host: str | None, start_s: float
             return sampled, None, "samples"
     if end_s - start_s > PHASE_SHARE_SPAN_S:
         return [], None, "zoom to 6 h or less"
-    counts = phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host)
+    counts, source = _shares_counts(store, device, host, start_s, end_s)
     shares = tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS)
-    return [], shares, "samples" if shares["ts"] else "no phase reported"
+    return [], shares, source if shares["ts"] else "no phase reported"
+
+
+def _shares_counts(store: Store, device: int, host: str | None, start_s: float, end_s: float
+                   ) -> tuple[dict[int, dict[str, int]], str]:
+    """Samples per phase and share bucket, and where they were counted: raw samples, or where
+    the window holds more than ``RAW_GROUP_LIMIT`` of them, the per-second tier's seconds
+    (their phases only: a tenth of a full unpack) up to the end of its newest minute and the
+    raw samples after it. Six hours at 10 Hz: 216,000 raw rows grouped (250 ms) or 360 rows of
+    the tier."""
+    did = device_row_id(store, device, host)
+    rolled = None if did is None else seconds_end(store, did)
+    if (did is None or rolled is None or rolled <= start_s
+            or not raw_rows_over(store, did, start_s, end_s, RAW_GROUP_LIMIT)):
+        return phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host), "samples"
+    upto = min(rolled, end_s)
+    counts = tl.counts_from_seconds(store.seconds(device, start_s, upto, host=host,
+                                                  counters=False),
+                                    start_s, end_s, SHARE_BUCKETS)
+    if upto < end_s:
+        counts = tl.add_counts(counts, phase_counts(store, device, start_s, end_s,
+                                                    SHARE_BUCKETS, host, from_s=upto))
+    return counts, "per-second tier" + (", then samples" if upto < end_s else "")
 
 
 def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Integer, cast, func, or_, select
-from vramscope.agent.store.downsample import _device_row_id
+from vramscope.agent.store.downsample import device_row_id
 from vramscope.agent.store.schema import samples
 
 if TYPE_CHECKING:
@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 
 def phase_counts(store: Store, device: int, start_s: float, end_s: float, buckets: int,
-                 host: str | None = None) -> dict[int, dict[str, int]]:
-    """``{bucket: {phase: samples}}`` for buckets ``0..buckets-1`` of ``[start_s, end_s]``."""
+                 host: str | None = None, from_s: float | None = None
+                 ) -> dict[int, dict[str, int]]:
+    """``{bucket: {phase: samples}}`` for buckets ``0..buckets-1`` of ``[start_s, end_s]``;
+    ``from_s``: only the samples from then on (on the same grid)."""
     if buckets < 1 or not end_s > start_s:
         raise ValueError(f"need buckets >= 1 and end > start, got {buckets}, {start_s}, {end_s}")
-    did = _device_row_id(store, device, host)
+    did = device_row_id(store, device, host)
     if did is None:
         return {}
     ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
@@ -34,7 +36,9 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
                                 else cast(ratio, Integer))
     bucket = grid.label("bucket")
     q = (select(bucket, samples.c.phase, func.count().label("n"))
-         .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s <= end_s,
+         .where(samples.c.device_id == did,
+                samples.c.ts_s >= (start_s if from_s is None else max(start_s, from_s)),
+                samples.c.ts_s <= end_s,
                 samples.c.phase != "unknown")
          .group_by(bucket, samples.c.phase))
     out: dict[int, dict[str, int]] = {}
@@ -52,7 +56,7 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
 
     Found in SQL (``lag() over``): the database hands back the few hundred changes of a
     15-minute window, not its 9,000 samples as ``Sample`` objects (100 ms of the timeline)."""
-    did = _device_row_id(store, device, host)
+    did = device_row_id(store, device, host)
     if did is None:
         return []
     previous = func.lag(samples.c.phase).over(order_by=(samples.c.ts_s, samples.c.id))

@@ -157,10 +157,10 @@ def _wavy(n: int, step_s: float) -> list[Sample]:
 
 
 def _raw_only(store, start, end, buckets, cols):
-    from vramscope.agent.store.downsample import _device_row_id, _Grid, _raw
+    from vramscope.agent.store.downsample import device_row_id, _Grid, _raw
 
     grid = _Grid(start, (end - start) / buckets, buckets, tuple(cols))
-    return grid.rows(_raw(store, _device_row_id(store, 0, None), grid, start, end, None, True))
+    return grid.rows(_raw(store, device_row_id(store, 0, None), grid, start, end, None, True))
 
 
 def _values(rows):  # a rolled-up minute's last value is stamped at the minute's end

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from vramscope.agent.records import Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import _device_row_id, _Grid, _raw, downsample, tier_grid
+from vramscope.agent.store.downsample import device_row_id, _Grid, _raw, downsample, tier_grid
 from vramscope.agent.store.maintenance import rollup_window
 from vramscope.agent.store.schema import samples as samples_table
 
@@ -30,7 +30,7 @@ def _raw_on(store: Store, grid: tuple[float, float, int], start: float,
             end: float) -> list[dict[str, Any]]:
     """The raw samples of [start, end] grouped on ``grid``: what the rollups must give."""
     g = _Grid(*grid, COLS)
-    return g.rows(_raw(store, _device_row_id(store, 0, None), g, start, end, None, True))
+    return g.rows(_raw(store, device_row_id(store, 0, None), g, start, end, None, True))
 
 
 def _values(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

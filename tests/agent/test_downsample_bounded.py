@@ -1,0 +1,91 @@
+"""Downsampling bounded by the work, not by the window: where raw rows are still kept but a fine
+grid would group too many of them, the per-second tier (up to two hours) or the minute rollups
+(beyond) answer, with the minima and maxima the raw rows give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import vramscope.agent.store.downsample as ds
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.store import Store, maintenance
+from vramscope.agent.store.phase_shares import phase_counts
+
+from tests.support.sql_watch import statements_sent
+
+T0 = 1_700_000_040.0  # a minute boundary
+COLS = ("allocated_bytes", "reserved_bytes")
+HOURS = 3
+
+
+def _sample(i: int) -> Sample:
+    """10 Hz; allocated moves every sample (a sawtooth with a period of 37 samples)."""
+    phase = Phase.PREFILL if i % 37 < 3 else Phase.DECODE if i % 37 < 27 else Phase.IDLE
+    alloc = 1000 + (i * 7919) % 37 * 10
+    return Sample(T0 + i / 10, 0, phase, "torch", 1, allocated_bytes=alloc,
+                  reserved_bytes=alloc + 500)
+
+
+@pytest.fixture
+def store(any_url):
+    """Three hours of raw samples at 10 Hz, all rolled up but the last ten minutes (as a
+    running agent leaves them: retention lags by its grace, raw rows kept a day)."""
+    s = Store.open(any_url, host_name="h")
+    samples = [_sample(i) for i in range(HOURS * 36_000)]
+    for i in range(0, len(samples), 20_000):
+        s.write(samples[i:i + 20_000])
+    maintenance.rollup_window(s, T0, T0 + HOURS * 3600 - 600)
+    yield s
+    s.close()
+
+
+def _minmax(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r["ts_s"], *(r[f"{c}_{s}"] for c in COLS for s in ("min", "max"))) for r in rows]
+
+
+def _raw_only(store: Store, start: float, end: float, grid: tuple[float, float, int]
+              ) -> list[dict[str, Any]]:
+    g = ds._Grid(*grid, COLS)
+    return g.rows(ds._raw(store, ds.device_row_id(store, 0, None), g, start, end, None, True))
+
+
+def test_an_hour_on_whole_seconds_reads_the_tier_and_the_raw_rows_after_it(store):
+    start, end = T0 + 7200, T0 + HOURS * 3600  # the newest hour: its last 10 min not rolled up
+    grid = ds.second_grid(start, end, 2000)
+    assert grid == (start, 2.0, 1800)
+    with statements_sent(store.engine, lambda q: "FROM seconds" in q) as sent:
+        rows = ds.downsample(store, 0, start, end, 2000, COLS, None, None, aligned=True)
+    assert len(sent) == 2  # the tier's newest minute (one seek), then the hour's 60 rows
+    assert _minmax(rows) == _minmax(_raw_only(store, start, end, grid))
+    # the first bucket is seconds 0 and 1 of the hour: its last is that of sample 19
+    assert rows[0]["allocated_bytes_last"] == _sample(72_019).allocated_bytes
+
+
+def test_three_hours_of_raw_rows_at_a_fine_grid_read_the_minute_rollups(store, monkeypatch):
+    start, end = T0, T0 + HOURS * 3600
+    rows = store.timeline(0, start, end, 2000, COLS)  # 5.4 s buckets asked: 108,000 raw rows
+    assert ds.raw_rows_over(store, ds.device_row_id(store, 0, None), start, end,
+                            ds.RAW_GROUP_LIMIT)
+    # 170 rolled-up minutes, one point each at the bucket of its start; the last ten minutes
+    # (not rolled up yet) grouped raw, on the grid asked for
+    assert len(rows) == 170 + 600 // 5.4 + 1
+    minute = rows[0]
+    assert (minute["ts_s"], minute["allocated_bytes_min"], minute["allocated_bytes_max"]) == (
+        T0, 1000, 1360)
+    monkeypatch.setattr(ds, "RAW_GROUP_LIMIT", 10**9)  # what it was: every raw row grouped
+    assert len(store.timeline(0, start, end, 2000, COLS)) == 2000
+
+
+def test_phase_shares_of_six_hours_count_the_tier_where_raw_rows_are_too_many(store):
+    from vramscope.dashboard.queries import SHARE_BUCKETS, _shares_counts
+
+    start, end = T0, T0 + HOURS * 3600
+    counts, source = _shares_counts(store, 0, None, start, end)
+    assert source == "per-second tier, then samples"
+    raw = phase_counts(store, 0, start, end, SHARE_BUCKETS)
+    # each second counted in the phase of its last sample: the same totals, a few samples
+    # moved at the seconds where the phase changed
+    assert sum(sum(b.values()) for b in counts.values()) == HOURS * 36_000
+    prefill = sum(b.get("prefill", 0) for b in counts.values())
+    assert prefill == pytest.approx(sum(b.get("prefill", 0) for b in raw.values()), rel=0.4)
