@@ -134,12 +134,14 @@ def _direct(rows: list[Sample], workdir: str) -> Callable[[], None]:
 # --- 2. CPU and RSS at 10 Hz x 8 devices, on a store that starts old ------------------------
 def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     """Each agent starts on a copy of a generated history that ends now (a week of the same 8
-    devices at 10 Hz; quick: a day at one sample per 20 s): the default 7-day retention then
-    deletes the oldest rows every step, and a window of over two minutes includes per-minute
-    rollups, so the figure is what a week-old agent costs, not a fresh one."""
+    devices at 10 Hz as the default tiers keep it; quick: a day at one sample per 20 s), a
+    SQLite file, or with ``--db`` a database on that PostgreSQL server: the default retention
+    then deletes the raw rows that pass a day old every step and rolls up each minute into the
+    per-second tier and the rollups, so the figure is what a week-old agent costs, not a
+    fresh one."""
     window_s = 3.0 if options.quick else 130.0
     rounds = rounds_or(options, 2 if options.quick else 3)
-    old = _old_store(workdir, options.quick)
+    old = _old_store(workdir, options.quick, _postgres_server(options.db_url))
     loaded: list[float] = []
     idle: list[float] = []
     rss: list[float] = []
@@ -154,7 +156,9 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
                 queues.append(queue)
     cpu_pct, idle_pct, rss_mb = (statistics.median(loaded) * 100, statistics.median(idle) * 100,
                                  statistics.median(rss) / 1e6)
-    age = f"store starting {'1 day' if options.quick else '7 days'} old, {window_s:g} s window"
+    backend = "postgresql" if old.startswith("postgresql") else "sqlite"
+    age = (f"store starting {'1 day' if options.quick else '7 days'} old ({backend}), "
+           f"{window_s:g} s window")
     return [
         Figure("agent", "agent CPU, 10 Hz x 8 devices, old store", cpu_pct, "% of a core",
                spread=_spread(loaded, 100, "%") + f"; {age}",
@@ -169,18 +173,63 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     ]
 
 
-def _old_store(workdir: str, quick: bool) -> str:
-    """A generated history ending now, for the measurements to copy."""
+def _postgres_server(db_url: str | None) -> str | None:
+    """``--db``: a PostgreSQL URL names the server the old store is built on (its database
+    part is ignored); None (SQLite files) otherwise."""
+    if db_url is None:
+        return None
+    if not db_url.startswith("postgresql"):
+        raise VramscopeError(f"bench agent --db takes a PostgreSQL URL (the server to build the "
+                             f"old store on), not {db_url.split(':', 1)[0]!r}; without --db "
+                             f"it uses SQLite files")
+    return db_url.rsplit("/", 1)[0]
+
+
+def _old_store(workdir: str, quick: bool, server: str | None) -> str:
+    """A generated history ending now, for the measurements to copy: a SQLite file, or on
+    PostgreSQL a database each round clones (``CREATE DATABASE ... TEMPLATE``)."""
     from vramscope.agent.store import Store
     from vramscope.agent.store.history_generator import History, generate
 
-    path = os.path.join(workdir, "old.db")
+    url = (f"sqlite:///{os.path.join(workdir, 'old.db')}" if server is None
+           else _create_database(server, "vs_bench_old"))
     end = (time.time() // 60) * 60
     history = (History(devices=8, hz=0.05, days=1, end_s=end) if quick
                else History(devices=8, hz=10.0, days=7, end_s=end))
-    with Store.open(f"sqlite:///{path}") as store:  # the agent's host name: the machine's
+    with Store.open(url) as store:  # the agent's host name: the machine's
         generate(store, history)
-    return path
+    return url
+
+
+def _create_database(server: str, name: str, template: str | None = None) -> str:
+    import psycopg
+
+    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"'
+                     + (f' TEMPLATE "{template}"' if template else ""))
+    return f"{server}/{name}"
+
+
+def _copy(old: str, workdir: str, name: str) -> str:
+    if old.startswith("sqlite:///"):
+        shutil.copyfile(old.removeprefix("sqlite:///"), f"{workdir}/{name}.db")
+        return f"sqlite:///{workdir}/{name}.db"
+    server, template = old.rsplit("/", 1)
+    return _create_database(server, name.replace("-", "_"), template)
+
+
+def _remove(url: str) -> None:
+    if url.startswith("sqlite:///"):
+        os.remove(url.removeprefix("sqlite:///"))
+        return
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def _measure(workdir: str, name: str, devices: int, window_s: float,
@@ -189,9 +238,8 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
     queue at the end."""
     from vramscope.agent.ingest.process import AgentProcess
 
-    shutil.copyfile(old, f"{workdir}/{name}.db")
-    agent = AgentProcess(f"sqlite:///{workdir}/{name}.db", f"{workdir}/{name}/agent.sock",
-                         fake_devices=devices).start()
+    url = _copy(old, workdir, name)
+    agent = AgentProcess(url, f"{workdir}/{name}/agent.sock", fake_devices=devices).start()
     try:
         time.sleep(3.0)  # start-up (imports, first statement compiles, first retention step)
         cpu0, t0 = _cpu_s(agent.pid), time.monotonic()
@@ -201,7 +249,7 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
         return (cpu1 - cpu0) / (t1 - t0), _rss_bytes(agent.pid), queue
     finally:
         agent.stop()
-        os.remove(f"{workdir}/{name}.db")
+        _remove(url)
 
 
 def _cpu_s(pid: int) -> float:
