@@ -10,15 +10,17 @@ generated week can be built once and reused), or generated there when it is empt
 Figures, each the median of ``rounds`` alternating calls through the Flask app (query,
 shaping and JSON: the server's whole time):
 
-- every windowed route (timeline, its figure, leaks, risk, analysis) at 15 min, 1 h, 24 h and
-  7 days, held to 300 ms;
+- every windowed route (timeline, its figure, leaks, risk, analysis) at 15 min, 1 h, 6 h, 24 h,
+  3 days and 7 days ending at the newest sample, and at 15 min and 1 h three days back (only
+  the per-second tier holds them), held to 300 ms;
 - every windowless route (overview, devices, hosts, freshness, processes, capacity, metrics,
   the HTML pages) once, held to 300 ms; the overview also as a ratio against the same route
   on a store of the same devices holding only the last hour of the same history (target:
   within 2x: age must not cost), and, for reference, against an empty store (no devices: a
   lower bound, not a target);
 - the 24 h timeline against its baseline, the same range fetched raw and serialised;
-- the database's bytes per device-day.
+- the database's bytes per device-day, and each tier's (raw samples, events, the per-second
+  tier, minute rollups) per device-day of the span it covers.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ if TYPE_CHECKING:
     from flask.testing import FlaskClient
     from vramscope.agent.store import Store
 
-WINDOWS = {"15 min": 900.0, "1 h": 3600.0, "24 h": 86_400.0, "7 d": 7 * 86_400.0}
+# label -> (how long before the newest sample the window ends, its span): windows ending now
+# at each scale the dashboard offers, one across the raw horizon (3 d: raw samples for its
+# newest day), and two short ones three days back, which only the per-second tier holds
+DAY = 86_400.0
+WINDOWS = {"15 min": (0.0, 900.0), "1 h": (0.0, 3600.0), "6 h": (0.0, 6 * 3600.0),
+           "24 h": (0.0, DAY), "3 d": (0.0, 3 * DAY), "7 d": (0.0, 7 * DAY),
+           "15 min, 3 d ago": (3 * DAY, 900.0), "1 h, 3 d ago": (3 * DAY, 3600.0)}
 WINDOWED = ("/api/v1/timeline", "/api/v1/figures/timeline", "/api/v1/figures/leaks",
             "/api/v1/figures/risk", "/api/v1/analysis")
 PLAIN = ("/api/v1/overview", "/api/v1/devices", "/api/v1/hosts", "/api/v1/freshness",
@@ -85,7 +93,7 @@ def _measure(store: Store, empty: Store, history: History, rounds: int,
     figures.append(_overview_ratio(client, empty_client, rounds, f"an empty {empty.dialect} "
                                    "store", target=False))
     figures += _timeline_vs_raw(client, store, history, rounds)
-    figures.append(_bytes_per_device_day(store, history))
+    figures += _bytes_per_device_day(store, history)
     return figures
 
 
@@ -109,9 +117,9 @@ def _route_figure(metric: str, timing: Timing, status: int) -> Figure:
 def _windowed(client: FlaskClient, history: History, rounds: int) -> list[Figure]:
     out = []
     for route in WINDOWED:
-        for label, span in WINDOWS.items():
-            url = (f"{route}?device={DEVICE}&start={history.end_s - span!r}"
-                   f"&end={history.end_s!r}")
+        for label, (back, span) in WINDOWS.items():
+            end = history.end_s - back
+            url = f"{route}?device={DEVICE}&start={end - span!r}&end={end!r}"
             call = _get(client, url)
             status = call()  # warm: the first call of a route pays for imports
             [timing] = interleaved([call], rounds)
@@ -187,16 +195,54 @@ def _timeline_vs_raw(client: FlaskClient, store: Store, history: History,
                    target=">= 10", met=ratio >= 10)]
 
 
-def _bytes_per_device_day(store: Store, history: History) -> Figure:
-    """From the store itself: a reused ``--db`` store need not have the default shape."""
+def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
+    """From the store itself (a reused ``--db`` store need not have the default shape): the
+    whole database per device-day of history, and what each tier costs per device-day of the
+    span it covers (raw samples their newest day, the tiers the whole week)."""
     size = store.size_bytes() or 0
-    devices = len(store.devices())
-    lo, hi = store.time_range() or (0.0, 86_400.0)
-    days = max(hi - lo, 1.0) / 86_400
+    devices = max(len(store.devices()), 1)
+    lo, hi = store.time_range() or (0.0, DAY)
+    days = max(hi - lo, 1.0) / DAY
+    tiers = _tier_bytes(store)
     with store.engine.connect() as c:
         rows = c.exec_driver_sql("SELECT count(*) FROM samples").scalar() or 0
+        raw_lo = c.exec_driver_sql("SELECT min(ts_s) FROM samples").scalar()
+        raw_hi = c.exec_driver_sql("SELECT max(ts_s) FROM samples").scalar()
+    raw_days = max((raw_hi or 0.0) - (raw_lo or 0.0), 1.0) / DAY
     per = size / (devices * days) / 2**20
-    return Figure("dashboard", "database MiB per device-day (raw + minute rollups)", per, "MiB",
-                  spread=f"{size} bytes, {devices} devices x {days:.2f} days, {rows} samples "
-                         f"({rows / (devices * days * 86_400):.3g} Hz); {store.dialect}",
-                  target="<= 25", met=per <= 25)
+    out = [Figure("dashboard", "database MiB per device-day (all tiers)", per, "MiB",
+                  spread=f"{size} bytes, {devices} devices x {days:.2f} days; {rows} raw "
+                         f"samples over the newest {raw_days:.2f} days "
+                         f"({rows / (devices * raw_days * DAY):.3g} Hz); {store.dialect}",
+                  target="<= 25", met=per <= 25)]
+    covers = {"raw samples and their indexes": raw_days, "events": raw_days,
+              "per-second tier": days, "minute rollups": days}
+    for tier, nbytes in tiers.items():
+        out.append(Figure("dashboard", f"MiB per device-day: {tier}",
+                          nbytes / (devices * covers[tier]) / 2**20, "MiB",
+                          spread=f"{nbytes} bytes over {covers[tier]:.2f} days of "
+                                 f"{devices} devices; {store.dialect}"))
+    return out
+
+
+# tier -> the tables whose pages (and their indexes') it is
+_TIER_TABLES = {"raw samples and their indexes": ("samples",), "events": ("events",),
+                "per-second tier": ("seconds",), "minute rollups": ("rollups",)}
+
+
+def _tier_bytes(store: Store) -> dict[str, int]:
+    """Bytes of each tier's tables with their indexes: SQLite's ``dbstat`` pages by table
+    (``sqlite_schema.tbl_name`` maps an index to its table), PostgreSQL's
+    ``pg_total_relation_size`` over each table's partitions."""
+    with store.engine.connect() as c:
+        if store.dialect == "sqlite":
+            got = dict(c.exec_driver_sql(
+                "SELECT m.tbl_name, sum(d.pgsize) FROM dbstat d JOIN sqlite_schema m "
+                "ON m.name = d.name GROUP BY m.tbl_name").all())
+        else:
+            got = {t: c.exec_driver_sql(
+                f"SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
+                f"FROM pg_partition_tree('{t}')").scalar()
+                for names in _TIER_TABLES.values() for t in names}
+    return {tier: int(sum(got.get(t) or 0 for t in names))
+            for tier, names in _TIER_TABLES.items()}
