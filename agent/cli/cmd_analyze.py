@@ -30,6 +30,7 @@ from vramscope.agent.errors import UsageError
 if TYPE_CHECKING:
     from vramscope.agent.config import Config
     from vramscope.agent.records import Event, PostMortem, Sample
+    from vramscope.agent.store import Store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -147,8 +148,30 @@ def _analyze_db(config: Config, args: argparse.Namespace
             doc["devices"].update(part["devices"])
             doc["alerts"] += part["alerts"]
             postmortems += mine
+            _note_tiers(store, dev, args.since, args.until)
     doc["alerts"].sort(key=lambda a: a["fired_ts"])  # stable: devices in order on a tie
     return doc, postmortems
+
+
+def _note_tiers(store: Store, device: int, since: float | None, until: float | None) -> None:
+    """Say on stderr (the document stays the contract) when the window reaches back before the
+    device's raw samples: retention keeps that part only in the per-second tier and the minute
+    rollups, which the dashboard reads and analyze, which replays raw samples, does not."""
+    from vramscope.agent.store.window import first_sample_ts
+    from vramscope.agent.timefmt import iso_utc
+
+    span = store.time_range(device)
+    first_raw = first_sample_ts(store, device)
+    if span is None or (first_raw is not None and span[0] >= first_raw):
+        return  # nothing older than the raw samples is kept
+    start = span[0] if since is None else max(since, span[0])
+    if (first_raw is not None and start >= first_raw) or (until is not None and until < start):
+        return
+    kept = "no raw samples" if first_raw is None else f"raw samples from {iso_utc(first_raw)}"
+    sys.stderr.write(
+        f"note: device {device}: {kept}; from {iso_utc(start)} the store keeps only the "
+        "per-second tier and minute rollups (retention.raw_s), which analyze does not replay: "
+        "the dashboard's Leaks and OOM risk pages read them\n")
 
 
 def _earlier(a: float, b: float | None) -> float:

@@ -49,3 +49,22 @@ def test_one_device_and_the_window_flags_need_the_database(week_db, capsys, tmp_
     assert list(doc["devices"]) == ["2"]
     assert main(["analyze", str(tmp_path / "x.jsonl"), "--since", "1"]) == 2
     assert "--since and --until need --db" in capsys.readouterr().err
+
+
+def test_a_window_older_than_the_raw_samples_is_named_on_stderr(tmp_path, capsys):
+    """Three days of history, raw samples kept for the newest: analyze says where they begin
+    and that older history is only in the tiers; the JSON document is unchanged by it."""
+    from vramscope.agent.timefmt import iso_utc
+
+    url = f"sqlite:///{tmp_path / 'tiered.db'}"
+    with Store.open(url) as store:
+        generate(store, History(devices=1, hz=0.05, days=3, raw_days=1))
+    first_raw = T_END - 86_400
+    doc = _analyze(capsys, "--db", url, "--since", str(T_END - 2 * 86_400))
+    assert set(doc["devices"]) == {"0"}
+    assert main(["analyze", "--json", "--db", url, "--since", str(T_END - 2 * 86_400)]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: device 0: raw samples from {iso_utc(first_raw)}; from "
+            f"{iso_utc(T_END - 2 * 86_400)} the store keeps only the per-second tier") in err
+    assert main(["analyze", "--json", "--db", url, "--since", str(first_raw + 60)]) == 0
+    assert "note:" not in capsys.readouterr().err  # the window is all raw
