@@ -32,6 +32,11 @@ Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the default
 # about 30 us, so 4,000 is ~120 ms of the 300 ms a page may take (100,000 took 1-3 s). Counted
 # before anything is built (store.window.count_at_most: an index range of at most N + 1 keys).
 RAW_SAMPLE_LIMIT = 4_000
+# The span of the per-second tier one request may analyse second by second. Not the samples
+# but the floor windows set the leak detector's cost (a fit each): 4,000 raw samples at 10 Hz
+# are 7 minutes, 4,000 seconds over an hour (60 fits, 320 ms on the generated week). A longer
+# old window goes a tier up, as a longer raw one does.
+PER_SECOND_MAX_S = 1_200.0
 # A longer window is read a tier up: per-minute buckets (the rollups the agent keeps, or raw
 # rows grouped in SQL where none are kept yet), coarser when a window would need more than
 # TIER_BUCKETS of them (7 days: 5-minute buckets).
@@ -137,7 +142,8 @@ def per_sample_window(store: Store, device: int, host: str | None, start: float,
     n_seconds = (seconds_at_most(store, device, start, old_end, RAW_SAMPLE_LIMIT, host)
                  if old_end > start else 0)
     n_raw = count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host)
-    if n_seconds * (2 if peaks else 1) + n_raw > RAW_SAMPLE_LIMIT:
+    if (n_seconds and old_end - start > PER_SECOND_MAX_S
+            or n_seconds * (2 if peaks else 1) + n_raw > RAW_SAMPLE_LIMIT):
         return None
     events = store.events(device, start, end, host=host)
     if not n_seconds:

@@ -6,9 +6,12 @@ Bytes are BigInteger, times are float seconds of Unix time (``_s``); JSON docume
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Column,
+    ColumnElement,
     Float,
     ForeignKey,
     Index,
@@ -185,10 +188,22 @@ seconds = Table(
 # Ten-minute groups of rollups, in index order (0004): a week's timeline groups its 130k minute
 # rows per device along this index instead of sorting them (SQLite; see agent/store/downsample).
 # SQL text, the same in the index and the queries: SQLite uses an expression index only for the
-# very expression (a bound parameter for 600 would not match).
+# very expression (a bound parameter for 600 would not match). Two-minute groups (0007) do the
+# same for windows of two to four days (buckets of two to five minutes).
 ROLLUP_TIER_S = 600.0
-rollup_tier = literal_column("CAST(bucket_s / 600.0 AS INTEGER)", Integer)
+ROLLUP_GROUPS_S = (120.0, 600.0)  # the group widths an index is kept for, finest first
+
+
+def rollup_group(width_s: float) -> ColumnElement[Any]:
+    """``CAST(bucket_s / <width> AS INTEGER)``: the group expression of an index of
+    :data:`ROLLUP_GROUPS_S`, spelled as the index spells it."""
+    return literal_column(f"CAST(bucket_s / {width_s!r} AS INTEGER)", Integer)
+
+
+rollup_tier = rollup_group(ROLLUP_TIER_S)
 Index("ix_rollups_device_tier", rollups.c.device_id, rollup_tier, rollups.c.metric,
+      rollups.c.min_value, rollups.c.max_value)
+Index("ix_rollups_device_tier2m", rollups.c.device_id, rollup_group(120.0), rollups.c.metric,
       rollups.c.min_value, rollups.c.max_value)
 
 # The agent's own health, so the dashboard can show it (Sidecar issue).

@@ -1,6 +1,6 @@
-"""Migration 0004: the (device_id, name, ts_s) events index and the rollups' ten-minute
-expression index are added to a store that already holds events and rollups, which stay, and
-dropped again on downgrade; on SQLite and PostgreSQL."""
+"""Migrations 0004 and 0007: the (device_id, name, ts_s) events index and the rollups' ten- and
+two-minute expression indexes are added to a store that already holds events and rollups,
+which stay, and dropped again on downgrade; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ def _events_indexes(engine) -> dict[str, list[str]]:
     return {ix["name"]: ix["column_names"] for ix in inspect(engine).get_indexes("events")}
 
 
-def _rollups_index(engine) -> str | None:
-    """The tier index's definition as the database keeps it (SQLAlchemy does not reflect
+def _rollups_index(engine, name: str = "ix_rollups_device_tier") -> str | None:
+    """A tier index's definition as the database keeps it (SQLAlchemy does not reflect
     expression indexes on SQLite), or None."""
-    q = ("SELECT sql FROM sqlite_master WHERE name = 'ix_rollups_device_tier'"
+    q = (f"SELECT sql FROM sqlite_master WHERE name = '{name}'"
          if engine.dialect.name == "sqlite" else
-         "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_rollups_device_tier'")
+         f"SELECT indexdef FROM pg_indexes WHERE indexname = '{name}'")
     with engine.connect() as c:
         return c.execute(text(q)).scalar()
 
@@ -54,7 +54,7 @@ def test_events_name_index_up_and_down(any_url):
                       dict(zip("abcdefghi", ROLLUP)))
         assert "ix_events_device_name_ts" not in _events_indexes(engine)
         assert _rollups_index(engine) is None
-        migrate.upgrade(engine)
+        migrate.upgrade(engine, "0004")
         assert migrate.current_revision(engine) == "0004"
         assert _events_indexes(engine)["ix_events_device_name_ts"] == ["device_id", "name",
                                                                        "ts_s"]
@@ -66,6 +66,16 @@ def test_events_name_index_up_and_down(any_url):
         else:  # PostgreSQL's own spelling of the same expression
             assert tier.endswith("(device_id, (((bucket_s / (600.0)::double precision))"
                                  "::integer), metric, min_value, max_value)"), tier
+        assert _rollups_index(engine, "ix_rollups_device_tier2m") is None
+        migrate.upgrade(engine)  # 0007 adds the two-minute groups' index the same way
+        two = _rollups_index(engine, "ix_rollups_device_tier2m")
+        if engine.dialect.name == "sqlite":
+            assert two == ("CREATE INDEX ix_rollups_device_tier2m ON rollups "
+                           "(device_id, CAST(bucket_s / 120.0 AS INTEGER), metric, min_value, "
+                           "max_value)")
+        else:
+            assert two.endswith("(device_id, (((bucket_s / (120.0)::double precision))"
+                                "::integer), metric, min_value, max_value)"), two
         migrate.check(engine)  # schema.py and the revisions agree
         migrate.downgrade(engine, "0003")
         assert "ix_events_device_name_ts" not in _events_indexes(engine)

@@ -1,7 +1,8 @@
 """Aligned downsampling (``downsample(..., aligned=True)``): windows drawn in buckets of five
-minutes or more go on a ten-minute grid, and their rolled-up minutes are grouped along the
-``ix_rollups_device_tier`` index (migration 0004) instead of sorted, with the same values as
-the raw samples grouped on that grid."""
+minutes or more go on a ten-minute grid (a minute or more: a two-minute one), and their
+rolled-up minutes are grouped along the ``ix_rollups_device_tier`` index (migration 0004; the
+two-minute ``ix_rollups_device_tier2m``, 0007) instead of sorted, with the same values as the
+raw samples grouped on that grid."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from vramscope.agent.records import Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import device_row_id, _Grid, _raw, downsample, tier_grid
+from vramscope.agent.store.downsample import _Grid, _raw, device_row_id, downsample, tier_grid
 from vramscope.agent.store.maintenance import rollup_window
 from vramscope.agent.store.schema import samples as samples_table
 
@@ -46,6 +47,11 @@ def test_tier_grid_is_aligned_and_never_more_buckets_than_asked():
     assert tier_grid(M0 + 599, M0 + 599 + 6000, 10) == (M0, 1200.0, 6)  # 11 of 600 s > 10
     assert tier_grid(M0, M0 + 86_400, 2000) is None  # 43 s buckets: as asked
     assert tier_grid(M0, M0 + 86_400, 1) == (M0, 86_400.0, 1)
+    # two to five minutes asked: two-minute groups (0007); three days in 1,080 of four minutes
+    assert tier_grid(M0 + 7, M0 + 7 + 3 * 86_400, 2000) == (M0, 240.0, 1081)
+    assert tier_grid(M0, M0 + 2 * 86_400, 2000) == (M0, 120.0, 1440)
+    # five days would be 3,600 two-minute groups (over MAX_GROUPS): ten-minute ones, 720
+    assert tier_grid(M0, M0 + 5 * 86_400, 2000) == (M0, 600.0, 720)
 
 
 def test_aligned_window_from_rollups_matches_raw_samples(any_url):
@@ -63,10 +69,16 @@ def test_aligned_window_from_rollups_matches_raw_samples(any_url):
         assert _values(got) == _values(expected)
         rollup_window(store, M0, M0 + 6 * 3600)
         whole = _raw_on(store, tier_grid(M0, M0 + 6 * 3600, 50), M0, M0 + 6 * 3600)
+        # three-minute buckets asked: four-minute ones, grouped by two-minute groups
+        four = tier_grid(M0, M0 + 6 * 3600, 120)
+        assert four == (M0, 240.0, 90)
+        whole_four = _raw_on(store, four, M0, M0 + 6 * 3600)
         with store.engine.begin() as c:  # raw retention ran: only rollups are left
             c.execute(samples_table.delete())
         got = downsample(store, 0, M0, M0 + 6 * 3600, 50, COLS, None, None, aligned=True)
         assert len(got) == 36 and _values(got) == _values(whole)
+        got = downsample(store, 0, M0, M0 + 6 * 3600, 120, COLS, None, None, aligned=True)
+        assert len(got) == 90 and _values(got) == _values(whole_four)
         # not aligned (Store.timeline's callers): the grid as asked, 50 buckets of 432 s
         rows = store.timeline(0, M0, M0 + 6 * 3600, 50, COLS)
         assert [r["ts_s"] for r in rows[:3]] == [M0, M0 + 432, M0 + 864]
@@ -79,18 +91,19 @@ def _rollup_statements(store: Store, run: Any) -> list[tuple[str, Any]]:
     return sent
 
 
-@pytest.mark.parametrize("aligned, plan", [
-    (True, "USING COVERING INDEX ix_rollups_device_tier"),
-    (False, "USE TEMP B-TREE FOR GROUP BY")])
+@pytest.mark.parametrize("aligned, buckets, plan", [
+    (True, 50, "USING COVERING INDEX ix_rollups_device_tier "),
+    (True, 120, "USING COVERING INDEX ix_rollups_device_tier2m"),  # 3-minute buckets asked
+    (False, 50, "USE TEMP B-TREE FOR GROUP BY")])
 def test_an_aligned_week_groups_rollups_along_the_index_without_a_sort(tmp_path, aligned,
-                                                                        plan):
+                                                                        buckets, plan):
     with Store.open(f"sqlite:///{tmp_path / 'tier.db'}", host_name="h") as store:
         store.write(_wavy(2160, 10.0))
         rollup_window(store, M0, M0 + 6 * 3600)
         with store.engine.begin() as c:
             c.execute(text("ANALYZE"))  # the plan with statistics, as a real store has them
         [(statement, parameters)] = _rollup_statements(store, lambda: downsample(
-            store, 0, M0, M0 + 6 * 3600, 50, COLS, None, None, aligned=aligned))
+            store, 0, M0, M0 + 6 * 3600, buckets, COLS, None, None, aligned=aligned))
         with store.engine.connect() as c:
             steps = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement,
                                                       parameters)]

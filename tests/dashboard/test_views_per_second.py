@@ -148,3 +148,15 @@ def test_a_window_over_the_limit_still_goes_a_tier_up(aged, monkeypatch):
     assert risk["forecast_method"] == ("risk model on per-bucket peaks of per-second tier, "
                                        "0.9 s buckets")
     assert risk["latest_headroom_bytes"] == TOTAL - used(OLD_S - 1)
+
+
+def test_an_old_window_longer_than_the_per_second_span_goes_a_tier_up(aged, monkeypatch):
+    """The leak detector fits once per floor window: a window of the per-second tier is
+    analysed second by second only up to PER_SECOND_MAX_S (20 minutes), as 4,000 raw samples
+    are 7 minutes at 10 Hz; beyond, its minutes are read from the rollups."""
+    store, _ = aged
+    assert _get(store, "figures/leaks", OLD)["tier"] == "per-second tier"  # 15 minutes
+    monkeypatch.setattr(views, "PER_SECOND_MAX_S", 600.0)
+    leaks = _get(store, "figures/leaks", OLD)
+    assert (leaks["tier"], leaks["bucket_s"]) == ("per-minute rollups, 60 s buckets", 60.0)
+    assert _floor(leaks) == _minute_floors(W0, 15)
