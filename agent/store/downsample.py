@@ -85,18 +85,21 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
 
 
 MAX_GROUPS = 2_200  # rollup groups one aligned window reads (per metric)
+# The buckets asked for from which a group's grid is used: ten minutes from five (at worst half
+# the buckets asked), two minutes from two (windows under 2.8 days in 2,000 keep their grid)
+_GROUP_FROM_S = {120.0: 120.0, 600.0: 300.0}
 
 
 def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int] | None:
     """``(start, width, count)`` of the grid an aligned window is drawn on when the ``buckets``
-    asked for are a minute or wider: the width a multiple of the widest rollup group that
+    asked for are two minutes or wider: the width a multiple of the widest rollup group that
     fits (:data:`ROLLUP_GROUPS_S`: ten minutes from buckets of five, two minutes below), the
     start on a group boundary at or before ``start_s``, between half and all of the buckets
     asked for (a week in 2,000: 1,008 of ten minutes; three days: 1,080 of four), or fewer
     where the two-minute groups would be more than ``MAX_GROUPS`` (four to seven days: ten
     minutes). None for finer buckets."""
     asked = (end_s - start_s) / buckets
-    fits = [g for g in ROLLUP_GROUPS_S if asked >= g / 2]
+    fits = [g for g in ROLLUP_GROUPS_S if asked >= _GROUP_FROM_S[g]]
     if not fits:
         return None
     # the finest group whose count over the window stays bounded: the rows SQLite hands back
