@@ -105,7 +105,8 @@ def _via_agent(agent: AgentProcess, rows: list[Sample],
         before = agent.status()
         target = before["written_total"] + len(batch)
         cpu0 = _cpu_s(agent.pid)
-        with AgentConnection(agent.socket_path) as conn:
+        # the agent takes what its alert engine can follow; a send waits for it (back-pressure)
+        with AgentConnection(agent.socket_path, timeout_s=600.0) as conn:
             conn.hello("bench-replay", [0])
             for i in range(0, len(batch), BATCH):
                 conn.send_records(batch[i:i + BATCH])
