@@ -15,7 +15,7 @@ import math
 import operator
 from collections.abc import Sequence
 from itertools import repeat
-from operator import gt, lt
+from operator import gt, lt, sub, truediv
 from typing import NamedTuple
 
 Z_90_TWO_SIDED = 1.6448536269514722  # the slope band is a 90 % confidence interval
@@ -54,10 +54,16 @@ def median_sorted(ordered: Sequence[float]) -> float:
 
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
     """The median of pairwise slopes, robust to up to ~29 % outliers; needs two distinct xs."""
-    slopes = []
-    for i in range(len(xs) - 1):
-        xi, yi = xs[i], ys[i]
-        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:]) if x != xi]
+    slopes: list[float] = []
+    if len(set(xs)) == len(xs):  # distinct xs (floor points, indexes): every pair, in C loops
+        for i in range(len(xs) - 1):
+            xi, yi = xs[i], ys[i]
+            slopes += map(truediv, map(sub, ys[i + 1:], repeat(yi)),
+                          map(sub, xs[i + 1:], repeat(xi)))
+    else:
+        for i in range(len(xs) - 1):
+            xi, yi = xs[i], ys[i]
+            slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:]) if x != xi]
     slopes.sort()
     if not slopes:
         raise ValueError("theil_sen needs at least two points with different x")
