@@ -94,7 +94,9 @@ processes = Table(
 # replayed row carries its ts_s, so it still conflicts. SQLite keeps one table, id its rowid.
 samples = Table(
     "samples", metadata,
-    Column("id", Integer, primary_key=True),
+    # 64-bit on PostgreSQL (0006): 8 devices at 10 Hz use up 2^31 ids in 310 days. SQLite's
+    # INTEGER PRIMARY KEY is its 64-bit rowid already (a BIGINT column would not be the rowid).
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
     Column("ts_s", Float, nullable=False),
     Column("phase", String(16), nullable=False),

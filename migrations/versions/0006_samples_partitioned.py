@@ -7,12 +7,13 @@ Create Date: 2026-12-03 09:00:00
 On PostgreSQL ``samples`` becomes a table partitioned by range of ``ts_s``: one partition per
 day of Unix time (``samples_pYYYYMMDD``, UTC) and a DEFAULT partition (``samples_default``)
 for rows of a day without one, so a write never fails (``agent/store/partitions.py``).
-Retention creates today's and tomorrow's partitions ahead of the writes and drops a day once
-all of it is older than the raw samples' cutoff.
+Retention creates tomorrow's and the next day's partitions ahead of the writes and drops a day
+once all of it is older than the raw samples' cutoff.
 
 A partitioned table's primary key and unique constraints must include the partition key: the
 primary key becomes (id, ts_s), the idempotency key (origin, seq, ts_s). A replayed row carries
-the same ts_s, so it still conflicts. ``id`` keeps its sequence.
+the same ts_s, so it still conflicts. ``id`` keeps its sequence, widened to 64 bits (2^31 ids
+last 310 days at 8 devices x 10 Hz).
 
 The conversion copies every row, in the upgrade's one transaction: the old table is renamed,
 the partitioned one created like it, with a partition for each day that has rows, the rows
@@ -43,6 +44,9 @@ def upgrade() -> None:
     op.execute('ALTER TABLE samples RENAME TO samples_0005')
     op.execute('CREATE TABLE samples (LIKE samples_0005 INCLUDING DEFAULTS) '
                'PARTITION BY RANGE (ts_s)')
+    # the rebuild is the cheap moment to widen the id: 2^31 of them last 310 days at 8 x 10 Hz
+    op.execute('ALTER TABLE samples ALTER COLUMN id TYPE BIGINT')
+    op.execute('ALTER SEQUENCE samples_id_seq AS BIGINT')
     op.execute('CREATE TABLE samples_default PARTITION OF samples DEFAULT')
     days = c.exec_driver_sql(
         f'SELECT DISTINCT CAST(floor(ts_s / {_DAY_S}) AS BIGINT) FROM samples_0005').scalars()
@@ -62,6 +66,7 @@ def downgrade() -> None:
         return
     op.execute('ALTER TABLE samples RENAME TO samples_0006')
     op.execute('CREATE TABLE samples (LIKE samples_0006 INCLUDING DEFAULTS)')
+    op.execute('ALTER TABLE samples ALTER COLUMN id TYPE INTEGER')
     _copy('samples_0006')  # drops the partitions with their table
     op.execute('ALTER TABLE samples ADD CONSTRAINT pk_samples PRIMARY KEY (id)')
     op.execute('ALTER TABLE samples ADD CONSTRAINT uq_samples_origin_seq UNIQUE (origin, seq)')

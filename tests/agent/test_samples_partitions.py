@@ -156,6 +156,12 @@ def test_the_upgrade_from_0005_keeps_every_row_in_its_day(postgres_url):
         with engine.connect() as c:
             assert sorted(partitions.names(c)) == ["samples_default", NAMES[0], NAMES[1],
                                                    NAMES[4]]
+            # ids widened with the rebuild: 2^31 of them last 310 days at 8 devices x 10 Hz
+            assert c.execute(text(
+                "SELECT data_type FROM information_schema.columns WHERE table_name = "
+                "'samples' AND column_name = 'id'")).scalar() == "bigint"
+            assert c.execute(text("SELECT data_type FROM pg_sequences WHERE sequencename = "
+                                  "'samples_id_seq'")).scalar() == "bigint"
         with Store.open(postgres_url, host_name="h") as store:
             assert _where(store) == {NAMES[0]: [1.0, 2.0], NAMES[1]: [DAY + 3],
                                      NAMES[4]: [4 * DAY + 4]}
