@@ -10,8 +10,9 @@
    day, per-second and per-minute tiers for the week; ending now, so retention deletes and
    rolls up while it is measured over 130 s): CPU seconds per wall second (from ``/proc/PID/stat``),
    RSS (``VmRSS``) and the writer's queue at the end, against the same agent idle
-   (``--no-nvml``) on the same old store, measured alternately in the same run. Targets:
-   <= 2 % of one core, <= 100 MB RSS, a queue that stays bounded.
+   (``--no-nvml``) on the same old store, measured alternately in the same run; the window
+   starts after the agent's first integrity check, whose CPU is counted at its own 15-minute
+   rate. Targets: <= 2 % of one core, <= 100 MB RSS, a queue that stays bounded.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     per-second tier and the rollups, so the figure is what a week-old agent costs, not a
     fresh one."""
     window_s = 3.0 if options.quick else 130.0
+    settle_s = 3.0 if options.quick else 75.0  # the first integrity check runs at 60 s
     rounds = rounds_or(options, 2 if options.quick else 3)
     old = _old_store(workdir, options.quick, _postgres_server(options.db_url))
     loaded: list[float] = []
@@ -150,21 +152,28 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     for r in range(rounds):
         for devices, out in ((8, loaded), (0, idle)):
             cpu, rss_bytes, queue = _measure(workdir, f"cost-{r}-{devices}", devices, window_s,
-                                             old)
+                                             old, settle_s)
             out.append(cpu)
             if devices:
                 rss.append(rss_bytes)
                 queues.append(queue)
+    check_s = _integrity_check_cpu_s(old)
+    check_pct = 100 * check_s / INTEGRITY_INTERVAL_S
     cpu_pct, idle_pct, rss_mb = (statistics.median(loaded) * 100, statistics.median(idle) * 100,
                                  statistics.median(rss) / 1e6)
+    total_pct = cpu_pct + check_pct
     backend = "postgresql" if old.startswith("postgresql") else "sqlite"
     age = (f"store starting {'1 day' if options.quick else '7 days'} old ({backend}), "
-           f"{window_s:g} s window")
+           f"{window_s:g} s window from {settle_s:g} s after start (the first integrity "
+           f"check runs at 60 s)")
     return [
-        Figure("agent", "agent CPU, 10 Hz x 8 devices, old store", cpu_pct, "% of a core",
-               spread=_spread(loaded, 100, "%") + f"; {age}",
-               baseline=f"idle agent on the same old store {idle_pct:.2f} %",
-               target="<= 2", met=cpu_pct <= 2.0),
+        Figure("agent", "agent CPU, 10 Hz x 8 devices, old store, integrity check included",
+               total_pct, "% of a core",
+               spread=f"{cpu_pct:.3g} % between checks ({_spread(loaded, 100, '%')}) + "
+                      f"{check_pct:.3g} % for the integrity check ({check_s:.3g} CPU-s every "
+                      f"{INTEGRITY_INTERVAL_S:g} s); {age}",
+               baseline=f"idle agent on the same old store {idle_pct:.2f} % between checks",
+               target="<= 2", met=total_pct <= 2.0),
         Figure("agent", "agent CPU, idle (no sampling), old store", idle_pct, "% of a core",
                spread=_spread(idle, 100, "%"), baseline="(the baseline)"),
         Figure("agent", "agent RSS, 10 Hz x 8 devices, old store", rss_mb, "MB",
@@ -233,16 +242,34 @@ def _remove(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
+# The agent's default `database.integrity_check_interval_s`: its first check runs a minute after
+# start, then every 15 minutes, and reads the whole SQLite file (seconds per GB). A 130 s window
+# holding one would charge a quarter-hour's check to two minutes: the window starts after it,
+# and the check is counted at its own rate (_integrity_check_cpu_s).
+INTEGRITY_INTERVAL_S = 900.0
+
+
+def _integrity_check_cpu_s(old: str) -> float:
+    """CPU seconds of one integrity check of the old store (``Store.check_integrity``: SQLite's
+    ``PRAGMA quick_check``; nothing on PostgreSQL), in this process."""
+    from vramscope.agent.store import Store
+
+    with Store.open(old) as store:
+        t0 = time.process_time()
+        store.check_integrity()
+        return time.process_time() - t0
+
+
 def _measure(workdir: str, name: str, devices: int, window_s: float,
-             old: str) -> tuple[float, int, int]:
-    """CPU seconds per second over ``window_s`` after a settling second, RSS and the writer's
-    queue at the end."""
+             old: str, settle_s: float) -> tuple[float, int, int]:
+    """CPU seconds per second over ``window_s`` after ``settle_s`` (start-up, the first
+    retention step and the first integrity check), RSS and the writer's queue at the end."""
     from vramscope.agent.ingest.process import AgentProcess
 
     url = _copy(old, workdir, name)
     agent = AgentProcess(url, f"{workdir}/{name}/agent.sock", fake_devices=devices).start()
     try:
-        time.sleep(3.0)  # start-up (imports, first statement compiles, first retention step)
+        time.sleep(settle_s)
         cpu0, t0 = _cpu_s(agent.pid), time.monotonic()
         time.sleep(window_s)
         cpu1, t1 = _cpu_s(agent.pid), time.monotonic()
