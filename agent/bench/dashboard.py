@@ -240,9 +240,12 @@ def _tier_bytes(store: Store) -> dict[str, int]:
                 "SELECT m.tbl_name, sum(d.pgsize) FROM dbstat d JOIN sqlite_schema m "
                 "ON m.name = d.name GROUP BY m.tbl_name").all())
         else:
+            # a table's own size, and its partitions' (pg_partition_tree lists nothing for a
+            # table that is not partitioned, and a partitioned parent holds no rows itself)
             got = {t: c.exec_driver_sql(
-                f"SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
-                f"FROM pg_partition_tree('{t}')").scalar()
+                f"SELECT pg_total_relation_size('{t}') + coalesce((SELECT "
+                f"sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{t}') "
+                f"WHERE relid <> '{t}'::regclass), 0)").scalar()
                 for names in _TIER_TABLES.values() for t in names}
     return {tier: int(sum(got.get(t) or 0 for t in names))
             for tier, names in _TIER_TABLES.items()}
