@@ -7,7 +7,7 @@ the database at ``--db`` as it is when it already holds samples (a store that ke
 longer: ``analyze --db`` streams one device at a time, so its memory does not grow with them).
 
 - **analyze --db**: ``vramscope analyze --db URL --json`` of the whole store in a child
-  process, its wall time and peak RSS (``wait4``'s ``ru_maxrss``), against the baseline of
+  process, its wall time and peak RSS (its ``VmHWM``, polled), against the baseline of
   ``vramscope analyze FILE --json`` of the same records exported to a trace file, run
   alternately. Targets: peak RSS <= 1 GB, time within 2x of the file's.
 - **retention step**: the CPU of one steady-state ``Retention.step`` (nothing due: the
@@ -62,13 +62,34 @@ def _child(argv: list[str]) -> tuple[float, int]:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "vramscope", *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    # The child's own high-water mark (VmHWM), polled while it runs: wait4's ru_maxrss keeps
+    # the parent's resident size at fork, so a child of this process (grown to gigabytes by
+    # the export) reported the parent's peak, not its own.
+    peak = 0
+    while True:
+        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        peak = max(peak, _high_water_bytes(proc.pid))
+        time.sleep(0.05)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         err = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
         raise RuntimeError(f"vramscope {' '.join(argv)} exited {proc.returncode}: {err}")
-    return wall, usage.ru_maxrss * 1024  # KiB on Linux
+    return wall, peak
+
+
+def _high_water_bytes(pid: int) -> int:
+    """``VmHWM`` of a running process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _analyze(url: str, trace: str, rounds: int) -> list[Figure]:
