@@ -157,7 +157,7 @@ def _wavy(n: int, step_s: float) -> list[Sample]:
 
 
 def _raw_only(store, start, end, buckets, cols):
-    from vramscope.agent.store.downsample import device_row_id, _Grid, _raw
+    from vramscope.agent.store.downsample import _Grid, _raw, device_row_id
 
     grid = _Grid(start, (end - start) / buckets, buckets, tuple(cols))
     return grid.rows(_raw(store, device_row_id(store, 0, None), grid, start, end, None, True))
