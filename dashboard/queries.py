@@ -15,7 +15,6 @@ from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.downsample import (
-    RAW_GROUP_LIMIT,
     SECONDS_READ_MAX_S,
     aligned_grid,
     device_row_id,
@@ -406,7 +405,7 @@ def _shares_counts(store: Store, device: int, host: str | None, start_s: float, 
     did = device_row_id(store, device, host)
     rolled = None if did is None else seconds_end(store, did)
     if (did is None or rolled is None or rolled <= start_s
-            or not raw_rows_over(store, did, start_s, end_s, RAW_GROUP_LIMIT)):
+            or not raw_rows_over(store, device, host, start_s, end_s)):
         return phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host), "samples"
     upto = min(rolled, end_s)
     counts = tl.counts_from_seconds(store.seconds(device, start_s, upto, host=host,

@@ -36,7 +36,7 @@ from vramscope.agent.store.schema import (
     samples,
     seconds,
 )
-from vramscope.agent.store.window import first_sample_ts
+from vramscope.agent.store.window import count_at_most, first_sample_ts
 
 if TYPE_CHECKING:
     from vramscope.agent.store.seconds import Second
@@ -66,7 +66,7 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     if whole_seconds is not None:
         grid = _Grid(*whole_seconds, tuple(columns))
     fine = not _rollups_worthwhile(start_s, end_s, buckets)
-    heavy = fine and raw_rows_over(store, did, start_s, end_s, RAW_GROUP_LIMIT)
+    heavy = fine and raw_rows_over(store, device, host, start_s, end_s)
     # a tier up where grouping the raw rows would cost more than the window is worth: the
     # per-second tier up to two hours, the minute rollups beyond (fewer points than asked,
     # each still the minimum and maximum of its minute)
@@ -172,14 +172,12 @@ def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _G
 RAW_GROUP_LIMIT = 20_000
 
 
-def raw_rows_over(store: Store, did: int, start_s: float, end_s: float, limit: int) -> bool:
-    """More than ``limit`` raw rows of the device in [start_s, end_s] (an index range of at
-    most ``limit + 1`` keys)."""
-    inner = (select(samples.c.ts_s).where(samples.c.device_id == did,
-                                          samples.c.ts_s >= start_s, samples.c.ts_s <= end_s)
-             .limit(limit + 1).subquery())
-    with store.engine.connect() as c:
-        return int(c.execute(select(func.count()).select_from(inner)).scalar() or 0) > limit
+def raw_rows_over(store: Store, device: int, host: str | None, start_s: float,
+                  end_s: float) -> bool:
+    """More than ``RAW_GROUP_LIMIT`` raw rows of the device in [start_s, end_s]
+    (:func:`~vramscope.agent.store.window.count_at_most`: an index range of at most the limit
+    + 1 keys)."""
+    return count_at_most(store, device, start_s, end_s, RAW_GROUP_LIMIT, host) > RAW_GROUP_LIMIT
 
 
 def seconds_end(store: Store, did: int) -> float | None:

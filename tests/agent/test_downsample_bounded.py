@@ -65,8 +65,7 @@ def test_an_hour_on_whole_seconds_reads_the_tier_and_the_raw_rows_after_it(store
 def test_three_hours_of_raw_rows_at_a_fine_grid_read_the_minute_rollups(store, monkeypatch):
     start, end = T0, T0 + HOURS * 3600
     rows = store.timeline(0, start, end, 2000, COLS)  # 5.4 s buckets asked: 108,000 raw rows
-    assert ds.raw_rows_over(store, ds.device_row_id(store, 0, None), start, end,
-                            ds.RAW_GROUP_LIMIT)
+    assert ds.raw_rows_over(store, 0, None, start, end)
     # 170 rolled-up minutes, one point each at the bucket of its start; the last ten minutes
     # (not rolled up yet) grouped raw, on the grid asked for
     assert len(rows) == 170 + 600 // 5.4 + 1
