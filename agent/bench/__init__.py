@@ -112,6 +112,31 @@ def interleaved(fns: Sequence[Callable[[], Any]], rounds: int) -> list[Timing]:
     return out
 
 
+def create_pg_database(server: str, name: str, template: str | None = None) -> str:
+    """A fresh database ``name`` on the PostgreSQL ``server`` (a URL without the database
+    part), empty or a copy of ``template``; its URL. A benchmark's scratch store on the same
+    server as the one measured, so a baseline differs from it only in what it holds."""
+    import psycopg
+
+    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"'
+                     + (f' TEMPLATE "{template}"' if template else ""))
+    return f"{server}/{name}"
+
+
+def drop_pg_database(url: str) -> None:
+    """Drop the database a :func:`create_pg_database` URL names (a scratch store, once
+    measured: a benchmark leaves nothing behind on a user's server)."""
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
 def load(name: str) -> ModuleType:
     if name not in BENCHMARKS:
         known = ", ".join(BENCHMARKS)

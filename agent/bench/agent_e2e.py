@@ -25,7 +25,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved, rounds_or
+from vramscope.agent.bench import (
+    BenchOptions,
+    Figure,
+    create_pg_database,
+    interleaved,
+    rounds_or,
+)
 from vramscope.agent.errors import VramscopeError
 
 if TYPE_CHECKING:
@@ -202,7 +208,7 @@ def _old_store(workdir: str, quick: bool, server: str | None) -> str:
     from vramscope.agent.store.history_generator import History, generate
 
     url = (f"sqlite:///{os.path.join(workdir, 'old.db')}" if server is None
-           else _create_database(server, "vs_bench_old"))
+           else create_pg_database(server, "vs_bench_old"))
     end = (time.time() // 60) * 60
     history = (History(devices=8, hz=0.05, days=1, end_s=end) if quick
                else History(devices=8, hz=10.0, days=7, end_s=end))
@@ -211,23 +217,12 @@ def _old_store(workdir: str, quick: bool, server: str | None) -> str:
     return url
 
 
-def _create_database(server: str, name: str, template: str | None = None) -> str:
-    import psycopg
-
-    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"'
-                     + (f' TEMPLATE "{template}"' if template else ""))
-    return f"{server}/{name}"
-
-
 def _copy(old: str, workdir: str, name: str) -> str:
     if old.startswith("sqlite:///"):
         shutil.copyfile(old.removeprefix("sqlite:///"), f"{workdir}/{name}.db")
         return f"sqlite:///{workdir}/{name}.db"
     server, template = old.rsplit("/", 1)
-    return _create_database(server, name.replace("-", "_"), template)
+    return create_pg_database(server, name.replace("-", "_"), template)
 
 
 def _remove(url: str) -> None:

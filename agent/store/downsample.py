@@ -21,11 +21,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from functools import partial
-from itertools import groupby
 from operator import is_not
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, Select, and_, case, cast, func, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Float,
+    Integer,
+    Select,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
@@ -330,22 +342,44 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
     second's last value stands at its end (its exact time is not kept), as a rolled-up
     minute's stands at the minute's end. Merged here, not by ``_Grid.rows``: a part per second
     through its generic merge was a third of an hour's timeline. A bucket's seconds are
-    consecutive; each statistic is transposed to columns and reduced by C builtins (a fold
-    per second and column was 120 ms of a 2-hour timeline)."""
+    consecutive: each statistic is transposed to one series per counter once (C's ``zip``),
+    and a bucket is a slice of it, reduced by C builtins; a counter measured in every second
+    (the usual case) needs no filter of the unmeasured (an hour on 2 s buckets: 80 ms with a
+    transpose per bucket, a fold per second and column before that 120 ms)."""
+    if not seconds_read:
+        return []
     fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
-    out = []
-    for k, group in groupby(seconds_read, key=lambda s: grid.index(s.ts_s)):
-        members = list(group)
-        lows, highs, lasts = (list(zip(*stat, strict=True)) for stat in
-                              zip(*((s.low, s.high, s.last) for s in members), strict=True))
-        values = {}
-        for col, i in zip(grid.columns, fields, strict=True):
-            last = [v for v in lasts[i] if v is not None]
-            values[col] = (min(filter(_KNOWN, lows[i]), default=None),
-                           max(filter(_KNOWN, highs[i]), default=None),
-                           last[-1] if last else None)
-        out.append((k, members[-1].ts_s + 1.0, values))
+    keys = [grid.index(s.ts_s) for s in seconds_read]
+    bounds = _runs(keys)
+    lows, highs, lasts = (list(zip(*stat, strict=True)) for stat in
+                          zip(*((s.low, s.high, s.last) for s in seconds_read), strict=True))
+    per_column = []
+    for i in fields:
+        lo, hi, la = lows[i], highs[i], lasts[i]
+        if None in lo or None in hi or None in la:
+            per_column.append([_min_max_last(lo[a:b], hi[a:b], la[a:b]) for _, a, b in bounds])
+        else:
+            per_column.append([(min(lo[a:b]), max(hi[a:b]), la[b - 1]) for _, a, b in bounds])
+    return [(k, seconds_read[b - 1].ts_s + 1.0, dict(zip(grid.columns, values, strict=True)))
+            for (k, _, b), values in zip(bounds, zip(*per_column, strict=True), strict=True)]
+
+
+def _runs(keys: list[int]) -> list[tuple[int, int, int]]:
+    """``(key, start, stop)`` of each run of equal consecutive ``keys``."""
+    out, a = [], 0
+    for j in range(1, len(keys) + 1):
+        if j == len(keys) or keys[j] != keys[a]:
+            out.append((keys[a], a, j))
+            a = j
     return out
+
+
+def _min_max_last(lows: Sequence[Any], highs: Sequence[Any], lasts: Sequence[Any]
+                  ) -> _MinMaxLast:
+    """A bucket's (min, max, last) of a counter some of its seconds did not measure."""
+    known = [v for v in lasts if v is not None]
+    return (min(filter(_KNOWN, lows), default=None), max(filter(_KNOWN, highs), default=None),
+            known[-1] if known else None)
 
 
 _KNOWN = partial(is_not, None)  # a measured value: filter(_KNOWN, ...) in C
@@ -482,9 +516,21 @@ def _grouped(store: Store, grid: _Grid, where: list[ColumnElement[bool]], lo_s: 
 
 def _rollup_lasts(c: Connection, where: list[ColumnElement[bool]], minutes: list[float],
                   columns: Sequence[str]) -> dict[float, tuple[Any, ...]]:
-    """Each minute's last value per column (the max over sources), by primary key."""
+    """Each minute's last value per column (the max over sources), by primary key.
+
+    On PostgreSQL the minutes are one array, unnested and joined: a probe of the primary key
+    per minute. Given as ``bucket_s IN (...)`` (or ``= ANY``) PostgreSQL bitmap-scans every
+    rollup row of the device and filters (a week: 131k rows, 32 ms for 500 minutes, against
+    5 ms)."""
     out: dict[float, tuple[Any, ...]] = {}
     pivot = [func.max(case((rollups.c.metric == col, rollups.c.last_value))) for col in columns]
+    if c.dialect.name == "postgresql":
+        wanted = (func.unnest(literal(minutes, ARRAY(Float))).table_valued("minute_s")
+                  .render_derived(name="wanted"))
+        q = (select(rollups.c.bucket_s, *pivot)
+             .select_from(wanted.join(rollups, rollups.c.bucket_s == wanted.c.minute_s))
+             .where(*where).group_by(rollups.c.bucket_s))
+        return {float(r[0]): tuple(r[1:]) for r in c.execute(q)}
     for i in range(0, len(minutes), LAST_ROWS_CHUNK):
         q = (select(rollups.c.bucket_s, *pivot)
              .where(*where, rollups.c.bucket_s.in_(minutes[i:i + LAST_ROWS_CHUNK]))
