@@ -24,7 +24,7 @@ from vramscope.agent.store.downsample import (
 )
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.seconds import Second
-from vramscope.agent.store.window import first_sample_ts
+from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import device_verdict, freshness
@@ -273,11 +273,12 @@ def marker_events(store: Store, device: int, host: str | None, start_s: float, e
                   limit: int, rare: list[Event]) -> tuple[list[Event], bool]:
     """OOMs and orphaned blocks always (``rare``, read by the caller); request boundaries only
     when at most ``limit`` of them fall in the window (the first ``limit`` of a busy day would
-    only mislead)."""
-    requests = store.events(device, start_s, end_s, host=host, names=tl.REQUEST_EVENTS,
-                            limit=limit + 1)
-    truncated = len(requests) > limit
-    merged = sorted(rare + ([] if truncated else requests), key=lambda e: e.ts_s)
+    only mislead): counted on the index first, read only when they will be shown."""
+    truncated = events_at_most(store, device, start_s, end_s, tl.REQUEST_EVENTS, limit,
+                               host) > limit
+    requests = [] if truncated else store.events(device, start_s, end_s, host=host,
+                                                 names=tl.REQUEST_EVENTS, limit=limit + 1)
+    merged = sorted(rare + requests, key=lambda e: e.ts_s)
     return merged, truncated
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ScalarSelect, func, literal, select
-from vramscope.agent.store.schema import devices, hosts, samples, seconds
+from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
 from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
@@ -30,6 +30,26 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
     bounded = q.limit(limit + 1).subquery()
     with store.engine.connect() as c:
         return int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+
+
+def events_at_most(store: Store, device: int, start_s: float, end_s: float,
+                   names: tuple[str, ...], limit: int, host: str | None = None) -> int:
+    """Events of device index ``device`` named one of ``names`` in [start_s, end_s], counted up
+    to ``limit + 1``: per name a range of the ``(device_id, name, ts_s)`` index of at most
+    ``limit + 1`` keys. What a page asks before it reads request markers it would drop past
+    ``limit`` (reading and building a busy window's 2,001 events to find that out was 30-40 ms
+    of every timeline request on the week store)."""
+    did = _device_id(store, device, host)
+    total = 0
+    with store.engine.connect() as c:
+        for name in dict.fromkeys(names):
+            q = (select(literal(1)).where(events.c.device_id == did, events.c.name == name,
+                                          events.c.ts_s >= start_s, events.c.ts_s <= end_s)
+                 .limit(limit + 1 - total).subquery())
+            total += int(c.execute(select(func.count()).select_from(q)).scalar() or 0)
+            if total > limit:
+                break
+    return total
 
 
 def first_sample_ts(store: Store, device: int, host: str | None = None) -> float | None:

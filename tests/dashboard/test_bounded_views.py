@@ -9,7 +9,7 @@ from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
-from vramscope.agent.store.window import count_at_most
+from vramscope.agent.store.window import count_at_most, events_at_most
 from vramscope.dashboard import queries, views
 
 
@@ -26,6 +26,39 @@ def test_count_at_most_stops_one_past_the_limit(tmp_path):
         assert count_at_most(store, 1, None, None, 5000) == 3600
         assert count_at_most(store, 7, None, None, 10) == 0  # no such device
         assert count_at_most(store, 1, None, None, 10, host="other") == 0
+
+
+def test_events_at_most_counts_each_name_on_its_index_up_to_one_past_the_limit(tmp_path):
+    with Store.open(f"sqlite:///{tmp_path / 'e.db'}", host_name="h") as store:
+        # an hour at 1 Hz: a request every 37 s, 97 starts and 97 ends a device
+        generate(store, History(devices=2, hz=1.0, days=1 / 24))
+        both = ("request_start", "request_end")
+        assert events_at_most(store, 1, T_END - 3600, T_END, both, 1000) == 194
+        assert events_at_most(store, 1, T_END - 3600, T_END, both, 194) == 194  # not over
+        assert events_at_most(store, 1, T_END - 3600, T_END, both, 193) == 194  # one past
+        assert events_at_most(store, 1, T_END - 3600, T_END, both, 50) == 51  # within the first
+        assert events_at_most(store, 1, T_END - 370, T_END, both, 1000) == 20
+        assert events_at_most(store, 1, T_END - 3600, T_END, ("oom",), 10) == 0
+        assert events_at_most(store, 7, T_END - 3600, T_END, both, 10) == 0  # no such device
+
+
+def test_the_timeline_reads_no_request_event_it_would_not_show(tmp_path, monkeypatch):
+    with Store.open(f"sqlite:///{tmp_path / 'e.db'}", host_name="h") as store:
+        generate(store, History(devices=2, hz=1.0, days=1 / 24))
+        asked: list[tuple[str, ...]] = []
+        events = store.events
+
+        def watched(*args, **kwargs):
+            asked.append(tuple(kwargs.get("names") or ()))
+            return events(*args, **kwargs)
+        monkeypatch.setattr(store, "events", watched)
+        doc = queries.timeline(store, 1, None, T_END - 3600, T_END, 100, ("allocated_bytes",))
+        assert doc["events_truncated"] is True and doc["events"] == []  # 194 > 100
+        assert ("request_start", "request_end") not in asked
+        doc = queries.timeline(store, 1, None, T_END - 370, T_END, 100, ("allocated_bytes",))
+        assert doc["events_truncated"] is False
+        # the window opens inside a request: its end comes first
+        assert [e["name"] for e in doc["events"]] == ["request_end", "request_start"] * 10
 
 
 def test_a_window_over_the_limit_is_not_built(tmp_path, monkeypatch):
