@@ -95,7 +95,7 @@ def read_window(store: Store, device: int, host: str | None, start: float, end: 
         return window
     width = tier_width(end - start, max_buckets)
     rows = store.timeline(device, start, end, max(1, math.ceil((end - start) / width)),
-                          columns, host=host)
+                          columns, host=host, lasts=False)  # minima and maxima only
     events = store.events(device, start, end, host=host, names=TIER_EVENTS,
                           limit=TIER_EVENT_LIMIT)
     return Window(bucket_samples(rows, device, width, columns, peaks), events,
@@ -337,7 +337,8 @@ RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "devic
 def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | None, start: float,
               end: float) -> dict[str, Any]:
     """Headroom over time, the risk model's forecast, and when each warning fired."""
-    rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host)
+    rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host,
+                          lasts=False)  # headroom and the model's peaks: maxima only
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows)

@@ -76,6 +76,20 @@ def test_three_hours_of_raw_rows_at_a_fine_grid_read_the_minute_rollups(store, m
     assert len(store.timeline(0, start, end, 2000, COLS)) == 2000
 
 
+def test_without_lasts_no_last_value_is_read_and_minima_and_maxima_are_the_same(store):
+    """The analysis views read minima and maxima only: ``lasts=False`` skips the query each
+    "last" takes (rollups by minute, raw rows by time) and leaves every ``_last`` None."""
+    start, end = T0, T0 + HOURS * 3600  # rollups, then the ten raw minutes after them
+    with statements_sent(store.engine, lambda q: "last_value" in q or "ts_s IN (" in q) as sent:
+        rows = store.timeline(0, start, end, 200, COLS, lasts=False)
+    assert sent == []
+    assert {r[f"{c}_last"] for r in rows for c in COLS} == {None}
+    full = store.timeline(0, start, end, 200, COLS)
+    assert _minmax(rows) == _minmax(full) and len(rows) == 182  # 170 minutes, 12 raw buckets
+    assert [r["last_ts_s"] for r in rows] == [r["last_ts_s"] for r in full]
+    assert full[0]["allocated_bytes_last"] is not None
+
+
 def test_phase_shares_of_six_hours_count_the_tier_where_raw_rows_are_too_many(store):
     from vramscope.dashboard.queries import SHARE_BUCKETS, _shares_counts
 
