@@ -352,8 +352,9 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
     through its generic merge was a third of an hour's timeline. A bucket's seconds are
     consecutive: each statistic is transposed to one series per counter once (C's ``zip``),
     and a bucket is a slice of it, reduced by C builtins; a counter measured in every second
-    (the usual case) needs no filter of the unmeasured (an hour on 2 s buckets: 80 ms with a
-    transpose per bucket, a fold per second and column before that 120 ms)."""
+    (the usual case) needs no filter of the unmeasured (an hour of 12 counters on 2 s buckets:
+    28 ms, 57 ms with a transpose per bucket; a fold per second and column before that was
+    120 ms of a 2-hour timeline)."""
     if not seconds_read:
         return []
     fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
