@@ -29,6 +29,7 @@ from vramscope.agent.bench import (
     BenchOptions,
     Figure,
     create_pg_database,
+    drop_pg_database,
     interleaved,
     rounds_or,
 )
@@ -155,15 +156,18 @@ def _cost(options: BenchOptions, workdir: str) -> list[Figure]:
     idle: list[float] = []
     rss: list[float] = []
     queues: list[int] = []
-    for r in range(rounds):
-        for devices, out in ((8, loaded), (0, idle)):
-            cpu, rss_bytes, queue = _measure(workdir, f"cost-{r}-{devices}", devices, window_s,
-                                             old, settle_s)
-            out.append(cpu)
-            if devices:
-                rss.append(rss_bytes)
-                queues.append(queue)
-    check_s = _integrity_check_cpu_s(old)
+    try:
+        for r in range(rounds):
+            for devices, out in ((8, loaded), (0, idle)):
+                cpu, rss_bytes, queue = _measure(workdir, f"cost-{r}-{devices}", devices,
+                                                 window_s, old, settle_s)
+                out.append(cpu)
+                if devices:
+                    rss.append(rss_bytes)
+                    queues.append(queue)
+        check_s = _integrity_check_cpu_s(old)
+    finally:
+        _remove(old)  # on a PostgreSQL server: nothing of the benchmark's is left there
     check_pct = 100 * check_s / INTEGRITY_INTERVAL_S
     cpu_pct, idle_pct, rss_mb = (statistics.median(loaded) * 100, statistics.median(idle) * 100,
                                  statistics.median(rss) / 1e6)
@@ -228,13 +232,8 @@ def _copy(old: str, workdir: str, name: str) -> str:
 def _remove(url: str) -> None:
     if url.startswith("sqlite:///"):
         os.remove(url.removeprefix("sqlite:///"))
-        return
-    import psycopg
-
-    server, name = url.rsplit("/", 1)
-    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    else:
+        drop_pg_database(url)
 
 
 # The agent's default `database.integrity_check_interval_s`: its first check runs a minute after

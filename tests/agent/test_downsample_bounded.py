@@ -76,6 +76,22 @@ def test_three_hours_of_raw_rows_at_a_fine_grid_read_the_minute_rollups(store, m
     assert len(store.timeline(0, start, end, 2000, COLS)) == 2000
 
 
+def test_a_rolled_up_bucket_keeps_the_last_value_of_its_newest_minute(store):
+    """Minute buckets of a rolled-up hour: each bucket's last is its minute's last sample (on
+    PostgreSQL one primary-key probe per minute, a LATERAL subquery; on SQLite IN lists)."""
+    rows = store.timeline(0, T0, T0 + 3600, 60, COLS)
+    assert len(rows) == 60
+    # the window holds its end: the raw sample at T0 + 3600 is the last bucket's last
+    newest = [_sample(600 * m + 599) for m in range(59)] + [_sample(36_000)]
+    assert [r["allocated_bytes_last"] for r in rows] == [s.allocated_bytes for s in newest]
+    assert [r["reserved_bytes_last"] for r in rows] == [s.reserved_bytes for s in newest]
+    # ten-minute buckets: the last of each bucket's newest minute
+    rows = store.timeline(0, T0, T0 + 3600, 6, COLS)
+    assert [r["allocated_bytes_last"] for r in rows] == [
+        *(_sample(6000 * b + 5999).allocated_bytes for b in range(5)),
+        _sample(36_000).allocated_bytes]
+
+
 def test_without_lasts_no_last_value_is_read_and_minima_and_maxima_are_the_same(store):
     """The analysis views read minima and maxima only: ``lasts=False`` skips the query each
     "last" takes (rollups by minute, raw rows by time) and leaves every ``_last`` None."""
