@@ -108,8 +108,9 @@ def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
     from vramscope.agent.bench.tables import render
 
     text = DOC.read_text()
-    # CPU, starting old, dashboard at any age, the week at the default tiers, H200
-    assert text.count("<!-- bench-table ") == 5
+    # CPU, starting old, dashboard at any age, the week at the default tiers, the same week on
+    # PostgreSQL, H200
+    assert text.count("<!-- bench-table ") == 6
     assert render(text, DOC.parent) == text, (
         "docs/BENCHMARKS.md is out of date: "
         "python -m vramscope.agent.bench.tables docs/BENCHMARKS.md")
