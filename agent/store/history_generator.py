@@ -128,14 +128,6 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
                   {"a": h.start_s, "b": h.end_s, "h": host_id})
     if h.rollups:
         write_tiers(store, h, ids)
-    if store.dialect == "postgresql":
-        # the planner statistics autovacuum would have gathered over the week this store
-        # stands for: a benchmark that starts right after generating would otherwise measure
-        # plans made on default estimates (a 7-day timeline of 2 devices: 257 ms of SQL
-        # against 171 with statistics, on a loaded machine)
-        with store.engine.connect() as c:
-            c.execute(text("ANALYZE samples, events, rollups, seconds"))
-            c.commit()
     return h
 
 
