@@ -118,8 +118,7 @@ def create_pg_database(server: str, name: str, template: str | None = None) -> s
     server as the one measured, so a baseline differs from it only in what it holds."""
     import psycopg
 
-    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(_admin_url(server), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"'
                      + (f' TEMPLATE "{template}"' if template else ""))
@@ -132,9 +131,13 @@ def drop_pg_database(url: str) -> None:
     import psycopg
 
     server, name = url.rsplit("/", 1)
-    admin = server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(_admin_url(server), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+def _admin_url(server: str) -> str:
+    """The server's ``postgres`` database, as psycopg (not SQLAlchemy) takes its URL."""
+    return server.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
 
 
 def load(name: str) -> ModuleType:
