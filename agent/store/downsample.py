@@ -19,8 +19,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
+from itertools import chain, repeat
 from operator import is_not
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    null,
     select,
     true,
 )
@@ -56,6 +58,11 @@ if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
 
 _MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
+# One bucket's values from one source of rows: (bucket, last_ts_s, flat), ``flat`` the grid's
+# columns' minima and maxima interleaved, then their last values, (min_0, max_0, min_1, max_1,
+# ..., last_0, last_1, ...): the order the grouped SQL hands back its aggregates in, so a part
+# is a tuple slice, and a bucket's output row one ``dict(zip(...))`` (see ``_Grid.flat_keys``).
+_Part = tuple[int, float, tuple[Any, ...]]
 
 ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 SECOND_S = 1.0  # the per-second tier's
@@ -227,56 +234,56 @@ class _Grid:
                  columns: tuple[str, ...], lasts: bool = True) -> None:
         self.start_s, self.width_s, self.buckets, self.columns = start_s, width_s, buckets, columns
         self.lasts = lasts  # False: no "last" is read, and every one is None
-        # each column's output keys, formatted once rather than three times a bucket
-        self._keys = [(col, f"{col}_min", f"{col}_max", f"{col}_last") for col in columns]
+        # a row's keys in the order of a part's values (:data:`_Part`), made once
+        self.flat_keys = ("ts_s", "last_ts_s",
+                          *(f"{col}_{stat}" for col in columns for stat in ("min", "max")),
+                          *(f"{col}_last" for col in columns))
+        self.no_lasts: tuple[None, ...] = (None,) * len(columns)
 
     def index(self, ts_s: float) -> int:
         return min(int((ts_s - self.start_s) // self.width_s), self.buckets - 1)
 
-    def rows(self, parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
-             ) -> list[dict[str, Any]]:
-        """``parts``: (bucket, last_ts_s, {col: (min, max, last)}) -> one dict per bucket.
+    def rows(self, parts: list[_Part]) -> list[dict[str, Any]]:
+        """``parts`` (:data:`_Part`) -> one dict per bucket, in time order.
 
         Only buckets with several parts are merged (a long window's first and last bucket,
-        where raw samples meet the rollups): merging all 2,000 of a week was 70 ms."""
-        by_bucket: dict[int, list[tuple[int, float, dict[str, _MinMaxLast]]]] = {}
+        where raw samples meet the rollups): merging all 2,000 of a week was 70 ms. A row is
+        one ``dict(zip(...))`` of the part's flat values (a key at a time was 25 ms of an hour's
+        timeline, 1,800 buckets of a dozen columns)."""
+        by_bucket: dict[int, list[_Part]] = {}
         for part in parts:
             by_bucket.setdefault(part[0], []).append(part)
+        keys, width, n = self.flat_keys, self.width_s, 2 * len(self.columns)
         out = []
         for b in sorted(by_bucket):
             mine = by_bucket[b]
-            out.append(self._row(b, mine[0][1], mine[0][2]) if len(mine) == 1
-                       else self._row(b, *_merge(mine)))
+            _, last_ts, flat = mine[0] if len(mine) == 1 else _merge(mine, len(self.columns))
+            if not self.lasts:
+                flat = flat[:n] + self.no_lasts
+            out.append(dict(zip(keys, (self.start_s + b * width, last_ts, *flat), strict=True)))
         return out
 
-    def _row(self, b: int, last_ts: float, values: Mapping[str, Sequence[Any]]
-             ) -> dict[str, Any]:
-        row: dict[str, Any] = {"ts_s": self.start_s + b * self.width_s, "last_ts_s": last_ts}
-        none = (None, None, None)
-        for col, lo_key, hi_key, last_key in self._keys:
-            row[lo_key], row[hi_key], row[last_key] = values.get(col, none)
-            if not self.lasts:
-                row[last_key] = None
-        return row
 
-
-def _merge(parts: list[tuple[int, float, dict[str, _MinMaxLast]]]
-           ) -> tuple[float, dict[str, list[Any]]]:
-    """One bucket's parts, in time order, to its (last_ts_s, {col: [min, max, last]})."""
-    last_ts = 0.0
-    acc: dict[str, list[Any]] = {}
-    for _, part_last_ts, values in sorted(parts, key=lambda p: p[1]):
-        last_ts = part_last_ts
-        for col, (lo, hi, last) in values.items():
-            cur = acc.setdefault(col, [None, None, None])
-            cur[0] = lo if cur[0] is None or (lo is not None and lo < cur[0]) else cur[0]
-            cur[1] = hi if cur[1] is None or (hi is not None and hi > cur[1]) else cur[1]
-            cur[2] = last if last is not None else cur[2]  # parts arrive in time order
-    return last_ts, acc
+def _merge(parts: list[_Part], n: int) -> _Part:
+    """One bucket's parts (``n`` columns each) to one, in time order: the least minimum, the
+    greatest maximum and the newest known last value of each column."""
+    parts = sorted(parts, key=lambda p: p[1])
+    acc: list[Any] = [None] * (3 * n)
+    for _, _, flat in parts:
+        for i in range(0, 2 * n, 2):
+            lo, hi = flat[i], flat[i + 1]
+            if lo is not None and (acc[i] is None or lo < acc[i]):
+                acc[i] = lo
+            if hi is not None and (acc[i + 1] is None or hi > acc[i + 1]):
+                acc[i + 1] = hi
+        for i in range(2 * n, 3 * n):
+            if flat[i] is not None:  # parts in time order
+                acc[i] = flat[i]
+    return parts[-1][0], parts[-1][1], tuple(acc)
 
 
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
-         include_hi: bool) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+         include_hi: bool) -> list[_Part]:
     """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped in SQL on the grid."""
     ratio = (samples.c.ts_s - grid.start_s) / grid.width_s
     # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds.
@@ -297,23 +304,19 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
                 if grid.lasts else {})
     # A last row can be gone by the second query (PostgreSQL reads each statement afresh and
     # retention may have deleted it): that bucket then has no "last", not a failed request.
-    # Rows by position (bucket, last_ts_s, then min, max per column): 2,000 buckets of a dozen
-    # columns by name was a third of a 15-minute timeline.
-    # Each Row made a plain tuple once and sliced: indexing a Row 24 times a bucket was 50 ms
-    # of a 1-hour timeline.
-    missing = (None,) * len(grid.columns)
+    # Rows by position (bucket, last_ts_s, then min, max per column): already a part's flat
+    # layout (:data:`_Part`), each Row made a plain tuple once and sliced (by name, or indexed
+    # 24 times a bucket, was a third of a 15-minute timeline).
+    top = grid.buckets - 1
     out = []
     for r in grouped:
         t = tuple(r)
-        lasts = last.get(t[1], missing)
-        out.append((min(int(t[0]), grid.buckets - 1), t[1],
-                    dict(zip(grid.columns, zip(t[2::2], t[3::2], lasts)))))
+        out.append((min(int(t[0]), top), t[1], t[2:] + last.get(t[1], grid.no_lasts)))
     return out
 
 
 def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid,
-              start_s: float, end_s: float, source: str | None
-              ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+              start_s: float, end_s: float, source: str | None) -> list[_Part]:
     """[start_s, end_s] on a grid too fine for the minute rollups: raw rows grouped in SQL,
     and before the device's first raw row (retention deleted the older ones) the per-second
     tier (:func:`_before_raw`)."""
@@ -332,8 +335,7 @@ SECONDS_READ_MAX_S = 2 * 3600.0
 
 
 def _before_raw(store: Store, device: int, host: str | None, did: int, grid: _Grid,
-                lo_s: float, hi_s: float, source: str | None
-                ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+                lo_s: float, hi_s: float, source: str | None) -> list[_Part]:
     """[lo_s, hi_s), where raw rows are gone: the per-second tier (each second's low, high and
     last), or the minute rollups over a range longer than ``SECONDS_READ_MAX_S``."""
     if hi_s <= lo_s:
@@ -345,8 +347,7 @@ def _before_raw(store: Store, device: int, host: str | None, did: int, grid: _Gr
                                    if source is None or src == source])
 
 
-def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
-                     ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]) -> list[_Part]:
     """Seconds (time order) merged into one part per bucket: [min, max, last] per column. A
     second's last value stands at its end (its exact time is not kept), as a rolled-up
     minute's stands at the minute's end. Merged here, not by ``_Grid.rows``: a part per second
@@ -355,7 +356,8 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
     and a bucket is a slice of it, reduced by C builtins; a counter measured in every second
     (the usual case) needs no filter of the unmeasured (an hour of 12 counters on 2 s buckets:
     28 ms, 57 ms with a transpose per bucket; a fold per second and column before that was
-    120 ms of a 2-hour timeline)."""
+    120 ms of a 2-hour timeline). The per-column series are zipped into the parts' flat
+    tuples (:data:`_Part`) in C as well."""
     if not seconds_read:
         return []
     fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
@@ -363,15 +365,19 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]
     bounds = _runs(keys)
     lows, highs, lasts = (list(zip(*stat, strict=True)) for stat in
                           zip(*((s.low, s.high, s.last) for s in seconds_read), strict=True))
-    per_column = []
+    min_max: list[list[Any]] = []  # per column its minima, then its maxima, a value a bucket
+    last_values: list[list[Any]] = []
     for i in fields:
         lo, hi, la = lows[i], highs[i], lasts[i]
         if None in lo or None in hi or None in la:
-            per_column.append([_min_max_last(lo[a:b], hi[a:b], la[a:b]) for _, a, b in bounds])
+            merged = [_min_max_last(lo[a:b], hi[a:b], la[a:b]) for _, a, b in bounds]
+            min_max += [[m[0] for m in merged], [m[1] for m in merged]]
+            last_values.append([m[2] for m in merged])
         else:
-            per_column.append([(min(lo[a:b]), max(hi[a:b]), la[b - 1]) for _, a, b in bounds])
-    return [(k, seconds_read[b - 1].ts_s + 1.0, dict(zip(grid.columns, values, strict=True)))
-            for (k, _, b), values in zip(bounds, zip(*per_column, strict=True), strict=True)]
+            min_max += [[min(lo[a:b]) for _, a, b in bounds], [max(hi[a:b]) for _, a, b in bounds]]
+            last_values.append([la[b - 1] for _, _, b in bounds])
+    return [(k, seconds_read[b - 1].ts_s + 1.0, flat)
+            for (k, _, b), flat in zip(bounds, zip(*min_max, *last_values), strict=True)]
 
 
 def _runs(keys: list[int]) -> list[tuple[int, int, int]]:
@@ -468,8 +474,7 @@ def _rollup_span(store: Store, did: int, start_s: float,
 
 
 def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
-                  source: str | None, tiered: bool = False
-                  ) -> list[tuple[int, float, dict[str, _MinMaxLast]]]:
+                  source: str | None, tiered: bool = False) -> list[_Part]:
     """Rollup minutes in [lo_s, hi_s) grouped on the grid in SQL, pivoted to one row per
     output bucket (a week is 10,080 minutes of a dozen metric rows each; merging them in
     Python was 2 s a device). Each bucket's "last" is its newest minute's, fetched by primary
@@ -478,12 +483,16 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     where = [rollups.c.device_id == did, rollups.c.metric.in_(list(grid.columns))]
     if source is not None:
         where.append(rollups.c.source == source)
+    if not tiered and grid.width_s < MINUTES_IN_ORDER_BELOW_S:
+        return _minutes_in_order(store, grid, where, lo_s, hi_s)
     newest: dict[int, float] = {}
     values: dict[int, dict[str, tuple[Any, Any]]] = {}
+    index, top = grid.index, grid.buckets - 1
     with store.engine.connect() as c:
-        for b, metric, lo, hi, minute in c.execute(_grouped(store, grid, where, lo_s, hi_s,
-                                                            tiered)):
-            k = grid.index(float(minute)) if tiered else min(int(b), grid.buckets - 1)
+        # fetched at once (C), not row by row through the Result (a day's 17k rows: 100 ms)
+        grouped = c.execute(_grouped(store, grid, where, lo_s, hi_s, tiered)).all()
+        for b, metric, lo, hi, minute in grouped:
+            k = index(float(minute)) if tiered else min(int(b), top)
             newest[k] = max(float(minute), newest.get(k, float(minute)))
             mine = values.setdefault(k, {})
             if metric in mine:  # several groups a bucket (tiers; the end's clamped bucket)
@@ -491,13 +500,61 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
             mine[metric] = (lo, hi)
         last = (_rollup_lasts(c, where, sorted(newest.values()), grid.columns)
                 if grid.lasts else {})
-    none = (None,) * len(grid.columns)
+    unread = (None, None)
     out = []
     for k in sorted(newest):
-        lasts, mine = last.get(newest[k], none), values[k]
-        out.append((k, newest[k] + ROLLUP_S,
-                    {col: (*mine.get(col, (None, None)), lasts[i])
-                     for i, col in enumerate(grid.columns)}))
+        mine = values[k]
+        flat = tuple(chain.from_iterable(map(mine.get, grid.columns, repeat(unread))))
+        out.append((k, newest[k] + ROLLUP_S, flat + last.get(newest[k], grid.no_lasts)))
+    return out
+
+
+MINUTES_IN_ORDER_BELOW_S = 2 * ROLLUP_S  # buckets narrower: :func:`_minutes_in_order`
+
+
+def _minutes_in_order(store: Store, grid: _Grid, where: list[ColumnElement[bool]],
+                      lo_s: float, hi_s: float) -> list[_Part]:
+    """:func:`_from_rollups` where a bucket holds one or two minutes (under two minutes wide: a
+    day in 2,000 buckets): the minutes' rows read along the primary key in time order, last
+    values with them, and folded here. Nothing to group, and no query for the last values:
+    grouped in SQL, SQLite sorted a day's 17k rows (a computed bucket) and handed back as
+    many, then looked up 1,440 minutes' last values by key (together ~90 ms of a 24-hour
+    timeline). A bucket's minute is placed as the grouped SQL places it (``CAST`` truncates,
+    ``floor`` on PostgreSQL: the same for times after the start); its last values are its
+    newest minute's, the greatest over sources, as :func:`_rollup_lasts` pivots them."""
+    q = (select(rollups.c.bucket_s, rollups.c.metric, rollups.c.min_value,
+                rollups.c.max_value, rollups.c.last_value if grid.lasts else null())
+         .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
+         .order_by(rollups.c.bucket_s))
+    with store.engine.connect() as c:
+        rows = c.execute(q).all()
+    start, width, top = grid.start_s, grid.width_s, grid.buckets - 1
+    out: list[_Part] = []
+    k, minute = -1, -math.inf  # the bucket and minute being folded (none yet)
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    last: dict[str, Any] = {}
+
+    def flush() -> None:
+        flat = tuple(chain.from_iterable(zip(map(low.get, grid.columns),
+                                             map(high.get, grid.columns))))
+        out.append((k, float(minute) + ROLLUP_S, flat + tuple(map(last.get, grid.columns))))
+
+    for bucket_s, metric, lo, hi, la in rows:
+        if bucket_s != minute:
+            b = min(int((bucket_s - start) / width), top)
+            if b != k:
+                if k >= 0:
+                    flush()
+                k, low, high = b, {}, {}
+            minute, last = bucket_s, {}  # a newer minute's last values replace the older's
+        if metric in low:  # another source, or another minute of the bucket
+            lo, hi = min(lo, low[metric]), max(hi, high[metric])
+            if la is not None and metric in last and last[metric] > la:
+                la = last[metric]  # the greatest over the minute's sources (None: not read)
+        low[metric], high[metric], last[metric] = lo, hi, la
+    if k >= 0:
+        flush()
     return out
 
 

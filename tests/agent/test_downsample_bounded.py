@@ -118,3 +118,47 @@ def test_phase_shares_of_six_hours_count_the_tier_where_raw_rows_are_too_many(st
     assert sum(sum(b.values()) for b in counts.values()) == HOURS * 36_000
     prefill = sum(b.get("prefill", 0) for b in counts.values())
     assert prefill == pytest.approx(sum(b.get("prefill", 0) for b in raw.values()), rel=0.4)
+
+
+def _two_sources(i: int) -> list[Sample]:
+    """Every second, a torch reading and an NVML one, both with reserved bytes (the NVML one
+    higher every seventh second); device used bytes only from NVML, and only in even minutes."""
+    ts = T0 + i
+    reserved = 2000 + (i * 31) % 17
+    nvml = {"reserved_bytes": reserved + (50 if i % 7 == 0 else -50)}
+    if (i // 60) % 2 == 0:
+        nvml["device_used_bytes"] = 9000 + i % 13
+    return [Sample(ts, 0, Phase.DECODE, "torch", 1, allocated_bytes=1000 + i % 11,
+                   reserved_bytes=reserved),
+            Sample(ts + 0.5, 0, Phase.DECODE, "nvml", None, **nvml)]
+
+
+@pytest.mark.parametrize("buckets", [40, 27, 13])  # 45, 66.7 and 138 s buckets over 30 minutes
+def test_minutes_read_in_key_order_fold_as_the_grouped_sql_does(any_url, monkeypatch, buckets):
+    """Buckets under two minutes fold the minute rollups read in key order (no GROUP BY, and
+    the last values from the same rows); the grouped SQL with its last-value lookup gives the
+    same rows: minima and maxima over minutes and sources, and the last values of the newest
+    minute only (the greatest over sources), None where that minute did not measure it."""
+    cols = ("allocated_bytes", "reserved_bytes", "device_used_bytes")
+    s = Store.open(any_url, host_name="h")
+    try:
+        s.write([x for i in range(1800) for x in _two_sources(i)])
+        maintenance.rollup_window(s, T0, T0 + 1800)
+        start, end = T0 + 15.0, T0 + 1785.0
+        with statements_sent(s.engine, lambda q: "GROUP BY" in q and "rollups" in q) as sent:
+            folded = s.timeline(0, start, end, buckets, cols)
+        assert (sent == []) == (1770 / buckets < 2 * ds.ROLLUP_S)
+        monkeypatch.setattr(ds, "MINUTES_IN_ORDER_BELOW_S", 0.0)
+        grouped = s.timeline(0, start, end, buckets, cols)
+        assert folded == grouped
+        # minute 2 (its own bucket at 45 s): both sources' extremes, the greater last
+        if buckets == 40:
+            k = int((T0 + 120 - start) / (1770 / buckets))
+            row = next(r for r in folded if r["ts_s"] == start + k * 1770 / buckets)
+            minute2 = [x for i in range(120, 180) for x in _two_sources(i)]
+            assert row["reserved_bytes_max"] == max(x.reserved_bytes for x in minute2)
+            assert row["reserved_bytes_min"] == min(x.reserved_bytes for x in minute2)
+            assert row["reserved_bytes_last"] == max(x.reserved_bytes for x in _two_sources(179))
+            assert row["device_used_bytes_last"] == 9000 + 179 % 13
+    finally:
+        s.close()
