@@ -23,6 +23,7 @@ from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
+from vramscope.agent.store.downsample import tier_grid
 from vramscope.agent.store.seconds import Second
 from vramscope.dashboard import figures, queries
 from vramscope.dashboard.errors import BadParameter
@@ -40,7 +41,10 @@ PER_SECOND_MAX_S = 1_200.0
 # A longer window is read a tier up: per-minute buckets (the rollups the agent keeps, or raw
 # rows grouped in SQL where none are kept yet), coarser when a window would need more than
 # TIER_BUCKETS of them (7 days: 5-minute buckets).
-TIER_WIDTHS_S = (60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0,
+# From two minutes on, each a multiple of the two-minute rollup group, so that a bucket holds
+# whole indexed groups (downsample.width_grid: 7 days of 5-minute buckets were a sort of the
+# week's minutes on SQLite; of ten-minute ones, a walk along the index).
+TIER_WIDTHS_S = (60.0, 120.0, 240.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0,
                  86_400.0)
 TIER_BUCKETS = 2_100
 # The analysis document runs the alert engine, whose leak detector fits the last 120 floor
@@ -94,8 +98,8 @@ def read_window(store: Store, device: int, host: str | None, start: float, end: 
     if window is not None:
         return window
     width = tier_width(end - start, max_buckets)
-    rows = store.timeline(device, start, end, max(1, math.ceil((end - start) / width)),
-                          columns, host=host, lasts=False)  # minima and maxima only
+    rows = store.timeline(device, start, end, 1, columns, host=host, lasts=False,  # no lasts
+                          width_s=width)
     events = store.events(device, start, end, host=host, names=TIER_EVENTS,
                           limit=TIER_EVENT_LIMIT)
     return Window(bucket_samples(rows, device, width, columns, peaks), events,
@@ -337,11 +341,16 @@ RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "devic
 def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | None, start: float,
               end: float) -> dict[str, Any]:
     """Headroom over time, the risk model's forecast, and when each warning fired."""
+    # buckets of two minutes or more on the rollups' indexed groups (a week: 1,008 of ten
+    # minutes); headroom and the model's peaks: maxima only
+    tier = tier_grid(start, end, RISK_BUCKETS)
+    width = tier[1] if tier else (end - start) / RISK_BUCKETS
     rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host,
-                          lasts=False)  # headroom and the model's peaks: maxima only
+                          lasts=False, width_s=tier[1] if tier else None)
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
-    forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows)
+    forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows,
+                                              width)
     stored = _warnings(store, device, host, start, end)
     warnings = sorted(stored + unmatched_rises(rises, stored), key=lambda w: w["ts"])
     levels = {"warning": config["alerts.headroom_warning_ratio"],
@@ -389,7 +398,7 @@ def _headroom(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _forecast(store: Store, config: Settings, device: int, host: str | None, start: float,
-              end: float, rows: list[dict[str, Any]]
+              end: float, rows: list[dict[str, Any]], width: float
               ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], str, RiskPoint | None]:
     """The risk model's forecast (downsampled) and the moments its level rose.
 
@@ -402,8 +411,7 @@ def _forecast(store: Store, config: Settings, device: int, host: str | None, sta
     if window is not None:
         samples, events = window.samples, window.events
         method = "risk model (causal)" + _of(window, "on")
-    else:
-        width = (end - start) / RISK_BUCKETS
+    else:  # ``rows``: buckets ``width`` wide
         merged = width * max(1, math.ceil(len(rows) / RISK_MODEL_POINTS))
         samples, events = peak_samples(rows, device), []
         method = ("risk model on per-bucket peaks of "

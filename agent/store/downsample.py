@@ -70,7 +70,8 @@ SECOND_S = 1.0  # the per-second tier's
 
 def downsample(store: Store, device: int, start_s: float, end_s: float, buckets: int,
                columns: Sequence[str], source: str | None, host: str | None,
-               aligned: bool = False, lasts: bool = True) -> list[dict[str, Any]]:
+               aligned: bool = False, lasts: bool = True,
+               width_s: float | None = None) -> list[dict[str, Any]]:
     """``aligned``: buckets of five minutes or more go on the ten-minute grid of
     :func:`tier_grid`, which the rollups are indexed by: a week's minutes are then grouped along
     the index rather than sorted (see ``_grouped``); buckets of a second to half a minute on
@@ -78,12 +79,24 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
 
     ``lasts=False``: every ``<col>_last`` is None, and the query of their own that raw rows
     and minute rollups take for them is not made (the analysis views read minima and maxima
-    only: on PostgreSQL the 2,000 newest minutes of a risk page's week cost 50-90 ms)."""
+    only: on PostgreSQL the 2,000 newest minutes of a risk page's week cost 50-90 ms).
+
+    ``width_s`` (``buckets`` is then ignored): buckets that wide, as the analysis views ask for
+    them (:func:`width_grid`): from a multiple of ``width_s`` when it is a multiple of an
+    indexed rollup group, grouped along that index as an aligned window is; else
+    ``ceil(span / width_s)`` buckets from ``start_s``."""
+    if width_s is not None:
+        if not width_s > 0:
+            raise ValueError(f"width_s must be > 0, got {width_s}")
+        buckets = max(1, math.ceil((end_s - start_s) / width_s))
     _validate(start_s, end_s, buckets, columns)
     did = device_row_id(store, device, host)
     if did is None:
         return []
-    tier = tier_grid(start_s, end_s, buckets) if aligned else None
+    tier = (width_grid(start_s, end_s, width_s) if width_s is not None
+            else tier_grid(start_s, end_s, buckets) if aligned else None)
+    if tier is not None:
+        buckets = tier[2]
     grid = (_Grid(*tier, tuple(columns), lasts) if tier else
             _Grid(start_s, (end_s - start_s) / buckets, buckets, tuple(columns), lasts))
     whole_seconds = second_grid(start_s, end_s, buckets) if aligned else None
@@ -137,6 +150,18 @@ def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float,
     while math.ceil((end_s - start) / width) > buckets:
         width += group
     return start, width, max(1, math.ceil((end_s - start) / width))
+
+
+def width_grid(start_s: float, end_s: float, width_s: float) -> tuple[float, float, int] | None:
+    """``(start, width, count)`` of buckets ``width_s`` wide from the multiple of ``width_s``
+    at or before ``start_s``, where ``width_s`` is a multiple of an indexed rollup group
+    (:data:`ROLLUP_GROUPS_S`): each group then lies in one bucket, and SQLite groups along the
+    index instead of sorting (the risk page's week, 10,080 minutes of four metrics: a sort of
+    40k rows). None for other widths."""
+    if not any(width_s % g == 0 for g in ROLLUP_GROUPS_S):
+        return None
+    start = math.floor(start_s / width_s) * width_s
+    return start, width_s, max(1, math.ceil((end_s - start) / width_s))
 
 
 def _index_group(grid: _Grid) -> float:

@@ -738,18 +738,20 @@ class Store:
 
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
                  columns: Sequence[str], *, source: str | None = None,
-                 host: str | None = None, lasts: bool = True) -> list[dict[str, Any]]:
+                 host: str | None = None, lasts: bool = True,
+                 width_s: float | None = None) -> list[dict[str, Any]]:
         """Downsample in SQL: per bucket, ``min``/``max``/``last`` of each column.
 
         Returns one dict per non-empty bucket, in time order: ``{"ts_s": <bucket start>,
         "last_ts_s": ..., "<col>_min": ..., "<col>_max": ..., "<col>_last": ...}``. Peaks survive
         because max is kept, not averaged away. ``lasts=False``: the ``_last`` values are None,
-        not read (a query of their own).
+        not read (a query of their own). ``width_s``: buckets that wide instead of ``buckets``
+        of them (:func:`~vramscope.agent.store.downsample.width_grid`).
         """
         from vramscope.agent.store.downsample import downsample
 
         return downsample(self, device, start_s, end_s, buckets, columns, source, host,
-                          lasts=lasts)
+                          lasts=lasts, width_s=width_s)
 
     def alerts(self, *, active_only: bool = False, host: str | None = None,
                device: int | None = None, start_s: float | None = None,

@@ -113,9 +113,11 @@ def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monk
 
 def test_tier_widths_keep_a_window_within_its_buckets():
     assert [views.tier_width(s) for s in (900, 3600, 86_400, 126_000, 126_060, 7 * 86_400)] \
-        == [60.0, 60.0, 60.0, 60.0, 120.0, 300.0]
+        == [60.0, 60.0, 60.0, 60.0, 120.0, 600.0]
     assert [views.tier_width(s, views.REPORT_BUCKETS) for s in (3600, 86_400, 7 * 86_400)] \
-        == [60.0, 900.0, 7200.0]
+        == [60.0, 1200.0, 7200.0]
+    # from two minutes on, whole two-minute rollup groups a bucket (grouped along the index)
+    assert all(w % 120 == 0 for w in views.TIER_WIDTHS_S if w >= 120)
 
 
 # A scripted device: a sample every 15 s; each minute's first is idle at the floor, which

@@ -90,3 +90,42 @@ def test_a_day_keeps_the_grid_it_asked_for(tmp_path):
     assert ts[0] >= start and len(ts) == 1440  # one a minute: the other buckets are empty
     assert all(abs((t - start) / 43.2 - round((t - start) / 43.2)) < 1e-6 for t in ts)
     store.close()
+
+
+def test_the_analysis_views_of_a_week_group_the_rollups_along_their_index(tmp_path):
+    """The risk page asks for 2,000 buckets (302 s over a week), the Leaks page for at most
+    2,100 of a tier width, the analysis document for 100: each is read on whole indexed rollup
+    groups (ten minutes, two hours), grouped by the index's own expression rather than a
+    computed bucket SQLite must sort; the buckets' maxima and minima are the samples'."""
+    from vramscope.agent.config import parse_config
+    from vramscope.dashboard import views
+
+    from tests.support.sql_watch import statements_sent
+
+    store, samples = _store(tmp_path)
+    start, end = T0 + 17, T0 + 17 + WEEK
+    grouped = (lambda q: "FROM rollups" in q and "GROUP BY" in q)
+    with statements_sent(store.engine, grouped) as sent:
+        risk = views.risk_view(store, parse_config({}, None), 1, None, start, end)
+    assert len(sent) == 1 and "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
+    assert risk["limit_bytes"] is None  # no device total in this history
+    # 1,008 ten-minute buckets, three to a peak (at most 500 peaks)
+    assert risk["forecast_method"] == ("risk model on per-bucket peaks of per-minute rollups, "
+                                       "1.8e+03 s buckets")
+    # ten-minute buckets from T0 (the window's start floored): the samples' extremes
+    rows = store.timeline(1, start, end, 1, ("allocated_bytes",), width_s=600.0, lasts=False)
+    expected = _expected(samples, start, end, T0, 600.0, math.ceil((end - T0) / 600))
+    assert [r["ts_s"] for r in rows] == expected["ts"]
+    assert [r["allocated_bytes_max"] for r in rows] == expected["max"]
+    assert [r["allocated_bytes_min"] for r in rows] == expected["min"]
+    with statements_sent(store.engine, grouped) as sent:
+        leaks = views.leaks_view(store, None, 1, None, start, end)
+    assert (leaks["tier"], leaks["bucket_s"]) == ("per-minute rollups, 600 s buckets", 600.0)
+    assert "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
+    # the floor: one point a bucket, its minimum (a rising one)
+    assert leaks["floor_points"] == len(expected["min"])
+    with statements_sent(store.engine, grouped) as sent:
+        doc = views.report(store, None, 1, None, start, end)
+    assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 7.2e+03 s buckets", 7200.0)
+    assert "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
+    store.close()
