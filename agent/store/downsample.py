@@ -31,6 +31,7 @@ from sqlalchemy import (
     Float,
     Integer,
     Select,
+    Table,
     and_,
     case,
     cast,
@@ -44,10 +45,12 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
+    ROLLUP_TIER_S,
     devices,
     hosts,
     rollup_group,
     rollups,
+    rollups_10m,
     samples,
     seconds,
 )
@@ -505,11 +508,11 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     Python was 2 s a device). Each bucket's "last" is its newest minute's, fetched by primary
     key in a second pivoted query; a minute's last value stands at the minute's end (its
     exact time is not kept)."""
-    where = [rollups.c.device_id == did, rollups.c.metric.in_(list(grid.columns))]
-    if source is not None:
-        where.append(rollups.c.source == source)
+    if tiered and _index_group(grid) == ROLLUP_TIER_S:
+        return _from_ten_minutes(store, did, grid, lo_s, hi_s, source)
     if not tiered and grid.width_s < MINUTES_IN_ORDER_BELOW_S:
-        return _minutes_in_order(store, grid, where, lo_s, hi_s)
+        return _in_order(store, rollups, did, grid, lo_s, hi_s, source)
+    where = _where(rollups, did, grid, source)
     newest: dict[int, float] = {}
     values: dict[int, dict[str, tuple[Any, Any]]] = {}
     index, top = grid.index, grid.buckets - 1
@@ -534,28 +537,58 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     return out
 
 
-MINUTES_IN_ORDER_BELOW_S = 2 * ROLLUP_S  # buckets narrower: :func:`_minutes_in_order`
+MINUTES_IN_ORDER_BELOW_S = 2 * ROLLUP_S  # buckets narrower: minutes read in order (_in_order)
 
 
-def _minutes_in_order(store: Store, grid: _Grid, where: list[ColumnElement[bool]],
-                      lo_s: float, hi_s: float) -> list[_Part]:
-    """:func:`_from_rollups` where a bucket holds one or two minutes (under two minutes wide: a
-    day in 2,000 buckets): the minutes' rows read along the primary key in time order, last
-    values with them, and folded here. Nothing to group, and no query for the last values:
-    grouped in SQL, SQLite sorted a day's 17k rows (a computed bucket) and handed back as
-    many, then looked up 1,440 minutes' last values by key (together ~90 ms of a 24-hour
-    timeline). A bucket's minute is placed as the grouped SQL places it (``CAST`` truncates,
-    ``floor`` on PostgreSQL: the same for times after the start); its last values are its
-    newest minute's, the greatest over sources, as :func:`_rollup_lasts` pivots them."""
-    q = (select(rollups.c.bucket_s, rollups.c.metric, rollups.c.min_value,
-                rollups.c.max_value, rollups.c.last_value if grid.lasts else null())
-         .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)
-         .order_by(rollups.c.bucket_s))
+def _where(table: Table, did: int, grid: _Grid, source: str | None
+           ) -> list[ColumnElement[bool]]:
+    """The device's rows of the grid's metrics (of one source, if given) in ``table``."""
+    where = [table.c.device_id == did, table.c.metric.in_(list(grid.columns))]
+    if source is not None:
+        where.append(table.c.source == source)
+    return where
+
+
+def _from_ten_minutes(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
+                      source: str | None) -> list[_Part]:
+    """:func:`_from_rollups` on a grid of whole ten-minute groups: the groups wholly in
+    [lo_s, hi_s) from ``rollups_10m`` (a week: 1,008 rows a metric, where the minute rollups
+    are 10,080 that SQLite grouped along an index, 150-170 ms, and PostgreSQL hashed), the
+    minutes at either end (a partial group) from the minute rollups."""
+    first = math.ceil(lo_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
+    after = math.floor(hi_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
+    if first >= after:
+        return _in_order(store, rollups, did, grid, lo_s, hi_s, source)
+    parts = _in_order(store, rollups, did, grid, lo_s, first, source) if lo_s < first else []
+    parts += _in_order(store, rollups_10m, did, grid, first, after, source)
+    if after < hi_s:
+        parts += _in_order(store, rollups, did, grid, after, hi_s, source)
+    return parts
+
+
+def _in_order(store: Store, table: Table, did: int, grid: _Grid, lo_s: float, hi_s: float,
+              source: str | None) -> list[_Part]:
+    """Rows of ``table`` (minute rollups, or ten-minute groups) in [lo_s, hi_s) read along the
+    primary key in time order, last values with them, and folded here into the grid's buckets
+    (each row in one bucket): where a bucket holds one or two minutes (under two minutes
+    wide: a day in 2,000 buckets), and for the ten-minute groups. Nothing to group, and no
+    query for the last values: grouped in SQL, SQLite sorted a day's 17k minute rows (a
+    computed bucket) and handed back as many, then looked up 1,440 minutes' last values by
+    key (together ~90 ms of a 24-hour timeline). A row is placed as the grouped SQL places a
+    minute (``CAST`` truncates, ``floor`` on PostgreSQL: the same for times after the start);
+    a bucket's last values are its newest minute's (a group's ``last_s``), the greatest over
+    sources, as :func:`_rollup_lasts` pivots them."""
+    newest_minute = table.c.last_s if table is rollups_10m else table.c.bucket_s
+    q = (select(table.c.bucket_s, newest_minute, table.c.metric, table.c.min_value,
+                table.c.max_value, table.c.last_value if grid.lasts else null())
+         .where(*_where(table, did, grid, source), table.c.bucket_s >= lo_s,
+                table.c.bucket_s < hi_s)
+         .order_by(table.c.bucket_s))
     with store.engine.connect() as c:
         rows = c.execute(q).all()
     start, width, top = grid.start_s, grid.width_s, grid.buckets - 1
     out: list[_Part] = []
-    k, minute = -1, -math.inf  # the bucket and minute being folded (none yet)
+    k, row_s, minute = -1, -math.inf, -math.inf  # the bucket, row time and newest minute
     low: dict[str, Any] = {}
     high: dict[str, Any] = {}
     last: dict[str, Any] = {}
@@ -565,19 +598,20 @@ def _minutes_in_order(store: Store, grid: _Grid, where: list[ColumnElement[bool]
                                              map(high.get, grid.columns))))
         out.append((k, float(minute) + ROLLUP_S, flat + tuple(map(last.get, grid.columns))))
 
-    for bucket_s, metric, lo, hi, la in rows:
-        if bucket_s != minute:
-            b = min(int((bucket_s - start) / width), top)
+    for bucket_s, newest, metric, lo, hi, la in rows:
+        if bucket_s != row_s:
+            row_s, b = bucket_s, min(int((bucket_s - start) / width), top)
             if b != k:
                 if k >= 0:
                     flush()
-                k, low, high = b, {}, {}
-            minute, last = bucket_s, {}  # a newer minute's last values replace the older's
+                k, minute, low, high, last = b, -math.inf, {}, {}, {}
+        if newest > minute:  # a newer minute's last values replace the older's
+            minute, last = newest, {}
+        if newest == minute and (la is None or metric not in last or la > last[metric]):
+            last[metric] = la  # the greatest over the minute's sources (None: not read)
         if metric in low:  # another source, or another minute of the bucket
             lo, hi = min(lo, low[metric]), max(hi, high[metric])
-            if la is not None and metric in last and last[metric] > la:
-                la = last[metric]  # the greatest over the minute's sources (None: not read)
-        low[metric], high[metric], last[metric] = lo, hi, la
+        low[metric], high[metric] = lo, hi
     if k >= 0:
         flush()
     return out
@@ -589,11 +623,11 @@ def _grouped(store: Store, grid: _Grid, where: list[ColumnElement[bool]], lo_s: 
 
     Grouped by (bucket, metric), not pivoted with a CASE per column: two aggregates a row
     instead of two per column (a week's 141k rows: 110 ms against 190 ms), 22k rows back.
-    ``tiered`` (a :func:`tier_grid`, on SQLite): grouped by ten- or two-minute group, in the
-    order of the ``ix_rollups_device_tier`` / ``ix_rollups_device_tier2m`` index, which SQLite
-    then reads without the sort a computed bucket needs (a week: 54 ms and 11k rows instead of
-    154 ms and 22k); each group lies in one bucket. PostgreSQL hashes its groups: no sort to
-    save."""
+    ``tiered`` (a grid of whole two-minute groups, on SQLite; ten-minute ones read
+    ``rollups_10m``): grouped by two-minute group, in the order of the
+    ``ix_rollups_device_tier2m`` index, which SQLite then reads without the sort a computed
+    bucket needs (three days: 47k rollup rows, 121 ms of sorting and grouping before); each
+    group lies in one bucket. PostgreSQL hashes its groups: no sort to save."""
     if tiered and store.dialect == "sqlite":
         width = _index_group(grid)
         group: ColumnElement[Any] = rollup_group(width)

@@ -43,6 +43,7 @@ from sqlalchemy import insert, text
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
 from vramscope.agent.store import partitions
 from vramscope.agent.store import seconds as tier
+from vramscope.agent.store.maintenance import refresh_ten_minutes
 from vramscope.agent.store.schema import rollups, seconds
 
 if TYPE_CHECKING:
@@ -289,6 +290,9 @@ def write_tiers(store: Store, h: History, ids: list[int]) -> None:
                     packed, minutes = _tiers(h, device_id, d, a, b)
                     c.execute(insert(seconds), packed)
                     c.execute(insert(rollups), minutes)
+                    # the chunk's ten-minute groups, as retention makes them (a group across
+                    # the chunk's end is made again, whole, with the next chunk)
+                    refresh_ten_minutes(c, device_id, t, t + span)
                 t += span
 
 

@@ -173,6 +173,24 @@ rollups = Table(
     sqlite_with_rowid=False,  # the primary key is the table: no second copy of the key (0003)
 )
 
+# Ten-minute groups of the rollups, per device, source and metric (0008): what the minute
+# rollups of a group add up to, kept by retention as it rolls minutes up (and read by views of a
+# few days or more: a week is 1,008 groups, not 10,080 minutes). ``last_value`` is the value of
+# the group's newest minute that measured the metric (``last_s``), so that a bucket's last values
+# are those of its newest minute, as when its minutes are read.
+rollups_10m = Table(
+    "rollups_10m", metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("bucket_s", Float, primary_key=True),  # the group's start, a multiple of 600
+    Column("source", String(32), primary_key=True),
+    Column("metric", String(48), primary_key=True),
+    Column("min_value", BigInteger, nullable=False),
+    Column("max_value", BigInteger, nullable=False),
+    Column("last_value", BigInteger, nullable=False),
+    Column("last_s", Float, nullable=False),  # the start of the minute last_value is from
+    sqlite_with_rowid=False,
+)
+
 # The per-second tier (agent/store/seconds.py): per device, minute and source, that minute's
 # seconds packed in one blob (count, phase, and min / max / last of every counter per second).
 # Kept ``retention.second_s`` (default 14 days) after raw samples are gone (0005).
@@ -187,24 +205,22 @@ seconds = Table(
     # keeps at most ~1 kB in place and spills the rest to overflow pages (4.7 kB a row)
 )
 
-# Ten-minute groups of rollups, in index order (0004): a week's timeline groups its 130k minute
-# rows per device along this index instead of sorting them (SQLite; see agent/store/downsample).
-# SQL text, the same in the index and the queries: SQLite uses an expression index only for the
-# very expression (a bound parameter for 600 would not match). Two-minute groups (0007) do the
-# same for windows of two to four days (buckets of two to five minutes).
-ROLLUP_TIER_S = 600.0
-ROLLUP_GROUPS_S = (120.0, 600.0)  # the group widths an index is kept for, finest first
+# Two-minute groups of rollups, in index order (0007): a timeline of two to four days groups its
+# minute rollups per device along this index instead of sorting them (SQLite; see
+# agent/store/downsample). SQL text, the same in the index and the queries: SQLite uses an
+# expression index only for the very expression (a bound parameter for 120 would not match).
+# Ten-minute groups are a table of their own (``rollups_10m``, 0008), which replaced the index
+# 0004 kept for them.
+ROLLUP_TIER_S = 600.0  # the rollups_10m table's group
+ROLLUP_GROUPS_S = (120.0, 600.0)  # the group widths kept (an index, a table), finest first
 
 
 def rollup_group(width_s: float) -> ColumnElement[Any]:
-    """``CAST(bucket_s / <width> AS INTEGER)``: the group expression of an index of
-    :data:`ROLLUP_GROUPS_S`, spelled as the index spells it."""
+    """``CAST(bucket_s / <width> AS INTEGER)``: the group expression of the two-minute index,
+    spelled as the index spells it."""
     return literal_column(f"CAST(bucket_s / {width_s!r} AS INTEGER)", Integer)
 
 
-rollup_tier = rollup_group(ROLLUP_TIER_S)
-Index("ix_rollups_device_tier", rollups.c.device_id, rollup_tier, rollups.c.metric,
-      rollups.c.min_value, rollups.c.max_value)
 Index("ix_rollups_device_tier2m", rollups.c.device_id, rollup_group(120.0), rollups.c.metric,
       rollups.c.min_value, rollups.c.max_value)
 

@@ -1,8 +1,8 @@
 """Aligned downsampling (``downsample(..., aligned=True)``): windows drawn in buckets of five
-minutes or more go on a ten-minute grid (two or more: a two-minute one), and their
-rolled-up minutes are grouped along the ``ix_rollups_device_tier`` index (migration 0004; the
-two-minute ``ix_rollups_device_tier2m``, 0007) instead of sorted, with the same values as the
-raw samples grouped on that grid."""
+minutes or more go on a ten-minute grid (two or more: a two-minute one). Ten-minute grids read
+the ``rollups_10m`` groups retention keeps (0008) along their primary key; two-minute ones group
+the rolled-up minutes along the ``ix_rollups_device_tier2m`` index (0007) instead of sorting
+them; both with the same values as the raw samples grouped on that grid."""
 
 from __future__ import annotations
 
@@ -92,7 +92,6 @@ def _rollup_statements(store: Store, run: Any) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("aligned, buckets, plan", [
-    (True, 50, "USING COVERING INDEX ix_rollups_device_tier "),
     (True, 120, "USING COVERING INDEX ix_rollups_device_tier2m"),  # 3-minute buckets asked
     (False, 50, "USE TEMP B-TREE FOR GROUP BY")])
 def test_an_aligned_week_groups_rollups_along_the_index_without_a_sort(tmp_path, aligned,
@@ -110,3 +109,33 @@ def test_an_aligned_week_groups_rollups_along_the_index_without_a_sort(tmp_path,
         assert any(plan in s for s in steps), steps
         if aligned:
             assert not any("TEMP B-TREE" in s for s in steps), steps
+
+
+def test_a_ten_minute_grid_reads_the_groups_along_their_key_and_only_its_ends_as_minutes(
+        tmp_path):
+    """Seven-minute buckets asked (a ten-minute grid): the whole groups from ``rollups_10m`` by
+    primary key (no sort, no GROUP BY), the partial groups at the window's ends from the minute
+    rollups, also by key; the values those of the raw samples."""
+    with Store.open(f"sqlite:///{tmp_path / 'tier.db'}", host_name="h") as store:
+        store.write(_wavy(2160, 10.0))
+        start, end = M0 + 60, M0 + 21_480  # whole minutes, not whole groups
+        grid = tier_grid(start, end, 50)
+        assert grid == (M0, 600.0, 36)
+        g = _Grid(*grid, COLS)
+        expected = g.rows(_raw(store, device_row_id(store, 0, None), g, start, end, None, False))
+        rollup_window(store, M0, M0 + 6 * 3600)
+        with store.engine.begin() as c:
+            c.execute(text("ANALYZE"))
+            c.execute(samples_table.delete())  # only the tiers answer
+        with statements_sent(store.engine, lambda q: "min_value" in q) as sent:
+            got = downsample(store, 0, start, end, 50, COLS, None, None, aligned=True)
+        assert len(got) == 36 and _values(got) == _values(expected)
+        tables = [" ".join(q.split()).split(" FROM ")[1].split()[0] for q, _ in sent]
+        # minutes [M0 + 60, M0 + 600), groups [M0 + 600, M0 + 21,000), minutes to the end
+        assert tables == ["rollups", "rollups_10m", "rollups"]
+        assert not any("GROUP BY" in q for q, _ in sent)
+        with store.engine.connect() as c:
+            steps = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sent[1][0],
+                                                      sent[1][1])]
+        assert any("SEARCH rollups_10m USING PRIMARY KEY" in s for s in steps), steps
+        assert not any("TEMP B-TREE" in s for s in steps), steps

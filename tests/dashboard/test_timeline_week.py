@@ -92,11 +92,12 @@ def test_a_day_keeps_the_grid_it_asked_for(tmp_path):
     store.close()
 
 
-def test_the_analysis_views_of_a_week_group_the_rollups_along_their_index(tmp_path):
+def test_the_analysis_views_of_a_week_read_the_ten_minute_groups(tmp_path):
     """The risk page asks for 2,000 buckets (302 s over a week), the Leaks page for at most
-    2,100 of a tier width, the analysis document for 100: each is read on whole indexed rollup
-    groups (ten minutes, two hours), grouped by the index's own expression rather than a
-    computed bucket SQLite must sort; the buckets' maxima and minima are the samples'."""
+    2,100 of a tier width, the analysis document for 100: each is read on whole ten-minute
+    groups (ten minutes, two hours), from the ``rollups_10m`` table along its key rather than
+    the week's minutes grouped (SQLite sorted them for a computed bucket); the buckets' maxima
+    and minima are the samples'."""
     from vramscope.agent.config import parse_config
     from vramscope.dashboard import views
 
@@ -104,10 +105,16 @@ def test_the_analysis_views_of_a_week_group_the_rollups_along_their_index(tmp_pa
 
     store, samples = _store(tmp_path)
     start, end = T0 + 17, T0 + 17 + WEEK
-    grouped = (lambda q: "FROM rollups" in q and "GROUP BY" in q)
-    with statements_sent(store.engine, grouped) as sent:
+
+    def tables(sent: list[tuple[str, object]]) -> list[str]:
+        return [" ".join(q.split()).split(" FROM ")[1].split()[0] for q, _ in sent]
+
+    reads = (lambda q: "min_value" in q)
+    with statements_sent(store.engine, reads) as sent:
         risk = views.risk_view(store, parse_config({}, None), 1, None, start, end)
-    assert len(sent) == 1 and "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
+    # the first partial group's minutes, the week's groups; the newest hour is raw samples
+    assert tables(sent) == ["rollups", "rollups_10m"]
+    assert not any("GROUP BY" in q for q, _ in sent)
     assert risk["limit_bytes"] is None  # no device total in this history
     # 1,008 ten-minute buckets, three to a peak (at most 500 peaks)
     assert risk["forecast_method"] == ("risk model on per-bucket peaks of per-minute rollups, "
@@ -118,14 +125,14 @@ def test_the_analysis_views_of_a_week_group_the_rollups_along_their_index(tmp_pa
     assert [r["ts_s"] for r in rows] == expected["ts"]
     assert [r["allocated_bytes_max"] for r in rows] == expected["max"]
     assert [r["allocated_bytes_min"] for r in rows] == expected["min"]
-    with statements_sent(store.engine, grouped) as sent:
+    with statements_sent(store.engine, reads) as sent:
         leaks = views.leaks_view(store, None, 1, None, start, end)
     assert (leaks["tier"], leaks["bucket_s"]) == ("per-minute rollups, 600 s buckets", 600.0)
-    assert "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
-    # the floor: one point a bucket, its minimum (a rising one)
+    assert "rollups_10m" in tables(sent)
+    # the floor: one point a bucket, its minimum
     assert leaks["floor_points"] == len(expected["min"])
-    with statements_sent(store.engine, grouped) as sent:
+    with statements_sent(store.engine, reads) as sent:
         doc = views.report(store, None, 1, None, start, end)
     assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 7.2e+03 s buckets", 7200.0)
-    assert "GROUP BY CAST(bucket_s / 600.0 AS INTEGER)" in sent[0][0]
+    assert tables(sent) == ["rollups", "rollups_10m"]
     store.close()
