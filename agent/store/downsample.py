@@ -124,7 +124,11 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     return grid.rows(parts)
 
 
-MAX_GROUPS = 2_200  # rollup groups one aligned window reads (per metric)
+# Two-minute groups one aligned window reads (per metric), at most: they are the minutes grouped
+# along an index, and past this SQLite's grouping costs more than the window is worth (three
+# days: 52k index entries, 26k groups back, 250-450 ms of a timeline); ten-minute groups are
+# read from their own table (rollups_10m: three days, 432 rows a metric).
+MAX_GROUPS = 1_100
 # The buckets asked for from which a group's grid is used: ten minutes from five (at worst half
 # the buckets asked), two minutes from two (windows under 2.8 days in 2,000 keep their grid)
 _GROUP_FROM_S = {120.0: 120.0, 600.0: 300.0}
@@ -135,9 +139,9 @@ def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float,
     asked for are two minutes or wider: the width a multiple of the widest rollup group that
     fits (:data:`ROLLUP_GROUPS_S`: ten minutes from buckets of five, two minutes below), the
     start on a group boundary at or before ``start_s``, between half and all of the buckets
-    asked for (a week in 2,000: 1,008 of ten minutes; three days: 1,080 of four), or fewer
-    where the two-minute groups would be more than ``MAX_GROUPS`` (four to seven days: ten
-    minutes). None for finer buckets."""
+    asked for (a week in 2,000: 1,008 of ten minutes; a day in 500: 360 of four), or fewer
+    where the two-minute groups would be more than ``MAX_GROUPS`` (from 36 hours: ten minutes;
+    three days in 2,000: 433 of them). None for finer buckets."""
     asked = (end_s - start_s) / buckets
     fits = [g for g in ROLLUP_GROUPS_S if asked >= _GROUP_FROM_S[g]]
     if not fits:

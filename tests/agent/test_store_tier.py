@@ -47,8 +47,10 @@ def test_tier_grid_is_aligned_and_never_more_buckets_than_asked():
     assert tier_grid(M0 + 599, M0 + 599 + 6000, 10) == (M0, 1200.0, 6)  # 11 of 600 s > 10
     assert tier_grid(M0, M0 + 86_400, 2000) is None  # 43 s buckets: as asked
     assert tier_grid(M0, M0 + 86_400, 1) == (M0, 86_400.0, 1)
-    # two to five minutes asked: two-minute groups (0007); three days in 1,080 of four minutes
-    assert tier_grid(M0 + 7, M0 + 7 + 3 * 86_400, 2000) == (M0, 240.0, 1081)
+    # two to five minutes asked: two-minute groups (0007), at most MAX_GROUPS of them; a day
+    # in 360 of four minutes; three days would be 2,160: ten-minute groups (0008), 433
+    assert tier_grid(M0, M0 + 86_400, 500) == (M0, 240.0, 360)
+    assert tier_grid(M0 + 7, M0 + 7 + 3 * 86_400, 2000) == (M0, 600.0, 433)
     assert tier_grid(M0, M0 + 2 * 86_400, 2000) is None  # 86 s buckets: as asked
     # five days would be 3,600 two-minute groups (over MAX_GROUPS): ten-minute ones, 720
     assert tier_grid(M0, M0 + 5 * 86_400, 2000) == (M0, 600.0, 720)
