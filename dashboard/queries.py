@@ -23,6 +23,7 @@ from vramscope.agent.store.downsample import (
     seconds_end,
 )
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
+from vramscope.agent.store.schema import ROLLUP_TIER_S
 from vramscope.agent.store.seconds import Second
 from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import timeline as tl
@@ -428,7 +429,9 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
             "kv_blocks_used", "kv_blocks_total")
     first = max(span[0], span[1] - PEAKS_WINDOW_S)
     end = span[1] if span[1] > first else first + 1.0
-    rows = store.timeline(device, first, end, 1, cols, host=host)
+    # on the ten-minute groups (a day: 144 rows a metric, read along their key), maxima only
+    rows = store.timeline(device, first, end, 1, cols, host=host, lasts=False,
+                          width_s=ROLLUP_TIER_S)
     peaks = {c: max((r[f"{c}_max"] for r in rows if r[f"{c}_max"] is not None), default=None)
              for c in cols}
     return {"first_ts_s": first, "last_ts_s": span[1], **peaks}
