@@ -202,7 +202,8 @@ def counts_from_seconds(seconds: Iterable[tuple[str, Second]], start_s: float, e
         if second.phase is Phase.UNKNOWN or not start_s <= second.ts_s <= end_s:
             continue
         mine = out.setdefault(min(int((second.ts_s - start_s) // width), buckets - 1), {})
-        mine[second.phase.value] = mine.get(second.phase.value, 0) + second.n_samples
+        phase = second.phase._value_  # the enum's value without its descriptor (a third)
+        mine[phase] = mine.get(phase, 0) + second.n_samples
     return out
 
 

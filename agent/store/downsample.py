@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from functools import partial
 from itertools import chain, repeat
-from operator import is_not
+from operator import attrgetter, is_not
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -395,8 +395,9 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]) -> list[_Part]:
     fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
     keys = [grid.index(s.ts_s) for s in seconds_read]
     bounds = _runs(keys)
-    lows, highs, lasts = (list(zip(*stat, strict=True)) for stat in
-                          zip(*((s.low, s.high, s.last) for s in seconds_read), strict=True))
+    # one transpose per statistic (a counter's series), from each second's tuple of it
+    lows, highs, lasts = (list(zip(*map(attrgetter(stat), seconds_read), strict=True))
+                          for stat in ("low", "high", "last"))
     min_max: list[list[Any]] = []  # per column its minima, then its maxima, a value a bucket
     last_values: list[list[Any]] = []
     for i in fields:
