@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from functools import partial
 from itertools import chain, repeat
-from operator import attrgetter, is_not
+from operator import is_not
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -57,7 +57,6 @@ from vramscope.agent.store.schema import (
 from vramscope.agent.store.window import count_at_most, first_sample_ts
 
 if TYPE_CHECKING:
-    from vramscope.agent.store.seconds import Second
     from vramscope.agent.store.store import Store
 
 _MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
@@ -214,9 +213,8 @@ def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _G
     if rolled is None or rolled <= start_s or end_s - start_s > SECONDS_READ_MAX_S:
         return grid.rows(_unrolled(store, device, host, did, grid, start_s, end_s, source))
     upto = min(rolled, end_s)
-    parts = _seconds_on_grid(grid, [s for src, s in store.seconds(device, start_s, upto,
-                                                                  host=host)
-                                    if source is None or src == source])
+    parts = _seconds_on_grid(grid, _read_seconds(store, device, host, grid, start_s, upto,
+                                                 source))
     if upto < end_s:
         parts += _raw(store, did, grid, upto, end_s, source, True)
     return grid.rows(parts)
@@ -374,34 +372,54 @@ def _before_raw(store: Store, device: int, host: str | None, did: int, grid: _Gr
         return []
     if hi_s - lo_s > SECONDS_READ_MAX_S:
         return _from_rollups(store, did, grid, lo_s, hi_s, source)
-    seconds_read = store.seconds(device, lo_s, hi_s, host=host)
-    return _seconds_on_grid(grid, [s for src, s in seconds_read
-                                   if source is None or src == source])
+    return _seconds_on_grid(grid, _read_seconds(store, device, host, grid, lo_s, hi_s, source))
 
 
-def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]) -> list[_Part]:
-    """Seconds (time order) merged into one part per bucket: [min, max, last] per column. A
-    second's last value stands at its end (its exact time is not kept), as a rolled-up
-    minute's stands at the minute's end. Merged here, not by ``_Grid.rows``: a part per second
-    through its generic merge was a third of an hour's timeline. A bucket's seconds are
-    consecutive: each statistic is transposed to one series per counter once (C's ``zip``),
-    and a bucket is a slice of it, reduced by C builtins; a counter measured in every second
-    (the usual case) needs no filter of the unmeasured (an hour of 12 counters on 2 s buckets:
-    28 ms, 57 ms with a transpose per bucket; a fold per second and column before that was
-    120 ms of a 2-hour timeline). The per-column series are zipped into the parts' flat
-    tuples (:data:`_Part`) in C as well."""
-    if not seconds_read:
-        return []
+# The per-second tier's seconds of a window as columns: their starts, and per grid column its
+# (lows, highs, lasts) series, in time order
+_Columns = tuple[list[float], list[tuple[list[Any], list[Any], list[Any]]]]
+
+
+def _read_seconds(store: Store, device: int, host: str | None, grid: _Grid, lo_s: float,
+                  hi_s: float, source: str | None) -> _Columns:
+    """The grid's columns of the per-second tier in [lo_s, hi_s), in time order: one
+    source's minutes joined end to end; several sources' seconds merged by time, ties by
+    source (the order is then the same on every backend)."""
     fields = [SAMPLE_COUNTER_FIELDS.index(col) for col in grid.columns]
-    keys = [grid.index(s.ts_s) for s in seconds_read]
-    bounds = _runs(keys)
-    # one transpose per statistic (a counter's series), from each second's tuple of it
-    lows, highs, lasts = (list(zip(*map(attrgetter(stat), seconds_read), strict=True))
-                          for stat in ("low", "high", "last"))
+    rows = store.seconds_columns(device, lo_s, hi_s, fields, host=host, source=source)
+    ts: list[float] = []
+    stats: list[tuple[list[Any], list[Any], list[Any]]] = [([], [], []) for _ in fields]
+    for _, minute_ts, minute_stats in rows:
+        ts += minute_ts
+        for mine, theirs in zip(stats, minute_stats, strict=True):
+            for into, part in zip(mine, theirs, strict=True):
+                into += part
+    if len({src for src, _, _ in rows}) > 1:
+        sources = [src for src, minute_ts, _ in rows for _ in minute_ts]
+        order = sorted(range(len(ts)), key=lambda j: (ts[j], sources[j]))
+        ts = [ts[j] for j in order]
+        stats = [([lo[j] for j in order], [hi[j] for j in order], [la[j] for j in order])
+                 for lo, hi, la in stats]
+    return ts, stats
+
+
+def _seconds_on_grid(grid: _Grid, seconds_read: _Columns) -> list[_Part]:
+    """Seconds (columns in time order, :func:`_read_seconds`) merged into one part per
+    bucket: [min, max, last] per column. A second's last value stands at its end (its exact
+    time is not kept), as a rolled-up minute's stands at the minute's end. A bucket's seconds
+    are consecutive: a bucket is a slice of each series, reduced by C builtins; a counter
+    measured in every second (the usual case) needs no filter of the unmeasured (an hour of 12
+    counters on 2 s buckets: 28 ms; a fold per second and column before that was 120 ms of a
+    2-hour timeline). The tier is read as columns (``Store.seconds_columns``): a ``Second``
+    per second, transposed back to series here, was 40 ms of an hour's timeline."""
+    ts, per_field = seconds_read
+    if not ts:
+        return []
+    index = grid.index
+    bounds = _runs([index(t) for t in ts])
     min_max: list[list[Any]] = []  # per column its minima, then its maxima, a value a bucket
     last_values: list[list[Any]] = []
-    for i in fields:
-        lo, hi, la = lows[i], highs[i], lasts[i]
+    for lo, hi, la in per_field:
         if None in lo or None in hi or None in la:
             merged = [_min_max_last(lo[a:b], hi[a:b], la[a:b]) for _, a, b in bounds]
             min_max += [[m[0] for m in merged], [m[1] for m in merged]]
@@ -409,7 +427,7 @@ def _seconds_on_grid(grid: _Grid, seconds_read: list[Second]) -> list[_Part]:
         else:
             min_max += [[min(lo[a:b]) for _, a, b in bounds], [max(hi[a:b]) for _, a, b in bounds]]
             last_values.append([la[b - 1] for _, _, b in bounds])
-    return [(k, seconds_read[b - 1].ts_s + 1.0, flat)
+    return [(k, ts[b - 1] + 1.0, flat)
             for (k, _, b), flat in zip(bounds, zip(*min_max, *last_values), strict=True)]
 
 

@@ -54,6 +54,8 @@ _KEPT = [(i, STATS.index(stat)) for i, f in enumerate(SAMPLE_COUNTER_FIELDS)
          for stat in KEPT.get(f, ("last",))]
 SERIES: tuple[str, ...] = ("count", "phase",
                            *(f"{SAMPLE_COUNTER_FIELDS[i]}_{STATS[s]}" for i, s in _KEPT))
+# (counter, statistic) -> its series' place in a blob (after the offsets, counts and phases)
+_KEPT_COLUMN = {key: 3 + n for n, key in enumerate(_KEPT)}
 _MISSING = -1
 _N = len(SAMPLE_COUNTER_FIELDS)
 
@@ -132,19 +134,8 @@ def unpack(minute_s: float, blob: bytes, counters: bool = True) -> list[Second]:
     ``counters=False``: each second's time, count and phase only (``low``, ``high`` and
     ``last`` empty), what phase bands need, at a tenth of the cost (the counters' series are
     most of the decoding)."""
-    if not blob or blob[0] != FORMAT_VERSION:
-        found = blob[0] if blob else "nothing"
-        raise ValueError(f"per-second tier row of minute {minute_s}: format {found}, "
-                         f"expected {FORMAT_VERSION}")
-    values = array("q")
-    values.frombytes(zlib.decompress(blob[1:]))
-    if sys.byteorder == "big":
-        values.byteswap()
+    values, k = _decoded(minute_s, blob)
     width = 1 + len(SERIES)
-    k, rest = divmod(len(values), width)
-    if rest:
-        raise ValueError(f"per-second tier row of minute {minute_s}: {len(values)} values "
-                         f"are not {width} series of equal length")
     columns = [list(accumulate(values[c * k:(c + 1) * k]))
                for c in range(width if counters else 3)]
     offsets, counts, phases = columns[0], columns[1], columns[2]
@@ -159,6 +150,53 @@ def unpack(minute_s: float, blob: bytes, counters: bool = True) -> list[Second]:
                 for stat in range(len(STATS))]
     return [Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], per_stat[0][j],
                    per_stat[1][j], per_stat[2][j]) for j in range(k)]
+
+
+Series = list[int | None]  # one statistic of one counter, a value a second (None: unmeasured)
+
+
+def unpack_columns(minute_s: float, blob: bytes, fields: Sequence[int]
+                   ) -> tuple[list[float], list[tuple[Series, Series, Series]]]:
+    """The seconds of a :func:`pack` blob as columns: each second's start, and per counter of
+    ``fields`` (indexes into :data:`SAMPLE_COUNTER_FIELDS`) its (low, high, last) series, as
+    :func:`unpack`'s ``Second`` holds them (the last values where a statistic is not kept).
+    Only those counters' series are decoded, and no tuple is built per second: what the
+    timeline's per-second buckets read (an hour: 60 rows, 41 ms through ``unpack``)."""
+    values, k = _decoded(minute_s, blob)
+
+    def series(column: int) -> Series:
+        return [None if v == _MISSING else v
+                for v in accumulate(values[column * k:(column + 1) * k])]
+
+    decoded: dict[int, Series] = {}
+    out = []
+    for i in fields:
+        stats = []
+        for stat in range(len(STATS)):
+            column = _KEPT_COLUMN.get((i, stat), _KEPT_COLUMN[(i, 2)])
+            if column not in decoded:
+                decoded[column] = series(column)
+            stats.append(decoded[column])
+        out.append((stats[0], stats[1], stats[2]))
+    return [minute_s + o for o in accumulate(values[:k])], out
+
+
+def _decoded(minute_s: float, blob: bytes) -> tuple[array[int], int]:
+    """A blob's int64 values (every series, delta-encoded) and the seconds it holds."""
+    if not blob or blob[0] != FORMAT_VERSION:
+        found = blob[0] if blob else "nothing"
+        raise ValueError(f"per-second tier row of minute {minute_s}: format {found}, "
+                         f"expected {FORMAT_VERSION}")
+    values = array("q")
+    values.frombytes(zlib.decompress(blob[1:]))
+    if sys.byteorder == "big":
+        values.byteswap()
+    width = 1 + len(SERIES)
+    k, rest = divmod(len(values), width)
+    if rest:
+        raise ValueError(f"per-second tier row of minute {minute_s}: {len(values)} values "
+                         f"are not {width} series of equal length")
+    return values, k
 
 
 def by_minute(seconds: Sequence[Second]) -> list[tuple[float, list[Second]]]:

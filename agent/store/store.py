@@ -739,6 +739,37 @@ class Store:
         out.sort(key=lambda pair: pair[1].ts_s)
         return out
 
+    def seconds_columns(self, device: int, start_s: float, end_s: float, fields: Sequence[int],
+                        *, host: str | None = None, source: str | None = None
+                        ) -> list[tuple[str, list[float], list[tuple[Any, Any, Any]]]]:
+        """The per-second tier in [start_s, end_s) as columns, a minute row at a time in
+        (minute, source) order: ``(source, second starts, [(lows, highs, lasts) per counter
+        of fields])`` (:func:`~vramscope.agent.store.seconds.unpack_columns`; ``source``: of
+        that source only)."""
+        from bisect import bisect_left
+
+        from vramscope.agent.store.seconds import MINUTE_S, unpack_columns
+
+        q = (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
+             .join(devices, devices.c.id == seconds.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == (host or self.host_name), devices.c.device_index == device,
+                    seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s)
+             .order_by(seconds.c.minute_s, seconds.c.source))
+        if source is not None:
+            q = q.where(seconds.c.source == source)
+        out = []
+        with self.engine.connect() as c:
+            for minute, src, blob in c.execute(q).all():
+                ts, stats = unpack_columns(float(minute), bytes(blob), fields)
+                a, b = bisect_left(ts, start_s), bisect_left(ts, end_s)  # [start_s, end_s)
+                if a < b:
+                    if (a, b) != (0, len(ts)):
+                        ts = ts[a:b]
+                        stats = [(lo[a:b], hi[a:b], la[a:b]) for lo, hi, la in stats]
+                    out.append((src, ts, stats))
+        return out
+
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
                  columns: Sequence[str], *, source: str | None = None,
                  host: str | None = None, lasts: bool = True,

@@ -52,6 +52,25 @@ def test_packing_round_trips_what_is_kept_and_reports_last_for_the_rest():
     assert first.sample(3, "max")[:4] == (T0, 3, Phase.DECODE, "seconds")
 
 
+def test_columns_hold_what_the_seconds_hold():
+    """``unpack_columns``: the second starts and, per counter asked for, its low, high and
+    last series, as ``unpack``'s seconds hold them: kept statistics, last values where a
+    statistic is not kept (active bytes), None where a counter was not measured (device used)."""
+    seconds = tier.summarize(_raw(SCRIPT))
+    blob = tier.pack(seconds)
+    back = tier.unpack(T0, blob)
+    fields = [ACTIVE, ALLOC, USED]
+    ts, stats = tier.unpack_columns(T0, blob, fields)
+    assert ts == [s.ts_s for s in back] == [T0, T0 + 2]
+    assert stats == [([s.low[i] for s in back], [s.high[i] for s in back],
+                      [s.last[i] for s in back]) for i in fields]
+    assert stats[0] == ([401, 901], [401, 901], [401, 901])
+    assert stats[1] == ([300, 900], [500, 900], [400, 900])
+    assert stats[2] == ([None, None],) * 3
+    with pytest.raises(ValueError, match="format"):
+        tier.unpack_columns(T0, b"\x09" + blob[1:], fields)
+
+
 def test_a_minute_compresses_to_a_small_blob():
     """600 samples of a busy minute (10 Hz, allocated moving every sample) fit in well under
     the page a SQLite row may keep in place."""
