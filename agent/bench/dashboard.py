@@ -233,7 +233,7 @@ def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
                          f"({rows / (devices * raw_days * DAY):.3g} Hz); {store.dialect}",
                   target="<= 25", met=per <= 25)]
     covers = {"raw samples and their indexes": raw_days, "events": raw_days,
-              "per-second tier": days, "minute rollups": days}
+              "per-second tier": days, "minute rollups": days, "ten-minute groups": days}
     for tier, nbytes in tiers.items():
         out.append(Figure("dashboard", f"MiB per device-day: {tier}",
                           nbytes / (devices * covers[tier]) / 2**20, "MiB",
@@ -244,7 +244,8 @@ def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
 
 # tier -> the tables whose pages (and their indexes') it is
 _TIER_TABLES = {"raw samples and their indexes": ("samples",), "events": ("events",),
-                "per-second tier": ("seconds",), "minute rollups": ("rollups",)}
+                "per-second tier": ("seconds",), "minute rollups": ("rollups",),
+                "ten-minute groups": ("rollups_10m",)}
 
 
 def _tier_bytes(store: Store) -> dict[str, int]:

@@ -33,6 +33,7 @@ from sqlalchemy import (
     Select,
     Table,
     and_,
+    any_,
     case,
     cast,
     func,
@@ -280,18 +281,19 @@ class _Grid:
         where raw samples meet the rollups): merging all 2,000 of a week was 70 ms. A row is
         one ``dict(zip(...))`` of the part's flat values (a key at a time was 25 ms of an hour's
         timeline, 1,800 buckets of a dozen columns)."""
-        by_bucket: dict[int, list[_Part]] = {}
-        for part in parts:
-            by_bucket.setdefault(part[0], []).append(part)
-        keys, width, n = self.flat_keys, self.width_s, 2 * len(self.columns)
-        out = []
-        for b in sorted(by_bucket):
-            mine = by_bucket[b]
-            _, last_ts, flat = mine[0] if len(mine) == 1 else _merge(mine, len(self.columns))
-            if not self.lasts:
-                flat = flat[:n] + self.no_lasts
-            out.append(dict(zip(keys, (self.start_s + b * width, last_ts, *flat), strict=True)))
-        return out
+        keys, start, width, n = self.flat_keys, self.start_s, self.width_s, 2 * len(self.columns)
+        if all(a[0] < b[0] for a, b in zip(parts, parts[1:])):
+            merged = parts  # a part a bucket, in order (one source of rows): nothing to merge
+        else:
+            by_bucket: dict[int, list[_Part]] = {}
+            for part in parts:
+                by_bucket.setdefault(part[0], []).append(part)
+            merged = [mine[0] if len(mine) == 1 else _merge(mine, len(self.columns))
+                      for _, mine in sorted(by_bucket.items())]
+        if not self.lasts:
+            merged = [(b, last_ts, flat[:n] + self.no_lasts) for b, last_ts, flat in merged]
+        return [dict(zip(keys, (start + b * width, last_ts, *flat), strict=True))
+                for b, last_ts, flat in merged]
 
 
 def _merge(parts: list[_Part], n: int) -> _Part:
@@ -490,9 +492,19 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
     because newer SQLite (the GPU machine's; reproduced with 3.51) plans that join as a scan of
     every row of the device around the subquery: 17 s instead of 70 ms for a 24-hour view."""
     out: dict[float, tuple[Any, ...]] = {}
-    for i in range(0, len(stamps), LAST_ROWS_CHUNK):
+    postgres = c.dialect.name == "postgresql"
+    # PostgreSQL: every stamp in one array parameter (``= ANY``), and its time span, so that
+    # only the day partitions holding it are probed; 500 expanded IN parameters a statement
+    # cost more to render and parse than the probes themselves (a 15-minute timeline's 2,000
+    # stamps: 43 ms in four statements, 22 ms in one)
+    step = len(stamps) if postgres else LAST_ROWS_CHUNK
+    for i in range(0, len(stamps), max(step, 1)):
+        chunk = stamps[i:i + step]
         where = [samples.c.device_id == did,
-                 samples.c.ts_s.in_(stamps[i:i + LAST_ROWS_CHUNK])]
+                 (samples.c.ts_s == any_(literal(chunk, ARRAY(Float)))) if postgres
+                 else samples.c.ts_s.in_(chunk)]
+        if postgres:
+            where += [samples.c.ts_s >= min(chunk), samples.c.ts_s <= max(chunk)]
         if source is not None:
             where.append(samples.c.source == source)
         q = (select(samples.c.ts_s, *(func.max(samples.c[col]).label(col) for col in columns))
