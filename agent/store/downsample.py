@@ -85,8 +85,8 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     only: on PostgreSQL the 2,000 newest minutes of a risk page's week cost 50-90 ms).
 
     ``width_s`` (``buckets`` is then ignored): buckets that wide, as the analysis views ask for
-    them (:func:`width_grid`): from a multiple of ``width_s`` when it is a multiple of an
-    indexed rollup group, grouped along that index as an aligned window is; else
+    them (:func:`width_grid`): from a multiple of ``width_s`` when it is a multiple of a kept
+    rollup group, read on whole groups as an aligned window is; else
     ``ceil(span / width_s)`` buckets from ``start_s``."""
     if width_s is not None:
         if not width_s > 0:
@@ -161,10 +161,11 @@ def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float,
 
 def width_grid(start_s: float, end_s: float, width_s: float) -> tuple[float, float, int] | None:
     """``(start, width, count)`` of buckets ``width_s`` wide from the multiple of ``width_s``
-    at or before ``start_s``, where ``width_s`` is a multiple of an indexed rollup group
-    (:data:`ROLLUP_GROUPS_S`): each group then lies in one bucket, and SQLite groups along the
-    index instead of sorting (the risk page's week, 10,080 minutes of four metrics: a sort of
-    40k rows). None for other widths."""
+    at or before ``start_s``, where ``width_s`` is a multiple of a kept rollup group
+    (:data:`ROLLUP_GROUPS_S`): each group then lies in one bucket, read from ``rollups_10m``
+    (ten-minute multiples) or grouped along the two-minute index, never sorted (the risk
+    page's week in 302 s buckets: a sort of 10,080 minutes of four metrics). None for other
+    widths."""
     if not any(width_s % g == 0 for g in ROLLUP_GROUPS_S):
         return None
     start = math.floor(start_s / width_s) * width_s
