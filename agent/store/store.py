@@ -724,13 +724,9 @@ class Store:
         """The per-second tier's seconds in [start_s, end_s) of device index ``device``, as
         (source, second) in time order (``agent/store/seconds.py``; ``counters=False``: time,
         count and phase only)."""
-        from vramscope.agent.store.seconds import MINUTE_S, unpack
+        from vramscope.agent.store.seconds import unpack
 
-        q = (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
-             .join(devices, devices.c.id == seconds.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name), devices.c.device_index == device,
-                    seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s))
+        q = self._seconds_rows(device, start_s, end_s, host)
         out: list[tuple[str, Second]] = []
         with self.engine.connect() as c:
             for minute, source, blob in c.execute(q):
@@ -738,6 +734,20 @@ class Store:
                            if start_s <= s.ts_s < end_s)
         out.sort(key=lambda pair: pair[1].ts_s)
         return out
+
+    def _seconds_rows(self, device: int, start_s: float, end_s: float,
+                      host: str | None) -> Select[Any]:
+        """The per-second tier's rows (minute, source, blob) that hold seconds of
+        [start_s, end_s) of device index ``device``, in (minute, source) order."""
+        from vramscope.agent.store.seconds import MINUTE_S
+
+        return (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
+                .join(devices, devices.c.id == seconds.c.device_id)
+                .join(hosts, hosts.c.id == devices.c.host_id)
+                .where(hosts.c.name == (host or self.host_name),
+                       devices.c.device_index == device,
+                       seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s)
+                .order_by(seconds.c.minute_s, seconds.c.source))
 
     def seconds_columns(self, device: int, start_s: float, end_s: float, fields: Sequence[int],
                         *, host: str | None = None, source: str | None = None
@@ -748,14 +758,9 @@ class Store:
         that source only)."""
         from bisect import bisect_left
 
-        from vramscope.agent.store.seconds import MINUTE_S, unpack_columns
+        from vramscope.agent.store.seconds import unpack_columns
 
-        q = (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
-             .join(devices, devices.c.id == seconds.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name), devices.c.device_index == device,
-                    seconds.c.minute_s > start_s - MINUTE_S, seconds.c.minute_s < end_s)
-             .order_by(seconds.c.minute_s, seconds.c.source))
+        q = self._seconds_rows(device, start_s, end_s, host)
         if source is not None:
             q = q.where(seconds.c.source == source)
         out = []
