@@ -141,3 +141,12 @@ def test_a_ten_minute_grid_reads_the_groups_along_their_key_and_only_its_ends_as
                                                       sent[1][1])]
         assert any("SEARCH rollups_10m USING PRIMARY KEY" in s for s in steps), steps
         assert not any("TEMP B-TREE" in s for s in steps), steps
+
+
+def test_a_bucket_width_that_is_not_positive_is_refused_with_the_value(tmp_path):
+    with Store.open(f"sqlite:///{tmp_path / 'w.db'}", host_name="h") as store:
+        store.write(_wavy(10, 10.0))
+        for bad in (0.0, -600.0):
+            with pytest.raises(ValueError, match=f"width_s must be > 0, got {bad}"):
+                store.timeline(0, M0, M0 + 100, 1, COLS, width_s=bad)
+        assert len(store.timeline(0, M0, M0 + 100, 1, COLS)) == 1  # the store still answers
