@@ -24,7 +24,7 @@ from vramscope.agent.store.downsample import (
 )
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.schema import ROLLUP_TIER_S
-from vramscope.agent.store.seconds import Second
+from vramscope.agent.store.seconds import PhaseSeconds
 from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
@@ -332,7 +332,7 @@ def phase_bands(store: Store, device: int, host: str | None, start_s: float, end
 
 
 def _seconds_before_raw(store: Store, device: int, host: str | None, start_s: float,
-                        end_s: float) -> tuple[float, list[tuple[str, Second]]]:
+                        end_s: float) -> tuple[float, list[PhaseSeconds]]:
     """``(raw_from, seconds)``: where the window's raw samples begin (the device's first one,
     ``end_s`` when there are none, ``start_s`` when none of the window is gone) and the
     per-second tier's seconds before it. Read only where the timeline's downsampling reads the
@@ -342,12 +342,12 @@ def _seconds_before_raw(store: Store, device: int, host: str | None, start_s: fl
     raw_from = max(start_s, end_s if first is None else min(first, end_s))
     if raw_from <= start_s or raw_from - start_s > SECONDS_READ_MAX_S:
         return raw_from, []
-    return raw_from, store.seconds(device, start_s, raw_from, host=host, counters=False)
+    return raw_from, store.seconds_phases(device, start_s, raw_from, host=host)
 
 
 def _stitched_phase_bands(store: Store, device: int, host: str | None, start_s: float,
                           end_s: float, max_bands: int, changes: list[Event], raw_from: float,
-                          seconds: list[tuple[str, Second]], early: list[tuple[float, str]]
+                          seconds: list[PhaseSeconds], early: list[tuple[float, str]]
                           ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
     """:func:`phase_bands` of a window whose part before ``raw_from`` only the per-second tier
     holds: its phase changes (``early``) then those of the phase events or raw samples from
@@ -410,8 +410,7 @@ def _shares_counts(store: Store, device: int, host: str | None, start_s: float, 
             or not raw_rows_over(store, device, host, start_s, end_s)):
         return phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host), "samples"
     upto = min(rolled, end_s)
-    counts = tl.counts_from_seconds(store.seconds(device, start_s, upto, host=host,
-                                                  counters=False),
+    counts = tl.counts_from_seconds(store.seconds_phases(device, start_s, upto, host=host),
                                     start_s, end_s, SHARE_BUCKETS)
     if upto < end_s:
         counts = tl.add_counts(counts, phase_counts(store, device, start_s, end_s,

@@ -14,7 +14,7 @@ from vramscope.agent.analysis.fragmentation import external_fragmentation, inact
 from vramscope.agent.records import Event, Phase, Sample
 
 if TYPE_CHECKING:
-    from vramscope.agent.store.seconds import Second
+    from vramscope.agent.store.seconds import PhaseSeconds
 
 # What the timeline asks the store for, in the order the plots use them.
 TIMELINE_COLUMNS: tuple[str, ...] = (
@@ -24,6 +24,7 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
 )
 REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
 RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks")  # always shown
+_UNKNOWN = Phase.UNKNOWN.value  # NVML's samples: they say nothing of the phase
 BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.value,
                          Phase.SETUP.value})
 
@@ -176,34 +177,42 @@ def changes_from_events(events: Iterable[Event]) -> list[tuple[float, str]]:
     return [(e.ts_s, e.phase.value) for e in events if e.phase is not None]
 
 
-def changes_from_seconds(seconds: Iterable[tuple[str, Second]]) -> list[tuple[float, str]]:
-    """The per-second tier's ``(source, second)`` pairs as ``(ts_s, phase)`` changes: a second
-    whose phase (its last sample's) differs from the one before, at the second's start, so
-    consecutive seconds of one phase make one band. Sources are merged in time order as raw
+def changes_from_seconds(rows: Sequence[PhaseSeconds]) -> list[tuple[float, str]]:
+    """The per-second tier's seconds (``Store.seconds_phases``) as ``(ts_s, phase)`` changes: a
+    second whose phase (its last sample's) differs from the one before, at the second's start,
+    so consecutive seconds of one phase make one band. Sources are merged in time order as raw
     samples are (ties by source, so the order is the same on every backend); ``unknown``
     seconds (NVML) say nothing. A change inside a second shows at that second's start: the
     tier keeps no finer time."""
+    pairs: Iterable[tuple[float, str]]
+    if len({row.source for row in rows}) > 1:
+        merged = sorted((ts, row.source, phase)
+                        for row in rows for ts, phase in zip(row.starts, row.phases))
+        pairs = ((ts, phase) for ts, _, phase in merged)
+    else:  # one source: its minute rows are in time order already
+        pairs = (pair for row in rows for pair in zip(row.starts, row.phases))
     out: list[tuple[float, str]] = []
-    for _, second in sorted(seconds, key=lambda pair: (pair[1].ts_s, pair[0])):
-        if second.phase is Phase.UNKNOWN:
-            continue
-        if not out or out[-1][1] != second.phase.value:
-            out.append((second.ts_s, second.phase.value))
+    held = None
+    for ts, phase in pairs:
+        if phase != _UNKNOWN and phase != held:
+            out.append((ts, phase))
+            held = phase
     return out
 
 
-def counts_from_seconds(seconds: Iterable[tuple[str, Second]], start_s: float, end_s: float,
+def counts_from_seconds(rows: Iterable[PhaseSeconds], start_s: float, end_s: float,
                         buckets: int) -> dict[int, dict[str, int]]:
     """``{bucket: {phase: samples}}`` on the grid of ``phase_shares.phase_counts``, from the
-    per-second tier: each second's samples counted in its phase (its last sample's)."""
-    width = (end_s - start_s) / buckets
+    per-second tier (``Store.seconds_phases``): each second's samples counted in its phase
+    (its last sample's)."""
+    width, top = (end_s - start_s) / buckets, buckets - 1
     out: dict[int, dict[str, int]] = {}
-    for _, second in seconds:
-        if second.phase is Phase.UNKNOWN or not start_s <= second.ts_s <= end_s:
-            continue
-        mine = out.setdefault(min(int((second.ts_s - start_s) // width), buckets - 1), {})
-        phase = second.phase._value_  # the enum's value without its descriptor (a third)
-        mine[phase] = mine.get(phase, 0) + second.n_samples
+    for row in rows:
+        for ts, n, phase in zip(row.starts, row.counts, row.phases):
+            if phase == _UNKNOWN or not start_s <= ts <= end_s:
+                continue
+            mine = out.setdefault(min(int((ts - start_s) // width), top), {})
+            mine[phase] = mine.get(phase, 0) + n
     return out
 
 

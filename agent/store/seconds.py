@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 MINUTE_S = 60.0
 PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
 _PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
+_PHASE_VALUES = tuple(p.value for p in PHASES)
 STATS = ("min", "max", "last")
 # The statistics kept per counter. Last for all; minimum and maximum where a view reads them:
 # the leak detector's floor (allocated, device used, KV blocks in use), the risk model's peaks
@@ -128,20 +129,11 @@ def pack(seconds: Sequence[Second]) -> bytes:
     return bytes([FORMAT_VERSION]) + zlib.compress(values.tobytes(), 6)
 
 
-def unpack(minute_s: float, blob: bytes, counters: bool = True) -> list[Second]:
-    """The seconds a :func:`pack` blob holds, for the minute starting at ``minute_s``.
-
-    ``counters=False``: each second's time, count and phase only (``low``, ``high`` and
-    ``last`` empty), what phase bands need, at a tenth of the cost (the counters' series are
-    most of the decoding)."""
+def unpack(minute_s: float, blob: bytes) -> list[Second]:
+    """The seconds a :func:`pack` blob holds, for the minute starting at ``minute_s``."""
     values, k = _decoded(minute_s, blob)
-    width = 1 + len(SERIES)
-    columns = [list(accumulate(values[c * k:(c + 1) * k]))
-               for c in range(width if counters else 3)]
+    columns = [list(accumulate(values[c * k:(c + 1) * k])) for c in range(1 + len(SERIES))]
     offsets, counts, phases = columns[0], columns[1], columns[2]
-    if not counters:
-        return [Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], (), (), ())
-                for j in range(k)]
     kept = {key: [None if v == _MISSING else v for v in series]
             for key, series in zip(_KEPT, columns[3:], strict=True)}
     # per statistic, the series of each counter (its last values where the statistic is not
@@ -150,6 +142,24 @@ def unpack(minute_s: float, blob: bytes, counters: bool = True) -> list[Second]:
                 for stat in range(len(STATS))]
     return [Second(minute_s + offsets[j], counts[j], PHASES[phases[j]], per_stat[0][j],
                    per_stat[1][j], per_stat[2][j]) for j in range(k)]
+
+
+class PhaseSeconds(NamedTuple):
+    """One row's seconds (a minute of one source) as columns of what phase bands and phase
+    shares need: no counter decoded, no object per second (six hours as ``Second`` objects
+    were 150 ms of a timeline)."""
+
+    source: str
+    starts: list[float]  # each second's start, in time order
+    counts: list[int]  # its raw samples
+    phases: list[str]  # the phase of its last sample (a ``Phase`` value)
+
+
+def unpack_phases(minute_s: float, blob: bytes) -> tuple[list[float], list[int], list[str]]:
+    """The seconds of a :func:`pack` blob as (starts, sample counts, phase values)."""
+    values, k = _decoded(minute_s, blob)
+    offsets, counts, codes = (list(accumulate(values[c * k:(c + 1) * k])) for c in range(3))
+    return [minute_s + o for o in offsets], counts, [_PHASE_VALUES[c] for c in codes]
 
 
 Series = list[int | None]  # one statistic of one counter, a value a second (None: unmeasured)

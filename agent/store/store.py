@@ -67,7 +67,7 @@ from vramscope.agent.store.schema import (
     samples,
     seconds,
 )
-from vramscope.agent.store.seconds import Second
+from vramscope.agent.store.seconds import PhaseSeconds, Second, unpack_phases
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
 ROLLUP_BUCKET_S = 60.0  # the rollups' minute (agent.retention)
@@ -720,19 +720,35 @@ class Store:
         return float(min(firsts)), float(max(lasts))
 
     def seconds(self, device: int, start_s: float, end_s: float, *,
-                host: str | None = None, counters: bool = True) -> list[tuple[str, Second]]:
+                host: str | None = None) -> list[tuple[str, Second]]:
         """The per-second tier's seconds in [start_s, end_s) of device index ``device``, as
-        (source, second) in time order (``agent/store/seconds.py``; ``counters=False``: time,
-        count and phase only)."""
+        (source, second) in time order (``agent/store/seconds.py``)."""
         from vramscope.agent.store.seconds import unpack
 
         q = self._seconds_rows(device, start_s, end_s, host)
         out: list[tuple[str, Second]] = []
         with self.engine.connect() as c:
             for minute, source, blob in c.execute(q):
-                out.extend((source, s) for s in unpack(float(minute), bytes(blob), counters)
+                out.extend((source, s) for s in unpack(float(minute), bytes(blob))
                            if start_s <= s.ts_s < end_s)
         out.sort(key=lambda pair: pair[1].ts_s)
+        return out
+
+    def seconds_phases(self, device: int, start_s: float, end_s: float, *,
+                       host: str | None = None) -> list[PhaseSeconds]:
+        """The per-second tier's seconds in [start_s, end_s) of device index ``device``, their
+        phases and sample counts only, a minute row at a time in (minute, source) order
+        (:func:`~vramscope.agent.store.seconds.unpack_phases`)."""
+        from bisect import bisect_left
+
+        q = self._seconds_rows(device, start_s, end_s, host)
+        out = []
+        with self.engine.connect() as c:
+            for minute, source, blob in c.execute(q).all():
+                starts, counts, phases = unpack_phases(float(minute), bytes(blob))
+                a, b = bisect_left(starts, start_s), bisect_left(starts, end_s)
+                if a < b:
+                    out.append(PhaseSeconds(source, starts[a:b], counts[a:b], phases[a:b]))
         return out
 
     def _seconds_rows(self, device: int, start_s: float, end_s: float,

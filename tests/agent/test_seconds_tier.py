@@ -123,6 +123,12 @@ def test_each_tier_is_kept_for_its_own_horizon(store):
     assert (source, second.n_samples, second.low[ALLOC], second.high[ALLOC]) == (
         "torch", 2, 1600, 1610)
     assert [e.name for e in store.events(0, T0, T0 + 600)] == ["oom"]
+    # the phases alone, as columns: seconds 30 to 89 of the window [T0 + 30.5, T0 + 90), cut
+    # from two minute rows
+    rows = store.seconds_phases(0, T0 + 30.5, T0 + 90)
+    assert [(row.source, row.starts[0] - T0, row.starts[-1] - T0, sum(row.counts))
+            for row in rows] == [("torch", 31.0, 59.0, 2 * 29), ("torch", 60.0, 89.0, 2 * 30)]
+    assert {p for row in rows for p in row.phases} == {"decode"}
 
     clock.advance(3600)  # the seconds pass their horizon a few minutes a step; rollups stay
     assert sum(r.step(store).deleted["seconds"] for _ in range(4)) == 8
@@ -149,7 +155,8 @@ def test_a_store_from_before_the_tier_rolls_its_raw_samples_up_again_before_dele
     assert store.samples(0) == []  # all older than 60 s, and all rolled up now
 
 
-def test_phases_alone_are_unpacked_without_the_counters():
+def test_phases_alone_are_unpacked_as_columns():
     blob = tier.pack(tier.summarize(_raw(SCRIPT)))
-    assert [(s.ts_s - T0, s.n_samples, s.phase, s.low) for s in tier.unpack(T0, blob, False)] \
-        == [(0.0, 3, Phase.DECODE, ()), (2.0, 1, Phase.PREFILL, ())]
+    starts, counts, phases = tier.unpack_phases(T0, blob)
+    assert ([t - T0 for t in starts], counts, phases) == ([0.0, 2.0], [3, 1], ["decode", "prefill"])
+    assert phases == [s.phase.value for s in tier.unpack(T0, blob)]
