@@ -7,6 +7,7 @@ windows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -420,20 +421,23 @@ def _shares_counts(store: Store, device: int, host: str | None, start_s: float, 
 
 def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
     """Peak allocated / reserved / device used / KV blocks over the device's newest
-    ``PEAKS_WINDOW_S`` of data (``first_ts_s``: where that began)."""
+    ``PEAKS_WINDOW_S`` of data, from the ten-minute boundary at or before its start
+    (``first_ts_s``: where the data read began)."""
     span = store.time_range(device, host)
     if span is None:
         return None
     cols = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
             "kv_blocks_used", "kv_blocks_total")
-    first = max(span[0], span[1] - PEAKS_WINDOW_S)
+    # whole ten-minute groups (a day: 144 rows a metric, read along their key), maxima only;
+    # from a group's start, so that no partial group's minutes and raw samples are read at
+    # the day's old end (two statements a device of the page's 73 on PostgreSQL)
+    first = math.floor(max(span[0], span[1] - PEAKS_WINDOW_S) / ROLLUP_TIER_S) * ROLLUP_TIER_S
     end = span[1] if span[1] > first else first + 1.0
-    # on the ten-minute groups (a day: 144 rows a metric, read along their key), maxima only
     rows = store.timeline(device, first, end, 1, cols, host=host, lasts=False,
                           width_s=ROLLUP_TIER_S)
     peaks = {c: max((r[f"{c}_max"] for r in rows if r[f"{c}_max"] is not None), default=None)
              for c in cols}
-    return {"first_ts_s": first, "last_ts_s": span[1], **peaks}
+    return {"first_ts_s": max(first, span[0]), "last_ts_s": span[1], **peaks}
 
 
 def postmortem_json(pm_id: int, pm: PostMortem, default_host: str,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.analysis.fragmentation import external_fragmentation, inactive_split_ratio
+from vramscope.agent.analysis.fragmentation import external_ratio, split_ratio
 from vramscope.agent.records import Event, Phase, Sample
 
 if TYPE_CHECKING:
@@ -51,42 +51,29 @@ def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[A
     computed only from a bucket's last row when that row carries a snapshot, so it is exact
     rather than mixed across readings. ``kv_tokens_per_block``
     (token occupancy: tokens stored per used KV block, at most the block size) likewise comes
-    from the last row, when it is a KV pool reading.
+    from the last row, when it is a KV pool reading. Each is a column at a time, by ``map``
+    over the bucket's values (a ``Sample`` per bucket and reading was a third of the time).
     """
-    split: dict[str, list[Any]] = {"ts": [], "max": []}
-    ext: dict[str, list[Any]] = {"ts": [], "max": []}
-    occupancy: dict[str, list[Any]] = {"ts": [], "max": []}
-    for r in rows:
-        tokens, blocks = r.get("kv_tokens_used_last"), r.get("kv_blocks_used_last")
-        if tokens is not None and blocks:
-            occupancy["ts"].append(r["ts_s"])
-            occupancy["max"].append(tokens / blocks)
-        ratio = inactive_split_ratio(_reading(r, "max"))
-        if ratio is not None:
-            split["ts"].append(r["ts_s"])
-            split["max"].append(ratio)
-        value = external_fragmentation(_reading(r, "last"))
-        if value is not None:
-            ext["ts"].append(r["ts_s"])
-            ext["max"].append(value)
-    return {name: s for name, s in (("inactive_split_ratio", split),
-                                    ("external_fragmentation", ext),
-                                    ("kv_tokens_per_block", occupancy)) if s["ts"]}
+    ts = [r["ts_s"] for r in rows]
+
+    def column(key: str) -> list[Any]:
+        return [r.get(key) for r in rows]
+
+    split = map(split_ratio, column("inactive_split_bytes_max"), column("reserved_bytes_max"))
+    ext = map(external_ratio, column("largest_free_block_bytes_last"),
+              column("reserved_bytes_last"), column("allocated_bytes_last"))
+    occupancy = map(_per_block, column("kv_tokens_used_last"), column("kv_blocks_used_last"))
+    out = {}
+    for name, values in (("inactive_split_ratio", split), ("external_fragmentation", ext),
+                         ("kv_tokens_per_block", occupancy)):
+        kept = [(t, v) for t, v in zip(ts, values) if v is not None]
+        if kept:
+            out[name] = {"ts": [t for t, _ in kept], "max": [v for _, v in kept]}
+    return out
 
 
-# a reading's fields' keys in a downsampled row, per statistic
-_READING_KEYS = {which: tuple(f"{f}_{which}" for f in ("allocated_bytes", "reserved_bytes",
-                                                         "inactive_split_bytes",
-                                                         "largest_free_block_bytes"))
-                 for which in ("max", "last")}
-
-
-def _reading(row: dict[str, Any], which: str) -> Sample:
-    """A bucket's ``max`` or ``last`` values as one allocator reading for the analysis (by
-    position: by keyword it was a third of the derived series' time)."""
-    allocated, reserved, split, largest = map(row.get, _READING_KEYS[which])
-    return Sample(row["ts_s"], 0, Phase.UNKNOWN, None, None, allocated, reserved, None, split,
-                  None, largest)
+def _per_block(tokens: int | None, blocks: int | None) -> float | None:
+    return None if tokens is None or not blocks else tokens / blocks
 
 
 def floor_series(allocated: dict[str, list[Any]] | None, window_s: float) -> dict[str, list[Any]]:

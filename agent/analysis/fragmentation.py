@@ -40,19 +40,33 @@ def fragmentation_point(s: Sample) -> FragPoint | None:
 
 
 def inactive_split_ratio(s: Sample) -> float | None:
-    if s.inactive_split_bytes is None or not s.reserved_bytes:
-        return None
-    return min(1.0, s.inactive_split_bytes / s.reserved_bytes)
+    return split_ratio(s.inactive_split_bytes, s.reserved_bytes)
 
 
 def external_fragmentation(s: Sample) -> float | None:
     """1 − largest free block / cached free; ``None`` without a snapshot or without free memory."""
-    if s.largest_free_block_bytes is None or s.reserved_bytes is None or s.allocated_bytes is None:
+    return external_ratio(s.largest_free_block_bytes, s.reserved_bytes, s.allocated_bytes)
+
+
+# The two ratios of plain counters, for readers that hold columns rather than samples (the
+# timeline's buckets: a Sample built per bucket only to be read was most of their cost).
+
+def split_ratio(inactive_split_bytes: int | None, reserved_bytes: int | None) -> float | None:
+    """Inactive split bytes / reserved bytes, at most 1; None without both."""
+    if inactive_split_bytes is None or not reserved_bytes:
         return None
-    cached_free = s.reserved_bytes - s.allocated_bytes
+    return min(1.0, inactive_split_bytes / reserved_bytes)
+
+
+def external_ratio(largest_free_block_bytes: int | None, reserved_bytes: int | None,
+                   allocated_bytes: int | None) -> float | None:
+    """1 − largest free block / cached free; None without all three or without free memory."""
+    if largest_free_block_bytes is None or reserved_bytes is None or allocated_bytes is None:
+        return None
+    cached_free = reserved_bytes - allocated_bytes
     if cached_free <= 0:
         return None
-    return max(0.0, 1.0 - min(s.largest_free_block_bytes, cached_free) / cached_free)
+    return max(0.0, 1.0 - min(largest_free_block_bytes, cached_free) / cached_free)
 
 
 def with_allocator_context(samples: Iterable[Sample]) -> Iterator[Sample]:

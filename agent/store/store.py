@@ -250,6 +250,22 @@ class Store:
         self._device_ids[key] = row_id
         return row_id
 
+    def known_device_id(self, index: int, host: str | None = None) -> int | None:
+        """The row id of device ``index`` of ``host`` (default: this host) if it is stored, else
+        None; never creates one. Found ids are kept (device rows are never deleted or
+        renumbered): a dashboard request looked its device up in every part it read, a
+        statement each (16 of the capacity page's 73 on PostgreSQL)."""
+        key = (host or self.host_name, index)
+        found = self._device_ids.get(key)
+        if found is None:
+            q = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+                 .where(hosts.c.name == key[0], devices.c.device_index == index))
+            with self.engine.connect() as c:
+                found = c.execute(q).scalar()
+            if found is not None:
+                self._device_ids[key] = found
+        return found
+
     def set_boot_id(self, boot_id: str, host: str | None = None) -> None:
         """Record the host's current boot id (from ``/proc/sys/kernel/random/boot_id``)."""
         with self.engine.begin() as c:
@@ -695,13 +711,17 @@ class Store:
         Per device, ``min`` and ``max`` are separate scalar subqueries: each is then one seek on
         the ``(device_id, ts_s)`` index, whereas both in one SELECT turns SQLite's min/max
         shortcut off and reads every row of the device (1.26 s at 7 days of 10 Hz)."""
-        ids = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
-               .where(hosts.c.name == (host or self.host_name)))
-        if device is not None:
-            ids = ids.where(devices.c.device_index == device)
+        known = None if device is None else self.known_device_id(device, host)
         spans = []
         with self.engine.connect() as c:
-            for did in c.execute(ids).scalars().all():
+            if device is None:
+                dids = c.execute(select(devices.c.id)
+                                 .join(hosts, hosts.c.id == devices.c.host_id)
+                                 .where(hosts.c.name == (host or self.host_name))
+                                 ).scalars().all()
+            else:
+                dids = [] if known is None else [known]
+            for did in dids:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
                 hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
