@@ -47,6 +47,21 @@ def test_hosts_never_mix(any_url):
         assert [(d["host"], d["device_index"]) for d in store.devices("*")] == [("a", 0), ("b", 0)]
 
 
+def test_a_reader_finds_a_device_another_store_adds_after_it_asked(any_url):
+    """The dashboard's store keeps the device ids it found, never a miss: a device the agent
+    adds later is found on the next request, and a host's device is never another's."""
+    with Store.open(any_url, host_name="a") as writer, Store.open(any_url, host_name="a") as reader:
+        writer.write([Sample(T0, 0, allocated_bytes=1)])
+        assert reader.known_device_id(2) is None
+        assert reader.time_range(2) is None
+        writer.write([Sample(T0 + 1, 2, allocated_bytes=5), Sample(T0 + 3, 2, allocated_bytes=7,
+                                                                   host="b")])
+        assert reader.known_device_id(2) == writer.device_id(2)
+        assert reader.known_device_id(2, "b") == writer.device_id(2, "b") != writer.device_id(2)
+        assert reader.time_range(2) == (T0 + 1, T0 + 1)
+        assert reader.time_range(2, "b") == (T0 + 3, T0 + 3)
+
+
 def test_idempotent_batches(any_url):
     with Store.open(any_url, host_name="h") as store:
         batch = _samples(10)
