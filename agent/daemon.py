@@ -93,6 +93,9 @@ class Agent:
         every = config["database.integrity_check_interval_s"]
         self._integrity_schedule = Schedule(every, now + min(every, 60.0)) if every else None
         self.integrity: dict[str, Any] | None = None  # the last check's result
+        # the last retention step ran out of a budget (catching up: a store that was stale, or
+        # a backlog after downtime); None before the first step
+        self.retention_backlog: bool | None = None
         self._rate = _Rate(now, 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -322,6 +325,7 @@ class Agent:
             "db_refused_total": w.refused_total,
             "db_failing": self.writer.failing,
             "db_integrity": self.integrity,
+            "retention_backlog": self.retention_backlog,
             "alerts": self.alerts.counts() if self.alerts is not None else None,
             "database": self.store.safe_url,
             "db_size_bytes": self.store.size_bytes(),
@@ -354,6 +358,7 @@ class Agent:
 
     def _retention_task(self, store: Store) -> None:
         result = self.retention.step(store)
+        self.retention_backlog = result.backlog
         if result.busy:
             log.debug("retention step: %s", result)
         if result.backlog:

@@ -78,6 +78,7 @@ def render(s: dict[str, Any]) -> str:
     lines = [f"agent: running (pid {s['pid']}), socket {s['socket']}",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}"
              + (" — WRITES FAILING, retrying" if s.get("db_failing") else "")
+             + (" — retention catching up" if s.get("retention_backlog") else "")
              + _integrity(s.get("db_integrity"))]
     lines.append(f"devices: {len(s['devices'])}")
     for d in s["devices"]:

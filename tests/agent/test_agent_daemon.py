@@ -172,3 +172,19 @@ def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_
     agent.writer.flush()
     agent._retention_task(store)
     assert allocated() == [(99, 4)]
+
+
+def test_status_says_while_retention_catches_up(store, fake_clock):
+    """A store whose raw rows passed the cutoff while no agent ran (a copied or restored store):
+    retention deletes them a budget a step and says so, until it has caught up."""
+    config = parse_config({"retention": {"raw_s": 60, "step_rows": 100}}, None)
+    a = Agent(config, store=store, source=None, listen=False, clock=fake_clock, alerts=False)
+    minute = (fake_clock.time_s() // 60) * 60 - 600  # ten minutes ago: old, and past the grace
+    store.write([Sample(minute + i / 10, 0, source="torch", allocated_bytes=i)
+                 for i in range(250)])
+    assert a.status()["retention_backlog"] is None  # no step yet
+    states = []
+    for _ in range(4):
+        a._retention_task(store)
+        states.append((a.status()["retention_backlog"], store.count("samples")))
+    assert states == [(True, 150), (True, 50), (False, 0), (False, 0)]
