@@ -31,6 +31,7 @@ from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
+from vramscope.agent.store.store import integrity_wait_s
 from vramscope.agent.writer import Writer
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class Agent:
         self._retention_schedule = Schedule(RETENTION_INTERVAL_S, now + 1.0)
         every = config["database.integrity_check_interval_s"]
         self._integrity_schedule = Schedule(every, now + min(every, 60.0)) if every else None
+        self._integrity_max_cpu_percent = config["database.integrity_check_max_cpu_percent"]
         self.integrity: dict[str, Any] | None = None  # the last check's result
         # the last retention step ran out of a budget (catching up: a store that was stale, or
         # a backlog after downtime); None before the first step
@@ -230,7 +232,7 @@ class Agent:
         if self._retention_schedule.due(now):
             self.writer.submit(self._retention_task)
         if self._integrity_schedule is not None and self._integrity_schedule.due(now):
-            self.writer.submit(self._integrity_task)
+            self.writer.submit(self._integrity_task)  # which may put the next one further off
 
     def run_once(self) -> None:
         """One of everything, synchronously: sample, write, stats. For tests."""
@@ -345,10 +347,17 @@ class Agent:
     def _integrity_task(self, store: Store) -> None:
         """SQLite's quick_check on the writer thread (a reader: WAL lets it run beside the
         writes of others); one log line when the verdict changes, not one per check."""
-        problem = store.check_integrity()
+        problem, cpu_s = store.timed_integrity_check()
+        checks = self._integrity_schedule
+        assert checks is not None  # only its schedule submits this task
+        wait_s = integrity_wait_s(checks.interval_s, cpu_s, self._integrity_max_cpu_percent)
+        # a check of a big file is spaced out from when it ended (a sampler thread's float
+        # store; it advanced the schedule by one interval when it submitted this task)
+        checks.next_s = max(checks.next_s, self.clock.monotonic_s() + wait_s)
         was_ok = self.integrity is None or self.integrity["ok"]
         self.integrity = {"ok": problem is None, "problem": problem,
-                          "checked_ts_s": self.clock.time_s()}
+                          "checked_ts_s": self.clock.time_s(), "cpu_s": cpu_s,
+                          "next_in_s": wait_s}
         if problem is not None and was_ok:
             log.error("database integrity check failed: %s. Stop the agent, check the file "
                       "with `sqlite3 FILE 'PRAGMA integrity_check'` and restore or move it "

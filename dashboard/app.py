@@ -66,7 +66,9 @@ def _healthz() -> ResponseReturnValue:
     except Exception as exc:  # any driver error: unhealthy, not a crash
         current_app.logger.warning("health check: database does not answer: %s", exc)
         return {"status": "error", "problem": "database does not answer"}, 503
-    damage = st.store.integrity()  # quick_check, at most every 10 minutes
+    # quick_check, at most every 10 minutes and within its CPU budget (a probe polls this)
+    damage = st.store.integrity(
+        max_cpu_percent=st.config["database.integrity_check_max_cpu_percent"])
     if damage is not None:
         current_app.logger.error("health check: database integrity check failed: %s", damage)
         return {"status": "error", "problem": f"database integrity check failed: {damage}"}, 503

@@ -41,6 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
+from vramscope.agent.config import INTEGRITY_MAX_CPU_PERCENT
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -68,6 +69,13 @@ from vramscope.agent.store.schema import (
     seconds,
 )
 from vramscope.agent.store.seconds import PhaseSeconds, Second, unpack_phases
+
+
+def integrity_wait_s(every_s: float, cpu_s: float, max_cpu_percent: float) -> float:
+    """Seconds from one integrity check to the next: ``every_s``, or longer when a check of
+    ``cpu_s`` CPU seconds that often would take more than ``max_cpu_percent`` of a core."""
+    return max(every_s, 100.0 * cpu_s / max_cpu_percent)
+
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
 ROLLUP_BUCKET_S = 60.0  # the rollups' minute (agent.retention)
@@ -178,14 +186,28 @@ class Store:
             return str(exc)
         return None if rows == ["ok"] else "; ".join(rows)[:500]
 
-    def integrity(self, max_age_s: float = 600.0) -> str | None:
-        """``check_integrity()``, run at most once per ``max_age_s`` (for /healthz)."""
+    def timed_integrity_check(self) -> tuple[str | None, float]:
+        """``check_integrity()`` and the CPU seconds it took this thread (what decides when the
+        next check may run: ``integrity_wait_s``)."""
+        import time
+
+        cpu0 = time.thread_time()
+        problem = self.check_integrity()
+        return problem, time.thread_time() - cpu0
+
+    def integrity(self, max_age_s: float = 600.0,
+                  max_cpu_percent: float = INTEGRITY_MAX_CPU_PERCENT) -> str | None:
+        """``check_integrity()``, run at most once per ``max_age_s`` and no more often than
+        keeps it under ``max_cpu_percent`` of a core (for /healthz: a probe polls it, and
+        the check of a week-old file takes seconds)."""
         import time
 
         now = time.monotonic()
         last = getattr(self, "_integrity", None)
-        if last is None or now - last[0] >= max_age_s:
-            self._integrity = last = (now, self.check_integrity())
+        if last is None or now >= last[0]:
+            problem, cpu_s = self.timed_integrity_check()
+            self._integrity = last = (now + integrity_wait_s(max_age_s, cpu_s, max_cpu_percent),
+                                      problem)
         return last[1]
 
     @property

@@ -14,6 +14,7 @@ from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.server import ClientInfo
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.sources.nvml import FakeNvmlSource, open_nvml
+from vramscope.agent.store.store import integrity_wait_s
 
 GiB = 2**30
 
@@ -172,6 +173,32 @@ def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_
     agent.writer.flush()
     agent._retention_task(store)
     assert allocated() == [(99, 4)]
+
+
+def test_integrity_checks_are_spaced_to_keep_within_their_cpu_budget(store, fake_clock):
+    """SQLite's quick_check reads the whole file: its next run waits 100 / max_cpu_percent
+    times the CPU it took, when that is longer than the interval (a week-old file: hourly)."""
+    assert integrity_wait_s(900.0, 0.5, 0.25) == 900.0  # 0.5 s a quarter-hour: 0.06 %
+    assert integrity_wait_s(900.0, 9.0, 0.25) == 3600.0  # 9 s checks: hourly for 0.25 %
+    config = parse_config({"database": {"integrity_check_interval_s": 1,
+                                        "integrity_check_max_cpu_percent": 0.01}}, None)
+    a = Agent(config, store=store, source=None, listen=False, clock=fake_clock, alerts=False)
+    store.write([Sample(fake_clock.time_s() + i / 10, 0, source="torch", allocated_bytes=i)
+                 for i in range(1000)])
+    a._integrity_task(store)
+    result = a.status()["db_integrity"]
+    assert result["ok"] is True and result["cpu_s"] > 0
+    # 0.01 % of a core: 10,000 times the check's CPU, well over the 1 s interval
+    assert result["next_in_s"] == 10_000 * result["cpu_s"] > 1.0
+    assert a._integrity_schedule.next_s == fake_clock.monotonic_s() + result["next_in_s"]
+    submitted = []
+    a.writer.submit = submitted.append  # what tick() hands the writer
+    fake_clock.advance(result["next_in_s"] - 0.001)
+    a.tick()
+    assert a._integrity_task not in submitted
+    fake_clock.advance(0.002)
+    a.tick()
+    assert submitted.count(a._integrity_task) == 1
 
 
 def test_status_says_while_retention_catches_up(store, fake_clock):

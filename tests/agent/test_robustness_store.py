@@ -136,6 +136,18 @@ def test_healthz_reports_a_damaged_database(short_dir):
     assert reply.get_json()["problem"].startswith("database integrity check failed: ")
 
 
+def test_healthz_checks_no_more_often_than_its_cpu_budget(short_dir):
+    """/healthz is polled by probes: a check waits at least 100 / max_cpu_percent times the
+    CPU the last one took, whatever ``max_age_s`` says (a week-old file takes seconds)."""
+    db = f"{short_dir}/vs.db"
+    _good_db(db)
+    with Store.open(f"sqlite:///{db}") as st:
+        assert st.integrity(max_age_s=0.0, max_cpu_percent=0.01) is None  # checked: sound
+        _damage_pages_in_the_middle(db)
+        assert st.check_integrity() is not None  # a check now would find it...
+        assert st.integrity(max_age_s=0.0, max_cpu_percent=0.01) is None  # ...not yet due
+
+
 def test_a_sound_database_is_healthy(short_dir):
     from vramscope.agent.config import parse_config
     from vramscope.dashboard.app import create_app
