@@ -147,7 +147,7 @@ def test_late_minutes_kept_are_bounded(filled, monkeypatch):
 
 def test_backlog_only_when_a_budget_ran_out(filled):
     # The agent re-runs a step after 1 s only on a backlog: a step that deleted a few rows
-    # (the steady state, every 10 s) is busy but has none.
+    # (the steady state, every 30 s) is busy but has none.
     clock = FakeClock(T0 + 5 * 60 + 30)
     r = Retention(raw_s=60, rollup_s=86400, step_rows=2, clock=clock, minutes_per_step=5)
     steps = [r.step(filled) for _ in range(4)]
