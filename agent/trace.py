@@ -11,10 +11,12 @@ Pure functions over text; the CLI and the store do the I/O around them.
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import math
 import zlib
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from typing import IO, Any, NamedTuple, cast
 
 from vramscope.agent.errors import TraceError
@@ -33,6 +35,8 @@ _EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host", 
 # enters (a file line, one client's message) instead of failing a batch that also holds other
 # clients' rows. Every string must also be encodable as UTF-8 (no lone surrogates).
 STR_LIMITS = {"source": 32, "event": 64, "request_id": 255, "host": 255, "device_uuid": 80}
+_TS = attrgetter("ts_s")
+
 # Bounds on an event's extra keys (stored as JSON text): readers recurse over them.
 MAX_DATA_DEPTH = 16
 MAX_DATA_BYTES = 65_536
@@ -309,10 +313,18 @@ def event_to_json(e: Event) -> dict[str, Any]:
 
 
 def write_trace(out: IO[str], samples: Iterable[Sample], events: Iterable[Event]) -> int:
-    """Write samples and events merged in time order; returns lines written."""
-    tagged = [(s.ts_s, 0, sample_to_json(s)) for s in samples]
-    tagged += [(e.ts_s, 1, event_to_json(e)) for e in events]
-    tagged.sort(key=lambda t: (t[0], t[1]))
-    for _, _, obj in tagged:
+    """Write samples and events merged in time order (in any order, held to be sorted);
+    returns lines written."""
+    return write_sorted_trace(out, sorted(samples, key=_TS), sorted(events, key=_TS))
+
+
+def write_sorted_trace(out: IO[str], samples: Iterable[Sample], events: Iterable[Event]) -> int:
+    """:func:`write_trace` of samples and events each already in time order (a store's
+    cursors: ``vramscope export``), as a stream, whatever their number; a sample before an
+    event of the same instant, each kind in its input order."""
+    n = 0
+    for r in heapq.merge(samples, events, key=_TS):  # a tie: the first iterable's first
+        obj = event_to_json(r) if type(r) is Event else sample_to_json(r)  # type: ignore[arg-type]
         out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    return len(tagged)
+        n += 1
+    return n

@@ -11,13 +11,13 @@ document itself is assembled by :mod:`vramscope.agent.analysis.report`. Pure: no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
-from vramscope.agent.analysis.merge import Batch, merged
+from vramscope.agent.analysis.merge import Batch, merged, record_batches
 from vramscope.agent.analysis.report import DeviceSummary, document_of
 from vramscope.agent.records import Event, PostMortem, Sample
 
@@ -42,16 +42,8 @@ def analyze_records(samples: Iterable[Sample], events: Iterable[Event] = (),
     def reopen(dev: int, until_s: float) -> Iterable[Sample | Event]:
         return (r for r in records if r.device == dev and r.ts_s <= until_s)
 
-    return analyze_stream(_batches(records), reopen, config, postmortems=postmortems,
-                          makeup=makeup)
-
-
-def _batches(records: list[Sample | Event]) -> Iterator[Batch]:
-    for i in range(0, len(records), CHUNK):
-        chunk = records[i:i + CHUNK]
-        # type(r) is faster than isinstance, and mypy cannot narrow it: hence the casts
-        yield (cast("list[Sample]", [r for r in chunk if type(r) is not Event]),
-               cast("list[Event]", [r for r in chunk if type(r) is Event]))
+    return analyze_stream(record_batches(records, CHUNK), reopen, config,
+                          postmortems=postmortems, makeup=makeup)
 
 
 def analyze_stream(batches: Iterable[Batch], reopen: Reopen,

@@ -4,10 +4,11 @@ split of a device's records into per-process series (docs/architecture.md rule 6
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from vramscope.agent.records import Event, Sample
 
@@ -57,6 +58,56 @@ def time_batches(samples: Iterable[Sample], events: Iterable[Event], size: int
         evs = [pending, *islice(e_it, size - 1)]
         pending = next(e_it, None)
         yield [], evs
+
+
+class OutOfOrder(Exception):
+    """A recording is further out of time order than :func:`in_time_order` holds back for."""
+
+
+# (ts_s, 0 for an event / 1 for a sample, source index, seq, record): the order merged() gives,
+# events first on a tie and each kind in input order; seq is unique, so records never compare
+Keyed = tuple[float, int, int, int, "Sample | Event"]
+
+
+def in_time_order(chunks: Iterable[Batch], slack_s: float, source: int = 0,
+                  name: str = "the recording") -> Iterator[Keyed]:
+    """The records of ``chunks`` (one recording's ``(samples, events)`` in the order it was
+    written: ``trace.iter_trace``) in :func:`merged`'s order, holding back only the records
+    within ``slack_s`` of the newest seen: a recording written in time order give or take
+    ``slack_s`` (threads that write a little late) is sorted in bounded memory. Raises
+    :class:`OutOfOrder` at a record that belongs before one already given out."""
+    heap: list[Keyed] = []
+    seq, newest = 0, -math.inf
+    out = (-math.inf, 0)  # (ts_s, kind) of the last record given out
+    for samples, events in chunks:
+        for kind, records in ((0, events), (1, samples)):
+            for r in records:
+                ts = r.ts_s
+                if (ts, kind) < out:
+                    raise OutOfOrder(f"{name}: a record at {ts:.3f} s comes after one at "
+                                     f"{out[0]:.3f} s, more than {slack_s:g} s out of time "
+                                     f"order")
+                heapq.heappush(heap, (ts, kind, source, seq, r))
+                seq += 1
+                if ts > newest:
+                    newest = ts
+        while heap and heap[0][0] < newest - slack_s:
+            item = heapq.heappop(heap)
+            out = (item[0], item[1])
+            yield item
+    while heap:
+        yield heapq.heappop(heap)
+
+
+def record_batches(records: Iterable[Sample | Event], size: int) -> Iterator[Batch]:
+    """Records in :func:`merged`'s order cut into consecutive ``(samples, events)`` batches of
+    ``size`` records: merged again (as the engine's ``feed_batch`` does), each gives back its
+    own order, which is the whole's."""
+    it = iter(records)
+    while chunk := list(islice(it, size)):
+        # type(r) is faster than isinstance, and mypy cannot narrow it: hence the casts
+        yield (cast("list[Sample]", [r for r in chunk if type(r) is not Event]),
+               cast("list[Event]", [r for r in chunk if type(r) is Event]))
 
 
 def by_device(records: Sequence[Sample | Event]) -> dict[int, list[Sample | Event]]:

@@ -11,7 +11,7 @@ longer: ``analyze --db`` streams one device at a time, so its memory does not gr
   ``vramscope analyze FILE --json`` of the same records exported to a trace file, run
   alternately. Targets: peak RSS <= 1 GB, time within 2x of the file's.
 - **retention step**: the CPU of one steady-state ``Retention.step`` (nothing due: the
-  question every 10 s) on the old store against the same step on an hour of the same
+  question every 30 s) on the old store against the same step on an hour of the same
   history, same run. Target: within 2x.
 """
 
@@ -48,11 +48,11 @@ def run(options: BenchOptions) -> list[Figure]:
 
 
 def _export(store: Store, workdir: str) -> str:
-    from vramscope.agent.trace import write_trace
+    from vramscope.agent.trace import write_sorted_trace
 
     path = os.path.join(workdir, "week.jsonl")
-    with open(path, "w", encoding="utf-8") as out:
-        write_trace(out, store.iter_samples(None), store.events(None))
+    with open(path, "w", encoding="utf-8") as out:  # as `vramscope export` writes it
+        write_sorted_trace(out, store.iter_samples(None), store.iter_events(None))
     return path
 
 

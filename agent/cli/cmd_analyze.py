@@ -10,12 +10,15 @@ it without a leak too, and says so when the recording has no two layouts to comp
 ``--db`` reads one device at a time, and only the window ``--since``/``--until`` asks for, as
 a stream: records flow through the analysis and are dropped, so memory is bounded whatever the
 window (a week of 8 devices at 10 Hz loaded at once was 28 GB; see docs/analysis.md, "Memory").
+Trace files stream too, sorted within a minute (``FILE_SLACK_S``); a file further out of time
+order is loaded whole.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -56,7 +59,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramscope.agent.alerts.config_check import document_lines
-    from vramscope.agent.alerts.offline import analyze_records
     from vramscope.agent.analysis.report import render_text
 
     if bool(args.files) == bool(args.db_url):
@@ -67,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.db_url:
         doc, postmortems = _analyze_db(config, args)
     else:
-        samples, events, postmortems = _from_files(args.files)
-        doc = analyze_records(samples, events, config, postmortems=postmortems,
-                              device=args.device, makeup=args.makeup)
+        doc, postmortems = _analyze_files(args.files, config, args), []
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
@@ -103,16 +103,46 @@ def postmortem_lines(postmortems: list[PostMortem], device: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _from_files(paths: list[str]) -> tuple[list[Sample], list[Event], list[PostMortem]]:
-    from vramscope.agent.trace import read_trace
+# A trace written in time order give or take this much (the hooks' and the agent's writers put
+# a record down moments after its time; a thread's record may follow a later one) is analyzed as
+# a stream, in bounded memory; one out of order by more is loaded whole and sorted.
+FILE_SLACK_S = 60.0
 
+
+def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace
+                   ) -> dict[str, Any]:
+    """Trace files as one stream in time order (each file sorted within ``FILE_SLACK_S``, the
+    files merged), through the analysis and dropped, as ``--db`` does: the same document as
+    loading them whole (the same order: events first on a tie, then each file in turn), in
+    the memory of a minute of records. Read a second time, up to its OOM, for a device that
+    had one. A file further out of order is loaded whole instead, with a note on stderr."""
+    import heapq
+
+    from vramscope.agent.alerts.offline import CHUNK, analyze_records, analyze_stream
+    from vramscope.agent.analysis.merge import OutOfOrder, in_time_order, record_batches
+    from vramscope.agent.trace import iter_trace, read_trace
+
+    def records(device: int | None, until_s: float = math.inf) -> Iterator[Sample | Event]:
+        streams = [in_time_order(iter_trace(path), FILE_SLACK_S, i, path)
+                   for i, path in enumerate(paths)]
+        for ts_s, _kind, _source, _seq, r in heapq.merge(*streams):
+            if ts_s > until_s:
+                return
+            if device is None or r.device == device:
+                yield r
+
+    try:
+        return analyze_stream(record_batches(records(args.device), CHUNK), records, config,
+                              makeup=args.makeup)
+    except OutOfOrder as exc:
+        sys.stderr.write(f"note: {exc}: loading the recording whole to sort it\n")
     samples: list[Sample] = []
     events: list[Event] = []
     for path in paths:
         trace = read_trace(path)
         samples += trace.samples
         events += trace.events
-    return samples, events, []
+    return analyze_records(samples, events, config, device=args.device, makeup=args.makeup)
 
 
 def _analyze_db(config: Config, args: argparse.Namespace

@@ -29,12 +29,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.what == "prometheus-rules":
         return _export_rules(args)
-    from vramscope.agent.trace import write_trace
+    from vramscope.agent.trace import write_sorted_trace
 
     with open_store(args, reading="export") as store, _output(args.output) as out:
+        # both cursors in time order, merged as they are read: a week exports in the memory
+        # of a few thousand rows
         samples = store.iter_samples(args.device, args.since, args.until)
-        events = store.events(args.device, args.since, args.until)
-        n = write_trace(out, samples, events)
+        events = store.iter_events(args.device, args.since, args.until)
+        n = write_sorted_trace(out, samples, events)
     if args.output:
         print(f"{args.output}: wrote {n} lines", file=sys.stderr)
     return 0

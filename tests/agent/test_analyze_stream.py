@@ -4,11 +4,19 @@ memory is bounded however long the window; the OOM diagnosis keeps a bounded his
 from __future__ import annotations
 
 import json
+from itertools import islice
 
+import pytest
 from vramscope.agent.alerts.engine import DeviceAnalysis
 from vramscope.agent.alerts.offline import CHUNK, analyze_records
 from vramscope.agent.analysis.diagnosis import diagnose
-from vramscope.agent.analysis.merge import iter_merged, merged, time_batches
+from vramscope.agent.analysis.merge import (
+    OutOfOrder,
+    in_time_order,
+    iter_merged,
+    merged,
+    time_batches,
+)
 from vramscope.agent.analysis.report import OomWitness
 from vramscope.agent.cli import main
 from vramscope.agent.records import Event, Phase, Sample
@@ -165,3 +173,102 @@ def test_the_database_is_analyzed_without_reading_the_window_ahead(tmp_path, cap
     assert sum(p["samples"] for p in doc["devices"]["0"]["phases"].values()) == 8640
     assert read[0] == fed[0] == 8640
     assert ahead[0] <= CHUNK
+
+
+def _names(records):
+    return [r.name if isinstance(r, Event) else (r.device, r.allocated_bytes) for r in records]
+
+
+def _written_late(samples, events, late_s: float) -> list[Sample | Event]:
+    """The records in the order a writer with a lagging thread puts them down: each event
+    after the samples of the next ``late_s`` seconds."""
+    out: list[Sample | Event] = []
+    pending = sorted(events, key=lambda e: e.ts_s)
+    for s in samples:
+        while pending and pending[0].ts_s + late_s <= s.ts_s:
+            out.append(pending.pop(0))
+        out.append(s)
+    return out + pending
+
+
+def test_in_time_order_sorts_a_recording_written_a_little_late_as_merged_does():
+    samples = [_s(1.0, 1), _s(2.0, 2), _s(2.0, 3), _s(1.5, 4), _s(3.0, 5), _s(9.0, 6)]
+    events = [_e(2.0, "a"), _e(0.5, "b"), _e(2.0, "c"), _e(8.0, "d")]
+    chunks = [(samples[:3], events[:1]), (samples[3:5], events[1:3]), (samples[5:], events[3:])]
+    ordered = [item[4] for item in in_time_order(iter(chunks), slack_s=5.0)]
+    assert ordered == merged(samples, events)
+    assert _names(ordered) == ["b", (0, 1), (0, 4), "a", "c", (0, 2), (0, 3), (0, 5), "d",
+                               (0, 6)]
+
+
+def test_in_time_order_refuses_a_record_later_than_its_slack():
+    chunks = [([_s(1.0, 1), _s(20.0, 2)], []), ([_s(30.0, 3)], []), ([], [_e(2.0, "late")])]
+    it = in_time_order(iter(chunks), slack_s=5.0, name="t.jsonl")
+    # 1.0 < 20 - 5: given out after the first chunk; 20.0 < 30 - 5 after the second
+    assert _names(item[4] for item in islice(it, 2)) == [(0, 1), (0, 2)]
+    with pytest.raises(OutOfOrder) as err:
+        next(it)
+    assert str(err.value) == ("t.jsonl: a record at 2.000 s comes after one at 20.000 s, "
+                              "more than 5 s out of time order")
+
+
+def _two_device_files(tmp_path, late_s: float) -> tuple[list[str], list[Sample], list[Event]]:
+    """Device 0's OOM recording and device 1's steady one, each its own file over the same
+    hours, each with its events written ``late_s`` late."""
+    s0, e0 = _oom_recording(20_000)
+    s1 = [_s(i + 0.25, GIB, Phase.IDLE, device=1) for i in range(20_000)]
+    e1 = [_e(i + 0.25, "request_start", f"q{i}", device=1) for i in range(0, 20_000, 30)]
+    paths = []
+    for name, (samples, events) in (("d0", (s0, e0)), ("d1", (s1, e1))):
+        path = tmp_path / f"{name}.jsonl"
+        with open(path, "w", encoding="utf-8") as out:
+            for r in _written_late(samples, events, late_s):
+                write_trace(out, [r] if isinstance(r, Sample) else [],
+                            [r] if isinstance(r, Event) else [])
+        paths.append(str(path))
+    return paths, s0 + s1, e0 + e1
+
+
+def test_trace_files_are_analyzed_as_a_stream_like_loaded_whole(tmp_path, capsys,
+                                                                 monkeypatch):
+    """Two files over the same 5.5 hours, events written 3 s late: the document of loading
+    them whole and sorting, with at most a few chunks of records read ahead of the engine
+    (iter_trace's 5,000, a batch, the 60 s held back per file), not the 40,000 samples."""
+    import vramscope.agent.trace as trace_mod
+
+    paths, samples, events = _two_device_files(tmp_path, late_s=3.0)
+    whole = analyze_records(samples, events)
+    assert whole["devices"]["0"]["oom"]["cause"] == "growth"
+    read, fed, ahead = [0], [0], [0]
+    real_parse, real_on_sample = trace_mod.parse_record, DeviceAnalysis.on_sample
+
+    def parse_record(*args):
+        r = real_parse(*args)
+        read[0] += isinstance(r, Sample)
+        return r
+
+    def on_sample(self, s):  # how far reading is ahead of the engine, at each sample it takes
+        fed[0] += 1
+        ahead[0] = max(ahead[0], read[0] - fed[0])
+        return real_on_sample(self, s)
+
+    monkeypatch.setattr(trace_mod, "parse_record", parse_record)
+    monkeypatch.setattr(DeviceAnalysis, "on_sample", on_sample)
+    assert main(["analyze", "--json", *paths]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == json.loads(json.dumps(whole))
+    assert out.err == ""
+    assert fed[0] == 40_000
+    assert read[0] == 80_000  # and again up to device 0's OOM, its last sample (the diagnosis)
+    assert ahead[0] <= 2 * 5000 + CHUNK + 2 * 61
+
+
+def test_a_trace_file_further_out_of_order_is_loaded_whole_with_a_note(tmp_path, capsys):
+    paths, samples, events = _two_device_files(tmp_path, late_s=90.0)
+    assert main(["analyze", "--json", "--device", "0", *paths]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == json.loads(json.dumps(analyze_records(samples, events,
+                                                                        device=0)))
+    assert out.err.startswith(f"note: {paths[0]}: a record at ")
+    assert out.err.endswith("more than 60 s out of time order: loading the recording whole "
+                            "to sort it\n")

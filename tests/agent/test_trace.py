@@ -153,3 +153,40 @@ def test_export_filters_by_device_and_time(tmp_path):
     got = parse_lines(dst.read_text().splitlines())
     assert [round(s.ts_s - 1_700_000_000, 1) for s in got.samples] == [1.1, 1.3, 1.5, 1.7, 1.9]
     assert all(s.device == 1 for s in got.samples) and got.events == []
+
+
+def test_export_streams_the_store_in_the_order_write_trace_gives(tmp_path, monkeypatch):
+    """`vramscope export` merges the store's two cursors as it reads them: each line is
+    written before the next sample is read (the old export built the whole file's lines
+    first), and the file is byte for byte what write_trace makes of the same records."""
+    import vramscope.agent.trace as trace_mod
+    from vramscope.agent.store import Store
+    from vramscope.agent.store.history_generator import History, generate
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with Store.open(url) as store:  # 2 devices at 10 Hz for 0.01 day, with request events
+        generate(store, History(devices=2, hz=10, days=0.01, rollups=False))
+        samples, events = list(store.iter_samples(None)), store.events(None)
+    assert len(samples) == 17_280 and len(events) > 100
+    read, written, ahead = [0], [0], [0]
+    real_iter, real_to_json = Store.iter_samples, trace_mod.sample_to_json
+
+    def iter_samples(self, *args, **kwargs):
+        for s in real_iter(self, *args, **kwargs):
+            read[0] += 1
+            yield s
+
+    def sample_to_json(s):
+        written[0] += 1
+        ahead[0] = max(ahead[0], read[0] - written[0])
+        return real_to_json(s)
+
+    monkeypatch.setattr(Store, "iter_samples", iter_samples)
+    monkeypatch.setattr(trace_mod, "sample_to_json", sample_to_json)
+    dst = tmp_path / "out.jsonl"
+    assert main(["export", "--db", url, "-o", str(dst)]) == 0
+    assert written[0] == len(samples) and ahead[0] <= 1  # the merge's one sample in hand
+    monkeypatch.setattr(trace_mod, "sample_to_json", real_to_json)
+    expected = io.StringIO()
+    assert write_trace(expected, samples, events) == len(samples) + len(events)
+    assert dst.read_text() == expected.getvalue()
