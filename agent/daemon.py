@@ -389,7 +389,8 @@ class Agent:
         return task
 
     def _on_batch(self, samples: list[Sample], events: list[Event]) -> None:
-        self.retention.note_written(samples)  # late samples: their minutes are rolled up again
+        # late samples and events: their minutes are rolled up and counted again
+        self.retention.note_written(samples, events)
         if self.alerts is not None:
             self.alerts(samples, events)
 

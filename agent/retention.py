@@ -7,8 +7,9 @@ Tiers (docs/architecture.md, "Storage tiers"), each with its setting:
   ``retention.raw_s`` (a day by default);
 - the per-second tier (``seconds`` table, :mod:`vramscope.agent.store.seconds`):
   ``retention.second_s`` (14 days);
-- per-minute rollups and the rare events (OOMs, orphaned KV blocks, alerts' own records):
-  ``retention.rollup_s`` (90 days).
+- per-minute rollups, the per-minute counts of the frequent events (``event_counts``: requests
+  started and ended, KV block moves, phase changes) and the rare events (OOMs, orphaned KV
+  blocks, alerts' own records): ``retention.rollup_s`` (90 days).
 
 Each :meth:`Retention.step` does a small, bounded piece of work — roll up at most
 ``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table — and is run
@@ -27,7 +28,8 @@ lost its link while another host's agent kept rolling minutes up, writes samples
 that may already be rolled up. The writer thread reports what it committed
 (:meth:`Retention.note_written`); minutes older than the grace are remembered, and each step
 rolls a few of them up again (``rollup_window`` replaces a minute's rows), so long-range views
-do not keep a hole where the backlog landed. The memory is the agent's own: late samples that
+do not keep a hole where the backlog landed (late events likewise: their minutes' counts are
+made again). The memory is the agent's own: late samples that
 another process wrote (``vramscope import`` of an old trace) still miss the rollups.
 """
 
@@ -35,12 +37,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from operator import attrgetter
 from types import ModuleType  # sql: vramscope.agent.store.maintenance, imported when first used
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
-from vramscope.agent.records import Sample
+from vramscope.agent.records import Event, Sample
+from vramscope.agent.store.schema import FREQUENT_EVENTS
 
 if TYPE_CHECKING:
     from vramscope.agent.store import Store
@@ -52,7 +56,6 @@ _TS = attrgetter("ts_s")
 # Events as frequent as samples: kept as long as raw samples. Every other event (an OOM, orphaned
 # KV blocks, a process's rank) is rare and what an incident review needs: kept as long as the
 # minute rollups.
-FREQUENT_EVENTS = ("request_start", "request_end", "kv_alloc", "kv_free", "phase")
 MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
 
 
@@ -112,6 +115,10 @@ class Retention:
             raw_cutoff = min(raw_cutoff, watermark)
         dropped, more_to_drop = self._partitions(store, now_s,
                                                  raw_cutoff if watermark is not None else None)
+        # the frequent events once their minute is counted (event_counts, with the rollup)
+        events_cutoff = now_s - self.raw_s
+        if watermark is not None:
+            events_cutoff = min(events_cutoff, watermark)
         deleted = {
             "partitions": dropped,
             # PostgreSQL: a day partition's rows go with their partition (above); rows are
@@ -119,7 +126,7 @@ class Retention:
             "samples": sql.delete_older(
                 store, "samples_default" if store.dialect == "postgresql" else "samples",
                 raw_cutoff, self.step_rows) if watermark is not None else 0,
-            "events": sql.delete_older(store, "events", now_s - self.raw_s, self.step_rows,
+            "events": sql.delete_older(store, "events", events_cutoff, self.step_rows,
                                        names=FREQUENT_EVENTS)
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,
@@ -170,16 +177,20 @@ class Retention:
         return len(result.names), (result.oldest_end_s is not None
                                    and result.oldest_end_s <= cutoff_s)
 
-    def note_written(self, samples: Sequence[Sample]) -> None:
-        """Remember the minutes of committed samples that a step may already have rolled up
-        (older than the grace). Called by the writer thread after each commit: one ``min`` over
-        the batch when nothing is late, which is the steady state."""
-        if not samples:
+    def note_written(self, samples: Sequence[Sample], events: Sequence[Event] = ()) -> None:
+        """Remember the minutes of committed samples and events that a step may already have
+        rolled up (older than the grace): their rollups and event counts are made again.
+        Called by the writer thread after each commit: a ``min`` over the batch when nothing is
+        late, which is the steady state."""
+        if not samples and not events:
             return
         cutoff = _floor_minute(self._clock.time_s() - self.grace_s)
-        if min(map(_TS, samples)) >= cutoff:
+        if min(map(_TS, samples), default=cutoff) >= cutoff \
+                and min(map(_TS, events), default=cutoff) >= cutoff:
             return
-        for minute in {_floor_minute(ts) for ts in map(_TS, samples) if ts < cutoff}:
+        late = {_floor_minute(ts) for ts in chain(map(_TS, samples), map(_TS, events))
+                if ts < cutoff}
+        for minute in late:
             if minute in self._late:
                 continue
             if len(self._late) >= MAX_LATE_MINUTES:

@@ -44,7 +44,7 @@ from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
 from vramscope.agent.store import partitions
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.maintenance import refresh_ten_minutes
-from vramscope.agent.store.schema import rollups, seconds
+from vramscope.agent.store.schema import event_counts, rollups, seconds
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
@@ -287,18 +287,21 @@ def write_tiers(store: Store, h: History, ids: list[int]) -> None:
             while t < hi:
                 a, b = h.tick_at(t), h.tick_at(t + span)
                 if a < b:
-                    packed, minutes = _tiers(h, device_id, d, a, b)
+                    packed, minutes, counts = _tiers(h, device_id, d, a, b)
                     c.execute(insert(seconds), packed)
                     c.execute(insert(rollups), minutes)
+                    if counts:
+                        c.execute(insert(event_counts), counts)
                     # the chunk's ten-minute groups, as retention makes them (a group across
                     # the chunk's end is made again, whole, with the next chunk)
                     refresh_ten_minutes(c, device_id, t, t + span)
                 t += span
 
 
-def _tiers(h: History, device_id: int, d: int, a: int,
-           b: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(seconds rows, rollup rows) of ticks [a, b) of device ``d``, whole minutes.
+def _tiers(h: History, device_id: int, d: int, a: int, b: int
+           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(seconds rows, rollup rows, event counts) of ticks [a, b) of device ``d``, whole
+    minutes.
 
     Grouped as ``seconds.summarize`` and ``maintenance.aggregate`` group raw rows: a tick's
     second is ``floor(ts)`` of its float time, its minute that second's; per second the
@@ -352,7 +355,22 @@ def _tiers(h: History, device_id: int, d: int, a: int,
         packed.append({"device_id": device_id, "minute_s": minute, "source": SOURCE,
                        "seconds": k, "data": tier.pack(secs[first:first + k])})
         first += k
-    return packed, _rollup_rows(device_id, minutes, samples_per_min.tolist(), minute_stats)
+    counts = _event_counts(h, device_id, minutes, c, tick_min) if h.events else []
+    return (packed, _rollup_rows(device_id, minutes, samples_per_min.tolist(), minute_stats),
+            counts)
+
+
+def _event_counts(h: History, device_id: int, minutes: list[float], c: Any,
+                  tick_min: Any) -> list[dict[str, Any]]:
+    """The ``event_counts`` rows of the request events :func:`_events_sql` writes (a start at
+    cycle place 0, an end at 27), per minute, in primary key order (device, minute, name)."""
+    import torch
+
+    per_name = {name: torch.zeros(len(minutes), dtype=torch.int64)
+                .index_add_(0, tick_min, (c == place).long()).tolist()
+                for name, place in (("request_end", 27), ("request_start", 0))}
+    return [{"device_id": device_id, "minute_s": minute, "name": name, "count": n[i]}
+            for i, minute in enumerate(minutes) for name, n in per_name.items() if n[i]]
 
 
 def _rollup_rows(device_id: int, minutes: list[float], counts: list[int],

@@ -205,6 +205,24 @@ seconds = Table(
     # keeps at most ~1 kB in place and spills the rest to overflow pages (4.7 kB a row)
 )
 
+# The events retention deletes after ``retention.raw_s`` (a day): requests, KV block moves and
+# phase changes, hundreds of thousands a device-day. Their counts per minute outlive them
+# (``event_counts``); the rare events (OOMs, orphaned blocks, layouts) are kept whole as long as
+# the rollups.
+FREQUENT_EVENTS = ("request_start", "request_end", "kv_alloc", "kv_free", "phase")
+
+# Per device, minute and name, how many of the frequent events the minute had (0009): made by
+# retention as it rolls a minute up, and kept as long as the rollups, so that a week's views
+# still show the request rate after the request events are gone.
+event_counts = Table(
+    "event_counts", metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("minute_s", Float, primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("count", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 # Two-minute groups of rollups, in index order (0007): a timeline of two to four days groups its
 # minute rollups per device along this index instead of sorting them (SQLite; see
 # agent/store/downsample). SQL text, the same in the index and the queries: SQLite uses an

@@ -158,3 +158,47 @@ def test_backlog_only_when_a_budget_ran_out(filled):
     filled.write([_s(130, 3)])
     step = relaxed.step(filled)
     assert (step.busy, step.backlog) == (True, False)  # rolled up and deleted, within budget
+
+
+def _counts(store):
+    from sqlalchemy import select
+    from vramscope.agent.store.schema import event_counts
+
+    with store.engine.connect() as c:
+        return [(r.minute_s - T0, r.device_id, r.name, r.count) for r in c.execute(
+            select(event_counts).order_by(event_counts.c.device_id, event_counts.c.minute_s,
+                                          event_counts.c.name))]
+
+
+def test_the_frequent_events_are_counted_per_minute_before_they_are_deleted(filled):
+    """Requests, KV block moves and phase changes go after raw_s; their counts per minute stay
+    with the rollups. A rare event (an OOM) is neither counted nor deleted with them; a
+    minute's events are deleted only once the minute is counted (the watermark)."""
+    from vramscope.agent.records import Event
+
+    e = [Event(T0 + t, name, 0, 7) for t, name in
+         [(1, "request_start"), (2, "kv_alloc"), (30, "request_start"), (50, "request_end"),
+          (59.9, "request_end"), (61, "request_start"), (62, "oom"), (130, "request_start"),
+          (400, "request_start")]]
+    filled.write([], e)
+    clock = FakeClock(T0 + 5 * 60 + 30)  # grace 120 s: minutes 0-2 can be rolled up
+    r = Retention(raw_s=60, rollup_s=86400, step_rows=100, clock=clock, minutes_per_step=2)
+    first = r.step(filled)  # minutes 0 and 1 counted: their frequent events may go, not 2's
+    d0 = filled.device_id(0)
+    assert _counts(filled) == [(0.0, d0, "kv_alloc", 1), (0.0, d0, "request_end", 2),
+                               (0.0, d0, "request_start", 2), (60.0, d0, "request_start", 1)]
+    assert first.deleted["events"] == 6
+    assert sorted(ev.ts_s - T0 for ev in filled.events(0)) == [62.0, 130.0, 400.0]
+    r.step(filled)  # minute 2 counted, then its request deleted (past raw_s, under the cutoff)
+    assert _counts(filled)[-1] == (120.0, d0, "request_start", 1)
+    assert sorted(ev.ts_s - T0 for ev in filled.events(0)) == [62.0, 400.0]
+    # a late request in minute 1 (written after the minute was counted) is counted again
+    late = Event(T0 + 70, "request_end", 0, 7)
+    filled.write([], [late])
+    r.note_written([], [late])
+    assert r.step(filled).late_minutes == 1
+    assert (60.0, d0, "request_end", 1) in _counts(filled)
+    # the counts go with the rollups, at rollup_s
+    old = Retention(raw_s=60, rollup_s=150, step_rows=100, clock=clock, minutes_per_step=2)
+    old.step(filled)
+    assert [row[0] for row in _counts(filled)] == [120.0]

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store, maintenance
 from vramscope.agent.store.history_generator import GIB, MIB, T_END, History, generate
-from vramscope.agent.store.schema import samples, seconds
+from vramscope.agent.store.schema import event_counts, samples, seconds
 
 
 def test_rows_are_closed_form_and_the_tiers_equal_retentions(any_url):
@@ -30,9 +30,17 @@ def test_rows_are_closed_form_and_the_tiers_equal_retentions(any_url):
         _drop_tiers(store)
         maintenance.rollup_window(store, T_END - 600, T_END)
         assert generated == _tiers(store)
-        rollups, packed = generated
+        rollups, packed, counts = generated
         assert len(rollups) == 2 * 10 * 13  # devices x minutes x metrics with values
         assert [(r["seconds"], r["source"]) for r in packed] == [(60, "torch")] * 2 * 10
+        # the request events' counts per minute: device 0 starts requests at ticks 0 and 37
+        # and ends one at 27 in its first minute, then ends at 64 and 101, starts at 74, 111
+        assert sum(n for *_, n in counts) == starts_and_ends
+        did = counts[0][0]
+        assert counts[:4] == [(did, T_END - 600, "request_end", 1),
+                              (did, T_END - 600, "request_start", 2),
+                              (did, T_END - 540, "request_end", 2),
+                              (did, T_END - 540, "request_start", 2)]
         assert maintenance.rollup_watermark(store) == T_END
 
 
@@ -62,7 +70,9 @@ def test_days_without_raw_rows_have_the_tiers_their_raw_rows_would_have_made(
         _drop_tiers(store, h.raw_start_s)
         maintenance.rollup_window(store, h.raw_start_s, minutes[1])
         assert _tiers(store) == expected
-    rollups, packed = expected
+    rollups, packed, counts = expected
+    assert sum(n for *_, n in counts) == sum(
+        (n + 7 * d) % 37 in (0, 27) for d in range(2) for n in range(h.ticks))
     n_minutes = int((minutes[1] - minutes[0]) // 60)
     assert len(packed) == 2 * n_minutes and len(rollups) == 2 * n_minutes * 13
     assert len(expected_raw) == 2 * (h.ticks - h.tick_at(h.raw_start_s))
@@ -76,18 +86,22 @@ def _raw(store: Store) -> list[tuple[Any, ...]]:
                                                                    samples.c.ts_s))]
 
 
-def _tiers(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(minute rollups, per-second rows) in key order."""
+def _tiers(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                  list[tuple[Any, ...]]]:
+    """(minute rollups, per-second rows, event counts) in key order."""
     with store.engine.connect() as c:
         packed = [dict(r._mapping) for r in c.execute(select(seconds).order_by(
             seconds.c.device_id, seconds.c.minute_s, seconds.c.source))]
-    return maintenance.read_rollups(store), packed
+        counts = [tuple(r) for r in c.execute(select(event_counts).order_by(
+            event_counts.c.device_id, event_counts.c.minute_s, event_counts.c.name))]
+    return maintenance.read_rollups(store), packed, counts
 
 
 def _drop_tiers(store: Store, from_s: float = 0.0) -> None:
     with store.engine.begin() as c:
         c.exec_driver_sql(f"DELETE FROM rollups WHERE bucket_s >= {from_s!r}")
         c.exec_driver_sql(f"DELETE FROM seconds WHERE minute_s >= {from_s!r}")
+        c.exec_driver_sql(f"DELETE FROM event_counts WHERE minute_s >= {from_s!r}")
 
 
 def test_bad_shapes_are_refused_with_the_values():

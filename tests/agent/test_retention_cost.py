@@ -157,8 +157,10 @@ def test_a_delete_costs_its_rows_not_the_history(stores):
             sql.delete_older(s, t, start[id(s)] + 3600, 20)), slack=8)
     _assert_flat(stores, lambda s: deleted.append(
         sql.delete_rollups_older(s, start[id(s)] + 3600, 2)))
-    # 2 minutes of each device, and its first ten-minute group (it ended before the cutoff)
-    assert deleted == [20, 20, 20, 20, 2 * 13 * 2 + 2 * 13, 2 * 13 * 2 + 2 * 13]
+    # 2 minutes of each device, and its first ten-minute group (it ended before the cutoff);
+    # the event counts of each device's first two minutes that had any: a request started at
+    # tick 0 of device 0, one ended at tick 20 of device 1 (one sample per 10 s)
+    assert deleted == [20, 20, 20, 20, 2 * 13 * 2 + 2 * 13 + 2, 2 * 13 * 2 + 2 * 13 + 2]
 
 
 def test_a_retention_step_at_steady_state_costs_the_same_at_any_age(stores):
