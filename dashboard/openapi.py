@@ -112,6 +112,7 @@ TIMELINE = obj({
                          "message": nullable(STR), "pid": nullable(INT)})),
     "events_truncated": {"type": "boolean"},
     "retries": array(obj({"ts": NUM, "count": NUM})),
+    "request_rate": obj({"bucket_s": NUM, "ts": array(NUM), "per_min": array(NUM)}),
     "alerts": array(obj({"ts": NUM, "severity": STR, "rule": STR, "message": nullable(STR)}))})
 ESTIMATE_PARAMS = [
     _query("model", {"type": "string", "maxLength": 80}, "A name for the estimate."),

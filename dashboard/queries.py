@@ -23,6 +23,7 @@ from vramscope.agent.store.downsample import (
     raw_rows_over,
     seconds_end,
 )
+from vramscope.agent.store.event_rate import request_rate
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.schema import ROLLUP_TIER_S
 from vramscope.agent.store.seconds import PhaseSeconds
@@ -251,6 +252,7 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     rows = downsample(store, device, start_s, end_s, max_points, wanted, None, host,
                       aligned=True)
     tier = aligned_grid(start_s, end_s, max_points)
+    bucket_s = tier[1] if tier else (end_s - start_s) / max_points
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
     # the rare markers and the phase events, each name on the (device, name, time) index
@@ -263,11 +265,13 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points,
-            "bucket_s": tier[1] if tier else (end_s - start_s) / max_points,
+            "bucket_s": bucket_s,
             "series": series, "phases": bands, "phase_shares": shares,
             "phase_source": band_source,
             "events": tl.event_markers(events), "events_truncated": truncated,
             "retries": tl.retry_markers(series),
+            "request_rate": request_rate(store, device, host, start_s, end_s,
+                                         bucket_s)._asdict(),
             "alerts": alert_markers(store, device, host, start_s, end_s)}
 
 

@@ -10,6 +10,9 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
   share per bucket on a lane of its own.
 - **Fragmentation as the risk model uses it**: the ratio is drawn with the warning setting and
   a note that it warns only when the largest request fits no free block.
+- **Requests at every span**: each request's start and end as markers while they fit, else
+  (a busy or long window, or days whose request events retention deleted) the requests
+  started per minute, from the counts retention keeps.
 - Lanes a device has no data for (no KV pool, no allocator) take no space.
 
 The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
@@ -34,9 +37,11 @@ FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free 
                       "A risk only when the largest request fits neither that block nor new "
                       "memory under the limit: the OOM-risk page and alerts say when.")
 # panel heights (relative) in drawing order, top down
-PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "markers": 1.6}
+PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0,
+                 "requests": 1.2, "markers": 1.6}
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
-              "markers": "yaxis4"}
+              "requests": "yaxis7", "markers": "yaxis4"}
+REQUEST_COLOR = "#2da44e"  # as the request start markers
 GAP = 0.035
 # times of day under a day per tick (the date is in the axis title: Plotly's own second line
 # of dates overlapped a tick), dates beyond
@@ -54,12 +59,14 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     frag = f._fragmentation_traces(s)
     kv = f._kv_traces(s)
     markers = _ordered_markers(f._marker_traces(doc))
+    rate = _rate_traces(doc, markers)
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
                                    ("fragmentation", bool(frag)), ("kv", bool(kv)),
-                                   ("markers", bool(markers))) if present]
+                                   ("requests", bool(rate)), ("markers", bool(markers)))
+              if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
     data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
-            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + markers)
+            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + rate + markers)
     layout = f._layout(
         height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
         margin={"l": 64, "r": 24, "t": 36, "b": 48},
@@ -147,6 +154,24 @@ def _share_traces(shares: dict[str, list[Any]]) -> list[dict[str, Any]]:
             for p in shares if p != "ts"]
 
 
+def _rate_traces(doc: dict[str, Any], markers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Requests started per minute, where the request markers cannot show them: a window
+    with more than the page draws ("zoom in"), or one whose request events retention has
+    deleted (their counts per minute stay: ``event_counts``)."""
+    rate = doc.get("request_rate")
+    if not rate or not any(rate["per_min"]):
+        return []
+    if not doc["events_truncated"] and any(t["name"] == "request start" for t in markers):
+        return []
+    width = rate["bucket_s"] * 1000.0
+    return [{"type": "bar", "name": "requests / min", "x": [f.ms(t) for t in rate["ts"]],
+             "y": rate["per_min"], "width": width, "offset": 0,
+             "marker": {"color": REQUEST_COLOR, "line": {"width": 0}}, "xaxis": "x",
+             "yaxis": "y7",
+             "hovertemplate": f"%{{y:.1f}} requests started a minute "
+                              f"({rate['bucket_s'] / 60:g} min buckets)<extra></extra>"}]
+
+
 def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """External fragmentation in a neutral colour (a high value is not by itself a risk)."""
     for t in traces:
@@ -213,6 +238,9 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
         axes["yaxis5"] = {"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
                           "range": [0, top], "showgrid": False, "automargin": True,
                           "tickmode": "linear", "tick0": 0, "dtick": top / 4}
+    if "requests" in dom:
+        axes["yaxis7"] = {"domain": dom["requests"], "rangemode": "tozero",
+                          "title": {"text": "requests/min", "font": {"size": 11}}}
     if "markers" in dom:
         axes["yaxis4"] = {"domain": dom["markers"], "type": "category", "fixedrange": True,
                           "automargin": True, "categoryorder": "array",

@@ -231,3 +231,18 @@ def test_token_occupancy_from_the_last_kv_reading():
             row(1.0, kv_tokens_used=(0, 0, 0), kv_blocks_used=(0, 0, 0)),  # empty pool: none
             row(2.0)]
     assert tl.derived_series(rows)["kv_tokens_per_block"] == {"ts": [0.0], "max": [14.0]}
+
+
+def test_the_request_rate_lane_stands_in_where_the_markers_cannot():
+    rate = {"bucket_s": 60.0, "ts": [0.0, 60.0], "per_min": [3.0, 0.0]}
+    shown = timeline_doc() | {"request_rate": rate}  # a request marker in the window
+    assert "requests / min" not in [t["name"] for t in timeline_figure(shown)["data"]]
+    busy = shown | {"events_truncated": True, "events": []}  # too many to draw
+    old = shown | {"events": []}  # retention deleted the window's request events
+    quiet = old | {"request_rate": rate | {"per_min": [0.0, 0.0]}}
+    for doc in (busy, old):
+        fig = timeline_figure(doc)
+        (lane,) = [t for t in fig["data"] if t["name"] == "requests / min"]
+        assert (lane["x"], lane["y"], lane["yaxis"]) == ([0.0, 60_000.0], [3.0, 0.0], "y7")
+        assert fig["layout"]["yaxis7"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]
+    assert "yaxis7" not in timeline_figure(quiet)["layout"]

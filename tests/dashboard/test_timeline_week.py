@@ -74,9 +74,26 @@ def test_a_week_is_drawn_in_ten_minute_buckets_exact_to_the_samples(tmp_path):
     assert doc["phases"] == [
         {"phase": "prefill", "start": T0 + 86_400, "end": T0 + 86_400 + 20},
         {"phase": "decode", "start": T0 + 86_400 + 20, "end": end}]
+    # requests started per minute on the same grid: 4 starts in every ten minutes (one every
+    # 150 s), none in the bucket of the window's last 17 s; the counts retention made of the
+    # rolled-up minutes, the raw events of the newest hour
+    rate = doc["request_rate"]
+    assert (rate["bucket_s"], rate["ts"][:2]) == (600.0, [T0, T0 + 600])
+    assert rate["per_min"] == [0.4] * 1008 + [0.0]
     figure = client.get(f"/api/v1/figures/timeline?device=1&start={start!r}&end={end!r}")
     assert figure.status_code == 200
-    assert figure.get_json()["layout"]["meta"]["bucket_s"] == 600.0
+    fig = figure.get_json()
+    assert fig["layout"]["meta"]["bucket_s"] == 600.0
+    # the markers cannot show 8,064 requests: the rate's lane does
+    (lane,) = [t for t in fig["data"] if t["name"] == "requests / min"]
+    assert (lane["yaxis"], lane["y"][:3], lane["width"]) == ("y7", [0.4] * 3, 600_000.0)
+    assert fig["layout"]["yaxis7"]["title"]["text"] == "requests/min"
+    # retention deletes the request events older than a day: the rate stays
+    with store.engine.begin() as c:
+        c.exec_driver_sql(f"DELETE FROM events WHERE name LIKE 'request_%' "
+                          f"AND ts_s < {T0 + WEEK - 86_400!r}")
+    again = client.get(f"/api/v1/timeline?device=1&start={start!r}&end={end!r}").get_json()
+    assert again["request_rate"] == rate
     store.close()
 
 

@@ -1,0 +1,69 @@
+"""The request rate of a window: requests started per minute, on a grid of whole minutes.
+
+Request events go with the raw samples after ``retention.raw_s`` (a day); their counts per
+minute stay with the rollups (``event_counts``, made as retention rolls a minute up). So the
+minutes retention has rolled up are read as counts (one range of the primary key, at most
+10,080 rows for a device's week), and only the minutes after them (the newest few) from the
+raw ``request_start`` events, counted per bucket in SQL. A store no retention has rolled up
+(a trace imported with ``vramscope import``) is counted from its raw events alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from sqlalchemy import ColumnElement, Integer, cast, func, select
+from vramscope.agent.store.downsample import seconds_end
+from vramscope.agent.store.schema import event_counts, events
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.store import Store
+
+RATE_EVENT = "request_start"
+MINUTE_S = 60.0
+
+
+class Rate(NamedTuple):
+    bucket_s: float  # a whole number of minutes
+    ts: list[float]  # each bucket's start
+    per_min: list[float]  # requests started per minute in the bucket
+
+
+def request_rate(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+                 bucket_s: float) -> Rate:
+    """Requests started per minute in buckets of ``bucket_s`` rounded up to whole minutes
+    (the timeline's buckets, or a minute where those are finer), on a grid of that width,
+    from the bucket at or before ``start_s`` to ``end_s``."""
+    if not end_s > start_s or not bucket_s > 0:
+        raise ValueError(f"bad window: start {start_s}, end {end_s}, bucket_s {bucket_s}")
+    width = MINUTE_S * max(1, math.ceil(bucket_s / MINUTE_S - 1e-9))
+    grid_start = math.floor(start_s / width) * width
+    n = max(1, math.ceil((end_s - grid_start) / width))
+    counts = [0] * n
+    did = store.known_device_id(device, host)
+    if did is not None:
+        rolled = seconds_end(store, did)  # the end of the minutes retention counted
+        upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
+        with store.engine.connect() as c:
+            counted = c.execute(
+                select(event_counts.c.minute_s, event_counts.c.count)
+                .where(event_counts.c.device_id == did, event_counts.c.name == RATE_EVENT,
+                       event_counts.c.minute_s >= grid_start, event_counts.c.minute_s < upto))
+            for minute, count in counted:
+                counts[min(n - 1, int((minute - grid_start) // width))] += count
+            ratio = (events.c.ts_s - grid_start) / width
+            # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL
+            # rounds
+            bucket: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
+                                          else cast(ratio, Integer))
+            raw = c.execute(
+                select(bucket, func.count())
+                .where(events.c.device_id == did, events.c.name == RATE_EVENT,
+                       events.c.ts_s >= upto, events.c.ts_s <= end_s)
+                .group_by(bucket))
+            for index, count in raw:
+                counts[min(n - 1, int(index))] += count
+    minutes = width / MINUTE_S
+    return Rate(width, [grid_start + i * width for i in range(n)],
+                [count / minutes for count in counts])
