@@ -20,7 +20,8 @@ shaping and JSON: the server's whole time):
   lower bound, not a target);
 - the 24 h timeline against its baseline, the same range fetched raw and serialised;
 - the database's bytes per device-day, and each tier's (raw samples, events, the per-second
-  tier, minute rollups) per device-day of the span it covers.
+  tier, minute rollups, their ten-minute groups, the event counts) per device-day of the span
+  it covers.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
                          f"({rows / (devices * raw_days * DAY):.3g} Hz); {store.dialect}",
                   target="<= 25", met=per <= 25)]
     covers = {"raw samples and their indexes": raw_days, "events": raw_days,
-              "per-second tier": days, "minute rollups": days, "ten-minute groups": days}
+              "per-second tier": days, "minute rollups": days, "ten-minute groups": days,
+              "event counts per minute": days}
     for tier, nbytes in tiers.items():
         out.append(Figure("dashboard", f"MiB per device-day: {tier}",
                           nbytes / (devices * covers[tier]) / 2**20, "MiB",
@@ -245,7 +247,7 @@ def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
 # tier -> the tables whose pages (and their indexes') it is
 _TIER_TABLES = {"raw samples and their indexes": ("samples",), "events": ("events",),
                 "per-second tier": ("seconds",), "minute rollups": ("rollups",),
-                "ten-minute groups": ("rollups_10m",)}
+                "ten-minute groups": ("rollups_10m",), "event counts per minute": ("event_counts",)}
 
 
 def _tier_bytes(store: Store) -> dict[str, int]:

@@ -3,9 +3,10 @@
 Request events go with the raw samples after ``retention.raw_s`` (a day); their counts per
 minute stay with the rollups (``event_counts``, made as retention rolls a minute up). So the
 minutes retention has rolled up are read as counts (one range of the primary key, at most
-10,080 rows for a device's week), and only the minutes after them (the newest few) from the
-raw ``request_start`` events, counted per bucket in SQL. A store no retention has rolled up
-(a trace imported with ``vramscope import``) is counted from its raw events alone.
+10,080 minutes of a device's week, summed per bucket in SQL), and only the minutes after them
+(the newest few) from the raw ``request_start`` events, counted per bucket in SQL. A store no
+retention has rolled up (a trace imported with ``vramscope import``) is counted from its raw
+events alone.
 """
 
 from __future__ import annotations
@@ -45,25 +46,30 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
     if did is not None:
         rolled = seconds_end(store, did)  # the end of the minutes retention counted
         upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
-        with store.engine.connect() as c:
+        minute = event_counts.c.minute_s
+        with store.engine.connect() as c:  # each part grouped in SQL: a row a bucket
+            bucket = _bucket(store, minute, grid_start, width)
             counted = c.execute(
-                select(event_counts.c.minute_s, event_counts.c.count)
+                select(bucket, func.sum(event_counts.c.count))
                 .where(event_counts.c.device_id == did, event_counts.c.name == RATE_EVENT,
-                       event_counts.c.minute_s >= grid_start, event_counts.c.minute_s < upto))
-            for minute, count in counted:
-                counts[min(n - 1, int((minute - grid_start) // width))] += count
-            ratio = (events.c.ts_s - grid_start) / width
-            # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL
-            # rounds
-            bucket: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
-                                          else cast(ratio, Integer))
+                       minute >= grid_start, minute < upto)
+                .group_by(bucket)).all()
+            bucket = _bucket(store, events.c.ts_s, grid_start, width)
             raw = c.execute(
                 select(bucket, func.count())
                 .where(events.c.device_id == did, events.c.name == RATE_EVENT,
                        events.c.ts_s >= upto, events.c.ts_s <= end_s)
-                .group_by(bucket))
-            for index, count in raw:
-                counts[min(n - 1, int(index))] += count
+                .group_by(bucket)).all()
+        for index, count in counted + raw:
+            counts[min(n - 1, int(index))] += int(count)
     minutes = width / MINUTE_S
     return Rate(width, [grid_start + i * width for i in range(n)],
                 [count / minutes for count in counts])
+
+
+def _bucket(store: Store, ts: Any, grid_start: float, width: float) -> ColumnElement[Any]:
+    """The grid index of a time column. CAST truncates toward zero in SQLite (times are at or
+    after the grid's start, so that is floor); PostgreSQL's CAST rounds, so floor() there."""
+    ratio = (ts - grid_start) / width
+    return (func.floor(ratio) if store.dialect == "postgresql"
+            else cast(ratio, Integer)).label("bucket")
