@@ -29,8 +29,8 @@ that may already be rolled up. The writer thread reports what it committed
 (:meth:`Retention.note_written`); minutes older than the grace are remembered, and each step
 rolls a few of them up again (``rollup_window`` replaces a minute's rows), so long-range views
 do not keep a hole where the backlog landed (late events likewise: their minutes' counts are
-made again). The memory is the agent's own: late samples that
-another process wrote (``vramscope import`` of an old trace) still miss the rollups.
+made again). The memory is the agent's own: late samples that another process wrote
+(``vramscope import`` of an old trace) still miss the rollups.
 """
 
 from __future__ import annotations
