@@ -105,9 +105,9 @@ def _dtype_check(value: str) -> str | None:
 
 
 # SQLite's quick_check reads every page: its cost grows with the file (a week at 8 x 10 Hz,
-# 1.2 GB: 5-9 CPU-s on the developers' machine). Checks are spaced so that they take at most
-# this share of a core (store.integrity_wait_s): every 15 minutes on a small store, about
-# hourly on a week-old one.
+# 1.2 GB: 4-9 CPU-s on the developers' machine). Checks are spaced so that they take at most
+# this share of a core (store.integrity_wait_s): every 15 minutes on a small store, every
+# 25-60 minutes on a week-old one.
 INTEGRITY_MAX_CPU_PERCENT = 0.25
 
 # One row per setting. Defaults that depend on the environment are callables.
@@ -126,7 +126,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("database.integrity_check_max_cpu_percent", float, INTEGRITY_MAX_CPU_PERCENT,
             "The integrity check's cost grows with the file (seconds of CPU per GB): checks are "
             "spaced further apart than `integrity_check_interval_s` when needed to take at "
-            "most this share of one core (a week-old store at 8 x 10 Hz: about hourly).",
+            "most this share of one core (a week-old store at 8 x 10 Hz, 4-9 CPU-s a check: "
+            "every 25-60 minutes).",
             min=0.01, max=100),
     # --- sampling -----------------------------------------------------------------------
     Setting("sampling.device_interval_s", float, 0.1,
