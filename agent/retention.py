@@ -115,10 +115,6 @@ class Retention:
             raw_cutoff = min(raw_cutoff, watermark)
         dropped, more_to_drop = self._partitions(store, now_s,
                                                  raw_cutoff if watermark is not None else None)
-        # the frequent events once their minute is counted (event_counts, with the rollup)
-        events_cutoff = now_s - self.raw_s
-        if watermark is not None:
-            events_cutoff = min(events_cutoff, watermark)
         deleted = {
             "partitions": dropped,
             # PostgreSQL: a day partition's rows go with their partition (above); rows are
@@ -126,7 +122,8 @@ class Retention:
             "samples": sql.delete_older(
                 store, "samples_default" if store.dialect == "postgresql" else "samples",
                 raw_cutoff, self.step_rows) if watermark is not None else 0,
-            "events": sql.delete_older(store, "events", events_cutoff, self.step_rows,
+            # the frequent events at the raw cutoff: their minute counted (event_counts)
+            "events": sql.delete_older(store, "events", raw_cutoff, self.step_rows,
                                        names=FREQUENT_EVENTS)
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,

@@ -234,6 +234,14 @@ def raw_rows_over(store: Store, device: int, host: str | None, start_s: float,
     return count_at_most(store, device, start_s, end_s, RAW_GROUP_LIMIT, host) > RAW_GROUP_LIMIT
 
 
+def grid_index(store: Store, ts: Any, start_s: float, width_s: float) -> ColumnElement[Any]:
+    """The bucket index of a time column on a grid from ``start_s`` of ``width_s`` buckets, for
+    times at or after ``start_s``: CAST truncates toward zero in SQLite (so that is floor);
+    PostgreSQL's CAST rounds, so floor() there."""
+    ratio = (ts - start_s) / width_s
+    return func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer)
+
+
 def seconds_end(store: Store, did: int) -> float | None:
     """The end of the device's newest minute in the per-second tier (one seek), or None."""
     q = select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == did)
@@ -316,11 +324,7 @@ def _merge(parts: list[_Part], n: int) -> _Part:
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
          include_hi: bool) -> list[_Part]:
     """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped in SQL on the grid."""
-    ratio = (samples.c.ts_s - grid.start_s) / grid.width_s
-    # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds.
-    bucket: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
-                                  else cast(ratio, Integer))
-    bucket = bucket.label("bucket")
+    bucket = grid_index(store, samples.c.ts_s, grid.start_s, grid.width_s).label("bucket")
     upper = samples.c.ts_s <= hi_s if include_hi else samples.c.ts_s < hi_s
     where = [samples.c.device_id == did, samples.c.ts_s >= lo_s, upper]
     if source is not None:
@@ -674,8 +678,7 @@ def _grouped(store: Store, grid: _Grid, where: list[ColumnElement[bool]], lo_s: 
         group: ColumnElement[Any] = rollup_group(width)
         where = [*where, group >= math.floor(lo_s / width), group <= math.floor(hi_s / width)]
     else:
-        ratio = (rollups.c.bucket_s - grid.start_s) / grid.width_s
-        group = func.floor(ratio) if store.dialect == "postgresql" else cast(ratio, Integer)
+        group = grid_index(store, rollups.c.bucket_s, grid.start_s, grid.width_s)
     return (select(group.label("b"), rollups.c.metric, func.min(rollups.c.min_value),
                    func.max(rollups.c.max_value), func.max(rollups.c.bucket_s))
             .where(*where, rollups.c.bucket_s >= lo_s, rollups.c.bucket_s < hi_s)

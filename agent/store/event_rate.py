@@ -12,17 +12,17 @@ events alone.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from sqlalchemy import ColumnElement, Integer, cast, func, select
-from vramscope.agent.store.downsample import seconds_end
+from sqlalchemy import func, select
+from vramscope.agent.store.downsample import grid_index, seconds_end
 from vramscope.agent.store.schema import event_counts, events
+from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
 
 RATE_EVENT = "request_start"
-MINUTE_S = 60.0
 
 
 class Rate(NamedTuple):
@@ -48,28 +48,21 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
         upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
         minute = event_counts.c.minute_s
         with store.engine.connect() as c:  # each part grouped in SQL: a row a bucket
-            bucket = _bucket(store, minute, grid_start, width)
+            bucket = grid_index(store, minute, grid_start, width)
             counted = c.execute(
                 select(bucket, func.sum(event_counts.c.count))
                 .where(event_counts.c.device_id == did, event_counts.c.name == RATE_EVENT,
                        minute >= grid_start, minute < upto)
                 .group_by(bucket)).all()
-            bucket = _bucket(store, events.c.ts_s, grid_start, width)
+            bucket = grid_index(store, events.c.ts_s, grid_start, width)
             raw = c.execute(
                 select(bucket, func.count())
                 .where(events.c.device_id == did, events.c.name == RATE_EVENT,
                        events.c.ts_s >= upto, events.c.ts_s <= end_s)
                 .group_by(bucket)).all()
-        for index, count in counted + raw:
+        for index, count in [*counted, *raw]:
             counts[min(n - 1, int(index))] += int(count)
     minutes = width / MINUTE_S
     return Rate(width, [grid_start + i * width for i in range(n)],
                 [count / minutes for count in counts])
 
-
-def _bucket(store: Store, ts: Any, grid_start: float, width: float) -> ColumnElement[Any]:
-    """The grid index of a time column. CAST truncates toward zero in SQLite (times are at or
-    after the grid's start, so that is floor); PostgreSQL's CAST rounds, so floor() there."""
-    ratio = (ts - grid_start) / width
-    return (func.floor(ratio) if store.dialect == "postgresql"
-            else cast(ratio, Integer)).label("bucket")
