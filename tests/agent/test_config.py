@@ -72,6 +72,8 @@ BAD = [
      "database.url = 'vramscope.db': expected a database URL"),
     ("[agent]\nmetrics_host = \"localhost\"\n",
      "agent.metrics_host = 'localhost': expected an IP address"),
+    ("[database]\nintegrity_check_max_cpu_percent = 0\n",  # would divide by zero
+     "database.integrity_check_max_cpu_percent = 0.0 is out of range; allowed: 0.01 to 100"),
     ("dashboard = 3\n", "[dashboard] must be a table, got 3"),
     ("[alerts]\nrules = 3\n", "alerts.rules must be an array of tables"),
 ]
