@@ -43,3 +43,22 @@ def test_the_rate_reads_the_counts_then_the_raw_events_and_outlives_them(any_url
         assert request_rate(store, 7, "h", T0, T0 + 600, 600.0).per_min == [0.0]  # unknown
         with pytest.raises(ValueError, match="bad window: start .*, end .*, bucket_s 0"):
             request_rate(store, 0, "h", T0, T0 + 60, 0)
+
+
+def test_a_device_with_requests_but_no_samples_keeps_its_rate_after_the_events_go(any_url):
+    # device 0 samples a minute for 30 minutes; device 2 never samples (its samples stopped
+    # long ago, or never came) but starts two requests a minute: retention counts them with
+    # device 0's minutes and deletes them once counted
+    samples = [Sample(T0 + 60 * m + 5, 0, Phase.DECODE, "torch", 1, allocated_bytes=m)
+               for m in range(30)]
+    events = [Event(T0 + 60 * m + s, "request_start", 2, 1) for m in range(30) for s in (10, 40)]
+    with Store.open(any_url, host_name="h") as store:
+        store.write(samples, events)
+        retention = Retention(raw_s=10 * 60, rollup_s=86_400, step_rows=1000,
+                              clock=FakeClock(T0 + 30 * 60), minutes_per_step=20)
+        retention.step(store)  # minutes 0-19 rolled up, counted, and their events deleted
+        assert [e.ts_s for e in store.events(2, names=("request_start",))][0] == T0 + 1210
+        rate = request_rate(store, 2, "h", T0, T0 + 30 * 60, 600.0)
+        assert (rate.ts, rate.per_min) == ([T0, T0 + 600, T0 + 1200], [2.0, 2.0, 2.0])
+        retention.step(store)  # nothing more due: the same
+        assert request_rate(store, 2, "h", T0, T0 + 30 * 60, 600.0) == rate
