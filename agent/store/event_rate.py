@@ -20,7 +20,6 @@ from vramscope.agent.store.schema import event_counts, events
 from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
     from vramscope.agent.store.store import Store
 
 RATE_EVENT = "request_start"
@@ -45,10 +44,10 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
     counts = [0] * n
     did = store.known_device_id(device, host)
     if did is not None:
+        rolled = _counted_end(store, did)
+        upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
         minute = event_counts.c.minute_s
         with store.engine.connect() as c:  # each part grouped in SQL: a row a bucket
-            rolled = _counted_end(store, c, did)
-            upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
             bucket = grid_index(store, minute, grid_start, width)
             counted = c.execute(
                 select(bucket, func.sum(event_counts.c.count))
@@ -68,15 +67,16 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
                 [count / minutes for count in counts])
 
 
-def _counted_end(store: Store, c: Connection, did: int) -> float | None:
+def _counted_end(store: Store, did: int) -> float | None:
     """The end of the minutes retention has counted for the device, or None: the later of its
     per-second tier's end and its newest counted minute's end (two seeks). Retention rolls up
     and counts every device over the same minutes, so the per-second tier says how far counting
     went; for a device that sent events but no samples (its per-second tier ends before them,
     or is empty) the counts themselves say it. Minutes between the newest counted one and the
     per-second tier's end held no frequent event when counted; a late one is counted again."""
-    newest = c.execute(select(func.max(event_counts.c.minute_s))
-                       .where(event_counts.c.device_id == did)).scalar()
+    q = select(func.max(event_counts.c.minute_s)).where(event_counts.c.device_id == did)
+    with store.engine.connect() as c:  # after seconds_end's, not inside another: one at a time
+        newest = c.execute(q).scalar()
     ends = [seconds_end(store, did), None if newest is None else float(newest) + MINUTE_S]
     found = [e for e in ends if e is not None]
     return max(found) if found else None
