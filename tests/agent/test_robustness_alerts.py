@@ -3,6 +3,7 @@ and the webhook against real local HTTP servers that redirect or hang."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import logging
 import sqlite3
@@ -84,11 +85,16 @@ def test_a_hanging_target_costs_one_timeout_a_change_and_a_full_queue_says_so(ta
             sink.send(FIRED)  # never blocks
         t0 = time.monotonic()
         sink.close(timeout_s=10)
+    assert time.monotonic() - t0 < 3
     counts = sink.counts()
     assert counts["dropped"] >= 16 and counts["sent"] == 0
     assert counts["failed"] + counts["dropped"] == 20
-    assert target.posts == 4 + (counts["failed"] - 1)  # retries only for the first
-    assert time.monotonic() - t0 < 3
+    tries = 4 + (counts["failed"] - 1)  # retries only for the first
+    # the sink gave up on its last try after 0.2 s; on a loaded machine the server's handler
+    # thread may read that POST and count it later: let it, then hold the count exactly
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: target.posts >= tries, timeout_s=5)
+    assert target.posts == tries
     assert caplog.text.count("is not keeping up: its queue of 3 is full") == 1
     assert caplog.text.count("until it answers, each change gets one try") == 1
 
