@@ -44,6 +44,17 @@ def test_rows_are_closed_form_and_the_tiers_equal_retentions(any_url):
         assert maintenance.rollup_watermark(store) == T_END
 
 
+def test_the_store_it_leaves_holds_no_wal_of_its_bulk_insert(tmp_path):
+    """The raw rows go in as one transaction; SQLite keeps its WAL at that size until
+    truncated, which would count as disk the agent's own store never holds."""
+    path = tmp_path / "week.db"
+    with Store.open(f"sqlite:///{path}", host_name="h") as store:
+        generate(store, History(devices=2, hz=10.0, days=600 / 86_400))
+        assert (store.count("samples"), path.with_name("week.db-wal").stat().st_size) == (
+            12_000, 0)
+        assert store.size_bytes() == path.stat().st_size
+
+
 @pytest.mark.parametrize(("hz", "end_s"), [(1.0, T_END), (10.0, T_END + 7.3), (0.3, T_END)])
 def test_days_without_raw_rows_have_the_tiers_their_raw_rows_would_have_made(
         any_url, tmp_path, hz, end_s):
