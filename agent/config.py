@@ -270,17 +270,31 @@ SETTINGS: tuple[Setting, ...] = (
             "Smallest idle-floor growth, as a share of the limit per hour, reported as a leak.",
             min=0, max=1),
     Setting("alerts.leak_warmup_s", float, 300.0,
-            "Longest warm-up: the idle floor and the OOM trend ignore the first 5 floor windows "
-            "after start, at most this long.", min=0, max=86400),
+            "Warm-up: the first seconds of a process (and after a model reload) are not its "
+            "idle floor, and the OOM trend starts after them.", min=0, max=86400),
     Setting("alerts.leak_floor_window_s", float, 60.0,
-            "Longest idle-floor window: the window is one cycle of the server (idle or prefill "
-            "entries; at least 4 samples), at most this long; the leak detector needs 30 "
-            "points after warm-up and fits the last 120.",
+            "Longest idle-floor window: the window is one cycle of the server (idle entries, "
+            "request ends or prefill entries; at least 4 samples), at most this long. It says "
+            "where a floor point is read, not when a verdict is due.",
             min=0.01, max=86400),
+    Setting("alerts.leak_horizon_s", float, 7200.0,
+            "The leak trend is fitted on the idle floor of this long (one trend point per 1/120 "
+            "of it).", min=60, max=30 * 86400),
+    Setting("alerts.leak_min_span_s", float, 900.0,
+            "Idle floor after the warm-up a leak verdict needs; before it the answer is "
+            "insufficient_data (with what is missing), never no_leak and never an alert.",
+            min=60, max=30 * 86400),
     Setting("alerts.trend_window_s", float, 60.0,
             "Longest OOM-trend window: two cycles of the server (at least 8 samples), at most "
-            "this long; the forecast fits the peaks of the last 20 windows (10 at least).",
+            "this long; the peak of each window feeds the forecast.",
             min=0.01, max=86400),
+    Setting("alerts.trend_span_s", float, 1200.0,
+            "The OOM forecast's trend is fitted on the peaks of this long (20 points); a "
+            "forecast reaches at most 3 times the span it was fitted on.",
+            min=60, max=30 * 86400),
+    Setting("alerts.trend_min_span_s", float, 600.0,
+            "Peaks after the warm-up the OOM forecast needs before it says anything.",
+            min=30, max=30 * 86400),
     Setting("alerts.fragmentation_warning_ratio", float, 0.5,
             "Warn when external fragmentation exceeds this while headroom is low.", min=0,
             max=1),

@@ -22,8 +22,9 @@ from typing import Any, NamedTuple, cast
 
 from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
+from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
-from vramscope.agent.analysis.diagnosis import diagnose_warning
+from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker
 from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
@@ -33,6 +34,7 @@ from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
 
 OOM_RECENT_S = 300.0
+PROCESS_GONE_S = 300.0  # a process silent this long is gone: its models no longer speak
 HISTORY_MAX = 100_000
 WEBHOOK_FORMAT = "vramscope.alert/1"
 
@@ -71,6 +73,7 @@ _LEAK = 1 << 6  # a new leak verdict
 _KV = 1 << 7  # a KV pool reading
 _ORPHANS = 1 << 8  # a kv_orphaned_blocks event
 _OOM = 1 << 9  # oom_recent changed: an OOM, or five minutes since the last one
+_EPISODE = 1 << 10  # an OOM ended the risk episode (its risk alerts resolve with it)
 
 _INPUTS: dict[str, int] = {
     "cached_free_bytes": _SAMPLE,
@@ -80,7 +83,7 @@ _INPUTS: dict[str, int] = {
     "headroom_bytes": _RISK,
     "headroom_ratio": _RISK,
     "time_to_oom_s": _RISK,
-    "risk_level": _RISK_LEVEL,
+    "risk_level": _RISK_LEVEL | _EPISODE,
     "leak_detected": _LEAK,
     "leak_slope_bytes_per_s": _LEAK,
     "leak_slope_ratio_per_h": _LEAK | _DEVICE,
@@ -133,6 +136,9 @@ class DeviceAnalysis:
         self.oom_ts_s: list[float] = []
         self.orphaned_blocks = 0
         self._num_ooms: int | None = None
+        self._last_seen: dict[int, float] = {}  # pid -> its latest sample's time
+        self._next_gone_check = 0.0
+        self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
         self.config_check: LimitCheck | None = None  # with a [server] section (config_check.py)
@@ -142,9 +148,13 @@ class DeviceAnalysis:
         changed = _SAMPLE
         if self._raw_fields:
             changed |= self._absorb_fields(s)
+        if s.pid is not None:
+            self._last_seen[s.pid] = s.ts_s
+            if s.ts_s >= self._next_gone_check:
+                self._forget_gone(s.ts_s)
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
-                self._note_oom(s.ts_s)
+                self._note_oom(s.ts_s, s.pid)
             self._num_ooms = s.num_ooms
         if self._observe_risk(s):
             changed |= _RISK | self._note_risk(s.ts_s)
@@ -158,7 +168,29 @@ class DeviceAnalysis:
             changed |= _KV
         if self.oom_ts_s:
             changed |= self._oom_changed(s.ts_s)
-        return changed
+        return changed | self._episode()
+
+    def _episode(self) -> int:
+        """``_EPISODE`` once after an OOM (the risk alerts it ended resolve)."""
+        if not self._episode_ended:
+            return 0
+        self._episode_ended = False
+        return _EPISODE
+
+    def _forget_gone(self, now_s: float) -> None:
+        """Processes silent for ``PROCESS_GONE_S`` are gone (exited, restarted under a new
+        pid): their risk models and leak detectors no longer speak for the device."""
+        self._next_gone_check = now_s + 60.0
+        gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
+        for pid in gone:
+            del self._last_seen[pid]
+            self.risks.pop(pid, None)
+            self.leaks.pop(pid, None)
+            self.kvs.pop(pid, None)
+            self._sampled.discard(pid)
+        if gone:
+            self._pick_risk()
+            self._pick_leak()
 
     def _observe_risk(self, s: Sample) -> bool:
         """Feed the sample to its process's model (a device-wide one to every process's);
@@ -177,11 +209,16 @@ class DeviceAnalysis:
                     model.observe(self._wide)
             gave = model.observe(s)
         if gave and len(self.risks) > 1:
-            procs: dict[int | None, RiskModel] = {
-                pid: m for pid, m in self.risks.items() if pid is not None} or self.risks
-            self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
-            self.risk = procs[self.risk_pid]
+            self._pick_risk()
         return gave
+
+    def _pick_risk(self) -> None:
+        procs: dict[int | None, RiskModel] = {
+            pid: m for pid, m in self.risks.items() if pid is not None} or self.risks
+        if not procs:
+            procs = self.risks = {None: RiskModel(self._thresholds)}
+        self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
+        self.risk = procs[self.risk_pid]
 
     def _leaks_of(self, r: Sample | Event) -> list[LeakDetector]:
         """The detectors a record feeds: its process's; a device-wide (NVML) sample, the
@@ -216,7 +253,9 @@ class DeviceAnalysis:
 
     def _pick_leak(self) -> None:
         procs = self._process_leaks() or [self.leaks[None]]
-        self.leak = max(procs, key=lambda d: (d.result.detected, d.result.slope_bytes_per_s))
+        self.leak = max(procs, key=lambda d: (d.result.detected,
+                                              d.result.first_detected_ts_s is not None,
+                                              d.result.slope_bytes_per_s))
 
     def _observe_kv(self, s: Sample) -> bool:
         kv = self.kvs.get(s.pid)
@@ -237,6 +276,14 @@ class DeviceAnalysis:
         if rank is not None:
             return f"rank {rank} (pid {pid})"
         return f"pid {pid}" if sum(1 for p in self.risks if p is not None) > 1 else None
+
+    def leak_process_name(self) -> str | None:
+        """Which process ``leak`` is, for alert text (as ``process_name``)."""
+        pid = next((p for p, d in self.leaks.items() if d is self.leak), None)
+        if pid is None:
+            return None
+        rank = self.ranks.get(pid)
+        return f"rank {rank} (pid {pid})" if rank is not None else f"pid {pid}"
 
     def _absorb_fields(self, s: Sample) -> int:
         changed = 0
@@ -270,7 +317,7 @@ class DeviceAnalysis:
                                                                     int):
             self.ranks[e.pid] = e.data["rank"]  # type: ignore[index]
         if e.name == "oom":
-            self._note_oom(e.ts_s)
+            self._note_oom(e.ts_s, e.pid)
         for leak in self._leaks_of(e):
             leak.on_event(e)
         if e.name == "kv_orphaned_blocks":
@@ -278,12 +325,19 @@ class DeviceAnalysis:
             self.orphaned_blocks = orphaned_count(e)
             return _ORPHANS | _LEAK | (self._oom_changed(e.ts_s) if self.oom_ts_s else 0)
         if e.name == "oom":
-            return self._oom_changed(e.ts_s)
+            return self._oom_changed(e.ts_s) | self._episode()
         return None
 
-    def _note_oom(self, ts_s: float) -> None:
-        if not self.oom_ts_s or ts_s - self.oom_ts_s[-1] > 1.0:  # one OOM seen by two sources
-            self.oom_ts_s.append(ts_s)
+    def _note_oom(self, ts_s: float, pid: int | None) -> None:
+        """An OOM: noted once (two sources may report it), and it ends the risk episode of its
+        process (every process's when it names none): their trends and retries start over."""
+        if self.oom_ts_s and ts_s - self.oom_ts_s[-1] <= 1.0:
+            return
+        self.oom_ts_s.append(ts_s)
+        for key, model in self.risks.items():
+            if pid is None or key == pid or key is None:
+                model.restart()
+        self._episode_ended = True
 
     def _oom_changed(self, now_s: float) -> int:
         recent = now_s - self.oom_ts_s[-1] < OOM_RECENT_S  # exactly as the oom_recent getter
@@ -451,6 +505,8 @@ class AlertEngine:
                   host: str | None, out: list[AlertChange]) -> None:
         busy = False
         for st in rules.states:
+            if changed & _EPISODE and st.rule.backoff and st.fired_ts is not None:
+                self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
             if st.quiet and not st.inputs & changed:
                 continue
             value, before = st.getter(d, now), len(out)
@@ -493,11 +549,19 @@ class AlertEngine:
         if st.clear_since is None:
             st.clear_since = now
         if now - st.clear_since >= rule.clear_for_s * st.hold:
-            fired, st.fired_ts, st.pending_since = st.fired_ts, None, None
-            st.resolved_ts = now
-            assert fired is not None  # only a fired alert resolves
-            out.append(AlertChange("resolved", rule.name, rule.severity, d.device, now, value,
-                                   rule.describe(value), rule.labels, fired, host))
+            self._resolve(st, d, now, value, host, out)
+
+    @staticmethod
+    def _resolve(st: _RuleState, d: DeviceAnalysis, now: float, value: float | None,
+                 host: str | None, out: list[AlertChange], why: str = "") -> None:
+        """The alert resolves; ``why``: an OOM ended it (then it is no back-off's business)."""
+        rule, fired = st.rule, st.fired_ts
+        assert fired is not None  # only a fired alert resolves
+        st.fired_ts = st.pending_since = st.clear_since = None
+        st.resolved_ts = None if why else now
+        text = rule.describe(value) + (f" ({why})" if why else "")
+        out.append(AlertChange("resolved", rule.name, rule.severity, d.device, now, value,
+                               text, rule.labels, fired, host))
 
 
 def _limit(st: _RuleState, d: DeviceAnalysis, now: float) -> float:
@@ -528,8 +592,12 @@ def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     who = d.process_name() if rule.metric in _PER_PROCESS_METRICS else None
     if who is not None:
         text = f"{text} [{who}]"
+    if rule.builtin and rule.metric == "leak_detected" and d.leak.result.detected:
+        return leak_text(d.leak.result, d.leak.limit_bytes, d.leak_process_name())
     point = d.risk.last
     if rule.metric != "risk_level" or point is None or not point.reasons:
         return text
-    cause, remedies = diagnose_warning(point.reasons)
-    return f"{text}; {', '.join(point.reasons)}: likely {cause}; try: {remedies[0]}"
+    if rule.builtin:
+        return risk_text(point, d.risk, d.leaks.get(d.risk_pid, d.leak).result.detected, who)
+    cause = warning_cause(point, d.risk, d.leak.result.detected)
+    return f"{text}; {risk_reasons(point, d.risk)}: likely {cause}; try: {REMEDIES[cause][0]}"

@@ -394,15 +394,3 @@ def complete_postmortem(pm: PostMortem, samples: Sequence[Sample] = ()) -> PostM
     cause = pm.cause if pm.cause in REMEDIES else cause
     return pm._replace(cause=cause, remedies=pm.remedies or REMEDIES[cause])
 
-
-def diagnose_warning(reasons: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-    """The likely cause behind a risk warning, from the risk model's reasons."""
-    if "fragmentation" in reasons or "alloc_retries" in reasons:
-        cause = "fragmentation"
-    elif "trend" in reasons:
-        cause = "growth"
-    elif "headroom" in reasons:
-        cause = "prefill_spike"
-    else:
-        cause = "unknown"
-    return cause, REMEDIES[cause]

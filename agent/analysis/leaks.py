@@ -1,18 +1,28 @@
 """Leak detection on the idle floor: is the memory left over between requests still rising?
 
-The *idle floor* is one point per minute (``alerts.leak_floor_window_s``): the least allocated
-memory seen in that minute while no request was in flight (phase ``idle``, or no request open by
+The *idle floor* is one point per floor window (one cycle of the server, at most
+``alerts.leak_floor_window_s``; ``vramscope.agent.analysis.windows``): the least allocated
+memory seen in that window while no request was in flight (phase ``idle``, or no request open by
 the request events); where the server is never idle, the least of the first samples after a
 request ended (the floor after each request); without request events either, the least of the
-minute.
-A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor. The
-detector then takes the least of the last ``ROLLING_POINTS`` floor points, so that a sawtooth
-slower than one window still shows its trough in every point (the Mann–Kendall correction
-accounts for the autocorrelation this adds).
+window. A minimum, not a mean: a KV sawtooth or a prefill spike lifts the mean but not the floor.
+
+Verdicts speak on durations, not on counts of cycles (a fast cycle gives more floor points, never
+an earlier verdict):
+
+- the first ``alerts.leak_warmup_s`` of a process (and after a model reload: memory falling
+  below ``RELOAD_RATIO`` of the settled floor) are its warm-up, never its floor;
+- the trend is fitted on *trend points*, one per ``alerts.leak_horizon_s / HORIZON_POINTS``
+  (a minute by default): the least floor point of that bin, then the least of the last
+  ``ROLLING_POINTS`` bins, so that a sawtooth slower than one bin still shows its trough in every
+  point (the Mann–Kendall correction accounts for the autocorrelation this adds);
+- until ``alerts.leak_min_span_s`` of trend points exist after the warm-up the answer is
+  ``insufficient_data``, with what is missing ("12.0 more min of idle floor"), never "no leak"
+  and never an alert.
 
 The detector is causal and incremental (the live agent and ``analyze`` run the same code). Every
-``EVAL_EVERY_POINTS`` new floor points after the warm-up it fits the last ``HORIZON_POINTS``
-points and calls it a leak only when all of these hold:
+``EVAL_EVERY_POINTS`` new trend points past the minimum span it fits the points of the last
+horizon (two hours by default) and calls it a leak only when all of these hold:
 
 1. a Mann–Kendall test, corrected for autocorrelation (Hamed–Rao), finds a rise with
    p < ``P_LEAK`` over the whole horizon;
@@ -31,9 +41,10 @@ Two refinements make it fast and load-aware:
   figures, the floor after a request less the bytes per request in flight times the requests
   still in flight (the same estimator, fed the request events);
 - a sequential test (``vramscope.agent.analysis.sequential``: a one-sided CUSUM on the floor's
-  increments, armed once the floor settled after the warm-up) names a clean rise after a few
-  points; its crossing is confirmed by the same trend checks on the points since the change
-  point (``confirm``: Mann–Kendall p < ``P_CONFIRM`` over at least ``MIN_CONFIRM`` points,
+  increments, armed once the floor settled after the warm-up) names a clean rise sooner than
+  the horizon's test, once the minimum span is there; its crossing is confirmed by the same
+  trend checks on the points since the change point (``confirm``: Mann–Kendall
+  p < ``P_CONFIRM`` over at least ``MIN_CONFIRM_S`` of floor,
   Theil–Sen slope at least the minimum over them and over their second half, growth at least
   ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
   before the floor ever settled and for slow leaks.
@@ -59,21 +70,28 @@ from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
 FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
-HORIZON_POINTS = 120  # two hours of floor points
+HORIZON_POINTS = 120  # trend points over alerts.leak_horizon_s (a minute each by default)
 ROLLING_POINTS = 5
-MIN_POINTS = 30  # half an hour after the warm-up before any verdict
-EVAL_EVERY_POINTS = 5
+MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever their span
+EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
-MIN_CONFIRM = 6  # floor points since the change point before a sequential verdict
+MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
+RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
+INSUFFICIENT = "insufficient_data"
 _BUSY = frozenset({Phase.PREFILL, Phase.DECODE, Phase.SETUP})
 
 
 class LeakResult(NamedTuple):
-    """The latest verdict. Slopes in bytes per second; the trend line is ``(ts_s, bytes)`` pairs."""
+    """The latest verdict. Slopes in bytes per second; the trend line is ``(ts_s, bytes)`` pairs.
+
+    ``state`` tells the three answers apart: ``leak``, ``no_leak`` (the trend was tested over at
+    least ``alerts.leak_min_span_s`` of floor after the warm-up) and ``insufficient_data``
+    (not yet: the evidence says what is missing). ``detected`` is ``state == "leak"``.
+    """
 
     detected: bool  # a leak is present at the latest evaluation
     slope_bytes_per_s: float
@@ -84,10 +102,33 @@ class LeakResult(NamedTuple):
     p_value: float | None
     trend_line: tuple[tuple[float, float], tuple[float, float]] | None
     orphaned_blocks: int = 0
+    enough_data: bool = True  # the trend was tested over the minimum span
+    span_s: float = 0.0  # the floor's span after the warm-up that the verdict rests on
+
+    @property
+    def state(self) -> str:
+        return "leak" if self.detected else "no_leak" if self.enough_data else INSUFFICIENT
 
 
-NO_VERDICT = LeakResult(False, 0.0, 0, None, None, "not enough idle-floor data after warm-up",
-                        None, None)
+NO_VERDICT = LeakResult(False, 0.0, 0, None, None,
+                        "not enough data yet: no idle-floor point after the warm-up", None, None,
+                        enough_data=False)
+
+
+def insufficient(t: Thresholds, span_s: float | None) -> LeakResult:
+    """The ``insufficient_data`` answer, saying what is missing: ``span_s`` is the floor seen
+    after the warm-up so far (``None``: still warming up)."""
+    need = t.leak_min_span_s
+    if span_s is None and t.leak_warmup_s <= 0:
+        span_s = 0.0
+    if span_s is None:
+        text = (f"not enough data yet: warming up (the first {t.leak_warmup_s / 60:.3g} min of "
+                f"a process are not its floor), then {need / 60:.3g} min of idle floor")
+    else:
+        text = (f"not enough data yet: {max(0.0, need - span_s) / 60:.1f} more min of idle floor "
+                f"(has {span_s / 60:.1f} of the {need / 60:.3g} min a verdict rests on, after "
+                f"the {t.leak_warmup_s / 60:.3g} min warm-up)")
+    return NO_VERDICT._replace(evidence=text, span_s=span_s or 0.0)
 
 
 def orphaned_count(e: Event) -> int:
@@ -180,7 +221,7 @@ class FloorTracker:
 
 
 class LeakDetector:
-    """Incremental, causal leak verdicts over the idle floor of one device."""
+    """Incremental, causal leak verdicts over the idle floor of one device (or process)."""
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.t = thresholds or Thresholds()
@@ -191,18 +232,22 @@ class LeakDetector:
         self.windows: Windows | None = None
         self.floor = FloorTracker(self.t.leak_floor_window_s)
         self._pending: list[Sample | Event] = []
-        # the floor points after the warm-up that the next verdict can use (bounded: live agents
-        # run for months)
-        self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS)
-        # the least of the last ROLLING_POINTS windows: a sawtooth slower than one window still
-        # shows its trough in every point
+        # the trend points of the last horizon (bounded: live agents run for months): each the
+        # least floor point of its bin of alerts.leak_horizon_s / HORIZON_POINTS, then the least
+        # of the last ROLLING_POINTS bins (a sawtooth slower than one bin still shows its trough
+        # in every point)
+        self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS + 1)
         self._recent: deque[int] = deque(maxlen=ROLLING_POINTS)
-        self.result = NO_VERDICT
+        self._bin_s = self.t.leak_horizon_s / HORIZON_POINTS
+        self._bin: tuple[int, float, int] | None = None  # index, ts and value of the bin's least
+        self._trend_from: float | None = None  # the first trend point: the span starts here
+        self.result = insufficient(self.t, None)
         self.limit_bytes: int | None = None
         self._first_ts: float | None = None
         self._since_eval = 0
         self._max_seen = 0
         self._uses_allocated = False
+        self.reloads = 0  # model reloads seen (each a new warm-up)
         self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
         self.per_request = BlockBytes()  # without KV figures: bytes per request in flight
         self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
@@ -249,6 +294,7 @@ class LeakDetector:
         """The windows are known: replay the records that waited for them."""
         self.windows = windows
         self.floor = FloorTracker(windows.floor_s)
+        self._bin_s = max(windows.floor_s, self.t.leak_horizon_s / HORIZON_POINTS)
         pending, self._pending = self._pending, []
         out = None
         for rec in pending:
@@ -264,6 +310,9 @@ class LeakDetector:
         allocated, total = s.allocated_bytes, s.device_total_bytes
         if total and (allocated is not None or self.limit_bytes is None):
             self.limit_bytes = total  # an allocator sample's limit wins
+        if allocated is not None and self.points \
+                and allocated < RELOAD_RATIO * self.points[-1][1]:
+            self._reload(s.ts_s, allocated)
         self.load.observe_kv(s.kv_blocks_used)
         if allocated is not None:
             self.load.observe(allocated)
@@ -276,16 +325,45 @@ class LeakDetector:
             point = self.floor.update(s, self.per_request.explained(), anytime=False)
         else:
             point = self.floor.update(s, self.load.explained())
-        if point is not None and self.floor_points is not None:
-            self.floor_points.append(point)
-        warmup = self.windows.warmup_s if self.windows is not None else self.t.leak_warmup_s
-        if point is None or point[0] < self._first_ts + warmup:
+        if point is None:
             return None
-        self._recent.append(point[1])
-        self.points.append((point[0], min(self._recent)))
+        if self.floor_points is not None:
+            self.floor_points.append(point)
+        if point[0] < self._first_ts + self.t.leak_warmup_s:
+            return None
+        binned = self._binned(point)
+        return None if binned is None else self._trend_point(*binned, s.ts_s)
+
+    def _binned(self, point: tuple[float, int]) -> tuple[float, int] | None:
+        """The least floor point of each bin, once the bin is over (a floor point per bin
+        when the floor window is a bin or longer)."""
+        if self._bin_s <= self.floor.window_s:
+            return point
+        index = int(point[0] // self._bin_s)
+        held = self._bin
+        if held is None or index != held[0]:
+            self._bin = (index, point[0], point[1])
+            return None if held is None else (held[1], held[2])
+        if point[1] < held[2]:
+            self._bin = (index, point[0], point[1])
+        return None
+
+    def _trend_point(self, ts: float, raw: int, now_s: float) -> LeakResult | None:
+        """A trend point after the warm-up: the sequential test, then, past the minimum span,
+        the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
+        if self._trend_from is None:
+            self._trend_from = ts
+        self._recent.append(raw)
+        self.points.append((ts, min(self._recent)))
+        while self.points[0][0] < ts - self.t.leak_horizon_s:
+            self.points.popleft()
         self._since_eval += 1
-        verdict = self._sequential(point[1])
-        if len(self.points) >= MIN_POINTS and self._since_eval >= EVAL_EVERY_POINTS:
+        verdict = self._sequential(raw)
+        span = ts - self._trend_from
+        if span < self.t.leak_min_span_s or len(self.points) < MIN_FIT_POINTS:
+            self.result = self._publish(insufficient(self.t, span), now_s)
+            return self.result
+        if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
             self._since_eval = 0
             prev = self.result
             mk = evaluate_floor(list(self.points), self._limit(), self.t,
@@ -295,8 +373,26 @@ class LeakDetector:
             verdict = mk if self._seq is None else self._seq
         if verdict is None:
             return None
-        self.result = self._publish(verdict, s.ts_s)
+        self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
+
+    def _reload(self, ts_s: float, allocated: int) -> None:
+        """Memory fell below half the settled floor: the model was unloaded (a reload or a
+        restart in the same process). What follows is a new warm-up, not the old floor."""
+        self.reloads += 1
+        in_flight = self.floor.in_flight
+        self.floor = FloorTracker(self.floor.window_s)
+        self.floor.in_flight = in_flight
+        self.points.clear()
+        self._recent.clear()
+        self._bin = self._trend_from = self._seq = self._seq_start = None
+        self._first_ts, self._since_eval = ts_s, 0
+        self.cusum = Cusum(ROLLING_POINTS - 1)
+        self.load.restart()
+        self.per_request.restart()
+        self.result = insufficient(self.t, None)._replace(
+            evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
+                     f"{allocated / 2**20:.1f} MiB): " + insufficient(self.t, None).evidence)
 
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
@@ -306,8 +402,7 @@ class LeakDetector:
         or lets one go (None otherwise)."""
         ts, y = self.points[-1]
         limit = self._limit()
-        window = self.windows.floor_s if self.windows is not None else self.floor.window_s
-        k = 0.5 * self.t.leak_min_slope_ratio_per_h * limit / 3600.0 * window
+        k = 0.5 * self.t.leak_min_slope_ratio_per_h * limit / 3600.0 * self._bin_s
         if len(self._recent) < ROLLING_POINTS:
             return None  # the first points' least-of-five repeats the first one: not a settle
         restarts = self.cusum.restarts
@@ -366,16 +461,17 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
             noise: float, cusum: float, h: float, was_detected: bool = False) -> LeakResult:
     """The sequential test's verdict over the floor points since its change point. Pure.
 
-    A crossing is a leak when, over at least ``MIN_CONFIRM`` points, Mann–Kendall finds a rise
+    A crossing is a leak when, over at least ``MIN_CONFIRM_S`` of floor, Mann–Kendall finds a rise
     with p < ``P_CONFIRM``, the Theil–Sen slope is at least the minimum over them and over their
     second half (a step followed by a plateau fails here), and the growth is at least
     ``MIN_GROWTH_NOISE`` times the noise. ``was_detected``: it holds while the points still rise
     (p < ``P_RECENT``) at half the minimum slope or more.
     """
     n = len(points)
-    if n < max(4, MIN_CONFIRM if not was_detected else 4):
-        return NO_VERDICT._replace(evidence=f"sequential test: {n} floor point(s) since the "
-                                   "change point, too few to confirm")
+    span = points[-1][0] - points[0][0] if points else 0.0
+    if n < 4 or (not was_detected and span < MIN_CONFIRM_S):
+        return NO_VERDICT._replace(evidence=f"sequential test: {span / 60:.1f} min of floor "
+                                   "since the change point, too little to confirm")
     t0 = points[0][0]
     xs = [p[0] - t0 for p in points]
     ys = [float(p[1]) for p in points]
@@ -408,8 +504,9 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     ``was_detected``: the previous verdict was a leak; it then stays one while the whole
     horizon still rises (p < ``P_RECENT``) at half the minimum slope or more.
     """
-    if len(points) < MIN_POINTS:
-        return NO_VERDICT
+    span = points[-1][0] - points[0][0] if points else 0.0
+    if len(points) < MIN_FIT_POINTS or span < t.leak_min_span_s:
+        return insufficient(t, span)
     t0 = points[0][0]
     xs = [p[0] - t0 for p in points]
     ys = [float(p[1]) for p in points]
@@ -430,7 +527,12 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
                   growth >= MIN_GROWTH_NOISE * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
-    return LeakResult(all(checks), trend.slope, int(growth), rise_start(points), None, evidence,
+    start, slope = rise_start(points), trend.slope
+    if all(checks):  # the leak's own rate: the fit since the rise began, not the flat before
+        since = [(x, y) for x, y in zip(xs, ys) if x + t0 >= start]
+        if len(since) >= MIN_FIT_POINTS:
+            slope = theil_sen([p[0] for p in since], [p[1] for p in since]).slope
+    return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 
 

@@ -163,9 +163,10 @@ def _device_doc(dev: int, d: DeviceState, summary: DeviceSummary,
 
 def _leak_doc(result: LeakResult) -> dict[str, Any]:
     ever = result.first_detected_ts_s is not None
-    return {"detected": ever, "slope_bytes_per_s": float(result.slope_bytes_per_s),
-            "first_detected_ts": result.first_detected_ts_s, "evidence": result.evidence,
-            "makeup": None}
+    return {"detected": ever, "state": "leak" if ever else result.state,
+            "slope_bytes_per_s": float(result.slope_bytes_per_s),
+            "first_detected_ts": result.first_detected_ts_s, "span_s": result.span_s,
+            "evidence": result.evidence, "makeup": None}
 
 
 _OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS

@@ -10,10 +10,17 @@ with memory figures it gives a :class:`RiskPoint`:
   (device used − reserved: CUDA context, other processes);
 - **headroom after spike** = limit − max(demand, baseline + largest prefill spike seen): room
   left if the largest prompt seen so far arrived now;
-- **time to OOM** from the trend of the *peaks* (the maximum demand in each window of
-  ``alerts.trend_window_s``), not of the raw samples: a Theil–Sen line over the last
-  ``TREND_WINDOWS`` peaks, extrapolated to the limit, with Sen's 90 % band on the slope as
-  the uncertainty band; only when the band's low slope is above zero (a significant rise);
+- **time to OOM** from the trend of the *peaks* (the maximum demand in each bin of
+  ``alerts.trend_span_s / TREND_WINDOWS``, a minute by default, or the cycle-derived window of
+  ``alerts.trend_window_s`` when that is longer), not of the raw samples: a Theil–Sen line over
+  the peaks of the last ``alerts.trend_span_s``, extrapolated to the limit, with Sen's 90 %
+  band on the slope as the uncertainty band. A forecast needs ``alerts.trend_min_span_s`` of
+  peaks after the warm-up; a significant rise (the band's low slope above zero) that still goes
+  on in the span's recent half (its slope at least half the whole span's: growth that flattens,
+  a warm-up or a cache filling, is not a trend to the limit); and it never reaches further than
+  ``FORECAST_REACH`` times the span it was fitted on (a forecast beyond is no forecast);
+- an **OOM ends the episode**: its trend and retry history start over (``restart``), so the
+  next warning is about the next OOM, not the last one;
 - **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
   largest free block of the latest snapshot nor in the memory the allocator can still reserve
   under the limit (a new segment);
@@ -47,8 +54,10 @@ from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
-TREND_WINDOWS = 20  # twenty minutes of peaks
-MIN_TREND_WINDOWS = 10
+TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
+MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
+FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
+RECENT_SLOPE_RATIO = 0.5  # the recent half of the span rises at least this share of the whole
 RETRY_WINDOW_S = 60.0
 RETRY_HOLD_S = 1800.0  # retries this recent hold the risk while reserved stays near the limit
 NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no room to regrow
@@ -86,6 +95,7 @@ class _Trend(NamedTuple):
     intercept: float
     slope_low: float
     slope_high: float
+    span_s: float  # the span of peaks it was fitted on: the forecast's reach is a multiple
 
 
 class RiskModel:
@@ -120,7 +130,7 @@ class RiskModel:
         self.windows: Windows | None = None
         self._trend_from: float | None = None
         self._pending: list[tuple[float, int, Phase]] = []
-        self._peaks: deque[tuple[float, float]] = deque(maxlen=TREND_WINDOWS)
+        self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
@@ -139,6 +149,20 @@ class RiskModel:
 
     def update(self, s: Sample) -> RiskPoint | None:
         return self.last if self.observe(s) else None
+
+    @property
+    def trend(self) -> _Trend | None:
+        """The peaks' trend the forecast comes from (None: no significant rise)."""
+        return self._trend
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        return self._reserved
+
+    @property
+    def largest_free_bytes(self) -> int | None:
+        """The largest free block of the latest snapshot."""
+        return self._largest_free
 
     @property
     def last(self) -> RiskPoint | None:
@@ -204,7 +228,8 @@ class RiskModel:
         w = self.chooser.update(s)
         if w is None:
             return
-        self.windows, self._window_s = w, w.trend_s
+        self.windows = w
+        self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + w.warmup_s
         pending, self._pending = self._pending, []
@@ -255,21 +280,39 @@ class RiskModel:
         """Close the peak window (the first sample opens one) and refit the trend of peaks."""
         start = self._window_start
         if start is not None:
-            self._peaks.append((start, self._window_peak))
+            peaks = self._peaks
+            peaks.append((start, self._window_peak))
+            while peaks[0][0] < start - self.t.trend_span_s:
+                peaks.popleft()
             step = self._window_s
             start += step * ((ts_s - start) // step)
-            self._trend = self._fit() if len(self._peaks) >= MIN_TREND_WINDOWS else None
+            span = peaks[-1][0] + step - peaks[0][0]
+            self._trend = self._fit(span) if len(peaks) >= MIN_TREND_WINDOWS \
+                and span >= self.t.trend_min_span_s else None
         else:
             start = ts_s
         self._window_start, self._window_end = start, start + self._window_s
         self._window_peak = demand
 
-    def _fit(self) -> _Trend | None:
+    def _fit(self, span_s: float) -> _Trend | None:
+        """The peaks' trend, when it rises significantly and still rises in its recent half."""
         t0 = self._peaks[0][0]
-        tr = theil_sen([p[0] - t0 for p in self._peaks], [p[1] for p in self._peaks])
+        xs, ys = [p[0] - t0 for p in self._peaks], [p[1] for p in self._peaks]
+        tr = theil_sen(xs, ys)
         if tr.slope_low <= 0:
             return None
-        return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high)
+        half = len(xs) // 2
+        if theil_sen(xs[half:], ys[half:]).slope < RECENT_SLOPE_RATIO * tr.slope:
+            return None  # flattening: a warm-up or a cache filling up, not a trend to the limit
+        return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high, span_s)
+
+    def restart(self) -> None:
+        """An OOM happened: the episode is over. The trend and the retry history start over
+        (the next warning is about the next OOM); the limit and the largest request stay."""
+        self._peaks.clear()
+        self._trend = None
+        self._window_start = None
+        self._retry_rise_ts = None
 
     def _assess(self, ts_s: float, demand: int, other: int) -> None:
         """The point's figures and level. ``x if x > y else y`` is ``max(y, x)`` (the same
@@ -293,6 +336,8 @@ class RiskModel:
             room = limit - (level if level > demand else demand)
             self._room = room = room if room > 0.0 else 0.0
             tto = room / tr.slope
+            if tto > FORECAST_REACH * tr.span_s:
+                tto = None  # further than the evidence reaches
         self.time_to_oom_s = tto
         retrying = self._retry_rise_ts is not None and self._retrying(ts_s, limit, other)
         # hysteresis: a headroom warning holds until the headroom is back above the threshold

@@ -20,7 +20,11 @@ class Thresholds(NamedTuple):
     leak_min_slope_ratio_per_h: float = 0.0025
     leak_warmup_s: float = 300.0
     leak_floor_window_s: float = 60.0
+    leak_horizon_s: float = 7200.0
+    leak_min_span_s: float = 900.0
     trend_window_s: float = 60.0
+    trend_span_s: float = 1200.0
+    trend_min_span_s: float = 600.0
     fragmentation_warning_ratio: float = 0.5
     kv_exhaustion_warning_s: float = 60.0
 

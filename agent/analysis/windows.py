@@ -14,9 +14,13 @@ the windows are derived from what the recording shows, causally, from its first 
   (a new batch), else unknown.
 
 Then ``floor = max(FLOOR_SAMPLES × dt, cycle)``, ``trend = max(TREND_SAMPLES × dt, 2 × cycle)``,
-``warm-up = WARMUP_WINDOWS × floor``, each clamped to ``[MIN_WINDOW_S, the alerts.* setting]``:
-the settings are the upper bounds (for the defaults, a minute, a minute and five minutes: a
-server whose cycle is a minute or more gets exactly those). The choice is made once per device,
+each clamped to ``[MIN_WINDOW_S, the alerts.* setting]``: the settings are the upper bounds (for
+the defaults, a minute each: a server whose cycle is a minute or more gets exactly those).
+These windows only say where a floor point or a peak is read. The time scales a verdict speaks
+on are durations that do not follow the cycle: the warm-up (``alerts.leak_warmup_s``), the leak
+trend's horizon and minimum span (``alerts.leak_horizon_s``, ``alerts.leak_min_span_s``) and the
+OOM trend's span (``alerts.trend_span_s``, ``alerts.trend_min_span_s``). A fast cycle gives more
+floor points per minute, never an earlier verdict. The choice is made once per device,
 as soon as ``MIN_SAMPLES`` samples and ``MIN_CYCLES`` cycles have been seen, or at the latest
 after ``2 × alerts.leak_floor_window_s`` of records (then an unknown cycle gives the bounds).
 """
@@ -32,7 +36,6 @@ from vramscope.agent.records import Event, Phase, Sample
 MIN_WINDOW_S = 0.5
 FLOOR_SAMPLES = 4
 TREND_SAMPLES = 8
-WARMUP_WINDOWS = 5.0
 MIN_SAMPLES = 16
 MIN_CYCLES = 4
 MAX_GAPS = 64  # a median over the first gaps is enough; bounded memory
@@ -69,8 +72,7 @@ def choose(t: Thresholds, dt_s: float | None, cycle_s: float | None,
     else:
         floor = clamp(max(FLOOR_SAMPLES * dt, cycle_s), floor_top)
         trend = clamp(max(TREND_SAMPLES * dt, 2 * cycle_s), trend_top)
-    warmup = min(t.leak_warmup_s, WARMUP_WINDOWS * floor)
-    return Windows(floor, trend, warmup, dt_s, cycle_s, cycle_from if cycle_s else "none")
+    return Windows(floor, trend, t.leak_warmup_s, dt_s, cycle_s, cycle_from if cycle_s else "none")
 
 
 class WindowChooser:

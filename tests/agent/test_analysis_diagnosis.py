@@ -5,7 +5,6 @@ from vramscope.agent.analysis.diagnosis import (
     REMEDIES,
     complete_postmortem,
     diagnose,
-    diagnose_warning,
 )
 from vramscope.agent.records import Phase, PostMortem, Sample
 
@@ -60,14 +59,6 @@ def test_every_cause_has_remedies_and_fragmentation_names_expandable_segments():
                                      "batch", "unknown"))
     assert any("expandable_segments" in r for r in REMEDIES["fragmentation"])
     assert any("chunked prefill" in r for r in REMEDIES["prefill_spike"])
-
-
-@pytest.mark.parametrize("reasons, cause", [
-    (("alloc_retries",), "fragmentation"), (("trend", "fragmentation"), "fragmentation"),
-    (("trend",), "growth"), (("headroom",), "prefill_spike"), ((), "unknown"),
-])
-def test_diagnose_warning(reasons, cause):
-    assert diagnose_warning(reasons)[0] == cause
 
 
 def test_under_a_per_process_cap_the_driver_free_memory_is_not_available():

@@ -54,9 +54,13 @@ def test_not_a_leak(name, step, reason):
     assert reason in v.evidence
 
 
-def test_too_few_points_gives_no_verdict():
-    v = evaluate_floor(_line(29, lambda i: 1000 * i), 1_000_000, T)
-    assert (v.detected, v.p_value) == (False, None)
+def test_less_than_the_minimum_span_is_insufficient_data_saying_what_is_missing():
+    # 15 points a minute apart span 14 min, under alerts.leak_min_span_s (15 min)
+    v = evaluate_floor(_line(15, lambda i: 1000 * i), 1_000_000, T)
+    assert (v.detected, v.state, v.p_value) == (False, "insufficient_data", None)
+    assert v.evidence.startswith("not enough data yet: 1.0 more min of idle floor (has 14.0 of "
+                                 "the 15 min")
+    assert evaluate_floor(_line(16, lambda i: 1000 * i), 1_000_000, T).state == "leak"
 
 
 def _rising(n_s, rate, limit=8_000_000_000, phase=Phase.IDLE):
@@ -64,14 +68,18 @@ def _rising(n_s, rate, limit=8_000_000_000, phase=Phase.IDLE):
                    device_total_bytes=limit) for t in range(n_s)]
 
 
-def test_detector_fires_at_the_first_evaluation_with_30_points_after_warm_up():
-    # warm-up 300 s: floor points at 300, 360, ...; the 30th (t=2040) closes at t=2100
+def test_detector_answers_insufficient_data_until_15_min_of_floor_after_the_warm_up():
+    # warm-up 300 s: floor points at 300, 360, ...; the one at 1200 (15 min after the first)
+    # closes at t=1260: the first verdict
     d = LeakDetector(T)
-    verdicts = [v for s in _rising(2200, 10_000) if (v := d.update(s)) is not None]
-    assert len(verdicts) == 1
-    assert verdicts[0].detected
-    assert verdicts[0].first_detected_ts_s == 2100.0
-    assert verdicts[0].slope_bytes_per_s == pytest.approx(10_000)
+    verdicts = [(s.ts_s, v) for s in _rising(2200, 10_000) if (v := d.update(s)) is not None]
+    states = [(ts, v.state) for ts, v in verdicts]
+    assert states[:2] == [(360.0, "insufficient_data"), (420.0, "insufficient_data")]
+    assert states[14:16] == [(1200.0, "insufficient_data"), (1260.0, "leak")]
+    first = verdicts[15][1]
+    assert (first.first_detected_ts_s, first.span_s) == (1260.0, 900.0)
+    assert first.slope_bytes_per_s == pytest.approx(10_000)
+    assert verdicts[14][1].evidence.startswith("not enough data yet: 1.0 more min of idle floor")
     assert d.points[0] == (300.0, 1_003_000_000)
 
 
@@ -102,15 +110,19 @@ def test_a_found_leak_stays_found_while_it_still_rises_at_half_the_minimum():
     assert evaluate_floor((fast + slow)[-30:], limit, T, was_detected=True).detected
 
 
-def test_short_windows_from_the_config_for_short_recordings():
-    # 1-second floor windows and no warm-up: the 30th point (t=29) closes at t=30
-    cfg = {"alerts.leak_floor_window_s": 1.0, "alerts.leak_warmup_s": 0.0}
+def test_short_time_scales_are_set_in_the_config_not_taken_from_the_cycle():
+    # 1-second floor windows, no warm-up, a one-minute span: the point at 60 s closes at 61 s
+    cfg = {"alerts.leak_floor_window_s": 1.0, "alerts.leak_warmup_s": 0.0,
+           "alerts.leak_min_span_s": 60.0, "alerts.leak_horizon_s": 120.0}
     samples = [Sample(t / 10, 0, Phase.IDLE, allocated_bytes=10**9 + 10**6 * t,
-                      device_total_bytes=8 * 10**9) for t in range(400)]
+                      device_total_bytes=8 * 10**9) for t in range(1000)]
     r = detect_leak(samples, config=cfg)
-    assert (r.detected, r.first_detected_ts_s) == (True, 30.0)
+    assert (r.detected, r.first_detected_ts_s) == (True, 61.0)
     assert r.slope_bytes_per_s == pytest.approx(10**7)
-    assert not detect_leak(samples).detected  # a 40 s recording is too short by default
+    # with the defaults a 100 s recording says what it lacks, not "no leak"
+    by_default = detect_leak(samples)
+    assert by_default.state == "insufficient_data"
+    assert by_default.evidence.startswith("not enough data yet: warming up (the first 5 min")
 
 
 @pytest.mark.parametrize("ys, start", [
@@ -142,9 +154,41 @@ def test_never_idle_the_floor_is_taken_right_after_a_request_ends():
 
 
 def test_the_detector_uses_the_least_of_the_last_five_floor_points():
-    cfg = Thresholds(leak_warmup_s=0.0, leak_floor_window_s=1.0)
+    # a 120 s horizon: a trend point per second, each floor window's point
+    cfg = Thresholds(leak_warmup_s=0.0, leak_floor_window_s=1.0, leak_horizon_s=120.0)
     d = LeakDetector(cfg)
     for t, v in enumerate([10, 20, 5, 30, 40, 50, 60, 70]):
         d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=v))
     assert list(d.points) == [(0.0, 10), (1.0, 10), (2.0, 5), (3.0, 5), (4.0, 5), (5.0, 5),
                               (6.0, 5)]
+
+
+def test_trend_points_are_the_least_floor_point_of_each_minute_whatever_the_cycle():
+    # 1-second floor windows (a fast cycle) under the default 2 h horizon: one trend point per
+    # minute, the least floor point of its minute, so the cycle never shortens the time scale
+    d = LeakDetector(Thresholds(leak_warmup_s=0.0, leak_floor_window_s=1.0))
+    for t in range(185):
+        d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=2000 - t + (t % 60) ** 2))
+    # each minute's least is its first second's (2000 - t, then the square grows faster);
+    # the fourth minute (180-240 s) is not over yet
+    assert list(d.points) == [(0.0, 2000), (60.0, 1940), (120.0, 1880)]
+
+
+def test_a_model_reload_starts_a_new_warm_up():
+    # a settled floor of 1 GB for an hour, then the weights go (allocated 10 MB) and come back
+    # 2 GB higher (a bigger model): no verdict on the old floor, a new warm-up from the drop
+    d = LeakDetector(T)
+    before = [Sample(float(t), 0, Phase.IDLE, allocated_bytes=10**9, device_total_bytes=8 * 10**9)
+              for t in range(0, 3600, 2)]
+    gone = [Sample(3600.0, 0, Phase.IDLE, allocated_bytes=10**7, device_total_bytes=8 * 10**9)]
+    after = [Sample(float(t), 0, Phase.IDLE, allocated_bytes=3 * 10**9,
+                    device_total_bytes=8 * 10**9) for t in range(3602, 3602 + 900, 2)]
+    for s in before:
+        d.update(s)
+    assert d.result.state == "no_leak"
+    for s in gone + after:
+        d.update(s)
+    assert d.reloads == 1 and d.result.state == "insufficient_data"
+    assert d.result.evidence.startswith("not enough data yet: 6.0 more min of idle floor "
+                                         "(has 9.0 of the 15 min")
+    assert d.result.first_detected_ts_s is None and not d.result.detected
