@@ -93,16 +93,17 @@ def test_the_same_server_with_a_leak_is_found_by_the_sequential_test():
     d, fired = _run(samples, events)
     assert fired is not None and "(sequential test)" in fired.evidence
     assert "residual floor: less 16 MiB per KV block in use" in fired.evidence
-    # a request ends every 20 s: floor windows of 20 s (warm-up 100 s), each point its first
-    # sample. The least of the last five points first rises at the point of 3100 s (closed by
-    # the sample at 3120 s), by 20 MiB; k (half the minimum slope per window) is 0.6 MB and h
-    # is 8 windows of 2k (a floor without noise): 9.5 MB, so S crosses at once, from the change
-    # point at 3080 s. Confirmation needs 6 points since it: 3080..3180 s, closed at 3200 s;
-    # Mann-Kendall over 6 rising points: S = 15, z = 14 / sqrt(28.33), p = 0.0043 < 0.01
-    assert fired.first_detected_ts_s == 3200.0
-    assert fired.start_ts_s == 3080.0
-    assert fired.slope_bytes_per_s == MIB and fired.growth_bytes == 100 * MIB
-    assert fired.p_value == pytest.approx(0.0042675, rel=1e-4)
+    # a request ends every 20 s: floor windows of 20 s, each point its first sample, three to
+    # a trend point (the least of each minute, known once the next minute's first point
+    # closes, 20 s into it). The least of the last five trend points first rises at the point
+    # of 3300 s, by 60 MiB; k (half the minimum slope per minute) is 1.8 MB and h is 8 minutes
+    # of 2k (a floor without noise): 28.6 MB, so S crosses at once, from the change point at
+    # 3240 s. Confirmation needs 10 min since it: 3240..3840 s, closed at 3920 s; Mann-Kendall
+    # over 11 rising points: S = 55, p = 1.3e-5 < 0.01
+    assert fired.first_detected_ts_s == 3920.0
+    assert fired.start_ts_s == 3240.0
+    assert fired.slope_bytes_per_s == MIB and fired.growth_bytes == 600 * MIB
+    assert fired.p_value == pytest.approx(1.3118e-5, rel=1e-4)
     assert d.windows is not None and d.windows.floor_s == 20.0
 
 
@@ -149,15 +150,15 @@ def test_without_kv_figures_a_leak_under_a_growing_load_is_found():
     # 1 MiB/s from 5400 s (the same server counted the load ramp a leak at 1500 s without the
     # bytes per request in flight taken off). Floor windows of 20 s (a request ends every
     # 20 s), each point the sample after a request ended (20j - 0.5 s), residual 10 GiB plus
-    # the leak. The raw points rise from 5419.5 s, the least of five from 5499.5 s (closed at
-    # 5500 s) by 19.5 MiB, over h at once (8 windows of 2k = 9.5 MB); 6 points since the change
-    # point 5479.5 s: 5479.5..5579.5, closed at 5580 s; Mann-Kendall p = 0.0043 as above
+    # the leak; a trend point is each minute's least. The least of five rises from the point
+    # of 5659.5 s, over h at once (8 minutes of 2k = 28.6 MB), from the change point 5599.5 s;
+    # 10 min since it, 5599.5..6199.5, closed at 6260 s; Mann-Kendall p = 1.3e-5 as above
     samples, events = _no_kv_server(3 * 3600, 5400, MIB)
     d, fired = _run(samples, events)
     assert fired is not None and "(sequential test)" in fired.evidence
-    assert (fired.first_detected_ts_s, fired.start_ts_s) == (5580.0, 5479.5)
+    assert (fired.first_detected_ts_s, fired.start_ts_s) == (6260.0, 5599.5)
     assert fired.slope_bytes_per_s == pytest.approx(MIB)
-    assert fired.p_value == pytest.approx(0.0042675, rel=1e-4)
+    assert fired.p_value == pytest.approx(1.3118e-5, rel=1e-4)
     assert d.windows is not None and (d.windows.floor_s, d.windows.cycle_from) == (
         20.0, "request ends")
 

@@ -53,15 +53,17 @@ def _pts(ys, dt=60.0):
     return [(dt * i, y) for i, y in enumerate(ys)]
 
 
-def test_confirm_a_steady_rise_and_reject_a_step_or_too_few_points():
+def test_confirm_a_steady_rise_and_reject_a_step_or_too_little_time():
     limit = 10**9  # minimum slope 0.25 %/h: 694 B/s, 41.7 kB a minute
-    rise = confirm(_pts([10**8 + 10**5 * i for i in range(6)]), limit, T, 0.0, 5e5, 1e5)
+    rise = confirm(_pts([10**8 + 10**5 * i for i in range(11)]), limit, T, 0.0, 5e5, 1e5)
     assert rise.detected and rise.slope_bytes_per_s == pytest.approx(10**5 / 60)
     assert rise.evidence.startswith("leak (sequential test): CUSUM 0.477 MiB")
-    step = confirm(_pts([10**8] + [10**8 + 10**7] * 7), limit, T, 0.0, 9e6, 1e5)
+    step = confirm(_pts([10**8] + [10**8 + 10**7] * 11), limit, T, 0.0, 9e6, 1e5)
     assert not step.detected and "not rising recently" in step.evidence
-    few = confirm(_pts([10**8 + 10**5 * i for i in range(5)]), limit, T, 0.0, 5e5, 1e5)
-    assert not few.detected and "5 floor point(s) since the change point" in few.evidence
+    # ten points a minute apart span 9 min: under MIN_CONFIRM_S (10 min)
+    short = confirm(_pts([10**8 + 10**5 * i for i in range(10)]), limit, T, 0.0, 5e5, 1e5)
+    assert not short.detected
+    assert "9.0 min of floor since the change point, too little" in short.evidence
 
 
 def _idle_floor(values, dt=1.0):
@@ -70,19 +72,19 @@ def _idle_floor(values, dt=1.0):
             for i, v in enumerate(values)]
 
 
-def test_a_clean_step_leak_after_a_settled_floor_is_found_within_a_few_points():
+def test_a_clean_step_leak_after_a_settled_floor_is_found_after_ten_minutes_of_it():
     # 1 GB flat for 20 minutes, then +2 MB a second (90 %/h of 8 GB). No requests: the
     # windows are the bounds (60 s floor windows, 300 s warm-up) after 120 s of records.
-    flat, n = 1200, 1900
+    flat, n = 1200, 2400
     d = LeakDetector(T)
     values = [10**9 + 2 * 10**6 * max(0, t - flat) for t in range(n)]
     first = next(v for s in _idle_floor(values) if (v := d.update(s)) is not None
                  and v.detected)
     # floor points at 300, 360, ... (each window's first sample); the raw point of 1260 s is
-    # the first up, the least of the last five first rises at the point of 1500 s (closed at
-    # 1560 s) by 120 MB, crossing h at once (8 x 2k = 2.67 MB, the floor has no noise); 6
-    # points since the change point 1440 s: 1440..1740, closed at 1800 s: 10 windows after the
-    # leak began, 4 of them the least-of-five's lag
-    assert (first.first_detected_ts_s, first.start_ts_s) == (1800.0, 1440.0)
+    # the first up, the least of the last five first rises at the point of 1500 s by 120 MB,
+    # crossing h at once (8 x 2k = 2.67 MB, the floor has no noise), from the change point
+    # 1440 s; confirmation needs 10 min since it: 1440..2040 s, closed at 2100 s, 15 minutes
+    # after the leak began (4 of them the least-of-five's lag)
+    assert (first.first_detected_ts_s, first.start_ts_s) == (2100.0, 1440.0)
     assert first.slope_bytes_per_s == pytest.approx(2 * 10**6)
     assert "(sequential test)" in first.evidence
