@@ -506,7 +506,11 @@ class AlertEngine:
         busy = False
         for st in rules.states:
             if changed & _EPISODE and st.rule.backoff and st.fired_ts is not None:
+                # the OOM ends the episode: its alert resolves, and the OOM's own record does
+                # not open the next one (a server that goes on at its limit: the next record)
                 self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
+                busy = True
+                continue
             if st.quiet and not st.inputs & changed:
                 continue
             value, before = st.getter(d, now), len(out)
@@ -598,6 +602,6 @@ def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     if rule.metric != "risk_level" or point is None or not point.reasons:
         return text
     if rule.builtin:
-        return risk_text(point, d.risk, d.leaks.get(d.risk_pid, d.leak).result.detected, who)
-    cause = warning_cause(point, d.risk, d.leak.result.detected)
+        return risk_text(point, d.risk, d.leaks.get(d.risk_pid, d.leak), who)
+    cause = warning_cause(point, d.risk, d.leaks.get(d.risk_pid, d.leak))
     return f"{text}; {risk_reasons(point, d.risk)}: likely {cause}; try: {REMEDIES[cause][0]}"

@@ -10,15 +10,20 @@ the post-mortem uses (``vramscope.agent.analysis.diagnosis``).
 from __future__ import annotations
 
 from vramscope.agent.analysis.diagnosis import REMEDIES
-from vramscope.agent.analysis.leaks import LeakResult
+from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
+from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.timefmt import iso_utc
+
+FLOOR_SHARE = 0.5  # the floor rose less than this share of the peaks' rise: the load did
 
 
 def size(n: float | None) -> str:
     if n is None:
         return "unknown"
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n:,.0f} B"
 
 
 def duration(s: float | None) -> str:
@@ -29,15 +34,34 @@ def duration(s: float | None) -> str:
     return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def warning_cause(point: RiskPoint, model: RiskModel, leaking: bool) -> str:
+def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
+    """How much of the peaks' rise over the trend's span the idle floor rose too (None: no
+    trend, or too few floor points over it): near 1 for growth (a leak, a cache), near 0 for
+    a rising load (more requests, longer contexts) over a floor that stays."""
+    trend = model.trend
+    if trend is None or trend.slope <= 0:
+        return None
+    # the recent half of the span: the floor's trend points are each the least of five bins,
+    # which holds a rise back for their first minutes
+    pts = [p for p in leak.points if p[0] >= trend.t0 + trend.span_s / 2]
+    if len(pts) < 4:
+        return None
+    return theil_sen([p[0] for p in pts], [float(p[1]) for p in pts]).slope / trend.slope
+
+
+def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str:
     """The likely cause of a risk warning: fragmentation (a request fits no block, or the
-    allocator retries), growth (a rising trend, or a leak on this process), a prefill spike
-    (the room is gone only once the largest spike is added), else batch (the load itself)."""
+    allocator retries); growth (a leak on this process, or peaks rising with the floor under
+    them); batch, the load (peaks rising over a floor that stays, or the room gone without a
+    spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
     if "fragmentation" in reasons or "alloc_retries" in reasons:
         return "fragmentation"
-    if "trend" in reasons or leaking:
+    if leak.result.detected:
         return "growth"
+    if "trend" in reasons:
+        share = floor_share(model, leak)
+        return "batch" if share is not None and share < FLOOR_SHARE else "growth"
     if "headroom" in reasons:
         limit, headroom = model.limit_bytes, point.headroom_bytes
         spike = model.spikes.largest_bytes
@@ -52,9 +76,10 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
     parts = []
     limit = model.limit_bytes
     if "headroom" in point.reasons and point.headroom_ratio is not None:
-        parts.append(f"headroom {100 * point.headroom_ratio:.1f} % of the {size(limit)} limit "
-                     f"after the largest prefill spike ({size(model.spikes.largest_bytes)}); "
-                     f"{size(point.headroom_bytes)} free now")
+        spike = model.spikes.largest_bytes
+        after = f" after the largest prefill spike ({size(spike)})" if spike else ""
+        parts.append(f"headroom {100 * point.headroom_ratio:.1f} % of the {size(limit)} "
+                     f"limit{after}; {size(point.headroom_bytes)} free now")
     trend = model.trend
     if "trend" in point.reasons and trend is not None:
         parts.append(f"peaks rising {size(trend.slope * 3600)}/h over {duration(trend.span_s)}: "
@@ -71,8 +96,8 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
     return "; ".join(parts) or "risk level " + point.level
 
 
-def risk_text(point: RiskPoint, model: RiskModel, leaking: bool, who: str | None) -> str:
-    cause = warning_cause(point, model, leaking)
+def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str | None) -> str:
+    cause = warning_cause(point, model, leak)
     where = f" [{who}]" if who else ""
     return (f"OOM risk {point.level}{where}: {risk_reasons(point, model)}; likely {cause}; "
             f"try: {REMEDIES[cause][0]}")

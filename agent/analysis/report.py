@@ -382,6 +382,8 @@ def _gib(n: float | None) -> str:
 
 
 def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
+    if leak.get("state") == "insufficient_data":
+        return [f"  leak: {leak['evidence']}"]  # "not enough data yet: ... more min of ..."
     if not leak["detected"]:
         return [f"  leak: none ({leak['evidence']})"]
     rate = leak["slope_bytes_per_s"] * 3600 / 2**20

@@ -195,7 +195,9 @@ def real_figures(scores: Sequence[RealScore]) -> list[Figure]:
     out = []
     for r in scores:
         parts = [f"{r.duration_s:.0f} s"]
-        if r.leak:
+        if r.state == "insufficient_data":
+            parts.append("insufficient data said" + (" (a leak)" if r.leak else ""))
+        elif r.leak:
             found = r.detected and r.delay_s is not None and r.slope_ratio is not None
             parts.append(f"leak found after {r.delay_s:.0f} s, slope x{r.slope_ratio:.2f}"
                          if found else "leak NOT found")

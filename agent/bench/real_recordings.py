@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.trace import read_trace
 
 REGISTRY = "gpu_recordings.json"
@@ -55,13 +56,27 @@ class RealScore:
     cause: str | None
     windows: dict[str, Any] | None = None
     alerts: list[str] = field(default_factory=list)
+    state: str = "no_leak"  # the leak verdict's state at the end
+
+    @property
+    def short(self) -> bool:
+        """Shorter than the default warm-up plus minimum span (and two minutes of slack): a
+        verdict is not due, the right answer is insufficient_data."""
+        t = Thresholds()
+        return self.duration_s < t.leak_warmup_s + t.leak_min_span_s + 120.0
 
     @property
     def right(self) -> bool:
-        """A leak found within 1.5x of its rate, none on a healthy run, no false alarm, and an
-        OOM warned before it happened."""
-        leak_ok = (self.detected and self.slope_ratio is not None
-                   and 1 / 1.5 <= self.slope_ratio <= 1.5) if self.leak else not self.detected
+        """A short recording: insufficient_data and no alert. A longer one: a leak found within
+        1.5x of its rate, none on a healthy run. Always: no false alarm, and an OOM warned
+        before it happened."""
+        if self.short:
+            leak_ok = self.state == "insufficient_data" or self.detected == self.leak
+        elif self.leak:
+            leak_ok = self.detected and self.slope_ratio is not None \
+                and 1 / 1.5 <= self.slope_ratio <= 1.5
+        else:
+            leak_ok = not self.detected
         oom_ok = (self.oom_lead_s is not None and self.oom_lead_s > 0) if self.oom else True
         return leak_ok and oom_ok and self.false_alarms == 0
 
@@ -127,7 +142,8 @@ def score(rec: RealRecording) -> RealScore:
         leak["slope_bytes_per_s"] / rec.leak_bytes_per_s
         if detected and rec.leak and rec.leak_bytes_per_s else None,
         len(false), len(false) / quiet_days, rec.oom, lead, oom.get("cause"),
-        leak.get("windows"), [f"{a['rule']}@{a['fired_ts'] - t0:.1f}s" for a in fired])
+        leak.get("windows"), [f"{a['rule']}@{a['fired_ts'] - t0:.1f}s" for a in fired],
+        leak.get("state", "no_leak"))
 
 
 def to_json(s: RealScore) -> dict[str, Any]:
@@ -135,4 +151,4 @@ def to_json(s: RealScore) -> dict[str, Any]:
             "detected": s.detected, "delay_s": s.delay_s, "slope_ratio": s.slope_ratio,
             "false_alarms": s.false_alarms, "false_alarms_per_day": s.false_alarms_per_day,
             "oom": s.oom, "oom_lead_s": s.oom_lead_s, "cause": s.cause, "windows": s.windows,
-            "alerts": s.alerts, "right": s.right}
+            "alerts": s.alerts, "state": s.state, "right": s.right}

@@ -89,14 +89,15 @@ def test_user_rules_from_the_config_run_in_analyze_too():
 
 def test_a_risk_alert_says_why_and_what_to_try():
     e = AlertEngine.from_config(None)
-    [fired, critical] = e.feed([Sample(0.0, 0, Phase.DECODE, allocated_bytes=99,
-                                       device_total_bytes=100)])
+    gib = 2**30
+    [fired, critical] = e.feed([Sample(0.0, 0, Phase.DECODE, allocated_bytes=79 * gib,
+                                       device_total_bytes=80 * gib)])
     assert fired.rule == "oom_risk"
+    # the one reason that fired, with its numbers; no prefill spike seen: the load itself
     assert fired.message == (
-        "OOM risk: low headroom, memory trending to the limit, or fragmentation: critical "
-        "(risk level 2); "
-        "headroom: likely prefill_spike; try: enable chunked prefill (bound the tokens "
-        "prefilled per step)")
+        "OOM risk critical: headroom 1.2 % of the 80.00 GiB limit; 1.00 GiB free now; "
+        "likely batch; try: lower the maximum concurrency (max_num_seqs) or the batched tokens "
+        "per step")
     assert critical.rule == "oom_risk_critical"
 
 
@@ -114,7 +115,12 @@ def test_live_batches_give_exactly_the_alerts_of_analyze():
     live = [(c.kind, c.rule, c.ts_s) for c in engine.history]
     assert [("fired", a["rule"], a["fired_ts"]) for a in offline] == [
         x for x in live if x[0] == "fired"]
-    assert [r for _, r, _ in live] == ["oom_risk", "oom_risk_critical", "memory_leak", "oom"]
+    # the trend warns first, the leak is named after 15 min of floor, the headroom goes
+    # critical; the OOM ends the risk episode: both risk alerts resolve at it
+    assert [(k, r) for k, r, _ in live] == [
+        ("fired", "oom_risk"), ("fired", "memory_leak"), ("fired", "oom_risk_critical"),
+        ("resolved", "oom_risk"), ("resolved", "oom_risk_critical"), ("fired", "oom")]
+    assert {ts for k, _, ts in live if k == "resolved"} == {sc.oom_ts}
 
 
 def test_orphaned_kv_blocks_fire_the_leak_alert_at_the_event():

@@ -49,24 +49,42 @@ def test_no_limit_means_no_verdict():
 
 
 def test_time_to_oom_from_the_trend_of_the_peaks():
-    # allocated = 500 + t on a 10,000-byte limit: 60 s peaks 559, 619, ... slope exactly 1 B/s.
-    # At t=600 the 10th window closes: level max(1100, 559 + 600) = 1159 -> 8841 s to OOM.
+    # allocated = 500 + t on a 2,500-byte limit: 60 s peaks 559, 619, ... slope exactly 1 B/s.
+    # At t=600 the 10th window closes, 10 min of peaks (alerts.trend_min_span_s): level
+    # max(1100, 559 + 600) = 1159 -> 1341 s to OOM, within 3 x the 600 s fitted on.
     # (No warm-up here; the trend's warm-up is tested below.)
     m = RiskModel(NO_WARMUP)
-    points = [m.update(S(t, D, 500 + t, device_total_bytes=10_000)) for t in range(601)]
+    points = [m.update(S(t, D, 500 + t, device_total_bytes=2_500)) for t in range(601)]
     assert all(p.time_to_oom_s is None for p in points[:600])
     last = points[600]
     assert (last.time_to_oom_s, last.time_to_oom_low_s, last.time_to_oom_high_s) == (
-        8841.0, 8841.0, 8841.0)
-    assert last.level == "ok"
+        1341.0, 1341.0, 1341.0)
+    assert last.level == "warning" and last.reasons == ("trend",)
+
+
+def test_a_forecast_never_reaches_further_than_three_times_its_evidence():
+    # the same rise on a 10,000-byte limit: 8841 s to OOM on 600 s of peaks is no forecast
+    m = RiskModel(NO_WARMUP)
+    points = [m.update(S(t, D, 500 + t, device_total_bytes=10_000)) for t in range(601)]
+    assert (points[600].time_to_oom_s, points[600].level) == (None, "ok")
+
+
+def test_growth_that_flattens_is_not_a_trend_to_the_limit():
+    # a warm-up that rises fast, then slows to a tenth (a cache filling up): significant over
+    # the span, but its recent half rises at under half the whole span's slope
+    m = RiskModel(NO_WARMUP)
+    alloc = [500 + (t if t < 600 else 600 + (t - 600) // 10) for t in range(1201)]
+    points = [m.update(S(t, D, a, device_total_bytes=2_500)) for t, a in enumerate(alloc)]
+    assert points[600].time_to_oom_s is not None  # while it rose steadily: a forecast
+    assert points[1200].time_to_oom_s is None and points[1200].level == "ok"
 
 
 def test_a_short_time_to_oom_warns_and_then_goes_critical():
-    t = Thresholds(time_to_oom_warning_s=9000.0, time_to_oom_critical_s=8841.5, leak_warmup_s=0.0)
+    t = Thresholds(time_to_oom_warning_s=1400.0, time_to_oom_critical_s=1341.5, leak_warmup_s=0.0)
     m = RiskModel(t)
     for ts in range(600):
-        m.update(S(ts, D, 500 + ts, device_total_bytes=10_000))
-    p = m.update(S(600, D, 1100, device_total_bytes=10_000))
+        m.update(S(ts, D, 500 + ts, device_total_bytes=2_500))
+    p = m.update(S(600, D, 1100, device_total_bytes=2_500))
     assert (p.level, p.reasons) == ("critical", ("trend",))
 
 
@@ -165,13 +183,15 @@ def test_thresholds_come_from_the_config(config, level):
 
 
 def test_trend_window_from_the_config():
-    # 100 B/s in 0.1 s steps; 1 s windows peak at k + 0.9 s: 590 + 100 k. At t = 10 s the
-    # 10th window closes: level max(1500, 590 + 1000) = 1590 -> (10,000 - 1590) / 100 s
-    # (the windows are chosen within 2 floor windows of 0.5 s; no warm-up)
-    m = RiskModel(Thresholds(trend_window_s=1.0, leak_floor_window_s=0.5, leak_warmup_s=0.0))
-    points = [m.update(S(i / 10, D, 500 + 10 * i, device_total_bytes=10_000)) for i in range(101)]
+    # 100 B/s in 0.1 s steps; 1 s windows (a 20 s span: 1 s bins) peak at k + 0.9 s:
+    # 590 + 100 k. At t = 10 s the 10th window closes, 10 s of peaks: level
+    # max(1500, 590 + 1000) = 1590 -> (4,000 - 1590) / 100 s (the windows are chosen within
+    # 2 floor windows of 0.5 s; no warm-up)
+    m = RiskModel(Thresholds(trend_window_s=1.0, leak_floor_window_s=0.5, leak_warmup_s=0.0,
+                             trend_span_s=20.0, trend_min_span_s=10.0))
+    points = [m.update(S(i / 10, D, 500 + 10 * i, device_total_bytes=4_000)) for i in range(101)]
     assert points[99].time_to_oom_s is None
-    assert points[100].time_to_oom_s == pytest.approx(84.1)
+    assert points[100].time_to_oom_s == pytest.approx(24.1)
 
 
 def test_a_per_process_cap_is_the_limit_and_other_processes_do_not_count_against_it():
@@ -228,10 +248,10 @@ def test_risk_timeline_max_points_keeps_the_worst_level_and_least_headroom_per_b
 
 
 def test_the_trend_waits_out_its_warm_up():
-    # The same rise with the default warm-up (5 windows of 60 s: no cycle is seen): no peak
-    # before t=300 counts, so the 10th window after it closes at t=900, not t=600.
+    # The same rise with the default warm-up (300 s): no peak before t=300 counts, so the
+    # 10th window after it closes at t=900, not t=600.
     m = RiskModel()
-    points = [m.update(S(t, D, 500 + t, device_total_bytes=100_000)) for t in range(901)]
+    points = [m.update(S(t, D, 500 + t, device_total_bytes=2_500)) for t in range(901)]
     assert all(p.time_to_oom_s is None for p in points[:900])
     assert m.windows.warmup_s == 300.0 and points[900].time_to_oom_s is not None
 

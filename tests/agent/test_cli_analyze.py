@@ -27,8 +27,10 @@ def recording():
 
 
 EXPECTED_DEVICE = {
-    "leak": {"detected": False, "slope_bytes_per_s": 0.0, "first_detected_ts": None,
-             "evidence": "not enough idle-floor data after warm-up", "makeup": None,
+    "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
+             "first_detected_ts": None, "span_s": 0.0,
+             "evidence": "not enough data yet: warming up (the first 5 min of a process are "
+                         "not its floor), then 15 min of idle floor", "makeup": None,
              "windows": None},  # one prefill in 61 s: no cycle, windows chosen after 120 s
     # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
     "oom": {"occurred": True, "first_oom_ts": 1060.5, "first_warning_ts": 1060.0,
@@ -57,10 +59,11 @@ def test_json_is_exactly_the_analysis_document(trace_file, capsys, monkeypatch, 
     doc = json.loads(capsys.readouterr().out)
     assert doc == {"format": "vramscope.analysis/1", "devices": {"0": EXPECTED_DEVICE},
                    "alerts": [
+                       # the OOM ends the risk episode: its alerts resolve at it
                        {"rule": "oom_risk", "severity": "warning", "device": 0,
-                        "fired_ts": 1060.0, "resolved_ts": None},
+                        "fired_ts": 1060.0, "resolved_ts": 1060.5},
                        {"rule": "oom_risk_critical", "severity": "critical", "device": 0,
-                        "fired_ts": 1060.0, "resolved_ts": None},
+                        "fired_ts": 1060.0, "resolved_ts": 1060.5},
                        {"rule": "oom", "severity": "critical", "device": 0,
                         "fired_ts": 1060.5, "resolved_ts": None}]}
 
@@ -78,6 +81,7 @@ def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
     assert "max external n/a" in out and "(external: the share" not in out  # no snapshot
     assert "    - enable chunked prefill (bound the tokens prefilled per step)" in out
     assert "KV pool: peak 159 of 1000 blocks (15.9%)" in out
+    assert "  leak: not enough data yet: warming up (the first 5 min" in out  # not "none"
     assert "alerts: 3" in out
 
 
