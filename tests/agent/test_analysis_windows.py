@@ -1,7 +1,6 @@
 """Analysis windows chosen from the data (agent/analysis/windows.py), and the defaults on the
 real recordings that the fixed one-minute windows could not judge."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.trace import read_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-RUNS = Path(__file__).resolve().parents[2] / "docs" / "gpu-runs"
 
 
 def test_windows_follow_the_cycle_within_the_configured_bounds():
