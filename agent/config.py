@@ -404,7 +404,20 @@ def parse_config(raw: dict[str, Any], source: str | None,
         if environ and env_name in environ:
             value = _from_env(setting, environ[env_name], env_name)
             values[setting.key] = _validate(setting, value, f"${env_name}")
+    _check_spans(values, where)
     return Config(values, source, rules)
+
+
+# (a minimum span, the span it is taken from): a verdict cannot need more than its horizon
+_SPAN_PAIRS = (("alerts.leak_min_span_s", "alerts.leak_horizon_s"),
+               ("alerts.trend_min_span_s", "alerts.trend_span_s"))
+
+
+def _check_spans(values: Mapping[str, Any], where: str) -> None:
+    for least, whole in _SPAN_PAIRS:
+        if values[least] > values[whole]:
+            raise ConfigError(f"{where}: {least} = {values[least]!r} is longer than {whole} = "
+                              f"{values[whole]!r}; a verdict cannot need more than its span")
 
 
 def env_var_name(key: str) -> str:

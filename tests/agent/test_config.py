@@ -124,3 +124,21 @@ def test_analysis_defaults_equal_the_settings_defaults():
     defaults = parse_config({}, None, {})
     assert all(f"alerts.{name}" in defaults for name in Thresholds._fields)
     assert Thresholds() == Thresholds.from_config(defaults)
+
+
+@pytest.mark.parametrize("alerts, message", [
+    ({"leak_min_span_s": 9000}, "x.toml: alerts.leak_min_span_s = 9000.0 is longer than "
+     "alerts.leak_horizon_s = 7200.0; a verdict cannot need more than its span"),
+    ({"trend_span_s": 300, "trend_min_span_s": 600}, "x.toml: alerts.trend_min_span_s = 600.0 "
+     "is longer than alerts.trend_span_s = 300.0; a verdict cannot need more than its span"),
+])
+def test_a_minimum_span_longer_than_its_span_is_refused(alerts, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"alerts": alerts}, "x.toml")
+    assert str(exc.value) == message
+
+
+def test_a_leak_span_under_a_minute_is_refused_in_a_config_file():
+    # durations that short exist only for tests through the analysis API
+    with pytest.raises(ConfigError, match="alerts.leak_min_span_s = 5.0 is out of range; allowed: 60 to"):
+        parse_config({"alerts": {"leak_min_span_s": 5}}, "x.toml")
