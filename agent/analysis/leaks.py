@@ -28,7 +28,8 @@ horizon (two hours by default) and calls it a leak only when all of these hold:
    p < ``P_LEAK`` over the whole horizon;
 2. the Theil–Sen slope is at least ``alerts.leak_min_slope_ratio_per_h`` of the limit per hour;
 3. the rise goes on in the most recent third of the horizon (p < ``P_RECENT``, slope at least
-   the minimum) — a warm-up step followed by a plateau fails here;
+   the minimum), and the recent half rises at ``STEADY_RATIO`` of the whole slope or more — a
+   warm-up step followed by a plateau, or a lazy warm-up that slows down, fails here;
 4. the growth over the horizon is at least ``MIN_GROWTH_NOISE`` times the floor's own noise
    (scaled median absolute deviation of the residuals).
 
@@ -77,6 +78,8 @@ EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
+STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
+ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
@@ -160,6 +163,10 @@ class FloorTracker:
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
         self._explained = False  # the window's samples had KV bytes taken off (residual)
+        self._after_end_load = 0  # requests still in flight at that moment
+        # requests in flight at the last point's moment whose bytes were estimated (0: idle,
+        # or the KV pool's own figures): the fewer, the truer the point
+        self.last_load = 0
 
     def on_event(self, e: Event) -> None:
         if e.name == "request_start":
@@ -195,8 +202,13 @@ class FloorTracker:
             self._idle, self._idle_ts = value, ts_s
         if self._ended:
             self._ended = False
-            if self._after_end is None or value < self._after_end:
-                self._after_end, self._after_end_ts = value, ts_s  # the floor after a request
+            # the floor after a request: at the moment with the fewest requests still in flight
+            # (the least estimated), then the least value
+            load = self.in_flight
+            if self._after_end is None or (load, value) < (self._after_end_load,
+                                                          self._after_end):
+                self._after_end, self._after_end_ts = value, ts_s
+                self._after_end_load = load
         if self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
         return point
@@ -207,10 +219,12 @@ class FloorTracker:
             self._start, self._end = ts_s, ts_s + self.window_s
             return None
         point: tuple[float, int] | None
+        self.last_load = 0
         if self._idle is not None:
             point = (self._idle_ts, self._idle)
         elif self._after_end is not None and not self._explained:
             point = (self._after_end_ts, self._after_end)
+            self.last_load = self._after_end_load
         else:  # the residual floor has the KV taken off: its least is the floor, any time
             point = None if self._any is None else (self._any_ts, self._any)
         self._idle = self._after_end = self._any = None
@@ -237,9 +251,13 @@ class LeakDetector:
         # of the last ROLLING_POINTS bins (a sawtooth slower than one bin still shows its trough
         # in every point)
         self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS + 1)
-        self._recent: deque[int] = deque(maxlen=ROLLING_POINTS)
+        self._estimated: deque[bool] = deque(maxlen=HORIZON_POINTS + 1)  # beside ``points``
+        # (load, value): the point of the fewest requests in flight wins (an idle one: the true
+        # floor), then the least value; the floor after a request less an estimate of what the
+        # requests still in flight hold is the truer the fewer they are
+        self._recent: deque[tuple[int, int]] = deque(maxlen=ROLLING_POINTS)
         self._bin_s = self.t.leak_horizon_s / HORIZON_POINTS
-        self._bin: tuple[int, float, int] | None = None  # index, ts and value of the bin's least
+        self._bin: tuple[int, float, int, int] | None = None  # index, ts, load, value
         self._trend_from: float | None = None  # the first trend point: the span starts here
         self.result = insufficient(self.t, None)
         self.limit_bytes: int | None = None
@@ -331,32 +349,38 @@ class LeakDetector:
             self.floor_points.append(point)
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return None
-        binned = self._binned(point)
+        binned = self._binned(point, self.floor.last_load)
         return None if binned is None else self._trend_point(*binned, s.ts_s)
 
-    def _binned(self, point: tuple[float, int]) -> tuple[float, int] | None:
-        """The least floor point of each bin, once the bin is over (a floor point per bin
-        when the floor window is a bin or longer)."""
+    def _binned(self, point: tuple[float, int],
+                load: int) -> tuple[float, int, int] | None:
+        """Each bin's floor point of the fewest requests in flight, then the least, once the
+        bin is over (a floor point per bin when the floor window is a bin or longer)."""
+        ts, value = point
         if self._bin_s <= self.floor.window_s:
-            return point
-        index = int(point[0] // self._bin_s)
+            return ts, load, value
+        index = int(ts // self._bin_s)
         held = self._bin
         if held is None or index != held[0]:
-            self._bin = (index, point[0], point[1])
-            return None if held is None else (held[1], held[2])
-        if point[1] < held[2]:
-            self._bin = (index, point[0], point[1])
+            self._bin = (index, ts, load, value)
+            return None if held is None else held[1:]
+        if (load, value) < held[2:]:
+            self._bin = (index, ts, load, value)
         return None
 
-    def _trend_point(self, ts: float, raw: int, now_s: float) -> LeakResult | None:
+    def _trend_point(self, ts: float, load: int, raw: int,
+                     now_s: float) -> LeakResult | None:
         """A trend point after the warm-up: the sequential test, then, past the minimum span,
         the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
         if self._trend_from is None:
             self._trend_from = ts
-        self._recent.append(raw)
-        self.points.append((ts, min(self._recent)))
+        self._recent.append((load, raw))
+        rolled = min(self._recent)
+        self.points.append((ts, rolled[1]))
+        self._estimated.append(rolled[0] > 0)
         while self.points[0][0] < ts - self.t.leak_horizon_s:
             self.points.popleft()
+            self._estimated.popleft()
         self._since_eval += 1
         verdict = self._sequential(raw)
         span = ts - self._trend_from
@@ -366,8 +390,12 @@ class LeakDetector:
         if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
             self._since_eval = 0
             prev = self.result
+            # a floor mostly estimated (never idle, no KV figures: less what the requests in
+            # flight are thought to hold) must rise further above its noise
+            estimated = 2 * sum(self._estimated) > len(self._estimated)
             mk = evaluate_floor(list(self.points), self._limit(), self.t,
-                                prev.detected and prev.p_value is not None)
+                                prev.detected and prev.p_value is not None,
+                                ESTIMATED_NOISE if estimated else 1.0)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -384,6 +412,7 @@ class LeakDetector:
         self.floor = FloorTracker(self.floor.window_s)
         self.floor.in_flight = in_flight
         self.points.clear()
+        self._estimated.clear()
         self._recent.clear()
         self._bin = self._trend_from = self._seq = self._seq_start = None
         self._first_ts, self._since_eval = ts_s, 0
@@ -498,7 +527,7 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
 
 
 def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,
-                   was_detected: bool = False) -> LeakResult:
+                   was_detected: bool = False, noise_factor: float = 1.0) -> LeakResult:
     """One verdict over floor points (already past warm-up). Pure; see the module docstring.
 
     ``was_detected``: the previous verdict was a leak; it then stays one while the whole
@@ -515,6 +544,8 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     recent = len(points) - len(points) // 3
     r_trend = theil_sen(xs[recent:], ys[recent:])
     r_test = mann_kendall(ys[recent:])
+    half = len(points) // 2
+    steady = theil_sen(xs[half:], ys[half:]).slope >= STEADY_RATIO * trend.slope
     min_slope = t.leak_min_slope_ratio_per_h * limit_bytes / 3600.0
     span = xs[-1]
     growth = trend.slope * span
@@ -523,15 +554,17 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
         checks = (test.p_rising < P_RECENT, trend.slope >= min_slope / 2, True, True)
     else:
         checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
-                  r_test.p_rising < P_RECENT and r_trend.slope >= min_slope,
-                  growth >= MIN_GROWTH_NOISE * noise)
+                  r_test.p_rising < P_RECENT and r_trend.slope >= min_slope and steady,
+                  growth >= MIN_GROWTH_NOISE * noise_factor * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     start, slope = rise_start(points), trend.slope
     if all(checks):  # the leak's own rate: the fit since the rise began, not the flat before
+        # (a leak in steps keeps the horizon's slope: pairs within one step would make the
+        # median slope since the rise zero)
         since = [(x, y) for x, y in zip(xs, ys) if x + t0 >= start]
         if len(since) >= MIN_FIT_POINTS:
-            slope = theil_sen([p[0] for p in since], [p[1] for p in since]).slope
+            slope = max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope)
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 

@@ -163,9 +163,12 @@ def score_oom(sc: Scenario, run: Run, out: LongScore) -> None:
 
 
 def cause_of(c: AlertChange) -> str | None:
-    """The cause an alert names: ``kv_exhaustion`` for its rule, else its "likely" word."""
+    """The cause an alert names: ``kv_exhaustion`` for its rule, growth for a leak, else its
+    "likely" word."""
     if c.rule == "kv_exhaustion":
         return "kv_exhaustion"
+    if c.rule == "memory_leak":
+        return "growth"
     m = _CAUSE.search(c.message)
     return None if m is None else _CAUSE_WORDS.get(m.group(1), m.group(1))
 
@@ -240,7 +243,13 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
 def run(options: BenchOptions) -> list[Figure]:
     from vramscope.agent.bench import long_suite
 
-    scenarios = long_suite.suite(quick=options.quick)
-    fast = [sc for sc in scenarios if getattr(sc, "high_rate", False)]
-    speeds = [throughput(sc) for sc in fast]
-    return figures(score(scenarios), speeds)
+    speeds: list[tuple[float, float]] = []
+
+    def traces() -> Iterable[Scenario]:  # one at a time: the suite whole is half a GiB
+        for sc in long_suite.iter_suite(quick=options.quick):
+            if sc.throughput:
+                speeds.append(throughput(sc))
+            yield sc
+
+    scored = score(traces())
+    return figures(scored, speeds)

@@ -11,10 +11,12 @@ the suite without generating it, :func:`iter_suite` generates it one trace at a 
 Truth, per trace:
 
 - healthy: no leak, no OOM; ``tight`` when the server peaks at 85-90 % of its limit and the
-  allocator retries now and then; ``peak_ratio`` is the most allocated + context over the limit
-  at any instant (prefill spikes between samples included); reloads (``reload_ts``: when the old
-  process exited), agent restarts (``agent_gaps``: no records at all) and the end of a lazy
-  warm-up (``warmup_end_ts``).
+  allocator retries now and then (no other healthy server retries); ``peak_ratio`` is the most
+  allocated + context over the limit at any instant (prefill spikes between samples included):
+  26-80 % for the other servers, 90-92 % for a paged pool (its planned ``util``); reloads
+  (``reload_ts``: when the old process exited, drained), agent restarts (``agent_gaps``: no
+  records at all, the same pid after) and the end of a lazy warm-up (``warmup_end_ts``; without
+  one, when serving began). Never-idle traffic is idle only in its first seconds of serving.
 - leak: ``leak_start_ts`` and ``leak_rate_ratio_per_h``, the share of the limit leaked per hour
   *averaged over the two hours after onset*: ``per_request`` keeps a fixed amount per finished
   request (rate x 2 h / the requests arriving in those 2 h); ``steps`` jumps every 10-30 min
@@ -35,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.agent.bench.labelled_recordings import GIB, START_S, Scenario
+from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S, Scenario
 from vramscope.agent.bench.long_suite_shapes import (
     CAUSES,
     ENGINES,
@@ -104,9 +106,9 @@ class Spec:
     def __post_init__(self) -> None:
         require(self.engine in ENGINES, f"unknown engine {self.engine!r}; allowed: {ENGINES}")
         require(self.traffic in TRAFFICS, f"unknown traffic {self.traffic!r}; "
-                 f"allowed: {TRAFFICS}")
+                f"allowed: {TRAFFICS}")
         require(self.dt_s > 0 and self.duration_s > 0,
-                 f"{self.name}: dt_s {self.dt_s} and duration_s {self.duration_s} must be > 0")
+                f"{self.name}: dt_s {self.dt_s} and duration_s {self.duration_s} must be > 0")
         require(self.leak is None or self.failure is None, f"{self.name}: leak or failure")
         if self.leak is not None:
             self._check_leak(self.leak)
@@ -117,26 +119,25 @@ class Spec:
         require(leak.shape in LEAK_SHAPES, f"unknown leak shape {leak.shape!r}")
         require(leak.rate > 0, f"{self.name}: leak rate {leak.rate} must be > 0")
         require(leak.onset_s >= MIN_CLEAN_S, f"{self.name}: leak onset {leak.onset_s} s is "
-                 f"before an hour of clean serving ({MIN_CLEAN_S} s)")
+                f"before an hour of clean serving ({MIN_CLEAN_S} s)")
         require(self.duration_s >= leak.onset_s + MIN_AFTER_S,
-                 f"{self.name}: a leak must run >= {MIN_AFTER_S} s after its onset")
+                f"{self.name}: a leak must run >= {MIN_AFTER_S} s after its onset")
         if self.engine == "paged_pool":
             grown = leak.rate * (self.duration_s - leak.onset_s) / 3600.0
             require(self.util + grown <= 0.97, f"{self.name}: a {leak.rate:.2%}/h leak "
-                     f"outgrows the pool's headroom (util {self.util})")
+                    f"outgrows the pool's headroom (util {self.util})")
 
-    def _check_failure(self, f: Failure) -> None:
+    def _check_failure(self, f: Failure) -> None:  # load on a pool is kv_exhaustion
         require(f.cause in CAUSES, f"unknown failure cause {f.cause!r}; allowed: {CAUSES}")
         require(f.cause == "prefill_spike" or f.develop_s >= MIN_DEVELOP_S,
-                 f"{self.name}: a gradual failure takes >= {MIN_DEVELOP_S} s, not {f.develop_s}")
+                f"{self.name}: a gradual failure takes >= {MIN_DEVELOP_S} s, not {f.develop_s}")
         require((f.cause == "kv_exhaustion") == (self.engine == "paged_pool")
-                 or f.cause in ("growth", "prefill_spike"),
-                 f"{self.name}: {f.cause} does not fit engine {self.engine}")
+                or f.cause in ("growth", "prefill_spike"),
+                f"{self.name}: {f.cause} does not fit engine {self.engine}")
 
     @property
     def kind(self) -> str:
         return "leak" if self.leak else "failure" if self.failure else "healthy"
-
 
 
 @dataclass
@@ -175,43 +176,47 @@ PROFILES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def _spec(name: str, seed: int, engine: str, traffic: str, duration_s: float,
-          **knobs: Any) -> Spec:
+def profiled_spec(name: str, seed: int, engine: str, traffic: str, duration_s: float,
+                  **knobs: Any) -> Spec:
+    """A spec with the (engine, traffic) profile's knobs, ``knobs`` overriding them."""
     return Spec(name=name, seed=seed, engine=engine, traffic=traffic, duration_s=duration_s,
-                **{**PROFILES[(engine, traffic)], **knobs})
+                **{**PROFILES.get((engine, traffic), {}), **knobs})
 
 
 def _healthy(quick: bool) -> list[Spec]:
+    s = profiled_spec
     if quick:
-        return [_spec("healthy/prkv-diurnal-lazy-gap", 101, "per_request_kv", "diurnal", 6 * H,
-                      lazy_warmup=True, agent_gaps=((3 * H, 180.0),), start_hour=8.0),
-                _spec("healthy/paged-never-idle-reload", 102, "paged_pool", "never_idle", 6 * H,
-                      reloads_s=(3 * H,))]
+        return [s("healthy/prkv-diurnal-lazy-gap", 101, "per_request_kv", "diurnal", 6 * H,
+                  lazy_warmup=True, agent_gaps=((3 * H, 180.0),), start_hour=8.0),
+                s("healthy/paged-never-idle-reload", 102, "paged_pool", "never_idle", 6 * H,
+                  reloads_s=(3 * H,))]
     return [
-        _spec("healthy/prkv-diurnal-lazy-gap", 101, "per_request_kv", "diurnal", 2 * DAY,
-              lazy_warmup=True, agent_gaps=((30 * H, 180.0),), start_hour=6.0, kv=0.025),
-        _spec("healthy/paged-never-idle-reload", 102, "paged_pool", "never_idle", 1.5 * DAY,
-              reloads_s=(20 * H,)),
-        _spec("healthy/static-bursty", 103, "static_batch", "bursty", DAY, weights=0.10),
-        _spec("healthy/prkv-bursty-reload", 104, "per_request_kv", "bursty", DAY,
-              weights=0.15, reloads_s=(9 * H,)),
-        _spec("healthy/paged-diurnal-lazy-gaps-141g", 105, "paged_pool", "diurnal", 2 * DAY,
-              limit_gib=141, util=0.92, weights=0.20, lazy_warmup=True, start_hour=20.0,
-              agent_gaps=((7 * H, 90.0), (31 * H, 300.0))),
-        _spec("healthy/static-diurnal-lazy", 106, "static_batch", "diurnal", DAY,
-              weights=0.35, lazy_warmup=True, start_hour=12.0),
-        _spec("healthy/prkv-never-idle", 107, "per_request_kv", "never_idle", 0.5 * DAY,
-              weights=0.40),
-        _spec("healthy/prkv-never-idle-tight", 108, "per_request_kv", "never_idle", 0.5 * DAY,
-              weights=0.51, rate_per_s=1.0, kv=0.0035, tight=True, cache_over=0.15,
-              split=0.1, piece=(0.1, 0.3)),
-        _spec("healthy/paged-bursty-141g", 109, "paged_pool", "bursty", DAY, limit_gib=141),
-        _spec("healthy/static-never-idle-gaps", 110, "static_batch", "never_idle", 0.5 * DAY,
-              agent_gaps=((2 * H, 60.0), (8 * H, 240.0))),
-        _spec("throughput/prkv-never-idle-10hz", 111, "per_request_kv", "never_idle", H,
-              dt_s=0.1, throughput=True),
-        _spec("throughput/paged-diurnal-10hz", 112, "paged_pool", "diurnal", H,
-              dt_s=0.1, throughput=True, start_hour=11.0),
+        s("healthy/prkv-diurnal-lazy-gap", 101, "per_request_kv", "diurnal", 2 * DAY,
+          lazy_warmup=True, agent_gaps=((30 * H, 180.0),), start_hour=6.0, kv=0.025),
+        s("healthy/paged-never-idle-reload", 102, "paged_pool", "never_idle", 1.5 * DAY,
+          reloads_s=(20 * H,)),
+        s("healthy/static-bursty", 103, "static_batch", "bursty", DAY, weights=0.10),
+        s("healthy/prkv-bursty-reload", 104, "per_request_kv", "bursty", DAY, weights=0.15,
+          reloads_s=(9 * H,)),
+        s("healthy/paged-diurnal-lazy-gaps-141g", 105, "paged_pool", "diurnal", 2 * DAY,
+          limit_gib=141, util=0.92, weights=0.20, lazy_warmup=True, start_hour=20.0,
+          agent_gaps=((7 * H, 90.0), (31 * H, 300.0))),
+        s("healthy/static-diurnal-lazy", 106, "static_batch", "diurnal", DAY, weights=0.46,
+          lazy_warmup=True, start_hour=12.0),
+        s("healthy/prkv-never-idle", 107, "per_request_kv", "never_idle", 0.5 * DAY,
+          weights=0.40),
+        # many small requests, sized so the KV peaks bring it within ~10 % of the limit, and
+        # odd-sized cached segments: reserved at the limit, a retry now and then
+        s("healthy/prkv-never-idle-tight", 108, "per_request_kv", "never_idle", 0.5 * DAY,
+          weights=0.51, rate_per_s=1.0, kv=0.0035, tight=True, cache_over=0.15, split=0.1,
+          piece=(0.1, 0.3)),
+        s("healthy/paged-bursty-141g", 109, "paged_pool", "bursty", DAY, limit_gib=141),
+        s("healthy/static-never-idle-gaps", 110, "static_batch", "never_idle", 0.5 * DAY,
+          agent_gaps=((2 * H, 60.0), (8 * H, 240.0))),
+        s("throughput/prkv-never-idle-10hz", 111, "per_request_kv", "never_idle", H, dt_s=0.1,
+          throughput=True),
+        s("throughput/paged-diurnal-10hz", 112, "paged_pool", "diurnal", H, dt_s=0.1,
+          throughput=True, start_hour=11.0),
     ]
 
 
@@ -252,9 +257,9 @@ def _leak(shape: str, rate: float, seed: int, variant: int) -> Spec:
     onset = MIN_CLEAN_S + r.uniform(0.0, H)
     # under_load on a daily cycle: onset at 15:30-17:00, the load falls below its median at 18
     hour = (r.uniform(15.5, 17.0) - onset / H) % 24 if shape == "under_load" else r.uniform(0, 24)
-    return _spec(f"leak/{shape}/{rate:.2%}/{engine}-{traffic}/{seed}", seed, engine, traffic,
-                 onset + MIN_AFTER_S + r.uniform(0.0, 600.0), start_hour=hour,
-                 leak=Leak(shape, rate, onset))
+    name = f"leak/{shape}/{rate:.2%}/{engine}-{traffic}/{seed}"
+    return profiled_spec(name, seed, engine, traffic, onset + MIN_AFTER_S + r.uniform(0, 600.0),
+                         start_hour=hour, leak=Leak(shape, rate, onset))
 
 
 # --- failures ----------------------------------------------------------------------------------
@@ -291,7 +296,7 @@ def _failure(cause: str, engine: str, traffic: str, seed: int) -> Spec:
     if cause == "prefill_spike" and engine != "paged_pool":  # a big model: ~25 % left free
         knobs["weights"] = 0.62
     factor = _ramp_factor(knobs, engine) * r.uniform(0.9, 1.1) if cause in RAMPED else 1.0
-    return _spec(f"failure/{cause}/{engine}-{traffic}/{seed}", seed, engine, traffic,
+    return profiled_spec(f"failure/{cause}/{engine}-{traffic}/{seed}", seed, engine, traffic,
                  onset + 2 * develop + H, failure=Failure(cause, onset, develop, factor), **knobs)
 
 
@@ -299,13 +304,13 @@ def _ramp_factor(knobs: dict[str, Any], engine: str) -> float:
     """How much the arrival rate must grow for the KV cache alone to fill the memory left (the
     pool): a request holds ~0.65 of its final KV on average over its ~72 s; a static wave
     holds up to ``max_batch`` final KVs and takes ~110 s."""
-    room = 0.9875 - knobs["weights"]
+    weights, kv, rate = float(knobs["weights"]), float(knobs["kv"]), float(knobs["rate_per_s"])
+    room = 0.9875 - weights
     if engine == "static_batch":
-        waves = room / knobs["kv"] / 110.0  # requests per second that fill the last waves
-        return max(1.0, waves / knobs["rate_per_s"])
+        return max(1.0, room / kv / 110.0 / rate)  # requests per second that fill the waves
     if engine == "paged_pool":
-        room = knobs.get("util", 0.90) - 0.0125 - knobs["weights"] - 2.5 * knobs["act"]
-    return max(1.0, room / (0.65 * knobs["kv"] * 72.0) / knobs["rate_per_s"])
+        room = float(knobs.get("util", 0.90)) - 0.0125 - weights - 2.5 * float(knobs["act"])
+    return max(1.0, room / (0.65 * kv * 72.0) / rate)
 
 
 # --- the suite ---------------------------------------------------------------------------------
@@ -338,15 +343,21 @@ def build(spec: Spec) -> LongScenario:
 
 def _check(spec: Spec, run: Run) -> None:
     f = spec.failure
-    if f is not None:
-        require(run.oom_u is not None, f"{spec.name}: the {f.cause} failure never came "
-                f"within {spec.duration_s} s")
-        took = (run.oom_u or 0.0) - f.onset_s
-        require(f.cause == "prefill_spike" or took >= MIN_DEVELOP_S,
-                f"{spec.name}: the {f.cause} failure took {took:.0f} s, < {MIN_DEVELOP_S} s")
-    elif spec.leak is None:
-        require(spec.tight == (run.retries > 0), f"{spec.name}: tight={spec.tight} but "
-                f"{run.retries} allocator retries (peak {run.peak_bytes / GIB:.1f} GiB)")
+    if f is None:
+        require(spec.leak is not None or spec.tight == (run.retries > 0),
+                f"{spec.name}: tight={spec.tight} but {run.retries} allocator retries")
+        return
+    require(run.oom_u is not None, f"{spec.name}: no {f.cause} failure in {spec.duration_s} s")
+    took = (run.oom_u or 0.0) - f.onset_s
+    require(f.cause == "prefill_spike" or took >= MIN_DEVELOP_S,
+            f"{spec.name}: the {f.cause} failure took {took:.0f} s, < {MIN_DEVELOP_S} s")
+    require((f.cause == "kv_exhaustion") != bool(run.postmortems),
+            f"{spec.name}: a CUDA OOM must come exactly when the cause is not kv_exhaustion")
+    for pm in run.postmortems:  # fragmentation: memory was free, in no block big enough
+        free = (pm.device_total_bytes or 0) - CONTEXT_BYTES - (pm.allocated_bytes or 0)
+        require((f.cause == "fragmentation") == (free > (pm.failed_alloc_bytes or 0)),
+                f"{spec.name}: {free} bytes free at a {f.cause} OOM of "
+                f"{pm.failed_alloc_bytes} bytes")
 
 
 def iter_suite(quick: bool = False) -> Iterator[LongScenario]:
@@ -373,9 +384,10 @@ def describe(sc: LongScenario) -> str:
         parts.append(f"warm-up to +{(sc.warmup_end_ts - start) / 60:.0f} min")
     parts += [f"{len(sc.reload_ts)} reload(s)"] * bool(sc.reload_ts)
     parts += [f"{len(sc.agent_gaps)} agent gap(s)"] * bool(sc.agent_gaps)
-    parts += ["tight"] * sc.tight + ["10 Hz throughput"] * (sc.throughput and sc.dt_s < 1)
+    parts += ["tight"] * sc.tight + [f"throughput, {1 / sc.dt_s:g} Hz"] * sc.throughput
     return "; ".join(parts)
 
 
 __all__ = ["CAUSES", "ENGINES", "LEAK_SHAPES", "MIN_DEVELOP_S", "TRAFFICS", "Failure", "Leak",
-           "LongScenario", "Spec", "build", "describe", "iter_suite", "specs", "suite"]
+           "LongScenario", "Spec", "build", "describe", "iter_suite", "profiled_spec", "specs",
+           "suite"]

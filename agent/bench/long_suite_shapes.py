@@ -1,4 +1,4 @@
-"""The long suite's building blocks: specs, traffic, requests, leaks and the simulated process.
+"""The long suite's building blocks: traffic, requests, leaks and the simulated server.
 
 Time ``u`` is seconds since the trace's start (``START_S``); shares are of the limit (the
 device, or the per-process limit); bytes are integers. One ``random.Random(spec.seed)`` drives
@@ -169,7 +169,7 @@ def _waves(rng: random.Random, spec: Spec, limit: int, arrivals: list[float],
         job = Job(t0, max(r.prefill_s for r in reqs), max(r.decode_s for r in reqs),
                   sum(r.act for r in reqs), sum(r.kv0 for r in reqs), sum(r.kv1 for r in reqs),
                   i, j - i, giant)
-        free, i = t0 + job.prefill_s + job.decode_s + rng.uniform(0.2, 1.0), j
+        free, i = t0 + job.prefill_s + job.decode_s, j  # the next wave may start at once
         yield job
 
 
@@ -296,31 +296,34 @@ class Sim:
         self.warm_total = int(self.rng.uniform(0.05, 0.10) * self.limit) * spec.lazy_warmup
         self.budget = int(2.5 * spec.act * self.limit)  # paged: activations planned for
         self.pool = int(spec.util * self.limit) - CONTEXT_BYTES - int(spec.weights * self.limit) \
-            - self.budget - self.warm_total
+            - self.budget - self.warm_total  # paged: the KV pool, what the plan leaves
         self.blocks = self.pool // BLOCK_BYTES
         self.traffic = Traffic(spec, self.rng)
         arrivals = self.traffic.arrivals(self.rng, 0.0, spec.duration_s)
         self.leak = leak_plan(self.rng, spec, self.limit, self.traffic, arrivals)
         self.jobs = jobs(self.rng, spec, self.limit, arrivals, giants(self.rng, spec))
         self.next_job = next(self.jobs, None)
-        self.heap: list[tuple[float, int, int, Job, float]] = []
+        self.heap: list[tuple[float, int, int, Job, float]] = []  # (u, seq, 0/1, job, x)
         self.seq = itertools.count()
         self.gap_starts = [s for s, _ in spec.agent_gaps]
         self.gap_ends = [s + n for s, n in spec.agent_gaps]
+        self._reset_state()
+        self.proc = self._new_proc(0.0, 1000 + self.rng.randrange(100_000))
+        self.warm_end_u = self.proc.warm_u[-1] if self.proc.warm_u else self.proc.serve_u
+
+    def _reset_state(self) -> None:
         self.samples: list[Sample] = []
         self.events: list[Event] = []
         self.postmortems: list[PostMortem] = []
         self.kv_a = self.kv_g = 0.0  # KV bytes in decode at u: kv_a + kv_g * u
         self.act = self.prefilling = self.decoding = 0
         self.leaked = 0.0
-        self.peak = self.prev_alloc = self.retries_before = 0
+        self.peak = self.prev_alloc = self.retries_before = self.steps_seen = 0
         self.oom_u: float | None = None
         self.stop_u: float | None = None
         self.fill_u: float | None = None  # kv_exhaustion: when the pool filled
-        self.steps_seen = 0
-        self.draining, self.reloads_u, self.next_snap = False, [], 0.0
-        self.proc = self._new_proc(0.0, 1000 + self.rng.randrange(100_000))
-        self.warm_end_u = self.proc.warm_u[-1] if self.proc.warm_u else self.proc.serve_u
+        self.draining, self.next_snap = False, 0.0
+        self.reloads_u: list[float] = []
 
     def _new_proc(self, u: float, pid: int) -> _Proc:
         load_end = u + self.rng.uniform(20.0, 60.0)

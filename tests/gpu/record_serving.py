@@ -249,7 +249,9 @@ class Recorder:
             "versions": cb_models.versions(), "install": report.to_json(),
             "t0": self.t0, "t_end": end, "duration_s": end - self.t0,
             "leak": {
-                "present": a.scenario != "healthy",
+                # never_idle with its leak past the end (a healthy partner) leaks nothing
+                "present": a.scenario != "healthy"
+                and (a.scenario != "never_idle" or a.leak_start_s < a.duration_s),
                 "start_ts": start,
                 "bytes_total": leaked,
                 "bytes_per_leaking_request": leaks[0][1] if leaks else None,
