@@ -80,6 +80,7 @@ P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
+IDLE_RECENT_S = 1800.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
@@ -160,6 +161,7 @@ class FloorTracker:
         self._after_end_ts = 0.0
         self._any: int | None = None
         self._any_ts = 0.0
+        self._any_load = 0
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
         self._explained = False  # the window's samples had KV bytes taken off (residual)
@@ -211,6 +213,7 @@ class FloorTracker:
                 self._after_end_load = load
         if self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
+            self._any_load = 0 if anytime else self.in_flight
         return point
 
     def _next_window(self, ts_s: float) -> tuple[float, int] | None:
@@ -227,6 +230,7 @@ class FloorTracker:
             self.last_load = self._after_end_load
         else:  # the residual floor has the KV taken off: its least is the floor, any time
             point = None if self._any is None else (self._any_ts, self._any)
+            self.last_load = self._any_load  # without KV figures: less an estimate
         self._idle = self._after_end = self._any = None
         self._explained = False
         self._start += self.window_s * ((ts_s - self._start) // self.window_s)
@@ -255,10 +259,14 @@ class LeakDetector:
         # (load, value): the point of the fewest requests in flight wins (an idle one: the true
         # floor), then the least value; the floor after a request less an estimate of what the
         # requests still in flight hold is the truer the fewer they are
-        self._recent: deque[tuple[int, int]] = deque(maxlen=ROLLING_POINTS)
+        # (ts, load, value) of the bins of the last ROLLING_POINTS bins' time (an old point
+        # of a server that idles rarely does not linger)
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=ROLLING_POINTS)
+        self._count = 0  # trend points so far (the CUSUM waits for a full rolling window)
         self._bin_s = self.t.leak_horizon_s / HORIZON_POINTS
         self._bin: tuple[int, float, int, int] | None = None  # index, ts, load, value
         self._trend_from: float | None = None  # the first trend point: the span starts here
+        self._idle_ts: float | None = None  # the latest trend point from an idle moment
         self.result = insufficient(self.t, None)
         self.limit_bytes: int | None = None
         self._first_ts: float | None = None
@@ -372,10 +380,18 @@ class LeakDetector:
                      now_s: float) -> LeakResult | None:
         """A trend point after the warm-up: the sequential test, then, past the minimum span,
         the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
+        if load == 0:
+            self._idle_ts = ts
+        elif self._idle_ts is not None and ts - self._idle_ts < IDLE_RECENT_S:
+            return None  # a server that idles now and then: its idle floors are the trend
         if self._trend_from is None:
             self._trend_from = ts
-        self._recent.append((load, raw))
-        rolled = min(self._recent)
+        recent = self._recent
+        while recent and recent[0][0] <= ts - ROLLING_POINTS * self._bin_s:
+            recent.popleft()
+        recent.append((ts, load, raw))
+        self._count += 1
+        rolled = min((p[1], p[2]) for p in recent)
         self.points.append((ts, rolled[1]))
         self._estimated.append(rolled[0] > 0)
         while self.points[0][0] < ts - self.t.leak_horizon_s:
@@ -392,10 +408,9 @@ class LeakDetector:
             prev = self.result
             # a floor mostly estimated (never idle, no KV figures: less what the requests in
             # flight are thought to hold) must rise further above its noise
-            estimated = 2 * sum(self._estimated) > len(self._estimated)
             mk = evaluate_floor(list(self.points), self._limit(), self.t,
                                 prev.detected and prev.p_value is not None,
-                                ESTIMATED_NOISE if estimated else 1.0)
+                                ESTIMATED_NOISE if self._mostly_estimated() else 1.0)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -403,6 +418,11 @@ class LeakDetector:
             return None
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
+
+    def _mostly_estimated(self) -> bool:
+        """Most trend points of the horizon are floors after a request less what the requests
+        still in flight were estimated to hold (no idle moment, no KV figures)."""
+        return 2 * sum(self._estimated) > len(self._estimated)
 
     def _reload(self, ts_s: float, allocated: int) -> None:
         """Memory fell below half the settled floor: the model was unloaded (a reload or a
@@ -414,7 +434,8 @@ class LeakDetector:
         self.points.clear()
         self._estimated.clear()
         self._recent.clear()
-        self._bin = self._trend_from = self._seq = self._seq_start = None
+        self._count = 0
+        self._bin = self._trend_from = self._idle_ts = self._seq = self._seq_start = None
         self._first_ts, self._since_eval = ts_s, 0
         self.cusum = Cusum(ROLLING_POINTS - 1)
         self.load.restart()
@@ -432,7 +453,7 @@ class LeakDetector:
         ts, y = self.points[-1]
         limit = self._limit()
         k = 0.5 * self.t.leak_min_slope_ratio_per_h * limit / 3600.0 * self._bin_s
-        if len(self._recent) < ROLLING_POINTS:
+        if self._count < ROLLING_POINTS:
             return None  # the first points' least-of-five repeats the first one: not a settle
         restarts = self.cusum.restarts
         fired = self.cusum.update(ts, y, raw, k)
@@ -440,8 +461,8 @@ class LeakDetector:
             self.load.restart()  # still warming up: bytes per block learnt so far are stale
             self.per_request.restart()
         if self._seq is None:
-            if not fired or self.cusum.start_ts is None:
-                return None
+            if not fired or self.cusum.start_ts is None or self._mostly_estimated():
+                return None  # an estimated floor's moves are the estimate's: the horizon's
             start = self.cusum.start_ts
             v = confirm([p for p in self.points if p[0] >= start], limit, self.t,
                         self.cusum.noise(), self.cusum.s, self.cusum.h)

@@ -399,6 +399,9 @@ class RiskModel:
         unreserved = limit - other - self._reserved
         if need <= self._largest_free or need <= unreserved:
             return 0
+        cached_free = self._reserved - (self._allocated or 0)
+        if need > cached_free + unreserved:
+            return 0  # not enough free in all: a headroom risk, not fragmentation
         if retrying:
             return 2
         if self._reasons & _FRAGMENTATION:

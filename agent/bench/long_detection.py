@@ -7,7 +7,8 @@ it, in batches of a minute of records. Scored against the traces' truth (targets
 
 - healthy servers: false alarms per simulated week (any warning or critical alert), excluding
   servers that really hit allocator retries (``tight``), <= 1; the share of time an OOM-risk
-  alert is active on a healthy server whose peak stays under 90 % of the limit, <= 1 %;
+  alert is active on a healthy server whose peak stays under 90 % of the limit (and that hits
+  no allocator retries), <= 1 %;
 - leaks of at least 0.5 % of the limit per hour: found within 2 h of their onset in >= 95 % of
   the traces; the slope at the first detection within 2x of the truth, the median within 1.1x;
   no leak alert before the onset (a warm-up, a reload, a load ramp);
@@ -119,7 +120,7 @@ def score_healthy(sc: Scenario, run: Run, out: LongScore) -> None:
         out.healthy_days += sc.days
         out.false_alarms += [f"{sc.name}: {c.rule} at +{(c.ts_s - start) / 3600:.2f} h"
                              for c in fired]
-    if getattr(sc, "peak_ratio", 1.0) < 0.9:
+    if getattr(sc, "peak_ratio", 1.0) < 0.9 and not getattr(sc, "tight", False):
         out.risk_share[sc.name] = risk_active_s(run, start) / max(1.0, sc.duration_s)
 
 
