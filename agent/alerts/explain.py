@@ -49,20 +49,28 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     return theil_sen([p[0] for p in pts], [float(p[1]) for p in pts]).slope / trend.slope
 
 
+def _fits_in_all(model: RiskModel) -> bool:
+    """The largest request would fit in the free memory taken together (cached free and what
+    may still be reserved): retries then mean no block holds it, fragmentation; else the
+    memory is short in all, and the allocator retries for that."""
+    limit, headroom = model.limit_bytes, model.headroom_bytes
+    return bool(limit) and headroom is not None and model.largest_request_bytes <= headroom
+
+
 def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str:
     """The likely cause of a risk warning: fragmentation (a request fits no block, or the
     allocator retries); growth (a leak on this process, or peaks rising with the floor under
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
-    if "fragmentation" in reasons or "alloc_retries" in reasons:
+    if "fragmentation" in reasons or ("alloc_retries" in reasons and _fits_in_all(model)):
         return "fragmentation"
     if leak.result.detected:
         return "growth"
     if "trend" in reasons:
         share = floor_share(model, leak)
         return "batch" if share is not None and share < FLOOR_SHARE else "growth"
-    if "headroom" in reasons:
+    if "headroom" in reasons or "alloc_retries" in reasons:
         limit, headroom = model.limit_bytes, point.headroom_bytes
         spike = model.spikes.largest_bytes
         if limit and headroom is not None and headroom - spike < 0.05 * limit <= headroom:

@@ -80,7 +80,7 @@ P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
-IDLE_RECENT_S = 1800.0  # an idle floor this recent: estimated floors are left out of the trend
+IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
@@ -206,14 +206,14 @@ class FloorTracker:
             self._ended = False
             # the floor after a request: at the moment with the fewest requests still in flight
             # (the least estimated), then the least value
-            load = self.in_flight
+            load = self.in_flight if explained else 0  # nothing estimated: as good as idle
             if self._after_end is None or (load, value) < (self._after_end_load,
                                                           self._after_end):
                 self._after_end, self._after_end_ts = value, ts_s
                 self._after_end_load = load
         if self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
-            self._any_load = 0 if anytime else self.in_flight
+            self._any_load = 0 if anytime or not explained else self.in_flight
         return point
 
     def _next_window(self, ts_s: float) -> tuple[float, int] | None:
