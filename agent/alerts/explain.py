@@ -71,9 +71,12 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
         share = floor_share(model, leak)
         return "batch" if share is not None and share < FLOOR_SHARE else "growth"
     if "headroom" in reasons or "alloc_retries" in reasons:
+        # without a prefill's activations (the one in progress, or the largest seen) would the
+        # headroom be above the warning line? then the spike took it away, else the load did
         limit, headroom = model.limit_bytes, point.headroom_bytes
-        spike = model.spikes.largest_bytes
-        if limit and headroom is not None and headroom - spike < 0.05 * limit <= headroom:
+        spike = max(model.spikes.current_bytes(), model.spikes.largest_bytes)
+        base = None if headroom is None else headroom + model.spikes.current_bytes()
+        if limit and base is not None and spike and base >= model.t.headroom_warning_ratio * limit:
             return "prefill_spike"
         return "batch"
     return "unknown"
@@ -84,7 +87,7 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
     parts = []
     limit = model.limit_bytes
     if "headroom" in point.reasons and point.headroom_ratio is not None:
-        spike = model.spikes.largest_bytes
+        spike = max(model.spikes.current_bytes(), model.spikes.largest_bytes)
         after = f" after the largest prefill spike ({size(spike)})" if spike else ""
         parts.append(f"headroom {100 * point.headroom_ratio:.1f} % of the {size(limit)} "
                      f"limit{after}; {size(point.headroom_bytes)} free now")

@@ -1,5 +1,6 @@
-"""``vramscope bench detection``: leak and OOM detection on the scenario suite
-(``vramscope.agent.bench.labelled_recordings``).
+"""``vramscope bench detection``: leak and OOM detection on the long suite
+(``vramscope.agent.bench.long_detection``: days of varied serving, the issue-30 targets) and on
+the older scenario suite (``vramscope.agent.bench.labelled_recordings``).
 
 Runs the alert engine with the default settings over every scenario, as the live agent would,
 and reports: the share of leaks of at least 0.5 % of the device per hour detected within two
@@ -23,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
-from vramscope.agent.bench import BenchOptions, Figure, config_scenarios, oom_scenarios
+from vramscope.agent.bench import BenchOptions, Figure, config_scenarios, long_detection, \
+    oom_scenarios
 from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, leak, suite
 from vramscope.agent.bench.real_recordings import RealScore, recordings
 from vramscope.agent.bench.real_recordings import score as score_real
@@ -148,7 +150,8 @@ def run(options: BenchOptions) -> list[Figure]:
         figures.append(Figure("detection", f"leak {100 * rate:.2f}%/h found within 2 h",
                               100 * len(found) / len(times), "%",
                               spread=f"{len(found)} of {len(times)}; " + _range(found)))
-    return (figures + _hard_figures(score(hard_cases(quick=options.quick)))
+    return (long_detection.run(options) + figures
+            + _hard_figures(score(hard_cases(quick=options.quick)))
             + delay_figures(quick=options.quick)
             + real_figures([score_real(r) for r in recordings()])
             + oom_scenarios.figures(quick=options.quick)

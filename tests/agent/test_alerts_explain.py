@@ -1,0 +1,56 @@
+"""What an alert says (agent/alerts/explain.py): the reason that fired with its numbers, and the
+cause by the post-mortem's words, on scripted servers."""
+
+from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.bench import labelled_recordings, oom_scenarios
+from vramscope.agent.records import Phase, Sample
+
+GIB = 2**30
+
+
+def fired(sc):
+    return [c for c in AlertEngine.from_config(None).feed([*sc.samples, *sc.events])
+            if c.kind == "fired"]
+
+
+def test_peaks_rising_over_a_rising_floor_is_growth_with_the_forecast_and_its_span():
+    first = fired(labelled_recordings.growth_oom(5))[0]
+    assert first.rule == "oom_risk"
+    assert first.message == (
+        "OOM risk warning: peaks rising 78.69 GiB/h over 10.0 min: OOM in 19.7 min (16.0 min "
+        "to 21.8 min); likely growth; try: look for a leak: compare the idle floor before and "
+        "after requests (vramscope leaks page)")
+
+
+def test_peaks_rising_over_a_flat_floor_is_the_load():
+    # the first warning, 850 s before the OOM, while the floor under the peaks has not moved
+    # (the critical one later reads the floor after requests, which the ramp lifts too: a
+    # limit noted in docs/analysis.md)
+    sc = next(s for s in oom_scenarios.scenarios(quick=True) if s.name == "load_ramp/1")
+    first = fired(sc)[0]
+    assert (first.rule, first.ts_s - sc.samples[0].ts_s) == ("oom_risk", 915.0)
+    assert "; likely batch; try: lower the maximum concurrency" in first.message
+
+
+def test_headroom_gone_only_with_the_largest_prefill_spike_is_a_prefill_spike():
+    # decode at 74 GiB of 80; one prefill to 78.5 GiB: back at 74 GiB, 1.5 GiB of headroom is
+    # left after the 4.5 GiB spike; 6 GiB are free now
+    e = AlertEngine.from_config(None)
+    got = e.feed([Sample(0.0, 0, Phase.DECODE, allocated_bytes=74 * GIB,
+                         device_total_bytes=80 * GIB),
+                  Sample(1.0, 0, Phase.PREFILL, allocated_bytes=int(78.5 * GIB),
+                         device_total_bytes=80 * GIB),
+                  Sample(2.0, 0, Phase.DECODE, allocated_bytes=74 * GIB,
+                         device_total_bytes=80 * GIB)])
+    assert [c.rule for c in got] == ["oom_risk", "oom_risk_critical"]
+    assert got[0].message == (
+        "OOM risk critical: headroom 1.9 % of the 80.00 GiB limit after the largest prefill "
+        "spike (4.50 GiB); 1.50 GiB free now; likely prefill_spike; try: enable chunked "
+        "prefill (bound the tokens prefilled per step)")
+
+
+def test_a_leak_alert_says_its_rate_since_when_and_over_how_much_floor():
+    leak = next(c for c in fired(labelled_recordings.growth_oom(5)) if c.rule == "memory_leak")
+    assert leak.message == (
+        "idle floor rising 76.71 GiB/h, 95.89 % of the limit since 2023-11-14T22:24:05.000Z, "
+        "over 15.5 min of floor after the warm-up (leak)")

@@ -1,0 +1,90 @@
+"""The long suite's scorer (agent/bench/long_detection.py) on scripted alert histories, and one
+real trace of the suite end to end."""
+
+import pytest
+from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.bench import long_detection as ld
+from vramscope.agent.bench import long_suite
+from vramscope.agent.bench.labelled_recordings import Scenario
+from vramscope.agent.records import Sample
+
+GIB = 2**30
+
+
+def change(kind, rule, ts, message="", severity="warning"):
+    return AlertChange(kind, rule, severity, 0, ts, 1.0, message, {}, ts)
+
+
+def trace(days=1.0, **truth):
+    samples = [Sample(0.0, 0, allocated_bytes=GIB, device_total_bytes=80 * GIB)]
+    sc = Scenario("t", "healthy", 1, samples, [], days * 86400.0)
+    for k, v in truth.items():
+        setattr(sc, k, v)
+    return sc
+
+
+def test_risk_time_counts_overlapping_alerts_once_and_open_ones_to_the_end():
+    run = ld.Run([change("fired", "oom_risk", 100.0), change("fired", "oom_risk_critical", 150.0),
+                  change("resolved", "oom_risk_critical", 200.0),
+                  change("resolved", "oom_risk", 300.0), change("fired", "oom_risk", 900.0)],
+                 {}, 1000.0)
+    assert ld.risk_active_s(run, 0.0) == 300.0  # 100-300, then 900-1000
+
+
+def test_healthy_false_alarms_leave_out_tight_servers_and_info():
+    out = ld.LongScore()
+    run = ld.Run([change("fired", "memory_leak", 7200.0),
+                  change("fired", "x", 10.0, severity="info")], {}, 86400.0)
+    ld.score_healthy(trace(peak_ratio=0.5), run, out)
+    ld.score_healthy(trace(tight=True, peak_ratio=0.89), run, out)
+    assert (out.false_alarms, out.tight_alarms, out.healthy_days) == (
+        ["t: memory_leak at +2.00 h"], 1, 1.0)
+    assert out.risk_share == {"t": 0.0}  # the tight one is not held to the 1 %
+
+
+def test_a_leak_found_in_time_scores_its_slope_at_detection_and_an_early_alert_counts():
+    out = ld.LongScore()
+    sc = trace(leak_start_ts=3600.0, leak_rate_ratio_per_h=0.01)
+    truth = 0.01 * 80 * GIB / 3600.0
+    run = ld.Run([change("fired", "memory_leak", 1800.0), change("fired", "memory_leak", 5400.0)],
+                 {1800.0: 5.0, 5400.0: 1.2 * truth}, 20000.0)
+    ld.score_leak(sc, run, out)
+    assert (out.leaks, out.found, out.early) == (1, 1, ["t: memory_leak at +0.50 h"])
+    assert out.slope_ratios == [pytest.approx(1.2)]
+    late = ld.LongScore()
+    ld.score_leak(sc, ld.Run([], {3600.0 + 7201.0: truth}, 20000.0), late)
+    assert (late.found, late.missed) == (0, ["t"])
+
+
+@pytest.mark.parametrize("rule, message, cause", [
+    ("oom_risk", "OOM risk warning: ...; likely batch; try: x", "load"),
+    ("oom_risk", "OOM risk warning: ...; likely fragmentation; try: x", "fragmentation"),
+    ("kv_exhaustion", "KV pool runs out of blocks soon", "kv_exhaustion"),
+    ("memory_leak", "idle floor rising 1.0 GiB/h", "growth"),
+])
+def test_the_cause_an_alert_names(rule, message, cause):
+    assert ld.cause_of(change("fired", rule, 0.0, message)) == cause
+
+
+def test_an_oom_is_right_when_warned_30_s_ahead_with_its_cause():
+    out = ld.LongScore()
+    sc = trace(oom_ts=1000.0, oom_cause="growth")
+    ld.score_oom(sc, ld.Run([change("fired", "oom_risk", 980.0, "likely growth")], {}, 1000.0),
+                 out)
+    ld.score_oom(sc, ld.Run([change("fired", "oom_risk", 500.0, "likely batch")], {}, 1000.0),
+                 out)
+    assert (out.ooms, out.warned) == (2, 0)
+    assert out.wrong == ["t: not warned 30 s ahead (truth growth)",
+                         "t: oom_risk 500 s ahead says load, truth growth"]
+
+
+def test_a_leak_of_the_suite_end_to_end():
+    # a per-request leak of 5 %/h on a per-request-KV server with idle gaps: found within 2 h,
+    # at its rate, nothing before its onset
+    spec = next(s for s in long_suite.specs() if s.name.startswith("leak/per_request/5.00%/"
+                                                                  "per_request_kv"))
+    sc = long_suite.build(spec)
+    out = ld.LongScore()
+    ld.score_leak(sc, ld.run_engine(sc), out)
+    assert (out.leaks, out.found, out.early) == (1, 1, [])
+    assert out.slope_ratios[0] == pytest.approx(1.14, abs=0.05)
