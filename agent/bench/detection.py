@@ -24,8 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
-from vramscope.agent.bench import BenchOptions, Figure, config_scenarios, long_detection, \
-    oom_scenarios
+from vramscope.agent.bench import (
+    BenchOptions,
+    Figure,
+    config_scenarios,
+    long_detection,
+    oom_scenarios,
+)
 from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, leak, suite
 from vramscope.agent.bench.real_recordings import RealScore, recordings
 from vramscope.agent.bench.real_recordings import score as score_real

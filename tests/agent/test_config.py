@@ -140,5 +140,6 @@ def test_a_minimum_span_longer_than_its_span_is_refused(alerts, message):
 
 def test_a_leak_span_under_a_minute_is_refused_in_a_config_file():
     # durations that short exist only for tests through the analysis API
-    with pytest.raises(ConfigError, match="alerts.leak_min_span_s = 5.0 is out of range; allowed: 60 to"):
+    with pytest.raises(ConfigError,
+                       match="alerts.leak_min_span_s = 5.0 is out of range; allowed: 60 to"):
         parse_config({"alerts": {"leak_min_span_s": 5}}, "x.toml")
