@@ -80,6 +80,7 @@ P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
+#                        and x the minimum span
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
@@ -119,13 +120,18 @@ NO_VERDICT = LeakResult(False, 0.0, 0, None, None,
                         enough_data=False)
 
 
-def insufficient(t: Thresholds, span_s: float | None) -> LeakResult:
+def insufficient(t: Thresholds, span_s: float | None, points: int | None = None) -> LeakResult:
     """The ``insufficient_data`` answer, saying what is missing: ``span_s`` is the floor seen
-    after the warm-up so far (``None``: still warming up)."""
+    after the warm-up so far (``None``: still warming up); ``points``: the trend points of the
+    horizon, when the span is there but they are too few (a server idle too rarely)."""
     need = t.leak_min_span_s
     if span_s is None and t.leak_warmup_s <= 0:
         span_s = 0.0
-    if span_s is None:
+    if span_s is not None and span_s >= need and points is not None:
+        text = (f"not enough data yet: {points} idle-floor point(s) in the last "
+                f"{t.leak_horizon_s / 3600:.3g} h, a verdict needs {MIN_FIT_POINTS} (the server "
+                "is idle too rarely to read its floor)")
+    elif span_s is None:
         text = (f"not enough data yet: warming up (the first {t.leak_warmup_s / 60:.3g} min of "
                 f"a process are not its floor), then {need / 60:.3g} min of idle floor")
     else:
@@ -206,14 +212,16 @@ class FloorTracker:
             self._ended = False
             # the floor after a request: at the moment with the fewest requests still in flight
             # (the least estimated), then the least value
-            load = self.in_flight if explained else 0  # nothing estimated: as good as idle
+            # without KV figures the requests still in flight hold memory no figure shows (an
+            # estimate of it taken off, or not): the fewer, the truer; with them, none
+            load = 0 if anytime else self.in_flight
             if self._after_end is None or (load, value) < (self._after_end_load,
                                                           self._after_end):
                 self._after_end, self._after_end_ts = value, ts_s
                 self._after_end_load = load
         if self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
-            self._any_load = 0 if anytime or not explained else self.in_flight
+            self._any_load = 0 if anytime else self.in_flight
         return point
 
     def _next_window(self, ts_s: float) -> tuple[float, int] | None:
@@ -400,8 +408,11 @@ class LeakDetector:
         self._since_eval += 1
         verdict = self._sequential(raw)
         span = ts - self._trend_from
-        if span < self.t.leak_min_span_s or len(self.points) < MIN_FIT_POINTS:
-            self.result = self._publish(insufficient(self.t, span), now_s)
+        # a floor estimated from the load (never idle, no KV figures) needs twice the span
+        need = self.t.leak_min_span_s * (ESTIMATED_NOISE if self._mostly_estimated() else 1.0)
+        if span < need or len(self.points) < MIN_FIT_POINTS:
+            t = self.t._replace(leak_min_span_s=need)
+            self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
             return self.result
         if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
             self._since_eval = 0
