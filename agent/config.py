@@ -269,9 +269,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.leak_min_slope_ratio_per_h", float, 0.0025,
             "Smallest idle-floor growth, as a share of the limit per hour, reported as a leak.",
             min=0, max=1),
-    Setting("alerts.leak_warmup_s", float, 300.0,
+    Setting("alerts.leak_warmup_s", float, 1200.0,
             "Warm-up: the first seconds of a process (and after a model reload) are not its "
-            "idle floor, and the OOM trend starts after them.", min=0, max=86400),
+            "idle floor, and the OOM trend starts after them (allocator caches, graph captures "
+            "and lazily built kernels grow for 10-20 minutes on real servers).",
+            min=0, max=86400),
     Setting("alerts.leak_floor_window_s", float, 60.0,
             "Longest idle-floor window: the window is one cycle of the server (idle entries, "
             "request ends or prefill entries; at least 4 samples), at most this long. It says "

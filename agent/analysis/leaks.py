@@ -81,6 +81,7 @@ MIN_GROWTH_NOISE = 4.0
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
 #                        and x the minimum span
+RESIDUAL = 1  # FloorTracker.last_load of a floor less the KV blocks in use
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
@@ -172,8 +173,9 @@ class FloorTracker:
         self._ended = False  # a request ended since the last sample
         self._explained = False  # the window's samples had KV bytes taken off (residual)
         self._after_end_load = 0  # requests still in flight at that moment
-        # requests in flight at the last point's moment whose bytes were estimated (0: idle,
-        # or the KV pool's own figures): the fewer, the truer the point
+        # how the last point was read: 0 idle (exact), RESIDUAL less the KV blocks in use (the
+        # pool's figures), RESIDUAL + n after a request with n still in flight and no KV
+        # figures (their memory estimated, or not taken off): the lower, the truer
         self.last_load = 0
 
     def on_event(self, e: Event) -> None:
@@ -214,14 +216,14 @@ class FloorTracker:
             # (the least estimated), then the least value
             # without KV figures the requests still in flight hold memory no figure shows (an
             # estimate of it taken off, or not): the fewer, the truer; with them, none
-            load = 0 if anytime else self.in_flight
+            load = RESIDUAL if anytime else RESIDUAL + self.in_flight
             if self._after_end is None or (load, value) < (self._after_end_load,
                                                           self._after_end):
                 self._after_end, self._after_end_ts = value, ts_s
                 self._after_end_load = load
         if self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
-            self._any_load = 0 if anytime else self.in_flight
+            self._any_load = RESIDUAL if anytime else RESIDUAL + self.in_flight
         return point
 
     def _next_window(self, ts_s: float) -> tuple[float, int] | None:
@@ -401,7 +403,7 @@ class LeakDetector:
         self._count += 1
         rolled = min((p[1], p[2]) for p in recent)
         self.points.append((ts, rolled[1]))
-        self._estimated.append(rolled[0] > 0)
+        self._estimated.append(rolled[0] > RESIDUAL)
         while self.points[0][0] < ts - self.t.leak_horizon_s:
             self.points.popleft()
             self._estimated.popleft()
