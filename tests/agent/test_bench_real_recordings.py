@@ -13,7 +13,7 @@ MIB = 2**20
 
 
 def test_the_cublas_recording_is_right_to_say_it_is_too_short():
-    # 98 s of a real leak: too short for a verdict by the defaults (5 min warm-up, then 15 min
+    # 98 s of a real leak: too short for a verdict by the defaults (20 min warm-up, then 15 min
     # of floor); the right answer is insufficient_data, with no alert
     rec = next(r for r in recordings() if r.name == "gpu_cublas_leak")
     s = score(rec)
@@ -26,9 +26,9 @@ def test_the_cublas_recording_is_right_to_say_it_is_too_short():
 
 
 def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
-    # 30 minutes of a server idle between requests every 2 s, leaking 1 MiB per request
+    # 45 minutes of a server idle between requests every 2 s, leaking 1 MiB per request
     samples, events = [], []
-    for i in range(900):
+    for i in range(1350):
         t = 2.0 * i
         events += [Event(t + 0.5, "request_start", 0, request_id=f"r{i}"),
                    Event(t + 1.0, "request_end", 0, request_id=f"r{i}")]
@@ -49,9 +49,10 @@ def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
     assert (s.detected, s.false_alarms, s.right) == (True, 0, True)
     assert s.slope_ratio == pytest.approx(1.0, abs=0.02)
     assert s.windows["cycle_s"] == 2.0 and s.windows["floor_s"] == 2.0
-    # the first verdict: the trend point of the minute at 1200 s (15 min after the first one,
-    # at 300 s), known once the next minute's first floor window closes (1262 s)
-    assert s.delay_s == pytest.approx(1261.0)
+    # the first verdict: the trend point of the minute at 2100 s (15 min after the first one,
+    # at the end of the 20-min warm-up), known once the next minute's first floor window
+    # closes (2162 s)
+    assert s.delay_s == pytest.approx(2161.0)
 
 
 def test_the_detection_figures_in_docs_analysis_are_rendered_from_the_committed_json():

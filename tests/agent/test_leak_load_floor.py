@@ -66,7 +66,7 @@ def _never_idle(n_s, leak_from_s=None, leak_per_s=0, load_blocks=None):
 
 
 def _run(samples, events):
-    d = LeakDetector(Thresholds())
+    d = LeakDetector(Thresholds(leak_warmup_s=300.0))  # timings derived with a 5-min warm-up
     recs = sorted([*samples, *events], key=lambda r: r.ts_s)
     fired = None
     for r in recs:

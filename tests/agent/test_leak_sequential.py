@@ -10,7 +10,7 @@ from vramscope.agent.analysis.sequential import Cusum
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Phase, Sample
 
-T = Thresholds()
+T = Thresholds(leak_warmup_s=300.0)  # the timings below are derived with a 5-min warm-up
 
 
 def feed(c, ys, k=1.0, t0=0):

@@ -79,12 +79,15 @@ def test_an_oom_is_right_when_warned_30_s_ahead_with_its_cause():
 
 
 def test_a_leak_of_the_suite_end_to_end():
-    # a per-request leak of 5 %/h on a per-request-KV server with idle gaps: found within 2 h,
-    # at its rate, nothing before its onset
-    spec = next(s for s in long_suite.specs() if s.name.startswith("leak/per_request/5.00%/"
-                                                                  "per_request_kv"))
+    # a per-request leak of 1 %/h on a per-request-KV server under a daily load: found 27 min
+    # after its onset at 1.15x its rate, nothing before it
+    spec = next(s for s in long_suite.specs()
+                if s.name == "leak/per_request/1.00%/per_request_kv-diurnal/203")
     sc = long_suite.build(spec)
     out = ld.LongScore()
-    ld.score_leak(sc, ld.run_engine(sc), out)
+    run = ld.run_engine(sc)
+    ld.score_leak(sc, run, out)
     assert (out.leaks, out.found, out.early) == (1, 1, [])
-    assert out.slope_ratios[0] == pytest.approx(1.14, abs=0.05)
+    assert out.slope_ratios[0] == pytest.approx(1.145, abs=0.005)
+    first = min(run.leak_slopes)
+    assert (first - (sc.leak_start_ts or 0.0)) / 60 == pytest.approx(27.05, abs=0.01)
