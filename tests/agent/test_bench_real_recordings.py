@@ -92,3 +92,27 @@ def test_the_20_minute_never_idle_h200_recording_is_just_short_of_a_verdict():
     assert s.duration_s > 1200 and (s.state, s.alerts, s.right) == (
         "insufficient_data", [], True)
     assert s.windows["cycle_from"] == "request ends"  # never idle: the floor after a request
+
+
+def test_two_servers_on_one_h200_five_minutes_no_alert_and_not_enough_data():
+    """tests/gpu/record_pair.sh on the H200 (2026-12-04): two never-idle generate() servers on
+    one GPU for 302 s, one keeping a 2 MiB tensor every 17th request from 60 s (303 kB/s, 0.7 %
+    of the GPU an hour), the other healthy. Analyzed together, as the agent would see them: no
+    alert of any kind (the agent once raised oom_risk 60 s into such a run, with a forecast
+    of 25 minutes), and each process's leak verdict says what it lacks."""
+    from vramscope.agent.alerts.offline import analyze_records
+    from vramscope.agent.trace import read_trace
+
+    data = recordings()[0].path.parent
+    leak, healthy = (read_trace(str(data / f"gpu_pair_{n}.jsonl.gz")) for n in ("leak",
+                                                                              "healthy"))
+    assert {s.pid for s in leak.samples} != {s.pid for s in healthy.samples}
+    doc = analyze_records(leak.samples + healthy.samples, leak.events + healthy.events)
+    dev = doc["devices"]["0"]
+    assert doc["alerts"] == []
+    assert (dev["oom"]["max_risk"], dev["oom"]["first_warning_ts"]) == ("ok", None)
+    assert dev["leak"]["state"] == "insufficient_data"
+    assert dev["leak"]["evidence"].startswith("not enough data yet: warming up (the first 20 "
+                                              "min")
+    rec = next(r for r in recordings() if r.name == "gpu_pair_healthy")
+    assert (rec.leak, score(rec).right) == (False, True)  # its truth: no leak (fixed label)
