@@ -271,8 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
             min=0, max=1),
     Setting("alerts.leak_warmup_s", float, 1200.0,
             "Warm-up: the first seconds of a process (and after a model reload) are not its "
-            "idle floor, and the OOM trend starts after them (allocator caches, graph captures "
-            "and lazily built kernels grow for 10-20 minutes on real servers).",
+            "idle floor (allocator caches, graph captures and lazily built kernels grow for "
+            "10-20 minutes on real servers); the OOM trend waits at most 5 minutes of it.",
             min=0, max=86400),
     Setting("alerts.leak_floor_window_s", float, 60.0,
             "Longest idle-floor window: the window is one cycle of the server (idle entries, "

@@ -317,7 +317,8 @@ def _last_event(store: Store, device: int, host: str | None, lo: float, hi: floa
 
 
 def _leak_json(r: LeakResult) -> dict[str, Any]:
-    return {"detected": bool(r.detected), "slope_bytes_per_s": r.slope_bytes_per_s,
+    return {"detected": bool(r.detected), "state": r.state, "span_s": r.span_s,
+            "slope_bytes_per_s": r.slope_bytes_per_s,
             "slope_bytes_per_h": r.slope_bytes_per_s * 3600.0, "growth_bytes": r.growth_bytes,
             "start_ts_s": r.start_ts_s, "first_detected_ts_s": r.first_detected_ts_s,
             "evidence": r.evidence, "p_value": r.p_value,

@@ -41,11 +41,11 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     trend = model.trend
     if trend is None or trend.slope <= 0:
         return None
-    # the recent half of the span: the floor's trend points are each the least of five bins,
-    # which holds a rise back for their first minutes
-    pts = [p for p in leak.points if p[0] >= trend.t0 + trend.span_s / 2]
+    # the floor points of the span's recent half (warm-up or not), at most 60 of them
+    pts = [p for p in leak.recent_floor if p[0] >= trend.t0 + trend.span_s / 2]
     if len(pts) < 4:
         return None
+    pts = pts[::max(1, len(pts) // 60)]
     return theil_sen([p[0] for p in pts], [float(p[1]) for p in pts]).slope / trend.slope
 
 

@@ -81,6 +81,7 @@ MIN_GROWTH_NOISE = 4.0
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
 #                        and x the minimum span
+RECENT_FLOOR_POINTS = 2048
 RESIDUAL = 1  # FloorTracker.last_load of a floor less the KV blocks in use
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
@@ -292,6 +293,9 @@ class LeakDetector:
         # every floor point the verdicts were made on, when asked for (the dashboard draws
         # them: where KV or requests explain part of the memory, these are residuals)
         self.floor_points: list[tuple[float, int]] | None = None
+        # the latest floor points, warm-up or not (bounded): what the floor did under the peaks
+        # when the OOM-risk trend fires (growth or load), not a leak verdict
+        self.recent_floor: deque[tuple[float, int]] = deque(maxlen=RECENT_FLOOR_POINTS)
 
     def on_event(self, e: Event) -> LeakResult | None:
         if self.windows is None:
@@ -363,6 +367,7 @@ class LeakDetector:
             point = self.floor.update(s, self.load.explained())
         if point is None:
             return None
+        self.recent_floor.append(point)
         if self.floor_points is not None:
             self.floor_points.append(point)
         if point[0] < self._first_ts + self.t.leak_warmup_s:

@@ -59,6 +59,9 @@ MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their s
 FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
 RECENT_SLOPE_RATIO = 0.5  # the recent half of the span rises at least this share of the whole
 RETRY_WINDOW_S = 60.0
+# the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
+# but an OOM that builds up in a process's first half hour must still be foreseen
+RISK_WARMUP_S = 300.0
 RETRY_HOLD_S = 1800.0  # retries this recent hold the risk while reserved stays near the limit
 NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no room to regrow
 MAX_PENDING = 100_000  # readings held while the windows are chosen
@@ -231,7 +234,7 @@ class RiskModel:
         self.windows = w
         self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
-        self._trend_from = first + w.warmup_s
+        self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
         pending, self._pending = self._pending, []
         for ts_s, value, phase in pending:
             if ts_s >= self._trend_from:

@@ -329,7 +329,7 @@ PAGES.leaks = () => {
     const r = doc.result;
     const level = r && r.detected ? "critical" : "ok";
     fill("leak-cards", [
-      card("Verdict", r ? (r.detected ? "leak" : "no leak") : "unknown", doc.method, level),
+      card("Verdict", r ? (r.detected ? "leak" : r.state === "insufficient_data" ? "not enough data yet" : "no leak") : "unknown", doc.method, level),
       card("Slope", r ? fmtBytes(r.slope_bytes_per_h) + "/h" : "–", "Theil–Sen, idle floor"),
       card("Growth", r ? fmtBytes(r.growth_bytes) : "–", "over the evaluated horizon"),
       card("First detected", r && r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "as the live agent would have"),

@@ -33,7 +33,7 @@ def test_the_leads_and_alerts_of_seed_1():
                     "frag_long/1": ["oom_risk"], "kv_exhaustion/1": ["kv_exhaustion"],
                     "tight/1": ["oom_risk"]}
     assert (scores["frag_long/1"].lead_s, scores["kv_exhaustion/1"].lead_s) == (3313.0, 301.0)
-    assert scores["load_ramp/1"].lead_s == 106.0
+    assert scores["load_ramp/1"].lead_s == 850.0
 
 
 def test_a_tight_steady_server_holds_one_alert_for_12_hours():
@@ -47,7 +47,7 @@ def test_a_tight_steady_server_holds_one_alert_for_12_hours():
 def test_figures_report_causes_leads_and_alerts():
     got = {f.metric: (f.value, f.met) for f in figures(quick=True)}
     assert got == {"OOM scenarios: causes right": (3.0, True),
-                   "OOM scenarios: min warning lead": (106.0, True),
+                   "OOM scenarios: min warning lead": (301.0, True),
                    "tight steady server: alerts fired": (1.0, True)}
 
 
