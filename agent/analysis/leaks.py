@@ -62,15 +62,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.load_floor import BlockBytes
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
 from vramscope.agent.analysis.stats import TrendTest, mann_kendall, median, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Sample
 
-FLOOR_WINDOW_S = 60.0  # default of alerts.leak_floor_window_s
 HORIZON_POINTS = 120  # trend points over alerts.leak_horizon_s (a minute each by default)
 ROLLING_POINTS = 5
 MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever their span
@@ -82,14 +82,12 @@ STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: no
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
 #                        and x the minimum span
 RECENT_FLOOR_POINTS = 2048
-RESIDUAL = 1  # FloorTracker.last_load of a floor less the KV blocks in use
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 INSUFFICIENT = "insufficient_data"
-_BUSY = frozenset({Phase.PREFILL, Phase.DECODE, Phase.SETUP})
 
 
 class LeakResult(NamedTuple):
@@ -149,104 +147,6 @@ def orphaned_count(e: Event) -> int:
     data = e.data or {}
     value = data.get("blocks", data.get("count", 1))
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-class FloorTracker:
-    """Turns samples (and request events) into idle-floor points, one per window.
-
-    Per sample it only keeps three running minima (while idle, right after a request ended,
-    any), each a value and its time; the window's point is chosen when the window closes.
-    """
-
-    def __init__(self, window_s: float = FLOOR_WINDOW_S) -> None:
-        self.window_s = window_s
-        self.in_flight = 0
-        self._start: float | None = None
-        self._end = 0.0  # _start + window_s
-        self._idle: int | None = None  # the least value while idle, and when
-        self._idle_ts = 0.0
-        self._after_end: int | None = None
-        self._after_end_ts = 0.0
-        self._any: int | None = None
-        self._any_ts = 0.0
-        self._any_load = 0
-        self._uses_allocated = False
-        self._ended = False  # a request ended since the last sample
-        self._explained = False  # the window's samples had KV bytes taken off (residual)
-        self._after_end_load = 0  # requests still in flight at that moment
-        # how the last point was read: 0 idle (exact), RESIDUAL less the KV blocks in use (the
-        # pool's figures), RESIDUAL + n after a request with n still in flight and no KV
-        # figures (their memory estimated, or not taken off): the lower, the truer
-        self.last_load = 0
-
-    def on_event(self, e: Event) -> None:
-        if e.name == "request_start":
-            self.in_flight += 1
-        elif e.name == "request_end":
-            self.in_flight = max(0, self.in_flight - 1)
-            self._ended = True
-
-    def update(self, s: Sample, explained: int = 0,
-               anytime: bool = True) -> tuple[float, int] | None:
-        """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any.
-        ``explained``: bytes the server's load holds now (KV blocks in use), taken off the
-        sample's memory (the residual floor); ``anytime``: it explains the KV of every request,
-        so the window's least residual at any moment is its floor (else the floor after a
-        request stays the point, less what the requests still in flight hold)."""
-        value = s.allocated_bytes
-        if value is not None:
-            self._uses_allocated = True
-        elif self._uses_allocated or (value := s.device_used_bytes) is None:
-            return None
-        value -= explained
-        if explained and anytime:
-            self._explained = True
-        ts_s, point = s.ts_s, None
-        if self._start is None or ts_s >= self._end:
-            point = self._next_window(ts_s)
-        phase = s.phase
-        # setup (a KV pool being allocated and warmed up) is never the floor between requests;
-        # nor is a moment a request is still in flight by the request events, whatever the
-        # phase says (one thread's request ending while another's runs)
-        idle = self.in_flight == 0 and phase not in _BUSY
-        if idle and (self._idle is None or value < self._idle):
-            self._idle, self._idle_ts = value, ts_s
-        if self._ended:
-            self._ended = False
-            # the floor after a request: at the moment with the fewest requests still in flight
-            # (the least estimated), then the least value
-            # without KV figures the requests still in flight hold memory no figure shows (an
-            # estimate of it taken off, or not): the fewer, the truer; with them, none
-            load = RESIDUAL if anytime else RESIDUAL + self.in_flight
-            if self._after_end is None or (load, value) < (self._after_end_load,
-                                                          self._after_end):
-                self._after_end, self._after_end_ts = value, ts_s
-                self._after_end_load = load
-        if self._any is None or value < self._any:
-            self._any, self._any_ts = value, ts_s
-            self._any_load = RESIDUAL if anytime else RESIDUAL + self.in_flight
-        return point
-
-    def _next_window(self, ts_s: float) -> tuple[float, int] | None:
-        """Open the first window, or close the current one: its point, and the next window."""
-        if self._start is None:
-            self._start, self._end = ts_s, ts_s + self.window_s
-            return None
-        point: tuple[float, int] | None
-        self.last_load = 0
-        if self._idle is not None:
-            point = (self._idle_ts, self._idle)
-        elif self._after_end is not None and not self._explained:
-            point = (self._after_end_ts, self._after_end)
-            self.last_load = self._after_end_load
-        else:  # the residual floor has the KV taken off: its least is the floor, any time
-            point = None if self._any is None else (self._any_ts, self._any)
-            self.last_load = self._any_load  # without KV figures: less an estimate
-        self._idle = self._after_end = self._any = None
-        self._explained = False
-        self._start += self.window_s * ((ts_s - self._start) // self.window_s)
-        self._end = self._start + self.window_s
-        return point
 
 
 class LeakDetector:
@@ -641,25 +541,6 @@ def _evidence(points: Sequence[tuple[float, int]], slope: float, growth: float,
             f"last third p={r_test.p_rising:.2g}")
 
 
-def idle_floor(samples: Iterable[Sample], events: Iterable[Event] = (),
-               device: int | None = None,
-               window_s: float = FLOOR_WINDOW_S) -> list[tuple[float, int]]:
-    """The idle-floor points ``(ts_s, bytes)`` of one device (the first one seen if ``None``)."""
-    tracker, out = FloorTracker(window_s), []
-    for rec in merged(samples, events):
-        if device is None:
-            device = rec.device
-        if rec.device != device:
-            continue
-        if isinstance(rec, Event):
-            tracker.on_event(rec)
-        else:
-            point = tracker.update(rec)
-            if point is not None:
-                out.append(point)
-    return out
-
-
 def detect_leak(samples: Iterable[Sample], events: Iterable[Event] = (),
                 config: Mapping[str, Any] | None = None,
                 device: int | None = None,
@@ -683,3 +564,9 @@ def detect_leak(samples: Iterable[Sample], events: Iterable[Event] = (),
     if ever is not None and not final.detected:
         return ever._replace(evidence=f"leak seen earlier, gone at the end: {final.evidence}")
     return final
+
+
+# idle_floor lives in analysis.floor now; it stays importable from here (a public API)
+__all__ = ["INSUFFICIENT", "NO_VERDICT", "FloorTracker", "LeakDetector", "LeakResult", "confirm",
+           "detect_leak", "evaluate_floor", "idle_floor", "insufficient", "orphaned_count",
+           "rise_start"]

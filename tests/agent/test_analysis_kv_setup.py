@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.analysis.floor import idle_floor
 from vramscope.agent.analysis.kv import KvTracker
-from vramscope.agent.analysis.leaks import idle_floor
 from vramscope.agent.analysis.phases import phase_stats
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.trace import record_from_json

@@ -1,7 +1,8 @@
 """Leak detection: idle floor, verdicts on literal floors, the causal detector end to end."""
 
 import pytest
-from vramscope.agent.analysis.leaks import LeakDetector, detect_leak, evaluate_floor, idle_floor
+from vramscope.agent.analysis.floor import idle_floor
+from vramscope.agent.analysis.leaks import LeakDetector, detect_leak, evaluate_floor
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Event, Phase, Sample
 

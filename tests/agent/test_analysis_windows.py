@@ -82,7 +82,7 @@ def test_healthy_recording_with_the_defaults_no_leak_no_warning():
 def test_idle_phase_with_a_request_in_flight_is_not_the_floor():
     # One thread's request ended (its hook said idle) while another's still runs: the 100 B
     # moment is not between requests; the floor is the 150 B after the last one ended.
-    from vramscope.agent.analysis.leaks import FloorTracker
+    from vramscope.agent.analysis.floor import FloorTracker
 
     f = FloorTracker(10.0)
     f.update(Sample(0.0, 0, Phase.DECODE, "t", allocated_bytes=300))
