@@ -269,21 +269,22 @@ class DeviceAnalysis:
     def process_name(self) -> str | None:
         """Which process ``risk`` is, for alert text: ``rank N (pid P)`` when its rank is
         known, ``pid P`` when the device has several processes, else None."""
-        pid = self.risk_pid
+        several = sum(1 for p in self.risks if p is not None) > 1
+        return self._name(self.risk_pid, several)
+
+    def _name(self, pid: int | None, by_pid: bool) -> str | None:
+        """``rank N (pid P)`` when the rank is known, else ``pid P`` if ``by_pid``."""
         if pid is None:
             return None
         rank = self.ranks.get(pid)
         if rank is not None:
             return f"rank {rank} (pid {pid})"
-        return f"pid {pid}" if sum(1 for p in self.risks if p is not None) > 1 else None
+        return f"pid {pid}" if by_pid else None
 
     def leak_process_name(self) -> str | None:
         """Which process ``leak`` is, for alert text (as ``process_name``)."""
         pid = next((p for p, d in self.leaks.items() if d is self.leak), None)
-        if pid is None:
-            return None
-        rank = self.ranks.get(pid)
-        return f"rank {rank} (pid {pid})" if rank is not None else f"pid {pid}"
+        return self._name(pid, True)
 
     def _absorb_fields(self, s: Sample) -> int:
         changed = 0

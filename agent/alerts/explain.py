@@ -9,6 +9,7 @@ the post-mortem uses (``vramscope.agent.analysis.diagnosis``).
 
 from __future__ import annotations
 
+from vramscope.agent.alerts.rules import format_value
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
@@ -19,19 +20,17 @@ FLOOR_SHARE = 0.5  # the floor rose less than this share of the peaks' rise: the
 
 
 def size(n: float | None) -> str:
+    """Bytes as every alert says them (``rules.format_value``), whole bytes under a MiB."""
     if n is None:
         return "unknown"
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n:,.0f} B"
+    return format_value("x_bytes", n) if abs(n) >= 2**20 else f"{n:,.0f} B"
 
 
 def duration(s: float | None) -> str:
+    """Seconds as every alert says them (``rules.format_value``), whole seconds under 2 min."""
     if s is None:
         return "unknown"
-    if s < 120:
-        return f"{s:.0f} s"
-    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+    return f"{s:.0f} s" if s < 120 else format_value("x_s", s)
 
 
 def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:

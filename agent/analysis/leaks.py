@@ -28,8 +28,9 @@ horizon (two hours by default) and calls it a leak only when all of these hold:
    p < ``P_LEAK`` over the whole horizon;
 2. the Theil–Sen slope is at least ``alerts.leak_min_slope_ratio_per_h`` of the limit per hour;
 3. the rise goes on in the most recent third of the horizon (p < ``P_RECENT``, slope at least
-   the minimum), and the recent half rises at ``STEADY_RATIO`` of the whole slope or more — a
-   warm-up step followed by a plateau, or a lazy warm-up that slows down, fails here;
+   the minimum), and the recent half rises at half the whole slope or more
+   (``stats.still_rising``) — a warm-up step followed by a plateau, or a lazy warm-up that
+   slows down, fails here;
 4. the growth over the horizon is at least ``MIN_GROWTH_NOISE`` times the floor's own noise
    (scaled median absolute deviation of the residuals).
 
@@ -66,7 +67,13 @@ from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.load_floor import BlockBytes
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
-from vramscope.agent.analysis.stats import TrendTest, mann_kendall, median, theil_sen
+from vramscope.agent.analysis.stats import (
+    TrendTest,
+    mann_kendall,
+    median,
+    still_rising,
+    theil_sen,
+)
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Sample
@@ -78,7 +85,6 @@ EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
-STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole: not a warm-up
 ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
 #                        and x the minimum span
 RECENT_FLOOR_POINTS = 2048
@@ -167,11 +173,9 @@ class LeakDetector:
         # in every point)
         self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS + 1)
         self._estimated: deque[bool] = deque(maxlen=HORIZON_POINTS + 1)  # beside ``points``
-        # (load, value): the point of the fewest requests in flight wins (an idle one: the true
-        # floor), then the least value; the floor after a request less an estimate of what the
-        # requests still in flight hold is the truer the fewer they are
-        # (ts, load, value) of the bins of the last ROLLING_POINTS bins' time (an old point
-        # of a server that idles rarely does not linger)
+        # (ts, load, value) of the trend points of the last ROLLING_POINTS bins' time (an old
+        # point of a server that idles rarely does not linger); the rolled point is the one of
+        # the lowest load (FloorTracker.last_load: idle first), then the least value
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=ROLLING_POINTS)
         self._count = 0  # trend points so far (the CUSUM waits for a full rolling window)
         self._bin_s = self.t.leak_horizon_s / HORIZON_POINTS
@@ -315,8 +319,10 @@ class LeakDetector:
         self._since_eval += 1
         verdict = self._sequential(raw)
         span = ts - self._trend_from
-        # a floor estimated from the load (never idle, no KV figures) needs twice the span
-        need = self.t.leak_min_span_s * (ESTIMATED_NOISE if self._mostly_estimated() else 1.0)
+        # a floor estimated from the load (never idle, no KV figures) needs twice the span and
+        # must rise twice as far above its noise
+        factor = ESTIMATED_NOISE if self._mostly_estimated() else 1.0
+        need = self.t.leak_min_span_s * factor
         if span < need or len(self.points) < MIN_FIT_POINTS:
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
@@ -324,11 +330,8 @@ class LeakDetector:
         if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
             self._since_eval = 0
             prev = self.result
-            # a floor mostly estimated (never idle, no KV figures: less what the requests in
-            # flight are thought to hold) must rise further above its noise
             mk = evaluate_floor(list(self.points), self._limit(), self.t,
-                                prev.detected and prev.p_value is not None,
-                                ESTIMATED_NOISE if self._mostly_estimated() else 1.0)
+                                prev.detected and prev.p_value is not None, factor)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -358,9 +361,10 @@ class LeakDetector:
         self.cusum = Cusum(ROLLING_POINTS - 1)
         self.load.restart()
         self.per_request.restart()
-        self.result = insufficient(self.t, None)._replace(
+        waiting = insufficient(self.t, None)
+        self.result = waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
-                     f"{allocated / 2**20:.1f} MiB): " + insufficient(self.t, None).evidence)
+                     f"{allocated / 2**20:.1f} MiB): " + waiting.evidence)
 
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
@@ -483,10 +487,8 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     recent = len(points) - len(points) // 3
     r_trend = theil_sen(xs[recent:], ys[recent:])
     r_test = mann_kendall(ys[recent:])
-    half = len(points) // 2
-    steady = theil_sen(xs[half:], ys[half:]).slope >= STEADY_RATIO * trend.slope
+    steady = still_rising(xs, ys, trend.slope)
     min_slope = t.leak_min_slope_ratio_per_h * limit_bytes / 3600.0
-    span = xs[-1]
     growth = trend.slope * span
     noise = 1.4826 * median([abs(y - (trend.slope * x + trend.intercept)) for x, y in zip(xs, ys)])
     if was_detected:  # hysteresis: a leak found stays found until its trend is gone

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple, TypeVar
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
 from vramscope.agent.analysis.phases import SpikeTracker
-from vramscope.agent.analysis.stats import theil_sen
+from vramscope.agent.analysis.stats import still_rising, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
@@ -57,7 +57,6 @@ PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the t
 TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
 MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
 FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
-RECENT_SLOPE_RATIO = 0.5  # the recent half of the span rises at least this share of the whole
 RETRY_WINDOW_S = 60.0
 # the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
 # but an OOM that builds up in a process's first half hour must still be foreseen
@@ -304,8 +303,7 @@ class RiskModel:
         tr = theil_sen(xs, ys)
         if tr.slope_low <= 0:
             return None
-        half = len(xs) // 2
-        if theil_sen(xs[half:], ys[half:]).slope < RECENT_SLOPE_RATIO * tr.slope:
+        if not still_rising(xs, ys, tr.slope):
             return None  # flattening: a warm-up or a cache filling up, not a trend to the limit
         return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high, span_s)
 

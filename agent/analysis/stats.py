@@ -73,6 +73,16 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
     return Trend(slope, intercept, low, high)
 
 
+STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole slope
+
+
+def still_rising(xs: Sequence[float], ys: Sequence[float], slope: float) -> bool:
+    """The recent half of the series rises at ``STEADY_RATIO`` of ``slope`` (the whole series'
+    Theil–Sen slope) or more: growth that slows down (a warm-up, a cache filling up) does not."""
+    half = len(xs) // 2
+    return theil_sen(xs[half:], ys[half:]).slope >= STEADY_RATIO * slope
+
+
 def _sen_band(sorted_slopes: list[float], n: int) -> tuple[float, float]:
     """Sen's (1968) distribution-free confidence band from the ranks of the pairwise slopes."""
     count = len(sorted_slopes)
