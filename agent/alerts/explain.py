@@ -17,6 +17,9 @@ from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.timefmt import iso_utc
 
 FLOOR_SHARE = 0.5  # the floor rose less than this share of the peaks' rise: the load did
+# a request taking more than this share of the free memory in total is a prefill spike, not
+# fragmentation: however the free memory were arranged, a somewhat longer prompt would not fit
+SPIKE_SHARE = 0.5
 
 
 def size(n: float | None) -> str:
@@ -56,14 +59,24 @@ def _fits_in_all(model: RiskModel) -> bool:
     return bool(limit) and headroom is not None and model.largest_request_bytes <= headroom
 
 
+def _spike_fills_free(model: RiskModel) -> bool:
+    """The largest request takes more than ``SPIKE_SHARE`` of the free memory in total now
+    (the headroom): one long prompt, not memory in pieces."""
+    headroom = model.headroom_bytes
+    if headroom is None or not model.largest_request_bytes:
+        return False
+    return model.largest_request_bytes > SPIKE_SHARE * headroom
+
+
 def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str:
     """The likely cause of a risk warning: fragmentation (a request fits no block, or the
-    allocator retries); growth (a leak on this process, or peaks rising with the floor under
+    allocator retries, while it is small beside the free memory in total; one that takes most
+    of it is a prefill spike); growth (a leak on this process, or peaks rising with the floor under
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
     if "fragmentation" in reasons or ("alloc_retries" in reasons and _fits_in_all(model)):
-        return "fragmentation"
+        return "prefill_spike" if _spike_fills_free(model) else "fragmentation"
     if leak.result.detected:
         return "growth"
     if "trend" in reasons:

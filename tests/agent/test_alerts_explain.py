@@ -54,3 +54,31 @@ def test_a_leak_alert_says_its_rate_since_when_and_over_how_much_floor():
     assert leak.message == (
         "idle floor rising 74.20 GiB/h, 92.75 % of the limit since 2023-11-14T22:38:33.000Z, "
         "over 16.1 min of floor after the warm-up (leak)")  # the truth: 1.5 % a minute, 90 %/h
+
+
+def _retrying_after_a_prefill(spike_gib: float) -> list[str]:
+    """Decode at 60 GiB of 80, 77 GiB reserved; one prefill of ``spike_gib`` makes the
+    allocator retry; a snapshot then finds no free block over 1 GiB (20 GiB free in all)."""
+    e = AlertEngine.from_config(None)
+    steps = [(Phase.DECODE, 60.0, 0), (Phase.PREFILL, 60.0 + spike_gib, 1), (Phase.DECODE, 60.0, 1)]
+    return [c.message for c in e.feed([
+        Sample(float(k), 0, phase, allocated_bytes=int(alloc * GIB), reserved_bytes=77 * GIB,
+               num_alloc_retries=retries, largest_free_block_bytes=GIB if k == 2 else None,
+               device_total_bytes=80 * GIB)
+        for k, (phase, alloc, retries) in enumerate(steps)])]
+
+
+def test_retries_for_a_request_small_beside_the_free_memory_are_fragmentation():
+    first = _retrying_after_a_prefill(4.0)[0]
+    assert "the largest request (4.00 GiB) fits neither the largest free block (1.00 GiB)" in first
+    assert first.endswith("; likely fragmentation; try: set "
+                          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def test_retries_for_a_request_taking_most_of_the_free_memory_are_a_prefill_spike():
+    # 12 GiB of the 20 GiB free in all: however the free memory were arranged, a somewhat
+    # longer prompt would not fit (the post-mortem of that OOM says prefill_spike)
+    first = _retrying_after_a_prefill(12.0)[0]
+    assert "the largest request (12.00 GiB) fits neither" in first
+    assert first.endswith("; likely prefill_spike; try: enable chunked prefill (bound the "
+                          "tokens prefilled per step)")
