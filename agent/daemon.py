@@ -31,6 +31,7 @@ from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
+from vramscope.agent.store import verdicts as store_verdicts
 from vramscope.agent.store.store import integrity_wait_s
 from vramscope.agent.writer import Writer
 
@@ -108,13 +109,14 @@ class Agent:
         self._paused = False
 
     def _make_server(self) -> IngestServer:
+        from vramscope.agent.config import parse_uids
         from vramscope.agent.ingest.server import IngestServer
 
         return IngestServer(self.socket_path, on_records=self._on_records,
                             on_postmortem=self._on_postmortem, on_hello=self._on_hello,
                             status=self.status, max_message_bytes=self.config[
                                 "agent.max_message_bytes"],
-                            allowed_uids=_parse_uids(self.config["agent.allowed_uids"]),
+                            allowed_uids=parse_uids(self.config["agent.allowed_uids"]),
                             pause=self._ingest_should_pause,
                             handshake_timeout_s=self.config["agent.handshake_timeout_s"],
                             idle_timeout_s=self.config["agent.idle_timeout_s"])
@@ -346,6 +348,12 @@ class Agent:
                                     dropped_total=s["dropped_total"] + s["client_dropped_total"],
                                     rejected_total=s["rejected_total"],
                                     db_size_bytes=s["db_size_bytes"])
+            # a connected client is alive even when it sends nothing (an idle vLLM server):
+            # its process row's last_seen_s moves with each report, so the dashboard tells an
+            # idle server from one that ended (dashboard/verdict.py)
+            for c in s["clients"]:
+                if c["process"] is not None and c["pid"] is not None:
+                    store.upsert_process(c["pid"], ts_s)
         return task
 
     def _integrity_task(self, store: Store) -> None:
@@ -488,20 +496,6 @@ def _open_prometheus(config: Config, writer: Writer, clock: Clock) -> Prometheus
     return PrometheusSource.from_config(config, writer.put_many, clock)
 
 
-def _parse_uids(text: str) -> list[int]:
-    from vramscope.agent.errors import ConfigError
-
-    uids = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if not part.isdigit():
-            raise ConfigError(f"agent.allowed_uids: {part!r} is not a uid (expected numbers "
-                              f"separated by commas)")
-        uids.append(int(part))
-    return uids
-
-
 class AlertFeed:
     """Live alerting: each committed batch through the engine, each change to every sink.
 
@@ -510,18 +504,30 @@ class AlertFeed:
     that raises is logged and the others still get the change.
     """
 
-    def __init__(self, engine: AlertEngine, sinks: list[AlertSink]) -> None:
+    def __init__(self, engine: AlertEngine, sinks: list[AlertSink],
+                 store: Store | None = None) -> None:
         self.engine = engine
         self.sinks = sinks
+        # the engine's verdicts go to the store (one answer for every page and command); a
+        # live agent keeps none in memory
+        self.store = store
+        engine.verdicts.keep = False
+        self.verdicts_written = 0
         self._delivered: dict[tuple[str, int | None, str | None], str] = {}  # key -> kind
         self.coalesced = 0  # changes not delivered: undone within the same batch
 
     @classmethod
     def from_config(cls, config: Config, store: Store) -> AlertFeed:
-        return cls(AlertEngine.from_config(config), sinks_from_config(config, store))
+        return cls(AlertEngine.from_config(config), sinks_from_config(config, store), store)
 
     def __call__(self, samples: list[Sample], events: list[Event]) -> None:
         changes = self.engine.feed_batch(samples, events)  # no copy, no re-split
+        rows = self.engine.verdicts.take()
+        if rows and self.store is not None:
+            try:
+                self.verdicts_written += store_verdicts.write(self.store, rows)
+            except Exception:  # noqa: BLE001 - the alerts below still go out
+                log.exception("storing %d verdicts failed", len(rows))
         for change in self._net(changes):
             for sink in self.sinks:
                 try:

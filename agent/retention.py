@@ -128,6 +128,9 @@ class Retention:
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,
                                             self.step_rows),
+            # the engine's verdicts: as long as the rollups they speak about
+            "verdicts": sql.delete_older(store, "verdicts", now_s - self.rollup_s,
+                                         self.step_rows),
             "rollups": sql.delete_rollups_older(store, now_s - self.rollup_s,
                                                 self.minutes_per_step),
             "seconds": sql.delete_seconds_older(store, now_s - self.second_s,

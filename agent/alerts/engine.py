@@ -24,6 +24,7 @@ from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
 from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
+from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker
@@ -74,6 +75,8 @@ _KV = 1 << 7  # a KV pool reading
 _ORPHANS = 1 << 8  # a kv_orphaned_blocks event
 _OOM = 1 << 9  # oom_recent changed: an OOM, or five minutes since the last one
 _EPISODE = 1 << 10  # an OOM ended the risk episode (its risk alerts resolve with it)
+# what may change an answer the verdict log keeps (agent/alerts/verdicts.py)
+_VERDICT = _LEAK | _RISK_LEVEL | _EPISODE | _ORPHANS
 
 _INPUTS: dict[str, int] = {
     "cached_free_bytes": _SAMPLE,
@@ -242,6 +245,10 @@ class DeviceAnalysis:
     def _process_leaks(self) -> list[LeakDetector]:
         """Detectors of processes that sent samples (events alone make no idle floor)."""
         return [d for pid, d in self.leaks.items() if pid in self._sampled]
+
+    def sampled_pids(self) -> set[int | None]:
+        """The processes whose samples fed a leak detector (``None``: samples without one)."""
+        return self._sampled
 
     def _update_leak(self, s: Sample) -> bool:
         gave = False
@@ -456,6 +463,8 @@ class AlertEngine:
         self._state: dict[int, _DeviceRules] = {}  # per device, in rule order
         # every change so far, for analyze; bounded so that a live agent never grows without end
         self.history: deque[AlertChange] = deque(maxlen=HISTORY_MAX)
+        # each process's answers as they change: the rows the store keeps (verdicts.py)
+        self.verdicts = VerdictLog()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> AlertEngine:
@@ -482,7 +491,7 @@ class AlertEngine:
     def feed_batch(self, samples: Sequence[Sample], events: Sequence[Event]) -> list[AlertChange]:
         """``feed`` for records already apart (the agent writer's batches): the same order."""
         changes: list[AlertChange] = []
-        devices, state = self.devices, self._state
+        devices, state, verdicts = self.devices, self._state, self.verdicts
         for rec in merged(samples, events):
             d = devices.get(rec.device) or self.device(rec.device)
             if type(rec) is Event:
@@ -494,6 +503,8 @@ class AlertEngine:
             rules = state[rec.device]
             if changed & rules.watch or rules.busy:
                 self._evaluate(d, rules, changed, rec.ts_s, rec.host, changes)
+            if changed & _VERDICT or verdicts.due(rec.device, rec.ts_s):
+                verdicts.note(d, rec.host, rec.ts_s)
         self.history.extend(changes)
         return changes
 

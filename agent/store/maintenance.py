@@ -35,6 +35,7 @@ from vramscope.agent.store.schema import (
     rollups_10m,
     samples,
     seconds,
+    verdicts,
 )
 from vramscope.agent.store.store import Store
 
@@ -49,6 +50,7 @@ _TABLES: dict[str, tuple[TableClause, str, TableClause]] = {
     "samples_default": (SAMPLES_DEFAULT, "device_id", devices),
     "events": (events, "device_id", devices),
     "agent_stats": (agent_stats, "host_id", hosts),
+    "verdicts": (verdicts, "device_id", devices),
 }
 
 

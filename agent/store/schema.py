@@ -242,6 +242,24 @@ def rollup_group(width_s: float) -> ColumnElement[Any]:
 Index("ix_rollups_device_tier2m", rollups.c.device_id, rollup_group(120.0), rollups.c.metric,
       rollups.c.min_value, rollups.c.max_value)
 
+# The alert engine's answers per device and process (agent/alerts/verdicts.py, 0010): written
+# when an answer changes and at a heartbeat, by the live agent, ``import`` and ``replay``; every
+# page, /api/v1/analysis, /metrics, ``analyze --db`` and ``status`` read them (one answer). The
+# row's document is the verdict's JSON (docs/analysis.md, "Verdicts"); the columns are what a
+# query selects on. Kept as long as the rollups.
+verdicts = Table(
+    "verdicts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("pid", Integer, nullable=True),  # None: the device as a whole
+    Column("ts_s", Float, nullable=False),
+    Column("leak_state", String(24), nullable=False),
+    Column("risk_level", String(16), nullable=False),
+    Column("doc", Text, nullable=False),
+    Index("ix_verdicts_device_pid_ts", "device_id", "pid", "ts_s"),
+    Index("ix_verdicts_device_ts", "device_id", "ts_s"),
+)
+
 # The agent's own health, so the dashboard can show it (Sidecar issue).
 agent_stats = Table(
     "agent_stats", metadata,

@@ -1,0 +1,167 @@
+"""The engine's answers, kept: one verdict per process (and per device for what no process
+explains), written when it changes and at a heartbeat.
+
+The alert engine evaluates every record; its leak detectors, risk models and KV trackers hold
+the verdict at that moment. :class:`VerdictLog` turns that state into :class:`Verdict` rows
+when an answer changes (a leak state, a slope that moved, a risk level, a cause) or, unchanged,
+every ``HEARTBEAT_S`` of record time. The rows depend only on the records (never on a clock or
+on how records were batched), so the live agent, ``vramscope import`` / ``replay`` and
+``vramscope analyze FILE`` write the same rows for the same recording, and every surface that
+reads them (pages, ``/api/v1/analysis``, ``/metrics``, ``analyze --db``, ``status``) shows one
+answer. The format is ``vramscope.verdict/1`` (docs/analysis.md, "Verdicts").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from vramscope.agent.alerts.explain import warning_cause
+
+if TYPE_CHECKING:
+    from vramscope.agent.alerts.engine import DeviceAnalysis
+
+VERDICT_FORMAT = "vramscope.verdict/1"
+HEARTBEAT_S = 300.0  # an unchanged answer is written again this often (record time)
+SLOPE_CHANGE = 0.05  # a leak slope that moved by more than this share is a new answer
+HISTORY_MAX = 100_000  # rows an offline run keeps (a live agent hands them to the store)
+
+
+class Verdict(NamedTuple):
+    """One process's answers at ``ts_s`` (``pid`` None: the device as a whole, from NVML or
+    records without a pid). Slopes in bytes per second, times in seconds."""
+
+    ts_s: float
+    device: int
+    host: str | None
+    pid: int | None
+    leak_state: str  # leak, no_leak, insufficient_data
+    leak_slope_bytes_per_s: float
+    leak_start_ts_s: float | None  # when the rise began (estimated)
+    leak_first_detected_ts_s: float | None
+    leak_span_s: float  # the floor after the warm-up the verdict rests on
+    leak_evidence: str  # what it rests on, or what is missing
+    risk_level: str  # ok, warning, critical ("" before the risk model's first point)
+    risk_cause: str | None  # the likely cause of a warning (diagnosis.REMEDIES' keys)
+    risk_reasons: tuple[str, ...]
+    headroom_bytes: int | None
+    time_to_oom_s: float | None
+    time_to_oom_low_s: float | None
+    time_to_oom_high_s: float | None
+    kv_usage_ratio: float | None
+    kv_exhaustion_s: float | None
+    rank: int | None = None
+
+    def answer(self) -> tuple[Any, ...]:
+        """What must change for a new row before the heartbeat."""
+        return (self.leak_state, self.leak_first_detected_ts_s, self.risk_level,
+                self.risk_cause, self.rank)
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented form (docs/analysis.md, "Verdicts")."""
+        return {"format": VERDICT_FORMAT, "ts": self.ts_s, "device": self.device,
+                "host": self.host, "pid": self.pid, "rank": self.rank,
+                "leak": {"state": self.leak_state,
+                         "slope_bytes_per_s": self.leak_slope_bytes_per_s,
+                         "slope_bytes_per_h": self.leak_slope_bytes_per_s * 3600.0,
+                         "start_ts": self.leak_start_ts_s,
+                         "first_detected_ts": self.leak_first_detected_ts_s,
+                         "span_s": self.leak_span_s, "evidence": self.leak_evidence},
+                "risk": {"level": self.risk_level, "cause": self.risk_cause,
+                         "reasons": list(self.risk_reasons),
+                         "headroom_bytes": self.headroom_bytes,
+                         "time_to_oom_s": self.time_to_oom_s,
+                         "time_to_oom_low_s": self.time_to_oom_low_s,
+                         "time_to_oom_high_s": self.time_to_oom_high_s},
+                "kv": {"usage_ratio": self.kv_usage_ratio,
+                       "exhaustion_s": self.kv_exhaustion_s}}
+
+
+def verdict_from_json(doc: dict[str, Any]) -> Verdict:
+    """A :class:`Verdict` back from :meth:`Verdict.to_json` (as the store keeps it)."""
+    leak, risk, kv = doc["leak"], doc["risk"], doc["kv"]
+    return Verdict(doc["ts"], doc["device"], doc.get("host"), doc.get("pid"), leak["state"],
+                   leak["slope_bytes_per_s"], leak["start_ts"], leak["first_detected_ts"],
+                   leak["span_s"], leak["evidence"], risk["level"], risk["cause"],
+                   tuple(risk["reasons"]), risk["headroom_bytes"], risk["time_to_oom_s"],
+                   risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
+                   kv["exhaustion_s"], doc.get("rank"))
+
+
+class VerdictLog:
+    """The verdict rows of an engine, made as it evaluates (``note``) and taken by the writer
+    (``take``). ``latest`` keeps each process's newest row, for an offline run's document."""
+
+    def __init__(self, heartbeat_s: float = HEARTBEAT_S, keep: bool = True) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.keep = keep  # False: rows go only to ``take`` (a live agent's store)
+        self._pending: list[Verdict] = []
+        self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
+        self.history: list[Verdict] = []
+        self._due: dict[int, float] = {}  # device -> record time of its next heartbeat
+
+    def due(self, device: int, now_s: float) -> bool:
+        """True when the device's heartbeat is due at ``now_s``."""
+        return now_s >= self._due.get(device, -float("inf"))
+
+    def note(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
+        """Each process's verdict on ``d`` at ``now_s``: a row where its answer changed, or
+        every one when the heartbeat is due."""
+        beat = self.due(d.device, now_s)
+        if beat:
+            self._due[d.device] = now_s + self.heartbeat_s
+        for pid in processes_of(d):
+            v = verdict_of(d, pid, host, now_s)
+            key = (host, d.device, pid)
+            last = self.latest.get(key)
+            if beat or last is None or last.answer() != v.answer() or _moved(last, v):
+                self.latest[key] = v
+                self._pending.append(v)
+                if self.keep and len(self.history) < HISTORY_MAX:
+                    self.history.append(v)
+        for key in [k for k in self.latest if k[1] == d.device and k[0] == host
+                    and k[2] not in d.leaks and k[2] not in d.risks]:
+            del self.latest[key]  # a process the engine forgot (gone): its answer ended
+
+    def take(self) -> list[Verdict]:
+        """The rows made since the last ``take``."""
+        out, self._pending = self._pending, []
+        return out
+
+
+def _moved(last: Verdict, new: Verdict) -> bool:
+    """A leak's slope that moved by more than ``SLOPE_CHANGE`` of itself."""
+    if new.leak_state != "leak":
+        return False
+    before = last.leak_slope_bytes_per_s
+    return abs(new.leak_slope_bytes_per_s - before) > SLOPE_CHANGE * max(abs(before), 1.0)
+
+
+def processes_of(d: DeviceAnalysis) -> list[int | None]:
+    """Whose answers a device has: each process that reported (its leak detector was fed
+    samples, or its risk model exists), else the device as a whole."""
+    pids = {p for p in d.risks if p is not None} | {p for p in d.sampled_pids() if p is not None}
+    if not pids:
+        return [None]
+    return sorted(pids)
+
+
+def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> Verdict:
+    """Process ``pid``'s answers on ``d`` now."""
+    leak = d.leaks.get(pid) or d.leaks[None]
+    r = leak.result
+    model = d.risks.get(pid) or d.risk
+    point = model.last
+    level = point.level if point is not None else ""
+    cause = (warning_cause(point, model, leak)
+             if point is not None and point.level != "ok" and point.reasons else None)
+    kv = d.kvs.get(pid)
+    return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
+                   r.first_detected_ts_s, r.span_s, r.evidence, level, cause,
+                   point.reasons if point is not None else (),
+                   point.headroom_bytes if point is not None else None,
+                   point.time_to_oom_s if point is not None else None,
+                   point.time_to_oom_low_s if point is not None else None,
+                   point.time_to_oom_high_s if point is not None else None,
+                   kv.usage_ratio if kv is not None else None,
+                   kv.exhaustion_s if kv is not None else None,
+                   d.ranks.get(pid) if pid is not None else None)
