@@ -19,6 +19,7 @@ Alert rules are ``[[alerts.rules]]`` tables; they are kept raw here and parsed b
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,11 @@ def _data_dir() -> Path:
     home = os.path.expanduser("~")
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
     return Path(base) / "vramscope"
+
+
+def data_dir() -> Path:
+    """Where vramscope keeps its files by default (the default database, the demo's)."""
+    return _data_dir()
 
 
 def _runtime_dir() -> Path:
@@ -95,6 +101,20 @@ def _targets_check(value: str) -> str | None:
             return (f"{target!r} is not an http(s) URL; expected comma-separated URLs such as "
                     f"http://127.0.0.1:8000/metrics")
     return None
+
+
+def parse_uids(text: str) -> list[int]:
+    """``agent.allowed_uids`` as uids (the value passed :func:`_uids_check`)."""
+    return [int(part) for part in (p.strip() for p in text.split(",")) if part]
+
+
+def _uids_check(value: str) -> str | None:
+    bad = [part for part in (p.strip() for p in value.split(",")) if part and not part.isdigit()]
+    if not bad:
+        return None
+    which = ", ".join(repr(b) for b in bad)
+    return (f"{which} {'is not a uid' if len(bad) == 1 else 'are not uids'} (expected numbers "
+            f"separated by commas)")
 
 
 def _dtype_check(value: str) -> str | None:
@@ -174,7 +194,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("agent.socket_path", str, default_socket_path,
             "Unix socket the agent listens on (its directory is created with mode 0700)."),
     Setting("agent.allowed_uids", str, "",
-            "Comma-separated uids allowed to connect besides the agent's own."),
+            "Comma-separated uids allowed to connect besides the agent's own.",
+            check=_uids_check),
     Setting("agent.handshake_timeout_s", float, 5.0,
             "A new connection must send its hello (or status request) within this.",
             min=0.1, max=3600),
@@ -375,8 +396,10 @@ def find_config_file(explicit: str | None = None, cwd: Path | None = None) -> Pa
 
 
 def load_config(explicit: str | None = None, environ: Mapping[str, str] | None = None,
-                cwd: Path | None = None) -> Config:
-    """Find, parse and validate the config; apply ``VRAMSCOPE_*`` overrides."""
+                cwd: Path | None = None, *, problems: list[str] | None = None) -> Config:
+    """Find, parse and validate the config; apply ``VRAMSCOPE_*`` overrides. Every problem
+    is found, not only the first: raised together as one :class:`ConfigError`, or, given a
+    ``problems`` list, added to it (a bad value then reads as its default)."""
     path = find_config_file(explicit, cwd)
     raw: dict[str, Any] = {}
     if path is not None:
@@ -387,74 +410,113 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read: {exc}") from None
     return parse_config(raw, str(path) if path else None,
-                        os.environ if environ is None else environ)
+                        os.environ if environ is None else environ, problems=problems)
 
 
 def parse_config(raw: dict[str, Any], source: str | None,
-                 environ: Mapping[str, str] | None = None) -> Config:
+                 environ: Mapping[str, str] | None = None, *,
+                 problems: list[str] | None = None) -> Config:
+    """The one validator of settings, for the agent and ``vramscope config check`` alike:
+    unknown keys, types, ranges, choices, each setting's own check, then the relations
+    between settings. All problems are collected (see :func:`load_config` for where they go)."""
     where = source or "<defaults>"
-    flat, rules = _flatten(raw, where)
+    found: list[str] = []
+    flat, rules = _flatten(raw, where, found)
     values: dict[str, Any] = {}
     for setting in SETTINGS:
+        values[setting.key] = _default(setting)
         if setting.key in flat:
-            values[setting.key] = _validate(setting, flat[setting.key], where)
-        else:
-            default = setting.default
-            values[setting.key] = default() if callable(default) else default
+            _validated_into(values, setting, flat[setting.key], where, found)
     for setting in SETTINGS:
         env_name = env_var_name(setting.key)
         if environ and env_name in environ:
-            value = _from_env(setting, environ[env_name], env_name)
-            values[setting.key] = _validate(setting, value, f"${env_name}")
-    _check_spans(values, where)
+            try:
+                value = _from_env(setting, environ[env_name], env_name)
+            except ConfigError as exc:
+                found.append(str(exc))
+                continue
+            _validated_into(values, setting, value, f"${env_name}", found)
+    found += relation_problems(values, where)
+    if problems is not None:
+        problems += found
+    elif found:
+        raise ConfigError("\n".join(found), problems=found)
     return Config(values, source, rules)
+
+
+def _default(setting: Setting) -> Any:
+    return setting.default() if callable(setting.default) else setting.default
+
+
+def _validated_into(values: dict[str, Any], setting: Setting, value: Any, where: str,
+                    found: list[str]) -> None:
+    try:
+        values[setting.key] = _validate(setting, value, where)
+    except ConfigError as exc:
+        found.append(str(exc))
 
 
 # (a minimum span, the span it is taken from): a verdict cannot need more than its horizon
 _SPAN_PAIRS = (("alerts.leak_min_span_s", "alerts.leak_horizon_s"),
                ("alerts.trend_min_span_s", "alerts.trend_span_s"))
+# (a warning threshold, its critical one, which way is worse): a warning comes before the
+# critical level, so it must be at least as far from trouble
+_LEVEL_PAIRS = (("alerts.headroom_warning_ratio", "alerts.headroom_critical_ratio"),
+                ("alerts.time_to_oom_warning_s", "alerts.time_to_oom_critical_s"))
 
 
-def _check_spans(values: Mapping[str, Any], where: str) -> None:
+def relation_problems(values: Mapping[str, Any], where: str) -> list[str]:
+    """Settings that are each in range but contradict one another."""
+    found = []
     for least, whole in _SPAN_PAIRS:
         if values[least] > values[whole]:
-            raise ConfigError(f"{where}: {least} = {values[least]!r} is longer than {whole} = "
-                              f"{values[whole]!r}; a verdict cannot need more than its span")
+            found.append(f"{where}: {least} = {values[least]!r} is longer than {whole} = "
+                         f"{values[whole]!r}; a verdict cannot need more than its span")
+    for warning, critical in _LEVEL_PAIRS:
+        if values[warning] < values[critical]:
+            found.append(f"{where}: {warning} = {values[warning]!r} is below {critical} = "
+                         f"{values[critical]!r}; a warning must come before the critical "
+                         f"level, so its threshold must be at least as large")
+    return found
 
 
 def env_var_name(key: str) -> str:
     return "VRAMSCOPE_" + key.replace(".", "_").upper()
 
 
-def _flatten(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _flatten(raw: dict[str, Any], where: str, found: list[str]
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     flat: dict[str, Any] = {}
     rules: list[dict[str, Any]] = []
     for section, table in raw.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{where}: unknown section [{section}]; known: "
-                              f"{', '.join(sorted(SECTIONS))}")
+            close = difflib.get_close_matches(section, SECTIONS, n=1)
+            found.append(f"{where}: unknown section [{section}]"
+                         + (f" (did you mean [{close[0]}]?)" if close else "")
+                         + f"; known: {', '.join(sorted(SECTIONS))}")
+            continue
         if not isinstance(table, dict):
-            raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}")
+            found.append(f"{where}: [{section}] must be a table, got {table!r}")
+            continue
         for name, value in table.items():
             key = f"{section}.{name}"
             if isinstance(value, dict) and key in _NESTED_TABLES:  # [sources.prometheus]
                 flat.update(_flatten({section: {f"{name}.{k}": v for k, v in value.items()}},
-                                     where)[0])
+                                     where, found)[0])
             elif key in _RAW_TABLES:
                 if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-                    raise ConfigError(f"{where}: {key} must be an array of tables "
-                                      f"([[{key}]]), got {value!r}")
-                rules = value
+                    found.append(f"{where}: {key} must be an array of tables ([[{key}]]), got "
+                                 f"{value!r}")
+                else:
+                    rules = value
             elif key not in SETTINGS_BY_KEY:
-                raise ConfigError(f"{where}: unknown key {key!r}" + _did_you_mean(key))
+                found.append(f"{where}: unknown key {key!r}" + _did_you_mean(key))
             else:
                 flat[key] = value
     return flat, rules
 
 
 def _did_you_mean(key: str) -> str:
-    import difflib
-
     close = difflib.get_close_matches(key, SETTINGS_BY_KEY, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -21,7 +21,12 @@ class UsageError(VramscopeError):
 
 
 class ConfigError(VramscopeError):
-    """A config file or override is bad: names the file, the key and the bad value."""
+    """A config file or override is bad: names the file, the key and the bad value.
+    ``problems``: each one when there are several (the message holds them a line each)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 class TraceError(VramscopeError):

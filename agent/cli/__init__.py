@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except VramscopeError as exc:
-        print(f"vramscope: error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [str(exc)]:  # a config's: each
+            print(f"vramscope: error: {problem}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

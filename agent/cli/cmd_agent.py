@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Literal
 
+from vramscope.agent.cli.common import checked_config, url_or_path
+
 if TYPE_CHECKING:
     from vramscope.agent.sources.nvml import DeviceSource
 
@@ -19,7 +21,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config file (default: the documented search order)")
-    p.add_argument("--db", dest="db_url", help="database URL (overrides database.url)")
+    p.add_argument("--db", dest="db_url", type=url_or_path,
+                   help="database URL or SQLite file path (overrides database.url)")
     p.add_argument("--socket", dest="socket_path", help="socket path (overrides "
                                                         "agent.socket_path)")
     p.add_argument("--no-nvml", action="store_true", help="do not sample GPUs (ingest only)")
@@ -31,12 +34,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramscope.agent.config import load_config
     from vramscope.agent.daemon import Agent
     from vramscope.agent.errors import UsageError
 
-    config = load_config(args.config).replace(database__url=args.db_url,
-                                              agent__socket_path=args.socket_path)
+    # the one validator `vramscope config check` runs: every problem at once, before starting
+    config = checked_config(args.config).config.replace(database__url=args.db_url,
+                                                        agent__socket_path=args.socket_path)
     if args.fake_devices < 0:
         raise UsageError(f"--fake-devices must be >= 0, got {args.fake_devices}")
     source: DeviceSource | Literal["nvml"] | None = "nvml"
@@ -66,5 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except VramscopeError as exc:
-        print(f"vramscope: error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [str(exc)]:
+            print(f"vramscope: error: {problem}", file=sys.stderr)
         return exc.exit_code

@@ -27,6 +27,7 @@ from vramscope.agent.cli.common import (
     add_config_flag,
     config_from_args,
     require_existing_database,
+    url_or_path,
 )
 from vramscope.agent.errors import UsageError
 
@@ -41,8 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Analyze trace files or the database: leak detection, OOM "
                                    "risk (causal), fragmentation, phases, KV pool, alerts.")
     p.add_argument("files", nargs="*", metavar="FILE", help="trace v1 files (JSON Lines)")
-    p.add_argument("--db", metavar="URL", dest="db_url",
-                   help="analyze the database at URL instead of files")
+    p.add_argument("--db", metavar="URL", dest="db_url", type=url_or_path,
+                   help="analyze the database at URL (or a SQLite file's path) instead of "
+                        "files")
     p.add_argument("--json", action="store_true",
                    help="print the vramscope.analysis/1 JSON document")
     p.add_argument("--device", type=int, metavar="N", help="only this device index")

@@ -13,6 +13,7 @@ import json
 import sys
 import traceback
 
+from vramscope.agent.cli.common import url_or_path
 from vramscope.agent.errors import UsageError, VramscopeError
 
 
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     p.add_argument("--json", action="store_true", help="print figures as stable JSON")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
-    p.add_argument("--db", dest="db_url", help="database URL where a benchmark needs one")
+    p.add_argument("--db", dest="db_url", type=url_or_path,
+                   help="database URL or SQLite file path where a benchmark needs one")
     p.add_argument("--rounds", type=int, metavar="N",
                    help="rounds of each measurement (default: each benchmark's own, 3 or 5; "
                         "1 for a long store, spread then reads 'over 1 rounds')")

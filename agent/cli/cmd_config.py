@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from vramscope.agent.cli.common import add_config_flag
-
-if TYPE_CHECKING:
-    from vramscope.agent.alerts.rules import Rule
-    from vramscope.agent.config import Config
+from vramscope.agent.cli.common import add_config_flag, checked_config
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,22 +19,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.set_defaults(func=run_show)
 
 
-def _load(path: str | None) -> tuple[Config, list[Rule]]:
-    from vramscope.agent.config import load_config
-
-    config = load_config(path)
-    from vramscope.agent.alerts.rules import parse_rules
-
-    return config, parse_rules(config)
-
-
 def run_check(args: argparse.Namespace) -> int:
-    from vramscope.agent.alerts.config_check import server_from_config
+    """Every problem of the file, by the agent's own validator (:func:`checked_config`): what
+    passes here starts the agent, what fails here stops it."""
+    import sys
 
-    config, rules = _load(args.path)
-    server = server_from_config(config)  # reads the model's config.json; errors name the key
+    problems: list[str] = []
+    config, rules, server = checked_config(args.path, problems=problems)
     where = config.source or "no config file found; defaults"
-    extra = f", {len(rules)} alert rules" if rules is not None else ""
+    if problems:
+        for problem in problems:
+            print(f"vramscope: error: {problem}", file=sys.stderr)
+        if len(problems) > 1:
+            print(f"{where}: {len(problems)} problems; the agent would refuse to start",
+                  file=sys.stderr)
+        return 1
+    extra = f", {len(rules)} alert rules"
     if server is not None:
         a = server.admission
         extra += f", [server] {a.max_num_seqs} x {a.max_model_len} tokens of {server.shape.name}"

@@ -10,7 +10,7 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
-from vramscope.agent.cli.common import require_existing_database
+from vramscope.agent.cli.common import require_existing_database, url_or_path
 from vramscope.agent.errors import UsageError
 
 if TYPE_CHECKING:
@@ -22,8 +22,9 @@ log = logging.getLogger("vramscope.dashboard")
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("dashboard", help="serve the web dashboard (Flask + Plotly, /api/v1, "
                                          "/metrics)")
-    p.add_argument("--db", metavar="URL", dest="db_url",
-                   help="database URL (default: database.url from the config)")
+    p.add_argument("--db", metavar="URL", dest="db_url", type=url_or_path,
+                   help="database URL or SQLite file path (default: database.url from the "
+                        "config)")
     p.add_argument("--host", help="address to bind (default: dashboard.host, 127.0.0.1); "
                                   "anything but loopback requires dashboard.token")
     p.add_argument("--port", type=int, help="port (default: dashboard.port, 8321; 0: any free "

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from vramscope.agent.cli.common import shown_db, url_or_path
 from vramscope.agent.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,9 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--duration", type=float, metavar="SECONDS",
                    help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    p.add_argument("--db", dest="db_url", metavar="URL",
-                   help="database URL (default: a new SQLite file in a temporary directory, "
-                        "removed when the demo ends)")
+    p.add_argument("--db", dest="db_url", metavar="URL", type=url_or_path,
+                   help="database URL or SQLite file path, kept when the demo ends (default: "
+                        "demo.db in the data directory, started afresh by each demo)")
     p.add_argument("--port", type=int, help="dashboard port (default: dashboard.port; 0: any)")
     p.add_argument("--host", default=None, help="dashboard address (default: dashboard.host)")
     p.add_argument("--speed", type=float, default=400.0,
@@ -56,20 +57,12 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.port is not None:
         config = config.replace(dashboard__port=max(args.port, 1))
-    folder = None if args.db_url else _temp_folder()
-    db_url = args.db_url or f"sqlite:///{folder}/demo.db"
-    try:
-        if args.gpu:
-            from vramscope.agent.sim.gpu_demo import run_gpu_demo
+    db_url = args.db_url or _fresh_demo_database()
+    if args.gpu:
+        from vramscope.agent.sim.gpu_demo import run_gpu_demo
 
-            return run_gpu_demo(config, db_url, args)
-        return _run_sim(config, db_url, args)
-    finally:
-        if folder is not None:  # ours: a demo leaves no vramscope-demo-* folders behind
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
-            print(f"removed the temporary database {folder} (give --db URL to keep one)")
+        return run_gpu_demo(config, db_url, args)
+    return _run_sim(config, db_url, args)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -83,10 +76,19 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
 
 
-def _temp_folder() -> str:
-    import tempfile
+DEMO_FILE = "demo.db"
 
-    return tempfile.mkdtemp(prefix="vramscope-demo-")
+
+def _fresh_demo_database() -> str:
+    """The default demo database: ``demo.db`` in the data directory, beside (never in) the
+    agent's default ``vramscope.db``, so simulated devices do not mix with real ones. Kept when
+    the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh."""
+    from vramscope.agent.config import data_dir
+
+    path = data_dir() / DEMO_FILE
+    for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        leftover.unlink(missing_ok=True)
+    return f"sqlite:///{path}"
 
 
 def _history_s(args: argparse.Namespace) -> float:
@@ -132,8 +134,11 @@ def _run_sim(config: Config, db_url: str, args: argparse.Namespace) -> int:
         agent.stop()
     print("demo finished:")
     print("\n".join(demo.summary(agent.store, servers, pacer.clock.time_s())))
-    print(f"database: {db_url}")
+    print(f"database kept: {shown_db(db_url)}; look at it again with "
+          f"'vramscope dashboard --db {shown_db(db_url)}' or 'vramscope analyze --db "
+          f"{shown_db(db_url)}'")
     return 0
+
 
 
 def _register_process(agent: EmbeddedAgent, servers: list[SimServer]) -> None:
@@ -153,8 +158,10 @@ def _announce(url: str, db_url: str, scenarios: Sequence[str], pacer: Pacer,
     history_min = (pacer.wall0_s - pacer.sim0_s) / 60
     print(f"vramscope demo: dashboard at {url}")
     print(f"  simulated servers: {', '.join(scenarios)} (one simulated GPU each)")
-    print(f"  simulating {history_min:.0f} min of serving at {args.speed:g}x, then live; "
-          f"database {db_url}")
+    print(f"  simulating {history_min:.0f} min of serving at {args.speed:g}x, then live")
+    fresh = "" if args.db_url else "; the next demo without --db starts it afresh"
+    print(f"  database: {shown_db(db_url)} (kept when the demo ends{fresh}; --db PATH "
+          f"to choose)")
     sys.stdout.flush()
     if not args.no_browser:
         try:

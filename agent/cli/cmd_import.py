@@ -12,10 +12,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from vramscope.agent.cli.common import add_config_flag, add_db_flag, open_store
+from vramscope.agent.cli.common import (
+    add_config_flag,
+    add_db_flag,
+    config_from_args,
+    open_store,
+    shown_db,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
+    from vramscope.agent.alerts.engine import AlertEngine
     from vramscope.agent.errors import TraceError
     from vramscope.agent.store import Store
 
@@ -31,20 +38,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_store(args) as store, store.transaction() as conn:
-        reports = [_import_file(store, conn, path, args.skip_invalid) for path in args.files]
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    config = config_from_args(args)
+    # the engine runs over what is imported and its verdicts are stored with it, so that the
+    # pages and ``analyze --db`` show the answers ``analyze FILE`` gives (one answer)
+    engine = AlertEngine.from_config(config)
+    engine.verdicts.keep = False
+    with open_store(args, config) as store, store.transaction() as conn:
+        reports = [_import_file(store, conn, path, args.skip_invalid, engine)
+                   for path in args.files]
     for report in reports:  # printed once everything is committed
         print(report)
+    # said always: without --db the file is the config's database.url (by default under the
+    # data directory), which a newcomer would not know to look for
+    where = "" if args.db_url else " (database.url of the config; --db PATH to choose)"
+    print(f"written to {shown_db(store.safe_url)}{where}")
     return 0
 
 
-def _import_file(store: Store, conn: Connection, path: str, skip_invalid: bool) -> str:
+
+def _import_file(store: Store, conn: Connection, path: str, skip_invalid: bool,
+                 engine: AlertEngine) -> str:
+    from vramscope.agent.store import verdicts
     from vramscope.agent.trace import iter_trace
 
     skipped: list[TraceError] = []
     n_samples = n_events = 0
     for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
         store.write(samples, events, conn=conn)
+        engine.feed_batch(samples, events)
+        verdicts.write(store, engine.verdicts.take(), conn)
         n_samples += len(samples)
         n_events += len(events)
     for problem in skipped[:10]:

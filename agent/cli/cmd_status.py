@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.cli.common import url_or_path
+
 if TYPE_CHECKING:
     from vramscope.agent.config import Config
 
@@ -19,7 +21,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "it is not running, show the last state it stored.")
     p.add_argument("--config", help="config file")
     p.add_argument("--socket", dest="socket_path", help="the agent's socket")
-    p.add_argument("--db", dest="db_url", help="database URL (for the fallback)")
+    p.add_argument("--db", dest="db_url", type=url_or_path,
+                   help="database URL or SQLite file path (for the fallback)")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=run)
 
@@ -66,9 +69,16 @@ def stored_status(config: Config, why: str) -> dict[str, Any]:
     with Store.open(config["database.url"], host_name=config["agent.host_name"] or None) as st:
         last = st.latest_agent_stats()
         out = {"running": False, "why": why, "database": st.safe_url,
-               "devices": [{k: d[k] for k in ("device_index", "uuid", "name", "total_bytes")}
-                           for d in st.devices()],
+               "devices": [_stored_device(st, d) for d in st.devices()],
                "db_size_bytes": st.size_bytes(), "last_report": last}
+    return out
+
+
+def _stored_device(st: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """What the store knows of a device, with when its last record was taken."""
+    out = {k: d[k] for k in ("device_index", "uuid", "name", "total_bytes")}
+    span = st.time_range(d["device_index"])
+    out["last_seen_ts"] = None if span is None else span[1]
     return out
 
 
@@ -110,9 +120,9 @@ def _render_stored(s: dict[str, Any]) -> str:
                 f"'vramscope import FILE') to create it")
     lines = [f"agent: not running ({s['why']})",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}",
-             f"devices: {len(s['devices'])}"]
-    for d in s["devices"]:
-        lines.append(f"  {d['device_index']}: {d.get('name') or '?'} {d.get('uuid') or ''}")
+             f"devices: {len(s['devices'])}" if s["devices"] else
+             "devices: none recorded in this database"]
+    lines += [f"  {d['device_index']}: {_known(d)}" for d in s["devices"]]
     last = s.get("last_report")
     if last is None:
         lines.append("last report: none stored")
@@ -122,6 +132,29 @@ def _render_stored(s: dict[str, Any]) -> str:
                      f"{last['rows_per_s']:.1f}, queue depth {last['queue_depth']}, dropped "
                      f"{last['dropped_total']}, rejected {last['rejected_total']}")
     return "\n".join(lines)
+
+
+def _known(d: dict[str, Any]) -> str:
+    """A stored device as far as it is known: name, UUID, memory, when last seen; a device
+    whose records came without NVML (a trace, a hook alone) is said to have no name."""
+    from vramscope.agent.timefmt import iso_utc
+
+    what = [x for x in (d.get("name"), d.get("uuid")) if x]
+    if d.get("total_bytes"):
+        what.append(f"{d['total_bytes'] / 2**30:.1f} GiB")
+    text = ", ".join(what) or "no name or UUID recorded (its records came without NVML)"
+    seen = d.get("last_seen_ts")
+    if seen is None:
+        return f"{text}; no samples stored"
+    return f"{text}; last seen {iso_utc(seen)} ({_ago(time.time() - seen)})"
+
+
+def _ago(age_s: float) -> str:
+    if age_s < 120:
+        return f"{max(age_s, 0):.0f} s ago"
+    if age_s < 7200:
+        return f"{age_s / 60:.0f} min ago"
+    return f"{age_s / 3600:.1f} h ago" if age_s < 2 * 86400 else f"{age_s / 86400:.1f} days ago"
 
 
 def _size(n: int | None) -> str:

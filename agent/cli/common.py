@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from vramscope.agent.config import Config, load_config
 
 if TYPE_CHECKING:
+    from vramscope.agent.alerts.config_check import ServerLimits
+    from vramscope.agent.alerts.rules import Rule
     from vramscope.agent.store import Store
 
 
@@ -16,15 +18,82 @@ def add_config_flag(p: argparse.ArgumentParser) -> None:
                    "docs/configuration.md)")
 
 
+DB_HELP = "database URL, or the path of a SQLite file"
+
+
 def add_db_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="URL", dest="db_url",
-                   help="database URL (default: database.url from the config)")
+    p.add_argument("--db", metavar="URL", dest="db_url", type=url_or_path,
+                   help=f"{DB_HELP} (default: database.url from the config)")
+
+
+def url_or_path(text: str) -> str:
+    """``--db`` as every command takes it: a SQLAlchemy URL as given, or a plain path (what
+    people type: ``--db /x/demo.db``, ``--db demo.db``) as the URL of that SQLite file,
+    made absolute so that every message names the file itself."""
+    import os
+
+    if "://" in text:
+        return text
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a database URL or a file path, got ''")
+    return f"sqlite:///{os.path.abspath(os.path.expanduser(text))}"
+
+
+def shown_db(url: str) -> str:
+    """A database as messages name it: a SQLite file by its path (what ``--db`` takes and
+    people type), any other URL as given (with its password hidden by the caller)."""
+    from vramscope.agent.store.exists import sqlite_file
+
+    file = sqlite_file(url)
+    return str(file) if file is not None and file.is_absolute() else url
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     config = load_config(getattr(args, "config", None))
     db_url = getattr(args, "db_url", None)
     return config.replace(database__url=db_url) if db_url else config
+
+
+class CheckedConfig(NamedTuple):
+    config: Config
+    rules: list[Rule]
+    server: ServerLimits | None
+
+
+def checked_config(path: str | None, *, problems: list[str] | None = None) -> CheckedConfig:
+    """The config validated as the agent needs it, by the one validator that ``vramscope
+    config check`` runs too: every setting (types, ranges, each one's check, the relations
+    between them), every ``[[alerts.rules]]`` table, the ``[server]`` section. Every problem
+    is found: raised together as one :class:`ConfigError`, or added to ``problems``."""
+    from vramscope.agent.alerts.config_check import server_from_config
+    from vramscope.agent.alerts.rules import parse_rule, parse_rules
+    from vramscope.agent.errors import ConfigError, VramscopeError
+
+    found: list[str] = []
+    config = load_config(path, problems=found)
+    where = f"{config.source}: " if config.source else ""
+    bad_rules = []
+    for i, raw in enumerate(config.rules, start=1):
+        try:
+            parse_rule(raw, i)
+        except ConfigError as exc:
+            bad_rules.append(f"{where}{exc}")
+    found += bad_rules
+    rules: list[Rule] = []
+    server = None
+    try:
+        rules = [] if bad_rules else parse_rules(config)  # then: names used twice
+    except ConfigError as exc:
+        found.append(str(exc))
+    try:
+        server = server_from_config(config)  # reads the model's config.json
+    except VramscopeError as exc:
+        found.append(str(exc))
+    if problems is not None:
+        problems += found
+    elif found:
+        raise ConfigError("\n".join(found), problems=found)
+    return CheckedConfig(config, rules, server)
 
 
 def open_store(args: argparse.Namespace, config: Config | None = None, *,

@@ -76,9 +76,9 @@ def test_run_once_writes_the_agents_own_stats(agent, store):
 def test_bad_allowed_uids_is_a_config_error_naming_the_key(store):
     from vramscope.agent.errors import ConfigError
 
-    config = parse_config({"agent": {"allowed_uids": "1000, bob"}}, None)
-    with pytest.raises(ConfigError, match="agent.allowed_uids: 'bob' is not a uid"):
-        Agent(config, store=store, source=None, socket_path="/tmp/unused.sock")
+    # refused where the config is read (the one validator `config check` runs too)
+    with pytest.raises(ConfigError, match="agent.allowed_uids = '1000, bob': 'bob' is not a uid"):
+        parse_config({"agent": {"allowed_uids": "1000, bob"}}, None)
 
 
 def test_embedded_agent_stores_what_its_sink_receives(sqlite_url, fake_clock):

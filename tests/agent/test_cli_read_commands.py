@@ -1,6 +1,6 @@
 """Commands that only read refuse a database that does not exist (a mistyped path must not
 become a new, empty database that looks healthy); ``dashboard --port 0`` takes any free port;
-``status`` sees a running demo; the demo leaves no temporary folder behind."""
+``status`` sees a running demo; the demo keeps its database where it said it would."""
 
 from __future__ import annotations
 
@@ -93,9 +93,9 @@ def test_dashboard_port_0_takes_any_free_port(tmp_path):
         proc.wait(timeout=10)
 
 
-def test_status_sees_a_running_demo_and_the_demo_cleans_its_folder(tmp_path):
+def test_status_sees_a_running_demo_and_the_demo_keeps_its_database(tmp_path):
     """The demo's embedded agent serves the agent socket, so ``status`` reaches it; its
-    temporary database folder is gone when it ends."""
+    database is kept when it ends, in the data directory, and no temporary folder is left."""
     demo = subprocess.Popen([sys.executable, "-m", "vramscope", "demo", "--duration", "8",
                              "--no-browser", "--port", "0", "--history-min", "5"],
                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
@@ -118,7 +118,9 @@ def test_status_sees_a_running_demo_and_the_demo_cleans_its_folder(tmp_path):
             demo.kill()
             demo.wait()
     assert demo.returncode == 0, err[-2000:]
-    assert "removed the temporary database" in out
+    kept = tmp_path / "vramscope" / "demo.db"  # $XDG_DATA_HOME/vramscope/demo.db
+    assert f"database kept: {kept};" in out
+    assert kept.is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("vramscope-demo-")] == []
 
 
