@@ -24,9 +24,15 @@ variable, `VRAMSCOPE_<SECTION>_<KEY>` (listed below), which wins over the file; 
 such as `--db` win over both.
 
 A bad file stops vramscope with an error that names the file, the key and the bad value: not
-valid TOML, an unknown section or key (with a "did you mean"), a wrong type, or a value out of
-range. `vramscope config check [PATH]` validates a file (and its alert rules) without starting
-anything; `vramscope config show` prints the effective settings.
+valid TOML, an unknown section or key (with a "did you mean"), a wrong type, a value out of
+range, or settings that contradict one another (a warning threshold below its critical one:
+`alerts.headroom_warning_ratio` < `alerts.headroom_critical_ratio`,
+`alerts.time_to_oom_warning_s` < `alerts.time_to_oom_critical_s`; a minimum span longer than
+its span). Every problem of the file is reported, one line each, not only the first.
+`vramscope config check [PATH]` validates a file without starting anything, with the agent's
+own validator (the settings, the alert rules, the `[server]` section): what it passes, the
+agent starts with; what it refuses, the agent refuses with the same lines (exit 1).
+`vramscope config show` prints the effective settings.
 
 ```toml
 [database]
