@@ -56,7 +56,7 @@ def freshness() -> ResponseReturnValue:
     """How old the newest sample of any device is, and whether that counts as stale."""
     st = state()
     return jsonify(verdict.freshness(queries.newest_sample_s(st.store), st.clock.time_s(),
-                                     st.config))
+                                     st.config, queries.newest_agent_report(st.store)))
 
 
 @bp.get("/devices")
@@ -67,7 +67,9 @@ def devices() -> ResponseReturnValue:
 
 @bp.get("/processes")
 def processes() -> ResponseReturnValue:
-    return jsonify({"processes": queries.process_rows(state().store)})
+    st = state()
+    return jsonify({"processes": queries.process_rows(st.store, None, st.config,
+                                                      st.clock.time_s())})
 
 
 @bp.get("/overview")

@@ -78,13 +78,21 @@ DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nul
                   "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM),
                   "stale": {"type": "boolean"}})
 FRESHNESS = obj({"now_s": NUM, "newest_ts_s": nullable(NUM), "age_s": nullable(NUM),
-                 "stale_after_s": NUM, "stale": {"type": "boolean"}})
+                 "stale_after_s": NUM,
+                 "state": {"type": "string",
+                           "enum": ["no_data", "live", "idle", "catching_up", "stale"]},
+                 "stale": {"type": "boolean"},
+                 "why": nullable(STR),  # "agent" or "clients": who stopped reporting
+                 "agent_age_s": nullable(NUM), "clients": nullable(INT)})
 HOST_ROW = obj({"name": STR, "first_seen_s": nullable(NUM), "last_seen_s": nullable(NUM)},
                required=False)
 PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
                "devices": nullable(STR), "host": STR, "first_seen_s": NUM, "last_seen_s": NUM,
                "rank": nullable(INT), "local_rank": nullable(INT), "world_size": nullable(INT),
-               "ns_pid": nullable(INT)},
+               "ns_pid": nullable(INT),
+               "state": {"type": "string", "enum": ["connected", "ended", "unknown"]},
+               "kv_blocks_used": nullable(INT), "kv_blocks_total": nullable(INT),
+               "kv_usage_ratio": nullable(NUM), "requests_per_min": nullable(NUM)},
               required=False)
 ALERT = obj({"id": INT, "rule": STR, "severity": STR, "fired_ts_s": NUM,
              "resolved_ts_s": nullable(NUM), "value": nullable(NUM), "message": nullable(STR),

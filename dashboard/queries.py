@@ -30,7 +30,12 @@ from vramscope.agent.store.seconds import PhaseSeconds
 from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
-from vramscope.dashboard.verdict import device_verdict, freshness
+from vramscope.dashboard.verdict import (
+    connected_count,
+    device_verdict,
+    freshness,
+    process_state,
+)
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 PHASE_SAMPLE_LIMIT = 20_000  # phase changes read for phase bands when there are no phase events
@@ -145,6 +150,7 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
     for p in store.processes(host="*"):
         procs.setdefault(p["host"], {})[p["pid"]] = p
     rows = []
+    reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
     for d in store.devices(host="*"):
         host = host_or_none(store, d["host"])
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]))
@@ -152,14 +158,19 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
             continue  # a retired label (NVML renumbered the GPUs) with nothing recent
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         verdict = device_verdict(mine)
-        fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config)
+        report = reports.setdefault(d["host"], store.latest_agent_stats(host))
+        writers = connected_count((latest or {}).get("pids") or {}, procs.get(d["host"], {}),
+                                  now_s, config)
+        fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config, report,
+                          writers)
         rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
                      "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
                      "physical_index": d.get("physical_index"),
                      "total_bytes": d["total_bytes"],
                      "risk": verdict["level"], "verdict": verdict,
                      "active_alerts": len(mine), "latest": latest,
-                     "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"]})
+                     "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
+                     "freshness": fresh["state"]})
     # A fleet's riskiest devices first, then by host and index (the operator's reading order).
     rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
                              r["device"]))
@@ -183,18 +194,68 @@ def host_rows(store: Store) -> list[dict[str, Any]]:
     return out
 
 
-def process_rows(store: Store, rows: list[dict[str, Any]] | None = None
+def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
+                 config: Config | None = None, now_s: float | None = None
                  ) -> list[dict[str, Any]]:
     """Server processes; ``last_seen_s`` moves with their newest sample (the stored value is
-    only the last handshake)."""
+    the last handshake or agent report that listed it as a client). With ``config`` and
+    ``now_s``: each one's ``state`` (:func:`~vramscope.dashboard.verdict.process_state`), its
+    KV pool now (``kv_blocks_used``, ``kv_blocks_total``, ``kv_usage_ratio``) and the requests
+    it started in the last minute (``requests_per_min``)."""
+    rows = rows if rows is not None else _latest_only(store)
     recent: dict[tuple[str, int], float] = {}
-    for r in rows if rows is not None else _latest_only(store):
+    for r in rows:
         for pid, ts in ((r["latest"] or {}).get("pids") or {}).items():
             key = (r["host"], pid)
             recent[key] = max(ts, recent.get(key, ts))
-    return [{**p, "last_seen_s": max(p["last_seen_s"],
-                                     recent.get((p["host"], p["pid"]), p["last_seen_s"]))}
-            for p in store.processes(host="*")]
+    out = []
+    extra = _process_now(store, rows, now_s) if now_s is not None else {}
+    reports: dict[str, dict[str, Any] | None] = {}
+    for p in store.processes(host="*"):
+        row = {**p, "last_seen_s": max(p["last_seen_s"],
+                                       recent.get((p["host"], p["pid"]), p["last_seen_s"]))}
+        if config is not None and now_s is not None:
+            report = reports.setdefault(
+                p["host"], store.latest_agent_stats(host_or_none(store, p["host"])))
+            row["state"] = process_state(p, now_s, config, report)
+            row.update(extra.get((p["host"], p["pid"]), _NO_KV))
+        out.append(row)
+    return out
+
+
+_NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,
+          "requests_per_min": None}
+RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in the last minute
+
+
+def _process_now(store: Store, rows: list[dict[str, Any]], now_s: float
+                 ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (host, pid): its newest KV pool reading (the device row's process entry) and the
+    request starts of the last minute, read once per device (bounded: one minute)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        entries = (r.get("latest") or {}).get("processes") or []
+        if not entries:
+            continue
+        host = host_or_none(store, r["host"])
+        starts = store.events(r["device"], now_s - RATE_WINDOW_S, now_s, host=host,
+                              names=("request_start",), limit=100_000)
+        for p in entries:
+            if p["pid"] is None:
+                continue
+            used, total = p.get("kv_blocks_used"), p.get("kv_blocks_total")
+            out[(r["host"], p["pid"])] = {
+                "kv_blocks_used": used, "kv_blocks_total": total,
+                "kv_usage_ratio": used / total if used is not None and total else None,
+                "requests_per_min": sum(1 for e in starts if e.pid == p["pid"])
+                * 60.0 / RATE_WINDOW_S}
+    return out
+
+
+def newest_agent_report(store: Store) -> dict[str, Any] | None:
+    """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
+    reports = (store.latest_agent_stats(host_or_none(store, h["name"])) for h in store.hosts())
+    return max((r for r in reports if r), key=lambda r: r["ts_s"], default=None)
 
 
 def newest_sample_s(store: Store) -> float | None:
@@ -205,8 +266,8 @@ def newest_sample_s(store: Store) -> float | None:
 
 
 def _latest_only(store: Store) -> list[dict[str, Any]]:
-    return [{"host": d["host"], "latest": latest_values(store, d["device_index"],
-                                                        host_or_none(store, d["host"]))}
+    return [{"host": d["host"], "device": d["device_index"],
+             "latest": latest_values(store, d["device_index"], host_or_none(store, d["host"]))}
             for d in store.devices(host="*")]
 
 
@@ -215,9 +276,11 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
              for h in host_rows(store)]
     rows = device_rows(store, config, now_s)
     newest = max((r["latest"]["last_ts_s"] for r in rows if r["latest"]), default=None)
-    return {"now_s": now_s, "freshness": freshness(newest, now_s, config), "hosts": hosts,
-            "devices": rows,
-            "processes": process_rows(store, rows),
+    report = max((h["agent"] for h in hosts if h["agent"]), key=lambda a: a["ts_s"],
+                 default=None)
+    return {"now_s": now_s, "freshness": freshness(newest, now_s, config, report),
+            "hosts": hosts, "devices": rows,
+            "processes": process_rows(store, rows, config, now_s),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}
 
 
@@ -263,6 +326,8 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     bands, shares, band_source = phase_bands(store, device, host, start_s, end_s, max_points,
                                              changes, len(named) > NAMED_EVENT_LIMIT)
     events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
+    load = store.events(device, start_s, end_s, host=host, names=tl.LOAD_EVENTS,
+                        limit=NAMED_EVENT_LIMIT + 1)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points,
             "bucket_s": bucket_s,
@@ -272,7 +337,11 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
             "retries": tl.retry_markers(series),
             "request_rate": request_rate(store, device, host, start_s, end_s,
                                          bucket_s)._asdict(),
-            "alerts": alert_markers(store, device, host, start_s, end_s)}
+            "alerts": alert_markers(store, device, host, start_s, end_s),
+            # running / waiting requests and preemptions (both vLLM sources), per bucket
+            "load": tl.load_series(load[:NAMED_EVENT_LIMIT], tier[0] if tier else start_s,
+                                   end_s, bucket_s),
+            "load_truncated": len(load) > NAMED_EVENT_LIMIT}
 
 
 def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,

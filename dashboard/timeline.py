@@ -31,7 +31,9 @@ BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.val
 
 def series_from_rows(rows: Sequence[dict[str, Any]],
                      columns: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
-    """Per column: bucket times with that bucket's min and max, skipping empty buckets."""
+    """Per column: bucket times with that bucket's min and max, skipping empty buckets; and
+    its last value (``last``) for the counters drawn as steps (``STEP_COLUMNS``), so a step
+    that ends a bucket ends at the value the bucket ended with."""
     out: dict[str, dict[str, list[Any]]] = {}
     for col in columns:
         lo_key, hi_key = f"{col}_min", f"{col}_max"
@@ -39,7 +41,98 @@ def series_from_rows(rows: Sequence[dict[str, Any]],
         if kept:
             out[col] = {"ts": [r["ts_s"] for r in kept], "min": [r[lo_key] for r in kept],
                         "max": [r[hi_key] for r in kept]}
+            if col in STEP_COLUMNS:
+                out[col]["last"] = [r.get(f"{col}_last") for r in kept]
     return out
+
+
+# Counters that hold their value between samples (a pool's blocks, a queue's length): drawn
+# as steps, never as lines that slope from one sample to the next.
+STEP_COLUMNS = frozenset({"kv_blocks_used", "kv_blocks_cached", "kv_blocks_total"})
+GAP_FACTOR = 2.5  # samples further apart than this many usual spacings leave a gap
+
+
+def gap_after_s(ts: Sequence[float], bucket_s: float) -> float:
+    """How far apart two drawn values of one series may be before the space between them is a
+    gap (no samples) rather than a held value: ``GAP_FACTOR`` times the larger of the bucket
+    and the series' usual (median) spacing, so a source sampled every 15 s is not all gaps."""
+    spacings = sorted(b - a for a, b in zip(ts, ts[1:]) if b > a)
+    usual = spacings[len(spacings) // 2] if spacings else 0.0
+    return GAP_FACTOR * max(bucket_s, usual)
+
+
+def step_points(ts: Sequence[float], peaks: Sequence[Any], lasts: Sequence[Any] | None,
+                bucket_s: float, gaps: bool = True) -> tuple[list[float], list[Any]]:
+    """``(xs, ys)`` of a counter drawn with Plotly's ``shape="hv"``: each bucket's peak from its
+    start, held to the next bucket; where the next one is more than :func:`gap_after_s` away,
+    the value is held to its bucket's end (ending at the bucket's last value) and a ``None``
+    breaks the line: a gap without samples is drawn as a gap, never as a slope or a held
+    value nobody measured. ``gaps=False``: values that are changes (an event per change of
+    a count) hold until the next change, however far; a bucket still ends at its last value."""
+    xs: list[float] = []
+    ys: list[Any] = []
+    gap_s = gap_after_s(ts, bucket_s) if gaps else float("inf")
+    for i, (t, peak) in enumerate(zip(ts, peaks)):
+        xs.append(t)
+        ys.append(peak)
+        following = ts[i + 1] if i + 1 < len(ts) else None
+        last = lasts[i] if lasts is not None and lasts[i] is not None else peak
+        if following is not None and following - t <= gap_s:
+            if last != peak and following - t > bucket_s:  # the bucket ended lower
+                xs.append(t + bucket_s)
+                ys.append(last)
+            continue
+        end = t + bucket_s if following is None else min(t + bucket_s, following)
+        xs.append(end)
+        ys.append(last)
+        if following is not None:
+            xs.append(end)
+            ys.append(None)
+    return xs, ys
+
+
+LOAD_EVENTS: tuple[str, ...] = ("server_load", "kv_preempted")
+
+
+def load_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
+                ) -> dict[str, dict[str, list[Any]]]:
+    """Running and waiting requests (``server_load`` events, of the vLLM plugin and of the
+    Prometheus source alike: each carries the counts from that moment on) as each bucket's
+    peak, and preemptions (``kv_preempted``, ``count``) summed per bucket:
+    ``{"running": {"ts", "max"}, "waiting": {...}, "preemptions": {"ts", "count"}}``, only
+    the parts the window has data for. A bucket without a ``server_load`` event holds the
+    counts of the one before it only while :func:`step_points` joins them."""
+    width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
+    top = max(0, int((end_s - start_s) // width))
+    peaks: dict[str, dict[int, int]] = {"running": {}, "waiting": {}}
+    lasts: dict[str, dict[int, int]] = {"running": {}, "waiting": {}}
+    preempted: dict[int, int] = {}
+    for e in sorted(events, key=lambda e: e.ts_s):
+        b = min(max(0, int((e.ts_s - start_s) // width)), top)
+        data = e.data or {}
+        if e.name == "kv_preempted":
+            preempted[b] = preempted.get(b, 0) + _count(data.get("count", 1))
+            continue
+        for key, into in peaks.items():
+            value = data.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                into[b] = max(value, into.get(b, 0))
+                lasts[key][b] = value
+    out: dict[str, dict[str, list[Any]]] = {}
+    for key, into in peaks.items():
+        if into:
+            keys = sorted(into)
+            out[key] = {"ts": [start_s + k * width for k in keys],
+                        "max": [into[k] for k in keys], "last": [lasts[key][k] for k in keys]}
+    if preempted:
+        keys = sorted(preempted)
+        out["preemptions"] = {"ts": [start_s + k * width for k in keys],
+                              "count": [preempted[k] for k in keys]}
+    return out
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def derived_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:

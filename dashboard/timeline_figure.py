@@ -13,6 +13,13 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
 - **Requests at every span**: each request's start and end as markers while they fit, else
   (a busy or long window, or days whose request events retention deleted) the requests
   started per minute, from the counts retention keeps.
+- **Counters as steps, gaps as gaps**: KV blocks and running / waiting requests hold their
+  value between samples, so they are drawn as steps (``shape="hv"``), each bucket's peak from
+  its start; where samples stop (an idle vLLM server sends none) the line breaks instead of
+  sloping across the silence (:func:`vramscope.dashboard.timeline.step_points`).
+- **Load beside KV**: running and waiting requests and preemptions, from the vLLM plugin's and
+  the Prometheus source's ``server_load`` / ``kv_preempted`` events, on a lane under the KV
+  pool.
 - Lanes a device has no data for (no KV pool, no allocator) take no space.
 
 The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
@@ -37,10 +44,13 @@ FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free 
                       "A risk only when the largest request fits neither that block nor new "
                       "memory under the limit: the OOM-risk page and alerts say when.")
 # panel heights (relative) in drawing order, top down
-PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0,
+PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "load": 1.4,
                  "requests": 1.2, "markers": 1.6}
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
-              "requests": "yaxis7", "markers": "yaxis4"}
+              "load": "yaxis8", "requests": "yaxis7", "markers": "yaxis4"}
+LOAD_STYLE = {"running": ("running requests", "#2da44e"),
+              "waiting": ("waiting requests", "#bf8700")}
+PREEMPT_COLOR = "#cf222e"
 REQUEST_COLOR = "#2da44e"  # as the request start markers
 GAP = 0.035
 # times of day under a day per tick (the date is in the axis title: Plotly's own second line
@@ -57,16 +67,19 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     floor = tl.floor_series(s.get("allocated_bytes"), max(FLOOR_WINDOW_S, doc["bucket_s"]))
     shares = doc.get("phase_shares") or {}
     frag = f._fragmentation_traces(s)
-    kv = f._kv_traces(s)
+    kv = _kv_steps(f._kv_traces(s), s, doc["bucket_s"])
+    load = _load_traces(doc.get("load") or {}, doc["bucket_s"])
     markers = _ordered_markers(f._marker_traces(doc))
     rate = _rate_traces(doc, markers)
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
                                    ("fragmentation", bool(frag)), ("kv", bool(kv)),
-                                   ("requests", bool(rate)), ("markers", bool(markers)))
+                                   ("load", bool(load)), ("requests", bool(rate)),
+                                   ("markers", bool(markers)))
               if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
     data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
-            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + rate + markers)
+            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + rate
+            + markers)
     layout = f._layout(
         height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
         margin={"l": 64, "r": 24, "t": 36, "b": 48},
@@ -172,6 +185,46 @@ def _rate_traces(doc: dict[str, Any], markers: list[dict[str, Any]]) -> list[dic
                               f"({rate['bucket_s'] / 60:g} min buckets)<extra></extra>"}]
 
 
+def _kv_steps(traces: list[dict[str, Any]], s: dict[str, dict[str, list[Any]]],
+              bucket_s: float) -> list[dict[str, Any]]:
+    """The KV block counters as steps with gaps (the tokens-per-block ratio stays a line)."""
+    names = {"KV blocks used": "kv_blocks_used", "KV blocks cached": "kv_blocks_cached",
+             "KV blocks total": "kv_blocks_total"}
+    for t in traces:
+        key = names.get(t["name"])
+        if key is None:
+            continue
+        xs, ys = tl.step_points(s[key]["ts"], s[key]["max"], s[key].get("last"), bucket_s)
+        t["x"], t["y"] = [f.ms(x) for x in xs], ys
+        t["line"] = {**t.get("line", {}), "shape": "hv"}
+        t["connectgaps"] = False
+    return traces
+
+
+def _load_traces(load: dict[str, dict[str, list[Any]]], bucket_s: float
+                 ) -> list[dict[str, Any]]:
+    """Running and waiting requests as steps (each a count held until its next change) and
+    preemptions per bucket as bars, on the load lane (y8)."""
+    out = []
+    for key, (name, color) in LOAD_STYLE.items():
+        if key not in load:
+            continue
+        part = load[key]
+        xs, ys = tl.step_points(part["ts"], part["max"], part.get("last"), bucket_s,
+                                gaps=False)
+        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y8",
+                           line={"color": color, "width": 1.6, "shape": "hv"},
+                           connectgaps=False, hovertemplate=f"%{{y}} {name}<extra></extra>"))
+    if "preemptions" in load:
+        part = load["preemptions"]
+        out.append({"type": "bar", "name": "preemptions", "x": [f.ms(t) for t in part["ts"]],
+                    "y": part["count"], "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
+                    "marker": {"color": PREEMPT_COLOR, "line": {"width": 0}}, "xaxis": "x",
+                    "yaxis": "y8",
+                    "hovertemplate": "%{y} preemptions in this bucket<extra></extra>"})
+    return out
+
+
 def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """External fragmentation in a neutral colour (a high value is not by itself a risk)."""
     for t in traces:
@@ -238,6 +291,9 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
         axes["yaxis5"] = {"overlaying": "y3", "side": "right", "title": {"text": "tokens/block"},
                           "range": [0, top], "showgrid": False, "automargin": True,
                           "tickmode": "linear", "tick0": 0, "dtick": top / 4}
+    if "load" in dom:
+        axes["yaxis8"] = {"domain": dom["load"], "rangemode": "tozero",
+                          "title": {"text": "requests", "font": {"size": 11}}}
     if "requests" in dom:
         axes["yaxis7"] = {"domain": dom["requests"], "rangemode": "tozero",
                           "title": {"text": "requests/min", "font": {"size": 11}}}

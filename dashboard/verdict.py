@@ -6,9 +6,16 @@ allowance, the leak detector, the KV and OOM rules): the worst severity among th
 active alerts, with those alerts as its reasons. ``vramscope analyze`` feeds the same records
 through the same engine, so the Overview, ``/api/v1/alerts?active=true`` and the analysis agree.
 
-Freshness: a verdict is only as new as the newest sample. When that sample is older than a few
-sampling intervals (``stale_after_s``), every page says so in a banner and drops "live": the
-values, verdicts and alerts are as of then, not now.
+Freshness: a verdict is only as new as the newest sample. An old newest sample is not by
+itself a fault: a vLLM server sends nothing while it has no request, and a host without a GPU
+has no NVML sampler, so an idle server makes no samples. Stale means that whoever should report
+stopped: the agent (its reports, every few seconds, are older than ``stale_after_s``, or there
+are none) or its clients (the agent reports, but no server process is connected). So the state
+is one of ``no_data``, ``live`` (a sample within ``stale_after_s``), ``idle`` (no new sample,
+but the agent reports and a client is connected), ``catching_up`` (no new sample of *now*, but
+the agent is writing rows: history being written, as ``vramscope demo`` does before it reaches
+the present) and ``stale``, where every page says so in a banner and drops "live": the values,
+verdicts and alerts are as of then, not now.
 """
 
 from __future__ import annotations
@@ -42,11 +49,72 @@ def stale_after_s(config: Mapping[str, Any]) -> float:
     return max(STALE_MIN_S, STALE_INTERVALS * slowest)
 
 
-def freshness(newest_ts_s: float | None, now_s: float,
-              config: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"now_s", "newest_ts_s", "age_s", "stale_after_s", "stale"}``; no data is not stale
-    (there is nothing to mistake for live), but ``newest_ts_s`` is ``None``."""
+def freshness(newest_ts_s: float | None, now_s: float, config: Mapping[str, Any],
+              agent: Mapping[str, Any] | None = None, clients: int | None = None
+              ) -> dict[str, Any]:
+    """``{"now_s", "newest_ts_s", "age_s", "stale_after_s", "state", "stale", "why",
+    "agent_age_s", "clients"}``.
+
+    ``agent``: the newest agent report (``agent_stats``: ``ts_s``, ``clients``, ``rows_per_s``)
+    of the host the data comes from, or None when the agent never reported. ``clients``: how
+    many connected clients feed this data (a device's processes), else the report's count.
+    No data is not stale (there is nothing to mistake for live), but ``newest_ts_s`` is None.
+    ``why`` names who stopped reporting when stale: ``"agent"`` or ``"clients"``; or
+    ``"future"``: the newest sample is timed ahead of the clock (a wrong clock's row).
+    """
     limit = stale_after_s(config)
     age = None if newest_ts_s is None else max(0.0, now_s - newest_ts_s)
+    agent_age = None if agent is None else max(0.0, now_s - float(agent["ts_s"]))
+    if clients is None and agent is not None:
+        clients = int(agent["clients"])
+    state, why = _state(age, limit, agent, agent_age, clients or 0)
+    if newest_ts_s is not None and newest_ts_s - now_s > limit:
+        # a stored row from a wrong clock (retention deletes it within a day) would hide the
+        # newest real sample and show "live" for good
+        state, why = "stale", "future"
     return {"now_s": now_s, "newest_ts_s": newest_ts_s, "age_s": age, "stale_after_s": limit,
-            "stale": age is not None and age > limit}
+            "state": state, "stale": state == "stale", "why": why, "agent_age_s": agent_age,
+            "clients": clients}
+
+
+def _state(age: float | None, limit: float, agent: Mapping[str, Any] | None,
+           agent_age: float | None, clients: int) -> tuple[str, str | None]:
+    if age is None:
+        return "no_data", None
+    if age <= limit:
+        return "live", None
+    if agent is None or agent_age is None or agent_age > limit:
+        return "stale", "agent"  # the agent stopped reporting (or never did, here)
+    if clients > 0:
+        return "idle", None  # connected and silent: a server without requests
+    if float(agent.get("rows_per_s") or 0.0) > 0:
+        return "catching_up", None  # rows are being written, none of them of now yet
+    return "stale", "clients"  # the agent runs, but no server process reports to it
+
+
+def connected(process: Mapping[str, Any], now_s: float, config: Mapping[str, Any]) -> bool:
+    """Whether a server process is connected to the agent now: the agent moves a connected
+    client's ``last_seen_s`` with each of its reports (every few seconds), so a row older than
+    ``stale_after_s`` is a process that disconnected or ended."""
+    return now_s - float(process["last_seen_s"]) <= stale_after_s(config)
+
+
+def connected_count(pids: Iterable[int], processes: Mapping[int, Mapping[str, Any]],
+                    now_s: float, config: Mapping[str, Any]) -> int | None:
+    """How many of ``pids`` (a device's recent writers) are connected; None when none of them
+    has a process row (NVML's view, a trace): then the agent's own count decides."""
+    known = [processes[p] for p in pids if p in processes]
+    if not known:
+        return None
+    return sum(1 for p in known if connected(p, now_s, config))
+
+
+def process_state(process: Mapping[str, Any], now_s: float, config: Mapping[str, Any],
+                  agent: Mapping[str, Any] | None) -> str:
+    """``connected``, ``ended`` (the agent reports and this process is not among its clients
+    any more: a restarted server's old pid) or ``unknown`` (no fresh agent report to tell)."""
+    if connected(process, now_s, config):
+        return "connected"
+    if agent is not None and now_s - float(agent["ts_s"]) <= stale_after_s(config):
+        return "ended"
+    return "unknown"

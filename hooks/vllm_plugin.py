@@ -24,7 +24,9 @@ line, and a wrapper never raises into the engine):
     request; ``kv_preempted`` per preemption; ``idle`` when no request is left.
 ``KVCacheManager.allocate_slots`` / ``free`` / ``pop_blocks_for_free``
     (``vllm/v1/core/kv_cache_manager.py``): ``kv_alloc`` on a request's first blocks (``blocks``,
-    ``tokens``, ``hit_tokens`` = its prefix-cache hit), ``kv_alloc_failed`` once while a request
+    ``tokens``, ``hit_tokens`` = its prefix-cache hit as vLLM counts it, and
+    ``preempted_hit_tokens`` = a preempted request's re-use of its own blocks, which vLLM does
+    not count as a hit), ``kv_alloc_failed`` once while a request
     waits for blocks, ``kv_free`` (``blocks_released``, ``blocks_cached``).
 ``BlockPool.free_blocks`` / ``touch`` / ``_maybe_evict_cached_block`` / ``reset_prefix_cache``
     (``vllm/v1/core/block_pool.py``): a running count of cached blocks (free, but holding a prefix
@@ -34,8 +36,10 @@ line, and a wrapper never raises into the engine):
 KV samples (``source="kv"``) right after a ``schedule()``, at most one per
 ``sampling.kv_interval_s``, plus one whenever the engine goes idle: ``kv_blocks_total`` is the
 pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly
-vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. Evictions since the previous
-step are one ``kv_evicted`` event (``blocks``) per step.
+vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
+``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
+Prometheus source makes from ``vllm:num_requests_running`` / ``_waiting``) when either count
+changed. Evictions since the previous step are one ``kv_evicted`` event (``blocks``) per step.
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
 block; the per-request state is request-id strings, dropped at ``kv_free`` / ``request_end``.
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -109,9 +114,11 @@ class VllmObserver:
         self.live: set[str] = set()  # requests holding blocks
         self.waiting: set[str] = set()  # requests refused blocks once
         self.prefix_query_tokens = self.prefix_hit_tokens = self.preemptions = 0
+        self.preempted_hit_tokens = 0  # a preempted request's re-use of its own blocks
         self._interval_s = 0.1
         self._next_sample_s = float("-inf")
         self._evicted_seen = 0
+        self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
 
     # --- patching ---------------------------------------------------------------------------
     def patch_all(self) -> None:
@@ -210,6 +217,7 @@ class VllmObserver:
             config = parse_config({}, None, {})
         self._interval_s = float(config["sampling.kv_interval_s"])
         devices = [device_index] if device_index is not None else []
+        process = with_port(process, sys.argv)
         sink = self._make_sink(config, process, devices, model)
         report = self._install_fn()(config, sink=sink, devices=devices)
         self.sink = phase_mod.active_sink() or sink
@@ -259,7 +267,7 @@ class VllmObserver:
         if prefill or decode:  # an empty step (nothing runnable) changes nothing
             phase = Phase.PREFILL if prefill else Phase.DECODE
             phase_mod.set_phase(phase, prefill_tokens=prefill, decode_tokens=decode)
-            self._kv_after(sched.kv_cache_manager, force=False)
+            self._kv_after(sched.kv_cache_manager, force=False, sched=sched)
 
     def _wrap_add_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def add_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -290,7 +298,7 @@ class VllmObserver:
             phase_mod.request_finished(rid)
         if not sched.requests:  # _free_request dropped it from there: none is left
             phase_mod.set_phase(Phase.IDLE)
-            self._kv_after(sched.kv_cache_manager, force=True)
+            self._kv_after(sched.kv_cache_manager, force=True, sched=sched)
 
     def _wrap_preempt(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _preempt_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -328,10 +336,21 @@ class VllmObserver:
             return
         self.waiting.discard(rid)
         self.live.add(rid)
-        self.prefix_query_tokens += request.num_tokens
-        self.prefix_hit_tokens += hit_tokens
+        # vLLM's definition (KVCacheManager.record_prefix_cache_stats): a request that was
+        # preempted finds its own blocks again; that re-use is not a prefix-cache hit there,
+        # so it is kept apart here (``preempted_hit_tokens``), and ``hit_tokens`` adds up to
+        # vllm:prefix_cache_hits_total
+        preempted = getattr(request, "num_preemptions", 0) > 0
+        if preempted:
+            self.preempted_hit_tokens += hit_tokens
+        elif _lookup_counted(manager, request):
+            self.prefix_query_tokens += request.num_tokens
+            self.prefix_hit_tokens += hit_tokens
         blocks = sum(len(ids) for ids in manager.get_block_ids(rid))
-        self._event("kv_alloc", rid, {"blocks": blocks, "hit_tokens": int(hit_tokens),
+        self._event("kv_alloc", rid, {"blocks": blocks,
+                                      "hit_tokens": 0 if preempted else int(hit_tokens),
+                                      "preempted_hit_tokens": int(hit_tokens) if preempted
+                                      else 0,
                                       "tokens": request.num_computed_tokens + hit_tokens
                                       + new_tokens})
 
@@ -399,8 +418,10 @@ class VllmObserver:
         return reset_prefix_cache
 
     # --- records --------------------------------------------------------------------------
-    def _kv_after(self, manager: Any, force: bool) -> None:
-        """A KV sample when due (or forced), and the step's evictions as one event."""
+    def _kv_after(self, manager: Any, force: bool, sched: Any = None) -> None:
+        """A KV sample when due (or forced), the scheduler's running and waiting counts with
+        it when they changed (``server_load``, as the Prometheus source records them), and
+        the step's evictions as one event."""
         pool = manager.block_pool
         evicted = getattr(pool, _EVICTED, 0)
         if evicted > self._evicted_seen:
@@ -411,6 +432,11 @@ class VllmObserver:
             return
         self._next_sample_s = now_s + self._interval_s
         self._put(kv_sample(pool, self.device))
+        if sched is not None:
+            load = (len(sched.running), len(sched.waiting))
+            if load != self._load:
+                self._load = load
+                self._event("server_load", None, {"running": load[0], "waiting": load[1]})
 
     def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
         self._put(Event(time.time(), name, self.device, os.getpid(), _phase(), rid, data))
@@ -422,6 +448,25 @@ class VllmObserver:
                 sink.put(record)
             except Exception:  # a sink must not raise; if one does, vLLM still must not see it
                 pass
+
+
+DEFAULT_PORT = 8000  # vLLM's OpenAI server's --port default
+
+
+def with_port(process: str, argv: list[str]) -> str:
+    """``"vllm engine core (port 8000)"``: the API port a server was started with, so two
+    servers on one host are told apart by name. vLLM's engine core and workers are
+    multiprocessing children, which keep the server's ``sys.argv`` (spawn sends it along);
+    ``--port N`` / ``--port=N``, else vLLM's default where the command is its server."""
+    port = None
+    for i, arg in enumerate(argv):
+        if arg == "--port" and i + 1 < len(argv):
+            port = argv[i + 1]
+        elif arg.startswith("--port="):
+            port = arg.split("=", 1)[1]
+    if port is None and any(a.endswith("api_server.py") or a == "serve" for a in argv):
+        port = str(DEFAULT_PORT)
+    return f"{process} (port {port})" if port is not None and port.isdigit() else process
 
 
 def split_tokens(requests: Any, num_scheduled_tokens: dict[str, int]) -> tuple[int, int]:
@@ -450,6 +495,13 @@ def kv_sample(pool: Any, device: int) -> Sample:
     return Sample(time.time(), device, _phase(), "kv", os.getpid(),
                   kv_blocks_used=total - pool.get_num_free_blocks(), kv_blocks_total=total,
                   kv_blocks_cached=max(0, getattr(pool, _CACHED, 0)))
+
+
+def _lookup_counted(manager: Any, request: Any) -> bool:
+    """Whether vLLM counts this request's lookup in its prefix-cache queries (it skips those
+    that did not read the cache: caching off, prompt logprobs, pooling)."""
+    check = getattr(manager, "prefix_cache_lookup_enabled", None)
+    return bool(check(request)) if callable(check) else True
 
 
 def _blocks_of(manager: Any, rid: str) -> list[Any]:

@@ -119,20 +119,36 @@ function timelineHref(device, host, ts) {
   return "/timeline?" + qs({ device: device, host: host, start: (ts - 600).toFixed(3), end: (ts + 600).toFixed(3) });
 }
 
-// Stale data must never look live: when the newest sample is older than a few sampling
-// intervals (the server decides: /api/v1/freshness), a banner says since when and "● live"
-// becomes "stale". Every value, verdict and alert shown is then as of that time.
+// Stale data must never look live: when whoever reports has stopped (the server decides:
+// /api/v1/freshness), a banner says since when and "● live" becomes "stale". Every value,
+// verdict and alert shown is then as of that time. An idle server (connected, sending nothing)
+// is not stale, and history being written (the demo catching up with now) says so.
 function showFreshness(f) {
   const live = document.getElementById("live");
   const node = document.getElementById("stale-banner");
+  const since = fmtAge(f.age_s) + " old (" + fmtTime(f.newest_ts_s) + ")";
   live.classList.remove("stale"); // answered: no longer "checking"
   live.classList.toggle("old", f.stale);
-  node.hidden = !f.stale;
+  node.hidden = !(f.stale || f.state === "catching_up");
+  node.classList.toggle("info", f.state === "catching_up");
   if (f.stale) {
     live.textContent = "○ stale: " + fmtAge(f.age_s) + " old";
     live.title = "no new sample since " + fmtTime(f.newest_ts_s);
-    node.textContent = "Stale data: the newest sample is " + fmtAge(f.age_s) + " old (" + fmtTime(f.newest_ts_s) +
-      "). Values, verdicts and alerts below are as of then, not now. Is the agent running?";
+    node.textContent = "Stale data: the newest sample is " + since + ". Values, verdicts and alerts below are as of then, not now. " +
+      (f.why === "clients"
+        ? "The agent is running (report " + fmtAge(f.agent_age_s) + " ago) but no server process is connected to it: did the server stop?"
+        : f.agent_age_s === null ? "No agent report is stored: is the agent running?"
+        : "The agent's last report is " + fmtAge(f.agent_age_s) + " old: is the agent running?");
+  } else if (f.state === "catching_up") {
+    live.textContent = "◐ catching up";
+    live.title = "the agent is writing history; the newest sample is " + fmtAge(f.age_s) + " old";
+    node.textContent = "Catching up: the agent is writing stored history (the newest sample is " + since +
+      " and moves towards now). Nothing is wrong; pages show the history written so far.";
+  } else if (f.state === "idle") {
+    live.textContent = "● idle";
+    live.title = "connected, no new sample for " + fmtAge(f.age_s) + ": " + f.clients +
+      " server process(es) connected and idle (a server sends nothing without requests); agent report " +
+      fmtAge(f.agent_age_s) + " ago";
   } else {
     live.textContent = f.newest_ts_s === null ? "○ no data yet" : "● live";
     live.title = f.newest_ts_s === null ? "no sample stored yet" : "newest sample " + fmtAge(f.age_s) + " old";
@@ -228,7 +244,7 @@ PAGES.overview = () => poll(async () => {
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
-    ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : ""), "num"],
+    ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : d.freshness === "idle" ? " (idle)" : d.freshness === "catching_up" ? " (catching up)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
   ], doc.devices, "No devices have reported yet.");
   table("alerts-table", alertColumns(doc.alerts, false), doc.alerts, "No alert is firing.");
@@ -246,9 +262,18 @@ PAGES.overview = () => poll(async () => {
     ["Host", (p) => p.host], ["PID", (p) => p.pid, "num"], ["Name", (p) => p.name],
     ["Rank", (p) => p.rank == null ? "" : p.rank + (p.world_size == null ? "" : " / " + p.world_size), "num"],
     ["Model", (p) => p.model], ["Devices", (p) => p.devices],
+    ["State", (p) => (p.state === "ended" ? "ended " + fmtTime(p.last_seen_s) : p.state || ""), "wrap"],
+    ["KV used", (p) => (p.kv_usage_ratio == null ? "" : (100 * p.kv_usage_ratio).toFixed(1) + " % (" + p.kv_blocks_used + " / " + p.kv_blocks_total + " blocks)"), "num"],
+    ["Requests/min", (p) => (p.requests_per_min == null ? "" : p.requests_per_min.toFixed(0)), "num"],
     ["Last seen", (p) => fmtTime(p.last_seen_s)],
-  ], doc.processes, "No server process has reported yet.");
+  ], processOrder(doc.processes), "No server process has reported yet.");
 });
+
+// Live processes first, ended ones (a restarted server's old pids) after them, newest first.
+function processOrder(procs) {
+  const rank = { connected: 0, unknown: 1, ended: 2 };
+  return procs.slice().sort((a, b) => (rank[a.state] || 0) - (rank[b.state] || 0) || b.last_seen_s - a.last_seen_s);
+}
 
 // Alert tables: the device in one column, the value with its unit, labels only when any
 // alert has some, and the resolved time only in the history (an active alert has none).

@@ -120,9 +120,11 @@ def test_timeline_figure_traces_units_and_axes():
     fig = timeline_figure(timeline_doc())
     got = [(t["name"], t["yaxis"], len(t["x"])) for t in fig["data"]]
     assert got == [("prefill", "y", 5), ("allocated", "y", 2), ("limit", "y", 2),
-                   ("KV blocks used", "y3", 1), ("request start", "y4", 1),
+                   ("KV blocks used", "y3", 2), ("request start", "y4", 1),
                    ("alloc retries", "y4", 1), ("OOM", "y4", 1)]
     assert fig["data"][1]["y"] == [1.0, 2.0]  # GiB, the bucket max
+    # a counter is a step: its one bucket's peak, held to the bucket's end
+    assert (fig["data"][3]["x"], fig["data"][3]["y"]) == ([0.0, 1000.0], [4, 4])
     assert fig["data"][1]["x"] == [0.0, 1000.0]  # epoch milliseconds on a date axis
     # the axis fits the data (1..2 GiB, padded by 8 % of the span), not 0..8 GiB
     assert fig["layout"]["yaxis"]["range"] == pytest.approx([0.92, 2.08])

@@ -30,7 +30,8 @@ def test_stale_after_is_five_of_the_slowest_step_to_the_page(seeded):
 def test_fresh_data_is_live(client):
     doc = client.get("/api/v1/freshness").get_json()
     assert doc == {"now_s": F.NOW_S, "newest_ts_s": LAST_T, "age_s": F.NOW_S - LAST_T,
-                   "stale_after_s": 25.0, "stale": False}
+                   "stale_after_s": 25.0, "state": "live", "stale": False, "why": None,
+                   "agent_age_s": 1.0, "clients": 2}
     assert client.get("/api/v1/overview").get_json()["freshness"]["stale"] is False
 
 
