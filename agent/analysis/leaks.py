@@ -300,6 +300,8 @@ class LeakDetector:
         """A trend point after the warm-up: the sequential test, then, past the minimum span,
         the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
         if load == 0:
+            if self._idle_ts is None and any(self._estimated):
+                self._drop_estimated()  # the first idle floor: the estimates before it go
             self._idle_ts = ts
         elif self._idle_ts is not None and ts - self._idle_ts < IDLE_RECENT_S:
             return None  # a server that idles now and then: its idle floors are the trend
@@ -339,6 +341,19 @@ class LeakDetector:
             return None
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
+
+    def _drop_estimated(self) -> None:
+        """The server idled for the first time: its idle floors are the trend from now on
+        (estimated floors are left out within ``IDLE_RECENT_S`` of one), and so are the
+        estimated points already in the horizon, from before it: an estimate beside an exact
+        floor is a step that no leak made (a rise start read there, a slope diluted by it)."""
+        kept = [(p, e) for p, e in zip(self.points, self._estimated) if not e]
+        self.points.clear()
+        self._estimated.clear()
+        self.points.extend(p for p, _ in kept)
+        self._estimated.extend(e for _, e in kept)
+        self._recent = deque((p for p in self._recent if p[1] == 0), maxlen=ROLLING_POINTS)
+        self._trend_from = self.points[0][0] if self.points else None
 
     def _mostly_estimated(self) -> bool:
         """Most trend points of the horizon are floors after a request less what the requests

@@ -182,3 +182,25 @@ def test_the_oldest_ratios_leave_the_median_once_keep_is_reached():
     # after 1000 + 1639 ratios
     assert seen[1000 + 1637] == 0.0 and seen[1000 + 1638] == BLOCK
     assert seen[-1] == BLOCK and len(b._sorted) == load_floor.KEEP
+
+
+def test_the_first_idle_floor_drops_the_estimated_floors_before_it():
+    # never idle for an hour (floors after a request, less the requests in flight: estimated),
+    # then the last requests end at 3600 s and the server idles at the same 10 GiB: from its
+    # first idle floor on, the trend is made of idle floors only, the estimates before it
+    # dropped (beside an exact floor an estimate is a step no leak made: the rise start was
+    # read there, the slope diluted by it); the span starts over at that first idle point
+    # (before, the hour of estimates stayed in the horizon under the idle floors)
+    samples, events = _no_kv_server(3600)
+    live = {e.request_id for e in events if e.name == "request_start"} - {
+        e.request_id for e in events if e.name == "request_end"}
+    events += [Event(3600.0, "request_end", request_id=r) for r in sorted(live)]
+    samples += [Sample(float(t), 0, Phase.IDLE, allocated_bytes=10 * 2**30,
+                       device_total_bytes=80 * 2**30) for t in range(3601, 3600 + 1200, 5)]
+    d, fired = _run(samples, events)
+    assert fired is None
+    # a point a minute from the first idle sample (3601 s) to the last closed minute
+    assert [ts for ts, _ in d.points] == [3601.0 + 60 * k for k in range(19)]
+    assert {y for _, y in d.points} == {10 * 2**30}
+    # the latest verdict (every second point: at 4621 s) rests on the idle floor alone
+    assert (d.result.state, d.result.span_s) == ("no_leak", 1020.0)
