@@ -34,7 +34,7 @@ def observed():
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
                                                       head_size=1, dtype=torch.float32))])
     manager = KVCacheManager(config, max_model_len=8192, scheduler_block_size=BLOCK,
-                             hash_block_size=BLOCK, enable_caching=True)
+                             hash_block_size=BLOCK, enable_caching=True, log_stats=True)
     yield manager, observer, sink
     observer.unpatch_all()
 
@@ -52,9 +52,13 @@ def _request(rid: str, tokens: list[int]):
 
 
 def _allocate(manager, request):
-    """What the scheduler does for a waiting request: look up the prefix, then allocate."""
+    """What the scheduler does for a waiting request: look up the prefix, allocate, and count
+    the lookup in vLLM's prefix-cache stats once admitted."""
     blocks, hit, _ = manager.get_computed_blocks(request)
-    return manager.allocate_slots(request, request.num_tokens - hit, hit, blocks), hit
+    got = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
+    if got is not None:
+        manager.record_prefix_cache_stats(request, hit)
+    return got, hit
 
 
 def _cached_by_walk(pool) -> int:
@@ -88,17 +92,43 @@ def test_alloc_free_prefix_hit_and_eviction_records_and_counts(observed):
     observer._kv_after(manager, force=True)
     events = [(r.name, r.request_id, r.data) for r in sink.records if hasattr(r, "name")]
     assert events == [
-        ("kv_alloc", "r0", {"blocks": 4, "hit_tokens": 0, "tokens": 55}),
+        ("kv_alloc", "r0", {"blocks": 4, "hit_tokens": 0, "preempted_hit_tokens": 0,
+                              "tokens": 55}),
         ("kv_free", "r0", {"blocks_released": 4, "blocks_cached": 3}),
-        ("kv_alloc", "r1", {"blocks": 4, "hit_tokens": 48, "tokens": 53}),
+        ("kv_alloc", "r1", {"blocks": 4, "hit_tokens": 48, "preempted_hit_tokens": 0,
+                              "tokens": 53}),
         ("kv_alloc_failed", "r2", {"tokens": 100, "reason": "not enough free blocks"}),
         ("kv_free", "r1", {"blocks_released": 4, "blocks_cached": 3}),
-        ("kv_alloc", "r3", {"blocks": 9, "hit_tokens": 0, "tokens": 130}),
+        ("kv_alloc", "r3", {"blocks": 9, "hit_tokens": 0, "preempted_hit_tokens": 0,
+                              "tokens": 130}),
         ("kv_evicted", None, {"blocks": 2})]
     sample = sink.records[-1]
     assert (sample.kv_blocks_used, sample.kv_blocks_total, sample.kv_blocks_cached) == (9, 10, 1)
     assert sample.kv_blocks_used / sample.kv_blocks_total == pytest.approx(manager.usage)
     assert observer.live == {"r3"} and observer.waiting == set()
+
+
+def test_prefix_hits_are_vllms_and_a_preempted_requests_reuse_is_apart(observed):
+    """vLLM does not count a preempted request finding its own blocks again as a prefix-cache
+    hit (``PrefixCacheStats.record(preempted=...)``): ``hit_tokens`` and the observer's
+    counters add up to vLLM's ``hits`` / ``queries``, the re-use is ``preempted_hit_tokens``."""
+    manager, observer, sink = observed
+    first = _request("a", [1] * 48 + [2] * 7)
+    _allocate(manager, first)
+    manager.free(first)  # 3 cached blocks
+    again = _request("b", [1] * 48 + [3] * 5)
+    again.num_preemptions = 1  # as the scheduler marks a preempted request coming back
+    assert _allocate(manager, again)[1] == 48
+    manager.free(again)
+    fresh = _request("c", [1] * 48 + [4] * 9)
+    assert _allocate(manager, fresh)[1] == 48
+    allocs = [(r.request_id, r.data["hit_tokens"], r.data["preempted_hit_tokens"])
+              for r in sink.records if getattr(r, "name", None) == "kv_alloc"]
+    assert allocs == [("a", 0, 0), ("b", 0, 48), ("c", 48, 0)]
+    stats = manager.make_prefix_cache_stats()
+    assert (observer.prefix_hit_tokens, observer.prefix_query_tokens) == (
+        stats.hits, stats.queries) == (48, 55 + 57)
+    assert observer.preempted_hit_tokens == stats.preempted_hits == 48
 
 
 def test_nothing_a_request_created_outlives_it(observed):
