@@ -17,3 +17,11 @@ def iso_utc(ts_s: float | None, *, ms: bool = True) -> str:
     t = _dt.datetime.fromtimestamp(ts_s, tz=_dt.timezone.utc)
     text = t.isoformat(timespec="milliseconds" if ms else "seconds")
     return text.replace("+00:00", "Z")
+
+
+def duration(seconds: float) -> str:
+    """A duration as every surface says it (``rules.format_value`` of an ``_s`` metric):
+    ``14.1 s`` under 2 minutes, ``52.3 min`` under 2 hours, then ``5.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

@@ -52,20 +52,30 @@ MAX_LINE_BYTES = 16 * 2**20  # one record; a longer line is not a trace line
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+class TraceDamage(TraceError):
+    """The file itself is damaged at this line (a gzip stream cut short: a recorder killed
+    mid-write): nothing after it can be read. With ``skip_invalid`` the lines before it are
+    kept and this is reported among the skipped problems."""
+
+
 def read_trace(path: str, *, skip_invalid: bool = False) -> Trace:
-    """Read a whole trace file; strict unless ``skip_invalid``."""
-    return parse_lines(file_lines(path), path, skip_invalid=skip_invalid)
+    """Read a whole trace file; strict unless ``skip_invalid`` (then bad lines, and a damaged
+    end, are skipped and listed in ``Trace.skipped``)."""
+    skipped: list[TraceError] = []
+    return parse_lines(file_lines(path, salvage=skipped if skip_invalid else None), path,
+                       skip_invalid=skip_invalid, skipped=skipped)
 
 
 def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceError] | None = None,
                chunk: int = 5000) -> Iterator[tuple[list[Sample], list[Event]]]:
     """Stream a trace file as ``(samples, events)`` chunks of at most ``chunk`` records, so a
     file of any size costs one chunk of memory. Strict unless ``skip_invalid`` (then the bad
-    lines go to ``skipped``)."""
+    lines, and a :class:`TraceDamage` where the file breaks off, go to ``skipped``)."""
     samples: list[Sample] = []
     events: list[Event] = []
-    for _lineno, record in _records(file_lines(path), path, skip_invalid,
-                                    skipped if skipped is not None else []):
+    skipped = skipped if skipped is not None else []
+    lines = file_lines(path, salvage=skipped if skip_invalid else None)
+    for _lineno, record in _records(lines, path, skip_invalid, skipped):
         if isinstance(record, Event):
             events.append(record)
         else:
@@ -77,11 +87,15 @@ def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceErro
         yield samples, events
 
 
-def file_lines(path: str) -> Iterator[str]:
+def file_lines(path: str, *, salvage: list[TraceError] | None = None) -> Iterator[str]:
     """The lines of a trace file, decoded one at a time: a file that is not UTF-8 JSON Lines
     (invalid UTF-8, binary, a damaged or truncated gzip stream) is reported at the line where it
     goes wrong. A gzip-compressed trace (``.jsonl.gz``, found by its magic bytes, whatever its
-    name) is decompressed as it is read: long recordings are kept compressed."""
+    name) is decompressed as it is read: long recordings are kept compressed.
+
+    ``salvage``: a damaged gzip stream (the commonest damaged trace: a recorder killed
+    mid-write) ends the lines there instead of raising, its :class:`TraceDamage` added to the
+    list: every whole line before the damage is kept."""
     try:
         raw_fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
         compressed = raw_fh.read(2) == _GZIP_MAGIC
@@ -105,7 +119,10 @@ def file_lines(path: str) -> Iterator[str]:
                                  f"line: {exc.reason}") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         # a gzip stream cut short (a recording killed mid-write) or damaged
-        raise TraceError(path, lineno + 1, f"damaged gzip stream: {exc}") from None
+        damage = TraceDamage(path, lineno + 1, f"damaged gzip stream: {exc}")
+        if salvage is None:
+            raise damage from None
+        salvage.append(damage)
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
     finally:
@@ -122,10 +139,10 @@ def _read_line(fh: IO[bytes], path: str, lineno: int) -> bytes:
 
 
 def parse_lines(lines: Iterable[str], name: str = "<trace>", *,
-                skip_invalid: bool = False) -> Trace:
+                skip_invalid: bool = False, skipped: list[TraceError] | None = None) -> Trace:
     samples: list[Sample] = []
     events: list[Event] = []
-    skipped: list[TraceError] = []
+    skipped = skipped if skipped is not None else []
     for _lineno, record in _records(lines, name, skip_invalid, skipped):
         if isinstance(record, Event):
             events.append(record)

@@ -32,7 +32,7 @@ from vramscope.agent.analysis.phases import PhaseAccumulator
 from vramscope.agent.analysis.risk import LEVELS
 from vramscope.agent.analysis.windows import Windows
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
-from vramscope.agent.timefmt import iso_utc
+from vramscope.agent.timefmt import duration, iso_utc
 
 FORMAT = "vramscope.analysis/1"
 _REPORT_PHASES = ("prefill", "decode", "idle", "setup")
@@ -415,10 +415,12 @@ def _oom_lines(oom: Mapping[str, Any]) -> list[str]:
     warn = oom["first_warning_ts"]
     out = [f"  OOM risk: max {oom['max_risk']}"
            + ("" if warn is None else f", first warning {iso_utc(warn)}")
-           + ("" if tto is None else f", shortest forecast time to OOM {tto:.0f} s")]
+           + ("" if tto is None else f", shortest forecast time to OOM {duration(tto)}")]
+    if oom.get("unjudged") and warn is None:  # no limit or no measurement (analyze says)
+        out = [f"  OOM risk: {oom['unjudged']}"]
     if oom["occurred"]:
         lead = "" if warn is None or warn > oom["first_oom_ts"] \
-            else f" (warned {oom['first_oom_ts'] - warn:.0f} s before)"
+            else f" (warned {duration(oom['first_oom_ts'] - warn)} before)"
         out.append(f"  OOM at {iso_utc(oom['first_oom_ts'])}{lead}; likely cause: "
                    f"{oom['cause']}")
         out += [f"    - {r}" for r in REMEDIES[oom["cause"]]]

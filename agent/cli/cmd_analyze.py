@@ -29,7 +29,8 @@ from vramscope.agent.cli.common import (
     require_existing_database,
     url_or_path,
 )
-from vramscope.agent.errors import UsageError
+from vramscope.agent.cli.measured import Measured
+from vramscope.agent.errors import UsageError, VramscopeError
 
 if TYPE_CHECKING:
     from vramscope.agent.config import Config
@@ -52,6 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="with --db: from this Unix time (s)")
     p.add_argument("--until", type=float, metavar="TS",
                    help="with --db: up to this Unix time (s)")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="analyze the good lines of trace files: report the bad ones, and read a "
+                        "damaged (truncated) gzip file up to the damage")
     p.add_argument("--makeup", action="store_true",
                    help="diff the idle-point allocator layouts (memory_layout events) and show "
                         "what the growth is made of, with or without a detected leak")
@@ -67,15 +71,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give trace FILEs or --db URL (one of the two)")
     if (args.since is not None or args.until is not None) and not args.db_url:
         raise UsageError("--since and --until need --db (a trace file is analyzed whole)")
+    if args.skip_invalid and args.db_url:
+        raise UsageError("--skip-invalid is for trace files (a database holds no invalid lines)")
     config = config_from_args(args)
+    measured = Measured()
     if args.db_url:
-        doc, postmortems = _analyze_db(config, args)
+        doc, postmortems = _analyze_db(config, args, measured)
     else:
-        doc, postmortems = _analyze_files(args.files, config, args), []
+        doc, postmortems = _analyze_files(args.files, config, args, measured), []
+    if not doc["devices"]:
+        raise VramscopeError(_nothing_to_analyze(args))
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")
     else:
+        for dev, d in doc["devices"].items():  # the text only: the document is a contract
+            d["oom"]["unjudged"] = measured.unjudged(int(dev))
         sys.stdout.write(render_text(doc) + document_lines(doc))
     if args.makeup and not args.json:
         for dev, d in doc["devices"].items():
@@ -111,8 +122,31 @@ def postmortem_lines(postmortems: list[PostMortem], device: int | None) -> str:
 FILE_SLACK_S = 60.0
 
 
-def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace
-                   ) -> dict[str, Any]:
+def _nothing_to_analyze(args: argparse.Namespace) -> str:
+    which = "" if args.device is None else f" of device {args.device}"
+    if args.db_url:
+        window = "" if args.since is None and args.until is None else " in the window asked for"
+        return f"{args.db_url}: no records{which}{window}: nothing to analyze"
+    return f"{', '.join(args.files)}: no records{which}: nothing to analyze"
+
+
+def _check_not_empty(paths: list[str], counts: list[int], skip_invalid: bool) -> None:
+    """An empty trace file is an error, not an all-clear report."""
+    for path, n in zip(paths, counts):
+        if not n:
+            why = "no valid records" if skip_invalid else "no records (an empty file)"
+            raise VramscopeError(f"{path}: {why}: nothing to analyze")
+
+
+def _counted(chunks: Iterator[tuple[list[Sample], list[Event]]], counts: list[int], i: int
+             ) -> Iterator[tuple[list[Sample], list[Event]]]:
+    for samples, events in chunks:
+        counts[i] += len(samples) + len(events)
+        yield samples, events
+
+
+def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
+                   measured: Measured) -> dict[str, Any]:
     """Trace files as one stream in time order (each file sorted within ``FILE_SLACK_S``, the
     files merged), through the analysis and dropped, as ``--db`` does: the same document as
     loading them whole (the same order: events first on a tie, then each file in turn), in
@@ -122,10 +156,19 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace
 
     from vramscope.agent.alerts.offline import CHUNK, analyze_records, analyze_stream
     from vramscope.agent.analysis.merge import OutOfOrder, in_time_order, record_batches
-    from vramscope.agent.trace import iter_trace, read_trace
+    from vramscope.agent.cli.cmd_import import report_skipped
+    from vramscope.agent.trace import TraceError, iter_trace, read_trace
+
+    # what each reading of the files skipped, and how many records each file held
+    passes: list[tuple[list[TraceError], list[int]]] = []
 
     def records(device: int | None, until_s: float = math.inf) -> Iterator[Sample | Event]:
-        streams = [in_time_order(iter_trace(path), FILE_SLACK_S, i, path)
+        skipped: list[TraceError] = []
+        counts = [0] * len(paths)
+        passes.append((skipped, counts))
+        streams = [in_time_order(_counted(iter_trace(path, skip_invalid=args.skip_invalid,
+                                                     skipped=skipped), counts, i),
+                                 FILE_SLACK_S, i, path)
                    for i, path in enumerate(paths)]
         for ts_s, _kind, _source, _seq, r in heapq.merge(*streams):
             if ts_s > until_s:
@@ -134,20 +177,25 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace
                 yield r
 
     try:
-        return analyze_stream(record_batches(records(args.device), CHUNK), records, config,
-                              makeup=args.makeup)
+        doc = analyze_stream(record_batches(measured.watch(records(args.device)), CHUNK),
+                             records, config, makeup=args.makeup)
+        report_skipped(passes[0][0])
+        _check_not_empty(paths, passes[0][1], args.skip_invalid)
+        return doc
     except OutOfOrder as exc:
         sys.stderr.write(f"note: {exc}: loading the recording whole to sort it\n")
     samples: list[Sample] = []
     events: list[Event] = []
     for path in paths:
-        trace = read_trace(path)
-        samples += trace.samples
+        trace = read_trace(path, skip_invalid=args.skip_invalid)
+        report_skipped(trace.skipped)
+        _check_not_empty([path], [len(trace.samples) + len(trace.events)], args.skip_invalid)
+        samples += measured.watch(trace.samples)
         events += trace.events
     return analyze_records(samples, events, config, device=args.device, makeup=args.makeup)
 
 
-def _analyze_db(config: Config, args: argparse.Namespace
+def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
                 ) -> tuple[dict[str, Any], list[PostMortem]]:
     """Each device's window analyzed on its own (the alert rules are per device), the
     documents joined. A device's samples stream from the store in batches, each with the events
@@ -173,7 +221,8 @@ def _analyze_db(config: Config, args: argparse.Namespace
         indexes = sorted({d["device_index"] for d in store.devices()})
         for dev in [i for i in indexes if args.device in (None, i)]:
             mine = [pm for _, pm in store.postmortems(dev) if _within(pm.ts_s, args)]
-            batches = time_batches(store.iter_samples(dev, args.since, args.until),
+            batches = time_batches(measured.watch(store.iter_samples(dev, args.since,
+                                                                     args.until)),
                                    store.iter_events(dev, args.since, args.until), CHUNK)
             part = analyze_stream(batches, records, config, postmortems=mine,
                                   makeup=args.makeup)

@@ -71,7 +71,32 @@ def _import_file(store: Store, conn: Connection, path: str, skip_invalid: bool,
         verdicts.write(store, engine.verdicts.take(), conn)
         n_samples += len(samples)
         n_events += len(events)
-    for problem in skipped[:10]:
+    report_skipped(skipped)
+    return f"{path}: imported {n_samples} samples and {n_events} events{skipped_note(skipped)}"
+
+
+def report_skipped(skipped: list[TraceError], shown: int = 10) -> None:
+    """The first bad lines on stderr, each ``FILE:LINE: what``, and where a file broke off."""
+    from vramscope.agent.trace import TraceDamage
+
+    bad = [p for p in skipped if not isinstance(p, TraceDamage)]
+    for problem in bad[:shown]:
         print(f"skipped {problem}", file=sys.stderr)
-    note = f", skipped {len(skipped)} invalid lines" if skipped else ""
-    return f"{path}: imported {n_samples} samples and {n_events} events{note}"
+    if len(bad) > shown:
+        print(f"skipped {len(bad) - shown} more invalid lines", file=sys.stderr)
+    for damage in skipped:
+        if isinstance(damage, TraceDamage):
+            print(f"damaged {damage}: the lines before it were read, the rest of the file "
+                  f"is lost", file=sys.stderr)
+
+
+def skipped_note(skipped: list[TraceError]) -> str:
+    """``, skipped 2 invalid lines; damaged at line 1738, read up to it`` (or nothing)."""
+    from vramscope.agent.trace import TraceDamage
+
+    bad = sum(not isinstance(p, TraceDamage) for p in skipped)
+    note = f", skipped {bad} invalid lines" if bad else ""
+    damage = next((p for p in skipped if isinstance(p, TraceDamage)), None)
+    if damage is not None:
+        note += f"; damaged at line {damage.line}, read up to it"
+    return note

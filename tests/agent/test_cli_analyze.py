@@ -74,7 +74,7 @@ def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
     out = capsys.readouterr().out
     assert "device 0" in out
     # ISO 8601 UTC, not raw Unix seconds
-    assert ("OOM at 1970-01-01T00:17:40.500Z (warned 0 s before); likely cause: prefill_spike"
+    assert ("OOM at 1970-01-01T00:17:40.500Z (warned 0.5 s before); likely cause: prefill_spike"
             in out)
     assert "first warning 1970-01-01T00:17:40.000Z" in out
     assert "fired 1970-01-01T00:17:40.500Z, still firing" in out

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _env(folder: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(folder),
-            "XDG_RUNTIME_DIR": str(folder), "XDG_DATA_HOME": str(folder),
+            "XDG_RUNTIME_DIR": str(folder), "XDG_DATA_HOME": str(folder / "data"),
             "TMPDIR": str(folder)}
 
 
@@ -118,7 +118,7 @@ def test_status_sees_a_running_demo_and_the_demo_keeps_its_database(tmp_path):
             demo.kill()
             demo.wait()
     assert demo.returncode == 0, err[-2000:]
-    kept = tmp_path / "vramscope" / "demo.db"  # $XDG_DATA_HOME/vramscope/demo.db
+    kept = tmp_path / "data" / "vramscope" / "demo.db"  # $XDG_DATA_HOME/vramscope/demo.db
     assert f"database kept: {kept};" in out
     assert kept.is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("vramscope-demo-")] == []
