@@ -18,7 +18,15 @@ from flask.typing import ResponseReturnValue
 from vramscope.agent.dtypes import element_bytes, known_dtypes
 from vramscope.agent.records import PostMortem
 from vramscope.agent.store import Store
-from vramscope.dashboard import figures, params, queries, timeline_figure, verdict, views
+from vramscope.dashboard import (
+    figures,
+    params,
+    queries,
+    timeline_figure,
+    verdict,
+    verdict_views,
+    views,
+)
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule
 from vramscope.dashboard.errors import BadParameter
@@ -239,12 +247,12 @@ def figure_timeline() -> ResponseReturnValue:
 
 @bp.get("/figures/leaks")
 def figure_leaks() -> ResponseReturnValue:
-    return _analysis_json(views.leaks_view)
+    return _analysis_json(verdict_views.leaks_view)
 
 
 @bp.get("/figures/risk")
 def figure_risk() -> ResponseReturnValue:
-    return _analysis_json(views.risk_view)
+    return _analysis_json(verdict_views.risk_view)
 
 
 @bp.get("/config-check")

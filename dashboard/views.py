@@ -9,23 +9,19 @@ SQL (the floor between requests), and says so in ``method``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vramscope.agent import estimate as est
 from vramscope.agent.alerts.offline import analyze_records
-from vramscope.agent.analysis import leaks
 from vramscope.agent.analysis.leaks import LeakResult
-from vramscope.agent.analysis.risk import RiskPoint, device_points, risk_timeline
-from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import tier_grid
 from vramscope.agent.store.seconds import Second
-from vramscope.dashboard import figures, queries
+from vramscope.agent.timefmt import representable
+from vramscope.dashboard import queries
 from vramscope.dashboard.errors import BadParameter
 
 Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
@@ -176,8 +172,12 @@ def second_samples(seconds: list[tuple[str, Second]], device: int,
 
 def report(store: Store, config: Settings, device: int, host: str | None, start: float,
            end: float) -> dict[str, Any]:
-    """The ``vramscope.analysis/1`` document for one device and window, with the tier its
-    records were read from (``tier``, ``bucket_s``)."""
+    """The ``vramscope.analysis/1`` document for one device and window: its summaries (phases,
+    fragmentation, KV peaks, OOMs) from the records of the tier they were read from (``tier``,
+    ``bucket_s``), its verdicts (leak, OOM risk, per process) and alerts as the alert engine
+    stored them (``verdicts_from``: "store"), the answers every page shows."""
+    from vramscope.dashboard import verdict_views
+
     window = read_window(store, device, host, start, end, SAMPLE_COUNTER_FIELDS, peaks=True,
                          max_buckets=REPORT_BUCKETS)
     postmortems = [pm for _, pm in store.postmortems(device, host)
@@ -185,10 +185,10 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     doc = analyze_records(window.samples, window.events, config, postmortems=postmortems,
                           device=device)
     doc.update(tier=window.tier, bucket_s=window.bucket_s, alerts_from="analysis")
-    if window.bucket_s is not None:
-        stored = _stored_alerts(store, device, host, start, end)
-        if stored is not None:
-            doc.update(alerts=stored, alerts_from="agent")
+    stored = _stored_alerts(store, device, host, start, end)
+    if stored is not None:
+        doc.update(alerts=stored, alerts_from="agent")
+    verdict_views.attach_stored(doc, store, device, host, start, end)
     return doc
 
 
@@ -206,62 +206,6 @@ def _stored_alerts(store: Store, device: int, host: str | None, start: float,
     return [{"rule": a["rule"], "severity": a["severity"], "device": device,
              "fired_ts": a["fired_ts_s"], "resolved_ts": a["resolved_ts_s"]}
             for a in sorted(kept, key=lambda a: a["fired_ts_s"])]
-
-
-def leaks_view(store: Store, config: Settings, device: int, host: str | None, start: float,
-               end: float) -> dict[str, Any]:
-    """The idle floor and the leak verdict over the window: the causal detector over raw
-    samples, or, for a longer window, the detector's final fit over per-minute minima
-    (``tier`` says which)."""
-    window = read_window(store, device, host, start, end, LEAK_COLUMNS, peaks=False)
-    limit = max((s.device_total_bytes for s in window.samples if s.device_total_bytes),
-                default=None)
-    t = Thresholds.from_config(config)
-    if window.per_sample:
-        # the detector's own floor points: residuals where the KV blocks in use (or the
-        # requests in flight) explain part of the memory, the coordinates of its trend line
-        floor: list[tuple[float, int]] = []
-        verdict = leaks.detect_leak(window.samples, window.events, config, device, floor)
-        method = ("idle floor less the memory the load explains"
-                  if "residual floor" in verdict.evidence else "idle floor") + _of(window)
-    else:  # a bucket is at least a floor window: its minimum is its floor point
-        floor = [(s.ts_s, _floor_value(s)) for s in window.samples]
-        verdict = final_verdict(floor, limit, t)
-        method = f"idle floor of {window.tier}"
-    result = _leak_json(verdict)
-    orphaned = [e for e in window.events if e.name == "kv_orphaned_blocks"]
-    if orphaned and any(leaks.orphaned_count(e) > 0 for e in orphaned):
-        result["detected"] = True  # the KV pool's own leak signal, as the detector takes it
-    return {"figure": figures.leaks_figure(floor, result.get("trend_line"), limit),
-            "result": result, "method": method, "tier": window.tier,
-            "bucket_s": window.bucket_s, "floor_points": len(floor),
-            "limit_bytes": limit, "orphaned": [_orphan_json(e) for e in orphaned],
-            "makeup": leak_makeup_view(store, config, device, host, start, end,
-                                       result.get("start_ts_s"))}
-
-
-def _of(window: Window, word: str = "of") -> str:
-    """A method's note of where its records came from, where not only raw samples."""
-    return "" if window.tier == RAW else f" {word} the {window.tier}"
-
-
-def _floor_value(s: Sample) -> int:
-    value = s.allocated_bytes if s.allocated_bytes is not None else s.device_used_bytes
-    assert value is not None  # bucket_samples keeps only buckets with one of them
-    return value
-
-
-def final_verdict(floor: list[tuple[float, int]], limit: int | None,
-                  t: Thresholds) -> LeakResult:
-    """The leak detector's last fit over ``floor``: past the warm-up, each point the least of
-    the last ``ROLLING_POINTS`` (as the detector keeps them), the last ``HORIZON_POINTS``.
-    One fit, where running the detector causally over a day of minutes fits 280 times."""
-    if not floor:
-        return leaks.NO_VERDICT
-    warm = [(ts, v) for ts, v in floor if ts >= floor[0][0] + t.leak_warmup_s]
-    rolled = [(ts, min(v for _, v in warm[max(0, i - leaks.ROLLING_POINTS + 1):i + 1]))
-              for i, (ts, _) in enumerate(warm)]
-    return leaks.evaluate_floor(rolled[-leaks.HORIZON_POINTS:], limit or 1, t)
 
 
 LAYOUT_READ_LIMIT = 16  # memory_layout events read per query (each up to tens of kB)
@@ -326,169 +270,20 @@ def _leak_json(r: LeakResult) -> dict[str, Any]:
             "orphaned_blocks": r.orphaned_blocks}
 
 
+def orphan_events(store: Store, device: int, host: str | None, start: float,
+                  end: float) -> list[dict[str, Any]]:
+    """The KV pool's orphaned-block reports in the window (shown; the engine judges them)."""
+    return [_orphan_json(e) for e in store.events(device, start, end, host=host,
+                                                  names=("kv_orphaned_blocks",),
+                                                  limit=TIER_EVENT_LIMIT)]
+
+
 def _orphan_json(e: Event) -> dict[str, Any]:
     data = e.data or {}
     blocks = data.get("blocks", data.get("count"))
     return {"ts": e.ts_s, "pid": e.pid, "request_id": e.request_id,
             "blocks": blocks if isinstance(blocks, int) else None,
             "message": None if data.get("message") is None else str(data["message"])}
-
-
-RISK_BUCKETS = 2000
-RISK_COLUMNS = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
-                "largest_free_block_bytes", "num_alloc_retries")
-
-
-def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | None, start: float,
-              end: float) -> dict[str, Any]:
-    """Headroom over time, the risk model's forecast, and when each warning fired."""
-    # buckets of two minutes or more on the rollups' indexed groups (a week: 1,008 of ten
-    # minutes); headroom and the model's peaks: maxima only
-    tier = tier_grid(start, end, RISK_BUCKETS)
-    width = tier[1] if tier else (end - start) / RISK_BUCKETS
-    rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host,
-                          lasts=False, width_s=tier[1] if tier else None)
-    headroom = _headroom(rows)
-    limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
-    forecast, rises, method, last = _forecast(store, config, device, host, start, end, rows,
-                                              width)
-    stored = _warnings(store, device, host, start, end)
-    warnings = sorted(stored + unmatched_rises(rises, stored), key=lambda w: w["ts"])
-    levels = {"warning": config["alerts.headroom_warning_ratio"],
-              "critical": config["alerts.headroom_critical_ratio"]}
-    figure = figures.risk_figure(headroom, forecast, warnings, limit, levels,
-                                 config["alerts.time_to_oom_warning_s"])
-    return {"figure": figure, "warnings": warnings, "forecast_method": method,
-            "limit_bytes": limit, "now": _point_json(last),
-            "latest_headroom_bytes": headroom["bytes"][-1] if headroom["bytes"] else None}
-
-
-RISE_MATCH_S = 120.0  # a stored risk alert this close to a model rise is the same warning
-
-
-def unmatched_rises(rises: list[dict[str, Any]],
-                    stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The causal model's level rises that no stored risk alert already stands for: the live
-    agent opens ``oom_risk``/``oom_risk_critical`` from the same model (a few seconds later,
-    after ``alerts.risk_for_s``), so listing both showed most warnings twice. An imported
-    recording without alerts keeps every rise."""
-    risk_alerts = [w["ts"] for w in stored if w["rule"].startswith("oom_risk")]
-    return [r for r in rises
-            if not any(abs(r["ts"] - ts) <= RISE_MATCH_S for ts in risk_alerts)]
-
-
-def _point_json(p: RiskPoint | None) -> dict[str, Any] | None:
-    """The risk model's latest point: its level, why, the headroom and the forecast."""
-    if p is None:
-        return None
-    return {"ts_s": p.ts_s, "level": p.level, "reasons": list(p.reasons),
-            "headroom_bytes": p.headroom_bytes, "headroom_ratio": p.headroom_ratio,
-            "time_to_oom_s": p.time_to_oom_s, "time_to_oom_low_s": p.time_to_oom_low_s,
-            "time_to_oom_high_s": p.time_to_oom_high_s}
-
-
-def _headroom(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    ts, free = [], []
-    for r in rows:
-        limit = r["device_total_bytes_max"]
-        used = max(r["reserved_bytes_max"] or 0, r["device_used_bytes_max"] or 0)
-        if limit:
-            ts.append(r["ts_s"])
-            free.append(max(0, limit - used))
-    return {"ts": ts, "bytes": free}
-
-
-def _forecast(store: Store, config: Settings, device: int, host: str | None, start: float,
-              end: float, rows: list[dict[str, Any]], width: float
-              ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], str, RiskPoint | None]:
-    """The risk model's forecast (downsampled) and the moments its level rose.
-
-    On raw samples (after the per-second tier's minima and maxima where retention deleted
-    them) when the window holds at most ``RAW_SAMPLE_LIMIT``; else on one sample per bucket
-    carrying the bucket's peaks (the model trends the peaks anyway), without the prefill-spike
-    allowance, which needs the phases of raw samples.
-    """
-    window = per_sample_window(store, device, host, start, end, peaks=True)
-    if window is not None:
-        samples, events = window.samples, window.events
-        method = "risk model (causal)" + _of(window, "on")
-    else:  # ``rows``: buckets ``width`` wide
-        merged = width * max(1, math.ceil(len(rows) / RISK_MODEL_POINTS))
-        samples, events = peak_samples(rows, device), []
-        method = ("risk model on per-bucket peaks of "
-                  + _tier_name(store, device, host, start, end, width, merged))
-    points = device_points(risk_timeline(samples, events, config), device)
-    last = points[-1] if points else None
-    return _forecast_series(points, start, end), _level_rises(points), method, last
-
-
-# The risk model fits a trend at every sample (about 0.1 ms each): the forecast of a long
-# window runs on at most this many peaks, each the maxima of consecutive buckets.
-RISK_MODEL_POINTS = 500
-
-
-def peak_samples(rows: list[dict[str, Any]], device: int,
-                 max_points: int = RISK_MODEL_POINTS) -> list[Sample]:
-    """One sample per group of consecutive downsampled buckets (at most ``max_points``), at
-    the group's last time, holding its maxima."""
-    step = max(1, math.ceil(len(rows) / max_points))
-    out = []
-    for i in range(0, len(rows), step):
-        group = rows[i:i + step]
-        values = {c: max((r[f"{c}_max"] for r in group if r[f"{c}_max"] is not None),
-                         default=None) for c in RISK_COLUMNS}
-        if values["allocated_bytes"] is None and values["device_used_bytes"] is None:
-            continue
-        out.append(Sample(group[-1]["last_ts_s"], device, Phase.UNKNOWN, "peaks", None,
-                          **values))
-    return out
-
-
-def _forecast_series(points: list[RiskPoint], start: float, end: float,
-                     buckets: int = 2000) -> dict[str, list[Any]]:
-    """At most ``buckets`` points: in each time bucket the most pessimistic forecast."""
-    width = (end - start) / buckets
-    best: dict[int, Any] = {}
-    for p in points:
-        b = min(buckets - 1, max(0, int((p.ts_s - start) / width)))
-        kept = best.get(b)
-        if kept is None or _soonest(p) < _soonest(kept):
-            best[b] = p
-    out: dict[str, list[Any]] = {"ts": [], "time_to_oom_s": [], "low_s": [], "high_s": []}
-    for b in sorted(best):
-        p = best[b]
-        out["ts"].append(p.ts_s)
-        out["time_to_oom_s"].append(p.time_to_oom_s)
-        out["low_s"].append(p.time_to_oom_low_s)
-        out["high_s"].append(p.time_to_oom_high_s)
-    return out
-
-
-def _soonest(p: RiskPoint) -> float:
-    return math.inf if p.time_to_oom_s is None else p.time_to_oom_s
-
-
-def _level_rises(points: list[RiskPoint]) -> list[dict[str, Any]]:
-    """When the causal model's level went up: when each warning would have fired."""
-    rank = {"ok": 0, "warning": 1, "critical": 2}
-    out, previous = [], "ok"
-    for p in points:
-        if rank.get(p.level, 0) > rank.get(previous, 0):
-            out.append({"ts": p.ts_s, "severity": p.level, "rule": "risk model",
-                        "label": f"risk model: {p.level} ({', '.join(p.reasons) or 'headroom'})"})
-        previous = p.level
-    return out
-
-
-def _warnings(store: Store, device: int, host: str | None, start: float,
-              end: float) -> list[dict[str, Any]]:
-    host_name = host or store.host_name
-    out = []
-    for a in store.alerts(host=host_name, limit=10_000):
-        if a["device"] == device and start <= a["fired_ts_s"] <= end:
-            out.append({"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
-                        "label": f"{a['rule']}: {a['message'] or ''}"[:300]})
-    return out
 
 
 # --- capacity --------------------------------------------------------------------------------
@@ -498,11 +293,20 @@ def capacity(store: Store, host: str | None, shape: dict[str, Any]) -> dict[str,
     for d in store.devices(host=host or "*"):
         h = queries.host_or_none(store, d["host"])
         devices.append({"host": d["host"], "device": d["device_index"],
-                        "peaks": queries.measured_peaks(store, d["device_index"], h)})
+                        "peaks": _measured_peaks(store, d["device_index"], h)})
     gpu_bytes = shape.pop("gpu_memory_bytes", None) or _largest_limit(devices)
     estimate, problem = _estimate(shape, gpu_bytes)
     return {"devices": devices, "shape": shape, "estimate": estimate,
             "estimate_problem": problem}
+
+
+def _measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
+    """None also for a device whose stored times no page can represent (a row at -1e300 or
+    1e308 from before ingest bounded times: retention deletes it)."""
+    span = store.time_range(device, host)
+    if span is None or not (representable(span[0]) and representable(span[1])):
+        return None
+    return queries.measured_peaks(store, device, host)
 
 
 def _largest_limit(devices: list[dict[str, Any]]) -> int | None:

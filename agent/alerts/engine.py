@@ -503,8 +503,8 @@ class AlertEngine:
             rules = state[rec.device]
             if changed & rules.watch or rules.busy:
                 self._evaluate(d, rules, changed, rec.ts_s, rec.host, changes)
-            if changed & _VERDICT or verdicts.due(rec.device, rec.ts_s):
-                verdicts.note(d, rec.host, rec.ts_s)
+            if type(rec) is not Event or changed & _VERDICT:
+                verdicts.note(d, rec.pid, rec.host, rec.ts_s)
         self.history.extend(changes)
         return changes
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.verdicts import Verdict
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
 from vramscope.agent.analysis.merge import Batch, merged, record_batches
@@ -77,4 +78,18 @@ def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
     doc = document_of(engine.devices, summaries, engine.history, postmortems,
                       layouts=layouts, replay=replay, makeup=makeup)
     attach_to_document(doc, engine.devices)  # the [server] check, when configured
+    attach_verdicts(doc, [v for v in engine.verdicts.latest.values()
+                          if v.pid in engine.devices[v.device].risks
+                          or v.pid in engine.devices[v.device].sampled_pids()])
     return doc
+
+
+def attach_verdicts(doc: dict[str, Any], verdicts: Iterable[Verdict]) -> None:
+    """Each device's per-process verdicts (``processes``: the newest row of each process the
+    engine still follows, as the store keeps them) into the document; every surface shows
+    these rows, so the slopes and first detections printed here are the pages'."""
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for v in sorted(verdicts, key=lambda v: (v.device, v.pid is not None, v.pid or 0)):
+        by_device.setdefault(str(v.device), []).append(v.to_json())
+    for dev, d in doc["devices"].items():
+        d["processes"] = by_device.get(dev, [])

@@ -50,6 +50,8 @@ class Verdict(NamedTuple):
     kv_usage_ratio: float | None
     kv_exhaustion_s: float | None
     rank: int | None = None
+    # the fitted floor line, ((ts, bytes), (ts, bytes)), for charts; not part of the answer
+    leak_trend_line: tuple[tuple[float, float], tuple[float, float]] | None = None
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
@@ -65,7 +67,9 @@ class Verdict(NamedTuple):
                          "slope_bytes_per_h": self.leak_slope_bytes_per_s * 3600.0,
                          "start_ts": self.leak_start_ts_s,
                          "first_detected_ts": self.leak_first_detected_ts_s,
-                         "span_s": self.leak_span_s, "evidence": self.leak_evidence},
+                         "span_s": self.leak_span_s, "evidence": self.leak_evidence,
+                         "trend_line": ([list(p) for p in self.leak_trend_line]
+                                        if self.leak_trend_line else None)},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
@@ -84,12 +88,23 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    leak["span_s"], leak["evidence"], risk["level"], risk["cause"],
                    tuple(risk["reasons"]), risk["headroom_bytes"], risk["time_to_oom_s"],
                    risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
-                   kv["exhaustion_s"], doc.get("rank"))
+                   kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")))
+
+
+def _line(value: Any) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    if not value:
+        return None
+    (t0, y0), (t1, y1) = value
+    return (float(t0), float(y0)), (float(t1), float(y1))
 
 
 class VerdictLog:
     """The verdict rows of an engine, made as it evaluates (``note``) and taken by the writer
-    (``take``). ``latest`` keeps each process's newest row, for an offline run's document."""
+    (``take``). ``latest`` keeps each process's newest row, for an offline run's document.
+
+    A process's rows depend only on its own records (and the device-wide ones): its heartbeat
+    is its own, so two processes interleaved differently (a live agent's batches, a sorted
+    trace) give each the same rows."""
 
     def __init__(self, heartbeat_s: float = HEARTBEAT_S, keep: bool = True) -> None:
         self.heartbeat_s = heartbeat_s
@@ -97,30 +112,34 @@ class VerdictLog:
         self._pending: list[Verdict] = []
         self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
         self.history: list[Verdict] = []
-        self._due: dict[int, float] = {}  # device -> record time of its next heartbeat
+        # per process: (what its answer was made from, record time of its next heartbeat)
+        self._seen: dict[tuple[str | None, int, int | None], tuple[tuple[int, int], float]] = {}
 
-    def due(self, device: int, now_s: float) -> bool:
-        """True when the device's heartbeat is due at ``now_s``."""
-        return now_s >= self._due.get(device, -float("inf"))
+    def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
+        """A record of process ``pid`` (None: of the device as a whole, every process's) at
+        ``now_s``: a row for each process whose answer changed, or whose heartbeat is due."""
+        for p in processes_of(d) if pid is None or pid not in d.risks else (pid,):
+            self._note(d, p, host, now_s)
 
-    def note(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
-        """Each process's verdict on ``d`` at ``now_s``: a row where its answer changed, or
-        every one when the heartbeat is due."""
-        beat = self.due(d.device, now_s)
-        if beat:
-            self._due[d.device] = now_s + self.heartbeat_s
-        for pid in processes_of(d):
-            v = verdict_of(d, pid, host, now_s)
-            key = (host, d.device, pid)
-            last = self.latest.get(key)
-            if beat or last is None or last.answer() != v.answer() or _moved(last, v):
-                self.latest[key] = v
-                self._pending.append(v)
-                if self.keep and len(self.history) < HISTORY_MAX:
-                    self.history.append(v)
-        for key in [k for k in self.latest if k[1] == d.device and k[0] == host
-                    and k[2] not in d.leaks and k[2] not in d.risks]:
-            del self.latest[key]  # a process the engine forgot (gone): its answer ended
+    def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
+        key = (host, d.device, pid)
+        leak = d.leaks.get(pid) or d.leaks[None]
+        model = d.risks.get(pid) or d.risk
+        made_from = (id(leak.result), model.level_index)  # a new leak result, another level
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] == made_from and now_s < seen[1]:
+            return
+        v = verdict_of(d, pid, host, now_s)
+        last = self.latest.get(key)
+        beat = seen is None or now_s >= seen[1]
+        if beat or last is None or last.answer() != v.answer() or _moved(last, v):
+            self.latest[key] = v
+            self._pending.append(v)
+            if self.keep and len(self.history) < HISTORY_MAX:
+                self.history.append(v)
+            self._seen[key] = (made_from, now_s + self.heartbeat_s)
+        else:
+            self._seen[key] = (made_from, seen[1] if seen is not None else now_s)
 
     def take(self) -> list[Verdict]:
         """The rows made since the last ``take``."""
@@ -139,10 +158,11 @@ def _moved(last: Verdict, new: Verdict) -> bool:
 def processes_of(d: DeviceAnalysis) -> list[int | None]:
     """Whose answers a device has: each process that reported (its leak detector was fed
     samples, or its risk model exists), else the device as a whole."""
-    pids = {p for p in d.risks if p is not None} | {p for p in d.sampled_pids() if p is not None}
+    pids: set[int] = ({p for p in d.risks if p is not None}
+                      | {p for p in d.sampled_pids() if p is not None})
     if not pids:
         return [None]
-    return sorted(pids)
+    return [*sorted(pids)]
 
 
 def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> Verdict:
@@ -164,4 +184,4 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    point.time_to_oom_high_s if point is not None else None,
                    kv.usage_ratio if kv is not None else None,
                    kv.exhaustion_s if kv is not None else None,
-                   d.ranks.get(pid) if pid is not None else None)
+                   d.ranks.get(pid) if pid is not None else None, r.trend_line)

@@ -365,7 +365,7 @@ def render_text(doc: Mapping[str, Any]) -> str:
     lines = []
     for dev, d in doc["devices"].items():
         lines += [f"device {dev}", *_leak_lines(d["leak"]), *_makeup_lines(d["leak"]),
-                  *_oom_lines(d["oom"]),
+                  *_oom_lines(d["oom"]), *_process_lines(d.get("processes") or []),
                   *_frag_lines(d["fragmentation"]), *_phase_lines(d["phases"]),
                   *_kv_lines(d["kv"]), ""]
     lines.append(f"alerts: {len(doc['alerts'])}")
@@ -389,6 +389,26 @@ def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
     rate = leak["slope_bytes_per_s"] * 3600 / 2**20
     return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {rate:.1f} MiB/h",
             f"        {leak['evidence']}"]
+
+
+def _process_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each process's verdict (``vramscope.verdict/1``), when the device has several."""
+    if len(processes) < 2:
+        return []
+    lines = ["  per process:"]
+    for v in processes:
+        who = "device (no pid)" if v["pid"] is None else f"pid {v['pid']}"
+        if v.get("rank") is not None:
+            who = f"rank {v['rank']} ({who})"
+        leak, risk = v["leak"], v["risk"]
+        said = {"leak": f"LEAK {leak['slope_bytes_per_h'] / 2**20:.1f} MiB/h since "
+                        f"{iso_utc(leak['first_detected_ts'])}" if leak["first_detected_ts"]
+                        else "LEAK",
+                "no_leak": "no leak", "insufficient_data": "not enough data yet"}
+        lines.append(f"    {who}: {said.get(leak['state'], leak['state'])}; "
+                     f"OOM risk {risk['level'] or 'not assessed yet'}"
+                     + (f" ({risk['cause']})" if risk["cause"] else ""))
+    return lines
 
 
 def _makeup_lines(leak: Mapping[str, Any]) -> list[str]:

@@ -347,20 +347,34 @@ PAGES.timeline = () => {
   poll(async () => { if (following() || !wired) await load(); });
 };
 
+// A stored verdict's leak state, in words ("no_verdict": nothing stored for the device yet).
+const LEAK_WORDS = { leak: "leak", no_leak: "no leak", insufficient_data: "not enough data yet", no_verdict: "no verdict stored" };
+
+function processColumns(extra) {
+  return [["Process", (p) => p.process + (p.ended ? " · ended" : "")]].concat(extra)
+    .concat([["As of", (p) => fmtTime(p.ts)]]);
+}
+
 PAGES.leaks = () => {
   wirePicker();
   poll(async () => {
     const doc = await getJSON("/api/v1/figures/leaks?" + deviceQuery({ start: body.start, end: body.end }));
     const r = doc.result;
-    const level = r && r.detected ? "critical" : "ok";
+    const level = r.state === "leak" ? "critical" : r.state === "no_leak" ? "ok" : "";
     fill("leak-cards", [
-      card("Verdict", r ? (r.detected ? "leak" : r.state === "insufficient_data" ? "not enough data yet" : "no leak") : "unknown", doc.method, level),
-      card("Slope", r ? fmtBytes(r.slope_bytes_per_h) + "/h" : "–", "Theil–Sen, idle floor"),
-      card("Growth", r ? fmtBytes(r.growth_bytes) : "–", "over the evaluated horizon"),
-      card("First detected", r && r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "as the live agent would have"),
+      card("Verdict", LEAK_WORDS[r.state] || r.state, r.process ? "for " + r.process : doc.method, level),
+      card("Slope", r.state === "leak" || r.state === "no_leak" ? fmtBytes(r.slope_bytes_per_h) + "/h" : "–", "Theil–Sen, idle floor"),
+      card("Evidence span", r.span_s ? fmtAge(r.span_s) : "–", "of floor after the warm-up"),
+      card("First detected", r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "by the alert engine"),
       card("Orphaned KV blocks", doc.orphaned.reduce((n, o) => n + (o.blocks || 0), 0), doc.orphaned.length + " event(s)", doc.orphaned.length ? "warning" : "ok"),
     ]);
-    document.getElementById("leak-evidence").textContent = r ? r.evidence : "The analysis is not available.";
+    document.getElementById("leak-evidence").textContent = r.evidence;
+    table("leak-processes-table", processColumns([
+      ["Leak", (p) => badge(LEAK_WORDS[p.leak.state] || p.leak.state)],
+      ["Slope", (p) => p.leak.state === "insufficient_data" ? "–" : fmtBytes(p.leak.slope_bytes_per_h) + "/h", "num"],
+      ["First detected", (p) => p.leak.first_detected_ts ? fmtTime(p.leak.first_detected_ts) : "–"],
+      ["Evidence", (p) => p.leak.evidence, "wrap"],
+    ]), doc.processes, "No verdict stored for this device yet.");
     await plot("leaks-plot", doc.figure);
     table("orphans-table", [
       ["Time", (o) => fmtTime(o.ts)], ["PID", (o) => o.pid, "num"], ["Request", (o) => o.request_id],
@@ -386,12 +400,12 @@ function makeupPanel(m) {
   ], rows, m ? "Nothing new between the two idle points." : "No make-up to show.");
 }
 
-// OOM risk: the level and reasons are the risk model's (the alert engine runs the same model);
-// the page keeps no threshold of its own.
+// OOM risk: the level, reasons and forecast are the alert engine's stored verdict of the
+// riskiest process; the page keeps no threshold of its own.
 function riskCards(doc) {
   const now = doc.now;
   const ratio = doc.limit_bytes && doc.latest_headroom_bytes !== null ? doc.latest_headroom_bytes / doc.limit_bytes : null;
-  const why = now && now.reasons.length ? now.reasons.join(", ") : "nothing near a threshold";
+  const why = now ? (now.cause ? "likely " + now.cause + " · " : "") + (now.reasons.length ? now.reasons.join(", ") : "nothing near a threshold") + " · " + now.process : "no verdict stored";
   const headroomLevel = now && now.reasons.includes("headroom") ? now.level : "";
   let forecast = "not rising";
   let sub = "no significant rise in peak memory";
@@ -400,9 +414,8 @@ function riskCards(doc) {
     sub = "band " + fmtAge(now.time_to_oom_low_s) + " – " + fmtAge(now.time_to_oom_high_s);
   }
   return [
-    card("Risk model now", now ? now.level : "–", why, now ? now.level : ""),
-    card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of " + fmtBytes(doc.limit_bytes) +
-      (now && now.headroom_ratio !== null ? "; " + (100 * now.headroom_ratio).toFixed(1) + " % after the largest prefill" : ""), headroomLevel),
+    card("OOM risk now", now ? now.level : "–", why, now ? now.level : ""),
+    card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of " + fmtBytes(doc.limit_bytes), headroomLevel),
     card("Time to OOM", forecast, sub + " · " + doc.forecast_method, now && now.reasons.includes("trend") ? now.level : ""),
     card("Warnings fired", doc.warnings.length, "in this window", doc.warnings.length ? "warning" : "ok"),
   ];
@@ -413,6 +426,12 @@ PAGES.risk = () => {
   poll(async () => {
     const doc = await getJSON("/api/v1/figures/risk?" + deviceQuery({ start: body.start, end: body.end }));
     fill("risk-cards", riskCards(doc));
+    table("risk-processes-table", processColumns([
+      ["Risk", (p) => p.risk.level ? badge(p.risk.level) : "not assessed yet"],
+      ["Cause", (p) => p.risk.cause || "–"],
+      ["Headroom", (p) => fmtBytes(p.risk.headroom_bytes), "num"],
+      ["Time to OOM", (p) => p.risk.time_to_oom_s === null ? "not rising" : fmtAge(p.risk.time_to_oom_s), "num"],
+    ]), doc.processes, "No verdict stored for this device yet.");
     await plot("risk-plot", doc.figure);
     table("warnings-table", [
       ["Fired", (w) => fmtTime(w.ts)], ["Severity", (w) => badge(w.severity)], ["Rule", (w) => w.rule],

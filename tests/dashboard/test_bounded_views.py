@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from vramscope.agent.config import parse_config
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
 from vramscope.agent.store.window import count_at_most, events_at_most
-from vramscope.dashboard import queries, views
+from vramscope.dashboard import queries, verdict_views, views
 
 
 def _store(tmp_path) -> Store:
@@ -61,19 +61,7 @@ def test_the_timeline_reads_no_request_event_it_would_not_show(tmp_path, monkeyp
         assert [e["name"] for e in doc["events"]] == ["request_end", "request_start"] * 10
 
 
-def test_a_window_over_the_limit_is_not_built(tmp_path, monkeypatch):
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
-    with _store(tmp_path) as store:
-        def refuse(*args, **kwargs):
-            raise AssertionError("samples built for a window over the limit")
-        monkeypatch.setattr(store, "samples", refuse)
-        assert views.per_sample_window(store, 1, None, T_END - 3600, T_END, False) is None
-        view = views.leaks_view(store, None, 1, None, T_END - 3600, T_END)
-        assert (view["tier"], view["floor_points"]) == ("per-minute rollups, 60 s buckets", 60)
-        assert view["method"] == "idle floor of per-minute rollups, 60 s buckets"
-
-
-def test_the_analysis_and_risk_views_do_not_build_a_window_over_the_limit(tmp_path,
+def test_the_analysis_and_risk_views_build_no_window_over_the_limit(tmp_path,
                                                                            monkeypatch):
     monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
     with _store(tmp_path) as store:
@@ -82,9 +70,9 @@ def test_the_analysis_and_risk_views_do_not_build_a_window_over_the_limit(tmp_pa
         monkeypatch.setattr(store, "samples", refuse)
         doc = views.report(store, None, 1, None, T_END - 3600, T_END)
         assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 60 s buckets", 60.0)
-        risk = views.risk_view(store, parse_config({}, None), 1, None, T_END - 3600, T_END)
-        assert risk["forecast_method"] == ("risk model on per-bucket peaks of raw samples "
-                                           "grouped in SQL, 7.2 s buckets")  # 4 buckets a peak
+        risk = verdict_views.risk_view(store, parse_config({}, None), 1, None, T_END - 3600,
+                                       T_END)
+        assert risk["now"] is None  # no verdict stored: the page says nothing of its own
 
 
 def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monkeypatch):
@@ -139,26 +127,31 @@ def _scripted(store: Store, minutes: int, leak: int) -> None:
 
 
 @pytest.mark.parametrize("leak", [2**24, 0])
-def test_a_long_window_read_from_rollups_gives_the_raw_floor_and_verdict(tmp_path,
-                                                                          monkeypatch, leak):
+def test_a_long_window_draws_the_rollups_and_shows_the_stored_verdict(tmp_path, leak):
+    """Three hours of minutes, rolled up: the page draws each minute's floor and its answer is
+    the engine's verdict as ``import`` stored it, the same slope to the bit."""
+    from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent.store import verdicts as stored
+
     minutes = 180
     end = T0 + minutes * MIN
     with Store.open(f"sqlite:///{tmp_path / 's.db'}", host_name="h") as store:
         _scripted(store, minutes, leak)
+        engine = AlertEngine.from_config(None)
+        engine.feed(store.samples(0, T0, end))
+        rows = engine.verdicts.take()
+        stored.write(store, rows)
         roll_up_all(store, T0, end)
-        raw = views.leaks_view(store, None, 0, None, T0, end)
-        monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 100)  # the window holds 720
-        tier = views.leaks_view(store, None, 0, None, T0, end)
-    assert (raw["method"], raw["tier"]) == ("idle floor", "raw samples")
-    assert tier["tier"] == "per-minute rollups, 60 s buckets"
-    # the figure's x in ms, y in GiB
+        view = verdict_views.leaks_view(store, None, 0, None, T0, end)
+    last = rows[-1]
+    assert view["result"]["state"] == last.leak_state == ("leak" if leak else "no_leak")
+    assert view["result"]["slope_bytes_per_s"] == last.leak_slope_bytes_per_s
+    assert view["result"]["first_detected_ts_s"] == last.leak_first_detected_ts_s
+    if leak:
+        assert last.leak_slope_bytes_per_s == pytest.approx(leak / MIN)
     floor = [[(T0 + MIN * m) * 1000, (20 * GIB + m * leak) / GIB] for m in range(minutes)]
-    assert _floor(tier) == floor
-    assert _floor(raw) == floor[:-1]  # raw: a floor point when its minute has closed
-    assert tier["result"]["detected"] is raw["result"]["detected"] is (leak > 0)
-    assert tier["result"]["slope_bytes_per_s"] == pytest.approx(leak / MIN)
-    assert raw["result"]["slope_bytes_per_s"] == pytest.approx(leak / MIN)
-    assert tier["limit_bytes"] == raw["limit_bytes"] == 80 * GIB
+    assert _floor(view) == floor  # each minute's minimum, at its start
+    assert view["limit_bytes"] == 80 * GIB
 
 
 def _floor(view: dict) -> list[list[float]]:
@@ -194,17 +187,6 @@ def test_capacity_peaks_cover_the_newest_day_only(tmp_path):
         3 * GIB, (new - 86_400) // 600 * 600, new)
 
 
-def test_the_risk_model_gets_at_most_its_points_each_the_maxima_of_its_buckets():
-    cols = views.RISK_COLUMNS
-    rows = [{"ts_s": float(i), "last_ts_s": i + 0.5,
-             **{f"{c}_max": (i * 10 if c == "allocated_bytes" else None) for c in cols}}
-            for i in range(10)]
-    got = views.peak_samples(rows, 2, max_points=4)  # 3 buckets a peak: 4 peaks
-    assert [(s.ts_s, s.allocated_bytes, s.device) for s in got] == [
-        (2.5, 20, 2), (5.5, 50, 2), (8.5, 80, 2), (9.5, 90, 2)]
-    assert len(views.peak_samples(rows, 2)) == 10  # under the default: one a bucket
-
-
 def test_a_window_longer_than_the_tier_reads_is_a_bad_start():
     from vramscope.dashboard.errors import BadParameter
 
@@ -212,31 +194,3 @@ def test_a_window_longer_than_the_tier_reads_is_a_bad_start():
         views.tier_width(101 * 86_400, views.REPORT_BUCKETS)  # 100 one-day buckets at most
     assert err.value.parameter == "start"
     assert "8640000 s" in str(err.value)
-
-
-def test_the_leaks_page_draws_the_floor_its_verdict_was_made_on(tmp_path):
-    """A never-idle server whose memory follows its KV blocks in use (16 MiB each): the
-    detector's floor is the residual (10 GiB: weights), and the page draws that floor, the
-    coordinates of its trend line, not the raw floor the KV lifts by 40+ blocks."""
-    block, gib = 16 * 2**20, 2**30
-    samples, events = [], []
-    for t in range(3600):  # one sample a second; a request ends every 20 s as the next begins
-        used = 40 + t // 60 + 5 * (t % 20)
-        samples.append(Sample(1000.0 + t, 0, Phase.DECODE, "torch",
-                              allocated_bytes=10 * gib + block * used,
-                              device_total_bytes=80 * gib, kv_blocks_used=used,
-                              kv_blocks_total=2000))
-        if t % 20 == 0:
-            events.append(Event(1000.0 + t, "request_start", 0, request_id=f"r{t}"))
-            if t:
-                events.append(Event(1000.0 + t - 0.5, "request_end", 0, request_id=f"r{t - 20}"))
-    with Store.open(f"sqlite:///{tmp_path / 'kv.db'}", host_name="h") as store:
-        store.write(samples, events)
-        view = views.leaks_view(store, None, 0, None, 1000.0, 4600.0)
-    assert view["method"] == "idle floor less the memory the load explains"
-    assert view["result"]["detected"] is False
-    assert "less 16 MiB per KV block in use" in view["result"]["evidence"]
-    [floor, trend] = view["figure"]["data"]
-    late = floor["y"][len(floor["y"]) // 2:]  # once bytes per block is learnt: weights alone
-    assert set(late) == {10.0}
-    assert {round(y, 3) for y in trend["y"]} == {10.0}

@@ -309,20 +309,22 @@ def test_postmortem_figures(client, seeded):
     assert figs["holders"]["data"][0]["x"] == [6144.0, 2048.0, 1024.0]
 
 
-def test_leaks_view_finds_the_seeded_leak(client, monkeypatch):
-    from vramscope.dashboard import views
-
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 100_000)  # raw: the seeded window's 36,000
+def test_leaks_view_shows_the_stored_verdict_of_the_leaking_process(client):
+    """The page reads the alert engine's stored verdict (the fixture stores them as the agent
+    does): the seeded 2 GiB/h leak of pid 4141, first detected 3,000 s in, and pid 4242 none."""
     doc = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
-    assert doc["method"] == "idle floor"
+    assert (doc["method"], doc["verdicts_from"]) == ("the alert engine's stored verdicts", "store")
     r = doc["result"]
-    assert r["detected"] is True
-    assert r["slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=0.01)
+    assert (r["detected"], r["state"], r["pid"]) == (True, "leak", 4141)
+    assert r["slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=1e-6)
+    assert r["first_detected_ts_s"] == F.T0 + 3000
+    assert [(p["pid"], p["leak"]["state"], p["ended"]) for p in doc["processes"]] == [
+        (4141, "leak", False)]
     assert doc["orphaned"] == [{"ts": F.T0 + 3000, "pid": 4141, "request_id": "req-100",
                                 "blocks": 12, "message": None}]
     assert [t["name"] for t in doc["figure"]["data"]] == ["idle floor", "trend (Theil–Sen)"]
     healthy = client.get(f"/api/v1/figures/leaks?device=1&{WINDOW}").get_json()
-    assert healthy["result"]["detected"] is False
+    assert (healthy["result"]["state"], healthy["result"]["pid"]) == ("no_leak", 4242)
 
 
 def test_risk_view(client):
@@ -336,24 +338,23 @@ def test_risk_view(client):
     assert doc["figure"]["data"][0]["name"] == "headroom"
 
 
-def test_long_windows_are_read_a_tier_up(client):
-    """The seeded window holds 36,000 samples, over RAW_SAMPLE_LIMIT: per-minute buckets grouped
-    in SQL (the fixture has no rollups), and the page says so."""
-    tier = "raw samples grouped in SQL, 60 s buckets"
+def test_every_window_gives_the_stored_answer(client):
+    """The seeded window holds 36,000 samples: whatever its length, the Leaks, OOM risk and
+    analysis answers are the stored verdicts (equal, not approximately), and the charts draw
+    downsampled series (the floor: per-bucket minima, 600 buckets at most)."""
     leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
-    assert (leaks["method"], leaks["tier"], leaks["bucket_s"]) == (
-        f"idle floor of {tier}", tier, 60.0)
-    assert leaks["floor_points"] == F.DURATION_S // 60
-    assert leaks["result"]["detected"] is True
-    assert leaks["result"]["slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=0.01)
+    assert leaks["floor_points"] == F.DURATION_S // 60  # a floor point a minute
     assert leaks["orphaned"][0]["blocks"] == 12  # rare events survive the tier
     risk = client.get(f"/api/v1/figures/risk?device=0&{WINDOW}").get_json()
-    assert risk["forecast_method"] == "risk model on per-bucket peaks of raw samples grouped " \
-                                      "in SQL, 14.4 s buckets"  # 4 of 3.6 s a peak
-    assert "time to OOM" in [t["name"] for t in risk["figure"]["data"]]
+    assert risk["forecast_method"] == "the alert engine's stored verdicts"
     doc = client.get(f"/api/v1/analysis?device=0&{WINDOW}").get_json()
     assert (doc["tier"], doc["bucket_s"]) == ("raw samples grouped in SQL, 120 s buckets", 120.0)
-    assert doc["devices"]["0"]["leak"]["detected"] is True
+    assert doc["verdicts_from"] == "store"
+    leak = doc["devices"]["0"]["leak"]
+    assert (leak["state"], leak["pid"], leak["first_detected_ts"]) == (
+        "leak", 4141, leaks["result"]["first_detected_ts_s"])
+    assert leak["slope_bytes_per_s"] == leaks["result"]["slope_bytes_per_s"]
+    assert doc["devices"]["0"]["processes"] == leaks["processes"]
 
 
 def test_analysis_document(client):
@@ -533,10 +534,11 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
     assert [d["risk"] for d in c.get("/api/v1/devices").get_json()["devices"]] == ["warning",
                                                                                    "ok"]
     assert c.get("/metrics").status_code == 200
-    leaks = c.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()  # 36,000: a tier up
-    assert (leaks["tier"], leaks["floor_points"]) == ("raw samples grouped in SQL, 60 s buckets",
-                                                      F.DURATION_S // 60)
-    assert leaks["result"]["detected"] is True
+    leaks = c.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
+    assert leaks["floor_points"] == F.DURATION_S // 60
+    # the stored verdict, as on SQLite: the same rows, the same answer
+    assert (leaks["result"]["state"], leaks["result"]["pid"],
+            leaks["result"]["first_detected_ts_s"]) == ("leak", 4141, F.T0 + 3000)
     # phase changes by lag() over: PostgreSQL finds what SQLite finds in the same records
     from vramscope.agent.store.phase_shares import phase_changes
 

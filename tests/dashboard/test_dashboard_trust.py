@@ -152,22 +152,19 @@ def test_the_alerts_api_gives_the_value_text(client):
                                                             "headroom": "0.02"}
 
 
-def test_risk_model_rises_that_a_stored_alert_stands_for_are_listed_once():
-    from vramscope.dashboard.views import unmatched_rises
-
-    rises = [{"ts": 100.0, "rule": "risk model"}, {"ts": 1000.0, "rule": "risk model"}]
-    stored = [{"ts": 115.0, "rule": "oom_risk"}, {"ts": 990.0, "rule": "memory_leak"}]
-    assert unmatched_rises(rises, stored) == [{"ts": 1000.0, "rule": "risk model"}]
-    assert unmatched_rises(rises, []) == rises  # an imported recording keeps every rise
-
-
-def test_the_risk_page_reports_the_model_level_and_time_to_oom(client):
+def test_the_risk_page_reports_the_stored_verdict_of_the_riskiest_process(client):
+    """The seeded device 0 ends after an OOM at T0 + 7,100 (the episode restarts): the stored
+    verdict of pid 4141, the only process, says ok; the page says so with its time and pid."""
     doc = client.get(f"/api/v1/figures/risk?device=0&start={F.T0}&end={F.T0 + F.DURATION_S}"
                      ).get_json()
     now = doc["now"]
-    assert now["ts_s"] == LAST_T and now["level"] in ("ok", "warning", "critical")
-    assert set(now) == {"ts_s", "level", "reasons", "headroom_bytes", "headroom_ratio",
-                        "time_to_oom_s", "time_to_oom_low_s", "time_to_oom_high_s"}
+    assert (now["level"], now["pid"], now["cause"]) == ("ok", 4141, None)
+    assert set(now) == {"ts_s", "level", "reasons", "cause", "headroom_bytes", "time_to_oom_s",
+                        "time_to_oom_low_s", "time_to_oom_high_s", "pid", "process"}
+    assert [p["risk"]["level"] for p in doc["processes"]] == ["ok"]
+    # the agent's stored alerts are the warnings (the verdicts' rises only without them)
+    assert [(w["ts"], w["rule"]) for w in doc["warnings"]] == [
+        (F.T0 + 5400, "idle_floor_leak"), (F.T0 + 7000, "headroom")]
     notes = [a["text"] for a in doc["figure"]["layout"]["annotations"]]
     assert notes == ["warning: headroom under 5% of the limit",
                      "critical: headroom under 2% of the limit"]

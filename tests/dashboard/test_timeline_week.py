@@ -116,7 +116,7 @@ def test_the_analysis_views_of_a_week_read_the_ten_minute_groups(tmp_path):
     the week's minutes grouped (SQLite sorted them for a computed bucket); the buckets' maxima
     and minima are the samples'."""
     from vramscope.agent.config import parse_config
-    from vramscope.dashboard import views
+    from vramscope.dashboard import verdict_views, views
 
     from tests.support.sql_watch import statements_sent
 
@@ -128,14 +128,11 @@ def test_the_analysis_views_of_a_week_read_the_ten_minute_groups(tmp_path):
 
     reads = (lambda q: "min_value" in q)
     with statements_sent(store.engine, reads) as sent:
-        risk = views.risk_view(store, parse_config({}, None), 1, None, start, end)
+        risk = verdict_views.risk_view(store, parse_config({}, None), 1, None, start, end)
     # the first partial group's minutes, the week's groups; the newest hour is raw samples
     assert tables(sent) == ["rollups", "rollups_10m"]
     assert not any("GROUP BY" in q for q, _ in sent)
     assert risk["limit_bytes"] is None  # no device total in this history
-    # 1,008 ten-minute buckets, three to a peak (at most 500 peaks)
-    assert risk["forecast_method"] == ("risk model on per-bucket peaks of per-minute rollups, "
-                                       "1.8e+03 s buckets")
     # ten-minute buckets from T0 (the window's start floored): the samples' extremes
     rows = store.timeline(1, start, end, 1, ("allocated_bytes",), width_s=600.0, lasts=False)
     expected = _expected(samples, start, end, T0, 600.0, math.ceil((end - T0) / 600))
@@ -143,11 +140,11 @@ def test_the_analysis_views_of_a_week_read_the_ten_minute_groups(tmp_path):
     assert [r["allocated_bytes_max"] for r in rows] == expected["max"]
     assert [r["allocated_bytes_min"] for r in rows] == expected["min"]
     with statements_sent(store.engine, reads) as sent:
-        leaks = views.leaks_view(store, None, 1, None, start, end)
-    assert (leaks["tier"], leaks["bucket_s"]) == ("per-minute rollups, 600 s buckets", 600.0)
+        leaks = verdict_views.leaks_view(store, None, 1, None, start, end)
     assert "rollups_10m" in tables(sent)
-    # the floor: one point a bucket, its minimum
-    assert leaks["floor_points"] == len(expected["min"])
+    # the floor: one point a bucket of 20 minutes (600 at most), its minimum
+    floor = _expected(samples, start, end, T0, 1200.0, math.ceil((end - T0) / 1200))
+    assert leaks["figure"]["data"][0]["y"] == [v / 2**30 for v in floor["min"]]
     with statements_sent(store.engine, reads) as sent:
         doc = views.report(store, None, 1, None, start, end)
     assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 7.2e+03 s buckets", 7200.0)

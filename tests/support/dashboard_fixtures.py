@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import Event, Holder, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
+from vramscope.agent.store import verdicts as stored_verdicts
 
 GIB = 2**30
 T0 = 1_700_000_000.0
@@ -144,6 +146,10 @@ def seed(db_path: Path, with_snapshot: bool = True, url: str | None = None) -> S
     store.describe_device(1, uuid="GPU-0001", name="NVIDIA H100 80GB HBM3",
                           total_bytes=LIMIT_BYTES)
     store.write(samples(), events())
+    # the alert engine's verdicts, as the agent (or ``vramscope import``) stores them
+    engine = AlertEngine.from_config(None)
+    engine.feed([*samples(), *events()])
+    stored_verdicts.write(store, engine.verdicts.take())
     store.upsert_process(4141, T0 + DURATION_S, name=XSS_NAME, model="llama-<script>",
                          device_indexes=[0])
     store.upsert_process(4242, T0 + DURATION_S, name="vllm-serve", model="qwen2-7b",

@@ -204,6 +204,11 @@ def test_leaks(driver, served):
     verdict = driver.execute_script(
         "return document.querySelector('#leak-cards .card .value').textContent;")
     assert verdict == "leak"
+    # which process leaks, named as text (the name is hostile markup)
+    cells = driver.execute_script(
+        "return [...document.querySelectorAll('#leak-processes-table td')]"
+        ".map((td) => td.textContent);")
+    assert cells[:3] == [f"{F.XSS_NAME} (pid 4141)", "leak", "2.00 GiB/h"]
     assert console_errors(driver) == []
     screenshot(driver, "leaks")
 
@@ -214,7 +219,13 @@ def test_risk(driver, served):
     start, width = LAST_T - 6 * 3600, 6 * 3600 / 2000  # default window: 6 h in 2000 buckets
     buckets = {int((F.T0 + i * F.STEP_S - start) // width) for i in range(F.STEPS)}
     assert points["headroom"] == len(buckets) == 667
-    assert {"time to OOM", "warning fired", "critical fired"} <= set(points)
+    # the alert engine's stored verdicts made no time-to-OOM forecast on this data (a 2 GiB/h
+    # leak under 80 GiB): the page draws none of its own
+    assert set(points) == {"headroom", "warning fired", "critical fired"}
+    cells = driver.execute_script(
+        "return [...document.querySelectorAll('#risk-processes-table td')]"
+        ".map((td) => td.textContent);")
+    assert cells[:5] == [f"{F.XSS_NAME} (pid 4141)", "ok", "–", cells[3], "not rising"]
     assert console_errors(driver) == []
     screenshot(driver, "risk")
 
