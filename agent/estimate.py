@@ -37,6 +37,55 @@ GPU_MEMORY_MIB: dict[str, int] = {
     "A10G": 23028, "L4": 23034, "RTX4090": 24564, "T4": 15360,
 }
 
+# Common open models by name (``vramscope estimate --model llama-3-8b``): the shape keys of
+# their published Hugging Face config.json, the Instruct release's where it differs (Qwen2.5:
+# 32,768 positions). Counted from these shapes the parameters are the published ones:
+# Llama-3-8B 8,030,261,248, Llama-3-70B 70,553,706,496, Mistral-7B-v0.3 7,248,023,552,
+# Mixtral-8x7B 46,702,792,704; Qwen2.5 7.62 B and 72.71 B (its q, k, v biases left out).
+_LLAMA3_8B = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+              "vocab_size": 128256, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+_LLAMA3_70B = {**_LLAMA3_8B, "num_hidden_layers": 80, "hidden_size": 8192,
+               "num_attention_heads": 64, "intermediate_size": 28672}
+_MISTRAL_7B = {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+               "vocab_size": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+               "max_position_embeddings": 32768}
+_QWEN25_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584,
+              "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+              "vocab_size": 152064, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+              "max_position_embeddings": 32768}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-3-8b": ("meta-llama/Meta-Llama-3-8B", {**_LLAMA3_8B,
+                                                  "max_position_embeddings": 8192}),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", {**_LLAMA3_8B,
+                                                 "max_position_embeddings": 131072}),
+    "llama-3-70b": ("meta-llama/Meta-Llama-3-70B", {**_LLAMA3_70B,
+                                                    "max_position_embeddings": 8192}),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B", {**_LLAMA3_70B,
+                                                   "max_position_embeddings": 131072}),
+    "mistral-7b": ("mistralai/Mistral-7B-Instruct-v0.3", _MISTRAL_7B),
+    "mixtral-8x7b": ("mistralai/Mixtral-8x7B-Instruct-v0.1", {
+        **_MISTRAL_7B, "model_type": "mixtral", "vocab_size": 32000, "num_local_experts": 8,
+        "num_experts_per_tok": 2}),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", _QWEN25_7B),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B-Instruct", {
+        **_QWEN25_7B, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "intermediate_size": 29568}),
+}
+
+
+def preset(name: str) -> tuple[str, dict[str, Any]]:
+    """``(Hugging Face id, config)`` of a known model, by its preset name or its id (any
+    case)."""
+    wanted = name.strip().lower()
+    for key, (hf_id, cfg) in PRESETS.items():
+        if wanted in (key, hf_id.lower()):
+            return hf_id, dict(cfg)
+    raise UsageError(f"unknown model {name!r}; known: {', '.join(PRESETS)} (or give its "
+                     f"config.json)")
+
+
 # Gated MLPs (gate, up, down) have three matrices; GPT-style MLPs two.
 _GATED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
                       "phi3", "olmo", "granite")
@@ -102,7 +151,8 @@ def shape_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelShape
     params = cfg.get("num_parameters") or count_parameters(
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         intermediate=inter, vocab=vocab, gated=cfg.get("model_type") in _GATED_MODEL_TYPES,
-        tied=bool(cfg.get("tie_word_embeddings", False)))
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+        experts=int(cfg.get("num_local_experts") or 1))
     return ModelShape(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                       hidden_size=hidden, num_params=params, dtype=str(dtype),
                       intermediate_size=inter, vocab_size=vocab,
@@ -118,10 +168,15 @@ def _key(cfg: dict[str, Any], name: str, *keys: str) -> int:
 
 
 def count_parameters(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                     intermediate: int, vocab: int, gated: bool = True, tied: bool = False) -> int:
-    """Parameters of a decoder-only transformer from its shape (biases ignored)."""
+                     intermediate: int, vocab: int, gated: bool = True, tied: bool = False,
+                     experts: int = 1) -> int:
+    """Parameters of a decoder-only transformer from its shape (biases ignored). A mixture of
+    experts (``num_local_experts``: Mixtral) holds every expert's MLP and a router; all of
+    them are in memory, whichever two a token uses."""
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
-    mlp = (3 if gated else 2) * hidden * intermediate
+    mlp = (3 if gated else 2) * hidden * intermediate * experts
+    if experts > 1:
+        mlp += hidden * experts  # the router
     per_layer = attention + mlp + 2 * hidden  # two norms
     embeddings = vocab * hidden * (1 if tied else 2)  # input embedding and LM head
     return layers * per_layer + embeddings + hidden  # final norm

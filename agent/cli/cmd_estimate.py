@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from vramscope.agent.errors import UsageError
+from vramscope.agent.estimate import PRESETS
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -23,7 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Estimate GPU memory for serving a model, from a Hugging Face config.json "
                     "or explicit numbers (flags override the file).")
     p.add_argument("config", nargs="?", help="a Hugging Face config.json")
-    shape = p.add_argument_group("model shape (override or replace the config file)")
+    p.add_argument("--model", metavar="NAME",
+                   help="a known model's published shape instead of a config.json: "
+                        + ", ".join(PRESETS) + " (or its Hugging Face id)")
+    shape = p.add_argument_group("model shape (override or replace the config file or "
+                                 "--model)")
     shape.add_argument("--layers", type=int)
     shape.add_argument("--kv-heads", type=int)
     shape.add_argument("--head-dim", type=int)
@@ -104,22 +109,54 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.fits and (check is None or check.fits) else 1
 
 
+# The shape flags without which a model has no shape, with the config.json keys they give
+# (the first of each tuple is the one the flag sets).
+_REQUIRED = (("--layers", ("num_hidden_layers", "n_layer", "num_layers")),
+             ("--hidden", ("hidden_size", "n_embd", "d_model")),
+             ("--head-dim", ("num_attention_heads", "n_head", "head_dim")))
+
+
 def _shape(args: argparse.Namespace, est: ModuleType) -> ModelShape:
-    cfg = est.load_hf_config(args.config) if args.config else {}
+    if args.config and args.model:
+        raise UsageError("give a config.json or --model, not both")
+    name = args.config or "model"
+    if args.model:
+        name, cfg = est.preset(args.model)
+    else:
+        cfg = est.load_hf_config(args.config) if args.config else {}
     cfg = dict(cfg.get("text_config") or cfg)
     flags = {"num_hidden_layers": args.layers, "num_key_value_heads": args.kv_heads,
              "head_dim": args.head_dim, "hidden_size": args.hidden,
              "intermediate_size": args.intermediate, "vocab_size": args.vocab,
              "num_parameters": args.params, "torch_dtype": args.dtype}
     cfg.update({k: v for k, v in flags.items() if v is not None})
-    if args.mlp or not args.config:  # flags alone: a gated MLP, as today's decoder LLMs
+    from_file = bool(args.config or args.model)
+    if args.mlp or not from_file:  # flags alone: a gated MLP, as today's decoder LLMs
         cfg["model_type"] = "llama" if (args.mlp or "gated") == "gated" else "gpt2"
     if "num_attention_heads" not in cfg and "head_dim" in cfg and "hidden_size" in cfg:
         cfg["num_attention_heads"] = cfg["hidden_size"] // cfg["head_dim"]
-    if not cfg.get("num_parameters") and not cfg.get("vocab_size") and not args.config:
+    _require_shape(cfg, args.config)
+    if not cfg.get("num_parameters") and not cfg.get("vocab_size") and not from_file:
         raise UsageError("give --params (or --vocab and --intermediate so they can be counted)")
-    shape: ModelShape = est.shape_from_hf_config(cfg, name=args.config or "model")
+    shape: ModelShape = est.shape_from_hf_config(cfg, name=name)
     return shape
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _require_shape(cfg: dict[str, object], config_file: str | None) -> None:
+    """Name every shape flag still missing, at once (the old message named a config key
+    though no config file was given)."""
+    missing = [flag for flag, keys in _REQUIRED if not any(_positive(cfg.get(k)) for k in keys)]
+    if not missing:
+        return
+    keys = [keys[0] for flag, keys in _REQUIRED if flag in missing]
+    where = (f"{config_file} has no {', '.join(keys)}" if config_file else
+             "no model shape" if len(missing) == len(_REQUIRED) else "incomplete model shape")
+    raise UsageError(f"{where}: give {' and '.join(missing)}, or --model NAME for a known "
+                     f"model ({', '.join(PRESETS)})")
 
 
 def render(r: Estimate, plan: Plan, shape: ModelShape) -> str:

@@ -125,6 +125,8 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["estimate", str(tmp_path / "nope.json")]) == 2
     assert "config file not found" in capsys.readouterr().err
     assert main(["estimate", "--layers", "2"]) == 2
+    assert "incomplete model shape: give --hidden and --head-dim" in capsys.readouterr().err
+    assert main(["estimate", "--layers", "2", "--hidden", "64", "--head-dim", "16"]) == 2
     assert "--params" in capsys.readouterr().err
 
 
