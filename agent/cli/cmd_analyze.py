@@ -157,7 +157,8 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
     from vramscope.agent.alerts.offline import CHUNK, analyze_records, analyze_stream
     from vramscope.agent.analysis.merge import OutOfOrder, in_time_order, record_batches
     from vramscope.agent.cli.cmd_import import report_skipped
-    from vramscope.agent.trace import TraceError, iter_trace, read_trace
+    from vramscope.agent.errors import TraceError
+    from vramscope.agent.trace import iter_trace, read_trace
 
     # what each reading of the files skipped, and how many records each file held
     passes: list[tuple[list[TraceError], list[int]]] = []
