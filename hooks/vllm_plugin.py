@@ -33,8 +33,13 @@ line, and a wrapper never raises into the engine):
     hash: vLLM counts them as free) and of evictions, so a sample costs O(1), never a walk of the
     free queue.
 
-KV samples (``source="kv"``) right after a ``schedule()``, at most one per
-``sampling.kv_interval_s``, plus one whenever the engine goes idle: ``kv_blocks_total`` is the
+KV samples (``source="kv"``) at step boundaries: right after ``Scheduler.update_from_output``
+(the moment vLLM's own stats read the pool for ``vllm:kv_cache_usage_perc``), at most one per
+``sampling.kv_interval_s``, plus one whenever the engine goes idle. Each step's peak (its pool
+right after ``schedule()``, before its finished requests free their blocks) is kept between
+samples: when the highest since the previous sample is above the boundary's value, it is
+recorded too, at its own time. (Without ``update_from_output``, samples are taken after
+``schedule()`` as before.) ``kv_blocks_total`` is the
 pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly
 vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
 ``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
@@ -119,6 +124,7 @@ class VllmObserver:
         self._next_sample_s = float("-inf")
         self._evicted_seen = 0
         self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
+        self._peak: tuple[float, int, int, Phase] | None = None  # (ts, used, cached, phase)
 
     # --- patching ---------------------------------------------------------------------------
     def patch_all(self) -> None:
@@ -131,6 +137,8 @@ class VllmObserver:
                 "__init__": self._wrap_scheduler_init, "schedule": self._wrap_schedule,
                 "add_request": self._wrap_add_request, "_free_request": self._wrap_free_request,
                 "_preempt_request": self._wrap_preempt})
+            self._patch_module("step_boundary", "vllm.v1.core.sched.scheduler", "Scheduler",
+                               {"update_from_output": self._wrap_update})
             self._patch_module("kv_cache_manager", "vllm.v1.core.kv_cache_manager",
                                "KVCacheManager", {
                                    "allocate_slots": self._wrap_allocate,
@@ -267,7 +275,27 @@ class VllmObserver:
         if prefill or decode:  # an empty step (nothing runnable) changes nothing
             phase = Phase.PREFILL if prefill else Phase.DECODE
             phase_mod.set_phase(phase, prefill_tokens=prefill, decode_tokens=decode)
-            self._kv_after(sched.kv_cache_manager, force=False, sched=sched)
+            if self.parts.get("step_boundary") == "observed":
+                self._note_peak(sched.kv_cache_manager.block_pool)  # sampled at the step's end
+            else:
+                self._kv_after(sched.kv_cache_manager, force=False, sched=sched)
+
+    def _wrap_update(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def update_from_output(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            outputs = original(sched, *args, **kwargs)
+            if sched.requests:  # else the idle sample was taken as the last request ended
+                self._guard("step_boundary", self._kv_after, sched.kv_cache_manager, False,
+                            sched)
+            return outputs
+        return update_from_output
+
+    def _note_peak(self, pool: Any) -> None:
+        """The step's peak: right after ``schedule()`` took its blocks, before the step's
+        finished requests free theirs. Kept (the highest since the last sample, O(1)) so a
+        sample at the step boundary loses no peak between samples."""
+        used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+        if self._peak is None or used > self._peak[1]:
+            self._peak = (time.time(), used, max(0, getattr(pool, _CACHED, 0)), _phase())
 
     def _wrap_add_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def add_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -431,7 +459,12 @@ class VllmObserver:
         if not force and now_s < self._next_sample_s:
             return
         self._next_sample_s = now_s + self._interval_s
-        self._put(kv_sample(pool, self.device))
+        sample = kv_sample(pool, self.device)
+        peak, self._peak = self._peak, None
+        if peak is not None and peak[1] > (sample.kv_blocks_used or 0):  # a step went higher
+            self._put(sample._replace(ts_s=peak[0], kv_blocks_used=peak[1],
+                                      kv_blocks_cached=peak[2], phase=peak[3]))
+        self._put(sample)
         if sched is not None:
             load = (len(sched.running), len(sched.waiting))
             if load != self._load:

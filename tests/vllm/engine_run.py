@@ -7,7 +7,8 @@ Prompts are token ids (lengths known exactly), outputs are forced to ``max_token
 ``ignore_eos``. Two rounds: the second repeats the first round's longest prompt, so the prefix
 cache has something to hit. ``--truth`` makes the engine-core process write vLLM's own view
 after every ``schedule()`` (usage, free blocks, cached blocks counted by walking the pool) as
-JSON lines: the ground truth the plugin's records are compared against. The patch that writes
+JSON lines, and after every ``update_from_output()`` (the step's end, ``"at": "update"``): the
+ground truth the plugin's records are compared against. The patch that writes
 it sits at module level because vLLM starts its engine core by spawn or fork; either way this
 module's top level runs (or ran) in that process before the engine's plugins load, so the
 plugin's wrapper ends up outside this one and both read the same state.
@@ -28,22 +29,30 @@ TRUTH_ENV = "VRAMSCOPE_TEST_VLLM_TRUTH"
 def _record_truth(path: str) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    original = Scheduler.schedule
+    original, original_update = Scheduler.schedule, Scheduler.update_from_output
 
-    def schedule(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
+    def write(self, at: str, scheduled: int) -> None:
         pool = self.kv_cache_manager.block_pool
         cached = sum(1 for b in pool.blocks
                      if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null)
-        row = {"pid": os.getpid(), "usage": self.kv_cache_manager.usage,
+        row = {"pid": os.getpid(), "at": at, "usage": self.kv_cache_manager.usage,
                "free": pool.get_num_free_blocks(), "total": pool.num_gpu_blocks - 1,
-               "cached": cached, "scheduled": sum(out.num_scheduled_tokens.values()),
-               "block_size": self.block_size}
+               "cached": cached, "scheduled": scheduled, "block_size": self.block_size}
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
+
+    def schedule(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        write(self, "schedule", sum(out.num_scheduled_tokens.values()))
+        return out
+
+    def update_from_output(self, *args, **kwargs):
+        out = original_update(self, *args, **kwargs)
+        write(self, "update", 0)  # the step's end: what vLLM's stats read
         return out
 
     Scheduler.schedule = schedule
+    Scheduler.update_from_output = update_from_output
 
 
 if os.environ.get(TRUTH_ENV):
