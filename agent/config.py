@@ -203,6 +203,26 @@ SETTINGS: tuple[Setting, ...] = (
             "A message once started must be complete within this; when every client slot is "
             "taken, a client silent this long gives its slot to a new one.", min=0.1,
             max=86400),
+    Setting("agent.max_record_age_s", float, 0.0,
+            "Records timed more than this before the agent's clock are refused at ingest "
+            "(counted as rejected 'ts'); 0: retention.raw_s. `vramscope import` keeps a trace's "
+            "own times.", min=0, max=100 * 365 * 86400.0),
+    Setting("agent.max_record_ahead_s", float, 300.0,
+            "Records timed more than this after the agent's clock are refused at ingest "
+            "(counted as rejected 'ts').", min=1, max=365 * 86400.0),
+    Setting("agent.max_hosts", int, 8,
+            "Host names clients may create per agent run (besides the agent's own); a record "
+            "naming one more is refused (rejected 'names'). One client: at most 2.",
+            min=1, max=100_000),
+    Setting("agent.max_devices", int, 32,
+            "Devices (host, index) clients may create per agent run; a record naming one more "
+            "is refused (rejected 'names'). One client: at most 16. The dashboard's cost grows "
+            "with the devices: /metrics and the Overview take about 150 ms at 32.", min=1,
+            max=100_000),
+    Setting("agent.max_processes", int, 256,
+            "Processes (host, pid) clients may send records for per agent run; a record naming "
+            "one more is refused (rejected 'names'). One client: at most 64.",
+            min=1, max=1_000_000),
     Setting("agent.max_message_bytes", int, 1_048_576,
             "Largest accepted ingest message.", min=1024, max=64 * 1_048_576),
     Setting("agent.queue_max_records", int, 100_000,

@@ -110,7 +110,9 @@ class Agent:
 
     def _make_server(self) -> IngestServer:
         from vramscope.agent.config import parse_uids
+        from vramscope.agent.ingest.names import NameLimits
         from vramscope.agent.ingest.server import IngestServer
+        from vramscope.agent.ingest.timewindow import TimeWindow
 
         return IngestServer(self.socket_path, on_records=self._on_records,
                             on_postmortem=self._on_postmortem, on_hello=self._on_hello,
@@ -119,7 +121,9 @@ class Agent:
                             allowed_uids=parse_uids(self.config["agent.allowed_uids"]),
                             pause=self._ingest_should_pause,
                             handshake_timeout_s=self.config["agent.handshake_timeout_s"],
-                            idle_timeout_s=self.config["agent.idle_timeout_s"])
+                            idle_timeout_s=self.config["agent.idle_timeout_s"],
+                            time_window=TimeWindow.from_config(self.config, self.clock),
+                            name_limits=NameLimits.from_config(self.config))
 
     def _ingest_should_pause(self) -> bool:
         """Back-pressure with hysteresis: pause reading the socket at 90 % of the queue bound,

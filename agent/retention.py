@@ -57,6 +57,10 @@ _TS = attrgetter("ts_s")
 # KV blocks, a process's rank) is rare and what an incident review needs: kept as long as the
 # minute rollups.
 MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
+# Rows timed further than this after the clock are deleted: no client's clock is a day ahead
+# (ingest refuses more than agent.max_record_ahead_s), so they are a wrong clock or a hand edit,
+# never old enough to go by age, and they would hide the newest real sample for good.
+FUTURE_S = 86_400.0
 
 
 class StepResult(NamedTuple):
@@ -135,6 +139,7 @@ class Retention:
                                                 self.minutes_per_step),
             "seconds": sql.delete_seconds_older(store, now_s - self.second_s,
                                                 self.minutes_per_step),
+            "future": self._delete_future(store, sql, now_s),
         }
         behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
         backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
@@ -142,6 +147,16 @@ class Retention:
                    or any(n >= self.step_rows for k, n in deleted.items()
                           if k not in ("rollups", "seconds", "partitions")))
         return StepResult(minutes, rows, deleted, late, backlog)
+
+    def _delete_future(self, store: Store, sql: ModuleType, now_s: float) -> int:
+        after = now_s + FUTURE_S
+        n = int(sql.delete_newer(store, "samples", after, self.step_rows)
+                + sql.delete_newer(store, "events", after, self.step_rows))
+        if n:
+            log.warning("retention deleted %d samples and events timed more than %.0f s after "
+                        "the agent's clock (a client's clock was wrong, or a hand edit)", n,
+                        FUTURE_S)
+        return n
 
     def _partitions(self, store: Store, now_s: float,
                     cutoff_s: float | None) -> tuple[int, bool]:
@@ -218,7 +233,10 @@ class Retention:
         first = sql.first_sample_ts(store, self._watermark)
         if first is None:
             return 0, 0
-        start = _floor_minute(first)
+        # rows older than every tier keeps would be rolled up only to be deleted: start at the
+        # oldest minute a tier keeps (a row at -1e300 or 1970 must not hold the watermark back,
+        # where start + two minutes is start again, and no minute is ever rolled up)
+        start = _floor_minute(max(first, now_s - max(self.rollup_s, self.second_s)))
         end = min(_floor_minute(now_s - self.grace_s), start + self.minutes_per_step * BUCKET_S)
         if end <= start:
             return 0, 0

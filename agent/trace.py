@@ -28,12 +28,14 @@ from vramscope.agent.records import (
     Phase,
     Sample,
 )
+from vramscope.agent.timefmt import MAX_TS_S, MIN_TS_S, representable
 
 FORMAT_VERSION = 1
 _EVENT_FIELDS = {"ts", "event", "device", "pid", "phase", "request_id", "host", "device_uuid"}
 # Column limits of the store (schema.py), checked here so that a bad record is refused where it
 # enters (a file line, one client's message) instead of failing a batch that also holds other
-# clients' rows. Every string must also be encodable as UTF-8 (no lone surrogates).
+# clients' rows. Every string must also be encodable as UTF-8 (no lone surrogates) and hold no
+# NUL (PostgreSQL's text refuses it).
 STR_LIMITS = {"source": 32, "event": 64, "request_id": 255, "host": 255, "device_uuid": 80}
 _TS = attrgetter("ts_s")
 
@@ -188,7 +190,7 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
     """Validate a decoded trace object; ``ValueError`` names the key and the bad value."""
     if "ts" not in obj or obj["ts"] is None:
         raise ValueError("missing required key 'ts'")
-    ts = _number(obj["ts"], "ts")
+    ts = timestamp(obj["ts"])
     device = _int(obj.get("device"), "device", default=0, top=INT32_MAX)
     pid = _int(obj.get("pid"), "pid", default=None, top=INT32_MAX)
     host = _str(obj.get("host"), "host")
@@ -222,6 +224,17 @@ def _number(value: Any, key: str) -> float:
     return float(value)
 
 
+def timestamp(value: Any, key: str = "ts") -> float:
+    """A record's time: a number of Unix seconds from 1970 to the end of year 9999, the times a
+    store, a page and ``datetime`` can all represent (a trace keeps its own times; one record at
+    ``1e12`` or ``-1e300`` would otherwise break every page that shows it)."""
+    ts = _number(value, key)
+    if not representable(ts):
+        raise ValueError(f"'{key}' must be Unix seconds from {MIN_TS_S:.0f} (1970) to "
+                         f"{MAX_TS_S:.0f} (9999-12-31), got {_show(value)}")
+    return ts
+
+
 def _int(value: Any, key: str, default: Any, bytes_like: bool = False,
          top: int = INT64_MAX) -> Any:
     if value is None:
@@ -246,6 +259,9 @@ def _str(value: Any, key: str) -> str | None:
     limit = STR_LIMITS.get(key)
     if limit is not None and len(value) > limit:
         raise ValueError(f"'{key}' is longer than {limit} characters ({len(value)})")
+    if "\x00" in value:
+        raise ValueError(f"'{key}' holds a NUL character (\\u0000), which PostgreSQL cannot "
+                         f"store: {_show(value)}")
     if not is_encodable(value):
         raise ValueError(f"'{key}' is not valid Unicode (a lone surrogate): {_show(value)}")
     return value
@@ -253,7 +269,10 @@ def _str(value: Any, key: str) -> str | None:
 
 def is_encodable(text: str) -> bool:
     """True if ``text`` encodes as UTF-8 (JSON's ``"\\ud800"`` decodes to a lone surrogate,
-    which every database driver refuses)."""
+    which every database driver refuses) and holds no NUL (``"\\u0000"``: SQLite stores it,
+    PostgreSQL refuses it in text, so one client's string would fail the writer's batch)."""
+    if "\x00" in text:
+        return False
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -275,10 +294,12 @@ def check_data(data: dict[str, Any], what: str = "event data",
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for k, v in items:
                 if isinstance(k, str) and not is_encodable(k):
-                    raise ValueError(f"{what} key {_show(k)} is not valid Unicode")
+                    raise ValueError(f"{what} key {_show(k)} is not valid Unicode or holds a "
+                                     "NUL character")
                 stack.append((v, depth + 1))
         elif isinstance(value, str) and not is_encodable(value):
-            raise ValueError(f"{what} value {_show(value)} is not valid Unicode")
+            raise ValueError(f"{what} value {_show(value)} is not valid Unicode or holds a "
+                             "NUL character")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{what} value {value!r} is not a finite number")
     size = len(json.dumps(data, separators=(",", ":")))

@@ -1,8 +1,14 @@
-"""``vramscope replay FILE --socket PATH [--speed X | --as-fast-as-possible]``.
+"""``vramscope replay FILE --socket PATH [--speed X | --as-fast-as-possible] [--retime]``.
 
 Sends a trace-format-v1 file through the agent's socket as a hook client would: to test alert
 rules against a recorded incident, and as the load generator of tests and benchmarks. Records
 keep their timestamps (and pids, when the trace has them); ``--speed`` only paces the sending.
+
+The live agent refuses records outside its time window (older than ``agent.max_record_age_s``,
+by default ``retention.raw_s``; more than ``agent.max_record_ahead_s`` ahead): an old trace
+would be refused, or rolled up and deleted as soon as it landed. ``--retime`` shifts every time
+by one offset so that the trace ends now (its durations and order stay). Without it, the
+output says how many records the agent refused for their time.
 """
 
 from __future__ import annotations
@@ -30,12 +36,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="replay X times faster than recorded (default 1)")
     pace.add_argument("--as-fast-as-possible", action="store_true",
                       help="send as fast as the socket takes it")
+    p.add_argument("--retime", action="store_true",
+                   help="shift the trace's times so that it ends now: the agent keeps an old "
+                        "trace like fresh data (without it, records older than "
+                        "agent.max_record_age_s are refused and counted)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from vramscope.agent.clock import SYSTEM_CLOCK
     from vramscope.agent.config import load_config
     from vramscope.agent.errors import UsageError
+    from vramscope.agent.timefmt import iso_utc
     from vramscope.agent.trace import read_trace
 
     if not args.as_fast_as_possible and not args.speed > 0:
@@ -44,10 +56,40 @@ def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.file)
     records: list[Sample | Event] = [*trace.samples, *trace.events]
     records.sort(key=lambda r: r.ts_s)
+    if args.retime:
+        records = retimed(records, SYSTEM_CLOCK.time_s())
     speed = None if args.as_fast_as_possible else args.speed
-    sent = replay(records, config["agent.socket_path"], speed=speed)
-    print(f"replayed {sent} records from {args.file}")
+    path = config["agent.socket_path"]
+    before = _refused_for_time(path)
+    sent = replay(records, path, speed=speed)
+    print(f"replayed {sent} records from {args.file}"
+          + (f", re-timed to end at {iso_utc(records[-1].ts_s)}" if args.retime and records
+             else ""))
+    refused = _refused_for_time(path) - before
+    if refused:
+        what = ("the trace is longer than the window" if args.retime else
+                "replay with --retime to stamp the trace as ending now, or use `vramscope "
+                "import` to keep its times")
+        print(f"the agent refused {refused} records as outside its time window (older than "
+              f"agent.max_record_age_s or ahead of its clock; counted as rejected 'ts'): {what}")
     return 0
+
+
+def retimed(records: list[Sample | Event], end_s: float) -> list[Sample | Event]:
+    """``records`` (in time order) shifted by one offset so that the last is at ``end_s``."""
+    if not records:
+        return records
+    offset = end_s - records[-1].ts_s
+    return [r._replace(ts_s=r.ts_s + offset) for r in records]
+
+
+def _refused_for_time(socket_path: str) -> int:
+    """The agent's count of records refused for their time, from its status (other clients'
+    refusals meanwhile count too: an upper bound)."""
+    from vramscope.agent.ingest.connection import AgentConnection
+
+    with AgentConnection(socket_path) as conn:
+        return int(conn.status().get("rejected", {}).get("ts", 0))
 
 
 def replay(records: list[Sample | Event], socket_path: str, *, speed: float | None = None,

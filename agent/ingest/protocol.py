@@ -47,6 +47,7 @@ from vramscope.agent.records import (
     PostMortem,
     Sample,
 )
+from vramscope.agent.timefmt import MAX_TS_S, MIN_TS_S
 from vramscope.agent.trace import (
     STR_LIMITS,
     check_data,
@@ -54,6 +55,7 @@ from vramscope.agent.trace import (
     is_encodable,
     record_from_json,
     sample_to_json,
+    timestamp,
 )
 
 PROTOCOL_VERSION = 1
@@ -185,7 +187,8 @@ def _name(obj: dict[str, Any], key: str) -> str | None:
         raise ProtocolError("schema", f"{key!r} is longer than {MAX_NAME_CHARS} characters "
                             f"({len(value)})", fatal=True)
     if value is not None and not is_encodable(value):
-        raise ProtocolError("schema", f"{key!r} is not valid Unicode (a lone surrogate)",
+        raise ProtocolError("schema", f"{key!r} is not valid Unicode (a lone surrogate) "
+                            "or holds a NUL character",
                             fatal=True)
     return value
 
@@ -241,7 +244,8 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
         return None
     ts = [o.get("ts") for o in items]
     try:
-        if not set(map(type, ts)) <= {float, int} or not all(map(math.isfinite, ts)):
+        if (not set(map(type, ts)) <= {float, int} or not all(map(math.isfinite, ts))
+                or min(ts) < MIN_TS_S or max(ts) > MAX_TS_S):
             return None
     except OverflowError:  # an int beyond float range: the slow path explains it
         return None
@@ -305,15 +309,16 @@ def parse_postmortem(obj: dict[str, Any]) -> PostMortem:
         if value is not None and (not isinstance(value, str) or len(value) > limit):
             raise ProtocolError("schema", f"post-mortem {key!r} must be a string of at most "
                                 f"{limit} characters, got {_cut(value)}")
-    ts = pm.ts_s
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise ProtocolError("schema", f"post-mortem 'ts_s' must be a finite number, got {ts!r}")
+    try:
+        ts = timestamp(pm.ts_s, "ts_s")
+    except ValueError as exc:
+        raise ProtocolError("schema", f"post-mortem: {exc}") from None
     if not (_is_index(pm.device) and pm.device <= MAX_PID):
         raise ProtocolError("schema", f"post-mortem 'device' must be an index, got "
                             f"{pm.device!r}")
     if pm.pid is not None and not (_is_index(pm.pid) and pm.pid <= MAX_PID):
         raise ProtocolError("schema", f"post-mortem 'pid' must be an integer, got {pm.pid!r}")
-    return pm._replace(ts_s=float(ts))
+    return pm._replace(ts_s=ts)
 
 
 def parse_dropped(obj: dict[str, Any]) -> int:

@@ -12,8 +12,12 @@ Everything is bounded, so no client can take the agent down or lock the others o
   not said hello yet (a ``status`` query, a hook connecting); a new connection evicts the
   oldest pending one, so ``vramscope status`` always gets in;
 * a connection must send its first frame within ``agent.handshake_timeout_s``; a frame once
-  started must be complete within ``agent.idle_timeout_s`` (slowloris); when every client slot
-  is taken, a client silent for ``agent.idle_timeout_s`` gives its slot to a new one;
+  started must be complete within ``agent.idle_timeout_s``; when every client slot is taken,
+  the client whose last complete frame is ``agent.handshake_timeout_s`` old gives its slot to
+  a new one (a slowloris completes nothing), and a uid holding more slots than the newcomer's
+  plus one gives one up (``_free_slot``);
+* a client's records outside the time window (``timewindow.py``) or naming more new hosts,
+  devices or processes than allowed (``names.py``) are refused one by one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -47,6 +51,8 @@ from typing import Any
 
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.ingest.names import ClientNames, NameLimits
+from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
 
 log = logging.getLogger("vramscope.ingest")
@@ -135,6 +141,7 @@ class _Conn:
     last_frame_s: float = 0.0  # monotonic: the last complete frame (or the connect)
     buf: bytearray = field(default_factory=bytearray)
     bad_in_a_row: int = 0
+    names: ClientNames = field(default_factory=ClientNames)  # the names it created
 
 
 class RateLimitedLog:
@@ -178,7 +185,9 @@ class IngestServer:
                  allowed_uids: Iterable[int] = (),
                  pause: Callable[[], bool] | None = None,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+                 idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 time_window: TimeWindow | None = None,
+                 name_limits: NameLimits | None = None) -> None:
         self.path = path
         self.stats = IngestStats()
         self._on_records = on_records
@@ -202,6 +211,9 @@ class IngestServer:
         self._log_refused = RateLimitedLog(log, logging.INFO)
         self._log_trouble = RateLimitedLog(log, logging.WARNING, burst=1)
         self._counter_warned = False
+        self._window = time_window  # None: any representable time (tests, benchmarks)
+        self._names = name_limits if name_limits is not None else NameLimits()
+        self._log_refused_records = RateLimitedLog(log, logging.WARNING)
 
     # --- lifecycle ------------------------------------------------------------------------
     def bind(self) -> None:
@@ -417,6 +429,10 @@ class IngestServer:
             return self._on_records_message(conn, obj)
         if kind == "postmortem":
             pm = proto.parse_postmortem(obj)
+            if self._window is not None and not self._window.contains(pm.ts_s):
+                raise proto.ProtocolError("ts", f"post-mortem at ts_s {pm.ts_s!r} is outside "
+                                          "the accepted window (agent.max_record_age_s, "
+                                          "agent.max_record_ahead_s)")
             if pm.pid is None or pm.pid == conn.info.ns_pid:
                 pm = pm._replace(pid=conn.info.pid)
             if self._on_postmortem is not None:
@@ -440,9 +456,10 @@ class IngestServer:
         if conn.info.hello is not None:
             raise proto.ProtocolError("order", "a second hello on one connection")
         hello = proto.parse_hello(obj)
-        if self._client_count() >= MAX_CLIENTS and not self._evict_idle_client():
-            raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS})",
-                                      fatal=True)
+        if self._client_count() >= MAX_CLIENTS and not self._free_slot(conn):
+            raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS}), "
+                                      f"each sent a message in the last {self._handshake_s:g} s "
+                                      "(agent.handshake_timeout_s); retry then", fatal=True)
         conn.info.hello = hello
         _check_ns_pid(conn.info)
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
@@ -452,16 +469,31 @@ class IngestServer:
     def _client_count(self) -> int:
         return sum(1 for c in self._conns.values() if c.info.hello is not None)
 
-    def _evict_idle_client(self) -> bool:
-        """Every slot is taken: the client silent longest gives its slot up, if it has been
-        silent for ``idle_timeout_s`` (an idle connection must not lock the others out)."""
+    def _free_slot(self, newcomer: _Conn) -> bool:
+        """Every slot is taken: free one for ``newcomer``, or say no (False).
+
+        By progress first: the client whose last complete message is oldest gives its slot
+        up once that is ``handshake_timeout_s`` old (a slowloris that trickles a byte at a time,
+        or just holds the connection, completes nothing), so a good client waits at most that
+        long. Then by uid: while one uid holds more slots than the newcomer's uid plus one, its
+        least active client gives way (clients of other users cannot lock one out by sending)."""
         now = time.monotonic()
         clients = [c for c in self._conns.values() if c.info.hello is not None]
-        idlest = min(clients, key=lambda c: c.last_frame_s, default=None)
-        if idlest is None or now - idlest.last_frame_s < self._idle_s:
+        stalest = min(clients, key=lambda c: c.last_frame_s, default=None)
+        if stalest is None:
+            return True
+        if now - stalest.last_frame_s >= self._handshake_s:
+            self._refuse(stalest, "idle", f"no complete message for "
+                         f"{now - stalest.last_frame_s:.1f} s while every client slot was taken "
+                         f"(agent.handshake_timeout_s)")
+            return True
+        held = Counter(c.info.peer_uid for c in clients)
+        uid, most = held.most_common(1)[0]
+        if most <= held[newcomer.info.peer_uid] + 1:
             return False
-        self._refuse(idlest, "idle", f"idle for {now - idlest.last_frame_s:.0f} s while every "
-                     f"client slot was taken (agent.idle_timeout_s)")
+        victim = min((c for c in clients if c.info.peer_uid == uid), key=lambda c: c.last_frame_s)
+        self._refuse(victim, "fairness", f"uid {uid} holds {most} of the {MAX_CLIENTS} client "
+                     f"slots; its least active client gives one to uid {newcomer.info.peer_uid}")
         return True
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
@@ -470,8 +502,28 @@ class IngestServer:
         if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
             pid = conn.info.pid
             records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
+        records = self._bounded(conn, records)
         self.stats.records_total += len(records)
-        self._on_records(records, conn.info)
+        if records:
+            self._on_records(records, conn.info)
+
+    def _bounded(self, conn: _Conn, records: list[Sample | Event]) -> list[Sample | Event]:
+        """The records inside the time window whose names may be stored; the others are
+        counted (``ts``, ``names``) and said in a rate-limited log line."""
+        if self._window is not None:
+            kept, late = self._window.keep(records)
+            if late is not None:
+                self.stats.rejected["ts"] += late.records
+                self._log_refused_records("client pid %s: %s", conn.info.pid,
+                                          self._window.describe(late))
+                records = list(kept)
+        kept, refusal = self._names.admit(records, conn.names)
+        if refusal is not None:
+            self.stats.rejected["names"] += refusal.records
+            self._log_refused_records("client pid %s: %s", conn.info.pid,
+                                      NameLimits.describe(refusal))
+            records = list(kept)
+        return records
 
     # --- replies and closing --------------------------------------------------------------
     def _send(self, conn: _Conn, obj: dict[str, Any]) -> None:

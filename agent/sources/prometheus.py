@@ -44,6 +44,7 @@ from typing import Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import split_targets
+from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import Event, Phase, Sample
 
 log = logging.getLogger("vramscope.prometheus")
@@ -206,7 +207,8 @@ class PrometheusSource:
     def __init__(self, targets: Iterable[str], preset: str, put: Callable[[list[Any]], None], *,
                  interval_s: float = 1.0, timeout_s: float = 2.0, device: int = 0,
                  clock: Clock = SYSTEM_CLOCK,
-                 fetch: Callable[[str, float], str] | None = None) -> None:
+                 fetch: Callable[[str, float], str] | None = None,
+                 window: TimeWindow | None = None) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown Prometheus preset {preset!r}; allowed: "
                              f"{', '.join(PRESETS)}")
@@ -218,6 +220,10 @@ class PrometheusSource:
         self.clock = clock
         self.fetch = fetch or fetch_url
         self.scrapes_total = self.failures_total = 0
+        # records outside the agent's time window (a clock stepped while scraping): refused as
+        # on the socket (agent/ingest/timewindow.py) and counted here
+        self.window = window
+        self.rejected_ts_total = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -231,7 +237,8 @@ class PrometheusSource:
         return cls(targets, config["sources.prometheus.preset"], put,
                    interval_s=config["sources.prometheus.interval_s"],
                    timeout_s=config["sources.prometheus.timeout_s"],
-                   device=config["sources.prometheus.device"], clock=clock)
+                   device=config["sources.prometheus.device"], clock=clock,
+                   window=TimeWindow.from_config(config, clock))
 
     def run_once(self) -> int:
         """Scrape every target once; returns how many records were put."""
@@ -258,6 +265,12 @@ class PrometheusSource:
         if target.failing:
             target.failing = False
             log.info("Prometheus target %s answers again", target.url)
+        if self.window is not None:
+            kept, refused = self.window.keep(records)
+            if refused is not None:
+                self.rejected_ts_total += refused.records
+                log.warning("Prometheus target %s: %s", target.url, self.window.describe(refused))
+                records = list(kept)
         return records
 
     def start(self) -> None:

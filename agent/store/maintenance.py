@@ -269,6 +269,29 @@ def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
     return deleted
 
 
+def delete_newer(store: Store, table_name: str, after_s: float, limit: int) -> int:
+    """Delete at most ``limit`` rows of ``samples`` or ``events`` timed after ``after_s``, one
+    device at a time (a range of the ``(device_id, ts_s)`` index from its far end); rows
+    deleted. Rows from the future are a client's wrong clock or a hand edit: never old enough
+    for :func:`delete_older`, they would stay for good and hide the newest real sample."""
+    table, key, owners = _TABLES[table_name]
+    deleted = 0
+    with store.engine.begin() as c:
+        for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
+            if deleted >= limit:
+                break
+            ids = c.execute(select(table.c.id).where(table.c[key] == owner,
+                                                     table.c.ts_s > after_s)
+                            .limit(limit - deleted)).scalars().all()
+            for i in range(0, len(ids), _IDS_PER_DELETE):
+                chunk = ids[i:i + _IDS_PER_DELETE]
+                which = [table.c.id.in_(chunk)]
+                if table is samples and c.dialect.name == "postgresql":  # see delete_older
+                    which.append(table.c.ts_s > after_s)
+                deleted += c.execute(delete(table).where(*which)).rowcount
+    return deleted
+
+
 def delete_rollups_older(store: Store, cutoff_s: float, max_minutes: int) -> int:
     """Delete, per device, the rollups of at most ``max_minutes`` of its oldest minutes before
     ``cutoff_s`` (a ``min(bucket_s)`` seek, then a range of the primary key), the ten-minute

@@ -85,7 +85,9 @@ def test_sigkill_during_replay_never_corrupts_or_loses_committed_rows(short_dir)
     floor, losses = 0, []
     for kill in range(KILLS):
         proc.start()
-        start_ts = time.time() + kill * 1e4  # recent: retention must not touch these rows
+        # each kill's rows after the last's (3,000 s: 3 million rows 1 ms apart), all of them
+        # inside the agent's window (a day back) and younger than retention's raw_s
+        start_ts = time.time() - (KILLS - kill) * 3000
         sender = _Sender(proc.socket_path, start_ts)
         sender.start()
         time.sleep(rng.uniform(0.05, 0.4))

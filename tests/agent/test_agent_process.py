@@ -183,7 +183,9 @@ def test_replay_and_status_commands(agent_proc, tmp_path, capsys):
     from vramscope.agent.cli import main
 
     trace = tmp_path / "t.jsonl"
-    now = time.time()  # recent: retention rolls up and deletes week-old rows
+    # recent: retention rolls up and deletes week-old rows, and the agent refuses records
+    # more than 5 minutes ahead of its clock
+    now = time.time() - 1300
     lines = [f'{{"ts": {now + i}, "device": 0, "phase": "idle", "source": "replayed", '
              f'"pid": 77, "reserved_bytes": {i}}}' for i in range(1200)]
     lines.append(f'{{"ts": {now + 1300}, "event": "request_end", "request_id": "r9", '
@@ -200,6 +202,7 @@ def test_replay_and_status_commands(agent_proc, tmp_path, capsys):
         _wait_for(lambda: st_.events(names=["request_end"]))
     assert main(["status", "--socket", agent_proc.socket_path, "--json"]) == 0
     status = proto.json.loads(capsys.readouterr().out)
+    assert "ts" not in status["rejected"]  # the trace was inside the agent's time window
     assert status["running"] is True and len(status["devices"]) == 2
     assert status["records_received_total"] >= 1201
     assert main(["status", "--socket", agent_proc.socket_path]) == 0
@@ -216,3 +219,33 @@ def test_status_without_an_agent_shows_the_stored_state_and_exits_1(agent_proc, 
     assert out.startswith("agent: not running (cannot connect to the agent at "
                           "/tmp/vs-nowhere/agent.sock")
     assert "last report" in out and "devices: 2" in out
+
+
+def test_an_old_trace_is_refused_unless_replayed_with_retime(agent_proc, tmp_path, capsys):
+    """Issue 32, item 9: last week's incident replayed into a live agent was rolled up and
+    deleted as soon as it landed. Without ``--retime`` the agent refuses it (its time window)
+    and the output says what to do; with it, the trace is stamped as ending now."""
+    from vramscope.agent.cli import main
+
+    trace = tmp_path / "week-old.jsonl"
+    week_ago = time.time() - 7 * 86400
+    trace.write_text("".join(f'{{"ts": {week_ago + i}, "device": 1, "source": "old-incident", '
+                             f'"pid": 78, "reserved_bytes": {i}}}\n' for i in range(100)))
+    assert main(["replay", str(trace), "--socket", agent_proc.socket_path,
+                 "--as-fast-as-possible"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"replayed 100 records from {trace}",
+                   "the agent refused 100 records as outside its time window (older than "
+                   "agent.max_record_age_s or ahead of its clock; counted as rejected 'ts'): "
+                   "replay with --retime to stamp the trace as ending now, or use `vramscope "
+                   "import` to keep its times"]
+    before = time.time()
+    assert main(["replay", str(trace), "--socket", agent_proc.socket_path,
+                 "--as-fast-as-possible", "--retime"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"replayed 100 records from {trace}, re-timed to end at ")
+    with Store.open(agent_proc.db_url) as st_:
+        rows = _wait_for(lambda: len(st_.samples(1, source="old-incident")) == 100
+                         and st_.samples(1, source="old-incident"))
+    assert [s.reserved_bytes for s in rows] == list(range(100))
+    assert before <= rows[-1].ts_s <= time.time() and rows[-1].ts_s - rows[0].ts_s == 99.0

@@ -100,7 +100,11 @@ def test_postmortem_round_trip_and_validation():
     obj = json.loads(proto.postmortem_message(pm)[4:])
     assert proto.parse_postmortem(obj) == pm
     obj["postmortem"]["ts_s"] = "soon"
-    with pytest.raises(proto.ProtocolError, match="'ts_s' must be a finite number"):
+    with pytest.raises(proto.ProtocolError, match="post-mortem: 'ts_s' must be a number, got "
+                       "'soon'"):
+        proto.parse_postmortem(obj)
+    obj["postmortem"]["ts_s"] = 1e12  # year 33658: no page could show it
+    with pytest.raises(proto.ProtocolError, match="'ts_s' must be Unix seconds from 0 "):
         proto.parse_postmortem(obj)
 
 

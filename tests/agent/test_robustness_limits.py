@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import socket
 import sqlite3
 import time
@@ -85,7 +86,7 @@ def test_slowloris_clients_in_every_slot_stay_under_memory_max(short_dir):
     MemoryMax, one more client is refused, `status` still answers, and once the slow clients
     are gone a well-behaved client's rows all arrive."""
     _, memory_max = unit_limits()
-    agent = _agent(short_dir).start()
+    agent = _agent(short_dir, handshake_timeout_s="60").start()  # slots held
     socks: list[socket.socket] = []
     try:
         partial = proto.HEADER.pack(proto.DEFAULT_MAX_MESSAGE_BYTES) + b"x" * (
@@ -118,8 +119,9 @@ def test_slowloris_clients_in_every_slot_stay_under_memory_max(short_dir):
 
 def test_idle_connections_cannot_hold_every_slot(short_dir):
     """Every client slot taken by silent connections, plus more that never say hello: `status`
-    answers at once, and a new hook gets the slot of the client silent longest."""
-    agent = _agent(short_dir, idle_timeout_s="1.0", handshake_timeout_s="30").start()
+    answers at once, and a new hook gets the slot of the client silent longest (silent for
+    the handshake timeout)."""
+    agent = _agent(short_dir, handshake_timeout_s="1.0").start()
     socks: list[socket.socket] = []
     try:
         socks += [_hello_socket(agent.socket_path, 20_000 + i)
@@ -290,3 +292,67 @@ def test_a_client_lying_about_its_pid_in_a_loop_cannot_flood_the_log(short_dir):
     lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text().splitlines()
              if "calls itself pid" in ln]
     assert len(lines) == ingest.LOG_BURST
+
+
+def test_slowloris_clients_in_every_slot_give_way_within_the_handshake_timeout(short_dir):
+    """Every slot taken by clients that said hello and then trickle bytes of a message they
+    never finish (issue 32: a good client was refused for idle_timeout_s, 60 s). A good client
+    is refused only while the slow clients' last message is younger than the handshake
+    timeout; then the least active of them gives its slot up."""
+    agent = _agent(short_dir, handshake_timeout_s="1.0").start()
+    socks: list[socket.socket] = []
+    try:
+        for i in range(ingest.MAX_CLIENTS):
+            sock = _hello_socket(agent.socket_path, 30_000 + i)
+            sock.sendall(b"\x00")  # the first byte of a header; the rest never comes
+            socks.append(sock)
+        last_hello = time.monotonic()
+        refused = 0
+        while True:
+            try:
+                with AgentConnection(agent.socket_path) as good:
+                    good.hello("good", pid=4242)
+                    good.send_records(_samples(100))
+                    status = good.status()
+                break
+            except Exception as exc:  # noqa: BLE001 - refused: try again, as a hook does
+                assert "too many clients" in str(exc)
+                refused += 1
+                assert time.monotonic() - last_hello < 1.0 + 1.0, "refused past the timeout"
+                for sock in socks[:8]:
+                    sock.sendall(b"\x00")  # trickling is no progress
+                time.sleep(0.05)
+        waited = time.monotonic() - last_hello
+        print(f"good client refused {refused} times, in after {waited:.2f} s")
+        assert status["rejected"]["idle"] == 1 and "clients" in status["rejected"]
+        wait_for(lambda: _good_rows(f"{short_dir}/vs.db") == 100)
+    finally:
+        for sock in socks:
+            sock.close()
+        agent.stop()
+
+
+def test_a_uid_holding_most_slots_gives_one_to_another_uid():
+    """Per-uid fairness, in-process (a second uid needs root): every slot busy (each client
+    sent a message just now), all of one uid; a client of another uid still gets in, and one
+    of the same uid does not."""
+    srv = ingest.IngestServer("/nonexistent/agent.sock", on_records=lambda r, c: None,
+                              handshake_timeout_s=60)
+    pairs = []
+    now = time.monotonic()
+    for i in range(ingest.MAX_CLIENTS):
+        ours, theirs = socket.socketpair()
+        pairs.append(theirs)
+        conn = ingest._Conn(ours, ingest.ClientInfo(100 + i, 1000), opened_s=now,
+                            last_frame_s=now + i * 1e-3)
+        conn.info.hello = proto.Hello(1, 100 + i, "busy", (), None)
+        srv._conns[ours.fileno()] = conn
+        srv._sel.register(ours, selectors.EVENT_READ, conn)
+    same_uid = ingest._Conn(socket.socketpair()[0], ingest.ClientInfo(7, 1000))
+    other_uid = ingest._Conn(socket.socketpair()[0], ingest.ClientInfo(8, 2000))
+    assert srv._free_slot(same_uid) is False
+    assert srv._free_slot(other_uid) is True
+    assert srv.stats.rejected == {"fairness": 1}
+    assert 100 not in {c.info.peer_pid for c in srv._conns.values()}  # the least active went
+    for sock in pairs:
+        sock.close()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from vramscope.agent.ingest import protocol as proto
@@ -111,7 +112,7 @@ def _as_user(uid: int, path: str) -> int:
             os.setuid(uid)
             with AgentConnection(path) as conn:
                 conn.hello("other-user", pid=77)
-                conn.send_records([Sample(1e9, 0, Phase.IDLE, "nobody", 77)])
+                conn.send_records([Sample(time.time(), 0, Phase.IDLE, "nobody", 77)])
                 code = 0 if conn.status()["type"] == "status" else 2
         finally:
             os._exit(code)
