@@ -27,6 +27,7 @@ from vramscope.agent.cli.common import (
     add_config_flag,
     config_from_args,
     require_existing_database,
+    shown_db,
     url_or_path,
 )
 from vramscope.agent.cli.measured import Measured
@@ -126,7 +127,7 @@ def _nothing_to_analyze(args: argparse.Namespace) -> str:
     which = "" if args.device is None else f" of device {args.device}"
     if args.db_url:
         window = "" if args.since is None and args.until is None else " in the window asked for"
-        return f"{args.db_url}: no records{which}{window}: nothing to analyze"
+        return f"{shown_db(args.db_url)}: no records{which}{window}: nothing to analyze"
     return f"{', '.join(args.files)}: no records{which}: nothing to analyze"
 
 

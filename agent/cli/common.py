@@ -41,11 +41,16 @@ def url_or_path(text: str) -> str:
 
 def shown_db(url: str) -> str:
     """A database as messages name it: a SQLite file by its path (what ``--db`` takes and
-    people type), any other URL as given (with its password hidden by the caller)."""
+    people type), any other URL with its password hidden."""
+    import re
+
     from vramscope.agent.store.exists import sqlite_file
 
     file = sqlite_file(url)
-    return str(file) if file is not None and file.is_absolute() else url
+    if file is not None and file.is_absolute():
+        return str(file)
+    # user:password@ as SQLAlchemy's safe URL shows it (the store module alone imports it)
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -78,8 +78,8 @@ def test_a_database_with_nothing_for_the_device_asked_is_an_error(tmp_path, caps
     assert main(["import", _write(tmp_path / "r.jsonl", _ramp(3)), "--db", str(db)]) == 0
     capsys.readouterr()
     assert main(["analyze", "--db", str(db), "--device", "7"]) == 1
-    assert capsys.readouterr().err == (f"vramscope: error: sqlite:///{db}: no records of "
-                                       "device 7: nothing to analyze\n")
+    assert capsys.readouterr().err == (f"vramscope: error: {db}: no records of device 7: "
+                                       "nothing to analyze\n")
 
 
 def test_a_device_without_measurements_says_there_was_nothing_to_judge(tmp_path, capsys):

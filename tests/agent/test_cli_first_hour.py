@@ -162,3 +162,12 @@ def test_status_of_an_empty_store_says_nothing_is_known(tmp_path, capsys):
     Store.open(url).close()
     assert main(["status", "--db", url, "--socket", str(tmp_path / "no.sock")]) == 1
     assert capsys.readouterr().out.splitlines()[2] == "devices: none recorded in this database"
+
+
+def test_messages_name_a_sqlite_file_by_its_path_and_hide_a_password():
+    from vramscope.agent.cli.common import shown_db
+
+    assert shown_db("sqlite:////srv/x.db") == "/srv/x.db"
+    assert shown_db("postgresql+psycopg://vs:s3cret@db:5432/vs") == (
+        "postgresql+psycopg://vs:***@db:5432/vs")
+    assert shown_db("postgresql+psycopg://db/vs") == "postgresql+psycopg://db/vs"
