@@ -8,7 +8,7 @@ import json
 
 import pytest
 from vramscope.agent.cli import main
-from vramscope.agent.estimate import GiB, PRESETS, preset, shape_from_hf_config
+from vramscope.agent.estimate import PRESETS, GiB, preset, shape_from_hf_config
 
 PUBLISHED = {  # parameters (biases aside, as the estimator counts), layers, KV heads, positions
     "llama-3-8b": (8_030_261_248, 32, 8, 8192),
