@@ -76,7 +76,10 @@ DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nul
                   "parent_uuid": nullable(STR), "physical_index": nullable(INT),
                   "total_bytes": nullable(INT), "risk": LEVEL, "verdict": VERDICT,
                   "active_alerts": INT, "latest": LATEST, "last_sample_age_s": nullable(NUM),
-                  "stale": {"type": "boolean"}})
+                  "stale": {"type": "boolean"},
+                  "freshness": {"type": "string",
+                                "enum": ["no_data", "live", "idle", "catching_up", "stale"]},
+                  "kv_usage_ratio": nullable(NUM), "requests_per_min": NUM})
 FRESHNESS = obj({"now_s": NUM, "newest_ts_s": nullable(NUM), "age_s": nullable(NUM),
                  "stale_after_s": NUM,
                  "state": {"type": "string",

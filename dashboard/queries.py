@@ -170,7 +170,8 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
                      "risk": verdict["level"], "verdict": verdict,
                      "active_alerts": len(mine), "latest": latest,
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
-                     "freshness": fresh["state"]})
+                     "freshness": fresh["state"],
+                     **_kv_and_requests(store, d["device_index"], host, latest, now_s)})
     # A fleet's riskiest devices first, then by host and index (the operator's reading order).
     rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
                              r["device"]))
@@ -228,6 +229,21 @@ _NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": Non
 RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in the last minute
 
 
+def _kv_and_requests(store: Store, device: int, host: str | None,
+                     latest: dict[str, Any] | None, now_s: float) -> dict[str, Any]:
+    """A device's KV pool now (its processes' newest readings, summed: the vLLM plugin's or
+    the Prometheus source's) and the requests started on it in the last minute (counted on
+    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows."""
+    used, total = (latest or {}).get("kv_blocks_used"), (latest or {}).get("kv_blocks_total")
+    started = 0 if latest is None else events_at_most(
+        store, device, now_s - RATE_WINDOW_S, now_s, ("request_start",), RATE_LIMIT, host)
+    return {"kv_usage_ratio": used / total if used is not None and total else None,
+            "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
+
+
+RATE_LIMIT = 100_000  # request starts counted a minute, at most
+
+
 def _process_now(store: Store, rows: list[dict[str, Any]], now_s: float
                  ) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (host, pid): its newest KV pool reading (the device row's process entry) and the
@@ -239,7 +255,7 @@ def _process_now(store: Store, rows: list[dict[str, Any]], now_s: float
             continue
         host = host_or_none(store, r["host"])
         starts = store.events(r["device"], now_s - RATE_WINDOW_S, now_s, host=host,
-                              names=("request_start",), limit=100_000)
+                              names=("request_start",), limit=RATE_LIMIT)
         for p in entries:
             if p["pid"] is None:
                 continue

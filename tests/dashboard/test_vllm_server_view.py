@@ -56,6 +56,8 @@ def test_an_idle_connected_server_is_idle_everywhere(tmp_path):
     assert overview["freshness"] == fresh
     (row,) = overview["devices"]
     assert (row["freshness"], row["stale"]) == ("idle", False)
+    # the device's KV pool now (the idle sample: 0 of 63) and its requests of the last minute
+    assert (row["kv_usage_ratio"], row["requests_per_min"]) == (0.0, 2.0)
 
 
 def test_stale_says_who_stopped(tmp_path):

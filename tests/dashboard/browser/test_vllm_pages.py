@@ -52,8 +52,15 @@ def test_an_idle_server_is_idle_and_listed_with_its_kv_and_requests(driver, tmp_
         live = rows[0]
         assert (live["Name"], live["Model"]) == (V.NAME, V.MODEL)
         assert (live["KV used"], live["Requests/min"]) == ("0.0 % (0 / 63 blocks)", "2")
-        (device,) = _rows(driver, "devices-table")
-        assert device[-2].endswith("(idle)")
+        dev_heads = driver.execute_script("return [...document.querySelectorAll("
+                                          "'#devices-table thead th')].map(h => h.textContent);")
+        (device,) = [dict(zip(dev_heads, r)) for r in _rows(driver, "devices-table")]
+        assert device["Last sample"].endswith("(idle)")
+        assert (device["KV used"], device["Requests/min"]) == ("0.0 %", "2")
+        # no GPU, no memory counter: no empty memory charts, a line that says why
+        assert driver.execute_script(
+            "return [document.getElementById('overview-plot').hidden,"
+            " document.getElementById('no-memory-note').hidden];") == [True, False]
         screenshot(driver, "vllm-overview-idle")
         assert console_errors(driver) == []
     finally:
