@@ -99,6 +99,9 @@ class Retention:
         self._watermark_known = False
         self._partition_day: int | None = None  # PostgreSQL: the day whose partitions exist
         self._oldest_end_s: float | None = None  # and the oldest partition's end, once read
+        # catching up: (monotonic s, watermark) when this stretch of backlog began, for the rate
+        self._catch_up_from: tuple[float, float] | None = None
+        self.last_backlog = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
@@ -146,7 +149,34 @@ class Retention:
                    or more_to_drop
                    or any(n >= self.step_rows for k, n in deleted.items()
                           if k not in ("rollups", "seconds", "partitions")))
+        self._note_progress(backlog)
         return StepResult(minutes, rows, deleted, late, backlog)
+
+    def _note_progress(self, backlog: bool) -> None:
+        self.last_backlog = backlog
+        if not backlog or self._watermark is None:
+            self._catch_up_from = None
+        elif self._catch_up_from is None:
+            self._catch_up_from = (self._clock.monotonic_s(), self._watermark)
+
+    def progress(self) -> dict[str, Any] | None:
+        """How far the rollups are behind while catching up (``None`` when they are not):
+        ``rolled_up_to_s`` (the watermark), ``behind_s`` (of data time still to roll up),
+        ``rate`` (data seconds rolled up per second since the catching up began) and
+        ``eta_s`` (``behind_s / rate``; None until a rate is known)."""
+        if not self.last_backlog or self._watermark is None:
+            return None
+        now_s = self._clock.time_s()
+        behind = max(0.0, _floor_minute(now_s - self.grace_s) - self._watermark)
+        rate = None
+        if self._catch_up_from is not None:
+            began_s, from_s = self._catch_up_from
+            elapsed = self._clock.monotonic_s() - began_s
+            if elapsed > 0 and self._watermark > from_s:
+                rate = (self._watermark - from_s) / elapsed
+        return {"rolled_up_to_s": self._watermark, "behind_s": behind,
+                "rate": None if rate is None else round(rate, 1),
+                "eta_s": None if rate is None else round(behind / rate, 1)}
 
     def _delete_future(self, store: Store, sql: ModuleType, now_s: float) -> int:
         after = now_s + FUTURE_S

@@ -155,13 +155,15 @@ class Writer:
 
     def _wait_for_batch(self) -> None:
         """Sleep until a batch is due: idle (nothing queued) until woken by a put or a task,
-        then at most ``batch_interval_s`` for the batch to fill."""
+        then at most ``batch_interval_s`` for the batch to fill, unless a task waits (retention
+        catching up submits its steps back to back: each waited half a second)."""
         with self._cond:
             while (not self._queue and not self._tasks and self._pending is None
                    and not self._stopping):
                 self._cond.wait()
             deadline = time.monotonic() + self._interval_s
-            while len(self._queue) < self._batch_rows and not self._stopping:
+            while (len(self._queue) < self._batch_rows and not self._tasks
+                   and not self._stopping):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

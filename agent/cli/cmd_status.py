@@ -88,7 +88,7 @@ def render(s: dict[str, Any]) -> str:
     lines = [f"agent: running (pid {s['pid']}), socket {s['socket']}",
              f"database: {s['database']}, {_size(s.get('db_size_bytes'))}"
              + (" — WRITES FAILING, retrying" if s.get("db_failing") else "")
-             + (" — retention catching up" if s.get("retention_backlog") else "")
+             + (_catch_up(s.get("retention_catch_up")) if s.get("retention_backlog") else "")
              + _integrity(s.get("db_integrity"))]
     lines.append(f"devices: {len(s['devices'])}")
     for d in s["devices"]:
@@ -105,6 +105,15 @@ def render(s: dict[str, Any]) -> str:
               f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else ""),
               f"refused by the database: {s.get('db_refused_total', 0)} records (dropped alone)"]
     return "\n".join(lines)
+
+
+def _catch_up(progress: dict[str, Any] | None) -> str:
+    """`` — retention catching up: 14.2 h behind, about 3 min left``."""
+    if not progress:
+        return " — retention catching up"
+    text = f" — retention catching up: {progress['behind_s'] / 3600:.1f} h behind"
+    eta = progress.get("eta_s")
+    return text + (f", about {max(1, round(eta / 60))} min left" if eta is not None else "")
 
 
 def _integrity(result: dict[str, Any] | None) -> str:
