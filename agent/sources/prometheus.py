@@ -296,14 +296,42 @@ class PrometheusSource:
             self._stop.wait(next_s - now)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A scrape target is the URL configured: a redirect is an error that names where it
+    pointed (each hop would cost another timeout, and could lead anywhere)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed; "
+                                     "name the final URL in sources.prometheus.targets",
+                                     headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+_CHUNK_BYTES = 65_536
+
+
 def fetch_url(url: str, timeout_s: float) -> str:
-    """GET ``url`` as text; raises on HTTP errors, timeouts and pages over ``MAX_BODY_BYTES``."""
+    """GET ``url`` as text within ``timeout_s`` in all (a server trickling its page a byte at
+    a time never waits out a per-read timeout); raises on HTTP errors, redirects, timeouts and
+    pages over ``MAX_BODY_BYTES``."""
+    deadline = time.monotonic() + timeout_s
     request = urllib.request.Request(url, headers={"Accept": "text/plain"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        body: bytes = response.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
+    chunks: list[bytes] = []
+    size = 0
+    with _OPENER.open(request, timeout=timeout_s) as response:
+        while size <= MAX_BODY_BYTES:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"page not complete after {timeout_s:g} s "
+                                   "(sources.prometheus.timeout_s)")
+            chunk: bytes = response.read1(_CHUNK_BYTES)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    if size > MAX_BODY_BYTES:
         raise ValueError(f"page larger than {MAX_BODY_BYTES} bytes")
-    return body.decode("utf-8", errors="replace")
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _short(url: str) -> str:
@@ -312,7 +340,7 @@ def _short(url: str) -> str:
 
 def _why(exc: Exception) -> str:
     if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code}"
+        return f"HTTP {exc.code}" + (f" ({exc.msg})" if 300 <= exc.code < 400 else "")
     if isinstance(exc, urllib.error.URLError):
         return f"cannot connect ({exc.reason})"
     return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,133 @@
+"""The Prometheus scrape source against a hostile local server (issue 32, "never tested yet"):
+slow (a page trickled for longer than the timeout), a 100 MB body, malformed exposition text,
+redirects, a 500 storm. Each scrape ends within its time bound, reads a bounded amount,
+counts a failure and logs once; NVML sampling goes on meanwhile."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import threading
+import time
+import tracemalloc
+
+import pytest
+from vramscope.agent.config import parse_config
+from vramscope.agent.daemon import Agent
+from vramscope.agent.sources.nvml import FakeNvmlSource
+from vramscope.agent.sources.prometheus import MAX_BODY_BYTES, PrometheusSource
+
+from tests.support.waiting import wait_for
+
+TIMEOUT_S = 0.5
+GOOD = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        mode = self.path.strip("/")
+        if mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", "/ok")
+            self.end_headers()
+            return
+        if mode == "error":
+            self.send_response(500)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        try:
+            if mode == "slow":  # a byte at a time: never a read timeout, never the end
+                for _ in range(200):
+                    self.wfile.write(b"#")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            elif mode == "huge":  # 100 MB
+                block = b"# " + b"x" * 65_534 + b"\n"
+                for _ in range(100 * 2**20 // len(block)):
+                    self.wfile.write(block)
+            elif mode == "malformed":
+                self.wfile.write(b"vllm:num_requests_running{unclosed 1\n\x00\xff garbage\n")
+            else:
+                self.wfile.write(GOOD.encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the scraper gave up: what it should do
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _source(url: str, got: list) -> PrometheusSource:
+    return PrometheusSource([url], "vllm", got.extend, timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.parametrize("mode", ["slow", "huge", "malformed", "redirect", "error"])
+def test_a_hostile_page_is_one_counted_failure_in_bounded_time_and_memory(hostile, mode,
+                                                                           caplog):
+    got: list = []
+    source = _source(f"{hostile}/{mode}", got)
+    tracemalloc.start()
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, "vramscope.prometheus"):
+        assert source.run_once() == 0
+    took = time.monotonic() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (source.scrapes_total, source.failures_total, got) == (1, 1, [])
+    assert took < 2 * TIMEOUT_S + 0.5  # the per-read timeout after the total one, at most
+    assert peak < 3 * MAX_BODY_BYTES  # the page's bytes, joined once, and its text
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"Prometheus target {hostile}/{mode}: ")
+    if mode == "redirect":
+        assert line.endswith(f": HTTP 302 (redirect to {hostile}/ok not followed; name the "
+                             "final URL in sources.prometheus.targets); no KV or request "
+                             "records from it until it answers (sources.prometheus.targets)")
+    if mode == "slow":
+        assert "page not complete after 0.5 s" in line
+
+
+def test_a_500_storm_is_counted_and_logged_once_then_recovery_once(hostile, caplog):
+    got: list = []
+    source = _source(f"{hostile}/error", got)
+    with caplog.at_level(logging.INFO, "vramscope.prometheus"):
+        for _ in range(50):
+            source.run_once()
+        source.targets[0].url = f"{hostile}/ok"
+        assert source.run_once() > 0
+    assert (source.scrapes_total, source.failures_total) == (51, 50)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+
+
+def test_nvml_sampling_goes_on_while_the_target_is_slow(hostile, tmp_path):
+    from vramscope.agent.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'p.db'}", host_name="h")
+    config = parse_config({"sampling": {"device_interval_s": 0.1},
+                           "sources": {"prometheus": {"targets": f"{hostile}/slow",
+                                                      "timeout_s": TIMEOUT_S,
+                                                      "interval_s": 0.05}}}, None, {})
+    agent = Agent(config, store=store, source=FakeNvmlSource(1, 2**30), listen=False,
+                  alerts=False)
+    agent.start()
+    try:
+        time.sleep(2.0)
+        assert agent.prometheus is not None and agent.prometheus.failures_total >= 2
+    finally:
+        agent.stop()
+
+    def nvml():
+        return len(store.samples(0, source="nvml"))
+    assert wait_for(lambda: nvml() >= 15)  # 10 Hz for 2 s, on time while every scrape hangs
+    store.close()
