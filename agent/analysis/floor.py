@@ -4,7 +4,9 @@ The floor of a window is, in order of trust (``FloorTracker.last_load`` says whi
 the least allocated memory while no request was in flight (idle: exact); the least residual
 after the KV blocks in use were taken off (``RESIDUAL``: the pool's own figures); without KV
 figures, the floor after a request ended at the moment the fewest requests were still in
-flight (``RESIDUAL + n``: their memory is estimated, or not taken off at all). A minimum, not a
+flight (``RESIDUAL + n``: their memory is estimated, or not taken off at all), or the window's
+least when as few requests or fewer were in flight then (a static batch's wave: the moment the
+last one ended holds the next one's prefill, a few seconds later only its KV). A minimum, not a
 mean: a KV sawtooth or a prefill spike lifts the mean, not the floor. The leak detector
 (``vramscope.agent.analysis.leaks``) makes its trend of these points.
 """
@@ -43,6 +45,7 @@ class FloorTracker:
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
         self._explained = False  # the window's samples had KV bytes taken off (residual)
+        self._by_load = False  # no KV figures: the requests in flight tag each moment's floor
         self._after_end_load = 0  # requests still in flight at that moment
         # how the last point was read: 0 idle (exact), RESIDUAL less the KV blocks in use (the
         # pool's figures), RESIDUAL + n after a request with n still in flight and no KV
@@ -69,6 +72,7 @@ class FloorTracker:
         elif self._uses_allocated or (value := s.device_used_bytes) is None:
             return None
         value -= explained
+        self._by_load = not anytime
         if explained and anytime:
             self._explained = True
         ts_s, point = s.ts_s, None
@@ -106,10 +110,15 @@ class FloorTracker:
         self.last_load = 0
         if self._idle is not None:
             point = (self._idle_ts, self._idle)
-        elif self._after_end is not None and not self._explained:
+        elif self._after_end is not None and not self._explained and (
+                not self._by_load
+                or (self._after_end_load, self._after_end) <= (self._any_load, self._any or 0)):
             point = (self._after_end_ts, self._after_end)
             self.last_load = self._after_end_load
-        else:  # the residual floor has the KV taken off: its least is the floor, any time
+        else:  # the residual floor has the KV taken off: its least is the floor, any time;
+            # without KV figures, the window's least when as few requests were in flight then
+            # as after a request ended (or fewer): a static batch's next wave, its prefill
+            # over, holds less than the moment its predecessor ended (its prefill running)
             point = None if self._any is None else (self._any_ts, self._any)
             self.last_load = self._any_load  # without KV figures: less an estimate
         self._idle = self._after_end = self._any = None

@@ -85,8 +85,8 @@ EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
 MIN_GROWTH_NOISE = 4.0
-ESTIMATED_NOISE = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the noise
-#                        and x the minimum span
+ESTIMATED_SPAN = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the
+#                       minimum span
 RECENT_FLOOR_POINTS = 2048
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
@@ -320,11 +320,12 @@ class LeakDetector:
             self._estimated.popleft()
         self._since_eval += 1
         verdict = self._sequential(raw)
-        span = ts - self._trend_from
-        # a floor estimated from the load (never idle, no KV figures) needs twice the span and
-        # must rise twice as far above its noise
-        factor = ESTIMATED_NOISE if self._mostly_estimated() else 1.0
-        need = self.t.leak_min_span_s * factor
+        # the span the verdict rests on: the points of the horizon (after a stretch without
+        # trend points, a server idle only now and then, the first ones are long gone)
+        span = ts - max(self._trend_from, self.points[0][0])
+        # a floor estimated from the load (never idle, no KV figures) needs twice the span: a
+        # load that wanders over half an hour is not a leak's steady rise
+        need = self.t.leak_min_span_s * (ESTIMATED_SPAN if self._mostly_estimated() else 1.0)
         if span < need or len(self.points) < MIN_FIT_POINTS:
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
@@ -333,7 +334,7 @@ class LeakDetector:
             self._since_eval = 0
             prev = self.result
             mk = evaluate_floor(list(self.points), self._limit(), self.t,
-                                prev.detected and prev.p_value is not None, factor)
+                                prev.detected and prev.p_value is not None)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -485,7 +486,7 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
 
 
 def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,
-                   was_detected: bool = False, noise_factor: float = 1.0) -> LeakResult:
+                   was_detected: bool = False) -> LeakResult:
     """One verdict over floor points (already past warm-up). Pure; see the module docstring.
 
     ``was_detected``: the previous verdict was a leak; it then stays one while the whole
@@ -511,7 +512,7 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     else:
         checks = (test.p_rising < P_LEAK, trend.slope >= min_slope,
                   r_test.p_rising < P_RECENT and r_trend.slope >= min_slope and steady,
-                  growth >= MIN_GROWTH_NOISE * noise_factor * noise)
+                  growth >= MIN_GROWTH_NOISE * noise)
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     start, slope = rise_start(points), trend.slope

@@ -1,7 +1,7 @@
 """Leak detection: idle floor, verdicts on literal floors, the causal detector end to end."""
 
 import pytest
-from vramscope.agent.analysis.floor import idle_floor
+from vramscope.agent.analysis.floor import FloorTracker, idle_floor
 from vramscope.agent.analysis.leaks import LeakDetector, detect_leak, evaluate_floor
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Event, Phase, Sample
@@ -193,3 +193,40 @@ def test_a_model_reload_starts_a_new_warm_up():
     assert d.result.evidence.startswith("not enough data yet: 6.0 more min of idle floor "
                                          "(has 9.0 of the 15 min")
     assert d.result.first_detected_ts_s is None and not d.result.detected
+
+
+def test_after_hours_without_floor_points_the_span_is_the_horizons_points():
+    # an hour of idle floor, then four hours without any record (the agent down), then ten
+    # minutes: the verdict rests on those ten minutes alone (the first hour left the 2 h
+    # horizon), less than the 15 min a verdict needs, so not enough data yet: never a
+    # "no_leak" on the span since the first point of the process (which read 5 h)
+    d = LeakDetector(Thresholds(leak_warmup_s=0.0))
+    for t in [*range(0, 3600, 10), *range(18000, 18600, 10)]:
+        d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=10 * 2**30,
+                        device_total_bytes=80 * 2**30))
+    assert d.result.state == "insufficient_data"
+    assert d.result.evidence.startswith("not enough data yet: 7.0 more min of idle floor "
+                                        "(has 8.0 of the 15 min")
+
+
+def test_without_kv_figures_a_wave_after_its_prefill_is_the_floor_not_its_prefill():
+    # static batching, never idle, no KV figures: a wave of 4 ends at 25 s as the next wave
+    # of 4 starts; the sample after (30 s) holds the new wave's prefill activations (140), the
+    # next (40 s) its decode KV only (115). As many requests in flight at both: the least of
+    # the window is the floor, not the moment the old wave ended
+    tracker = FloorTracker(60.0)
+    for i in range(4):
+        tracker.on_event(Event(0.0, "request_start", request_id=f"a{i}"))
+    points = []
+    for ts, phase, alloc in [(0.0, Phase.DECODE, 130), (10.0, Phase.DECODE, 150),
+                             (20.0, Phase.DECODE, 170), (30.0, Phase.PREFILL, 140),
+                             (40.0, Phase.DECODE, 115), (50.0, Phase.DECODE, 125),
+                             (60.0, Phase.DECODE, 135)]:
+        if ts == 30.0:
+            for i in range(4):
+                tracker.on_event(Event(25.0, "request_start", request_id=f"b{i}"))
+                tracker.on_event(Event(25.0, "request_end", request_id=f"a{i}"))
+        point = tracker.update(Sample(ts, 0, phase, allocated_bytes=alloc), anytime=False)
+        if point is not None:
+            points.append((point, tracker.last_load))
+    assert points == [((40.0, 115), 5)]  # RESIDUAL + 4 in flight: an estimated floor
