@@ -63,8 +63,7 @@ def hosts() -> ResponseReturnValue:
 def freshness() -> ResponseReturnValue:
     """How old the newest sample of any device is, and whether that counts as stale."""
     st = state()
-    return jsonify(verdict.freshness(queries.newest_sample_s(st.store), st.clock.time_s(),
-                                     st.config, queries.newest_agent_report(st.store)))
+    return jsonify(queries.freshness_now(st.store, st.config, st.clock.time_s()))
 
 
 @bp.get("/devices")

@@ -31,6 +31,7 @@ from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import (
+    connected,
     connected_count,
     device_verdict,
     freshness,
@@ -162,7 +163,7 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
         writers = connected_count((latest or {}).get("pids") or {}, procs.get(d["host"], {}),
                                   now_s, config)
         fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config, report,
-                          writers)
+                          writers=writers)
         rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
                      "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
                      "physical_index": d.get("physical_index"),
@@ -268,6 +269,25 @@ def _process_now(store: Store, rows: list[dict[str, Any]], now_s: float
     return out
 
 
+def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
+                      config: Config) -> int | None:
+    """Server processes connected now, every host: the agent's count, or more where process
+    rows say so (a server in the agent's own process, as ``vramscope demo``'s, has no socket
+    connection but names itself); None without an agent report."""
+    if report is None:
+        return None
+    rows = sum(1 for p in store.processes(host="*") if connected(p, now_s, config))
+    return max(int(report["clients"]), rows)
+
+
+def freshness_now(store: Store, config: Config, now_s: float) -> dict[str, Any]:
+    """The freshness of all the data (:func:`~vramscope.dashboard.verdict.freshness`): its
+    newest sample, the newest agent report and the server processes connected."""
+    report = newest_agent_report(store)
+    return freshness(newest_sample_s(store), now_s, config, report,
+                     connected_clients(store, report, now_s, config))
+
+
 def newest_agent_report(store: Store) -> dict[str, Any] | None:
     """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
     reports = (store.latest_agent_stats(host_or_none(store, h["name"])) for h in store.hosts())
@@ -294,7 +314,9 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     newest = max((r["latest"]["last_ts_s"] for r in rows if r["latest"]), default=None)
     report = max((h["agent"] for h in hosts if h["agent"]), key=lambda a: a["ts_s"],
                  default=None)
-    return {"now_s": now_s, "freshness": freshness(newest, now_s, config, report),
+    return {"now_s": now_s,
+            "freshness": freshness(newest, now_s, config, report,
+                                   connected_clients(store, report, now_s, config)),
             "hosts": hosts, "devices": rows,
             "processes": process_rows(store, rows, config, now_s),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}

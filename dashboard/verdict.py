@@ -50,45 +50,46 @@ def stale_after_s(config: Mapping[str, Any]) -> float:
 
 
 def freshness(newest_ts_s: float | None, now_s: float, config: Mapping[str, Any],
-              agent: Mapping[str, Any] | None = None, clients: int | None = None
-              ) -> dict[str, Any]:
+              agent: Mapping[str, Any] | None = None, clients: int | None = None,
+              writers: int | None = None) -> dict[str, Any]:
     """``{"now_s", "newest_ts_s", "age_s", "stale_after_s", "state", "stale", "why",
     "agent_age_s", "clients"}``.
 
-    ``agent``: the newest agent report (``agent_stats``: ``ts_s``, ``clients``, ``rows_per_s``)
-    of the host the data comes from, or None when the agent never reported. ``clients``: how
-    many connected clients feed this data (a device's processes), else the report's count.
+    ``agent``: the newest agent report (``agent_stats``: ``ts_s``, ``clients``, ``rows_per_s``,
+    ``queue_depth``) of the host the data comes from, or None when the agent never reported.
+    ``clients``: server processes connected now (default: the report's count). ``writers``:
+    those of them that write this data (a device's processes), when known: connected and
+    silent, they make it idle even while the agent writes other rows.
     No data is not stale (there is nothing to mistake for live), but ``newest_ts_s`` is None.
-    ``why`` names who stopped reporting when stale: ``"agent"`` or ``"clients"``; or
-    ``"future"``: the newest sample is timed ahead of the clock (a wrong clock's row).
+    ``why`` names who stopped reporting when stale: ``"agent"`` or ``"clients"``.
     """
     limit = stale_after_s(config)
     age = None if newest_ts_s is None else max(0.0, now_s - newest_ts_s)
     agent_age = None if agent is None else max(0.0, now_s - float(agent["ts_s"]))
     if clients is None and agent is not None:
         clients = int(agent["clients"])
-    state, why = _state(age, limit, agent, agent_age, clients or 0)
-    if newest_ts_s is not None and newest_ts_s - now_s > limit:
-        # a stored row from a wrong clock (retention deletes it within a day) would hide the
-        # newest real sample and show "live" for good
-        state, why = "stale", "future"
+    if writers is not None:
+        clients = writers
+    state, why = _state(age, limit, agent, agent_age, clients or 0, writers is not None)
     return {"now_s": now_s, "newest_ts_s": newest_ts_s, "age_s": age, "stale_after_s": limit,
             "state": state, "stale": state == "stale", "why": why, "agent_age_s": agent_age,
             "clients": clients}
 
 
 def _state(age: float | None, limit: float, agent: Mapping[str, Any] | None,
-           agent_age: float | None, clients: int) -> tuple[str, str | None]:
+           agent_age: float | None, clients: int, own: bool) -> tuple[str, str | None]:
     if age is None:
         return "no_data", None
     if age <= limit:
         return "live", None
     if agent is None or agent_age is None or agent_age > limit:
         return "stale", "agent"  # the agent stopped reporting (or never did, here)
+    if own and clients > 0:
+        return "idle", None  # this data's writers are connected and silent: no requests
+    if float(agent.get("rows_per_s") or 0.0) > 0 or int(agent.get("queue_depth") or 0) > 0:
+        return "catching_up", None  # rows are being written (or queued), none of them of now
     if clients > 0:
         return "idle", None  # connected and silent: a server without requests
-    if float(agent.get("rows_per_s") or 0.0) > 0:
-        return "catching_up", None  # rows are being written, none of them of now yet
     return "stale", "clients"  # the agent runs, but no server process reports to it
 
 
