@@ -326,7 +326,9 @@ class VllmObserver:
             phase_mod.request_finished(rid)
         if not sched.requests:  # _free_request dropped it from there: none is left
             phase_mod.set_phase(Phase.IDLE)
-            self._kv_after(sched.kv_cache_manager, force=True, sched=sched)
+            # no request left: nothing runs or waits (sched.running still lists the finished
+            # ones until update_from_output filters them)
+            self._kv_after(sched.kv_cache_manager, force=True, sched=sched, idle=True)
 
     def _wrap_preempt(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _preempt_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -446,7 +448,8 @@ class VllmObserver:
         return reset_prefix_cache
 
     # --- records --------------------------------------------------------------------------
-    def _kv_after(self, manager: Any, force: bool, sched: Any = None) -> None:
+    def _kv_after(self, manager: Any, force: bool, sched: Any = None,
+                  idle: bool = False) -> None:
         """A KV sample when due (or forced), the scheduler's running and waiting counts with
         it when they changed (``server_load``, as the Prometheus source records them), and
         the step's evictions as one event."""
@@ -466,7 +469,7 @@ class VllmObserver:
                                       kv_blocks_cached=peak[2], phase=peak[3]))
         self._put(sample)
         if sched is not None:
-            load = (len(sched.running), len(sched.waiting))
+            load = (0, 0) if idle else (len(sched.running), len(sched.waiting))
             if load != self._load:
                 self._load = load
                 self._event("server_load", None, {"running": load[0], "waiting": load[1]})
