@@ -105,6 +105,7 @@ class Agent:
         # a backlog after downtime); None before the first step
         self.retention_backlog: bool | None = None
         self._rate = _Rate(now, 0)
+        self._pg_size_bytes: int | None = None  # PostgreSQL: read by the stats task
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._paused = False
@@ -344,12 +345,22 @@ class Agent:
             "retention_catch_up": self.retention.progress(),
             "alerts": self.alerts.counts() if self.alerts is not None else None,
             "database": self.store.safe_url,
-            "db_size_bytes": self.store.size_bytes(),
+            "db_size_bytes": self._db_size_bytes(),
         }
+
+    def _db_size_bytes(self) -> int | None:
+        """SQLite: its files' size now (a stat). PostgreSQL: what the writer thread read last;
+        a query here, on the ingest thread, made ``status`` time out while the server was
+        away (tests/agent/test_robustness_pg_outage.py)."""
+        if self.store.dialect != "postgresql":
+            return self.store.size_bytes()
+        return self._pg_size_bytes
 
     def _stats_task(self, ts_s: float) -> Callable[[Store], None]:
         def task(store: Store) -> None:
             self._rate.update(self.clock.monotonic_s(), self.writer.stats.written_total)
+            if store.dialect == "postgresql":
+                self._pg_size_bytes = store.size_bytes()
             s = self.status()
             store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
                                     queue_depth=s["queue_depth"],

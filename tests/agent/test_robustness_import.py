@@ -103,6 +103,22 @@ def test_several_files_are_one_transaction(tmp_path):
     assert _rows(db) == 100  # only the first, separate import
 
 
+def test_several_files_where_the_last_has_a_bad_line_write_nothing(tmp_path):
+    """All or nothing, as documented: three files, a bad line deep in the last (12,001 good
+    lines before it, more than one chunk of 5,000): no row of any file is kept, and the error
+    names the file and line."""
+    db = tmp_path / "vs.db"
+    files = [tmp_path / f"{name}.jsonl" for name in "abc"]
+    files[0].write_text(GOOD * 7_000)
+    files[1].write_text(GOOD * 3)
+    files[2].write_text(GOOD * 12_001 + '{"ts": 1e12, "allocated_bytes": 1}\n' + GOOD)
+    done = _import(db, *files)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (f"{files[2]}:12002: 'ts' must be Unix seconds from 0 (1970) to 253402300799 "
+            "(9999-12-31), got 1000000000000.0") in done.stderr
+    assert _rows(db) == 0
+
+
 _PEAK = ("import resource, sys; from vramscope.agent.cli import main; rc = main(sys.argv[1:]); "
          "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
 
@@ -124,10 +140,11 @@ def _big_trace(path: Path, lines: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("lines", [40_000, pytest.param(1_000_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("lines", [40_000, pytest.param(1_500_000, marks=pytest.mark.slow)])
 def test_a_large_trace_is_streamed(tmp_path, lines):
     """The import's peak memory does not grow with the file: a trace of ``lines`` records
-    peaks within 20 MiB of a 10,000-line one (holding them all takes ~1 KB a record)."""
+    (1.5 M: a 200 MB file) peaks within 20 MiB of a 10,000-line one (holding them all takes
+    ~1 KB a record)."""
     small = _peak_kib(tmp_path / "small.db", _big_trace(tmp_path / "small.jsonl", 10_000))
     big = _peak_kib(tmp_path / "big.db", _big_trace(tmp_path / "big.jsonl", lines))
     print(f"import peak RSS: {small // 1024} MiB (10,000 lines) -> {big // 1024} MiB ({lines:,})")
