@@ -9,7 +9,9 @@ documents is tests/dashboard/browser/test_vllm_pages.py (scripted database)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -116,3 +118,7 @@ def test_the_dashboard_of_a_real_vllm_server(model_dir, agent_with_scrapes, tmp_
         _trace(fig, "waiting requests")
     scraped = _trace(figs[1], "KV blocks used")
     assert scraped["line"]["shape"] == "hv"
+    out = os.environ.get("VRAMSCOPE_VLLM_RECORDING_OUT")
+    if out:  # refresh tests/data/vllm_idle_server.jsonl.gz (the browser test's recording)
+        subprocess.run([sys.executable, "-m", "vramscope", "export", "--db", agent.db_url,
+                        "-o", out], check=True)

