@@ -176,7 +176,7 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     fragmentation, KV peaks, OOMs) from the records of the tier they were read from (``tier``,
     ``bucket_s``), its verdicts (leak, OOM risk, per process) and alerts as the alert engine
     stored them (``verdicts_from``: "store"), the answers every page shows."""
-    from vramscope.dashboard import verdict_views
+    from vramscope.agent.store.verdicts import attach_stored
 
     window = read_window(store, device, host, start, end, SAMPLE_COUNTER_FIELDS, peaks=True,
                          max_buckets=REPORT_BUCKETS)
@@ -188,7 +188,7 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     stored = _stored_alerts(store, device, host, start, end)
     if stored is not None:
         doc.update(alerts=stored, alerts_from="agent")
-    verdict_views.attach_stored(doc, store, device, host, start, end)
+    attach_stored(doc, store, device, host, start, end)
     return doc
 
 

@@ -400,6 +400,9 @@ def _process_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
         who = "device (no pid)" if v["pid"] is None else f"pid {v['pid']}"
         if v.get("rank") is not None:
             who = f"rank {v['rank']} ({who})"
+        who = v.get("process") or who  # a stored verdict's: the process's name and pid
+        if v.get("ended"):
+            who += ", ended"
         leak, risk = v["leak"], v["risk"]
         said = {"leak": f"LEAK {leak['slope_bytes_per_h'] / 2**20:.1f} MiB/h since "
                         f"{iso_utc(leak['first_detected_ts'])}" if leak["first_detected_ts"]

@@ -208,6 +208,7 @@ def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
     from vramscope.agent.analysis.merge import iter_merged, time_batches
     from vramscope.agent.analysis.report import FORMAT
     from vramscope.agent.store import Store
+    from vramscope.agent.store import verdicts as stored_verdicts
 
     require_existing_database(config["database.url"], "analyze")
     doc: dict[str, Any] = {"format": FORMAT, "devices": {}, "alerts": []}
@@ -228,10 +229,18 @@ def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
                                    store.iter_events(dev, args.since, args.until), CHUNK)
             part = analyze_stream(batches, records, config, postmortems=mine,
                                   makeup=args.makeup)
+            if stored_verdicts.has_any(store, dev):
+                # the verdicts the engine stored as it saw every record (the agent, import):
+                # the answer every page shows, not a replay of what retention left
+                since = -math.inf if args.since is None else args.since
+                stored_verdicts.attach_stored(part, store, dev, None, since,
+                                              _earlier(math.inf, args.until))
+                doc["verdicts_from"] = "store"
+            else:
+                _note_tiers(store, dev, args.since, args.until)
             doc["devices"].update(part["devices"])
             doc["alerts"] += part["alerts"]
             postmortems += mine
-            _note_tiers(store, dev, args.since, args.until)
     doc["alerts"].sort(key=lambda a: a["fired_ts"])  # stable: devices in order on a tie
     return doc, postmortems
 

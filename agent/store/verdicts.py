@@ -9,8 +9,8 @@ state changes. Neither reads a sample: a page over a week costs a few index look
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, insert, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
     from vramscope.agent.store import Store
 
+NO_VERDICTS = ("no verdict stored for this device up to the window's end: the agent writes "
+               "them as it runs, `vramscope import` as it loads a trace")
+LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
 # A process whose newest verdict is this much older than its device's newest has ended: the
 # engine forgets a process after five minutes of silence and writes nothing more for it.
@@ -128,3 +131,85 @@ def _verdict(doc: str) -> Verdict | None:
         return verdict_from_json(parsed)
     except (KeyError, TypeError, ValueError):
         return None  # a damaged row is not an answer
+
+
+def processes(store: Store, device: int, host: str | None, end: float) -> list[dict[str, Any]]:
+    """Each process's answer at ``end`` (``vramscope.verdict/1`` plus its name and whether it
+    has ended), the device-wide one first."""
+    rows = latest(store, device, host, end)
+    if not rows:
+        return []
+    names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
+    out = []
+    for v in rows:
+        doc = v.to_json()
+        p = names.get(v.pid) if v.pid is not None else None
+        doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"),
+                   process=_who(v, p), ended=ended(v, rows))
+        out.append(doc)
+    return out
+
+
+def _who(v: Verdict, p: Mapping[str, Any] | None) -> str:
+    if v.pid is None:
+        return "the device (no process)"
+    name = (p or {}).get("name") or "unknown"
+    rank = (p or {}).get("rank") if p else v.rank
+    label = name if rank is None else f"{name}/rank{rank}"
+    return f"{label} (pid {v.pid})"
+
+
+def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    """The process a page's headline speaks for: for ``leak``, a leak, then one ever
+    detected, then the steepest; for ``risk``, the riskiest level, then the soonest OOM. Live
+    processes before ended ones (the engine's own order: alerts name the same process)."""
+    if not procs:
+        return None
+    if kind == "leak":
+        return max(procs, key=lambda d: (not d["ended"], d["leak"]["state"] == "leak",
+                                         d["leak"]["first_detected_ts"] is not None,
+                                         d["leak"]["slope_bytes_per_s"]))
+    return max(procs, key=lambda d: (not d["ended"], LEVEL_RANK.get(d["risk"]["level"], -1),
+                                     -(d["risk"]["time_to_oom_s"] or float("inf"))))
+
+
+def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The leak answer of one process in the page's form (a stored verdict, never refit)."""
+    if v is None:
+        return {"detected": False, "state": "no_verdict", "span_s": 0.0, "slope_bytes_per_s": 0.0,
+                "slope_bytes_per_h": 0.0, "start_ts_s": None, "first_detected_ts_s": None,
+                "evidence": NO_VERDICTS, "trend_line": None, "pid": None, "process": None,
+                "verdict_ts_s": None}
+    leak = v["leak"]
+    return {"detected": leak["state"] == "leak", "state": leak["state"], "span_s": leak["span_s"],
+            "slope_bytes_per_s": leak["slope_bytes_per_s"],
+            "slope_bytes_per_h": leak["slope_bytes_per_h"], "start_ts_s": leak["start_ts"],
+            "first_detected_ts_s": leak["first_detected_ts"], "evidence": leak["evidence"],
+            "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
+            "verdict_ts_s": v["ts"]}
+
+
+def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,
+                  start: float, end: float) -> None:
+    """Put the stored verdicts in an analysis document's place for ``device`` in [start, end]
+    (the dashboard's document ran the engine on a tier's buckets, ``analyze --db`` on what
+    retention left: neither may speak for the engine that saw every record)."""
+    d = doc["devices"].setdefault(str(device), {})
+    procs = processes(store, device, host, end)
+    d["processes"] = procs
+    doc["verdicts_from"] = "store"
+    lead = leak_result(leading(procs, "leak"))
+    leak = d.setdefault("leak", {})
+    leak.update(detected=lead["detected"], state=lead["state"],
+                slope_bytes_per_s=lead["slope_bytes_per_s"],
+                first_detected_ts=lead["first_detected_ts_s"], span_s=lead["span_s"],
+                evidence=lead["evidence"], pid=lead["pid"])
+    rows = history(store, device, host, start, end)
+    oom = d.setdefault("oom", {})
+    levels = [v.risk_level for v in rows if v.risk_level] + [
+        p["risk"]["level"] for p in procs if p["risk"]["level"] and not p["ended"]]
+    warned = [v.ts_s for v in rows if v.risk_level in ("warning", "critical")]
+    ttos = [v.time_to_oom_s for v in rows if v.time_to_oom_s is not None]
+    oom.update(max_risk=max(levels, key=lambda lv: LEVEL_RANK.get(lv, -1)) if levels else None,
+               first_warning_ts=min(warned, default=None),
+               min_time_to_oom_s=min(ttos, default=None))

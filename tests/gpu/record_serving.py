@@ -64,6 +64,26 @@ MIB = 2**20
 SCENARIOS = ("healthy", "request_leak", "never_idle")
 
 
+class TeeSink:
+    """Every record to the trace file and to a running agent (``--agent-socket``), through the
+    hooks' own client, as a user's server sends them: the agent's store and its live verdicts
+    can then be compared with ``analyze`` of the trace."""
+
+    def __init__(self, trace: StreamingTraceSink, config: Any) -> None:
+        from vramscope.hooks.client import make_default_sink
+
+        self.trace = trace
+        self.agent = make_default_sink(config, process=Path(trace.path).stem,
+                                       model="llama-random")
+
+    def put(self, record: Any) -> None:
+        self.trace.put(record)
+        self.agent.put(record)
+
+    def close(self) -> None:
+        self.agent.close()
+
+
 class StreamingTraceSink:
     """A ``RecordSink`` that writes trace v1 lines as records arrive.
 
@@ -75,6 +95,7 @@ class StreamingTraceSink:
     """
 
     def __init__(self, path: str, flush_s: float = 1.0) -> None:
+        self.path = path
         self._fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._flush_s = flush_s
@@ -315,6 +336,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--snapshot-s", type=float, default=60.0, help="snapshot interval")
     p.add_argument("--truth-every-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--agent-socket", default=None,
+                   help="also send every record to the agent listening on this socket")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     for name, gpu, cpu in (("layers", 4, 2), ("hidden", 1024, 128), ("prompt_max", 512, 64),
@@ -340,9 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     # for generate_batch, which refuses a forward without a paged cache.
     model.set_attn_implementation("sdpa")
     sink = StreamingTraceSink(args.out)
-    config = parse_config({"sampling": {"allocator_interval_s": args.sample_s,
-                                        "snapshot_interval_s": args.snapshot_s}}, None, {})
-    report = vramscope.install(config, sink=sink)
+    raw: dict[str, Any] = {"sampling": {"allocator_interval_s": args.sample_s,
+                                        "snapshot_interval_s": args.snapshot_s}}
+    if args.agent_socket:
+        raw["agent"] = {"socket_path": args.agent_socket}
+    config = parse_config(raw, None, {})
+    report = vramscope.install(config, sink=TeeSink(sink, config) if args.agent_socket else sink)
     print(report, flush=True)
     handle = vramscope.attach_transformers(model)
     print(f"transformers hooks: {handle.hooks}; missing: {handle.missing}", flush=True)
