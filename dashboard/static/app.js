@@ -248,8 +248,7 @@ PAGES.overview = () => poll(async () => {
     ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
-    ["KV used", (d) => (d.kv_usage_ratio == null ? "" : (100 * d.kv_usage_ratio).toFixed(1) + " %"), "num"],
-    ["Requests/min", (d) => (d.latest ? d.requests_per_min.toFixed(0) : ""), "num"],
+    ["KV · req/min", (d) => (d.latest ? (d.kv_usage_ratio == null ? "–" : (100 * d.kv_usage_ratio).toFixed(1) + " %") + " · " + d.requests_per_min.toFixed(0) : ""), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
     ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : d.freshness === "idle" ? " (idle)" : d.freshness === "catching_up" ? " (catching up)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
@@ -269,9 +268,9 @@ PAGES.overview = () => poll(async () => {
     ["Host", (p) => p.host], ["PID", (p) => p.pid, "num"], ["Name", (p) => p.name],
     ["Rank", (p) => p.rank == null ? "" : p.rank + (p.world_size == null ? "" : " / " + p.world_size), "num"],
     ["Model", (p) => p.model], ["Devices", (p) => p.devices],
-    ["State", (p) => (p.state === "ended" ? "ended " + fmtTime(p.last_seen_s) : p.state || ""), "wrap"],
-    ["KV used", (p) => (p.kv_usage_ratio == null ? "" : (100 * p.kv_usage_ratio).toFixed(1) + " % (" + p.kv_blocks_used + " / " + p.kv_blocks_total + " blocks)"), "num"],
-    ["Requests/min", (p) => (p.requests_per_min == null ? "" : p.requests_per_min.toFixed(0)), "num"],
+    ["KV used", (p) => (p.kv_usage_ratio == null ? "" : (100 * p.kv_usage_ratio).toFixed(1) + " % (" + p.kv_blocks_used + "/" + p.kv_blocks_total + ")"), "num"],
+    ["Req/min", (p) => (p.requests_per_min == null ? "" : p.requests_per_min.toFixed(0)), "num"],
+    ["State", (p) => p.state || ""],
     ["Last seen", (p) => fmtTime(p.last_seen_s)],
   ], processOrder(doc.processes), "No server process has reported yet.");
 });
