@@ -63,10 +63,14 @@ def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
     n = 20_000 if options.quick else 200_000
     rounds = rounds_or(options, 3 if options.quick else 5)
     rows = make_samples(n)
+    # each round's rows lie ahead of the last's (_via_agent): the agents' time window must
+    # take them (a day ahead; retention deletes rows further ahead than that)
+    ahead = {"VRAMSCOPE_AGENT_MAX_RECORD_AHEAD_S": "86400"}
     agent = AgentProcess(f"sqlite:///{workdir}/e2e.db", f"{workdir}/run/agent.sock",
-                         log_path=f"{workdir}/agent.log").start()
+                         log_path=f"{workdir}/agent.log", env=ahead).start()
     bare = AgentProcess(f"sqlite:///{workdir}/bare.db", f"{workdir}/bare/agent.sock",
-                        log_path=f"{workdir}/bare.log", extra_args=("--no-alerts",)).start()
+                        log_path=f"{workdir}/bare.log", extra_args=("--no-alerts",),
+                        env=ahead).start()
     cpu_per_round: list[float] = []
     bare_cpu: list[float] = []
     try:
@@ -112,7 +116,8 @@ def _via_agent(agent: AgentProcess, rows: list[Sample],
     def send() -> None:
         # From now on, distinct per round: live data, which retention leaves alone until it
         # is minutes old (week-old timestamps would be rolled up and deleted mid-benchmark).
-        shift = time.time() - rows[0].ts_s + state["round"] * 1e4
+        span = rows[-1].ts_s - rows[0].ts_s + 60.0
+        shift = time.time() - rows[0].ts_s + state["round"] * span
         state["round"] += 1
         batch = [r._replace(ts_s=r.ts_s + shift) for r in rows]
         before = agent.status()
