@@ -27,7 +27,7 @@ FIRED = FIRED._replace(kind="fired")
 
 
 class _Target(http.server.BaseHTTPRequestHandler):
-    """POST /hook answers as ``server.mode`` says: 200, a 302 to /internal, or hangs."""
+    """POST /hook answers as ``server.mode`` says: 200, a 302 to /internal, a 500, or hangs."""
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -37,6 +37,8 @@ class _Target(http.server.BaseHTTPRequestHandler):
         if self.server.mode == "redirect":
             self.send_response(302)
             self.send_header("Location", "/internal")
+        elif self.server.mode == "error":
+            self.send_response(500)
         else:
             self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -164,3 +166,31 @@ def test_the_agent_metrics_carry_the_webhook_counts(short_dir, target):
         assert b"vramscope_agent_webhook_dropped_total 0.0" in text
     finally:
         agent.stop()
+
+
+def test_a_target_answering_500_loses_no_alert_for_the_dashboard(short_dir, target):
+    """The webhook answers 500 to everything: each change is tried and counted as failed, the
+    log says so once, and the alert is in the store (what the dashboard shows) all the same."""
+    target.mode = "error"
+    config = Path(short_dir) / "vs.toml"
+    config.write_text(RULES.format(url=target.url))
+    agent = AgentProcess(f"sqlite:///{short_dir}/vs.db", f"{short_dir}/run/agent.sock",
+                         config_path=str(config), log_path=f"{short_dir}/agent.log").start()
+    try:
+        with AgentConnection(agent.socket_path) as conn:
+            conn.hello("once", pid=97)
+            conn.send_records([Sample(time.time() - 5, 0, Phase.IDLE, "torch", 97,
+                                      allocated_bytes=100)])
+            conn.status()
+        webhook = wait_for(lambda: (w := agent.status()["alerts"]["webhook"])["failed"] == 1
+                           and w, timeout_s=30)
+        assert (webhook["sent"], webhook["dropped"], webhook["queued"]) == (0, 0, 0)
+        assert target.posts >= 1
+    finally:
+        agent.stop()
+    with sqlite3.connect(f"{short_dir}/vs.db") as c:
+        rows = c.execute("SELECT rule, severity, resolved_ts_s FROM alerts").fetchall()
+    assert [r[0] for r in rows] == ["flappy"] and rows[0][2] is None
+    lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text().splitlines()
+             if "HTTP 500" in ln]
+    assert len(lines) == 1
