@@ -36,6 +36,7 @@ from vramscope.agent.records import RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sa
 
 OOM_RECENT_S = 300.0
 PROCESS_GONE_S = 300.0  # a process silent this long is gone: its models no longer speak
+GONE_KEPT = 64  # gone processes whose models are kept, should their records arrive late
 HISTORY_MAX = 100_000
 WEBHOOK_FORMAT = "vramscope.alert/1"
 
@@ -140,6 +141,9 @@ class DeviceAnalysis:
         self.orphaned_blocks = 0
         self._num_ooms: int | None = None
         self._last_seen: dict[int, float] = {}  # pid -> its latest sample's time
+        # pid -> (risk model, leak detector, KV tracker, sampled) of a process thought gone
+        self._gone: dict[int, tuple[RiskModel | None, LeakDetector | None, KvTracker | None,
+                                    bool]] = {}
         self._next_gone_check = 0.0
         self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
@@ -152,6 +156,8 @@ class DeviceAnalysis:
         if self._raw_fields:
             changed |= self._absorb_fields(s)
         if s.pid is not None:
+            if s.pid in self._gone:
+                self._revive(s.pid)
             self._last_seen[s.pid] = s.ts_s
             if s.ts_s >= self._next_gone_check:
                 self._forget_gone(s.ts_s)
@@ -182,18 +188,34 @@ class DeviceAnalysis:
 
     def _forget_gone(self, now_s: float) -> None:
         """Processes silent for ``PROCESS_GONE_S`` are gone (exited, restarted under a new
-        pid): their risk models and leak detectors no longer speak for the device."""
+        pid): their risk models and leak detectors no longer speak for the device. Their state
+        is kept aside (``GONE_KEPT`` processes at most): a process whose records only arrived
+        late (a client that lags the others, a replay of two files) goes on where it was,
+        as it would have had its records come in time order."""
         self._next_gone_check = now_s + 60.0
         gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
         for pid in gone:
             del self._last_seen[pid]
-            self.risks.pop(pid, None)
-            self.leaks.pop(pid, None)
-            self.kvs.pop(pid, None)
+            self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
+                               self.kvs.pop(pid, None), pid in self._sampled)
             self._sampled.discard(pid)
+            while len(self._gone) > GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
         if gone:
             self._pick_risk()
             self._pick_leak()
+
+    def _revive(self, pid: int) -> None:
+        """A process thought gone sent a record: its models as they were."""
+        risk, leak, kv, sampled = self._gone.pop(pid)
+        if risk is not None:
+            self.risks[pid] = risk
+        if leak is not None:
+            self.leaks[pid] = leak
+        if kv is not None:
+            self.kvs[pid] = kv
+        if sampled:
+            self._sampled.add(pid)
 
     def _observe_risk(self, s: Sample) -> bool:
         """Feed the sample to its process's model (a device-wide one to every process's);

@@ -1,0 +1,184 @@
+"""One answer: two server processes on one device through a real agent, and every surface
+(the live agent's stored verdicts, ``analyze FILE``, ``analyze --db``, ``/api/v1/analysis``,
+the Leaks and OOM-risk views, ``/metrics``) gives the same verdicts, slopes and first
+detections for windows of 15 min, 1 h and 24 h, and names the leaking process and only it.
+
+The clients are real processes with the hooks' socket client; they send three hours of
+allocator samples (timed in the last three hours, as fast as they can: the agent's clock is not
+ours to fake). Server A leaks 64 MiB a request from 40 min on; server B fills its cache for
+15 min, then stays flat (a warm-up plateau, no leak)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+from vramscope.agent.cli import main
+from vramscope.agent.config import parse_config
+from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
+from vramscope.agent.store import Store
+from vramscope.agent.store import verdicts as stored
+from vramscope.dashboard.app import create_app
+
+from tests.support.waiting import wait_for
+
+SPAN_S = 3 * 3600.0
+STEP_S = 2.0
+CLIENT = textwrap.dedent("""
+    import sys, time
+    from vramscope.agent.records import Phase, Sample
+    from vramscope.hooks.client import SocketSink
+    path, name, t0 = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    GIB, MIB = 2**30, 2**20
+    sink = SocketSink(path, process=name, devices=(0,), buffer_records=200_000)
+    n = int(3 * 3600 / 2)
+    for i in range(n):
+        t = t0 + 2.0 * i
+        busy = (i % 30) >= 10  # 20 s idle, then 40 s of a request, each minute
+        if name == "leaky":  # a per-request leak from 40 min on: 64 MiB a request
+            floor = 10 * GIB + 64 * MIB * max(0, (i - 1200) // 30 + 1) * (i >= 1200)
+        else:  # its cache fills for 15 min, then it is flat
+            floor = 12 * GIB + min(i, 450) * 4 * MIB
+        sink.put(Sample(t, 0, Phase.DECODE if busy else Phase.IDLE, "torch",
+                        allocated_bytes=floor + (2 * GIB if busy else 0),
+                        reserved_bytes=floor + 3 * GIB, device_total_bytes=80 * GIB))
+        if i % 2000 == 0:
+            time.sleep(0.05)  # let the socket drain: the sink drops what its buffer cannot hold
+    sink.close(timeout_s=30.0)
+    print(sink.sent_total, sink.dropped_total)
+""")
+WINDOWS_S = (900.0, 3600.0, 86_400.0)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def recorded(request, tmp_path):
+    """(db url, the two client pids (leaky, healthy), the newest sample's time)."""
+    root = tempfile.mkdtemp(prefix="vs-one-", dir="/tmp")  # short: AF_UNIX paths
+    url = (f"sqlite:///{root}/vramscope.db" if request.param == "sqlite"
+           else request.getfixturevalue("postgres_url"))
+    agent = AgentProcess(url, f"{root}/run/agent.sock", log_path=f"{root}/agent.log").start()
+    t0 = math.floor((time.time() - SPAN_S - 60.0) / 3600.0) * 3600.0  # the same bins each run
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        procs = [subprocess.Popen([sys.executable, "-c", CLIENT, agent.socket_path, name,
+                                   str(t0)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                  text=True) for name in ("leaky", "healthy")]
+        n = int(SPAN_S / STEP_S)
+        assert [p.communicate(timeout=240)[0].split() for p in procs] == [[str(n), "0"]] * 2
+        with Store.open(url) as store:
+            wait_for(lambda: store.count("samples") == 2 * n, timeout_s=120)
+    finally:
+        agent.stop()
+    yield url, (procs[0].pid, procs[1].pid), t0 + (n - 1) * STEP_S
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _answer(v: dict) -> tuple:
+    """What must be equal everywhere: the leak state, slope and first detection, the risk."""
+    return (v["pid"], v["leak"]["state"], v["leak"]["slope_bytes_per_s"],
+            v["leak"]["first_detected_ts"], v["risk"]["level"])
+
+
+def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys):
+    url, (leaky, healthy), last_s = recorded
+    with Store.open(url) as store:
+        live = {v.pid: v for v in stored.latest(store, 0, None, last_s)}
+    assert set(live) == {leaky, healthy}
+    assert live[leaky].leak_state == "leak"
+    # the plateau is a warm-up, not a leak
+    assert live[healthy].leak_state == "no_leak", live[healthy].leak_evidence
+    # 64 MiB a minute: the slope, and the first detection within 2 h of the onset
+    assert live[leaky].leak_slope_bytes_per_s == pytest.approx(64 * 2**20 / 60, rel=0.02)
+    onset = last_s - (SPAN_S - STEP_S) + 1200 * STEP_S
+    assert onset < live[leaky].leak_first_detected_ts_s < onset + 7200
+    expected = sorted(_answer(v.to_json()) for v in live.values())
+
+    # analyze FILE: the exported recording through the same engine
+    trace = tmp_path / "recording.jsonl"
+    assert main(["export", "--db", url, "--output", str(trace)]) == 0
+    capsys.readouterr()
+    doc = _run_json(["analyze", str(trace), "--json"], capsys)
+    assert sorted(_answer(v) for v in doc["devices"]["0"]["processes"]) == expected
+    # analyze --db: the stored verdicts
+    doc = _run_json(["analyze", "--db", url, "--json"], capsys)
+    assert doc["verdicts_from"] == "store"
+    assert sorted(_answer(v) for v in doc["devices"]["0"]["processes"]) == expected
+    assert doc["devices"]["0"]["leak"]["pid"] == leaky
+
+    with Store.open(url) as store:
+        client = create_app(parse_config({}, None), store).test_client()
+        for width in WINDOWS_S:
+            q = f"device=0&start={last_s - width}&end={last_s}"
+            leaks = client.get(f"/api/v1/figures/leaks?{q}").get_json()
+            risk = client.get(f"/api/v1/figures/risk?{q}").get_json()
+            analysis = client.get(f"/api/v1/analysis?{q}").get_json()
+            for procs in (leaks["processes"], risk["processes"],
+                          analysis["devices"]["0"]["processes"]):
+                assert sorted(_answer(v) for v in procs) == expected, width
+            r = leaks["result"]
+            assert (r["pid"], r["state"], r["slope_bytes_per_s"], r["first_detected_ts_s"]) == (
+                leaky, "leak", live[leaky].leak_slope_bytes_per_s,
+                live[leaky].leak_first_detected_ts_s)
+            assert [p["pid"] for p in leaks["processes"] if p["leak"]["state"] == "leak"] == [
+                leaky]
+            assert analysis["devices"]["0"]["leak"]["pid"] == leaky
+        metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'vramscope_process_leak_state{device="0",host=' in metrics
+    leak_lines = sorted(line for line in metrics.splitlines()
+                        if line.startswith("vramscope_process_leak_state{"))
+    assert [line.rsplit(" ", 1)[1] for line in leak_lines] == ["0.0", "1.0"]  # healthy, leaky
+    assert any('process="leaky"' in line and line.endswith(" 1.0") for line in leak_lines)
+
+
+def _server(pid: int, leak: bool, t0: float = 1_800_000_000.0) -> list:
+    from vramscope.agent.records import Phase, Sample
+
+    gib, mib = 2**30, 2**20
+    out = []
+    for i in range(int(SPAN_S / STEP_S)):
+        busy = (i % 30) >= 10
+        floor = (10 * gib + 64 * mib * max(0, (i - 1200) // 30 + 1) if leak and i >= 1200
+                 else 12 * gib + min(i, 450) * 4 * mib)
+        out.append(Sample(t0 + STEP_S * i, 0, Phase.DECODE if busy else Phase.IDLE, "torch",
+                          pid, allocated_bytes=floor + (2 * gib if busy else 0),
+                          reserved_bytes=floor + 3 * gib, device_total_bytes=80 * gib))
+    return out
+
+
+def test_a_process_s_verdicts_do_not_depend_on_when_its_records_arrive():
+    """The live agent gets each client's records in order, but two clients' records
+    interleave as they arrive (one may lag the other by minutes of record time); a trace
+    file is sorted. Each process's verdict rows are the same either way: a process that looks
+    silent for five minutes because its records come late goes on where it was."""
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    a, b = _server(101, leak=True), _server(202, leak=False)
+    in_order = AlertEngine.from_config(None)
+    in_order.feed(sorted(a + b, key=lambda s: s.ts_s))
+    one_then_other = AlertEngine.from_config(None)
+    # b's records lag a's by a batch of 1,000 (2,000 s of record time): at each of a's batches
+    # b looks silent for over five minutes
+    for chunk in range(0, len(a) + 1000, 1000):
+        one_then_other.feed_batch(a[chunk:chunk + 1000], [])
+        one_then_other.feed_batch(b[max(0, chunk - 1000):chunk], [])
+
+    def rows(engine: AlertEngine, pid: int) -> list:
+        return [v for v in engine.verdicts.history if v.pid == pid]
+
+    for pid in (101, 202):
+        assert rows(in_order, pid) == rows(one_then_other, pid)
+    last = {pid: rows(in_order, pid)[-1] for pid in (101, 202)}
+    assert (last[101].leak_state, last[202].leak_state) == ("leak", "no_leak")
