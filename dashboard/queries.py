@@ -28,10 +28,10 @@ from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.schema import ROLLUP_TIER_S
 from vramscope.agent.store.seconds import PhaseSeconds
 from vramscope.agent.store.window import events_at_most, first_sample_ts
+from vramscope.dashboard import servers
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text
 from vramscope.dashboard.verdict import (
-    connected,
     connected_count,
     device_verdict,
     freshness,
@@ -169,14 +169,27 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
                      "physical_index": d.get("physical_index"),
                      "total_bytes": d["total_bytes"],
                      "risk": verdict["level"], "verdict": verdict,
+                     "verdicts": process_verdicts(store, d["device_index"], host, now_s),
                      "active_alerts": len(mine), "latest": latest,
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
                      "freshness": fresh["state"],
-                     **_kv_and_requests(store, d["device_index"], host, latest, now_s)})
+                     **servers.kv_and_requests(store, d["device_index"], host, latest, now_s)})
     # A fleet's riskiest devices first, then by host and index (the operator's reading order).
     rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
                              r["device"]))
     return rows
+
+
+def process_verdicts(store: Store, device: int, host: str | None,
+                     now_s: float) -> list[dict[str, Any]]:
+    """Each running process's stored verdict (the engine's; the pages show the same rows):
+    which process leaks, and how close to an OOM each one is."""
+    from vramscope.agent.store.verdicts import processes
+
+    return [{"pid": v["pid"], "process": v["process"], "leak": v["leak"]["state"],
+             "leak_slope_bytes_per_h": v["leak"]["slope_bytes_per_h"],
+             "risk": v["risk"]["level"], "cause": v["risk"]["cause"], "ts": v["ts"]}
+            for v in processes(store, device, host, now_s) if not v["ended"]]
 
 
 def host_rows(store: Store) -> list[dict[str, Any]]:
@@ -211,7 +224,7 @@ def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
             key = (r["host"], pid)
             recent[key] = max(ts, recent.get(key, ts))
     out = []
-    extra = _process_now(store, rows, now_s) if now_s is not None else {}
+    extra = servers.process_now(store, rows, now_s) if now_s is not None else {}
     reports: dict[str, dict[str, Any] | None] = {}
     for p in store.processes(host="*"):
         row = {**p, "last_seen_s": max(p["last_seen_s"],
@@ -220,78 +233,17 @@ def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
             report = reports.setdefault(
                 p["host"], store.latest_agent_stats(host_or_none(store, p["host"])))
             row["state"] = process_state(p, now_s, config, report)
-            row.update(extra.get((p["host"], p["pid"]), _NO_KV))
+            row.update(extra.get((p["host"], p["pid"]), servers.NO_KV))
         out.append(row)
     return out
-
-
-_NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,
-          "requests_per_min": None}
-RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in the last minute
-
-
-def _kv_and_requests(store: Store, device: int, host: str | None,
-                     latest: dict[str, Any] | None, now_s: float) -> dict[str, Any]:
-    """A device's KV pool now (its processes' newest readings, summed: the vLLM plugin's or
-    the Prometheus source's) and the requests started on it in the last minute (counted on
-    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows."""
-    used, total = (latest or {}).get("kv_blocks_used"), (latest or {}).get("kv_blocks_total")
-    started = 0 if latest is None else events_at_most(
-        store, device, now_s - RATE_WINDOW_S, now_s, ("request_start",), RATE_LIMIT, host)
-    return {"kv_usage_ratio": used / total if used is not None and total else None,
-            "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
-
-
-RATE_LIMIT = 100_000  # request starts counted a minute, at most
-
-
-def _process_now(store: Store, rows: list[dict[str, Any]], now_s: float
-                 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (host, pid): its newest KV pool reading (the device row's process entry) and the
-    request starts of the last minute, read once per device (bounded: one minute)."""
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        entries = (r.get("latest") or {}).get("processes") or []
-        if not entries:
-            continue
-        host = host_or_none(store, r["host"])
-        starts = store.events(r["device"], now_s - RATE_WINDOW_S, now_s, host=host,
-                              names=("request_start",), limit=RATE_LIMIT)
-        for p in entries:
-            if p["pid"] is None:
-                continue
-            used, total = p.get("kv_blocks_used"), p.get("kv_blocks_total")
-            out[(r["host"], p["pid"])] = {
-                "kv_blocks_used": used, "kv_blocks_total": total,
-                "kv_usage_ratio": used / total if used is not None and total else None,
-                "requests_per_min": sum(1 for e in starts if e.pid == p["pid"])
-                * 60.0 / RATE_WINDOW_S}
-    return out
-
-
-def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
-                      config: Config) -> int | None:
-    """Server processes connected now, every host: the agent's count, or more where process
-    rows say so (a server in the agent's own process, as ``vramscope demo``'s, has no socket
-    connection but names itself); None without an agent report."""
-    if report is None:
-        return None
-    rows = sum(1 for p in store.processes(host="*") if connected(p, now_s, config))
-    return max(int(report["clients"]), rows)
 
 
 def freshness_now(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     """The freshness of all the data (:func:`~vramscope.dashboard.verdict.freshness`): its
     newest sample, the newest agent report and the server processes connected."""
-    report = newest_agent_report(store)
+    report = servers.newest_agent_report(store)
     return freshness(newest_sample_s(store), now_s, config, report,
-                     connected_clients(store, report, now_s, config))
-
-
-def newest_agent_report(store: Store) -> dict[str, Any] | None:
-    """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
-    reports = (store.latest_agent_stats(host_or_none(store, h["name"])) for h in store.hosts())
-    return max((r for r in reports if r), key=lambda r: r["ts_s"], default=None)
+                     servers.connected_clients(store, report, now_s, config))
 
 
 def newest_sample_s(store: Store) -> float | None:
@@ -316,7 +268,7 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
                  default=None)
     return {"now_s": now_s,
             "freshness": freshness(newest, now_s, config, report,
-                                   connected_clients(store, report, now_s, config)),
+                                   servers.connected_clients(store, report, now_s, config)),
             "hosts": hosts, "devices": rows,
             "processes": process_rows(store, rows, config, now_s),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}

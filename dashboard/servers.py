@@ -1,0 +1,72 @@
+"""What the Overview says of each server now: its KV pool, the requests it started in the last
+minute, and who is connected to the agent (an idle vLLM server sends nothing, so whether it is
+still there comes from the agent's reports, not from its samples). Store reads bounded by one
+minute and one row per host or process; :mod:`vramscope.dashboard.queries` composes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramscope.agent.config import Config
+from vramscope.agent.store import Store
+from vramscope.agent.store.window import events_at_most
+from vramscope.dashboard.verdict import connected
+
+NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,
+         "requests_per_min": None}
+RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in the last minute
+RATE_LIMIT = 100_000  # request starts counted a minute, at most
+
+
+def kv_and_requests(store: Store, device: int, host: str | None,
+                    latest: dict[str, Any] | None, now_s: float) -> dict[str, Any]:
+    """A device's KV pool now (its processes' newest readings, summed: the vLLM plugin's or
+    the Prometheus source's) and the requests started on it in the last minute (counted on
+    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows."""
+    used, total = (latest or {}).get("kv_blocks_used"), (latest or {}).get("kv_blocks_total")
+    started = 0 if latest is None else events_at_most(
+        store, device, now_s - RATE_WINDOW_S, now_s, ("request_start",), RATE_LIMIT, host)
+    return {"kv_usage_ratio": used / total if used is not None and total else None,
+            "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
+
+
+def process_now(store: Store, rows: list[dict[str, Any]], now_s: float
+                ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (host, pid): its newest KV pool reading (the device row's process entry) and the
+    request starts of the last minute, read once per device (bounded: one minute)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        entries = (r.get("latest") or {}).get("processes") or []
+        if not entries:
+            continue
+        host = None if r["host"] == store.host_name else r["host"]
+        starts = store.events(r["device"], now_s - RATE_WINDOW_S, now_s, host=host,
+                              names=("request_start",), limit=RATE_LIMIT)
+        for p in entries:
+            if p["pid"] is None:
+                continue
+            used, total = p.get("kv_blocks_used"), p.get("kv_blocks_total")
+            out[(r["host"], p["pid"])] = {
+                "kv_blocks_used": used, "kv_blocks_total": total,
+                "kv_usage_ratio": used / total if used is not None and total else None,
+                "requests_per_min": sum(1 for e in starts if e.pid == p["pid"])
+                * 60.0 / RATE_WINDOW_S}
+    return out
+
+
+def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
+                      config: Config) -> int | None:
+    """Server processes connected now, every host: the agent's count, or more where process
+    rows say so (a server in the agent's own process, as ``vramscope demo``'s, has no socket
+    connection but names itself); None without an agent report."""
+    if report is None:
+        return None
+    rows = sum(1 for p in store.processes(host="*") if connected(p, now_s, config))
+    return max(int(report["clients"]), rows)
+
+
+def newest_agent_report(store: Store) -> dict[str, Any] | None:
+    """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
+    reports = (store.latest_agent_stats(h["name"]) for h in store.hosts())
+    return max((r for r in reports if r), key=lambda r: r["ts_s"], default=None)
