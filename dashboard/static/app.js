@@ -247,6 +247,8 @@ PAGES.overview = () => poll(async () => {
     ["Device used", (d) => fmtBytes(d.latest && d.latest.device_used_bytes), "num"],
     ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
+    ["Per process", (d) => (d.verdicts || []).map((v) => v.process + ": " + (v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak) +
+      " · OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : "")).join("; "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
     ["KV · req/min", (d) => (d.latest ? (d.kv_usage_ratio == null ? "–" : (100 * d.kv_usage_ratio).toFixed(1) + " %") + " · " + d.requests_per_min.toFixed(0) : ""), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],

@@ -607,3 +607,16 @@ def test_fleet_devices_riskiest_first(store):
     assert rows[0]["verdict"] == {"level": "warning", "reasons": [
         {"rule": "oom_risk", "severity": "warning", "message": "low", "fired_ts_s": t}]}
     assert rows[2]["verdict"] == {"level": "ok", "reasons": []}
+
+
+def test_the_overview_names_the_leaking_process_from_the_stored_verdicts(client):
+    """Each device row carries its running processes' stored verdicts (the Leaks page's):
+    device 0's pid 4141 leaks 2 GiB/h, device 1's pid 4242 does not."""
+    rows = {d["device"]: d for d in client.get("/api/v1/overview").get_json()["devices"]}
+    [leaky] = rows[0]["verdicts"]
+    assert (leaky["pid"], leaky["leak"], leaky["risk"]) == (4141, "leak", "ok")
+    assert leaky["process"] == f"{F.XSS_NAME} (pid 4141)"
+    assert leaky["leak_slope_bytes_per_h"] == pytest.approx(2 * F.GIB, rel=1e-6)
+    leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
+    assert leaky["leak_slope_bytes_per_h"] == leaks["result"]["slope_bytes_per_h"]
+    assert [(v["pid"], v["leak"]) for v in rows[1]["verdicts"]] == [(4242, "no_leak")]
