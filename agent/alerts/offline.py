@@ -15,7 +15,7 @@ from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.alerts.verdicts import Verdict, processes_of
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
 from vramscope.agent.analysis.merge import Batch, merged, record_batches
@@ -79,8 +79,7 @@ def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
                       layouts=layouts, replay=replay, makeup=makeup)
     attach_to_document(doc, engine.devices)  # the [server] check, when configured
     attach_verdicts(doc, [v for v in engine.verdicts.latest.values()
-                          if v.pid in engine.devices[v.device].risks
-                          or v.pid in engine.devices[v.device].sampled_pids()])
+                          if v.pid in processes_of(engine.devices[v.device])])
     return doc
 
 

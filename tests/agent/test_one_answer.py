@@ -182,3 +182,19 @@ def test_a_process_s_verdicts_do_not_depend_on_when_its_records_arrive():
         assert rows(in_order, pid) == rows(one_then_other, pid)
     last = {pid: rows(in_order, pid)[-1] for pid in (101, 202)}
     assert (last[101].leak_state, last[202].leak_state) == ("leak", "no_leak")
+
+
+def test_the_h200_recording_s_surfaces_give_the_committed_answer():
+    """docs/gpu-verification.md section 15 comes from this JSON: the H200 run's database,
+    read again by every surface now, still gives it (and one answer everywhere)."""
+    from pathlib import Path
+
+    from tests.gpu.one_answer_check import check
+
+    runs = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-04b"
+    committed = json.loads((runs / "one_answer.json").read_text())
+    got = json.loads(json.dumps(check(Path(runs / "gpu_agent_pair.db.gz"))))
+    assert got == committed
+    assert got["same_everywhere"] is True
+    assert [a[:2] for a in got["live"]] == [[559, "insufficient_data"],
+                                             [560, "insufficient_data"]]

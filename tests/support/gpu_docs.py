@@ -111,11 +111,32 @@ def _truth_files() -> dict[str, Any]:
     return out
 
 
+def render_one_answer(doc: dict[str, Any]) -> str:
+    """Each surface's answer per process on the agent-recorded pair (one_answer_check.py)."""
+    names = doc["processes"]
+    rows = ["| surface | " + " | ".join(f"{names[str(a[0])]} (pid {a[0]})" for a in doc["live"])
+            + " |", "|---|" + "---|" * len(doc["live"])]
+
+    def cell(a: list[Any]) -> str:
+        state, slope, first, risk = a[1], a[2], a[3], a[4]
+        leak = (f"leak {slope * 3600 / MIB:,.1f} MiB/h from {first:.0f}" if state == "leak"
+                else state.replace("_", " "))
+        return f"{leak}; risk {risk}"
+
+    for label, answers in [("live agent (stored verdicts)", doc["live"]),
+                           *doc["surfaces"].items()]:
+        rows.append(f"| {label} | " + " | ".join(cell(a) for a in answers) + " |")
+    same = "yes" if doc["same_everywhere"] else "NO"
+    return ("\n".join(rows) + f"\n\nSame answer on every surface: **{same}** "
+            f"({doc['span_s'] / 60:.1f} min recorded, {doc['verdict_rows']} verdict rows).")
+
+
 BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
     "identity": ("2026-12-02/identity_results.json", render_identity),
     "recordings": ("../../tests/data/*.truth.json", render_recordings),
     "config_check": ("2026-12-02b/config_check.json", render_config_check),
+    "one_answer": ("2026-12-04b/one_answer.json", render_one_answer),
 }
 
 
