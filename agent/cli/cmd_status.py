@@ -37,12 +37,54 @@ def run(args: argparse.Namespace) -> int:
         status = live_status(config["agent.socket_path"])
     except (VramscopeError, OSError) as exc:
         status = stored_status(config, str(exc))
+    status["verdicts"] = stored_verdicts(config)
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True, default=str)
         print()
     else:
-        print(render(status))
+        print(render(status) + _render_verdicts(status["verdicts"]))
     return 0 if status.get("running") else 1
+
+
+def stored_verdicts(config: Config) -> list[dict[str, Any]]:
+    """Each running process's newest stored verdict (the answer every page shows), from the
+    database; none where it does not exist or cannot be read."""
+    import os
+
+    from vramscope.agent.store import Store
+    from vramscope.agent.store import verdicts as stored
+
+    url = config["database.url"]
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        return []
+    try:
+        with Store.open(url, host_name=config["agent.host_name"] or None) as st:
+            names = {(p["host"], p["pid"]): p["name"] for p in st.processes(host="*")}
+            out = []
+            for v in stored.newest_all(st, "*"):
+                doc = v.to_json()
+                doc["host"] = v.host or st.host_name
+                doc["name"] = names.get((doc["host"], v.pid))
+                out.append(doc)
+            return out
+    except Exception:  # noqa: BLE001 - status still says what it knows without them
+        return []
+
+
+def _render_verdicts(verdicts: list[dict[str, Any]]) -> str:
+    if not verdicts:
+        return ""
+    words = {"leak": "LEAK", "no_leak": "no leak", "insufficient_data": "not enough data yet"}
+    lines = ["", "verdicts (the alert engine's, stored):"]
+    for v in verdicts:
+        who = "device" if v["pid"] is None else f"pid {v['pid']} ({v.get('name') or '?'})"
+        leak = words.get(v["leak"]["state"], v["leak"]["state"])
+        if v["leak"]["state"] == "leak":
+            leak += f" {v['leak']['slope_bytes_per_h'] / 2**20:.1f} MiB/h"
+        risk = v["risk"]["level"] or "not assessed yet"
+        lines.append(f"  {v.get('host') or ''} GPU {v['device']} {who}: {leak}; OOM risk {risk}"
+                     + (f" ({v['risk']['cause']})" if v["risk"]["cause"] else ""))
+    return "\n".join(lines)
 
 
 def live_status(socket_path: str) -> dict[str, Any]:

@@ -117,6 +117,12 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
     assert doc["verdicts_from"] == "store"
     assert sorted(_answer(v) for v in doc["devices"]["0"]["processes"]) == expected
     assert doc["devices"]["0"]["leak"]["pid"] == leaky
+    # status: the agent is stopped; the stored verdicts are what it knows
+    assert main(["status", "--db", url, "--socket", str(tmp_path / "none.sock")]) == 1
+    said = capsys.readouterr().out
+    slope_mib_h = live[leaky].leak_slope_bytes_per_s * 3600 / 2**20
+    assert f"GPU 0 pid {leaky} (leaky): LEAK {slope_mib_h:.1f} MiB/h; OOM risk" in said
+    assert f"GPU 0 pid {healthy} (healthy): no leak; OOM risk" in said
 
     with Store.open(url) as store:
         client = create_app(parse_config({}, None), store).test_client()
