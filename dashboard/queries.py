@@ -318,6 +318,8 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
     load = store.events(device, start_s, end_s, host=host, names=tl.LOAD_EVENTS,
                         limit=NAMED_EVENT_LIMIT + 1)
+    grid_start = tier[0] if tier else start_s
+    prefix = prefix_hits(store, device, host, start_s, end_s, grid_start, bucket_s)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points,
             "bucket_s": bucket_s,
@@ -329,9 +331,25 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
                                          bucket_s)._asdict(),
             "alerts": alert_markers(store, device, host, start_s, end_s),
             # running / waiting requests and preemptions (both vLLM sources), per bucket
-            "load": tl.load_series(load[:NAMED_EVENT_LIMIT], tier[0] if tier else start_s,
-                                   end_s, bucket_s),
-            "load_truncated": len(load) > NAMED_EVENT_LIMIT}
+            "load": tl.load_series(load[:NAMED_EVENT_LIMIT], grid_start, end_s, bucket_s),
+            "load_truncated": len(load) > NAMED_EVENT_LIMIT,
+            "prefix_cache": prefix}
+
+
+PREFIX_EVENT_LIMIT = 20_000  # request allocations a timeline reads for prefix-cache hits
+
+
+def prefix_hits(store: Store, device: int, host: str | None, start_s: float, end_s: float,
+                grid_start_s: float, bucket_s: float) -> dict[str, Any] | None:
+    """Prefix-cache hits per bucket (:func:`~vramscope.dashboard.timeline.prefix_series`), or
+    None for a window of more than ``PREFIX_EVENT_LIMIT`` allocations (counted on the index
+    first: a busy day's are not read to be dropped)."""
+    if events_at_most(store, device, start_s, end_s, tl.PREFIX_EVENTS, PREFIX_EVENT_LIMIT,
+                      host) > PREFIX_EVENT_LIMIT:
+        return None
+    events = store.events(device, start_s, end_s, host=host, names=tl.PREFIX_EVENTS,
+                          limit=PREFIX_EVENT_LIMIT + 1)
+    return tl.prefix_series(events, grid_start_s, end_s, bucket_s)
 
 
 def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,

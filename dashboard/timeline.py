@@ -131,6 +131,32 @@ def load_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s:
     return out
 
 
+PREFIX_EVENTS: tuple[str, ...] = ("kv_alloc", "prefix_cache")
+
+
+def prefix_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
+                  ) -> dict[str, list[Any]]:
+    """Prefix-cache hit tokens per bucket, by vLLM's definition (``hit_tokens`` of the plugin's
+    ``kv_alloc`` events, whose sum is ``vllm:prefix_cache_hits_total``, and of the Prometheus
+    source's ``prefix_cache`` counter increases), and apart from them the tokens a preempted
+    request found again in its own blocks (``preempted_hit_tokens``, which vLLM does not
+    count): ``{"ts", "hit_tokens", "preempted_hit_tokens"}``, buckets with any of either."""
+    width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
+    top = max(0, int((end_s - start_s) // width))
+    sums: dict[int, list[int]] = {}
+    for e in events:
+        data = e.data or {}
+        hits, reused = _count(data.get("hit_tokens")), _count(data.get("preempted_hit_tokens"))
+        if hits or reused:
+            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0])
+            got[0] += hits
+            got[1] += reused
+    keys = sorted(sums)
+    return {"ts": [start_s + k * width for k in keys],
+            "hit_tokens": [sums[k][0] for k in keys],
+            "preempted_hit_tokens": [sums[k][1] for k in keys]}
+
+
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 

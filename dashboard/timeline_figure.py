@@ -19,7 +19,8 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
   sloping across the silence (:func:`vramscope.dashboard.timeline.step_points`).
 - **Load beside KV**: running and waiting requests and preemptions, from the vLLM plugin's and
   the Prometheus source's ``server_load`` / ``kv_preempted`` events, on a lane under the KV
-  pool.
+  pool; prefix-cache hit tokens as vLLM counts them, with a preempted request's re-use of its
+  own blocks stacked apart, on a lane of their own.
 - Lanes a device has no data for (no KV pool, no allocator) take no space.
 
 The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
@@ -45,9 +46,11 @@ FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free 
                       "memory under the limit: the OOM-risk page and alerts say when.")
 # panel heights (relative) in drawing order, top down
 PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "load": 1.4,
-                 "requests": 1.2, "markers": 1.6}
+                 "prefix": 1.0, "requests": 1.2, "markers": 1.6}
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
-              "load": "yaxis8", "requests": "yaxis7", "markers": "yaxis4"}
+              "load": "yaxis8", "prefix": "yaxis9", "requests": "yaxis7", "markers": "yaxis4"}
+PREFIX_STYLE = {"hit_tokens": ("prefix-cache hit tokens", "#8250df"),
+                "preempted_hit_tokens": ("preempted re-use tokens (not hits to vLLM)", "#afb8c1")}
 LOAD_STYLE = {"running": ("running requests", "#2da44e"),
               "waiting": ("waiting requests", "#bf8700")}
 PREEMPT_COLOR = "#cf222e"
@@ -69,17 +72,19 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     frag = f._fragmentation_traces(s)
     kv = _kv_steps(f._kv_traces(s), s, doc["bucket_s"])
     load = _load_traces(doc.get("load") or {}, doc["bucket_s"])
+    prefix = _prefix_traces(doc.get("prefix_cache"), doc["bucket_s"])
     markers = _ordered_markers(f._marker_traces(doc))
     rate = _rate_traces(doc, markers)
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
                                    ("fragmentation", bool(frag)), ("kv", bool(kv)),
-                                   ("load", bool(load)), ("requests", bool(rate)),
+                                   ("load", bool(load)), ("prefix", bool(prefix)),
+                                   ("requests", bool(rate)),
                                    ("markers", bool(markers)))
               if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
     data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
-            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + rate
-            + markers)
+            + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + prefix
+            + rate + markers)
     layout = f._layout(
         height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
         margin={"l": 64, "r": 24, "t": 36, "b": 48},
@@ -225,6 +230,21 @@ def _load_traces(load: dict[str, dict[str, list[Any]]], bucket_s: float
     return out
 
 
+def _prefix_traces(prefix: dict[str, list[Any]] | None, bucket_s: float
+                   ) -> list[dict[str, Any]]:
+    """Prefix-cache hit tokens per bucket as vLLM counts them, and a preempted request's re-use
+    of its own blocks stacked on them in grey (its own series: vLLM does not call it a hit),
+    on the prefix lane (y9)."""
+    if not prefix or not prefix["ts"]:
+        return []
+    xs = [f.ms(t) for t in prefix["ts"]]
+    return [{"type": "bar", "name": name, "x": xs, "y": prefix[key],
+             "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
+             "marker": {"color": color, "line": {"width": 0}}, "xaxis": "x", "yaxis": "y9",
+             "hovertemplate": f"%{{y}} {name}<extra></extra>"}
+            for key, (name, color) in PREFIX_STYLE.items() if any(prefix[key])]
+
+
 def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """External fragmentation in a neutral colour (a high value is not by itself a risk)."""
     for t in traces:
@@ -294,6 +314,11 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
     if "load" in dom:
         axes["yaxis8"] = {"domain": dom["load"], "rangemode": "tozero",
                           "title": {"text": "requests", "font": {"size": 11}}}
+    if "prefix" in dom:
+        axes["yaxis9"] = {"domain": dom["prefix"], "rangemode": "tozero",
+                          "title": {"text": "prefix tokens", "font": {"size": 11}}}
+        axes["barmode"] = "stack"  # the re-use on top of the hits
+        axes["bargap"] = 0
     if "requests" in dom:
         axes["yaxis7"] = {"domain": dom["requests"], "rangemode": "tozero",
                           "title": {"text": "requests/min", "font": {"size": 11}}}

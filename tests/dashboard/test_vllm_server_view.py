@@ -159,6 +159,16 @@ def test_running_waiting_and_preemptions_beside_kv(tmp_path):
     assert lane["domain"][1] < kv_lane["domain"][0]  # right under the KV pool
 
 
+def test_prefix_hits_by_vllms_definition_and_the_preempted_reuse_apart(tmp_path):
+    fig = _figure(tmp_path)
+    hits = _trace(fig, "prefix-cache hit tokens")
+    reused = _trace(fig, "preempted re-use tokens (not hits to vLLM)")
+    ms = [t * 1000 for t, _, _ in V.ALLOCS]
+    assert (hits["x"], hits["y"]) == (ms, [32, 0, 16])
+    assert (reused["x"], reused["y"]) == (ms, [0, 64, 0])
+    assert hits["yaxis"] == reused["yaxis"] == "y9" and fig["layout"]["barmode"] == "stack"
+
+
 def test_step_points_hold_end_and_break():
     xs, ys = tl.step_points([0.0, 1.0, 2.0, 60.0], [5, 7, 3, 4], [5, 2, 0, 4], 1.0)
     assert xs == [0.0, 1.0, 2.0, 3.0, 3.0, 60.0, 61.0]

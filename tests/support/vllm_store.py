@@ -30,6 +30,9 @@ LOAD = [(NOW - 120, 3, 2), (NOW - 115, 5, 0), (NOW - 100, 0, 0), (NOW - 49, 2, 0
         (NOW - 40, 0, 0)]  # (ts, running, waiting): server_load events
 PREEMPTED = (NOW - 110, NOW - 109.9)  # one bucket of 1 s
 REQUESTS = [NOW - 120 + i for i in range(6)] + [NOW - 49, NOW - 48.5]
+# kv_alloc: (ts, hit_tokens, preempted_hit_tokens): a prefix hit, a preempted request finding
+# its own blocks again (not a hit to vLLM), another hit
+ALLOCS = [(NOW - 118, 32, 0), (NOW - 110, 0, 64), (NOW - 48, 16, 0)]
 WINDOW = (NOW - 150, NOW)  # with max_points=300: buckets of 1 s (the per-second grid)
 
 
@@ -53,6 +56,9 @@ def events() -> list[Event]:
             for t, r, w in LOAD]
     out += [Event(t, "kv_preempted", 0, PID, request_id="cmpl-1", data={"count": 1})
             for t in PREEMPTED]
+    out += [Event(t, "kv_alloc", 0, PID, request_id=f"a{i}", data={
+        "blocks": 4, "tokens": 100, "hit_tokens": hit, "preempted_hit_tokens": reused})
+        for i, (t, hit, reused) in enumerate(ALLOCS)]
     return out
 
 
