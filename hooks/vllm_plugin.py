@@ -44,7 +44,8 @@ pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / 
 vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
 ``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
 Prometheus source makes from ``vllm:num_requests_running`` / ``_waiting``) when either count
-changed. Evictions since the previous step are one ``kv_evicted`` event (``blocks``) per step.
+changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle. Evictions since
+the previous step are one ``kv_evicted`` event (``blocks``) per step.
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
 block; the per-request state is request-id strings, dropped at ``kv_free`` / ``request_end``.
@@ -67,6 +68,7 @@ from vramscope.hooks.sink import Record, RecordSink
 # the server's own log, prefixed like its other lines.
 log = logging.getLogger("vllm.plugins.vramscope")
 _MARK = "_vramscope_wrapped"
+LOAD_INTERVAL_S = 1.0  # server_load events at most this often (the Prometheus source's rate)
 _CACHED = "_vramscope_cached_blocks"  # on a BlockPool: cached (free, hashed) blocks
 _EVICTED = "_vramscope_evicted_blocks"
 
@@ -124,6 +126,7 @@ class VllmObserver:
         self._next_sample_s = float("-inf")
         self._evicted_seen = 0
         self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
+        self._next_load_s = float("-inf")
         self._peak: tuple[float, int, int, Phase] | None = None  # (ts, used, cached, phase)
 
     # --- patching ---------------------------------------------------------------------------
@@ -470,8 +473,10 @@ class VllmObserver:
         self._put(sample)
         if sched is not None:
             load = (0, 0) if idle else (len(sched.running), len(sched.waiting))
-            if load != self._load:
-                self._load = load
+            # when changed, at most once a LOAD_INTERVAL_S (they are kept as long as rare
+            # events), and always the step to idle
+            if load != self._load and (idle or now_s >= self._next_load_s):
+                self._load, self._next_load_s = load, now_s + LOAD_INTERVAL_S
                 self._event("server_load", None, {"running": load[0], "waiting": load[1]})
 
     def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
