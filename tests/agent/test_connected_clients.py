@@ -34,6 +34,7 @@ def test_each_agent_report_moves_a_connected_clients_row_and_no_other(tmp_path):
         with AgentConnection(agent.socket_path) as conn:
             conn.hello("vllm engine core (port 8000)", devices=[0])
             wait_for(lambda: len(agent.status()["clients"]) == 1, 10)
+            wait_for(lambda: store.processes(), 10)  # the hello's own row written first
             later = time.time() + 60
             report(later)  # silent, connected: seen at this report
             assert seen() == later
