@@ -129,6 +129,7 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
                   {"a": h.start_s, "b": h.end_s, "h": host_id})
     if h.rollups:
         write_tiers(store, h, ids)
+    write_verdicts(store, h)
     if store.dialect == "sqlite":
         # the raw rows went in as one transaction, so SQLite's WAL grew to their size (0.9 GB
         # for the week) and keeps that file size until truncated; the agent's small batches
@@ -137,6 +138,30 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
         with store.engine.connect() as c:
             c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     return h
+
+
+VERDICT_EVERY_S = 300.0  # the engine's heartbeat (agent/alerts/verdicts.py HEARTBEAT_S)
+
+
+def write_verdicts(store: Store, h: History) -> int:
+    """The verdicts an agent would have stored over the history: one row a heartbeat per
+    device's process (pid 1000 + device), the leaking device's a leak of 1 MiB a minute once
+    20 minutes of floor are in, the others no leak; risk ok. The pages read these."""
+    from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.store import verdicts
+
+    rows = []
+    warm = h.start_s + 1200.0 + 900.0
+    for k in range(int((h.end_s - h.start_s) // VERDICT_EVERY_S) + 1):
+        ts = h.start_s + k * VERDICT_EVERY_S
+        for d in range(h.devices):
+            leaking = d == LEAKING_DEVICE and ts >= warm
+            state = "insufficient_data" if ts < warm else "leak" if leaking else "no_leak"
+            rows.append(Verdict(ts, d, None, 1000 + d, state, MIB / 60.0 if leaking else 0.0,
+                                h.start_s if leaking else None, warm if leaking else None,
+                                min(ts - h.start_s, 7200.0), "generated history", "ok", None,
+                                (), 100 * GIB, None, None, None, None, None))
+    return verdicts.write(store, rows)
 
 
 # -- the closed forms, once for SQL and tensors --------------------------------------------

@@ -42,6 +42,21 @@ EXPECTED_DEVICE = {
                "setup": {"samples": 0, "peak_allocated_bytes": 0}},
     "kv": {"peak_blocks_used": 159, "blocks_total": 1000, "peak_usage_ratio": 0.159,
            "pools": 1},
+    # the engine's verdict as it stores it (records without a pid: the device as a whole),
+    # its newest row: the prefill at 1060 that left 1 GiB
+    "processes": [{
+        "format": "vramscope.verdict/1", "ts": 1060.0, "device": 0, "host": None, "pid": None,
+        "rank": None,
+        "leak": {"state": "insufficient_data", "slope_bytes_per_s": 0.0,
+                 "slope_bytes_per_h": 0.0, "start_ts": None, "first_detected_ts": None,
+                 "span_s": 0.0,
+                 "evidence": "not enough data yet: warming up (the first 20 min of a process "
+                             "are not its floor), then 15 min of idle floor",
+                 "trend_line": None},
+        "risk": {"level": "critical", "cause": "prefill_spike", "reasons": ["headroom"],
+                 "headroom_bytes": G, "time_to_oom_s": None, "time_to_oom_low_s": None,
+                 "time_to_oom_high_s": None},
+        "kv": {"usage_ratio": 0.159, "exhaustion_s": 841.0}}],
 }
 
 
