@@ -362,11 +362,14 @@ class Agent:
             if store.dialect == "postgresql":
                 self._pg_size_bytes = store.size_bytes()
             s = self.status()
+            catch_up = s["retention_catch_up"] or {}
             store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
                                     queue_depth=s["queue_depth"],
                                     dropped_total=s["dropped_total"] + s["client_dropped_total"],
                                     rejected_total=s["rejected_total"],
-                                    db_size_bytes=s["db_size_bytes"])
+                                    db_size_bytes=s["db_size_bytes"],
+                                    retention_behind_s=catch_up.get("behind_s"),
+                                    retention_eta_s=catch_up.get("eta_s"))
             # a connected client is alive even when it sends nothing (an idle vLLM server):
             # its process row's last_seen_s moves with each report, so the dashboard tells an
             # idle server from one that ended (dashboard/verdict.py)

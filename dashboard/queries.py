@@ -283,8 +283,8 @@ def _stats(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     keys = ("ts_s", "clients", "rows_per_s", "queue_depth", "dropped_total", "rejected_total",
-            "db_size_bytes")
-    return {k: row[k] for k in keys}
+            "db_size_bytes", "retention_behind_s", "retention_eta_s")
+    return {k: row.get(k) for k in keys}
 
 
 def alert_json(a: dict[str, Any], metrics: dict[str, str] | None = None) -> dict[str, Any]:

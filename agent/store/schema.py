@@ -272,5 +272,9 @@ agent_stats = Table(
     Column("dropped_total", BigInteger, nullable=False),
     Column("rejected_total", BigInteger, nullable=False),
     Column("db_size_bytes", BigInteger, nullable=True),
+    # retention catching up (0011): data time still to roll up, and the time that will take at
+    # the rate so far; null when retention is not behind
+    Column("retention_behind_s", Float, nullable=True),
+    Column("retention_eta_s", Float, nullable=True),
     Index("ix_agent_stats_host_ts", "host_id", "ts_s"),
 )

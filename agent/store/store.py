@@ -604,7 +604,9 @@ class Store:
 
     def write_agent_stats(self, ts_s: float, *, clients: int, rows_per_s: float,
                           queue_depth: int, dropped_total: int, rejected_total: int,
-                          db_size_bytes: int | None, host: str | None = None) -> None:
+                          db_size_bytes: int | None, host: str | None = None,
+                          retention_behind_s: float | None = None,
+                          retention_eta_s: float | None = None) -> None:
         # Sums of client-reported counters could pass the BigInteger range: saturate, so the
         # row (and the dashboard's sampling health) is still written.
         dropped_total, rejected_total = (min(v, INT64_MAX) for v in (dropped_total,
@@ -613,7 +615,8 @@ class Store:
             c.execute(insert(agent_stats).values(
                 host_id=self.host_id(host, c), ts_s=ts_s, clients=clients,
                 rows_per_s=rows_per_s, queue_depth=queue_depth, dropped_total=dropped_total,
-                rejected_total=rejected_total, db_size_bytes=db_size_bytes))
+                rejected_total=rejected_total, db_size_bytes=db_size_bytes,
+                retention_behind_s=retention_behind_s, retention_eta_s=retention_eta_s))
 
     # --- reading -------------------------------------------------------------------------
     def hosts(self) -> list[dict[str, Any]]:

@@ -267,6 +267,8 @@ PAGES.overview = () => poll(async () => {
     ["Dropped", (h) => h.agent && h.agent.dropped_total, "num"],
     ["Rejected", (h) => h.agent && h.agent.rejected_total, "num"],
     ["DB size", (h) => h.agent && fmtBytes(h.agent.db_size_bytes), "num"],
+    ["Retention", (h) => !h.agent ? "" : h.agent.retention_behind_s == null ? "up to date"
+      : "catching up: " + fmtAge(h.agent.retention_behind_s) + " behind" + (h.agent.retention_eta_s == null ? "" : ", about " + fmtAge(h.agent.retention_eta_s) + " left"), "wrap"],
   ], doc.hosts, "No host has reported yet.");
   table("processes-table", [
     ["Host", (p) => p.host], ["PID", (p) => p.pid, "num"], ["Name", (p) => p.name],
