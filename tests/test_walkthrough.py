@@ -59,3 +59,19 @@ def test_demo_output_keeps_its_fixed_lines_and_masks_what_varies():
         "  <n> OOM post-mortem(s), <n> alert(s)",
         "database kept: /d/demo.db; look at it again with 'vramscope dashboard --db /d/demo.db'",
     ]
+
+
+def test_normalise_masks_the_home_the_clock_the_host_and_the_size_only(tmp_path):
+    import socket
+
+    host = socket.gethostname()
+    text = (f"database: sqlite:///{tmp_path}/v.db, 0.2 MiB\n"
+            "  0: last seen 2026-11-29T16:34:29.413Z (5.0 days ago)\n"
+            f"  {host} GPU 0 pid 421 (?): not enough data yet\n"
+            "  OOM at 2026-11-29T16:34:28.387Z (warned 0.0 s before)   \n")
+    assert walkthrough.normalise(text, tmp_path, demo=False).splitlines() == [
+        "database: sqlite:////home/you/v.db, <n> MiB",
+        "  0: last seen 2026-11-29T16:34:29.413Z (<age> ago)",
+        "  <host> GPU 0 pid 421 (?): not enough data yet",
+        "  OOM at 2026-11-29T16:34:28.387Z (warned 0.0 s before)",
+    ]

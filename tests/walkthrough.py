@@ -9,8 +9,9 @@ It runs the `vramscope` installed beside this Python (the .venv's), in a fresh h
 (HOME, the data and runtime folders, the working folder: no config file, no agent, no database
 of the machine is seen), on copies of traces committed under tests/data. The transcript is
 normalised so that two runs print the same text: the home folder reads `/home/you`, the demo's
-port `<port>`, times that depend on the clock `<time>`, and the demo's progress and alert log
-lines (how far the simulation gets in 20 s depends on the machine) are left out.
+port `<port>`, times and ages that depend on the clock `<time>` and `<age>`, the database's size
+and the demo's counts `<n>`, and the demo's progress and alert lines (how far the simulation gets
+in 20 s depends on the machine) are left out.
 tests/test_walkthrough.py checks that README.md's "What you will see" section is this text.
 """
 
@@ -122,6 +123,7 @@ def clean_env(home: Path) -> dict[str, str]:
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\S+) (\w+) (.*)$")
 _ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _AGE = re.compile(r"\b[\d.]+ (s|min|h|days) ago\b")
+_DB_SIZE = re.compile(r"^(database: \S+, )[\d.]+ MiB$")
 _PORT = re.compile(r"(http://127\.0\.0\.1:)\d+/")
 _PROGRESS_LEFT_OUT = ("  [a progress line every 5 s and a log line per alert fired or resolved, "
                       "left out: how far 20 s of simulation gets depends on the machine]")
@@ -159,6 +161,8 @@ def normalise(text: str, home: Path, demo: bool) -> str:
         lines = normalise_demo(lines)
         lines = [_ISO_TIME.sub("<time>", line) for line in lines]
     lines = [_AGE.sub("<age> ago", line) for line in lines]
+    # The database's size moves with every schema change, not with anything a user does.
+    lines = [_DB_SIZE.sub(r"\1<n> MiB", line) for line in lines]
     # The status names processes by host; the host is this machine's.
     lines = [re.sub(rf"\b{re.escape(host)} GPU\b", "<host> GPU", line) for line in lines]
     return "\n".join(line.rstrip() for line in lines)
