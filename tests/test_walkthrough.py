@@ -25,7 +25,7 @@ def test_readme_has_exactly_two_setup_commands():
         "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/vramscope demo",
         "tests/run.sh",
     ]
-    assert walkthrough.STEPS[0].args[0] == "demo"
+    assert [s.args[0] for s in walkthrough.STEPS[:2]] == ["status", "demo"]
 
 
 DEMO_OUTPUT = """\

@@ -64,6 +64,7 @@ class Step:
 
 
 STEPS = (
+    Step(("status",), "a fresh machine: no agent, no database yet"),
     Step(("demo", "--duration", "20", "--no-browser", "--port", "0"),
          "the README's first command, stopped after 20 s"),
     Step(("analyze", "gpu_oom.jsonl"),
