@@ -31,7 +31,7 @@ FOLDERS = {"vramscope": "vramscope", "vramscope.agent": "agent", "vramscope.hook
 CORE = frozenset({
     "vramscope.agent.records", "vramscope.agent.trace", "vramscope.agent.ingest.protocol",
     "vramscope.agent.clock", "vramscope.agent.errors", "vramscope.agent.config",
-    "vramscope.agent.dtypes",
+    "vramscope.agent.dtypes", "vramscope.agent.timefmt",
 })
 # Packages whose __init__ runs on the way to a core module; each must stay import-free.
 CORE_PACKAGES = frozenset({"vramscope", "vramscope.agent", "vramscope.agent.ingest"})

@@ -21,8 +21,8 @@ function link(text, href) {
   return el("a", text, { href: href });
 }
 
-function badge(level) {
-  return el("span", level, { class: "badge " + (level || "ok") });
+function badge(level, cls) {
+  return el("span", level, { class: "badge " + (cls || level || "ok") });
 }
 
 function fmtBytes(b) {
@@ -32,9 +32,72 @@ function fmtBytes(b) {
   return Math.abs(b) >= 1024 ? (b / 1024).toFixed(1) + " KiB" : b + " B";
 }
 
+// Times show in UTC or, once chosen with the header's toggle (kept in localStorage), in this
+// browser's zone, with its offset written out so a copied time is never ambiguous.
+const TZ_KEY = "vramscope.timezone";
+function localZone() {
+  try { return localStorage.getItem(TZ_KEY) === "local"; } catch (e) { return false; }
+}
+
+function pad2(n) { return String(n).padStart(2, "0"); }
+
+// "YYYY-MM-DDTHH:MM:SS" of ts in the chosen zone (a datetime-local input's value)
+function wallClock(ts) {
+  const d = new Date(ts * 1000);
+  if (!localZone()) return d.toISOString().replace(/\.\d+Z$/, "");
+  return d.getFullYear() + "-" + pad2(d.getMonth() + 1) + "-" + pad2(d.getDate()) + "T" +
+    pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + ":" + pad2(d.getSeconds());
+}
+
+// Unix seconds of a wall-clock "YYYY-MM-DDTHH:MM[:SS]" in the chosen zone
+function fromWallClock(text) {
+  const s = text.length === 16 ? text + ":00" : text;
+  return (localZone() ? new Date(s).getTime() : Date.parse(s + "Z")) / 1000;
+}
+
+function zoneOffset(ts) {
+  const m = -new Date(ts * 1000).getTimezoneOffset();
+  return (m < 0 ? "-" : "+") + pad2(Math.floor(Math.abs(m) / 60)) + ":" + pad2(Math.abs(m) % 60);
+}
+
 function fmtTime(ts) {
   if (ts === null || ts === undefined) return "–";
-  return new Date(ts * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  return wallClock(ts).replace("T", " ") + (localZone() ? " " + zoneOffset(ts) : "Z");
+}
+
+function zoneName() {
+  return localZone() ? (Intl.DateTimeFormat().resolvedOptions().timeZone || "local") + " (this browser)" : "UTC";
+}
+
+function wireTimeZone() {
+  const button = document.getElementById("tz-toggle");
+  document.getElementById("tz-name").textContent = zoneName();
+  if (!button) return;
+  button.textContent = localZone() ? "local time" : "UTC";
+  button.addEventListener("click", () => {
+    try { localStorage.setItem(TZ_KEY, localZone() ? "utc" : "local"); } catch (e) { return; }
+    location.reload(); // every time on the page, plots included, is drawn again in the new zone
+  });
+}
+
+// Plotly draws epoch milliseconds on a date axis in the browser's zone: for UTC each date x
+// moves by the zone's offset at that moment, so the axis reads UTC wall clock (and back,
+// plotlyTime, when a zoom reports a range).
+function shiftMs(x) {
+  return typeof x === "number" ? x + new Date(x).getTimezoneOffset() * 60000 : x;
+}
+
+function zoneFigure(fig) {
+  if (localZone() || !fig.layout.xaxis || fig.layout.xaxis.type !== "date") return fig;
+  const data = fig.data.map((t) => (Array.isArray(t.x) ? Object.assign({}, t, { x: t.x.map(shiftMs) }) : t));
+  const xaxis = Object.assign({}, fig.layout.xaxis);
+  if (Array.isArray(xaxis.range)) xaxis.range = xaxis.range.map(shiftMs);
+  const move = (items) => (items || []).map((a) => (a.xref && a.xref !== "paper"
+    ? Object.assign({}, a, { x: shiftMs(a.x), x0: shiftMs(a.x0), x1: shiftMs(a.x1) }) : a));
+  const layout = Object.assign({}, fig.layout, { xaxis: xaxis });
+  if (fig.layout.shapes) layout.shapes = move(fig.layout.shapes);
+  if (fig.layout.annotations) layout.annotations = move(fig.layout.annotations);
+  return { data: data, layout: layout };
 }
 
 function fmtAge(s) {
@@ -106,6 +169,7 @@ function table(id, columns, rows, emptyText) {
 
 function plot(id, fig) {
   const div = document.getElementById(id);
+  fig = zoneFigure(fig);
   // The box must be as tall as the figure, or a responsive re-layout squeezes it
   if (fig.layout.height) div.style.minHeight = fig.layout.height + "px";
   return Plotly.react(div, fig.data, fig.layout, PLOT_CONFIG);
@@ -181,12 +245,34 @@ function poll(fn, minSeconds) {
   setInterval(run, Math.max(500, (minSeconds || 0) * 1000, parseFloat(body.refreshS) * 1000));
 }
 
+// The device picker, with an absolute window: "From" and "to" in the chosen zone become the
+// address' start and end (Unix seconds); an empty one is left out (the default window, or
+// following the newest data). Another device opens on its own default window.
 function wirePicker() {
   const select = document.getElementById("device-select");
   const hostInput = document.getElementById("host-input");
   if (!select) return;
   const sync = () => { hostInput.value = select.selectedOptions[0] ? select.selectedOptions[0].dataset.host : ""; };
-  select.addEventListener("change", () => { sync(); select.form.submit(); });
+  const times = [["start-at", "start-input", body.start], ["end-at", "end-input", body.end]];
+  for (const [at, , value] of times) {
+    if (value) document.getElementById(at).value = wallClock(parseFloat(value));
+  }
+  select.addEventListener("change", () => {
+    sync();
+    for (const [, hidden] of times) document.getElementById(hidden).disabled = true;
+    document.getElementById("span-input").disabled = true;
+    select.form.submit();
+  });
+  select.form.addEventListener("submit", () => {
+    for (const [at, hidden] of times) {
+      const text = document.getElementById(at).value;
+      const node = document.getElementById(hidden);
+      node.value = text ? fromWallClock(text).toFixed(3) : "";
+      node.disabled = !text;
+    }
+    const span = document.getElementById("span-input");
+    span.disabled = !span.value || Boolean(document.getElementById("start-at").value); // start given: span unused
+  });
   if (!hostInput.value) sync();
 }
 
@@ -200,6 +286,12 @@ function verdictCell(d) {
   const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");
   box.append(el("div", rules.length ? rules.join(", ") : "no active alert", {
     class: "reasons", title: d.verdict.reasons.map((r) => r.rule + ": " + (r.message || "")).join("\n") }));
+  // each running process's stored verdict: which one leaks, how close each is to an OOM
+  for (const v of d.verdicts || []) {
+    const leak = v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak;
+    box.append(el("div", v.process + ": " + leak + " · OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""),
+      { class: "reasons process-verdict" }));
+  }
   return box;
 }
 
@@ -245,12 +337,10 @@ PAGES.overview = () => poll(async () => {
   table("devices-table", [
     ["Device", deviceCell, "wrap"], ["Verdict", verdictCell, "wrap"],
     ["Allocated", (d) => fmtBytes(d.latest && d.latest.allocated_bytes), "num"],
-    ["Reserved", (d) => fmtBytes(d.latest && d.latest.reserved_bytes), "num"],
-    ["Device used", (d) => fmtBytes(d.latest && d.latest.device_used_bytes), "num"],
+    ["Reserved", (d) => momentCell(d, "reserved_bytes"), "num"],
+    ["Device used", (d) => momentCell(d, "device_used_bytes"), "num"],
     ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
-    ["Per process", (d) => (d.verdicts || []).map((v) => v.process + ": " + (v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak) +
-      " · OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : "")).join("; "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
     ["KV · req/min", (d) => (d.latest ? (d.kv_usage_ratio == null ? "–" : (100 * d.kv_usage_ratio).toFixed(1) + " %") + " · " + d.requests_per_min.toFixed(0) : ""), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
@@ -261,7 +351,7 @@ PAGES.overview = () => poll(async () => {
   table("health-table", [
     ["Host", (h) => h.name],
     ["Agent report", (h) => h.agent ? fmtAge(doc.now_s - h.agent.ts_s) + " ago" : "none"],
-    ["Clients", (h) => h.agent && h.agent.clients, "num"],
+    ["Clients", (h) => clientsCell(h, doc.processes), "num"],
     ["Rows/s", (h) => h.agent && h.agent.rows_per_s.toFixed(1), "num"],
     ["Queue", (h) => h.agent && h.agent.queue_depth, "num"],
     ["Dropped", (h) => h.agent && h.agent.dropped_total, "num"],
@@ -280,6 +370,28 @@ PAGES.overview = () => poll(async () => {
     ["Last seen", (p) => fmtTime(p.last_seen_s)],
   ], processOrder(doc.processes), "No server process has reported yet.");
 });
+
+// Device used and reserved are each the newest value of its own source (NVML's, torch's): when
+// they were sampled more than a second apart, each says when, so "used < reserved" reads right.
+function momentCell(d, key) {
+  const text = fmtBytes(d.latest && d.latest[key]);
+  const at = d.latest && d.latest.moments ? d.latest.moments : {};
+  if (at.reserved_bytes == null || at.device_used_bytes == null ||
+      Math.abs(at.reserved_bytes - at.device_used_bytes) <= 1) return text;
+  const box = el("div", text);
+  box.append(el("div", "at " + fmtTime(at[key]), { class: "reasons", title: "device used (NVML) and reserved (torch) were last sampled at different moments" }));
+  return box;
+}
+
+// The agent's clients are server processes connected to its socket now; a listed process that
+// writes samples another way (the demo's simulated servers, a replay) is connected without
+// being one, so the count says how many of those there are instead of a bare "0".
+function clientsCell(h, procs) {
+  if (!h.agent) return null;
+  const live = procs.filter((p) => p.host === h.name && p.state === "connected").length;
+  const other = live - h.agent.clients;
+  return other > 0 ? h.agent.clients + " (+" + other + " writing without a socket: simulated or replayed)" : h.agent.clients;
+}
 
 // Live processes first, ended ones (a restarted server's old pids) after them, newest first.
 function processOrder(procs) {
@@ -314,11 +426,12 @@ PAGES.alerts = () => poll(async () => {
 });
 
 // Timeline: follows the newest data until the user zooms; a zoom re-queries the server.
+// A range Plotly reports: the axis' wall clock in the chosen zone (zoneFigure), or shifted ms
 function plotlyTime(v) {
-  if (typeof v === "number") return v / 1000;
+  if (typeof v === "number") return (localZone() ? v : v - new Date(v).getTimezoneOffset() * 60000) / 1000;
   let s = String(v).trim().replace(" ", "T");
   if (!s.includes("T")) s += "T00:00";
-  return Date.parse(s + "Z") / 1000;
+  return fromWallClock(s);
 }
 
 PAGES.timeline = () => {
@@ -548,7 +661,7 @@ PAGES.capacity = () => {
       ["KV cache", fmtBytes(e.kv_cache_bytes) + " (" + fmtBytes(e.kv_bytes_per_token) + "/token)"],
       ["Activations", fmtBytes(e.activation_bytes)], ["Total", fmtBytes(e.total_bytes)],
       ["Usable (after margin)", fmtBytes(e.usable_bytes)],
-      ["Fits", e.fits ? "yes, " + fmtBytes(e.headroom_bytes) + " to spare" : "no, short by " + fmtBytes(-e.headroom_bytes)],
+      ["Fits", e.fits ? badge("yes, " + fmtBytes(e.headroom_bytes) + " to spare", "ok") : badge("no, short by " + fmtBytes(-e.headroom_bytes), "critical")],
       ["Max concurrency", e.max_concurrency], ["Max context", e.max_context_tokens],
       ["Paged pool", e.pool_blocks + " blocks of " + e.block_size_tokens + " tokens"],
     ] : [["Estimate", "unavailable"]]);
@@ -564,6 +677,7 @@ PAGES.capacity = () => {
 };
 
 document.addEventListener("DOMContentLoaded", () => {
+  wireTimeZone();
   const page = PAGES[body.page];
   if (page) page();
 });

@@ -72,7 +72,8 @@ def test_the_analysis_and_risk_views_build_no_window_over_the_limit(tmp_path,
         assert (doc["tier"], doc["bucket_s"]) == ("per-minute rollups, 60 s buckets", 60.0)
         risk = verdict_views.risk_view(store, parse_config({}, None), 1, None, T_END - 3600,
                                        T_END)
-        assert risk["now"] is None  # no verdict stored: the page says nothing of its own
+        # the generated history's stored verdict of device 1's process: the page shows it
+        assert (risk["now"]["pid"], risk["now"]["level"]) == (1001, "ok")
 
 
 def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monkeypatch):

@@ -55,10 +55,11 @@ def test_without_vllm_each_part_says_once_why_it_is_off(caplog, monkeypatch):
         obs.patch_all()
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(" not observed")[0] for line in lines] == [
-        "vramscope: vLLM worker", "vramscope: vLLM scheduler",
+        "vramscope: vLLM worker", "vramscope: vLLM scheduler", "vramscope: vLLM step_boundary",
         "vramscope: vLLM kv_cache_manager", "vramscope: vLLM block_pool"]
     assert "not importable" in lines[0] and "the rest still works" in lines[0]
-    assert set(obs.parts) == {"worker", "scheduler", "kv_cache_manager", "block_pool"}
+    assert set(obs.parts) == {"worker", "scheduler", "step_boundary", "kv_cache_manager",
+                              "block_pool"}
     monkeypatch.setenv("VRAMSCOPE_VLLM", "1")
     monkeypatch.setattr(vllm_plugin, "_OBSERVER", [obs])
     vllm_plugin.register()  # never raises into vLLM's plugin loader

@@ -26,6 +26,13 @@ def scripted_store(store) -> None:
     store.upsert_process(42, NOW_S - 5, name="python", device_indexes=[0])
     store.write_agent_stats(NOW_S - 1, clients=1, rows_per_s=10.0, queue_depth=3,
                             dropped_total=0, rejected_total=0, db_size_bytes=4096)
+    # the alert engine's stored verdict of the process: a leak (every verdict gauge has a value)
+    from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.store import verdicts
+
+    verdicts.write(store, [Verdict(NOW_S - 5, 0, None, 42, "leak", 1000.0, NOW_S - 3600,
+                                   NOW_S - 600, 3600.0, "scripted", "ok", None, (), 10**9,
+                                   None, None, None, None, None)])
 
 
 def dashboard_metrics_text(store) -> str:
