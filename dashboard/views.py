@@ -1,10 +1,12 @@
-"""The data behind the Leaks, OOM risk and Capacity views and ``/api/v1/analysis``: the bridge
-from the store to ``vramscope.agent.analysis`` and ``vramscope.agent.estimate``.
+"""The data behind ``/api/v1/analysis``, the Capacity view, the configuration check and the
+leak make-up: the bridge from the store to ``vramscope.agent.analysis`` and
+``vramscope.agent.estimate``.
 
-Analysis is pure functions over records; this module reads the records (bounded), calls them,
-and hands the results to :mod:`vramscope.dashboard.figures`. Where the analysis needs more raw
-samples than a request should read, the Leaks page falls back to per-minute minima computed in
-SQL (the floor between requests), and says so in ``method``.
+The verdicts (leak, OOM risk, per process) are not made here: they are the alert engine's
+stored verdicts (:mod:`vramscope.agent.store.verdicts`; the Leaks and OOM-risk views are in
+:mod:`vramscope.dashboard.verdict_views`). This module reads a window's records (bounded: raw
+samples, the per-second tier, or per-minute buckets) for the analysis document's summaries
+(phases, fragmentation, KV peaks, OOMs), and says which tier in ``tier``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 from vramscope.agent import estimate as est
 from vramscope.agent.alerts.offline import analyze_records
-from vramscope.agent.analysis.leaks import LeakResult
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
@@ -49,7 +50,6 @@ REPORT_BUCKETS = 100
 ALERT_READ_LIMIT = 1_000  # a window's stored alerts a tiered analysis shows
 TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
 TIER_EVENT_LIMIT = 1_000
-LEAK_COLUMNS = ("allocated_bytes", "device_used_bytes", "device_total_bytes")
 
 
 SECOND_S = 1.0  # the per-second tier's bucket
@@ -258,16 +258,6 @@ def _last_event(store: Store, device: int, host: str | None, lo: float, hi: floa
             break
         got = more
     return got[-1] if got else None
-
-
-def _leak_json(r: LeakResult) -> dict[str, Any]:
-    return {"detected": bool(r.detected), "state": r.state, "span_s": r.span_s,
-            "slope_bytes_per_s": r.slope_bytes_per_s,
-            "slope_bytes_per_h": r.slope_bytes_per_s * 3600.0, "growth_bytes": r.growth_bytes,
-            "start_ts_s": r.start_ts_s, "first_detected_ts_s": r.first_detected_ts_s,
-            "evidence": r.evidence, "p_value": r.p_value,
-            "trend_line": [list(p) for p in r.trend_line] if r.trend_line else None,
-            "orphaned_blocks": r.orphaned_blocks}
 
 
 def orphan_events(store: Store, device: int, host: str | None, start: float,
