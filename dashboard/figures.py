@@ -54,6 +54,21 @@ def _layout(**extra: Any) -> dict[str, Any]:
     return base
 
 
+def drawn_in_legend(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``traces``, those that draw nothing kept out of the legend, which lists what shows: every
+    y missing, or a line without markers whose points all stand between gaps (a largest free
+    block sampled once in ten buckets: a line needs two neighbouring points)."""
+    for t in traces:
+        points = [x is not None and y is not None
+                  for x, y in zip(t.get("x", []), t.get("y", []))]
+        line_only = t.get("type") == "scatter" and t.get("mode") == "lines" \
+            and not t.get("connectgaps")
+        drawn = any(a and b for a, b in zip(points, points[1:])) if line_only else any(points)
+        if not drawn:
+            t["showlegend"] = False
+    return traces
+
+
 def _line(name: str, xs: list[Any], ys: list[Any], color: str, **extra: Any) -> dict[str, Any]:
     trace = {"type": "scatter", "mode": "lines", "name": name, "x": xs, "y": ys,
              "line": {"color": color, "width": 1.6}}
@@ -75,7 +90,7 @@ def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "x": gib(values), "marker": {"color": color},
                      "hovertemplate": "%{x:.2f} GiB<extra>" + name + "</extra>"})
     height = 120 + 70 * max(1, len(rows))
-    return {"data": bars, "layout": _layout(
+    return {"data": drawn_in_legend(bars), "layout": _layout(
         barmode="group", height=height, hovermode="closest",
         xaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
         yaxis={"autorange": "reversed", "automargin": True})}
@@ -114,7 +129,7 @@ def processes_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "marker": {"color": color, "symbol": symbol, "size": 18,
                                 "line": {"width": 3, "color": color}},
                      "hovertemplate": "%{x:.2f} GiB<extra>" + name + "</extra>"})
-    return {"data": data, "layout": _layout(
+    return {"data": drawn_in_legend(data), "layout": _layout(
         barmode="stack", height=120 + 70 * max(1, len(rows)), hovermode="closest",
         xaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
         yaxis={"autorange": "reversed", "automargin": True})}
@@ -231,7 +246,7 @@ def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
         data.append(_line("trend (Theil–Sen)", [ms(t0), ms(t1)], [y0 / GIB, y1 / GIB],
                           COLORS["limit"], line={"color": COLORS["limit"], "dash": "dash",
                                                  "width": 2}))
-    return {"data": data, "layout": _layout(
+    return {"data": drawn_in_legend(data), "layout": _layout(
         height=380, xaxis={"type": "date"},
         yaxis={"title": {"text": "idle floor (GiB)"}},
         meta={"limit_bytes": limit_bytes})}
@@ -273,7 +288,7 @@ def risk_figure(headroom: dict[str, list[Any]], forecast: dict[str, list[Any]] |
               "text": f"{name}: headroom under {ratio:.0%} of the limit",
               "font": {"size": 10, "color": COLORS[name]}}
              for name, ratio in levels.items() if limit_bytes]
-    return {"data": data, "layout": _layout(
+    return {"data": drawn_in_legend(data), "layout": _layout(
         height=420, shapes=shapes, annotations=notes, xaxis={"type": "date"},
         yaxis={"title": {"text": "headroom (GiB)"}, "rangemode": "tozero"},
         yaxis2={"title": {"text": "time to OOM (h)"}, "overlaying": "y", "side": "right",
@@ -330,8 +345,9 @@ def capacity_figure(capacity: dict[str, Any]) -> dict[str, Any]:
             data.append({"type": "bar", "name": name, "x": labels + extra,
                          "y": [None] * len(rows) + [estimate[key] / GIB],
                          "marker": {"color": color}, "hovertemplate": "%{y:.2f} GiB"})
-    return {"data": data, "layout": _layout(barmode="group", height=380, hovermode="closest",
-                                            yaxis={"title": {"text": "GiB"}})}
+    return {"data": drawn_in_legend(data),
+            "layout": _layout(barmode="group", height=380, hovermode="closest",
+                              yaxis={"title": {"text": "GiB"}})}
 
 
 # --- post-mortems ---------------------------------------------------------------------------

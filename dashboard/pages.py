@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, redirect, render_template, url_for
+from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from vramscope.dashboard import params, queries, views
 from vramscope.dashboard.state import state
+from vramscope.dashboard.verdict import device_verdict, stale_after_s
 from werkzeug.exceptions import NotFound
 
 bp = Blueprint("pages", __name__)
@@ -32,13 +33,71 @@ def _render(template: str, page: str, **context: Any) -> str:
                            host_name=st.store.host_name, **context)
 
 
+DEFAULT_TIMELINE_SPAN_S = 3600.0  # the API's default window (api.DEFAULT_SPAN_S)
+
+
 def _device_context() -> dict[str, Any]:
-    """The device, host and window a page was asked for (validated, then passed to the JS)."""
-    return {"device": params.integer("device", 0, low=0, high=4095),
-            "host": params.text("host", "") or "",
-            "start": params.number("start", low=0, high=1e11),
-            "end": params.number("end", low=0, high=1e11),
-            "span": params.number("span", low=1, high=params.MAX_SPAN_S)}
+    """The device, host and window a page was asked for (validated, then passed to the JS),
+    with the device's verdict. Without ``device`` in the address the page opens on the most
+    severe device, in the Overview's order, not on GPU 0 of the local host."""
+    st = state()
+    if params.text("device") is None:
+        device, host = riskiest_device(st.store)
+    else:
+        device = params.integer("device", 0, low=0, high=4095)
+        host = params.text("host", "") or ""
+    ctx = {"device": device, "host": host,
+           "start": params.number("start", low=0, high=1e11),
+           "end": params.number("end", low=0, high=1e11),
+           "span": params.number("span", low=1, high=params.MAX_SPAN_S)}
+    return {**ctx, "verdict": _verdict(device, host)}
+
+
+def riskiest_device(store: Any) -> tuple[int, str]:
+    """``(device, host)`` of the Overview's first device row: highest severity of its active
+    alerts, then most active alerts, then host and index (``queries.device_rows``' order),
+    from one alert query, without reading every device's newest values."""
+    active = store.alerts(active_only=True, host="*")
+    ranked = []
+    for d in store.devices(host="*"):
+        if d["device_index"] < 0:
+            continue  # a retired label (NVML renumbered the GPUs)
+        mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
+        level = device_verdict(mine)["level"]
+        ranked.append((-queries.SEVERITY_ORDER.get(level, 0), -len(mine), d["host"],
+                       d["device_index"]))
+    if not ranked:
+        return 0, ""
+    _, _, host, device = min(ranked)
+    return device, "" if host == store.host_name else host
+
+
+def _verdict(device: int, host: str) -> dict[str, Any]:
+    """The device's verdict as the Overview shows it: the alert engine's level and rules, and
+    each running process's stored leak and OOM-risk verdict."""
+    st = state()
+    name = queries.host_or_none(st.store, host)
+    mine = st.store.alerts(active_only=True, host=name or st.store.host_name, device=device)
+    return {**device_verdict(mine),
+            "processes": queries.process_verdicts(st.store, device, name, st.clock.time_s())}
+
+
+def _own_span(ctx: dict[str, Any]) -> dict[str, Any]:
+    """A window the address does not give opens on the data's own span when the data ended
+    long ago and is shorter than the default hour (an imported 150 s recording fills the
+    chart instead of 4 % of it); live data keeps the followed last hour."""
+    if any(request.args.get(k) for k in ("start", "end", "span")):
+        return ctx
+    st = state()
+    span = st.store.time_range(ctx["device"], queries.host_or_none(st.store, ctx["host"]))
+    if span is None:
+        return ctx
+    first, last = span
+    if last - first >= DEFAULT_TIMELINE_SPAN_S or \
+            st.clock.time_s() - last <= stale_after_s(st.config):
+        return ctx
+    pad = max(1.0, 0.02 * (last - first))  # the first and last samples off the frame's edge
+    return {**ctx, "start": first - pad, "end": last + pad}
 
 
 @bp.get("/")
@@ -51,7 +110,7 @@ def timeline() -> ResponseReturnValue:
     ctx = _device_context()
     if ctx["start"] is not None and ctx["end"] is not None and ctx["end"] <= ctx["start"]:
         params.time_window(3600.0, None)  # raises the 400 naming "end"
-    return _render("timeline.html", "timeline", **ctx)
+    return _render("timeline.html", "timeline", **_own_span(ctx))
 
 
 @bp.get("/leaks")

@@ -96,6 +96,8 @@ def _newest(into: dict[str, Any], s: Sample, fields: Sequence[str]) -> None:
     for name in fields:
         if into.get(name) is None:
             into[name] = getattr(s, name)
+            if into[name] is not None:  # the moment of each value: they may differ
+                into.setdefault("at", {})[name] = s.ts_s
     if into.get("phase") is None and s.phase is not Phase.UNKNOWN:
         into["phase"] = s.phase.value
 
@@ -105,7 +107,7 @@ def _process_entry(p: dict[str, Any], row: dict[str, Any] | None) -> dict[str, A
     out.update(pid=p["pid"], last_ts_s=p["last_ts_s"], phase=p.get("phase"),
                limit_bytes=p.get("device_total_bytes"),
                name=(row or {}).get("name"), rank=(row or {}).get("rank"),
-               process=process_label(row))
+               process=process_label(row), at=p.get("at", {}))
     return out
 
 
@@ -138,6 +140,12 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
         default=None)
     # NVML's total; without NVML, the processes' limit (the single-process reading of old)
     out["device_total_bytes"] = nvml.get("device_total_bytes") or max(limits, default=None)
+    # when each shown value was sampled (the newest non-null one of each may be older than the
+    # newest sample): the Overview says so where device used and reserved differ in time
+    nvml_at = nvml.get("at", {})
+    out["moments"] = {name: nvml_at.get(name) or max(
+        (p["at"][name] for p in processes if name in p["at"]), default=None)
+        for name in ("allocated_bytes", "reserved_bytes", "device_used_bytes")}
     used, reserved = out["device_used_bytes"], out["reserved_bytes"]
     out["unexplained_bytes"] = None if used is None else max(0, used - (reserved or 0))
     return out

@@ -82,7 +82,8 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
                                    ("markers", bool(markers)))
               if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
-    data = (f.band_traces(doc["phases"], top) + f._memory_traces(s) + _floor_traces(floor)
+    data = (f.band_traces(doc["phases"], top) + _off_axis(f._memory_traces(s), lo, hi)
+            + _floor_traces(floor)
             + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + prefix
             + rate + markers)
     layout = f._layout(
@@ -102,7 +103,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers})
     axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
     layout.update(axes)
-    return {"data": data, "layout": layout}
+    return {"data": f.drawn_in_legend(data), "layout": layout}
 
 
 def memory_range(s: dict[str, dict[str, list[Any]]]) -> tuple[float, float, int | None]:
@@ -132,6 +133,16 @@ def _range_buttons(lo: float, hi: float, top: float, limit: int | None) -> list[
                           "args": [{"yaxis.range": [lo, hi]}]},
                          {"label": "0 to the limit", "method": "relayout",
                           "args": [{"yaxis.range": [0, top]}]}]}]
+
+
+def _off_axis(traces: list[dict[str, Any]], lo: float, hi: float) -> list[dict[str, Any]]:
+    """Memory curves with no point on the fitted axis (a fragmented device's largest free block,
+    far under allocated) draw nothing until "0 to the limit": they leave the legend. The limit
+    stays, as the button names it."""
+    for t in traces:
+        if t["name"] != "limit" and not any(y is not None and lo <= y <= hi for y in t["y"]):
+            t["showlegend"] = False
+    return traces
 
 
 def _floor_traces(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
