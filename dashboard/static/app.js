@@ -295,6 +295,28 @@ function verdictCell(d) {
   return box;
 }
 
+// The device pages' verdict line (rendered by the server, then refreshed as the analysis
+// pages are): the Overview's row for the device, in the Overview's words.
+function wireDeviceVerdict() {
+  const node = document.getElementById("device-verdict");
+  if (!node) return;
+  const host = body.host || node.dataset.hostName;
+  poll(async () => {
+    const doc = await getJSON("/api/v1/devices");
+    const d = doc.devices.find((r) => r.host === host && String(r.device) === body.device);
+    if (!d) return;
+    const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");
+    const parts = [el("span", "Verdict for " + d.host + " · GPU " + d.device + ": "), badge(d.verdict.level), " ",
+      el("span", rules.length ? rules.join(", ") : "no active alert", { class: "reasons" })];
+    for (const v of d.verdicts || []) {
+      const leak = v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak;
+      parts.push(" · " + v.process + ": " + leak + ", OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""));
+    }
+    parts.push(" ", link("all devices →", "/"));
+    node.replaceChildren(...parts);
+  }, ANALYSIS_POLL_S);
+}
+
 function deviceCell(d) {
   const box = el("div");
   box.append(el("strong", d.host + " · GPU " + d.device));
@@ -678,6 +700,7 @@ PAGES.capacity = () => {
 
 document.addEventListener("DOMContentLoaded", () => {
   wireTimeZone();
+  wireDeviceVerdict();
   const page = PAGES[body.page];
   if (page) page();
 });

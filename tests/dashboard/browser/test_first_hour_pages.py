@@ -82,6 +82,9 @@ def test_device_pages_open_on_the_most_severe_device(driver, served, page):  # n
         first = json.load(r)["devices"][0]
     assert (first["device"], first["verdict"]["level"]) == (2, "critical")
     _open(driver, served, f"/{page}", "#device-verdict")
+    wait_for(driver, "const e = document.querySelector('#device-verdict > span:first-child');"
+                     "return e && e.textContent === 'Verdict for h · GPU 2: ';",
+             "the verdict line refreshed from /api/v1/devices")
     assert driver.execute_script("return document.body.dataset.device;") == "2"
     assert driver.execute_script("return document.getElementById('device-select').value;") == "2"
     assert _text(driver, "#device-verdict .badge") == "critical"
