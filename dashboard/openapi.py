@@ -212,17 +212,20 @@ def paths() -> dict[str, Any]:
                                   "NVML total, with the unexplained rest", FIGURE, errors=()),
         "/figures/timeline": _op("Plotly figure: the device timeline", FIGURE,
                                  [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
-        "/figures/leaks": _op("Plotly figure and verdict: the idle floor", obj({
-            "figure": FIGURE, "result": nullable({"type": "object"}), "method": STR,
+        "/figures/leaks": _op("Plotly figure and the stored leak verdicts: the idle floor", obj({
+            "figure": FIGURE, "result": {"type": "object"}, "method": STR,
+            "verdicts_from": STR, "processes": array({"type": "object"}),
             "floor_points": INT, "limit_bytes": nullable(INT),
             "orphaned": array({"type": "object"}),
             "makeup": nullable({"type": "object"})}), window, errors=(400, 404)),
         "/figures/risk": _op("Plotly figure: headroom, forecast, warnings", obj({
             "figure": FIGURE, "warnings": array({"type": "object"}), "forecast_method": STR,
+            "verdicts_from": STR, "processes": array({"type": "object"}),
             "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT),
+            # the riskiest process's stored verdict (vramscope.verdict/1's risk part)
             "now": nullable(obj({"ts_s": NUM, "level": LEVEL, "reasons": array(STR),
-                                 "headroom_bytes": nullable(INT),
-                                 "headroom_ratio": nullable(NUM),
+                                 "cause": nullable(STR), "pid": nullable(INT),
+                                 "process": STR, "headroom_bytes": nullable(INT),
                                  "time_to_oom_s": nullable(NUM),
                                  "time_to_oom_low_s": nullable(NUM),
                                  "time_to_oom_high_s": nullable(NUM)}))}), window,

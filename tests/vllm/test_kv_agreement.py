@@ -31,7 +31,6 @@ pytestmark = pytest.mark.vllm
 BLOCKS, BLOCK_SIZE = 64, 32  # usable blocks (vLLM adds its null block to the override)
 CLIENTS, LOAD_S = 16, 20.0
 AGREEMENT = 0.90  # share of reads within one block at every step: what docs/vllm.md promises
-DEFAULT_AGREEMENT = 0.50  # ... at the default 0.1 s (measured 0.61 on the 2-core machine)
 USAGE = re.compile(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", re.M)
 
 
@@ -78,9 +77,11 @@ def agreement(reads: list[tuple[float, float, float]], stored: list[tuple[float,
     return sum(1 for d in diffs if d <= 1) / len(diffs), diffs
 
 
+# Only the step-boundary setting is promised: at the default 0.1 s the agreement depends on how
+# far the engine gets in a tenth of a second, i.e. on the machine's load (docs/vllm.md gives
+# 44-61 % measured on the 2-core machine), so asserting it would test the machine, not us.
 @pytest.mark.parametrize(("interval_s", "promised"), [
     ("0.001", AGREEMENT),  # a sample at every step boundary
-    ("0.1", DEFAULT_AGREEMENT),  # the default sampling.kv_interval_s
 ])
 def test_stored_kv_agrees_with_vllm_metrics_under_load(model_dir, agent, tmp_path,
                                                        interval_s, promised):
