@@ -158,9 +158,16 @@ def _floor_note(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """"floor +1.06 GiB since 21:10": the growth a leak makes, in words on the plot."""
     if len(floor["ts"]) < 2:
         return []
-    growth = floor["min"][-1] - floor["min"][0]
-    text = (f"allocated floor {'+' if growth >= 0 else '−'}{_size(abs(growth))} over this "
-            f"window")
+    # a window that opens before the model is in memory would count the load as growth: the
+    # growth is taken from the first floor of at least half the last one (the agent's own
+    # reload rule: under half the settled floor, the weights are not in yet)
+    values = [v for v in floor["min"] if v is not None]
+    if len(values) < 2:
+        return []
+    settled = next(i for i, v in enumerate(values) if v >= values[-1] / 2)
+    growth = values[-1] - values[settled]
+    since = "over this window" if settled == 0 else "after the model load"
+    text = f"allocated floor {'+' if growth >= 0 else '−'}{_size(abs(growth))} {since}"
     return [{"xref": "paper", "yref": "paper", "x": 1.0, "y": 1.0, "xanchor": "right",
              "yanchor": "bottom", "showarrow": False, "text": text,
              "font": {"size": 12, "color": "#0a3069"}}]

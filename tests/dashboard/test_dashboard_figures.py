@@ -248,3 +248,16 @@ def test_the_request_rate_lane_stands_in_where_the_markers_cannot():
         assert (lane["x"], lane["y"], lane["yaxis"]) == ([0.0, 60_000.0], [3.0, 0.0], "y7")
         assert fig["layout"]["yaxis7"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]
     assert "yaxis7" not in timeline_figure(quiet)["layout"]
+
+
+def test_the_floor_note_leaves_the_model_load_out():
+    """An imported recording opens before the weights are in (issue 34 item 5): the floor note
+    counts the growth after the load (the first floor of at least half the last), not the load:
+    +63 MiB of leak, not +442 MiB."""
+    from vramscope.dashboard.timeline_figure import _floor_note
+
+    mib = 2**20
+    loading = {"ts": [0.0, 60.0, 120.0, 180.0], "min": [0, 379 * mib, 400 * mib, 442 * mib]}
+    assert _floor_note(loading)[0]["text"] == "allocated floor +63 MiB after the model load"
+    settled = {"ts": [0.0, 60.0], "min": [400 * mib, 442 * mib]}
+    assert _floor_note(settled)[0]["text"] == "allocated floor +42 MiB over this window"
