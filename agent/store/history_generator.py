@@ -72,6 +72,7 @@ class History:
     seed: int = 1
     events: bool = True
     rollups: bool = True  # write the tiers retention makes: per-second rows and minute rollups
+    verdicts: bool = True  # write the verdicts an agent's alert engine would have stored
     raw_days: float | None = 1.0  # raw samples and request events: the newest days (None: all)
 
     def __post_init__(self) -> None:
@@ -129,7 +130,8 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
                   {"a": h.start_s, "b": h.end_s, "h": host_id})
     if h.rollups:
         write_tiers(store, h, ids)
-    write_verdicts(store, h)
+    if h.verdicts:
+        write_verdicts(store, h)
     if store.dialect == "sqlite":
         # the raw rows went in as one transaction, so SQLite's WAL grew to their size (0.9 GB
         # for the week) and keeps that file size until truncated; the agent's small batches

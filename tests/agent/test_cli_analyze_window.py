@@ -16,7 +16,8 @@ from vramscope.agent.trace import write_trace
 def week_db(tmp_path):
     url = f"sqlite:///{tmp_path / 'h.db'}"
     with Store.open(url) as store:  # the machine's host name, as the CLI's default
-        generate(store, History(devices=4, hz=0.05, days=1, rollups=False))
+        # no stored verdicts: analyze --db replays the window, as analyze of its export does
+        generate(store, History(devices=4, hz=0.05, days=1, rollups=False, verdicts=False))
     return url
 
 
@@ -52,13 +53,14 @@ def test_one_device_and_the_window_flags_need_the_database(week_db, capsys, tmp_
 
 
 def test_a_window_older_than_the_raw_samples_is_named_on_stderr(tmp_path, capsys):
-    """Three days of history, raw samples kept for the newest: analyze says where they begin
-    and that older history is only in the tiers; the JSON document is unchanged by it."""
+    """Three days of history, raw samples kept for the newest, no stored verdicts: analyze says
+    where they begin and that older history is only in the tiers; the JSON document is
+    unchanged by it. (With stored verdicts, those are the answer: test_one_answer.py.)"""
     from vramscope.agent.timefmt import iso_utc
 
     url = f"sqlite:///{tmp_path / 'tiered.db'}"
     with Store.open(url) as store:
-        generate(store, History(devices=1, hz=0.05, days=3, raw_days=1))
+        generate(store, History(devices=1, hz=0.05, days=3, raw_days=1, verdicts=False))
     first_raw = T_END - 86_400
     doc = _analyze(capsys, "--db", url, "--since", str(T_END - 2 * 86_400))
     assert set(doc["devices"]) == {"0"}
