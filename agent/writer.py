@@ -73,6 +73,9 @@ class Writer:
         self._queue: deque[Record] = deque()
         self._tasks: deque[Task] = deque(maxlen=MAX_TASKS)
         self._cond = threading.Condition()
+        # one batch committed at a time: flush() on another thread (tests, stop) while the
+        # writer thread runs would otherwise commit the same pending batch twice
+        self._commit_lock = threading.Lock()
         self._pending: list[Record] | None = None  # a batch that failed and will be retried
         self._failing_since: float | None = None
         self._stopping = False
@@ -171,6 +174,10 @@ class Writer:
 
     def run_once(self) -> bool:
         """Commit one batch (the pending one first). True if a batch was committed."""
+        with self._commit_lock:
+            return self._run_once()
+
+    def _run_once(self) -> bool:
         batch = self._pending if self._pending is not None else self._take()
         if not batch:
             return False
