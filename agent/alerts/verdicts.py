@@ -19,6 +19,7 @@ from vramscope.agent.alerts.explain import warning_cause
 
 if TYPE_CHECKING:
     from vramscope.agent.alerts.engine import DeviceAnalysis
+    from vramscope.agent.analysis.leaks import LeakResult
 
 VERDICT_FORMAT = "vramscope.verdict/1"
 HEARTBEAT_S = 300.0  # an unchanged answer is written again this often (record time)
@@ -108,12 +109,16 @@ class VerdictLog:
 
     def __init__(self, heartbeat_s: float = HEARTBEAT_S, keep: bool = True) -> None:
         self.heartbeat_s = heartbeat_s
-        self.keep = keep  # False: rows go only to ``take`` (a live agent's store)
-        self._pending: list[Verdict] = []
-        self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
+        # True: every row stays in ``history`` (at most HISTORY_MAX: an offline run's);
+        # False: a row stays only until ``take`` (a live agent's writer takes each batch's)
+        self.keep = keep
         self.history: list[Verdict] = []
-        # per process: (what its answer was made from, record time of its next heartbeat)
-        self._seen: dict[tuple[str | None, int, int | None], tuple[tuple[int, int], float]] = {}
+        self._taken = 0  # rows of ``history`` already handed out by ``take``
+        self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
+        # per process: (the leak result and risk level its answer was made from, record time
+        # of its next heartbeat); the result itself, not its id: a freed one's id comes back
+        self._seen: dict[tuple[str | None, int, int | None],
+                         tuple[LeakResult, int, float]] = {}
 
     def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         """A record of process ``pid`` (None: of the device as a whole, every process's) at
@@ -123,27 +128,29 @@ class VerdictLog:
 
     def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         key = (host, d.device, pid)
-        leak = d.leaks.get(pid) or d.leaks[None]
-        model = d.risks.get(pid) or d.risk
-        made_from = (id(leak.result), model.level_index)  # a new leak result, another level
+        result = (d.leaks.get(pid) or d.leaks[None]).result
+        level = (d.risks.get(pid) or d.risk).level_index
         seen = self._seen.get(key)
-        if seen is not None and seen[0] == made_from and now_s < seen[1]:
-            return
+        if seen is not None and seen[0] is result and seen[1] == level and now_s < seen[2]:
+            return  # nothing its answer is made from moved, and no heartbeat is due
         v = verdict_of(d, pid, host, now_s)
         last = self.latest.get(key)
-        beat = seen is None or now_s >= seen[1]
-        if beat or last is None or last.answer() != v.answer() or _moved(last, v):
+        if (seen is None or now_s >= seen[2] or last is None or last.answer() != v.answer()
+                or _moved(last, v)):
             self.latest[key] = v
-            self._pending.append(v)
-            if self.keep and len(self.history) < HISTORY_MAX:
+            if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
-            self._seen[key] = (made_from, now_s + self.heartbeat_s)
+            self._seen[key] = (result, level, now_s + self.heartbeat_s)
         else:
-            self._seen[key] = (made_from, seen[1] if seen is not None else now_s)
+            self._seen[key] = (result, level, seen[2])
 
     def take(self) -> list[Verdict]:
         """The rows made since the last ``take``."""
-        out, self._pending = self._pending, []
+        out = self.history[self._taken:]
+        if self.keep:
+            self._taken = len(self.history)
+        else:
+            self.history = []
         return out
 
 
