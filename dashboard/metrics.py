@@ -173,7 +173,6 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
     """The alert engine's stored verdict of each running process (``vramscope.verdict/1``: the
     answer the pages show), labelled as the per-process series (the pid is no label)."""
     from vramscope.agent.store import verdicts as stored
-    from vramscope.dashboard.queries import process_label
 
     risk = GaugeMetricFamily("vramscope_process_risk_level", "The stored OOM-risk verdict of "
                              "the process (0 ok, 1 warning, 2 critical).", labels=PROCESS_LABELS)
@@ -183,21 +182,17 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
     slope = GaugeMetricFamily("vramscope_process_leak_slope_bytes_per_second", "The stored "
                               "leak verdict's idle-floor slope, where it found a leak.",
                               labels=PROCESS_LABELS)
-    names = {(p["host"], p["pid"]): p for p in store.processes(host="*")}
     seen: set[tuple[str, ...]] = set()
     for v in stored.newest_all(store, "*"):
-        host = v.host or store.host_name
-        p = names.get((host, v.pid)) if v.pid is not None else None
-        labels = (host, str(v.device), process_label(p) if p else
-                  ("device" if v.pid is None else "unknown"))
+        labels = (v["host"], str(v["device"]), v["label"])
         if labels in seen:
             continue  # two processes of one label: the first (a label set is unique)
         seen.add(labels)
-        if v.risk_level:
-            risk.add_metric(list(labels), RISK_VALUE[v.risk_level])
-        leak.add_metric(list(labels), LEAK_VALUE.get(v.leak_state, -1))
-        if v.leak_state == "leak":
-            slope.add_metric(list(labels), v.leak_slope_bytes_per_s)
+        if v["risk"]["level"]:
+            risk.add_metric(list(labels), RISK_VALUE[v["risk"]["level"]])
+        leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
+        if v["leak"]["state"] == "leak":
+            slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
     yield from (risk, leak, slope)
 
 

@@ -27,6 +27,7 @@ from vramscope.agent.store.event_rate import request_rate
 from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.schema import ROLLUP_TIER_S
 from vramscope.agent.store.seconds import PhaseSeconds
+from vramscope.agent.store.verdicts import process_label
 from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import servers
 from vramscope.dashboard import timeline as tl
@@ -109,14 +110,6 @@ def _process_entry(p: dict[str, Any], row: dict[str, Any] | None) -> dict[str, A
                name=(row or {}).get("name"), rank=(row or {}).get("rank"),
                process=process_label(row), at=p.get("at", {}))
     return out
-
-
-def process_label(row: dict[str, Any] | None) -> str:
-    """A process's bounded name for labels: its name, with its rank when it has one; never a
-    pid or a request id (a pid grows without bound over restarts)."""
-    name = (row or {}).get("name") or "unknown"
-    rank = (row or {}).get("rank")
-    return name if rank is None else f"{name}/rank{rank}"
 
 
 def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: dict[str, Any],

@@ -49,24 +49,16 @@ def run(args: argparse.Namespace) -> int:
 def stored_verdicts(config: Config) -> list[dict[str, Any]]:
     """Each running process's newest stored verdict (the answer every page shows), from the
     database; none where it does not exist or cannot be read."""
-    import os
-
     from vramscope.agent.store import Store
     from vramscope.agent.store import verdicts as stored
+    from vramscope.agent.store.exists import missing_sqlite_file
 
     url = config["database.url"]
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+    if missing_sqlite_file(url) is not None:
         return []
     try:
         with Store.open(url, host_name=config["agent.host_name"] or None) as st:
-            names = {(p["host"], p["pid"]): p["name"] for p in st.processes(host="*")}
-            out = []
-            for v in stored.newest_all(st, "*"):
-                doc = v.to_json()
-                doc["host"] = v.host or st.host_name
-                doc["name"] = names.get((doc["host"], v.pid))
-                out.append(doc)
-            return out
+            return stored.newest_all(st, "*")
     except Exception:  # noqa: BLE001 - status still says what it knows without them
         return []
 
@@ -100,12 +92,11 @@ def live_status(socket_path: str) -> dict[str, Any]:
 
 
 def stored_status(config: Config, why: str) -> dict[str, Any]:
-    import os
-
     from vramscope.agent.store import Store
+    from vramscope.agent.store.exists import missing_sqlite_file
 
     url = config["database.url"]
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+    if missing_sqlite_file(url) is not None:
         return {"running": False, "why": why, "database": url, "devices": [],
                 "db_size_bytes": None, "last_report": None, "missing": True}
     with Store.open(config["database.url"], host_name=config["agent.host_name"] or None) as st:

@@ -95,9 +95,10 @@ def has_any(store: Store, device: int | None = None, host: str | None = None) ->
         return c.execute(q).first() is not None
 
 
-def newest_all(store: Store, host: str | None = None) -> list[Verdict]:
-    """Every device's processes' newest verdicts (``/metrics``, ``status``): per device the
-    :func:`latest` at its newest verdict, the ended processes left out."""
+def newest_all(store: Store, host: str | None = None) -> list[dict[str, Any]]:
+    """Every device's running processes' newest verdicts (``/metrics``, ``status``): per
+    device its :func:`processes` at its newest verdict, the ended ones left out, each with
+    its ``host``."""
     q = (select(devices.c.device_index, hosts.c.name, func.max(verdicts.c.ts_s))
          .join(devices, devices.c.id == verdicts.c.device_id)
          .join(hosts, hosts.c.id == devices.c.host_id)
@@ -106,9 +107,10 @@ def newest_all(store: Store, host: str | None = None) -> list[Verdict]:
         q = q.where(hosts.c.name == host)
     with store.engine.connect() as c:
         tops = [tuple(r) for r in c.execute(q)]
-    out: list[Verdict] = []
+    out: list[dict[str, Any]] = []
     for device, host_name, newest in sorted(tops, key=lambda t: (t[1], t[0])):
-        out += current(latest(store, device, host_name, newest))
+        out += [{**doc, "host": host_name}
+                for doc in processes(store, device, host_name, newest) if not doc["ended"]]
     return out
 
 
@@ -144,19 +146,21 @@ def processes(store: Store, device: int, host: str | None, end: float) -> list[d
     for v in rows:
         doc = v.to_json()
         p = names.get(v.pid) if v.pid is not None else None
-        doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"),
-                   process=_who(v, p), ended=ended(v, rows))
+        label = "device" if v.pid is None else process_label(p or {"rank": v.rank})
+        doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"), label=label,
+                   process=("the device (no process)" if v.pid is None
+                            else f"{label} (pid {v.pid})"),
+                   ended=ended(v, rows))
         out.append(doc)
     return out
 
 
-def _who(v: Verdict, p: Mapping[str, Any] | None) -> str:
-    if v.pid is None:
-        return "the device (no process)"
-    name = (p or {}).get("name") or "unknown"
-    rank = (p or {}).get("rank") if p else v.rank
-    label = name if rank is None else f"{name}/rank{rank}"
-    return f"{label} (pid {v.pid})"
+def process_label(row: Mapping[str, Any] | None) -> str:
+    """A process's bounded name for labels: its name, with its rank when it has one; never a
+    pid or a request id (a pid grows without bound over restarts)."""
+    name = (row or {}).get("name") or "unknown"
+    rank = (row or {}).get("rank")
+    return name if rank is None else f"{name}/rank{rank}"
 
 
 def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
