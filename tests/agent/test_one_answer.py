@@ -204,3 +204,34 @@ def test_the_h200_recording_s_surfaces_give_the_committed_answer():
     assert got["same_everywhere"] is True
     assert [a[:2] for a in got["live"]] == [[559, "insufficient_data"],
                                              [560, "insufficient_data"]]
+
+
+def test_a_damaged_verdict_row_is_no_answer_and_breaks_no_surface(any_url):
+    """A row whose document is not a verdict (a damaged file, a hand edit) is skipped: the
+    other process's answer stands, the damaged one's process has none, every surface answers."""
+    from sqlalchemy import insert
+    from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.store.schema import verdicts
+
+    store = Store.open(any_url, host_name="h")
+    try:
+        good = Verdict(1000.0, 0, None, 7, "leak", 50.0, 900.0, 950.0, 100.0, "scripted", "ok",
+                       None, (), 10**9, None, None, None, None, None)
+        stored.write(store, [good])
+        did = store.device_id(0)
+        with store.engine.begin() as c:
+            c.execute(insert(verdicts), [
+                {"device_id": did, "pid": 8, "ts_s": 1000.0, "leak_state": "leak",
+                 "risk_level": "ok", "doc": "{not json"},
+                {"device_id": did, "pid": 9, "ts_s": 1000.0, "leak_state": "leak",
+                 "risk_level": "ok", "doc": '{"format": "vramscope.verdict/1"}'}])
+        assert stored.latest(store, 0, None, 2000.0) == [good]
+        client = create_app(parse_config({}, None), store).test_client()
+        for route in ("figures/leaks", "figures/risk", "analysis"):
+            r = client.get(f"/api/v1/{route}?device=0&start=0&end=2000")
+            assert r.status_code == 200, route
+        leaks = client.get("/api/v1/figures/leaks?device=0&start=0&end=2000").get_json()
+        assert [p["pid"] for p in leaks["processes"]] == [7]
+        assert client.get("/metrics").status_code == 200
+    finally:
+        store.close()
