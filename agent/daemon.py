@@ -519,7 +519,11 @@ def _open_prometheus(config: Config, writer: Writer, clock: Clock) -> Prometheus
     sampling), or None when it names no target."""
     from vramscope.agent.sources.prometheus import PrometheusSource
 
-    return PrometheusSource.from_config(config, writer.put_many, clock)
+    def note_process(pid: int, ts_s: float, name: str, model: str | None, device: int) -> None:
+        writer.submit(lambda st: st.upsert_process(pid, ts_s, name=name, model=model,
+                                                   device_indexes=(device,)))
+
+    return PrometheusSource.from_config(config, writer.put_many, clock, note_process)
 
 
 class AlertFeed:

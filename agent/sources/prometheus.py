@@ -24,6 +24,14 @@ load-aware leak analysis work beside an unmodified server:
   baseline: when earlier increases happened is unknown; a counter that went down was reset, and
   its new value is the increase).
 
+Each target is a server process. Where the target is on this host (a sidecar: loopback,
+``localhost`` or this host's name) the agent finds the pid listening on its port
+(``vramscope.agent.sources.listener``: ``/proc``, at the first answer, after each recovery and
+every ``RESOLVE_EVERY_S``), stamps it on the target's records and keeps its process row
+(``<preset> server (port N)``, the model from the metrics' ``model_name`` label, the device), so
+the Overview lists the server with its KV usage and requests per minute as it lists a server the
+plugin reports. A target elsewhere gives records without a pid: the device's row shows them.
+
 Counts and pool sizes add up over label sets (several engines behind one endpoint); the usage
 ratio is their mean. A failing target
 gives no records and one log line until it answers again; nothing here raises into the agent.
@@ -46,9 +54,12 @@ from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import split_targets
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.sources import listener
 
 log = logging.getLogger("vramscope.prometheus")
 
+RESOLVE_EVERY_S = 30.0  # how often a local target's pid is looked up again (a restart on the port)
+NOTE_EVERY_S = 5.0  # how often its process row is touched (last seen: "connected" on the Overview)
 RATIO_SCALE = 10_000  # pool size used when a server publishes its usage ratio alone
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a /metrics page larger than this is refused, not parsed
 
@@ -128,11 +139,33 @@ class TargetState:
         self.waiting: int | None = None
         self.counters: dict[str, float] = {}
         self.failing = False
+        host, _, port = _short(url).rpartition(":")
+        self.port = int(port) if port.isdigit() else (443 if url.startswith("https") else 80)
+        self.local = listener.is_local_host(host or _short(url))
+        self.pid: int | None = None  # the local process listening on the port, if found
+        self.model: str | None = None  # the metrics' model_name label
+        self.resolved_at: float | None = None  # when the pid was last looked up
+        self.noted_at: float | None = None  # when its process row was last touched
+
+    @property
+    def process_name(self) -> str:
+        return f"{self.preset.name} server (port {self.port})"
+
+    def resolve(self, now_s: float, find: Callable[[int], int | None]) -> None:
+        """Look the pid up again when due (see the module docstring)."""
+        if not self.local:
+            return
+        if self.resolved_at is None or now_s - self.resolved_at >= RESOLVE_EVERY_S:
+            self.resolved_at = now_s
+            pid = find(self.port)
+            if pid != self.pid:
+                self.pid, self.noted_at = pid, None
 
     def records(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
                 device: int) -> list[Sample | Event]:
         """The records one scrape makes (see the module docstring); updates the state."""
         p = self.preset
+        self.model = _model_name(samples, p) or self.model
         out: list[Sample | Event] = []
         sample = self._kv_sample(samples, ts_s, device)
         if sample is not None:
@@ -141,12 +174,12 @@ class TargetState:
                               device)
         preempted = self._increase(samples, p.preemptions)
         if preempted:
-            out.append(Event(ts_s, "kv_preempted", device, data={
+            out.append(Event(ts_s, "kv_preempted", device, self.pid, data={
                 "count": preempted, "source": "prometheus", "target": self.label}))
         queries = self._increase(samples, p.prefix_queries)
         hits = self._increase(samples, p.prefix_hits)
         if queries or hits:
-            out.append(Event(ts_s, "prefix_cache", device, data={
+            out.append(Event(ts_s, "prefix_cache", device, self.pid, data={
                 "query_tokens": queries, "hit_tokens": hits, "source": "prometheus",
                 "target": self.label}))
         return out
@@ -161,7 +194,7 @@ class TargetState:
         pools = len(samples[self.preset.kv_total[0]]) if size and self.preset.kv_total else 0
         total = size - self.preset.reserved_blocks * pools if size else RATIO_SCALE
         ratio = min(1.0, max(0.0, ratio))
-        return Sample(ts_s, device, Phase.UNKNOWN, "prometheus",
+        return Sample(ts_s, device, Phase.UNKNOWN, "prometheus", self.pid,
                       kv_blocks_used=round(ratio * total), kv_blocks_total=total)
 
     def _requests(self, running: float | None, waiting: float | None, ts_s: float,
@@ -170,15 +203,17 @@ class TargetState:
         if running is not None:
             now = max(0, int(running))
             synthetic = {"synthetic": True, "source": "prometheus"}
-            out += [Event(ts_s, "request_start", device, request_id=f"{self.label}#{k}",
-                          data=synthetic) for k in range(self.running + 1, now + 1)]
-            out += [Event(ts_s, "request_end", device, request_id=f"{self.label}#{k}",
-                          data=synthetic) for k in range(self.running, now, -1)]
+            out += [Event(ts_s, "request_start", device, self.pid,
+                          request_id=f"{self.label}#{k}", data=synthetic)
+                    for k in range(self.running + 1, now + 1)]
+            out += [Event(ts_s, "request_end", device, self.pid,
+                          request_id=f"{self.label}#{k}", data=synthetic)
+                    for k in range(self.running, now, -1)]
         else:
             now = self.running
         queued = None if waiting is None else max(0, int(waiting))
         if out or queued != self.waiting:
-            out.append(Event(ts_s, "server_load", device, data={
+            out.append(Event(ts_s, "server_load", device, self.pid, data={
                 "running": now if running is not None else None, "waiting": queued,
                 "target": self.label}))
         self.running, self.waiting = now, queued
@@ -201,14 +236,18 @@ class PrometheusSource:
 
     ``run_once()`` scrapes every target once, synchronously (tests); ``start()`` runs it on a
     drift-free loop in a named daemon thread. ``fetch`` is the seam (URL -> page text), the real
-    one is ``urllib``.
+    one is ``urllib``; ``find_pid`` (port -> pid) the real one ``/proc``. ``note_process``
+    (pid, ts_s, name, model, device) keeps a local target's process row (the agent's writer).
     """
 
     def __init__(self, targets: Iterable[str], preset: str, put: Callable[[list[Any]], None], *,
                  interval_s: float = 1.0, timeout_s: float = 2.0, device: int = 0,
                  clock: Clock = SYSTEM_CLOCK,
                  fetch: Callable[[str, float], str] | None = None,
-                 window: TimeWindow | None = None) -> None:
+                 window: TimeWindow | None = None,
+                 find_pid: Callable[[int], int | None] = listener.pid_listening,
+                 note_process: Callable[[int, float, str, str | None, int], None] | None = None,
+                 ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown Prometheus preset {preset!r}; allowed: "
                              f"{', '.join(PRESETS)}")
@@ -219,6 +258,7 @@ class PrometheusSource:
         self.interval_s, self.timeout_s, self.device = interval_s, timeout_s, device
         self.clock = clock
         self.fetch = fetch or fetch_url
+        self.find_pid, self.note_process = find_pid, note_process
         self.scrapes_total = self.failures_total = 0
         # records outside the agent's time window (a clock stepped while scraping): refused as
         # on the socket (agent/ingest/timewindow.py) and counted here
@@ -229,7 +269,9 @@ class PrometheusSource:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], put: Callable[[list[Any]], None],
-                    clock: Clock = SYSTEM_CLOCK) -> PrometheusSource | None:
+                    clock: Clock = SYSTEM_CLOCK,
+                    note_process: Callable[[int, float, str, str | None, int], None] | None
+                    = None) -> PrometheusSource | None:
         """The source ``[sources.prometheus]`` asks for, or None when it names no target."""
         targets = split_targets(config["sources.prometheus.targets"])
         if not targets:
@@ -238,7 +280,7 @@ class PrometheusSource:
                    interval_s=config["sources.prometheus.interval_s"],
                    timeout_s=config["sources.prometheus.timeout_s"],
                    device=config["sources.prometheus.device"], clock=clock,
-                   window=TimeWindow.from_config(config, clock))
+                   window=TimeWindow.from_config(config, clock), note_process=note_process)
 
     def run_once(self) -> int:
         """Scrape every target once; returns how many records were put."""
@@ -254,7 +296,12 @@ class PrometheusSource:
         self.scrapes_total += 1
         try:
             samples = parse_exposition(self.fetch(target.url, self.timeout_s))
-            records = target.records(samples, self.clock.time_s(), self.device)
+            now_s = self.clock.time_s()
+            if target.failing:  # back after a gap: maybe a restart on the port, a new pid
+                target.resolved_at = None
+            target.resolve(now_s, self.find_pid)
+            records = target.records(samples, now_s, self.device)
+            self._note(target, now_s)
         except Exception as exc:  # noqa: BLE001 - a bad target must not stop the agent
             self.failures_total += 1
             if not target.failing:
@@ -272,6 +319,15 @@ class PrometheusSource:
                 log.warning("Prometheus target %s: %s", target.url, self.window.describe(refused))
                 records = list(kept)
         return records
+
+    def _note(self, target: TargetState, now_s: float) -> None:
+        """Keep a local target's process row (named, its model, last seen) every
+        ``NOTE_EVERY_S``, and at once when its pid changed."""
+        if self.note_process is None or target.pid is None:
+            return
+        if target.noted_at is None or now_s - target.noted_at >= NOTE_EVERY_S:
+            target.noted_at = now_s
+            self.note_process(target.pid, now_s, target.process_name, target.model, self.device)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="vramscope-prometheus",
@@ -332,6 +388,17 @@ def fetch_url(url: str, timeout_s: float) -> str:
     if size > MAX_BODY_BYTES:
         raise ValueError(f"page larger than {MAX_BODY_BYTES} bytes")
     return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _model_name(samples: dict[str, list[tuple[dict[str, str], float]]],
+                preset: Preset) -> str | None:
+    """The served model's name: the ``model_name`` label of the preset's own metrics (vLLM and
+    SGLang label every one of theirs with it)."""
+    for name in (preset.kv_usage_ratio, preset.running, preset.waiting):
+        for labels, _ in samples.get(name or "", ()):
+            if labels.get("model_name"):
+                return labels["model_name"][:255]
+    return None
 
 
 def _short(url: str) -> str:

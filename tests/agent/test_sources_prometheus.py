@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import http.server
 import logging
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import ConfigError
-from vramscope.agent.records import Phase
+from vramscope.agent.records import Phase, Sample
 from vramscope.agent.sources.prometheus import RATIO_SCALE, PrometheusSource
 
 from tests.support.waiting import wait_for
@@ -112,6 +115,8 @@ def test_vllm_page_becomes_kv_sample_request_slots_and_counter_increases(pages, 
     assert got[-2].data["count"] == 2
     assert (got[-1].data["query_tokens"], got[-1].data["hit_tokens"]) == (64, 32)
     assert all(r.ts_s == 1_700_000_001.0 for r in got)
+    # the page is served by this process, on loopback: every record is its
+    assert {r.pid for r in got} == {os.getpid()}
 
 
 def test_unchanged_gauges_make_a_sample_only_and_a_reset_counter_counts_its_new_value(pages):
@@ -214,3 +219,85 @@ def test_the_agent_scrapes_on_its_own_thread_into_the_store(pages, store):
     assert (sample.kv_blocks_used, sample.kv_blocks_total) == (299, 399)
     starts = store.events(names=("request_start",))
     assert len(starts) == 1 and starts[0].request_id.endswith("#1")
+    # the server behind the target (this process, listening on the port) has its process row:
+    # what the Overview lists, as it lists a server the plugin reports
+    port = pages.url.split(":")[2].split("/")[0]
+    (row,) = [p for p in store.processes() if p["pid"] == os.getpid()]
+    assert (row["name"], row["model"], row["devices"]) == (f"vllm server (port {port})",
+                                                            "tiny", "0")
+    assert sample.pid == starts[0].pid == os.getpid()
+
+
+def test_a_target_elsewhere_has_no_pid_and_no_process_row():
+    """Only a target on this host can be looked up in /proc: another host's is never searched
+    (a port number there says nothing of the processes here)."""
+    noted: list = []
+
+    def no_lookup(port: int) -> int | None:
+        raise AssertionError(f"looked up port {port} for a remote target")
+
+    got: list = []
+    src = PrometheusSource(["http://10.20.30.40:8000/metrics"], "vllm", got.extend,
+                           fetch=lambda url, timeout: vllm_page(0.5, 1, 0, 0, 0, 0),
+                           find_pid=no_lookup, note_process=lambda *a: noted.append(a))
+    assert src.run_once() == 3
+    assert {r.pid for r in got} == {None} and noted == []
+
+
+SERVE_CHILD = """
+import http.server, sys
+page = sys.argv[2].encode()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", str(len(page)))
+        self.end_headers(); self.wfile.write(page)
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("ready", flush=True)
+s.serve_forever()
+"""
+
+
+def _serve_child(port: int) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, "-c", SERVE_CHILD, str(port),
+                              vllm_page(0.5, 1, 0, 0, 0, 0)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_a_server_restarted_on_its_port_is_the_new_pid_after_the_gap(fake_clock):
+    """The server is another process on this host (a sidecar's case): its pid is found by the
+    port; it restarts on the same port with a new pid, and the records after the gap carry the
+    new one, its process row noted at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    noted: list = []
+    got: list = []
+    src = PrometheusSource([f"http://127.0.0.1:{port}/metrics"], "vllm", got.extend,
+                           clock=fake_clock, note_process=lambda *a: noted.append(a))
+    first = _serve_child(port)
+    try:
+        src.run_once()
+        fake_clock.advance(1.0)
+        src.run_once()
+    finally:
+        first.terminate()
+        first.wait()
+    fake_clock.advance(1.0)
+    assert src.run_once() == 0  # nothing listens: no records
+    second = _serve_child(port)
+    try:
+        fake_clock.advance(1.0)
+        src.run_once()
+    finally:
+        second.terminate()
+        second.wait()
+    assert first.pid != second.pid
+    assert [r.pid for r in got if isinstance(r, Sample)] == [first.pid, first.pid, second.pid]
+    assert {r.pid for r in got if r.pid != second.pid} == {first.pid}
+    name = f"vllm server (port {port})"
+    t0 = 1_700_000_000.0
+    assert noted == [(first.pid, t0, name, "tiny", 0), (second.pid, t0 + 3, name, "tiny", 0)]

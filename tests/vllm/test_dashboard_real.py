@@ -3,7 +3,8 @@ real agent fill: the plugin's records (device 0) and the Prometheus source's scr
 server (device 1, ``sources.prometheus.device``). Two bursts of requests with 30 s of silence
 between them and after them, then the dashboard's own API, as the pages read it: the idle
 server is idle (not stale) while the agent and the client are connected; the server process is
-named with its port and model; the timeline draws KV as steps with a gap where the plugin sent
+named with its port and model, and so is the process the Prometheus source scrapes (its pid
+found by the port); the timeline draws KV as steps with a gap where the plugin sent
 nothing, and running / waiting requests for both sources. The browser side of the same
 documents is tests/dashboard/browser/test_vllm_pages.py (scripted database)."""
 
@@ -99,6 +100,14 @@ def test_the_dashboard_of_a_real_vllm_server(model_dir, agent_with_scrapes, tmp_
     core = names[f"vllm engine core (port {port})"]
     assert (core["model"], core["state"]) == (model_dir, "connected")
     assert names[f"vllm worker rank 0 (port {port})"]["state"] == "connected"
+    # the Prometheus source's view of the same server: the process listening on the port (the
+    # API server, which the plugin does not enter), found in /proc, with the model its metrics
+    # name (vLLM labels them with --served-model-name), connected while the scrapes answer,
+    # its KV usage now and its requests per minute
+    scraped = names[f"vllm server (port {port})"]
+    assert (scraped["pid"], scraped["model"], scraped["state"]) == (
+        server.proc.pid, "tiny", "connected")
+    assert scraped["kv_usage_ratio"] == 0.0 and scraped["requests_per_min"] >= 1  # 2nd burst
 
     plugin = figs[0]
     used = _trace(plugin, "KV blocks used")

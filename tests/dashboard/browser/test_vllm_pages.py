@@ -3,7 +3,8 @@ the scripted database of ``tests/support/vllm_store.py`` (what the plugin writes
 
 An idle, connected server shows no stale banner and says "idle"; a server whose agent stopped,
 or whose process is gone, says which; history being written says "catching up"; the Overview
-lists the server (model, pid, port) with its KV usage and requests per minute and the old pids
+lists the server (model, pid, port) with its KV usage (the plugin's and the Prometheus
+source's) and requests per minute and the old pids
 as ended; the timeline draws KV as steps with a gap and the running / waiting / preemption lane.
 """
 
@@ -150,6 +151,12 @@ def _recorded(path: Path):
     store.upsert_process(kv[0].pid, kv[0].ts_s, name="vllm engine core (port 8000)",
                          model="tiny-llama")
     store.upsert_process(kv[0].pid, end)  # listed by the agent as connected
+    # the Prometheus source's row for the API server it scrapes (its pid found by the port:
+    # agent/sources/listener.py), touched every 5 s while the scrapes answer
+    scraped = [s for s in trace.samples if s.source == "prometheus"]
+    store.upsert_process(scraped[0].pid, scraped[0].ts_s, name="vllm server (port 8000)",
+                         model="tiny", device_indexes=(1,))
+    store.upsert_process(scraped[0].pid, end)
     store.write_agent_stats(end, clients=2, rows_per_s=0.0, queue_depth=0, dropped_total=0,
                             rejected_total=0, db_size_bytes=None)
     return store, kv, end
@@ -170,8 +177,19 @@ def test_a_real_engines_idle_server_and_its_timeline(driver, tmp_path):
                 for r in rows}
         assert last["GPU 0"].endswith("(idle)") and not last["GPU 1"].endswith(")")
         assert all(r["KV · req/min"].startswith("0.0 % · ") for r in rows)
-        procs = _rows(driver, "processes-table")
-        assert any("vllm engine core (port 8000)" in r and "connected" in r for r in procs)
+        heads = driver.execute_script("return [...document.querySelectorAll("
+                                      "'#processes-table thead th')].map(h => h.textContent);")
+        procs = {r["Name"]: r for r in (dict(zip(heads, r))
+                                          for r in _rows(driver, "processes-table"))}
+        assert procs["vllm engine core (port 8000)"]["State"] == "connected"
+        # the server the Prometheus source scrapes, named by its port, with its pid and model,
+        # its KV usage now (the pool of 64 usable blocks, empty) and its requests per minute
+        scraped = procs["vllm server (port 8000)"]
+        pid = next(s.pid for s in store.samples(device=1, source="prometheus"))
+        assert (scraped["PID"], scraped["Model"], scraped["State"]) == (str(pid), "tiny",
+                                                                         "connected")
+        # the second burst, in the last minute: its 8 clients, seen running at the scrapes
+        assert scraped["KV used"] == "0.0 % (0/64)" and scraped["Req/min"] == "8"
         start = min(s.ts_s for s in kv) - 5
         for device, gaps in ((0, True), (1, False)):
             driver.get(f"{server.url}/timeline?device={device}&start={start}&end={end}")
