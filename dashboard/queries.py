@@ -15,20 +15,22 @@ from typing import Any
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.downsample import (
+from vramscope.agent.store.reader import (
     SECONDS_READ_MAX_S,
     aligned_grid,
     device_row_id,
     downsample,
+    events_at_most,
+    first_sample_ts,
+    phase_changes,
+    phase_counts,
     raw_rows_over,
+    request_rate,
     seconds_end,
 )
-from vramscope.agent.store.event_rate import request_rate
-from vramscope.agent.store.phase_shares import phase_changes, phase_counts
 from vramscope.agent.store.schema import ROLLUP_TIER_S
 from vramscope.agent.store.seconds import PhaseSeconds
 from vramscope.agent.store.verdicts import process_label
-from vramscope.agent.store.window import events_at_most, first_sample_ts
 from vramscope.dashboard import servers
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.alert_text import metrics_by_rule, value_text

@@ -10,7 +10,7 @@ from typing import Any
 
 from vramscope.agent.config import Config
 from vramscope.agent.store import Store
-from vramscope.agent.store.window import events_at_most
+from vramscope.agent.store.reader import events_at_most
 from vramscope.dashboard.verdict import connected
 
 NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,

@@ -16,7 +16,7 @@ from typing import Any
 from vramscope.agent.alerts.verdicts import Verdict
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.downsample import tier_grid
+from vramscope.agent.store.reader import tier_grid
 from vramscope.agent.store.verdicts import LEVEL_RANK as _LEVEL_RANK
 from vramscope.agent.store.verdicts import NO_VERDICTS, leading, leak_result, processes
 from vramscope.dashboard import figures

@@ -28,7 +28,7 @@ from vramscope.dashboard.errors import BadParameter
 Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
 # Raw samples one request may analyse: building a Sample and running the models over it costs
 # about 30 us, so 4,000 is ~120 ms of the 300 ms a page may take (100,000 took 1-3 s). Counted
-# before anything is built (store.window.count_at_most: an index range of at most N + 1 keys).
+# before anything is built (store.reader.count_at_most: an index range of at most N + 1 keys).
 RAW_SAMPLE_LIMIT = 4_000
 # The span of the per-second tier one request may analyse second by second. Not the samples
 # but the floor windows set the leak detector's cost (a fit each): 4,000 raw samples at 10 Hz
@@ -108,7 +108,7 @@ def _tier_name(store: Store, device: int, host: str | None, start: float, end: f
     buckets of half a minute or more, where kept, and the per-second tier for finer ones where
     raw samples are gone), and the buckets' width as analysed (``shown``, when they were
     merged further)."""
-    from vramscope.agent.store.downsample import read_from
+    from vramscope.agent.store.reader import read_from
 
     return f"{read_from(store, device, start, end, width, host)}, {shown or width:.3g} s buckets"
 
@@ -135,7 +135,7 @@ def per_sample_window(store: Store, device: int, host: str | None, start: float,
     None when that would build more than ``RAW_SAMPLE_LIMIT`` samples (counted, not built:
     callers take a tier up). Events are all the window's: the frequent ones are gone with the
     raw samples, the rare ones (OOMs, orphaned blocks) kept with the rollups."""
-    from vramscope.agent.store.window import count_at_most, first_sample_ts, seconds_at_most
+    from vramscope.agent.store.reader import count_at_most, first_sample_ts, seconds_at_most
 
     horizon = first_sample_ts(store, device, host)
     old_end = end if horizon is None else min(horizon, end)

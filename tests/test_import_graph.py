@@ -155,6 +155,21 @@ def test_analysis_imports_nothing_from_alerts():
     assert sorted(wrong) == []
 
 
+def test_only_the_store_reader_chooses_a_tier():
+    """The tier modules (which of raw samples, seconds and rollups answers a window) are the
+    store reader's private parts: outside the store's own modules, only
+    ``vramscope.agent.store.reader`` imports them; the dashboard reads windows through it."""
+    from vramscope.agent.store.reader import TIER_MODULES
+
+    assert all(m in MODULES for m in TIER_MODULES)
+    store = under("vramscope.agent.store")
+    wrong = {f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
+             if t in TIER_MODULES and m not in store}
+    assert sorted(wrong) == []
+    assert "vramscope.agent.store.reader" in {
+        t for m in under("vramscope.dashboard") for t in GRAPH[m]}
+
+
 @pytest.mark.parametrize("forbidden", ["vramscope.hooks", *VENDOR_ONLY_IN_SERVER])
 def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
     reached = reachable(under("vramscope.dashboard"), GRAPH)

@@ -171,7 +171,7 @@ def _young_store(store: Store, history: History, workdir: str) -> Store:
 def _rate_hz(store: Store, history: History) -> float:
     """The old store's sampling rate over its newest minute (a ``--db`` store need not be the
     default history's): the young store must show the overview as many samples."""
-    from vramscope.agent.store.window import count_at_most
+    from vramscope.agent.store.reader import count_at_most
 
     span = store.time_range()
     if span is None:

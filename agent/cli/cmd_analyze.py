@@ -249,7 +249,7 @@ def _note_tiers(store: Store, device: int, since: float | None, until: float | N
     """Say on stderr (the document stays the contract) when the window reaches back before the
     device's raw samples: retention keeps that part only in the per-second tier and the minute
     rollups, which the dashboard reads and analyze, which replays raw samples, does not."""
-    from vramscope.agent.store.window import first_sample_ts
+    from vramscope.agent.store.reader import first_sample_ts
     from vramscope.agent.timefmt import iso_utc
 
     span = store.time_range(device)
