@@ -324,8 +324,10 @@ SETTINGS: tuple[Setting, ...] = (
             "The leak trend is fitted on the idle floor of this long (one trend point per 1/120 "
             "of it).", min=60, max=30 * 86400),
     Setting("alerts.leak_min_span_s", float, 900.0,
-            "Idle floor after the warm-up a leak verdict needs; before it the answer is "
-            "insufficient_data (with what is missing), never no_leak and never an alert.",
+            "Idle floor after the warm-up a leak verdict needs (four times this, at most 0.9 "
+            "of leak_horizon_s, where the floor is mostly an estimate: never idle, no KV "
+            "figures); before it the answer is insufficient_data (with what is missing), never "
+            "no_leak and never an alert.",
             min=60, max=30 * 86400),
     Setting("alerts.trend_window_s", float, 60.0,
             "Longest OOM-trend window: two cycles of the server (at least 8 samples), at most "

@@ -10,7 +10,7 @@ the post-mortem uses (``vramscope.agent.analysis.diagnosis``).
 from __future__ import annotations
 
 from vramscope.agent.alerts.rules import format_value
-from vramscope.agent.analysis.diagnosis import REMEDIES
+from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
 from vramscope.agent.analysis.stats import theil_sen
@@ -59,6 +59,21 @@ def _fits_in_all(model: RiskModel) -> bool:
     return bool(limit) and headroom is not None and model.largest_request_bytes <= headroom
 
 
+def _full(model: RiskModel) -> bool:
+    """The free memory in total would not hold the largest request with ``FULL_RATIO`` of the
+    limit to spare: the device is full, whatever shape its free memory has."""
+    limit, headroom = model.limit_bytes, model.headroom_bytes
+    if not limit or headroom is None:
+        return False
+    return headroom - (model.largest_request_bytes or 0) < FULL_RATIO * limit
+
+
+def _floor_rose(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> bool:
+    """The peaks are trending to the limit and the floor under them rose with them."""
+    share = floor_share(model, leak) if "trend" in point.reasons else None
+    return share is not None and share >= FLOOR_SHARE
+
+
 def _spike_fills_free(model: RiskModel) -> bool:
     """The largest request takes more than ``SPIKE_SHARE`` of the free memory in total now
     (the headroom): one long prompt, not memory in pieces."""
@@ -75,6 +90,11 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
+    if _floor_rose(point, model, leak) or (leak.result.detected and _full(model)):
+        # the floor's rise is filling the device: its free memory is in pieces too, and the
+        # largest prefill needs more than is left, but compacting the pieces or bounding the
+        # prefill would only buy time (the post-mortem's rule: diagnosis, "fragmentation")
+        return "growth"
     if "fragmentation" in reasons or ("alloc_retries" in reasons and _fits_in_all(model)):
         return "prefill_spike" if _spike_fills_free(model) else "fragmentation"
     if leak.result.detected:

@@ -40,8 +40,10 @@ Two refinements make it fast and load-aware:
   the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
   estimated online), so that a never-idle server whose KV cache follows the day's load has a
   flat floor, and a preallocated pool (no bytes per block) changes nothing; without KV
-  figures, the floor after a request less the bytes per request in flight times the requests
-  still in flight (the same estimator, fed the request events);
+  figures, the floor after a request with the requests still in flight: what they hold is
+  fitted over the horizon at each verdict (``trend_points``: ``stats.load_coefficient``, the
+  bytes per request beside the time trend), the online estimate (the same estimator, fed the
+  request events) only where the load never varied;
 - a sequential test (``vramscope.agent.analysis.sequential``: a one-sided CUSUM on the floor's
   increments, armed once the floor settled after the warm-up) names a clean rise sooner than
   the horizon's test, once the minimum span is there; its crossing is confirmed by the same
@@ -69,6 +71,8 @@ from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
 from vramscope.agent.analysis.stats import (
     TrendTest,
+    hinge_fit,
+    load_coefficient,
     mann_kendall,
     median,
     still_rising,
@@ -84,9 +88,11 @@ MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever the
 EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
-MIN_GROWTH_NOISE = 4.0
-ESTIMATED_SPAN = 2.0  # a floor mostly estimated (no idle moment, no KV figures): x the
+MIN_GROWTH_NOISE = 2.0
+ESTIMATED_SPAN = 4.0  # a floor mostly estimated (no idle moment, no KV figures): x the
 #                       minimum span
+HORIZON_REACH = 0.9  # the most of the horizon a span requirement may ask for (its points
+#                      reach one bin short of it)
 RECENT_FLOOR_POINTS = 2048
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
@@ -172,7 +178,9 @@ class LeakDetector:
         # of the last ROLLING_POINTS bins (a sawtooth slower than one bin still shows its trough
         # in every point)
         self.points: deque[tuple[float, int]] = deque(maxlen=HORIZON_POINTS + 1)
-        self._estimated: deque[bool] = deque(maxlen=HORIZON_POINTS + 1)  # beside ``points``
+        # beside ``points``: the requests in flight whose memory each point's value estimates
+        # (0: an idle floor, or one with the KV blocks in use taken off)
+        self._in_flight: deque[int] = deque(maxlen=HORIZON_POINTS + 1)
         # (ts, load, value) of the trend points of the last ROLLING_POINTS bins' time (an old
         # point of a server that idles rarely does not linger); the rolled point is the one of
         # the lowest load (FloorTracker.last_load: idle first), then the least value
@@ -276,6 +284,12 @@ class LeakDetector:
             self.floor_points.append(point)
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return None
+        in_flight = self.floor.last_load - RESIDUAL
+        if in_flight > 0 and self.load.kv_used is None:
+            # the trend gets the floor as measured, with the requests in flight: what they
+            # hold is fitted over the horizon (_load_adjusted), not taken from this moment's
+            # online estimate, whose drift over an hour would read as a trend of its own
+            point = (point[0], point[1] + int(self.per_request.bytes_per_block * in_flight))
         binned = self._binned(point, self.floor.last_load)
         return None if binned is None else self._trend_point(*binned, s.ts_s)
 
@@ -300,7 +314,7 @@ class LeakDetector:
         """A trend point after the warm-up: the sequential test, then, past the minimum span,
         the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
         if load == 0:
-            if self._idle_ts is None and any(self._estimated):
+            if self._idle_ts is None and any(self._in_flight):
                 self._drop_estimated()  # the first idle floor: the estimates before it go
             self._idle_ts = ts
         elif self._idle_ts is not None and ts - self._idle_ts < IDLE_RECENT_S:
@@ -314,10 +328,10 @@ class LeakDetector:
         self._count += 1
         rolled = min((p[1], p[2]) for p in recent)
         self.points.append((ts, rolled[1]))
-        self._estimated.append(rolled[0] > RESIDUAL)
+        self._in_flight.append(max(0, rolled[0] - RESIDUAL))
         while self.points[0][0] < ts - self.t.leak_horizon_s:
             self.points.popleft()
-            self._estimated.popleft()
+            self._in_flight.popleft()
         self._since_eval += 1
         verdict = self._sequential(raw)
         # the span the verdict rests on: the points of the horizon (after a stretch without
@@ -325,7 +339,9 @@ class LeakDetector:
         span = ts - max(self._trend_from, self.points[0][0])
         # a floor estimated from the load (never idle, no KV figures) needs twice the span: a
         # load that wanders over half an hour is not a leak's steady rise
-        need = self.t.leak_min_span_s * (ESTIMATED_SPAN if self._mostly_estimated() else 1.0)
+        need = self.t.leak_min_span_s
+        if self._mostly_estimated():  # ...but never more than the horizon can hold
+            need = max(need, min(need * ESTIMATED_SPAN, HORIZON_REACH * self.t.leak_horizon_s))
         if span < need or len(self.points) < MIN_FIT_POINTS:
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
@@ -333,7 +349,7 @@ class LeakDetector:
         if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
             self._since_eval = 0
             prev = self.result
-            mk = evaluate_floor(list(self.points), self._limit(), self.t,
+            mk = evaluate_floor(self.trend_points(), self._limit(), self.t,
                                 prev.detected and prev.p_value is not None)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
@@ -348,18 +364,32 @@ class LeakDetector:
         (estimated floors are left out within ``IDLE_RECENT_S`` of one), and so are the
         estimated points already in the horizon, from before it: an estimate beside an exact
         floor is a step that no leak made (a rise start read there, a slope diluted by it)."""
-        kept = [(p, e) for p, e in zip(self.points, self._estimated) if not e]
+        kept = [(p, n) for p, n in zip(self.points, self._in_flight) if not n]
         self.points.clear()
-        self._estimated.clear()
+        self._in_flight.clear()
         self.points.extend(p for p, _ in kept)
-        self._estimated.extend(e for _, e in kept)
+        self._in_flight.extend(n for _, n in kept)
         self._recent = deque((p for p in self._recent if p[1] == 0), maxlen=ROLLING_POINTS)
         self._trend_from = self.points[0][0] if self.points else None
+
+    def trend_points(self) -> list[tuple[float, int]]:
+        """The horizon's points, those estimated from the requests in flight corrected by the
+        bytes per request that the horizon itself shows (``stats.load_coefficient``: a robust
+        fit of value = a + slope x time + bytes x requests): the online estimate taken off at
+        each point is a median of steps, biased where requests differ in size, and a bias
+        times a load that follows the time of day reads as a trend."""
+        points = list(self.points)
+        loads = list(self._in_flight)
+        if not any(loads):
+            return points
+        fitted = load_coefficient([p[0] for p in points], [float(p[1]) for p in points], loads)
+        per_request = self.per_request.bytes_per_block if fitted is None else fitted
+        return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
 
     def _mostly_estimated(self) -> bool:
         """Most trend points of the horizon are floors after a request less what the requests
         still in flight were estimated to hold (no idle moment, no KV figures)."""
-        return 2 * sum(self._estimated) > len(self._estimated)
+        return 2 * sum(1 for n in self._in_flight if n) > len(self._in_flight)
 
     def _reload(self, ts_s: float, allocated: int) -> None:
         """Memory fell below half the settled floor: the model was unloaded (a reload or a
@@ -369,7 +399,7 @@ class LeakDetector:
         self.floor = FloorTracker(self.floor.window_s)
         self.floor.in_flight = in_flight
         self.points.clear()
-        self._estimated.clear()
+        self._in_flight.clear()
         self._recent.clear()
         self._count = 0
         self._bin = self._trend_from = self._idle_ts = self._seq = self._seq_start = None
@@ -516,12 +546,14 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     start, slope = rise_start(points), trend.slope
-    if all(checks):  # the leak's own rate: the fit since the rise began, not the flat before
-        # (a leak in steps keeps the horizon's slope: pairs within one step would make the
-        # median slope since the rise zero)
-        since = [(x, y) for x, y in zip(xs, ys) if x + t0 >= start]
+    if all(checks):  # the leak's own rate: the fit since the rise began (the broken-stick
+        # fit's knee), not the horizon's diluted by the flat floor before; a leak in steps
+        # keeps the horizon's slope (pairs within one step make the median slope since zero)
+        knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
+        since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
         if len(since) >= MIN_FIT_POINTS:
             slope = max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope)
+            start = max(start, t0 + knee)
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 

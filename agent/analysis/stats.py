@@ -92,6 +92,9 @@ def _sen_band(sorted_slopes: list[float], n: int) -> tuple[float, float]:
     return sorted_slopes[lo], sorted_slopes[hi]
 
 
+SHORT_LAGS = 4  # the leak detector's rolling window less one (leaks.ROLLING_POINTS - 1)
+
+
 def mann_kendall(ys: Sequence[float], slope_per_index: float | None = None) -> TrendTest:
     """Mann–Kendall test for a monotonic rise, with the Hamed–Rao autocorrelation correction.
 
@@ -146,13 +149,19 @@ def _hamed_rao_factor(residuals: Sequence[float]) -> float:
     if denom == 0:
         return 1.0
     bound = 1.959963984540054 / math.sqrt(n)
-    total = 0.0
+    total = short = 0.0
     for k in range(1, n - 2):
         rho = sum(map(operator.mul, centred, centred[k:])) / denom
         if abs(rho) > bound:
-            total += (n - k) * (n - k - 1) * (n - k - 2) * rho
-    factor = 1.0 + 2.0 * total / (n * (n - 1) * (n - 2))
-    return max(1.0, factor)
+            term = (n - k) * (n - k - 1) * (n - k - 2) * rho
+            total += term
+            if k <= SHORT_LAGS:
+                short += term
+    scale = 2.0 / (n * (n - 1) * (n - 2))
+    # the short lags alone too: a series made of rolling minima is correlated over their
+    # window by construction, and chance negative correlations at long lags must not cancel
+    # that (the sum over all lags alone came out at 1 on such series)
+    return max(1.0, 1.0 + scale * total, 1.0 + scale * short)
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
@@ -168,3 +177,96 @@ def _ranks(values: Sequence[float]) -> list[float]:
             ranks[order[k]] = (i + j) / 2.0 + 1.0
         i = j + 1
     return ranks
+
+
+HUBER_K = 1.345  # Huber's constant: 95 % efficiency on normal noise
+LOAD_FIT_ROUNDS = 8
+
+
+def load_coefficient(ts: Sequence[float], ys: Sequence[float],
+                     loads: Sequence[int]) -> float | None:
+    """The bytes per unit of load in ``y = a + b x t + c x load``, fitted robustly (Huber
+    weights, iteratively reweighted least squares): ``c``, or None when the load does not vary
+    enough to tell it from the time trend (a singular fit)."""
+    n = len(ys)
+    if n < 4 or len(set(loads)) < 2:
+        return None
+    t0 = ts[0]
+    rows = [(1.0, t - t0, float(q)) for t, q in zip(ts, loads)]
+    weights = [1.0] * n
+    coef = (0.0, 0.0, 0.0)
+    for _ in range(LOAD_FIT_ROUNDS):
+        solved = _weighted_least_squares(rows, ys, weights)
+        if solved is None:
+            return None
+        coef = solved
+        res = [y - sum(c * x for c, x in zip(coef, r)) for r, y in zip(rows, ys)]
+        scale = 1.4826 * median([abs(e) for e in res])
+        if scale <= 0:
+            break
+        k = HUBER_K * scale
+        weights = [1.0 if abs(e) <= k else k / abs(e) for e in res]
+    return coef[2]
+
+
+def _weighted_least_squares(rows: Sequence[tuple[float, float, float]], ys: Sequence[float],
+                            weights: Sequence[float]) -> tuple[float, float, float] | None:
+    """The 3-coefficient weighted least-squares solution (normal equations, Gaussian
+    elimination with partial pivoting), or None when singular."""
+    m = [[0.0] * 4 for _ in range(3)]
+    for r, y, w in zip(rows, ys, weights):
+        for i in range(3):
+            wi = w * r[i]
+            for j in range(3):
+                m[i][j] += wi * r[j]
+            m[i][3] += wi * y
+    scale = [max(abs(v) for v in row[:3]) or 1.0 for row in m]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda i: abs(m[i][col]) / scale[i])
+        if abs(m[pivot][col]) <= 1e-12 * scale[pivot]:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        scale[col], scale[pivot] = scale[pivot], scale[col]
+        for i in range(col + 1, 3):
+            f = m[i][col] / m[col][col]
+            for j in range(col, 4):
+                m[i][j] -= f * m[col][j]
+    out = [0.0, 0.0, 0.0]
+    for i in (2, 1, 0):
+        out[i] = (m[i][3] - sum(m[i][j] * out[j] for j in range(i + 1, 3))) / m[i][i]
+    return out[0], out[1], out[2]
+
+
+def hinge_fit(xs: Sequence[float], ys: Sequence[float], min_after: int) -> tuple[float, float]:
+    """The broken-stick fit ``y = a + slope x max(0, x - knee)`` of least squares, the knee
+    at one of the points (the first: a straight line), at least ``min_after`` points after it:
+    ``(knee, slope)``. When a leak began inside the horizon this is its start and its own
+    rate, not the horizon's slope diluted by the flat floor before it. O(n) by suffix sums."""
+    n = len(xs)
+    if n < 2:
+        return (xs[0] if xs else 0.0), 0.0
+    sy = sum(ys)
+    syy = sum(y * y for y in ys)
+    # suffix sums over the points from i on: count, x, x^2, y, x*y
+    best = (math.inf, xs[0], 0.0)
+    st = stt = sy_ = sty = 0.0
+    for i in range(n - 1, -1, -1):
+        x, y = xs[i], ys[i]
+        st, stt, sy_, sty = st + x, stt + x * x, sy_ + y, sty + x * y
+        k = n - i
+        if k < max(2, min_after):
+            continue
+        knee = xs[i]
+        sz = st - k * knee
+        szz = stt - 2 * knee * st + k * knee * knee
+        szy = sty - knee * sy_
+        denom = n * szz - sz * sz
+        if denom <= 0:
+            continue
+        slope = (n * szy - sz * sy) / denom
+        a = (sy - slope * sz) / n
+        sse = syy - 2 * a * sy - 2 * slope * szy + n * a * a + 2 * a * slope * sz \
+            + slope * slope * szz
+        if sse < best[0]:
+            best = (sse, knee, slope)
+    return best[1], best[2]

@@ -82,3 +82,22 @@ def test_retries_for_a_request_taking_most_of_the_free_memory_are_a_prefill_spik
     assert "the largest request (12.00 GiB) fits neither" in first
     assert first.endswith("; likely prefill_spike; try: enable chunked prefill (bound the "
                           "tokens prefilled per step)")
+
+
+def test_fragmentation_signs_on_a_device_the_floor_filled_are_growth():
+    # the long suite's growth failure on a static-batch server with bursty traffic: 23 min
+    # before the OOM the allocator retries and the largest prefill fits no free block, but
+    # the peaks rise with the floor under them (a growth the leak check has not named yet on
+    # this bursty server): compacting the pieces would only buy time, and the post-mortem
+    # will say growth; so does the alert
+    from vramscope.agent.bench import long_detection, long_suite
+
+    spec = next(s for s in long_suite.specs()
+                if s.name == "failure/growth/static_batch-bursty/312")
+    sc = long_suite.build(spec)
+    run = long_detection.run_engine(sc)
+    critical = next(c for c in run.changes
+                    if c.kind == "fired" and c.rule == "oom_risk_critical")
+    assert round((sc.oom_ts or 0.0) - critical.ts_s) == 1402
+    assert "fits neither the largest free block" in critical.message
+    assert "; likely growth; try: look for a leak" in critical.message

@@ -57,16 +57,66 @@ def test_mann_kendall_ties_reduce_the_variance():
 
 def test_autocorrelation_inflates_the_variance_of_a_wave():
     # a slow wave on a small trend: plain Mann-Kendall says p = 0.0015; the Hamed-Rao
-    # correction (variance x2.24) leaves p = 0.024, far from a leak verdict
+    # correction over all lags would give variance x2.24 (its significant negative lags, half a
+    # period away, cancel part of the positive ones); the short lags alone give x6.30, which
+    # the test keeps, so p = 0.12: far from a leak verdict
     wave = [math.sin(i / 4) + i * 0.02 for i in range(60)]
     t = mann_kendall(wave)
     assert t.s == 466
-    assert t.variance_factor == pytest.approx(2.2364872694, rel=1e-9)
-    assert t.p_rising == pytest.approx(0.0236769222, rel=1e-6)
+    assert t.variance_factor == pytest.approx(6.2984876838, rel=1e-9)
+    assert t.p_rising == pytest.approx(0.1186584964, rel=1e-6)
     plain_z = 465 / math.sqrt(60 * 59 * 125 / 18)
     assert 0.5 * math.erfc(plain_z / math.sqrt(2)) == pytest.approx(0.0015097952, rel=1e-6)
+
+
+def test_rolling_minima_keep_their_correlation_over_the_window():
+    """The leak detector's trend points are minima over 5 bins: correlated over lags 1-4 by
+    construction (rank autocorrelations 0.81, 0.63, 0.50, 0.35 here). Over all lags the
+    correction comes to x2.25, the chance correlations at long lags taking back most of it;
+    the short lags alone say x5.32, and the larger factor is the test's."""
+    import random
+
+    rng = random.Random(7)
+    noise = [rng.gauss(0.0, 1.0) for _ in range(124)]
+    rolled = [min(noise[i:i + 5]) + 0.004 * i for i in range(120)]
+    t = mann_kendall(rolled)
+    assert t.s == 626
+    assert t.variance_factor == pytest.approx(5.3166287632, rel=1e-9)
+    assert t.p_rising == pytest.approx(0.2693354117, rel=1e-6)
 
 
 def test_a_pure_sawtooth_is_not_a_significant_rise_at_the_leak_level():
     saw = [float(i % 10) for i in range(60)]
     assert mann_kendall(saw).p_rising > 1e-3
+
+
+def test_load_coefficient_separates_the_load_from_the_time_trend():
+    from vramscope.agent.analysis.stats import load_coefficient
+
+    # 300 bytes per request in flight on a floor rising 2 bytes/s, the load rising with time
+    # too (a morning): the fit tells them apart; one wild point (a prefill caught in the
+    # window) does not move it (Huber weights)
+    ts = [60.0 * i for i in range(40)]
+    loads = [3 + (i % 7) + i // 10 for i in range(40)]
+    ys = [1000.0 + 2.0 * t + 300.0 * n for t, n in zip(ts, loads)]
+    assert load_coefficient(ts, ys, loads) == pytest.approx(300.0, rel=1e-9)
+    ys[17] += 50_000.0
+    assert load_coefficient(ts, ys, loads) == pytest.approx(300.0, rel=1e-3)
+    # a load that never changes cannot be told from the floor: no answer, not 0
+    assert load_coefficient(ts, ys, [5] * 40) is None
+
+
+def test_hinge_fit_finds_where_a_rise_began_and_its_own_rate():
+    from vramscope.agent.analysis.stats import hinge_fit
+
+    # flat for 20 points, then +5 per step: the knee at 20 and the rate 5 (the straight line
+    # over the whole would say about 3)
+    xs = [float(i) for i in range(40)]
+    ys = [100.0 if i <= 20 else 100.0 + 5.0 * (i - 20) for i in range(40)]
+    knee, slope = hinge_fit(xs, ys, 6)
+    assert (knee, slope) == (20.0, pytest.approx(5.0, rel=1e-9))
+    # a straight line: the knee at the first point, the line's slope
+    knee, slope = hinge_fit(xs, [7.0 + 2.0 * x for x in xs], 6)
+    assert (knee, slope) == (0.0, pytest.approx(2.0, rel=1e-9))
+    # too few points after any knee: no knee after the first
+    assert hinge_fit(xs[:5], ys[:5], 6)[1] == 0.0

@@ -75,7 +75,16 @@ def test_an_oom_is_right_when_warned_30_s_ahead_with_its_cause():
                  out)
     assert (out.ooms, out.warned) == (2, 0)
     assert out.wrong == ["t: not warned 30 s ahead (truth growth)",
-                         "t: oom_risk 500 s ahead says load, truth growth"]
+                         "t: oom_risk 500 s ahead says load, truth growth (first warning 500 s "
+                         "ahead)"]
+    # the cause that counts is the newest warning's by 30 s ahead: a first one that named what
+    # held then (fragmentation) is counted apart; one after the cutoff is not read
+    ld.score_oom(sc, ld.Run([change("fired", "oom_risk", 300.0, "likely fragmentation"),
+                             change("fired", "oom_risk_critical", 600.0, "likely growth"),
+                             change("fired", "oom_risk_critical", 990.0, "likely batch")],
+                            {}, 1000.0), out)
+    assert (out.ooms, out.warned, len(out.wrong)) == (3, 1, 2)
+    assert out.first_wrong == ["t: load", "t: fragmentation"]
 
 
 def test_a_leak_of_the_suite_end_to_end():
