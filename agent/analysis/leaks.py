@@ -100,6 +100,7 @@ P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 INSUFFICIENT = "insufficient_data"
+ORPHAN_PREFIX = "KV pool reported "  # the evidence of orphaned blocks, before the floor's
 
 
 class LeakResult(NamedTuple):
@@ -223,7 +224,10 @@ class LeakDetector:
             return None
         r = self.result
         first = r.first_detected_ts_s if r.first_detected_ts_s is not None else e.ts_s
-        evidence = f"KV pool reported {count} orphaned block(s) at {e.ts_s:.3f}; " + r.evidence
+        rest = r.evidence
+        if r.orphaned_blocks and rest.startswith(ORPHAN_PREFIX):  # the newest count, once
+            rest = rest.split("; ", 1)[1] if "; " in rest else ""
+        evidence = f"{ORPHAN_PREFIX}{count} orphaned block(s) at {e.ts_s:.3f}; " + rest
         self.result = r._replace(detected=True, first_detected_ts_s=first, evidence=evidence,
                                  orphaned_blocks=count)
         return self.result
@@ -466,7 +470,7 @@ class LeakDetector:
         if self.windows is not None:
             evidence += "; " + self.windows.describe()
         if prev.orphaned_blocks:
-            evidence = f"KV pool reported {prev.orphaned_blocks} orphaned block(s); " + evidence
+            evidence = f"{ORPHAN_PREFIX}{prev.orphaned_blocks} orphaned block(s); " + evidence
         start = verdict.start_ts_s
         if was and prev.start_ts_s is not None and start is not None:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon

@@ -101,6 +101,18 @@ def test_orphaned_kv_blocks_are_a_leak_signal_of_their_own():
     assert "3 orphaned block(s)" in r.evidence
 
 
+def test_many_orphan_reports_keep_one_line_of_evidence_the_newest():
+    # a leaking pool reports its orphans at every idle moment (hundreds an hour during a
+    # warm-up, when no trend point rewrites the evidence): the evidence names the newest count
+    # once, it does not grow with each report
+    samples = _rising(100, 0)
+    events = [Event(10.0 + i, "kv_orphaned_blocks", data={"blocks": 12 * (i + 1)})
+              for i in range(200)]
+    r = detect_leak(samples, events)
+    assert r.orphaned_blocks == 2400 and r.evidence.count("orphaned block(s)") == 1
+    assert r.evidence.startswith("KV pool reported 2400 orphaned block(s)")
+
+
 def test_a_found_leak_stays_found_while_it_still_rises_at_half_the_minimum():
     # 0.25 %/h minimum on 1 GB = 694 B/s; after detection the rate falls to 400 B/s
     limit = 1_000_000_000
