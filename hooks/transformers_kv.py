@@ -6,8 +6,9 @@ so torch's counters stay flat while the pool fills: the KV view must come from t
 puts the same records as vramscope's own pool (``vramscope.hooks.kv_source``): ``kv_alloc`` (first
 blocks of a request, with ``hit_tokens`` from prefix sharing), ``kv_free``, ``kv_alloc_failed``
 (once per waiting request), ``kv_orphaned_blocks`` (blocks still used when no request holds a
-block table: the idle leak check), and rate-limited ``Sample``s with ``kv_blocks_used``,
-``kv_blocks_total``, ``kv_blocks_cached`` and ``kv_tokens_used``.
+block table: the idle leak check; on the block-manager layout also while requests run, blocks
+used that no block table holds, at most once a second), and rate-limited ``Sample``s with
+``kv_blocks_used``, ``kv_blocks_total``, ``kv_blocks_cached`` and ``kv_tokens_used``.
 
 Two internal layouts are known, read from the installed sources:
 
@@ -43,6 +44,8 @@ from vramscope.hooks.sink import Record, RecordSink
 # typing because they differ between versions (the layouts below); nothing here relies on a type.
 log = logging.getLogger("vramscope.hooks")
 _WATCH_ATTR = "_vramscope_kv_watch"
+UNREFERENCED_EVERY_S = 1.0  # the unreferenced-blocks check runs at most this often (a set of
+# every block id in the tables: bounded work per second, however fast requests end)
 
 
 class BlockManagerLayout:
@@ -59,6 +62,15 @@ class BlockManagerLayout:
 
     def tables(self, cache: Any) -> list[dict[str, list[int]]]:
         return [cm.block_table for cm in cache.group_cache_managers]
+
+    def unreferenced(self, cache: Any, used: int) -> int | None:
+        """Blocks used that no request's block table holds (the groups share one block
+        manager, so its block ids are the pool's)."""
+        held: set[int] = set()
+        for table in self.tables(cache):
+            for blocks in table.values():
+                held.update(blocks)
+        return used - len(held)
 
 
 class AllocatorLayout:
@@ -81,6 +93,11 @@ class AllocatorLayout:
 
     def tables(self, cache: Any) -> list[dict[str, list[int]]]:
         return [ca.block_table for ca in cache.cache_allocators.values()]
+
+    def unreferenced(self, cache: Any, used: int) -> int | None:
+        """None: each allocator's tables count its own blocks, not the pool's (the idle
+        check alone applies)."""
+        return None
 
 
 Layout = AllocatorLayout | BlockManagerLayout
@@ -212,6 +229,8 @@ class PagedCacheWatch:
         self.waiting: set[str] = set()  # requests refused once (kv_alloc_failed already put)
         self.prefix_query_tokens = self.prefix_hit_tokens = self.failed_allocations = 0
         self._next_sample_s = float("-inf")
+        self._next_unreferenced_s = float("-inf")
+        self._unreferenced_reported = 0  # the count the last unreferenced check reported
         self._originals: dict[str, bool] = {}
 
     @property
@@ -348,7 +367,29 @@ class PagedCacheWatch:
         self.waiting.discard(rid)
         if not any(self.layout.tables(self.cache)):
             self._idle_check(used)
+        else:
+            self._unreferenced_check(used)
         self._maybe_sample()
+
+    def _unreferenced_check(self, used: int) -> None:
+        """While requests run: blocks used that no block table holds, at most once every
+        ``UNREFERENCED_EVERY_S``, reported when their count changed. Where frees lag (5.17 on
+        a GPU frees a finished request's blocks steps later, so the pool is never empty while
+        traffic lasts) the idle check alone would speak only when the server stops."""
+        now = self._monotonic_s()
+        if now < self._next_unreferenced_s:
+            return
+        self._next_unreferenced_s = now + UNREFERENCED_EVERY_S
+        lost = self.layout.unreferenced(self.cache, used)
+        if lost is None or lost == self._unreferenced_reported or (
+                lost <= 0 and not self._unreferenced_reported):
+            return
+        self._unreferenced_reported = max(0, lost)
+        if lost > 0:
+            self._event("kv_orphaned_blocks", None,
+                        {"blocks": lost, "block_ids": [], "owners": [],
+                         "problems": [f"{lost} blocks used that no request's block table "
+                                      "holds"]})
 
     def _idle_check(self, used: int) -> None:
         """No request holds a block table, so no block may be used (SGLang's idle check)."""

@@ -12,7 +12,8 @@ shaping and JSON: the server's whole time):
 
 - every windowed route (timeline, its figure, leaks, risk, analysis) at 15 min, 1 h, 6 h, 24 h,
   3 days and 7 days ending at the newest sample, and at 15 min and 1 h three days back (only
-  the per-second tier holds them), held to 300 ms;
+  the per-second tier holds them), held to 300 ms, and the routes that read the stored verdicts
+  (leaks, risk, analysis) to 100 ms;
 - every windowless route (overview, devices, hosts, freshness, processes, capacity, metrics,
   the HTML pages) once, held to 300 ms; the overview also as a ratio against the same route
   on a store of the same devices holding only the last hour of the same history (target:
@@ -60,6 +61,9 @@ PLAIN = ("/api/v1/overview", "/api/v1/devices", "/api/v1/hosts", "/api/v1/freshn
          "/api/v1/processes", "/api/v1/capacity", "/metrics", "/", "/timeline", "/leaks",
          "/risk", "/capacity", "/alerts")
 TARGET_MS = 300.0
+# the routes that answer from the stored verdicts (issue 31): no detection runs on a page
+VERDICT_ROUTES = ("/api/v1/figures/leaks", "/api/v1/figures/risk", "/api/v1/analysis")
+VERDICT_TARGET_MS = 100.0
 DEVICE = 1
 
 
@@ -118,11 +122,12 @@ def _get(client: FlaskClient, url: str) -> Callable[[], int]:
     return call
 
 
-def _route_figure(metric: str, timing: Timing, status: int) -> Figure:
+def _route_figure(metric: str, timing: Timing, status: int,
+                  target_ms: float = TARGET_MS) -> Figure:
     ms = timing.median_s * 1000
     return Figure("dashboard", metric, ms, "ms",
                   spread=timing.spread(1000, "ms") + f"; HTTP {status}",
-                  target=f"<= {TARGET_MS:g}", met=ms <= TARGET_MS)
+                  target=f"<= {target_ms:g}", met=ms <= target_ms)
 
 
 def _windowed(client: FlaskClient, history: History, rounds: int) -> list[Figure]:
@@ -134,7 +139,8 @@ def _windowed(client: FlaskClient, history: History, rounds: int) -> list[Figure
             call = _get(client, url)
             status = call()  # warm: the first call of a route pays for imports
             [timing] = interleaved([call], rounds)
-            out.append(_route_figure(f"{route} {label}", timing, status))
+            target = VERDICT_TARGET_MS if route in VERDICT_ROUTES else TARGET_MS
+            out.append(_route_figure(f"{route} {label}", timing, status, target))
     return out
 
 

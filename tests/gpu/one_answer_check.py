@@ -46,14 +46,16 @@ def _cli_json(argv: list[str]) -> dict[str, Any]:
     return json.loads(out.getvalue())
 
 
-def check(db_gz: Path) -> dict[str, Any]:
+def check(db_gz: Path, agent_config: str = AGENT_CONFIG) -> dict[str, Any]:
+    """Every surface's answer on the recording ``db_gz``; ``agent_config``: the agent's
+    settings on the GPU machine (``""``: the defaults, tests/gpu/record_cb_pair.sh's)."""
     work = Path(tempfile.mkdtemp(prefix="vs-gpu-one-"))
     try:
         db = work / "agent.db"
         with gzip.open(db_gz) as src, open(db, "wb") as dst:
             shutil.copyfileobj(src, dst)
         config = work / "agent.toml"
-        config.write_text(AGENT_CONFIG)
+        config.write_text(agent_config)
         url = f"sqlite:///{db}"
         with Store.open(url) as store:
             last = store.time_range(0)
@@ -98,6 +100,8 @@ def check(db_gz: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = check(Path(sys.argv[1]))
+    # a third argument "defaults": the recording was made with the agent's default settings
+    defaults = sys.argv[3:] == ["defaults"]
+    result = check(Path(sys.argv[1]), "" if defaults else AGENT_CONFIG)
     Path(sys.argv[2]).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("live", "same_everywhere")}, indent=1))

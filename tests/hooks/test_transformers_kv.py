@@ -128,6 +128,37 @@ def test_blocks_used_with_no_request_left_are_reported_as_orphaned(model, sink):
     assert sink.samples()[-1].kv_blocks_used == 2
 
 
+def _hold_two_blocks(cache, rid: str) -> None:
+    """A request that holds two blocks in its block table (still running)."""
+    if hasattr(cache, "can_store_request_tokens"):  # 5.24 layout
+        from transformers.generation.continuous_batching.requests import RequestState
+
+        assert cache.can_store_request_tokens(RequestState(rid, [5] * 20), 20)
+    else:  # 5.17 layout
+        assert cache.allocate_blocks(2, rid, 0) == 2
+
+
+def test_blocks_lost_while_requests_run_are_reported_where_the_layout_tells(model, sink):
+    """On 5.17 a GPU frees a finished request's blocks steps later, so the pool is never empty
+    under traffic (the H200 run of docs/gpu-verification.md section 16): there the blocks no
+    table holds are counted at a free while others run. The 5.24 layout's tables count each
+    allocator's own blocks, so only the idle check speaks there."""
+    cache = run_sequentially(model, [SYSTEM_PROMPT[:10]])
+    _hold_two_blocks(cache, "live")
+    _leak_two_blocks(cache)
+    cache.free_blocks("r-unknown")  # a free while "live" still holds its table
+    running = kv_events(sink, "kv_orphaned_blocks")
+    block_manager = hasattr(cache, "group_cache_managers")
+    if block_manager:
+        assert [d["blocks"] for _, _, d in running] == [2]
+        assert running[0][2]["problems"] == ["2 blocks used that no request's block table holds"]
+    else:
+        assert running == []
+    cache.free_blocks("live")  # the last one: the idle check
+    orphaned = kv_events(sink, "kv_orphaned_blocks")
+    assert [d["blocks"] for _, _, d in orphaned] == ([2, 2] if block_manager else [2])
+
+
 def test_an_unknown_cache_is_not_observed_with_one_log_line(caplog):
     odd = types.SimpleNamespace(num_blocks=8, free_blocks=lambda rid: None)
     with caplog.at_level(logging.INFO, logger="vramscope.hooks"):

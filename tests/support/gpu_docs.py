@@ -119,8 +119,12 @@ def render_one_answer(doc: dict[str, Any]) -> str:
 
     def cell(a: list[Any]) -> str:
         state, slope, first, risk = a[1], a[2], a[3], a[4]
-        leak = (f"leak {slope * 3600 / MIB:,.1f} MiB/h from {first:.0f}" if state == "leak"
-                else state.replace("_", " "))
+        if state == "leak" and not slope:  # the KV pool's orphaned blocks: no trend needed
+            leak = f"leak (orphaned KV blocks) from {first:.0f}"
+        elif state == "leak":
+            leak = f"leak {slope * 3600 / MIB:,.1f} MiB/h from {first:.0f}"
+        else:
+            leak = state.replace("_", " ")
         return f"{leak}; risk {risk}"
 
     for label, answers in [("live agent (stored verdicts)", doc["live"]),
