@@ -206,6 +206,25 @@ def test_the_h200_recording_s_surfaces_give_the_committed_answer():
                                              [560, "insufficient_data"]]
 
 
+def test_the_h200_continuous_batching_pair_names_the_leaking_pid_with_the_defaults():
+    """docs/gpu-verification.md section 16: the agent with its default settings, two
+    continuous-batching servers on one H200, one losing KV blocks; every surface, read again
+    now, names the leaking pid (577) by its orphaned blocks and only it."""
+    from pathlib import Path
+
+    from tests.gpu.one_answer_check import check
+
+    runs = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-04d"
+    committed = json.loads((runs / "one_answer.json").read_text())
+    got = json.loads(json.dumps(check(Path(runs / "gpu_cb_pair.db.gz"), "")))
+    assert got == committed and got["same_everywhere"] is True
+    assert got["live"] == [[577, "leak", 0.0, 1796417128.085973, "ok"],
+                           [578, "insufficient_data", 0.0, None, "ok"]]
+    leak = json.loads((runs / "cb-leak.json").read_text())
+    assert (leak["pid"], leak["leaked_requests"], leak["leaked_blocks"]) == (577, 37, 381)
+    assert 0 < got["live"][0][3] - leak["first_leak_ts"] < 1.0  # found at the first loss
+
+
 def test_a_damaged_verdict_row_is_no_answer_and_breaks_no_surface(any_url):
     """A row whose document is not a verdict (a damaged file, a hand edit) is skipped: the
     other process's answer stands, the damaged one's process has none, every surface answers."""

@@ -3,7 +3,7 @@
 # settings (issue 31's GPU check: the leaking pid named on every surface): `vramscope agent` as
 # a sidecar, each server (tests/gpu/cb_server.py) with vramscope.install() +
 # attach_transformers sending to its socket.
-#   A) cb-leak: from 120 s on, every 150th finished request's KV blocks are lost (its block
+#   A) cb-leak: from 60 s on, every 150th finished request's KV blocks are lost (its block
 #      tables dropped, its blocks never freed): the pool's own check reports them orphaned;
 #   B) cb-healthy: the same load, nothing lost.
 #   tests/gpu/record_cb_pair.sh start DIR DURATION_S   # agent + both servers, in background
@@ -37,7 +37,7 @@ TOML
   for spec in "cb-leak 150 0" "cb-healthy 0 1"; do
     set -- $spec
     setsid nohup python3 tests/gpu/cb_server.py --device cuda --duration-s "$DURATION_S" \
-      --leak-every "$2" --seed "$3" --agent-socket "$DIR/sock/agent.sock" \
+      --leak-every "$2" --leak-start-s 60 --seed "$3" --agent-socket "$DIR/sock/agent.sock" \
       --out "$DIR/$1.json" > "$DIR/$1.log" 2>&1 < /dev/null &
     echo $! >> "$DIR/server.pids"
   done

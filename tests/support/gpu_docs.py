@@ -141,6 +141,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "recordings": ("../../tests/data/*.truth.json", render_recordings),
     "config_check": ("2026-12-02b/config_check.json", render_config_check),
     "one_answer": ("2026-12-04b/one_answer.json", render_one_answer),
+    "one_answer_cb": ("2026-12-04d/one_answer.json", render_one_answer),
 }
 
 
