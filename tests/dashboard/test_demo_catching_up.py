@@ -48,6 +48,12 @@ def test_the_demo_catching_up_is_not_stale(tmp_path):
     assert "catching_up" in seen, states
     # hours-old data while the history is written: catching up, never stale
     assert all(s != "stale" for s in seen), states
-    assert max(a for s, _, a in states if s == "catching_up") > 3600  # an hour behind
+    # data older than the stale threshold was seen and called catching up (how far behind
+    # the first poll finds it depends on how fast this machine writes: 7-44 min here)
+    from vramscope.agent.config import parse_config
+    from vramscope.dashboard.verdict import stale_after_s
+
+    assert max(a for s, _, a in states if s == "catching_up") > 10 * stale_after_s(
+        parse_config({}, None))
     if "live" in seen:  # caught up (a slow, busy machine may need longer than 20 s)
         assert all(s == "live" for s in seen[seen.index("live"):]), states
