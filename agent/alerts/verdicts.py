@@ -119,6 +119,9 @@ class VerdictLog:
         # of its next heartbeat); the result itself, not its id: a freed one's id comes back
         self._seen: dict[tuple[str | None, int, int | None],
                          tuple[LeakResult, int, float]] = {}
+        # per process: the orphaned KV blocks its last row said; twice as many is a new row
+        # (a pool losing blocks: the stored evidence follows the count, in log2 of it rows)
+        self._row_orphans: dict[tuple[str | None, int, int | None], int] = {}
 
     def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         """A record of process ``pid`` (None: of the device as a whole, every process's) at
@@ -135,12 +138,14 @@ class VerdictLog:
             return  # nothing its answer is made from moved, and no heartbeat is due
         v = verdict_of(d, pid, host, now_s)
         last = self.latest.get(key)
+        orphans = result.orphaned_blocks
         if (seen is None or now_s >= seen[2] or last is None or last.answer() != v.answer()
-                or _moved(last, v)):
+                or _moved(last, v) or orphans >= 2 * self._row_orphans.get(key, 0) > 0):
             self.latest[key] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
             self._seen[key] = (result, level, now_s + self.heartbeat_s)
+            self._row_orphans[key] = orphans
         else:
             self._seen[key] = (result, level, seen[2])
 

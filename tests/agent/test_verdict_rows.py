@@ -1,0 +1,31 @@
+"""When the alert engine writes a verdict row (agent/alerts/verdicts.py): on a change of the
+answer, at the heartbeat, and as a pool keeps losing KV blocks, each time their count doubles
+(the stored evidence follows the count in log2 of it rows, not one row per report)."""
+
+from __future__ import annotations
+
+from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.records import Event, Phase, Sample
+
+GIB = 2**30
+PID = 4242
+
+
+def test_orphaned_blocks_doubling_write_rows_between_heartbeats():
+    engine = AlertEngine.from_config(None)
+    t0 = 1_800_000_000.0
+    records: list[Sample | Event] = [
+        Sample(t0 + i, 0, Phase.DECODE, "torch", PID, allocated_bytes=10 * GIB,
+               reserved_bytes=12 * GIB, device_total_bytes=80 * GIB) for i in range(0, 240, 2)]
+    # a pool losing blocks, reported at each idle moment: 8, 9, ... 40 blocks in 4 minutes,
+    # inside one heartbeat (5 min)
+    records += [Event(t0 + 5 + 7 * k, "kv_orphaned_blocks", 0, PID, data={"blocks": 8 + k})
+                for k in range(33)]
+    records.sort(key=lambda r: r.ts_s)
+    engine.feed(records)
+    rows = [v for v in engine.verdicts.history if v.pid == PID]
+    said = [(v.leak_state, v.leak_evidence.split(" orphaned")[0]) for v in rows]
+    assert said == [("insufficient_data", "not enough data yet: warming up (the first 20 min of "
+                     "a process are not its floor), then 15 min of idle floor"),
+                    ("leak", "KV pool reported 8"), ("leak", "KV pool reported 16"),
+                    ("leak", "KV pool reported 32")]
