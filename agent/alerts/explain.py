@@ -68,12 +68,6 @@ def _full(model: RiskModel) -> bool:
     return headroom - (model.largest_request_bytes or 0) < FULL_RATIO * limit
 
 
-def _floor_rose(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> bool:
-    """The peaks are trending to the limit and the floor under them rose with them."""
-    share = floor_share(model, leak) if "trend" in point.reasons else None
-    return share is not None and share >= FLOOR_SHARE
-
-
 def _spike_fills_free(model: RiskModel) -> bool:
     """The largest request takes more than ``SPIKE_SHARE`` of the free memory in total now
     (the headroom): one long prompt, not memory in pieces."""
@@ -90,7 +84,10 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
-    if _floor_rose(point, model, leak) or (leak.result.detected and _full(model)):
+    # how much of the peaks' rise the floor rose too (None: no trend, or too few floor points)
+    share = floor_share(model, leak) if "trend" in reasons else None
+    floor_rose = share is not None and share >= FLOOR_SHARE
+    if floor_rose or (leak.result.detected and _full(model)):
         # the floor's rise is filling the device: its free memory is in pieces too, and the
         # largest prefill needs more than is left, but compacting the pieces or bounding the
         # prefill would only buy time (the post-mortem's rule: diagnosis, "fragmentation")
@@ -100,7 +97,6 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     if leak.result.detected:
         return "growth"
     if "trend" in reasons:
-        share = floor_share(model, leak)
         return "batch" if share is not None and share < FLOOR_SHARE else "growth"
     if "headroom" in reasons or "alloc_retries" in reasons:
         # without a prefill's activations (the one in progress, or the largest seen) would the

@@ -291,7 +291,7 @@ class LeakDetector:
         in_flight = self.floor.last_load - RESIDUAL
         if in_flight > 0 and self.load.kv_used is None:
             # the trend gets the floor as measured, with the requests in flight: what they
-            # hold is fitted over the horizon (_load_adjusted), not taken from this moment's
+            # hold is fitted over the horizon (trend_points), not taken from this moment's
             # online estimate, whose drift over an hour would read as a trend of its own
             point = (point[0], point[1] + int(self.per_request.bytes_per_block * in_flight))
         binned = self._binned(point, self.floor.last_load)
@@ -341,8 +341,8 @@ class LeakDetector:
         # the span the verdict rests on: the points of the horizon (after a stretch without
         # trend points, a server idle only now and then, the first ones are long gone)
         span = ts - max(self._trend_from, self.points[0][0])
-        # a floor estimated from the load (never idle, no KV figures) needs twice the span: a
-        # load that wanders over half an hour is not a leak's steady rise
+        # a floor estimated from the load (never idle, no KV figures) needs ESTIMATED_SPAN
+        # times the span: a load that wanders over half an hour is not a leak's steady rise
         need = self.t.leak_min_span_s
         if self._mostly_estimated():  # ...but never more than the horizon can hold
             need = max(need, min(need * ESTIMATED_SPAN, HORIZON_REACH * self.t.leak_horizon_s))
