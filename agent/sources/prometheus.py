@@ -45,6 +45,7 @@ import logging
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -139,9 +140,12 @@ class TargetState:
         self.waiting: int | None = None
         self.counters: dict[str, float] = {}
         self.failing = False
-        host, _, port = _short(url).rpartition(":")
-        self.port = int(port) if port.isdigit() else (443 if url.startswith("https") else 80)
-        self.local = listener.is_local_host(host or _short(url))
+        parts = urllib.parse.urlsplit(url)
+        try:
+            self.port = parts.port or (443 if parts.scheme == "https" else 80)
+            self.local = listener.is_local_host(parts.hostname or "")
+        except ValueError:  # not a port: the fetch fails and says so; no process to name
+            self.port, self.local = 0, False
         self.pid: int | None = None  # the local process listening on the port, if found
         self.model: str | None = None  # the metrics' model_name label
         self.resolved_at: float | None = None  # when the pid was last looked up

@@ -301,3 +301,16 @@ def test_a_server_restarted_on_its_port_is_the_new_pid_after_the_gap(fake_clock)
     name = f"vllm server (port {port})"
     t0 = 1_700_000_000.0
     assert noted == [(first.pid, t0, name, "tiny", 0), (second.pid, t0 + 3, name, "tiny", 0)]
+
+
+@pytest.mark.parametrize(("url", "port", "local"), [
+    ("http://127.0.0.1:8000/metrics", 8000, True), ("http://[::1]/metrics", 80, True),
+    ("https://localhost/metrics", 443, True), ("http://10.20.30.40:9090/metrics", 9090, False),
+    ("http://127.0.0.1:notaport/metrics", 0, False)])
+def test_which_targets_are_looked_up_and_on_which_port(url, port, local):
+    """The URL's port (the scheme's default without one) and whether the host is this one;
+    a URL whose port is not a number names no process (its fetch fails and says why)."""
+    from vramscope.agent.sources.prometheus import PRESETS, TargetState
+
+    target = TargetState(url, PRESETS["vllm"])
+    assert (target.port, target.local) == (port, local)
