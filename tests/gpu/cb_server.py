@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         undo()
         handle.detach()
         vramscope.uninstall()
-    summary = {"pid": __import__("os").getpid(), "served": served, "errors": errors,
+    summary = {"pid": os.getpid(), "served": served, "errors": errors,
                "leak_every": args.leak_every, "leak_start_s": args.leak_start_s,
                "leaked_requests": len(leaked), "leaked_blocks": sum(x["blocks"] for x in leaked),
                "first_leak_ts": leaked[0]["ts"] if leaked else None, "t0": t0,
