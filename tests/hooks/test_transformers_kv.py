@@ -105,18 +105,23 @@ def test_generate_batch_is_observed_per_request(model, sink):
     assert sink.samples()[-1].kv_blocks_used == 0
 
 
-def _leak_two_blocks(cache) -> None:
-    """What a lost request leaves: blocks taken, then the block table dropped unfreed."""
+def _hold_two_blocks(cache, rid: str) -> None:
+    """A request that holds two blocks in its block table (still running)."""
     if hasattr(cache, "can_store_request_tokens"):  # 5.24 layout
         from transformers.generation.continuous_batching.requests import RequestState
 
-        assert cache.can_store_request_tokens(RequestState("leak", [5] * 20), 20)
-        tables = [ca.block_table for ca in cache.cache_allocators.values()]
+        assert cache.can_store_request_tokens(RequestState(rid, [5] * 20), 20)
     else:  # 5.17 layout
-        assert cache.allocate_blocks(2, "leak", 0) == 2
-        tables = [cm.block_table for cm in cache.group_cache_managers]
-    for table in tables:
-        table.pop("leak")
+        assert cache.allocate_blocks(2, rid, 0) == 2
+
+
+def _leak_two_blocks(cache) -> None:
+    """What a lost request leaves: blocks taken, then the block table dropped unfreed."""
+    _hold_two_blocks(cache, "leak")
+    owners = (cache.cache_allocators.values() if hasattr(cache, "cache_allocators")
+              else cache.group_cache_managers)
+    for owner in owners:
+        owner.block_table.pop("leak")
 
 
 def test_blocks_used_with_no_request_left_are_reported_as_orphaned(model, sink):
@@ -126,16 +131,6 @@ def test_blocks_used_with_no_request_left_are_reported_as_orphaned(model, sink):
     orphaned = kv_events(sink, "kv_orphaned_blocks")
     assert len(orphaned) == 1 and orphaned[0][2]["blocks"] == 2
     assert sink.samples()[-1].kv_blocks_used == 2
-
-
-def _hold_two_blocks(cache, rid: str) -> None:
-    """A request that holds two blocks in its block table (still running)."""
-    if hasattr(cache, "can_store_request_tokens"):  # 5.24 layout
-        from transformers.generation.continuous_batching.requests import RequestState
-
-        assert cache.can_store_request_tokens(RequestState(rid, [5] * 20), 20)
-    else:  # 5.17 layout
-        assert cache.allocate_blocks(2, rid, 0) == 2
 
 
 def test_blocks_lost_while_requests_run_are_reported_where_the_layout_tells(model, sink):
