@@ -233,7 +233,9 @@ class DeviceAnalysis:
                 if self._wide is not None:
                     model.observe(self._wide)
             gave = model.observe(s)
-        if gave and len(self.risks) > 1:
+        # with one process model besides the device's (None), the riskiest is that one
+        if gave and len(self.risks) > 1 and not (
+                len(self.risks) == 2 and None in self.risks and self.risk_pid == s.pid):
             self._pick_risk()
         return gave
 
@@ -249,14 +251,14 @@ class DeviceAnalysis:
         """The detectors a record feeds: its process's; a device-wide (NVML) sample, the
         device's own until a process reports; an event without a pid, every process's. A
         process sample without a pid (a hand-written trace) is the device's own detector's."""
-        procs = self._process_leaks()
-        if isinstance(r, Sample) and is_device_wide(r):
-            return [] if procs else [self.leaks[None]]
-        if r.pid is None:
+        if r.pid is None:  # (a sample with a pid is never device-wide)
+            if isinstance(r, Sample) and is_device_wide(r):
+                return [] if self._process_leaks() else [self.leaks[None]]
             if isinstance(r, Sample) and r.allocated_bytes is not None:
                 self._sampled.add(None)
                 return [self.leaks[None]]
-            return procs or [self.leaks[None]]  # events, snapshot readings: every process's
+            # events, snapshot readings: every process's
+            return self._process_leaks() or [self.leaks[None]]
         leak = self.leaks.get(r.pid)
         if leak is None:
             leak = self.leaks[r.pid] = LeakDetector(self._thresholds)

@@ -20,7 +20,8 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.cli.common import (
@@ -35,7 +36,9 @@ from vramscope.agent.errors import UsageError, VramscopeError
 
 if TYPE_CHECKING:
     from vramscope.agent.config import Config
+    from vramscope.agent.errors import TraceError
     from vramscope.agent.records import Event, PostMortem, Sample
+    from vramscope.agent.second_core import Batch
     from vramscope.agent.store import Store
 
 
@@ -152,37 +155,25 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
     files merged), through the analysis and dropped, as ``--db`` does: the same document as
     loading them whole (the same order: events first on a tie, then each file in turn), in
     the memory of a minute of records. Read a second time, up to its OOM, for a device that
-    had one. A file further out of order is loaded whole instead, with a note on stderr."""
-    import heapq
+    had one. A file further out of order is loaded whole instead, with a note on stderr.
 
-    from vramscope.agent.alerts.offline import CHUNK, analyze_records, analyze_stream
-    from vramscope.agent.analysis.merge import OutOfOrder, in_time_order, record_batches
+    Large files are decoded here and analyzed on a second core (second_core.py): the same
+    function over the same batches."""
+    from vramscope.agent import second_core
+    from vramscope.agent.alerts.offline import CHUNK, analyze_records
+    from vramscope.agent.analysis.merge import OutOfOrder, record_batches
     from vramscope.agent.cli.cmd_import import report_skipped
-    from vramscope.agent.errors import TraceError
-    from vramscope.agent.trace import iter_trace, read_trace
+    from vramscope.agent.trace import read_trace
 
-    # what each reading of the files skipped, and how many records each file held
-    passes: list[tuple[list[TraceError], list[int]]] = []
-
-    def records(device: int | None, until_s: float = math.inf) -> Iterator[Sample | Event]:
-        skipped: list[TraceError] = []
-        counts = [0] * len(paths)
-        passes.append((skipped, counts))
-        streams = [in_time_order(_counted(iter_trace(path, skip_invalid=args.skip_invalid,
-                                                     skipped=skipped), counts, i),
-                                 FILE_SLACK_S, i, path)
-                   for i, path in enumerate(paths)]
-        for ts_s, _kind, _source, _seq, r in heapq.merge(*streams):
-            if ts_s > until_s:
-                return
-            if device is None or r.device == device:
-                yield r
-
+    skipped: list[TraceError] = []
+    counts = [0] * len(paths)  # how many records each file held
+    records = _file_records(paths, args.skip_invalid, skipped, counts, args.device)
+    analyze = partial(_analyze_batches, paths, args.skip_invalid, config, args.makeup)
     try:
-        doc = analyze_stream(record_batches(measured.watch(records(args.device)), CHUNK),
-                             records, config, makeup=args.makeup)
-        report_skipped(passes[0][0])
-        _check_not_empty(paths, passes[0][1], args.skip_invalid)
+        doc = second_core.consume(analyze, record_batches(measured.watch(records), CHUNK),
+                                  in_child=second_core.worth_a_child(paths))
+        report_skipped(skipped)
+        _check_not_empty(paths, counts, args.skip_invalid)
         return doc
     except OutOfOrder as exc:
         sys.stderr.write(f"note: {exc}: loading the recording whole to sort it\n")
@@ -195,6 +186,39 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
         samples += measured.watch(trace.samples)
         events += trace.events
     return analyze_records(samples, events, config, device=args.device, makeup=args.makeup)
+
+
+def _file_records(paths: list[str], skip_invalid: bool, skipped: list[TraceError],
+                  counts: list[int], device: int | None, until_s: float = math.inf
+                  ) -> Iterator[Sample | Event]:
+    """The files' records (of ``device``, or all) in time order up to ``until_s``; the bad
+    lines go to ``skipped``, each file's record count to ``counts``."""
+    import heapq
+
+    from vramscope.agent.analysis.merge import in_time_order
+    from vramscope.agent.trace import iter_trace
+
+    streams = [in_time_order(_counted(iter_trace(path, skip_invalid=skip_invalid,
+                                                 skipped=skipped), counts, i),
+                             FILE_SLACK_S, i, path)
+               for i, path in enumerate(paths)]
+    for ts_s, _kind, _source, _seq, r in heapq.merge(*streams):
+        if ts_s > until_s:
+            return
+        if device is None or r.device == device:
+            yield r
+
+
+def _analyze_batches(paths: list[str], skip_invalid: bool, config: Config, makeup: bool,
+                     batches: Iterable[Batch]) -> dict[str, Any]:
+    """The document of the files' batches (module level: it may run in a child process),
+    reading the files again, up to its OOM, for a device that had one."""
+    from vramscope.agent.alerts.offline import analyze_stream
+
+    def reopen(device: int, until_s: float) -> Iterator[Sample | Event]:
+        return _file_records(paths, skip_invalid, [], [0] * len(paths), device, until_s)
+
+    return analyze_stream(batches, reopen, config, makeup=makeup)
 
 
 def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.cli.common import (
     add_config_flag,
@@ -22,8 +24,9 @@ from vramscope.agent.cli.common import (
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
-    from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent.alerts.verdicts import Verdict
     from vramscope.agent.errors import TraceError
+    from vramscope.agent.second_core import Batch
     from vramscope.agent.store import Store
 
 
@@ -38,16 +41,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent import second_core
+    from vramscope.agent.store import verdicts
 
     config = config_from_args(args)
-    # the engine runs over what is imported and its verdicts are stored with it, so that the
-    # pages and ``analyze --db`` show the answers ``analyze FILE`` gives (one answer)
-    engine = AlertEngine.from_config(config)
-    engine.verdicts.keep = False
+    reports: list[str] = []
+    # The engine runs over what is imported and its verdicts are stored with it, so that the
+    # pages and ``analyze --db`` show the answers ``analyze FILE`` gives (one answer). A large
+    # import runs it on a second core while this one decodes and writes (second_core.py).
+    in_child = second_core.worth_a_child(args.files)
     with open_store(args, config) as store, store.transaction() as conn:
-        reports = [_import_file(store, conn, path, args.skip_invalid, engine)
-                   for path in args.files]
+        batches = _written(store, conn, args.files, args.skip_invalid, reports)
+        rows = second_core.consume(partial(engine_verdicts, config), batches,
+                                   in_child=in_child)
+        verdicts.write(store, rows, conn)
     for report in reports:  # printed once everything is committed
         print(report)
     # said always: without --db the file is the config's database.url (by default under the
@@ -57,22 +64,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def engine_verdicts(config: Mapping[str, Any], batches: Iterable[Batch]) -> list[Verdict]:
+    """The verdict rows of the alert engine run over ``batches`` (in a child process for a
+    large import: a module-level function, so that it can be started by name)."""
+    from vramscope.agent.alerts.engine import AlertEngine
 
-def _import_file(store: Store, conn: Connection, path: str, skip_invalid: bool,
-                 engine: AlertEngine) -> str:
-    from vramscope.agent.store import verdicts
+    engine = AlertEngine.from_config(config)
+    engine.verdicts.keep = False
+    rows: list[Verdict] = []
+    for samples, events in batches:
+        engine.feed_batch(samples, events)
+        rows += engine.verdicts.take()
+    return rows
+
+
+def _written(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,
+             reports: list[str]) -> Iterator[Batch]:
+    """Each file's records in chunks, each written to the store as it is yielded; a line for
+    each file in ``reports`` once it is read."""
     from vramscope.agent.trace import iter_trace
 
-    skipped: list[TraceError] = []
-    n_samples = n_events = 0
-    for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
-        store.write(samples, events, conn=conn)
-        engine.feed_batch(samples, events)
-        verdicts.write(store, engine.verdicts.take(), conn)
-        n_samples += len(samples)
-        n_events += len(events)
-    report_skipped(skipped)
-    return f"{path}: imported {n_samples} samples and {n_events} events{skipped_note(skipped)}"
+    for path in paths:
+        skipped: list[TraceError] = []
+        n_samples = n_events = 0
+        for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
+            store.write(samples, events, conn=conn)
+            n_samples += len(samples)
+            n_events += len(events)
+            yield samples, events
+        report_skipped(skipped)
+        reports.append(f"{path}: imported {n_samples} samples and {n_events} events"
+                       f"{skipped_note(skipped)}")
 
 
 def report_skipped(skipped: list[TraceError], shown: int = 10) -> None:
