@@ -27,6 +27,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
     "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
     "history": ("vramscope.agent.bench.history", "analyze --db and retention on a week-old store"),
+    "import": ("vramscope.agent.bench.import_day",
+               "import and analyze FILE of a day, 8 devices x 10 Hz, engine on vs off"),
     "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
     "vllm": ("vramscope.agent.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
 }

@@ -167,7 +167,7 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
 
     skipped: list[TraceError] = []
     counts = [0] * len(paths)  # how many records each file held
-    records = _file_records(paths, args.skip_invalid, skipped, counts, args.device)
+    records = file_records(paths, args.skip_invalid, skipped, counts, args.device)
     analyze = partial(_analyze_batches, paths, args.skip_invalid, config, args.makeup)
     try:
         doc = second_core.consume(analyze, record_batches(measured.watch(records), CHUNK),
@@ -188,7 +188,7 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
     return analyze_records(samples, events, config, device=args.device, makeup=args.makeup)
 
 
-def _file_records(paths: list[str], skip_invalid: bool, skipped: list[TraceError],
+def file_records(paths: list[str], skip_invalid: bool, skipped: list[TraceError],
                   counts: list[int], device: int | None, until_s: float = math.inf
                   ) -> Iterator[Sample | Event]:
     """The files' records (of ``device``, or all) in time order up to ``until_s``; the bad
@@ -216,7 +216,7 @@ def _analyze_batches(paths: list[str], skip_invalid: bool, config: Config, makeu
     from vramscope.agent.alerts.offline import analyze_stream
 
     def reopen(device: int, until_s: float) -> Iterator[Sample | Event]:
-        return _file_records(paths, skip_invalid, [], [0] * len(paths), device, until_s)
+        return file_records(paths, skip_invalid, [], [0] * len(paths), device, until_s)
 
     return analyze_stream(batches, reopen, config, makeup=makeup)
 

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     # import runs it on a second core while this one decodes and writes (second_core.py).
     in_child = second_core.worth_a_child(args.files)
     with open_store(args, config) as store, store.transaction() as conn:
-        batches = _written(store, conn, args.files, args.skip_invalid, reports)
+        batches = written_batches(store, conn, args.files, args.skip_invalid, reports)
         rows = second_core.consume(partial(engine_verdicts, config), batches,
                                    in_child=in_child)
         verdicts.write(store, rows, conn)
@@ -78,7 +78,7 @@ def engine_verdicts(config: Mapping[str, Any], batches: Iterable[Batch]) -> list
     return rows
 
 
-def _written(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,
+def written_batches(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,
              reports: list[str]) -> Iterator[Batch]:
     """Each file's records in chunks, each written to the store as it is yielded; a line for
     each file in ``reports`` once it is read."""
