@@ -20,6 +20,7 @@ from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.timefmt import iso_utc
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.alerts")
@@ -74,17 +75,22 @@ class StoreSink:
         self._open: dict[tuple[str, int, str | None], int] = {}
 
     def send(self, change: AlertChange) -> None:
-        key = (change.rule, change.device, change.host)
         try:
-            if change.kind == "fired":
-                self._open[key] = self.store.open_alert(
-                    change.rule, change.severity, change.ts_s, device=change.device,
-                    value=change.value, message=change.message, labels=dict(change.labels) or None,
-                    host=change.host)
-            elif key in self._open:
-                self.store.resolve_alert(self._open.pop(key), change.ts_s)
+            self.write(change)
         except Exception as exc:  # a sink never raises into ingest
             log.error("could not store alert %s: %s", change.rule, exc)
+
+    def write(self, change: AlertChange, conn: Connection | None = None) -> None:
+        """The change as a row (``conn``: in the caller's transaction, as ``vramscope import``
+        writes the alerts of what it imports with it); raises what the store raises."""
+        key = (change.rule, change.device, change.host)
+        if change.kind == "fired":
+            self._open[key] = self.store.open_alert(
+                change.rule, change.severity, change.ts_s, device=change.device,
+                value=change.value, message=change.message, labels=dict(change.labels) or None,
+                host=change.host, conn=conn)
+        elif key in self._open:
+            self.store.resolve_alert(self._open.pop(key), change.ts_s, conn=conn)
 
     def close(self) -> None:
         pass

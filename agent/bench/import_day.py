@@ -32,8 +32,10 @@ TARGET_S = 120.0
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    history = (History(devices=2, hz=10.0, days=10 / 1440, **_RAW) if options.quick
-               else History(devices=8, hz=10.0, days=1.0, **_RAW))
+    # every sample raw, no tiers or verdicts: the trace holds what a day's recording holds
+    history = History(devices=2 if options.quick else 8, hz=10.0,
+                      days=10 / 1440 if options.quick else 1.0,
+                      rollups=False, verdicts=False, raw_days=None)
     rounds = rounds_or(options, 1 if options.quick else 2)
     with tempfile.TemporaryDirectory(prefix="vramscope-bench-") as workdir:
         trace, samples = _trace(workdir, history)
@@ -61,9 +63,6 @@ def run(options: BenchOptions) -> list[Figure]:
                options.quick),
     ]
 
-
-# every sample raw, no tiers or verdicts: the trace holds what a day's recording holds
-_RAW = {"rollups": False, "verdicts": False, "raw_days": None}
 
 _ENGINE_OFF = """
 import sys

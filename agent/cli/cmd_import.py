@@ -24,6 +24,7 @@ from vramscope.agent.cli.common import (
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
+    from vramscope.agent.alerts.engine import AlertChange
     from vramscope.agent.alerts.verdicts import Verdict
     from vramscope.agent.errors import TraceError
     from vramscope.agent.second_core import Batch
@@ -42,19 +43,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramscope.agent import second_core
+    from vramscope.agent.alerts.sinks import StoreSink
     from vramscope.agent.store import verdicts
 
     config = config_from_args(args)
     reports: list[str] = []
-    # The engine runs over what is imported and its verdicts are stored with it, so that the
-    # pages and ``analyze --db`` show the answers ``analyze FILE`` gives (one answer). A large
-    # import runs it on a second core while this one decodes and writes (second_core.py).
+    # The engine runs over what is imported and its verdicts and alerts are stored with it, so
+    # that the pages and ``analyze --db`` show the answers ``analyze FILE`` gives (one
+    # answer). A large import runs it on a second core while this one decodes and writes
+    # (second_core.py).
     in_child = second_core.worth_a_child(args.files)
     with open_store(args, config) as store, store.transaction() as conn:
         batches = written_batches(store, conn, args.files, args.skip_invalid, reports)
-        rows = second_core.consume(partial(engine_verdicts, config), batches,
-                                   in_child=in_child)
+        rows, changes = second_core.consume(partial(engine_answers, config), batches,
+                                            in_child=in_child)
         verdicts.write(store, rows, conn)
+        alerts = StoreSink(store)  # the alerts it fired and resolved, as an agent stores them
+        for change in changes:
+            alerts.write(change, conn)
     for report in reports:  # printed once everything is committed
         print(report)
     # said always: without --db the file is the config's database.url (by default under the
@@ -64,9 +70,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def engine_verdicts(config: Mapping[str, Any], batches: Iterable[Batch]) -> list[Verdict]:
-    """The verdict rows of the alert engine run over ``batches`` (in a child process for a
-    large import: a module-level function, so that it can be started by name)."""
+def engine_answers(config: Mapping[str, Any], batches: Iterable[Batch]
+                   ) -> tuple[list[Verdict], list[AlertChange]]:
+    """The verdict rows and the alert changes of the alert engine run over ``batches`` (in a
+    child process for a large import: a module-level function, so that it can be started by
+    name)."""
     from vramscope.agent.alerts.engine import AlertEngine
 
     engine = AlertEngine.from_config(config)
@@ -75,7 +83,7 @@ def engine_verdicts(config: Mapping[str, Any], batches: Iterable[Batch]) -> list
     for samples, events in batches:
         engine.feed_batch(samples, events)
         rows += engine.verdicts.take()
-    return rows
+    return rows, list(engine.history)
 
 
 def written_batches(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,

@@ -588,8 +588,8 @@ class Store:
     def open_alert(self, rule: str, severity: str, fired_ts_s: float, *,
                    device: int | None = None, value: float | None = None,
                    message: str | None = None, labels: dict[str, str] | None = None,
-                   host: str | None = None) -> int:
-        with self.engine.begin() as c:
+                   host: str | None = None, conn: Connection | None = None) -> int:
+        with _maybe_begin(self.engine, conn) as c:
             did = self.device_id(device, host, c) if device is not None else None
             return _new_id(c.execute(insert(alerts).values(
                 device_id=did, rule=rule, severity=severity, fired_ts_s=fired_ts_s,
@@ -597,8 +597,9 @@ class Store:
                 labels=json.dumps(labels, sort_keys=True) if labels else None,
             )))
 
-    def resolve_alert(self, alert_id: int, resolved_ts_s: float) -> None:
-        with self.engine.begin() as c:
+    def resolve_alert(self, alert_id: int, resolved_ts_s: float,
+                      conn: Connection | None = None) -> None:
+        with _maybe_begin(self.engine, conn) as c:
             c.execute(update(alerts).where(alerts.c.id == alert_id)
                       .values(resolved_ts_s=resolved_ts_s))
 

@@ -59,17 +59,33 @@ def _verdicts(db: Path) -> list[tuple]:
                          f"{', '.join(cols)}").fetchall()
 
 
+def _alerts(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT d.device_index, a.rule, a.severity, a.fired_ts_s, a.resolved_ts_s "
+                         "FROM alerts a JOIN devices d ON d.id = a.device_id "
+                         "ORDER BY a.fired_ts_s, d.device_index, a.rule").fetchall()
+
+
 def test_import_in_a_child_stores_the_in_process_verdicts(traces, monkeypatch, capsys,
                                                          tmp_path):
-    rows = []
+    rows, alerts = [], []
     for child in (False, True):
         _in_child(monkeypatch, child)
         db = tmp_path / f"child-{child}.db"
         assert main(["import", *map(str, traces), "--db", str(db)]) == 0
         rows.append(_verdicts(db))
+        alerts.append(_alerts(db))
     assert rows[0] == rows[1]
+    # the alerts are stored as an agent stores them: those analyze FILE prints, no other
+    assert alerts[0] == alerts[1]
     out = capsys.readouterr().out
     assert out.count("oom.jsonl: imported") == 2 and out.count("other.jsonl: imported") == 2
+    assert main(["analyze", *map(str, traces), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["alerts"]
+    assert sorted(alerts[1], key=str) == sorted(
+        [(a["device"], a["rule"], a["severity"], a["fired_ts"], a["resolved_ts"])
+         for a in printed], key=str)
+    assert {a[1] for a in alerts[1]} >= {"memory_leak", "oom"}
     with sqlite3.connect(tmp_path / "child-True.db") as c:
         states = set(c.execute("SELECT pid, leak_state FROM verdicts"))
     assert {(None, "leak"), (200, "no_leak")} <= states
