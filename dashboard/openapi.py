@@ -124,7 +124,15 @@ TIMELINE = obj({
     "events_truncated": {"type": "boolean"},
     "retries": array(obj({"ts": NUM, "count": NUM})),
     "request_rate": obj({"bucket_s": NUM, "ts": array(NUM), "per_min": array(NUM)}),
-    "alerts": array(obj({"ts": NUM, "severity": STR, "rule": STR, "message": nullable(STR)}))})
+    "alerts": array(obj({"ts": NUM, "severity": STR, "rule": STR, "message": nullable(STR)})),
+    # each process's allocated / reserved where raw samples keep its pid (docs/api.md)
+    "processes": array(obj({"pid": nullable(INT), "name": nullable(STR), "model": nullable(STR),
+                            "rank": nullable(INT), "label": STR, "process": STR,
+                            "ended": {"type": "boolean"}, "last_ts": NUM,
+                            "series": {"type": "object", "additionalProperties": SERIES}})),
+    "processes_from": nullable(NUM), "processes_truncated": {"type": "boolean"},
+    "process_pids": array(nullable(INT)), "mixed_processes": {"type": "boolean"},
+    "mixed_processes_note": nullable(STR)})
 ESTIMATE_PARAMS = [
     _query("model", {"type": "string", "maxLength": 80}, "A name for the estimate."),
     _query("layers", {"type": "integer", "minimum": 1, "maximum": 1000}, "Decoder layers."),

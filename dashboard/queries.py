@@ -24,6 +24,7 @@ from vramscope.agent.store.reader import (
     first_sample_ts,
     phase_changes,
     phase_counts,
+    process_window,
     raw_rows_over,
     request_rate,
     seconds_end,
@@ -301,7 +302,9 @@ def alert_json(a: dict[str, Any], metrics: dict[str, str] | None = None) -> dict
 
 def timeline(store: Store, device: int, host: str | None, start_s: float, end_s: float,
              max_points: int, columns: tuple[str, ...]) -> dict[str, Any]:
-    """The timeline document: downsampled series, phase bands and event markers."""
+    """The timeline document: downsampled series, phase bands and event markers, and each
+    process's allocated and reserved bytes where the raw samples tell them apart
+    (:func:`~vramscope.dashboard.timeline.process_parts`)."""
     wanted = tuple(dict.fromkeys(columns + _ratio_inputs(columns)))
     # buckets of five minutes or more on the ten-minute grid the rollups are indexed by (a
     # week: 1,008 of ten minutes, grouped without a sort), finer ones as asked
@@ -323,6 +326,10 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
                         limit=NAMED_EVENT_LIMIT + 1)
     grid_start = tier[0] if tier else start_s
     prefix = prefix_hits(store, device, host, start_s, end_s, grid_start, bucket_s)
+    # each process's allocated / reserved where raw samples keep its pid, on the same grid;
+    # and whether the series above mix several processes (the tiers keep no pid)
+    processes = tl.process_parts(process_window(store, device, start_s, end_s, max_points,
+                                                columns, host))
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points,
             "bucket_s": bucket_s,
@@ -336,7 +343,7 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
             # running / waiting requests and preemptions (both vLLM sources), per bucket
             "load": tl.load_series(load[:NAMED_EVENT_LIMIT], grid_start, end_s, bucket_s),
             "load_truncated": len(load) > NAMED_EVENT_LIMIT,
-            "prefix_cache": prefix}
+            "prefix_cache": prefix, **processes}
 
 
 PREFIX_EVENT_LIMIT = 20_000  # request allocations a timeline reads for prefix-cache hits

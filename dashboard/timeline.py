@@ -10,10 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.alerts.engine import PROCESS_GONE_S
 from vramscope.agent.analysis.fragmentation import external_ratio, split_ratio
 from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.store.reader import (
+    PROCESS_COLUMNS,
+    PROCESS_RAW_LIMIT,
+    UNREAD_LIMIT,
+    UNREAD_TIERS,
+)
+from vramscope.agent.store.verdicts import process_label
+from vramscope.agent.timefmt import iso_utc
 
 if TYPE_CHECKING:
+    from vramscope.agent.store.reader import ProcessWindow
     from vramscope.agent.store.seconds import PhaseSeconds
 
 # What the timeline asks the store for, in the order the plots use them.
@@ -372,3 +382,65 @@ def _short(value: Any, limit: int = 500) -> str | None:
         return None
     text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def process_parts(window: ProcessWindow) -> dict[str, Any]:
+    """The timeline document's per-process keys (docs/api.md, "The timeline document"):
+
+    - ``processes``: each process with allocator samples in the raw part of the window
+      (by pid: the newest ``PROCESS_SERIES_LIMIT``, ``processes_truncated`` beyond), its
+      ``pid``, ``name``, ``model``, ``rank``, ``label`` and ``process`` (as the Leaks and Risk
+      pages name it), ``ended`` (it sent nothing for ``PROCESS_GONE_S``, the alert engine's
+      "gone", before the device's newest sample in the window: the device went on without
+      it), ``last_ts`` and ``series`` (``allocated_bytes`` / ``reserved_bytes``, each
+      ``{"ts", "min", "max"}`` on the timeline's grid);
+    - ``processes_from``: where those series begin (the window's start, or the device's first
+      raw sample after it); None where none were read;
+    - ``process_pids``: every process known to have sent allocator samples in the window;
+    - ``mixed_processes``: more than one: then ``series``' allocated and reserved bytes are each
+      bucket's range over the processes (its least and greatest sample of any of them), never
+      one process's;
+    - ``mixed_processes_note``: where mixed and a part of the window has no per-process
+      series, why, and what would show them."""
+    procs = [_process_entry(s.pid, s.last_ts_s, s.rows, window) for s in window.series]
+    mixed = len(window.pids) > 1
+    return {"processes": procs, "processes_from": window.from_s,
+            "processes_truncated": window.truncated, "process_pids": list(window.pids),
+            "mixed_processes": mixed,
+            "mixed_processes_note": mixed_note(window) if mixed else None}
+
+
+def _process_entry(pid: int | None, last_ts_s: float, rows: list[dict[str, Any]],
+                   window: ProcessWindow) -> dict[str, Any]:
+    row = window.names.get(pid) if pid is not None else None
+    label = process_label(row)
+    newest = window.newest_ts_s
+    columns = [c for c in PROCESS_COLUMNS if rows and f"{c}_max" in rows[0]]
+    return {"pid": pid, "name": (row or {}).get("name"), "model": (row or {}).get("model"),
+            "rank": (row or {}).get("rank"), "label": label,
+            "process": f"{label} (pid {pid})" if pid is not None else "samples without a pid",
+            "ended": newest is not None and newest - last_ts_s >= PROCESS_GONE_S,
+            "last_ts": last_ts_s, "series": series_from_rows(rows, columns)}
+
+
+def mixed_note(window: ProcessWindow) -> str | None:
+    """Why allocated and reserved are a range over several processes in (a part of) the
+    window, and what shows each process apart; None where every part has per-process series."""
+    n = len(window.pids)
+    if window.unread == UNREAD_TIERS:
+        keep = ("the per-second tier and the rollups, which retention keeps after the raw "
+                "samples, have no process")
+        if window.from_s is not None:
+            return (f"Per-process lines from {iso_utc(window.from_s, ms=False)} on (this "
+                    f"device's first raw sample); before it allocated and reserved are each "
+                    f"bucket's range over {n} processes: {keep}. Raw samples are kept "
+                    f"retention.raw_s.")
+        later = ("" if window.raw_from_s is None
+                 else f"; this device's begin at {iso_utc(window.raw_from_s, ms=False)}")
+        return (f"Allocated and reserved are each bucket's range over {n} processes: {keep}. "
+                f"Per-process lines need raw samples, kept retention.raw_s{later}.")
+    if window.unread == UNREAD_LIMIT:
+        return (f"Allocated and reserved are each bucket's range over {n} processes: "
+                f"per-process lines group at most {PROCESS_RAW_LIMIT:,} raw samples, and this "
+                f"window holds more. Zoom in to see each process.")
+    return None

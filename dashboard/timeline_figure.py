@@ -5,7 +5,12 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
   the top tenth of a 0..limit axis, where a leak of a few hundred MiB an hour is invisible.
   The limit stays one click away ("0 to the limit") and is in view whenever it is close.
 - **The allocated floor** (lowest allocated bytes per minute, what the leak detector trends)
-  is drawn with its growth over the window, so a rising floor reads at a glance.
+  is drawn with its growth over the window, so a rising floor reads at a glance (of one
+  process: a window that mixes several draws none).
+- **Per process, never a mix labelled as one**: several processes on the device are drawn
+  apart (a colour each, ended ones said so in the legend) where raw samples keep their pids;
+  where only the tiers answer, allocated and reserved are a band labelled as the range over
+  the processes (:func:`memory_traces`).
 - **Phases at every span**: exact bands while they are wider than a pixel, else each phase's
   share per bucket on a lane of its own.
 - **Fragmentation as the risk model uses it**: the ratio is drawn with the warning setting and
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.agent.store.reader import PROCESS_COLUMNS
 from vramscope.dashboard import figures as f
 from vramscope.dashboard import timeline as tl
 
@@ -61,13 +67,26 @@ GAP = 0.035
 TICK_FORMATS = [{"dtickrange": [None, 43_200_000], "value": "%H:%M"},  # ticks up to 12 h apart
                 {"dtickrange": [43_200_001, None], "value": "%b %d"}]
 GAP_ABOVE = {"fragmentation": 0.075}  # room for the two-line note on what the ratio means
+# one colour a process (allocated solid, reserved dashed); none of them the limit's red or
+# device used's grey
+PROCESS_COLORS = ("#1f6feb", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a3069", "#953800",
+                  "#4d2d00")
+MIXED_STYLE = {
+    "allocated_bytes": ("allocated, all processes (range over processes per bucket)",
+                        f.COLORS["allocated"], "rgba(31,111,235,0.18)"),
+    "reserved_bytes": ("reserved, all processes (range over processes per bucket)",
+                       f.COLORS["reserved"], "rgba(130,80,223,0.14)")}
 
 
 def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
           ) -> dict[str, Any]:
     s = doc["series"]
     lo, hi, limit = memory_range(s)
-    floor = tl.floor_series(s.get("allocated_bytes"), max(FLOOR_WINDOW_S, doc["bucket_s"]))
+    mixed = bool(doc.get("mixed_processes"))
+    # the leak detector's floor is one process's: a floor over several processes' minima is
+    # nobody's (a process that ends would read as a step in it)
+    floor: dict[str, list[Any]] = ({"ts": [], "min": []} if mixed else tl.floor_series(
+        s.get("allocated_bytes"), max(FLOOR_WINDOW_S, doc["bucket_s"])))
     shares = doc.get("phase_shares") or {}
     frag = f._fragmentation_traces(s)
     kv = _kv_steps(f._kv_traces(s), s, doc["bucket_s"])
@@ -82,7 +101,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
                                    ("markers", bool(markers)))
               if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
-    data = (f.band_traces(doc["phases"], top) + _off_axis(f._memory_traces(s), lo, hi)
+    data = (f.band_traces(doc["phases"], top) + _off_axis(memory_traces(doc), lo, hi)
             + _floor_traces(floor)
             + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + prefix
             + rate + markers)
@@ -99,11 +118,70 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
               "events_truncated": doc["events_truncated"],
               "window_age_s": doc.get("window_age_s"), "window_end": doc["end"],
               "stale_after_s": doc.get("stale_after_s"),
-              "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB})
+              "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB,
+              "mixed_processes_note": doc.get("mixed_processes_note")})
     axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers})
     axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
     layout.update(axes)
     return {"data": f.drawn_in_legend(data), "layout": layout}
+
+
+def memory_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Allocated, reserved, device used, the limit and the largest free block. Where the
+    window mixes several processes (``mixed_processes``), allocated and reserved are drawn per
+    process (a colour each, allocated solid and reserved dashed, the legend naming the process
+    and saying "ended" of one that ended) where the document has per-process series, and
+    before them (``processes_from``; all of the window where there are none) as a band per
+    bucket between the least and the greatest process, labelled as that: never one line
+    labelled "allocated" over several processes. NVML's device used stays device-wide."""
+    s = doc["series"]
+    if not doc.get("mixed_processes"):
+        return f._memory_traces(s)
+    shared = {k: v for k, v in s.items() if k not in PROCESS_COLUMNS}
+    return (_process_traces(doc.get("processes") or [])
+            + _mixed_bands(s, doc.get("processes_from")) + f._memory_traces(shared))
+
+
+def _process_traces(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for i, p in enumerate(procs):
+        color = PROCESS_COLORS[i % len(PROCESS_COLORS)]
+        who = f.text(p["process"])
+        for key, what, dash in (("allocated_bytes", "allocated", "solid"),
+                                ("reserved_bytes", "reserved", "dash")):
+            part = p["series"].get(key)
+            if not part:
+                continue
+            name = f"{who} · {what}" + (" · ended" if p["ended"] else "")
+            out.append(f._line(name, f._xs(part), f.gib(part["max"]), color,
+                               line={"color": color, "width": 1.6, "dash": dash},
+                               legendgroup=f"process {p['pid']}", xaxis="x", yaxis="y",
+                               hovertemplate="%{y:.2f} GiB"))
+    return out
+
+
+def _mixed_bands(s: dict[str, dict[str, list[Any]]], before: float | None
+                 ) -> list[dict[str, Any]]:
+    """Allocated and reserved of several processes as each bucket's range over them (the
+    tiers' minimum and maximum), in the buckets that start before ``before`` (None: all)."""
+    out = []
+    for key, (name, color, fill) in MIXED_STYLE.items():
+        part = s.get(key)
+        if not part:
+            continue
+        kept = [i for i, t in enumerate(part["ts"]) if before is None or t < before]
+        if not kept:
+            continue
+        xs = [f.ms(part["ts"][i]) for i in kept]
+        lows = f.gib([part["min"][i] for i in kept])
+        highs = f.gib([part["max"][i] for i in kept])
+        out += [f._line(f"{name}: least", xs, lows, color, line={"color": color, "width": 0.6},
+                        legendgroup=key, showlegend=False, xaxis="x", yaxis="y",
+                        hovertemplate="%{y:.2f} GiB, the lowest of any process"),
+                f._line(name, xs, highs, color, line={"color": color, "width": 1.2},
+                        fill="tonexty", fillcolor=fill, legendgroup=key, xaxis="x", yaxis="y",
+                        hovertemplate="%{y:.2f} GiB, the highest of any process")]
+    return out
 
 
 def memory_range(s: dict[str, dict[str, list[Any]]]) -> tuple[float, float, int | None]:

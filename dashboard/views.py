@@ -2,11 +2,13 @@
 leak make-up: the bridge from the store to ``vramscope.agent.analysis`` and
 ``vramscope.agent.estimate``.
 
-The verdicts (leak, OOM risk, per process) are not made here: they are the alert engine's
-stored verdicts (:mod:`vramscope.agent.store.verdicts`; the Leaks and OOM-risk views are in
+The verdicts (leak, OOM risk, per process, alerts) are not made here, and no alert engine
+runs here: they are the alert engine's stored verdicts and the alerts the agent stored
+(:mod:`vramscope.agent.store.verdicts`; the Leaks and OOM-risk views are in
 :mod:`vramscope.dashboard.verdict_views`). This module reads a window's records (bounded: raw
 samples, the per-second tier, or per-minute buckets) for the analysis document's summaries
-(phases, fragmentation, KV peaks, OOMs), and says which tier in ``tier``.
+(phases, fragmentation, KV peaks, OOMs: ``analysis.report.summaries_document``), and says
+which tier in ``tier``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.agent import estimate as est
-from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.errors import UsageError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import Store
@@ -44,10 +45,9 @@ PER_SECOND_MAX_S = 1_200.0
 TIER_WIDTHS_S = (60.0, 120.0, 240.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0,
                  86_400.0)
 TIER_BUCKETS = 2_100
-# The analysis document runs the alert engine, whose leak detector fits the last 120 floor
-# points every 5 (about 15 ms each): a day of minutes is 280 fits, 4 s. Its tier is coarser.
+# The analysis document's summaries over a long window are peaks and counts, which a coarser
+# tier gives as well (a bucket's maximum is its peak whatever its width): it reads fewer.
 REPORT_BUCKETS = 100
-ALERT_READ_LIMIT = 1_000  # a window's stored alerts a tiered analysis shows
 TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
 TIER_EVENT_LIMIT = 1_000
 
@@ -174,38 +174,28 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
            end: float) -> dict[str, Any]:
     """The ``vramscope.analysis/1`` document for one device and window: its summaries (phases,
     fragmentation, KV peaks, OOMs) from the records of the tier they were read from (``tier``,
-    ``bucket_s``), its verdicts (leak, OOM risk, per process) and alerts as the alert engine
-    stored them (``verdicts_from``: "store"), the answers every page shows."""
-    from vramscope.agent.store.verdicts import attach_stored
+    ``bucket_s``); every verdict (leak, OOM risk, the OOM's cause, per process) and the alerts
+    as the alert engine stored them (``verdicts_from``: "store", ``alerts_from``), the answers
+    every page shows, said to be missing where none is stored. No engine runs here."""
+    from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
+    from vramscope.agent.analysis.report import summaries_document
+    from vramscope.agent.store.verdicts import attach_window
 
     window = read_window(store, device, host, start, end, SAMPLE_COUNTER_FIELDS, peaks=True,
                          max_buckets=REPORT_BUCKETS)
     postmortems = [pm for _, pm in store.postmortems(device, host)
                    if start <= pm.ts_s <= end]
-    doc = analyze_records(window.samples, window.events, config, postmortems=postmortems,
-                          device=device)
-    doc.update(tier=window.tier, bucket_s=window.bucket_s, alerts_from="analysis")
-    stored = _stored_alerts(store, device, host, start, end)
-    if stored is not None:
-        doc.update(alerts=stored, alerts_from="agent")
-    attach_stored(doc, store, device, host, start, end)
+    doc = summaries_document(window.samples, window.events, postmortems, device=device)
+    doc.update(tier=window.tier, bucket_s=window.bucket_s)
+    lead = attach_window(doc, store, device, host, start, end)
+    d = doc["devices"][str(device)]
+    if d["leak"]["detected"]:  # what the stored leak's growth is made of, where layouts are
+        d["leak"]["makeup"] = leak_makeup([e for e in window.events if e.name == LAYOUT_EVENT],
+                                          device, lead["start_ts_s"])
+    check = config_check_view(store, config, device, host)
+    if check is not None:
+        d["config_check"] = check
     return doc
-
-
-def _stored_alerts(store: Store, device: int, host: str | None, start: float,
-                   end: float) -> list[dict[str, Any]] | None:
-    """The alerts the live agent stored for the window (fired in it, or still open at its
-    start), in the document's form; None when the agent stored none for this device. On a
-    tier the engine runs over bucket minima and peaks, a coarse replay; the agent ran the same
-    engine over every raw sample, so where it kept its alerts they are the window's alerts."""
-    if not store.alerts(device=device, host=host, limit=1):
-        return None  # an imported store: no live agent's alerts to show
-    rows = store.alerts(device=device, host=host, end_s=end, limit=ALERT_READ_LIMIT)
-    kept = [a for a in rows if a["fired_ts_s"] >= start
-            or a["resolved_ts_s"] is None or a["resolved_ts_s"] >= start]
-    return [{"rule": a["rule"], "severity": a["severity"], "device": device,
-             "fired_ts": a["fired_ts_s"], "resolved_ts": a["resolved_ts_s"]}
-            for a in sorted(kept, key=lambda a: a["fired_ts_s"])]
 
 
 LAYOUT_READ_LIMIT = 16  # memory_layout events read per query (each up to tens of kB)

@@ -9,6 +9,8 @@ Every ``import`` and ``from ... import`` of every module under the four folders 
   itself: whatever an inference server loads of ours stays in that set;
 - analysis never imports alerts (alerts are built on analysis, not the other way round);
 - the dashboard never reaches the hooks, torch or pynvml, not even through the agent;
+- the dashboard runs no alert engine: it never reaches the offline driver and imports nothing
+  of the engine that evaluates (it reads what the engine stored);
 - no import cycle between modules (imports under ``TYPE_CHECKING`` do not run, so they are
   left out of this one), other than Alembic's env.
 """
@@ -175,6 +177,43 @@ def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
     reached = reachable(under("vramscope.dashboard"), GRAPH)
     hits = sorted(m for m in reached if m == forbidden or m.startswith(forbidden + "."))
     assert hits == []
+
+
+# What runs the alert engine over records: the offline driver (any of it) and the engine's
+# evaluating classes. A constant of the engine's module (a timing the pages share) is not that.
+ENGINE_RUNNERS = {"vramscope.agent.alerts.offline": None,
+                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine", "DeviceAnalysis"})}
+
+
+def names_imported(name: str, path: Path) -> set[tuple[str, str]]:
+    """``(module, name)`` of every ``from module import name`` in ``name`` (anywhere in it),
+    and ``(module, "*")`` of every ``import module``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    out: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {(a.name, "*") for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(name, path, node)
+            out |= {(module, a.name) for a in node.names}
+    return out
+
+
+def test_the_dashboard_runs_no_alert_engine():
+    """Verdicts are made once, by the engine that sees every record (the agent, ``import``),
+    and stored: no page runs the engine again (``/api/v1/analysis`` included)."""
+    assert ("vramscope.agent.alerts.offline", "analyze_records") in names_imported(
+        "vramscope.agent.bench.analysis", MODULES["vramscope.agent.bench.analysis"])
+    reached = reachable(under("vramscope.dashboard"), RUNTIME_GRAPH)
+    assert "vramscope.agent.alerts.offline" not in reached
+    wrong = set()
+    for m in under("vramscope.dashboard"):
+        for module, what in names_imported(m, MODULES[m]):
+            for runner, names in ENGINE_RUNNERS.items():
+                if (module == runner or f"{module}.{what}" == runner) and (
+                        names is None or what in names or what == "*"):
+                    wrong.add(f"{m} -> {module}.{what}")
+    assert sorted(wrong) == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

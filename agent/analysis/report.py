@@ -7,7 +7,9 @@ records again only for its OOM (:class:`OomWitness`, bounded); :func:`analysis_d
 the same from lists. :func:`vramscope.agent.alerts.offline.analyze_stream` produces the state
 by feeding a recording through the live alert engine a batch at a time. This module reads that
 state through :class:`DeviceState` and imports nothing of the alerts package (analysis sits
-below alerts).
+below alerts). :func:`summaries_document` is the document of records without any such state:
+the summaries only, every verdict field left unanswered for a reader of the stored verdicts
+(the dashboard's: ``vramscope.agent.store.verdicts.attach_window``) to fill.
 Pure: no I/O, no clock.
 """
 
@@ -21,6 +23,7 @@ from vramscope.agent.analysis.diagnosis import (
     KV_REFUSAL_EVENTS,
     KV_REFUSAL_WINDOW_S,
     REMEDIES,
+    complete_postmortem,
     diagnose,
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
@@ -113,6 +116,89 @@ class DeviceSummary:
         self.phases.add(s)
 
 
+class WindowSummary(DeviceSummary):
+    """A device's summaries from its records alone, without the alert engine's state: besides
+    :class:`DeviceSummary`'s, its KV pools' peaks (a tracker per process, as the engine keeps
+    them) and its first OOM (an ``oom`` event, or a rise of a source's ``num_ooms``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kvs: dict[int | None, KvTracker] = {}
+        self.first_oom_ts_s: float | None = None
+        self._num_ooms: dict[tuple[int | None, str | None], int] = {}  # per (pid, source)
+
+    def add(self, s: Sample) -> None:
+        super().add(s)
+        if s.kv_blocks_used is not None:
+            kv = self.kvs.get(s.pid)
+            if kv is None:
+                kv = self.kvs[s.pid] = KvTracker()
+            kv.observe(s)
+        if s.num_ooms is not None:
+            before = self._num_ooms.get((s.pid, s.source))
+            if before is not None and s.num_ooms > before:
+                self.oom(s.ts_s)
+            self._num_ooms[(s.pid, s.source)] = s.num_ooms
+
+    def oom(self, ts_s: float) -> None:
+        if self.first_oom_ts_s is None or ts_s < self.first_oom_ts_s:
+            self.first_oom_ts_s = ts_s
+
+    @property
+    def kv(self) -> KvTracker:
+        """The fullest pool's tracker (the highest peak usage ratio; an empty one without)."""
+        return max(self.kvs.values(), key=lambda k: k.peak_usage_ratio or 0.0,
+                   default=KvTracker())
+
+
+# The leak evidence :func:`summaries_document` leaves where no verdict was given it
+UNANSWERED = "no verdict: this document summarises the records; verdicts come from the store"
+
+
+def summaries_document(samples: Iterable[Sample], events: Iterable[Event] = (),
+                       postmortems: Sequence[PostMortem] = (), device: int | None = None
+                       ) -> dict[str, Any]:
+    """The document of records (of ``device``, which is in it even without any; else of every
+    device they name) from their summaries alone: no alert engine runs. Per device its
+    fragmentation, phases and KV peaks, whether and when it had an OOM and, where a
+    post-mortem of that OOM is given, its cause (the post-mortem's, or completed from its own
+    fields, as the post-mortems page shows it). Every verdict field is left unanswered (leak
+    ``insufficient_data`` with :data:`UNANSWERED`, ``max_risk``, ``first_warning_ts``,
+    ``min_time_to_oom_s`` and ``leak.windows`` null, no ``processes``, no ``alerts``) for the
+    stored verdicts to fill (``vramscope.agent.store.verdicts.attach_window``)."""
+    summaries: dict[int, WindowSummary] = {} if device is None else {device: WindowSummary()}
+
+    def summary(dev: int) -> WindowSummary | None:
+        if device is not None and dev != device:
+            return None
+        acc = summaries.get(dev)
+        if acc is None:
+            acc = summaries[dev] = WindowSummary()
+        return acc
+
+    for s in samples:
+        acc = summary(s.device)
+        if acc is not None:
+            acc.add(s)
+    for e in events:
+        acc = summary(e.device) if e.name == "oom" else None
+        if acc is not None:
+            acc.oom(e.ts_s)
+    docs = {}
+    for dev in sorted(summaries):
+        acc = summaries[dev]
+        first, pm = first_oom_of(acc.first_oom_ts_s, [p for p in postmortems if p.device == dev])
+        docs[str(dev)] = {
+            "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
+                     "first_detected_ts": None, "span_s": 0.0, "evidence": UNANSWERED,
+                     "makeup": None, "windows": None},
+            "oom": {"occurred": first is not None, "first_oom_ts": first,
+                    "first_warning_ts": None, "max_risk": None, "min_time_to_oom_s": None,
+                    "cause": complete_postmortem(pm).cause if pm is not None else None},
+            **_summary_doc(acc, acc.kv), "processes": []}
+    return {"format": FORMAT, "devices": docs, "alerts": []}
+
+
 Replay = Callable[[int, float], Iterable["Sample | Event"]]
 
 
@@ -145,19 +231,26 @@ def document_of(devices: Mapping[int, DeviceState], summaries: Mapping[int, Devi
 def _device_doc(dev: int, d: DeviceState, summary: DeviceSummary,
                 postmortems: list[PostMortem], replay: Replay,
                 kv_warned_ts: float | None = None) -> dict[str, Any]:
-    frag = summary.frag.summary()
-    phases = summary.phases.stats()
     return {
         "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
         "oom": _oom_doc(dev, d, postmortems, replay, kv_warned_ts),
+        **_summary_doc(summary, d.kv),
+    }
+
+
+def _summary_doc(summary: DeviceSummary, kv: KvTracker) -> dict[str, Any]:
+    """A device's fragmentation, phases and KV parts (descriptive: no verdict among them)."""
+    frag = summary.frag.summary()
+    phases = summary.phases.stats()
+    return {
         "fragmentation": {"max_inactive_split_ratio": frag.max_inactive_split_ratio,
                           "max_external_fragmentation": frag.max_external_fragmentation},
         "phases": {p: {"samples": phases[p].samples,
                        "peak_allocated_bytes": phases[p].peak_allocated_bytes}
                    for p in _REPORT_PHASES},
         # peak, total and ratio of one pool (the fullest); "pools" counts the pools seen
-        "kv": {"peak_blocks_used": d.kv.peak_blocks_used, "blocks_total": d.kv.peak_blocks_total,
-               "peak_usage_ratio": d.kv.peak_usage_ratio, "pools": d.kv.pools},
+        "kv": {"peak_blocks_used": kv.peak_blocks_used, "blocks_total": kv.peak_blocks_total,
+               "peak_usage_ratio": kv.peak_usage_ratio, "pools": kv.pools},
     }
 
 
@@ -208,12 +301,9 @@ def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Re
              kv_warned_ts: float | None = None) -> dict[str, Any]:
     """The OOM part of a device's document. The first warning is the risk model's, or the
     ``kv_exhaustion`` alert's when sooner: a pool running out warns of its own OOM."""
-    first_oom = d.oom_ts_s[0] if d.oom_ts_s else None
-    if first_oom is None and postmortems:
-        first_oom = postmortems[0].ts_s
+    first_oom, pm = first_oom_of(d.oom_ts_s[0] if d.oom_ts_s else None, postmortems)
     cause = None
     if first_oom is not None:
-        pm = next((p for p in postmortems if abs(p.ts_s - first_oom) <= 5.0), None)
         witness = OomWitness(dev, first_oom, pm.ts_s if pm is not None else first_oom)
         for r in replay(dev, witness.until_s):
             witness.add(r)
@@ -227,6 +317,16 @@ def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Re
             "first_warning_ts": min(warned) if warned else None,
             "max_risk": LEVELS[d.max_level],
             "min_time_to_oom_s": d.min_time_to_oom_s, "cause": cause}
+
+
+def first_oom_of(oom_ts_s: float | None, postmortems: Sequence[PostMortem]
+                 ) -> tuple[float | None, PostMortem | None]:
+    """A device's first OOM (``oom_ts_s``, the first its records showed, else its first
+    post-mortem's time) and the post-mortem of it (within 5 s); None and None without one."""
+    first = oom_ts_s if oom_ts_s is not None or not postmortems else postmortems[0].ts_s
+    if first is None:
+        return None, None
+    return first, next((p for p in postmortems if abs(p.ts_s - first) <= 5.0), None)
 
 
 class OomWitness:

@@ -4,6 +4,8 @@ engine over records (the agent's writer, ``import``, ``replay``), read by every 
 A window's answer is, per process, the newest verdict at or before the window's end
 (:func:`latest`); its history in the window (:func:`history`) draws the forecast and the
 state changes. Neither reads a sample: a page over a week costs a few index lookups.
+:func:`attach_window` puts every verdict of an analysis document in place from the store
+(the stored verdicts, and the alerts the agent stored: :func:`stored_alerts`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ NO_VERDICTS = ("no verdict stored for this device up to the window's end: the ag
                "them as it runs, `vramscope import` as it loads a trace")
 LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
+ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
 # A process whose newest verdict is this much older than its device's newest has ended: the
 # engine forgets a process after five minutes of silence and writes nothing more for it.
 ENDED_AFTER_S = 2 * HEARTBEAT_S
@@ -194,10 +197,12 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,
-                  start: float, end: float) -> None:
+                  start: float, end: float) -> dict[str, Any]:
     """Put the stored verdicts in an analysis document's place for ``device`` in [start, end]
-    (the dashboard's document ran the engine on a tier's buckets, ``analyze --db`` on what
-    retention left: neither may speak for the engine that saw every record)."""
+    (``analyze --db`` ran the engine on what retention left: it may not speak for the engine
+    that saw every record): the leak answer, ``processes`` and the OOM risk's level, first
+    warning and shortest forecast. Returns the leak answer of the process the document
+    speaks for (:func:`leak_result`)."""
     d = doc["devices"].setdefault(str(device), {})
     procs = processes(store, device, host, end)
     d["processes"] = procs
@@ -217,3 +222,69 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
     oom.update(max_risk=max(levels, key=lambda lv: LEVEL_RANK.get(lv, -1)) if levels else None,
                first_warning_ts=min(warned, default=None),
                min_time_to_oom_s=min(ttos, default=None))
+    return lead
+
+
+def attach_window(doc: dict[str, Any], store: Store, device: int, host: str | None,
+                  start: float, end: float) -> dict[str, Any]:
+    """Every verdict field of an analysis document of ``device`` in [start, end] from the
+    store (the dashboard's: its summaries are the window's records',
+    ``analysis.report.summaries_document``, and no engine runs): :func:`attach_stored`'s, and
+
+    - where no verdict is stored up to ``end``: leak ``insufficient_data`` with
+      :data:`NO_VERDICTS` as its evidence (``processes`` empty, ``max_risk`` null);
+    - ``leak.windows`` null (a row keeps the windows only in its evidence's words);
+    - ``alerts``: the alerts the agent stored for the window (:func:`stored_alerts`), and
+      ``alerts_from`` ``"agent"``, or ``"none_stored"`` where the store holds no alert of the
+      device at all (none fired, or a store imported before ``import`` kept alerts);
+    - ``oom.first_warning_ts``: the first stored warning, or the first stored
+      ``kv_exhaustion`` alert in the window when sooner;
+    - ``oom.cause``, for an OOM without a post-mortem's cause: the likely cause the engine
+      stored with its warning at the OOM (the riskiest process's newest verdict at or before
+      it), else null.
+
+    Returns the leak answer of the process the document speaks for (:func:`leak_result`)."""
+    from vramscope.agent.analysis.report import KV_WARNING_RULE
+
+    lead = attach_stored(doc, store, device, host, start, end)
+    d = doc["devices"][str(device)]
+    leak, oom = d["leak"], d["oom"]
+    leak["windows"] = None
+    if not d["processes"]:
+        leak.update(state="insufficient_data", evidence=NO_VERDICTS)
+    alerts = stored_alerts(store, device, host, start, end)
+    doc.update(alerts=alerts or [], alerts_from="none_stored" if alerts is None else "agent")
+    warned = [a["fired_ts"] for a in alerts or () if a["rule"] == KV_WARNING_RULE
+              and a["fired_ts"] >= start]
+    if oom.get("first_warning_ts") is not None:
+        warned.append(oom["first_warning_ts"])
+    oom["first_warning_ts"] = min(warned, default=None)
+    if oom.get("first_oom_ts") is not None and oom.get("cause") is None:
+        oom["cause"] = _warned_cause(store, device, host, oom["first_oom_ts"])
+    return lead
+
+
+def _warned_cause(store: Store, device: int, host: str | None, at_s: float) -> str | None:
+    """The likely cause the engine stored with its warning at ``at_s``: of each running
+    process's newest verdict at or before it, the riskiest one's that names a cause."""
+    said = [v for v in current(latest(store, device, host, at_s)) if v.risk_cause]
+    if not said:
+        return None
+    return max(said, key=lambda v: (LEVEL_RANK.get(v.risk_level, -1), v.ts_s)).risk_cause
+
+
+def stored_alerts(store: Store, device: int, host: str | None, start: float,
+                  end: float) -> list[dict[str, Any]] | None:
+    """The alerts the live agent stored for the window (fired in it, or still open at its
+    start), oldest first, in the analysis document's form; None when the store holds none of
+    this device at all. The engine that stored them (the agent's, or ``vramscope import``'s)
+    saw every raw sample: its alerts are the window's, and nothing replays them."""
+    if not store.alerts(device=device, host=host, limit=1):
+        return None
+    rows = store.alerts(device=device, host=host, end_s=end, limit=ALERT_READ_LIMIT)
+    kept = [a for a in rows if a["fired_ts_s"] >= start
+            or a["resolved_ts_s"] is None or a["resolved_ts_s"] >= start]
+    return [{"rule": a["rule"], "severity": a["severity"], "device": device,
+             "fired_ts": a["fired_ts_s"], "resolved_ts": a["resolved_ts_s"]}
+            for a in sorted(kept, key=lambda a: a["fired_ts_s"])]
+

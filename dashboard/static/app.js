@@ -471,7 +471,8 @@ PAGES.timeline = () => {
     document.getElementById("timeline-meta").textContent = pts === 0
       ? "No samples for this device in this window."
       : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
-        (m.events_truncated ? " · request markers: zoom in" : "");
+        (m.events_truncated ? " · request markers: zoom in" : "") +
+        (m.mixed_processes_note ? " · " + m.mixed_processes_note : "");
     const note = document.getElementById("timeline-note");
     note.hidden = !(m.window_age_s > m.stale_after_s);
     note.textContent = "This window ended " + fmtAge(m.window_age_s) + " ago (" + fmtTime(m.window_end) +

@@ -77,14 +77,14 @@ def test_the_analysis_and_risk_views_build_no_window_over_the_limit(tmp_path,
 
 
 def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monkeypatch):
-    """Over a tier the engine replays bucket minima and peaks; the agent ran it over every raw
-    sample, so its stored alerts are the window's: one resolved before the window is left out,
-    one resolved inside and one still open are shown. Without stored alerts (an imported store)
-    the document keeps the replay's."""
+    """The agent ran the engine over every raw sample (no engine runs on a page), so its
+    stored alerts are the window's: one resolved before the window is left out, one resolved
+    inside and one still open are shown. Without stored alerts (an imported store) the
+    document says that none are stored."""
     monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
     with _store(tmp_path) as store:
         doc = views.report(store, None, 1, None, T_END - 3600, T_END)
-        assert (doc["alerts_from"], doc["alerts"]) == ("analysis", [])
+        assert (doc["alerts_from"], doc["alerts"]) == ("none_stored", [])
         old = store.open_alert("memory_leak", "warning", T_END - 7200, device=1, host="h")
         store.resolve_alert(old, T_END - 3700)
         inside = store.open_alert("oom_risk", "warning", T_END - 3000, device=1, host="h")

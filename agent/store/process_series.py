@@ -1,0 +1,213 @@
+"""Per-process allocator series of a window, where the store can tell the processes apart.
+
+Several processes on one device (two models, ranks sharing a GPU) each send their own
+allocator samples (source ``torch``, each with its pid). Only the raw samples keep the pid: the
+per-second tier is keyed by (device, minute, source), the minute rollups and their ten-minute
+groups by (device, minute, source, metric), so where they answer a window a bucket's minimum
+and maximum are the least and greatest over every process's samples in it (and its last value
+whichever process sampled last) — the range over the processes, never one process's value
+(docs/api.md, "The timeline document").
+
+:func:`process_window` answers, for a window and the timeline's grid:
+
+- from the raw samples, each process's allocated and reserved bytes per bucket (min, max),
+  grouped by (pid, bucket) in one SQL statement, where the window's raw part holds at most
+  ``PROCESS_RAW_LIMIT`` rows (counted on the index first, as the downsampling does before it
+  groups raw rows), from the device's first raw sample on (retention deleted the older ones);
+- which processes sent allocator samples in the rest of the window, as far as the store can
+  tell without a pid in the tiers: the stored verdicts' pids (the engine writes one a process
+  at least every ``HEARTBEAT_S``), the processes table (a process on this device seen during
+  the window), and the raw rows at either end of the window where raw samples exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from sqlalchemy import func, or_, select
+from vramscope.agent.alerts.verdicts import HEARTBEAT_S
+from vramscope.agent.store.downsample import (
+    RAW_GROUP_LIMIT,
+    ROLLUP_S,
+    aligned_grid,
+    device_row_id,
+    grid_index,
+)
+from vramscope.agent.store.schema import rollups, samples, verdicts
+from vramscope.agent.store.window import count_at_most, first_sample_ts
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.store import Store
+
+PROCESS_COLUMNS: tuple[str, ...] = ("allocated_bytes", "reserved_bytes")
+# Raw rows of a window grouped by process, at most (all sources counted, on the index): the
+# limit under which the downsampling groups raw rows itself (about 50 ms on SQLite).
+PROCESS_RAW_LIMIT = RAW_GROUP_LIMIT
+PROCESS_SERIES_LIMIT = 8  # processes drawn apart, at most: the newest (restarts make many pids)
+EDGE_ROWS = 500  # raw rows read at either end of a window not grouped by process
+
+# Why part of a window has no per-process series
+UNREAD_TIERS = "tiers"  # raw samples gone there (retention): only the tiers, without a pid
+UNREAD_LIMIT = "limit"  # more than PROCESS_RAW_LIMIT raw rows
+
+
+class ProcessSeries(NamedTuple):
+    pid: int | None  # None: allocator samples that carried no pid (a trace, a simulator)
+    last_ts_s: float  # its newest allocator sample in the window
+    rows: list[dict[str, Any]]  # per bucket with samples: ts_s, <col>_min, <col>_max
+
+
+class ProcessWindow(NamedTuple):
+    series: list[ProcessSeries]  # by pid: the newest PROCESS_SERIES_LIMIT processes
+    truncated: bool  # more processes than PROCESS_SERIES_LIMIT in the raw part
+    from_s: float | None  # the series cover [from_s, end]; None: none read
+    newest_ts_s: float | None  # the device's newest sample (any source) in the raw part
+    pids: list[int | None]  # every process known to have sent allocator samples in the window
+    unread: str | None  # why [start, from_s) (or all of it) has none: UNREAD_TIERS, _LIMIT
+    raw_from_s: float | None  # the device's first raw sample (None: it has none)
+    names: dict[int, dict[str, Any]]  # the host's processes table, by pid
+
+
+def process_window(store: Store, device: int, start_s: float, end_s: float, buckets: int,
+                   columns: Sequence[str] = PROCESS_COLUMNS, host: str | None = None
+                   ) -> ProcessWindow:
+    """The window's per-process allocator series on the grid ``downsample(..., aligned=True)``
+    draws ``buckets`` on, and the processes known to have sent allocator samples in it (see
+    the module's docstring). ``columns``: which of :data:`PROCESS_COLUMNS` to read."""
+    cols = tuple(c for c in PROCESS_COLUMNS if c in columns)
+    names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
+    did = device_row_id(store, device, host)
+    if did is None or not cols or not end_s > start_s:
+        return ProcessWindow([], False, None, None, [], None, None, names)
+    horizon = first_sample_ts(store, device, host)
+    raw_lo = None if horizon is None or horizon > end_s else max(start_s, horizon)
+    series: list[ProcessSeries] = []
+    newest = None
+    from_s = None
+    unread = None
+    if raw_lo is None:
+        unread = UNREAD_TIERS
+    elif count_at_most(store, device, raw_lo, end_s, PROCESS_RAW_LIMIT, host) > PROCESS_RAW_LIMIT:
+        unread = UNREAD_LIMIT
+    else:
+        series, newest = _grouped(store, did, start_s, end_s, buckets, raw_lo, cols)
+        from_s = raw_lo
+        if raw_lo > start_s and _rolled_up(store, did, start_s, raw_lo):
+            unread = UNREAD_TIERS  # the part before the raw samples: the tiers' alone
+    pids: dict[int | None, None] = dict.fromkeys(s.pid for s in series)
+    if unread is not None:
+        # the part without per-process series: [start, from_s) where the tiers alone hold
+        # it, else the whole window
+        hi = end_s if from_s is None else from_s
+        pids.update(dict.fromkeys(_pids_elsewhere(store, did, device, start_s, hi, names,
+                                                  raw_lo if unread == UNREAD_LIMIT else None,
+                                                  cols)))
+    # the newest processes, in the order of their pids: a process keeps its place (and the
+    # figure its colour) from one refresh to the next, whichever sampled last
+    kept = sorted(sorted(series, key=lambda s: -s.last_ts_s)[:PROCESS_SERIES_LIMIT],
+                  key=lambda s: _by_pid(s.pid))
+    return ProcessWindow(kept, len(series) > len(kept), from_s, newest,
+                         sorted(pids, key=_by_pid), unread, horizon, names)
+
+
+def _by_pid(pid: int | None) -> tuple[bool, int]:
+    return pid is None, pid or 0
+
+
+def _grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int]:
+    """``(start, width, count)``: the timeline's grid (``aligned_grid``, else as asked)."""
+    return aligned_grid(start_s, end_s, buckets) or (start_s, (end_s - start_s) / buckets,
+                                                      buckets)
+
+
+def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
+             lo_s: float, cols: tuple[str, ...]
+             ) -> tuple[list[ProcessSeries], float | None]:
+    """Raw allocator rows in [lo_s, end_s] grouped by (pid, bucket) in one statement, and the
+    device's newest sample of any source in [lo_s, end_s] (one seek)."""
+    g_start, width, count = _grid(start_s, end_s, buckets)
+    bucket = grid_index(store, samples.c.ts_s, g_start, width).label("bucket")
+    aggs = [agg(samples.c[col]) for col in cols for agg in (func.min, func.max)]
+    q = (select(samples.c.pid, bucket, func.max(samples.c.ts_s), *aggs)
+         .where(samples.c.device_id == did, samples.c.ts_s >= lo_s, samples.c.ts_s <= end_s,
+                or_(*(samples.c[col].is_not(None) for col in cols)))
+         .group_by(samples.c.pid, bucket))
+    newest_q = (select(samples.c.ts_s)
+                .where(samples.c.device_id == did, samples.c.ts_s >= lo_s,
+                       samples.c.ts_s <= end_s)
+                .order_by(samples.c.ts_s.desc()).limit(1))
+    with store.engine.connect() as c:
+        grouped = c.execute(q).all()
+        newest = c.execute(newest_q).scalar()
+    per_pid: dict[int | None, dict[int, list[Any]]] = {}
+    for pid, b, last_ts, *values in grouped:
+        k = min(max(int(b), 0), count - 1)
+        mine = per_pid.setdefault(pid, {})
+        if k in mine:  # the end's clamped bucket: two groups in one
+            mine[k] = _merged(mine[k], [last_ts, *values])
+        else:
+            mine[k] = [last_ts, *values]
+    out = []
+    keys = [f"{col}_{stat}" for col in cols for stat in ("min", "max")]
+    for pid, by_bucket in per_pid.items():
+        rows = [{"ts_s": g_start + k * width, **dict(zip(keys, by_bucket[k][1:], strict=True))}
+                for k in sorted(by_bucket)]
+        out.append(ProcessSeries(pid, float(max(v[0] for v in by_bucket.values())), rows))
+    return out, None if newest is None else float(newest)
+
+
+def _rolled_up(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
+    """Whether a minute rollup of the device overlaps [lo_s, hi_s) (one seek): retention
+    deletes raw samples only once their minutes are rolled up, so a window's part before the
+    device's first raw sample holds data only where it holds rollups."""
+    q = (select(rollups.c.bucket_s)
+         .where(rollups.c.device_id == did, rollups.c.bucket_s > lo_s - ROLLUP_S,
+                rollups.c.bucket_s < hi_s).limit(1))
+    with store.engine.connect() as c:
+        return c.execute(q).first() is not None
+
+
+def _merged(a: list[Any], b: list[Any]) -> list[Any]:
+    """Two groups of one bucket: the later last time, the lesser minima, the greater maxima."""
+    out = [max(a[0], b[0])]
+    for i in range(1, len(a), 2):
+        lows = [v for v in (a[i], b[i]) if v is not None]
+        highs = [v for v in (a[i + 1], b[i + 1]) if v is not None]
+        out += [min(lows, default=None), max(highs, default=None)]
+    return out
+
+
+def _pids_elsewhere(store: Store, did: int, device: int, lo_s: float, hi_s: float,
+                    names: dict[int, dict[str, Any]], raw_lo: float | None,
+                    cols: tuple[str, ...]) -> list[int | None]:
+    """Processes that sent allocator samples in [lo_s, hi_s], where no per-process series were
+    read: the stored verdicts' pids (one at least every ``HEARTBEAT_S`` while a process sends),
+    the processes table's rows of this device seen then, and where raw samples exist
+    (``raw_lo``: from then on) the pids of the ``EDGE_ROWS`` allocator rows at either end.
+    Errs on the side of more: a process counted that sent no allocator sample only makes the
+    figure say "all processes" of one."""
+    if hi_s < lo_s:
+        return []
+    found: dict[int | None, None] = {}
+    q = (select(verdicts.c.pid)
+         .where(verdicts.c.device_id == did, verdicts.c.pid.is_not(None),
+                verdicts.c.ts_s >= lo_s - HEARTBEAT_S, verdicts.c.ts_s <= hi_s)
+         .group_by(verdicts.c.pid))
+    with store.engine.connect() as c:
+        found.update(dict.fromkeys(int(r[0]) for r in c.execute(q)))
+        if raw_lo is not None:
+            # the first and the last EDGE_ROWS rows of any source (an index range each, however
+            # few of them are the allocator's), then their allocator rows' pids
+            span = [samples.c.device_id == did, samples.c.ts_s >= raw_lo, samples.c.ts_s <= hi_s]
+            for order in (samples.c.ts_s.asc(), samples.c.ts_s.desc()):
+                edge = (select(samples.c.pid, *(samples.c[col] for col in cols)).where(*span)
+                        .order_by(order).limit(EDGE_ROWS).subquery())
+                q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))
+                     .distinct())
+                found.update(dict.fromkeys(r[0] for r in c.execute(q)))
+    for pid, p in names.items():
+        on_device = str(device) in (p.get("devices") or "").split(",")
+        if on_device and p["first_seen_s"] <= hi_s and p["last_seen_s"] >= lo_s:
+            found[pid] = None
+    return list(found)
