@@ -20,6 +20,7 @@ from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 
+from tests.support.pgserver import free_port
 from tests.support.waiting import wait_for
 
 FIRED = AlertChange("oom_risk", "oom_risk", "warning", 0, 100.0, 0.5, "low headroom", {}, 100.0)
@@ -151,7 +152,8 @@ def test_a_flapping_rule_does_not_starve_ingest_or_flood_the_log(short_dir, targ
 
 def test_the_agent_metrics_carry_the_webhook_counts(short_dir, target):
     config = Path(short_dir) / "vs.toml"
-    config.write_text(RULES.format(url=target.url) + "\n[agent]\nmetrics_port = 39187\n")
+    port = free_port()  # a fixed port was taken, now and then, by a test before it
+    config.write_text(RULES.format(url=target.url) + f"\n[agent]\nmetrics_port = {port}\n")
     agent = AgentProcess(f"sqlite:///{short_dir}/vs.db", f"{short_dir}/run/agent.sock",
                          config_path=str(config), log_path=f"{short_dir}/agent.log").start()
     try:
@@ -161,11 +163,19 @@ def test_the_agent_metrics_carry_the_webhook_counts(short_dir, target):
                                       allocated_bytes=100)])
             conn.status()
         wait_for(lambda: agent.status()["alerts"]["webhook"]["sent"] == 1)
-        text = urllib.request.urlopen("http://127.0.0.1:39187/metrics", timeout=5).read()
+        text = wait_for(lambda: _metrics(port))  # the exporter may start after the socket
         assert b"vramscope_agent_webhook_sent_total 1.0" in text
         assert b"vramscope_agent_webhook_dropped_total 0.0" in text
     finally:
         agent.stop()
+
+
+def _metrics(port: int) -> bytes | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return bytes(resp.read())
+    except OSError:  # not listening yet
+        return None
 
 
 def test_a_target_answering_500_loses_no_alert_for_the_dashboard(short_dir, target):
