@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, insert, select
+from sqlalchemy import func, insert, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
 from vramscope.agent.store.schema import devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 NO_VERDICTS = ("no verdict stored for this device up to the window's end: the agent writes "
                "them as it runs, `vramscope import` as it loads a trace")
 LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
+NEWEST_READ = 4  # rows read at a process's newest instant (two writes of one instant, damage)
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
 ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
 # A process whose newest verdict is this much older than its device's newest has ended: the
@@ -50,24 +51,38 @@ def write(store: Store, rows: Sequence[Verdict], conn: Connection | None = None)
 
 def latest(store: Store, device: int, host: str | None, at_s: float) -> list[Verdict]:
     """Each process's newest verdict at or before ``at_s`` on the device, by pid (the device
-    as a whole, ``pid`` None, first)."""
+    as a whole, ``pid`` None, first).
+
+    By index seeks, not by grouping the device's rows: its pids one after the other (the
+    next pid above the last, on ``ix_verdicts_device_pid_ts``), then each pid's newest row at
+    or before ``at_s``; a week of rows costs what an hour does (a GROUP BY over them was 7 ms
+    a device on the week's store, the Overview's largest cost)."""
     did = store.known_device_id(device, host)
     if did is None:
         return []
-    pid = func.coalesce(verdicts.c.pid, -1)
-    newest = (select(pid.label("p"), func.max(verdicts.c.ts_s).label("ts"))
-              .where(verdicts.c.device_id == did, verdicts.c.ts_s <= at_s)
-              .group_by(pid).subquery())
-    q = (select(verdicts.c.doc, verdicts.c.id)
-         .join(newest, and_(pid == newest.c.p, verdicts.c.ts_s == newest.c.ts))
-         .where(verdicts.c.device_id == did).order_by(verdicts.c.id))
-    with store.engine.connect() as c:
-        docs = [r[0] for r in c.execute(q)]
+    on_device = verdicts.c.device_id == did
     found: dict[int | None, Verdict] = {}
-    for doc in docs:  # two rows of one instant: the later written
-        v = _verdict(doc)
-        if v is not None:
-            found[v.pid] = v
+    with store.engine.connect() as c:
+        pids: list[int | None] = []
+        if c.execute(select(verdicts.c.id).where(on_device, verdicts.c.pid.is_(None))
+                     .limit(1)).first() is not None:
+            pids.append(None)
+        pid = c.execute(select(func.min(verdicts.c.pid)).where(on_device)).scalar()
+        while pid is not None:
+            pids.append(pid)
+            pid = c.execute(select(func.min(verdicts.c.pid))
+                            .where(on_device, verdicts.c.pid > pid)).scalar()
+        for pid in pids:
+            same = verdicts.c.pid.is_(None) if pid is None else verdicts.c.pid == pid
+            rows = c.execute(select(verdicts.c.doc, verdicts.c.ts_s)
+                             .where(on_device, same, verdicts.c.ts_s <= at_s)
+                             .order_by(verdicts.c.ts_s.desc(), verdicts.c.id.desc())
+                             .limit(NEWEST_READ)).all()
+            # two rows of one instant: the later written; a damaged one: the one before it
+            v = next((v for doc, ts in rows if ts == rows[0][1]
+                      and (v := _verdict(doc)) is not None), None)
+            if v is not None:
+                found[v.pid] = v
     return sorted(found.values(), key=lambda v: (v.pid is not None, v.pid or 0))
 
 
