@@ -124,16 +124,19 @@ class WindowSummary(DeviceSummary):
     def __init__(self) -> None:
         super().__init__()
         self.kvs: dict[int | None, KvTracker] = {}
+        self.kv = KvTracker()  # the pool the document speaks for: chosen as the engine does
         self.first_oom_ts_s: float | None = None
         self._num_ooms: dict[tuple[int | None, str | None], int] = {}  # per (pid, source)
 
     def add(self, s: Sample) -> None:
         super().add(s)
-        if s.kv_blocks_used is not None:
+        if s.kv_blocks_used is not None:  # as the engine's DeviceAnalysis._observe_kv
             kv = self.kvs.get(s.pid)
             if kv is None:
-                kv = self.kvs[s.pid] = KvTracker()
+                kv = self.kvs[s.pid] = self.kv if not self.kvs else KvTracker()
             kv.observe(s)
+            if len(self.kvs) > 1:
+                self.kv = max(self.kvs.values(), key=lambda k: (k.usage_ratio or 0.0))
         if s.num_ooms is not None:
             before = self._num_ooms.get((s.pid, s.source))
             if before is not None and s.num_ooms > before:
@@ -143,12 +146,6 @@ class WindowSummary(DeviceSummary):
     def oom(self, ts_s: float) -> None:
         if self.first_oom_ts_s is None or ts_s < self.first_oom_ts_s:
             self.first_oom_ts_s = ts_s
-
-    @property
-    def kv(self) -> KvTracker:
-        """The fullest pool's tracker (the highest peak usage ratio; an empty one without)."""
-        return max(self.kvs.values(), key=lambda k: k.peak_usage_ratio or 0.0,
-                   default=KvTracker())
 
 
 # The leak evidence :func:`summaries_document` leaves where no verdict was given it
