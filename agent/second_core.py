@@ -9,11 +9,12 @@ so on a machine with two cores a large file goes through both at once: this proc
 order; only where it runs differs.
 
 The child is started with ``spawn`` (a fresh interpreter: nothing of this process's database
-connections or threads is inherited), which costs about a second of imports: a small input is
-consumed here instead (:func:`worth_a_child`).
+connections or threads is inherited), which costs a fresh interpreter's imports: a small input
+is consumed here instead (:func:`worth_a_child`).
 
-The batches cross a pipe as pickles of plain tuples: a ``NamedTuple`` is unpickled through its
-Python ``__new__``, several times slower than ``tuple`` plus ``_make`` on the other side.
+The batches cross a pipe as pickles of plain tuples, made records again on the other side by
+``tuple.__new__`` of their class: a pickled ``NamedTuple`` is rebuilt through its Python
+``__new__``, one call per record.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.records import Event, Sample
+from vramscope.agent.trace import GZIP_MAGIC
 
 R = TypeVar("R")
 Batch = tuple[list[Sample], list[Event]]
@@ -40,7 +42,6 @@ Batch = tuple[list[Sample], list[Event]]
 # consumed in a child: below, a second of start-up is more than the second core saves.
 CHILD_MIN_BYTES = 64 * 2**20
 GZIP_RATIO = 8  # a trace line compresses about this much (JSON keys repeat on every line)
-_GZIP_MAGIC = b"\x1f\x8b"
 _END = b""
 GC_ALLOCATIONS = 100_000  # see fewer_collections
 QUEUED = 16  # batches received ahead of the consumer (a batch: 4,096 records, ~0.5 MB)
@@ -59,7 +60,7 @@ def worth_a_child(paths: Iterable[str]) -> bool:
     for path in paths:
         try:
             with open(path, "rb") as fh:
-                ratio = GZIP_RATIO if fh.read(2) == _GZIP_MAGIC else 1
+                ratio = GZIP_RATIO if fh.read(2) == GZIP_MAGIC else 1
             total += os.path.getsize(path) * ratio
         except OSError:
             return False  # the reader reports it, with the line it names
@@ -100,8 +101,9 @@ def consume(consumer: Callable[[Iterator[Batch]], R], batches: Iterable[Batch], 
 def fewer_collections() -> Iterator[None]:
     """The cyclic garbage collector run every GC_ALLOCATIONS allocations instead of every 700.
     Decoding and analysing make millions of short-lived tuples of scalars, which form no
-    cycles (reference counting frees them), and the collector's passes over them were a tenth
-    of the work (``vramscope bench import``); it still runs, less often."""
+    cycles (reference counting frees them), and the collector's passes over them are work for
+    nothing (docs/BENCHMARKS.md, "Import and analyze FILE of a day"); it still runs, less
+    often."""
     before = gc.get_threshold()
     gc.set_threshold(GC_ALLOCATIONS, *before[1:])
     try:
@@ -122,8 +124,8 @@ class ChildConsumer(Generic[R]):
         theirs.close()
 
     def send(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
-        """Hand a batch over; blocks while the pipe is full (the child is behind), so the
-        batches in flight are bounded by the pipe, not by the input."""
+        """Hand a batch over; blocks while the child's queue (QUEUED batches) and the pipe are
+        full (the child is behind), so the batches in flight are bounded, not the input."""
         try:
             self._conn.send_bytes(pack(samples, events))
         except OSError:  # the child is gone: it failed (its reason is waiting in the pipe)

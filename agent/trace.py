@@ -52,7 +52,7 @@ class Trace(NamedTuple):
 
 
 MAX_LINE_BYTES = 16 * 2**20  # one record; a longer line is not a trace line
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceDamage(TraceError):
@@ -101,7 +101,7 @@ def file_lines(path: str, *, salvage: list[TraceError] | None = None) -> Iterato
     list: every whole line before the damage is kept."""
     try:
         raw_fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
-        compressed = raw_fh.read(2) == _GZIP_MAGIC
+        compressed = raw_fh.read(2) == GZIP_MAGIC
         raw_fh.seek(0)
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror}") from None
@@ -214,12 +214,8 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
     ts = timestamp(obj["ts"])
     device = _int(obj.get("device"), "device", default=0, top=INT32_MAX)
     pid = _int(obj.get("pid"), "pid", default=None, top=INT32_MAX)
-    host = obj.get("host")
-    if host is not None:
-        host = _str(host, "host")
-    uuid = obj.get("device_uuid")
-    if uuid is not None:
-        uuid = _str(uuid, "device_uuid")
+    host = _str(obj.get("host"), "host")
+    uuid = _str(obj.get("device_uuid"), "device_uuid")
     if "event" in obj:
         name = _str(obj["event"], "event")
         if not name:
@@ -241,11 +237,9 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
                     for k in SAMPLE_COUNTER_FIELDS]
     named = obj.get("phase", "unknown")
     phase = (_PHASES.get(named) if type(named) is str else None) or _phase(named)
-    source = obj.get("source")
-    if source is not None:
-        source = _str(source, "source")
     # _make: the tuple built directly, without NamedTuple's keyword-handling __new__
-    return Sample._make((ts, device, phase, source, pid, *counters, host, uuid))
+    return Sample._make((ts, device, phase, _str(obj.get("source"), "source"), pid, *counters,
+                         host, uuid))
 
 
 def _number(value: Any, key: str) -> float:

@@ -27,7 +27,7 @@ from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rul
 from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
-from vramscope.agent.analysis.kv import KvTracker
+from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
 from vramscope.agent.analysis.merge import is_device_wide, merged
 from vramscope.agent.analysis.risk import RiskModel
@@ -289,12 +289,7 @@ class DeviceAnalysis:
                                               d.result.slope_bytes_per_s))
 
     def _observe_kv(self, s: Sample) -> bool:
-        kv = self.kvs.get(s.pid)
-        if kv is None:
-            kv = self.kvs[s.pid] = self.kv if not self.kvs else KvTracker()
-        changed = kv.observe(s)
-        if len(self.kvs) > 1:
-            self.kv = max(self.kvs.values(), key=lambda k: (k.usage_ratio or 0.0))
+        changed, self.kv = observe_process(self.kvs, self.kv, s)
         return changed
 
     def process_name(self) -> str | None:

@@ -174,6 +174,21 @@ class KvTracker:
         return (total - used) * span / (used - used_old)
 
 
+def observe_process(kvs: dict[int | None, KvTracker], shown: KvTracker, s: Sample
+                    ) -> tuple[bool, KvTracker]:
+    """A KV sample into its process's tracker in ``kvs`` (the first process's is ``shown``,
+    the device's own until then): whether it carried the pool's block counts, and the tracker
+    a device's KV alert and summary speak for, the fullest at its latest sample. One rule for
+    the alert engine and the dashboard's summaries, so that both name the same pool."""
+    kv = kvs.get(s.pid)
+    if kv is None:
+        kv = kvs[s.pid] = shown if not kvs else KvTracker()
+    changed = kv.observe(s)
+    if len(kvs) > 1:
+        shown = max(kvs.values(), key=lambda k: (k.usage_ratio or 0.0))
+    return changed, shown
+
+
 def kv_exhaustion(samples: Iterable[Sample], device: int = 0) -> list[KvPoint]:
     """The KV points of one device, in input order."""
     tracker = KvTracker()

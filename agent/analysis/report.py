@@ -27,7 +27,7 @@ from vramscope.agent.analysis.diagnosis import (
     diagnose,
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
-from vramscope.agent.analysis.kv import KvTracker
+from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
 from vramscope.agent.analysis.merge import merged
@@ -130,13 +130,8 @@ class WindowSummary(DeviceSummary):
 
     def add(self, s: Sample) -> None:
         super().add(s)
-        if s.kv_blocks_used is not None:  # as the engine's DeviceAnalysis._observe_kv
-            kv = self.kvs.get(s.pid)
-            if kv is None:
-                kv = self.kvs[s.pid] = self.kv if not self.kvs else KvTracker()
-            kv.observe(s)
-            if len(self.kvs) > 1:
-                self.kv = max(self.kvs.values(), key=lambda k: (k.usage_ratio or 0.0))
+        if s.kv_blocks_used is not None:
+            _, self.kv = observe_process(self.kvs, self.kv, s)
         if s.num_ooms is not None:
             before = self._num_ooms.get((s.pid, s.source))
             if before is not None and s.num_ooms > before:
