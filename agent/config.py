@@ -310,10 +310,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.leak_min_slope_ratio_per_h", float, 0.0025,
             "Smallest idle-floor growth, as a share of the limit per hour, reported as a leak.",
             min=0, max=1),
-    Setting("alerts.leak_warmup_s", float, 1200.0,
+    Setting("alerts.leak_warmup_s", float, 300.0,
             "Warm-up: the first seconds of a process (and after a model reload) are not its "
-            "idle floor (allocator caches, graph captures and lazily built kernels grow for "
-            "10-20 minutes on real servers); the OOM trend waits at most 5 minutes of it.",
+            "idle floor (weights, allocator caches and workspaces settle within a minute on "
+            "the servers recorded on an H200; a lazy warm-up that grows for longer is told "
+            "from a leak by the trend's checks: docs/analysis.md); the OOM trend waits at "
+            "most 5 minutes of it.",
             min=0, max=86400),
     Setting("alerts.leak_floor_window_s", float, 60.0,
             "Longest idle-floor window: the window is one cycle of the server (idle entries, "

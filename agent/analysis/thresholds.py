@@ -18,7 +18,7 @@ class Thresholds(NamedTuple):
     time_to_oom_warning_s: float = 1800.0
     time_to_oom_critical_s: float = 300.0
     leak_min_slope_ratio_per_h: float = 0.0025
-    leak_warmup_s: float = 1200.0
+    leak_warmup_s: float = 300.0
     leak_floor_window_s: float = 60.0
     leak_horizon_s: float = 7200.0
     leak_min_span_s: float = 900.0

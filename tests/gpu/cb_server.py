@@ -11,6 +11,13 @@ scheduler's ``free_blocks`` for it loses them), so the pool's used blocks grow a
 report them as ``kv_orphaned_blocks``. A real leak of KV memory, found by the KV pool's own
 check, not by a trend: no window is shortened for it.
 
+``--keep-bytes B --keep-every-s T`` is the slow leak a floor trend must find (issue 30's GPU
+check): from ``--leak-start-s`` on, the first request that finishes after each ``T`` seconds
+leaves a ``B``-byte CUDA tensor behind (a per-request cache that is never evicted), so the
+allocated floor rises ``B / T`` bytes a second whatever the throughput. ``--never-idle`` keeps
+``--in-flight`` requests submitted at all times (a new one as each finishes) instead of bursts
+with pauses: the pool is never empty, the floor is read from the KV figures, not an idle moment.
+
     PYTHONPATH=/tmp/site:. python3 tests/gpu/cb_server.py --agent-socket S --duration-s 660 \\
         --leak-every 150 --out DIR/cb-leak.json
 
@@ -73,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=4096, help="the KV pool's blocks (page 16)")
     p.add_argument("--burst", type=int, default=6, help="requests submitted together")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-bytes", type=int, default=0, help="0: no tensor kept")
+    p.add_argument("--keep-every-s", type=float, default=6.0)
+    p.add_argument("--never-idle", action="store_true")
+    p.add_argument("--in-flight", type=int, default=8, help="requests open (--never-idle)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     rng = random.Random(args.seed)
@@ -93,30 +104,55 @@ def main(argv: list[str] | None = None) -> int:
     cb = cb_models.cb_config(args.blocks, 2048)
     served = errors = 0
     vocab = 32000 if cuda else 1024
+    kept: list[torch.Tensor] = []  # the slow leak: tensors no one frees
+    kept_ts: list[float] = []
+    k = 0
+
+    def submit(manager: Any) -> str:
+        nonlocal k
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(32, 192))]
+        k += 1
+        return str(manager.add_request(prompt, request_id=f"r{k - 1}",
+                                       max_new_tokens=rng.randint(16, 64)))
+
+    def finish(manager: Any) -> None:
+        """Wait for the next finished request, whichever it is (``get_result`` with an id
+        returns None when another request's result is first in the queue)."""
+        nonlocal served, errors
+        result = manager.get_result(timeout=120)
+        if result is None or not result.is_finished():
+            errors += 1
+            print(f"no result in 120 s, or unfinished: {result!r:.200}", flush=True)
+            return
+        served += 1
+        now = time.time()
+        if (args.keep_bytes and now - t0 >= args.leak_start_s
+                and (not kept_ts or now - kept_ts[-1] >= args.keep_every_s)):
+            kept.append(torch.empty(args.keep_bytes, dtype=torch.uint8, device=args.device))
+            kept_ts.append(now)
+        if served % 600 == 0:
+            print(f"{now - t0:7.1f} s: {served} served, {len(leaked)} leaked "
+                  f"({sum(x['blocks'] for x in leaked)} blocks), {len(kept)} kept, "
+                  f"{errors} errors", flush=True)
+
     try:
         with model.continuous_batching_context_manager(
                 generation_config=gen, continuous_batching_config=cb, block=True,
                 timeout=60) as manager:
-            k = 0
-            while time.time() - t0 < args.duration_s:
-                ids = []
+            if args.never_idle:  # a new request as each one finishes
+                for _ in range(args.in_flight):
+                    submit(manager)
+                while time.time() - t0 < args.duration_s and errors < 10:
+                    finish(manager)
+                    submit(manager)
+                for _ in range(args.in_flight):
+                    finish(manager)
+            while not args.never_idle and time.time() - t0 < args.duration_s and errors < 10:
                 for _ in range(args.burst):
-                    prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(32, 192))]
-                    ids.append(manager.add_request(prompt, request_id=f"r{k}",
-                                                   max_new_tokens=rng.randint(16, 64)))
-                    k += 1
-                for rid in ids:
-                    try:
-                        manager.get_result(request_id=rid, timeout=120)
-                        served += 1
-                    except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-                        errors += 1
-                        print(f"request {rid}: {type(exc).__name__}: {exc}", flush=True)
+                    submit(manager)
+                for _ in range(args.burst):
+                    finish(manager)
                 time.sleep(rng.uniform(0.2, 1.0))  # the pool empties between bursts
-                if k % 600 < args.burst:
-                    print(f"{time.time() - t0:7.1f} s: {served} served, {len(leaked)} leaked "
-                          f"({sum(x['blocks'] for x in leaked)} blocks), {errors} errors",
-                          flush=True)
     finally:
         undo()
         handle.detach()
@@ -125,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                "leak_every": args.leak_every, "leak_start_s": args.leak_start_s,
                "leaked_requests": len(leaked), "leaked_blocks": sum(x["blocks"] for x in leaked),
                "first_leak_ts": leaked[0]["ts"] if leaked else None, "t0": t0,
+               "never_idle": args.never_idle, "kept_tensors": len(kept),
+               "kept_bytes": len(kept) * args.keep_bytes,
+               "first_kept_ts": kept_ts[0] if kept_ts else None,
+               "last_kept_ts": kept_ts[-1] if kept_ts else None,
                "duration_s": time.time() - t0, "device": args.device,
                "torch": torch.__version__, **cb_models.versions()}
     with open(args.out, "w", encoding="utf-8") as fh:

@@ -6,7 +6,11 @@
 #   A) cb-leak: from 60 s on, every 150th finished request's KV blocks are lost (its block
 #      tables dropped, its blocks never freed): the pool's own check reports them orphaned;
 #   B) cb-healthy: the same load, nothing lost.
-#   tests/gpu/record_cb_pair.sh start DIR DURATION_S   # agent + both servers, in background
+# With SCENARIO "slow-leak" (issue 30's GPU check: a floor trend, not the pool's check), both
+# servers are never idle (8 requests open at all times) and A keeps a 2 MiB tensor every 6 s
+# from 60 s on (350 kB/s, 0.84 %/h of an H200) while its KV pool loses nothing.
+#   tests/gpu/record_cb_pair.sh start DIR DURATION_S [orphans|slow-leak]  # in background
+#   tests/gpu/record_cb_pair.sh snapshot DIR OUT       # a copy of the agent's store so far
 #   tests/gpu/record_cb_pair.sh finish DIR OUT         # wait, stop the agent, copy to OUT
 # On the GPU machine with .whl carried (../shared/tools/gpu-wheels.sh).
 set -euo pipefail
@@ -20,7 +24,13 @@ fi
 export PYTHONPATH="/tmp/site:$REPO" PYTHONUNBUFFERED=1
 case "$MODE" in
 start)
-  DURATION_S=$3
+  DURATION_S=$3 SCENARIO=${4:-orphans}
+  case "$SCENARIO" in
+  orphans) LEAK="--leak-every 150" HEALTHY="" ;;
+  slow-leak) LEAK="--never-idle --keep-bytes 2097152 --keep-every-s 6"
+             HEALTHY="--never-idle" ;;
+  *) echo "unknown scenario $SCENARIO"; exit 2 ;;
+  esac
   mkdir -p "$DIR/sock" && chmod 700 "$DIR/sock"
   cat > "$DIR/agent.toml" <<TOML
 [agent]
@@ -34,14 +44,25 @@ TOML
   echo $! > "$DIR/agent.pid"
   for _ in $(seq 60); do [ -S "$DIR/sock/agent.sock" ] && break; sleep 0.5; done
   [ -S "$DIR/sock/agent.sock" ] || { echo "agent did not start"; cat "$DIR/agent.log"; exit 1; }
-  for spec in "cb-leak 150 0" "cb-healthy 0 1"; do
+  for spec in "cb-leak 0" "cb-healthy 1"; do
     set -- $spec
-    setsid nohup python3 tests/gpu/cb_server.py --device cuda --duration-s "$DURATION_S" \
-      --leak-every "$2" --leak-start-s 60 --seed "$3" --agent-socket "$DIR/sock/agent.sock" \
-      --out "$DIR/$1.json" > "$DIR/$1.log" 2>&1 < /dev/null &
+    if [ "$1" = cb-leak ]; then ARGS=$LEAK; else ARGS=$HEALTHY; fi
+    # shellcheck disable=SC2086 # ARGS: several options
+    setsid nohup python3 tests/gpu/cb_server.py --device "${VRAMSCOPE_GPU_DEVICE:-cuda}" \
+      --duration-s "$DURATION_S" $ARGS --leak-start-s 60 --seed "$2" \
+      --agent-socket "$DIR/sock/agent.sock" --out "$DIR/$1.json" > "$DIR/$1.log" 2>&1 \
+      < /dev/null &
     echo $! >> "$DIR/server.pids"
   done
   echo "agent $(cat "$DIR/agent.pid"), servers $(tr '\n' ' ' < "$DIR/server.pids")"
+  ;;
+snapshot)  # the lease may end before finish: what was recorded so far comes back anyway
+  OUT=$3
+  python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+    "$DIR/agent.db" "$DIR/snapshot.db"
+  gzip -c "$DIR/snapshot.db" > "$OUT/gpu_cb_pair.snapshot.db.gz"
+  for n in cb-leak cb-healthy; do tail -n 2 "$DIR/$n.log"; done
+  tail -n 5 "$DIR/agent.log"
   ;;
 finish)
   OUT=$3
