@@ -43,8 +43,14 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     trend = model.trend
     if trend is None or trend.slope <= 0:
         return None
-    # the floor points of the span's recent half (warm-up or not), at most 60 of them
-    pts = [p for p in leak.recent_floor if p[0] >= trend.t0 + trend.span_s / 2]
+    # the floor points of the span's recent half (warm-up or not), at most 60 of them; where
+    # the floor is read with requests in flight (never idle, no KV figures) the trend's own
+    # points with what the requests hold fitted out: a load ramp lifts the raw ones too
+    since = trend.t0 + trend.span_s / 2
+    pts = [p for p in leak.recent_floor if p[0] >= since]
+    estimated = [p for p in leak.load_free_points() if p[0] >= since]
+    if len(estimated) >= 4:
+        pts = estimated
     if len(pts) < 4:
         return None
     pts = pts[::max(1, len(pts) // 60)]

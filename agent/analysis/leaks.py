@@ -11,7 +11,10 @@ Verdicts speak on durations, not on counts of cycles (a fast cycle gives more fl
 an earlier verdict):
 
 - the first ``alerts.leak_warmup_s`` of a process (and after a model reload: memory falling
-  below ``RELOAD_RATIO`` of the settled floor) are its warm-up, never its floor;
+  below ``RELOAD_RATIO`` of the settled floor) are its warm-up, never its floor; the answer
+  becomes the new warm-up's once the reload is confirmed (memory back to that share, or
+  ``RELOAD_CONFIRM_S`` of samples after the fall): a server shutting down frees its memory too,
+  and its last answer stays the one from before;
 - the trend is fitted on *trend points*, one per ``alerts.leak_horizon_s / HORIZON_POINTS``
   (a minute by default): the least floor point of that bin, then the least of the last
   ``ROLLING_POINTS`` bins, so that a sawtooth slower than one bin still shows its trough in every
@@ -98,6 +101,7 @@ IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left o
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
+RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 INSUFFICIENT = "insufficient_data"
 ORPHAN_PREFIX = "KV pool reported "  # the evidence of orphaned blocks, before the floor's
@@ -198,6 +202,11 @@ class LeakDetector:
         self._max_seen = 0
         self._uses_allocated = False
         self.reloads = 0  # model reloads seen (each a new warm-up)
+        # a fall not yet confirmed as a reload: (when, the floor it fell from, the answer to
+        # publish once it is). A server shutting down frees its memory too, and its last
+        # answer is the one from before; a reload is known when the weights come back (or
+        # the samples go on), and only then does the answer become the new warm-up's
+        self._unconfirmed: tuple[float, int, LeakResult] | None = None
         self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
         self.per_request = BlockBytes()  # without KV figures: bytes per request in flight
         self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
@@ -266,6 +275,10 @@ class LeakDetector:
         allocated, total = s.allocated_bytes, s.device_total_bytes
         if total and (allocated is not None or self.limit_bytes is None):
             self.limit_bytes = total  # an allocator sample's limit wins
+        if allocated is not None and self._unconfirmed is not None:
+            at, before, waiting = self._unconfirmed
+            if allocated >= RELOAD_RATIO * before or s.ts_s - at >= RELOAD_CONFIRM_S:
+                self._unconfirmed, self.result = None, waiting
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
             self._reload(s.ts_s, allocated)
@@ -390,6 +403,12 @@ class LeakDetector:
         per_request = self.per_request.bytes_per_block if fitted is None else fitted
         return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
 
+    def load_free_points(self) -> list[tuple[float, int]]:
+        """The horizon's trend points with what the requests in flight hold fitted out, where
+        some were read with requests in flight (none otherwise: the floor itself is free of
+        the load)."""
+        return self.trend_points() if any(self._in_flight) else []
+
     def _mostly_estimated(self) -> bool:
         """Most trend points of the horizon are floors after a request less what the requests
         still in flight were estimated to hold (no idle moment, no KV figures)."""
@@ -399,6 +418,7 @@ class LeakDetector:
         """Memory fell below half the settled floor: the model was unloaded (a reload or a
         restart in the same process). What follows is a new warm-up, not the old floor."""
         self.reloads += 1
+        before = self.points[-1][1]
         in_flight = self.floor.in_flight
         self.floor = FloorTracker(self.floor.window_s)
         self.floor.in_flight = in_flight
@@ -412,9 +432,9 @@ class LeakDetector:
         self.load.restart()
         self.per_request.restart()
         waiting = insufficient(self.t, None)
-        self.result = waiting._replace(
+        self._unconfirmed = (ts_s, before, waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
-                     f"{allocated / 2**20:.1f} MiB): " + waiting.evidence)
+                     f"{allocated / 2**20:.1f} MiB): " + waiting.evidence))
 
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
@@ -454,6 +474,8 @@ class LeakDetector:
 
     def _publish(self, verdict: LeakResult, now_s: float) -> LeakResult:
         """The verdict with what carries over: the first detection, the windows, orphans."""
+        if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
+            self.result, self._unconfirmed = self._unconfirmed[2], None
         prev = self.result
         was = prev.detected and prev.p_value is not None
         first = prev.first_detected_ts_s

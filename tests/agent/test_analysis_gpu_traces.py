@@ -1,7 +1,7 @@
 """The analysis on real traces recorded on the H200 (tests/gpu/verify_hooks.py, hooks issue).
 
 Each recording is 13-25 s long: with the defaults each says "not enough data yet" (a verdict
-rests on 15 min of floor after a 20 min warm-up, test_default_windows_need_longer_recordings).
+rests on 15 min of floor after a 5 min warm-up, test_default_windows_need_longer_recordings).
 To exercise the detectors on real allocator data anyway, time is compressed here through the
 analysis API (a config file cannot set durations this short): 0.5 s windows, a 2 s warm-up,
 verdicts on 5 s of floor over a 20 s horizon, the OOM trend on 5-10 s of peaks; the rules and
@@ -94,8 +94,8 @@ def test_default_windows_need_longer_recordings():
     path = DATA / "gpu_leak.jsonl"
     if not path.exists():
         pytest.skip("gpu_leak.jsonl not recorded yet")
-    trace = read_trace(str(path))  # a 20-minute warm-up and 15 min of floor: not in 25 s
+    trace = read_trace(str(path))  # a 5-minute warm-up and 15 min of floor: not in 25 s
     leak = analyze_records(trace.samples, trace.events, None)["devices"]["0"]["leak"]
     assert (leak["detected"], leak["state"]) == (False, "insufficient_data")
-    assert leak["evidence"] == ("not enough data yet: warming up (the first 20 min of a process "
+    assert leak["evidence"] == ("not enough data yet: warming up (the first 5 min of a process "
                                 "are not its floor), then 15 min of idle floor")

@@ -135,7 +135,7 @@ def test_short_time_scales_are_set_in_the_config_not_taken_from_the_cycle():
     # with the defaults a 100 s recording says what it lacks, not "no leak"
     by_default = detect_leak(samples)
     assert by_default.state == "insufficient_data"
-    assert by_default.evidence.startswith("not enough data yet: warming up (the first 20 min")
+    assert by_default.evidence.startswith("not enough data yet: warming up (the first 5 min")
 
 
 @pytest.mark.parametrize("ys, start", [

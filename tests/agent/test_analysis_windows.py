@@ -17,16 +17,16 @@ def test_windows_follow_the_cycle_within_the_configured_bounds():
     t = Thresholds()
     # a request every 2.2 s sampled every 0.05 s: a floor of one cycle, a trend of two; the
     # warm-up is a duration (alerts.leak_warmup_s), whatever the cycle
-    assert choose(t, 0.05, 2.2, "idle entries") == Windows(2.2, 4.4, 1200.0, 0.05, 2.2,
+    assert choose(t, 0.05, 2.2, "idle entries") == Windows(2.2, 4.4, 300.0, 0.05, 2.2,
                                                           "idle entries")
     # requests ending every 0.25 s sampled every 0.5 s: the sampling sets the windows
-    assert choose(t, 0.5, 0.25)[:3] == (2.0, 4.0, 1200.0)
+    assert choose(t, 0.5, 0.25)[:3] == (2.0, 4.0, 300.0)
     # a two-minute KV sawtooth: the settings are the upper bounds
-    assert choose(t, 10.0, 120.0)[:3] == (60.0, 60.0, 1200.0)
+    assert choose(t, 10.0, 120.0)[:3] == (60.0, 60.0, 300.0)
     # no cycle seen: the bounds, as before the windows were derived
-    assert choose(t, 1.0, None)[:3] == (60.0, 60.0, 1200.0)
+    assert choose(t, 1.0, None)[:3] == (60.0, 60.0, 300.0)
     # tiny cycles never go under MIN_WINDOW_S
-    assert choose(t, 0.001, 0.01)[:3] == (0.5, 0.5, 1200.0)
+    assert choose(t, 0.001, 0.01)[:3] == (0.5, 0.5, 300.0)
 
 
 def test_the_chooser_reads_idle_entries_from_request_events():
@@ -50,7 +50,7 @@ def test_without_a_cycle_the_chooser_decides_after_two_bound_windows():
     c = WindowChooser(Thresholds(leak_floor_window_s=5.0))
     got = [c.update(Sample(float(ts), 0, Phase.DECODE, "t", allocated_bytes=1)) for ts in
            range(12)]
-    assert got[9] is None and got[10][:3] == (5.0, 60.0, 1200.0) and got[10].cycle_s is None
+    assert got[9] is None and got[10][:3] == (5.0, 60.0, 300.0) and got[10].cycle_s is None
 
 
 def test_a_short_recording_with_a_real_leak_answers_insufficient_data():
@@ -65,9 +65,9 @@ def test_a_short_recording_with_a_real_leak_answers_insufficient_data():
     leak = dev["leak"]
     assert (leak["detected"], leak["state"], leak["span_s"]) == (False, "insufficient_data",
                                                                   0.0)
-    assert leak["evidence"].startswith("not enough data yet: warming up (the first 20 min of a "
+    assert leak["evidence"].startswith("not enough data yet: warming up (the first 5 min of a "
                                        "process are not its floor), then 15 min of idle floor")
-    assert (round(leak["windows"]["floor_s"], 1), leak["windows"]["warmup_s"]) == (2.2, 1200.0)
+    assert (round(leak["windows"]["floor_s"], 1), leak["windows"]["warmup_s"]) == (2.2, 300.0)
     assert doc["alerts"] == []
     assert (dev["oom"]["first_warning_ts"], dev["oom"]["max_risk"]) == (None, "ok")
 
@@ -110,4 +110,4 @@ def test_a_never_idle_server_takes_its_cycle_from_request_ends_after_30_s():
         if decided:
             break
     assert ts == 30.0 and decided.cycle_from == "request ends"
-    assert decided[:3] == (2.0, 4.0, 1200.0) and decided.cycle_s == pytest.approx(0.6)
+    assert decided[:3] == (2.0, 4.0, 300.0) and decided.cycle_s == pytest.approx(0.6)

@@ -13,7 +13,7 @@ MIB = 2**20
 
 
 def test_the_cublas_recording_is_right_to_say_it_is_too_short():
-    # 98 s of a real leak: too short for a verdict by the defaults (20 min warm-up, then 15 min
+    # 98 s of a real leak: too short for a verdict by the defaults (5 min warm-up, then 15 min
     # of floor); the right answer is insufficient_data, with no alert
     rec = next(r for r in recordings() if r.name == "gpu_cublas_leak")
     s = score(rec)
@@ -49,10 +49,10 @@ def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
     assert (s.detected, s.false_alarms, s.right) == (True, 0, True)
     assert s.slope_ratio == pytest.approx(1.0, abs=0.02)
     assert s.windows["cycle_s"] == 2.0 and s.windows["floor_s"] == 2.0
-    # the first verdict: the trend point of the minute at 2100 s (15 min after the first one,
-    # at the end of the 20-min warm-up), known once the next minute's first floor window
-    # closes (2162 s)
-    assert s.delay_s == pytest.approx(2161.0)
+    # the first verdict: the trend point of the minute at 1200 s (15 min after the first one,
+    # at the end of the 5-min warm-up), known once the next minute's first floor window
+    # closes (1262 s)
+    assert s.delay_s == pytest.approx(1261.0)
 
 
 def test_the_detection_figures_in_docs_analysis_are_rendered_from_the_committed_json():
@@ -112,7 +112,7 @@ def test_two_servers_on_one_h200_five_minutes_no_alert_and_not_enough_data():
     assert doc["alerts"] == []
     assert (dev["oom"]["max_risk"], dev["oom"]["first_warning_ts"]) == ("ok", None)
     assert dev["leak"]["state"] == "insufficient_data"
-    assert dev["leak"]["evidence"].startswith("not enough data yet: warming up (the first 20 "
+    assert dev["leak"]["evidence"].startswith("not enough data yet: warming up (the first 5 "
                                               "min")
     rec = next(r for r in recordings() if r.name == "gpu_pair_healthy")
     assert (rec.leak, score(rec).right) == (False, True)  # its truth: no leak (fixed label)

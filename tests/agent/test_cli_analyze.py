@@ -29,7 +29,7 @@ def recording():
 EXPECTED_DEVICE = {
     "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
              "first_detected_ts": None, "span_s": 0.0,
-             "evidence": "not enough data yet: warming up (the first 20 min of a process are "
+             "evidence": "not enough data yet: warming up (the first 5 min of a process are "
                          "not its floor), then 15 min of idle floor", "makeup": None,
              "windows": None},  # one prefill in 61 s: no cycle, windows chosen after 120 s
     # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
@@ -50,7 +50,7 @@ EXPECTED_DEVICE = {
         "leak": {"state": "insufficient_data", "slope_bytes_per_s": 0.0,
                  "slope_bytes_per_h": 0.0, "start_ts": None, "first_detected_ts": None,
                  "span_s": 0.0,
-                 "evidence": "not enough data yet: warming up (the first 20 min of a process "
+                 "evidence": "not enough data yet: warming up (the first 5 min of a process "
                              "are not its floor), then 15 min of idle floor",
                  "trend_line": None},
         "risk": {"level": "critical", "cause": "prefill_spike", "reasons": ["headroom"],
@@ -96,7 +96,7 @@ def test_readable_report(trace_file, capsys, monkeypatch, tmp_path):
     assert "max external n/a" in out and "(external: the share" not in out  # no snapshot
     assert "    - enable chunked prefill (bound the tokens prefilled per step)" in out
     assert "KV pool: peak 159 of 1000 blocks (15.9%)" in out
-    assert "  leak: not enough data yet: warming up (the first 20 min" in out  # not "none"
+    assert "  leak: not enough data yet: warming up (the first 5 min" in out  # not "none"
     assert "alerts: 3" in out
 
 

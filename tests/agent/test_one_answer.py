@@ -254,3 +254,40 @@ def test_a_damaged_verdict_row_is_no_answer_and_breaks_no_surface(any_url):
         assert client.get("/metrics").status_code == 200
     finally:
         store.close()
+
+
+def test_the_h200_slow_leak_on_a_never_idle_server_is_found_with_the_defaults():
+    """docs/gpu-verification.md section 17 (issue 30's GPU check): the agent with its default
+    settings beside two never-idle continuous-batching servers on one H200, one keeping 2 MiB
+    every 6 s. The stored verdicts name the leaking pid 21.5 min after its start at its slope,
+    say "no leak" of the healthy one, and no OOM-risk alert fired; every surface, read again
+    now, gives the committed answers."""
+    from pathlib import Path
+
+    from tests.gpu.one_answer_check import check
+
+    runs = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-05"
+    committed = json.loads((runs / "one_answer.json").read_text())
+    got = json.loads(json.dumps(check(Path(runs / "gpu_cb_pair.db.gz"), "")))
+    assert got == committed
+    leak = json.loads((runs / "cb-leak.json").read_text())
+    healthy = json.loads((runs / "cb-healthy.json").read_text())
+    assert (leak["pid"], healthy["pid"], leak["kept_tensors"], healthy["kept_tensors"]) == (
+        453, 454, 230, 0)
+    truth = 229 * 2**21 / (leak["last_kept_ts"] - leak["first_kept_ts"])
+    assert round(truth) == 345_859  # bytes/s: 0.83 % of the H200 an hour
+    [(pid, state, slope, first, risk), healthy_now] = got["live"]
+    assert (pid, state, risk) == (453, "leak", "ok")
+    assert round(first - leak["t0"]) == 1288  # 5 min warm-up + 15 min of floor, then a verdict
+    assert 1.0 < slope / truth < 1.005
+    # the only alert: the leak, of pid 453; no OOM-risk alert at all
+    assert [(a[0], a[1]) for a in got["alerts"]] == [("memory_leak", "warning")]
+    assert got["alerts"][0][4].endswith("[pid 453]")
+    assert {h[4] for h in got["history"]} == {"ok"}
+    # the healthy server: "no leak" once its floor had the span, then (as the agent ran at
+    # commit 00ebf52) its shutdown read as a reload; analyze with today's engine keeps no_leak
+    said = [h[2] for h in got["history"] if h[0] == 454]
+    assert said[-2:] == ["no_leak", "insufficient_data"] and "leak" not in said
+    assert healthy_now == [454, "insufficient_data", 0.0, None, "ok"]
+    assert got["surfaces"]["analyze FILE (the store's export)"][1] == [
+        454, "no_leak", 0.0, None, "ok"]

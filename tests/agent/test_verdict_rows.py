@@ -25,7 +25,7 @@ def test_orphaned_blocks_doubling_write_rows_between_heartbeats():
     engine.feed(records)
     rows = [v for v in engine.verdicts.history if v.pid == PID]
     said = [(v.leak_state, v.leak_evidence.split(" orphaned")[0]) for v in rows]
-    assert said == [("insufficient_data", "not enough data yet: warming up (the first 20 min of "
+    assert said == [("insufficient_data", "not enough data yet: warming up (the first 5 min of "
                      "a process are not its floor), then 15 min of idle floor"),
                     ("leak", "KV pool reported 8"), ("leak", "KV pool reported 16"),
                     ("leak", "KV pool reported 32")]

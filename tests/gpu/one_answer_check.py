@@ -39,6 +39,12 @@ def _answer(v: dict[str, Any]) -> list[Any]:
             v["leak"]["first_detected_ts"], v["risk"]["level"]]
 
 
+def _by_pid(answers: Any) -> list[list[Any]]:
+    """Answers in pid order; a device's verdict from before any process was known (pid None)
+    first."""
+    return sorted(answers, key=lambda a: (a[0] is not None, a[0] or 0, repr(a[1:])))
+
+
 def _cli_json(argv: list[str]) -> dict[str, Any]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -61,19 +67,23 @@ def check(db_gz: Path, agent_config: str = AGENT_CONFIG) -> dict[str, Any]:
             last = store.time_range(0)
             assert last is not None
             end = last[1]
-            live = sorted(_answer(v.to_json()) for v in stored.current(
+            live = _by_pid(_answer(v.to_json()) for v in stored.current(
                 stored.latest(store, 0, None, end)))
             names = {p["pid"]: p["name"] for p in store.processes()}
-            rows = len(stored.history(store, 0, None, 0.0, end))
+            history = [[v.pid, round(v.ts_s - last[0], 1), v.leak_state, v.leak_slope_bytes_per_s,
+                        v.risk_level] for v in stored.history(store, 0, None, 0.0, end)]
+            alerts = [[a["rule"], a["severity"], round(a["fired_ts_s"] - last[0], 1),
+                       a["resolved_ts_s"] and round(a["resolved_ts_s"] - last[0], 1),
+                       a["message"]] for a in reversed(store.alerts())]
         trace = work / "export.jsonl"
         with contextlib.redirect_stdout(io.StringIO()):
             assert cli(["export", "--db", url, "--output", str(trace)]) == 0
         on_file = _cli_json(["analyze", str(trace), "--json", "--config", str(config)])
         on_db = _cli_json(["analyze", "--db", url, "--json", "--config", str(config)])
         surfaces: dict[str, list[Any]] = {
-            "analyze FILE (the store's export)": sorted(
+            "analyze FILE (the store's export)": _by_pid(
                 _answer(v) for v in on_file["devices"]["0"]["processes"]),
-            "analyze --db": sorted(_answer(v) for v in on_db["devices"]["0"]["processes"]
+            "analyze --db": _by_pid(_answer(v) for v in on_db["devices"]["0"]["processes"]
                                    if not v["ended"]),
         }
         with Store.open(url) as store:
@@ -82,21 +92,25 @@ def check(db_gz: Path, agent_config: str = AGENT_CONFIG) -> dict[str, Any]:
                 q = f"device=0&start={start}&end={end}"
                 for route in ("figures/leaks", "figures/risk"):
                     doc = client.get(f"/api/v1/{route}?{q}").get_json()
-                    surfaces[f"{route}, {label}"] = sorted(
+                    surfaces[f"{route}, {label}"] = _by_pid(
                         _answer(v) for v in doc["processes"] if not v["ended"])
                 doc = client.get(f"/api/v1/analysis?{q}").get_json()
-                surfaces[f"analysis, {label}"] = sorted(
+                surfaces[f"analysis, {label}"] = _by_pid(
                     _answer(v) for v in doc["devices"]["0"]["processes"] if not v["ended"])
             metrics = client.get("/metrics").get_data(as_text=True)
         leak_lines = sorted(line for line in metrics.splitlines()
                             if line.startswith("vramscope_process_leak_state{"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"recording": db_gz.name, "span_s": end - last[0], "verdict_rows": rows,
+    return {"recording": db_gz.name, "first_ts": last[0], "span_s": end - last[0], "verdict_rows": len(history),
             "processes": {str(pid): name for pid, name in sorted(names.items())},
             "live": live, "surfaces": surfaces,
             "same_everywhere": all(v == live for v in surfaces.values()),
-            "metrics_leak_state": leak_lines}
+            "metrics_leak_state": leak_lines,
+            # every stored verdict (pid, seconds after the first sample, leak state, slope
+            # bytes/s, risk level) and every alert (rule, severity, fired and resolved seconds
+            # after the first sample, message), as the agent wrote them
+            "history": history, "alerts": alerts}
 
 
 if __name__ == "__main__":

@@ -135,6 +135,41 @@ def render_one_answer(doc: dict[str, Any]) -> str:
             f"({doc['span_s'] / 60:.1f} min recorded, {doc['verdict_rows']} verdict rows).")
 
 
+def render_slow_leak(doc: dict[str, Any]) -> str:
+    """Issue 30's GPU check (record_cb_pair.sh slow-leak): the truth from the servers' own
+    summaries beside what the agent said as it ran, then every surface now."""
+    run = RUNS / "2026-12-05"
+    leak = json.loads((run / "cb-leak.json").read_text())
+    healthy = json.loads((run / "cb-healthy.json").read_text())
+    size = leak["kept_bytes"] // leak["kept_tensors"]
+    truth = (leak["kept_tensors"] - 1) * size / (leak["last_kept_ts"] - leak["first_kept_ts"])
+    starts = {leak["pid"]: leak["t0"], healthy["pid"]: healthy["t0"]}
+    lines = [
+        f"Truth: pid {leak['pid']} kept {leak['kept_tensors']} tensors of {size / MIB:g} MiB "
+        f"from {leak['first_kept_ts'] - leak['t0']:.0f} s to "
+        f"{leak['last_kept_ts'] - leak['t0']:.0f} s after its start: **{truth:,.0f} bytes/s** "
+        f"({truth * 3600 / 2**30:.2f} GiB/h); pid {healthy['pid']} kept nothing. Served: "
+        f"{leak['served']:,} and {healthy['served']:,} requests, "
+        f"{leak['errors'] + healthy['errors']} errors, {leak['duration_s'] / 60:.1f} min each.",
+        "",
+        "| pid | the agent's stored verdicts as it ran (seconds after the server's start) |",
+        "|---|---|"]
+    for pid, start in sorted(starts.items()):
+        seen, cells = None, []
+        for p, ts, state, slope, risk in doc["history"]:
+            if p != pid or (state, risk) == seen:
+                continue
+            seen = (state, risk)
+            ratio = f" {slope:,.0f} bytes/s ({slope / truth:.3f}x the truth)" if slope else ""
+            cells.append(f"{doc['first_ts'] + ts - start:.0f} s: "
+                         f"{state.replace('_', ' ')}{ratio}, risk {risk}")
+        lines.append(f"| {pid} | " + "; ".join(cells) + " |")
+    alerts = "; ".join(f"`{rule}` ({severity}) at {doc['first_ts'] + fired - leak['t0']:.0f} s: "
+                       f"\"{message}\"" for rule, severity, fired, _, message in doc["alerts"])
+    lines += ["", f"Alerts the agent raised: {alerts or 'none'}.", "", render_one_answer(doc)]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ab_generate_batch": ("2026-12-02/ab_generate_batch_results.json", render_ab),
     "identity": ("2026-12-02/identity_results.json", render_identity),
@@ -142,6 +177,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "config_check": ("2026-12-02b/config_check.json", render_config_check),
     "one_answer": ("2026-12-04b/one_answer.json", render_one_answer),
     "one_answer_cb": ("2026-12-04d/one_answer.json", render_one_answer),
+    "slow_leak": ("2026-12-05/one_answer.json", render_slow_leak),
 }
 
 
