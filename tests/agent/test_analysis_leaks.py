@@ -207,6 +207,36 @@ def test_a_model_reload_starts_a_new_warm_up():
     assert d.result.first_detected_ts_s is None and not d.result.detected
 
 
+def _settled_then_gone(d: LeakDetector, gone_for_s: int) -> None:
+    """An hour of a flat 1 GB floor, then the weights freed (10 MB) for ``gone_for_s``."""
+    for t in range(0, 3600, 2):
+        d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=10**9,
+                        device_total_bytes=8 * 10**9))
+    assert d.result.state == "no_leak"
+    for t in range(3600, 3600 + gone_for_s, 2):
+        d.update(Sample(float(t), 0, Phase.IDLE, allocated_bytes=10**7,
+                        device_total_bytes=8 * 10**9))
+
+
+def test_a_server_shutting_down_keeps_its_last_answer():
+    # the GPU recording of docs/gpu-verification.md section 17: a healthy server's weights and
+    # KV pool freed at its exit, a few samples later it is gone. Its answer stays "no leak"
+    d = LeakDetector(T)
+    _settled_then_gone(d, 10)
+    assert d.reloads == 1 and d.result.state == "no_leak"
+
+
+def test_memory_gone_for_two_minutes_is_a_reload():
+    # the same fall, and the samples go on (a process that unloaded its model and waits):
+    # RELOAD_CONFIRM_S after the fall the answer is the new warm-up's
+    d = LeakDetector(T)
+    _settled_then_gone(d, 120)
+    assert d.result.state == "no_leak"  # 3600..3718 s: not yet 120 s of samples after it
+    d.update(Sample(3720.0, 0, Phase.IDLE, allocated_bytes=10**7, device_total_bytes=8 * 10**9))
+    assert d.result.state == "insufficient_data"
+    assert d.result.evidence.startswith("model reloaded at 3600.000 (allocated fell to 9.5 MiB)")
+
+
 def test_after_hours_without_floor_points_the_span_is_the_horizons_points():
     # an hour of idle floor, then four hours without any record (the agent down), then ten
     # minutes: the verdict rests on those ten minutes alone (the first hour left the 2 h
