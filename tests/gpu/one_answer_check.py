@@ -102,7 +102,8 @@ def check(db_gz: Path, agent_config: str = AGENT_CONFIG) -> dict[str, Any]:
                             if line.startswith("vramscope_process_leak_state{"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"recording": db_gz.name, "first_ts": last[0], "span_s": end - last[0], "verdict_rows": len(history),
+    return {"recording": db_gz.name, "first_ts": last[0], "span_s": end - last[0],
+            "verdict_rows": len(history),
             "processes": {str(pid): name for pid, name in sorted(names.items())},
             "live": live, "surfaces": surfaces,
             "same_everywhere": all(v == live for v in surfaces.values()),
