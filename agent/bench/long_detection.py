@@ -62,6 +62,7 @@ class LongScore:
     found: int = 0
     early: list[str] = field(default_factory=list)
     slope_ratios: list[float] = field(default_factory=list)
+    so_far_ratios: list[float] = field(default_factory=list)  # against the growth until then
     missed: list[str] = field(default_factory=list)
     ooms: int = 0
     warned: int = 0
@@ -147,6 +148,17 @@ def score_leak(sc: Scenario, run: Run, out: LongScore) -> None:
     limit = sc.samples[0].device_total_bytes or 1
     truth = sc.leak_rate_ratio_per_h * limit / 3600.0
     out.slope_ratios.append(run.leak_slopes[found[0]] / truth)
+    so_far = grown_per_s(getattr(sc, "leak_history", []), onset, found[0])
+    if so_far:
+        out.so_far_ratios.append(run.leak_slopes[found[0]] / so_far)
+
+
+def grown_per_s(history: Sequence[tuple[float, int]], onset: float, ts: float) -> float:
+    """What the leak added from its onset to ``ts``, per second (0: no history): the rate a
+    verdict at ``ts`` could have seen, where the suite's rate is an average over two hours
+    (an under-load leak grows only while the load is high)."""
+    grown = [b for t, b in history if t <= ts]
+    return grown[-1] / (ts - onset) if grown and ts > onset else 0.0
 
 
 def score_oom(sc: Scenario, run: Run, out: LongScore) -> None:
@@ -216,6 +228,7 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
     worst = max(s.risk_share.items(), key=lambda kv: kv[1], default=("none", 0.0))
     ratios = [max(r, 1 / r) if r > 0 else float("inf") for r in s.slope_ratios]
     med = statistics.median(ratios) if ratios else float("nan")
+    so_far = [max(r, 1 / r) if r > 0 else float("inf") for r in s.so_far_ratios]
     out = [
         Figure("detection", "long suite: false alarms per simulated week", week_rate, "/week",
                spread=f"{len(s.false_alarms)} in {s.healthy_days:.1f} healthy days; "
@@ -229,8 +242,14 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
                spread=f"{s.found} of {s.leaks}; missed: " + (", ".join(s.missed) or "none"),
                target=">= 95", met=bool(s.leaks) and s.found >= 0.95 * s.leaks),
         Figure("detection", "long suite: leak slope error at detection (median)", med, "x",
-               spread=f"max {max(ratios, default=float('nan')):.2f}x over {len(ratios)}",
+               spread=f"max {max(ratios, default=float('nan')):.2f}x, "
+               f"{sum(r > 2 for r in ratios)} beyond 2x over {len(ratios)}",
                target="<= 1.1, all <= 2", met=bool(ratios) and med <= 1.1 and max(ratios) <= 2),
+        Figure("detection", "long suite: leak slope at detection against the growth so far "
+               "(median error)", statistics.median(so_far) if so_far else float("nan"), "x",
+               spread=f"max {max(so_far, default=float('nan')):.2f}x, "
+               f"{sum(r > 2 for r in so_far)} beyond 2x over {len(so_far)}; reported: the "
+               "truth the target is held to is the suite's rate"),
         Figure("detection", "long suite: leak alerts before the onset", float(len(s.early)),
                "alerts", spread="; ".join(s.early[:5]) or "none", target="0",
                met=not s.early),

@@ -157,6 +157,9 @@ class LongScenario(Scenario):
     dt_s: float = 2.0
     throughput: bool = False
     lazy_warmup: bool = False
+    # (ts, bytes the leak had added by then), a point a minute from its onset: the rate a
+    # verdict could have seen so far (an under-load leak's 2-hour average is not yet known)
+    leak_history: list[tuple[float, int]] = field(default_factory=list)
 
 
 # --- the servers -------------------------------------------------------------------------------
@@ -338,7 +341,8 @@ def build(spec: Spec) -> LongScenario:
         agent_gaps=[(START_S + s, START_S + s + n) for s, n in spec.agent_gaps],
         tight=spec.tight, peak_ratio=run.peak_bytes / (spec.limit_gib * GIB),
         limit_bytes=spec.limit_gib * GIB, dt_s=spec.dt_s, throughput=spec.throughput,
-        lazy_warmup=spec.lazy_warmup)
+        lazy_warmup=spec.lazy_warmup,
+        leak_history=[(START_S + u, b) for u, b in run.leaked] if lk else [])
 
 
 def _check(spec: Spec, run: Run) -> None:

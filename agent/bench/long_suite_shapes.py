@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 
+LEAK_HISTORY_S = 60.0  # the truth's leaked bytes, recorded this often (the slope scored)
+
 if TYPE_CHECKING:  # the spec is defined with the suite; this module only reads it
     from vramscope.agent.bench.long_suite import Spec
 
@@ -283,6 +285,8 @@ class Run:
     reloads_u: list[float]
     peak_bytes: int  # the most allocated + context, at any instant before an OOM
     retries: int  # allocator retries, all processes
+    leaked: list[tuple[float, int]] = field(default_factory=list)  # (u, bytes leaked by then),
+    #                                                               a point a minute from onset
 
 
 class Sim:
@@ -324,6 +328,7 @@ class Sim:
         self.fill_u: float | None = None  # kv_exhaustion: when the pool filled
         self.draining, self.next_snap = False, 0.0
         self.reloads_u: list[float] = []
+        self.leak_history: list[tuple[float, int]] = []
 
     def _new_proc(self, u: float, pid: int) -> _Proc:
         load_end = u + self.rng.uniform(20.0, 60.0)
@@ -350,7 +355,7 @@ class Sim:
         return Run(self.samples, self.events, self.postmortems, end,
                    self.fill_u if self.stop_u is not None else self.oom_u, onset,
                    self.warm_end_u, self.reloads_u, self.peak + CONTEXT_BYTES,
-                   self.retries_before + self.proc.retries)
+                   self.retries_before + self.proc.retries, self.leak_history)
 
     # --- requests ------------------------------------------------------------------------------
     def _advance(self, u: float) -> None:
@@ -467,6 +472,8 @@ class Sim:
                 self.steps_seen += 1
         elif lp.shape == "under_load" and self.traffic.rate(u) > lp.median:
             self.leaked += lp.on_b * self.spec.dt_s
+        if not self.leak_history or u - self.leak_history[-1][0] >= LEAK_HISTORY_S:
+            self.leak_history.append((u, int(self.leaked)))
 
     # --- one sample ----------------------------------------------------------------------------
     def _step(self, u: float) -> None:

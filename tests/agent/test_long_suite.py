@@ -94,6 +94,31 @@ def test_every_leak_shape_averages_its_truth_rate_over_two_hours(spec):
     assert leaked(onset) == 0.0 and leaked(spec.duration_s) >= leaked(onset + 2 * H) > 0
 
 
+def test_a_leak_trace_keeps_what_its_leak_added_a_minute_apart_for_the_scorer():
+    from vramscope.agent.bench.long_detection import grown_per_s
+
+    spec = next(s for s in L.specs(quick=True) if s.leak and s.leak.shape == "under_load")
+    sim = Recording(spec)
+    sim.run()
+    sc = L.build(spec)
+    onset = START_S + spec.leak.onset_s
+    history = sc.leak_history
+    # from the first step at the onset, a point a minute
+    assert onset <= history[0][0] < onset + spec.dt_s
+    assert all(b - a == 60.0 for (a, _), (b, _) in zip(history, history[1:]))
+    trail = dict(sim.trail)
+    assert all(b == int(trail[t - START_S]) for t, b in history)
+    # the rate so far at each hour: what the leak added until then over the time since onset
+    for hours in (0.5, 1.0, 2.0):
+        ts = onset + hours * H
+        added = [b for t, b in history if t <= ts][-1]
+        assert grown_per_s(history, onset, ts) == added / (hours * H)
+    # under load only: after two hours its average is the suite's rate, not at every hour
+    assert grown_per_s(history, onset, onset + 2 * H) == pytest.approx(
+        spec.leak.rate * LIMIT / 3600, rel=0.03)
+    assert grown_per_s([], onset, onset + H) == 0.0 == grown_per_s(history, onset, onset - 1)
+
+
 def test_steps_jump_every_10_to_40_minutes_and_hold_the_window_exactly():
     import random
     times, sizes = shapes._steps(random.Random(3), 5000.0, 5000.0 + 4 * H, 100.0)
