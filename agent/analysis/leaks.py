@@ -53,8 +53,10 @@ Two refinements make it fast and load-aware:
   trend checks on the points since the change point (``confirm``: Mann–Kendall
   p < ``P_CONFIRM`` over at least ``MIN_CONFIRM_S`` of floor,
   Theil–Sen slope at least the minimum over them and over their second half, growth at least
-  ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
-  before the floor ever settled and for slow leaks.
+  ``MIN_GROWTH_NOISE`` times the noise; its slope, like the horizon's, the one since the knee
+  of a broken-stick fit where that is steeper: a change point read early dilutes it). The
+  Mann–Kendall verdict above stays, for what rose before the floor ever settled and for slow
+  leaks.
 
 A leak found stays found until its trend is gone (hysteresis, on either route).
 
@@ -537,7 +539,14 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
                 f"moved {growth / 2**20:+.1f} MiB over {n} points ({pct_h:+.3f} %/h of the "
                 f"limit, Theil-Sen); Mann-Kendall p={test.p_rising:.2g}")
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
-    return LeakResult(all(checks), trend.slope, int(growth), t0, None, evidence,
+    slope, start = trend.slope, t0
+    if all(checks) and n >= 2 * MIN_FIT_POINTS:
+        knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
+        since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
+        if len(since) >= MIN_FIT_POINTS:
+            slope = max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope)
+            start = t0 + knee
+    return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 
 
