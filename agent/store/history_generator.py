@@ -148,12 +148,15 @@ VERDICT_EVERY_S = 300.0  # the engine's heartbeat (agent/alerts/verdicts.py HEAR
 def write_verdicts(store: Store, h: History) -> int:
     """The verdicts an agent would have stored over the history: one row a heartbeat per
     device's process (pid 1000 + device), the leaking device's a leak of 1 MiB a minute once
-    20 minutes of floor are in, the others no leak; risk ok. The pages read these."""
+    the default warm-up and minimum span of floor are in, the others no leak; risk ok. The
+    pages read these."""
     from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.analysis.thresholds import Thresholds
     from vramscope.agent.store import verdicts
 
     rows = []
-    warm = h.start_s + 1200.0 + 900.0
+    t = Thresholds()
+    warm = h.start_s + t.leak_warmup_s + t.leak_min_span_s
     for k in range(int((h.end_s - h.start_s) // VERDICT_EVERY_S) + 1):
         ts = h.start_s + k * VERDICT_EVERY_S
         for d in range(h.devices):
