@@ -47,10 +47,9 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     # the floor is read with requests in flight (never idle, no KV figures) the trend's own
     # points with what the requests hold fitted out: a load ramp lifts the raw ones too
     since = trend.t0 + trend.span_s / 2
-    pts = [p for p in leak.recent_floor if p[0] >= since]
-    estimated = [p for p in leak.load_free_points() if p[0] >= since]
-    if len(estimated) >= 4:
-        pts = estimated
+    pts = [p for p in leak.load_free_points() if p[0] >= since]
+    if len(pts) < 4:
+        pts = [p for p in leak.recent_floor if p[0] >= since]
     if len(pts) < 4:
         return None
     pts = pts[::max(1, len(pts) // 60)]

@@ -278,9 +278,9 @@ class LeakDetector:
         if total and (allocated is not None or self.limit_bytes is None):
             self.limit_bytes = total  # an allocator sample's limit wins
         if allocated is not None and self._unconfirmed is not None:
-            at, before, waiting = self._unconfirmed
+            at, before, _ = self._unconfirmed
             if allocated >= RELOAD_RATIO * before or s.ts_s - at >= RELOAD_CONFIRM_S:
-                self._unconfirmed, self.result = None, waiting
+                self._reload_confirmed()
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
             self._reload(s.ts_s, allocated)
@@ -438,6 +438,11 @@ class LeakDetector:
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
                      f"{allocated / 2**20:.1f} MiB): " + waiting.evidence))
 
+    def _reload_confirmed(self) -> None:
+        """The fall was a reload: its answer (the new warm-up's) is the answer from now."""
+        assert self._unconfirmed is not None
+        self.result, self._unconfirmed = self._unconfirmed[2], None
+
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
 
@@ -477,7 +482,7 @@ class LeakDetector:
     def _publish(self, verdict: LeakResult, now_s: float) -> LeakResult:
         """The verdict with what carries over: the first detection, the windows, orphans."""
         if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
-            self.result, self._unconfirmed = self._unconfirmed[2], None
+            self._reload_confirmed()
         prev = self.result
         was = prev.detected and prev.p_value is not None
         first = prev.first_detected_ts_s
@@ -541,10 +546,8 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     slope, start = trend.slope, t0
     if all(checks) and n >= 2 * MIN_FIT_POINTS:
-        knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
-        since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
-        if len(since) >= MIN_FIT_POINTS:
-            slope = max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope)
+        slope, knee = steeper_since_knee(xs, ys, slope)
+        if knee is not None:
             start = t0 + knee
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
@@ -581,16 +584,25 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     start, slope = rise_start(points), trend.slope
-    if all(checks):  # the leak's own rate: the fit since the rise began (the broken-stick
-        # fit's knee), not the horizon's diluted by the flat floor before; a leak in steps
-        # keeps the horizon's slope (pairs within one step make the median slope since zero)
-        knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
-        since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
-        if len(since) >= MIN_FIT_POINTS:
-            slope = max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope)
+    if all(checks):
+        slope, knee = steeper_since_knee(xs, ys, slope)
+        if knee is not None:
             start = max(start, t0 + knee)
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
+
+
+def steeper_since_knee(xs: Sequence[float], ys: Sequence[float], slope: float
+                       ) -> tuple[float, float | None]:
+    """The leak's own rate: the Theil–Sen slope since the rise began (the broken-stick fit's
+    knee) where it is steeper than ``slope``, the fit over all the points, which the flat floor
+    before the rise dilutes; and the knee (None: fewer than ``MIN_FIT_POINTS`` after it). A leak
+    in steps keeps ``slope`` (pairs within one step make the median slope since zero)."""
+    knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
+    since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
+    if len(since) < MIN_FIT_POINTS:
+        return slope, None
+    return max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope), knee
 
 
 def rise_start(points: Sequence[tuple[float, int]]) -> float:

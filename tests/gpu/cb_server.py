@@ -108,12 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     kept_ts: list[float] = []
     k = 0
 
-    def submit(manager: Any) -> str:
+    def submit(manager: Any) -> None:
         nonlocal k
         prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(32, 192))]
+        manager.add_request(prompt, request_id=f"r{k}", max_new_tokens=rng.randint(16, 64))
         k += 1
-        return str(manager.add_request(prompt, request_id=f"r{k - 1}",
-                                       max_new_tokens=rng.randint(16, 64)))
 
     def finish(manager: Any) -> None:
         """Wait for the next finished request, whichever it is (``get_result`` with an id
@@ -147,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                     submit(manager)
                 for _ in range(args.in_flight):
                     finish(manager)
-            while not args.never_idle and time.time() - t0 < args.duration_s and errors < 10:
-                for _ in range(args.burst):
-                    submit(manager)
-                for _ in range(args.burst):
-                    finish(manager)
-                time.sleep(rng.uniform(0.2, 1.0))  # the pool empties between bursts
+            else:
+                while time.time() - t0 < args.duration_s and errors < 10:
+                    for _ in range(args.burst):
+                        submit(manager)
+                    for _ in range(args.burst):
+                        finish(manager)
+                    time.sleep(rng.uniform(0.2, 1.0))  # the pool empties between bursts
     finally:
         undo()
         handle.detach()
