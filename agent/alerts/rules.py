@@ -47,7 +47,7 @@ DERIVED_METRICS: dict[str, str] = {
     "time_to_oom_s": "forecast time to OOM from the trend of peaks; absent when not rising",
     "risk_level": "0 ok, 1 warning, 2 critical (risk model)",
     "leak_detected": "1 while the idle-floor leak detector (or the KV orphan check) says leak",
-    "leak_slope_bytes_per_s": "idle-floor Theil–Sen slope at the latest leak evaluation",
+    "leak_slope_bytes_per_s": "the leak's rate at the latest leak evaluation (leaks.leak_rate)",
     "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
     "kv_usage_ratio": "KV blocks used / total",
     "kv_exhaustion_s": "time until used KV blocks reach the total at the pool's fill trend",

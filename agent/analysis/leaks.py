@@ -53,12 +53,18 @@ Two refinements make it fast and load-aware:
   trend checks on the points since the change point (``confirm``: Mann–Kendall
   p < ``P_CONFIRM`` over at least ``MIN_CONFIRM_S`` of floor,
   Theil–Sen slope at least the minimum over them and over their second half, growth at least
-  ``MIN_GROWTH_NOISE`` times the noise; its slope, like the horizon's, the one since the knee
-  of a broken-stick fit where that is steeper: a change point read early dilutes it). The
-  Mann–Kendall verdict above stays, for what rose before the floor ever settled and for slow
-  leaks.
+  ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
+  before the floor ever settled and for slow leaks.
 
 A leak found stays found until its trend is gone (hysteresis, on either route).
+
+The rate a leak verdict reports (either route) is not the test's Theil–Sen slope but
+``leak_rate``: the least-squares slope of a broken-stick fit since its knee where the knee is
+more than the noise (F test, ``F_KNEE``, on the autocorrelated points' effective count), else of
+the straight line over the span. The flat floor before a leak that began inside the span dilutes
+the whole span's slope; a knee the noise made would read a steep stretch of noise as the rate;
+and the median pair slope of a leak in steps or only under load reads the flat stretches
+between its rises.
 
 Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
 that were never returned; ``blocks`` is the current count) is a leak signal of its own.
@@ -102,6 +108,7 @@ RECENT_FLOOR_POINTS = 2048
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
+F_KNEE = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
@@ -545,10 +552,11 @@ def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds
                 f"limit, Theil-Sen); Mann-Kendall p={test.p_rising:.2g}")
     line = ((t0, trend.intercept), (points[-1][0], trend.intercept + growth))
     slope, start = trend.slope, t0
-    if all(checks) and n >= 2 * MIN_FIT_POINTS:
-        slope, knee = steeper_since_knee(xs, ys, slope)
+    if all(checks):
+        slope, knee = leak_rate(xs, ys, slope, test.variance_factor)
         if knee is not None:
             start = t0 + knee
+        evidence += _rate_words(slope, None if knee is None else start, limit_bytes)
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 
@@ -585,24 +593,40 @@ def evaluate_floor(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thr
     evidence = _evidence(points, trend.slope, growth, test, r_test, limit_bytes, checks)
     start, slope = rise_start(points), trend.slope
     if all(checks):
-        slope, knee = steeper_since_knee(xs, ys, slope)
+        slope, knee = leak_rate(xs, ys, slope, test.variance_factor)
         if knee is not None:
             start = max(start, t0 + knee)
+        evidence += _rate_words(slope, None if knee is None else t0 + knee, limit_bytes)
     return LeakResult(all(checks), slope, int(growth), start, None, evidence,
                       test.p_rising, line)
 
 
-def steeper_since_knee(xs: Sequence[float], ys: Sequence[float], slope: float
-                       ) -> tuple[float, float | None]:
-    """The leak's own rate: the Theil–Sen slope since the rise began (the broken-stick fit's
-    knee) where it is steeper than ``slope``, the fit over all the points, which the flat floor
-    before the rise dilutes; and the knee (None: fewer than ``MIN_FIT_POINTS`` after it). A leak
-    in steps keeps ``slope`` (pairs within one step make the median slope since zero)."""
-    knee = hinge_fit(xs, ys, MIN_FIT_POINTS)[0]
-    since = [(x, y) for x, y in zip(xs, ys) if x >= knee]
-    if len(since) < MIN_FIT_POINTS:
-        return slope, None
-    return max(slope, theil_sen([p[0] for p in since], [p[1] for p in since]).slope), knee
+def leak_rate(xs: Sequence[float], ys: Sequence[float], slope: float,
+              variance_factor: float) -> tuple[float, float | None]:
+    """The leak's own rate and where its rise began (None: the whole span).
+
+    Since the knee of a broken-stick fit (``stats.hinge_fit``) where the knee is more than the
+    noise (its F over the autocorrelation's ``variance_factor`` at least ``F_KNEE``), else over
+    the span: the least-squares slope there, where it lies in the Theil–Sen slope's confidence
+    band over the same points, else the Theil–Sen slope. Least squares reads a leak's average
+    rate, where the median pair slope of a leak in steps or only under load reads the flat
+    stretches between its rises; the band keeps it from a stretch of floor that is off (a
+    residual floor read while the bytes per KV block were still being learnt). ``slope``, the
+    detection test's Theil–Sen slope, where neither gives a rise."""
+    hinge = hinge_fit(xs, ys, MIN_FIT_POINTS)
+    knee = hinge.knee if hinge.f >= F_KNEE * max(1.0, variance_factor) else None
+    part = [(x, y) for x, y in zip(xs, ys) if knee is None or x >= knee]
+    px, py = [p[0] for p in part], [p[1] for p in part]
+    squares = hinge_fit(px, py, len(px)).slope  # one knee, the first: the straight line
+    robust = theil_sen(px, py)
+    rate = squares if robust.slope_low <= squares <= robust.slope_high else robust.slope
+    return (rate, knee) if rate > 0 else (slope, None)
+
+
+def _rate_words(rate: float, knee_ts: float | None, limit_bytes: int) -> str:
+    where = "over the span" if knee_ts is None else f"since the rise began at {knee_ts:.3f}"
+    return (f"; its rate {100.0 * rate * 3600.0 / limit_bytes:+.3f} %/h of the limit "
+            f"(least squares {where})")
 
 
 def rise_start(points: Sequence[tuple[float, int]]) -> float:

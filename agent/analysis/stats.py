@@ -237,18 +237,27 @@ def _weighted_least_squares(rows: Sequence[tuple[float, float, float]], ys: Sequ
     return out[0], out[1], out[2]
 
 
-def hinge_fit(xs: Sequence[float], ys: Sequence[float], min_after: int) -> tuple[float, float]:
-    """The broken-stick fit ``y = a + slope x max(0, x - knee)`` of least squares, the knee
-    at one of the points (the first: a straight line), at least ``min_after`` points after it:
-    ``(knee, slope)``. When a leak began inside the horizon this is its start and its own
-    rate, not the horizon's slope diluted by the flat floor before it. O(n) by suffix sums."""
+class Hinge(NamedTuple):
+    """A broken-stick fit ``y = a + slope x max(0, x - knee)`` of least squares."""
+
+    knee: float  # the first x: a straight line
+    slope: float  # since the knee
+    f: float  # its F statistic against the straight line (one parameter more); 0 for a line
+
+
+def hinge_fit(xs: Sequence[float], ys: Sequence[float], min_after: int) -> Hinge:
+    """The broken-stick fit of least squares, the knee at one of the points (the first: a
+    straight line), at least ``min_after`` points after it. When a leak began inside the
+    horizon this is its start and its own rate, not the horizon's slope diluted by the flat
+    floor before it; ``f`` says whether the knee is more than the noise. O(n) by suffix sums."""
     n = len(xs)
     if n < 2:
-        return (xs[0] if xs else 0.0), 0.0
+        return Hinge((xs[0] if xs else 0.0), 0.0, 0.0)
     sy = sum(ys)
     syy = sum(y * y for y in ys)
     # suffix sums over the points from i on: count, x, x^2, y, x*y
     best = (math.inf, xs[0], 0.0)
+    line = math.inf  # the straight line's (the knee at the first point)
     st = stt = sy_ = sty = 0.0
     for i in range(n - 1, -1, -1):
         x, y = xs[i], ys[i]
@@ -265,8 +274,14 @@ def hinge_fit(xs: Sequence[float], ys: Sequence[float], min_after: int) -> tuple
             continue
         slope = (n * szy - sz * sy) / denom
         a = (sy - slope * sz) / n
-        sse = syy - 2 * a * sy - 2 * slope * szy + n * a * a + 2 * a * slope * sz \
-            + slope * slope * szz
+        sse = max(0.0, syy - 2 * a * sy - 2 * slope * szy + n * a * a + 2 * a * slope * sz
+                  + slope * slope * szz)
+        if i == 0:
+            line = sse
         if sse < best[0]:
             best = (sse, knee, slope)
-    return best[1], best[2]
+    sse, knee, slope = best
+    if knee == xs[0] or n <= 3 or not math.isfinite(line):
+        return Hinge(knee, slope, 0.0)
+    f = math.inf if sse <= 0 else (line - sse) / (sse / (n - 3))
+    return Hinge(knee, slope, f)

@@ -23,6 +23,7 @@ it, in batches of a minute of records. Scored against the traces' truth (targets
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
@@ -63,6 +64,7 @@ class LongScore:
     early: list[str] = field(default_factory=list)
     slope_ratios: list[float] = field(default_factory=list)
     so_far_ratios: list[float] = field(default_factory=list)  # against the growth until then
+    so_far_names: list[str] = field(default_factory=list)  # the traces of so_far_ratios
     missed: list[str] = field(default_factory=list)
     ooms: int = 0
     warned: int = 0
@@ -148,9 +150,11 @@ def score_leak(sc: Scenario, run: Run, out: LongScore) -> None:
     limit = sc.samples[0].device_total_bytes or 1
     truth = sc.leak_rate_ratio_per_h * limit / 3600.0
     out.slope_ratios.append(run.leak_slopes[found[0]] / truth)
-    so_far = grown_per_s(getattr(sc, "leak_history", []), onset, found[0])
-    if so_far:
-        out.so_far_ratios.append(run.leak_slopes[found[0]] / so_far)
+    history = getattr(sc, "leak_history", [])
+    so_far = grown_per_s(history, onset, found[0])
+    if history:  # a slope found before the leak added anything is no estimate of it
+        out.so_far_ratios.append(run.leak_slopes[found[0]] / so_far if so_far else math.inf)
+        out.so_far_names.append(sc.name)
 
 
 def grown_per_s(history: Sequence[tuple[float, int]], onset: float, ts: float) -> float:
@@ -229,6 +233,7 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
     ratios = [max(r, 1 / r) if r > 0 else float("inf") for r in s.slope_ratios]
     med = statistics.median(ratios) if ratios else float("nan")
     so_far = [max(r, 1 / r) if r > 0 else float("inf") for r in s.so_far_ratios]
+    so_med = statistics.median(so_far) if so_far else float("nan")
     out = [
         Figure("detection", "long suite: false alarms per simulated week", week_rate, "/week",
                spread=f"{len(s.false_alarms)} in {s.healthy_days:.1f} healthy days; "
@@ -241,15 +246,20 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
                100 * s.found / s.leaks if s.leaks else float("nan"), "%",
                spread=f"{s.found} of {s.leaks}; missed: " + (", ".join(s.missed) or "none"),
                target=">= 95", met=bool(s.leaks) and s.found >= 0.95 * s.leaks),
-        Figure("detection", "long suite: leak slope error at detection (median)", med, "x",
-               spread=f"max {max(ratios, default=float('nan')):.2f}x, "
-               f"{sum(r > 2 for r in ratios)} beyond 2x over {len(ratios)}",
-               target="<= 1.1, all <= 2", met=bool(ratios) and med <= 1.1 and max(ratios) <= 2),
-        Figure("detection", "long suite: leak slope at detection against the growth so far "
-               "(median error)", statistics.median(so_far) if so_far else float("nan"), "x",
+        Figure("detection", "long suite: leak slope error at detection (median, against the "
+               "growth so far)", so_med, "x",
                spread=f"max {max(so_far, default=float('nan')):.2f}x, "
-               f"{sum(r > 2 for r in so_far)} beyond 2x over {len(so_far)}; reported: the "
-               "truth the target is held to is the suite's rate"),
+               f"{sum(r > 2 for r in so_far)} beyond 2x over {len(so_far)}"
+               + "".join(f"; {name}: {r:.2f}x" for name, r in zip(s.so_far_names, s.so_far_ratios)
+                         if max(r, 1 / r if r else math.inf) > 2),
+               target="<= 1.1, all <= 2", met=bool(so_far) and so_med <= 1.1
+               and max(so_far) <= 2),
+        Figure("detection", "long suite: leak slope at detection against the suite's 2-hour "
+               "average rate (median error)", med, "x",
+               spread=f"max {max(ratios, default=float('nan')):.2f}x, "
+               f"{sum(r > 2 for r in ratios)} beyond 2x over {len(ratios)}; reported: an "
+               "under-load leak's average counts the hours it does not leak, after the "
+               "detection too"),
         Figure("detection", "long suite: leak alerts before the onset", float(len(s.early)),
                "alerts", spread="; ".join(s.early[:5]) or "none", target="0",
                met=not s.early),

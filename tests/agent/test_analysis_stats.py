@@ -113,10 +113,25 @@ def test_hinge_fit_finds_where_a_rise_began_and_its_own_rate():
     # over the whole would say about 3)
     xs = [float(i) for i in range(40)]
     ys = [100.0 if i <= 20 else 100.0 + 5.0 * (i - 20) for i in range(40)]
-    knee, slope = hinge_fit(xs, ys, 6)
+    knee, slope, f = hinge_fit(xs, ys, 6)
     assert (knee, slope) == (20.0, pytest.approx(5.0, rel=1e-9))
-    # a straight line: the knee at the first point, the line's slope
-    knee, slope = hinge_fit(xs, [7.0 + 2.0 * x for x in xs], 6)
-    assert (knee, slope) == (0.0, pytest.approx(2.0, rel=1e-9))
+    assert f == math.inf  # an exact knee: nothing left for the noise
+    # a straight line: the knee at the first point, the line's slope, no F
+    assert hinge_fit(xs, [7.0 + 2.0 * x for x in xs], 6) == (0.0, pytest.approx(2.0, rel=1e-9),
+                                                             0.0)
     # too few points after any knee: no knee after the first
     assert hinge_fit(xs[:5], ys[:5], 6)[1] == 0.0
+
+
+def test_hinge_fit_f_tells_a_knee_from_noise():
+    from vramscope.agent.analysis.stats import hinge_fit
+
+    # a line with alternating +-1 noise: whatever knee fits best improves the fit by little
+    xs = [float(i) for i in range(40)]
+    noisy = [2.0 * x + (1.0 if i % 2 else -1.0) for i, x in enumerate(xs)]
+    assert hinge_fit(xs, noisy, 6).f < 3.84
+    # flat, then +5 per step, with the same noise: the knee is far beyond it
+    bent = [100.0 + 5.0 * max(0.0, x - 20.0) + (1.0 if i % 2 else -1.0)
+            for i, x in enumerate(xs)]
+    knee, slope, f = hinge_fit(xs, bent, 6)
+    assert knee == 20.0 and slope == pytest.approx(5.0, rel=0.02) and f > 1000.0
