@@ -12,6 +12,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +136,9 @@ def render_one_answer(doc: dict[str, Any]) -> str:
             f"({doc['span_s'] / 60:.1f} min recorded, {doc['verdict_rows']} verdict rows).")
 
 
-def render_slow_leak(doc: dict[str, Any]) -> str:
+def render_slow_leak(doc: dict[str, Any], run: Path) -> str:
     """Issue 30's GPU check (record_cb_pair.sh slow-leak): the truth from the servers' own
-    summaries beside what the agent said as it ran, then every surface now."""
-    run = RUNS / "2026-12-05"
+    summaries (in ``run``) beside what the agent said as it ran, then every surface now."""
     leak = json.loads((run / "cb-leak.json").read_text())
     healthy = json.loads((run / "cb-healthy.json").read_text())
     size = leak["kept_bytes"] // leak["kept_tensors"]
@@ -161,13 +161,18 @@ def render_slow_leak(doc: dict[str, Any]) -> str:
                 continue
             seen = (state, risk)
             ratio = f" {slope:,.0f} bytes/s ({slope / truth:.3f}x the truth)" if slope else ""
-            cells.append(f"{doc['first_ts'] + ts - start:.0f} s: "
+            cells.append(f"{round(doc['first_ts'] + ts - start)} s: "
                          f"{state.replace('_', ' ')}{ratio}, risk {risk}")
         lines.append(f"| {pid} | " + "; ".join(cells) + " |")
     alerts = "; ".join(f"`{rule}` ({severity}) at {doc['first_ts'] + fired - leak['t0']:.0f} s: "
                        f"\"{message}\"" for rule, severity, fired, _, message in doc["alerts"])
     lines += ["", f"Alerts the agent raised: {alerts or 'none'}.", "", render_one_answer(doc)]
     return "\n".join(lines)
+
+
+def slow_leak_block(run: str) -> tuple[str, Callable[[dict[str, Any]], str]]:
+    """A slow-leak recording's block: its one_answer.json, rendered with its folder's truth."""
+    return f"{run}/one_answer.json", partial(render_slow_leak, run=RUNS / run)
 
 
 BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
@@ -177,7 +182,8 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "config_check": ("2026-12-02b/config_check.json", render_config_check),
     "one_answer": ("2026-12-04b/one_answer.json", render_one_answer),
     "one_answer_cb": ("2026-12-04d/one_answer.json", render_one_answer),
-    "slow_leak": ("2026-12-05/one_answer.json", render_slow_leak),
+    "slow_leak": slow_leak_block("2026-12-05"),
+    "slow_leak_b": slow_leak_block("2026-12-05b"),
 }
 
 
