@@ -59,12 +59,12 @@ Two refinements make it fast and load-aware:
 A leak found stays found until its trend is gone (hysteresis, on either route).
 
 The rate a leak verdict reports (either route) is not the test's Theil–Sen slope but
-``leak_rate``: the least-squares slope of a broken-stick fit since its knee where the knee is
-more than the noise (F test, ``F_KNEE``, on the autocorrelated points' effective count), else of
-the straight line over the span. The flat floor before a leak that began inside the span dilutes
-the whole span's slope; a knee the noise made would read a steep stretch of noise as the rate;
-and the median pair slope of a leak in steps or only under load reads the flat stretches
-between its rises.
+``leak_rate``: the least-squares slope since the knee of a broken-stick fit where the knee is
+more than the noise (F test, ``F_KNEE``, on the autocorrelated points' effective count), else
+over the span, kept inside Sen's band of the Theil–Sen slope over the same points. The flat
+floor before a leak that began inside the span dilutes the whole span's slope; a knee the
+noise made would read a steep stretch of noise as the rate; and the median pair slope of a
+leak in steps or only under load reads the flat stretches between its rises.
 
 Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
 that were never returned; ``blocks`` is the current count) is a leak signal of its own.
@@ -625,8 +625,7 @@ def leak_rate(xs: Sequence[float], ys: Sequence[float], slope: float,
 
 def _rate_words(rate: float, knee_ts: float | None, limit_bytes: int) -> str:
     where = "over the span" if knee_ts is None else f"since the rise began at {knee_ts:.3f}"
-    return (f"; its rate {100.0 * rate * 3600.0 / limit_bytes:+.3f} %/h of the limit "
-            f"(least squares {where})")
+    return f"; its rate {100.0 * rate * 3600.0 / limit_bytes:+.3f} %/h of the limit {where}"
 
 
 def rise_start(points: Sequence[tuple[float, int]]) -> float:

@@ -272,3 +272,29 @@ def test_without_kv_figures_a_wave_after_its_prefill_is_the_floor_not_its_prefil
         if point is not None:
             points.append((point, tracker.last_load))
     assert points == [((40.0, 115), 5)]  # RESIDUAL + 4 in flight: an estimated floor
+
+
+def test_leak_rate_is_the_rise_since_a_real_knee_the_average_of_steps_and_robust_to_a_low_stretch():
+    from vramscope.agent.analysis.leaks import leak_rate
+
+    xs = [60.0 * i for i in range(60)]
+    # flat for 30 minutes, then 10 bytes/s, with +-100 bytes of alternating noise: the knee
+    # (F far beyond the noise) at minute 30, the rate since it
+    bent = [1e6 + 10.0 * max(0.0, x - 1800.0) + (100.0 if i % 2 else -100.0)
+            for i, x in enumerate(xs)]
+    rate, knee = leak_rate(xs, bent, 5.0, 1.0)
+    assert knee == 1800.0 and rate == pytest.approx(10.0, rel=0.01)
+    # the same noise on a straight line: no knee, the line's slope
+    line = [1e6 + 10.0 * x + (100.0 if i % 2 else -100.0) for i, x in enumerate(xs)]
+    rate, knee = leak_rate(xs, line, 9.0, 1.0)
+    assert knee is None and rate == pytest.approx(10.0, rel=0.01)
+    # a leak in three steps of 12,000 bytes (minutes 5, 25 and 55: 10.2 bytes/s over the
+    # span): least squares reads 7.9, the median pair slope 6.9 (pairs within a step's flat)
+    steps = [1e6 + 12_000.0 * ((i >= 5) + (i >= 25) + (i >= 55)) for i in range(60)]
+    rate, knee = leak_rate(xs, steps, 6.9, 3.9)
+    assert knee is None and round(rate, 2) == 7.92
+    # the first ten points 36,000 bytes low (a residual floor read with a wrong bytes per
+    # block): least squares would read 1.7x; outside Sen's band, the Theil-Sen slope stands
+    low = [y - (36_000.0 if i < 10 else 0.0) for i, y in enumerate(line)]
+    rate, knee = leak_rate(xs, low, 0.0, 25.0)
+    assert knee is None and rate == pytest.approx(10.0, rel=0.02)
