@@ -250,8 +250,8 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
                "growth so far)", so_med, "x",
                spread=f"max {max(so_far, default=float('nan')):.2f}x, "
                f"{sum(r > 2 for r in so_far)} beyond 2x over {len(so_far)}"
-               + "".join(f"; {name}: {r:.2f}x" for name, r in zip(s.so_far_names, s.so_far_ratios)
-                         if max(r, 1 / r if r else math.inf) > 2),
+               + "".join(f"; {name}: {r:.2f}x" for name, r, error
+                         in zip(s.so_far_names, s.so_far_ratios, so_far) if error > 2),
                target="<= 1.1, all <= 2", met=bool(so_far) and so_med <= 1.1
                and max(so_far) <= 2),
         Figure("detection", "long suite: leak slope at detection against the suite's 2-hour "
