@@ -154,8 +154,12 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         rate = result.slope_bytes_per_s * 3600
         share = f", {100 * rate / limit_bytes:.2f} % of the limit" if limit_bytes else ""
         since = "" if result.start_ts_s is None else f" since {iso_utc(result.start_ts_s)}"
-        text = (f"idle floor rising {size(rate)}/h{share}{since}, over "
+        about = "about " if result.estimated_floor else ""
+        text = (f"idle floor rising {about}{size(rate)}/h{share}{since}, over "
                 f"{duration(result.span_s)} of floor after the warm-up (leak)")
+        if result.estimated_floor:
+            text += ("; a rough rate: the floor is estimated (never idle, no KV figures), "
+                     "KV figures make it exact")
     return text + (f" [{who}]" if who else "")
 
 

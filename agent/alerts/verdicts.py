@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.alerts.explain import warning_cause
+from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
 if TYPE_CHECKING:
     from vramscope.agent.alerts.engine import DeviceAnalysis
@@ -53,6 +54,8 @@ class Verdict(NamedTuple):
     rank: int | None = None
     # the fitted floor line, ((ts, bytes), (ts, bytes)), for charts; not part of the answer
     leak_trend_line: tuple[tuple[float, float], tuple[float, float]] | None = None
+    # the windows the leak detector chose from the data (None: not chosen yet); chosen once
+    leak_windows: Windows | None = None
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
@@ -70,7 +73,8 @@ class Verdict(NamedTuple):
                          "first_detected_ts": self.leak_first_detected_ts_s,
                          "span_s": self.leak_span_s, "evidence": self.leak_evidence,
                          "trend_line": ([list(p) for p in self.leak_trend_line]
-                                        if self.leak_trend_line else None)},
+                                        if self.leak_trend_line else None),
+                         "windows": windows_json(self.leak_windows)},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
@@ -89,7 +93,8 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    leak["span_s"], leak["evidence"], risk["level"], risk["cause"],
                    tuple(risk["reasons"]), risk["headroom_bytes"], risk["time_to_oom_s"],
                    risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
-                   kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")))
+                   kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
+                   windows_from_json(leak.get("windows")))
 
 
 def _line(value: Any) -> tuple[tuple[float, float], tuple[float, float]] | None:
@@ -196,4 +201,4 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    point.time_to_oom_high_s if point is not None else None,
                    kv.usage_ratio if kv is not None else None,
                    kv.exhaustion_s if kv is not None else None,
-                   d.ranks.get(pid) if pid is not None else None, r.trend_line)
+                   d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows)

@@ -113,6 +113,8 @@ RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a 
 RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 INSUFFICIENT = "insufficient_data"
+ESTIMATED_WORDS = ("an estimated floor (never idle and no KV figures: each point is read with "
+                   "requests in flight), so the rate is rough; KV figures make the floor exact")
 ORPHAN_PREFIX = "KV pool reported "  # the evidence of orphaned blocks, before the floor's
 
 
@@ -135,6 +137,9 @@ class LeakResult(NamedTuple):
     orphaned_blocks: int = 0
     enough_data: bool = True  # the trend was tested over the minimum span
     span_s: float = 0.0  # the floor's span after the warm-up that the verdict rests on
+    # a leak found on a floor mostly estimated (never idle, no KV figures: each point read
+    # with requests in flight): its rate is rough (docs/analysis.md, "Limits")
+    estimated_floor: bool = False
 
     @property
     def state(self) -> str:
@@ -503,6 +508,9 @@ class LeakDetector:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
                          "in flight")
+        estimated = verdict.detected and self._mostly_estimated()
+        if estimated:
+            evidence += "; " + ESTIMATED_WORDS
         if self.windows is not None:
             evidence += "; " + self.windows.describe()
         if prev.orphaned_blocks:
@@ -512,7 +520,8 @@ class LeakDetector:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon
         return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
                                 first_detected_ts_s=first, evidence=evidence,
-                                orphaned_blocks=prev.orphaned_blocks, start_ts_s=start)
+                                orphaned_blocks=prev.orphaned_blocks, start_ts_s=start,
+                                estimated_floor=estimated)
 
 
 def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,

@@ -33,7 +33,7 @@ from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.phases import PhaseAccumulator
 from vramscope.agent.analysis.risk import LEVELS
-from vramscope.agent.analysis.windows import Windows
+from vramscope.agent.analysis.windows import Windows, windows_json
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.timefmt import duration, iso_utc
 
@@ -224,7 +224,7 @@ def _device_doc(dev: int, d: DeviceState, summary: DeviceSummary,
                 postmortems: list[PostMortem], replay: Replay,
                 kv_warned_ts: float | None = None) -> dict[str, Any]:
     return {
-        "leak": {**_leak_doc(d.leak.result), "windows": _windows_doc(_windows_of(d))},
+        "leak": {**_leak_doc(d.leak.result), "windows": windows_json(_windows_of(d))},
         "oom": _oom_doc(dev, d, postmortems, replay, kv_warned_ts),
         **_summary_doc(summary, d.kv),
     }
@@ -279,14 +279,6 @@ def _windows_of(d: DeviceState) -> Windows | None:
         return d.leak.windows
     detectors = getattr(d, "leaks", {}).values()
     return next((x.windows for x in detectors if x.windows is not None), None)
-
-
-def _windows_doc(w: Windows | None) -> dict[str, Any] | None:
-    """The windows the analysis chose from the data (None: too few records to choose)."""
-    if w is None:
-        return None
-    return {"floor_s": w.floor_s, "trend_s": w.trend_s, "warmup_s": w.warmup_s,
-            "sample_interval_s": w.dt_s, "cycle_s": w.cycle_s, "cycle_from": w.cycle_from}
 
 
 def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Replay,

@@ -27,7 +27,7 @@ after ``2 × alerts.leak_floor_window_s`` of records (then an unknown cycle give
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.stats import median
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -57,6 +57,34 @@ class Windows(NamedTuple):
             f"a cycle of {self.cycle_s:.3g} s ({self.cycle_from})"
         return (f"windows: floor {self.floor_s:.3g} s, trend {self.trend_s:.3g} s, warm-up "
                 f"{self.warmup_s:.3g} s (samples every {dt}, {cycle})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented form (``leak.windows`` of an analysis document and of a verdict)."""
+        return {"floor_s": self.floor_s, "trend_s": self.trend_s, "warmup_s": self.warmup_s,
+                "sample_interval_s": self.dt_s, "cycle_s": self.cycle_s,
+                "cycle_from": self.cycle_from}
+
+
+def windows_json(w: Windows | None) -> dict[str, Any] | None:
+    """:meth:`Windows.to_json`, or None where no windows were chosen (too few records)."""
+    return None if w is None else w.to_json()
+
+
+def windows_from_json(doc: Any) -> Windows | None:
+    """:meth:`Windows.to_json` back (as a stored verdict keeps it); None for a row written
+    before verdicts kept their windows, or for one that is not a windows object."""
+    if not isinstance(doc, dict):
+        return None
+    try:
+        return Windows(float(doc["floor_s"]), float(doc["trend_s"]), float(doc["warmup_s"]),
+                       _seconds(doc.get("sample_interval_s")), _seconds(doc.get("cycle_s")),
+                       str(doc.get("cycle_from", "none")))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def choose(t: Thresholds, dt_s: float | None, cycle_s: float | None,

@@ -80,10 +80,13 @@ def engine_answers(config: Mapping[str, Any], batches: Iterable[Batch]
     engine = AlertEngine.from_config(config)
     engine.verdicts.keep = False
     rows: list[Verdict] = []
+    # every change, taken batch by batch: the engine's own history keeps only the newest
+    # HISTORY_MAX, and an import of weeks keeps every alert it fired, as an agent would have
+    changes: list[AlertChange] = []
     for samples, events in batches:
-        engine.feed_batch(samples, events)
+        changes += engine.feed_batch(samples, events)
         rows += engine.verdicts.take()
-    return rows, list(engine.history)
+    return rows, changes
 
 
 def written_batches(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,

@@ -215,15 +215,18 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
                   start: float, end: float) -> dict[str, Any]:
     """Put the stored verdicts in an analysis document's place for ``device`` in [start, end]
     (``analyze --db`` ran the engine on what retention left: it may not speak for the engine
-    that saw every record): the leak answer, ``processes`` and the OOM risk's level, first
-    warning and shortest forecast. Returns the leak answer of the process the document
-    speaks for (:func:`leak_result`)."""
+    that saw every record): the leak answer and its windows (where a row keeps them),
+    ``processes`` and the OOM risk's level, first warning and shortest forecast. Returns
+    the leak answer of the process the document speaks for (:func:`leak_result`)."""
     d = doc["devices"].setdefault(str(device), {})
     procs = processes(store, device, host, end)
     d["processes"] = procs
     doc["verdicts_from"] = "store"
     lead = leak_result(leading(procs, "leak"))
     leak = d.setdefault("leak", {})
+    windows = stored_windows(procs, lead["pid"])
+    if windows is not None:  # a store written before verdicts kept them: the engine's stand
+        leak["windows"] = windows
     leak.update(detected=lead["detected"], state=lead["state"],
                 slope_bytes_per_s=lead["slope_bytes_per_s"],
                 first_detected_ts=lead["first_detected_ts_s"], span_s=lead["span_s"],
@@ -240,6 +243,15 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
     return lead
 
 
+def stored_windows(procs: Sequence[Mapping[str, Any]], pid: int | None) -> dict[str, Any] | None:
+    """The windows the leak detector chose, as the headline's process's row keeps them, else
+    as any process's row does (each process's detector chooses its own from the same server;
+    one without a leak is not the headline, but it chose them all the same). None where no
+    row keeps them."""
+    ordered = sorted(procs, key=lambda p: p["pid"] != pid)
+    return next((p["leak"]["windows"] for p in ordered if p["leak"].get("windows")), None)
+
+
 def attach_window(doc: dict[str, Any], store: Store, device: int, host: str | None,
                   start: float, end: float) -> dict[str, Any]:
     """Every verdict field of an analysis document of ``device`` in [start, end] from the
@@ -248,7 +260,8 @@ def attach_window(doc: dict[str, Any], store: Store, device: int, host: str | No
 
     - where no verdict is stored up to ``end``: leak ``insufficient_data`` with
       :data:`NO_VERDICTS` as its evidence (``processes`` empty, ``max_risk`` null);
-    - ``leak.windows`` null (a row keeps the windows only in its evidence's words);
+    - ``leak.windows``: the stored windows (:func:`stored_windows`), null where no row
+      keeps them (a store written before rows kept them);
     - ``alerts``: the alerts the agent stored for the window (:func:`stored_alerts`), and
       ``alerts_from`` ``"agent"``, or ``"none_stored"`` where the store holds no alert of the
       device at all (none fired, or a store imported before ``import`` kept alerts);
@@ -264,7 +277,7 @@ def attach_window(doc: dict[str, Any], store: Store, device: int, host: str | No
     lead = attach_stored(doc, store, device, host, start, end)
     d = doc["devices"][str(device)]
     leak, oom = d["leak"], d["oom"]
-    leak["windows"] = None
+    leak.setdefault("windows", None)
     if not d["processes"]:
         leak.update(state="insufficient_data", evidence=NO_VERDICTS)
     alerts = stored_alerts(store, device, host, start, end)

@@ -6,11 +6,25 @@ from pathlib import Path
 import pytest
 from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.analysis.thresholds import Thresholds
-from vramscope.agent.analysis.windows import WindowChooser, Windows, choose
+from vramscope.agent.analysis.windows import WindowChooser, Windows, choose, windows_from_json
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.trace import read_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_windows_kept_in_a_verdict_row_come_back_and_an_odd_field_is_no_windows():
+    w = choose(Thresholds(), 0.05, 2.2, "idle entries")
+    assert w.to_json() == {"floor_s": 2.2, "trend_s": 4.4, "warmup_s": 300.0,
+                           "sample_interval_s": 0.05, "cycle_s": 2.2,
+                           "cycle_from": "idle entries"}
+    assert windows_from_json(w.to_json()) == w
+    unknown = choose(Thresholds(), None, None)  # too few samples: no interval, no cycle
+    assert windows_from_json(unknown.to_json()) == unknown
+    # a row written before verdicts kept windows, or a damaged field: no windows, no error
+    for odd in (None, "60 s", [60.0], {"floor_s": "a minute", "trend_s": 60, "warmup_s": 300},
+                {"trend_s": 60.0}):
+        assert windows_from_json(odd) is None, odd
 
 
 def test_windows_follow_the_cycle_within_the_configured_bounds():

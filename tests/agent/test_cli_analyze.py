@@ -52,7 +52,7 @@ EXPECTED_DEVICE = {
                  "span_s": 0.0,
                  "evidence": "not enough data yet: warming up (the first 5 min of a process "
                              "are not its floor), then 15 min of idle floor",
-                 "trend_line": None},
+                 "trend_line": None, "windows": None},  # not chosen yet: as the leak's
         "risk": {"level": "critical", "cause": "prefill_spike", "reasons": ["headroom"],
                  "headroom_bytes": G, "time_to_oom_s": None, "time_to_oom_low_s": None,
                  "time_to_oom_high_s": None},

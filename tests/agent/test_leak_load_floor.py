@@ -2,8 +2,9 @@
 reads on a server that is never idle."""
 
 import pytest
+from vramscope.agent.alerts.explain import leak_text
 from vramscope.agent.analysis import load_floor
-from vramscope.agent.analysis.leaks import LeakDetector
+from vramscope.agent.analysis.leaks import ESTIMATED_WORDS, LeakDetector
 from vramscope.agent.analysis.load_floor import BlockBytes, estimate
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Event, Phase, Sample
@@ -107,6 +108,7 @@ def test_the_same_server_with_a_leak_is_found_by_the_sequential_test():
     assert fired.slope_bytes_per_s == MIB and fired.growth_bytes == 600 * MIB
     assert fired.p_value == pytest.approx(1.3118e-5, rel=1e-4)
     assert d.windows is not None and d.windows.floor_s == 20.0
+    assert not fired.estimated_floor and ESTIMATED_WORDS not in fired.evidence  # a residual one
 
 
 def _no_kv_server(n_s, leak_from_s=None, leak_per_s=0):
@@ -168,6 +170,15 @@ def test_without_kv_figures_a_leak_under_a_growing_load_is_found():
     assert fired.p_value == pytest.approx(1.7820e-5, rel=1e-3)
     assert d.windows is not None and (d.windows.floor_s, d.windows.cycle_from) == (
         20.0, "request ends")
+    # its rate is rough, and the verdict and the alert say so (the same leak on a floor read
+    # at idle moments or with KV figures says nothing of the kind: the tests above)
+    assert fired.estimated_floor and ESTIMATED_WORDS in fired.evidence
+    assert leak_text(fired, 80 * 2**30, None).endswith(
+        "of floor after the warm-up (leak); a rough rate: the floor is estimated (never idle, "
+        "no KV figures), KV figures make it exact")
+    assert leak_text(fired, 80 * 2**30, None).startswith(  # the truth: 3.52 GiB/h since 5400 s
+        "idle floor rising about 3.60 GiB/h, 4.50 % of the limit since 1970-01-01T01:32:19.500Z, "
+        "over 2.0 h ")
 
 
 def test_the_oldest_ratios_leave_the_median_once_keep_is_reached():

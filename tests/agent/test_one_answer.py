@@ -105,6 +105,13 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
     onset = last_s - (SPAN_S - STEP_S) + 1200 * STEP_S
     assert onset < live[leaky].leak_first_detected_ts_s < onset + 7200
     expected = sorted(_answer(v.to_json()) for v in live.values())
+    # the windows the leaking process's detector chose from its records, kept in its rows:
+    # every surface shows these (samples every 2 s; no request events and no prefill phase,
+    # so no cycle seen: the bounds, a minute each)
+    windows = live[leaky].leak_windows._asdict() if live[leaky].leak_windows else None
+    assert windows == {"floor_s": 60.0, "trend_s": 60.0, "warmup_s": 300.0, "dt_s": 2.0,
+                       "cycle_s": None, "cycle_from": "none"}
+    windows_doc = live[leaky].to_json()["leak"]["windows"]
 
     # analyze FILE: the exported recording through the same engine
     trace = tmp_path / "recording.jsonl"
@@ -112,11 +119,13 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
     capsys.readouterr()
     doc = _run_json(["analyze", str(trace), "--json"], capsys)
     assert sorted(_answer(v) for v in doc["devices"]["0"]["processes"]) == expected
+    assert doc["devices"]["0"]["leak"]["windows"] == windows_doc
     # analyze --db: the stored verdicts
     doc = _run_json(["analyze", "--db", url, "--json"], capsys)
     assert doc["verdicts_from"] == "store"
     assert sorted(_answer(v) for v in doc["devices"]["0"]["processes"]) == expected
     assert doc["devices"]["0"]["leak"]["pid"] == leaky
+    assert doc["devices"]["0"]["leak"]["windows"] == windows_doc
     # status: the agent is stopped; the stored verdicts are what it knows
     assert main(["status", "--db", url, "--socket", str(tmp_path / "none.sock")]) == 1
     said = capsys.readouterr().out
@@ -141,6 +150,7 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
             assert [p["pid"] for p in leaks["processes"] if p["leak"]["state"] == "leak"] == [
                 leaky]
             assert analysis["devices"]["0"]["leak"]["pid"] == leaky
+            assert analysis["devices"]["0"]["leak"]["windows"] == windows_doc, width
         metrics = client.get("/metrics").get_data(as_text=True)
     assert 'vramscope_process_leak_state{device="0",host=' in metrics
     leak_lines = sorted(line for line in metrics.splitlines()
