@@ -158,8 +158,8 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         text = (f"idle floor rising {about}{size(rate)}/h{share}{since}, over "
                 f"{duration(result.span_s)} of floor after the warm-up (leak)")
         if result.estimated_floor:
-            text += ("; a rough rate: the floor is estimated (never idle, no KV figures), "
-                     "KV figures make it exact")
+            text += ("; a rough rate: the floor is estimated (rarely or never idle, no KV "
+                     "figures), KV figures make it exact")
     return text + (f" [{who}]" if who else "")
 
 

@@ -21,7 +21,10 @@ an earlier verdict):
   point (the Mann–Kendall correction accounts for the autocorrelation this adds);
 - until ``alerts.leak_min_span_s`` of trend points exist after the warm-up the answer is
   ``insufficient_data``, with what is missing ("12.0 more min of idle floor"), never "no leak"
-  and never an alert.
+  and never an alert;
+- where the server idled in the last ``IDLE_RECENT_S``, its idle floors are the trend; where
+  they are too few for a verdict (a server that idles too rarely), every floor point of the
+  horizon is, idle or after a request, as on a server that is never idle (``_rarely_idle``).
 
 The detector is causal and incremental (the live agent and ``analyze`` run the same code). Every
 ``EVAL_EVERY_POINTS`` new trend points past the minimum span it fits the points of the last
@@ -106,6 +109,7 @@ HORIZON_REACH = 0.9  # the most of the horizon a span requirement may ask for (i
 #                      reach one bin short of it)
 RECENT_FLOOR_POINTS = 2048
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
+#                         (unless the horizon's idle floors are too few: _rarely_idle)
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 F_KNEE = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
@@ -113,8 +117,9 @@ RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a 
 RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
 MAX_PENDING = 50_000  # records held while the windows are being chosen (then replayed)
 INSUFFICIENT = "insufficient_data"
-ESTIMATED_WORDS = ("an estimated floor (never idle and no KV figures: each point is read with "
-                   "requests in flight), so the rate is rough; KV figures make the floor exact")
+ESTIMATED_WORDS = ("an estimated floor (rarely or never idle, no KV figures: most points are "
+                   "read with requests in flight), so the rate is rough; KV figures make the "
+                   "floor exact")
 ORPHAN_PREFIX = "KV pool reported "  # the evidence of orphaned blocks, before the floor's
 
 
@@ -137,8 +142,8 @@ class LeakResult(NamedTuple):
     orphaned_blocks: int = 0
     enough_data: bool = True  # the trend was tested over the minimum span
     span_s: float = 0.0  # the floor's span after the warm-up that the verdict rests on
-    # a leak found on a floor mostly estimated (never idle, no KV figures: each point read
-    # with requests in flight): its rate is rough (docs/analysis.md, "Limits")
+    # a leak found on a floor mostly estimated (rarely or never idle, no KV figures: most
+    # points read with requests in flight): its rate is rough (docs/analysis.md, "Limits")
     estimated_floor: bool = False
 
     @property
@@ -161,7 +166,8 @@ def insufficient(t: Thresholds, span_s: float | None, points: int | None = None)
     if span_s is not None and span_s >= need and points is not None:
         text = (f"not enough data yet: {points} idle-floor point(s) in the last "
                 f"{t.leak_horizon_s / 3600:.3g} h, a verdict needs {MIN_FIT_POINTS} (the server "
-                "is idle too rarely to read its floor)")
+                "is idle too rarely to read its floor; its floors after each request give one "
+                f"once they span {busy_span_need(t) / 60:.3g} min)")
     elif span_s is None:
         text = (f"not enough data yet: warming up (the first {t.leak_warmup_s / 60:.3g} min of "
                 f"a process are not its floor), then {need / 60:.3g} min of idle floor")
@@ -170,6 +176,12 @@ def insufficient(t: Thresholds, span_s: float | None, points: int | None = None)
                 f"(has {span_s / 60:.1f} of the {need / 60:.3g} min a verdict rests on, after "
                 f"the {t.leak_warmup_s / 60:.3g} min warm-up)")
     return NO_VERDICT._replace(evidence=text, span_s=span_s or 0.0)
+
+
+def busy_span_need(t: Thresholds) -> float:
+    """The span a verdict on floors read with requests in flight needs: ``ESTIMATED_SPAN``
+    times the minimum span, but never more than the horizon can hold."""
+    return min(t.leak_min_span_s * ESTIMATED_SPAN, HORIZON_REACH * t.leak_horizon_s)
 
 
 def orphaned_count(e: Event) -> int:
@@ -204,6 +216,10 @@ class LeakDetector:
         # point of a server that idles rarely does not linger); the rolled point is the one of
         # the lowest load (FloorTracker.last_load: idle first), then the least value
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=ROLLING_POINTS)
+        # every binned floor point of the last horizon, (ts, load, value), idle or not: the
+        # trend of a server that idles too rarely for its idle floors alone (_rarely_idle)
+        self._bins: deque[tuple[float, int, int]] = deque()
+        self._since_busy_eval = 0
         self._count = 0  # trend points so far (the CUSUM waits for a full rolling window)
         self._bin_s = self.t.leak_horizon_s / HORIZON_POINTS
         self._bin: tuple[int, float, int, int] | None = None  # index, ts, load, value
@@ -344,12 +360,18 @@ class LeakDetector:
                      now_s: float) -> LeakResult | None:
         """A trend point after the warm-up: the sequential test, then, past the minimum span,
         the verdict over the horizon (every ``EVAL_EVERY_POINTS`` points)."""
+        bins = self._bins
+        bins.append((ts, load, raw))
+        while bins[0][0] < ts - self.t.leak_horizon_s:
+            bins.popleft()
         if load == 0:
             if self._idle_ts is None and any(self._in_flight):
                 self._drop_estimated()  # the first idle floor: the estimates before it go
             self._idle_ts = ts
         elif self._idle_ts is not None and ts - self._idle_ts < IDLE_RECENT_S:
-            return None  # a server that idles now and then: its idle floors are the trend
+            # a server that idles now and then: its idle floors are the trend, unless too
+            # few of them for a verdict (then every floor point is, as on a busy server)
+            return self._rarely_idle(ts, now_s)
         if self._trend_from is None:
             self._trend_from = ts
         recent = self._recent
@@ -371,9 +393,13 @@ class LeakDetector:
         # a floor estimated from the load (never idle, no KV figures) needs ESTIMATED_SPAN
         # times the span: a load that wanders over half an hour is not a leak's steady rise
         need = self.t.leak_min_span_s
-        if self._mostly_estimated():  # ...but never more than the horizon can hold
-            need = max(need, min(need * ESTIMATED_SPAN, HORIZON_REACH * self.t.leak_horizon_s))
+        if self._mostly_estimated():
+            need = max(need, busy_span_need(self.t))
         if span < need or len(self.points) < MIN_FIT_POINTS:
+            if len(self.points) < MIN_FIT_POINTS:
+                busy = self._rarely_idle(ts, now_s)
+                if busy is not None:
+                    return busy
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
             return self.result
@@ -388,6 +414,34 @@ class LeakDetector:
         if verdict is None:
             return None
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
+        return self.result
+
+    def _rarely_idle(self, ts: float, now_s: float) -> LeakResult | None:
+        """The verdict of a server that idles too rarely for its idle floors to make one: over
+        every floor point of the horizon (idle ones, and floors after a request with what the
+        requests in flight hold fitted out), after ``ESTIMATED_SPAN`` times the minimum span,
+        as on a server that is never idle. None while its idle floors are enough, or while
+        every floor point is still too short a span (the idle floors' answer stands)."""
+        horizon = self.t.leak_horizon_s
+        if sum(1 for p in self.points if p[0] >= ts - horizon) >= MIN_FIT_POINTS:
+            return None
+        rolled = _rolled(list(self._bins), ROLLING_POINTS * self._bin_s)
+        need = busy_span_need(self.t)
+        span = rolled[-1][0] - rolled[0][0]
+        if span < need or len(rolled) < MIN_FIT_POINTS:
+            return None
+        self._since_busy_eval += 1
+        if self._since_busy_eval < EVAL_EVERY_POINTS and self.result.enough_data:
+            return None
+        self._since_busy_eval = 0
+        loads = [max(0, load - RESIDUAL) for _, load, _ in rolled]
+        points = load_corrected([(t, v) for t, _, v in rolled], loads,
+                                self.per_request.bytes_per_block)
+        prev = self.result
+        was = prev.detected and prev.p_value is not None
+        v = evaluate_floor(points, self._limit(), self.t, was)
+        self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
+                                    estimated=any(loads))
         return self.result
 
     def _drop_estimated(self) -> None:
@@ -409,13 +463,8 @@ class LeakDetector:
         fit of value = a + slope x time + bytes x requests): the online estimate taken off at
         each point is a median of steps, biased where requests differ in size, and a bias
         times a load that follows the time of day reads as a trend."""
-        points = list(self.points)
-        loads = list(self._in_flight)
-        if not any(loads):
-            return points
-        fitted = load_coefficient([p[0] for p in points], [float(p[1]) for p in points], loads)
-        per_request = self.per_request.bytes_per_block if fitted is None else fitted
-        return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
+        return load_corrected(list(self.points), list(self._in_flight),
+                              self.per_request.bytes_per_block)
 
     def load_free_points(self) -> list[tuple[float, int]]:
         """The horizon's trend points with what the requests in flight hold fitted out, where
@@ -439,6 +488,7 @@ class LeakDetector:
         self.points.clear()
         self._in_flight.clear()
         self._recent.clear()
+        self._bins.clear()
         self._count = 0
         self._bin = self._trend_from = self._idle_ts = self._seq = self._seq_start = None
         self._first_ts, self._since_eval = ts_s, 0
@@ -491,7 +541,8 @@ class LeakDetector:
         self.cusum.restart(ts)
         return v
 
-    def _publish(self, verdict: LeakResult, now_s: float) -> LeakResult:
+    def _publish(self, verdict: LeakResult, now_s: float,
+                 estimated: bool | None = None) -> LeakResult:
         """The verdict with what carries over: the first detection, the windows, orphans."""
         if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
             self._reload_confirmed()
@@ -508,7 +559,8 @@ class LeakDetector:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
                          "in flight")
-        estimated = verdict.detected and self._mostly_estimated()
+        estimated = verdict.detected and (self._mostly_estimated() if estimated is None
+                                          else estimated)
         if estimated:
             evidence += "; " + ESTIMATED_WORDS
         if self.windows is not None:
@@ -522,6 +574,29 @@ class LeakDetector:
                                 first_detected_ts_s=first, evidence=evidence,
                                 orphaned_blocks=prev.orphaned_blocks, start_ts_s=start,
                                 estimated_floor=estimated)
+
+
+def load_corrected(points: Sequence[tuple[float, int]], loads: Sequence[int],
+                   online: float) -> list[tuple[float, int]]:
+    """``points`` less what their requests in flight (``loads``) hold: the bytes per request
+    the points themselves show (``stats.load_coefficient``), else the ``online`` estimate."""
+    if not any(loads):
+        return list(points)
+    fitted = load_coefficient([p[0] for p in points], [float(p[1]) for p in points], loads)
+    per_request = online if fitted is None else fitted
+    return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
+
+
+def _rolled(bins: Sequence[tuple[float, int, int]],
+            width_s: float) -> list[tuple[float, int, int]]:
+    """Each bin's point as the trend rolls it: of the bins of the last ``width_s``, the one of
+    the lowest load (idle first), then the least value."""
+    out = []
+    for i, (ts, _, _) in enumerate(bins):
+        window = [b for b in bins[max(0, i - ROLLING_POINTS + 1):i + 1] if b[0] > ts - width_s]
+        load, value = min((b[1], b[2]) for b in window)
+        out.append((ts, load, value))
+    return out
 
 
 def confirm(points: Sequence[tuple[float, int]], limit_bytes: int, t: Thresholds,

@@ -111,35 +111,46 @@ def test_the_same_server_with_a_leak_is_found_by_the_sequential_test():
     assert not fired.estimated_floor and ESTIMATED_WORDS not in fired.evidence  # a residual one
 
 
+class _Server:
+    """A server without KV figures: each request in flight holds 256 MiB over 10 GiB of
+    weights, and from ``leak_from_s`` on ``leak_per_s`` more is kept (never freed)."""
+
+    def __init__(self, leak_from_s=None, leak_per_s=0):
+        self.samples, self.events, self.live = [], [], []
+        self.leak_from_s, self.leak_per_s, self._next_id = leak_from_s, leak_per_s, 0
+
+    def start(self, ts):
+        self.live.append(f"r{self._next_id}")
+        self.events.append(Event(ts, "request_start", request_id=self.live[-1]))
+        self._next_id += 1
+
+    def end(self, ts):  # the oldest request in flight
+        self.events.append(Event(ts, "request_end", request_id=self.live.pop(0)))
+
+    def sample(self, ts, phase=Phase.DECODE):
+        leaked = (self.leak_per_s * max(0.0, ts - self.leak_from_s)
+                  if self.leak_from_s is not None else 0)
+        self.samples.append(Sample(ts, 0, phase, allocated_bytes=int(
+            10 * 2**30 + 256 * MIB * len(self.live) + leaked), device_total_bytes=80 * 2**30))
+
+
 def _no_kv_server(n_s, leak_from_s=None, leak_per_s=0):
     """Never idle, no KV figures: each request in flight holds 256 MiB over 10 GiB of weights;
     every 20 s one request ends (at 20j - 0.6 s, sampled at 20j - 0.5 s: the floor after it) and
     another starts (20j - 0.4 s); every 10 minutes one more starts: 2 in flight at first, 19
     after 3 hours (+1.5 GiB an hour, 1.9 %/h of the 80 GiB limit)."""
-    samples, events, live, next_id = [], [], [], 0
-
-    def start(ts):
-        nonlocal next_id
-        live.append(f"r{next_id}")
-        events.append(Event(ts, "request_start", request_id=live[-1]))
-        next_id += 1
-
-    def sample(ts):
-        leaked = leak_per_s * max(0.0, ts - leak_from_s) if leak_from_s is not None else 0
-        samples.append(Sample(ts, 0, Phase.DECODE, allocated_bytes=int(
-            10 * 2**30 + 256 * MIB * len(live) + leaked), device_total_bytes=80 * 2**30))
-
-    start(0.0)
-    start(0.0)
+    server = _Server(leak_from_s, leak_per_s)
+    server.start(0.0)
+    server.start(0.0)
     for t in range(n_s):
         if t and t % 20 == 0:
-            events.append(Event(t - 0.6, "request_end", request_id=live.pop(0)))
-            sample(t - 0.5)
-            start(t - 0.4)
+            server.end(t - 0.6)
+            server.sample(t - 0.5)
+            server.start(t - 0.4)
         if t and t % 600 == 0:
-            start(t - 0.3)
-        sample(float(t))
-    return samples, events
+            server.start(t - 0.3)
+        server.sample(float(t))
+    return server.samples, server.events
 
 
 def test_without_kv_figures_the_floor_is_explained_by_the_requests_in_flight():
@@ -174,8 +185,8 @@ def test_without_kv_figures_a_leak_under_a_growing_load_is_found():
     # at idle moments or with KV figures says nothing of the kind: the tests above)
     assert fired.estimated_floor and ESTIMATED_WORDS in fired.evidence
     assert leak_text(fired, 80 * 2**30, None).endswith(
-        "of floor after the warm-up (leak); a rough rate: the floor is estimated (never idle, "
-        "no KV figures), KV figures make it exact")
+        "of floor after the warm-up (leak); a rough rate: the floor is estimated (rarely or "
+        "never idle, no KV figures), KV figures make it exact")
     assert leak_text(fired, 80 * 2**30, None).startswith(  # the truth: 3.52 GiB/h since 5400 s
         "idle floor rising about 3.60 GiB/h, 4.50 % of the limit since 1970-01-01T01:32:19.500Z, "
         "over 2.0 h ")
@@ -222,3 +233,61 @@ def test_the_first_idle_floor_drops_the_estimated_floors_before_it():
     assert {y for _, y in d.points} == {10 * 2**30}
     # the latest verdict (every second point: at 4621 s) rests on the idle floor alone
     assert (d.result.state, d.result.span_s) == ("no_leak", 1020.0)
+
+
+def _rarely_idle_server(n_s, leak_from_s=None, leak_per_s=0):
+    """Busy but for a moment every 25 minutes: three requests in flight (as in ``_Server``);
+    every 20 s one ends (sampled 0.1 s later: the floor after it) and another starts; every
+    1500 s the three end together and the server is idle for 20 s (sampled every 5 s) before
+    the next three start. Five idle floors in two hours: too few for a verdict."""
+    server = _Server(leak_from_s, leak_per_s)
+    for _ in range(3):
+        server.start(0.0)
+    t = 0
+    while t < n_s:
+        if t and t % 1500 == 0:
+            while server.live:
+                server.end(t - 0.6)
+            for k in range(4):
+                server.sample(t + 5.0 * k, Phase.IDLE)
+            t += 20
+            for _ in range(3):
+                server.start(t - 0.4)
+        elif t and t % 20 == 0:
+            server.end(t - 0.6)
+            server.sample(t - 0.5)
+            server.start(t - 0.4)
+        server.sample(float(t))
+        t += 1
+    return server.samples, server.events
+
+
+def test_a_server_that_idles_too_rarely_is_judged_on_every_floor_point():
+    # healthy: the idle floors alone are too few for a verdict for as long as it runs; every
+    # floor point of the horizon (idle, and after a request less what the three in flight are
+    # fitted to hold) answers once they span four times the minimum span, 60 min after the
+    # warm-up
+    samples, events = _rarely_idle_server(4 * 3600)
+    d, fired = _run(samples, events)
+    assert fired is None
+    assert [ts for ts, _ in d.points] == [7500.0, 9000.0, 10500.0, 12000.0, 13500.0]
+    # until then, the answer says what is missing
+    early, _ = _run(*_rarely_idle_server(3600))
+    assert early.result.state == "insufficient_data"
+    assert early.result.evidence.startswith(
+        "not enough data yet: 2 idle-floor point(s) in the last 2 h, a verdict needs 6 (the "
+        "server is idle too rarely to read its floor; its floors after each request give one "
+        "once they span 60 min)")
+    assert sum(1 for p in d.points if p[0] >= samples[-1].ts_s - 7200) < 6
+    assert (d.result.state, d.result.detected) == ("no_leak", False), d.result.evidence
+    # the same server leaking 1 MiB/s from 5400 s: found (the idle floors alone never gave
+    # an answer: "5 idle-floor point(s) in the last 2 h, a verdict needs 6" to the end), 60
+    # min after the onset (the horizon test, as on a server never idle), its rise read from
+    # 5599.5 s (the rolled floor's first point over the onset's level), its rate exact and
+    # said to be rough
+    samples, events = _rarely_idle_server(4 * 3600, 5400, MIB)
+    d, fired = _run(samples, events)
+    assert fired is not None and fired.estimated_floor, d.result.evidence
+    assert (fired.first_detected_ts_s, fired.start_ts_s) == (9020.0, 5599.5)
+    assert fired.slope_bytes_per_s == pytest.approx(MIB, rel=1e-3)
+    assert ESTIMATED_WORDS in fired.evidence
