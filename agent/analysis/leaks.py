@@ -24,7 +24,7 @@ an earlier verdict):
   and never an alert;
 - where the server idled in the last ``IDLE_RECENT_S``, its idle floors are the trend; where
   they are too few for a verdict (a server that idles too rarely), every floor point of the
-  horizon is, idle or after a request, as on a server that is never idle (``_rarely_idle``).
+  horizon is, idle or after a request, as on a server that is never idle (``_busy_floor``).
 
 The detector is causal and incremental (the live agent and ``analyze`` run the same code). Every
 ``EVAL_EVERY_POINTS`` new trend points past the minimum span it fits the points of the last
@@ -109,7 +109,7 @@ HORIZON_REACH = 0.9  # the most of the horizon a span requirement may ask for (i
 #                      reach one bin short of it)
 RECENT_FLOOR_POINTS = 2048
 IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left out of the trend
-#                         (unless the horizon's idle floors are too few: _rarely_idle)
+#                         (unless the horizon's idle floors are too few: _busy_floor)
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
 F_KNEE = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
@@ -217,7 +217,7 @@ class LeakDetector:
         # the lowest load (FloorTracker.last_load: idle first), then the least value
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=ROLLING_POINTS)
         # every binned floor point of the last horizon, (ts, load, value), idle or not: the
-        # trend of a server that idles too rarely for its idle floors alone (_rarely_idle)
+        # trend of a server that idles too rarely for its idle floors alone (_busy_floor)
         self._bins: deque[tuple[float, int, int]] = deque()
         self._since_busy_eval = 0
         self._count = 0  # trend points so far (the CUSUM waits for a full rolling window)
@@ -248,6 +248,11 @@ class LeakDetector:
         # the latest floor points, warm-up or not (bounded): what the floor did under the peaks
         # when the OOM-risk trend fires (growth or load), not a leak verdict
         self.recent_floor: deque[tuple[float, int]] = deque(maxlen=RECENT_FLOOR_POINTS)
+
+    @property
+    def started_ts_s(self) -> float | None:
+        """The process's first sample (a model reload starts it over); None before any."""
+        return self._first_ts
 
     def on_event(self, e: Event) -> LeakResult | None:
         if self.windows is None:
@@ -371,7 +376,8 @@ class LeakDetector:
         elif self._idle_ts is not None and ts - self._idle_ts < IDLE_RECENT_S:
             # a server that idles now and then: its idle floors are the trend, unless too
             # few of them for a verdict (then every floor point is, as on a busy server)
-            return self._rarely_idle(ts, now_s)
+            busy = self._busy_floor(ts)
+            return None if busy is None else self._rarely_idle(busy, now_s)
         if self._trend_from is None:
             self._trend_from = ts
         recent = self._recent
@@ -396,10 +402,9 @@ class LeakDetector:
         if self._mostly_estimated():
             need = max(need, busy_span_need(self.t))
         if span < need or len(self.points) < MIN_FIT_POINTS:
-            if len(self.points) < MIN_FIT_POINTS:
-                busy = self._rarely_idle(ts, now_s)
-                if busy is not None:
-                    return busy
+            busy = self._busy_floor(ts)
+            if busy is not None:  # too few idle floors: every floor point answers
+                return self._rarely_idle(busy, now_s)
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
             return self.result
@@ -416,20 +421,25 @@ class LeakDetector:
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
 
-    def _rarely_idle(self, ts: float, now_s: float) -> LeakResult | None:
-        """The verdict of a server that idles too rarely for its idle floors to make one: over
-        every floor point of the horizon (idle ones, and floors after a request with what the
-        requests in flight hold fitted out), after ``ESTIMATED_SPAN`` times the minimum span,
-        as on a server that is never idle. None while its idle floors are enough, or while
-        every floor point is still too short a span (the idle floors' answer stands)."""
+    def _busy_floor(self, ts: float) -> list[tuple[float, int, int]] | None:
+        """Every floor point of the horizon, rolled as the trend rolls its own (``(ts, load,
+        value)``), where the server idles too rarely for its idle floors to make a verdict
+        and these span ``ESTIMATED_SPAN`` times the minimum span, as a server never idle
+        needs; None otherwise (its idle floors answer, or nothing does yet)."""
         horizon = self.t.leak_horizon_s
-        if sum(1 for p in self.points if p[0] >= ts - horizon) >= MIN_FIT_POINTS:
+        exact = sum(1 for p, n in zip(self.points, self._in_flight)
+                    if not n and p[0] >= ts - horizon)
+        if exact >= MIN_FIT_POINTS:
             return None
         rolled = _rolled(list(self._bins), ROLLING_POINTS * self._bin_s)
-        need = busy_span_need(self.t)
-        span = rolled[-1][0] - rolled[0][0]
-        if span < need or len(rolled) < MIN_FIT_POINTS:
+        if len(rolled) < MIN_FIT_POINTS or rolled[-1][0] - rolled[0][0] < busy_span_need(self.t):
             return None
+        return rolled
+
+    def _rarely_idle(self, rolled: list[tuple[float, int, int]],
+                     now_s: float) -> LeakResult | None:
+        """The verdict over ``_busy_floor``'s points (what the requests in flight hold fitted
+        out), every ``EVAL_EVERY_POINTS`` of them; None between (the answer stands)."""
         self._since_busy_eval += 1
         if self._since_busy_eval < EVAL_EVERY_POINTS and self.result.enough_data:
             return None
@@ -440,6 +450,7 @@ class LeakDetector:
         prev = self.result
         was = prev.detected and prev.p_value is not None
         v = evaluate_floor(points, self._limit(), self.t, was)
+        span = rolled[-1][0] - rolled[0][0]
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
                                     estimated=any(loads))
         return self.result

@@ -17,6 +17,9 @@ it, in batches of a minute of records. Scored against the traces' truth (targets
   what the alerts say when the OOM is 30 s away (an earlier one may have named what was true
   then: a prefill spike that made the allocator retry reads as fragmentation until the spike
   itself is seen);
+- healthy servers, reported: the share of time a process had no leak answer
+  (``insufficient_data``) once it had run ``ANSWER_AFTER_S`` (the horizon: past it every kind
+  of floor has had the span its verdict needs), in one-minute batches;
 - ``analyze`` throughput on the 10 Hz traces, samples per CPU-second, beside the same records
   merged and iterated without the engine (the engine-off path), in the same run.
 """
@@ -40,6 +43,7 @@ WITHIN_S = 2 * 3600.0
 TARGET_RATE = 0.005
 LEAD_S = 30.0
 RISK_RULES = ("oom_risk", "oom_risk_critical")
+ANSWER_AFTER_S = 2 * 3600.0  # a process this old has a leak answer (the default horizon)
 _CAUSE = re.compile(r"likely (\w+)")
 _CAUSE_WORDS = {"batch": "load"}  # the product's word -> the suite's
 
@@ -51,6 +55,9 @@ class Run:
     changes: list[AlertChange]
     leak_slopes: dict[float, float]  # fired ts of a memory_leak -> the slope then (bytes/s)
     end_ts: float
+    # one-minute batches of processes ANSWER_AFTER_S or older: all, and those without an answer
+    answerable: int = 0
+    unanswered: int = 0
 
 
 @dataclass
@@ -59,6 +66,7 @@ class LongScore:
     false_alarms: list[str] = field(default_factory=list)  # "trace: rule at +h"
     tight_alarms: int = 0
     risk_share: dict[str, float] = field(default_factory=dict)  # trace -> share of time
+    unanswered: dict[str, float] = field(default_factory=dict)  # trace -> share without answer
     leaks: int = 0
     found: int = 0
     early: list[str] = field(default_factory=list)
@@ -79,6 +87,7 @@ def run_engine(sc: Scenario) -> Run:
     records: list[Sample | Event] = sorted([*sc.samples, *sc.events], key=lambda r: r.ts_s)
     changes: list[AlertChange] = []
     slopes: dict[float, float] = {}
+    run = Run(changes, slopes, records[-1].ts_s if records else 0.0)
     i, n = 0, len(records)
     while i < n:
         end = records[i].ts_s + BATCH_S
@@ -90,8 +99,20 @@ def run_engine(sc: Scenario) -> Run:
             if c.kind == "fired" and c.rule == "memory_leak":
                 slopes[c.ts_s] = engine.devices[c.device].leak.result.slope_bytes_per_s
         changes += got
+        _tally_answers(engine, records[j - 1].ts_s, run)
         i = j
-    return Run(changes, slopes, records[-1].ts_s if records else 0.0)
+    return run
+
+
+def _tally_answers(engine: AlertEngine, now_s: float, run: Run) -> None:
+    """Count each process ``ANSWER_AFTER_S`` or older, and each of those without a leak
+    answer (the device as a whole where no process reported)."""
+    for d in engine.devices.values():
+        detectors = [x for pid, x in d.leaks.items() if pid is not None] or [d.leaks[None]]
+        for x in detectors:
+            if x.started_ts_s is not None and now_s - x.started_ts_s >= ANSWER_AFTER_S:
+                run.answerable += 1
+                run.unanswered += x.result.state == "insufficient_data"
 
 
 def _fired(run: Run) -> list[AlertChange]:
@@ -127,6 +148,8 @@ def score_healthy(sc: Scenario, run: Run, out: LongScore) -> None:
         out.healthy_days += sc.days
         out.false_alarms += [f"{sc.name}: {c.rule} at +{(c.ts_s - start) / 3600:.2f} h"
                              for c in fired]
+    if run.answerable:
+        out.unanswered[sc.name] = run.unanswered / run.answerable
     if getattr(sc, "peak_ratio", 1.0) < 0.9 and not getattr(sc, "tight", False):
         out.risk_share[sc.name] = risk_active_s(run, start) / max(1.0, sc.duration_s)
 
@@ -230,6 +253,7 @@ def throughput(sc: Scenario) -> tuple[float, float]:
 def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]:
     week_rate = 7 * len(s.false_alarms) / s.healthy_days if s.healthy_days else float("nan")
     worst = max(s.risk_share.items(), key=lambda kv: kv[1], default=("none", 0.0))
+    quiet = max(s.unanswered.items(), key=lambda kv: kv[1], default=("none", 0.0))
     ratios = [max(r, 1 / r) if r > 0 else float("inf") for r in s.slope_ratios]
     med = statistics.median(ratios) if ratios else float("nan")
     so_far = [max(r, 1 / r) if r > 0 else float("inf") for r in s.so_far_ratios]
@@ -242,6 +266,11 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
         Figure("detection", "long suite: most OOM-risk time on a healthy server (<90 % peak)",
                100 * worst[1], "%", spread=f"{worst[0]}; over {len(s.risk_share)} servers",
                target="<= 1", met=worst[1] <= 0.01),
+        Figure("detection", "long suite: most time without a leak answer on a healthy server "
+               "(processes 2 h or older)", 100 * quiet[1], "%",
+               spread=f"{quiet[0]}; over {len(s.unanswered)} servers, "
+               f"{sum(v > 0 for v in s.unanswered.values())} ever without; reported: "
+               "'not enough data yet' should not last"),
         Figure("detection", "long suite: leaks >=0.5%/h found within 2 h",
                100 * s.found / s.leaks if s.leaks else float("nan"), "%",
                spread=f"{s.found} of {s.leaks}; missed: " + (", ".join(s.missed) or "none"),

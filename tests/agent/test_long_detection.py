@@ -5,6 +5,7 @@ import math
 
 import pytest
 from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.analysis.leaks import LeakDetector
 from vramscope.agent.bench import long_detection as ld
 from vramscope.agent.bench import long_suite
 from vramscope.agent.bench.labelled_recordings import Scenario
@@ -147,3 +148,21 @@ def test_the_load_ramp_the_suite_does_not_warn_of_ends_in_a_burst_larger_than_an
         point = model.update(s) or point
     assert point is not None and point.time_to_oom_s is not None
     assert round(point.time_to_oom_s / 60) == 34 and point.level == "ok"
+
+
+def test_a_healthy_server_that_idles_too_rarely_has_a_leak_answer(monkeypatch):
+    # the suite's static-batch server with bursty traffic, a day: a few idle moments in two
+    # hours. Each of the 1,321 one-minute batches after its first two hours has a leak answer
+    # (no leak)
+    spec = next(s for s in long_suite.specs() if s.name == "healthy/static-bursty")
+    sc = long_suite.build(spec)
+    run = ld.run_engine(sc)
+    out = ld.LongScore()
+    ld.score_healthy(sc, run, out)
+    assert (run.answerable, run.unanswered, out.false_alarms) == (1321, 0, [])
+    assert out.unanswered == {"healthy/static-bursty": 0.0}
+    # with its idle floors alone making the verdict (before 2026-12-05), 193 had none
+    # (14.6 %: "5 idle-floor point(s) in the last 2 h, a verdict needs 6")
+    monkeypatch.setattr(LeakDetector, "_busy_floor", lambda self, ts: None)
+    run = ld.run_engine(sc)
+    assert (run.answerable, run.unanswered) == (1321, 193)
