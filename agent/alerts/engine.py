@@ -480,7 +480,8 @@ class AlertEngine:
         self.devices: dict[int, DeviceAnalysis] = {}
         self._raw = frozenset(r.metric for r in self.rules if r.metric in SAMPLE_COUNTER_FIELDS)
         self._state: dict[int, _DeviceRules] = {}  # per device, in rule order
-        # every change so far, for analyze; bounded so that a live agent never grows without end
+        # the newest changes, for a caller that did not keep feed's returns; bounded so that a
+        # live agent never grows without end (analyze and import keep every change they feed)
         self.history: deque[AlertChange] = deque(maxlen=HISTORY_MAX)
         # each process's answers as they change: the rows the store keeps (verdicts.py)
         self.verdicts = VerdictLog()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from vramscope.agent.alerts.config_check import attach_to_document
-from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.alerts.verdicts import Verdict, processes_of
 from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
@@ -61,6 +61,9 @@ def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
     engine = AlertEngine.from_config(config)
     summaries: dict[int, DeviceSummary] = {}
     layouts: list[Event] = []  # a leak's make-up (few: taken at idle points)
+    # every change, taken batch by batch: the engine's own history keeps only the newest
+    # HISTORY_MAX (the live agent's bound), and the document lists every alert of the recording
+    changes: list[AlertChange] = []
     for samples, events in batches:
         for s in samples:
             acc = summaries.get(s.device)
@@ -68,14 +71,14 @@ def analyze_stream(batches: Iterable[Batch], reopen: Reopen,
                 acc = summaries[s.device] = DeviceSummary()
             acc.add(s)
         layouts += [e for e in events if e.name == LAYOUT_EVENT]
-        engine.feed_batch(samples, events)  # merges the batch: events first on a tie
+        changes += engine.feed_batch(samples, events)  # merges the batch: events first on a tie
 
     def replay(dev: int, until_s: float) -> Iterator[Sample | Event]:
         for r in reopen(dev, until_s):
             if type(r) is not Event or r.name in OOM_CONTEXT:
                 yield r
 
-    doc = document_of(engine.devices, summaries, engine.history, postmortems,
+    doc = document_of(engine.devices, summaries, changes, postmortems,
                       layouts=layouts, replay=replay, makeup=makeup)
     attach_to_document(doc, engine.devices)  # the [server] check, when configured
     attach_verdicts(doc, [v for v in engine.verdicts.latest.values()

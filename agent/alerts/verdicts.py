@@ -56,6 +56,9 @@ class Verdict(NamedTuple):
     leak_trend_line: tuple[tuple[float, float], tuple[float, float]] | None = None
     # the windows the leak detector chose from the data (None: not chosen yet); chosen once
     leak_windows: Windows | None = None
+    # the leak's rate was read off an estimated floor (rarely or never idle, no KV figures):
+    # every surface says "about" before it
+    leak_estimated_floor: bool = False
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
@@ -74,7 +77,8 @@ class Verdict(NamedTuple):
                          "span_s": self.leak_span_s, "evidence": self.leak_evidence,
                          "trend_line": ([list(p) for p in self.leak_trend_line]
                                         if self.leak_trend_line else None),
-                         "windows": windows_json(self.leak_windows)},
+                         "windows": windows_json(self.leak_windows),
+                         "estimated_floor": self.leak_estimated_floor},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
@@ -94,7 +98,8 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    tuple(risk["reasons"]), risk["headroom_bytes"], risk["time_to_oom_s"],
                    risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
                    kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
-                   windows_from_json(leak.get("windows")))
+                   windows_from_json(leak.get("windows")),
+                   leak.get("estimated_floor") is True)
 
 
 def _line(value: Any) -> tuple[tuple[float, float], tuple[float, float]] | None:
@@ -201,4 +206,5 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    point.time_to_oom_high_s if point is not None else None,
                    kv.usage_ratio if kv is not None else None,
                    kv.exhaustion_s if kv is not None else None,
-                   d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows)
+                   d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows,
+                   r.detected and r.estimated_floor)

@@ -183,7 +183,7 @@ def summaries_document(samples: Iterable[Sample], events: Iterable[Event] = (),
         docs[str(dev)] = {
             "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
                      "first_detected_ts": None, "span_s": 0.0, "evidence": UNANSWERED,
-                     "makeup": None, "windows": None},
+                     "makeup": None, "windows": None, "estimated_floor": False},
             "oom": {"occurred": first is not None, "first_oom_ts": first,
                     "first_warning_ts": None, "max_risk": None, "min_time_to_oom_s": None,
                     "cause": complete_postmortem(pm).cause if pm is not None else None},
@@ -251,7 +251,8 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
     return {"detected": ever, "state": "leak" if ever else result.state,
             "slope_bytes_per_s": float(result.slope_bytes_per_s),
             "first_detected_ts": result.first_detected_ts_s, "span_s": result.span_s,
-            "evidence": result.evidence, "makeup": None}
+            "evidence": result.evidence, "makeup": None,
+            "estimated_floor": result.estimated_floor}
 
 
 _OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS

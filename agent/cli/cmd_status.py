@@ -72,7 +72,8 @@ def _render_verdicts(verdicts: list[dict[str, Any]]) -> str:
         who = "device" if v["pid"] is None else f"pid {v['pid']} ({v.get('name') or '?'})"
         leak = words.get(v["leak"]["state"], v["leak"]["state"])
         if v["leak"]["state"] == "leak":
-            leak += f" {v['leak']['slope_bytes_per_h'] / 2**20:.1f} MiB/h"
+            about = "about " if v["leak"].get("estimated_floor") is True else ""
+            leak += f" {about}{v['leak']['slope_bytes_per_h'] / 2**20:.1f} MiB/h"
         risk = v["risk"]["level"] or "not assessed yet"
         lines.append(f"  {v.get('host') or ''} GPU {v['device']} {who}: {leak}; OOM risk {risk}"
                      + (f" ({v['risk']['cause']})" if v["risk"]["cause"] else ""))

@@ -32,6 +32,12 @@ function fmtBytes(b) {
   return Math.abs(b) >= 1024 ? (b / 1024).toFixed(1) + " KiB" : b + " B";
 }
 
+// A leak's rate, with "about" where the engine read it off an estimated floor (the verdict
+// says so: rarely or never idle, no KV figures).
+function rate(bytesPerH, estimated) {
+  return (estimated ? "about " : "") + fmtBytes(bytesPerH) + "/h";
+}
+
 // Times show in UTC or, once chosen with the header's toggle (kept in localStorage), in this
 // browser's zone, with its offset written out so a copied time is never ambiguous.
 const TZ_KEY = "vramscope.timezone";
@@ -280,6 +286,11 @@ function wirePicker() {
 const PAGES = {};
 
 // The verdict of a device is the alert engine's (its active alerts): a badge and the rules.
+// A process's stored leak answer, in the words every device line uses.
+function processLeakWords(v) {
+  return v.leak === "leak" ? "LEAK " + rate(v.leak_slope_bytes_per_h, v.leak_estimated_floor) : LEAK_WORDS[v.leak] || v.leak;
+}
+
 function verdictCell(d) {
   const box = el("div");
   box.append(badge(d.verdict.level));
@@ -288,7 +299,7 @@ function verdictCell(d) {
     class: "reasons", title: d.verdict.reasons.map((r) => r.rule + ": " + (r.message || "")).join("\n") }));
   // each running process's stored verdict: which one leaks, how close each is to an OOM
   for (const v of d.verdicts || []) {
-    const leak = v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak;
+    const leak = processLeakWords(v);
     box.append(el("div", v.process + ": " + leak + " · OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""),
       { class: "reasons process-verdict" }));
   }
@@ -309,7 +320,7 @@ function wireDeviceVerdict() {
     const parts = [el("span", "Verdict for " + d.host + " · GPU " + d.device + ": "), badge(d.verdict.level), " ",
       el("span", rules.length ? rules.join(", ") : "no active alert", { class: "reasons" })];
     for (const v of d.verdicts || []) {
-      const leak = v.leak === "leak" ? "LEAK " + fmtBytes(v.leak_slope_bytes_per_h) + "/h" : LEAK_WORDS[v.leak] || v.leak;
+      const leak = processLeakWords(v);
       parts.push(" · " + v.process + ": " + leak + ", OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""));
     }
     parts.push(" ", link("all devices →", "/"));
@@ -511,7 +522,8 @@ PAGES.leaks = () => {
     const level = r.state === "leak" ? "critical" : r.state === "no_leak" ? "ok" : "";
     fill("leak-cards", [
       card("Verdict", LEAK_WORDS[r.state] || r.state, r.process ? "for " + r.process : doc.method, level),
-      card("Slope", r.state === "leak" || r.state === "no_leak" ? fmtBytes(r.slope_bytes_per_h) + "/h" : "–", "Theil–Sen, idle floor"),
+      card("Slope", r.state === "leak" || r.state === "no_leak" ? rate(r.slope_bytes_per_h, r.estimated_floor) : "–",
+        r.estimated_floor ? "rough: an estimated floor" : "Theil–Sen, idle floor"),
       card("Evidence span", r.span_s ? fmtAge(r.span_s) : "–", "of floor after the warm-up"),
       card("First detected", r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "by the alert engine"),
       card("Orphaned KV blocks", doc.orphaned.reduce((n, o) => n + (o.blocks || 0), 0), doc.orphaned.length + " event(s)", doc.orphaned.length ? "warning" : "ok"),
@@ -519,7 +531,7 @@ PAGES.leaks = () => {
     document.getElementById("leak-evidence").textContent = r.evidence;
     table("leak-processes-table", processColumns([
       ["Leak", (p) => badge(LEAK_WORDS[p.leak.state] || p.leak.state)],
-      ["Slope", (p) => p.leak.state === "insufficient_data" ? "–" : fmtBytes(p.leak.slope_bytes_per_h) + "/h", "num"],
+      ["Slope", (p) => p.leak.state === "insufficient_data" ? "–" : rate(p.leak.slope_bytes_per_h, p.leak.estimated_floor), "num"],
       ["First detected", (p) => p.leak.first_detected_ts ? fmtTime(p.leak.first_detected_ts) : "–"],
       ["Evidence", (p) => p.leak.evidence, "wrap"],
     ]), doc.processes, "No verdict stored for this device yet.");

@@ -91,7 +91,7 @@ def test_import_in_a_child_stores_the_in_process_verdicts(traces, monkeypatch, c
     assert {(None, "leak"), (200, "no_leak")} <= states
 
 
-def test_an_import_stores_every_alert_however_few_the_engine_s_history_keeps(
+def test_import_and_analyze_keep_every_alert_however_few_the_engine_s_history_keeps(
         traces, monkeypatch, capsys, tmp_path):
     from vramscope.agent.alerts import engine
 
@@ -105,6 +105,11 @@ def test_an_import_stores_every_alert_however_few_the_engine_s_history_keeps(
     db = tmp_path / "short-history.db"
     assert main(["import", *map(str, traces), "--db", str(db)]) == 0
     assert sorted(_alerts(db), key=str) == printed
+    # and analyze FILE takes them the same way
+    capsys.readouterr()
+    assert main(["analyze", *map(str, traces), "--json"]) == 0
+    assert sorted([(a["device"], a["rule"], a["severity"], a["fired_ts"], a["resolved_ts"])
+                   for a in json.loads(capsys.readouterr().out)["alerts"]], key=str) == printed
 
 
 def test_a_bad_line_while_the_child_runs_fails_the_import_and_writes_nothing(

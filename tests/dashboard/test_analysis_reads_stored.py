@@ -98,7 +98,7 @@ def test_the_document_gives_the_stored_answer_not_an_engine_run_on_the_buckets(s
     assert d["leak"] == {"detected": True, "state": "leak", "slope_bytes_per_s": 1000.0,
                          "first_detected_ts": T0 + 5400, "span_s": 2400.0,
                          "evidence": "scripted: leak", "pid": PID, "makeup": None,
-                         "windows": None}
+                         "windows": None, "estimated_floor": False}
     assert d["oom"] == {"occurred": True, "first_oom_ts": OOM_TS,
                         "first_warning_ts": T0 + 5000,  # the kv_exhaustion alert: sooner
                         "max_risk": "critical", "min_time_to_oom_s": 100.0,
@@ -128,7 +128,7 @@ def test_without_stored_verdicts_the_document_says_so(store):
     assert d["leak"] == {"detected": False, "state": "insufficient_data",
                          "slope_bytes_per_s": 0.0, "first_detected_ts": None, "span_s": 0.0,
                          "evidence": stored.NO_VERDICTS, "pid": None, "makeup": None,
-                         "windows": None}
+                         "windows": None, "estimated_floor": False}
     assert d["oom"] == {"occurred": True, "first_oom_ts": OOM_TS, "first_warning_ts": None,
                         "max_risk": None, "min_time_to_oom_s": None, "cause": None}
     assert d["processes"] == []

@@ -3,7 +3,7 @@ real client processes on one device through a real agent, one leaking 64 MiB a r
 with a warm-up plateau; SQLite and PostgreSQL), and the Leaks, OOM-risk and Overview pages in
 headless Chromium at windows of 15 min, 1 h and 24 h. Each page's per-process rows must read
 what the alert engine stored: the leak state, the slope and the first detection (formatted by
-the page's own ``fmtBytes`` / ``fmtTime``), the risk level; the leaking process named, and only
+the page's own ``rate`` / ``fmtTime``), the risk level; the leaking process named, and only
 it."""
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def test_the_pages_show_each_process_s_stored_answer(recorded, driver):
                 leaks = _table(driver, "leak-processes-table")
                 for pid, v in live.items():
                     row = leaks[names[pid]]
-                    slope = driver.execute_script("return fmtBytes(arguments[0]) + '/h';",
-                                                  v.leak_slope_bytes_per_s * 3600)
+                    slope = driver.execute_script("return rate(arguments[0], arguments[1]);",
+                                                  v.leak_slope_bytes_per_s * 3600,
+                                                  v.leak_estimated_floor)
                     first = "–" if v.leak_first_detected_ts_s is None else driver.execute_script(
                         "return fmtTime(arguments[0]);", v.leak_first_detected_ts_s)
                     assert (row["Leak"], row["Slope"], row["First detected"]) == (
@@ -65,8 +66,9 @@ def test_the_pages_show_each_process_s_stored_answer(recorded, driver):
             lines = driver.execute_script(
                 "return [...document.querySelectorAll('#devices-table .process-verdict')]"
                 ".map(e => e.textContent);")
-            slope = driver.execute_script("return fmtBytes(arguments[0]) + '/h';",
-                                          live[leaky].leak_slope_bytes_per_s * 3600)
+            slope = driver.execute_script("return rate(arguments[0], arguments[1]);",
+                                          live[leaky].leak_slope_bytes_per_s * 3600,
+                                          live[leaky].leak_estimated_floor)
             assert sorted(lines) == sorted([
                 f"{names[leaky]}: LEAK {slope} · OOM risk {live[leaky].risk_level}",
                 f"{names[healthy]}: no leak · OOM risk {live[healthy].risk_level}"])
