@@ -34,6 +34,16 @@ def _table(driver, table_id: str) -> dict[str, dict[str, str]]:
     return {r[0]: dict(zip(heads, r)) for r in rows}
 
 
+def overview_process_lines(driver, url: str, count: int) -> list[str]:
+    """The Overview's per-process verdict lines, once ``count`` of them show."""
+    driver.get(url + "/")
+    wait_for(driver, "return document.querySelectorAll('#devices-table .process-verdict')"
+                     f".length >= {count};", "the Overview's per-process verdicts")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#devices-table .process-verdict')]"
+        ".map(e => e.textContent);")
+
+
 def test_the_pages_show_each_process_s_stored_answer(recorded, driver):
     url, (leaky, healthy), last_s = recorded
     with Store.open(url) as store:
@@ -60,12 +70,7 @@ def test_the_pages_show_each_process_s_stored_answer(recorded, driver):
                 risk = _table(driver, "risk-processes-table")
                 assert {name: row["Risk"] for name, row in risk.items()} == {
                     names[pid]: v.risk_level for pid, v in live.items()}, width
-            driver.get(server.url + "/")
-            wait_for(driver, "return document.querySelectorAll('#devices-table .process-verdict')"
-                             ".length >= 2;", "the Overview's per-process verdicts")
-            lines = driver.execute_script(
-                "return [...document.querySelectorAll('#devices-table .process-verdict')]"
-                ".map(e => e.textContent);")
+            lines = overview_process_lines(driver, server.url, 2)
             slope = driver.execute_script("return rate(arguments[0], arguments[1]);",
                                           live[leaky].leak_slope_bytes_per_s * 3600,
                                           live[leaky].leak_estimated_floor)

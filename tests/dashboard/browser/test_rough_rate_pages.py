@@ -9,8 +9,8 @@ from vramscope.agent.config import parse_config
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
 
-from tests.dashboard.browser.test_one_answer_pages import _table
-from tests.dashboard.browser.test_pages import console_errors, driver, wait_for
+from tests.dashboard.browser.test_one_answer_pages import _table, overview_process_lines
+from tests.dashboard.browser.test_pages import console_errors, driver
 from tests.dashboard.test_rough_rate import T0, url
 from tests.support import dashboard_fixtures as F
 
@@ -22,14 +22,9 @@ def test_the_pages_say_about_before_a_rough_rate_only(url, driver):
     with Store.open(url) as store:
         server = F.ServedApp(create_app(parse_config({}, None), store))
         try:
-            driver.get(server.url + "/")
-            wait_for(driver, "return document.querySelectorAll('#devices-table .process-verdict')"
-                             ".length >= 2;", "the Overview's per-process verdicts")
-            lines = driver.execute_script(
-                "return [...document.querySelectorAll('#devices-table .process-verdict')]"
-                ".map(e => e.textContent);")
-            assert lines == ["unknown (pid 7): LEAK about 600.0 MiB/h · OOM risk ok",
-                             "unknown (pid 8): LEAK 300.0 MiB/h · OOM risk ok"]
+            assert overview_process_lines(driver, server.url, 2) == [
+                "unknown (pid 7): LEAK about 600.0 MiB/h · OOM risk ok",
+                "unknown (pid 8): LEAK 300.0 MiB/h · OOM risk ok"]
             driver.get(f"{server.url}/leaks?device=0&start={T0}&end={T0 + 7200}")
             rows = _table(driver, "leak-processes-table")
             assert {name: row["Slope"] for name, row in rows.items()} == {
