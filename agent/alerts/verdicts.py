@@ -62,8 +62,8 @@ class Verdict(NamedTuple):
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
-        return (self.leak_state, self.leak_first_detected_ts_s, self.risk_level,
-                self.risk_cause, self.rank)
+        return (self.leak_state, self.leak_first_detected_ts_s, self.leak_estimated_floor,
+                self.risk_level, self.risk_cause, self.rank)
 
     def to_json(self) -> dict[str, Any]:
         """The documented form (docs/analysis.md, "Verdicts")."""

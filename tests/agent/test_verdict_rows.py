@@ -29,3 +29,23 @@ def test_orphaned_blocks_doubling_write_rows_between_heartbeats():
                      "a process are not its floor), then 15 min of idle floor"),
                     ("leak", "KV pool reported 8"), ("leak", "KV pool reported 16"),
                     ("leak", "KV pool reported 32")]
+
+
+def test_a_leak_rate_turning_rough_is_a_row_of_its_own():
+    # the detector's answer scripted on a real engine: a leak on an exact floor, then the same
+    # leak (same state, first detection, slope) read off a floor now mostly estimated
+    engine = AlertEngine.from_config(None)
+    t0 = 1_800_000_000.0
+    engine.feed([Sample(t0, 0, Phase.DECODE, "torch", PID, allocated_bytes=10 * GIB,
+                        device_total_bytes=80 * GIB)])
+    d, log = engine.devices[0], engine.verdicts
+    leak = d.leaks[PID]
+    exact = leak.result._replace(detected=True, slope_bytes_per_s=1000.0,
+                                 first_detected_ts_s=t0 + 10, enough_data=True)
+    for ts, result in [(t0 + 10, exact), (t0 + 20, exact._replace(estimated_floor=True)),
+                       (t0 + 30, exact._replace(estimated_floor=True))]:
+        leak.result = result
+        log.note(d, PID, None, ts)
+    rows = [(v.ts_s - t0, v.leak_state, v.leak_estimated_floor) for v in log.history
+            if v.pid == PID]
+    assert rows[-2:] == [(10.0, "leak", False), (20.0, "leak", True)]  # none at 30: unchanged
