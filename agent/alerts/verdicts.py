@@ -207,4 +207,4 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    kv.usage_ratio if kv is not None else None,
                    kv.exhaustion_s if kv is not None else None,
                    d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows,
-                   r.detected and r.estimated_floor)
+                   r.estimated_floor)

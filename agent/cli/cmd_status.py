@@ -72,7 +72,7 @@ def _render_verdicts(verdicts: list[dict[str, Any]]) -> str:
         who = "device" if v["pid"] is None else f"pid {v['pid']} ({v.get('name') or '?'})"
         leak = words.get(v["leak"]["state"], v["leak"]["state"])
         if v["leak"]["state"] == "leak":
-            about = "about " if v["leak"].get("estimated_floor") is True else ""
+            about = "about " if v["leak"]["estimated_floor"] else ""
             leak += f" {about}{v['leak']['slope_bytes_per_h'] / 2**20:.1f} MiB/h"
         risk = v["risk"]["level"] or "not assessed yet"
         lines.append(f"  {v.get('host') or ''} GPU {v['device']} {who}: {leak}; OOM risk {risk}"

@@ -208,7 +208,7 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
             "slope_bytes_per_h": leak["slope_bytes_per_h"], "start_ts_s": leak["start_ts"],
             "first_detected_ts_s": leak["first_detected_ts"], "evidence": leak["evidence"],
             "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
-            "verdict_ts_s": v["ts"], "estimated_floor": leak.get("estimated_floor") is True}
+            "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"]}
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,

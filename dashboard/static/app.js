@@ -285,12 +285,12 @@ function wirePicker() {
 // --- pages -----------------------------------------------------------------------------
 const PAGES = {};
 
-// The verdict of a device is the alert engine's (its active alerts): a badge and the rules.
 // A process's stored leak answer, in the words every device line uses.
 function processLeakWords(v) {
   return v.leak === "leak" ? "LEAK " + rate(v.leak_slope_bytes_per_h, v.leak_estimated_floor) : LEAK_WORDS[v.leak] || v.leak;
 }
 
+// The verdict of a device is the alert engine's (its active alerts): a badge and the rules.
 function verdictCell(d) {
   const box = el("div");
   box.append(badge(d.verdict.level));
