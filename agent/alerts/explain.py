@@ -43,10 +43,11 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     trend = model.trend
     if trend is None or trend.slope <= 0:
         return None
-    # the floor points of the span's recent half (warm-up or not), at most 60 of them; where
-    # the floor is read with requests in flight (never idle, no KV figures) the trend's own
-    # points with what the requests hold fitted out: a load ramp lifts the raw ones too
-    since = trend.t0 + trend.span_s / 2
+    # the floor points of the span's recent half (warm-up or not; an accelerating trend is
+    # that half already), at most 60 of them; where the floor is read with requests in flight
+    # (never idle, no KV figures) the trend's own points with what the requests hold fitted
+    # out: a load ramp lifts the raw ones too
+    since = trend.t0 + (0.0 if trend.steady is not None else trend.span_s / 2)
     pts = [p for p in leak.load_free_points() if p[0] >= since]
     if len(pts) < 4:
         pts = [p for p in leak.recent_floor if p[0] >= since]
@@ -97,12 +98,17 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
         # largest prefill needs more than is left, but compacting the pieces or bounding the
         # prefill would only buy time (the post-mortem's rule: diagnosis, "fragmentation")
         return "growth"
+    load_rose = share is not None and share < FLOOR_SHARE  # peaks rising over a flat floor
+    if "trend" in reasons and load_rose and not leak.result.detected:
+        # the load is filling the device: the largest prefill then fits no block or segment
+        # either, but it is the work in flight that grew (the post-mortem's rule: "load")
+        return "batch"
     if "fragmentation" in reasons or ("alloc_retries" in reasons and _fits_in_all(model)):
         return "prefill_spike" if _spike_fills_free(model) else "fragmentation"
     if leak.result.detected:
         return "growth"
     if "trend" in reasons:
-        return "batch" if share is not None and share < FLOOR_SHARE else "growth"
+        return "batch" if load_rose else "growth"
     if "headroom" in reasons or "alloc_retries" in reasons:
         # without a prefill's activations (the one in progress, or the largest seen) would the
         # headroom be above the warning line? then the spike took it away, else the load did

@@ -98,6 +98,9 @@ class _Trend(NamedTuple):
     slope_low: float
     slope_high: float
     span_s: float  # the span of peaks it was fitted on: the forecast's reach is a multiple
+    # an accelerating rise (this trend: the span's recent half) keeps the whole span's trend,
+    # the forecast where the recent half's own evidence falls short of the limit
+    steady: _Trend | None = None
 
 
 class RiskModel:
@@ -134,6 +137,7 @@ class RiskModel:
         self._pending: list[tuple[float, int, Phase]] = []
         self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
         self._trend: _Trend | None = None
+        self._in_use: _Trend | None = None  # the trend the latest forecast came from
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         # the latest point's figures (``last`` is built from them on demand)
@@ -155,7 +159,7 @@ class RiskModel:
     @property
     def trend(self) -> _Trend | None:
         """The peaks' trend the forecast comes from (None: no significant rise)."""
-        return self._trend
+        return self._in_use
 
     @property
     def reserved_bytes(self) -> int | None:
@@ -170,7 +174,7 @@ class RiskModel:
     def last(self) -> RiskPoint | None:
         """The latest point (``None`` before the first sample with memory figures)."""
         if self._last is None and self.has_point:
-            tto, tr = self.time_to_oom_s, self._trend
+            tto, tr = self.time_to_oom_s, self._in_use
             forecast: _Forecast = _NO_FORECAST if tto is None or tr is None else (
                 tto, self._room / tr.slope_high, self._room / tr.slope_low)  # tto: a trend
             self._last = RiskPoint(self._ts_s, self._device, LEVELS[self.level_index],
@@ -305,13 +309,24 @@ class RiskModel:
             return None
         if not still_rising(xs, ys, tr.slope):
             return None  # flattening: a warm-up or a cache filling up, not a trend to the limit
-        return _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high, span_s)
+        steady = _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high, span_s)
+        half = len(xs) // 2
+        recent = theil_sen(xs[half:], ys[half:])
+        if recent.slope_low <= tr.slope:
+            return steady
+        # accelerating: even the recent half's shallowest slope is steeper than the span's
+        # line. A load ramp that began inside the span rises at the recent half's rate, which
+        # the whole span's line dilutes with the flat peaks before it (an OOM it foresees only
+        # seconds ahead); _time_to_oom holds this forecast to its half span's evidence.
+        start = t0 + xs[half]
+        return _Trend(start, recent.slope, recent.intercept + recent.slope * xs[half],
+                      recent.slope_low, recent.slope_high, span_s - xs[half], steady)
 
     def restart(self) -> None:
         """An OOM happened: the episode is over. The trend and the retry history start over
         (the next warning is about the next OOM); the limit and the largest request stay."""
         self._peaks.clear()
-        self._trend = None
+        self._trend = self._in_use = None
         self._window_start = None
         self._retry_rise_ts = None
 
@@ -330,15 +345,11 @@ class RiskModel:
             projected = projected if projected > demand else demand
         ratio = (limit - projected) / limit
         self.headroom_bytes, self.headroom_ratio = limit - demand, ratio
-        tr = self._trend
-        tto = None
-        if tr is not None:  # room under the limit above the trend line (or the demand)
-            level = tr.intercept + tr.slope * (ts_s - tr.t0)
-            room = limit - (level if level > demand else demand)
-            self._room = room = room if room > 0.0 else 0.0
-            tto = room / tr.slope
-            if tto > FORECAST_REACH * tr.span_s:
-                tto = None  # further than the evidence reaches
+        tr = self._in_use = self._trend
+        tto = None if tr is None else self._time_to_oom(tr, ts_s, demand, limit)
+        if tto is None and tr is not None and tr.steady is not None:
+            tr = self._in_use = tr.steady
+            tto = self._time_to_oom(tr, ts_s, demand, limit)
         self.time_to_oom_s = tto
         retrying = self._retry_rise_ts is not None and self._retrying(ts_s, limit, other)
         # hysteresis: a headroom warning holds until the headroom is back above the threshold
@@ -350,6 +361,21 @@ class RiskModel:
             self.level_index = self._reasons = 0  # the common case, decided cheaply
         else:
             self._level(ratio, tto, limit, other, retrying)
+
+    def _time_to_oom(self, tr: _Trend, ts_s: float, demand: int, limit: int) -> float | None:
+        """Seconds until the trend line (or the demand, if above it) meets the limit; None
+        further than ``FORECAST_REACH`` times the span the trend was fitted on. An
+        accelerating trend rests on half the span: it stands only where its latest end (the
+        band's shallowest slope) is within that reach too, else None (the steady one answers).
+        """
+        level = tr.intercept + tr.slope * (ts_s - tr.t0)
+        room = limit - (level if level > demand else demand)
+        room = room if room > 0.0 else 0.0
+        reach = FORECAST_REACH * tr.span_s
+        if room / (tr.slope if tr.steady is None else tr.slope_low) > reach:
+            return None  # further than the evidence reaches
+        self._room = room
+        return room / tr.slope
 
     def _retrying(self, ts_s: float, limit: int, other: int) -> bool:
         """Retries rose within ``RETRY_WINDOW_S``; or within ``RETRY_HOLD_S`` while reserved

@@ -85,20 +85,39 @@ def test_retries_for_a_request_taking_most_of_the_free_memory_are_a_prefill_spik
                           "tokens prefilled per step)")
 
 
-def test_fragmentation_signs_on_a_device_the_floor_filled_are_growth():
-    # the long suite's growth failure on a static-batch server with bursty traffic: 23 min
-    # before the OOM the allocator retries and the largest prefill fits no free block, but
-    # the peaks rise with the floor under them (a growth the leak check has not named yet on
-    # this bursty server): compacting the pieces would only buy time, and the post-mortem
-    # will say growth; so does the alert
+def test_every_risk_alert_of_a_growth_failure_names_growth():
+    # the long suite's growth failure on a static-batch server with bursty traffic: the peaks
+    # rise with the floor under them (a growth the leak check has not named yet on this bursty
+    # server). The first warning, 77 min ahead, is an accelerating rise (the span's recent
+    # half); the critical one, 28 min ahead, is read over that half's floor too: growth, as
+    # the post-mortem will say, not the load (batch) that the last few minutes' floor alone
+    # would suggest
     from vramscope.agent.bench import long_detection, long_suite
 
     spec = next(s for s in long_suite.specs()
                 if s.name == "failure/growth/static_batch-bursty/312")
     sc = long_suite.build(spec)
     run = long_detection.run_engine(sc)
+    fired = [c for c in run.changes if c.kind == "fired" and c.rule.startswith("oom_risk")]
+    assert [(c.rule, round((sc.oom_ts or 0.0) - c.ts_s)) for c in fired] == [
+        ("oom_risk", 4626), ("oom_risk", 1866), ("oom_risk_critical", 1702)]
+    assert "peaks rising 72.32 GiB/h over 11.0 min" in fired[0].message
+    assert all("; likely growth; try: look for a leak" in c.message for c in fired)
+
+
+def test_a_load_ramp_filling_the_device_is_the_load_though_the_largest_prefill_fits_nowhere():
+    # the long suite's load ramp on a never-idle server: 107 s before the OOM the peaks rise
+    # over a flat floor and the largest prefill fits neither a free block nor a new segment.
+    # The work in flight grew to the limit: the post-mortem says load, and so does the alert
+    # (not prefill_spike, which the fragmentation signs alone would give)
+    from vramscope.agent.bench import long_detection, long_suite
+
+    spec = next(s for s in long_suite.specs()
+                if s.name == "failure/load/per_request_kv-never_idle/321")
+    sc = long_suite.build(spec)
+    run = long_detection.run_engine(sc)
     critical = next(c for c in run.changes
                     if c.kind == "fired" and c.rule == "oom_risk_critical")
-    assert round((sc.oom_ts or 0.0) - critical.ts_s) == 1402
-    assert "fits neither the largest free block" in critical.message
-    assert "; likely growth; try: look for a leak" in critical.message
+    assert round((sc.oom_ts or 0.0) - critical.ts_s) == 107
+    assert "fits neither the largest free block (4.09 GiB) nor a new segment" in critical.message
+    assert "; likely batch; try: lower the maximum concurrency" in critical.message

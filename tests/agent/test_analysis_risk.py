@@ -79,6 +79,34 @@ def test_growth_that_flattens_is_not_a_trend_to_the_limit():
     assert points[1200].time_to_oom_s is None and points[1200].level == "ok"
 
 
+def _ramp_after_flat_peaks(limit):
+    """Ten minutes of flat peaks (500 + t mod 7), then a ramp of 1 B/s (a load ramp beginning
+    inside the trend's span): the point at t=1200, and the model."""
+    m = RiskModel(NO_WARMUP)
+    alloc = [500 + (t % 7) if t < 600 else 500 + (t - 600) for t in range(1201)]
+    points = [m.update(S(t, D, a, device_total_bytes=limit)) for t, a in enumerate(alloc)]
+    return points[1200], m
+
+
+def test_an_accelerating_rise_is_forecast_from_the_recent_half_of_its_span():
+    # the whole span's line (0.539 B/s, band 0.377-0.539 B/s) dilutes the ramp with the flat
+    # peaks before it: 1341 B of room over it is 2489 s, no warning. The recent half rises at
+    # 1 B/s, above that band: 1341 s to OOM, within 3 x its 600 s, a warning
+    point, m = _ramp_after_flat_peaks(2_500)
+    assert (point.level, point.reasons, point.time_to_oom_s) == ("warning", ("trend",), 1341.0)
+    assert m.trend is not None and (m.trend.span_s, m.trend.slope) == (600.0, 1.0)
+    assert m.trend.steady is not None and round(m.trend.steady.slope, 3) == 0.539
+    assert round(1341.0 / m.trend.steady.slope) == 2489
+
+
+def test_an_accelerating_forecast_stands_only_within_its_half_spans_reach():
+    # 1841 B of room: 1841 s at the recent half's 1 B/s is past 3 x its 600 s; the whole span's
+    # line answers instead (3527 s, within 3 x its 1200 s): a forecast, no warning
+    point, m = _ramp_after_flat_peaks(3_000)
+    assert (point.level, point.time_to_oom_s) == ("ok", 3526.875)
+    assert m.trend is not None and m.trend.span_s == 1200.0 and m.trend.steady is None
+
+
 def test_a_short_time_to_oom_warns_and_then_goes_critical():
     t = Thresholds(time_to_oom_warning_s=1400.0, time_to_oom_critical_s=1341.5, leak_warmup_s=0.0)
     m = RiskModel(t)
