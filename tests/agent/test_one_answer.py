@@ -303,31 +303,37 @@ def test_the_h200_slow_leak_on_a_never_idle_server_is_found_with_the_defaults():
         454, "no_leak", 0.0, None, "ok"]
 
 
-def test_the_h200_slow_leak_again_with_todays_agent_gives_one_answer_everywhere():
-    """docs/gpu-verification.md section 18: the recording of section 17 made again with the
-    agent of commit 56462e8 (a shutdown keeps its last answer; the leak rate of leaks.leak_rate).
-    Every surface, the stored rows included, names pid 462 leaking at its rate and says "no
-    leak" of pid 463; the only alert is the leak's."""
+@pytest.mark.parametrize("run, leaking, healthy, kept, truth_bps, found_after_s", [
+    ("2026-12-05b", 462, 463, 230, 345_353, 1305),  # section 18: commit 56462e8
+    ("2026-12-05c", 584, 585, 218, 344_638, 1311),  # section 19: the quickening-rise forecast
+])
+def test_the_h200_slow_leak_again_with_todays_agent_gives_one_answer_everywhere(
+        run, leaking, healthy, kept, truth_bps, found_after_s):
+    """docs/gpu-verification.md sections 18 and 19: the recording of section 17 made again with
+    the agent of commit 56462e8 (a shutdown keeps its last answer; the leak rate of
+    leaks.leak_rate), then with that of c7689c5 (the OOM forecast of a quickening rise). Every
+    surface, the stored rows included, names the leaking pid at its rate and says "no leak" of
+    the healthy one; the only alert is the leak's, and every stored risk level is ok."""
     from pathlib import Path
 
     from tests.gpu.one_answer_check import check
 
-    runs = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-05b"
+    runs = REPO_ROOT / "docs" / "gpu-runs" / run
     committed = json.loads((runs / "one_answer.json").read_text())
     got = json.loads(json.dumps(check(Path(runs / "gpu_cb_pair.db.gz"), "")))
     assert got == committed
     assert got["same_everywhere"] is True
     leak = json.loads((runs / "cb-leak.json").read_text())
-    assert (leak["pid"], leak["kept_tensors"]) == (462, 230)
-    truth = 229 * 2**21 / (leak["last_kept_ts"] - leak["first_kept_ts"])
-    assert round(truth) == 345_353
+    assert (leak["pid"], leak["kept_tensors"]) == (leaking, kept)
+    truth = (kept - 1) * 2**21 / (leak["last_kept_ts"] - leak["first_kept_ts"])
+    assert round(truth) == truth_bps
     [(pid, state, slope, first, risk), healthy_now] = got["live"]
-    assert (pid, state, risk) == (462, "leak", "ok")
-    assert round(first - leak["t0"]) == 1305
+    assert (pid, state, risk) == (leaking, "leak", "ok")
+    assert round(first - leak["t0"]) == found_after_s
     assert 0.99 < slope / truth < 0.995
-    assert healthy_now == [463, "no_leak", 0.0, None, "ok"]
+    assert healthy_now == [healthy, "no_leak", 0.0, None, "ok"]
     assert [(a[0], a[1]) for a in got["alerts"]] == [("memory_leak", "warning")]
-    assert got["alerts"][0][4].endswith("[pid 462]")
+    assert got["alerts"][0][4].endswith(f"[pid {leaking}]")
     assert {h[4] for h in got["history"]} == {"ok"}
     assert {tuple(row) for rows in got["surfaces"].values() for row in rows} == {
         tuple(got["live"][0]), tuple(healthy_now)}

@@ -9,36 +9,23 @@
 # settings) so that a verdict fits the GPU lease; the defaults need 35 min of floor.
 #   tests/gpu/record_agent_pair.sh start DIR DURATION_S   # agent + both servers, in background
 #   tests/gpu/record_agent_pair.sh finish DIR OUT         # wait, stop the agent, copy to OUT
-# On the GPU machine with .whl carried (../shared/tools/gpu-wheels.sh).
+# On the GPU machine with .whl carried (../shared/tools/gpu-wheels.sh orjson); the agent is
+# started and stopped by tests/gpu/sidecar.sh.
 set -euo pipefail
 MODE=$1 DIR=$2
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-if [ ! -d /tmp/site/sqlalchemy ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH="/tmp/site:$REPO" PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/sidecar.sh
+. tests/gpu/sidecar.sh
+sidecar_env
 case "$MODE" in
 start)
   DURATION_S=$3
   mkdir -p "$DIR"
-  cat > "$DIR/agent.toml" <<TOML
-[agent]
-socket_path = "$DIR/sock/agent.sock"
-
-[database]
-url = "sqlite:///$DIR/agent.db"
-
+  sidecar_start "$DIR" "
 [alerts]
 leak_warmup_s = 300
-leak_min_span_s = 600
-TOML
-  setsid nohup python3 -m vramscope agent --config "$DIR/agent.toml" \
-    > "$DIR/agent.log" 2>&1 < /dev/null &
-  echo $! > "$DIR/agent.pid"
-  for _ in $(seq 60); do [ -S "$DIR/sock/agent.sock" ] && break; sleep 0.5; done
-  [ -S "$DIR/sock/agent.sock" ] || { echo "agent did not start"; cat "$DIR/agent.log"; exit 1; }
+leak_min_span_s = 600"
   for spec in "pair-leak 60 11" "pair-healthy 1e9 22"; do
     set -- $spec
     setsid nohup python3 tests/gpu/record_serving.py --scenario never_idle --device cuda \
@@ -51,12 +38,7 @@ TOML
   ;;
 finish)
   OUT=$3
-  for pid in $(cat "$DIR/server.pids"); do
-    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
-  done
-  sleep 3
-  kill -TERM "$(cat "$DIR/agent.pid")" || true
-  while kill -0 "$(cat "$DIR/agent.pid")" 2>/dev/null; do sleep 1; done
+  sidecar_finish "$DIR"
   for f in "$DIR"/pair-*.log; do tail -n 3 "$f"; done
   gzip -c "$DIR/agent.db" > "$OUT/gpu_agent_pair.db.gz"
   for n in pair-leak pair-healthy; do

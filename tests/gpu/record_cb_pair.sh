@@ -12,16 +12,15 @@
 #   tests/gpu/record_cb_pair.sh start DIR DURATION_S [orphans|slow-leak]  # in background
 #   tests/gpu/record_cb_pair.sh snapshot DIR OUT       # a copy of the agent's store so far
 #   tests/gpu/record_cb_pair.sh finish DIR OUT         # wait, stop the agent, copy to OUT
-# On the GPU machine with .whl carried (../shared/tools/gpu-wheels.sh).
+# On the GPU machine with .whl carried (../shared/tools/gpu-wheels.sh orjson); the agent is
+# started and stopped by tests/gpu/sidecar.sh.
 set -euo pipefail
 MODE=$1 DIR=$2
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-if [ ! -d /tmp/site/sqlalchemy ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH="/tmp/site:$REPO" PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/sidecar.sh
+. tests/gpu/sidecar.sh
+sidecar_env
 case "$MODE" in
 start)
   DURATION_S=$3 SCENARIO=${4:-orphans}
@@ -31,19 +30,7 @@ start)
              HEALTHY="--never-idle" ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
   esac
-  mkdir -p "$DIR/sock" && chmod 700 "$DIR/sock"
-  cat > "$DIR/agent.toml" <<TOML
-[agent]
-socket_path = "$DIR/sock/agent.sock"
-
-[database]
-url = "sqlite:///$DIR/agent.db"
-TOML
-  setsid nohup python3 -m vramscope agent --config "$DIR/agent.toml" \
-    > "$DIR/agent.log" 2>&1 < /dev/null &
-  echo $! > "$DIR/agent.pid"
-  for _ in $(seq 60); do [ -S "$DIR/sock/agent.sock" ] && break; sleep 0.5; done
-  [ -S "$DIR/sock/agent.sock" ] || { echo "agent did not start"; cat "$DIR/agent.log"; exit 1; }
+  sidecar_start "$DIR"
   for spec in "cb-leak 0" "cb-healthy 1"; do
     set -- $spec
     if [ "$1" = cb-leak ]; then ARGS=$LEAK; else ARGS=$HEALTHY; fi
@@ -66,12 +53,7 @@ snapshot)  # the lease may end before finish: what was recorded so far comes bac
   ;;
 finish)
   OUT=$3
-  for pid in $(cat "$DIR/server.pids"); do
-    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
-  done
-  sleep 3
-  kill -TERM "$(cat "$DIR/agent.pid")" || true
-  while kill -0 "$(cat "$DIR/agent.pid")" 2>/dev/null; do sleep 1; done
+  sidecar_finish "$DIR"
   for n in cb-leak cb-healthy; do
     tail -n 4 "$DIR/$n.log"
     cp "$DIR/$n.json" "$OUT/$n.json" || true

@@ -184,6 +184,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "one_answer_cb": ("2026-12-04d/one_answer.json", render_one_answer),
     "slow_leak": slow_leak_block("2026-12-05"),
     "slow_leak_b": slow_leak_block("2026-12-05b"),
+    "slow_leak_c": slow_leak_block("2026-12-05c"),
 }
 
 
