@@ -48,7 +48,7 @@ from typing import Any, NamedTuple, TypeVar
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
 from vramscope.agent.analysis.phases import SpikeTracker
-from vramscope.agent.analysis.stats import still_rising, theil_sen
+from vramscope.agent.analysis.stats import recent_half, still_rising, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
@@ -301,19 +301,20 @@ class RiskModel:
         self._window_peak = demand
 
     def _fit(self, span_s: float) -> _Trend | None:
-        """The peaks' trend, when it rises significantly and still rises in its recent half."""
+        """The peaks' trend, when it rises significantly and still rises in its recent half;
+        the recent half's own, carrying the whole span's, when that half rises faster."""
         t0 = self._peaks[0][0]
         xs, ys = [p[0] - t0 for p in self._peaks], [p[1] for p in self._peaks]
         tr = theil_sen(xs, ys)
         if tr.slope_low <= 0:
             return None
-        if not still_rising(xs, ys, tr.slope):
+        recent = recent_half(xs, ys)
+        if not still_rising(xs, ys, tr.slope, recent):
             return None  # flattening: a warm-up or a cache filling up, not a trend to the limit
         steady = _Trend(t0, tr.slope, tr.intercept, tr.slope_low, tr.slope_high, span_s)
-        half = len(xs) // 2
-        recent = theil_sen(xs[half:], ys[half:])
         if recent.slope_low <= tr.slope:
             return steady
+        half = len(xs) // 2
         # accelerating: even the recent half's shallowest slope is steeper than the span's
         # line. A load ramp that began inside the span rises at the recent half's rate, which
         # the whole span's line dilutes with the flat peaks before it (an OOM it foresees only

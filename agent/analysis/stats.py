@@ -76,11 +76,18 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Trend:
 STEADY_RATIO = 0.5  # the recent half rises at least this share of the whole slope
 
 
-def still_rising(xs: Sequence[float], ys: Sequence[float], slope: float) -> bool:
-    """The recent half of the series rises at ``STEADY_RATIO`` of ``slope`` (the whole series'
-    Theil–Sen slope) or more: growth that slows down (a warm-up, a cache filling up) does not."""
+def recent_half(xs: Sequence[float], ys: Sequence[float]) -> Trend:
+    """The Theil–Sen fit of the series' recent half (its points from ``len // 2`` on)."""
     half = len(xs) // 2
-    return theil_sen(xs[half:], ys[half:]).slope >= STEADY_RATIO * slope
+    return theil_sen(xs[half:], ys[half:])
+
+
+def still_rising(xs: Sequence[float], ys: Sequence[float], slope: float,
+                 recent: Trend | None = None) -> bool:
+    """The recent half of the series rises at ``STEADY_RATIO`` of ``slope`` (the whole series'
+    Theil–Sen slope) or more: growth that slows down (a warm-up, a cache filling up) does not.
+    ``recent``: the half's fit (``recent_half``), where the caller has it already."""
+    return (recent or recent_half(xs, ys)).slope >= STEADY_RATIO * slope
 
 
 def _sen_band(sorted_slopes: list[float], n: int) -> tuple[float, float]:

@@ -21,7 +21,6 @@ sidecar_env
 case "$MODE" in
 start)
   DURATION_S=$3
-  mkdir -p "$DIR"
   sidecar_start "$DIR" "
 [alerts]
 leak_warmup_s = 300
