@@ -145,6 +145,14 @@ class LeakResult(NamedTuple):
     # a leak found on a floor mostly estimated (rarely or never idle, no KV figures: most
     # points read with requests in flight): its rate is rough (docs/analysis.md, "Limits")
     estimated_floor: bool = False
+    # the growth model (analysis.growth): the rate's 90 % interval, and the time until the
+    # headroom is used up at the rate (soonest at the interval's high end, latest at its low
+    # end; None where it reaches zero), on every leak verdict with a rate
+    rate_low_bytes_per_s: float | None = None
+    rate_high_bytes_per_s: float | None = None
+    time_to_oom_s: float | None = None
+    time_to_oom_low_s: float | None = None
+    time_to_oom_high_s: float | None = None
 
     @property
     def state(self) -> str:

@@ -1,0 +1,213 @@
+"""The growth model: one rate with its confidence interval, and everything that follows from it.
+
+A floor's rate of growth is estimated by least squares over its points, with a confidence
+interval whose width respects the points' autocorrelation (the lag-one correlation ``rho`` of
+the residuals: the variance of the slope is scaled by ``(1 + rho) / (1 - rho)``, the effective
+count is the points' count divided by that factor, and the quantile is Student's t on the
+effective count). From that one interval:
+
+- the **state** (:func:`judge`): ``leak`` once its low end is above the minimum slope, ``no_leak``
+  only once its high end is below it, else ``insufficient_data``;
+- **what is missing** (:func:`more_time_s`): the interval's half-width shrinks as the span to
+  the power 3/2 at a steady sampling rate, so the span that tells the rate from the minimum at
+  the current noise is ``span x (half-width / |rate - minimum|) ^ (2/3)``: growth far above the
+  minimum is told in a minute, one near it needs hours;
+- the **time to OOM** (:func:`time_to_oom`): the headroom over the rate, its range the headroom
+  over the interval's ends (no latest end where the interval reaches zero).
+
+:class:`FastGrowth` uses it on a process's newest floor points, warm-up or not, so that growth
+that fills the device in minutes is named in about a minute, not after the detector's
+durations (a documented warm-up and minimum span, kept for slow leaks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
+
+Z_90 = 1.6448536269514722  # a two-sided 90 % interval, as Sen's band on the peaks' trend
+RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says nothing more
+MORE_CAP_S = 24 * 3600.0  # "more data" estimates beyond a day read as a day
+
+
+class Rate(NamedTuple):
+    """A least-squares rate in bytes per second with its 90 % interval (``low``, ``high``)."""
+
+    slope: float
+    low: float
+    high: float
+    span_s: float
+    points: int
+    effective_points: float
+    noise_bytes: float  # the residuals' standard deviation
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+
+class Forecast(NamedTuple):
+    """Seconds until the headroom is used up: central, soonest (the interval's high rate) and
+    latest (its low rate; None where the interval reaches zero growth)."""
+
+    seconds: float
+    soonest: float
+    latest: float | None
+
+
+def t_quantile(z: float, dof: float) -> float:
+    """Student's t quantile from the normal one (Cornish–Fisher, good to 1 % from 3 d.f.)."""
+    if dof <= 0:
+        return math.inf
+    z3, z5 = z ** 3, z ** 5
+    return z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof * dof)
+
+
+def rate_interval(points: Sequence[tuple[float, float]]) -> Rate | None:
+    """The least-squares rate of ``(ts_s, bytes)`` points with its autocorrelation-respecting
+    interval; None for fewer than 4 points or no span."""
+    n = len(points)
+    if n < 4:
+        return None
+    t0 = points[0][0]
+    xs = [p[0] - t0 for p in points]
+    ys = [float(p[1]) for p in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    res = [y - my - slope * (x - mx) for x, y in zip(xs, ys)]
+    ssr = sum(r * r for r in res)
+    rho = 0.0
+    if ssr > 0:
+        rho = max(0.0, min(RHO_MAX, sum(a * b for a, b in zip(res, res[1:])) / ssr))
+    factor = (1 + rho) / (1 - rho)
+    effective = n / factor
+    sigma2 = ssr / (n - 2)
+    se = math.sqrt(sigma2 / sxx * factor)
+    q = t_quantile(Z_90, effective - 2)
+    return Rate(slope, slope - q * se, slope + q * se, xs[-1], n, effective, math.sqrt(sigma2))
+
+
+def judge(rate: Rate, min_slope: float) -> str:
+    """``leak``, ``no_leak`` or ``insufficient_data``, by where the interval lies."""
+    if rate.low > min_slope:
+        return "leak"
+    if rate.high < min_slope:
+        return "no_leak"
+    return "insufficient_data"
+
+
+def more_time_s(rate: Rate, min_slope: float) -> float:
+    """About how much more floor (seconds) tells the rate from ``min_slope`` at this noise."""
+    gap = abs(rate.slope - min_slope)
+    if rate.half_width <= 0:
+        return 0.0
+    if gap <= 0:
+        return MORE_CAP_S
+    needed = rate.span_s * (rate.half_width / gap) ** (2.0 / 3.0)
+    return min(MORE_CAP_S, max(0.0, needed - rate.span_s))
+
+
+def time_to_oom(headroom_bytes: float, rate: Rate) -> Forecast | None:
+    """Headroom over the rate, its range over the interval's ends; None where not growing."""
+    if rate.slope <= 0:
+        return None
+    room = max(0.0, headroom_bytes)
+    high = rate.high if rate.high > rate.slope else rate.slope
+    latest = room / rate.low if rate.low > 0 else None
+    return Forecast(room / rate.slope, room / high, latest)
+
+
+def describe_forecast(f: Forecast | None) -> str:
+    """``full in about 2 h 10 min (1 h 40 min – 3 h)`` (``– ?`` for no latest end)."""
+    if f is None:
+        return "not filling"
+    latest = "?" if f.latest is None else span_words(f.latest)
+    return f"full in about {span_words(f.seconds)} ({span_words(f.soonest)} – {latest})"
+
+
+def span_words(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2 h 10 min``, ``3.5 d``: a duration as an operator reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = seconds / 60.0
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    hours = int(minutes // 60)
+    if hours < 48:
+        rest = int(round(minutes - 60 * hours))
+        return f"{hours} h" if rest == 0 else f"{hours} h {rest} min"
+    return f"{seconds / 86400.0:.1f} d"
+
+
+# --- fast growth on the newest floor points -------------------------------------------------
+FAST_FILL_S = 3600.0  # growth that would fill the headroom within this: the fast route's
+FAST_MIN_SPAN_S = 60.0  # the least floor a fast verdict rests on
+FAST_SPAN_SHARE = 0.05  # ...and at least this share of its time to fill
+FAST_MIN_POINTS = 6
+FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
+FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
+FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
+
+
+class FastGrowth:
+    """The newest floor points of one process (bounded) and the fast-growth test on them.
+
+    A suffix of the points is *established growth* when its interval's low end is above the
+    minimum slope and at least ``FAST_PRECISION`` of its rate, its rate would fill the headroom
+    within ``FAST_FILL_S``, it spans at least ``FAST_MIN_SPAN_S`` and ``FAST_SPAN_SHARE`` of that
+    time to fill, and its recent half still rises at half its rate or more (a warm-up is a rise
+    that flattens: it fails here, however early or late it comes). Suffixes from the newest
+    ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried, shortest first.
+    """
+
+    def __init__(self) -> None:
+        self.points: deque[tuple[float, int]] = deque()
+
+    def add(self, ts_s: float, value: int) -> None:
+        pts = self.points
+        pts.append((ts_s, value))
+        while pts[0][0] < ts_s - FAST_KEEP_S:
+            pts.popleft()
+
+    def clear(self) -> None:
+        self.points.clear()
+
+    def established(self, min_slope: float, headroom_bytes: float) -> Rate | None:
+        """The shortest suffix that establishes fast growth (see the class), else None."""
+        pts = list(self.points)
+        n = FAST_MIN_POINTS
+        while n <= len(pts):
+            rate = self._check(pts[-n:], min_slope, headroom_bytes)
+            if rate is not None:
+                return rate
+            n = n + max(1, n // 2)
+        return None
+
+    def holds(self, since_ts: float, min_slope: float) -> Rate | None:
+        """The rate since ``since_ts`` while it still rises (low end above
+        ``FAST_HOLD_RATIO`` x the minimum slope); None once it no longer does."""
+        pts = [p for p in self.points if p[0] >= since_ts]
+        rate = rate_interval(pts[-_HOLD_POINTS:])
+        return rate if rate is not None and rate.low > FAST_HOLD_RATIO * min_slope else None
+
+    @staticmethod
+    def _check(pts: Sequence[tuple[float, int]], min_slope: float,
+               headroom_bytes: float) -> Rate | None:
+        rate = rate_interval(pts)
+        if rate is None or rate.low <= min_slope or rate.low < FAST_PRECISION * rate.slope:
+            return None
+        fill = max(0.0, headroom_bytes) / rate.slope
+        if fill > FAST_FILL_S or rate.span_s < max(FAST_MIN_SPAN_S, FAST_SPAN_SHARE * fill):
+            return None
+        recent = rate_interval(pts[len(pts) // 2:])
+        if recent is None or recent.slope < 0.5 * rate.slope:
+            return None  # flattening: a warm-up or a cache filling up
+        return rate
+
+
+_HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
