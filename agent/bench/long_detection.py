@@ -22,6 +22,19 @@ it, in batches of a minute of records. Scored against the traces' truth (targets
   of floor has had the span its verdict needs), in one-minute batches;
 - ``analyze`` throughput on the 10 Hz traces, samples per CPU-second, beside the same records
   merged and iterated without the engine (the engine-off path), in the same run.
+
+The fast group (targets: issue 44), scored apart so that none of the figures above moves:
+
+- growth that fills the headroom in 6 min to 10 h: named (a ``memory_leak`` firing, or an
+  OOM-risk one that says "likely growth") within max(3 min, 10 % of its onset-to-OOM time) of
+  its onset;
+- each fast OOM: the first OOM-risk alert that names the trace's cause (after the onset) fires
+  at least half the onset-to-OOM time before the OOM; the OOM-risk alerts change (fire or
+  resolve) at most ``FLAPS_MAX`` times from the onset to the OOM;
+- every leak, slow or fast: at each ``memory_leak`` firing, the device's leak verdict's 90 %
+  rate interval holds the rate the leak had added until then (>= 90 %, exact and estimated
+  floors apart) and it carries a time to OOM; in every one-minute batch wholly after the onset
+  the leaking process's verdict is not ``no_leak`` (at most 2 % of the runs say it once).
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
+from vramscope.agent.analysis.leaks import LeakResult
 from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.bench.labelled_recordings import Scenario
 from vramscope.agent.records import Event, Sample
@@ -46,6 +60,12 @@ RISK_RULES = ("oom_risk", "oom_risk_critical")
 ANSWER_AFTER_S = 2 * 3600.0  # a process this old has a leak answer (the default horizon)
 _CAUSE = re.compile(r"likely (\w+)")
 _CAUSE_WORDS = {"batch": "load"}  # the product's word -> the suite's
+NAME_MIN_S = 180.0  # fast growth is named within this long of its onset,
+NAME_SHARE = 0.10  # ...or this share of its onset-to-OOM time, whichever is longer
+LEAD_SHARE = 0.5  # a fast OOM's first right warning comes this share of its development ahead
+FLAPS_MAX = 4  # OOM-risk changes (fired, resolved) from a fast failure's onset to its OOM
+COVER_TARGET = 0.90
+NO_LEAK_RUNS_MAX = 0.02
 
 
 @dataclass
@@ -58,6 +78,11 @@ class Run:
     # one-minute batches of processes ANSWER_AFTER_S or older: all, and those without an answer
     answerable: int = 0
     unanswered: int = 0
+    # fired ts of a memory_leak -> the device's leak verdict then (the interval, the forecast)
+    verdicts: dict[float, LeakResult] = field(default_factory=dict)
+    # each one-minute batch wholly after a leak's onset: (its last sample's ts, the leak state
+    # of that sample's process)
+    onset_states: list[tuple[float, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +103,18 @@ class LongScore:
     warned: int = 0
     wrong: list[str] = field(default_factory=list)  # "trace: lead, cause said / truth"
     first_wrong: list[str] = field(default_factory=list)  # the first warning's cause, if wrong
+    # the fast group
+    named: list[tuple[str, float, float]] = field(default_factory=list)  # (trace, s to name
+    #                                                  from onset (inf: never), s allowed)
+    leads: list[tuple[str, float]] = field(default_factory=list)  # (trace, the first right
+    #                                   warning's lead over the onset-to-OOM time; 0: none)
+    flaps: dict[str, int] = field(default_factory=dict)  # trace -> OOM-risk changes
+    covered: dict[bool, list[int]] = field(  # estimated floor -> [covered, detections]
+        default_factory=lambda: {False: [0, 0], True: [0, 0]})
+    uncovered: list[str] = field(default_factory=list)  # "trace: low-high vs truth"
+    no_forecast: list[str] = field(default_factory=list)  # "trace at +h": no time to OOM
+    leak_runs: int = 0
+    said_no_leak: list[str] = field(default_factory=list)  # "trace at +min after onset"
 
 
 def run_engine(sc: Scenario) -> Run:
@@ -97,11 +134,25 @@ def run_engine(sc: Scenario) -> Run:
         got = engine.feed(records[i:j])
         for c in got:
             if c.kind == "fired" and c.rule == "memory_leak":
-                slopes[c.ts_s] = engine.devices[c.device].leak.result.slope_bytes_per_s
+                result = engine.devices[c.device].leak.result
+                slopes[c.ts_s], run.verdicts[c.ts_s] = result.slope_bytes_per_s, result
         changes += got
         _tally_answers(engine, records[j - 1].ts_s, run)
+        _note_leak_state(engine, records[i:j], sc.leak_start_ts, run)
         i = j
     return run
+
+
+def _note_leak_state(engine: AlertEngine, batch: Sequence[Sample | Event],
+                     onset: float | None, run: Run) -> None:
+    """After a leak's onset, the leak state of the process of the batch's last sample."""
+    if onset is None or batch[0].ts_s < onset:
+        return
+    last = next((r for r in reversed(batch) if isinstance(r, Sample)), None)
+    d = engine.devices.get(last.device) if last is not None else None
+    x = d.leaks.get(last.pid) if d is not None and last is not None else None
+    if x is not None and last is not None:
+        run.onset_states.append((last.ts_s, x.result.state))
 
 
 def _tally_answers(engine: AlertEngine, now_s: float, run: Run) -> None:
@@ -162,6 +213,7 @@ def score_leak(sc: Scenario, run: Run, out: LongScore) -> None:
     out.early += [f"{sc.name}: {c.rule} at +{(c.ts_s - start) / 3600:.2f} h" for c in fired
                   if c.ts_s < onset]
     out.healthy_days += (onset - start) / 86400.0
+    score_verdicts(sc, run, out)
     if sc.leak_rate_ratio_per_h < TARGET_RATE:
         return
     out.leaks += 1
@@ -221,11 +273,66 @@ def cause_of(c: AlertChange) -> str | None:
     return None if m is None else _CAUSE_WORDS.get(m.group(1), m.group(1))
 
 
+def score_verdicts(sc: Scenario, run: Run, out: LongScore) -> None:
+    """A leak trace's verdicts: at each memory_leak firing after the onset, whether the rate
+    interval holds the rate added so far and a time to OOM is given; after the onset, whether
+    any batch said ``no_leak`` (None fields: not covered, no forecast)."""
+    onset = sc.leak_start_ts
+    assert onset is not None  # a leak trace
+    history = getattr(sc, "leak_history", [])
+    for ts, v in sorted(run.verdicts.items()):
+        if ts <= onset:
+            continue
+        truth = grown_per_s(history, onset, ts)
+        low, high = v.rate_low_bytes_per_s, v.rate_high_bytes_per_s
+        hit = low is not None and high is not None and low <= truth <= high
+        out.covered[v.estimated_floor][0] += hit
+        out.covered[v.estimated_floor][1] += 1
+        at = f"{sc.name} at +{(ts - onset) / 60:.1f} min"
+        if not hit:
+            out.uncovered.append(f"{at}: {_per_h(low, sc)}-{_per_h(high, sc)} vs "
+                                 f"{_per_h(truth, sc)} %/h")
+        if v.time_to_oom_s is None:
+            out.no_forecast.append(at)
+    out.leak_runs += 1
+    said = next((ts for ts, state in run.onset_states if state == "no_leak"), None)
+    if said is not None:
+        out.said_no_leak.append(f"{sc.name} at +{(said - onset) / 60:.0f} min")
+
+
+def _per_h(rate: float | None, sc: Scenario) -> str:
+    limit = sc.samples[0].device_total_bytes or 1
+    return "?" if rate is None else f"{100 * rate * 3600 / limit:.3g}"
+
+
+def score_fast(sc: Scenario, run: Run, out: LongScore) -> None:
+    """A fast failure: when growth was named, the first right warning's lead, the OOM-risk
+    alerts' changes on the way (and the leak verdicts of a growth)."""
+    oom, onset = sc.oom_ts, getattr(sc, "failure_onset_ts", None)
+    assert oom is not None and onset is not None  # a fast failure trace
+    truth = getattr(sc, "oom_cause", None)
+    changes = [c for c in run.changes if onset <= c.ts_s < oom]  # not the OOM's resolutions
+    develop = oom - onset
+    if truth == "growth":
+        named = [c.ts_s for c in changes if c.kind == "fired" and (
+            c.rule == "memory_leak" or c.rule in RISK_RULES and cause_of(c) == "growth")]
+        out.named.append((sc.name, named[0] - onset if named else math.inf,
+                          max(NAME_MIN_S, NAME_SHARE * develop)))
+    right = [c.ts_s for c in changes if c.kind == "fired" and c.rule in RISK_RULES
+             and cause_of(c) == truth]
+    out.leads.append((sc.name, (oom - right[0]) / develop if right and develop > 0 else 0.0))
+    out.flaps[sc.name] = sum(c.rule in RISK_RULES for c in changes)
+    if sc.leak_start_ts is not None:
+        score_verdicts(sc, run, out)
+
+
 def score(scenarios: Iterable[Scenario]) -> LongScore:
     out = LongScore()
     for sc in scenarios:
         run = run_engine(sc)
-        if sc.oom_ts is not None:
+        if getattr(sc, "fast", False):
+            score_fast(sc, run, out)
+        elif sc.oom_ts is not None:
             score_oom(sc, run, out)
         elif sc.leak_start_ts is not None:
             score_leak(sc, run, out)
@@ -298,6 +405,7 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
                + (", ".join(s.first_wrong) or "none"),
                target=f"{s.ooms}", met=s.warned == s.ooms),
     ]
+    out += fast_figures(s) + verdict_figures(s)
     if speeds:
         on = statistics.median(x[0] for x in speeds)
         off = statistics.median(x[1] for x in speeds)
@@ -307,6 +415,61 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
                           baseline=f"engine off: {off:.0f} samples/CPU-s", target=">= 50000",
                           met=on >= 50_000))
     return out
+
+
+def fast_figures(s: LongScore) -> list[Figure]:
+    """The fast group: time to name growth, the OOM lead, the OOM-risk alerts' flapping."""
+    ratios = [(name, took / allowed) for name, took, allowed in s.named]
+    late = [f"{name}: {r:.2f}x" for name, r in ratios if r > 1]
+    worst = max((r for _, r in ratios), default=float("nan"))
+    short = [f"{name}: {r:.2f}" for name, r in s.leads if r < LEAD_SHARE]
+    least = min((r for _, r in s.leads), default=float("nan"))
+    flaps = max(s.flaps.values(), default=0)
+    flappy = [f"{name}: {n}" for name, n in s.flaps.items() if n > FLAPS_MAX]
+    n, m = len(ratios), len(s.leads)
+    return [
+        Figure("detection", "long suite, fast growth: named within max(3 min, 10 % of its time "
+               "to OOM) of its onset", float(n - len(late)), f"of {n}",
+               spread=f"worst {worst:.2f}x the time allowed; late: " + ("; ".join(late) or
+                                                                          "none"),
+               target=f"{n}", met=bool(n) and not late),
+        Figure("detection", "long suite, fast OOMs: first warning with the right cause >= half "
+               "the onset-to-OOM time ahead", float(m - len(short)), f"of {m}",
+               spread=f"least lead {least:.2f} of the onset-to-OOM time; short (0: none with "
+               "the right cause): " + ("; ".join(short) or "none"),
+               target=f"{m}", met=bool(m) and not short),
+        Figure("detection", "long suite, fast OOMs: most OOM-risk alert changes from the onset "
+               "to the OOM", float(flaps), "changes",
+               spread=f"median {statistics.median(s.flaps.values()) if s.flaps else 0:g} over "
+               f"{len(s.flaps)}; above {FLAPS_MAX}: " + ("; ".join(flappy) or "none"),
+               target=f"<= {FLAPS_MAX}", met=bool(s.flaps) and not flappy),
+    ]
+
+
+def verdict_figures(s: LongScore) -> list[Figure]:
+    """Every leak, slow or fast: the rate interval's coverage, the forecast, no ``no_leak``."""
+    out = []
+    for estimated, words in ((False, "exact floors"), (True, "estimated floors")):
+        hit, n = s.covered[estimated]
+        share = hit / n if n else float("nan")
+        out.append(Figure(
+            "detection", f"long suite: leak rate interval at detection holds the rate so far "
+            f"({words})", 100 * share, "%", spread=f"{hit} of {n}; first missed: "
+            + ("; ".join(u for u in s.uncovered[:5]) or "none"),
+            target=f">= {100 * COVER_TARGET:.0f}", met=(share >= COVER_TARGET) if n else None))
+    detections = sum(n for _, n in s.covered.values())
+    runs = len(s.said_no_leak) / s.leak_runs if s.leak_runs else float("nan")
+    return out + [
+        Figure("detection", "long suite: leak detections without a time to OOM",
+               float(len(s.no_forecast)), f"of {detections}",
+               spread="; ".join(s.no_forecast[:5]) or "none", target="0",
+               met=not s.no_forecast),
+        Figure("detection", "long suite: leak runs answered no_leak after the onset",
+               100 * runs, "%", spread=f"{len(s.said_no_leak)} of {s.leak_runs}: "
+               + ("; ".join(s.said_no_leak[:5]) or "none"),
+               target=f"<= {100 * NO_LEAK_RUNS_MAX:.0f}",
+               met=bool(s.leak_runs) and runs <= NO_LEAK_RUNS_MAX),
+    ]
 
 
 def run(options: BenchOptions) -> list[Figure]:

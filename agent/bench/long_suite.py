@@ -28,6 +28,13 @@ Truth, per trace:
   ``prefill_spike`` (a CUDA OOM: the last sample has ``num_ooms`` 1, an ``oom`` event at
   ``oom_ts``, a post-mortem) or ``kv_exhaustion`` (no CUDA OOM: ``oom_ts`` is when the paged
   pool filled; the trace goes on 5-10 minutes with requests preempted).
+- fast (``Spec.fast``, issue 44): a failure that may develop in minutes and may begin in the
+  process's first minutes. ``growth``: a steady leak (``leak_shape`` ``growth``, from
+  ``leak_start_ts`` at ``leak_rate_ratio_per_h``) at the rate that fills the headroom left at its
+  onset (the limit less the peak so far) in 6 min to 10 h, until a CUDA OOM at ``oom_ts`` (load
+  peaks the onset had not seen bring it sooner); ``load``: a load ramp over a flat floor that
+  ends in a CUDA OOM in minutes. ``failure_onset_ts`` is every failure's onset; the leak's
+  history has a point a sample, not a minute.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_
 from vramscope.agent.bench.long_suite_shapes import (
     CAUSES,
     ENGINES,
+    FAST_MIN_DEVELOP_S,
     LEAK_SHAPES,
     MIN_AFTER_S,
     MIN_CLEAN_S,
@@ -102,6 +110,8 @@ class Spec:
     failure: Failure | None = None
     tight: bool = False  # truth: a healthy server near its limit that retries allocations
     throughput: bool = False  # a fine-grained trace for measuring throughput
+    fast: bool = False  # the fast group: a growth or load failure of minutes, onset any time
+
 
     def __post_init__(self) -> None:
         require(self.engine in ENGINES, f"unknown engine {self.engine!r}; allowed: {ENGINES}")
@@ -110,6 +120,9 @@ class Spec:
         require(self.dt_s > 0 and self.duration_s > 0,
                 f"{self.name}: dt_s {self.dt_s} and duration_s {self.duration_s} must be > 0")
         require(self.leak is None or self.failure is None, f"{self.name}: leak or failure")
+        require(not self.fast or (self.failure is not None
+                                  and self.failure.cause in FAST_CAUSES),
+                f"{self.name}: a fast trace is a failure of {FAST_CAUSES}, not {self.failure}")
         if self.leak is not None:
             self._check_leak(self.leak)
         if self.failure is not None:
@@ -129,14 +142,22 @@ class Spec:
 
     def _check_failure(self, f: Failure) -> None:  # load on a pool is kv_exhaustion
         require(f.cause in CAUSES, f"unknown failure cause {f.cause!r}; allowed: {CAUSES}")
-        require(f.cause == "prefill_spike" or f.develop_s >= MIN_DEVELOP_S,
-                f"{self.name}: a gradual failure takes >= {MIN_DEVELOP_S} s, not {f.develop_s}")
+        least = self.least_develop_s
+        require(f.cause == "prefill_spike" or f.develop_s >= least,
+                f"{self.name}: a gradual failure takes >= {least} s, not {f.develop_s}")
         require((f.cause == "kv_exhaustion") == (self.engine == "paged_pool")
                 or f.cause in ("growth", "prefill_spike"),
                 f"{self.name}: {f.cause} does not fit engine {self.engine}")
 
     @property
+    def least_develop_s(self) -> float:
+        """The shortest a gradual failure may take to develop (and to bring its OOM)."""
+        return FAST_MIN_DEVELOP_S if self.fast else MIN_DEVELOP_S
+
+    @property
     def kind(self) -> str:
+        if self.fast:
+            return "fast"
         return "leak" if self.leak else "failure" if self.failure else "healthy"
 
 
@@ -160,6 +181,8 @@ class LongScenario(Scenario):
     # (ts, bytes the leak had added by then), a point a minute from its onset: the rate a
     # verdict could have seen so far (an under-load leak's 2-hour average is not yet known)
     leak_history: list[tuple[float, int]] = field(default_factory=list)
+    fast: bool = False
+    failure_onset_ts: float | None = None  # a failure: when it began to develop
 
 
 # --- the servers -------------------------------------------------------------------------------
@@ -316,11 +339,61 @@ def _ramp_factor(knobs: dict[str, Any], engine: str) -> float:
     return max(1.0, room / (0.65 * kv * 72.0) / rate)
 
 
+# --- fast growth (issue 44) -------------------------------------------------------------------
+FAST_CAUSES = ("growth", "load")
+# the time a growth would take to fill the headroom left at its onset
+FILLS_S = {"6min": 360.0, "15min": 900.0, "30min": 1800.0, "1h": H, "3h": 3 * H, "10h": 10 * H}
+FAST_SERVERS = {"never_idle": ("per_request_kv", "never_idle"),  # never idle
+                "idle": ("per_request_kv", "diurnal")}  # idle now and then
+EARLY_S = (150.0, 240.0)  # an early onset: in the process's first minutes, once it serves
+LATE_S = (MIN_CLEAN_S, MIN_CLEAN_S + 600.0)  # a late one: after an hour of serving
+FAST_LOAD_S = (300.0, 900.0)  # a fast load ramp develops this long
+FAST_LOAD_SERVERS = (("per_request_kv", "never_idle"), ("per_request_kv", "bursty"))
+# seeds whose OOM leaves less free memory than the failed allocation (the simulated
+# allocator's retry keeps the inactive split, so some seeds end in what reads as fragmentation)
+FAST_LOAD_SEEDS = (550, 552)
+QUICK_FAST = (("6min", "early", "never_idle"), ("30min", "late", "idle"),
+              ("1h", "early", "idle"))
+
+
+def _fast(quick: bool) -> list[Spec]:
+    """Growth filling the headroom in each of FILLS_S, begun early and late, on a never-idle
+    server and on one idle now and then; and fast load ramps. quick: three and one."""
+    grid = [(fill, when, server) for fill in FILLS_S for when in ("early", "late")
+            for server in FAST_SERVERS]
+    out = [_fast_growth(fill, when, server, 640 + i) for i, (fill, when, server)
+           in enumerate(grid) if not quick or (fill, when, server) in QUICK_FAST]
+    loads = FAST_LOAD_SERVERS[: 1 if quick else 2]
+    return out + [_fast_load(engine, traffic, seed) for (engine, traffic), seed
+                  in zip(loads, FAST_LOAD_SEEDS)]
+
+
+def _fast_growth(fill: str, when: str, server: str, seed: int) -> Spec:
+    r = random.Random(seed)
+    engine, traffic = FAST_SERVERS[server]
+    onset, develop = r.uniform(*(EARLY_S if when == "early" else LATE_S)), FILLS_S[fill]
+    return profiled_spec(f"fast/growth/{fill}/{when}/{engine}-{traffic}/{seed}", seed, engine,
+                         traffic, onset + 2 * develop + H, start_hour=r.uniform(8.0, 14.0),
+                         failure=Failure("growth", onset, develop), fast=True)
+
+
+def _fast_load(engine: str, traffic: str, seed: int) -> Spec:
+    """A load ramp steep enough to fill the memory before its end: an OOM in minutes."""
+    r = random.Random(seed)
+    onset, develop = r.uniform(0.75 * H, 1.5 * H), r.uniform(*FAST_LOAD_S)
+    knobs: dict[str, Any] = {**PROFILES[(engine, traffic)], "start_hour": r.uniform(8.0, 14.0)}
+    factor = _ramp_factor(knobs, engine) * r.uniform(1.2, 1.4)
+    return profiled_spec(f"fast/load/{engine}-{traffic}/{seed}", seed, engine, traffic,
+                         onset + 2 * develop + H, failure=Failure("load", onset, develop, factor),
+                         fast=True, **knobs)
+
+
 # --- the suite ---------------------------------------------------------------------------------
 def specs(quick: bool = False) -> list[Spec]:
     """Every trace of the suite, not generated: healthy servers (>= 7 simulated days), leaks
-    (5 shapes x 4 rates >= 0.5 %/h x 2, and 0.25 %/h), failures (5 causes x 3)."""
-    return _healthy(quick) + _leaks(quick) + _failures(quick)
+    (5 shapes x 4 rates >= 0.5 %/h x 2, and 0.25 %/h), failures (5 causes x 3), and the fast
+    group (growth filling the headroom in 6 min to 10 h, 2 onsets x 2 servers; 2 load ramps)."""
+    return _healthy(quick) + _leaks(quick) + _failures(quick) + _fast(quick)
 
 
 def build(spec: Spec) -> LongScenario:
@@ -330,19 +403,23 @@ def build(spec: Spec) -> LongScenario:
     run = Sim(spec).run()
     _check(spec, run)
     lk, f = spec.leak, spec.failure
+    grows = spec.fast and f is not None and f.cause == "growth"  # a leak, named as one
+    onset = lk.onset_s if lk else f.onset_s if grows and f else None
+    limit = spec.limit_gib * GIB
     return LongScenario(
         spec.name, spec.kind, spec.seed, run.samples, run.events, run.end_u, run.postmortems,
-        leak_start_ts=START_S + lk.onset_s if lk else None,
-        leak_rate_ratio_per_h=lk.rate if lk else 0.0,
+        leak_start_ts=START_S + onset if onset is not None else None,
+        leak_rate_ratio_per_h=lk.rate if lk else run.leak_rate_b * H / limit if grows else 0.0,
         oom_ts=START_S + run.oom_u if run.oom_u is not None else None,
-        engine=spec.engine, traffic=spec.traffic, leak_shape=lk.shape if lk else None,
+        engine=spec.engine, traffic=spec.traffic,
+        leak_shape=lk.shape if lk else "growth" if grows else None,
         oom_cause=f.cause if f else None, warmup_end_ts=START_S + run.warm_end_u,
         reload_ts=[START_S + u for u in run.reloads_u],
         agent_gaps=[(START_S + s, START_S + s + n) for s, n in spec.agent_gaps],
-        tight=spec.tight, peak_ratio=run.peak_bytes / (spec.limit_gib * GIB),
-        limit_bytes=spec.limit_gib * GIB, dt_s=spec.dt_s, throughput=spec.throughput,
-        lazy_warmup=spec.lazy_warmup,
-        leak_history=[(START_S + u, b) for u, b in run.leaked] if lk else [])
+        tight=spec.tight, peak_ratio=run.peak_bytes / limit, limit_bytes=limit,
+        dt_s=spec.dt_s, throughput=spec.throughput, lazy_warmup=spec.lazy_warmup,
+        leak_history=[(START_S + u, b) for u, b in run.leaked] if onset is not None else [],
+        fast=spec.fast, failure_onset_ts=START_S + f.onset_s if f else None)
 
 
 def _check(spec: Spec, run: Run) -> None:
@@ -352,9 +429,9 @@ def _check(spec: Spec, run: Run) -> None:
                 f"{spec.name}: tight={spec.tight} but {run.retries} allocator retries")
         return
     require(run.oom_u is not None, f"{spec.name}: no {f.cause} failure in {spec.duration_s} s")
-    took = (run.oom_u or 0.0) - f.onset_s
-    require(f.cause == "prefill_spike" or took >= MIN_DEVELOP_S,
-            f"{spec.name}: the {f.cause} failure took {took:.0f} s, < {MIN_DEVELOP_S} s")
+    took, least = (run.oom_u or 0.0) - f.onset_s, spec.least_develop_s
+    require(f.cause == "prefill_spike" or took >= least,
+            f"{spec.name}: the {f.cause} failure took {took:.0f} s, < {least} s")
     require((f.cause == "kv_exhaustion") != bool(run.postmortems),
             f"{spec.name}: a CUDA OOM must come exactly when the cause is not kv_exhaustion")
     for pm in run.postmortems:  # fragmentation: memory was free, in no block big enough

@@ -18,6 +18,11 @@ allocator adds a segment; past the limit it frees its whole free segments and re
 of the cached free memory (``spec.split``). A fragmenting server's share climbs to 0.999 over
 its ``develop_s`` while its reserved memory reaches the limit in the first half: retries rise
 from then on until a prefill finds no room even after one.
+
+One process at a time: a reload's successor starts after its predecessor exited, so two
+processes never share the device (no restart beside a leaker). A growth failure leaks steadily
+from its onset at the rate that fills the headroom left then (the limit less the peak so far) in
+its ``develop_s``; the fast group (``spec.fast``) keeps its leak's history a point a sample.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ WINDOW_S = 2 * 3600.0  # a leak's truth rate is its average over this long after
 MIN_CLEAN_S = 3600.0 + 150.0  # a leak starts after an hour of serving (setup takes <= 150 s)
 MIN_AFTER_S = 3 * 3600.0  # and runs this long
 MIN_DEVELOP_S = 600.0  # a gradual failure takes at least this long
+FAST_MIN_DEVELOP_S = 180.0  # ...but in the fast group (``Spec.fast``), this long
 MIB = 2**20
 BLOCK_BYTES = 2 * MIB  # one block of the paged KV pool
 SLACK_BYTES = 512 * MIB  # reserved beyond allocated after a small allocation
@@ -286,7 +292,8 @@ class Run:
     peak_bytes: int  # the most allocated + context, at any instant before an OOM
     retries: int  # allocator retries, all processes
     leaked: list[tuple[float, int]] = field(default_factory=list)  # (u, bytes leaked by then),
-    #                                                               a point a minute from onset
+    #                           a point a minute from onset (the fast group: one every sample)
+    leak_rate_b: float = 0.0  # the leak's average rate (growth: set at its onset), bytes/s
 
 
 class Sim:
@@ -309,6 +316,7 @@ class Sim:
         self.next_job = next(self.jobs, None)
         self.heap: list[tuple[float, int, int, Job, float]] = []  # (u, seq, 0/1, job, x)
         self.seq = itertools.count()
+        self.history_s = spec.dt_s if spec.fast else LEAK_HISTORY_S
         self.gap_starts = [s for s, _ in spec.agent_gaps]
         self.gap_ends = [s + n for s, n in spec.agent_gaps]
         self._reset_state()
@@ -355,7 +363,8 @@ class Sim:
         return Run(self.samples, self.events, self.postmortems, end,
                    self.fill_u if self.stop_u is not None else self.oom_u, onset,
                    self.warm_end_u, self.reloads_u, self.peak + CONTEXT_BYTES,
-                   self.retries_before + self.proc.retries, self.leak_history)
+                   self.retries_before + self.proc.retries, self.leak_history,
+                   self.leak.rate_b if self.leak else 0.0)
 
     # --- requests ------------------------------------------------------------------------------
     def _advance(self, u: float) -> None:
@@ -472,7 +481,7 @@ class Sim:
                 self.steps_seen += 1
         elif lp.shape == "under_load" and self.traffic.rate(u) > lp.median:
             self.leaked += lp.on_b * self.spec.dt_s
-        if not self.leak_history or u - self.leak_history[-1][0] >= LEAK_HISTORY_S:
+        if not self.leak_history or u - self.leak_history[-1][0] >= self.history_s:
             self.leak_history.append((u, int(self.leaked)))
 
     # --- one sample ----------------------------------------------------------------------------
