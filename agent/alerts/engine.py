@@ -277,10 +277,25 @@ class DeviceAnalysis:
     def _update_leak(self, s: Sample) -> bool:
         gave = False
         for leak in self._leaks_of(s):
-            gave = leak.update(s) is not None or gave
+            if leak.update(s) is not None:
+                gave = True
+                self._growth_to_risk(leak)
         if gave:
             self._pick_leak()
         return gave
+
+    def _growth_to_risk(self, leak: LeakDetector) -> None:
+        """The growth model speaks once: a leak verdict's rate and interval become its
+        process's time to OOM (the risk model's ``growth``), cleared with the leak."""
+        pid = next((p for p, d in self.leaks.items() if d is leak), None)
+        model = self.risks.get(pid)
+        if model is None:
+            return
+        r = leak.result
+        low, high = r.rate_low_bytes_per_s, r.rate_high_bytes_per_s
+        model.growth = None
+        if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0:
+            model.growth = (r.slope_bytes_per_s, low, high)
 
     def _pick_leak(self) -> None:
         procs = self._process_leaks() or [self.leaks[None]]

@@ -90,6 +90,8 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
+    if "growth" in reasons:
+        return "growth"  # the floor's own growth (a leak verdict's rate) is the forecast
     # how much of the peaks' rise the floor rose too (None: no trend, or too few floor points)
     share = floor_share(model, leak) if "trend" in reasons else None
     floor_rose = share is not None and share >= FLOOR_SHARE
@@ -135,6 +137,12 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
         parts.append(f"peaks rising {size(trend.slope * 3600)}/h over {duration(trend.span_s)}: "
                      f"OOM in {duration(point.time_to_oom_s)} ({duration(point.time_to_oom_low_s)}"
                      f" to {duration(point.time_to_oom_high_s)})")
+    if "growth" in point.reasons and model.growth is not None:
+        rate, low, high = model.growth
+        parts.append(f"the floor growing {size(rate * 3600)}/h ({size(low * 3600)}/h to "
+                     f"{size(high * 3600)}/h): OOM in {duration(point.time_to_oom_s)} "
+                     f"({duration(point.time_to_oom_low_s)} to "
+                     f"{duration(point.time_to_oom_high_s)})")
     if "alloc_retries" in point.reasons:
         parts.append("the allocator is retrying (it freed its cache to find room), reserved "
                      f"{size(model.reserved_bytes)}")
@@ -161,8 +169,15 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         share = f", {100 * rate / limit_bytes:.2f} % of the limit" if limit_bytes else ""
         since = "" if result.start_ts_s is None else f" since {iso_utc(result.start_ts_s)}"
         about = "about " if result.estimated_floor else ""
-        text = (f"idle floor rising {about}{size(rate)}/h{share}{since}, over "
-                f"{duration(result.span_s)} of floor after the warm-up (leak)")
+        low, high = result.rate_low_bytes_per_s, result.rate_high_bytes_per_s
+        band = "" if low is None or high is None else \
+            f" ({size(low * 3600)}/h to {size(high * 3600)}/h)"
+        text = (f"idle floor rising {about}{size(rate)}/h{band}{share}{since}, over "
+                f"{duration(result.span_s)} of floor (leak)")
+        if result.time_to_oom_s is not None:
+            text += (f"; full in about {duration(result.time_to_oom_s)} "
+                     f"({duration(result.time_to_oom_low_s)} to "
+                     f"{duration(result.time_to_oom_high_s)})")
         if result.estimated_floor:
             text += ("; a rough rate: the floor is estimated (rarely or never idle, no KV "
                      "figures), KV figures make it exact")

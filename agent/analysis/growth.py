@@ -42,6 +42,8 @@ class Rate(NamedTuple):
     points: int
     effective_points: float
     noise_bytes: float  # the residuals' standard deviation
+    t0: float = 0.0  # the first point's time: the line is intercept + slope x (ts - t0)
+    intercept: float = 0.0
 
     @property
     def half_width(self) -> float:
@@ -65,9 +67,10 @@ def t_quantile(z: float, dof: float) -> float:
     return z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof * dof)
 
 
-def rate_interval(points: Sequence[tuple[float, float]]) -> Rate | None:
+def rate_interval(points: Sequence[tuple[float, float]], noise: float = 0.0) -> Rate | None:
     """The least-squares rate of ``(ts_s, bytes)`` points with its autocorrelation-respecting
-    interval; None for fewer than 4 points or no span."""
+    interval; None for fewer than 4 points or no span. ``noise``: the least standard deviation
+    a point is taken to have (a short stretch of a noisy floor can look clean)."""
     n = len(points)
     if n < 4:
         return None
@@ -86,10 +89,17 @@ def rate_interval(points: Sequence[tuple[float, float]]) -> Rate | None:
         rho = max(0.0, min(RHO_MAX, sum(a * b for a, b in zip(res, res[1:])) / ssr))
     factor = (1 + rho) / (1 - rho)
     effective = n / factor
-    sigma2 = ssr / (n - 2)
+    sigma2 = max(ssr / (n - 2), noise * noise)
     se = math.sqrt(sigma2 / sxx * factor)
     q = t_quantile(Z_90, effective - 2)
-    return Rate(slope, slope - q * se, slope + q * se, xs[-1], n, effective, math.sqrt(sigma2))
+    return Rate(slope, slope - q * se, slope + q * se, xs[-1], n, effective, math.sqrt(sigma2),
+                t0, my - slope * mx)
+
+
+def widened(rate: Rate, slope: float) -> Rate:
+    """``rate`` reporting ``slope`` (a rate read by another estimator over the same points),
+    its interval stretched to hold it."""
+    return rate._replace(slope=slope, low=min(rate.low, slope), high=max(rate.high, slope))
 
 
 def judge(rate: Rate, min_slope: float) -> str:
@@ -108,7 +118,7 @@ def more_time_s(rate: Rate, min_slope: float) -> float:
         return 0.0
     if gap <= 0:
         return MORE_CAP_S
-    needed = rate.span_s * (rate.half_width / gap) ** (2.0 / 3.0)
+    needed = rate.span_s * float((rate.half_width / gap) ** (2.0 / 3.0))
     return min(MORE_CAP_S, max(0.0, needed - rate.span_s))
 
 
@@ -152,38 +162,54 @@ FAST_MIN_POINTS = 6
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
+FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
+FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
+FAST_WARMUP_SPAN_S = 120.0  # a rise that began in the warm-up (its cap, alerts.leak_warmup_s)
+#                             must go on this long unflattened: a model loading is a rise too
 
 
 class FastGrowth:
     """The newest floor points of one process (bounded) and the fast-growth test on them.
 
     A suffix of the points is *established growth* when its interval's low end is above the
-    minimum slope and at least ``FAST_PRECISION`` of its rate, its rate would fill the headroom
-    within ``FAST_FILL_S``, it spans at least ``FAST_MIN_SPAN_S`` and ``FAST_SPAN_SHARE`` of that
-    time to fill, and its recent half still rises at half its rate or more (a warm-up is a rise
-    that flattens: it fails here, however early or late it comes). Suffixes from the newest
-    ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried, shortest first.
+    minimum slope and at least ``FAST_PRECISION`` of its rate; its rate would fill the headroom
+    within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the floor's wandering
+    before it (``level_noise``, also the least noise its points are taken to have); no one step
+    made ``FAST_STEP_SHARE`` of that rise; it spans at least ``FAST_MIN_SPAN_S`` and
+    ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise with it; and
+    its recent half still rises at half its rate or more (a warm-up is a rise that flattens: it
+    fails here, however early or late it comes). Suffixes from the newest ``FAST_MIN_POINTS``
+    points to ``FAST_KEEP_S`` are tried, shortest first.
     """
 
     def __init__(self) -> None:
         self.points: deque[tuple[float, int]] = deque()
+        self.loads: deque[tuple[float, int]] = deque()  # requests in flight at each point
 
-    def add(self, ts_s: float, value: int) -> None:
-        pts = self.points
+    def add(self, ts_s: float, value: int, load: int = 0) -> None:
+        pts, loads = self.points, self.loads
         pts.append((ts_s, value))
+        loads.append((ts_s, load))
         while pts[0][0] < ts_s - FAST_KEEP_S:
             pts.popleft()
+            loads.popleft()
 
     def clear(self) -> None:
         self.points.clear()
+        self.loads.clear()
 
-    def established(self, min_slope: float, headroom_bytes: float) -> Rate | None:
-        """The shortest suffix that establishes fast growth (see the class), else None."""
-        pts = list(self.points)
+    def established(self, min_slope: float, headroom_bytes: float,
+                    warmup_end_ts: float) -> Rate | None:
+        """The shortest suffix that establishes fast growth (see the class), else None. A
+        suffix that begins before ``warmup_end_ts`` needs ``FAST_WARMUP_SPAN_S`` of floor."""
+        pts, loads = list(self.points), list(self.loads)
         n = FAST_MIN_POINTS
         while n <= len(pts):
-            rate = self._check(pts[-n:], min_slope, headroom_bytes)
-            if rate is not None:
+            part = pts[-n:]
+            least = FAST_WARMUP_SPAN_S if part[0][0] < warmup_end_ts else FAST_MIN_SPAN_S
+            noise = level_noise(pts[:-n])
+            rate = self._check(part, min_slope, headroom_bytes, least, noise)
+            if rate is not None and not _load_rising(loads[-n:]):
                 return rate
             n = n + max(1, n // 2)
         return None
@@ -196,18 +222,41 @@ class FastGrowth:
         return rate if rate is not None and rate.low > FAST_HOLD_RATIO * min_slope else None
 
     @staticmethod
-    def _check(pts: Sequence[tuple[float, int]], min_slope: float,
-               headroom_bytes: float) -> Rate | None:
-        rate = rate_interval(pts)
+    def _check(pts: Sequence[tuple[float, int]], min_slope: float, headroom_bytes: float,
+               least_span_s: float, noise: float) -> Rate | None:
+        rate = rate_interval(pts, noise)
         if rate is None or rate.low <= min_slope or rate.low < FAST_PRECISION * rate.slope:
             return None
+        rise = rate.slope * rate.span_s
+        if rise < FAST_RISE_NOISE * noise:
+            return None  # within how far the floor wandered before it
+        if max(b[1] - a[1] for a, b in zip(pts, pts[1:])) > FAST_STEP_SHARE * rise:
+            return None  # one step, not growth (a load that came in at once, a model loaded)
         fill = max(0.0, headroom_bytes) / rate.slope
-        if fill > FAST_FILL_S or rate.span_s < max(FAST_MIN_SPAN_S, FAST_SPAN_SHARE * fill):
+        if fill > FAST_FILL_S or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
-        recent = rate_interval(pts[len(pts) // 2:])
+        recent = rate_interval(pts[min(len(pts) // 2, len(pts) - 4):])
         if recent is None or recent.slope < 0.5 * rate.slope:
             return None  # flattening: a warm-up or a cache filling up
         return rate
 
 
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
+
+
+def level_noise(points: Sequence[tuple[float, int]]) -> float:
+    """How far the floor wanders about its own line before a stretch (the residuals' standard
+    deviation over ``points``; 0 for fewer than ``FAST_MIN_POINTS``): a rise within it is the
+    floor's usual wandering (a never-idle floor follows its load), not growth."""
+    rate = rate_interval(points) if len(points) >= FAST_MIN_POINTS else None
+    return 0.0 if rate is None else rate.noise_bytes
+
+
+def _load_rising(loads: Sequence[tuple[float, int]]) -> bool:
+    """The requests in flight at the points (floors read with requests running: never idle,
+    no KV figures) rise significantly: a floor rising with them may be the load, which the
+    peaks' trend names, not growth of the floor."""
+    if not any(n for _, n in loads):
+        return False
+    rate = rate_interval(loads)
+    return rate is not None and rate.low > 0

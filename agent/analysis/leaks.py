@@ -75,11 +75,23 @@ that were never returned; ``blocks`` is the current count) is a leak signal of i
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
+from vramscope.agent.analysis.growth import (
+    Z_90,
+    FastGrowth,
+    Rate,
+    describe_forecast,
+    more_time_s,
+    rate_interval,
+    span_words,
+    time_to_oom,
+    widened,
+)
 from vramscope.agent.analysis.load_floor import BlockBytes
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
@@ -234,6 +246,7 @@ class LeakDetector:
         self._trend_from: float | None = None  # the first trend point: the span starts here
         self._idle_ts: float | None = None  # the latest trend point from an idle moment
         self.result = insufficient(self.t, None)
+        self._route = self.result  # the routes' latest answer (the fast one aside)
         self.limit_bytes: int | None = None
         self._first_ts: float | None = None
         self._since_eval = 0
@@ -256,6 +269,10 @@ class LeakDetector:
         # the latest floor points, warm-up or not (bounded): what the floor did under the peaks
         # when the OOM-risk trend fires (growth or load), not a leak verdict
         self.recent_floor: deque[tuple[float, int]] = deque(maxlen=RECENT_FLOOR_POINTS)
+        # the growth model's fast route (analysis.growth): every floor point, warm-up or not
+        self.fast = FastGrowth()
+        self._fast: LeakResult | None = None  # the fast verdict while it holds
+        self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
     def started_ts_s(self) -> float | None:
@@ -328,6 +345,7 @@ class LeakDetector:
         self.load.observe_kv(s.kv_blocks_used)
         if allocated is not None:
             self.load.observe(allocated)
+            self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
         if self.load.kv_used is None:  # no KV figures: what the requests in flight hold
@@ -342,8 +360,9 @@ class LeakDetector:
         self.recent_floor.append(point)
         if self.floor_points is not None:
             self.floor_points.append(point)
+        fast = self._fast_growth(point, s.ts_s)
         if point[0] < self._first_ts + self.t.leak_warmup_s:
-            return None
+            return fast
         in_flight = self.floor.last_load - RESIDUAL
         if in_flight > 0 and self.load.kv_used is None:
             # the trend gets the floor as measured, with the requests in flight: what they
@@ -351,7 +370,8 @@ class LeakDetector:
             # online estimate, whose drift over an hour would read as a trend of its own
             point = (point[0], point[1] + int(self.per_request.bytes_per_block * in_flight))
         binned = self._binned(point, self.floor.last_load)
-        return None if binned is None else self._trend_point(*binned, s.ts_s)
+        out = None if binned is None else self._trend_point(*binned, s.ts_s)
+        return out or fast
 
     def _binned(self, point: tuple[float, int],
                 load: int) -> tuple[float, int, int] | None:
@@ -460,7 +480,7 @@ class LeakDetector:
         v = evaluate_floor(points, self._limit(), self.t, was)
         span = rolled[-1][0] - rolled[0][0]
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
-                                    estimated=any(loads))
+                                    estimated=any(loads), points=points)
         return self.result
 
     def _drop_estimated(self) -> None:
@@ -514,6 +534,8 @@ class LeakDetector:
         self.cusum = Cusum(ROLLING_POINTS - 1)
         self.load.restart()
         self.per_request.restart()
+        self.fast.clear()
+        self._fast = None
         waiting = insufficient(self.t, None)
         self._unconfirmed = (ts_s, before, waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
@@ -526,6 +548,62 @@ class LeakDetector:
 
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
+
+    def _min_slope(self) -> float:
+        return self.t.leak_min_slope_ratio_per_h * self._limit() / 3600.0
+
+    def _fast_growth(self, point: tuple[float, int], now_s: float) -> LeakResult | None:
+        """The growth model's fast route on the newest floor point: a verdict when fast growth
+        is established (or, established, still holds: its rate re-measured), None otherwise;
+        once it no longer holds the routes' latest answer is the answer again."""
+        self.fast.add(*point, max(0, self.floor.last_load - RESIDUAL))
+        min_slope = self._min_slope()
+        headroom = self._limit() - self.peak.value()
+        held = self._fast
+        if held is not None:
+            rate = self.fast.holds(held.start_ts_s or point[0], min_slope)
+            if rate is None:
+                self._fast = None
+                self.result = self._route
+                return self.result
+        else:
+            if self.result.detected and self.result.p_value is not None:
+                return None  # a leak the routes found: its answer stands
+            rate = self.fast.established(min_slope, headroom,
+                                         (self._first_ts or 0.0) + self.t.leak_warmup_s)
+            if rate is None:
+                return None
+        self._fast = fast_verdict(rate, headroom, self._limit(), min_slope)
+        self.result = self._publish(self._fast, now_s)
+        return self.result
+
+    def _with_growth(self, r: LeakResult,
+                     points: Sequence[tuple[float, int]] | None) -> LeakResult:
+        """The growth model on a route's verdict: a leak gets its rate's interval and its time
+        to OOM; ``no_leak`` stands only where the interval's top is below the minimum slope,
+        else it is ``insufficient_data`` with what is missing."""
+        if r.p_value is None or r.rate_low_bytes_per_s is not None:
+            return r  # no test was made (not enough floor yet), or it carries its own rate
+        pts = list(self.trend_points() if points is None else points)
+        if r.detected and r.start_ts_s is not None:
+            since = [p for p in pts if p[0] >= r.start_ts_s]
+            pts = since if len(since) >= MIN_FIT_POINTS else pts
+        rate = rate_interval(pts)
+        if rate is None:
+            return r
+        min_slope = self._min_slope()
+        if r.detected:
+            return with_forecast(r, widened(rate, r.slope_bytes_per_s),
+                                 self._limit() - self.peak.value())
+        r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
+        if rate.high < min_slope:
+            return r
+        more = span_words(more_time_s(rate, min_slope))
+        return r._replace(enough_data=False, evidence=(
+            f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
+            f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet below the "
+            f"minimum {per_hour(min_slope)}; about {more} more of floor at this noise "
+            f"(the test so far: {r.evidence})"))
 
     def _sequential(self, raw: int) -> LeakResult | None:
         """Feed the newest floor point to the CUSUM; a verdict when it found a leak, holds one,
@@ -560,8 +638,8 @@ class LeakDetector:
         self.cusum.restart(ts)
         return v
 
-    def _publish(self, verdict: LeakResult, now_s: float,
-                 estimated: bool | None = None) -> LeakResult:
+    def _publish(self, verdict: LeakResult, now_s: float, estimated: bool | None = None,
+                 points: Sequence[tuple[float, int]] | None = None) -> LeakResult:
         """The verdict with what carries over: the first detection, the windows, orphans."""
         if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
             self._reload_confirmed()
@@ -589,10 +667,83 @@ class LeakDetector:
         start = verdict.start_ts_s
         if was and prev.start_ts_s is not None and start is not None:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon
-        return verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
-                                first_detected_ts_s=first, evidence=evidence,
-                                orphaned_blocks=prev.orphaned_blocks, start_ts_s=start,
-                                estimated_floor=estimated)
+        out = verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
+                               first_detected_ts_s=first, evidence=evidence,
+                               orphaned_blocks=prev.orphaned_blocks, start_ts_s=start,
+                               estimated_floor=estimated)
+        if verdict is self._fast:
+            return out
+        self._route = out = self._with_growth(out, points)
+        held = self._fast
+        if held is not None and not out.detected:  # the fast route's leak holds
+            return held._replace(first_detected_ts_s=first)
+        return out
+
+
+PEAK_BIN_S = 10.0
+PEAK_BINS = 12  # the headroom is under the most allocated of the last two minutes
+
+
+class RecentPeak:
+    """The most allocated memory of the last ``PEAK_BINS`` bins of ``PEAK_BIN_S``: what the
+    floor's growth has left to fill is the limit less the peaks above it, not less the floor."""
+
+    def __init__(self) -> None:
+        self.bins: deque[tuple[int, int]] = deque()
+
+    def observe(self, ts_s: float, allocated: int) -> None:
+        index, bins = int(ts_s // PEAK_BIN_S), self.bins
+        if bins and bins[-1][0] == index:
+            if allocated > bins[-1][1]:
+                bins[-1] = (index, allocated)
+            return
+        bins.append((index, allocated))
+        while bins[0][0] <= index - PEAK_BINS:
+            bins.popleft()
+
+    def value(self) -> int:
+        return max(b[1] for b in self.bins) if self.bins else 0
+
+
+def per_hour(bytes_per_s: float) -> str:
+    """A rate as the verdicts say it: MiB/h (GiB/h from 10 GiB/h)."""
+    per_h = bytes_per_s * 3600.0
+    if abs(per_h) >= 10 * 2**30:
+        return f"{per_h / 2**30:.1f} GiB/h"
+    return f"{per_h / 2**20:.1f} MiB/h"
+
+
+def with_rate(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResult:
+    """``r`` with the interval and the time-to-OOM fields of ``rate``."""
+    f = time_to_oom(headroom_bytes, rate)
+    return r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high,
+                      time_to_oom_s=None if f is None else f.seconds,
+                      time_to_oom_low_s=None if f is None else f.soonest,
+                      time_to_oom_high_s=None if f is None else f.latest)
+
+
+def with_forecast(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResult:
+    """A route's leak verdict with its rate's interval and time to OOM, in fields and words."""
+    words = describe_forecast(time_to_oom(headroom_bytes, rate))
+    return with_rate(r._replace(evidence=(f"{r.evidence}; rate {per_hour(rate.low)} to "
+                                          f"{per_hour(rate.high)} (90 %), {words}")),
+                     rate, headroom_bytes)
+
+
+def fast_verdict(rate: Rate, headroom_bytes: float, limit_bytes: int,
+                 min_slope: float) -> LeakResult:
+    """The fast route's leak verdict: fast growth established on the newest floor points."""
+    end = rate.t0 + rate.span_s
+    line = ((rate.t0, rate.intercept), (end, rate.intercept + rate.slope * rate.span_s))
+    se = (rate.slope - rate.low) / Z_90
+    p = 0.5 * math.erfc((rate.slope - min_slope) / se / math.sqrt(2.0)) if se > 0 else 0.0
+    pct = 100.0 * rate.slope * 3600.0 / limit_bytes
+    words = describe_forecast(time_to_oom(headroom_bytes, rate))
+    evidence = (f"leak (growth): the floor rises {per_hour(rate.slope)} ({per_hour(rate.low)} "
+                f"to {per_hour(rate.high)}, 90 %), {pct:+.2f} %/h of the limit, over its last "
+                f"{span_words(rate.span_s)} ({rate.points} points); {words}")
+    return with_rate(LeakResult(True, rate.slope, int(rate.slope * rate.span_s), rate.t0, None,
+                                evidence, p, line, span_s=rate.span_s), rate, headroom_bytes)
 
 
 def load_corrected(points: Sequence[tuple[float, int]], loads: Sequence[int],

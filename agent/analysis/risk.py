@@ -68,11 +68,11 @@ HYSTERESIS_RATIO = 0.01  # a headroom warning clears 1 % of the limit above wher
 HYSTERESIS_TIME = 1.25  # a trend warning clears at 1.25x the time-to-OOM it began under
 LEVELS = ("ok", "warning", "critical")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
-REASONS = ("headroom", "trend", "alloc_retries", "fragmentation")  # the order _level gives
+REASONS = ("headroom", "trend", "alloc_retries", "fragmentation", "growth")  # _level's order
 _Forecast = tuple[float | None, float | None, float | None]  # central, soonest, latest
 _NO_FORECAST: _Forecast = (None, None, None)
 _Number = TypeVar("_Number", int, float)
-_HEADROOM, _TREND, _RETRIES, _FRAGMENTATION = 1, 2, 4, 8  # reason bits, in REASONS order
+_HEADROOM, _TREND, _RETRIES, _FRAGMENTATION, _GROWTH = 1, 2, 4, 8, 16  # in REASONS order
 _REASONS_BY_MASK = tuple(tuple(r for i, r in enumerate(REASONS) if mask >> i & 1)
                          for mask in range(1 << len(REASONS)))
 CAP_RATIO = 0.98  # an allocator limit under this share of NVML's total is a per-process cap
@@ -152,6 +152,10 @@ class RiskModel:
         self._device = 0
         self.pid: int | None = None  # set by whoever splits records per process
         self._last: RiskPoint | None = None
+        # the process's floor growth (its leak verdict's rate and 90 % interval, bytes per
+        # second), set by whoever runs its leak detector: the growth model's time to OOM
+        self.growth: tuple[float, float, float] | None = None
+        self._growth_used = False  # the latest forecast is the floor's growth, not the peaks'
 
     def update(self, s: Sample) -> RiskPoint | None:
         return self.last if self.observe(s) else None
@@ -174,9 +178,12 @@ class RiskModel:
     def last(self) -> RiskPoint | None:
         """The latest point (``None`` before the first sample with memory figures)."""
         if self._last is None and self.has_point:
-            tto, tr = self.time_to_oom_s, self._in_use
-            forecast: _Forecast = _NO_FORECAST if tto is None or tr is None else (
-                tto, self._room / tr.slope_high, self._room / tr.slope_low)  # tto: a trend
+            tto, tr, g = self.time_to_oom_s, self._in_use, self.growth
+            forecast: _Forecast = _NO_FORECAST
+            if tto is not None and self._growth_used and g is not None:
+                forecast = (tto, self._room / g[2], self._room / g[1] if g[1] > 0 else None)
+            elif tto is not None and tr is not None:
+                forecast = (tto, self._room / tr.slope_high, self._room / tr.slope_low)
             self._last = RiskPoint(self._ts_s, self._device, LEVELS[self.level_index],
                                    self.headroom_bytes, self.headroom_ratio, *forecast,
                                    _REASONS_BY_MASK[self._reasons], self.pid)
@@ -351,6 +358,12 @@ class RiskModel:
         if tto is None and tr is not None and tr.steady is not None:
             tr = self._in_use = tr.steady
             tto = self._time_to_oom(tr, ts_s, demand, limit)
+        self._growth_used = False
+        if self.growth is not None:
+            room = limit - projected
+            growth_tto = (room if room > 0 else 0) / self.growth[0]
+            if tto is None or growth_tto < tto:
+                tto, self._room, self._growth_used = growth_tto, float(max(0, room)), True
         self.time_to_oom_s = tto
         retrying = self._retry_rise_ts is not None and self._retrying(ts_s, limit, other)
         # hysteresis: a headroom warning holds until the headroom is back above the threshold
@@ -397,13 +410,13 @@ class RiskModel:
         was, was_level = self._reasons, self.level_index
         band = HYSTERESIS_RATIO if was & _HEADROOM else 0.0
         critical_band = band if was_level == 2 else 0.0
-        stretch = HYSTERESIS_TIME if was & _TREND else 1.0
+        stretch = HYSTERESIS_TIME if was & (_TREND | _GROWTH) else 1.0
         reasons = level = 0
         if ratio < t.headroom_warning_ratio + band:
             reasons, level = _HEADROOM, 2 if ratio < t.headroom_critical_ratio + critical_band \
                 else 1
         if tto is not None and tto < t.time_to_oom_warning_s * stretch:
-            reasons |= _TREND
+            reasons |= _GROWTH if self._growth_used else _TREND
             critical_stretch = stretch if was_level == 2 else 1.0
             level = 2 if tto < t.time_to_oom_critical_s * critical_stretch else (level or 1)
         if retrying:

@@ -13,13 +13,18 @@ def fired(sc):
     return [c for c in engine.feed([*sc.samples, *sc.events]) if c.kind == "fired"]
 
 
-def test_peaks_rising_over_a_rising_floor_is_growth_with_the_forecast_and_its_span():
-    first = fired(labelled_recordings.growth_oom(5))[0]
-    assert first.rule == "oom_risk"
-    assert first.message == (
-        "OOM risk warning: peaks rising 78.69 GiB/h over 10.0 min: OOM in 19.7 min (16.0 min "
-        "to 21.8 min); likely growth; try: look for a leak: compare the idle floor before and "
-        "after requests (vramscope leaks page)")
+def test_a_rising_floor_is_named_with_its_time_to_oom_and_the_risk_follows_it():
+    # growth from the first sample, 90 %/h of 80 GiB, OOM at 2356 s: the growth model names it
+    # 7 min in and forecasts the OOM 32 min ahead, from the floor's rate (not the peaks')
+    sc = labelled_recordings.growth_oom(5)
+    got = fired(sc)
+    assert [(c.rule, c.ts_s - sc.samples[0].ts_s) for c in got] == [
+        ("memory_leak", 420.0), ("oom_risk", 436.0), ("oom_risk_critical", 1899.0),
+        ("oom", 2356.0)]
+    assert got[1].message == (
+        "OOM risk warning: the floor growing 73.63 GiB/h (56.54 GiB/h to 90.71 GiB/h): OOM in "
+        "34.1 min (27.7 min to 44.4 min); likely growth; try: look for a leak: compare the idle "
+        "floor before and after requests (vramscope leaks page)")
 
 
 def test_peaks_rising_over_a_flat_floor_is_the_load():
@@ -49,12 +54,12 @@ def test_headroom_gone_only_with_the_largest_prefill_spike_is_a_prefill_spike():
         "prefill (bound the tokens prefilled per step)")
 
 
-def test_a_leak_alert_says_its_rate_since_when_and_over_how_much_floor():
+def test_a_leak_alert_says_its_rate_its_interval_since_when_and_its_time_to_oom():
     leak = next(c for c in fired(labelled_recordings.growth_oom(5)) if c.rule == "memory_leak")
     assert leak.message == (
-        "idle floor rising 71.61 GiB/h, 89.51 % of the limit since 2023-11-14T22:22:32.000Z, "
-        "over 21.6 min of floor after the warm-up (leak)")  # the truth: 1.5 % a minute, 90 %/h
-    # (rising from the first sample, 22:13:20; the floor is read from the warm-up's end)
+        "idle floor rising 73.63 GiB/h (56.54 GiB/h to 90.71 GiB/h), 92.03 % of the limit since "
+        "2023-11-14T22:15:05.000Z, over 4.3 min of floor (leak); full in about 31.3 min "
+        "(25.4 min to 40.7 min)")  # the truth: 1.5 % a minute, 90 %/h; the OOM 32 min later
 
 
 def _retrying_after_a_prefill(spike_gib: float) -> list[str]:
@@ -89,7 +94,8 @@ def test_every_risk_alert_of_a_growth_failure_names_growth():
     # the long suite's growth failure on a static-batch server with bursty traffic: the peaks
     # rise with the floor under them (a growth the leak check has not named yet on this bursty
     # server). The first warning, 77 min ahead, is an accelerating rise (the span's recent
-    # half); the critical one, 28 min ahead, is read over that half's floor too: growth, as
+    # half); the second, 32 min ahead, is the leak's own forecast (the floor growing); the
+    # critical one, 28 min ahead, is read over the half's floor too: growth, as
     # the post-mortem will say, not the load (batch) that the last few minutes' floor alone
     # would suggest
     from vramscope.agent.bench import long_detection, long_suite
@@ -100,7 +106,7 @@ def test_every_risk_alert_of_a_growth_failure_names_growth():
     run = long_detection.run_engine(sc)
     fired = [c for c in run.changes if c.kind == "fired" and c.rule.startswith("oom_risk")]
     assert [(c.rule, round((sc.oom_ts or 0.0) - c.ts_s)) for c in fired] == [
-        ("oom_risk", 4626), ("oom_risk", 1866), ("oom_risk_critical", 1702)]
+        ("oom_risk", 4626), ("oom_risk", 1950), ("oom_risk_critical", 1702)]
     assert "peaks rising 72.32 GiB/h over 11.0 min" in fired[0].message
     assert all("; likely growth; try: look for a leak" in c.message for c in fired)
 

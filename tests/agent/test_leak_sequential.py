@@ -66,23 +66,24 @@ def test_confirm_a_steady_rise_and_reject_a_step_or_too_little_time():
     assert "9.0 min of floor since the change point, too little" in short.evidence
 
 
-def _idle_floor(values, dt=1.0):
+def _idle_floor(values, dt=1.0, total=8 * 10**9):
     """Idle samples, one a second; 4 to a floor window once the windows are chosen."""
-    return [Sample(dt * i, 0, Phase.IDLE, allocated_bytes=v, device_total_bytes=8 * 10**9)
+    return [Sample(dt * i, 0, Phase.IDLE, allocated_bytes=v, device_total_bytes=total)
             for i, v in enumerate(values)]
 
 
 def test_a_clean_step_leak_after_a_settled_floor_is_found_after_ten_minutes_of_it():
-    # 1 GB flat for 20 minutes, then +2 MB a second (90 %/h of 8 GB). No requests: the
-    # windows are the bounds (60 s floor windows, 300 s warm-up) after 120 s of records.
+    # 1 GB flat for 20 minutes, then +2 MB a second (9 %/h of 80 GB: it would fill the device
+    # in 11 h, too slow for the growth model's fast route). No requests: the windows are the
+    # bounds (60 s floor windows, 300 s warm-up) after 120 s of records.
     flat, n = 1200, 2400
     d = LeakDetector(T)
     values = [10**9 + 2 * 10**6 * max(0, t - flat) for t in range(n)]
-    first = next(v for s in _idle_floor(values) if (v := d.update(s)) is not None
-                 and v.detected)
+    first = next(v for s in _idle_floor(values, total=80 * 10**9)
+                 if (v := d.update(s)) is not None and v.detected)
     # floor points at 300, 360, ... (each window's first sample); the raw point of 1260 s is
     # the first up, the least of the last five first rises at the point of 1500 s by 120 MB,
-    # crossing h at once (8 x 2k = 2.67 MB, the floor has no noise), from the change point
+    # crossing h at once (8 x 2k = 26.7 MB, the floor has no noise), from the change point
     # 1440 s; confirmation needs 10 min since it: 1440..2040 s, closed at 2100 s, 15 minutes
     # after the leak began (4 of them the least-of-five's lag)
     assert (first.first_detected_ts_s, first.start_ts_s) == (2100.0, 1440.0)

@@ -1,0 +1,126 @@
+"""The growth model (agent/analysis/growth.py): one rate with its interval, and the state, what is
+missing and the time to OOM that follow from it; its fast route in the leak detector."""
+
+import pytest
+from vramscope.agent.analysis.growth import (
+    FastGrowth,
+    Rate,
+    describe_forecast,
+    judge,
+    more_time_s,
+    rate_interval,
+    time_to_oom,
+)
+from vramscope.agent.analysis.leaks import LeakDetector
+from vramscope.agent.records import Event, Phase, Sample
+
+MB = 10**6
+
+
+def test_a_clean_line_has_its_rate_exactly_and_no_width():
+    rate = rate_interval([(float(t), 100.0 + 2 * t) for t in range(10)])
+    assert (rate.slope, rate.low, rate.high, rate.span_s, rate.points) == (2.0, 2.0, 2.0, 9.0, 10)
+
+
+def test_wiggles_in_runs_widen_the_interval_by_their_autocorrelation():
+    # the same +-5 around the same line: alternating, the points are independent; in runs of
+    # three, each run counts for about one point (effective count 5.3 of 12)
+    alternating = rate_interval([(float(t), 2 * t + (5 if t % 2 else -5)) for t in range(12)])
+    runs = rate_interval([(float(t), 2 * t + (5 if (t // 3) % 2 else -5)) for t in range(12)])
+    assert alternating is not None and runs is not None
+    assert alternating.effective_points == 12.0
+    assert runs.effective_points == pytest.approx(5.2562, rel=1e-4)
+    assert runs.high - runs.low > 1.5 * (alternating.high - alternating.low)
+
+
+def test_a_short_stretch_takes_the_floors_noise_from_before_it():
+    pts = [(float(t), 2.0 * t) for t in range(6)]
+    assert rate_interval(pts).low == 2.0
+    assert rate_interval(pts, noise=10.0).low == pytest.approx(-3.0548, rel=1e-4)
+
+
+def test_the_state_follows_the_interval_and_what_is_missing_scales_with_the_effect():
+    rate = Rate(2.0, 1.0, 3.0, 600.0, 10, 10.0, 1.0)
+    assert (judge(rate, 0.5), judge(rate, 2.5), judge(rate, 3.5)) == (
+        "leak", "insufficient_data", "no_leak")
+    # the half-width (1.0) must fall under the gap to the minimum: 600 x (1 / gap)^(2/3)
+    assert more_time_s(rate, 2.5) == pytest.approx(600 * 2 ** (2 / 3) - 600)
+    assert more_time_s(rate, 2.9) < more_time_s(rate, 2.5)  # no: a nearer minimum needs more
+    assert more_time_s(rate._replace(slope=2.0), 2.0) == 24 * 3600.0
+
+
+def test_time_to_oom_is_the_headroom_over_the_rate_with_its_range():
+    rate = Rate(2.0, 1.0, 3.0, 600.0, 10, 10.0, 1.0)
+    f = time_to_oom(7200.0, rate)
+    assert f is not None and (f.seconds, f.soonest, f.latest) == (3600.0, 2400.0, 7200.0)
+    assert describe_forecast(f) == "full in about 60 min (40 min – 2 h)"
+    assert time_to_oom(7200.0, rate._replace(low=-1.0)).latest is None
+    assert time_to_oom(7200.0, rate._replace(slope=0.0)) is None
+
+
+def _fed(values, loads=None, start=0.0, step=10.0):
+    f = FastGrowth()
+    for i, v in enumerate(values):
+        f.add(start + step * i, int(v), 0 if loads is None else loads[i])
+    return f
+
+
+def test_fast_growth_is_established_on_a_steady_rise_not_on_a_step_a_warmup_or_a_load():
+    flat = [10 * MB] * 30
+    rise = flat + [10 * MB + 5 * MB * k for k in range(1, 13)]  # 0.5 MB/s for 2 min
+    # 10 GB of headroom at 0.5 MB/s: full in 5.6 h, beyond the fast route's hour
+    assert _fed(rise).established(1.0, 10 * 10**9, 0.0) is None
+    # full in 33 min: fast, on a stretch of 5 % of that (100 s): 13 points, shortest first
+    rate = _fed(rise).established(1.0, 1 * 10**9, 0.0)
+    assert rate is not None and rate.slope == pytest.approx(0.5 * MB)
+    assert (rate.points, rate.span_s) == (13, 120.0)
+    step = flat + [70 * MB] * 12  # one step of 60 MB
+    assert _fed(step).established(1.0, 10**9, 0.0) is None
+    warmup = flat + [10 * MB + 30 * MB * (1 - 0.6**k) for k in range(1, 13)]  # it flattens
+    assert _fed(warmup).established(1.0, 10**9, 0.0) is None
+    loads = [4] * 30 + [4 + k for k in range(1, 13)]  # the requests in flight rise with it
+    assert _fed(rise, loads).established(1.0, 10**9, 0.0) is None
+    # 70 s of a rise that fills 100 MB in 200 s: the least stretch, a minute, is 9 points (two
+    # of them flat), unless it began in the warm-up (then it needs 2 min of floor)
+    short = flat + [10 * MB + 5 * MB * k for k in range(1, 8)]
+    assert _fed(short).established(1.0, 10**8, 0.0).points == 9
+    assert _fed(short).established(1.0, 10**8, 10**6) is None
+
+
+def _idle(values, total):
+    return [Sample(float(i), 0, Phase.IDLE, allocated_bytes=v, device_total_bytes=total)
+            for i, v in enumerate(values)]
+
+
+def test_growth_that_fills_the_device_in_an_hour_is_named_in_minutes_with_its_time_to_oom():
+    # 1 GB flat for 20 min, then +2 MB/s on 8 GB (full in 52 min): floor windows of 60 s, so
+    # 6 floor points of the rise are there at 1560 s, 6 min after it began
+    d = LeakDetector()
+    first = next(v for s in _idle([10**9 + 2 * MB * max(0, t - 1200) for t in range(2400)],
+                                  8 * 10**9) if (v := d.update(s)) is not None and v.detected)
+    assert (first.first_detected_ts_s, first.start_ts_s) == (1560.0, 1200.0)
+    assert first.slope_bytes_per_s == pytest.approx(2 * MB)
+    assert first.time_to_oom_s == pytest.approx(3140.0)  # 8 GB - the 1.72 GB peak, at 2 MB/s
+    assert first.evidence.startswith("leak (growth): the floor rises 6866.5 MiB/h")
+    assert "full in about 52 min" in first.evidence
+
+
+def test_a_no_leak_answer_waits_while_the_interval_still_reaches_the_minimum_slope():
+    # a floor that wanders +-40 MB in runs of 8 min over 20 min on 8 GB (the minimum slope
+    # 20 MB/h): the test finds no rise, but the interval's top is above the minimum
+    d = LeakDetector()
+    values = [10**9 + (40 * MB if (t // 480) % 2 else 0) for t in range(1800)]
+    for s in _idle(values, 8 * 10**9):
+        d.update(s)
+    r = d.result
+    assert r.state == "insufficient_data"
+    assert r.evidence.startswith("not enough data yet: the floor's rate ")
+    assert "more of floor at this noise" in r.evidence
+    assert r.rate_high_bytes_per_s > 20 * MB / 3600
+
+
+def test_an_orphan_count_is_not_a_rate():
+    d = LeakDetector()
+    d.update(Sample(0.0, 0, allocated_bytes=1))
+    r = d.on_event(Event(1.0, "kv_orphaned_blocks", data={"blocks": 3}))
+    assert r is not None and r.detected and r.time_to_oom_s is None
