@@ -17,6 +17,9 @@ leaves a ``B``-byte CUDA tensor behind (a per-request cache that is never evicte
 allocated floor rises ``B / T`` bytes a second whatever the throughput. ``--never-idle`` keeps
 ``--in-flight`` requests submitted at all times (a new one as each finishes) instead of bursts
 with pauses: the pool is never empty, the floor is read from the KV figures, not an idle moment.
+A CUDA OOM (a kept tensor that no longer fits, or the generation failing for memory) ends the
+run at once, without waiting for the requests in flight: the summary carries ``oom`` (when and
+where) and the exit status is 3. The hooks' OOM observer has sent the post-mortem by then.
 
     PYTHONPATH=/tmp/site:. python3 tests/gpu/cb_server.py --agent-socket S --duration-s 660 \\
         --leak-every 150 --out DIR/cb-leak.json
@@ -105,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     served = errors = 0
     vocab = 32000 if cuda else 1024
     kept: list[torch.Tensor] = []  # the slow leak: tensors no one frees
+    n_kept = 0
     kept_ts: list[float] = []
+    oom: dict[str, Any] = {}
     k = 0
 
     def submit(manager: Any) -> None:
@@ -119,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         returns None when another request's result is first in the queue)."""
         nonlocal served, errors
         result = manager.get_result(timeout=120)
-        if result is None or not result.is_finished():
+        error = getattr(result, "error", None)
+        if error and "out of memory" in str(error).lower() and not oom:
+            oom.update(ts=time.time(), where="generation", error=str(error)[:300])
+            print(f"CUDA OOM in the generation: {str(error)[:200]}", flush=True)
+            return
+        if result is None or not result.is_finished() or error:
             errors += 1
             print(f"no result in 120 s, or unfinished: {result!r:.200}", flush=True)
             return
@@ -127,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         now = time.time()
         if (args.keep_bytes and now - t0 >= args.leak_start_s
                 and (not kept_ts or now - kept_ts[-1] >= args.keep_every_s)):
-            kept.append(torch.empty(args.keep_bytes, dtype=torch.uint8, device=args.device))
+            try:
+                kept.append(torch.empty(args.keep_bytes, dtype=torch.uint8, device=args.device))
+            except torch.OutOfMemoryError as exc:
+                oom.update(ts=time.time(), where="kept tensor", error=str(exc)[:300])
+                print(f"{now - t0:7.1f} s: CUDA OOM keeping tensor {len(kept) + 1} "
+                      f"({len(kept) * args.keep_bytes} bytes kept): {str(exc)[:200]}", flush=True)
+                return
             kept_ts.append(now)
         if served % 600 == 0:
             print(f"{now - t0:7.1f} s: {served} served, {len(leaked)} leaked "
@@ -141,18 +157,23 @@ def main(argv: list[str] | None = None) -> int:
             if args.never_idle:  # a new request as each one finishes
                 for _ in range(args.in_flight):
                     submit(manager)
-                while time.time() - t0 < args.duration_s and errors < 10:
+                while time.time() - t0 < args.duration_s and errors < 10 and not oom:
                     finish(manager)
                     submit(manager)
-                for _ in range(args.in_flight):
+                for _ in range(0 if oom else args.in_flight):
                     finish(manager)
             else:
-                while time.time() - t0 < args.duration_s and errors < 10:
+                while time.time() - t0 < args.duration_s and errors < 10 and not oom:
                     for _ in range(args.burst):
                         submit(manager)
                     for _ in range(args.burst):
                         finish(manager)
                     time.sleep(rng.uniform(0.2, 1.0))  # the pool empties between bursts
+            if oom:  # what a crashed server gives back: the memory, at once
+                n_kept = len(kept)
+                kept.clear()
+                if cuda:
+                    torch.cuda.empty_cache()
     finally:
         undo()
         handle.detach()
@@ -161,15 +182,17 @@ def main(argv: list[str] | None = None) -> int:
                "leak_every": args.leak_every, "leak_start_s": args.leak_start_s,
                "leaked_requests": len(leaked), "leaked_blocks": sum(x["blocks"] for x in leaked),
                "first_leak_ts": leaked[0]["ts"] if leaked else None, "t0": t0,
-               "never_idle": args.never_idle, "kept_tensors": len(kept),
-               "kept_bytes": len(kept) * args.keep_bytes,
+               "never_idle": args.never_idle, "kept_tensors": n_kept or len(kept),
+               "kept_bytes": (n_kept or len(kept)) * args.keep_bytes,
                "first_kept_ts": kept_ts[0] if kept_ts else None,
-               "last_kept_ts": kept_ts[-1] if kept_ts else None,
+               "last_kept_ts": kept_ts[-1] if kept_ts else None, "oom": oom or None,
                "duration_s": time.time() - t0, "device": args.device,
                "torch": torch.__version__, **cb_models.versions()}
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
     print(json.dumps(summary), flush=True)
+    if oom:
+        return 3
     return 0 if served and not errors else 1
 
 
