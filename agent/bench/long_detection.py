@@ -111,10 +111,11 @@ class LongScore:
     flaps: dict[str, int] = field(default_factory=dict)  # trace -> OOM-risk changes
     covered: dict[bool, list[int]] = field(  # estimated floor -> [covered, detections]
         default_factory=lambda: {False: [0, 0], True: [0, 0]})
-    uncovered: list[str] = field(default_factory=list)  # "trace: low-high vs truth"
+    uncovered: dict[bool, list[str]] = field(  # estimated floor -> "trace: low-high vs truth"
+        default_factory=lambda: {False: [], True: []})
     no_forecast: list[str] = field(default_factory=list)  # "trace at +h": no time to OOM
     leak_runs: int = 0
-    said_no_leak: list[str] = field(default_factory=list)  # "trace at +min after onset"
+    said_no_leak: list[str] = field(default_factory=list)  # "trace at +min after onset..."
 
 
 def run_engine(sc: Scenario) -> Run:
@@ -290,14 +291,15 @@ def score_verdicts(sc: Scenario, run: Run, out: LongScore) -> None:
         out.covered[v.estimated_floor][1] += 1
         at = f"{sc.name} at +{(ts - onset) / 60:.1f} min"
         if not hit:
-            out.uncovered.append(f"{at}: {_per_h(low, sc)}-{_per_h(high, sc)} vs "
-                                 f"{_per_h(truth, sc)} %/h")
+            out.uncovered[v.estimated_floor].append(
+                f"{at}: {_per_h(low, sc)}-{_per_h(high, sc)} vs {_per_h(truth, sc)} %/h")
         if v.time_to_oom_s is None:
             out.no_forecast.append(at)
     out.leak_runs += 1
-    said = next((ts for ts, state in run.onset_states if state == "no_leak"), None)
-    if said is not None:
-        out.said_no_leak.append(f"{sc.name} at +{(said - onset) / 60:.0f} min")
+    said = [ts for ts, state in run.onset_states if state == "no_leak"]
+    if said:
+        out.said_no_leak.append(f"{sc.name} at +{(said[0] - onset) / 60:.0f} min (last "
+                                f"+{(said[-1] - onset) / 60:.0f} min, {len(said)} batches)")
 
 
 def _per_h(rate: float | None, sc: Scenario) -> str:
@@ -455,7 +457,7 @@ def verdict_figures(s: LongScore) -> list[Figure]:
         out.append(Figure(
             "detection", f"long suite: leak rate interval at detection holds the rate so far "
             f"({words})", 100 * share, "%", spread=f"{hit} of {n}; first missed: "
-            + ("; ".join(u for u in s.uncovered[:5]) or "none"),
+            + ("; ".join(s.uncovered[estimated][:5]) or "none"),
             target=f">= {100 * COVER_TARGET:.0f}", met=(share >= COVER_TARGET) if n else None))
     detections = sum(n for _, n in s.covered.values())
     runs = len(s.said_no_leak) / s.leak_runs if s.leak_runs else float("nan")
