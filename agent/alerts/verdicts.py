@@ -59,6 +59,13 @@ class Verdict(NamedTuple):
     # the leak's rate was read off an estimated floor (rarely or never idle, no KV figures):
     # every surface says "about" before it
     leak_estimated_floor: bool = False
+    # the growth model's: the leak rate's 90 % interval and the time until the headroom is
+    # used up at it (soonest, latest: None where the interval reaches zero growth)
+    leak_rate_low_bytes_per_s: float | None = None
+    leak_rate_high_bytes_per_s: float | None = None
+    leak_time_to_oom_s: float | None = None
+    leak_time_to_oom_low_s: float | None = None
+    leak_time_to_oom_high_s: float | None = None
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
@@ -78,7 +85,12 @@ class Verdict(NamedTuple):
                          "trend_line": ([list(p) for p in self.leak_trend_line]
                                         if self.leak_trend_line else None),
                          "windows": windows_json(self.leak_windows),
-                         "estimated_floor": self.leak_estimated_floor},
+                         "estimated_floor": self.leak_estimated_floor,
+                         "rate_low_bytes_per_s": self.leak_rate_low_bytes_per_s,
+                         "rate_high_bytes_per_s": self.leak_rate_high_bytes_per_s,
+                         "time_to_oom_s": self.leak_time_to_oom_s,
+                         "time_to_oom_low_s": self.leak_time_to_oom_low_s,
+                         "time_to_oom_high_s": self.leak_time_to_oom_high_s},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
@@ -99,7 +111,21 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
                    kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
                    windows_from_json(leak.get("windows")),
-                   leak.get("estimated_floor") is True)
+                   leak.get("estimated_floor") is True, *_numbers(leak, GROWTH_KEYS))
+
+
+GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+               "time_to_oom_low_s", "time_to_oom_high_s")
+
+
+def _numbers(doc: dict[str, Any], keys: tuple[str, ...]) -> list[float | None]:
+    """``doc``'s numbers at ``keys``, None where absent (rows written before them) or not a
+    number."""
+    out: list[float | None] = []
+    for k in keys:
+        v = doc.get(k)
+        out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+    return out
 
 
 def _line(value: Any) -> tuple[tuple[float, float], tuple[float, float]] | None:
@@ -207,4 +233,5 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    kv.usage_ratio if kv is not None else None,
                    kv.exhaustion_s if kv is not None else None,
                    d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows,
-                   r.estimated_floor)
+                   r.estimated_floor, r.rate_low_bytes_per_s, r.rate_high_bytes_per_s,
+                   r.time_to_oom_s, r.time_to_oom_low_s, r.time_to_oom_high_s)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 Z_90 = 1.6448536269514722  # a two-sided 90 % interval, as Sen's band on the peaks' trend
 RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says nothing more
@@ -152,6 +152,33 @@ def span_words(seconds: float) -> str:
         rest = int(round(minutes - 60 * hours))
         return f"{hours} h" if rest == 0 else f"{hours} h {rest} min"
     return f"{seconds / 86400.0:.1f} d"
+
+
+def per_hour(bytes_per_s: float) -> str:
+    """A rate as the verdicts say it: in B, KiB, MiB or GiB per hour, whichever reads best."""
+    per_h = bytes_per_s * 3600.0
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(per_h) >= 10 * scale or (unit == "MiB" and abs(per_h) >= scale):
+            return f"{per_h / scale:.1f} {unit}/h"
+    return f"{per_h:.0f} B/h"
+
+
+def leak_words(leak: Mapping[str, Any]) -> str:
+    """A leak's rate, its interval and its time to OOM as every text surface says them, from a
+    leak document (``vramscope.analysis/1``'s ``leak``, a verdict's): ``about 749.8 MiB/h
+    (700.1 to 801.0 MiB/h), full in about 2 h 10 min (1 h 40 min – 3 h)``."""
+    per_s = leak.get("slope_bytes_per_s")
+    rate = (per_s * 3600.0 if isinstance(per_s, (int, float))
+            else leak.get("slope_bytes_per_h") or 0.0)
+    text = ("about " if leak.get("estimated_floor") else "") + per_hour(rate / 3600.0)
+    low, high = leak.get("rate_low_bytes_per_s"), leak.get("rate_high_bytes_per_s")
+    if low is not None and high is not None:
+        text += f" ({per_hour(low)} to {per_hour(high)})"
+    tto = leak.get("time_to_oom_s")
+    if tto is not None:
+        text += ", " + describe_forecast(Forecast(tto, leak.get("time_to_oom_low_s") or tto,
+                                                  leak.get("time_to_oom_high_s")))
+    return text
 
 
 # --- fast growth on the newest floor points -------------------------------------------------

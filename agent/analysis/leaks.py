@@ -87,6 +87,7 @@ from vramscope.agent.analysis.growth import (
     Rate,
     describe_forecast,
     more_time_s,
+    per_hour,
     rate_interval,
     span_words,
     time_to_oom,
@@ -703,14 +704,6 @@ class RecentPeak:
 
     def value(self) -> int:
         return max(b[1] for b in self.bins) if self.bins else 0
-
-
-def per_hour(bytes_per_s: float) -> str:
-    """A rate as the verdicts say it: MiB/h (GiB/h from 10 GiB/h)."""
-    per_h = bytes_per_s * 3600.0
-    if abs(per_h) >= 10 * 2**30:
-        return f"{per_h / 2**30:.1f} GiB/h"
-    return f"{per_h / 2**20:.1f} MiB/h"
 
 
 def with_rate(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResult:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from vramscope.agent.alerts.verdicts import GROWTH_KEYS
 from vramscope.agent.analysis.diagnosis import (
     KV_REFUSAL_EVENTS,
     KV_REFUSAL_WINDOW_S,
@@ -27,6 +28,7 @@ from vramscope.agent.analysis.diagnosis import (
     diagnose,
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
+from vramscope.agent.analysis.growth import leak_words
 from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
@@ -183,7 +185,8 @@ def summaries_document(samples: Iterable[Sample], events: Iterable[Event] = (),
         docs[str(dev)] = {
             "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
                      "first_detected_ts": None, "span_s": 0.0, "evidence": UNANSWERED,
-                     "makeup": None, "windows": None, "estimated_floor": False},
+                     "makeup": None, "windows": None, "estimated_floor": False,
+                     **dict.fromkeys(GROWTH_KEYS)},
             "oom": {"occurred": first is not None, "first_oom_ts": first,
                     "first_warning_ts": None, "max_risk": None, "min_time_to_oom_s": None,
                     "cause": complete_postmortem(pm).cause if pm is not None else None},
@@ -252,7 +255,12 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
             "slope_bytes_per_s": float(result.slope_bytes_per_s),
             "first_detected_ts": result.first_detected_ts_s, "span_s": result.span_s,
             "evidence": result.evidence, "makeup": None,
-            "estimated_floor": result.estimated_floor}
+            "estimated_floor": result.estimated_floor,
+            "rate_low_bytes_per_s": result.rate_low_bytes_per_s,
+            "rate_high_bytes_per_s": result.rate_high_bytes_per_s,
+            "time_to_oom_s": result.time_to_oom_s,
+            "time_to_oom_low_s": result.time_to_oom_low_s,
+            "time_to_oom_high_s": result.time_to_oom_high_s}
 
 
 _OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS
@@ -471,8 +479,7 @@ def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
         return [f"  leak: {leak['evidence']}"]  # "not enough data yet: ... more min of ..."
     if not leak["detected"]:
         return [f"  leak: none ({leak['evidence']})"]
-    rate = leak["slope_bytes_per_s"] * 3600 / 2**20
-    return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {rate:.1f} MiB/h",
+    return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {leak_words(leak)}",
             f"        {leak['evidence']}"]
 
 
@@ -489,7 +496,7 @@ def _process_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
         if v.get("ended"):
             who += ", ended"
         leak, risk = v["leak"], v["risk"]
-        said = {"leak": f"LEAK {leak['slope_bytes_per_h'] / 2**20:.1f} MiB/h since "
+        said = {"leak": f"LEAK {leak_words(leak)} since "
                         f"{iso_utc(leak['first_detected_ts'])}" if leak["first_detected_ts"]
                         else "LEAK",
                 "no_leak": "no leak", "insufficient_data": "not enough data yet"}

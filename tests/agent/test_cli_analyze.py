@@ -26,13 +26,16 @@ def recording():
     return samples, events
 
 
+# the growth model's figures: no rate yet, so no interval and no time to OOM
+NO_GROWTH = dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+                           "time_to_oom_low_s", "time_to_oom_high_s"))
 EXPECTED_DEVICE = {
     "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
              "first_detected_ts": None, "span_s": 0.0,
              "evidence": "not enough data yet: warming up (the first 5 min of a process are "
                          "not its floor), then 15 min of idle floor", "makeup": None,
              "windows": None,  # one prefill in 61 s: no cycle, windows chosen after 120 s
-             "estimated_floor": False},
+             "estimated_floor": False, **NO_GROWTH},
     # at 1060 a prefill to 79 GiB leaves 1.25 % of 80 GiB: critical; first warned then
     "oom": {"occurred": True, "first_oom_ts": 1060.5, "first_warning_ts": 1060.0,
             "max_risk": "critical", "min_time_to_oom_s": None, "cause": "prefill_spike"},
@@ -54,7 +57,7 @@ EXPECTED_DEVICE = {
                  "evidence": "not enough data yet: warming up (the first 5 min of a process "
                              "are not its floor), then 15 min of idle floor",
                  "trend_line": None, "windows": None,  # not chosen yet: as the leak's
-                 "estimated_floor": False},
+                 "estimated_floor": False, **NO_GROWTH},
         "risk": {"level": "critical", "cause": "prefill_spike", "reasons": ["headroom"],
                  "headroom_bytes": G, "time_to_oom_s": None, "time_to_oom_low_s": None,
                  "time_to_oom_high_s": None},
