@@ -191,8 +191,12 @@ FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
-FAST_WARMUP_SPAN_S = 120.0  # a rise that began in the warm-up (its cap, alerts.leak_warmup_s)
-#                             must go on this long unflattened: a model loading is a rise too
+# A rise that began in a process's first FAST_WARMUP_CAP_S may be its warm-up (caches, graph
+# pools, workspaces growing lazily: a few % of the limit over minutes, then flat): it is growth
+# once it has gone on FAST_WARMUP_SPAN_S unflattened AND added FAST_WARMUP_GROWTH of the limit
+FAST_WARMUP_CAP_S = 900.0
+FAST_WARMUP_SPAN_S = 120.0
+FAST_WARMUP_GROWTH = 0.10
 
 
 class FastGrowth:
@@ -203,10 +207,11 @@ class FastGrowth:
     within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the floor's wandering
     before it (``level_noise``, also the least noise its points are taken to have); no one step
     made ``FAST_STEP_SHARE`` of that rise; it spans at least ``FAST_MIN_SPAN_S`` and
-    ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise with it; and
-    its recent half still rises at half its rate or more (a warm-up is a rise that flattens: it
-    fails here, however early or late it comes). Suffixes from the newest ``FAST_MIN_POINTS``
-    points to ``FAST_KEEP_S`` are tried, shortest first.
+    ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise or fall
+    with it; and its recent half still rises at half its rate or more (a warm-up is a rise
+    that flattens: it fails here, however early or late it comes; one early in a process must
+    also add ``FAST_WARMUP_GROWTH`` of the limit). Suffixes from the newest
+    ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried, shortest first.
     """
 
     def __init__(self) -> None:
@@ -225,18 +230,21 @@ class FastGrowth:
         self.points.clear()
         self.loads.clear()
 
-    def established(self, min_slope: float, headroom_bytes: float,
-                    warmup_end_ts: float) -> Rate | None:
+    def established(self, min_slope: float, headroom_bytes: float, started_ts: float,
+                    limit_bytes: float) -> Rate | None:
         """The shortest suffix that establishes fast growth (see the class), else None. A
-        suffix that begins before ``warmup_end_ts`` needs ``FAST_WARMUP_SPAN_S`` of floor."""
+        suffix that begins within ``FAST_WARMUP_CAP_S`` of ``started_ts`` (the process's
+        start) needs ``FAST_WARMUP_SPAN_S`` of floor and ``FAST_WARMUP_GROWTH`` of the limit."""
         pts, loads = list(self.points), list(self.loads)
         n = FAST_MIN_POINTS
         while n <= len(pts):
             part = pts[-n:]
-            least = FAST_WARMUP_SPAN_S if part[0][0] < warmup_end_ts else FAST_MIN_SPAN_S
+            warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
+            least = FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S
             noise = level_noise(pts[:-n])
             rate = self._check(part, min_slope, headroom_bytes, least, noise)
-            if rate is not None and not _load_rising(loads[-n:]):
+            if rate is not None and not _load_moving(loads[-n:]) and (
+                    not warming or rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes):
                 return rate
             n = n + max(1, n // 2)
         return None
@@ -279,11 +287,11 @@ def level_noise(points: Sequence[tuple[float, int]]) -> float:
     return 0.0 if rate is None else rate.noise_bytes
 
 
-def _load_rising(loads: Sequence[tuple[float, int]]) -> bool:
+def _load_moving(loads: Sequence[tuple[float, int]]) -> bool:
     """The requests in flight at the points (floors read with requests running: never idle,
-    no KV figures) rise significantly: a floor rising with them may be the load, which the
-    peaks' trend names, not growth of the floor."""
+    no KV figures) rise or fall significantly: a floor that moves with them may be the load or
+    what is estimated of it (a burst draining), which the peaks' trend names, not growth."""
     if not any(n for _, n in loads):
         return False
     rate = rate_interval(loads)
-    return rate is not None and rate.low > 0
+    return rate is not None and (rate.low > 0 or rate.high < 0)

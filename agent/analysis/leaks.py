@@ -570,8 +570,8 @@ class LeakDetector:
         else:
             if self.result.detected and self.result.p_value is not None:
                 return None  # a leak the routes found: its answer stands
-            rate = self.fast.established(min_slope, headroom,
-                                         (self._first_ts or 0.0) + self.t.leak_warmup_s)
+            rate = self.fast.established(min_slope, headroom, self._first_ts or 0.0,
+                                         self._limit())
             if rate is None:
                 return None
         self._fast = fast_verdict(rate, headroom, self._limit(), min_slope)

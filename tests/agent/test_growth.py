@@ -69,22 +69,27 @@ def test_fast_growth_is_established_on_a_steady_rise_not_on_a_step_a_warmup_or_a
     flat = [10 * MB] * 30
     rise = flat + [10 * MB + 5 * MB * k for k in range(1, 13)]  # 0.5 MB/s for 2 min
     # 10 GB of headroom at 0.5 MB/s: full in 5.6 h, beyond the fast route's hour
-    assert _fed(rise).established(1.0, 10 * 10**9, 0.0) is None
+    assert _fed(rise).established(1.0, 10 * 10**9, -1e4, 1e9) is None
     # full in 33 min: fast, on a stretch of 5 % of that (100 s): 13 points, shortest first
-    rate = _fed(rise).established(1.0, 1 * 10**9, 0.0)
+    rate = _fed(rise).established(1.0, 1 * 10**9, -1e4, 1e9)
     assert rate is not None and rate.slope == pytest.approx(0.5 * MB)
     assert (rate.points, rate.span_s) == (13, 120.0)
     step = flat + [70 * MB] * 12  # one step of 60 MB
-    assert _fed(step).established(1.0, 10**9, 0.0) is None
+    assert _fed(step).established(1.0, 10**9, -1e4, 1e9) is None
     warmup = flat + [10 * MB + 30 * MB * (1 - 0.6**k) for k in range(1, 13)]  # it flattens
-    assert _fed(warmup).established(1.0, 10**9, 0.0) is None
+    assert _fed(warmup).established(1.0, 10**9, -1e4, 1e9) is None
     loads = [4] * 30 + [4 + k for k in range(1, 13)]  # the requests in flight rise with it
-    assert _fed(rise, loads).established(1.0, 10**9, 0.0) is None
+    assert _fed(rise, loads).established(1.0, 10**9, -1e4, 1e9) is None
     # 70 s of a rise that fills 100 MB in 200 s: the least stretch, a minute, is 9 points (two
-    # of them flat), unless it began in the warm-up (then it needs 2 min of floor)
+    # of them flat), unless it began in the process's first 15 min (then it needs 2 min of
+    # floor, and to have added 10 % of the limit)
     short = flat + [10 * MB + 5 * MB * k for k in range(1, 8)]
-    assert _fed(short).established(1.0, 10**8, 0.0).points == 9
-    assert _fed(short).established(1.0, 10**8, 10**6) is None
+    assert _fed(short).established(1.0, 10**8, -1e4, 1e9).points == 9
+    assert _fed(short).established(1.0, 10**8, 0.0, 1e9) is None
+    # in the first 15 min: the 2-min rise of 60 MB is 6 % of a 1 GB limit (a warm-up's size),
+    # 12 % of a 500 MB one
+    assert _fed(rise).established(1.0, 10**8, 0.0, 1e9) is None
+    assert _fed(rise).established(1.0, 10**8, 0.0, 5e8).points == 13
 
 
 def _idle(values, total):
