@@ -33,8 +33,10 @@ The fast group (targets: issue 44), scored apart so that none of the figures abo
   resolve) at most ``FLAPS_MAX`` times from the onset to the OOM;
 - every leak, slow or fast: at each ``memory_leak`` firing, the device's leak verdict's 90 %
   rate interval holds the rate the leak had added until then (>= 90 %, exact and estimated
-  floors apart) and it carries a time to OOM; in every one-minute batch wholly after the onset
-  the leaking process's verdict is not ``no_leak`` (at most 2 % of the runs say it once).
+  floors apart) and it carries a time to OOM; in every one-minute batch once the leak holds
+  ``VISIBLE_RATIO`` of the limit (the issue's own measure: before, a verdict fed the data up to
+  then cannot tell a leak begun a minute ago) the leaking process's verdict is not ``no_leak``
+  (at most 2 % of the runs say it once).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ WITHIN_S = 2 * 3600.0
 TARGET_RATE = 0.005
 LEAD_S = 30.0
 RISK_RULES = ("oom_risk", "oom_risk_critical")
+VISIBLE_RATIO = 0.001  # a leak holding this share of the limit: no verdict may say no_leak
 ANSWER_AFTER_S = 2 * 3600.0  # a process this old has a leak answer (the default horizon)
 _CAUSE = re.compile(r"likely (\w+)")
 _CAUSE_WORDS = {"batch": "load"}  # the product's word -> the suite's
@@ -296,7 +299,9 @@ def score_verdicts(sc: Scenario, run: Run, out: LongScore) -> None:
         if v.time_to_oom_s is None:
             out.no_forecast.append(at)
     out.leak_runs += 1
-    said = [ts for ts, state in run.onset_states if state == "no_leak"]
+    limit = sc.samples[0].device_total_bytes or 1
+    visible = next((t for t, b in history if b >= VISIBLE_RATIO * limit), math.inf)
+    said = [ts for ts, state in run.onset_states if state == "no_leak" and ts >= visible]
     if said:
         out.said_no_leak.append(f"{sc.name} at +{(said[0] - onset) / 60:.0f} min (last "
                                 f"+{(said[-1] - onset) / 60:.0f} min, {len(said)} batches)")

@@ -151,10 +151,12 @@ def test_leak_verdicts_cover_the_rate_so_far_exact_and_estimated_apart():
     assert (missing.value, missing.unit, missing.met) == (1.0, "of 4", False)
 
 
-def test_a_leak_run_that_says_no_leak_after_its_onset_counts_once():
+def test_a_leak_run_that_says_no_leak_once_the_leak_is_visible_counts_once():
     out = ld.LongScore()
-    sc = fast_trace(onset=1000.0, oom=9000.0)
-    for states in (["insufficient_data", "leak"], ["insufficient_data", "no_leak", "no_leak"]):
+    # the leak holds 0.1 % of the limit from 1120 s: a no_leak at 1060 s is not counted
+    history = [(1000.0 + 60 * k, int(0.0006 * k * LIMIT)) for k in range(5)]
+    sc = fast_trace(onset=1000.0, oom=9000.0, history=history)
+    for states in (["no_leak", "insufficient_data", "leak"], ["no_leak", "no_leak", "no_leak"]):
         run = ld.Run([], {}, 9000.0,
                      onset_states=[(1060.0 + 60 * k, s) for k, s in enumerate(states)])
         ld.score_verdicts(sc, run, out)
