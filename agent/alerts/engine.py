@@ -296,6 +296,11 @@ class DeviceAnalysis:
         model.growth = None
         if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0:
             model.growth = (r.slope_bytes_per_s, low, high)
+        growers = [p for p, m in self.risks.items() if p is not None and m.growth is not None]
+        for p, m in self.risks.items():  # the others are at risk from the soonest to fill
+            others = [g for g in growers if g != p]
+            m.grower = min(others, key=lambda g: self.risks[g].time_to_oom_s or float("inf"),
+                           default=None)
 
     def _pick_leak(self) -> None:
         procs = self._process_leaks() or [self.leaks[None]]

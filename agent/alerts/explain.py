@@ -90,8 +90,10 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     them); batch, the load (peaks rising over a floor that stays, or the room gone without a
     spike); a prefill spike (the room is gone only once the largest spike is added)."""
     reasons = point.reasons
-    if "growth" in reasons:
-        return "growth"  # the floor's own growth (a leak verdict's rate) is the forecast
+    if "growth" in reasons or (model.grower is not None and not leak.result.detected):
+        # the floor's own growth (a leak verdict's rate) is the forecast; or another process's
+        # growth is filling the device this one shares
+        return "growth"
     # how much of the peaks' rise the floor rose too (None: no trend, or too few floor points)
     share = floor_share(model, leak) if "trend" in reasons else None
     floor_rose = share is not None and share >= FLOOR_SHARE
@@ -157,7 +159,10 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
 def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str | None) -> str:
     cause = warning_cause(point, model, leak)
     where = f" [{who}]" if who else ""
-    return (f"OOM risk {point.level}{where}: {risk_reasons(point, model)}; likely {cause}; "
+    likely = cause
+    if cause == "growth" and model.grower is not None and not leak.result.detected:
+        likely = f"growth (at risk from pid {model.grower}'s growth)"
+    return (f"OOM risk {point.level}{where}: {risk_reasons(point, model)}; likely {likely}; "
             f"try: {REMEDIES[cause][0]}")
 
 

@@ -155,6 +155,9 @@ class RiskModel:
         # the process's floor growth (its leak verdict's rate and 90 % interval, bytes per
         # second), set by whoever runs its leak detector: the growth model's time to OOM
         self.growth: tuple[float, float, float] | None = None
+        # another process on the device whose floor growth is named: a victim near the limit
+        # is at risk from it (set by whoever runs the device's leak detectors)
+        self.grower: int | None = None
         self._growth_used = False  # the latest forecast is the floor's growth, not the peaks'
 
     def update(self, s: Sample) -> RiskPoint | None:
@@ -332,11 +335,18 @@ class RiskModel:
 
     def restart(self) -> None:
         """An OOM happened: the episode is over. The trend and the retry history start over
-        (the next warning is about the next OOM); the limit and the largest request stay."""
+        (the next warning is about the next OOM); the limit and the largest request stay. Its
+        risk ends with it: the level is ok until a sample says otherwise (a process that died
+        of the OOM sends none), and the floor's growth speaks again only once its leak
+        detector does."""
         self._peaks.clear()
         self._trend = self._in_use = None
         self._window_start = None
         self._retry_rise_ts = None
+        self.growth = None
+        self.level_index = self._reasons = 0
+        self.time_to_oom_s = None
+        self._last = None
 
     def _assess(self, ts_s: float, demand: int, other: int) -> None:
         """The point's figures and level. ``x if x > y else y`` is ``max(y, x)`` (the same

@@ -129,3 +129,50 @@ def test_an_orphan_count_is_not_a_rate():
     d.update(Sample(0.0, 0, allocated_bytes=1))
     r = d.on_event(Event(1.0, "kv_orphaned_blocks", data={"blocks": 3}))
     assert r is not None and r.detected and r.time_to_oom_s is None
+
+
+GIB = 2**30
+
+
+def _pair(until_s, oom_at_s=None):
+    """pid 1 grows 60 MiB/s from 300 s on a device of 80 GiB beside pid 2 at a flat 10 GiB (no
+    requests: 60 s floor windows); NVML sees both. pid 1's OOM, if any, at ``oom_at_s``."""
+    out = []
+    for t in range(until_s):
+        a1 = 10 * GIB + max(0, t - 300) * 60 * 2**20
+        ooms = 1 if oom_at_s is not None and t >= oom_at_s else 0
+        out += [Sample(float(t), 0, Phase.DECODE, pid=1, allocated_bytes=a1, reserved_bytes=a1,
+                       device_total_bytes=80 * GIB, num_ooms=ooms),
+                Sample(t + 0.1, 0, Phase.DECODE, pid=2, allocated_bytes=10 * GIB,
+                       reserved_bytes=10 * GIB, device_total_bytes=80 * GIB),
+                Sample(t + 0.2, 0, device_used_bytes=a1 + 11 * GIB, device_total_bytes=80 * GIB)]
+    return out
+
+
+def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_from_it():
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    e = AlertEngine.from_config(None)
+    fired = [c for c in e.feed(_pair(1000)) if c.kind == "fired"]
+    assert [(c.rule, c.ts_s) for c in fired] == [
+        ("memory_leak", 600.0), ("oom_risk", 616.0), ("oom_risk_critical", 949.0)]
+    assert fired[0].message.endswith("full in about 17.4 min (14.5 min to 21.8 min) [pid 1]")
+    assert "likely growth;" in fired[1].message  # pid 1's own growth: its time to OOM
+    victim = [v for v in e.verdicts.history if v.pid == 2 and v.risk_level != "ok"]
+    assert (victim[0].ts_s, victim[0].risk_level, victim[0].risk_cause) == (
+        900.1, "warning", "growth")
+    assert all(v.leak_state != "leak" for v in e.verdicts.history if v.pid == 2)
+    d = e.devices[0]
+    from vramscope.agent.alerts.explain import risk_text
+    assert "; likely growth (at risk from pid 1's growth); " in risk_text(
+        d.risks[2].last, d.risks[2], d.leaks[2], "pid 2")
+
+
+def test_an_oom_ends_the_risk_of_the_process_it_killed():
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    e = AlertEngine.from_config(None)
+    e.feed(_pair(951, oom_at_s=950))  # pid 1's OOM at 950 s, its last sample
+    rows = [v for v in e.verdicts.history if v.pid == 1]
+    assert rows[-2].risk_level == "critical"
+    assert (rows[-1].ts_s, rows[-1].risk_level, rows[-1].time_to_oom_s) == (950.0, "ok", None)
