@@ -192,11 +192,13 @@ FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
 # A rise that began in a process's first FAST_WARMUP_CAP_S may be its warm-up (caches, graph
-# pools, workspaces growing lazily: a few % of the limit over minutes, then flat): it is growth
-# once it has gone on FAST_WARMUP_SPAN_S unflattened AND added FAST_WARMUP_GROWTH of the limit
+# pools, workspaces growing lazily: up to ~10 % of the limit over up to 15 minutes, then flat):
+# it is growth once it has gone on FAST_WARMUP_SPAN_S unflattened, added FAST_WARMUP_GROWTH of
+# the limit, and would fill the headroom within FAST_WARMUP_FILL_S
 FAST_WARMUP_CAP_S = 900.0
 FAST_WARMUP_SPAN_S = 120.0
 FAST_WARMUP_GROWTH = 0.10
+FAST_WARMUP_FILL_S = 1200.0
 
 
 class FastGrowth:
@@ -210,8 +212,9 @@ class FastGrowth:
     ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise or fall
     with it; and its recent half still rises at half its rate or more (a warm-up is a rise
     that flattens: it fails here, however early or late it comes; one early in a process must
-    also add ``FAST_WARMUP_GROWTH`` of the limit). Suffixes from the newest
-    ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried, shortest first.
+    also add ``FAST_WARMUP_GROWTH`` of the limit and fill it within ``FAST_WARMUP_FILL_S``).
+    Suffixes from the newest ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried,
+    shortest first.
     """
 
     def __init__(self) -> None:
@@ -244,7 +247,7 @@ class FastGrowth:
             noise = level_noise(pts[:-n])
             rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
-                    not warming or rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes):
+                    not warming or _past_warmup(rate, headroom_bytes, limit_bytes)):
                 return rate
             n = n + max(1, n // 2)
         return None
@@ -277,6 +280,12 @@ class FastGrowth:
 
 
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
+
+
+def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
+    """A rise early in a process larger and faster than a warm-up's (see FAST_WARMUP_*)."""
+    return (rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes
+            and max(0.0, headroom_bytes) / rate.slope <= FAST_WARMUP_FILL_S)
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:
