@@ -87,9 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-every-s", type=float, default=6.0)
     p.add_argument("--never-idle", action="store_true")
     p.add_argument("--in-flight", type=int, default=8, help="requests open (--never-idle)")
+    p.add_argument("--memory-fraction", type=float, default=0.0,
+                   help="torch's per-process limit (a fraction of the device); 0: none")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     rng = random.Random(args.seed)
+    if cuda and args.memory_fraction:  # torch's OOM at this limit, the device not yet full
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
     model = cb_models.llama(4 if cuda else 2, 1024 if cuda else 128,
                             vocab=32000 if cuda else 1024, device=args.device,
                             kv_heads=4 if cuda else 1)

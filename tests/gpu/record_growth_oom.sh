@@ -10,7 +10,10 @@
 #   cb-healthy-1: nothing kept, runs DURATION_S/2, then stops;
 #   cb-healthy-2: the same, started at once after it (a new pid), to the end of DURATION_S.
 # B = (free memory with the healthy server loaded - one more server's footprint - 512 MiB) /
-# FILL_S, from nvidia-smi; KEEP_BYTES overrides it (on CPU it is 1 MiB).
+# FILL_S, from nvidia-smi; KEEP_BYTES overrides it (on CPU it is 1 MiB). GROW_FRACTION=F gives
+# the grower torch's per-process limit F of the device and fills that instead: torch raises its
+# OutOfMemoryError while the device still has memory (the H100 run without it died of a cuDNN
+# failure once the device was full, before any torch OOM). ONSET_S and FILL_S change the timing.
 #   tests/gpu/record_growth_oom.sh start DIR DURATION_S    # returns at once; setsid's the rest
 #   tests/gpu/record_growth_oom.sh snapshot DIR OUT        # a copy of the agent's store so far
 #   tests/gpu/record_growth_oom.sh finish DIR OUT          # wait, stop the agent, copy to OUT
@@ -71,16 +74,20 @@ start)
   FREE1=$(free_mib)
   if [ -n "${KEEP_BYTES:-}" ]; then B=$KEEP_BYTES
   elif [ "$DEVICE" = cpu ]; then B=1048576
+  elif [ -n "${GROW_FRACTION:-}" ]; then  # fill the grower's torch limit instead of the device
+    TOTAL=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -n 1)
+    B=$(python3 -c "print(int(($GROW_FRACTION * $TOTAL - ($FREE0 - $FREE1) - 512) * 1048576 / $FILL_S) // 2097152 * 2097152)")
+    GROW_EXTRA="--memory-fraction $GROW_FRACTION"
   else  # fill what is left once the grower itself is loaded, less 512 MiB, in FILL_S
     B=$(( (FREE1 - (FREE0 - FREE1) - 512) * 1048576 / FILL_S / 2097152 * 2097152 ))
   fi
-  printf '{"device": "%s", "duration_s": %s, "half_s": %s, "free_mib_before": %s, "free_mib_healthy_loaded": %s, "keep_bytes": %s, "keep_every_s": 1, "onset_s": %s, "fill_s": %s, "start_ts": %s}\n' \
-    "$DEVICE" "$DURATION_S" "$HALF" "$FREE0" "$FREE1" "$B" "$ONSET_S" "$FILL_S" "$(date +%s.%N)" \
+  printf '{"device": "%s", "duration_s": %s, "half_s": %s, "free_mib_before": %s, "free_mib_healthy_loaded": %s, "keep_bytes": %s, "grow_fraction": "%s", "keep_every_s": 1, "onset_s": %s, "fill_s": %s, "start_ts": %s}\n' \
+    "$DEVICE" "$DURATION_S" "$HALF" "$FREE0" "$FREE1" "$B" "${GROW_FRACTION:-}" "$ONSET_S" "$FILL_S" "$(date +%s.%N)" \
     > "$DIR/meta.json"
   cat "$DIR/meta.json"
   # the grower: long enough that its OOM comes first (it stops at DURATION_S at the latest)
   setsid nohup bash -c "$(declare -f server); DIR='$DIR' DEVICE='$DEVICE'; \
-    server cb-grow 0 '$DURATION_S' --keep-bytes '$B' --keep-every-s 1 --leak-start-s '$ONSET_S'" \
+    server cb-grow 0 '$DURATION_S' --keep-bytes '$B' --keep-every-s 1 --leak-start-s '$ONSET_S' ${GROW_EXTRA:-}" \
     > "$DIR/grow-supervisor.log" 2>&1 < /dev/null &
   echo $! >> "$DIR/server.pids"
   sleep 2
