@@ -384,6 +384,9 @@ class DeviceAnalysis:
         for key, model in self.risks.items():
             if pid is None or key == pid or key is None:
                 model.restart()
+        for key, leak in self.leaks.items():
+            if pid is None or key == pid:
+                leak.end_growth()
         self._episode_ended = True
 
     def _oom_changed(self, now_s: float) -> int:

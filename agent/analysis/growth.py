@@ -27,9 +27,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from vramscope.agent.analysis.stats import hinge_fit, median, theil_sen
+
 Z_90 = 1.6448536269514722  # a two-sided 90 % interval, as Sen's band on the peaks' trend
 RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says nothing more
 MORE_CAP_S = 24 * 3600.0  # "more data" estimates beyond a day read as a day
+KNEE_F = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
+MODEL_ERROR = 0.15  # a route's leak rate is known within this share of itself at best
 
 
 class Rate(NamedTuple):
@@ -98,8 +102,13 @@ def rate_interval(points: Sequence[tuple[float, float]], noise: float = 0.0) -> 
 
 def widened(rate: Rate, slope: float) -> Rate:
     """``rate`` reporting ``slope`` (a rate read by another estimator over the same points),
-    its interval stretched to hold it."""
-    return rate._replace(slope=slope, low=min(rate.low, slope), high=max(rate.high, slope))
+    its interval stretched to hold it and at least ``MODEL_ERROR`` of it either side: the
+    estimators of a leak's rate (least squares since a knee, Theil–Sen, over a floor read
+    between requests) differ by that much on the same points, and an interval narrower than
+    their disagreement claims a precision the floor does not give."""
+    margin = MODEL_ERROR * abs(slope)
+    return rate._replace(slope=slope, low=min(rate.low, slope - margin),
+                         high=max(rate.high, slope + margin))
 
 
 def judge(rate: Rate, min_slope: float) -> str:
@@ -244,11 +253,11 @@ class FastGrowth:
             part = pts[-n:]
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
             least = FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S
-            noise = level_noise(pts[:-n])
+            noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
             rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
                     not warming or _past_warmup(rate, headroom_bytes, limit_bytes)):
-                return rate
+                return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
         return None
 
@@ -280,6 +289,20 @@ class FastGrowth:
 
 
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
+_BASELINE_POINTS = 30  # the floor's wandering is read on the stretch's length before it, or this
+
+
+def _since_knee(pts: Sequence[tuple[float, int]], rate: Rate, noise: float) -> Rate:
+    """The stretch's rate since the knee of a broken-stick fit where the knee is more than the
+    noise (a stretch that holds the last flat points before an onset reads a rate diluted by
+    them), else ``rate``."""
+    t0 = pts[0][0]
+    xs, ys = [p[0] - t0 for p in pts], [float(p[1]) for p in pts]
+    hinge = hinge_fit(xs, ys, 4)
+    if hinge.knee <= 0 or hinge.f < KNEE_F:
+        return rate
+    since = rate_interval([p for p in pts if p[0] - t0 >= hinge.knee], noise)
+    return rate if since is None or since.slope <= rate.slope else since
 
 
 def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
@@ -289,11 +312,19 @@ def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:
-    """How far the floor wanders about its own line before a stretch (the residuals' standard
-    deviation over ``points``; 0 for fewer than ``FAST_MIN_POINTS``): a rise within it is the
-    floor's usual wandering (a never-idle floor follows its load), not growth."""
-    rate = rate_interval(points) if len(points) >= FAST_MIN_POINTS else None
-    return 0.0 if rate is None else rate.noise_bytes
+    """How far the floor wanders about its own line before a stretch: the scaled median
+    absolute deviation of ``points`` about their Theil–Sen line (0 for fewer than
+    ``FAST_MIN_POINTS``), robust to the step of a model loading among them. A rise within it
+    is the floor's usual wandering (a never-idle floor follows its load), not growth."""
+    if len(points) < FAST_MIN_POINTS:
+        return 0.0
+    t0 = points[0][0]
+    xs, ys = [p[0] - t0 for p in points], [float(p[1]) for p in points]
+    try:
+        line = theil_sen(xs, ys)
+    except ValueError:  # one instant only
+        return 0.0
+    return 1.4826 * median([abs(y - line.slope * x - line.intercept) for x, y in zip(xs, ys)])
 
 
 def _load_moving(loads: Sequence[tuple[float, int]]) -> bool:

@@ -550,6 +550,14 @@ class LeakDetector:
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
 
+    def end_growth(self) -> None:
+        """An OOM ended the process's episode: the fast route's growth is history (the floor
+        it rose on was freed, or the process died); the routes' answer stands."""
+        self.fast.clear()
+        if self._fast is not None:
+            self._fast = None
+            self.result = self._route
+
     def _min_slope(self) -> float:
         return self.t.leak_min_slope_ratio_per_h * self._limit() / 3600.0
 
@@ -597,8 +605,13 @@ class LeakDetector:
             return with_forecast(r, widened(rate, r.slope_bytes_per_s),
                                  self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
-        if rate.high < min_slope:
+        # no_leak over the horizon and over its recent half: a leak begun an hour ago hides in
+        # the horizon's line behind the flat hour before it, not in the recent half's
+        recent = rate_interval(pts[len(pts) // 2:])
+        if rate.high < min_slope and (recent is None or recent.high < min_slope):
             return r
+        if rate.high < min_slope and recent is not None:
+            rate = recent
         more = span_words(more_time_s(rate, min_slope))
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: the floor's rate {per_hour(rate.slope)} "

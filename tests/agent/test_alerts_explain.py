@@ -14,17 +14,22 @@ def fired(sc):
 
 
 def test_a_rising_floor_is_named_with_its_time_to_oom_and_the_risk_follows_it():
-    # growth from the first sample, 90 %/h of 80 GiB, OOM at 2356 s: a rise that early is a
-    # warm-up until it added 10 % of the limit; the growth model names it 9 min in and
-    # forecasts the OOM 28.5 min ahead (it came 28.8 min later), from the floor's rate
+    # growth from the first sample, 90 %/h of 80 GiB, OOM at 2356 s: a rise that early, filling
+    # in 35 min, may be a warm-up (docs/analysis.md, the growth model); the peaks' trend warns
+    # at 915 s, the leak is named at 1260 s, and the critical level comes from its rate: the
+    # floor growing, 5.0 min to OOM (it came 7.6 min later)
     sc = labelled_recordings.growth_oom(5)
     got = fired(sc)
     assert [(c.rule, c.ts_s - sc.samples[0].ts_s) for c in got] == [
-        ("memory_leak", 540.0), ("oom_risk", 630.0), ("oom_risk_critical", 1899.0),
+        ("oom_risk", 915.0), ("memory_leak", 1260.0), ("oom_risk_critical", 1899.0),
         ("oom", 2356.0)]
-    assert got[1].message == (
-        "OOM risk warning: the floor growing 65.19 GiB/h (55.12 GiB/h to 75.27 GiB/h): OOM in "
-        "28.5 min (24.7 min to 33.7 min); likely growth; try: look for a leak: compare the idle "
+    assert got[0].message == (
+        "OOM risk warning: peaks rising 78.69 GiB/h over 10.0 min: OOM in 19.7 min (16.0 min "
+        "to 21.8 min); likely growth; try: look for a leak: compare the idle floor before and "
+        "after requests (vramscope leaks page)")
+    assert got[2].message == (
+        "OOM risk critical: the floor growing 73.24 GiB/h (62.26 GiB/h to 84.23 GiB/h): OOM in "
+        "5.0 min (4.3 min to 5.9 min); likely growth; try: look for a leak: compare the idle "
         "floor before and after requests (vramscope leaks page)")
 
 
@@ -58,9 +63,9 @@ def test_headroom_gone_only_with_the_largest_prefill_spike_is_a_prefill_spike():
 def test_a_leak_alert_says_its_rate_its_interval_since_when_and_its_time_to_oom():
     leak = next(c for c in fired(labelled_recordings.growth_oom(5)) if c.rule == "memory_leak")
     assert leak.message == (
-        "idle floor rising 62.97 GiB/h (50.00 GiB/h to 75.94 GiB/h), 78.71 % of the limit since "
-        "2023-11-14T22:13:21.000Z, over 8.0 min of floor (leak); full in about 35.3 min "
-        "(29.3 min to 44.4 min)")  # the truth: 1.5 % a minute, 90 %/h; the OOM 30.3 min later
+        "idle floor rising 73.63 GiB/h (62.58 GiB/h to 84.67 GiB/h), 92.03 % of the limit since "
+        "2023-11-14T22:22:32.000Z, over 15.5 min of floor (leak); full in about 17.4 min "
+        "(15.1 min to 20.4 min)")  # the truth: 1.5 % a minute, 90 %/h; the OOM 18.3 min later
 
 
 def _retrying_after_a_prefill(spike_gib: float) -> list[str]:

@@ -81,10 +81,11 @@ def test_fast_growth_is_established_on_a_steady_rise_not_on_a_step_a_warmup_or_a
     loads = [4] * 30 + [4 + k for k in range(1, 13)]  # the requests in flight rise with it
     assert _fed(rise, loads).established(1.0, 10**9, -1e4, 1e9) is None
     # 70 s of a rise that fills 100 MB in 200 s: the least stretch, a minute, is 9 points (two
-    # of them flat), unless it began in the process's first 15 min (then it needs 2 min of
-    # floor, and to have added 10 % of the limit)
+    # of them flat: its rate is read since the knee, 8 points), unless it began in the
+    # process's first 15 min (then it needs 2 min of floor, and to have added 10 % of the limit)
     short = flat + [10 * MB + 5 * MB * k for k in range(1, 8)]
-    assert _fed(short).established(1.0, 10**8, -1e4, 1e9).points == 9
+    since = _fed(short).established(1.0, 10**8, -1e4, 1e9)
+    assert (since.points, since.slope) == (8, 0.5 * MB)
     assert _fed(short).established(1.0, 10**8, 0.0, 1e9) is None
     # in the first 15 min: the 2-min rise of 60 MB is 6 % of a 1 GB limit (a warm-up's size),
     # 12 % of a 500 MB one
@@ -156,7 +157,10 @@ def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_f
     fired = [c for c in e.feed(_pair(1000)) if c.kind == "fired"]
     assert [(c.rule, c.ts_s) for c in fired] == [
         ("memory_leak", 600.0), ("oom_risk", 616.0), ("oom_risk_critical", 949.0)]
-    assert fired[0].message.endswith("full in about 17.4 min (14.5 min to 21.8 min) [pid 1]")
+    # read since the onset (the knee of the stretch): 60 MiB/s exactly; 52.4 GiB left
+    assert fired[0].message.endswith(
+        "210.94 GiB/h), 263.67 % of the limit since 1970-01-01T00:05:00.000Z, over 4.0 min of "
+        "floor (leak); full in about 14.9 min (14.9 min to 14.9 min) [pid 1]")
     assert "likely growth;" in fired[1].message  # pid 1's own growth: its time to OOM
     victim = [v for v in e.verdicts.history if v.pid == 2 and v.risk_level != "ok"]
     assert (victim[0].ts_s, victim[0].risk_level, victim[0].risk_cause) == (
