@@ -112,6 +112,7 @@ class Agent:
 
     def _make_server(self) -> IngestServer:
         from vramscope.agent.config import parse_uids
+        from vramscope.agent.ingest.budget import WriteBudget
         from vramscope.agent.ingest.names import NameLimits
         from vramscope.agent.ingest.server import IngestServer
         from vramscope.agent.ingest.timewindow import TimeWindow
@@ -125,7 +126,9 @@ class Agent:
                             handshake_timeout_s=self.config["agent.handshake_timeout_s"],
                             idle_timeout_s=self.config["agent.idle_timeout_s"],
                             time_window=TimeWindow.from_config(self.config, self.clock),
-                            name_limits=NameLimits.from_config(self.config))
+                            name_limits=NameLimits.from_config(self.config, self.clock),
+                            budget=WriteBudget.from_config(self.config),
+                            slot_idle_s=self.config["agent.slot_idle_s"], clock=self.clock)
 
     def _ingest_should_pause(self) -> bool:
         """Back-pressure with hysteresis: pause reading the socket at 90 % of the queue bound,
@@ -334,6 +337,8 @@ class Agent:
             # records whose device UUID named no device of this host: not stored (store.py)
             "unjoined_total": getattr(self.store, "unjoined_total", 0),
             "rejected": dict(ingest.rejected) if ingest else {},
+            # live names against their bounds, and the records refused by kind and bound
+            "names": self.server.names.status() if self.server is not None else None,
             "records_received_total": ingest.records_total if ingest else 0,
             "accept_errors": ingest.accept_errors if ingest else 0,
             "loop_errors": ingest.loop_errors if ingest else 0,

@@ -49,8 +49,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.ingest.budget import Bucket, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
@@ -65,6 +67,7 @@ PENDING_MAX_BYTES = 65_536  # the largest frame before a hello: a hello or a sta
 BUFFER_BUDGET_BYTES = 384 * 2**20  # partial frames of all connections together
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 60.0
+SLOT_IDLE_S = 120.0  # a client that stored no record for this long may give its slot up
 MAX_BAD_IN_A_ROW = 64  # a client sending this many rejected messages in a row is dropped
 COUNTER_MAX = INT64_MAX  # counters saturate here (the store's BigInteger)
 LOG_BURST = 10  # lines per LOG_WINDOW_S about refused connections; the rest are counted
@@ -141,7 +144,10 @@ class _Conn:
     last_frame_s: float = 0.0  # monotonic: the last complete frame (or the connect)
     buf: bytearray = field(default_factory=bytearray)
     bad_in_a_row: int = 0
-    names: ClientNames = field(default_factory=ClientNames)  # the names it created
+    names: ClientNames = field(default_factory=ClientNames)  # the names it holds
+    admitted_s: float | None = None  # monotonic: its hello was welcomed
+    useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept
+    bucket: Bucket | None = None  # its write budget, from its first records
 
 
 class RateLimitedLog:
@@ -187,7 +193,10 @@ class IngestServer:
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  idle_timeout_s: float = IDLE_TIMEOUT_S,
                  time_window: TimeWindow | None = None,
-                 name_limits: NameLimits | None = None) -> None:
+                 name_limits: NameLimits | None = None,
+                 budget: WriteBudget | None = None,
+                 slot_idle_s: float = SLOT_IDLE_S,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
         self.stats = IngestStats()
         self._on_records = on_records
@@ -213,6 +222,10 @@ class IngestServer:
         self._counter_warned = False
         self._window = time_window  # None: any representable time (tests, benchmarks)
         self._names = name_limits if name_limits is not None else NameLimits()
+        self._budget = budget  # None: no write budget (tests, benchmarks)
+        self._slot_idle_s = slot_idle_s
+        self._clock = clock  # the write budget's time (the socket timeouts are real time)
+        self._payload_bytes = 0  # of the message being handled: what the budget charges
         self._log_refused_records = RateLimitedLog(log, logging.WARNING)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -395,6 +408,7 @@ class IngestServer:
     def _handle(self, conn: _Conn, payload: bytes) -> bool:
         """Handle one payload; False when the connection was closed."""
         self.stats.messages_total += 1
+        self._payload_bytes = len(payload)  # the write budget's bytes
         try:
             self._dispatch(conn, proto.decode(payload))
         except proto.ProtocolError as exc:
@@ -435,6 +449,9 @@ class IngestServer:
                                           "agent.max_record_ahead_s)")
             if pm.pid is None or pm.pid == conn.info.ns_pid:
                 pm = pm._replace(pid=conn.info.pid)
+            if not self._within_budget(conn, 1, self._payload_bytes):
+                return None
+            conn.useful_s = time.monotonic()
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
             return None
@@ -461,6 +478,7 @@ class IngestServer:
                                       f"each sent a message in the last {self._handshake_s:g} s "
                                       "(agent.handshake_timeout_s); retry then", fatal=True)
         conn.info.hello = hello
+        conn.admitted_s = time.monotonic()
         _check_ns_pid(conn.info)
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
         if self._on_hello is not None:
@@ -472,29 +490,51 @@ class IngestServer:
     def _free_slot(self, newcomer: _Conn) -> bool:
         """Every slot is taken: free one for ``newcomer``, or say no (False).
 
-        By progress first: the client whose last complete message is oldest gives its slot
-        up once that is ``handshake_timeout_s`` old (a slowloris that trickles a byte at a time,
-        or just holds the connection, completes nothing), so a good client waits at most that
-        long. Then by uid: while one uid holds more slots than the newcomer's uid plus one, its
-        least active client gives way (clients of other users cannot lock one out by sending)."""
+        By usefulness first: a client that has had no record kept for ``agent.slot_idle_s``
+        (or never, once it has been in for ``handshake_timeout_s``: its chance to send one)
+        gives its slot up, the least recently useful first. A slowloris, a connection that
+        only holds its slot, and one that chatters (status requests, empty or refused
+        messages) all store nothing, so a good client waits for none of them; a quiet client
+        whose records still arrive now and then keeps its slot. Then by uid: while one uid
+        holds more slots than the newcomer's uid plus one, its least useful client gives way
+        (clients of other users cannot lock one out by sending records)."""
         now = time.monotonic()
         clients = [c for c in self._conns.values() if c.info.hello is not None]
-        stalest = min(clients, key=lambda c: c.last_frame_s, default=None)
-        if stalest is None:
+        victim = min(filter(lambda c: self._unproductive(c, now), clients),
+                     key=_usefulness, default=None)
+        if victim is not None:
+            self._refuse(victim, *self._why_unproductive(victim, now))
             return True
-        if now - stalest.last_frame_s >= self._handshake_s:
-            self._refuse(stalest, "idle", f"no complete message for "
-                         f"{now - stalest.last_frame_s:.1f} s while every client slot was taken "
-                         f"(agent.handshake_timeout_s)")
+        if not clients:
             return True
         held = Counter(c.info.peer_uid for c in clients)
         uid, most = held.most_common(1)[0]
         if most <= held[newcomer.info.peer_uid] + 1:
             return False
-        victim = min((c for c in clients if c.info.peer_uid == uid), key=lambda c: c.last_frame_s)
+        victim = min((c for c in clients if c.info.peer_uid == uid), key=_usefulness)
         self._refuse(victim, "fairness", f"uid {uid} holds {most} of the {MAX_CLIENTS} client "
                      f"slots; its least active client gives one to uid {newcomer.info.peer_uid}")
         return True
+
+    def _unproductive(self, conn: _Conn, now: float) -> bool:
+        """May give its slot up: stuck inside a message, or no record kept lately."""
+        if conn.buf and now - conn.last_frame_s >= self._handshake_s:
+            return True  # a slowloris, whatever it sent before
+        if conn.useful_s is not None:
+            return now - conn.useful_s >= self._slot_idle_s
+        return now - (conn.admitted_s or conn.opened_s) >= self._handshake_s
+
+    def _why_unproductive(self, conn: _Conn, now: float) -> tuple[str, str]:
+        """``idle`` (no complete message lately) or ``chatter`` (messages, no records)."""
+        since = now - (conn.useful_s if conn.useful_s is not None
+                       else conn.admitted_s or conn.opened_s)
+        if now - conn.last_frame_s >= self._handshake_s:
+            return "idle", (f"no complete message for {now - conn.last_frame_s:.1f} s and no "
+                            f"record kept in {since:.1f} s while every client slot was taken "
+                            "(agent.handshake_timeout_s, agent.slot_idle_s)")
+        return "chatter", (f"messages but no record kept in {since:.1f} s while every client "
+                           "slot was taken: a slot is for a client that sends records "
+                           "(agent.slot_idle_s)")
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
         records = proto.parse_records(obj, default_pid=conn.info.pid)
@@ -502,9 +542,14 @@ class IngestServer:
         if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
             pid = conn.info.pid
             records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
+        sent = len(records)
         records = self._bounded(conn, records)
+        if records and self._budget is not None:  # the kept records' share of the payload
+            share = self._payload_bytes * len(records) // sent
+            records = records[:self._within_budget(conn, len(records), share)]
         self.stats.records_total += len(records)
         if records:
+            conn.useful_s = time.monotonic()
             self._on_records(records, conn.info)
 
     def _bounded(self, conn: _Conn, records: list[Sample | Event]) -> list[Sample | Event]:
@@ -521,9 +566,28 @@ class IngestServer:
         if refusal is not None:
             self.stats.rejected["names"] += refusal.records
             self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                      NameLimits.describe(refusal))
+                                      self._names.describe(refusal))
             records = list(kept)
         return records
+
+    def _within_budget(self, conn: _Conn, records: int, payload_bytes: int) -> int:
+        """How many of ``records`` (the first ones) the client's write budget takes; the
+        rest are counted (``budget_rows``, ``budget_bytes``) and said in a log line."""
+        if self._budget is None:
+            return records
+        now = self._clock.monotonic_s()
+        if conn.bucket is None:
+            conn.bucket = self._budget.bucket(now)
+        kept, over = self._budget.take(conn.bucket, records, payload_bytes, now)
+        if over is not None:
+            self.stats.rejected[over.reason] += over.records
+            self._log_refused_records("client pid %s: %s", conn.info.pid,
+                                      self._budget.describe(over))
+        return kept
+
+    @property
+    def names(self) -> NameLimits:
+        return self._names
 
     # --- replies and closing --------------------------------------------------------------
     def _send(self, conn: _Conn, obj: dict[str, Any]) -> None:
@@ -554,11 +618,18 @@ class IngestServer:
         if fd >= 0 and self._conns.pop(fd, None) is not None:
             self._sel.unregister(conn.sock)
             self._buffered -= len(conn.buf)
+            self._names.release(conn.names)
         conn.buf = bytearray()
         conn.sock.close()
 
 
 _log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
+
+
+def _usefulness(conn: _Conn) -> tuple[float, float]:
+    """Orders clients from the least useful: never useful first, then by their last kept
+    record, then by their last complete message."""
+    return (-float("inf") if conn.useful_s is None else conn.useful_s, conn.last_frame_s)
 
 
 def _check_ns_pid(info: ClientInfo) -> None:
