@@ -132,3 +132,17 @@ def test_device_and_host_churn_stays_bounded_per_agent_run(clock):
 def test_bad_idle_setting_is_refused_with_its_value():
     with pytest.raises(ValueError, match="agent.name_idle_s must be > 0 s, got 0"):
         NameLimits(idle_s=0)
+
+
+def test_status_shows_the_live_names_and_what_was_refused(agent):
+    from vramscope.agent.cli.cmd_status import render
+
+    with AgentConnection(agent.socket_path) as conn:
+        conn.hello("many pids")
+        conn.send_records([_s(50_000 + i) for i in range(70)])  # 6 over the client's 64
+        status = conn.status()
+        assert status["names"]["live"] == {"hosts": 0, "devices": 1, "processes": 64}
+        assert status["names"]["refused"] == {"processes_per_client": 6}
+        text = render({**status, "running": True, "socket": agent.socket_path})
+    assert ("live names: 0/8 hosts, 1/32 devices, 64/256 processes (idle after 300 s); "
+            "refused records: processes_per_client 6") in text
