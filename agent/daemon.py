@@ -454,6 +454,17 @@ def _record_boot_id(store: Store) -> None:
         store.set_boot_id(boot_id)
 
 
+def _rejected_by_reason(rejected: dict[str, int]) -> Metric:
+    """One series per reason (names, budget_rows, chatter...): which limit is being hit."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily("vramscope_agent_rejected_by_reason", "ingest messages and "
+                                 "records rejected, by reason", labels=["reason"])
+    for reason, count in sorted(rejected.items()):
+        family.add_metric([reason], count)
+    return family
+
+
 def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
     # Any: prometheus_client's WSGIServer, which its stubs do not export.
     """The agent's own counters as Prometheus metrics on ``host:port`` (``/metrics``)."""
@@ -478,6 +489,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                     ("unjoined", "records whose device UUID names no device the agent's "
                      "NVML shows (not stored)", s["unjoined_total"])):
                 yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
+            yield _rejected_by_reason(s["rejected"])
             hook = (s.get("alerts") or {}).get("webhook")
             if hook is not None:
                 for key in ("sent", "failed", "dropped"):

@@ -130,11 +130,11 @@ class NameLimits:
 
     @property
     def counts(self) -> Counts:
-        """Live names now (the agent's own host not counted), idle ones swept first."""
+        """Live names now (the agent's own host not counted). Read-only: ``status`` calls it
+        from other threads (the writer's stats task, ``/metrics``) while ingest admits."""
         now = self._clock.monotonic_s()
-        for kind in range(3):
-            self._sweep(kind, now)
-        return Counts(*(len(live.seen) for live in self._live))
+        return Counts(*(sum(1 for seen in list(live.seen.values()) if now - seen < self.idle_s)
+                        for live in self._live))
 
     def status(self) -> dict[str, Any]:
         """For ``vramscope status``: live names, their bounds and what was refused."""
@@ -210,7 +210,7 @@ class NameLimits:
                now: float) -> NameRefusal | None:
         live = self._live[kind]
         label = Counts._fields[kind]
-        if len(live.seen) >= self.limits[kind]:
+        if name not in live.seen and len(live.seen) >= self.limits[kind]:
             self._sweep(kind, now)
             if len(live.seen) >= self.limits[kind]:
                 return NameRefusal(0, label, self.limits[kind], "live")

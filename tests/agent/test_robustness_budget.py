@@ -101,3 +101,30 @@ def test_rows_beyond_the_rate_are_refused_and_counted(agent, clock):
         second = conn.status()
     assert first["rejected"] == {"budget_rows": 300}
     assert second["rejected"] == {"budget_rows": 300}  # a second's rate refilled: all kept
+
+
+def test_metrics_count_the_refusals_by_reason(sqlite_url, short_dir, clock):
+    """``/metrics`` says which limit is hit (the Overview's health table shows the total)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = Store.open(sqlite_url, host_name="agent-host")
+    config = parse_config({"agent": {"metrics_port": port, "client_max_rows_per_s": 100.0,
+                                     "client_budget_burst_s": 1.0}}, None, {})
+    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
+              clock=clock, alerts=False)
+    a.start()
+    try:
+        with AgentConnection(a.socket_path) as conn:
+            conn.hello("fast")
+            conn.send_records(_samples(130, 7004))
+            conn.status()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        a.stop()
+        store.close()
+    assert ('vramscope_agent_rejected_by_reason_total{reason="budget_rows"} 30.0'
+            in text.decode().splitlines())
