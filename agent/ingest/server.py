@@ -13,11 +13,13 @@ Everything is bounded, so no client can take the agent down or lock the others o
   oldest pending one, so ``vramscope status`` always gets in;
 * a connection must send its first frame within ``agent.handshake_timeout_s``; a frame once
   started must be complete within ``agent.idle_timeout_s``; when every client slot is taken,
-  the client whose last complete frame is ``agent.handshake_timeout_s`` old gives its slot to
-  a new one (a slowloris completes nothing), and a uid holding more slots than the newcomer's
-  plus one gives one up (``_free_slot``);
-* a client's records outside the time window (``timewindow.py``) or naming more new hosts,
-  devices or processes than allowed (``names.py``) are refused one by one and counted;
+  a client that stored no record for ``agent.slot_idle_s`` (or none since its hello
+  ``agent.handshake_timeout_s`` ago) gives its slot to a new one, whatever else it sends (a
+  slowloris, status requests, empty messages store nothing), and a uid holding more slots than
+  the newcomer's plus one gives one up (``slots.py``);
+* a client's records outside the time window (``timewindow.py``), naming more live hosts,
+  devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
+  a second (``budget.py``) are refused one by one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -54,6 +56,7 @@ from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import Bucket, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
+from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
 
@@ -223,7 +226,7 @@ class IngestServer:
         self._window = time_window  # None: any representable time (tests, benchmarks)
         self._names = name_limits if name_limits is not None else NameLimits()
         self._budget = budget  # None: no write budget (tests, benchmarks)
-        self._slot_idle_s = slot_idle_s
+        self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
         self._clock = clock  # the write budget's time (the socket timeouts are real time)
         self._payload_bytes = 0  # of the message being handled: what the budget charges
         self._log_refused_records = RateLimitedLog(log, logging.WARNING)
@@ -488,53 +491,14 @@ class IngestServer:
         return sum(1 for c in self._conns.values() if c.info.hello is not None)
 
     def _free_slot(self, newcomer: _Conn) -> bool:
-        """Every slot is taken: free one for ``newcomer``, or say no (False).
-
-        By usefulness first: a client that has had no record kept for ``agent.slot_idle_s``
-        (or never, once it has been in for ``handshake_timeout_s``: its chance to send one)
-        gives its slot up, the least recently useful first. A slowloris, a connection that
-        only holds its slot, and one that chatters (status requests, empty or refused
-        messages) all store nothing, so a good client waits for none of them; a quiet client
-        whose records still arrive now and then keeps its slot. Then by uid: while one uid
-        holds more slots than the newcomer's uid plus one, its least useful client gives way
-        (clients of other users cannot lock one out by sending records)."""
-        now = time.monotonic()
+        """Every slot is taken: free one for ``newcomer`` (``slots.py`` says whose), or say
+        no (False)."""
         clients = [c for c in self._conns.values() if c.info.hello is not None]
-        victim = min(filter(lambda c: self._unproductive(c, now), clients),
-                     key=_usefulness, default=None)
-        if victim is not None:
-            self._refuse(victim, *self._why_unproductive(victim, now))
-            return True
-        if not clients:
-            return True
-        held = Counter(c.info.peer_uid for c in clients)
-        uid, most = held.most_common(1)[0]
-        if most <= held[newcomer.info.peer_uid] + 1:
-            return False
-        victim = min((c for c in clients if c.info.peer_uid == uid), key=_usefulness)
-        self._refuse(victim, "fairness", f"uid {uid} holds {most} of the {MAX_CLIENTS} client "
-                     f"slots; its least active client gives one to uid {newcomer.info.peer_uid}")
+        found = self._slots.victim(clients, _uid, newcomer.info.peer_uid, time.monotonic())
+        if found is None:
+            return not clients
+        self._refuse(*found)
         return True
-
-    def _unproductive(self, conn: _Conn, now: float) -> bool:
-        """May give its slot up: stuck inside a message, or no record kept lately."""
-        if conn.buf and now - conn.last_frame_s >= self._handshake_s:
-            return True  # a slowloris, whatever it sent before
-        if conn.useful_s is not None:
-            return now - conn.useful_s >= self._slot_idle_s
-        return now - (conn.admitted_s or conn.opened_s) >= self._handshake_s
-
-    def _why_unproductive(self, conn: _Conn, now: float) -> tuple[str, str]:
-        """``idle`` (no complete message lately) or ``chatter`` (messages, no records)."""
-        since = now - (conn.useful_s if conn.useful_s is not None
-                       else conn.admitted_s or conn.opened_s)
-        if now - conn.last_frame_s >= self._handshake_s:
-            return "idle", (f"no complete message for {now - conn.last_frame_s:.1f} s and no "
-                            f"record kept in {since:.1f} s while every client slot was taken "
-                            "(agent.handshake_timeout_s, agent.slot_idle_s)")
-        return "chatter", (f"messages but no record kept in {since:.1f} s while every client "
-                           "slot was taken: a slot is for a client that sends records "
-                           "(agent.slot_idle_s)")
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
         records = proto.parse_records(obj, default_pid=conn.info.pid)
@@ -626,10 +590,8 @@ class IngestServer:
 _log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
 
 
-def _usefulness(conn: _Conn) -> tuple[float, float]:
-    """Orders clients from the least useful: never useful first, then by their last kept
-    record, then by their last complete message."""
-    return (-float("inf") if conn.useful_s is None else conn.useful_s, conn.last_frame_s)
+def _uid(conn: _Conn) -> int | None:
+    return conn.info.peer_uid
 
 
 def _check_ns_pid(info: ClientInfo) -> None:

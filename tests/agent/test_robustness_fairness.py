@@ -17,6 +17,7 @@ import pytest
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest import server as ingest
 from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.records import Phase, Sample
 
 from tests.agent.test_robustness_limits import _agent, _good_rows, _hello_socket, _samples
@@ -123,30 +124,26 @@ def test_the_issue_s_chatter_at_the_default_timeouts(short_dir):
         agent.stop()
 
 
-def test_a_client_whose_records_are_all_refused_does_not_keep_a_slot():
+def test_the_slot_rules_keep_useful_and_new_clients_and_free_the_others():
     """Useful means kept: records refused (outside the time window, over a bound) are no
-    more progress than a status request. In-process: the slot rule alone."""
-    srv = ingest.IngestServer("/nonexistent/agent.sock", on_records=lambda r, c: None,
-                              handshake_timeout_s=5.0, slot_idle_s=120.0)
-    now = time.monotonic()
-    pairs = []
+    more progress than a status request. The rules alone, on plain connections."""
+    rules = SlotRules(handshake_s=5.0, slot_idle_s=120.0)
+    now = 1000.0
 
-    def client(pid: int, useful_s: float | None, admitted_s: float) -> ingest._Conn:
-        ours, theirs = socket.socketpair()
-        pairs.append(theirs)
-        conn = ingest._Conn(ours, ingest.ClientInfo(pid, 1000), opened_s=admitted_s,
-                            last_frame_s=now, admitted_s=admitted_s, useful_s=useful_s)
-        conn.info.hello = proto.Hello(1, pid, "c", (), None)
-        srv._conns[ours.fileno()] = conn
-        return conn
+    def client(useful_s: float | None, admitted_s: float, buf: bytes = b"",
+               last_frame_s: float = now) -> ingest._Conn:
+        return ingest._Conn(None, ingest.ClientInfo(1, 1000), opened_s=admitted_s,  # type: ignore[arg-type]
+                            last_frame_s=last_frame_s, admitted_s=admitted_s,
+                            useful_s=useful_s, buf=bytearray(buf))
 
-    quiet = client(1, useful_s=now - 100, admitted_s=now - 1000)  # a record 100 s ago
-    newcomer = client(2, useful_s=None, admitted_s=now - 1)  # in 1 s ago: still its chance
-    chatter = client(3, useful_s=None, admitted_s=now - 6)  # in 6 s, nothing kept
-    stale = client(4, useful_s=now - 200, admitted_s=now - 1000)  # nothing kept for 200 s
-    assert [srv._unproductive(c, now) for c in (quiet, newcomer, chatter, stale)] == [
-        False, False, True, True]
-    assert srv._why_unproductive(chatter, now)[0] == "chatter"
-    assert min((chatter, stale), key=ingest._usefulness) is chatter  # never useful goes first
-    for sock in pairs:
-        sock.close()
+    quiet = client(useful_s=now - 100, admitted_s=now - 1000)  # a record 100 s ago
+    newcomer = client(useful_s=None, admitted_s=now - 1)  # in 1 s ago: still its chance
+    chatter = client(useful_s=None, admitted_s=now - 6)  # in 6 s, nothing kept
+    stale = client(useful_s=now - 200, admitted_s=now - 1000)  # nothing kept for 200 s
+    stuck = client(useful_s=now - 1, admitted_s=now - 1000, buf=b"\x00", last_frame_s=now - 5)
+    assert [rules.unproductive(c, now) for c in (quiet, newcomer, chatter, stale, stuck)] == [
+        False, False, True, True, True]
+    assert rules.why(chatter, now)[0] == "chatter" and rules.why(stuck, now)[0] == "idle"
+    found = rules.victim([quiet, newcomer, stale, chatter], lambda c: 1000, 1000, now)
+    assert found is not None and found[:2] == (chatter, "chatter")  # never useful goes first
+    assert rules.victim([quiet, newcomer], lambda c: 1000, 1000, now) is None
