@@ -9,7 +9,9 @@ a message are kept, so what a client gets stored is its oldest data, in order. O
 have their own buckets: one client's flood costs them nothing.
 
 A record's bytes are its share of its message's payload (the JSON on the wire: what the agent
-decodes and, for events, about what the store keeps).
+decodes and, for events, about what the store keeps). The budget is charged before the time
+window and the name limits look at the records: a client pays for what it sends, so a flood of
+records those refuse costs the agent no more than the budget lets through.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ class ClientNames:
         default_factory=lambda: (set(), set(), set()))
     created: tuple[set[Name], set[Name], set[Name]] = field(
         default_factory=lambda: (set(), set(), set()))
+    next_prune_s: float = -float("inf")  # a flood at its bound rescans ``created`` this seldom
 
 
 class NameRefusal(NamedTuple):
@@ -145,15 +146,17 @@ class NameLimits:
               ) -> tuple[Sequence[R], NameRefusal | None]:
         """The records whose names are live or may be created, and what was refused."""
         now = self._clock.monotonic_s()
-        triples = {_triple(r) for r in records}
+        # inline, not _triple(): this runs on every record of every message
+        triples = {(r.host, r.device if r.device_uuid is None else -1, r.pid) for r in records}
         refused: dict[Triple, NameRefusal] = {}
-        for triple in sorted(triples, key=repr):  # the same names win whatever the set's order
-            why = self._admit_triple(triple, client, now)
+        for triple in (sorted(triples, key=repr) if len(triples) > 1 else triples):
+            why = self._admit_triple(triple, client, now)  # sorted: the same names win always
             if why is not None:
                 refused[triple] = why
         if not refused:
             return records, None
-        kept = [r for r in records if _triple(r) not in refused]
+        kept = [r for r in records
+                if (r.host, r.device if r.device_uuid is None else -1, r.pid) not in refused]
         first = next(iter(refused.values()))
         refusal = first._replace(records=len(records) - len(kept))
         self.refused[refusal.reason] += refusal.records
@@ -215,9 +218,8 @@ class NameLimits:
             if len(live.seen) >= self.limits[kind]:
                 return NameRefusal(0, label, self.limits[kind], "live")
         created = client.created[kind]
-        if len(created) >= self.client_limits[kind]:  # those expired are not held any more
-            created.intersection_update(
-                [n for n in created if now - live.seen.get(n, -float("inf")) < self.idle_s])
+        if len(created) >= self.client_limits[kind]:
+            self._prune(client, now)
             if len(created) >= self.client_limits[kind]:
                 return NameRefusal(0, label, self.client_limits[kind], "client")
         ever_max = EVER_FACTOR * self.limits[kind]
@@ -234,6 +236,15 @@ class NameLimits:
         client.created[kind].add(name)
         client.used[kind].discard(name)  # held afresh below
         self._hold(kind, name, client)
+
+    def _prune(self, client: ClientNames, now: float) -> None:
+        """Forget the names ``client`` created that expired (at most once a second)."""
+        if now < client.next_prune_s:
+            return
+        client.next_prune_s = now + _SWEEP_EVERY_S
+        for live, created in zip(self._live, client.created, strict=True):
+            created.intersection_update(
+                [n for n in created if now - live.seen.get(n, -float("inf")) < self.idle_s])
 
     def _sweep(self, kind: int, now: float) -> None:
         """Free the names silent for ``idle_s`` (at most once a second per kind)."""
@@ -257,6 +268,3 @@ class NameLimits:
                 f"already (each sent in the last {self.idle_s:g} s by an open connection), the "
                 f"most clients may keep (agent.max_{refusal.kind}, agent.name_idle_s)")
 
-
-def _triple(r: Sample | Event) -> Triple:
-    return (r.host, r.device if r.device_uuid is None else -1, r.pid)

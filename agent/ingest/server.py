@@ -478,8 +478,9 @@ class IngestServer:
         hello = proto.parse_hello(obj)
         if self._client_count() >= MAX_CLIENTS and not self._free_slot(conn):
             raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS}), "
-                                      f"each sent a message in the last {self._handshake_s:g} s "
-                                      "(agent.handshake_timeout_s); retry then", fatal=True)
+                                      "each of them storing records or still new "
+                                      "(agent.slot_idle_s, agent.handshake_timeout_s); retry "
+                                      f"in {self._handshake_s:g} s", fatal=True)
         conn.info.hello = hello
         conn.admitted_s = time.monotonic()
         _check_ns_pid(conn.info)
@@ -506,11 +507,9 @@ class IngestServer:
         if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
             pid = conn.info.pid
             records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
-        sent = len(records)
+        if self._budget is not None:  # first: what a client sends costs it, refused or not
+            records = records[:self._within_budget(conn, len(records), self._payload_bytes)]
         records = self._bounded(conn, records)
-        if records and self._budget is not None:  # the kept records' share of the payload
-            share = self._payload_bytes * len(records) // sent
-            records = records[:self._within_budget(conn, len(records), share)]
         self.stats.records_total += len(records)
         if records:
             conn.useful_s = time.monotonic()
