@@ -155,12 +155,15 @@ class NameLimits:
                 refused[triple] = why
         if not refused:
             return records, None
-        kept = [r for r in records
-                if (r.host, r.device if r.device_uuid is None else -1, r.pid) not in refused]
-        first = next(iter(refused.values()))
-        refusal = first._replace(records=len(records) - len(kept))
-        self.refused[refusal.reason] += refusal.records
-        return kept, refusal
+        kept = []
+        for r in records:  # each refused record counted under its own triple's bound
+            why = refused.get((r.host, r.device if r.device_uuid is None else -1, r.pid))
+            if why is None:
+                kept.append(r)
+            else:
+                self.refused[why.reason] += 1
+        first = next(iter(refused.values()))  # the log line names one bound
+        return kept, first._replace(records=len(records) - len(kept))
 
     def release(self, client: ClientNames) -> None:
         """The connection closed: the names only it held free their slots now."""

@@ -146,3 +146,10 @@ def test_status_shows_the_live_names_and_what_was_refused(agent):
         text = render({**status, "running": True, "socket": agent.socket_path})
     assert ("live names: 0/8 hosts, 1/32 devices, 64/256 processes (idle after 300 s); "
             "refused records: processes_per_client 6") in text
+
+
+def test_each_refused_record_is_counted_under_its_own_bound(clock):
+    limits = NameLimits(Counts(8, 1, 256), Counts(2, 16, 3), idle_s=IDLE_S, clock=clock)
+    kept, refused = limits.admit([_s(1), _s(2), _s(3), _s(4), _s(1, device=1)], ClientNames())
+    assert [(r.device, r.pid) for r in kept] == [(0, 1), (0, 2), (0, 3)] and refused is not None
+    assert limits.status()["refused"] == {"processes_per_client": 1, "devices": 1}
