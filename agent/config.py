@@ -200,9 +200,8 @@ SETTINGS: tuple[Setting, ...] = (
             "A new connection must send its hello (or status request) within this.",
             min=0.1, max=3600),
     Setting("agent.idle_timeout_s", float, 60.0,
-            "A message once started must be complete within this; when every client slot is "
-            "taken, a client silent this long gives its slot to a new one.", min=0.1,
-            max=86400),
+            "A message once started must be complete within this (a slowloris is closed).",
+            min=0.1, max=86400),
     Setting("agent.max_record_age_s", float, 0.0,
             "Records timed more than this before the agent's clock are refused at ingest "
             "(counted as rejected 'ts'); 0: retention.raw_s. `vramscope import` keeps a trace's "
@@ -211,18 +210,38 @@ SETTINGS: tuple[Setting, ...] = (
             "Records timed more than this after the agent's clock are refused at ingest "
             "(counted as rejected 'ts').", min=1, max=365 * 86400.0),
     Setting("agent.max_hosts", int, 8,
-            "Host names clients may create per agent run (besides the agent's own); a record "
-            "naming one more is refused (rejected 'names'). One client: at most 2.",
-            min=1, max=100_000),
+            "Live host names clients may keep (besides the agent's own); a record naming one "
+            "more is refused (rejected 'names'). One client: at most 2 it created; one agent "
+            "run: at most 4x this many distinct ones.", min=1, max=100_000),
     Setting("agent.max_devices", int, 32,
-            "Devices (host, index) clients may create per agent run; a record naming one more "
-            "is refused (rejected 'names'). One client: at most 16. The dashboard's cost grows "
-            "with the devices: /metrics and the Overview take about 150 ms at 32.", min=1,
-            max=100_000),
+            "Live devices (host, index) clients may keep; a record naming one more is refused "
+            "(rejected 'names'). One client: at most 16 it created; one agent run: at most 4x "
+            "this many distinct ones. The dashboard's cost grows with the devices: /metrics "
+            "and the Overview take about 150 ms at 32.", min=1, max=100_000),
     Setting("agent.max_processes", int, 256,
-            "Processes (host, pid) clients may send records for per agent run; a record naming "
-            "one more is refused (rejected 'names'). One client: at most 64.",
+            "Live processes (host, pid) clients may send records for; a record naming one more "
+            "is refused (rejected 'names'). One client: at most 64 it created.",
             min=1, max=1_000_000),
+    Setting("agent.name_idle_s", float, 300.0,
+            "A host, device or process no open connection sent for this long (or whose "
+            "connections all closed) is no longer live and frees its slot under "
+            "agent.max_hosts, agent.max_devices and agent.max_processes.", min=1,
+            max=7 * 86400.0),
+    Setting("agent.slot_idle_s", float, 120.0,
+            "When every client slot (256) is taken, a client that had no record kept for this "
+            "long, or none within agent.handshake_timeout_s of its hello, gives its slot to a "
+            "new client (rejected 'idle' or 'chatter').", min=1, max=86400.0),
+    Setting("agent.client_max_rows_per_s", float, 10_000.0,
+            "Records per second one client (connection) may write; beyond, they are refused "
+            "(rejected 'budget_rows'). Bursts of agent.client_budget_burst_s.", min=1,
+            max=10_000_000.0),
+    Setting("agent.client_max_bytes_per_s", float, 2_097_152.0,
+            "Bytes of records (their JSON on the wire) per second one client may write; "
+            "beyond, they are refused (rejected 'budget_bytes'). 2 MiB/s is about 170 GB a "
+            "day.", min=1024, max=10 * 2**30),
+    Setting("agent.client_budget_burst_s", float, 10.0,
+            "A client may write this many seconds of its rows and bytes budget at once (a "
+            "post-mortem, a flush after a reconnect).", min=0.1, max=3600.0),
     Setting("agent.max_message_bytes", int, 1_048_576,
             "Largest accepted ingest message.", min=1024, max=64 * 1_048_576),
     Setting("agent.queue_max_records", int, 100_000,

@@ -112,6 +112,7 @@ class Agent:
 
     def _make_server(self) -> IngestServer:
         from vramscope.agent.config import parse_uids
+        from vramscope.agent.ingest.budget import WriteBudget
         from vramscope.agent.ingest.names import NameLimits
         from vramscope.agent.ingest.server import IngestServer
         from vramscope.agent.ingest.timewindow import TimeWindow
@@ -125,7 +126,9 @@ class Agent:
                             handshake_timeout_s=self.config["agent.handshake_timeout_s"],
                             idle_timeout_s=self.config["agent.idle_timeout_s"],
                             time_window=TimeWindow.from_config(self.config, self.clock),
-                            name_limits=NameLimits.from_config(self.config))
+                            name_limits=NameLimits.from_config(self.config, self.clock),
+                            budget=WriteBudget.from_config(self.config),
+                            slot_idle_s=self.config["agent.slot_idle_s"], clock=self.clock)
 
     def _ingest_should_pause(self) -> bool:
         """Back-pressure with hysteresis: pause reading the socket at 90 % of the queue bound,
@@ -334,6 +337,8 @@ class Agent:
             # records whose device UUID named no device of this host: not stored (store.py)
             "unjoined_total": getattr(self.store, "unjoined_total", 0),
             "rejected": dict(ingest.rejected) if ingest else {},
+            # live names against their bounds, and the records refused by kind and bound
+            "names": self.server.names.status() if self.server is not None else None,
             "records_received_total": ingest.records_total if ingest else 0,
             "accept_errors": ingest.accept_errors if ingest else 0,
             "loop_errors": ingest.loop_errors if ingest else 0,
@@ -449,6 +454,17 @@ def _record_boot_id(store: Store) -> None:
         store.set_boot_id(boot_id)
 
 
+def _rejected_by_reason(rejected: dict[str, int]) -> Metric:
+    """One series per reason (names, budget_rows, chatter...): which limit is being hit."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily("vramscope_agent_rejected_by_reason", "ingest messages and "
+                                 "records rejected, by reason", labels=["reason"])
+    for reason, count in sorted(rejected.items()):
+        family.add_metric([reason], count)
+    return family
+
+
 def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
     # Any: prometheus_client's WSGIServer, which its stubs do not export.
     """The agent's own counters as Prometheus metrics on ``host:port`` (``/metrics``)."""
@@ -473,6 +489,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                     ("unjoined", "records whose device UUID names no device the agent's "
                      "NVML shows (not stored)", s["unjoined_total"])):
                 yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
+            yield _rejected_by_reason(s["rejected"])
             hook = (s.get("alerts") or {}).get("webhook")
             if hook is not None:
                 for key in ("sent", "failed", "dropped"):

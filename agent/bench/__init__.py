@@ -22,6 +22,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ingest": ("vramscope.agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
     "kvpool": ("vramscope.agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
     "agent": ("vramscope.agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
+    "limits": ("vramscope.agent.bench.limits",
+               "per-client and per-name limits: churn, chattering clients, a flood"),
     "dashboard": ("vramscope.agent.bench.dashboard", "every route, 15 min to 7 d, old store"),
     "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),

@@ -14,6 +14,7 @@ output says how many records the agent refused for their time.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,18 +61,25 @@ def run(args: argparse.Namespace) -> int:
         records = retimed(records, SYSTEM_CLOCK.time_s())
     speed = None if args.as_fast_as_possible else args.speed
     path = config["agent.socket_path"]
-    before = _refused_for_time(path)
+    before = _refused(path)
     sent = replay(records, path, speed=speed)
     print(f"replayed {sent} records from {args.file}"
           + (f", re-timed to end at {iso_utc(records[-1].ts_s)}" if args.retime and records
              else ""))
-    refused = _refused_for_time(path) - before
+    refused_by = _refused(path)
+    refused_by.subtract(before)
+    refused = refused_by["ts"]
     if refused:
         what = ("the trace is longer than the window" if args.retime else
                 "replay with --retime to stamp the trace as ending now, or use `vramscope "
                 "import` to keep its times")
         print(f"the agent refused {refused} records as outside its time window (older than "
               f"agent.max_record_age_s or ahead of its clock; counted as rejected 'ts'): {what}")
+    over_budget = refused_by["budget_rows"] + refused_by["budget_bytes"]
+    if over_budget:
+        print(f"the agent refused {over_budget} records beyond a client's write budget "
+              f"(agent.client_max_rows_per_s, agent.client_max_bytes_per_s): replay with "
+              f"--speed, or raise them for the replay")
     return 0
 
 
@@ -83,13 +91,13 @@ def retimed(records: list[Sample | Event], end_s: float) -> list[Sample | Event]
     return [r._replace(ts_s=r.ts_s + offset) for r in records]
 
 
-def _refused_for_time(socket_path: str) -> int:
-    """The agent's count of records refused for their time, from its status (other clients'
+def _refused(socket_path: str) -> Counter[str]:
+    """The agent's counts of refused records by reason, from its status (other clients'
     refusals meanwhile count too: an upper bound)."""
     from vramscope.agent.ingest.connection import AgentConnection
 
     with AgentConnection(socket_path) as conn:
-        return int(conn.status().get("rejected", {}).get("ts", 0))
+        return Counter({k: int(v) for k, v in conn.status().get("rejected", {}).items()})
 
 
 def replay(records: list[Sample | Event], socket_path: str, *, speed: float | None = None,

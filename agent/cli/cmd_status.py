@@ -138,7 +138,20 @@ def render(s: dict[str, Any]) -> str:
               f"reported by clients",
               f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else ""),
               f"refused by the database: {s.get('db_refused_total', 0)} records (dropped alone)"]
+    if s.get("names"):
+        lines.append(_names(s["names"]))
     return "\n".join(lines)
+
+
+def _names(names: dict[str, Any]) -> str:
+    """``live names: 0/8 hosts, 2/32 devices, 5/256 processes (idle after 300 s); refused
+    records: processes 700``."""
+    live, limits = names.get("live", {}), names.get("limits", {})
+    kinds = ", ".join(f"{live.get(k, 0)}/{limits.get(k, '?')} {k}"
+                      for k in ("hosts", "devices", "processes"))
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(names.get("refused", {}).items()))
+    return (f"live names: {kinds} (idle after {names.get('idle_s', 0):g} s)"
+            + (f"; refused records: {refused}" if refused else ""))
 
 
 def _catch_up(progress: dict[str, Any] | None) -> str:

@@ -13,11 +13,13 @@ Everything is bounded, so no client can take the agent down or lock the others o
   oldest pending one, so ``vramscope status`` always gets in;
 * a connection must send its first frame within ``agent.handshake_timeout_s``; a frame once
   started must be complete within ``agent.idle_timeout_s``; when every client slot is taken,
-  the client whose last complete frame is ``agent.handshake_timeout_s`` old gives its slot to
-  a new one (a slowloris completes nothing), and a uid holding more slots than the newcomer's
-  plus one gives one up (``_free_slot``);
-* a client's records outside the time window (``timewindow.py``) or naming more new hosts,
-  devices or processes than allowed (``names.py``) are refused one by one and counted;
+  a client that stored no record for ``agent.slot_idle_s`` (or none since its hello
+  ``agent.handshake_timeout_s`` ago) gives its slot to a new one, whatever else it sends (a
+  slowloris, status requests, empty messages store nothing), and a uid holding more slots than
+  the newcomer's plus one gives one up (``slots.py``);
+* a client's records outside the time window (``timewindow.py``), naming more live hosts,
+  devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
+  a second (``budget.py``) are refused one by one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -49,9 +51,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.ingest.budget import Bucket, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
+from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
 
@@ -65,6 +70,7 @@ PENDING_MAX_BYTES = 65_536  # the largest frame before a hello: a hello or a sta
 BUFFER_BUDGET_BYTES = 384 * 2**20  # partial frames of all connections together
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 60.0
+SLOT_IDLE_S = 120.0  # a client that stored no record for this long may give its slot up
 MAX_BAD_IN_A_ROW = 64  # a client sending this many rejected messages in a row is dropped
 COUNTER_MAX = INT64_MAX  # counters saturate here (the store's BigInteger)
 LOG_BURST = 10  # lines per LOG_WINDOW_S about refused connections; the rest are counted
@@ -141,7 +147,10 @@ class _Conn:
     last_frame_s: float = 0.0  # monotonic: the last complete frame (or the connect)
     buf: bytearray = field(default_factory=bytearray)
     bad_in_a_row: int = 0
-    names: ClientNames = field(default_factory=ClientNames)  # the names it created
+    names: ClientNames = field(default_factory=ClientNames)  # the names it holds
+    admitted_s: float | None = None  # monotonic: its hello was welcomed
+    useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept
+    bucket: Bucket | None = None  # its write budget, from its first records
 
 
 class RateLimitedLog:
@@ -187,7 +196,10 @@ class IngestServer:
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  idle_timeout_s: float = IDLE_TIMEOUT_S,
                  time_window: TimeWindow | None = None,
-                 name_limits: NameLimits | None = None) -> None:
+                 name_limits: NameLimits | None = None,
+                 budget: WriteBudget | None = None,
+                 slot_idle_s: float = SLOT_IDLE_S,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
         self.stats = IngestStats()
         self._on_records = on_records
@@ -213,6 +225,10 @@ class IngestServer:
         self._counter_warned = False
         self._window = time_window  # None: any representable time (tests, benchmarks)
         self._names = name_limits if name_limits is not None else NameLimits()
+        self._budget = budget  # None: no write budget (tests, benchmarks)
+        self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
+        self._clock = clock  # the write budget's time (the socket timeouts are real time)
+        self._payload_bytes = 0  # of the message being handled: what the budget charges
         self._log_refused_records = RateLimitedLog(log, logging.WARNING)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -395,6 +411,7 @@ class IngestServer:
     def _handle(self, conn: _Conn, payload: bytes) -> bool:
         """Handle one payload; False when the connection was closed."""
         self.stats.messages_total += 1
+        self._payload_bytes = len(payload)  # the write budget's bytes
         try:
             self._dispatch(conn, proto.decode(payload))
         except proto.ProtocolError as exc:
@@ -435,6 +452,9 @@ class IngestServer:
                                           "agent.max_record_ahead_s)")
             if pm.pid is None or pm.pid == conn.info.ns_pid:
                 pm = pm._replace(pid=conn.info.pid)
+            if not self._within_budget(conn, 1, self._payload_bytes):
+                return None
+            conn.useful_s = time.monotonic()
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
             return None
@@ -458,9 +478,11 @@ class IngestServer:
         hello = proto.parse_hello(obj)
         if self._client_count() >= MAX_CLIENTS and not self._free_slot(conn):
             raise proto.ProtocolError("clients", f"too many clients (limit {MAX_CLIENTS}), "
-                                      f"each sent a message in the last {self._handshake_s:g} s "
-                                      "(agent.handshake_timeout_s); retry then", fatal=True)
+                                      "each of them storing records or still new "
+                                      "(agent.slot_idle_s, agent.handshake_timeout_s); retry "
+                                      f"in {self._handshake_s:g} s", fatal=True)
         conn.info.hello = hello
+        conn.admitted_s = time.monotonic()
         _check_ns_pid(conn.info)
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
         if self._on_hello is not None:
@@ -470,30 +492,13 @@ class IngestServer:
         return sum(1 for c in self._conns.values() if c.info.hello is not None)
 
     def _free_slot(self, newcomer: _Conn) -> bool:
-        """Every slot is taken: free one for ``newcomer``, or say no (False).
-
-        By progress first: the client whose last complete message is oldest gives its slot
-        up once that is ``handshake_timeout_s`` old (a slowloris that trickles a byte at a time,
-        or just holds the connection, completes nothing), so a good client waits at most that
-        long. Then by uid: while one uid holds more slots than the newcomer's uid plus one, its
-        least active client gives way (clients of other users cannot lock one out by sending)."""
-        now = time.monotonic()
+        """Every slot is taken: free one for ``newcomer`` (``slots.py`` says whose), or say
+        no (False)."""
         clients = [c for c in self._conns.values() if c.info.hello is not None]
-        stalest = min(clients, key=lambda c: c.last_frame_s, default=None)
-        if stalest is None:
-            return True
-        if now - stalest.last_frame_s >= self._handshake_s:
-            self._refuse(stalest, "idle", f"no complete message for "
-                         f"{now - stalest.last_frame_s:.1f} s while every client slot was taken "
-                         f"(agent.handshake_timeout_s)")
-            return True
-        held = Counter(c.info.peer_uid for c in clients)
-        uid, most = held.most_common(1)[0]
-        if most <= held[newcomer.info.peer_uid] + 1:
-            return False
-        victim = min((c for c in clients if c.info.peer_uid == uid), key=lambda c: c.last_frame_s)
-        self._refuse(victim, "fairness", f"uid {uid} holds {most} of the {MAX_CLIENTS} client "
-                     f"slots; its least active client gives one to uid {newcomer.info.peer_uid}")
+        found = self._slots.victim(clients, _uid, newcomer.info.peer_uid, time.monotonic())
+        if found is None:
+            return not clients
+        self._refuse(*found)
         return True
 
     def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
@@ -502,9 +507,12 @@ class IngestServer:
         if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
             pid = conn.info.pid
             records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
+        if self._budget is not None:  # first: what a client sends costs it, refused or not
+            records = records[:self._within_budget(conn, len(records), self._payload_bytes)]
         records = self._bounded(conn, records)
         self.stats.records_total += len(records)
         if records:
+            conn.useful_s = time.monotonic()
             self._on_records(records, conn.info)
 
     def _bounded(self, conn: _Conn, records: list[Sample | Event]) -> list[Sample | Event]:
@@ -521,9 +529,28 @@ class IngestServer:
         if refusal is not None:
             self.stats.rejected["names"] += refusal.records
             self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                      NameLimits.describe(refusal))
+                                      self._names.describe(refusal))
             records = list(kept)
         return records
+
+    def _within_budget(self, conn: _Conn, records: int, payload_bytes: int) -> int:
+        """How many of ``records`` (the first ones) the client's write budget takes; the
+        rest are counted (``budget_rows``, ``budget_bytes``) and said in a log line."""
+        if self._budget is None:
+            return records
+        now = self._clock.monotonic_s()
+        if conn.bucket is None:
+            conn.bucket = self._budget.bucket(now)
+        kept, over = self._budget.take(conn.bucket, records, payload_bytes, now)
+        if over is not None:
+            self.stats.rejected[over.reason] += over.records
+            self._log_refused_records("client pid %s: %s", conn.info.pid,
+                                      self._budget.describe(over))
+        return kept
+
+    @property
+    def names(self) -> NameLimits:
+        return self._names
 
     # --- replies and closing --------------------------------------------------------------
     def _send(self, conn: _Conn, obj: dict[str, Any]) -> None:
@@ -554,11 +581,16 @@ class IngestServer:
         if fd >= 0 and self._conns.pop(fd, None) is not None:
             self._sel.unregister(conn.sock)
             self._buffered -= len(conn.buf)
+            self._names.release(conn.names)
         conn.buf = bytearray()
         conn.sock.close()
 
 
 _log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
+
+
+def _uid(conn: _Conn) -> int | None:
+    return conn.info.peer_uid
 
 
 def _check_ns_pid(info: ClientInfo) -> None:

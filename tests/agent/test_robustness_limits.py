@@ -324,7 +324,9 @@ def test_slowloris_clients_in_every_slot_give_way_within_the_handshake_timeout(s
                 time.sleep(0.05)
         waited = time.monotonic() - last_hello
         print(f"good client refused {refused} times, in after {waited:.2f} s")
-        assert status["rejected"]["idle"] == 1 and "clients" in status["rejected"]
+        # the trickled zero bytes make empty frames (rejected 'json'): chatter, not progress
+        given_way = status["rejected"].get("idle", 0) + status["rejected"].get("chatter", 0)
+        assert given_way == 1 and "clients" in status["rejected"]
         wait_for(lambda: _good_rows(f"{short_dir}/vs.db") == 100)
     finally:
         for sock in socks:

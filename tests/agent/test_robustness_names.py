@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 
 import pytest
 from vramscope.agent.clock import FakeClock
@@ -37,8 +38,9 @@ def test_a_client_creates_at_most_its_share_and_known_names_stay_open():
     kept, refused = limits.admit([_s("h1"), _s("h4"), _s("h5")], b)  # h1 known: free
     assert [r.host for r in kept] == ["h1", "h4"] and refused is not None
     assert (refused.kind, refused.limit, refused.per_client) == ("hosts", 3, False)
-    assert NameLimits.describe(refused) == ("1 record(s) refused: 3 hosts are known already, "
-                                            "the most clients may create (agent.max_hosts)")
+    assert limits.describe(refused) == (
+        "1 record(s) refused: 3 hosts are live already (each sent in the last 300 s by an open "
+        "connection), the most clients may keep (agent.max_hosts, agent.name_idle_s)")
     assert limits.counts == Counts(3, 3, 0)  # each new host brought its device 0
 
 
@@ -66,40 +68,44 @@ def agent(any_url, short_dir):
     store.close()
 
 
-def _send(path: str, records: list[Sample]) -> dict:
-    with AgentConnection(path) as conn:
-        conn.hello("flood", devices=[0])
-        for i in range(0, len(records), 1000):
-            conn.send(proto.records_message(records[i:i + 1000]))
-        return conn.status()
+def _send(path: str, records: list[Sample], open_: ExitStack) -> dict:
+    """Send from a new connection, left open (its names stay live) until ``open_`` closes."""
+    conn = open_.enter_context(AgentConnection(path))
+    conn.hello("flood", devices=[0])
+    for i in range(0, len(records), 1000):
+        conn.send(proto.records_message(records[i:i + 1000]))
+    return conn.status()
 
 
 def test_a_flood_of_new_names_is_refused_counted_and_logged(agent, caplog):
+    """Every flooding connection stays open, so its names stay live: the bounds hold."""
     path = agent.socket_path
     caplog.set_level(logging.WARNING, "vramscope.ingest")
-    # the issue's three frames, one client each: 3,000 hosts, 2,000 devices, 2,000 pids
-    hosts = _send(path, [_s(host=f"h{i}", pid=7) for i in range(3000)])
-    assert hosts["rejected"] == {"names": 3000 - CLIENT_LIMITS.hosts}
-    devices = _send(path, [_s(device=i, pid=7) for i in range(2000)])
-    assert devices["rejected"]["names"] == (hosts["rejected"]["names"] + 2000
-                                            - CLIENT_LIMITS.devices)
-    pids = _send(path, [_s(pid=100 + i) for i in range(2000)])
-    assert pids["rejected"]["names"] == (devices["rejected"]["names"] + 2000
-                                         - CLIENT_LIMITS.processes)
-    # more clients: the totals hold whoever asks
-    for k in range(4):
-        _send(path, [_s(host=f"x{k}-{i}", device=i, pid=i) for i in range(8)])
-        _send(path, [_s(device=1000 + 16 * k + i, pid=5000 + i) for i in range(16)])
-    agent.writer.flush()
+    with ExitStack() as open_:
+        # the issue's three frames, one client each: 3,000 hosts, 2,000 devices, 2,000 pids
+        hosts = _send(path, [_s(host=f"h{i}", pid=7) for i in range(3000)], open_)
+        assert hosts["rejected"] == {"names": 3000 - CLIENT_LIMITS.hosts}
+        devices = _send(path, [_s(device=i, pid=7) for i in range(2000)], open_)
+        assert devices["rejected"]["names"] == (hosts["rejected"]["names"] + 2000
+                                                - CLIENT_LIMITS.devices)
+        pids = _send(path, [_s(pid=100 + i) for i in range(2000)], open_)
+        assert pids["rejected"]["names"] == (devices["rejected"]["names"] + 2000
+                                             - CLIENT_LIMITS.processes)
+        # more clients: the totals hold whoever asks
+        for k in range(4):
+            _send(path, [_s(host=f"x{k}-{i}", device=i, pid=i) for i in range(8)], open_)
+            _send(path, [_s(device=1000 + 16 * k + i, pid=5000 + i) for i in range(16)], open_)
+        agent.writer.flush()
     store = agent.store
     made_hosts = {d["host"] for d in store.devices(host="*")} - {HOST}
     assert len(made_hosts) == LIMITS.hosts
     assert len(store.devices(host="*")) == LIMITS.devices
     pids_stored = {(s.host, s.pid) for s in store.samples(device=None)}
     assert len(pids_stored) <= LIMITS.processes
-    assert any("this client already created 2 new hosts" in r.message for r in caplog.records)
-    assert any("40 devices are known already, the most clients may create "
-               "(agent.max_devices)" in r.message for r in caplog.records)
+    assert any("this client already holds 2 new hosts it created" in r.message
+               for r in caplog.records)
+    assert any("40 devices are live already" in r.message and "(agent.max_devices, "
+               "agent.name_idle_s)" in r.message for r in caplog.records)
 
 
 def test_metrics_and_overview_stay_bounded_at_the_limits(tmp_path):

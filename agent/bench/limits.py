@@ -1,0 +1,232 @@
+"""``vramscope bench limits``: the per-client and per-name limits of a real agent (issue 45).
+
+Against a real ``vramscope agent`` process (``--no-nvml``, SQLite), at the default settings:
+
+1. Churn: ``N`` short-lived processes (1,000; ``--quick`` 300) each connect, send one record
+   under their own pid and go, as server restarts and replays do; then a new server sends 100
+   records. Figure: the share of them stored (target 100 %; with limits counted over the
+   agent's life it was 0 % after 256).
+   ``--quick`` runs 2 and 3 with a 1 s handshake timeout, 2 s of chatter and a 2 s flood.
+2. Fairness: a quiet client (a record every 8 s) and 255 clients of the same uid each sending
+   a small message with no records every 3 s hold every slot; after they held them for 10 s,
+   a good client tries every 2 s. Figures: seconds until it is in (target <= 5; the chatterers
+   kept it out for the whole 80 s before) and whether the quiet client kept its slot.
+3. Write budget: one client sends 60 kB custom events as fast as the socket takes them for
+   20 s while a neighbour sends 1,000 samples a second. Figures: the flooder's accepted bytes a
+   second (target: its budget, 2 MiB/s, plus its burst spread over the run) and the share of
+   the neighbour's samples stored (target 100 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import socket
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.ingest import protocol as proto
+from vramscope.agent.ingest.budget import DEFAULT_BURST_S, DEFAULT_BYTES_PER_S
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.process import AgentProcess
+from vramscope.agent.records import Event, Phase, Sample
+
+BLOB = "x" * 60_000
+FLOOD_S = 20.0  # long enough that the 10 s burst is not most of what is kept
+
+
+def run(options: BenchOptions) -> list[Figure]:
+    workdir = tempfile.mkdtemp(prefix="vs-bench-", dir="/tmp")  # short: AF_UNIX path limit
+    try:
+        return [*_churn(options, workdir), *_fairness(options, workdir),
+                *_budget(options, workdir)]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _agent(workdir: str, name: str, quick: bool = False) -> AgentProcess:
+    env = {"VRAMSCOPE_AGENT_HANDSHAKE_TIMEOUT_S": "1.0"} if quick else {}
+    return AgentProcess(f"sqlite:///{workdir}/{name}.db", f"{workdir}/{name}/agent.sock",
+                        log_path=f"{workdir}/{name}.log", env=env).start()
+
+
+def _rows(db: str, sql: str) -> int:
+    with sqlite3.connect(db, timeout=30) as c:
+        return int(c.execute(sql).fetchone()[0])
+
+
+def _wait_rows(db: str, sql: str, want: int, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (got := _rows(db, sql)) < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def _sample(pid: int, source: str = "bench", k: int = 0) -> Sample:
+    return Sample(time.time() + k * 1e-3, 0, Phase.DECODE, source, pid, allocated_bytes=k)
+
+
+# --- 1. churn ---------------------------------------------------------------------------------
+def _churn(options: BenchOptions, workdir: str) -> list[Figure]:
+    n = 300 if options.quick else 1000
+    agent = _agent(workdir, "churn")
+    try:
+        for i in range(n):  # the records name their pid, as a replay's do
+            with AgentConnection(agent.socket_path) as conn:
+                conn.hello("short-lived")
+                conn.send_records([_sample(100_000 + i)])
+                conn.status()
+        with AgentConnection(agent.socket_path) as conn:
+            conn.hello("new server")
+            conn.send_records([_sample(999_999, "new", k) for k in range(100)])
+            conn.status()
+        stored = _wait_rows(f"{workdir}/churn.db",
+                            "SELECT count(*) FROM samples WHERE source='new'", 100)
+    finally:
+        agent.stop()
+    return [Figure("limits", f"new server's records stored after {n} short-lived processes",
+                   float(stored), "%", target="100", met=stored == 100)]
+
+
+# --- 2. fairness ------------------------------------------------------------------------------
+def _fairness(options: BenchOptions, workdir: str) -> list[Figure]:
+    agent = _agent(workdir, "fair", options.quick)
+    hold_s, timeout_s = (2.0, 1.0) if options.quick else (10.0, 5.0)
+    socks: list[socket.socket] = []
+    try:
+        quiet = _hello(agent.socket_path, "quiet")
+        quiet.sendall(proto.records_message([_sample(os.getpid(), "quiet")]))
+        socks = [quiet] + [_hello(agent.socket_path, f"chatter-{i}") for i in range(255)]
+        waited, tries = _try_while_chattering(agent.socket_path, socks, hold_s)
+        quiet_kept = _still_open(quiet)
+    finally:
+        for sock in socks:
+            sock.close()
+        agent.stop()
+    return [Figure("limits", "good client in after (255 chatterers + a quiet client)",
+                   waited if waited is not None else float("inf"), "s",
+                   spread=f"{tries} tries, one every 2 s after {hold_s:g} s of chatter",
+                   target=f"<= {timeout_s:g}", met=waited is not None and waited <= timeout_s),
+            Figure("limits", "quiet client kept its slot", float(quiet_kept), "bool",
+                   target="1", met=quiet_kept)]
+
+
+def _hello(path: str, process: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    sock.sendall(proto.hello(os.getpid(), process))
+    reply = _read(sock)
+    if reply.get("type") != "welcome":
+        raise RuntimeError(f"{process} refused: {reply}")
+    return sock
+
+
+def _read(sock: socket.socket) -> dict[str, Any]:
+    head = b""
+    while len(head) < proto.HEADER_BYTES:
+        head += sock.recv(proto.HEADER_BYTES - len(head))
+    (n,) = proto.HEADER.unpack(head)
+    body = b""
+    while len(body) < n:
+        body += sock.recv(n - len(body))
+    reply: dict[str, Any] = json.loads(body)
+    return reply
+
+
+def _try_while_chattering(path: str, socks: list[socket.socket],
+                          hold_s: float) -> tuple[float | None, int]:
+    """Seconds from the good client's first try until it is in (None: not in 80 s)."""
+    quiet, chatterers = socks[0], socks[1:]
+    start = time.monotonic()
+    next_chatter = next_quiet = start
+    next_try = first_try = start + hold_s
+    tries = 0
+    while (now := time.monotonic()) - first_try < 80.0:
+        if now >= next_chatter:
+            for sock in chatterers:
+                sock.sendall(proto.dropped_message(0))
+            next_chatter += 3.0
+        if now >= next_quiet:
+            quiet.sendall(proto.records_message([_sample(os.getpid(), "quiet")]))
+            next_quiet += 8.0
+        if now >= next_try:
+            tries += 1
+            if _good_client_in(path):
+                return time.monotonic() - first_try, tries
+            next_try += 2.0
+        time.sleep(0.02)
+    return None, tries
+
+
+def _good_client_in(path: str) -> bool:
+    try:
+        with AgentConnection(path) as good:
+            good.hello("good")
+            good.send_records([_sample(os.getpid(), "good", k) for k in range(100)])
+            good.status()
+        return True
+    except Exception:  # noqa: BLE001 - refused: try again, as a hook does
+        return False
+
+
+def _still_open(sock: socket.socket) -> bool:
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    closed = bool(sel.select(0.2))  # the agent's error message, or EOF
+    sel.close()
+    return not closed
+
+
+# --- 3. write budget --------------------------------------------------------------------------
+def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
+    flood_s = 2.0 if options.quick else FLOOD_S
+    agent = _agent(workdir, "budget")
+    db = f"{workdir}/budget.db"
+    try:
+        with AgentConnection(agent.socket_path) as flood, \
+                AgentConnection(agent.socket_path) as good:
+            flood.hello("flood")
+            good.hello("neighbour")
+            sent_good, sent_fat = _flood_beside(flood.send, good.send, flood_s)
+            flood.status()
+            good.status()
+        events = _wait_rows(db, "SELECT count(*) FROM events WHERE name='custom'", 1, 5.0)
+        good_rows = _wait_rows(db, "SELECT count(*) FROM samples WHERE source='neighbour'",
+                               sent_good)
+    finally:
+        agent.stop()
+    per_s = events * len(BLOB) / flood_s
+    allowed = DEFAULT_BYTES_PER_S * (1 + DEFAULT_BURST_S / flood_s)
+    return [Figure("limits", "flooding client's accepted bytes/s", per_s, "B/s",
+                   spread=f"{events} of {sent_fat} events of {len(BLOB)} B kept in "
+                          f"{flood_s:g} s ({sent_fat * len(BLOB) / flood_s / 1e6:.1f} MB/s sent)",
+                   target=f"<= {allowed:.0f}", met=per_s <= allowed),
+            Figure("limits", "neighbour's samples stored during the flood",
+                   100.0 * good_rows / max(1, sent_good), "%", target="100",
+                   met=good_rows == sent_good)]
+
+
+def _flood_beside(flood: Callable[[bytes], None], good: Callable[[bytes], None],
+                  flood_s: float) -> tuple[int, int]:
+    """Fat events as fast as they go, and 100 samples every 0.1 s beside them; the samples
+    and the events sent."""
+    fat = proto.records_message([Event(time.time(), "custom", 0, os.getpid(),
+                                       data={"blob": BLOB}) for _ in range(16)])
+    start = next_good = time.monotonic()
+    sent = fat_sent = 0
+    while time.monotonic() - start < flood_s:
+        flood(fat)
+        fat_sent += 16
+        if time.monotonic() >= next_good:
+            good(proto.records_message([_sample(os.getpid(), "neighbour", sent + k)
+                                        for k in range(100)]))
+            sent += 100
+            next_good += 0.1
+    return sent, fat_sent
