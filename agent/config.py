@@ -176,6 +176,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sources.prometheus.device", int, 0,
             "Device index the scraped KV samples and request events are recorded under.",
             min=0, max=1023),
+    Setting("sources.prometheus.max_requests", int, 1_000_000,
+            "A scraped running or waiting gauge above this (or negative, or not finite) "
+            "refuses the whole scrape: a broken or hostile page. See [agent.md](agent.md).",
+            min=1, max=100_000_000),
+    Setting("sources.prometheus.max_request_events", int, 128,
+            "Synthetic request events one scrape makes at most; a larger move of the running "
+            "gauge is followed over the next scrapes.", min=1, max=100_000),
     # --- hooks (in-server) --------------------------------------------------------------
     Setting("hooks.history", str, "off",
             "Allocation history for post-mortems: off, alloc (no stacks), python, all. "
