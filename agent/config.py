@@ -366,6 +366,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.webhook_timeout_s", float, 5.0, "Webhook request timeout.", min=0.1,
             max=120),
     Setting("alerts.webhook_retries", int, 3, "Webhook retries with backoff.", min=0, max=20),
+    Setting("alerts.webhook_queue_max", int, 1000,
+            "Alerts waiting for the webhook at most (each its newest state); beyond it the "
+            "oldest of the least severe is dropped. Critical alerts are never dropped.",
+            min=1, max=100_000),
+    Setting("alerts.webhook_max_per_alert_per_hour", int, 20,
+            "Webhook deliveries of one alert (rule, device, host) an hour at most; a flapping "
+            "alert's newest state waits for the next slot. See [alerts.md](alerts.md).",
+            min=1, max=3600),
 )
 
 SETTINGS_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

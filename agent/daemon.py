@@ -475,7 +475,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                 yield CounterMetricFamily(f"vramscope_agent_{name}", help_, value=value)
             hook = (s.get("alerts") or {}).get("webhook")
             if hook is not None:
-                for key in ("sent", "failed", "dropped"):
+                for key in ("sent", "failed", "dropped", "coalesced"):
                     yield CounterMetricFamily(f"vramscope_agent_webhook_{key}",
                                               f"alert changes the webhook {key}",
                                               value=hook[key])
