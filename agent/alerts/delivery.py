@@ -147,13 +147,6 @@ class DeliveryQueue:
             sent.popleft()
         return not sent or len(sent) < self.max_per_hour
 
-    def held_for_s(self, now_s: float) -> float | None:
-        """Seconds until the first change held back by its hourly budget is due; None if no
-        change waits on its budget."""
-        waits = [self._sent_at[k][0] + HOUR_S - now_s for k, e in self._pending.items()
-                 if not self._due(k, e, now_s)]
-        return max(0.0, min(waits)) if waits else None
-
     def done(self, taken: Taken, delivered: bool, now_s: float) -> list[AlertChange]:
         """After a try: a delivered change counts against its alert's hour; a failed one goes
         back in line, at its place, unless a newer state replaced it meanwhile. Returns the

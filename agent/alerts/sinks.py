@@ -27,6 +27,10 @@ log = logging.getLogger("vramscope.alerts")
 
 DOWN_RETRY_S = 2.0  # while the webhook target is down, at most one try this often
 POLL_S = 0.2  # real seconds between looks at changes that wait on the (maybe fake) clock
+# Statuses that refuse the body itself: sent again, it would be refused again (a 401, 404 or
+# 5xx is the target's state, and may change)
+REJECTED_STATUSES = frozenset({400, 413, 422})
+SENT, FAILED, REJECTED = "sent", "failed", "rejected"
 
 
 class AlertSink(Protocol):
@@ -155,6 +159,7 @@ class WebhookSink:
         self._down = False  # the last change failed after all its tries
         self._retry_at = 0.0  # while down: no try before this (monotonic seconds)
         self._full_logged_at: float | None = None
+        self._rejected_logged_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="vramscope-webhook", daemon=True)
         self._thread.start()
 
@@ -205,11 +210,13 @@ class WebhookSink:
 
     def _run(self) -> None:
         while (taken := self._next()) is not None:
-            delivered = self._deliver(taken.change)
-            if not delivered and not taken.failed_before:
+            outcome = self._deliver(taken.change)
+            if outcome != SENT and not taken.failed_before:
                 self.failed += 1  # each change once, however often it is tried again
+            if outcome == REJECTED:
+                continue  # the same body would be refused again: not back in line
             with self._cond:
-                dropped = self._queue.done(taken, delivered, self.clock.monotonic_s())
+                dropped = self._queue.done(taken, outcome == SENT, self.clock.monotonic_s())
             if dropped:
                 self._log_full()
 
@@ -226,16 +233,20 @@ class WebhookSink:
                 # injected clock may be a fake that tests move
                 self._cond.wait(POLL_S if len(self._queue) else None)
 
-    def _deliver(self, change: AlertChange) -> bool:
+    def _deliver(self, change: AlertChange) -> str:
+        """SENT, FAILED (the target is down: tried again later) or REJECTED."""
         body = json.dumps(change.to_json(), sort_keys=True).encode("utf-8")
         tries = 1 if self._down else self.retries + 1
         started = self.clock.monotonic_s()
         for attempt in range(tries):
-            problem = self._try(body)
+            problem, status = self._try(body)
             if problem is None:
                 self.sent += 1
                 self._down = False
-                return True
+                return SENT
+            if status in REJECTED_STATUSES:
+                self._log_rejected(change, problem)
+                return REJECTED
             if attempt < tries - 1:
                 self.clock.sleep(self.backoff_s * 2 ** attempt)
         if not self._down:  # one line when the target goes down, not one per change
@@ -244,18 +255,27 @@ class WebhookSink:
                       self.url, tries, problem)
         self._down = True
         self._retry_at = started + DOWN_RETRY_S
-        return False
+        return FAILED
 
-    def _try(self, body: bytes) -> str | None:
-        """One POST; None when delivered, else what went wrong."""
+    def _try(self, body: bytes) -> tuple[str | None, int | None]:
+        """One POST: (None, status) when delivered, else (what went wrong, status or None)."""
         try:
             status = self._post(self.url, body, self.timeout_s)
         except Exception as exc:
-            return str(exc)
+            return str(exc), None
         if status < 300:
-            return None
+            return None, status
         return f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400
-                                   else "")
+                                   else ""), status
+
+    def _log_rejected(self, change: AlertChange, problem: str) -> None:
+        """At most one line a minute: a receiver that refuses every body must not flood."""
+        now = self.clock.monotonic_s()
+        if self._rejected_logged_at is not None and now - self._rejected_logged_at < 60.0:
+            return
+        self._rejected_logged_at = now
+        log.error("alert webhook %s refused the %s change of %s: %s; not tried again "
+                  "(alerts.webhook_url)", self.url, change.kind, change.rule, problem)
 
 
 def sinks_from_config(config: Mapping[str, Any] | None, store: Store | None = None,

@@ -268,3 +268,22 @@ def test_the_delivery_settings_come_from_the_config():
     sink = WebhookSink.from_config(config)
     assert (sink._queue.max_changes, sink._queue.max_per_hour) == (7, 3)
     sink.close()
+
+
+def test_a_change_the_receiver_refuses_is_not_tried_again_and_blocks_nothing(caplog):
+    statuses = {"oom": 400, "flappy": 200}
+    posted: list[str] = []
+
+    def post(url, body, timeout_s):
+        rule = json.loads(body)["rule"]
+        posted.append(rule)
+        return statuses[rule]
+
+    sink = WebhookSink("http://x/", clock=FakeClock(), post=post)
+    with caplog.at_level(logging.ERROR, logger="vramscope.alerts"):
+        sink.send(OOM)
+        sink.send(WARN)
+        wait_for(lambda: sink.sent == 1)
+        sink.close()
+    assert posted == ["oom", "flappy"] and (sink.failed, sink.queued) == (1, 0)
+    assert "refused the fired change of oom: HTTP 400; not tried again" in caplog.text

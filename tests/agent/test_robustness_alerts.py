@@ -95,7 +95,9 @@ def test_a_hanging_target_costs_one_timeout_a_change_and_a_full_queue_says_so(ta
     assert time.monotonic() - t0 < 3
     counts = sink.counts()
     assert counts["dropped"] >= 16 and counts["sent"] == 0
-    assert counts["failed"] + counts["dropped"] == 20
+    # each change failed or was dropped; the first may be both: back in line after failing,
+    # it is the oldest in a full queue
+    assert 20 <= counts["failed"] + counts["dropped"] <= 21
     tries = 4 + (counts["failed"] - 1)  # retries only for the first
     # the sink gave up on its last try after 0.2 s; on a loaded machine the server's handler
     # thread may read that POST and count it later: let it, then hold the count exactly
