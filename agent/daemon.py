@@ -344,6 +344,7 @@ class Agent:
             "retention_backlog": self.retention_backlog,
             "retention_catch_up": self.retention.progress(),
             "alerts": self.alerts.counts() if self.alerts is not None else None,
+            "prometheus": self.prometheus.counts() if self.prometheus is not None else None,
             "database": self.store.safe_url,
             "db_size_bytes": self._db_size_bytes(),
         }

@@ -142,8 +142,10 @@ class WebhookSink:
     state of its alert replaced it): while the target is down one change is tried at a time,
     once, at most every ``DOWN_RETRY_S``, so a hanging target costs one ``timeout_s`` per try
     and, once it answers, the newest state of every pending alert follows within
-    ``timeout_s`` + ``DOWN_RETRY_S``. ``sent``, ``failed``, ``dropped``, ``coalesced`` and
-    ``queued`` are in ``vramscope status`` and the agent's /metrics.
+    ``timeout_s`` + ``DOWN_RETRY_S``. A status that refuses the body itself
+    (``REJECTED_STATUSES``) is counted in ``failed`` and not tried again: it would block the
+    line. ``sent``, ``failed``, ``dropped``, ``coalesced`` and ``queued`` are in ``vramscope
+    status`` and the agent's /metrics.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 3,

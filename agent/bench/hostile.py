@@ -83,7 +83,7 @@ def scrape(value: str, seconds: float, idle_s: float) -> dict[str, Any]:
                 conn.hello("good", pid=4242)
                 sender = _good_client(conn, seconds)
                 rss, status_max_s = _watch(agent, seconds, sender)
-                conn.status()
+                scrapes = conn.status()["prometheus"]
             written = _good_written(agent)
             log = Path(f"{d}/agent.log").read_text(errors="replace")
         finally:
@@ -93,7 +93,7 @@ def scrape(value: str, seconds: float, idle_s: float) -> dict[str, Any]:
             "hostile_rss_max_bytes": rss, "rss_ratio": round(rss / idle_rss, 3),
             "good_sent": GOOD_RECORDS, "good_written": written,
             "status_max_s": round(status_max_s, 3),
-            "refused_logged": "page refused" in log}
+            "refused_logged": "page refused" in log, "scrapes": scrapes}
 
 
 def _good_client(conn: AgentConnection, seconds: float) -> Callable[[], None]:

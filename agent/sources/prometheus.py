@@ -338,6 +338,12 @@ class PrometheusSource:
             self.put(records)
         return len(records)
 
+    def counts(self) -> dict[str, int]:
+        """For ``vramscope status``: scrapes, those that failed, those refused (in failures)."""
+        with self._counts_lock:
+            return {"scrapes_total": self.scrapes_total, "failures_total": self.failures_total,
+                    "refused_total": self.refused_total}
+
     def _count(self, name: str) -> None:
         with self._counts_lock:
             setattr(self, name, getattr(self, name) + 1)

@@ -182,6 +182,7 @@ def test_a_gauge_out_of_bounds_refuses_the_whole_scrape_and_says_which(value, ca
     assert (got, source.refused_total, source.failures_total) == ([], 1, 1)
     [line] = [r.getMessage() for r in caplog.records]
     assert "page refused: vllm:num_requests_running = " in line
+    assert source.counts() == {"scrapes_total": 1, "failures_total": 1, "refused_total": 1}
 
 
 @pytest.mark.parametrize("line", ["vllm:kv_cache_usage_perc 1.5", "vllm:kv_cache_usage_perc NaN",
