@@ -32,6 +32,7 @@ from vramscope.agent.alerts.engine import AlertChange
 
 HOUR_S = 3600.0
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+CRITICAL = SEVERITY_RANK["critical"]
 Key = tuple[str, int | None, str | None]
 
 
@@ -113,7 +114,8 @@ class DeliveryQueue:
     def _overflow(self) -> list[AlertChange]:
         dropped: list[AlertChange] = []
         while len(self._pending) > self.max_changes:
-            victims = [(e.rank, e.seq, k) for k, e in self._pending.items() if e.rank < 2]
+            victims = [(e.rank, e.seq, k) for k, e in self._pending.items()
+                       if e.rank < CRITICAL]
             if not victims:
                 break  # critical alerts only: never dropped
             _, _, key = min(victims)
@@ -152,11 +154,14 @@ class DeliveryQueue:
         back in line, at its place, unless a newer state replaced it meanwhile. Returns the
         changes dropped to make room for it."""
         change, key = taken.change, key_of(taken.change)
+        entry = self._pending.get(key)
         if delivered:
             self._held_by[key] = change.kind
             self._sent_at.setdefault(key, deque(maxlen=self.max_per_hour)).append(now_s)
+            if entry is not None and entry.first is None and entry.newest.kind == change.kind:
+                del self._pending[key]  # what came meanwhile ends where the receiver now is
+                self.coalesced += 1
             return []
-        entry = self._pending.get(key)
         if entry is None:
             self._pending[key] = _Pending(taken.seq, change, failed=True)
             return self._overflow()

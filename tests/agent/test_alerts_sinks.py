@@ -161,10 +161,10 @@ OOM = FIRED._replace(rule="oom", severity="critical", message="OOM")
 
 
 def _blocked_sink(receiver: _Receiver, **kwargs) -> WebhookSink:
-    """A sink whose first POST (a warning on device 99) is in flight, held by the gate."""
+    """A sink whose first POST (a warning on device 999) is in flight, held by the gate."""
     receiver.gate.clear()
     sink = WebhookSink("http://x/", clock=FakeClock(), post=receiver.post, **kwargs)
-    sink.send(WARN._replace(device=99))
+    sink.send(WARN._replace(device=999))
     assert receiver.entered.wait(5)
     return sink
 
@@ -178,7 +178,7 @@ def test_a_critical_alert_never_waits_behind_warnings():
     receiver.gate.set()
     wait_for(lambda: len(receiver.bodies) == 502)
     sink.close()
-    assert receiver.seen()[:3] == [("warning", "fired", 99), ("critical", "fired", 0),
+    assert receiver.seen()[:3] == [("warning", "fired", 999), ("critical", "fired", 0),
                                    ("warning", "fired", 0)]
 
 
@@ -193,7 +193,7 @@ def test_a_full_queue_drops_the_oldest_least_severe_and_never_a_critical_alert(c
     receiver.gate.set()
     wait_for(lambda: len(receiver.bodies) == 4)
     sink.close()
-    assert [d for _, _, d in receiver.seen()] == [99, 4, 3, 5]  # info 1, then warning 2 dropped
+    assert [d for _, _, d in receiver.seen()] == [999, 4, 3, 5]  # info 1, then warning 2 dropped
     assert sink.counts()["dropped"] == 2
     assert "queue of 3 alerts is full, 1 changes dropped so far" in caplog.text
 
@@ -287,3 +287,18 @@ def test_a_change_the_receiver_refuses_is_not_tried_again_and_blocks_nothing(cap
         sink.close()
     assert posted == ["oom", "flappy"] and (sink.failed, sink.queued) == (1, 0)
     assert "refused the fired change of oom: HTTP 400; not tried again" in caplog.text
+
+
+def test_each_alert_waits_with_its_newest_state_but_a_critical_fire_is_never_coalesced():
+    receiver = _Receiver()
+    sink = _blocked_sink(receiver)
+    for kind in ("fired", "resolved", "fired", "resolved"):
+        sink.send(WARN._replace(kind=kind, device=1))
+        sink.send(OOM._replace(kind=kind))
+    receiver.gate.set()
+    wait_for(lambda: len(receiver.bodies) == 4)
+    time.sleep(0.3)  # nothing more comes
+    sink.close()
+    assert receiver.seen() == [("warning", "fired", 999), ("critical", "fired", 0),
+                               ("critical", "resolved", 0), ("warning", "resolved", 1)]
+    assert sink.counts()["coalesced"] == 5  # 2 of the OOM alert's states, 3 of the warning's
