@@ -344,9 +344,9 @@ class PrometheusSource:
             return {"scrapes_total": self.scrapes_total, "failures_total": self.failures_total,
                     "refused_total": self.refused_total}
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + n)
 
     def _scrape(self, target: TargetState) -> list[Sample | Event]:
         self._count("scrapes_total")
@@ -376,7 +376,7 @@ class PrometheusSource:
         if self.window is not None:
             kept, refused = self.window.keep(records)
             if refused is not None:
-                self.rejected_ts_total += refused.records
+                self._count("rejected_ts_total", refused.records)
                 log.warning("Prometheus target %s: %s", target.url, self.window.describe(refused))
                 records = list(kept)
         return records
