@@ -7,6 +7,9 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vramscope.agent.alerts.delivery import DeliveryQueue
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.alerts.sinks import LogSink, StoreSink, WebhookSink, sinks_from_config
 from vramscope.agent.clock import FakeClock
@@ -302,3 +305,47 @@ def test_each_alert_waits_with_its_newest_state_but_a_critical_fire_is_never_coa
     assert receiver.seen() == [("warning", "fired", 999), ("critical", "fired", 0),
                                ("critical", "resolved", 0), ("warning", "resolved", 1)]
     assert sink.counts()["coalesced"] == 5  # 2 of the OOM alert's states, 3 of the warning's
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "take_ok", "take_fail"]),
+                          st.integers(0, 5), st.floats(0, 600)), max_size=300))
+def test_the_delivery_queue_never_drops_a_critical_alert_and_ends_at_each_newest_state(ops):
+    """Random puts, deliveries and failures: no critical change is dropped, the queue holds at
+    most its bound beside critical alerts, and drained, the receiver holds each alert's
+    newest state (unless that alert, not critical, was dropped)."""
+    queue, now, newest, held = DeliveryQueue(max_changes=3, max_per_hour=2), 0.0, {}, {}
+    kinds: dict[int, str] = {}
+    dropped: list[AlertChange] = []
+    lost: set[str] = set()  # alerts whose newest state was dropped
+
+    def drop(changes: list[AlertChange]) -> None:
+        dropped.extend(changes)
+        lost.update(c.rule for c in changes)
+
+    for op, alert, wait in ops:
+        now += wait
+        if op == "put":
+            kinds[alert] = "resolved" if kinds.get(alert) == "fired" else "fired"
+            change = FIRED._replace(rule=f"r{alert}", kind=kinds[alert],
+                                    severity=("info", "warning", "critical")[alert % 3])
+            newest[alert] = change
+            lost.discard(change.rule)
+            drop(queue.put(change))
+        elif (taken := queue.take(now)) is not None:
+            ok = op == "take_ok"
+            drop(queue.done(taken, ok, now))
+            if ok:
+                held[taken.change.rule] = taken.change.kind
+        critical = sum(1 for e in queue._pending.values() if e.rank == 2)
+        assert len(queue) <= 3 + critical
+    assert all(c.severity != "critical" for c in dropped)
+    while (taken := queue.take(now)) is not None or len(queue):
+        if taken is None:
+            now += 3600.0  # the hourly budget frees
+            continue
+        queue.done(taken, True, now)
+        held[taken.change.rule] = taken.change.kind
+    for alert, change in newest.items():
+        if change.rule not in lost:
+            assert held.get(change.rule) == change.kind, (alert, change)
