@@ -243,3 +243,13 @@ def test_a_hostile_gauge_leaves_the_agent_answering_and_a_good_client_whole():
     assert result["good_written"] == result["good_sent"] == 760
     assert result["status_max_s"] < 1.0
     assert result["rss_ratio"] < 1.1  # 1e6 is at the cap: followed 128 requests a scrape
+
+
+def test_more_records_than_one_scrape_may_make_is_refused_naming_the_setting():
+    from vramscope.agent.sources.scrape_bounds import ScrapeBounds, ScrapeRefused
+
+    bounds = ScrapeBounds(max_requests=10, max_request_events=5)
+    bounds.check_records(9)
+    with pytest.raises(ScrapeRefused, match=r"10 records from one scrape, more than 9 "
+                                            r"\(sources.prometheus.max_request_events \+ 4\)"):
+        bounds.check_records(10)
