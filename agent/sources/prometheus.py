@@ -158,7 +158,6 @@ class TargetState:
         self.url = url
         self.preset = preset
         self.max_request_events = max_request_events
-        self.scrapes = 0  # this target's scrapes (each runs on the target's own schedule)
         self.label = f"{preset.name}@{_short(url)}"
         self.running = 0  # request slots open (synthetic request_start without its end)
         self.gauge = 0  # the running gauge as last read
@@ -350,7 +349,6 @@ class PrometheusSource:
 
     def _scrape(self, target: TargetState) -> list[Sample | Event]:
         self._count("scrapes_total")
-        target.scrapes += 1
         try:
             samples = parse_exposition(self.fetch(target.url, self.timeout_s))
             check_page(samples, target.preset, self.bounds)
