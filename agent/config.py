@@ -176,6 +176,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sources.prometheus.device", int, 0,
             "Device index the scraped KV samples and request events are recorded under.",
             min=0, max=1023),
+    Setting("sources.prometheus.max_requests", int, 1_000_000,
+            "A scraped running or waiting gauge above this (or negative, or not finite) "
+            "refuses the whole scrape: a broken or hostile page. See [agent.md](agent.md).",
+            min=1, max=100_000_000),
+    Setting("sources.prometheus.max_request_events", int, 128,
+            "Synthetic request events one scrape makes at most; a larger move of the running "
+            "gauge is followed over the next scrapes.", min=1, max=100_000),
     # --- hooks (in-server) --------------------------------------------------------------
     Setting("hooks.history", str, "off",
             "Allocation history for post-mortems: off, alloc (no stacks), python, all. "
@@ -378,6 +385,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.webhook_timeout_s", float, 5.0, "Webhook request timeout.", min=0.1,
             max=120),
     Setting("alerts.webhook_retries", int, 3, "Webhook retries with backoff.", min=0, max=20),
+    Setting("alerts.webhook_queue_max", int, 1000,
+            "Alerts waiting for the webhook at most (each its newest state); beyond it the "
+            "oldest of the least severe is dropped. Critical alerts are never dropped.",
+            min=1, max=100_000),
+    Setting("alerts.webhook_max_per_alert_per_hour", int, 20,
+            "Webhook deliveries of one alert (rule, device, host) an hour at most; a flapping "
+            "alert's newest state waits for the next slot. See [alerts.md](alerts.md).",
+            min=1, max=3600),
 )
 
 SETTINGS_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

@@ -349,6 +349,7 @@ class Agent:
             "retention_backlog": self.retention_backlog,
             "retention_catch_up": self.retention.progress(),
             "alerts": self.alerts.counts() if self.alerts is not None else None,
+            "prometheus": self.prometheus.counts() if self.prometheus is not None else None,
             "database": self.store.safe_url,
             "db_size_bytes": self._db_size_bytes(),
         }
@@ -492,7 +493,7 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
             yield _rejected_by_reason(s["rejected"])
             hook = (s.get("alerts") or {}).get("webhook")
             if hook is not None:
-                for key in ("sent", "failed", "dropped"):
+                for key in ("sent", "failed", "dropped", "coalesced"):
                     yield CounterMetricFamily(f"vramscope_agent_webhook_{key}",
                                               f"alert changes the webhook {key}",
                                               value=hook[key])

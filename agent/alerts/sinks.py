@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vramscope.agent.alerts.delivery import DeliveryQueue, Taken
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.timefmt import iso_utc
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.alerts")
+
+DOWN_RETRY_S = 2.0  # while the webhook target is down, at most one try this often
+POLL_S = 0.2  # real seconds between looks at changes that wait on the (maybe fake) clock
+# Statuses that refuse the body itself: sent again, it would be refused again (a 401, 404 or
+# 5xx is the target's state, and may change)
+REJECTED_STATUSES = frozenset({400, 413, 422})
+SENT, FAILED, REJECTED = "sent", "failed", "rejected"
 
 
 class AlertSink(Protocol):
@@ -126,47 +133,63 @@ def _opener() -> Any:
 
 
 class WebhookSink:
-    """POSTs each change as JSON from its own thread; a full queue drops (and counts) changes.
+    """POSTs each change as JSON from its own thread, the most severe first (``DeliveryQueue``:
+    coalesced and damped per alert, bounded; docs/alerts.md, "Delivery").
 
     A failed POST (error or status >= 300, redirects included: they are never followed) is
     retried ``retries`` times, waiting ``backoff_s × 2**attempt`` between tries on the injected
-    clock. While the target is down (the last change failed for good) the next ones get one try
-    each, so a hanging target costs ``timeout_s`` a change instead of the full retry schedule;
-    the first success restores the retries. ``sent``, ``failed``, ``dropped`` and ``queued``
-    are in ``vramscope status`` and the agent's /metrics.
+    clock. After the last it is counted in ``failed`` and goes back in line (unless a newer
+    state of its alert replaced it): while the target is down one change is tried at a time,
+    once, at most every ``DOWN_RETRY_S``, so a hanging target costs one ``timeout_s`` per try
+    and, once it answers, the newest state of every pending alert follows within
+    ``timeout_s`` + ``DOWN_RETRY_S``. A status that refuses the body itself
+    (``REJECTED_STATUSES``) is counted in ``failed`` and not tried again: it would block the
+    line. ``sent``, ``failed``, ``dropped``, ``coalesced`` and ``queued`` are in ``vramscope
+    status`` and the agent's /metrics.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 3,
-                 backoff_s: float = 0.5, queue_max: int = 1000, clock: Clock = SYSTEM_CLOCK,
+                 backoff_s: float = 0.5, queue_max: int = 1000, max_per_hour: int = 20,
+                 clock: Clock = SYSTEM_CLOCK,
                  post: Callable[[str, bytes, float], int] = _urllib_post) -> None:
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
         self.clock, self._post = clock, post
-        self._queue: queue.Queue[AlertChange | None] = queue.Queue(maxsize=queue_max)
-        self.sent = self.failed = self.dropped = 0
+        self._queue = DeliveryQueue(queue_max, max_per_hour)
+        self._cond = threading.Condition()
+        self._closing = False
+        self.sent = self.failed = 0
         self._down = False  # the last change failed after all its tries
+        self._retry_at = 0.0  # while down: no try before this (monotonic seconds)
         self._full_logged_at: float | None = None
+        self._rejected_logged_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="vramscope-webhook", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> WebhookSink:
         return cls(config["alerts.webhook_url"], timeout_s=config["alerts.webhook_timeout_s"],
-                   retries=config["alerts.webhook_retries"], clock=clock)
+                   retries=config["alerts.webhook_retries"],
+                   queue_max=config["alerts.webhook_queue_max"],
+                   max_per_hour=config["alerts.webhook_max_per_alert_per_hour"], clock=clock)
 
     def send(self, change: AlertChange) -> None:
-        try:
-            self._queue.put_nowait(change)
-        except queue.Full:
-            self.dropped += 1
+        with self._cond:
+            dropped = self._queue.put(change)
+            self._cond.notify()
+        if dropped:
             self._log_full()
 
     @property
+    def dropped(self) -> int:
+        return self._queue.dropped
+
+    @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)
 
     def counts(self) -> dict[str, int]:
         return {"sent": self.sent, "failed": self.failed, "dropped": self.dropped,
-                "queued": self.queued}
+                "coalesced": self._queue.coalesced, "queued": self.queued}
 
     def _log_full(self) -> None:
         """At most one line a minute: the queue bound is what keeps a dead target from
@@ -175,46 +198,86 @@ class WebhookSink:
         if self._full_logged_at is not None and now - self._full_logged_at < 60.0:
             return
         self._full_logged_at = now
-        log.error("alert webhook %s is not keeping up: its queue of %d is full, %d changes "
-                  "dropped so far (alerts.webhook_url)", self.url, self._queue.maxsize,
-                  self.dropped)
+        log.error("alert webhook %s is not keeping up: its queue of %d alerts is full, %d "
+                  "changes dropped so far, the least severe first (alerts.webhook_url)",
+                  self.url, self._queue.max_changes, self.dropped)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (bounded by ``timeout_s``), then stop the thread."""
-        try:
-            self._queue.put(None, timeout=timeout_s)
-        except queue.Full:
-            return
+        """Try each change not tried yet once more (bounded by ``timeout_s``), then stop the
+        thread; changes held by their hourly budget or already failed are not sent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while True:
-            change = self._queue.get()
-            if change is None:
-                return
-            self._deliver(change)
+        while (taken := self._next()) is not None:
+            outcome = self._deliver(taken.change)
+            if outcome != SENT and not taken.failed_before:
+                self.failed += 1  # each change once, however often it is tried again
+            if outcome == REJECTED:
+                continue  # the same body would be refused again: not back in line
+            with self._cond:
+                dropped = self._queue.done(taken, outcome == SENT, self.clock.monotonic_s())
+            if dropped:
+                self._log_full()
 
-    def _deliver(self, change: AlertChange) -> None:
+    def _next(self) -> Taken | None:
+        """The next change to try; blocks until one is due; None once closing is done."""
+        with self._cond:
+            while True:
+                now = self.clock.monotonic_s()
+                if self._closing:
+                    return self._queue.take(now, untried_only=True)
+                if now >= self._retry_at and (taken := self._queue.take(now)) is not None:
+                    return taken
+                # a real-time poll while changes wait on the clock (down, or damped): the
+                # injected clock may be a fake that tests move
+                self._cond.wait(POLL_S if len(self._queue) else None)
+
+    def _deliver(self, change: AlertChange) -> str:
+        """SENT, FAILED (the target is down: tried again later) or REJECTED."""
         body = json.dumps(change.to_json(), sort_keys=True).encode("utf-8")
         tries = 1 if self._down else self.retries + 1
+        started = self.clock.monotonic_s()
         for attempt in range(tries):
-            try:
-                status = self._post(self.url, body, self.timeout_s)
-                if status < 300:
-                    self.sent += 1
-                    self._down = False
-                    return
-                problem = f"HTTP {status}" + (" (redirects are not followed)"
-                                              if 300 <= status < 400 else "")
-            except Exception as exc:
-                problem = str(exc)
+            problem, status = self._try(body)
+            if problem is None:
+                self.sent += 1
+                self._down = False
+                return SENT
+            if status in REJECTED_STATUSES:
+                self._log_rejected(change, problem)
+                return REJECTED
             if attempt < tries - 1:
                 self.clock.sleep(self.backoff_s * 2 ** attempt)
-        self.failed += 1
         if not self._down:  # one line when the target goes down, not one per change
             log.error("alert webhook %s failed after %d tries: %s (alerts.webhook_url); "
-                      "until it answers, each change gets one try", self.url, tries, problem)
+                      "until it answers, one change is tried at a time, the most severe first",
+                      self.url, tries, problem)
         self._down = True
+        self._retry_at = started + DOWN_RETRY_S
+        return FAILED
+
+    def _try(self, body: bytes) -> tuple[str | None, int | None]:
+        """One POST: (None, status) when delivered, else (what went wrong, status or None)."""
+        try:
+            status = self._post(self.url, body, self.timeout_s)
+        except Exception as exc:
+            return str(exc), None
+        if status < 300:
+            return None, status
+        return f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400
+                                   else ""), status
+
+    def _log_rejected(self, change: AlertChange, problem: str) -> None:
+        """At most one line a minute: a receiver that refuses every body must not flood."""
+        now = self.clock.monotonic_s()
+        if self._rejected_logged_at is not None and now - self._rejected_logged_at < 60.0:
+            return
+        self._rejected_logged_at = now
+        log.error("alert webhook %s refused the %s change of %s: %s; not tried again "
+                  "(alerts.webhook_url)", self.url, change.kind, change.rule, problem)
 
 
 def sinks_from_config(config: Mapping[str, Any] | None, store: Store | None = None,

@@ -17,8 +17,10 @@ load-aware leak analysis work beside an unmodified server:
 - ``request_start`` / ``request_end`` events when the running-requests gauge moves: one per
   request of difference, with ids ``<preset>@<target>#<slot>`` and ``data.synthetic = true``
   (a gauge has no request ids; slots make the in-flight count exact at each scrape, which is
-  what the idle-floor leak check needs);
-- a ``server_load`` event (``running``, ``waiting``) whenever either gauge changes;
+  what the idle-floor leak check needs), at most ``max_request_events`` a scrape: a larger
+  move is followed over the next scrapes, so a gauge is never a flood of records;
+- a ``server_load`` event (``running``, ``waiting``: the gauges as read) whenever either gauge
+  changes;
 - ``kv_preempted`` (``count``) and ``prefix_cache`` (``query_tokens``, ``hit_tokens``) events
   with the increase of the counters since the previous scrape (the first scrape only sets the
   baseline: when earlier increases happened is unknown; a counter that went down was reset, and
@@ -33,10 +35,11 @@ the Overview lists the server with its KV usage and requests per minute as it li
 plugin reports. A target elsewhere gives records without a pid: the device's row shows them.
 
 Counts and pool sizes add up over label sets (several engines behind one endpoint); the usage
-ratio is their mean. A failing target
-gives no records and one log line until it answers again; nothing here raises into the agent.
-Scrapes run on their own thread (``vramscope-prometheus``): a slow server must not stall NVML
-sampling.
+ratio is their mean. Every number used is checked first (``scrape_bounds``: finite, >= 0, below
+its cap): a page out of bounds is refused whole and counted in ``refused_total``. A failing
+target gives no records and one log line until it answers again; nothing here raises into the
+agent. Each target is scraped on its own thread (``vramscope-prometheus-<n>``) against its own
+deadline: a slow server stalls neither NVML sampling nor the other targets.
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ from vramscope.agent.config import split_targets
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.sources import listener
+from vramscope.agent.sources.scrape_bounds import (
+    ScrapeBounds,
+    ScrapeRefused,
+    check_counter,
+    check_pool_size,
+    check_ratio,
+)
 
 log = logging.getLogger("vramscope.prometheus")
 
@@ -106,6 +116,18 @@ def parse_exposition(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
     return out
 
 
+def check_page(samples: dict[str, list[tuple[dict[str, str], float]]], preset: Preset,
+               bounds: ScrapeBounds) -> None:
+    """Raise :class:`ScrapeRefused` naming the first number of the page out of its bounds."""
+    bounds.check_requests(preset.running, samples)
+    bounds.check_requests(preset.waiting, samples)
+    check_ratio(preset.kv_usage_ratio, samples)
+    if preset.kv_total is not None:
+        check_pool_size(*preset.kv_total, samples)
+    for counter in (preset.prefix_queries, preset.prefix_hits, preset.preemptions):
+        check_counter(counter, samples)
+
+
 def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str | None
            ) -> float | None:
     rows = samples.get(name) if name else None
@@ -132,11 +154,13 @@ def _pool_size(samples: dict[str, list[tuple[dict[str, str], float]]],
 class TargetState:
     """What one target looked like at its previous scrape: counters and gauges to diff against."""
 
-    def __init__(self, url: str, preset: Preset) -> None:
+    def __init__(self, url: str, preset: Preset, max_request_events: int = 128) -> None:
         self.url = url
         self.preset = preset
+        self.max_request_events = max_request_events
         self.label = f"{preset.name}@{_short(url)}"
-        self.running = 0
+        self.running = 0  # request slots open (synthetic request_start without its end)
+        self.gauge = 0  # the running gauge as last read
         self.waiting: int | None = None
         self.counters: dict[str, float] = {}
         self.failing = False
@@ -203,25 +227,34 @@ class TargetState:
 
     def _requests(self, running: float | None, waiting: float | None, ts_s: float,
                   device: int) -> list[Event]:
-        out: list[Event] = []
-        if running is not None:
-            now = max(0, int(running))
-            synthetic = {"synthetic": True, "source": "prometheus"}
-            out += [Event(ts_s, "request_start", device, self.pid,
-                          request_id=f"{self.label}#{k}", data=synthetic)
-                    for k in range(self.running + 1, now + 1)]
-            out += [Event(ts_s, "request_end", device, self.pid,
-                          request_id=f"{self.label}#{k}", data=synthetic)
-                    for k in range(self.running, now, -1)]
-        else:
-            now = self.running
-        queued = None if waiting is None else max(0, int(waiting))
-        if out or queued != self.waiting:
+        gauge = None if running is None else int(running)
+        out = [] if gauge is None else self._slot_events(gauge, ts_s, device)
+        queued = None if waiting is None else int(waiting)
+        if out or (gauge is not None and gauge != self.gauge) or queued != self.waiting:
             out.append(Event(ts_s, "server_load", device, self.pid, data={
-                "running": now if running is not None else None, "waiting": queued,
-                "target": self.label}))
-        self.running, self.waiting = now, queued
+                "running": gauge, "waiting": queued, "target": self.label}))
+        self.gauge = self.gauge if gauge is None else gauge
+        self.waiting = queued
         return out
+
+    def _slot_events(self, gauge: int, ts_s: float, device: int) -> list[Event]:
+        """request_start / request_end events moving the slots toward ``gauge``."""
+        now = self._slots_toward(gauge)
+        synthetic = {"synthetic": True, "source": "prometheus"}
+        out = [Event(ts_s, "request_start", device, self.pid,
+                     request_id=f"{self.label}#{k}", data=synthetic)
+               for k in range(self.running + 1, now + 1)]
+        out += [Event(ts_s, "request_end", device, self.pid,
+                      request_id=f"{self.label}#{k}", data=synthetic)
+                for k in range(self.running, now, -1)]
+        self.running = now
+        return out
+
+    def _slots_toward(self, running: int) -> int:
+        """The slot count after this scrape: the gauge, moved toward by at most
+        ``max_request_events`` (the rest on the next scrapes; a gauge is one value)."""
+        step = max(-self.max_request_events, min(self.max_request_events, running - self.running))
+        return self.running + step
 
     def _increase(self, samples: dict[str, list[tuple[dict[str, str], float]]],
                   name: str | None) -> int:
@@ -238,10 +271,12 @@ class TargetState:
 class PrometheusSource:
     """Scrape ``targets`` every ``interval_s``; records go to ``put`` (the writer's put_many).
 
-    ``run_once()`` scrapes every target once, synchronously (tests); ``start()`` runs it on a
-    drift-free loop in a named daemon thread. ``fetch`` is the seam (URL -> page text), the real
-    one is ``urllib``; ``find_pid`` (port -> pid) the real one ``/proc``. ``note_process``
-    (pid, ts_s, name, model, device) keeps a local target's process row (the agent's writer).
+    ``run_once()`` scrapes every target once, synchronously (tests); ``start()`` gives each
+    target a drift-free loop in its own named daemon thread (one target's timeouts never delay
+    another's scrapes). ``fetch`` is the seam (URL -> page text), the real one is ``urllib``;
+    ``find_pid`` (port -> pid) the real one ``/proc``. ``note_process`` (pid, ts_s, name, model,
+    device) keeps a local target's process row (the agent's writer). ``bounds``: what one
+    scrape may say (``scrape_bounds``); a page beyond them is counted in ``refused_total``.
     """
 
     def __init__(self, targets: Iterable[str], preset: str, put: Callable[[list[Any]], None], *,
@@ -251,25 +286,28 @@ class PrometheusSource:
                  window: TimeWindow | None = None,
                  find_pid: Callable[[int], int | None] = listener.pid_listening,
                  note_process: Callable[[int, float, str, str | None, int], None] | None = None,
-                 ) -> None:
+                 bounds: ScrapeBounds | None = None) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown Prometheus preset {preset!r}; allowed: "
                              f"{', '.join(PRESETS)}")
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
-        self.targets = [TargetState(url, PRESETS[preset]) for url in targets]
+        self.bounds = bounds or ScrapeBounds()
+        self.targets = [TargetState(url, PRESETS[preset], self.bounds.max_request_events)
+                        for url in targets]
         self.put = put
         self.interval_s, self.timeout_s, self.device = interval_s, timeout_s, device
         self.clock = clock
         self.fetch = fetch or fetch_url
         self.find_pid, self.note_process = find_pid, note_process
-        self.scrapes_total = self.failures_total = 0
+        self.scrapes_total = self.failures_total = self.refused_total = 0
+        self._counts_lock = threading.Lock()  # the counters are shared by the targets' threads
         # records outside the agent's time window (a clock stepped while scraping): refused as
         # on the socket (agent/ingest/timewindow.py) and counted here
         self.window = window
         self.rejected_ts_total = 0
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], put: Callable[[list[Any]], None],
@@ -284,30 +322,47 @@ class PrometheusSource:
                    interval_s=config["sources.prometheus.interval_s"],
                    timeout_s=config["sources.prometheus.timeout_s"],
                    device=config["sources.prometheus.device"], clock=clock,
-                   window=TimeWindow.from_config(config, clock), note_process=note_process)
+                   window=TimeWindow.from_config(config, clock), note_process=note_process,
+                   bounds=ScrapeBounds(config["sources.prometheus.max_requests"],
+                                       config["sources.prometheus.max_request_events"]))
 
     def run_once(self) -> int:
         """Scrape every target once; returns how many records were put."""
-        count = 0
-        for target in self.targets:
-            records = self._scrape(target)
-            if records:
-                self.put(records)
-                count += len(records)
-        return count
+        return sum(self.scrape_target(target) for target in self.targets)
+
+    def scrape_target(self, target: TargetState) -> int:
+        """Scrape one target and put its records; returns how many."""
+        records = self._scrape(target)
+        if records:
+            self.put(records)
+        return len(records)
+
+    def counts(self) -> dict[str, int]:
+        """For ``vramscope status``: scrapes, those that failed, those refused (in failures)."""
+        with self._counts_lock:
+            return {"scrapes_total": self.scrapes_total, "failures_total": self.failures_total,
+                    "refused_total": self.refused_total}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counts_lock:
+            setattr(self, name, getattr(self, name) + n)
 
     def _scrape(self, target: TargetState) -> list[Sample | Event]:
-        self.scrapes_total += 1
+        self._count("scrapes_total")
         try:
             samples = parse_exposition(self.fetch(target.url, self.timeout_s))
+            check_page(samples, target.preset, self.bounds)
             now_s = self.clock.time_s()
             if target.failing:  # back after a gap: maybe a restart on the port, a new pid
                 target.resolved_at = None
             target.resolve(now_s, self.find_pid)
             records = target.records(samples, now_s, self.device)
+            self.bounds.check_records(len(records))
             self._note(target, now_s)
         except Exception as exc:  # noqa: BLE001 - a bad target must not stop the agent
-            self.failures_total += 1
+            self._count("failures_total")
+            if isinstance(exc, ScrapeRefused):
+                self._count("refused_total")
             if not target.failing:
                 target.failing = True
                 log.warning("Prometheus target %s: %s; no KV or request records from it until "
@@ -319,7 +374,7 @@ class PrometheusSource:
         if self.window is not None:
             kept, refused = self.window.keep(records)
             if refused is not None:
-                self.rejected_ts_total += refused.records
+                self._count("rejected_ts_total", refused.records)
                 log.warning("Prometheus target %s: %s", target.url, self.window.describe(refused))
                 records = list(kept)
         return records
@@ -334,21 +389,24 @@ class PrometheusSource:
             self.note_process(target.pid, now_s, target.process_name, target.model, self.device)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="vramscope-prometheus",
-                                        daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(target,), daemon=True,
+                                          name=f"vramscope-prometheus-{n}")
+                         for n, target in enumerate(self.targets)]
+        for thread in self._threads:
+            thread.start()
         log.info("scraping %d Prometheus target(s) every %g s (preset %s)", len(self.targets),
                  self.interval_s, self.targets[0].preset.name)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 5)
+        deadline = time.monotonic() + self.timeout_s + 5
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
-    def _loop(self) -> None:
+    def _loop(self, target: TargetState) -> None:
         next_s = time.monotonic()
         while not self._stop.is_set():
-            self.run_once()
+            self.scrape_target(target)
             next_s += self.interval_s
             now = time.monotonic()
             if next_s < now:  # late by more than an interval: skip, don't burst
@@ -410,6 +468,8 @@ def _short(url: str) -> str:
 
 
 def _why(exc: Exception) -> str:
+    if isinstance(exc, ScrapeRefused):
+        return f"page refused: {exc}"
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code}" + (f" ({exc.msg})" if 300 <= exc.code < 400 else "")
     if isinstance(exc, urllib.error.URLError):

@@ -1,0 +1,262 @@
+"""Issue 45's attacks against a real ``vramscope agent`` process, measured; JSON for
+docs/bench/ (docs/agent.md "Scrape bounds", docs/alerts.md "Delivery").
+
+``python -m vramscope.agent.bench.hostile scrape OUT.json [--value 1e9] [--seconds 37]``:
+the agent scrapes a local page; first a healthy one (``running 1``) for ``--idle-s``, then the
+hostile one for ``--seconds`` while a good hook client sends 760 samples spread over the
+same time. Reports the agent's RSS (idle: the largest in the healthy phase; hostile: the
+largest after), the good client's samples written, and the slowest ``status`` answer.
+``--value flap`` alternates 0 and 100,000 (within the caps: the bounded-records path).
+
+``python -m vramscope.agent.bench.hostile webhook OUT.json [--minutes 5]``: a user rule
+flapping on 16 devices for ``--minutes`` against a webhook receiver that hangs throughout;
+an OOM (critical) fires a minute before the end; the receiver then recovers. Reports how long
+after the recovery the OOM alert and the newest state of every flapping alert arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.process import AgentProcess
+from vramscope.agent.records import Event, Phase, Sample
+
+GOOD_RECORDS = 760
+
+
+class _Page(http.server.ThreadingHTTPServer):
+    """Serves ``page()`` as /metrics."""
+
+    def __init__(self, page: Callable[[], str]) -> None:
+        self.page = page
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                body = server.page().encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = self
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.daemon_threads = True
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def _hostile_page(value: str) -> Callable[[], str]:
+    if value != "flap":
+        return lambda: f"vllm:num_requests_running {value}\n"
+    flips = iter(range(10**12))
+    return lambda: f"vllm:num_requests_running {100_000 * (next(flips) % 2)}\n"
+
+
+def scrape(value: str, seconds: float, idle_s: float) -> dict[str, Any]:
+    hostile = [False]
+    bad = _hostile_page(value)
+
+    def serve() -> str:
+        return bad() if hostile[0] else "vllm:num_requests_running 1\n"
+    page = _Page(serve)
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        config = Path(d) / "vs.toml"
+        config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:'
+                          f'{page.server_address[1]}/metrics"\ninterval_s = 0.1\n')
+        agent = AgentProcess(f"sqlite:///{d}/vs.db", f"{d}/agent.sock", config_path=str(config),
+                             log_path=f"{d}/agent.log").start()
+        try:
+            idle_rss = _watch(agent, idle_s, lambda: None)[0]
+            hostile[0] = True
+            with AgentConnection(agent.socket_path) as conn:
+                conn.hello("good", pid=4242)
+                sender = _good_client(conn, seconds)
+                rss, status_max_s = _watch(agent, seconds, sender)
+                scrapes = conn.status().get("prometheus")  # absent before issue 45
+            written = _good_written(agent)
+            log = Path(f"{d}/agent.log").read_text(errors="replace")
+        finally:
+            agent.stop()
+            page.shutdown()
+    return {"value": value, "seconds": seconds, "interval_s": 0.1, "idle_rss_bytes": idle_rss,
+            "hostile_rss_max_bytes": rss, "rss_ratio": round(rss / idle_rss, 3),
+            "good_sent": GOOD_RECORDS, "good_written": written,
+            "status_max_s": round(status_max_s, 3),
+            "refused_logged": "page refused" in log, "scrapes": scrapes}
+
+
+def _good_client(conn: AgentConnection, seconds: float) -> Callable[[], None]:
+    """A callable that sends the good client's samples due by now (760 over ``seconds``)."""
+    start, sent = time.monotonic(), [0]
+
+    def send_due() -> None:
+        due = min(GOOD_RECORDS, int((time.monotonic() - start) / seconds * GOOD_RECORDS) + 1)
+        batch = [Sample(time.time(), 0, Phase.DECODE, "good", 4242, allocated_bytes=k)
+                 for k in range(sent[0], due)]
+        if batch:
+            conn.send_records(batch)
+            sent[0] = due
+    return send_due
+
+
+def _watch(agent: AgentProcess, seconds: float, each: Callable[[], None]
+           ) -> tuple[int, float]:
+    """Every 0.1 s for ``seconds``: ``each()``, the agent's RSS; every second its status.
+    Returns the largest RSS and the slowest status answer."""
+    rss, slowest, end, next_status = 0, 0.0, time.monotonic() + seconds, 0.0
+    while (now := time.monotonic()) < end:
+        each()
+        rss = max(rss, agent.rss_bytes())
+        if now >= next_status:
+            t0 = time.monotonic()
+            agent.status()
+            slowest, next_status = max(slowest, time.monotonic() - t0), now + 1.0
+        time.sleep(0.1)
+    each()
+    return rss, slowest
+
+
+def _good_written(agent: AgentProcess) -> int:
+    import sqlite3
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and agent.status()["queue_depth"]:
+        time.sleep(0.1)
+    time.sleep(1.0)  # the writer's last batch
+    with sqlite3.connect(agent.db_url.removeprefix("sqlite:///")) as db:
+        (count,) = db.execute("SELECT count(*) FROM samples WHERE source = 'good'").fetchone()
+    return int(count)
+
+
+RULE = """
+[alerts]
+webhook_url = "{url}"
+[[alerts.rules]]
+name = "flappy"
+metric = "allocated_bytes"
+op = ">"
+threshold = 50
+"""
+
+
+class _Receiver(http.server.ThreadingHTTPServer):
+    """A webhook receiver that hangs (each POST until released) while ``hang`` is set."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.released = threading.Event()
+        self.got: list[tuple[float, dict[str, Any]]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if receiver.hang.is_set():
+                    receiver.released.wait(600)
+                    return  # never answered: the sender timed out long ago
+                receiver.got.append((time.monotonic(), body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        receiver = self
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.daemon_threads = True
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def webhook(minutes: float) -> dict[str, Any]:
+    receiver = _Receiver()
+    receiver.hang.set()
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        config = Path(d) / "vs.toml"
+        config.write_text(RULE.format(url=f"http://127.0.0.1:{receiver.server_address[1]}/"))
+        agent = AgentProcess(f"sqlite:///{d}/vs.db", f"{d}/agent.sock", config_path=str(config),
+                             log_path=f"{d}/agent.log").start()
+        try:
+            with AgentConnection(agent.socket_path) as conn:
+                conn.hello("flapper", pid=99)
+                last = _flap(conn, minutes * 60.0)
+                conn.status()
+            before = agent.status()["alerts"]
+            receiver.hang.clear()
+            receiver.released.set()
+            recovered = time.monotonic()
+            arrived = _wait_newest(receiver, last, 60.0)
+            after = agent.status()["alerts"]
+        finally:
+            agent.stop()
+            receiver.shutdown()
+    oom = [t for t, b in receiver.got if b["rule"] == "oom" and b["kind"] == "fired"]
+    return {"minutes": minutes, "devices": 16, "webhook_timeout_s": 5.0,
+            "oom_delivered_after_recovery_s": round(oom[0] - recovered, 3) if oom else None,
+            "all_newest_after_recovery_s": (round(arrived - recovered, 3)
+                                            if arrived is not None else None),
+            "posts_received": len(receiver.got), "at_recovery": before, "at_end": after}
+
+
+def _flap(conn: AgentConnection, seconds: float) -> dict[tuple[str, int], str]:
+    """16 devices' samples alternating above and below the rule's threshold every 0.5 s, an
+    OOM on device 0 a minute before the end; returns the newest state of each alert."""
+    start, oom_at, flip = time.monotonic(), max(0.0, seconds - 60.0), 0
+    newest: dict[tuple[str, int], str] = {}
+    while (elapsed := time.monotonic() - start) < seconds:
+        value = 100 * (flip % 2)
+        conn.send_records([Sample(time.time(), d, Phase.DECODE, "flap", 99, allocated_bytes=value)
+                           for d in range(16)])
+        newest.update({("flappy", d): "fired" if value else "resolved" for d in range(16)})
+        if elapsed >= oom_at and ("oom", 0) not in newest:
+            conn.send_records([Event(time.time(), "oom", 0, 99, data={"bytes": 2**30})])
+            newest[("oom", 0)] = "fired"
+        flip += 1
+        time.sleep(0.5)
+    return newest
+
+
+def _wait_newest(receiver: _Receiver, newest: dict[tuple[str, int], str],
+                 timeout_s: float) -> float | None:
+    """When the receiver held the newest state of every alert in ``newest``; None if never."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held: dict[tuple[str, int], tuple[float, str]] = {}
+        for t, body in list(receiver.got):
+            held[(body["rule"], body["device"])] = (t, body["kind"])
+        if all(held.get(k, (0.0, ""))[1] == kind for k, kind in newest.items()):
+            return max(held[k][0] for k in newest)
+        time.sleep(0.05)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vramscope.agent.bench.hostile")
+    parser.add_argument("what", choices=("scrape", "webhook"))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--value", default="1e9")
+    parser.add_argument("--seconds", type=float, default=37.0)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.what == "scrape":
+        result = scrape(args.value, args.seconds, args.idle_s)
+    else:
+        result = webhook(args.minutes)
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
