@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from vramscope.agent.analysis.stats import hinge_fit, median, theil_sen
+from vramscope.agent.analysis.stats import hinge_fit, theil_sen
 
 Z_90 = 1.6448536269514722  # a two-sided 90 % interval, as Sen's band on the peaks' trend
 RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says nothing more
@@ -289,6 +289,7 @@ class FastGrowth:
 
 
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
+_Q80 = 1.2815515655446004  # |x| of a normal point: 80 % below this x sigma
 _BASELINE_POINTS = 30  # the floor's wandering is read on the stretch's length before it, or this
 
 
@@ -302,7 +303,9 @@ def _since_knee(pts: Sequence[tuple[float, int]], rate: Rate, noise: float) -> R
     if hinge.knee <= 0 or hinge.f < KNEE_F:
         return rate
     since = rate_interval([p for p in pts if p[0] - t0 >= hinge.knee], noise)
-    return rate if since is None or since.slope <= rate.slope else since
+    if since is None or since.slope <= rate.slope or since.low < FAST_PRECISION * since.slope:
+        return rate  # no steeper rate since a knee, or one too rough to report
+    return since
 
 
 def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
@@ -312,10 +315,11 @@ def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:
-    """How far the floor wanders about its own line before a stretch: the scaled median
-    absolute deviation of ``points`` about their Theil–Sen line (0 for fewer than
-    ``FAST_MIN_POINTS``), robust to the step of a model loading among them. A rise within it
-    is the floor's usual wandering (a never-idle floor follows its load), not growth."""
+    """How far the floor wanders about its own line before a stretch: the 80th percentile of
+    the points' distances from their Theil–Sen line, over that of a normal one (1.2816 sigma;
+    0 for fewer than ``FAST_MIN_POINTS``). The percentile keeps the step of a model loading
+    among them (a few points) out, and a floor that jumps between two levels with its load in.
+    A rise within it is the floor's usual wandering (a never-idle floor follows its load)."""
     if len(points) < FAST_MIN_POINTS:
         return 0.0
     t0 = points[0][0]
@@ -324,7 +328,8 @@ def level_noise(points: Sequence[tuple[float, int]]) -> float:
         line = theil_sen(xs, ys)
     except ValueError:  # one instant only
         return 0.0
-    return 1.4826 * median([abs(y - line.slope * x - line.intercept) for x, y in zip(xs, ys)])
+    far = sorted(abs(y - line.slope * x - line.intercept) for x, y in zip(xs, ys))
+    return far[int(0.8 * (len(far) - 1))] / _Q80
 
 
 def _load_moving(loads: Sequence[tuple[float, int]]) -> bool:

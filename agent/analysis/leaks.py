@@ -437,7 +437,7 @@ class LeakDetector:
             t = self.t._replace(leak_min_span_s=need)
             self.result = self._publish(insufficient(t, span, len(self.points)), now_s)
             return self.result
-        if self._since_eval >= EVAL_EVERY_POINTS or not self.result.enough_data:
+        if self._since_eval >= EVAL_EVERY_POINTS or self._route.p_value is None:
             self._since_eval = 0
             prev = self.result
             mk = evaluate_floor(self.trend_points(), self._limit(), self.t,
@@ -470,7 +470,7 @@ class LeakDetector:
         """The verdict over ``_busy_floor``'s points (what the requests in flight hold fitted
         out), every ``EVAL_EVERY_POINTS`` of them; None between (the answer stands)."""
         self._since_busy_eval += 1
-        if self._since_busy_eval < EVAL_EVERY_POINTS and self.result.enough_data:
+        if self._since_busy_eval < EVAL_EVERY_POINTS and self._route.p_value is not None:
             return None
         self._since_busy_eval = 0
         loads = [max(0, load - RESIDUAL) for _, load, _ in rolled]
@@ -605,13 +605,8 @@ class LeakDetector:
             return with_forecast(r, widened(rate, r.slope_bytes_per_s),
                                  self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
-        # no_leak over the horizon and over its recent half: a leak begun an hour ago hides in
-        # the horizon's line behind the flat hour before it, not in the recent half's
-        recent = rate_interval(pts[len(pts) // 2:])
-        if rate.high < min_slope and (recent is None or recent.high < min_slope):
+        if rate.high < min_slope:
             return r
-        if rate.high < min_slope and recent is not None:
-            rate = recent
         more = span_words(more_time_s(rate, min_slope))
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: the floor's rate {per_hour(rate.slope)} "

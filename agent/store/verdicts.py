@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select
-from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
+from vramscope.agent.alerts.verdicts import GROWTH_KEYS, HEARTBEAT_S, Verdict, verdict_from_json
 from vramscope.agent.store.schema import devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
 
@@ -201,14 +201,15 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"detected": False, "state": "no_verdict", "span_s": 0.0, "slope_bytes_per_s": 0.0,
                 "slope_bytes_per_h": 0.0, "start_ts_s": None, "first_detected_ts_s": None,
                 "evidence": NO_VERDICTS, "trend_line": None, "pid": None, "process": None,
-                "verdict_ts_s": None, "estimated_floor": False}
+                "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS)}
     leak = v["leak"]
     return {"detected": leak["state"] == "leak", "state": leak["state"], "span_s": leak["span_s"],
             "slope_bytes_per_s": leak["slope_bytes_per_s"],
             "slope_bytes_per_h": leak["slope_bytes_per_h"], "start_ts_s": leak["start_ts"],
             "first_detected_ts_s": leak["first_detected_ts"], "evidence": leak["evidence"],
             "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
-            "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"]}
+            "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"],
+            **{k: leak.get(k) for k in GROWTH_KEYS}}
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,

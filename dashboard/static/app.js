@@ -38,6 +38,13 @@ function rate(bytesPerH, estimated) {
   return (estimated ? "about " : "") + fmtBytes(bytesPerH) + "/h";
 }
 
+// The rate's 90 % interval as the engine stored it ("" without one).
+function rateBand(leak) {
+  if (leak.rate_low_bytes_per_s == null || leak.rate_high_bytes_per_s == null) return "";
+  return "90 %: " + fmtBytes(leak.rate_low_bytes_per_s * 3600) + "/h – " +
+    fmtBytes(leak.rate_high_bytes_per_s * 3600) + "/h";
+}
+
 // Times show in UTC or, once chosen with the header's toggle (kept in localStorage), in this
 // browser's zone, with its offset written out so a copied time is never ambiguous.
 const TZ_KEY = "vramscope.timezone";
@@ -523,10 +530,17 @@ PAGES.leaks = () => {
     fill("leak-cards", [
       card("Verdict", LEAK_WORDS[r.state] || r.state, r.process ? "for " + r.process : doc.method, level),
       card("Slope", r.state === "leak" || r.state === "no_leak" ? rate(r.slope_bytes_per_h, r.estimated_floor) : "–",
-        r.estimated_floor ? "rough: an estimated floor" : "Theil–Sen, idle floor"),
+        rateBand(r) || (r.estimated_floor ? "rough: an estimated floor" : "idle floor")),
+      card("Time to OOM", r.time_to_oom_s == null ? "–" : "about " + fmtAge(r.time_to_oom_s),
+        r.time_to_oom_s == null ? "at the floor's rate" : fmtAge(r.time_to_oom_low_s) + " – " +
+          (r.time_to_oom_high_s == null ? "?" : fmtAge(r.time_to_oom_high_s)),
+        r.time_to_oom_s != null && r.time_to_oom_s < 1800 ? "warning" : "ok"),
       card("Evidence span", r.span_s ? fmtAge(r.span_s) : "–", "of floor after the warm-up"),
       card("First detected", r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "by the alert engine"),
-      card("Orphaned KV blocks", doc.orphaned.reduce((n, o) => n + (o.blocks || 0), 0), doc.orphaned.length + " event(s)", doc.orphaned.length ? "warning" : "ok"),
+      // the pool's check reports its current count: the latest report, never a sum of them
+      card("Orphaned KV blocks", doc.orphaned.length ? (doc.orphaned[doc.orphaned.length - 1].blocks || 0) : 0,
+        doc.orphaned.length ? "the latest of " + doc.orphaned.length + " check(s)" : "no check failed",
+        doc.orphaned.length ? "warning" : "ok"),
     ]);
     document.getElementById("leak-evidence").textContent = r.evidence;
     table("leak-processes-table", processColumns([
@@ -571,12 +585,15 @@ function riskCards(doc) {
   let sub = "no significant rise in peak memory";
   if (now && now.time_to_oom_s !== null) {
     forecast = fmtAge(now.time_to_oom_s);
-    sub = "band " + fmtAge(now.time_to_oom_low_s) + " – " + fmtAge(now.time_to_oom_high_s);
+    sub = "band " + fmtAge(now.time_to_oom_low_s) + " – " +
+      (now.time_to_oom_high_s === null ? "?" : fmtAge(now.time_to_oom_high_s)) +
+      (now.reasons.includes("growth") ? " · the floor's growth" : "");
   }
   return [
     card("OOM risk now", now ? now.level : "–", why, now ? now.level : ""),
     card("Headroom now", fmtBytes(doc.latest_headroom_bytes), ratio === null ? "" : (100 * ratio).toFixed(1) + " % of " + fmtBytes(doc.limit_bytes), headroomLevel),
-    card("Time to OOM", forecast, sub + " · " + doc.forecast_method, now && now.reasons.includes("trend") ? now.level : ""),
+    card("Time to OOM", forecast, sub + " · " + doc.forecast_method,
+      now && (now.reasons.includes("trend") || now.reasons.includes("growth")) ? now.level : ""),
     card("Warnings fired", doc.warnings.length, "in this window", doc.warnings.length ? "warning" : "ok"),
   ];
 }
