@@ -35,7 +35,9 @@ from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
 
 OOM_RECENT_S = 300.0
-PROCESS_GONE_S = 300.0  # a process silent this long is gone: its models no longer speak
+# a process silent this long is gone (its hooks sample several times a second while it lives):
+# its models no longer speak, and its last verdict row says it ended
+PROCESS_GONE_S = 60.0
 GONE_KEPT = 64  # gone processes whose models are kept, should their records arrive late
 HISTORY_MAX = 100_000
 WEBHOOK_FORMAT = "vramscope.alert/1"
@@ -145,6 +147,7 @@ class DeviceAnalysis:
         self._gone: dict[int, tuple[RiskModel | None, LeakDetector | None, KvTracker | None,
                                     bool]] = {}
         self._next_gone_check = 0.0
+        self.ended: list[int] = []  # processes found gone since the verdict log last looked
         self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
@@ -192,12 +195,13 @@ class DeviceAnalysis:
         is kept aside (``GONE_KEPT`` processes at most): a process whose records only arrived
         late (a client that lags the others, a replay of two files) goes on where it was,
         as it would have had its records come in time order."""
-        self._next_gone_check = now_s + 60.0
+        self._next_gone_check = now_s + PROCESS_GONE_S / 2
         gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
         for pid in gone:
             del self._last_seen[pid]
             self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
                                self.kvs.pop(pid, None), pid in self._sampled)
+            self.ended.append(pid)
             self._sampled.discard(pid)
             while len(self._gone) > GONE_KEPT:
                 del self._gone[next(iter(self._gone))]
@@ -548,6 +552,8 @@ class AlertEngine:
                 self._evaluate(d, rules, changed, rec.ts_s, rec.host, changes)
             if type(rec) is not Event or changed & _VERDICT:
                 verdicts.note(d, rec.pid, rec.host, rec.ts_s)
+            if d.ended:
+                verdicts.end(d, rec.host, rec.ts_s)
         self.history.extend(changes)
         return changes
 

@@ -66,16 +66,19 @@ class Verdict(NamedTuple):
     leak_time_to_oom_s: float | None = None
     leak_time_to_oom_low_s: float | None = None
     leak_time_to_oom_high_s: float | None = None
+    # the process ended (silent for the engine's PROCESS_GONE_S): this row is its last, its
+    # risk ended with it; what it says of the leak is history
+    ended: bool = False
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
         return (self.leak_state, self.leak_first_detected_ts_s, self.leak_estimated_floor,
-                self.risk_level, self.risk_cause, self.rank)
+                self.risk_level, self.risk_cause, self.rank, self.ended)
 
     def to_json(self) -> dict[str, Any]:
         """The documented form (docs/analysis.md, "Verdicts")."""
         return {"format": VERDICT_FORMAT, "ts": self.ts_s, "device": self.device,
-                "host": self.host, "pid": self.pid, "rank": self.rank,
+                "host": self.host, "pid": self.pid, "rank": self.rank, "ended": self.ended,
                 "leak": {"state": self.leak_state,
                          "slope_bytes_per_s": self.leak_slope_bytes_per_s,
                          "slope_bytes_per_h": self.leak_slope_bytes_per_s * 3600.0,
@@ -104,6 +107,7 @@ class Verdict(NamedTuple):
 def verdict_from_json(doc: dict[str, Any]) -> Verdict:
     """A :class:`Verdict` back from :meth:`Verdict.to_json` (as the store keeps it)."""
     leak, risk, kv = doc["leak"], doc["risk"], doc["kv"]
+    low, high, tto, tto_low, tto_high = _numbers(leak, GROWTH_KEYS)
     return Verdict(doc["ts"], doc["device"], doc.get("host"), doc.get("pid"), leak["state"],
                    leak["slope_bytes_per_s"], leak["start_ts"], leak["first_detected_ts"],
                    leak["span_s"], leak["evidence"], risk["level"], risk["cause"],
@@ -111,7 +115,8 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    risk["time_to_oom_low_s"], risk["time_to_oom_high_s"], kv["usage_ratio"],
                    kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
                    windows_from_json(leak.get("windows")),
-                   leak.get("estimated_floor") is True, *_numbers(leak, GROWTH_KEYS))
+                   leak.get("estimated_floor") is True, low, high, tto, tto_low, tto_high,
+                   doc.get("ended") is True)
 
 
 GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
@@ -184,6 +189,21 @@ class VerdictLog:
             self._row_orphans[key] = orphans
         else:
             self._seen[key] = (result, level, seen[2])
+
+    def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
+        """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
+        no forecast (what ran out of memory, or would have, is no longer there)."""
+        for pid in d.ended:
+            last = self.latest.get((host, d.device, pid))
+            if last is None or last.ended:
+                continue
+            v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
+                              risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
+                              time_to_oom_high_s=None)
+            self.latest[(host, d.device, pid)] = v
+            if not self.keep or len(self.history) < HISTORY_MAX:
+                self.history.append(v)
+        d.ended.clear()
 
     def take(self) -> list[Verdict]:
         """The rows made since the last ``take``."""

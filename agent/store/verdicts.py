@@ -29,8 +29,8 @@ LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
 NEWEST_READ = 4  # rows read at a process's newest instant (two writes of one instant, damage)
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
 ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
-# A process whose newest verdict is this much older than its device's newest has ended: the
-# engine forgets a process after five minutes of silence and writes nothing more for it.
+# A process whose newest verdict says it ended, or is this much older than its device's newest
+# (rows written before the engine wrote an ended row), has ended.
 ENDED_AFTER_S = 2 * HEARTBEAT_S
 
 
@@ -138,9 +138,10 @@ def current(rows: list[Verdict]) -> list[Verdict]:
 
 
 def ended(v: Verdict, rows: list[Verdict]) -> bool:
-    """``v``'s process has ended: its device went on writing verdicts without it."""
+    """``v``'s process has ended: its last row says so, or its device went on writing verdicts
+    without it."""
     newest = max(r.ts_s for r in rows)
-    return v.ts_s < newest - ENDED_AFTER_S
+    return v.ended or v.ts_s < newest - ENDED_AFTER_S
 
 
 def _verdict(doc: str) -> Verdict | None:

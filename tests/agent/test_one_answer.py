@@ -130,7 +130,7 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
     assert main(["status", "--db", url, "--socket", str(tmp_path / "none.sock")]) == 1
     said = capsys.readouterr().out
     slope_mib_h = live[leaky].leak_slope_bytes_per_s * 3600 / 2**20
-    assert f"GPU 0 pid {leaky} (leaky): LEAK {slope_mib_h:.1f} MiB/h; OOM risk" in said
+    assert f"GPU 0 pid {leaky} (leaky): LEAK {slope_mib_h:.1f} MiB/h (" in said
     assert f"GPU 0 pid {healthy} (healthy): no leak; OOM risk" in said
 
     with Store.open(url) as store:
