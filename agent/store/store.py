@@ -41,7 +41,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
-from vramscope.agent.config import INTEGRITY_MAX_CPU_PERCENT
+from vramscope.agent.config import (
+    INTEGRITY_MAX_CPU_PERCENT,
+    database_driver_problem,
+    database_url_problem,
+)
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -930,13 +934,17 @@ class Store:
 
 
 def _make_engine(url: str, synchronous: str) -> Engine:
+    # the check `config check` runs too, so that the two never disagree on a URL
+    problem = database_url_problem(url) or database_driver_problem(url)
+    if problem is not None:
+        raise StoreError(f"database URL {_hidden_password(url)!r}: {problem}")
     try:
         engine = create_engine(url)
     except (SQLAlchemyError, ValueError) as exc:
-        raise StoreError(f"bad database URL {url!r}: {exc}") from None
-    except ModuleNotFoundError as exc:
-        raise StoreError(f"database URL {url!r} needs the {exc.name!r} driver; "
-                         f"install it (pip install 'vramscope[postgres]')") from None
+        raise StoreError(f"bad database URL {_hidden_password(url)!r}: {exc}") from None
+    except ModuleNotFoundError as exc:  # a module the driver itself imports
+        raise StoreError(f"database URL {_hidden_password(url)!r} needs the {exc.name!r} "
+                         f"module, which is not installed") from None
     if engine.dialect.name == "sqlite":
         path = sqlite_file(engine.url)
         if path is not None:
@@ -946,6 +954,13 @@ def _make_engine(url: str, synchronous: str) -> Engine:
                 raise StoreError(f"cannot open database {url}: {exc}") from None
         _sqlite_pragmas(engine, synchronous)
     return engine
+
+
+def _hidden_password(url: str) -> str:
+    """``url`` with the password of ``user:password@`` masked, for messages."""
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _sqlite_pragmas(engine: Engine, synchronous: str) -> None:
