@@ -733,10 +733,12 @@ class Store:
                             Phase(r.phase) if r.phase else None, r.request_id,
                             stored_json(r.data), host, r.device_uuid)
 
-    def time_range(self, device: int | None = None,
-                   host: str | None = None) -> tuple[float, float] | None:
+    def time_range(self, device: int | None = None, host: str | None = None, *,
+                   not_after_s: float | None = None) -> tuple[float, float] | None:
         """First and last sample time of a device (every device of the host when None),
-        reaching back into the minute rollups where raw samples are gone.
+        reaching back into the minute rollups where raw samples are gone. With
+        ``not_after_s`` (the reader's clock), the last is the newest sample not ahead of it:
+        one row from a wrong clock must not stand for the newest real sample.
 
         Per device, ``min`` and ``max`` are separate scalar subqueries: each is then one seek on
         the ``(device_id, ts_s)`` index, whereas both in one SELECT turns SQLite's min/max
@@ -754,18 +756,21 @@ class Store:
             for did in dids:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
-                hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
+                hi = select(func.max(samples.c.ts_s)).where(
+                    mine, *_not_after(samples.c.ts_s, not_after_s)).scalar_subquery()
                 # history older than the raw samples lives on in the tiers (retention): the
                 # rollups reach furthest back, and end where a device without raw rows ends
                 first_minute = (select(func.min(rollups.c.bucket_s))
                                 .where(rollups.c.device_id == did).scalar_subquery())
                 last_minute = (select(func.max(rollups.c.bucket_s))
-                               .where(rollups.c.device_id == did).scalar_subquery())
+                               .where(rollups.c.device_id == did,
+                                      *_not_after(rollups.c.bucket_s, not_after_s))
+                               .scalar_subquery())
                 spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
         lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
                  for span in spans if span[1] is not None or span[3] is not None]
-        if not firsts:
+        if not firsts or not lasts:  # none, or every sample ahead of ``not_after_s``
             return None
         return float(min(firsts)), float(max(lasts))
 
@@ -1036,6 +1041,11 @@ def _time_filter(q: Any, column: ColumnElement[Any], start_s: float | None,
     if end_s is not None:
         q = q.where(column <= end_s)
     return q
+
+
+def _not_after(column: ColumnElement[Any], limit_s: float | None) -> list[ColumnElement[bool]]:
+    """``column <= limit_s`` as a filter list, empty without a limit (still one index seek)."""
+    return [] if limit_s is None else [column <= limit_s]
 
 
 def _new_id(result: CursorResult[Any]) -> int:
