@@ -58,7 +58,7 @@ from vramscope.agent.records import (
     Sample,
     uuid_candidates,
 )
-from vramscope.agent.store import migrate
+from vramscope.agent.store import content_keys, migrate
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -455,6 +455,46 @@ class Store:
             self._forget_ids()
             raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
         return written + len(event_rows)
+
+    def write_new(self, sample_batch: Sequence[Sample], event_batch: Sequence[Event],
+                  conn: Connection, repeats: content_keys.FileRepeats
+                  ) -> content_keys.NewRecords:
+        """``vramscope import``'s write, in ``conn``'s transaction: each row keyed by its
+        content, and only those not stored yet inserted (agent/store/content_keys.py), so that
+        a file imported twice, or files that overlap, store no row twice. ``repeats``: the
+        file's, kept from batch to batch. Returns the records that were new and how many were
+        already there."""
+        try:
+            joined = [(e, row) for e in event_batch
+                      if (row := self._event_row(e, conn))["device_id"] is not None]
+            if event_batch:
+                self._note_ranks(conn, event_batch)
+            return content_keys.write(conn, self.dialect, self._sample_rows(sample_batch, conn),
+                                      ([e for e, _ in joined], [row for _, row in joined]),
+                                      repeats)
+        except (SQLAlchemyError, OverflowError, UnicodeError, TypeError) as exc:
+            self._forget_ids()
+            raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
+
+    def _sample_rows(self, batch: Sequence[Sample], c: Connection
+                     ) -> tuple[list[Sample], list[tuple[Any, ...]]]:
+        """The joined samples and their rows in ``content_keys.SAMPLE_ROW`` order (unjoined
+        ones left out); the device ids from the caches inline, as in ``_insert_samples``."""
+        records: list[Sample] = []
+        rows: list[tuple[Any, ...]] = []
+        by_uuid, by_index, host_name = self._uuid_ids, self._device_ids, self.host_name
+        for s in batch:
+            uuid = s.device_uuid
+            did = (by_index.get((s.host or host_name, s.device)) if uuid is None
+                   else by_uuid.get((s.host or host_name, uuid)))
+            if did is None:
+                did = self._device_of(s, c)
+                if did is None:
+                    continue
+            phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
+            records.append(s)
+            rows.append((did, s.ts_s, phase, s.source, s.pid) + s[_COUNTERS_START:_COUNTERS_END])
+        return records, rows
 
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have inserted host or device rows and cached their
