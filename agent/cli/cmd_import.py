@@ -112,7 +112,7 @@ def written_batches(store: Store, conn: Connection, paths: list[str], skip_inval
                 yield new.samples, new.events
         report_skipped(skipped)
         reports.append(f"{path}: imported {counts[0]} samples and {counts[1]} events"
-                       f"{already_note(counts[2], counts[3])}{skipped_note(skipped)}")
+                       f"{skipped_note(skipped)}{already_note(counts[2], counts[3])}")
 
 
 def already_note(samples: int, events: int) -> str:
