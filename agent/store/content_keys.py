@@ -9,9 +9,10 @@ same time and the same 64-bit digest. Time comes first in the index so that a tr
 time order, adds its keys at the index's end: digests alone would scatter the inserts over the
 whole index, which grows with the table.
 
-What is already stored is looked up per batch (one range of that index, over the batch's
-times), so that the caller learns which records were new: ``import`` runs the alert engine over
-those alone, and its verdicts and alerts are not stored twice either. The inserts still say
+What is already stored is looked up per batch (:func:`_stored`: whether any keyed row lies in
+the batch's span of time, and only then its keys, each one seek of that index), so that the
+caller learns which records were new: ``import`` runs the alert engine over those alone, and
+its verdicts and alerts are not stored twice either. The inserts still say
 ``ON CONFLICT DO NOTHING``: another import writing the same rows meanwhile skips them too.
 """
 
@@ -79,8 +80,10 @@ class Repeats:
     """The keys of one file's rows: a row's digest, or, for the n-th repeat of a row the file
     holds more than once, the digest of the row and n. A line a file says twice is then two
     rows, and the file imported again still adds none (nor does another file with the same
-    repeats). Repeats are counted among rows of one time, so that what is held stays bounded
-    by the rows of one instant, whatever the file's size; identical rows share their time."""
+    repeats). Repeats are counted among consecutive rows of one time, so that what is held
+    stays bounded by the rows of one instant, whatever the file's size (identical rows share
+    their time; a file out of time order that repeats a row with other times between the
+    repeats keeps it once)."""
 
     def __init__(self) -> None:
         self._ts: float | None = None
@@ -131,8 +134,9 @@ def write(c: Connection, dialect: str, sample_batch: tuple[list[Sample], list[tu
 
 def _new_only(c: Connection, table: Table, records: list[R], rows: list[Any],
               keys: list[int]) -> tuple[tuple[list[R], list[Any]], int]:
-    """The records and rows whose key is not stored (in the batch's span of time) nor earlier
-    in ``keys`` (the same file twice in one command), and how many were left out."""
+    """The records and rows whose key is neither stored nor earlier in ``keys`` (a repeat
+    that :class:`Repeats` did not number, in a file out of time order), and how many were
+    left out."""
     if not rows:
         return ([], []), 0
     times = [row["ts_s"] if isinstance(row, dict) else row[1] for row in rows]
