@@ -9,9 +9,11 @@ See ``docs/demo.md`` and :mod:`vramscope.agent.sim.demo` for what runs and how s
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from vramscope.agent.cli.common import shown_db, url_or_path
 from vramscope.agent.errors import UsageError
@@ -77,18 +79,41 @@ def _check(args: argparse.Namespace) -> None:
 
 
 DEMO_FILE = "demo.db"
+_HELD: list[IO[bytes]] = []  # the locks of this process's demo database, held until it exits
 
 
 def _fresh_demo_database() -> str:
     """The default demo database: ``demo.db`` in the data directory, beside (never in) the
     agent's default ``vramscope.db``, so simulated devices do not mix with real ones. Kept when
-    the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh."""
+    the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh.
+    A demo that runs holds its file (a lock beside it): a second one takes the next free file
+    (``demo-2.db``, ...) instead of deleting the database under the first."""
     from vramscope.agent.config import data_dir
 
-    path = data_dir() / DEMO_FILE
+    folder = data_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = folder / (DEMO_FILE if n == 1 else f"demo-{n}.db")
+        if _hold(path):
+            break
     for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
         leftover.unlink(missing_ok=True)
     return f"sqlite:///{path}"
+
+
+def _hold(path: Path) -> bool:
+    """Whether this process now holds ``path`` (``PATH.lock``, locked until it exits): False
+    while another demo holds it."""
+    import fcntl
+
+    lock = open(path.with_name(path.name + ".lock"), "ab")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return False
+    _HELD.append(lock)
+    return True
 
 
 def _history_s(args: argparse.Namespace) -> float:

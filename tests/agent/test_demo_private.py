@@ -88,3 +88,35 @@ def test_two_demos_get_two_private_folders_and_one_ending_leaves_the_other():
                 assert stat.S_IMODE(folder.st_mode) == 0o700
         assert Path(first).parent.is_dir() and not Path(second).parent.exists()
     assert not Path(first).parent.exists()
+
+
+def _end_demos(cmd_demo, since: int) -> None:
+    """As if the demos whose files were held after the first ``since`` locks had ended."""
+    held = getattr(cmd_demo, "_HELD", [])  # (the old code held none)
+    for lock in held[since:]:
+        lock.close()
+    del held[since:]
+
+
+def test_a_second_demo_takes_a_database_of_its_own_and_leaves_the_running_ones(
+        tmp_path, monkeypatch):
+    """Each demo without --db starts demo.db afresh, by deleting it: a second demo deleted the
+    database of the one still running. A running demo holds its file now (a lock beside it),
+    and a second one takes the next free file."""
+    from vramscope.agent.cli import cmd_demo
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    since = len(getattr(cmd_demo, "_HELD", []))
+    try:
+        first = Path(cmd_demo._fresh_demo_database().removeprefix("sqlite:///"))
+        first.write_bytes(b"the running demo's data")
+        second = Path(cmd_demo._fresh_demo_database().removeprefix("sqlite:///"))
+        assert (first.name, second.name) == ("demo.db", "demo-2.db")
+        assert first.read_bytes() == b"the running demo's data"
+    finally:
+        _end_demos(cmd_demo, since)
+    try:  # both ended: the next demo starts demo.db afresh
+        assert cmd_demo._fresh_demo_database().endswith("/vramscope/demo.db")
+        assert not first.exists()
+    finally:
+        _end_demos(cmd_demo, since)
