@@ -66,7 +66,8 @@ _SUMMED = tuple(f for f in SAMPLE_COUNTER_FIELDS
 
 
 def latest_values(store: Store, device: int, host: str | None,
-                  procs: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+                  procs: dict[int, dict[str, Any]] | None = None,
+                  now_s: float | None = None) -> dict[str, Any] | None:
     """The device now: each process's newest values, the device's NVML view, and the rest.
 
     Several processes on one device (two models, MPS, ranks sharing a GPU) stay apart
@@ -76,8 +77,9 @@ def latest_values(store: Store, device: int, host: str | None,
     rows by pid). The device's counters are the processes' sum; ``device_used_bytes`` and
     ``device_total_bytes`` are NVML's; ``unexplained_bytes`` = NVML used − the processes'
     reserved bytes (other users of the GPU, CUDA contexts, memory outside torch).
+    With ``now_s``, samples ahead of it are left out: a wrong clock's row is not "now".
     """
-    span = store.time_range(device, host)
+    span = store.time_range(device, host, not_after_s=now_s)
     if span is None:
         return None
     recent = store.samples(device, span[1] - LATEST_WINDOW_S, span[1], host=host)
@@ -158,7 +160,7 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
     reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
     for d in store.devices(host="*"):
         host = host_or_none(store, d["host"])
-        latest = latest_values(store, d["device_index"], host, procs.get(d["host"]))
+        latest = latest_values(store, d["device_index"], host, procs.get(d["host"]), now_s)
         if d["device_index"] < 0 and latest is None:
             continue  # a retired label (NVML renumbered the GPUs) with nothing recent
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
@@ -247,13 +249,16 @@ def freshness_now(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     """The freshness of all the data (:func:`~vramscope.dashboard.verdict.freshness`): its
     newest sample, the newest agent report and the server processes connected."""
     report = servers.newest_agent_report(store)
-    return freshness(newest_sample_s(store), now_s, config, report,
+    return freshness(newest_sample_s(store, now_s), now_s, config, report,
                      servers.connected_clients(store, report, now_s, config))
 
 
-def newest_sample_s(store: Store) -> float | None:
-    """The newest sample's time over every device of every host (one indexed look-up each)."""
-    spans = (store.time_range(d["device_index"], host_or_none(store, d["host"]))
+def newest_sample_s(store: Store, now_s: float) -> float | None:
+    """The newest sample's time not ahead of ``now_s`` over every device of every host (one
+    indexed look-up each): a row from a wrong clock, ahead of now, would read as the newest
+    and turn freshness for all the data on its time instead of the real samples'."""
+    spans = (store.time_range(d["device_index"], host_or_none(store, d["host"]),
+                              not_after_s=now_s)
              for d in store.devices(host="*"))
     return max((span[1] for span in spans if span), default=None)
 

@@ -61,8 +61,9 @@ def freshness(newest_ts_s: float | None, now_s: float, config: Mapping[str, Any]
     those of them that write this data (a device's processes), when known: connected and
     silent, they make it idle even while the agent writes other rows.
     No data is not stale (there is nothing to mistake for live), but ``newest_ts_s`` is None.
-    ``why`` names who stopped reporting when stale: ``"agent"`` or ``"clients"``; or
-    ``"future"``: the newest sample is timed ahead of the clock (a wrong clock's row).
+    ``why`` names who stopped reporting when stale: ``"agent"`` or ``"clients"``.
+    ``newest_ts_s`` is the newest sample not ahead of ``now_s`` (``Store.time_range``'s
+    ``not_after_s``): a row from a wrong clock, ahead of now, is not the newest real sample.
     """
     limit = stale_after_s(config)
     age = None if newest_ts_s is None else max(0.0, now_s - newest_ts_s)
@@ -72,10 +73,6 @@ def freshness(newest_ts_s: float | None, now_s: float, config: Mapping[str, Any]
     if writers is not None:
         clients = writers
     state, why = _state(age, limit, agent, agent_age, clients or 0, writers is not None)
-    if newest_ts_s is not None and newest_ts_s - now_s > limit:
-        # a stored row from a wrong clock (retention deletes it within a day) would hide the
-        # newest real sample and read "live" for good (issue 32)
-        state, why = "stale", "future"
     return {"now_s": now_s, "newest_ts_s": newest_ts_s, "age_s": age, "stale_after_s": limit,
             "state": state, "stale": state == "stale", "why": why, "agent_age_s": agent_age,
             "clients": clients}

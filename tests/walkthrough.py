@@ -126,6 +126,8 @@ _ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _AGE = re.compile(r"\b[\d.]+ (s|min|h|days) ago\b")
 _DB_SIZE = re.compile(r"^(database: \S+, )[\d.]+ MiB$")
 _PORT = re.compile(r"(http://127\.0\.0\.1:)\d+/")
+# The demo's own socket folder (tempfile.mkdtemp): a fresh name every run.
+_DEMO_FOLDER = re.compile(r"\S*/vramscope-demo-[^/\s]+/")
 _PROGRESS_LEFT_OUT = ("  [a progress line every 5 s and a log line per alert fired or resolved, "
                       "left out: how far 20 s of simulation gets depends on the machine]")
 _ALERTS_LEFT_OUT = "  [a line per alert: which have fired and resolved by the end varies]"
@@ -138,7 +140,9 @@ def normalise_demo(lines: list[str]) -> list[str]:
         log = _LOG_LINE.match(line)
         if log:
             if log.group(3).startswith("agent started"):
-                out.append(f"<time> {log.group(1)} {log.group(2)} {log.group(3)}")
+                out.append(_DEMO_FOLDER.sub("/tmp/vramscope-demo-<random>/",
+                                            f"<time> {log.group(1)} {log.group(2)} "
+                                            f"{log.group(3)}"))
             continue  # alert log lines and the final row count vary with the machine's speed
         if line.startswith("sim ") or "behind real time" in line:
             if _PROGRESS_LEFT_OUT not in out:
@@ -150,7 +154,8 @@ def normalise_demo(lines: list[str]) -> list[str]:
             continue
         if line.startswith("  device ") or "post-mortem(s)" in line:
             line = re.sub(r"\d+ (requests|aborted|OOM|alert)", r"<n> \1", line)
-        out.append(_PORT.sub(r"\g<1><port>/", line))
+        out.append(_DEMO_FOLDER.sub("/tmp/vramscope-demo-<random>/",
+                                    _PORT.sub(r"\g<1><port>/", line)))
     return out
 
 

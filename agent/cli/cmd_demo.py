@@ -9,9 +9,11 @@ See ``docs/demo.md`` and :mod:`vramscope.agent.sim.demo` for what runs and how s
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from vramscope.agent.cli.common import shown_db, url_or_path
 from vramscope.agent.errors import UsageError
@@ -77,18 +79,41 @@ def _check(args: argparse.Namespace) -> None:
 
 
 DEMO_FILE = "demo.db"
+_HELD: list[IO[bytes]] = []  # the locks of this process's demo database, held until it exits
 
 
 def _fresh_demo_database() -> str:
     """The default demo database: ``demo.db`` in the data directory, beside (never in) the
     agent's default ``vramscope.db``, so simulated devices do not mix with real ones. Kept when
-    the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh."""
+    the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh.
+    A demo that runs holds its file (a lock beside it): a second one takes the next free file
+    (``demo-2.db``, ...) instead of deleting the database under the first."""
     from vramscope.agent.config import data_dir
 
-    path = data_dir() / DEMO_FILE
+    folder = data_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = folder / (DEMO_FILE if n == 1 else f"demo-{n}.db")
+        if _hold(path):
+            break
     for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
         leftover.unlink(missing_ok=True)
     return f"sqlite:///{path}"
+
+
+def _hold(path: Path) -> bool:
+    """Whether this process now holds ``path`` (``PATH.lock``, locked until it exits): False
+    while another demo holds it."""
+    import fcntl
+
+    lock = open(path.with_name(path.name + ".lock"), "ab")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return False
+    _HELD.append(lock)
+    return True
 
 
 def _history_s(args: argparse.Namespace) -> float:
@@ -100,8 +125,6 @@ def _history_s(args: argparse.Namespace) -> float:
 
 
 def _run_sim(config: Config, db_url: str, args: argparse.Namespace) -> int:
-    import threading
-
     from vramscope.agent.clock import SYSTEM_CLOCK
     from vramscope.agent.embedded import EmbeddedAgent
     from vramscope.agent.sim import demo
@@ -109,19 +132,38 @@ def _run_sim(config: Config, db_url: str, args: argparse.Namespace) -> int:
     scenarios = demo.resolve_scenarios(args.scenario)
     pacer = demo.Pacer(SYSTEM_CLOCK, _history_s(args), args.speed)
     servers = demo.make_servers(scenarios, sink=None, start_ts_s=pacer.sim0_s)
-    # listen: `vramscope status` asks the agent's socket; skipped if another agent has it
-    agent = EmbeddedAgent(config, db_url=db_url, source=demo.SimDeviceSource(servers),
-                          listen=True)
-    for server in servers:
-        server.sink = agent.sink
-    agent.start()
-    _register_process(agent, servers)
+    with demo.private_socket() as socket_path:
+        # listen, on a socket of its own: `vramscope status --socket` asks it, and no server
+        # of this host finds it where its hooks look for the real agent
+        agent = EmbeddedAgent(config, db_url=db_url, source=demo.SimDeviceSource(servers),
+                              listen=True, socket_path=socket_path)
+        for server in servers:
+            server.sink = agent.sink
+        agent.start()
+        _register_process(agent, servers)
+        _simulate(config, db_url, args, agent, servers, scenarios, pacer)
+    print("demo finished:")
+    print("\n".join(demo.summary(agent.store, servers, pacer.clock.time_s())))
+    print(f"database kept: {shown_db(db_url)}; look at it again with "
+          f"'vramscope dashboard --db {shown_db(db_url)}' or 'vramscope analyze --db "
+          f"{shown_db(db_url)}'")
+    return 0
+
+
+def _simulate(config: Config, db_url: str, args: argparse.Namespace, agent: EmbeddedAgent,
+              servers: list[SimServer], scenarios: Sequence[str], pacer: Pacer) -> None:
+    """The dashboard and the simulation until ``--duration`` or Ctrl-C; then the agent's
+    final flush."""
+    import threading
+
+    from vramscope.agent.sim import demo
+
     web = None
     try:
         host = args.host or config["dashboard.host"]
         port = 0 if args.port == 0 else config["dashboard.port"]
         web, url = demo.serve_dashboard(config, agent.store, host, port)
-        _announce(url, db_url, scenarios, pacer, args)
+        _announce(url, db_url, scenarios, pacer, args, agent.agent.socket_path)
         progress = demo.Progress(sys.stdout)
         demo.run_simulation(servers, pacer, agent, args.duration, progress, threading.Event())
         progress.show(demo.status_line(servers, pacer, agent), force=True)
@@ -132,13 +174,6 @@ def _run_sim(config: Config, db_url: str, args: argparse.Namespace) -> int:
         if web is not None:
             web.close()
         agent.stop()
-    print("demo finished:")
-    print("\n".join(demo.summary(agent.store, servers, pacer.clock.time_s())))
-    print(f"database kept: {shown_db(db_url)}; look at it again with "
-          f"'vramscope dashboard --db {shown_db(db_url)}' or 'vramscope analyze --db "
-          f"{shown_db(db_url)}'")
-    return 0
-
 
 
 def _register_process(agent: EmbeddedAgent, servers: list[SimServer]) -> None:
@@ -154,7 +189,7 @@ def _register_process(agent: EmbeddedAgent, servers: list[SimServer]) -> None:
 
 
 def _announce(url: str, db_url: str, scenarios: Sequence[str], pacer: Pacer,
-              args: argparse.Namespace) -> None:
+              args: argparse.Namespace, socket_path: str) -> None:
     history_min = (pacer.wall0_s - pacer.sim0_s) / 60
     print(f"vramscope demo: dashboard at {url}")
     print(f"  simulated servers: {', '.join(scenarios)} (one simulated GPU each)")
@@ -162,6 +197,8 @@ def _announce(url: str, db_url: str, scenarios: Sequence[str], pacer: Pacer,
     fresh = "" if args.db_url else "; the next demo without --db starts it afresh"
     print(f"  database: {shown_db(db_url)} (kept when the demo ends{fresh}; --db PATH "
           f"to choose)")
+    print(f"  agent socket: {socket_path} (this demo's own, removed when it ends; "
+          f"'vramscope status --socket {socket_path}' asks it)")
     sys.stdout.flush()
     if not args.no_browser:
         try:

@@ -4,6 +4,9 @@ Strict by default: the first malformed line of any file rejects the import with
 ``FILE:LINE: what is wrong`` and writes nothing. All the files given are imported in **one**
 transaction: if any of them fails (a bad line, a write the database refuses), none is kept.
 Files are streamed in chunks of 5,000 records, so memory does not grow with their size.
+Idempotent: a record already stored (the same file imported again, files that overlap) is not
+stored again, and each file's line says how many were already there
+(agent/store/content_keys.py); the alert engine runs over the new records alone.
 """
 
 from __future__ import annotations
@@ -93,19 +96,30 @@ def written_batches(store: Store, conn: Connection, paths: list[str], skip_inval
              reports: list[str]) -> Iterator[Batch]:
     """Each file's records in chunks, each written to the store as it is yielded; a line for
     each file in ``reports`` once it is read."""
+    from vramscope.agent.store.content_keys import FileRepeats
     from vramscope.agent.trace import iter_trace
 
     for path in paths:
         skipped: list[TraceError] = []
-        n_samples = n_events = 0
+        counts = [0, 0, 0, 0]  # new samples, new events, samples there, events there
+        repeats = FileRepeats.new()
         for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
-            store.write(samples, events, conn=conn)
-            n_samples += len(samples)
-            n_events += len(events)
-            yield samples, events
+            new = store.write_new(samples, events, conn, repeats)
+            for i, n in enumerate((len(new.samples), len(new.events), new.samples_there,
+                                   new.events_there)):
+                counts[i] += n
+            if new.samples or new.events:
+                yield new.samples, new.events
         report_skipped(skipped)
-        reports.append(f"{path}: imported {n_samples} samples and {n_events} events"
-                       f"{skipped_note(skipped)}")
+        reports.append(f"{path}: imported {counts[0]} samples and {counts[1]} events"
+                       f"{skipped_note(skipped)}{already_note(counts[2], counts[3])}")
+
+
+def already_note(samples: int, events: int) -> str:
+    """``; 435 samples and 12 events were already there, not stored again`` (or nothing)."""
+    if not samples and not events:
+        return ""
+    return f"; {samples} samples and {events} events were already there, not stored again"
 
 
 def report_skipped(skipped: list[TraceError], shown: int = 10) -> None:

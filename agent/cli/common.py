@@ -84,6 +84,7 @@ def checked_config(path: str | None, *, problems: list[str] | None = None) -> Ch
         except ConfigError as exc:
             bad_rules.append(f"{where}{exc}")
     found += bad_rules
+    found += _driver_problems(config, where)
     rules: list[Rule] = []
     server = None
     try:
@@ -99,6 +100,16 @@ def checked_config(path: str | None, *, problems: list[str] | None = None) -> Ch
     elif found:
         raise ConfigError("\n".join(found), problems=found)
     return CheckedConfig(config, rules, server)
+
+
+def _driver_problems(config: Config, where: str) -> list[str]:
+    """``database.url``'s driver when it is not installed: the store refuses it before it
+    connects (``Store.open``), so ``config check`` says so too."""
+    from vramscope.agent.config import database_driver_problem
+
+    url = config["database.url"]
+    problem = database_driver_problem(url)
+    return [] if problem is None else [f"{where}database.url = {url!r}: {problem}"]
 
 
 def open_store(args: argparse.Namespace, config: Config | None = None, *,

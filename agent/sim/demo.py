@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
 
 from vramscope.agent.clock import Clock
@@ -41,6 +45,22 @@ log = logging.getLogger("vramscope.demo")
 
 DEMO_SCENARIOS = ("healthy", "leak", "fragmentation")  # "all"
 SLICE_S = 60.0  # simulated seconds per server between progress checks
+
+
+SOCKET_NAME = "agent.sock"
+
+
+@contextmanager
+def private_socket() -> Iterator[str]:
+    """A socket path for the demo's agent in a folder of its own (``mkdtemp``: mode 0700, a
+    fresh name), removed with the folder when the demo ends. Never the host's default socket:
+    the servers' hooks on this machine connect there, and they would write their real records
+    into the demo's database (and a real agent started later would find it taken)."""
+    folder = tempfile.mkdtemp(prefix="vramscope-demo-")
+    try:
+        yield os.path.join(folder, SOCKET_NAME)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class SimDeviceSource:

@@ -110,7 +110,14 @@ samples = Table(
     UniqueConstraint("origin", "seq", name="uq_samples_origin_seq").ddl_if(dialect="sqlite"),
     UniqueConstraint("origin", "seq", "ts_s", name="uq_samples_origin_seq_ts_s")
     .ddl_if(dialect="postgresql"),
+    # Idempotent import (0012, agent/store/content_keys.py): an imported row's content digest,
+    # unique with its time, so a file imported twice or files that overlap store no row twice.
+    # NULL for the live agent's rows, which the partial index leaves out.
+    Column("content_key", BigInteger, nullable=True),
     Index("ix_samples_device_ts", "device_id", "ts_s"),
+    Index("uq_samples_ts_content_key", "ts_s", "content_key", unique=True,
+          sqlite_where=literal_column("content_key IS NOT NULL"),
+          postgresql_where=literal_column("content_key IS NOT NULL")),
     postgresql_partition_by="RANGE (ts_s)",
 )
 
@@ -127,7 +134,11 @@ events = Table(
     Column("origin", String(64), nullable=True),
     Column("seq", BigInteger, nullable=True),
     UniqueConstraint("origin", "seq", name="uq_events_origin_seq"),
+    Column("content_key", BigInteger, nullable=True),  # as samples's: idempotent import (0012)
     Index("ix_events_device_ts", "device_id", "ts_s"),
+    Index("uq_events_ts_content_key", "ts_s", "content_key", unique=True,
+          sqlite_where=literal_column("content_key IS NOT NULL"),
+          postgresql_where=literal_column("content_key IS NOT NULL")),
     # rare events (OOMs, phase changes) by name without reading the requests around them (0004)
     Index("ix_events_device_name_ts", "device_id", "name", "ts_s"),
 )

@@ -41,7 +41,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
-from vramscope.agent.config import INTEGRITY_MAX_CPU_PERCENT
+from vramscope.agent.config import (
+    INTEGRITY_MAX_CPU_PERCENT,
+    database_driver_problem,
+    database_url_problem,
+)
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -54,7 +58,7 @@ from vramscope.agent.records import (
     Sample,
     uuid_candidates,
 )
-from vramscope.agent.store import migrate
+from vramscope.agent.store import content_keys, migrate
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -452,6 +456,46 @@ class Store:
             raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
         return written + len(event_rows)
 
+    def write_new(self, sample_batch: Sequence[Sample], event_batch: Sequence[Event],
+                  conn: Connection, repeats: content_keys.FileRepeats
+                  ) -> content_keys.NewRecords:
+        """``vramscope import``'s write, in ``conn``'s transaction: each row keyed by its
+        content, and only those not stored yet inserted (agent/store/content_keys.py), so that
+        a file imported twice, or files that overlap, store no row twice. ``repeats``: the
+        file's, kept from batch to batch. Returns the records that were new and how many were
+        already there."""
+        try:
+            joined = [(e, row) for e in event_batch
+                      if (row := self._event_row(e, conn))["device_id"] is not None]
+            if event_batch:
+                self._note_ranks(conn, event_batch)
+            return content_keys.write(conn, self.dialect, self._sample_rows(sample_batch, conn),
+                                      ([e for e, _ in joined], [row for _, row in joined]),
+                                      repeats)
+        except (SQLAlchemyError, OverflowError, UnicodeError, TypeError) as exc:
+            self._forget_ids()
+            raise StoreError(f"cannot write to {self.safe_url}: {_reason(exc)}") from exc
+
+    def _sample_rows(self, batch: Sequence[Sample], c: Connection
+                     ) -> tuple[list[Sample], list[tuple[Any, ...]]]:
+        """The joined samples and their rows in ``content_keys.SAMPLE_ROW`` order (unjoined
+        ones left out); the device ids from the caches inline, as in ``_insert_samples``."""
+        records: list[Sample] = []
+        rows: list[tuple[Any, ...]] = []
+        by_uuid, by_index, host_name = self._uuid_ids, self._device_ids, self.host_name
+        for s in batch:
+            uuid = s.device_uuid
+            did = (by_index.get((s.host or host_name, s.device)) if uuid is None
+                   else by_uuid.get((s.host or host_name, uuid)))
+            if did is None:
+                did = self._device_of(s, c)
+                if did is None:
+                    continue
+            phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
+            records.append(s)
+            rows.append((did, s.ts_s, phase, s.source, s.pid) + s[_COUNTERS_START:_COUNTERS_END])
+        return records, rows
+
     def _forget_ids(self) -> None:
         """A rolled-back transaction may have inserted host or device rows and cached their
         ids: forget the cache, or every later batch would point at rows that do not exist."""
@@ -729,10 +773,12 @@ class Store:
                             Phase(r.phase) if r.phase else None, r.request_id,
                             stored_json(r.data), host, r.device_uuid)
 
-    def time_range(self, device: int | None = None,
-                   host: str | None = None) -> tuple[float, float] | None:
+    def time_range(self, device: int | None = None, host: str | None = None, *,
+                   not_after_s: float | None = None) -> tuple[float, float] | None:
         """First and last sample time of a device (every device of the host when None),
-        reaching back into the minute rollups where raw samples are gone.
+        reaching back into the minute rollups where raw samples are gone. With
+        ``not_after_s`` (the reader's clock), the last is the newest sample not ahead of it:
+        one row from a wrong clock must not stand for the newest real sample.
 
         Per device, ``min`` and ``max`` are separate scalar subqueries: each is then one seek on
         the ``(device_id, ts_s)`` index, whereas both in one SELECT turns SQLite's min/max
@@ -750,18 +796,21 @@ class Store:
             for did in dids:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
-                hi = select(func.max(samples.c.ts_s)).where(mine).scalar_subquery()
+                hi = select(func.max(samples.c.ts_s)).where(
+                    mine, *_not_after(samples.c.ts_s, not_after_s)).scalar_subquery()
                 # history older than the raw samples lives on in the tiers (retention): the
                 # rollups reach furthest back, and end where a device without raw rows ends
                 first_minute = (select(func.min(rollups.c.bucket_s))
                                 .where(rollups.c.device_id == did).scalar_subquery())
                 last_minute = (select(func.max(rollups.c.bucket_s))
-                               .where(rollups.c.device_id == did).scalar_subquery())
+                               .where(rollups.c.device_id == did,
+                                      *_not_after(rollups.c.bucket_s, not_after_s))
+                               .scalar_subquery())
                 spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
         lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
                  for span in spans if span[1] is not None or span[3] is not None]
-        if not firsts:
+        if not firsts or not lasts:  # none, or every sample ahead of ``not_after_s``
             return None
         return float(min(firsts)), float(max(lasts))
 
@@ -930,13 +979,17 @@ class Store:
 
 
 def _make_engine(url: str, synchronous: str) -> Engine:
+    # the check `config check` runs too, so that the two never disagree on a URL
+    problem = database_url_problem(url) or database_driver_problem(url)
+    if problem is not None:
+        raise StoreError(f"database URL {_hidden_password(url)!r}: {problem}")
     try:
         engine = create_engine(url)
     except (SQLAlchemyError, ValueError) as exc:
-        raise StoreError(f"bad database URL {url!r}: {exc}") from None
-    except ModuleNotFoundError as exc:
-        raise StoreError(f"database URL {url!r} needs the {exc.name!r} driver; "
-                         f"install it (pip install 'vramscope[postgres]')") from None
+        raise StoreError(f"bad database URL {_hidden_password(url)!r}: {exc}") from None
+    except ModuleNotFoundError as exc:  # a module the driver itself imports
+        raise StoreError(f"database URL {_hidden_password(url)!r} needs the {exc.name!r} "
+                         f"module, which is not installed") from None
     if engine.dialect.name == "sqlite":
         path = sqlite_file(engine.url)
         if path is not None:
@@ -946,6 +999,13 @@ def _make_engine(url: str, synchronous: str) -> Engine:
                 raise StoreError(f"cannot open database {url}: {exc}") from None
         _sqlite_pragmas(engine, synchronous)
     return engine
+
+
+def _hidden_password(url: str) -> str:
+    """``url`` with the password of ``user:password@`` masked, for messages."""
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _sqlite_pragmas(engine: Engine, synchronous: str) -> None:
@@ -1021,6 +1081,11 @@ def _time_filter(q: Any, column: ColumnElement[Any], start_s: float | None,
     if end_s is not None:
         q = q.where(column <= end_s)
     return q
+
+
+def _not_after(column: ColumnElement[Any], limit_s: float | None) -> list[ColumnElement[bool]]:
+    """``column <= limit_s`` as a filter list, empty without a limit (still one index seek)."""
+    return [] if limit_s is None else [column <= limit_s]
 
 
 def _new_id(result: CursorResult[Any]) -> int:

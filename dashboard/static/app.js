@@ -211,9 +211,7 @@ function showFreshness(f) {
   if (f.stale) {
     live.textContent = "○ stale: " + fmtAge(f.age_s) + " old";
     live.title = "no new sample since " + fmtTime(f.newest_ts_s);
-    node.textContent = f.why === "future"
-      ? "Stale data: the newest sample is timed " + fmtTime(f.newest_ts_s) + ", ahead of this clock: a wrong clock wrote it, and it hides the newest real sample. Values, verdicts and alerts below may not be current."
-      : "Stale data: the newest sample is " + since + ". Values, verdicts and alerts below are as of then, not now. " +
+    node.textContent = "Stale data: the newest sample is " + since + ". Values, verdicts and alerts below are as of then, not now. " +
       (f.why === "clients"
         ? "The agent is running (report " + fmtAge(f.agent_age_s) + " ago) but no server process is connected to it: did the server stop?"
         : f.agent_age_s === null ? "No agent report is stored: is the agent running?"

@@ -93,18 +93,29 @@ def test_dashboard_port_0_takes_any_free_port(tmp_path):
         proc.wait(timeout=10)
 
 
+def _demo_socket(demo: subprocess.Popen[str]) -> str:
+    """The socket the demo names as its own (its announcement's line)."""
+    assert demo.stdout is not None
+    for line in demo.stdout:
+        if line.startswith("  agent socket: "):
+            return line.split("agent socket: ", 1)[1].split(" ", 1)[0]
+    raise AssertionError("the demo named no socket of its own")
+
+
 def test_status_sees_a_running_demo_and_the_demo_keeps_its_database(tmp_path):
-    """The demo's embedded agent serves the agent socket, so ``status`` reaches it; its
-    database is kept when it ends, in the data directory, and no temporary folder is left."""
+    """The demo's embedded agent serves a socket of its own (issue 45, item 8), which it
+    names, so ``status --socket`` reaches it; its database is kept when it ends, in the data
+    directory, and no temporary folder is left."""
     demo = subprocess.Popen([sys.executable, "-m", "vramscope", "demo", "--duration", "8",
                              "--no-browser", "--port", "0", "--history-min", "5"],
                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         status = None
+        socket_path = _demo_socket(demo)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and demo.poll() is None:
-            proc = _vramscope(["status", "--json"], tmp_path)
+            proc = _vramscope(["status", "--json", "--socket", socket_path], tmp_path)
             status = json.loads(proc.stdout)
             if status.get("running"):
                 break
@@ -118,6 +129,7 @@ def test_status_sees_a_running_demo_and_the_demo_keeps_its_database(tmp_path):
             demo.kill()
             demo.wait()
     assert demo.returncode == 0, err[-2000:]
+    assert not Path(socket_path).parent.exists()  # its own folder goes with it
     kept = tmp_path / "data" / "vramscope" / "demo.db"  # $XDG_DATA_HOME/vramscope/demo.db
     assert f"database kept: {kept};" in out
     assert kept.is_file()

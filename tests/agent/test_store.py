@@ -135,7 +135,8 @@ def test_synchronous_full_by_config(tmp_path):
 
 
 def test_bad_urls_are_clear():
-    with pytest.raises(StoreError, match="bad database URL 'nonsense://x'"):
+    with pytest.raises(StoreError, match="database URL 'nonsense://x': 'nonsense' is not a "
+                                         "database vramscope stores to"):
         Store.open("nonsense://x")
     with pytest.raises(StoreError, match="cannot open database"):
         Store.open("sqlite:////proc/forbidden/x.db")
