@@ -197,6 +197,9 @@ FAST_SPAN_SHARE = 0.05  # ...and at least this share of its time to fill
 FAST_MIN_POINTS = 6
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
+# a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
+# they hold is estimated) must span this much: a wave of static batches lifts them for minutes
+FAST_ESTIMATED_SPAN_S = 600.0
 FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
@@ -217,8 +220,9 @@ class FastGrowth:
     minimum slope and at least ``FAST_PRECISION`` of its rate; its rate would fill the headroom
     within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the floor's wandering
     before it (``level_noise``, also the least noise its points are taken to have); no one step
-    made ``FAST_STEP_SHARE`` of that rise; it spans at least ``FAST_MIN_SPAN_S`` and
-    ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise or fall
+    made ``FAST_STEP_SHARE`` of that rise; it spans at least ``FAST_MIN_SPAN_S`` (of floors
+    mostly estimated, ``FAST_ESTIMATED_SPAN_S``) and ``FAST_SPAN_SHARE`` of that time to fill;
+    the requests in flight did not rise or fall
     with it; and its recent half still rises at half its rate or more (a warm-up is a rise
     that flattens: it fails here, however early or late it comes; one early in a process must
     also add ``FAST_WARMUP_GROWTH`` of the limit and fill it within ``FAST_WARMUP_FILL_S``).
@@ -253,6 +257,8 @@ class FastGrowth:
             part = pts[-n:]
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
             least = FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S
+            if 2 * sum(1 for _, n in loads[-n:] if n) > n:  # mostly estimated floors
+                least = max(least, FAST_ESTIMATED_SPAN_S)
             noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
             rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
