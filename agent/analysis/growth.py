@@ -199,7 +199,7 @@ FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 # a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
 # they hold is estimated) must span this much: a wave of static batches lifts them for minutes
-FAST_ESTIMATED_SPAN_S = 600.0
+FAST_ESTIMATED_SPAN_S = 300.0
 FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise

@@ -479,7 +479,8 @@ class Store:
     def _sample_rows(self, batch: Sequence[Sample], c: Connection
                      ) -> tuple[list[Sample], list[tuple[Any, ...]]]:
         """The joined samples and their rows in ``content_keys.SAMPLE_ROW`` order (unjoined
-        ones left out); the device ids from the caches inline, as in ``_insert_samples``."""
+        ones left out); the device ids from the caches inline (a call per row would cost more
+        than the rest of the row)."""
         records: list[Sample] = []
         rows: list[tuple[Any, ...]] = []
         by_uuid, by_index, host_name = self._uuid_ids, self._device_ids, self.host_name
@@ -535,19 +536,7 @@ class Store:
         if self._sample_sql is None:  # (the SQLite path: rows are plain tuples from here)
             stmt = insert(samples).values({k: None for k in _ROW_ORDER})
             self._sample_sql = str(stmt.compile(dialect=self.engine.dialect))
-        tuples: list[tuple[Any, ...]] = []
-        by_uuid, by_index, host_name = self._uuid_ids, self._device_ids, self.host_name
-        for s in batch:
-            uuid = s.device_uuid  # the cached ids inline: a call per row costs ~10 % here
-            did = (by_index.get((s.host or host_name, s.device)) if uuid is None
-                   else by_uuid.get((s.host or host_name, uuid)))
-            if did is None:
-                did = self._device_of(s, c)
-                if did is None:
-                    continue
-            phase = s.phase.value if isinstance(s.phase, Phase) else Phase.parse(s.phase).value
-            tuples.append((did, s.ts_s, phase, s.source, s.pid)
-                          + s[_COUNTERS_START:_COUNTERS_END])
+        _, tuples = self._sample_rows(batch, c)
         if tuples:
             c.exec_driver_sql(self._sample_sql, tuples)
         return len(tuples)
