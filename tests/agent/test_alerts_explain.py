@@ -112,7 +112,7 @@ def test_every_risk_alert_of_a_growth_failure_names_growth():
     run = long_detection.run_engine(sc)
     fired = [c for c in run.changes if c.kind == "fired" and c.rule.startswith("oom_risk")]
     assert [(c.rule, round((sc.oom_ts or 0.0) - c.ts_s)) for c in fired] == [
-        ("oom_risk", 4636), ("oom_risk", 1932), ("oom_risk_critical", 1702)]
+        ("oom_risk", 4626), ("oom_risk", 1938), ("oom_risk_critical", 1702)]
     assert "peaks rising 72.32 GiB/h over 11.0 min" in fired[0].message
     assert all("; likely growth; try: look for a leak" in c.message for c in fired)
 
