@@ -598,6 +598,10 @@ class LeakDetector:
             since = [p for p in pts if p[0] >= r.start_ts_s]
             pts = since if len(since) >= MIN_FIT_POINTS else pts
         rate = rate_interval(pts)
+        if rate is None and r.detected and r.slope_bytes_per_s > 0:
+            # too few points for an interval of their own: the slope's, with the model's error
+            rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
+                        len(pts), float(len(pts)), 0.0)
         if rate is None:
             return r
         min_slope = self._min_slope()
