@@ -163,6 +163,8 @@ class VerdictLog:
         # per process: the orphaned KV blocks its last row said; twice as many is a new row
         # (a pool losing blocks: the stored evidence follows the count, in log2 of it rows)
         self._row_orphans: dict[tuple[str | None, int, int | None], int] = {}
+        # processes whose last row said they ended (until a record of theirs comes back)
+        self._ended: set[tuple[str | None, int, int | None]] = set()
 
     def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         """A record of process ``pid`` (None: of the device as a whole, every process's) at
@@ -172,6 +174,7 @@ class VerdictLog:
 
     def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         key = (host, d.device, pid)
+        self._ended.discard(key)
         result = (d.leaks.get(pid) or d.leaks[None]).result
         level = (d.risks.get(pid) or d.risk).level_index
         seen = self._seen.get(key)
@@ -192,15 +195,18 @@ class VerdictLog:
 
     def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
         """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
-        no forecast (what ran out of memory, or would have, is no longer there)."""
+        no forecast (what ran out of memory, or would have, is no longer there). A process
+        that comes back (its records were late) goes on from its row before: the rows after
+        are the ones it would have had."""
         for pid in d.ended:
-            last = self.latest.get((host, d.device, pid))
-            if last is None or last.ended:
+            key = (host, d.device, pid)
+            last = self.latest.get(key)
+            if last is None or key in self._ended:
                 continue
+            self._ended.add(key)
             v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
                               risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
                               time_to_oom_high_s=None)
-            self.latest[(host, d.device, pid)] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
         d.ended.clear()

@@ -50,7 +50,7 @@ EXPECTED_DEVICE = {
     # its newest row: the prefill at 1060 that left 1 GiB
     "processes": [{
         "format": "vramscope.verdict/1", "ts": 1060.0, "device": 0, "host": None, "pid": None,
-        "rank": None,
+        "rank": None, "ended": False,
         "leak": {"state": "insufficient_data", "slope_bytes_per_s": 0.0,
                  "slope_bytes_per_h": 0.0, "start_ts": None, "first_detected_ts": None,
                  "span_s": 0.0,

@@ -178,7 +178,9 @@ def test_a_process_s_verdicts_do_not_depend_on_when_its_records_arrive():
     """The live agent gets each client's records in order, but two clients' records
     interleave as they arrive (one may lag the other by minutes of record time); a trace
     file is sorted. Each process's verdict rows are the same either way: a process that looks
-    silent for five minutes because its records come late goes on where it was."""
+    silent for a while because its records come late goes on where it was: it may get a row
+    that says it ended (silence is all the engine has to go by), and the rows after it are its
+    answers as before."""
     from vramscope.agent.alerts.engine import AlertEngine
 
     a, b = _server(101, leak=True), _server(202, leak=False)
@@ -192,10 +194,13 @@ def test_a_process_s_verdicts_do_not_depend_on_when_its_records_arrive():
         one_then_other.feed_batch(b[max(0, chunk - 1000):chunk], [])
 
     def rows(engine: AlertEngine, pid: int) -> list:
-        return [v for v in engine.verdicts.history if v.pid == pid]
+        return [v for v in engine.verdicts.history if v.pid == pid and not v.ended]
 
     for pid in (101, 202):
         assert rows(in_order, pid) == rows(one_then_other, pid)
+    assert not any(v.ended for v in in_order.verdicts.history)  # neither was silent in order
+    lagged = [v for v in one_then_other.verdicts.history if v.ended]
+    assert lagged and {v.pid for v in lagged} == {202}  # b's records came 2,000 s late
     last = {pid: rows(in_order, pid)[-1] for pid in (101, 202)}
     assert (last[101].leak_state, last[202].leak_state) == ("leak", "no_leak")
 
