@@ -257,10 +257,12 @@ class FastGrowth:
             part = pts[-n:]
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
             least = FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S
-            if 2 * sum(1 for _, n in loads[-n:] if n) > n:  # mostly estimated floors
+            if 2 * sum(1 for _, held in loads[-n:] if held) > n:  # mostly estimated floors
                 least = max(least, FAST_ESTIMATED_SPAN_S)
-            noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
-            rate = self._check(part, min_slope, headroom_bytes, least, noise)
+            rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
+            if rate is not None:  # the wandering before it (costlier) only widens: read last
+                noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
+                rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
                     not warming or _past_warmup(rate, headroom_bytes, limit_bytes)):
                 return _since_knee(part, rate, noise)
