@@ -47,9 +47,10 @@ EXPECTED_DEVICE = {
     "kv": {"peak_blocks_used": 159, "blocks_total": 1000, "peak_usage_ratio": 0.159,
            "pools": 1},
     # the engine's verdict as it stores it (records without a pid: the device as a whole),
-    # its newest row: the prefill at 1060 that left 1 GiB
+    # its newest row: the OOM at 1060.5 ended the risk episode (the prefill at 1060 that left
+    # 1 GiB was critical; an OOM ends its process's risk: ok, no forecast)
     "processes": [{
-        "format": "vramscope.verdict/1", "ts": 1060.0, "device": 0, "host": None, "pid": None,
+        "format": "vramscope.verdict/1", "ts": 1060.5, "device": 0, "host": None, "pid": None,
         "rank": None, "ended": False,
         "leak": {"state": "insufficient_data", "slope_bytes_per_s": 0.0,
                  "slope_bytes_per_h": 0.0, "start_ts": None, "first_detected_ts": None,
@@ -58,7 +59,7 @@ EXPECTED_DEVICE = {
                              "are not its floor), then 15 min of idle floor",
                  "trend_line": None, "windows": None,  # not chosen yet: as the leak's
                  "estimated_floor": False, **NO_GROWTH},
-        "risk": {"level": "critical", "cause": "prefill_spike", "reasons": ["headroom"],
+        "risk": {"level": "ok", "cause": None, "reasons": [],
                  "headroom_bytes": G, "time_to_oom_s": None, "time_to_oom_low_s": None,
                  "time_to_oom_high_s": None},
         "kv": {"usage_ratio": 0.159, "exhaustion_s": 841.0}}],
