@@ -219,13 +219,16 @@ def test_risk(driver, served):
     start, width = LAST_T - 6 * 3600, 6 * 3600 / 2000  # default window: 6 h in 2000 buckets
     buckets = {int((F.T0 + i * F.STEP_S - start) // width) for i in range(F.STEPS)}
     assert points["headroom"] == len(buckets) == 667
-    # the alert engine's stored verdicts made no time-to-OOM forecast on this data (a 2 GiB/h
-    # leak under 80 GiB): the page draws none of its own
-    assert set(points) == {"headroom", "warning fired", "critical fired"}
+    # the alert engine's stored verdicts forecast the OOM from the leak's rate (a 2 GiB/h leak
+    # under 80 GiB: the growth model's time to OOM, hours away, risk ok); the page draws the
+    # stored forecast and none of its own
+    assert set(points) == {"headroom", "warning fired", "critical fired", "time to OOM",
+                           "forecast soonest", "forecast latest"}
     cells = driver.execute_script(
         "return [...document.querySelectorAll('#risk-processes-table td')]"
         ".map((td) => td.textContent);")
-    assert cells[:5] == [f"{F.XSS_NAME} (pid 4141)", "ok", "–", cells[3], "not rising"]
+    assert cells[:4] == [f"{F.XSS_NAME} (pid 4141)", "ok", "–", cells[3]]
+    assert cells[4] != "not rising" and cells[4].endswith(" h")
     assert console_errors(driver) == []
     screenshot(driver, "risk")
 
