@@ -19,6 +19,9 @@ GIB = 2**30
 T0 = 1_700_000_040.0  # a two-minute boundary: the tier's 120 s buckets start here
 END = T0 + 3 * 3600.0
 OOM_TS = T0 + 7200.0
+# the growth model's fields of a leak (none in the scripted rows)
+NO_GROWTH = dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+                           "time_to_oom_low_s", "time_to_oom_high_s"))
 PID = 7
 
 
@@ -98,7 +101,7 @@ def test_the_document_gives_the_stored_answer_not_an_engine_run_on_the_buckets(s
     assert d["leak"] == {"detected": True, "state": "leak", "slope_bytes_per_s": 1000.0,
                          "first_detected_ts": T0 + 5400, "span_s": 2400.0,
                          "evidence": "scripted: leak", "pid": PID, "makeup": None,
-                         "windows": None, "estimated_floor": False}
+                         "windows": None, "estimated_floor": False, **NO_GROWTH}
     assert d["oom"] == {"occurred": True, "first_oom_ts": OOM_TS,
                         "first_warning_ts": T0 + 5000,  # the kv_exhaustion alert: sooner
                         "max_risk": "critical", "min_time_to_oom_s": 100.0,
@@ -128,7 +131,7 @@ def test_without_stored_verdicts_the_document_says_so(store):
     assert d["leak"] == {"detected": False, "state": "insufficient_data",
                          "slope_bytes_per_s": 0.0, "first_detected_ts": None, "span_s": 0.0,
                          "evidence": stored.NO_VERDICTS, "pid": None, "makeup": None,
-                         "windows": None, "estimated_floor": False}
+                         "windows": None, "estimated_floor": False, **NO_GROWTH}
     assert d["oom"] == {"occurred": True, "first_oom_ts": OOM_TS, "first_warning_ts": None,
                         "max_risk": None, "min_time_to_oom_s": None, "cause": None}
     assert d["processes"] == []
