@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.alerts.explain import warning_cause
+from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
 if TYPE_CHECKING:
@@ -117,10 +118,6 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    windows_from_json(leak.get("windows")),
                    leak.get("estimated_floor") is True, low, high, tto, tto_low, tto_high,
                    doc.get("ended") is True)
-
-
-GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
-               "time_to_oom_low_s", "time_to_oom_high_s")
 
 
 def _numbers(doc: dict[str, Any], keys: tuple[str, ...]) -> list[float | None]:

@@ -29,6 +29,9 @@ from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.stats import hinge_fit, theil_sen
 
+# a leak's growth figures, by these names in every document that carries them
+GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+               "time_to_oom_low_s", "time_to_oom_high_s")
 Z_90 = 1.6448536269514722  # a two-sided 90 % interval, as Sen's band on the peaks' trend
 RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says nothing more
 MORE_CAP_S = 24 * 3600.0  # "more data" estimates beyond a day read as a day

@@ -19,7 +19,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from vramscope.agent.alerts.verdicts import GROWTH_KEYS
 from vramscope.agent.analysis.diagnosis import (
     KV_REFUSAL_EVENTS,
     KV_REFUSAL_WINDOW_S,
@@ -28,7 +27,7 @@ from vramscope.agent.analysis.diagnosis import (
     diagnose,
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
-from vramscope.agent.analysis.growth import leak_words
+from vramscope.agent.analysis.growth import GROWTH_KEYS, leak_words
 from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup

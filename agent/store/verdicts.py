@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select
-from vramscope.agent.alerts.verdicts import GROWTH_KEYS, HEARTBEAT_S, Verdict, verdict_from_json
+from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
+from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.store.schema import devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
 
