@@ -86,6 +86,7 @@ from vramscope.agent.analysis.growth import (
     FastGrowth,
     Rate,
     describe_forecast,
+    judge,
     more_time_s,
     per_hour,
     rate_interval,
@@ -609,7 +610,7 @@ class LeakDetector:
             return with_forecast(r, widened(rate, r.slope_bytes_per_s),
                                  self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
-        if rate.high < min_slope:
+        if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
             return r
         more = span_words(more_time_s(rate, min_slope))
         return r._replace(enough_data=False, evidence=(
