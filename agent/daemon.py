@@ -560,7 +560,6 @@ class AlertFeed:
         # live agent keeps none in memory
         self.store = store
         engine.verdicts.keep = False
-        self.verdicts_written = 0
         self._delivered: dict[tuple[str, int | None, str | None], str] = {}  # key -> kind
         self.coalesced = 0  # changes not delivered: undone within the same batch
 
@@ -573,7 +572,7 @@ class AlertFeed:
         rows = self.engine.verdicts.take()
         if rows and self.store is not None:
             try:
-                self.verdicts_written += store_verdicts.write(self.store, rows)
+                store_verdicts.write(self.store, rows)
             except Exception:  # noqa: BLE001 - the alerts below still go out
                 log.exception("storing %d verdicts failed", len(rows))
         for change in self._net(changes):

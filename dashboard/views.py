@@ -66,12 +66,6 @@ class Window:
     tier: str  # "raw samples", "per-second tier[, then raw samples]", or how buckets were made
     bucket_s: float | None = None  # None: raw samples; SECOND_S: (partly) the per-second tier
 
-    @property
-    def per_sample(self) -> bool:
-        """Records the models take as they come (raw samples, or one or two a second of the
-        per-second tier), rather than one or two a tier bucket."""
-        return self.bucket_s is None or self.bucket_s <= SECOND_S
-
 
 def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
     """The narrowest tier bucket that keeps ``span_s`` within ``max_buckets`` buckets."""

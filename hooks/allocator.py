@@ -185,10 +185,6 @@ class AllocatorSource:
                                     limit_bytes=self._limit_bytes,
                                     device_uuid=self.device_uuid)
 
-    def refresh_limit(self) -> None:
-        """Re-read the limit next time (after ``set_per_process_memory_fraction``)."""
-        self._limit_bytes = None
-
 
 def sample_from_counters(c: Counters, *, ts_s: float, device: int, phase: Phase,
                          pid: int | None, limit_bytes: int | None = None,

@@ -75,10 +75,6 @@ class NameRefusal(NamedTuple):
     scope: str  # "live" (all clients), "client" (this connection) or "run" (ever created)
 
     @property
-    def per_client(self) -> bool:
-        return self.scope == "client"
-
-    @property
     def reason(self) -> str:
         """The counter it adds to: ``processes``, ``devices_per_client``, ``hosts_per_run``."""
         return self.kind if self.scope == "live" else f"{self.kind}_per_{self.scope}"

@@ -524,14 +524,6 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
     return out
 
 
-def rollup_span(store: Store, device: int, start_s: float, end_s: float,
-                host: str | None = None) -> tuple[float, float] | None:
-    """The part of [start_s, end_s] that per-minute rollups cover for device index ``device``
-    (see ``_rollup_span``), or None: which tier a downsampled window was read from."""
-    did = device_row_id(store, device, host)
-    return None if did is None else _rollup_span(store, did, start_s, end_s)
-
-
 def _rollup_span(store: Store, did: int, start_s: float,
                  end_s: float) -> tuple[float, float] | None:
     """[first whole minute >= start, end of the last rolled-up minute <= end) or None."""

@@ -507,9 +507,6 @@ class Store:
     def write_samples(self, batch: Sequence[Sample]) -> int:
         return self.write(batch, ())
 
-    def write_events(self, batch: Sequence[Event]) -> int:
-        return self.write((), batch)
-
     def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
                            event_rows: list[dict[str, Any]]) -> int:
         inserted = 0
