@@ -182,6 +182,10 @@ def test_an_oom_ends_the_risk_of_the_process_it_killed():
     rows = [v for v in e.verdicts.history if v.pid == 1]
     assert rows[-2].risk_level == "critical"
     assert (rows[-1].ts_s, rows[-1].risk_level, rows[-1].time_to_oom_s) == (950.0, "ok", None)
+    # the leak that killed it stays its answer (history, not "no leak"), marked as ended
+    leak = e.devices[0].leaks[1].result
+    assert leak.state == "leak"
+    assert leak.evidence.endswith("; the growth ended with the OOM at 950.000")
 
 
 def _wandering(onset_s: float, minutes: int = 170):
