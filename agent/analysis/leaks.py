@@ -82,9 +82,9 @@ from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.growth import (
-    Z_90,
     FAST_FINE_FILL_S,
     FAST_FINE_FLOOR_S,
+    Z_90,
     FastGrowth,
     Rate,
     describe_forecast,

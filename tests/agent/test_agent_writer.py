@@ -161,8 +161,8 @@ def test_tasks_run_on_the_writer_after_the_batch(store):
 def test_a_postmortem_is_stored_with_the_cause_the_engine_gives_it(store):
     # the live agent's AlertFeed.completed: the engine names growth for a pid whose leak
     # verdict holds a leak; a callback that raises stores the post-mortem as sent
-    from vramscope.agent.daemon import AlertFeed
     from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent.daemon import AlertFeed
 
     from tests.agent.test_growth import _pair
 
