@@ -148,6 +148,7 @@ class DeviceAnalysis:
                                     bool]] = {}
         self._next_gone_check = 0.0
         self.ended: list[int] = []  # processes found gone since the verdict log last looked
+        self.ended_leak: int | None = None  # a gone process whose leak the device's alert named
         self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
@@ -163,7 +164,8 @@ class DeviceAnalysis:
                 self._revive(s.pid)
             self._last_seen[s.pid] = s.ts_s
             if s.ts_s >= self._next_gone_check:
-                self._forget_gone(s.ts_s)
+                if self._forget_gone(s.ts_s):
+                    changed |= _LEAK
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s, s.pid)
@@ -189,7 +191,7 @@ class DeviceAnalysis:
         self._episode_ended = False
         return _EPISODE
 
-    def _forget_gone(self, now_s: float) -> None:
+    def _forget_gone(self, now_s: float) -> bool:
         """Processes silent for ``PROCESS_GONE_S`` are gone (exited, restarted under a new
         pid): their risk models and leak detectors no longer speak for the device. Their state
         is kept aside (``GONE_KEPT`` processes at most): a process whose records only arrived
@@ -197,7 +199,10 @@ class DeviceAnalysis:
         as it would have had its records come in time order."""
         self._next_gone_check = now_s + PROCESS_GONE_S / 2
         gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
+        leading = self.leak
         for pid in gone:
+            if self.leaks.get(pid) is leading and leading.result.detected:
+                self.ended_leak = pid  # its alert resolves saying so, not "no leak"
             del self._last_seen[pid]
             self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
                                self.kvs.pop(pid, None), pid in self._sampled)
@@ -208,6 +213,7 @@ class DeviceAnalysis:
         if gone:
             self._pick_risk()
             self._pick_leak()
+        return bool(gone)
 
     def _revive(self, pid: int) -> None:
         """A process thought gone sent a record: its models as they were."""
@@ -574,6 +580,11 @@ class AlertEngine:
                 continue
             if st.quiet and not st.inputs & changed:
                 continue
+            if d.ended_leak is not None and st.fired_ts is not None \
+                    and st.rule.metric == "leak_detected":
+                self._resolve(st, d, now, None, host, out,
+                              f"pid {d.ended_leak} ended; its last answer: leak")
+                continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
                 limit = st.threshold if st.horizon is None else _limit(st, d, now)
@@ -586,6 +597,7 @@ class AlertEngine:
                 st.quiet = st.clear_since is None and len(out) == before
             busy = busy or not st.quiet
         rules.busy = busy
+        d.ended_leak = None
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
