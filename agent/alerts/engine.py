@@ -163,9 +163,8 @@ class DeviceAnalysis:
             if s.pid in self._gone:
                 self._revive(s.pid)
             self._last_seen[s.pid] = s.ts_s
-            if s.ts_s >= self._next_gone_check:
-                if self._forget_gone(s.ts_s):
-                    changed |= _LEAK
+            if s.ts_s >= self._next_gone_check and self._forget_gone(s.ts_s):
+                changed |= _LEAK
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s, s.pid)
