@@ -772,7 +772,11 @@ def with_forecast(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResul
 
 def fast_verdict(rate: Rate, headroom_bytes: float, limit_bytes: int,
                  min_slope: float) -> LeakResult:
-    """The fast route's leak verdict: fast growth established on the newest floor points."""
+    """The fast route's leak verdict: fast growth established on the newest floor points. Its
+    interval is widened as a route's is: a floor read between requests wanders with their
+    timing (on the H100 run by about 1 % over a minute), more than a short stretch's least
+    squares sees."""
+    rate = widened(rate, rate.slope)
     end = rate.t0 + rate.span_s
     line = ((rate.t0, rate.intercept), (end, rate.intercept + rate.slope * rate.span_s))
     se = (rate.slope - rate.low) / Z_90
