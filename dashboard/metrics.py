@@ -2,13 +2,17 @@
 
 A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
 registry of the app's own, so two apps never share series. Labels are bounded by design: only
-``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``phase``
-and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request id or a
-pid, which would grow without bound. Metric names are listed in docs/metrics.md.
+``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``pid``,
+``phase`` and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request
+id. The pid is a label of the per-process series only, which exist while their process runs
+(its samples of the last 30 s, its verdict until it ends): bounded by the processes running now,
+and the only thing that keeps two servers of one name on one device apart. Metric names are
+listed in docs/metrics.md.
 
 Device series (``host``, ``device``) are the device's: allocator counters summed over its
 processes, NVML's used and total, and the ``unexplained`` rest. ``vramscope_process_*`` series
-add ``process`` and keep each server process apart, with its own limit (its per-process cap).
+add ``process`` and ``pid`` and keep each server process apart, with its own limit (its
+per-process cap).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "(cumulative, all processes of the device)."),
     ("vramscope_ooms", "num_ooms", "OOMs raised by the allocators (cumulative)."),
 )
-# Per server process on a device: labels host, device, process.
+# Per server process on a device: labels host, device, process, pid.
 PROCESS_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("vramscope_process_allocated_bytes", "allocated_bytes", "Bytes this process's caching "
      "allocator handed to tensors."),
@@ -74,7 +78,7 @@ PROCESS_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 DEVICE_LABELS = ("host", "device")
-PROCESS_LABELS = ("host", "device", "process")
+PROCESS_LABELS = ("host", "device", "process", "pid")
 INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
 
 
@@ -144,8 +148,8 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
 
 
 def _per_process_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Each process of each device. Two processes with one label (same name, no rank) are
-    summed into one series: a label set must be unique, and the pid may not be a label."""
+    """Each process of each device, one series per pid: two servers of one name (two vLLM
+    processes, no rank) stay two series instead of one sum."""
     for family, specs in ((GaugeMetricFamily, PROCESS_GAUGES),
                           (CounterMetricFamily, PROCESS_COUNTERS)):
         for name, field, help_text in specs:
@@ -160,10 +164,14 @@ def _process_values(rows: list[dict[str, Any]], field: str) -> dict[tuple[str, .
     for r in rows:
         for p in (r["latest"] or {}).get("processes") or ():
             if p.get(field) is not None:
-                key = (*_labels(r), p["process"])
-                out[key] = max(out.get(key, 0), p[field]) if field == "limit_bytes" \
-                    else out.get(key, 0) + p[field]
+                out[(*_labels(r), p["process"], _pid(p["pid"]))] = p[field]
     return out
+
+
+def _pid(pid: int | None) -> str:
+    """The ``pid`` label: empty for a process-less source (Prometheus reads an empty label as
+    no label)."""
+    return "" if pid is None else str(pid)
 
 
 LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
@@ -171,7 +179,7 @@ LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
 
 def _verdict_families(store: Store) -> Iterator[Metric]:
     """The alert engine's stored verdict of each running process (``vramscope.verdict/1``: the
-    answer the pages show), labelled as the per-process series (the pid is no label)."""
+    answer the pages show), labelled as the per-process series."""
     from vramscope.agent.store import verdicts as stored
 
     risk = GaugeMetricFamily("vramscope_process_risk_level", "The stored OOM-risk verdict of "
@@ -184,9 +192,9 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
                               labels=PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
     for v in stored.newest_all(store, "*"):
-        labels = (v["host"], str(v["device"]), v["label"])
+        labels = (v["host"], str(v["device"]), v["label"], _pid(v["pid"]))
         if labels in seen:
-            continue  # two processes of one label: the first (a label set is unique)
+            continue  # one answer a process (a label set is unique)
         seen.add(labels)
         if v["risk"]["level"]:
             risk.add_metric(list(labels), RISK_VALUE[v["risk"]["level"]])
