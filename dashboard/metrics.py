@@ -114,6 +114,7 @@ class StoreCollector:
         yield from _source_families(rows, self.clock.time_s())
         yield from _process_families(self.store.processes(host="*"))
         yield from _verdict_families(self.store)
+        yield _config_family(rows, self.config)
         yield from _agent_families(self.store)
 
 
@@ -202,6 +203,30 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
         if v["leak"]["state"] == "leak":
             slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
     yield from (risk, leak, slope)
+
+
+def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
+    """``config_oom``'s value (the ``[server]`` section's worst admissible request against each
+    device's limit, as the agent's alert and the OOM risk page compute it), so the exported
+    Prometheus rule alerts on the same number. No series without a ``[server]`` section, or
+    when its model's config.json cannot be read (the page says why; a scrape does not fail)."""
+    from vramscope.agent.alerts.config_check import limit_of, server_from_config
+    from vramscope.agent.errors import ConfigError
+
+    fam = GaugeMetricFamily("vramscope_config_headroom_bytes", "The device's limit less what "
+                            "the worst request the [server] section admits needs (negative: "
+                            "it cannot fit).", labels=DEVICE_LABELS)
+    try:
+        limits = server_from_config(config)
+    except ConfigError:
+        return fam
+    for r in rows if limits is not None else ():
+        latest = r["latest"] or {}
+        limit = limit_of(latest.get("device_total_bytes"),
+                         [p.get("limit_bytes") for p in latest.get("processes") or ()])
+        if limit:
+            fam.add_metric(_labels(r), limits.check(limit).headroom_bytes)
+    return fam
 
 
 def _info_family(rows: list[dict[str, Any]]) -> Metric:
