@@ -115,6 +115,7 @@ class StoreCollector:
         yield from _process_families(self.store.processes(host="*"))
         yield from _verdict_families(self.store)
         yield _config_family(rows, self.config)
+        yield from _saturation_families(self.store, rows, self.clock.time_s())
         yield from _agent_families(self.store)
 
 
@@ -165,7 +166,8 @@ def _process_values(rows: list[dict[str, Any]], field: str) -> dict[tuple[str, .
     for r in rows:
         for p in (r["latest"] or {}).get("processes") or ():
             if p.get(field) is not None:
-                out[(*_labels(r), p["process"], _pid(p["pid"]))] = p[field]
+                key = tuple(_labels(r)) + (p["process"], _pid(p["pid"]))
+                out[key] = p[field]
     return out
 
 
@@ -220,13 +222,62 @@ def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
         limits = server_from_config(config)
     except ConfigError:
         return fam
-    for r in rows if limits is not None else ():
+    if limits is None:
+        return fam
+    for r in rows:
         latest = r["latest"] or {}
         limit = limit_of(latest.get("device_total_bytes"),
                          [p.get("limit_bytes") for p in latest.get("processes") or ()])
         if limit:
             fam.add_metric(_labels(r), limits.check(limit).headroom_bytes)
     return fam
+
+
+def _saturation_families(store: Store, rows: list[dict[str, Any]],
+                         now_s: float) -> Iterator[Metric]:
+    """``kv_saturation``'s value and its figures per device, from the stored ``server_load``
+    and ``kv_preempted`` events of the last ``LOAD_WINDOW_S`` read through the agent's own
+    tracker (:mod:`vramscope.agent.alerts.saturation`), so the exported Prometheus rule and
+    the agent's alert judge the same numbers."""
+    from vramscope.agent.alerts.saturation import EVENTS, LOAD_WINDOW_S, Saturation
+
+    saturated = GaugeMetricFamily("vramscope_kv_saturated", "1 while the fullest KV pool is at "
+                                  "least 95 % used with requests waiting, or a request was "
+                                  "preempted in the last 60 s.", labels=DEVICE_LABELS)
+    waiting = GaugeMetricFamily("vramscope_requests_waiting", "Requests waiting, summed over "
+                                "the device's servers (each one's newest count).",
+                                labels=DEVICE_LABELS)
+    running = GaugeMetricFamily("vramscope_requests_running", "Requests running, summed over "
+                                "the device's servers (each one's newest count).",
+                                labels=DEVICE_LABELS)
+    preempted = GaugeMetricFamily("vramscope_kv_preemptions_recent", "Requests preempted in "
+                                  "the last 60 s.", labels=DEVICE_LABELS)
+    for r in rows:
+        events = store.events(r["device"], now_s - LOAD_WINDOW_S, now_s, host=r["host"],
+                              names=tuple(sorted(EVENTS)))
+        if not events:
+            continue
+        sat = Saturation()
+        for e in events:
+            sat.on_event(e)
+        usage, total = _fullest_pool((r["latest"] or {}).get("processes") or ())
+        value = sat.value(usage, total, now_s)
+        if value is None:
+            continue
+        saturated.add_metric(_labels(r), value)
+        figures = sat.figures
+        for fam, key in ((waiting, "waiting"), (running, "running"), (preempted, "preempted")):
+            if figures.get(key) is not None:
+                fam.add_metric(_labels(r), figures[key])
+    yield from (saturated, waiting, running, preempted)
+
+
+def _fullest_pool(processes: Any) -> tuple[float | None, int | None]:
+    """The usage ratio and size of the fullest KV pool of the device's processes (the pool the
+    agent's rules read)."""
+    pools = [(p["kv_blocks_used"] / p["kv_blocks_total"], p["kv_blocks_total"])
+             for p in processes if p.get("kv_blocks_used") is not None and p.get("kv_blocks_total")]
+    return max(pools) if pools else (None, None)
 
 
 def _info_family(rows: list[dict[str, Any]]) -> Metric:

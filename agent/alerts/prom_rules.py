@@ -77,6 +77,9 @@ SERIES: dict[str, str] = {
     # The [server] section's worst request against each device's limit (dashboard /metrics
     # with the same [server] section).
     "config_headroom_bytes": "vramscope_config_headroom_bytes{sel}",
+    # The dashboard's reading of the stored queue and preemption events with the agent's own
+    # tracker (agent/alerts/saturation.py).
+    "kv_saturated": "vramscope_kv_saturated{sel}",
 }
 
 # Rule metrics whose series are one a process (labels process and pid beside host, device).

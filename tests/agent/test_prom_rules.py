@@ -101,6 +101,7 @@ def test_default_rules_exact():
         "VramscopeOom": "(increase(vramscope_ooms_total[5m]) > bool 0) >= 1",
         # the stored leak verdicts (1 leak, 0 no leak, -1 not enough data), one per process
         "VramscopeMemoryLeak": "(vramscope_process_leak_state == bool 1) >= 1",
+        "VramscopeKvSaturation": "vramscope_kv_saturated >= 1",
     }
     assert (rules["VramscopeOomRisk"]["for"], rules["VramscopeOomRisk"]["keep_firing_for"]) \
         == ("15s", "30m")  # alerts.risk_for_s; resolves after 30 min (rules.RISK_HOLD_S)
@@ -128,8 +129,8 @@ def test_settings_reach_the_rules():
 def test_scripted_rules_exact():
     rules = rules_of(render_rules(scripted_config()))
     assert list(rules) == ["VramscopeOomRisk", "VramscopeOomRiskCritical", "VramscopeMemoryLeak",
-                           "VramscopeKvExhaustion", "VramscopeReservedHigh", "VramscopeOom",
-                           "VramscopeFragmented"]
+                           "VramscopeKvExhaustion", "VramscopeKvSaturation",
+                           "VramscopeReservedHigh", "VramscopeOom", "VramscopeFragmented"]
     high = rules["VramscopeReservedHigh"]
     assert high["expr"] == (
         'vramscope_reserved_bytes{device="0"} > 100 or ((vramscope_reserved_bytes{device="0"} > 80)'

@@ -22,7 +22,9 @@ def scripted_store(store) -> None:
     values = {name: 1000 + i for i, name in enumerate(SAMPLE_COUNTER_FIELDS)}
     values.update(device_total_bytes=80_000_000_000, device_used_bytes=40_000_000_000)
     store.write([Sample(NOW_S - 5, 0, Phase.DECODE, "torch", 42, **values)],
-                [Event(NOW_S - 6, "request_start", 0, 42, Phase.PREFILL, "r1")])
+                [Event(NOW_S - 6, "request_start", 0, 42, Phase.PREFILL, "r1"),
+                 Event(NOW_S - 6, "server_load", 0, 42, data={"running": 1, "waiting": 2}),
+                 Event(NOW_S - 6, "kv_preempted", 0, 42, data={"count": 1})])
     store.upsert_process(42, NOW_S - 5, name="python", device_indexes=[0])
     store.write_agent_stats(NOW_S - 1, clients=1, rows_per_s=10.0, queue_depth=3,
                             dropped_total=0, rejected_total=0, db_size_bytes=4096)
