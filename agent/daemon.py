@@ -82,6 +82,9 @@ class Agent:
                  clock: Clock = SYSTEM_CLOCK, alerts: bool = True) -> None:
         self.config = config
         self.clock = clock
+        self.socket_path = socket_path or config["agent.socket_path"]
+        if listen:  # the socket's folder first: see _prepare_socket_folder
+            _prepare_socket_folder(config, self.socket_path)
         self.store = store if store is not None else _open_store(config, db_url)
         self.source = _open_source(source, clock)
         self.writer = Writer(self.store, max_records=config["agent.queue_max_records"],
@@ -89,7 +92,6 @@ class Agent:
                              batch_interval_s=config["agent.batch_interval_s"],
                              on_batch=self._on_batch, on_postmortem=self._completed)
         self.retention = Retention.from_config(config, clock)
-        self.socket_path = socket_path or config["agent.socket_path"]
         self.server = self._make_server() if listen else None
         self.prometheus = _open_prometheus(config, self.writer, clock)
         self.alerts = AlertFeed.from_config(config, self.store) if alerts else None
@@ -515,6 +517,16 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
                              f"choose another agent.metrics_port (0 disables) or "
                              f"agent.metrics_host") from None
     return server
+
+
+def _prepare_socket_folder(config: Config, socket_path: str) -> None:
+    """Create the socket's private (0700) folder before the database is opened: a SQLite file
+    beside the socket (docs/vllm.md's ``/tmp/vramscope/vs.db`` and ``agent.sock``) would
+    otherwise create the folder with the umask's 755, which the socket then refuses."""
+    from vramscope.agent.config import parse_uids
+    from vramscope.agent.ingest.server import prepare_socket_folder
+
+    prepare_socket_folder(socket_path, parse_uids(config["agent.allowed_uids"]))
 
 
 def _open_store(config: Config, db_url: str | None) -> Store:

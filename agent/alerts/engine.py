@@ -24,6 +24,9 @@ from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
 from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
+from vramscope.agent.alerts.saturation import EVENTS as SATURATION_EVENTS
+from vramscope.agent.alerts.saturation import METRIC as SATURATION_METRIC
+from vramscope.agent.alerts.saturation import Saturation
 from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
@@ -78,6 +81,7 @@ _KV = 1 << 7  # a KV pool reading
 _ORPHANS = 1 << 8  # a kv_orphaned_blocks event
 _OOM = 1 << 9  # oom_recent changed: an OOM, or five minutes since the last one
 _EPISODE = 1 << 10  # an OOM ended the risk episode (its risk alerts resolve with it)
+_LOAD = 1 << 11  # a server_load or kv_preempted event (saturation.py)
 # what may change an answer the verdict log keeps (agent/alerts/verdicts.py)
 _VERDICT = _LEAK | _RISK_LEVEL | _EPISODE | _ORPHANS
 
@@ -99,6 +103,7 @@ _INPUTS: dict[str, int] = {
     "kv_orphaned_blocks": _ORPHANS,
     "oom_recent": _OOM,
     CONFIG_METRIC: _DEVICE,  # the [server] check, computed again when the limit moves
+    SATURATION_METRIC: _LOAD | _KV,  # a KV reading also ages the preemption window
 }
 
 
@@ -153,6 +158,7 @@ class DeviceAnalysis:
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
         self.config_check: LimitCheck | None = None  # with a [server] section (config_check.py)
+        self.saturation = Saturation()  # queues and preemptions (saturation.py)
 
     def on_sample(self, s: Sample) -> int:
         self.last_sample = s
@@ -382,6 +388,8 @@ class DeviceAnalysis:
             return _ORPHANS | _LEAK | (self._oom_changed(e.ts_s) if self.oom_ts_s else 0)
         if e.name == "oom":
             return self._oom_changed(e.ts_s) | self._episode()
+        if e.name in SATURATION_EVENTS:
+            return _LOAD if self.saturation.on_event(e) else 0
         return None
 
     def _note_oom(self, ts_s: float, pid: int | None) -> None:
@@ -459,6 +467,8 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
     CONFIG_METRIC: lambda d, now: d.config_check.headroom_bytes(d.risk.limit_bytes)
     if d.config_check else None,
+    SATURATION_METRIC: lambda d, now: d.saturation.value(d.kv.usage_ratio, d.kv.blocks_total,
+                                                         now),
 }
 
 
@@ -664,6 +674,8 @@ def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     """The rule's text; a risk alert adds why and the first remedy for that cause."""
     if rule.metric == CONFIG_METRIC and d.config_check is not None:
         return d.config_check.message() or rule.describe(value)  # names the limit to lower
+    if rule.builtin and rule.metric == SATURATION_METRIC:
+        return d.saturation.message(rule.message or rule.name)  # with its numbers
     text = rule.describe(value)
     who = d.process_name() if rule.metric in _PER_PROCESS_METRICS else None
     if who is not None:
