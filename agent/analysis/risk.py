@@ -344,7 +344,7 @@ class RiskModel:
         self.spikes.baseline_bytes = None
         self._trend = self._in_use = None
         self._window_start = None
-        self._retry_rise_ts = None
+        self._retry_rise_ts = self._retries = None  # the OOM's own retry is the episode's
         self.growth = None
         self.level_index = self._reasons = 0
         self.time_to_oom_s = None

@@ -72,6 +72,10 @@ def test_the_grower_is_named_80_s_after_its_onset_and_its_post_mortem_says_growt
     assert changes[-1].message == ("idle floor rising after the warm-up (pid 700 ended; its "
                                    "last answer: leak)")
     assert [(p.pid, p.cause) for p in stored] == [(GROWER, "growth")]
+    after = [v for v in engine.verdicts.history
+             if v.pid == GROWER and v.ts_s - grow["first_kept_ts"] >= oom]
+    assert {(v.leak_state, v.risk_level) for v in after} == {("leak", "ok")}
+    assert after[-1].ended
 
 
 def test_the_restarted_neighbour_is_never_a_leak(replayed):
