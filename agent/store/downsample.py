@@ -391,10 +391,10 @@ def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid
     parts = _before_raw(store, device, host, did, grid, start_s, old_end, source)
     old = "" if old_end <= start_s else (
         PER_MINUTE if old_end - start_s > SECONDS_READ_MAX_S else PER_SECOND)
-    raw = horizon is not None and horizon <= end_s
-    if raw:
+    if horizon is not None and horizon <= end_s:
         parts += _raw(store, did, grid, max(start_s, horizon), end_s, source, True)
-    return parts, _then(old, RAW_GROUPED if raw else "") or RAW_GROUPED
+        return parts, _then(old, RAW_GROUPED)
+    return parts, old or RAW_GROUPED
 
 
 # The per-second tier is read a row per device, source and minute, each unpacked in Python
