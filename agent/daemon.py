@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("vramscope.agent")
 
 STATS_INTERVAL_S = 5.0
-# A step's fixed part (a seek or two per device and table, ~25 ms on the 2-core machine) is
-# most of its cost in the steady state: every 30 s, not 10, is a third of it, while the rows
+# A step's fixed part (a seek or two per device and table) is most of its cost in the steady
+# state: every 30 s, not 10, pays it a third as often, while the rows
 # passing their day each step (2,400 at 8 x 10 Hz) stay under `retention.step_rows`. The
 # minutes not rolled up yet are read from raw samples, so the views do not wait for it.
 RETENTION_INTERVAL_S = 30.0
@@ -413,8 +413,8 @@ class Agent:
         if result.backlog:
             # a budget ran out (catching up): again at once while ingest keeps up (less than a
             # batch waiting: the writer commits it between two steps), else in a second; the
-            # steady state's few rows wait for the next interval. A day of 8 devices at 10 Hz
-            # never rolled up took 12+ minutes at one step a second
+            # steady state's few rows wait for the next interval. At one step a second, a
+            # day of 8 devices at 10 Hz never rolled up would keep the agent behind for long
             behind = self.writer.queue_depth >= self.config["agent.batch_rows"]
             self._retention_schedule.next_s = self.clock.monotonic_s() + (1.0 if behind
                                                                           else 0.0)
@@ -560,7 +560,6 @@ class AlertFeed:
         # live agent keeps none in memory
         self.store = store
         engine.verdicts.keep = False
-        self.verdicts_written = 0
         self._delivered: dict[tuple[str, int | None, str | None], str] = {}  # key -> kind
         self.coalesced = 0  # changes not delivered: undone within the same batch
 
@@ -573,7 +572,7 @@ class AlertFeed:
         rows = self.engine.verdicts.take()
         if rows and self.store is not None:
             try:
-                self.verdicts_written += store_verdicts.write(self.store, rows)
+                store_verdicts.write(self.store, rows)
             except Exception:  # noqa: BLE001 - the alerts below still go out
                 log.exception("storing %d verdicts failed", len(rows))
         for change in self._net(changes):

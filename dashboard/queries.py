@@ -28,8 +28,8 @@ from vramscope.dashboard.verdict import (
 )
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
-# Capacity's measured peaks cover each device's newest day: over everything stored they read a
-# week of minute rollups per device (0.4 s for 4 devices, growing with the retention)
+# Capacity's measured peaks cover each device's newest day: over everything stored they would
+# read a week of minute rollups per device, a cost growing with the retention
 PEAKS_WINDOW_S = 86_400.0
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 

@@ -610,11 +610,19 @@ class LeakDetector:
             return with_forecast(r, widened(rate, r.slope_bytes_per_s),
                                  self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
+        scope = ""
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
-            return r
+            # ...over the horizon, and over its recent third too: a leak begun lately is
+            # diluted in the horizon's flat hours, not ruled out by them
+            recent_s = self.t.leak_horizon_s / 3
+            recent = rate_interval([p for p in pts if p[0] >= pts[-1][0] - recent_s])
+            if recent is None or recent.points < MIN_FIT_POINTS \
+                    or judge(recent, min_slope) == "no_leak":
+                return r
+            rate, scope = recent, f" over the last {span_words(recent_s)}"
         more = span_words(more_time_s(rate, min_slope))
         return r._replace(enough_data=False, evidence=(
-            f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
+            f"not enough data yet: the floor's rate{scope} {per_hour(rate.slope)} "
             f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet below the "
             f"minimum {per_hour(min_slope)}; about {more} more of floor at this noise "
             f"(the test so far: {r.evidence})"))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Integer, cast, func, or_, select
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Phase
 from vramscope.agent.store.downsample import device_row_id
 from vramscope.agent.store.schema import samples
 
@@ -64,7 +64,7 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
     before (``unknown`` samples left out), in time order; None when more than ``limit``.
 
     Found in SQL (``lag() over``): the database hands back the few hundred changes of a
-    15-minute window, not its 9,000 samples as ``Sample`` objects (100 ms of the timeline)."""
+    15-minute window, not its 9,000 samples as ``Sample`` objects built only to be compared."""
     did = device_row_id(store, device, host)
     if did is None:
         return []
@@ -116,12 +116,6 @@ def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
 def bands_from_events(events: Iterable[Event], end_s: float) -> list[dict[str, Any]]:
     """Phase-change events to bands: each phase lasts until the next change."""
     return _bands(changes_from_events(events), end_s)
-
-
-def bands_from_samples(samples: Iterable[Sample], end_s: float) -> list[dict[str, Any]]:
-    """Sample phases to bands (``unknown`` samples, e.g. from NVML, say nothing)."""
-    changes = [(s.ts_s, s.phase.value) for s in samples if s.phase is not Phase.UNKNOWN]
-    return _bands(changes, end_s)
 
 
 def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:

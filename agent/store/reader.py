@@ -142,14 +142,15 @@ def peaks(store: Store, span: Span, columns: Sequence[str]) -> Peaks:
 
 
 # --- records -----------------------------------------------------------------------------------
-# Raw samples one request may analyse: building a Sample and running the models over it costs
-# about 30 us, so 4,000 is ~120 ms of the 300 ms a page may take (100,000 took 1-3 s). Counted
-# before anything is built (window.count_at_most: an index range of at most N + 1 keys).
+# Raw samples one request may analyse: building a Sample and running the models over it is
+# Python work per sample, so the count is held to what fits well within the 300 ms a page may
+# take (`vramscope bench dashboard`), and a longer window goes a tier up. Counted before
+# anything is built (window.count_at_most: an index range of at most N + 1 keys).
 RAW_SAMPLE_LIMIT = 4_000
 # The span of the per-second tier one request may analyse second by second. Not the samples
 # but the floor windows set the leak detector's cost (a fit each): 4,000 raw samples at 10 Hz
-# are 7 minutes, 4,000 seconds over an hour (60 fits, 320 ms on the generated week). A longer
-# old window goes a tier up, as a longer raw one does.
+# are 7 minutes, 4,000 seconds over an hour (60 fits). A longer old window goes a tier up, as
+# a longer raw one does.
 PER_SECOND_MAX_S = 1_200.0
 TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
 TIER_EVENT_LIMIT = 1_000
@@ -239,8 +240,8 @@ def _second_samples(seconds: list[tuple[str, Second]], device: int,
 PHASE_SAMPLE_LIMIT = 20_000  # phase changes read for phase bands when there are no phase events
 PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
 SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
-# ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
-# as much as the timeline itself; longer windows read rollups, which carry no phase
+# ...counted over raw samples only up to this span, past which counting them would cost as
+# much as the timeline itself; longer windows read rollups, which carry no phase
 PHASE_SHARE_SPAN_S = 6 * 3600.0
 
 
@@ -342,7 +343,7 @@ def _shares_counts(store: Store, span: Span) -> tuple[dict[int, dict[str, int]],
     were counted: raw samples, or where the window holds more than ``RAW_GROUP_LIMIT`` of them,
     the per-second tier's seconds (their phases only: a tenth of a full unpack) up to the end
     of its newest minute and the raw samples after it. Six hours at 10 Hz: 216,000 raw rows
-    grouped (250 ms) or 360 rows of the tier."""
+    to group, or 360 rows of the tier."""
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
     did = _ds.device_row_id(store, device, host)
     rolled = None if did is None else _ds.seconds_end(store, did)
