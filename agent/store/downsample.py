@@ -1,5 +1,8 @@
 """Downsampling: N time buckets, min / max / last per bucket, so peaks survive.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Three sources:
 
 - **raw samples**, grouped in SQL (one row per bucket leaves the database);

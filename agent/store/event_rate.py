@@ -1,5 +1,8 @@
 """The request rate of a window: requests started per minute, on a grid of whole minutes.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 Request events go with the raw samples after ``retention.raw_s`` (a day); their counts per
 minute stay with the rollups (``event_counts``, made as retention rolls a minute up). So the
 minutes retention has rolled up are read as counts (one range of the primary key, at most

@@ -1,5 +1,8 @@
 """Phase bands and phase shares per time bucket: what the timeline's phase lane draws.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 Exact bands come from phase events, or from the phase changes of raw samples (found in SQL).
 At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
 pixel, and "the phase that held each bucket longest" would never be prefill: the share of

@@ -1,5 +1,8 @@
 """Per-process allocator series of a window, where the store can tell the processes apart.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 Several processes on one device (two models, ranks sharing a GPU) each send their own
 allocator samples (source ``torch``, each with its pid). Only the raw samples keep the pid: the
 per-second tier is keyed by (device, minute, source), the minute rollups and their ten-minute
