@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from vramscope.agent.alerts.config_check import startup_lines
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
+from vramscope.agent.analysis.diagnosis import with_growth_cause
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
@@ -81,14 +82,16 @@ class Agent:
                  clock: Clock = SYSTEM_CLOCK, alerts: bool = True) -> None:
         self.config = config
         self.clock = clock
+        self.socket_path = socket_path or config["agent.socket_path"]
+        if listen:  # the socket's folder first: see _prepare_socket_folder
+            _prepare_socket_folder(config, self.socket_path)
         self.store = store if store is not None else _open_store(config, db_url)
         self.source = _open_source(source, clock)
         self.writer = Writer(self.store, max_records=config["agent.queue_max_records"],
                              batch_rows=config["agent.batch_rows"],
                              batch_interval_s=config["agent.batch_interval_s"],
-                             on_batch=self._on_batch)
+                             on_batch=self._on_batch, on_postmortem=self._completed)
         self.retention = Retention.from_config(config, clock)
-        self.socket_path = socket_path or config["agent.socket_path"]
         self.server = self._make_server() if listen else None
         self.prometheus = _open_prometheus(config, self.writer, clock)
         self.alerts = AlertFeed.from_config(config, self.store) if alerts else None
@@ -428,6 +431,9 @@ class Agent:
                                       physical_index=getattr(d, "physical_index", None))
         return task
 
+    def _completed(self, pm: PostMortem) -> PostMortem:
+        return self.alerts.completed(pm) if self.alerts is not None else pm
+
     def _on_batch(self, samples: list[Sample], events: list[Event]) -> None:
         # late samples and events: their minutes are rolled up and counted again
         self.retention.note_written(samples, events)
@@ -513,6 +519,16 @@ def start_metrics(agent: Agent, port: int, host: str = "127.0.0.1") -> Any:
     return server
 
 
+def _prepare_socket_folder(config: Config, socket_path: str) -> None:
+    """Create the socket's private (0700) folder before the database is opened: a SQLite file
+    beside the socket (docs/vllm.md's ``/tmp/vramscope/vs.db`` and ``agent.sock``) would
+    otherwise create the folder with the umask's 755, which the socket then refuses."""
+    from vramscope.agent.config import parse_uids
+    from vramscope.agent.ingest.server import prepare_socket_folder
+
+    prepare_socket_folder(socket_path, parse_uids(config["agent.allowed_uids"]))
+
+
 def _open_store(config: Config, db_url: str | None) -> Store:
     from vramscope.agent.store import Store
 
@@ -581,6 +597,15 @@ class AlertFeed:
                     sink.send(change)
                 except Exception:  # noqa: BLE001 - one broken sink must not stop the others
                     log.exception("alert sink %r failed", sink)
+
+    def completed(self, pm: PostMortem) -> PostMortem:
+        """The post-mortem with the engine's cause where its producer gave none: growth when
+        its process's leak verdict holds a leak (one cause on the alert, the verdict and the
+        post-mortem)."""
+        d = self.engine.devices.get(pm.device)
+        leak = d.leaks.get(pm.pid) if d is not None else None
+        return with_growth_cause(pm, leak is not None and leak.result.detected
+                                 and leak.result.slope_bytes_per_s > 0)
 
     def _net(self, changes: list[Any]) -> list[Any]:
         """Per alert, only its last change in the batch, and only when it differs from what

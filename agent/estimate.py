@@ -10,7 +10,13 @@ GPU::
     activations  = prefill_tokens × (4 × hidden + 2 × intermediate) × bytes
                    + concurrency × vocab × 4                       (fp32 logits of one step)
 
-and compares the total with the GPU's memory less a safety margin; it also solves for the
+Under tensor parallelism (``Plan.tensor_parallel`` = N GPUs, as vLLM's
+``--tensor-parallel-size``) every figure is one GPU's: the weights split N ways except the norms
+and a mixture's router (replicated) and the K/V projections of the KV heads each GPU must hold;
+KV heads split N ways, one per GPU replicated when there are fewer KV heads than GPUs; the MLP
+temporaries split N ways; and the communication buffers (:func:`comm_buffer_bytes`) are added.
+
+It compares the total with the GPU's memory less a safety margin; it also solves for the
 largest concurrency at the given context and the largest context at the given concurrency, and
 sizes a paged KV pool in blocks of ``block_size`` tokens. The activation term is an allowance
 for the prefill peak, not an exact figure; compare it with the measured prefill spike.
@@ -103,19 +109,33 @@ class ModelShape:
     vocab_size: int = 0
     max_position_embeddings: int | None = None
     name: str = "model"
+    num_attention_heads: int = 0  # 0: not given, taken as hidden size / head dim
+    num_experts: int = 1  # a mixture's experts (each one's MLP splits across GPUs, its router not)
 
     def __post_init__(self) -> None:
-        for field_name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "num_params"):
+        for field_name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "num_params",
+                           "num_experts"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value <= 0:
                 raise UsageError(f"model shape: {field_name} must be a positive integer, "
                                  f"got {value!r}")
         dtype_bytes(self.dtype)
 
-    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> int:
-        """2 (K and V) × layers × KV heads × head dim × bytes per element."""
+    @property
+    def attention_heads(self) -> int:
+        return self.num_attention_heads or max(1, self.hidden_size // self.head_dim)
+
+    def kv_heads_per_gpu(self, tensor_parallel: int = 1) -> int:
+        """The KV heads one GPU holds, as vLLM places them: the KV heads split across the GPUs,
+        and when there are fewer KV heads than GPUs each GPU holds one, replicated (vLLM's
+        ``max(1, total KV heads // tensor parallel size)``)."""
+        return max(1, self.num_kv_heads // tensor_parallel)
+
+    def kv_bytes_per_token(self, kv_dtype: str | None = None, tensor_parallel: int = 1) -> int:
+        """2 (K and V) × layers × KV heads × head dim × bytes per element, on one GPU."""
         per = dtype_bytes(kv_dtype or self.dtype)
-        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * per)
+        heads = self.kv_heads_per_gpu(tensor_parallel)
+        return int(2 * self.num_layers * heads * self.head_dim * per)
 
 
 def dtype_bytes(name: str) -> float:
@@ -156,7 +176,9 @@ def shape_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelShape
     return ModelShape(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                       hidden_size=hidden, num_params=params, dtype=str(dtype),
                       intermediate_size=inter, vocab_size=vocab,
-                      max_position_embeddings=cfg.get("max_position_embeddings"), name=name)
+                      max_position_embeddings=cfg.get("max_position_embeddings"), name=name,
+                      num_attention_heads=heads,
+                      num_experts=int(cfg.get("num_local_experts") or 1))
 
 
 def _key(cfg: dict[str, Any], name: str, *keys: str) -> int:
@@ -182,6 +204,64 @@ def count_parameters(*, layers: int, hidden: int, heads: int, kv_heads: int, hea
     return layers * per_layer + embeddings + hidden  # final norm
 
 
+def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
+    """The tensor-parallel sizes vLLM accepts: the attention heads split evenly, and the KV
+    heads either split evenly or (fewer KV heads than GPUs) replicate evenly."""
+    flag = "--tensor-parallel"
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) \
+            or tensor_parallel <= 0:
+        raise UsageError(f"{flag} must be a positive integer (GPUs), got {tensor_parallel!r}")
+    heads, kv = shape.attention_heads, shape.num_kv_heads
+    if heads % tensor_parallel:
+        raise UsageError(f"{flag} {tensor_parallel} does not divide {shape.name}'s {heads} "
+                         "attention heads (each GPU takes an equal share)")
+    if kv >= tensor_parallel and kv % tensor_parallel:
+        raise UsageError(f"{flag} {tensor_parallel} does not divide {shape.name}'s {kv} KV "
+                         "heads (each GPU takes an equal share)")
+    if kv < tensor_parallel and tensor_parallel % kv:
+        raise UsageError(f"{flag} {tensor_parallel} is not a multiple of {shape.name}'s {kv} KV "
+                         "heads (with fewer KV heads than GPUs each is replicated evenly)")
+
+
+def parameters_per_gpu(shape: ModelShape, tensor_parallel: int = 1) -> int:
+    """The parameters one GPU holds under tensor parallelism. vLLM splits the q, o and MLP
+    matrices (every expert's, in a mixture), the embedding and the LM head N ways; it replicates
+    the norms and a mixture's router; and each GPU holds the K and V projections of its own KV
+    heads, so with fewer KV heads than GPUs those are replicated too. Counted from the total
+    (given or counted from the shape), so a given ``num_parameters`` splits the same way."""
+    layers, hidden = shape.num_layers, shape.hidden_size
+    replicated = layers * 2 * hidden + hidden  # two norms a layer, the final norm
+    if shape.num_experts > 1:
+        replicated += layers * hidden * shape.num_experts  # the router
+    kv_projections = layers * 2 * hidden * shape.head_dim * shape.num_kv_heads
+    split = shape.num_params - replicated - kv_projections
+    own_kv = layers * 2 * hidden * shape.head_dim * shape.kv_heads_per_gpu(tensor_parallel)
+    return -(-split // tensor_parallel) + replicated + own_kv
+
+
+# vLLM's custom all-reduce (TP 2, 4, 6 and 8 on one node), per GPU: an 8 MiB IPC buffer that
+# inputs are copied into, 8 MiB of signals and scratch, 8 MiB of registered pointer tuples
+# (vllm/distributed/device_communicators/custom_all_reduce.py).
+CUSTOM_ALL_REDUCE_BYTES = 3 * 8 * MiB
+CUSTOM_ALL_REDUCE_SIZES = (2, 4, 6, 8)  # other sizes all-reduce through NCCL alone
+# NCCL's receive buffers for one ring connection of one channel, at the default sizes:
+# Simple 4 MiB (NCCL_BUFFSIZE), LL128 4,915,200 B, LL 524,288 B.
+NCCL_CHANNEL_BYTES = 4 * MiB + 4_915_200 + 524_288
+# The channels NCCL opens on an NVLink node (H100, H200, A100 SXM); fewer over PCIe.
+NCCL_CHANNELS = 32
+
+
+def comm_buffer_bytes(tensor_parallel: int) -> int:
+    """The communication buffers one GPU holds for tensor parallelism (none on one GPU): vLLM's
+    custom all-reduce buffers and NCCL's ring buffers over its channels. CUDA graphs, cuBLAS
+    workspaces and the CUDA context stay in ``overhead_bytes``. An allowance, not a
+    measurement: ``Plan.comm_buffer_bytes`` overrides it."""
+    if tensor_parallel <= 1:
+        return 0
+    custom = CUSTOM_ALL_REDUCE_BYTES if tensor_parallel in CUSTOM_ALL_REDUCE_SIZES else 0
+    return custom + NCCL_CHANNELS * NCCL_CHANNEL_BYTES
+
+
 @dataclass(frozen=True)
 class Plan:
     context_tokens: int
@@ -193,8 +273,21 @@ class Plan:
     margin_ratio: float = 0.10
     block_size_tokens: int = 16
     prefill_tokens: int | None = None  # None: one whole prompt of context_tokens (no chunking)
+    tensor_parallel: int = 1  # GPUs the model is split across; every figure is one GPU's
+    comm_buffer_bytes: int | None = None  # None: comm_buffer_bytes(tensor_parallel)
+
+    @property
+    def comm_bytes(self) -> int:
+        return (comm_buffer_bytes(self.tensor_parallel) if self.comm_buffer_bytes is None
+                else self.comm_buffer_bytes)
 
     def __post_init__(self) -> None:
+        if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int) \
+                or self.tensor_parallel <= 0:
+            raise UsageError("--tensor-parallel must be a positive integer (GPUs), got "
+                             f"{self.tensor_parallel!r}")
+        if self.comm_buffer_bytes is not None and self.comm_buffer_bytes < 0:
+            raise UsageError(f"communication buffers must be >= 0, got {self.comm_buffer_bytes}")
         for name in ("context_tokens", "concurrency", "gpu_memory_bytes", "block_size_tokens"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -206,9 +299,14 @@ class Plan:
 
 @dataclass(frozen=True)
 class Estimate:
+    """One GPU's figures (with tensor parallelism, each of ``tensor_parallel`` GPUs')."""
+
     model: str
+    tensor_parallel: int
+    kv_heads_per_gpu: int
     weights_bytes: int
     overhead_bytes: int
+    comm_buffer_bytes: int
     kv_bytes_per_token: int
     kv_cache_bytes: int
     activation_bytes: int
@@ -228,49 +326,69 @@ class Estimate:
         return asdict(self)
 
 
+def weights_bytes(shape: ModelShape, weight_dtype: str | None = None,
+                  tensor_parallel: int = 1) -> int:
+    """One GPU's weights: its parameters × bytes per weight."""
+    per = dtype_bytes(weight_dtype or shape.dtype)
+    return int(parameters_per_gpu(shape, tensor_parallel) * per)
+
+
 def estimate(shape: ModelShape, plan: Plan) -> Estimate:
-    weights = int(shape.num_params * dtype_bytes(plan.weight_dtype or shape.dtype))
-    per_token = shape.kv_bytes_per_token(plan.kv_dtype)
+    tp = plan.tensor_parallel
+    check_tensor_parallel(shape, tp)
+    weights = weights_bytes(shape, plan.weight_dtype, tp)
+    fixed = plan.overhead_bytes + plan.comm_bytes  # what no request changes
+    per_token = shape.kv_bytes_per_token(plan.kv_dtype, tp)
     kv = per_token * plan.context_tokens * plan.concurrency
     activations = activation_bytes(shape, plan)
-    total = weights + plan.overhead_bytes + kv + activations
+    total = weights + fixed + kv + activations
     usable = int(plan.gpu_memory_bytes * (1 - plan.margin_ratio))
-    kv_budget = max(0, usable - weights - plan.overhead_bytes - activations)
+    kv_budget = max(0, usable - weights - fixed - activations)
     block_bytes = per_token * plan.block_size_tokens
     return Estimate(
-        model=shape.name, weights_bytes=weights, overhead_bytes=plan.overhead_bytes,
+        model=shape.name, tensor_parallel=tp, kv_heads_per_gpu=shape.kv_heads_per_gpu(tp),
+        weights_bytes=weights, overhead_bytes=plan.overhead_bytes,
+        comm_buffer_bytes=plan.comm_bytes,
         kv_bytes_per_token=per_token, kv_cache_bytes=kv, activation_bytes=activations,
         total_bytes=total, gpu_memory_bytes=plan.gpu_memory_bytes, usable_bytes=usable,
         fits=total <= usable, headroom_bytes=usable - total,
         max_concurrency=kv_budget // (per_token * plan.context_tokens),
-        max_context_tokens=largest_context(shape, plan, usable - weights - plan.overhead_bytes),
+        max_context_tokens=largest_context(shape, plan, usable - weights - fixed),
         block_size_tokens=plan.block_size_tokens, block_bytes=block_bytes,
         pool_blocks=kv_budget // block_bytes,
         blocks_needed=plan.concurrency * -(-plan.context_tokens // plan.block_size_tokens))
 
 
 def largest_context(shape: ModelShape, plan: Plan, budget_bytes: int) -> int:
-    """The longest context that fits ``budget_bytes`` (usable memory less weights and overhead)
-    at the plan's concurrency. Without a prefill cap the prompt is prefilled whole, so the
-    activation allowance grows with the context too: a longer context costs KV *and* a larger
-    prefill peak (the plan's own context's allowance would overstate what is left)."""
+    """The longest context that fits ``budget_bytes`` (usable memory less weights, overhead and
+    communication buffers) at the plan's concurrency. Without a prefill cap the prompt is
+    prefilled whole, so the activation allowance grows with the context too: a longer context
+    costs KV *and* a larger prefill peak (the plan's own context's allowance would overstate
+    what is left)."""
     logits = plan.concurrency * shape.vocab_size * 4
-    kv_per_token = shape.kv_bytes_per_token(plan.kv_dtype) * plan.concurrency
+    kv_per_token = shape.kv_bytes_per_token(plan.kv_dtype, plan.tensor_parallel) \
+        * plan.concurrency
     if plan.prefill_tokens:  # chunked prefill: the peak does not grow with the context
         return max(0, budget_bytes - activation_bytes(shape, plan)) // kv_per_token
-    return max(0, budget_bytes - logits) // (kv_per_token + _activation_bytes_per_token(shape))
+    per_token_act = _activation_bytes_per_token(shape, plan.tensor_parallel)
+    return max(0, budget_bytes - logits) // (kv_per_token + per_token_act)
 
 
-def _activation_bytes_per_token(shape: ModelShape) -> int:
+def _activation_bytes_per_token(shape: ModelShape, tensor_parallel: int = 1) -> int:
+    """Hidden-state temporaries (whole on every GPU: each all-reduce restores them) and the
+    MLP's (split across the GPUs, as its matrices are)."""
     inter = shape.intermediate_size or 4 * shape.hidden_size
-    return int((4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype))
+    inter_per_gpu = -(-inter // tensor_parallel)
+    return int((4 * shape.hidden_size + 2 * inter_per_gpu) * dtype_bytes(shape.dtype))
 
 
 def activation_bytes(shape: ModelShape, plan: Plan) -> int:
     """An allowance for the prefill peak: one layer's hidden and MLP temporaries over the
-    prefill tokens, plus one step's fp32 logits for every sequence."""
+    prefill tokens, plus one step's fp32 logits for every sequence (whole on the GPU that
+    samples: vLLM gathers the vocabulary's shards there)."""
     tokens = plan.prefill_tokens or plan.context_tokens
-    return tokens * _activation_bytes_per_token(shape) + plan.concurrency * shape.vocab_size * 4
+    return (tokens * _activation_bytes_per_token(shape, plan.tensor_parallel)
+            + plan.concurrency * shape.vocab_size * 4)
 
 
 def gpu_memory_bytes(name: str) -> int:
@@ -321,24 +439,26 @@ class AdmissionCheck:
 
 def admission_check(shape: ModelShape, admission: Admission, limit_bytes: int, *,
                     overhead_bytes: int = 1 * GiB, weight_dtype: str | None = None,
-                    kv_dtype: str | None = None) -> AdmissionCheck:
+                    kv_dtype: str | None = None, tensor_parallel: int = 1) -> AdmissionCheck:
     """Can the worst request the server admits fit? (The early warning for a prefill-spike
     OOM: nothing in a memory trend foresees one 16 × 16,000-token prompt, but the limits say
     in advance that it can be admitted.) Uses the estimator's formulas; when it cannot fit,
     names the limit to lower and the largest value that fits."""
     a = admission
-    weights = int(shape.num_params * dtype_bytes(weight_dtype or shape.dtype))
-    per_token_kv = shape.kv_bytes_per_token(kv_dtype)
+    check_tensor_parallel(shape, tensor_parallel)
     whole = a.max_num_seqs * a.max_model_len
     tokens = min(whole, a.max_batch_tokens) if a.max_batch_tokens else whole
-    kv = a.kv_pool_bytes if a.kv_pool_bytes is not None else per_token_kv * whole
     plan = Plan(context_tokens=a.max_model_len, concurrency=a.max_num_seqs,
                 gpu_memory_bytes=limit_bytes, overhead_bytes=overhead_bytes,
-                prefill_tokens=tokens)
+                prefill_tokens=tokens, tensor_parallel=tensor_parallel)
+    weights = weights_bytes(shape, weight_dtype, tensor_parallel)
+    fixed = overhead_bytes + plan.comm_bytes
+    per_token_kv = shape.kv_bytes_per_token(kv_dtype, tensor_parallel)
+    kv = a.kv_pool_bytes if a.kv_pool_bytes is not None else per_token_kv * whole
     acts = activation_bytes(shape, plan)
-    needed = weights + overhead_bytes + kv + acts
+    needed = weights + fixed + kv + acts
     lower, lower_to = (None, None) if needed <= limit_bytes else _limit_to_lower(
-        shape, a, limit_bytes - weights - overhead_bytes, per_token_kv)
+        shape, a, limit_bytes - weights - fixed, per_token_kv, tensor_parallel)
     gib = float(GiB)
     if lower is None and needed <= limit_bytes:
         message = (f"the worst admissible request ({a.max_num_seqs} x {a.max_model_len} tokens, "
@@ -353,13 +473,12 @@ def admission_check(shape: ModelShape, admission: Admission, limit_bytes: int, *
                           limit_bytes - needed, lower, lower_to, message)
 
 
-def _limit_to_lower(shape: ModelShape, a: Admission, room: int,
-                    per_token_kv: int) -> tuple[str | None, int | None]:
+def _limit_to_lower(shape: ModelShape, a: Admission, room: int, per_token_kv: int,
+                    tensor_parallel: int) -> tuple[str | None, int | None]:
     """The first limit whose lowering makes the worst request fit, and its largest value:
     the tokens of one forward (chunked prefill) when the server has that limit, else the
     number of sequences, else the sequence length."""
-    inter = shape.intermediate_size or 4 * shape.hidden_size
-    per_token_act = (4 * shape.hidden_size + 2 * inter) * dtype_bytes(shape.dtype)
+    per_token_act = _activation_bytes_per_token(shape, tensor_parallel)
     logits = a.max_num_seqs * shape.vocab_size * 4
     if a.kv_pool_bytes is not None:
         free = room - a.kv_pool_bytes - logits

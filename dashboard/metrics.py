@@ -2,13 +2,17 @@
 
 A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
 registry of the app's own, so two apps never share series. Labels are bounded by design: only
-``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``phase``
-and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request id or a
-pid, which would grow without bound. Metric names are listed in docs/metrics.md.
+``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``pid``,
+``phase`` and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request
+id. The pid is a label of the per-process series only, which exist while their process runs
+(its samples of the last 30 s, its verdict until it ends): bounded by the processes running now,
+and the only thing that keeps two servers of one name on one device apart. Metric names are
+listed in docs/metrics.md.
 
 Device series (``host``, ``device``) are the device's: allocator counters summed over its
 processes, NVML's used and total, and the ``unexplained`` rest. ``vramscope_process_*`` series
-add ``process`` and keep each server process apart, with its own limit (its per-process cap).
+add ``process`` and ``pid`` and keep each server process apart, with its own limit (its
+per-process cap).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "(cumulative, all processes of the device)."),
     ("vramscope_ooms", "num_ooms", "OOMs raised by the allocators (cumulative)."),
 )
-# Per server process on a device: labels host, device, process.
+# Per server process on a device: labels host, device, process, pid.
 PROCESS_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("vramscope_process_allocated_bytes", "allocated_bytes", "Bytes this process's caching "
      "allocator handed to tensors."),
@@ -74,7 +78,7 @@ PROCESS_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 DEVICE_LABELS = ("host", "device")
-PROCESS_LABELS = ("host", "device", "process")
+PROCESS_LABELS = ("host", "device", "process", "pid")
 INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
 
 
@@ -110,6 +114,8 @@ class StoreCollector:
         yield from _source_families(rows, self.clock.time_s())
         yield from _process_families(self.store.processes(host="*"))
         yield from _verdict_families(self.store)
+        yield _config_family(rows, self.config)
+        yield from _saturation_families(self.store, rows, self.clock.time_s())
         yield from _agent_families(self.store)
 
 
@@ -144,8 +150,8 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
 
 
 def _per_process_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Each process of each device. Two processes with one label (same name, no rank) are
-    summed into one series: a label set must be unique, and the pid may not be a label."""
+    """Each process of each device, one series per pid: two servers of one name (two vLLM
+    processes, no rank) stay two series instead of one sum."""
     for family, specs in ((GaugeMetricFamily, PROCESS_GAUGES),
                           (CounterMetricFamily, PROCESS_COUNTERS)):
         for name, field, help_text in specs:
@@ -160,10 +166,15 @@ def _process_values(rows: list[dict[str, Any]], field: str) -> dict[tuple[str, .
     for r in rows:
         for p in (r["latest"] or {}).get("processes") or ():
             if p.get(field) is not None:
-                key = (*_labels(r), p["process"])
-                out[key] = max(out.get(key, 0), p[field]) if field == "limit_bytes" \
-                    else out.get(key, 0) + p[field]
+                key = tuple(_labels(r)) + (p["process"], _pid(p["pid"]))
+                out[key] = p[field]
     return out
+
+
+def _pid(pid: int | None) -> str:
+    """The ``pid`` label: empty for a process-less source (Prometheus reads an empty label as
+    no label)."""
+    return "" if pid is None else str(pid)
 
 
 LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
@@ -171,7 +182,7 @@ LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
 
 def _verdict_families(store: Store) -> Iterator[Metric]:
     """The alert engine's stored verdict of each running process (``vramscope.verdict/1``: the
-    answer the pages show), labelled as the per-process series (the pid is no label)."""
+    answer the pages show), labelled as the per-process series."""
     from vramscope.agent.store import verdicts as stored
 
     risk = GaugeMetricFamily("vramscope_process_risk_level", "The stored OOM-risk verdict of "
@@ -184,9 +195,9 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
                               labels=PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
     for v in stored.newest_all(store, "*"):
-        labels = (v["host"], str(v["device"]), v["label"])
+        labels = (v["host"], str(v["device"]), v["label"], _pid(v["pid"]))
         if labels in seen:
-            continue  # two processes of one label: the first (a label set is unique)
+            continue  # one answer a process (a label set is unique)
         seen.add(labels)
         if v["risk"]["level"]:
             risk.add_metric(list(labels), RISK_VALUE[v["risk"]["level"]])
@@ -194,6 +205,79 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
         if v["leak"]["state"] == "leak":
             slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
     yield from (risk, leak, slope)
+
+
+def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
+    """``config_oom``'s value (the ``[server]`` section's worst admissible request against each
+    device's limit, as the agent's alert and the OOM risk page compute it), so the exported
+    Prometheus rule alerts on the same number. No series without a ``[server]`` section, or
+    when its model's config.json cannot be read (the page says why; a scrape does not fail)."""
+    from vramscope.agent.alerts.config_check import limit_of, server_from_config
+    from vramscope.agent.errors import ConfigError
+
+    fam = GaugeMetricFamily("vramscope_config_headroom_bytes", "The device's limit less what "
+                            "the worst request the [server] section admits needs (negative: "
+                            "it cannot fit).", labels=DEVICE_LABELS)
+    try:
+        limits = server_from_config(config)
+    except ConfigError:
+        return fam
+    if limits is None:
+        return fam
+    for r in rows:
+        latest = r["latest"] or {}
+        limit = limit_of(latest.get("device_total_bytes"),
+                         [p.get("limit_bytes") for p in latest.get("processes") or ()])
+        if limit:
+            fam.add_metric(_labels(r), limits.check(limit).headroom_bytes)
+    return fam
+
+
+def _saturation_families(store: Store, rows: list[dict[str, Any]],
+                         now_s: float) -> Iterator[Metric]:
+    """``kv_saturation``'s value and its figures per device, from the stored ``server_load``
+    and ``kv_preempted`` events of the last ``LOAD_WINDOW_S`` read through the agent's own
+    tracker (:mod:`vramscope.agent.alerts.saturation`), so the exported Prometheus rule and
+    the agent's alert judge the same numbers."""
+    from vramscope.agent.alerts.saturation import EVENTS, LOAD_WINDOW_S, Saturation
+
+    saturated = GaugeMetricFamily("vramscope_kv_saturated", "1 while the fullest KV pool is at "
+                                  "least 95 % used with requests waiting, or a request was "
+                                  "preempted in the last 60 s.", labels=DEVICE_LABELS)
+    waiting = GaugeMetricFamily("vramscope_requests_waiting", "Requests waiting, summed over "
+                                "the device's servers (each one's newest count).",
+                                labels=DEVICE_LABELS)
+    running = GaugeMetricFamily("vramscope_requests_running", "Requests running, summed over "
+                                "the device's servers (each one's newest count).",
+                                labels=DEVICE_LABELS)
+    preempted = GaugeMetricFamily("vramscope_kv_preemptions_recent", "Requests preempted in "
+                                  "the last 60 s.", labels=DEVICE_LABELS)
+    for r in rows:
+        events = store.events(r["device"], now_s - LOAD_WINDOW_S, now_s, host=r["host"],
+                              names=tuple(sorted(EVENTS)))
+        if not events:
+            continue
+        sat = Saturation()
+        for e in events:
+            sat.on_event(e)
+        usage, total = _fullest_pool((r["latest"] or {}).get("processes") or ())
+        value = sat.value(usage, total, now_s)
+        if value is None:
+            continue
+        saturated.add_metric(_labels(r), value)
+        figures = sat.figures
+        for fam, key in ((waiting, "waiting"), (running, "running"), (preempted, "preempted")):
+            if figures.get(key) is not None:
+                fam.add_metric(_labels(r), figures[key])
+    yield from (saturated, waiting, running, preempted)
+
+
+def _fullest_pool(processes: Any) -> tuple[float | None, int | None]:
+    """The usage ratio and size of the fullest KV pool of the device's processes (the pool the
+    agent's rules read)."""
+    pools = [(p["kv_blocks_used"] / p["kv_blocks_total"], p["kv_blocks_total"])
+             for p in processes if p.get("kv_blocks_used") is not None and p.get("kv_blocks_total")]
+    return max(pools) if pools else (None, None)
 
 
 def _info_family(rows: list[dict[str, Any]]) -> Metric:

@@ -80,6 +80,8 @@ STEPS = (
          "a line that is not JSON"),
     Step(("import", "--skip-invalid", "bad.jsonl")),
     Step(("estimate", "--model", "llama-3-8b")),
+    Step(("estimate", "--model", "llama-3.1-70b", "--tensor-parallel", "4", "--context", "8192",
+          "--concurrency", "16"), "a 70B model split across four GPUs: one GPU's share"),
     Step(("estimate", "--params", "8B"), "a parameter count but no shape"),
     Step(("estimate", "--model", "llama3-8b"), "a misspelt model"),
     Step(("config", "check", "good.toml")),

@@ -24,6 +24,9 @@ from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
 from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
+from vramscope.agent.alerts.saturation import EVENTS as SATURATION_EVENTS
+from vramscope.agent.alerts.saturation import METRIC as SATURATION_METRIC
+from vramscope.agent.alerts.saturation import Saturation
 from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
@@ -78,6 +81,7 @@ _KV = 1 << 7  # a KV pool reading
 _ORPHANS = 1 << 8  # a kv_orphaned_blocks event
 _OOM = 1 << 9  # oom_recent changed: an OOM, or five minutes since the last one
 _EPISODE = 1 << 10  # an OOM ended the risk episode (its risk alerts resolve with it)
+_LOAD = 1 << 11  # a server_load or kv_preempted event (saturation.py)
 # what may change an answer the verdict log keeps (agent/alerts/verdicts.py)
 _VERDICT = _LEAK | _RISK_LEVEL | _EPISODE | _ORPHANS
 
@@ -99,6 +103,7 @@ _INPUTS: dict[str, int] = {
     "kv_orphaned_blocks": _ORPHANS,
     "oom_recent": _OOM,
     CONFIG_METRIC: _DEVICE,  # the [server] check, computed again when the limit moves
+    SATURATION_METRIC: _LOAD | _KV,  # a KV reading also ages the preemption window
 }
 
 
@@ -148,10 +153,12 @@ class DeviceAnalysis:
                                     bool]] = {}
         self._next_gone_check = 0.0
         self.ended: list[int] = []  # processes found gone since the verdict log last looked
+        self.ended_leak: int | None = None  # a gone process whose leak the device's alert named
         self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
         self.config_check: LimitCheck | None = None  # with a [server] section (config_check.py)
+        self.saturation = Saturation()  # queues and preemptions (saturation.py)
 
     def on_sample(self, s: Sample) -> int:
         self.last_sample = s
@@ -162,8 +169,8 @@ class DeviceAnalysis:
             if s.pid in self._gone:
                 self._revive(s.pid)
             self._last_seen[s.pid] = s.ts_s
-            if s.ts_s >= self._next_gone_check:
-                self._forget_gone(s.ts_s)
+            if s.ts_s >= self._next_gone_check and self._forget_gone(s.ts_s):
+                changed |= _LEAK
         if s.num_ooms is not None:
             if self._num_ooms is not None and s.num_ooms > self._num_ooms:
                 self._note_oom(s.ts_s, s.pid)
@@ -189,7 +196,7 @@ class DeviceAnalysis:
         self._episode_ended = False
         return _EPISODE
 
-    def _forget_gone(self, now_s: float) -> None:
+    def _forget_gone(self, now_s: float) -> bool:
         """Processes silent for ``PROCESS_GONE_S`` are gone (exited, restarted under a new
         pid): their risk models and leak detectors no longer speak for the device. Their state
         is kept aside (``GONE_KEPT`` processes at most): a process whose records only arrived
@@ -197,7 +204,10 @@ class DeviceAnalysis:
         as it would have had its records come in time order."""
         self._next_gone_check = now_s + PROCESS_GONE_S / 2
         gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
+        leading = self.leak
         for pid in gone:
+            if self.leaks.get(pid) is leading and leading.result.detected:
+                self.ended_leak = pid  # its alert resolves saying so, not "no leak"
             del self._last_seen[pid]
             self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
                                self.kvs.pop(pid, None), pid in self._sampled)
@@ -208,6 +218,7 @@ class DeviceAnalysis:
         if gone:
             self._pick_risk()
             self._pick_leak()
+        return bool(gone)
 
     def _revive(self, pid: int) -> None:
         """A process thought gone sent a record: its models as they were."""
@@ -377,6 +388,8 @@ class DeviceAnalysis:
             return _ORPHANS | _LEAK | (self._oom_changed(e.ts_s) if self.oom_ts_s else 0)
         if e.name == "oom":
             return self._oom_changed(e.ts_s) | self._episode()
+        if e.name in SATURATION_EVENTS:
+            return _LOAD if self.saturation.on_event(e) else 0
         return None
 
     def _note_oom(self, ts_s: float, pid: int | None) -> None:
@@ -390,7 +403,7 @@ class DeviceAnalysis:
                 model.restart()
         for key, leak in self.leaks.items():
             if pid is None or key == pid:
-                leak.end_growth()
+                leak.end_growth(ts_s)
         self._episode_ended = True
 
     def _oom_changed(self, now_s: float) -> int:
@@ -454,6 +467,8 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "oom_recent": lambda d, now: float(bool(d.oom_ts_s) and now - d.oom_ts_s[-1] < OOM_RECENT_S),
     CONFIG_METRIC: lambda d, now: d.config_check.headroom_bytes(d.risk.limit_bytes)
     if d.config_check else None,
+    SATURATION_METRIC: lambda d, now: d.saturation.value(d.kv.usage_ratio, d.kv.blocks_total,
+                                                         now),
 }
 
 
@@ -574,6 +589,11 @@ class AlertEngine:
                 continue
             if st.quiet and not st.inputs & changed:
                 continue
+            if d.ended_leak is not None and st.fired_ts is not None \
+                    and st.rule.metric == "leak_detected":
+                self._resolve(st, d, now, None, host, out,
+                              f"pid {d.ended_leak} ended; its last answer: leak")
+                continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
                 limit = st.threshold if st.horizon is None else _limit(st, d, now)
@@ -586,6 +606,7 @@ class AlertEngine:
                 st.quiet = st.clear_since is None and len(out) == before
             busy = busy or not st.quiet
         rules.busy = busy
+        d.ended_leak = None
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:
@@ -653,6 +674,8 @@ def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     """The rule's text; a risk alert adds why and the first remedy for that cause."""
     if rule.metric == CONFIG_METRIC and d.config_check is not None:
         return d.config_check.message() or rule.describe(value)  # names the limit to lower
+    if rule.builtin and rule.metric == SATURATION_METRIC:
+        return d.saturation.message(rule.message or rule.name)  # with its numbers
     text = rule.describe(value)
     who = d.process_name() if rule.metric in _PER_PROCESS_METRICS else None
     if who is not None:

@@ -16,8 +16,10 @@ Alertmanager) alerts on the same conditions as the agent:
 - ``device`` becomes a ``device="N"`` matcher; ``severity`` and ``labels`` become labels, plus
   ``vramscope_rule`` with the agent's own rule name; ``message`` becomes the summary.
 
-A rule whose metric has no Prometheus series (the agent-only analysis values such as
-``leak_detected``) is left out, listed in a comment at the end of the file and logged once.
+Every built-in rule is exported (``leak_detected`` over the stored leak verdicts,
+``config_headroom_bytes`` over the dashboard's ``[server]`` check). A user rule whose metric has
+no Prometheus series (the agent-only analysis values such as ``time_to_oom_s``) is left out,
+listed in a comment at the end of the file and logged once.
 
 The output is YAML written by hand (JSON-quoted scalars are valid YAML), so the export needs no
 YAML library at run time.
@@ -67,7 +69,21 @@ SERIES: dict[str, str] = {
         " / (deriv(vramscope_kv_blocks_used{sel}[5m]) > 0))",
     # 1 for five minutes after the OOM counter rose (the agent's OOM_RECENT_S).
     "oom_recent": "(increase(vramscope_ooms_total{sel}[5m]) > bool 0)",
+    # The stored leak verdicts the agent's engine writes (1 leak, 0 no leak, -1 not enough
+    # data): one series a running process, so the alert names the leaking process and pid
+    # (the agent's own alert is per device and names it in its message).
+    "leak_detected": "(vramscope_process_leak_state{sel} == bool 1)",
+    "leak_slope_bytes_per_s": "vramscope_process_leak_slope_bytes_per_second{sel}",
+    # The [server] section's worst request against each device's limit (dashboard /metrics
+    # with the same [server] section).
+    "config_headroom_bytes": "vramscope_config_headroom_bytes{sel}",
+    # The dashboard's reading of the stored queue and preemption events with the agent's own
+    # tracker (agent/alerts/saturation.py).
+    "kv_saturated": "vramscope_kv_saturated{sel}",
 }
+
+# Rule metrics whose series are one a process (labels process and pid beside host, device).
+PER_PROCESS = frozenset({"leak_detected", "leak_slope_bytes_per_s"})
 
 _SERIES_NAME = re.compile(r"\bvramscope_[a-z_]+")
 
@@ -182,7 +198,10 @@ def _description(rule: Rule) -> str:
     gate = getattr(rule, "gate", None)
     if gate is not None:
         condition += f" while {gate.metric} {gate.op} {_number(gate.threshold)}"
-    return (f"{_summary(rule)} on host {{{{ $labels.host }}}} GPU {{{{ $labels.device }}}}: "
+    where = "host {{ $labels.host }} GPU {{ $labels.device }}"
+    if rule.metric in PER_PROCESS:
+        where += " process {{ $labels.process }} (pid {{ $labels.pid }})"
+    return (f"{_summary(rule)} on {where}: "
             f"value {{{{ $value }}}} (vramscope rule {_escape_template(rule.name)}: "
             f"{condition})")
 

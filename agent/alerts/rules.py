@@ -58,6 +58,8 @@ DERIVED_METRICS: dict[str, str] = {
     "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
     "config_headroom_bytes": "limit − what the worst request the [server] section admits "
                              "needs (absent without server.model)",
+    "kv_saturated": "1 while the fullest KV pool is at least 95 % used with requests waiting, "
+                    "or a request was preempted in the last 60 s (alerts/saturation.py)",
 }
 METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(DERIVED_METRICS)
 _KEYS = ("name", "metric", "op", "threshold", "for", "clear", "clear_for", "severity", "labels",
@@ -140,6 +142,7 @@ def format_value(metric: str, value: float) -> str:
         "leak_slope_bytes_per_s": lambda v: f"{v * 3600 / _MIB:.1f} MiB/h",
         "leak_slope_ratio_per_h": lambda v: f"{v * 100:.2f} % of the limit per hour",
         "kv_orphaned_blocks": lambda v: f"{v:.0f} blocks",
+        "kv_saturated": lambda v: "saturated" if v >= 1 else "not saturated",
     }
     if metric in exact:
         return exact[metric](value)
@@ -154,6 +157,7 @@ def format_value(metric: str, value: float) -> str:
     return f"{value:.6g}"
 
 
+SATURATION_FOR_S = 30.0  # kv_saturation waits this long before it fires
 RISK_HOLD_S = 1800.0  # an OOM-risk alert resolves after half an hour below its level
 BACKOFF_WINDOW_S = 6 * 3600.0  # a firing this soon after a resolution is the same risk back
 BACKOFF_MAX = 8.0  # the hold grows at most to this many times ``clear_for``
@@ -194,6 +198,10 @@ def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
              message="KV pool runs out of blocks soon", builtin=True),
         Rule("oom", "oom_recent", ">=", 1, severity="critical",
              message="out of memory", builtin=True),
+        # a pool full with a queue for half a minute (a burst that fills it is not), or any
+        # preemption; it resolves a minute after neither holds
+        Rule("kv_saturation", "kv_saturated", ">=", 1, for_s=SATURATION_FOR_S,
+             clear_for_s=60.0, severity="warning", message="KV pool saturated", builtin=True),
     ] + _config_rules(config)
 
 

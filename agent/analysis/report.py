@@ -269,6 +269,8 @@ def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Re
             facts = {k: v for k, v in facts.items()
                      if k in ("in_flight_series", "kv_refusals_ts")}
         cause, _ = diagnose(pm, before, ts_s=first_oom, **facts)
+        if pm is not None and pm.cause in REMEDIES:  # the agent's, stored with it
+            cause = pm.cause
     warned = [t for t in (d.first_warning_ts_s, kv_warned_ts) if t is not None]
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
             "first_warning_ts": min(warned) if warned else None,

@@ -338,11 +338,13 @@ class RiskModel:
         (the next warning is about the next OOM); the limit and the largest request stay. Its
         risk ends with it: the level is ok until a sample says otherwise (a process that died
         of the OOM sends none), and the floor's growth speaks again only once its leak
-        detector does."""
+        detector does. The floor under the spikes is read anew: the one before the OOM held
+        what the OOM freed (a headroom left after it would be the dead episode's)."""
         self._peaks.clear()
+        self.spikes.baseline_bytes = None
         self._trend = self._in_use = None
         self._window_start = None
-        self._retry_rise_ts = None
+        self._retry_rise_ts = self._retries = None  # the OOM's own retry is the episode's
         self.growth = None
         self.level_index = self._reasons = 0
         self.time_to_oom_s = None

@@ -55,6 +55,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--block-size", type=int, default=16, help="paged KV block, in tokens")
     plan.add_argument("--prefill-tokens", type=int,
                       help="largest prefill chunk (default: one whole context)")
+    plan.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                      help="GPUs the model is split across (vLLM's --tensor-parallel-size); "
+                           "every figure is then one GPU's (default 1)")
+    plan.add_argument("--comm-buffer-mib", type=float,
+                      help="communication buffers per GPU under tensor parallelism (default: "
+                           "vLLM's custom all-reduce and NCCL's ring buffers, 318 MiB)")
     admit = p.add_argument_group(
         "admission limits (check that the worst request the server admits can fit: the "
         "longest prompt, --context tokens, times --max-num-seqs in one forward)")
@@ -85,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
                     gpu_memory_bytes=gpu_bytes, kv_dtype=args.kv_dtype,
                     weight_dtype=args.weight_dtype, overhead_bytes=int(args.overhead_gib * est.GiB),
                     margin_ratio=args.margin, block_size_tokens=args.block_size,
-                    prefill_tokens=args.prefill_tokens)
+                    prefill_tokens=args.prefill_tokens, tensor_parallel=args.tensor_parallel,
+                    comm_buffer_bytes=(None if args.comm_buffer_mib is None
+                                       else int(args.comm_buffer_mib * est.MiB)))
     result = est.estimate(shape, plan)
     check = None
     if args.max_num_seqs is not None:
@@ -94,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
                                   max_batch_tokens=args.max_batch_tokens, kv_pool_bytes=pool)
         check = est.admission_check(shape, admission, gpu_bytes,
                                     overhead_bytes=plan.overhead_bytes,
-                                    weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype)
+                                    weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
+                                    tensor_parallel=args.tensor_parallel)
     if args.json:
         doc = {"format": "vramscope.estimate/1", **result.to_json()}
         if check is not None:
@@ -165,12 +174,18 @@ def render(r: Estimate, plan: Plan, shape: ModelShape) -> str:
     def g(n: int) -> str:
         return f"{n / gib:9.2f} GiB"
 
+    tp = r.tensor_parallel
     lines = [
         f"{r.model}: {shape.num_params / 1e9:.2f} B parameters, {shape.num_layers} layers, "
         f"{shape.num_kv_heads} KV heads × {shape.head_dim}",
+        *([f"tensor parallel   {tp} GPUs: the figures below are one GPU's "
+           f"({r.kv_heads_per_gpu} KV head{'s' if r.kv_heads_per_gpu > 1 else ''} each"
+           + (", replicated)" if shape.num_kv_heads < tp else ")")] if tp > 1 else []),
         f"KV per token      {r.kv_bytes_per_token / 1024:9.1f} KiB",
         f"weights           {g(r.weights_bytes)}",
         f"runtime overhead  {g(r.overhead_bytes)}",
+        *([f"comm buffers      {g(r.comm_buffer_bytes)}   (all-reduce and NCCL)"]
+          if tp > 1 or r.comm_buffer_bytes else []),
         f"KV cache          {g(r.kv_cache_bytes)}   ({plan.concurrency} × {plan.context_tokens}"
         " tokens)",
         f"activations       {g(r.activation_bytes)}   (prefill allowance)",

@@ -234,8 +234,8 @@ class IngestServer:
     # --- lifecycle ------------------------------------------------------------------------
     def bind(self) -> None:
         """Create the private directory and the 0600 socket; refuse a live agent's socket."""
-        shared = bool(self._allowed_uids - {os.getuid()})
-        prepare_socket_dir(os.path.dirname(os.path.abspath(self.path)), shared=shared)
+        shared = shared_with_others(self._allowed_uids)
+        prepare_socket_folder(self.path, self._allowed_uids)
         remove_stale_socket(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others connect
@@ -613,6 +613,18 @@ def _peercred(sock: socket.socket) -> tuple[int | None, int | None]:
     except (OSError, AttributeError):  # not Linux: no SO_PEERCRED, no uid check possible
         return None, None
     return pid, uid
+
+
+def prepare_socket_folder(socket_path: str, allowed_uids: Iterable[int] = ()) -> None:
+    """The folder of ``socket_path``, made private (:func:`prepare_socket_dir`); shared with
+    the ``allowed_uids`` other than ours."""
+    prepare_socket_dir(os.path.dirname(os.path.abspath(socket_path)),
+                       shared=shared_with_others(allowed_uids))
+
+
+def shared_with_others(allowed_uids: Iterable[int]) -> bool:
+    """``agent.allowed_uids`` names a user other than the agent's own."""
+    return bool(set(allowed_uids) - {os.getuid()})
 
 
 def prepare_socket_dir(path: str, shared: bool = False) -> None:

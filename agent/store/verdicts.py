@@ -176,8 +176,8 @@ def processes(store: Store, device: int, host: str | None, end: float) -> list[d
 
 
 def process_label(row: Mapping[str, Any] | None) -> str:
-    """A process's bounded name for labels: its name, with its rank when it has one; never a
-    pid or a request id (a pid grows without bound over restarts)."""
+    """A process's name for labels and pages: its name, with its rank when it has one (the
+    pid, where a surface needs one, is beside it: ``/metrics``' ``pid`` label)."""
     name = (row or {}).get("name") or "unknown"
     rank = (row or {}).get("rank")
     return name if rank is None else f"{name}/rank{rank}"

@@ -88,7 +88,8 @@ def test_duplicate_names_are_an_error():
 
 def test_builtins_take_thresholds_from_the_settings():
     rules = {r.name: r for r in builtin_rules(config(kv_exhaustion_warning_s=90.0))}
-    assert set(rules) == {"oom_risk", "oom_risk_critical", "memory_leak", "kv_exhaustion", "oom"}
+    assert set(rules) == {"oom_risk", "oom_risk_critical", "memory_leak", "kv_exhaustion", "oom",
+                          "kv_saturation"}
     assert (rules["kv_exhaustion"].metric, rules["kv_exhaustion"].op,
             rules["kv_exhaustion"].threshold) == ("kv_exhaustion_s", "<", 90.0)
     assert rules["oom_risk_critical"].severity == "critical"
@@ -99,7 +100,7 @@ def test_a_user_rule_replaces_the_builtin_of_the_same_name():
                                  "threshold": 0.01, "severity": "critical"}]))
     leak = [r for r in rules if r.name == "memory_leak"]
     assert len(leak) == 1 and leak[0].severity == "critical" and not leak[0].builtin
-    assert len(rules) == 5
+    assert len(rules) == 6
 
 
 @pytest.mark.parametrize("op, value, breached, cleared", [

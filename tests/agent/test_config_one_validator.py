@@ -94,7 +94,7 @@ def test_a_warning_threshold_equal_to_its_critical_one_is_allowed(tmp_path, caps
     path.write_text('[agent]\nallowed_uids = " 1000, 1001 "\n[alerts]\n'
                     'time_to_oom_warning_s = 300.0\nheadroom_warning_ratio = 0.02\n')
     assert main(["config", "check", str(path)]) == 0
-    assert capsys.readouterr().out == f"{path}: ok ({len(SETTINGS)} settings, 5 alert rules)\n"
+    assert capsys.readouterr().out == f"{path}: ok ({len(SETTINGS)} settings, 6 alert rules)\n"
 
 
 def test_an_environment_override_is_checked_with_the_file(tmp_path, capsys, monkeypatch):

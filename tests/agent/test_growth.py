@@ -159,10 +159,12 @@ def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_f
     fired = [c for c in e.feed(_pair(1000)) if c.kind == "fired"]
     assert [(c.rule, c.ts_s) for c in fired] == [
         ("memory_leak", 600.0), ("oom_risk", 616.0), ("oom_risk_critical", 949.0)]
-    # read since the onset (the knee of the stretch): 60 MiB/s exactly; 52.4 GiB left
+    # read since the onset (the knee of the stretch): 60 MiB/s exactly, its interval widened
+    # to the model's error (15 % either side); 52.4 GiB left
     assert fired[0].message.endswith(
-        "210.94 GiB/h), 263.67 % of the limit since 1970-01-01T00:05:00.000Z, over 4.0 min of "
-        "floor (leak); full in about 14.9 min (14.9 min to 14.9 min) [pid 1]")
+        "210.94 GiB/h (179.30 GiB/h to 242.58 GiB/h), 263.67 % of the limit since "
+        "1970-01-01T00:05:00.000Z, over 4.0 min of floor (leak); full in about 14.9 min "
+        "(13.0 min to 17.5 min) [pid 1]")
     assert "likely growth;" in fired[1].message  # pid 1's own growth: its time to OOM
     victim = [v for v in e.verdicts.history if v.pid == 2 and v.risk_level != "ok"]
     assert (victim[0].ts_s, victim[0].risk_level, victim[0].risk_cause) == (
@@ -182,6 +184,10 @@ def test_an_oom_ends_the_risk_of_the_process_it_killed():
     rows = [v for v in e.verdicts.history if v.pid == 1]
     assert rows[-2].risk_level == "critical"
     assert (rows[-1].ts_s, rows[-1].risk_level, rows[-1].time_to_oom_s) == (950.0, "ok", None)
+    # the leak that killed it stays its answer (history, not "no leak"), marked as ended
+    leak = e.devices[0].leaks[1].result
+    assert leak.state == "leak"
+    assert leak.evidence.endswith("; the growth ended with the OOM at 950.000")
 
 
 def _wandering(onset_s: float, minutes: int = 170):

@@ -155,8 +155,10 @@ def test_every_surface_gives_the_live_agent_s_answer(recorded, tmp_path, capsys)
     assert 'vramscope_process_leak_state{device="0",host=' in metrics
     leak_lines = sorted(line for line in metrics.splitlines()
                         if line.startswith("vramscope_process_leak_state{"))
-    assert [line.rsplit(" ", 1)[1] for line in leak_lines] == ["0.0", "1.0"]  # healthy, leaky
-    assert any('process="leaky"' in line and line.endswith(" 1.0") for line in leak_lines)
+    state = {line.split('pid="')[1].split('"')[0]: line.rsplit(" ", 1)[1] for line in leak_lines}
+    assert state == {str(healthy): "0.0", str(leaky): "1.0"}
+    assert any(f'pid="{leaky}",process="leaky"' in line and line.endswith(" 1.0")
+               for line in leak_lines)
 
 
 def _server(pid: int, leak: bool, t0: float = 1_800_000_000.0) -> list:

@@ -9,6 +9,7 @@ query is scraped from a real dashboard ``/metrics``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -98,6 +99,9 @@ def test_default_rules_exact():
         # Fires while growing toward the end of a pool at least 80 % full; stays while it is.
         "VramscopeKvExhaustion": KV_EXPR,
         "VramscopeOom": "(increase(vramscope_ooms_total[5m]) > bool 0) >= 1",
+        # the stored leak verdicts (1 leak, 0 no leak, -1 not enough data), one per process
+        "VramscopeMemoryLeak": "(vramscope_process_leak_state == bool 1) >= 1",
+        "VramscopeKvSaturation": "vramscope_kv_saturated >= 1",
     }
     assert (rules["VramscopeOomRisk"]["for"], rules["VramscopeOomRisk"]["keep_firing_for"]) \
         == ("15s", "30m")  # alerts.risk_for_s; resolves after 30 min (rules.RISK_HOLD_S)
@@ -109,8 +113,8 @@ def test_default_rules_exact():
     # The agent's "fire at once when critical" cannot be said in the same rule: a comment.
     assert ("      # The agent fires this at once when risk_level >= 2; Prometheus waits the "
             "`for` at every level.\n      - alert: \"VramscopeOomRisk\"") in text
-    # The leak detector's verdict is not a Prometheus series: left out, and said so.
-    assert text.rstrip().endswith("#   memory_leak (leak_detected)")
+    # Every built-in is exported: nothing left out (the leak rule was, issue 47).
+    assert "# Not exported" not in text
 
 
 def test_settings_reach_the_rules():
@@ -124,9 +128,9 @@ def test_settings_reach_the_rules():
 
 def test_scripted_rules_exact():
     rules = rules_of(render_rules(scripted_config()))
-    assert list(rules) == ["VramscopeOomRisk", "VramscopeOomRiskCritical",
-                           "VramscopeKvExhaustion", "VramscopeReservedHigh", "VramscopeOom",
-                           "VramscopeFragmented"]
+    assert list(rules) == ["VramscopeOomRisk", "VramscopeOomRiskCritical", "VramscopeMemoryLeak",
+                           "VramscopeKvExhaustion", "VramscopeKvSaturation",
+                           "VramscopeReservedHigh", "VramscopeOom", "VramscopeFragmented"]
     high = rules["VramscopeReservedHigh"]
     assert high["expr"] == (
         'vramscope_reserved_bytes{device="0"} > 100 or ((vramscope_reserved_bytes{device="0"} > 80)'
@@ -149,8 +153,7 @@ def test_scripted_rules_exact():
 def test_left_out_rules_are_listed():
     text = render_rules(scripted_config())
     tail = text[text.index("# Not exported"):].splitlines()
-    assert tail[1:] == ["#   memory_leak (leak_detected)",
-                        "#   slow-leak (leak_slope_ratio_per_h)"]
+    assert tail[1:] == ["#   slow-leak (leak_slope_ratio_per_h)"]
 
 
 def test_names_and_durations():
@@ -169,8 +172,7 @@ def test_metrics_without_a_series_are_exactly_the_agent_only_ones():
     """When /metrics grows one of these, map it in SERIES and this list shrinks."""
     assert sorted(set(METRICS) - set(SERIES)) == sorted([
         "active_bytes", "requested_bytes", "headroom_bytes", "headroom_ratio", "time_to_oom_s",
-        "leak_detected", "leak_slope_bytes_per_s", "leak_slope_ratio_per_h",
-        "kv_orphaned_blocks", "config_headroom_bytes", "kv_exhaustion_horizon_s"])
+        "leak_slope_ratio_per_h", "kv_orphaned_blocks", "kv_exhaustion_horizon_s"])
 
 
 @needs_promtool
@@ -284,3 +286,70 @@ def test_cli_export_names_a_bad_rule_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "alert rule 'typo'" in err and "'reserved_byte'" in err and str(cfg) in err
     assert not out.exists() or out.read_text() == ""
+
+
+def server_config(tmp_path):
+    """A config with a [server] section (Llama-3-8B's shape): config_oom is a built-in too."""
+    from tests.support.exported_metrics import SERVER_MODEL
+
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(SERVER_MODEL))
+    return parse_config({"server": {"model": str(model), "max_num_seqs": 4}}, "s.toml", {})
+
+
+def test_every_built_in_rule_is_exported(tmp_path):
+    """The built-ins with a [server] section (all of them: config_oom too) each become one
+    Prometheus alert, and nothing is left out."""
+    from vramscope.agent.alerts.rules import builtin_rules
+
+    config = server_config(tmp_path)
+    text = render_rules(config)
+    rules = rules_of(text)
+    assert sorted(r["labels"]["vramscope_rule"] for r in rules.values()) == sorted(
+        r.name for r in builtin_rules(config))
+    assert rules["VramscopeConfigOom"]["expr"] == "vramscope_config_headroom_bytes < 0"
+    assert "# Not exported" not in text
+
+
+@needs_promtool
+def test_promtool_evaluates_the_leak_and_config_rules(tmp_path):
+    """Minute by minute on GPU 0: the leaky process's stored verdict -1 -1 0 1 1 0 (not enough
+    data, no leak, leak, no leak), the healthy one's 0 throughout; the [server] check's
+    headroom 2 GiB, then -1 GiB once a process cap lowers the limit. The leak alert names the
+    process and its pid; config_oom fires at once."""
+    (tmp_path / "rules.yml").write_text(render_rules(server_config(tmp_path)))
+    leak = {"host": "a", "device": "0", "process": "leaky", "pid": "42", "severity": "warning",
+            "vramscope_rule": "memory_leak"}
+    leak_alert = [{"exp_labels": leak, "exp_annotations": {
+        "summary": "idle floor rising after the warm-up",
+        "description": "idle floor rising after the warm-up on host a GPU 0 process leaky "
+                       "(pid 42): value 1 (vramscope rule memory_leak: leak_detected >= 1)"}}]
+    oom = {"host": "a", "device": "0", "severity": "warning", "vramscope_rule": "config_oom"}
+    oom_alert = [{"exp_labels": oom, "exp_annotations": {
+        "summary": "the worst request the server admits cannot fit under the limit",
+        "description": "the worst request the server admits cannot fit under the limit on host "
+                       "a GPU 0: value -1.073741824e+09 (vramscope rule config_oom: "
+                       "config_headroom_bytes < 0)"}}]
+    at = lambda minute, name, alerts: {"eval_time": f"{minute}m", "alertname": name,
+                                       "exp_alerts": alerts}
+    state = 'vramscope_process_leak_state{{host="a",device="0",process="{}",pid="{}"}}'
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": state.format("leaky", 42), "values": "-1 -1 0 1 1 0"},
+            {"series": state.format("healthy", 43), "values": "0x5"},
+            {"series": 'vramscope_config_headroom_bytes{host="a",device="0"}',
+             "values": "2147483648 2147483648 -1073741824 -1073741824"}],
+        "alert_rule_test": [
+            at(1, "VramscopeMemoryLeak", []),  # not enough data is not a leak
+            at(2, "VramscopeMemoryLeak", []),
+            at(3, "VramscopeMemoryLeak", leak_alert),  # fires at once: no `for`
+            at(4, "VramscopeMemoryLeak", leak_alert),
+            at(5, "VramscopeMemoryLeak", []),
+            at(1, "VramscopeConfigOom", []),
+            at(2, "VramscopeConfigOom", oom_alert),
+        ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -94,3 +94,19 @@ def test_a_model_config_gone_since_start_is_said_on_the_page_not_a_500(seeded, m
     assert (f'<span class="badge info">not checked</span> cannot check the configuration: '
             f'&lt;settings&gt;: server.model = &#39;{model}&#39;: {model}: config file not found'
             in r.get_data(as_text=True))
+
+
+def test_metrics_export_the_headroom_config_oom_alerts_on(seeded, model):
+    """``vramscope_config_headroom_bytes``: the limit (80 GiB) less what 32 x 16,000 tokens
+    need, per device; the exported config_oom rule fires below 0."""
+    text = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32).get(
+        "/metrics").get_data(as_text=True)
+    for device in (0, 1):
+        assert (f'vramscope_config_headroom_bytes{{device="{device}",host="{F.HOST}"}} '
+                f"{float(80 * GIB - NEEDED_32)}") in text
+    assert 80 * GIB - NEEDED_32 == -44_497_543_168
+
+
+def test_metrics_without_a_server_section_have_no_headroom(client):
+    text = client.get("/metrics").get_data(as_text=True)
+    assert "vramscope_config_headroom_bytes{" not in text

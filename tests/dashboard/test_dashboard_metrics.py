@@ -5,7 +5,12 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
-from vramscope.dashboard.metrics import DEVICE_COUNTERS, DEVICE_GAUGES
+from vramscope.dashboard.metrics import (
+    DEVICE_COUNTERS,
+    DEVICE_GAUGES,
+    PROCESS_COUNTERS,
+    PROCESS_GAUGES,
+)
 
 from tests.support import dashboard_fixtures as F
 
@@ -14,6 +19,9 @@ seeded, dash_app, client = F.seeded, F.dash_app, F.client  # shared fixtures
 ALLOWED_LABELS = {"host", "device", "process", "phase", "source"}
 INFO_LABELS = {"host", "device", "uuid", "name", "index", "parent_uuid"}  # device_info only
 LAST_T = F.T0 + (F.STEPS - 1) * F.STEP_S
+PROCESS_SERIES = {n for n, _, _ in PROCESS_GAUGES} | {n for n, _, _ in PROCESS_COUNTERS} | {
+    "vramscope_process_risk_level", "vramscope_process_leak_state",
+    "vramscope_process_leak_slope_bytes_per_second"}
 
 
 def scrape(client) -> dict[str, list]:
@@ -36,6 +44,8 @@ def test_every_documented_metric_is_exposed_with_bounded_labels(client):
     assert names <= set(got)
     for name, samples in got.items():
         allowed = INFO_LABELS if name == "vramscope_device_info" else ALLOWED_LABELS
+        if name in PROCESS_SERIES:  # one series a running process: its pid too
+            allowed = allowed | {"pid"}
         for s in samples:
             assert set(s.labels) <= allowed, (name, s.labels)
 

