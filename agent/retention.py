@@ -260,7 +260,7 @@ class Retention:
         """Roll up the minutes after the watermark, skipping any gap without samples."""
         if not self._watermark_known:
             self._watermark, self._watermark_known = sql.rollup_watermark(store), True
-        first = sql.first_sample_ts(store, self._watermark)
+        first = sql.oldest_sample_ts(store, self._watermark)
         if first is None:
             return 0, 0
         # rows older than every tier keeps would be rolled up only to be deleted: start at the

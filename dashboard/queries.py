@@ -1,36 +1,21 @@
-"""What the pages and the API read, composed from ``agent``'s store queries.
+"""What the Overview, the timeline and the Capacity peaks show, composed from the store.
 
-The only module of the dashboard that calls the store. Long ranges are always downsampled in
-SQL (:meth:`vramscope.agent.store.Store.timeline`); raw samples are read only for short, bounded
-windows.
+Windows of samples are read through the store's reader (:mod:`vramscope.agent.store.reader`),
+which chooses the tier (raw samples, the per-second tier, the rollups) and says which answered;
+this module shapes what it read (:mod:`vramscope.dashboard.timeline`). The newest values of a
+device (the last ``LATEST_WINDOW_S`` of raw samples) and the stored rows (devices, processes,
+alerts, agent reports) are read from the store itself.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vramscope.agent.config import Config
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from vramscope.agent.store import Store
-from vramscope.agent.store.reader import (
-    SECONDS_READ_MAX_S,
-    aligned_grid,
-    device_row_id,
-    downsample,
-    events_at_most,
-    first_sample_ts,
-    phase_changes,
-    phase_counts,
-    process_window,
-    raw_rows_over,
-    request_rate,
-    seconds_end,
-)
-from vramscope.agent.store.schema import ROLLUP_TIER_S
-from vramscope.agent.store.seconds import PhaseSeconds
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, PostMortem, Sample
+from vramscope.agent.store import Store, reader
 from vramscope.agent.store.verdicts import process_label
 from vramscope.dashboard import servers
 from vramscope.dashboard import timeline as tl
@@ -43,16 +28,9 @@ from vramscope.dashboard.verdict import (
 )
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
-PHASE_SAMPLE_LIMIT = 20_000  # phase changes read for phase bands when there are no phase events
-PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
-SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
-# ...counted over raw samples only up to this span, past which counting them would cost as
-# much as the timeline itself; longer windows read rollups, which carry no phase
-PHASE_SHARE_SPAN_S = 6 * 3600.0
 # Capacity's measured peaks cover each device's newest day: over everything stored they would
 # read a week of minute rollups per device, a cost growing with the retention
 PEAKS_WINDOW_S = 86_400.0
-NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
@@ -308,87 +286,34 @@ def alert_json(a: dict[str, Any], metrics: dict[str, str] | None = None) -> dict
 
 def timeline(store: Store, device: int, host: str | None, start_s: float, end_s: float,
              max_points: int, columns: tuple[str, ...]) -> dict[str, Any]:
-    """The timeline document: downsampled series, phase bands and event markers, and each
-    process's allocated and reserved bytes where the raw samples tell them apart
-    (:func:`~vramscope.dashboard.timeline.process_parts`)."""
+    """The timeline document (docs/api.md): what the reader read for the window
+    (:func:`~vramscope.agent.store.reader.timeline`, one call), shaped: the series with their
+    derived ratios, phase bands, event markers, request rate, load and prefix-cache hits on
+    the series' grid, and each process's allocated and reserved bytes where the raw samples
+    tell them apart (:func:`~vramscope.dashboard.timeline.process_parts`)."""
     wanted = tuple(dict.fromkeys(columns + _ratio_inputs(columns)))
-    # buckets of five minutes or more on the ten-minute grid the rollups are indexed by (a
-    # week: 1,008 of ten minutes, grouped without a sort), finer ones as asked
-    rows = downsample(store, device, start_s, end_s, max_points, wanted, None, host,
-                      aligned=True)
-    tier = aligned_grid(start_s, end_s, max_points)
-    bucket_s = tier[1] if tier else (end_s - start_s) / max_points
+    read = reader.timeline(store, reader.Span(device, start_s, end_s, host), max_points,
+                           wanted, columns)
+    rows, grid_start, bucket_s = read.series.rows, read.series.start_s, read.series.bucket_s
     series = tl.series_from_rows(rows, columns)
     series.update(tl.derived_series(rows))
-    # the rare markers and the phase events, each name on the (device, name, time) index
-    named = store.events(device, start_s, end_s, host=host,
-                         names=tl.RARE_EVENTS + ("phase",), limit=NAMED_EVENT_LIMIT + 1)
-    changes = [e for e in named if e.name == "phase"]
-    rare = [e for e in named if e.name != "phase"][:max_points]
-    bands, shares, band_source = phase_bands(store, device, host, start_s, end_s, max_points,
-                                             changes, len(named) > NAMED_EVENT_LIMIT)
-    events, truncated = marker_events(store, device, host, start_s, end_s, max_points, rare)
-    load = store.events(device, start_s, end_s, host=host, names=tl.LOAD_EVENTS,
-                        limit=NAMED_EVENT_LIMIT + 1)
-    grid_start = tier[0] if tier else start_s
-    prefix = prefix_hits(store, device, host, start_s, end_s, grid_start, bucket_s)
-    # each process's allocated / reserved where raw samples keep its pid, on the same grid;
-    # and whether the series above mix several processes (the tiers keep no pid)
-    processes = tl.process_parts(process_window(store, device, start_s, end_s, max_points,
-                                                columns, host))
+    markers = sorted(read.rare + read.requests, key=lambda e: e.ts_s)
     return {"device": device, "host": host or store.host_name, "start": start_s, "end": end_s,
             "max_points": max_points,
             "bucket_s": bucket_s,
-            "series": series, "phases": bands, "phase_shares": shares,
-            "phase_source": band_source,
-            "events": tl.event_markers(events), "events_truncated": truncated,
+            "series": series, "phases": read.phases.bands, "phase_shares": read.phases.shares,
+            "phase_source": read.phases.tier,
+            "events": tl.event_markers(markers), "events_truncated": read.requests_truncated,
             "retries": tl.retry_markers(series),
-            "request_rate": request_rate(store, device, host, start_s, end_s,
-                                         bucket_s)._asdict(),
-            "alerts": alert_markers(store, device, host, start_s, end_s),
+            "request_rate": read.rate.document(),
+            "alerts": [{"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
+                        "message": a["message"]} for a in reversed(read.alerts)],
             # running / waiting requests and preemptions (both vLLM sources), per bucket
-            "load": tl.load_series(load[:NAMED_EVENT_LIMIT], grid_start, end_s, bucket_s),
-            "load_truncated": len(load) > NAMED_EVENT_LIMIT,
-            "prefix_cache": prefix, **processes}
-
-
-PREFIX_EVENT_LIMIT = 20_000  # request allocations a timeline reads for prefix-cache hits
-
-
-def prefix_hits(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                grid_start_s: float, bucket_s: float) -> dict[str, Any] | None:
-    """Prefix-cache hits per bucket (:func:`~vramscope.dashboard.timeline.prefix_series`), or
-    None for a window of more than ``PREFIX_EVENT_LIMIT`` allocations (counted on the index
-    first: a busy day's are not read to be dropped)."""
-    if events_at_most(store, device, start_s, end_s, tl.PREFIX_EVENTS, PREFIX_EVENT_LIMIT,
-                      host) > PREFIX_EVENT_LIMIT:
-        return None
-    events = store.events(device, start_s, end_s, host=host, names=tl.PREFIX_EVENTS,
-                          limit=PREFIX_EVENT_LIMIT + 1)
-    return tl.prefix_series(events, grid_start_s, end_s, bucket_s)
-
-
-def marker_events(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                  limit: int, rare: list[Event]) -> tuple[list[Event], bool]:
-    """OOMs and orphaned blocks always (``rare``, read by the caller); request boundaries only
-    when at most ``limit`` of them fall in the window (the first ``limit`` of a busy day would
-    only mislead): counted on the index first, read only when they will be shown."""
-    truncated = events_at_most(store, device, start_s, end_s, tl.REQUEST_EVENTS, limit,
-                               host) > limit
-    requests = [] if truncated else store.events(device, start_s, end_s, host=host,
-                                                 names=tl.REQUEST_EVENTS, limit=limit + 1)
-    merged = sorted(rare + requests, key=lambda e: e.ts_s)
-    return merged, truncated
-
-
-def alert_markers(store: Store, device: int, host: str | None, start_s: float,
-                  end_s: float) -> list[dict[str, Any]]:
-    """Alerts of this device that fired in the window (the Alerts page links here)."""
-    name = host or store.host_name
-    return [{"ts": a["fired_ts_s"], "severity": a["severity"], "rule": a["rule"],
-             "message": a["message"]}
-            for a in reversed(store.alerts(host=name, device=device, start_s=start_s,
-                                           end_s=end_s, limit=10_000))]
+            "load": tl.load_series(read.load, grid_start, end_s, bucket_s),
+            "load_truncated": read.load_truncated,
+            "prefix_cache": (None if read.prefix is None else
+                             tl.prefix_series(read.prefix, grid_start, end_s, bucket_s)),
+            **tl.process_parts(read.processes)}
 
 
 def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
@@ -401,140 +326,17 @@ def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:
     return extra
 
 
-def phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                max_bands: int, changes: list[Event], too_many: bool = False
-                ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
-    """``(bands, shares, source)``: exact bands from the window's phase events (``changes``),
-    or from sample phases in a short window, when at most ``max_bands`` of them; otherwise each
-    phase's share per bucket (a 2-second prefill would be narrower than a pixel, and no
-    bucket's longest phase). ``too_many``: the events were cut at ``NAMED_EVENT_LIMIT``.
-
-    Phase events and raw samples are gone before the device's first raw sample (retention):
-    there the per-second tier's phases stand in (:func:`_stitched_phase_bands`)."""
-    if too_many:
-        return [], None, "zoom in: too many phase events"
-    unread = False  # a part before the raw samples too long to read the tier's phases of
-    if changes or end_s - start_s <= PHASE_SHARE_SPAN_S:  # else nothing is drawn either way
-        raw_from, seconds = _seconds_before_raw(store, device, host, start_s, end_s)
-        early = tl.changes_from_seconds(seconds)
-        if early:
-            return _stitched_phase_bands(store, device, host, start_s, end_s, max_bands,
-                                         changes, raw_from, seconds, early)
-        unread = raw_from - start_s > SECONDS_READ_MAX_S
-    bands, shares, source = _raw_phase_bands(store, device, host, start_s, end_s, max_bands,
-                                             changes)
-    if unread and not bands and not (shares and shares["ts"]):
-        # not "no phase reported": the tier holds phases there, only not read this far
-        return [], None, f"zoom to {SECONDS_READ_MAX_S / 3600:g} h or less"
-    return bands, shares, source
-
-
-def _seconds_before_raw(store: Store, device: int, host: str | None, start_s: float,
-                        end_s: float) -> tuple[float, list[PhaseSeconds]]:
-    """``(raw_from, seconds)``: where the window's raw samples begin (the device's first one,
-    ``end_s`` when there are none, ``start_s`` when none of the window is gone) and the
-    per-second tier's seconds before it. Read only where the timeline's downsampling reads the
-    tier too: a part of at most ``SECONDS_READ_MAX_S`` (a row per minute and source, unpacked
-    in Python); a longer one says nothing rather than unpack days of seconds."""
-    first = first_sample_ts(store, device, host)
-    raw_from = max(start_s, end_s if first is None else min(first, end_s))
-    if raw_from <= start_s or raw_from - start_s > SECONDS_READ_MAX_S:
-        return raw_from, []
-    return raw_from, store.seconds_phases(device, start_s, raw_from, host=host)
-
-
-def _stitched_phase_bands(store: Store, device: int, host: str | None, start_s: float,
-                          end_s: float, max_bands: int, changes: list[Event], raw_from: float,
-                          seconds: list[PhaseSeconds], early: list[tuple[float, str]]
-                          ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
-    """:func:`phase_bands` of a window whose part before ``raw_from`` only the per-second tier
-    holds: its phase changes (``early``) then those of the phase events or raw samples from
-    ``raw_from`` on, made bands as one list, so that a phase held across the horizon is one
-    band (and the last one before a phase event lasts until it: events mark every change).
-    Past ``max_bands``, or when the raw part is too long to read its changes, shares per
-    bucket: the tier's seconds counted in their phase, with the raw samples' counts."""
-    after = tl.changes_from_events(e for e in changes if e.ts_s >= raw_from)
-    raw_source = "events" if after else "samples"
-    source = "per-second tier" + (f", then {raw_source}" if raw_from < end_s else "")
-    if after:
-        bands = tl.bands_from_changes(early + after, end_s)
-        if len(bands) <= max_bands:
-            return bands, None, source
-        return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), source
-    if end_s - raw_from <= PHASE_SAMPLE_SPAN_S:
-        found = (phase_changes(store, device, raw_from, end_s, PHASE_SAMPLE_LIMIT, host)
-                 if raw_from < end_s else [])
-        bands = [] if found is None else tl.bands_from_changes(early + found, end_s)
-        if found is not None and len(bands) <= max_bands:
-            return bands, None, source
-    counts = tl.counts_from_seconds(seconds, start_s, end_s, SHARE_BUCKETS)
-    if raw_from < end_s:
-        counts = tl.add_counts(counts, phase_counts(store, device, start_s, end_s,
-                                                    SHARE_BUCKETS, host))
-    return [], tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS), source
-
-
-def _raw_phase_bands(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                     max_bands: int, changes: list[Event]
-                     ) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None, str]:
-    """:func:`phase_bands` from phase events and raw samples only."""
-    if changes:
-        bands = tl.bands_from_events(changes, end_s)
-        if len(bands) <= max_bands:
-            return bands, None, "events"
-        return [], tl.shares_from_bands(bands, start_s, end_s, SHARE_BUCKETS), "events"
-    if end_s - start_s <= PHASE_SAMPLE_SPAN_S:
-        found = phase_changes(store, device, start_s, end_s, PHASE_SAMPLE_LIMIT, host)
-        sampled = None if found is None else tl.bands_from_changes(found, end_s)
-        if sampled is not None and len(sampled) <= max_bands:
-            return sampled, None, "samples"
-    if end_s - start_s > PHASE_SHARE_SPAN_S:
-        return [], None, "zoom to 6 h or less"
-    counts, source = _shares_counts(store, device, host, start_s, end_s)
-    shares = tl.shares_from_counts(counts, start_s, end_s, SHARE_BUCKETS)
-    return [], shares, source if shares["ts"] else "no phase reported"
-
-
-def _shares_counts(store: Store, device: int, host: str | None, start_s: float, end_s: float
-                   ) -> tuple[dict[int, dict[str, int]], str]:
-    """Samples per phase and share bucket, and where they were counted: raw samples, or where
-    the window holds more than ``RAW_GROUP_LIMIT`` of them, the per-second tier's seconds
-    (their phases only: a tenth of a full unpack) up to the end of its newest minute and the
-    raw samples after it. Six hours at 10 Hz: 216,000 raw rows to group, or 360 rows of the
-    tier."""
-    did = device_row_id(store, device, host)
-    rolled = None if did is None else seconds_end(store, did)
-    if (did is None or rolled is None or rolled <= start_s
-            or not raw_rows_over(store, device, host, start_s, end_s)):
-        return phase_counts(store, device, start_s, end_s, SHARE_BUCKETS, host), "samples"
-    upto = min(rolled, end_s)
-    counts = tl.counts_from_seconds(store.seconds_phases(device, start_s, upto, host=host),
-                                    start_s, end_s, SHARE_BUCKETS)
-    if upto < end_s:
-        counts = tl.add_counts(counts, phase_counts(store, device, start_s, end_s,
-                                                    SHARE_BUCKETS, host, from_s=upto))
-    return counts, "per-second tier" + (", then samples" if upto < end_s else "")
-
-
 def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any] | None:
     """Peak allocated / reserved / device used / KV blocks over the device's newest
-    ``PEAKS_WINDOW_S`` of data, from the ten-minute boundary at or before its start
-    (``first_ts_s``: where the data read began)."""
+    ``PEAKS_WINDOW_S`` of data (``first_ts_s``: where the data read began)."""
     span = store.time_range(device, host)
     if span is None:
         return None
     cols = ("allocated_bytes", "reserved_bytes", "device_used_bytes", "device_total_bytes",
             "kv_blocks_used", "kv_blocks_total")
-    # whole ten-minute groups (a day: 144 rows a metric, read along their key), maxima only;
-    # from a group's start, so that no partial group's minutes and raw samples are read at
-    # the day's old end (two statements a device of the page's 73 on PostgreSQL)
-    first = math.floor(max(span[0], span[1] - PEAKS_WINDOW_S) / ROLLUP_TIER_S) * ROLLUP_TIER_S
-    end = span[1] if span[1] > first else first + 1.0
-    rows = store.timeline(device, first, end, 1, cols, host=host, lasts=False,
-                          width_s=ROLLUP_TIER_S)
-    peaks = {c: max((r[f"{c}_max"] for r in rows if r[f"{c}_max"] is not None), default=None)
-             for c in cols}
-    return {"first_ts_s": max(first, span[0]), "last_ts_s": span[1], **peaks}
+    read = reader.peaks(store, reader.Span(device, max(span[0], span[1] - PEAKS_WINDOW_S),
+                                           span[1], host), cols)
+    return {"first_ts_s": max(read.from_s, span[0]), "last_ts_s": span[1], **read.values}
 
 
 def postmortem_json(pm_id: int, pm: PostMortem, default_host: str,

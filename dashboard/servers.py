@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramscope.agent.config import Config
-from vramscope.agent.store import Store
-from vramscope.agent.store.reader import events_at_most
+from vramscope.agent.store import Store, reader
 from vramscope.dashboard.verdict import connected
 
 NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,
@@ -25,8 +24,9 @@ def kv_and_requests(store: Store, device: int, host: str | None,
     the Prometheus source's) and the requests started on it in the last minute (counted on
     the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows."""
     used, total = (latest or {}).get("kv_blocks_used"), (latest or {}).get("kv_blocks_total")
-    started = 0 if latest is None else events_at_most(
-        store, device, now_s - RATE_WINDOW_S, now_s, ("request_start",), RATE_LIMIT, host)
+    started = 0 if latest is None else reader.count_events(
+        store, reader.Span(device, now_s - RATE_WINDOW_S, now_s, host), ("request_start",),
+        RATE_LIMIT)
     return {"kv_usage_ratio": used / total if used is not None and total else None,
             "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
 

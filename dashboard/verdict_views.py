@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramscope.agent.alerts.verdicts import Verdict
-from vramscope.agent.store import Store
+from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.reader import tier_grid
 from vramscope.agent.store.verdicts import LEVEL_RANK as _LEVEL_RANK
 from vramscope.agent.store.verdicts import NO_VERDICTS, leading, leak_result, processes
 from vramscope.dashboard import figures
@@ -32,16 +31,17 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
                end: float) -> dict[str, Any]:
     """The idle floor drawn (per-bucket minima of allocated) and the stored leak verdicts:
     the leading process's in ``result``, every process's in ``processes``."""
-    from vramscope.dashboard.views import leak_makeup_view, orphan_events, tier_width
+    from vramscope.dashboard.views import leak_makeup_view, orphan_events, window_param
 
     procs = processes(store, device, host, end)
     lead = leading(procs, "leak")
     result = leak_result(lead)
     # a floor point a minute at least (the minimum over a request cycle), more for long windows
-    width = tier_width(end - start, CHART_BUCKETS)
-    rows = store.timeline(device, start, end, CHART_BUCKETS,
-                          ("allocated_bytes", "device_total_bytes"), host=host, lasts=False,
-                          width_s=width)
+    try:
+        rows = reader.extrema(store, reader.Span(device, start, end, host),
+                              ("allocated_bytes", "device_total_bytes"), CHART_BUCKETS).rows
+    except reader.WindowTooLong as exc:
+        raise window_param(exc) from None
     floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
              if r["allocated_bytes_min"] is not None]
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
@@ -53,11 +53,6 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
             "orphaned": orphan_events(store, device, host, start, end),
             "makeup": leak_makeup_view(store, config, device, host, start, end,
                                        result["start_ts_s"])}
-
-
-def _width(start: float, end: float, buckets: int) -> float | None:
-    grid = tier_grid(start, end, buckets)
-    return grid[1] if grid else None
 
 
 def risk_now(v: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -78,9 +73,8 @@ def risk_view(store: Store, config: Mapping[str, Any], device: int, host: str | 
     fired, and the stored verdicts at the window's end."""
     procs = processes(store, device, host, end)
     now = risk_now(leading(procs, "risk"))
-    width = _width(start, end, RISK_BUCKETS)
-    rows = store.timeline(device, start, end, RISK_BUCKETS, RISK_COLUMNS, host=host,
-                          lasts=False, width_s=width)
+    rows = reader.extrema(store, reader.Span(device, start, end, host), RISK_COLUMNS,
+                          RISK_BUCKETS, ladder=False).rows
     headroom = _headroom(rows)
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     history = stored.history(store, device, host, start, end)

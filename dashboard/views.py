@@ -5,164 +5,34 @@ leak make-up: the bridge from the store to ``vramscope.agent.analysis`` and
 The verdicts (leak, OOM risk, per process, alerts) are not made here, and no alert engine
 runs here: they are the alert engine's stored verdicts and the alerts the agent stored
 (:mod:`vramscope.agent.store.verdicts`; the Leaks and OOM-risk views are in
-:mod:`vramscope.dashboard.verdict_views`). This module reads a window's records (bounded: raw
-samples, the per-second tier, or per-minute buckets) for the analysis document's summaries
-(phases, fragmentation, KV peaks, OOMs: ``analysis.report.summaries_document``), and says
-which tier in ``tier``.
+:mod:`vramscope.dashboard.verdict_views`). The analysis document's summaries (phases,
+fragmentation, KV peaks, OOMs: ``analysis.report.summaries_document``) are made from the
+records the store's reader gives for the window (:func:`vramscope.agent.store.reader.records`:
+bounded, from the tier it chose, named in ``tier``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from vramscope.agent import estimate as est
 from vramscope.agent.errors import UsageError
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
-from vramscope.agent.store import Store
-from vramscope.agent.store.seconds import Second
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event
+from vramscope.agent.store import Store, reader
 from vramscope.agent.timefmt import representable
 from vramscope.dashboard import queries
 from vramscope.dashboard.errors import BadParameter
 
 Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
-# Raw samples one request may analyse: building a Sample and running the models over it is
-# Python work per sample, so the count is held to what fits well within the 300 ms a page may
-# take (`vramscope bench dashboard`), and a longer window goes a tier up. Counted
-# before anything is built (store.reader.count_at_most: an index range of at most N + 1 keys).
-RAW_SAMPLE_LIMIT = 4_000
-# The span of the per-second tier one request may analyse second by second. Not the samples
-# but the floor windows set the leak detector's cost (a fit each): 4,000 raw samples at 10 Hz
-# are 7 minutes, 4,000 seconds over an hour (60 fits). A longer
-# old window goes a tier up, as a longer raw one does.
-PER_SECOND_MAX_S = 1_200.0
-# A longer window is read a tier up: per-minute buckets (the rollups the agent keeps, or raw
-# rows grouped in SQL where none are kept yet), coarser when a window would need more than
-# TIER_BUCKETS of them (7 days: 5-minute buckets).
-# From two minutes on, each a multiple of the two-minute rollup group, so that a bucket holds
-# whole indexed groups (downsample.width_grid: 7 days of 5-minute buckets were a sort of the
-# week's minutes on SQLite; of ten-minute ones, a walk along the index).
-TIER_WIDTHS_S = (60.0, 120.0, 240.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0,
-                 86_400.0)
-TIER_BUCKETS = 2_100
 # The analysis document's summaries over a long window are peaks and counts, which a coarser
 # tier gives as well (a bucket's maximum is its peak whatever its width): it reads fewer.
 REPORT_BUCKETS = 100
-TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
-TIER_EVENT_LIMIT = 1_000
 
 
-SECOND_S = 1.0  # the per-second tier's bucket
-RAW = "raw samples"
-PER_SECOND = "per-second tier"
-
-
-@dataclass(frozen=True)
-class Window:
-    """The records a view analyses, and the tier they were read from."""
-
-    samples: list[Sample]
-    events: list[Event]
-    tier: str  # "raw samples", "per-second tier[, then raw samples]", or how buckets were made
-    bucket_s: float | None = None  # None: raw samples; SECOND_S: (partly) the per-second tier
-
-
-def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:
-    """The narrowest tier bucket that keeps ``span_s`` within ``max_buckets`` buckets."""
-    for width in TIER_WIDTHS_S:
-        if span_s / width <= max_buckets:
-            return width
-    raise BadParameter("start", f"a window of {span_s:.0f} s is longer than the dashboard "
-                                f"analyses ({TIER_WIDTHS_S[-1] * max_buckets:.0f} s)")
-
-
-def read_window(store: Store, device: int, host: str | None, start: float, end: float,
-                columns: tuple[str, ...], peaks: bool, max_buckets: int = TIER_BUCKETS
-                ) -> Window:
-    """Raw samples and events (stitched after the per-second tier where retention deleted
-    them: :func:`per_sample_window`) when the window holds at most ``RAW_SAMPLE_LIMIT``; else
-    one sample per tier bucket carrying the bucket's minima at its start (phase idle: the
-    minimum of allocated over a minute is the floor the leak detector takes) and, with
-    ``peaks``, one in its middle carrying its maxima (the peaks the risk model trends)."""
-    window = per_sample_window(store, device, host, start, end, peaks)
-    if window is not None:
-        return window
-    width = tier_width(end - start, max_buckets)
-    rows = store.timeline(device, start, end, 1, columns, host=host, lasts=False,  # no lasts
-                          width_s=width)
-    events = store.events(device, start, end, host=host, names=TIER_EVENTS,
-                          limit=TIER_EVENT_LIMIT)
-    return Window(bucket_samples(rows, device, width, columns, peaks), events,
-                  _tier_name(store, device, host, start, end, width), width)
-
-
-def _tier_name(store: Store, device: int, host: str | None, start: float, end: float,
-               width: float, shown: float | None = None) -> str:
-    """Where buckets ``width`` wide were read from (``Store.timeline`` reads rollups for
-    buckets of half a minute or more, where kept, and the per-second tier for finer ones where
-    raw samples are gone), and the buckets' width as analysed (``shown``, when they were
-    merged further)."""
-    from vramscope.agent.store.reader import read_from
-
-    return f"{read_from(store, device, start, end, width, host)}, {shown or width:.3g} s buckets"
-
-
-def bucket_samples(rows: list[dict[str, Any]], device: int, width: float,
-                   columns: tuple[str, ...], peaks: bool) -> list[Sample]:
-    """Downsampled rows (``Store.timeline``) as samples: see :func:`read_window`."""
-    out = []
-    for r in rows:
-        low = {c: r[f"{c}_min"] for c in columns}
-        if low.get("allocated_bytes") is None and low.get("device_used_bytes") is None:
-            continue
-        out.append(Sample(r["ts_s"], device, Phase.IDLE, "tier", None, **low))
-        if peaks:
-            high = {c: r[f"{c}_max"] for c in columns}
-            out.append(Sample(r["ts_s"] + width / 2, device, Phase.DECODE, "tier", None, **high))
-    return out
-
-
-def per_sample_window(store: Store, device: int, host: str | None, start: float, end: float,
-                      peaks: bool) -> Window | None:
-    """The window's records one by one: raw samples, and before the device's first raw sample
-    (retention deleted the older ones) the per-second tier's seconds (:func:`second_samples`);
-    None when that would build more than ``RAW_SAMPLE_LIMIT`` samples (counted, not built:
-    callers take a tier up). Events are all the window's: the frequent ones are gone with the
-    raw samples, the rare ones (OOMs, orphaned blocks) kept with the rollups."""
-    from vramscope.agent.store.reader import count_at_most, first_sample_ts, seconds_at_most
-
-    horizon = first_sample_ts(store, device, host)
-    old_end = end if horizon is None else min(horizon, end)
-    n_seconds = (seconds_at_most(store, device, start, old_end, RAW_SAMPLE_LIMIT, host)
-                 if old_end > start else 0)
-    n_raw = count_at_most(store, device, start, end, RAW_SAMPLE_LIMIT, host)
-    if (n_seconds and old_end - start > PER_SECOND_MAX_S
-            or n_seconds * (2 if peaks else 1) + n_raw > RAW_SAMPLE_LIMIT):
-        return None
-    events = store.events(device, start, end, host=host)
-    if not n_seconds:
-        return Window(store.samples(device, start, end, host=host), events, RAW)
-    samples = second_samples(store.seconds(device, start, old_end, host=host), device, peaks)
-    if not n_raw:
-        return Window(samples, events, PER_SECOND, SECOND_S)
-    samples += store.samples(device, old_end, end, host=host)
-    return Window(samples, events, f"{PER_SECOND}, then {RAW}", SECOND_S)
-
-
-def second_samples(seconds: list[tuple[str, Second]], device: int,
-                   peaks: bool) -> list[Sample]:
-    """Seconds of the tier (``Store.seconds``) as samples, in the spirit of
-    :func:`bucket_samples`: each second's minima at its start and, with ``peaks``, its maxima
-    half a second on, both with the second's phase (that of its last sample) and source."""
-    out = []
-    for source, second in seconds:
-        out.append(second.sample(device, "min", source or None))
-        if peaks:
-            out.append(second.sample(device, "max", source or None)
-                       ._replace(ts_s=second.ts_s + SECOND_S / 2))
-    out.sort(key=lambda s: s.ts_s)  # several sources' seconds interleave (a stable sort)
-    return out
+def window_param(too_long: reader.WindowTooLong) -> BadParameter:
+    """A window the reader's width ladder cannot cover, as the request's bad ``start``."""
+    return BadParameter("start", str(too_long))
 
 
 def report(store: Store, config: Settings, device: int, host: str | None, start: float,
@@ -176,8 +46,11 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     from vramscope.agent.analysis.report import summaries_document
     from vramscope.agent.store.verdicts import attach_window
 
-    window = read_window(store, device, host, start, end, SAMPLE_COUNTER_FIELDS, peaks=True,
-                         max_buckets=REPORT_BUCKETS)
+    try:
+        window = reader.records(store, reader.Span(device, start, end, host),
+                                SAMPLE_COUNTER_FIELDS, peaks=True, max_buckets=REPORT_BUCKETS)
+    except reader.WindowTooLong as exc:
+        raise window_param(exc) from None
     postmortems = [pm for _, pm in store.postmortems(device, host)
                    if start <= pm.ts_s <= end]
     doc = summaries_document(window.samples, window.events, postmortems, device=device)
@@ -245,12 +118,15 @@ def _last_event(store: Store, device: int, host: str | None, lo: float, hi: floa
     return got[-1] if got else None
 
 
+ORPHAN_EVENT_LIMIT = 1_000  # orphaned-block reports a window lists
+
+
 def orphan_events(store: Store, device: int, host: str | None, start: float,
                   end: float) -> list[dict[str, Any]]:
     """The KV pool's orphaned-block reports in the window (shown; the engine judges them)."""
     return [_orphan_json(e) for e in store.events(device, start, end, host=host,
                                                   names=("kv_orphaned_blocks",),
-                                                  limit=TIER_EVENT_LIMIT)]
+                                                  limit=ORPHAN_EVENT_LIMIT)]
 
 
 def _orphan_json(e: Event) -> dict[str, Any]:

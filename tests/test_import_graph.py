@@ -159,8 +159,8 @@ def test_analysis_imports_nothing_from_alerts():
 
 def test_only_the_store_reader_chooses_a_tier():
     """The tier modules (which of raw samples, seconds and rollups answers a window) are the
-    store reader's private parts: outside the store's own modules, only
-    ``vramscope.agent.store.reader`` imports them; the dashboard reads windows through it."""
+    store reader's private parts: outside the store's own modules nothing imports them; the
+    dashboard reads windows through the reader."""
     from vramscope.agent.store.reader import TIER_MODULES
 
     assert all(m in MODULES for m in TIER_MODULES)
@@ -170,6 +170,88 @@ def test_only_the_store_reader_chooses_a_tier():
     assert sorted(wrong) == []
     assert "vramscope.agent.store.reader" in {
         t for m in under("vramscope.dashboard") for t in GRAPH[m]}
+
+
+def _defined_names(path: Path) -> set[str]:
+    """What a module defines at its top level: functions, classes and assigned names."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return out
+
+
+def _tier_names() -> set[str]:
+    """The tier modules' public names (their private ones are private already)."""
+    from vramscope.agent.store.reader import TIER_MODULES
+
+    names = {n for m in TIER_MODULES for n in _defined_names(MODULES[m]) if n[0] != "_"}
+    # the schema's rollup grid (ten-minute groups, the two-minute index): how a tier is laid
+    # out, which only a tier module reads by
+    return names | {"ROLLUP_TIER_S", "ROLLUP_GROUPS_S", "rollup_group"}
+
+
+# The Store's methods that read one tier (downsampled buckets, the per-second tier's rows)
+STORE_TIER_METHODS = frozenset({"timeline", "seconds", "seconds_phases", "seconds_columns"})
+
+
+def tier_names_used(name: str, path: Path, banned: set[str]) -> set[str]:
+    """The tier names ``name`` uses: imported (from any module: a re-export is the same name),
+    or reached as an attribute (``reader.tier_grid``, ``store.timeline(...)``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            out |= {f"{_resolve(name, path, node)}.{a.name}" for a in node.names
+                    if a.name in banned}
+        elif isinstance(node, ast.Attribute):
+            owner = ast.unparse(node.value)
+            if node.attr in banned or (node.attr in STORE_TIER_METHODS
+                                       and owner.split(".")[-1] == "store"):
+                out.add(f"{owner}.{node.attr}")
+    return out
+
+
+def test_no_tier_name_is_used_outside_the_store():
+    """Which tier answers a window is chosen in the store alone: outside it no module uses a
+    name the tier modules define (imported from wherever, the reader included, or reached as
+    an attribute), nor calls the Store's one-tier reads (``store.timeline``,
+    ``store.seconds``...): the reader's own calls are the way in."""
+    banned = _tier_names()
+    assert {"downsample", "tier_grid", "aligned_grid", "read_from", "count_at_most",
+            "SECONDS_READ_MAX_S", "seconds_end", "raw_rows_over", "ROLLUP_TIER_S"} <= banned
+    outside = set(MODULES) - under("vramscope.agent.store")
+    wrong = {f"{m}: {used}" for m in outside
+             for used in tier_names_used(m, MODULES[m], banned)}
+    assert sorted(wrong) == []
+
+
+def test_the_reader_s_calls_are_its_own():
+    """A re-export cannot stand in for the reader: every function it offers is defined in it,
+    and none of its names is a tier module's."""
+    import inspect
+
+    from vramscope.agent.store import reader
+
+    offered = {n: getattr(reader, n) for n in reader.__all__}
+    calls = {n for n, obj in offered.items() if inspect.isfunction(obj)}
+    assert {"series", "records", "phase_bands", "requests", "timeline"} <= calls
+    assert {n for n in calls if offered[n].__module__ != reader.__name__} == set()
+    assert set(reader.__all__) & _tier_names() == set()
+
+
+def test_the_tier_check_sees_a_re_export_and_an_attribute(tmp_path):
+    path = tmp_path / "page.py"
+    path.write_text("from vramscope.agent.store.reader import tier_grid as grid\n"
+                    "from vramscope.agent.store import reader\n"
+                    "def f(st):\n"
+                    "    return reader.SECONDS_READ_MAX_S, st.store.timeline(0, 1, 2, 3, ())\n",
+                    encoding="utf-8")
+    assert tier_names_used("vramscope.dashboard.page", path, _tier_names()) == {
+        "vramscope.agent.store.reader.tier_grid", "reader.SECONDS_READ_MAX_S",
+        "st.store.timeline"}
 
 
 @pytest.mark.parametrize("forbidden", ["vramscope.hooks", *VENDOR_ONLY_IN_SERVER])

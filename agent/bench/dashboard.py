@@ -177,13 +177,13 @@ def _young_store(store: Store, history: History, workdir: str) -> Store:
 def _rate_hz(store: Store, history: History) -> float:
     """The old store's sampling rate over its newest minute (a ``--db`` store need not be the
     default history's): the young store must show the overview as many samples."""
-    from vramscope.agent.store.reader import count_at_most
+    from vramscope.agent.store.reader import Span, count_samples
 
     span = store.time_range()
     if span is None:
         return history.hz
     device = store.devices()[0]["device_index"]
-    n = count_at_most(store, device, span[1] - 60.0, span[1], 100_000)
+    n = count_samples(store, Span(device, span[1] - 60.0, span[1]), 100_000)
     return max(float(f"{n / 60.0:.2g}"), 1 / 60)
 
 

@@ -273,11 +273,11 @@ def _note_tiers(store: Store, device: int, since: float | None, until: float | N
     """Say on stderr (the document stays the contract) when the window reaches back before the
     device's raw samples: retention keeps that part only in the per-second tier and the minute
     rollups, which the dashboard reads and analyze, which replays raw samples, does not."""
-    from vramscope.agent.store.reader import first_sample_ts
+    from vramscope.agent.store.reader import raw_from
     from vramscope.agent.timefmt import iso_utc
 
     span = store.time_range(device)
-    first_raw = first_sample_ts(store, device)
+    first_raw = raw_from(store, device)
     if span is None or (first_raw is not None and span[0] >= first_raw):
         return  # nothing older than the raw samples is kept
     start = span[0] if since is None else max(since, span[0])

@@ -1,5 +1,8 @@
 """Downsampling: N time buckets, min / max / last per bucket, so peaks survive.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Three sources:
 
 - **raw samples**, grouped in SQL (one row per bucket leaves the database);
@@ -69,11 +72,36 @@ ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
 SECOND_S = 1.0  # the per-second tier's
 
 
+# Where a downsampled window's buckets came from (:func:`downsampled`'s tier), joined with
+# ", then " in time order where several tiers answer parts of it
+RAW_GROUPED = "raw samples grouped in SQL"
+PER_SECOND = "per-second tier"
+PER_MINUTE = "per-minute rollups"
+TEN_MINUTE = "ten-minute rollups"
+
+
+def _then(*tiers: str) -> str:
+    return ", then ".join(t for t in tiers if t)
+
+
 def downsample(store: Store, device: int, start_s: float, end_s: float, buckets: int,
                columns: Sequence[str], source: str | None, host: str | None,
                aligned: bool = False, lasts: bool = True,
                width_s: float | None = None) -> list[dict[str, Any]]:
-    """``aligned``: buckets of five minutes or more go on the ten-minute grid of
+    """The rows of :func:`downsampled`."""
+    return downsampled(store, device, start_s, end_s, buckets, columns, source, host,
+                       aligned, lasts, width_s)[0]
+
+
+def downsampled(store: Store, device: int, start_s: float, end_s: float, buckets: int,
+                columns: Sequence[str], source: str | None, host: str | None,
+                aligned: bool = False, lasts: bool = True,
+                width_s: float | None = None) -> tuple[list[dict[str, Any]], str]:
+    """One row per non-empty bucket, and the tiers that answered, in time order (``RAW_GROUPED``,
+    ``PER_SECOND``, ``PER_MINUTE``, ``TEN_MINUTE``, joined by ", then "): known from the path
+    taken, no query of its own.
+
+    ``aligned``: buckets of five minutes or more go on the ten-minute grid of
     :func:`tier_grid`, which the rollups are indexed by: a week's minutes are then grouped along
     the index rather than sorted (see ``_grouped``); buckets of a second to half a minute on
     whole seconds (:func:`second_grid`), where the per-second tier merges exactly.
@@ -93,7 +121,7 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     _validate(start_s, end_s, buckets, columns)
     did = device_row_id(store, device, host)
     if did is None:
-        return []
+        return [], RAW_GROUPED
     tier = (width_grid(start_s, end_s, width_s) if width_s is not None
             else tier_grid(start_s, end_s, buckets) if aligned else None)
     if tier is not None:
@@ -113,13 +141,17 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
     if covered is None:
         if whole_seconds is not None or heavy:
             return _via_seconds(store, device, host, did, grid, start_s, end_s, source)
-        return grid.rows(_unrolled(store, device, host, did, grid, start_s, end_s, source))
+        parts, read = _unrolled(store, device, host, did, grid, start_s, end_s, source)
+        return grid.rows(parts), read
     lo, hi = covered
     parts = _raw(store, did, grid, start_s, lo, source, False) if lo > start_s else []
-    parts += _from_rollups(store, did, grid, lo, hi, source, tiered=tier is not None)
+    tiered = tier is not None
+    parts += _from_rollups(store, did, grid, lo, hi, source, tiered=tiered)
     if hi <= end_s:
         parts += _raw(store, did, grid, hi, end_s, source, True)
-    return grid.rows(parts)
+    rolled = TEN_MINUTE if tiered and _index_group(grid) == ROLLUP_TIER_S else PER_MINUTE
+    return grid.rows(parts), _then(RAW_GROUPED if lo > start_s else "", rolled,
+                                   RAW_GROUPED if hi <= end_s else "")
 
 
 # Two-minute groups one aligned window reads (per metric), at most: they are the minutes grouped
@@ -202,7 +234,8 @@ def second_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, floa
 
 
 def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _Grid,
-                 start_s: float, end_s: float, source: str | None) -> list[dict[str, Any]]:
+                 start_s: float, end_s: float, source: str | None
+                 ) -> tuple[list[dict[str, Any]], str]:
     """The per-second tier up to the end of its newest minute (the minutes retention has
     rolled up, raw samples or not), raw rows grouped in SQL after it. An hour at 10 Hz is 60
     packed rows instead of 36,000 raw ones for SQLite's sorter to group. On
@@ -211,13 +244,14 @@ def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _G
     reads as before."""
     rolled = seconds_end(store, did)
     if rolled is None or rolled <= start_s or end_s - start_s > SECONDS_READ_MAX_S:
-        return grid.rows(_unrolled(store, device, host, did, grid, start_s, end_s, source))
+        parts, read = _unrolled(store, device, host, did, grid, start_s, end_s, source)
+        return grid.rows(parts), read
     upto = min(rolled, end_s)
     parts = _seconds_on_grid(grid, _read_seconds(store, device, host, grid, start_s, upto,
                                                  source))
     if upto < end_s:
         parts += _raw(store, did, grid, upto, end_s, source, True)
-    return grid.rows(parts)
+    return grid.rows(parts), _then(PER_SECOND, RAW_GROUPED if upto < end_s else "")
 
 
 # Raw rows a fine grid groups in SQL before it reads a tier up instead (20,000: 33 minutes at
@@ -351,16 +385,19 @@ def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: 
 
 
 def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid,
-              start_s: float, end_s: float, source: str | None) -> list[_Part]:
+              start_s: float, end_s: float, source: str | None) -> tuple[list[_Part], str]:
     """[start_s, end_s] on a grid too fine for the minute rollups: raw rows grouped in SQL,
     and before the device's first raw row (retention deleted the older ones) the per-second
-    tier (:func:`_before_raw`)."""
+    tier (:func:`_before_raw`); and the tiers read."""
     horizon = first_sample_ts(store, device, host)
     old_end = end_s if horizon is None else min(horizon, end_s)
     parts = _before_raw(store, device, host, did, grid, start_s, old_end, source)
+    old = "" if old_end <= start_s else (
+        PER_MINUTE if old_end - start_s > SECONDS_READ_MAX_S else PER_SECOND)
     if horizon is not None and horizon <= end_s:
         parts += _raw(store, did, grid, max(start_s, horizon), end_s, source, True)
-    return parts
+        return parts, _then(old, RAW_GROUPED)
+    return parts, old or RAW_GROUPED
 
 
 # The per-second tier is read a row per device, source and minute, each unpacked in Python:

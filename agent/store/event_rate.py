@@ -1,5 +1,8 @@
 """The request rate of a window: requests started per minute, on a grid of whole minutes.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 Request events go with the raw samples after ``retention.raw_s`` (a day); their counts per
 minute stay with the rollups (``event_counts``, made as retention rolls a minute up). So the
 minutes retention has rolled up are read as counts (one range of the primary key, at most
@@ -12,10 +15,11 @@ events alone.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from vramscope.agent.store.downsample import grid_index, seconds_end
+from vramscope.agent.store.reads import RequestRate
 from vramscope.agent.store.schema import event_counts, events
 from vramscope.agent.store.seconds import MINUTE_S
 
@@ -23,16 +27,11 @@ if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
 
 RATE_EVENT = "request_start"
-
-
-class Rate(NamedTuple):
-    bucket_s: float  # a whole number of minutes
-    ts: list[float]  # each bucket's start
-    per_min: list[float]  # requests started per minute in the bucket
+COUNTED, RAW = "event counts", "raw events"  # the two tiers a rate is read from
 
 
 def request_rate(store: Store, device: int, host: str | None, start_s: float, end_s: float,
-                 bucket_s: float) -> Rate:
+                 bucket_s: float) -> RequestRate:
     """Requests started per minute in buckets of ``bucket_s`` rounded up to whole minutes
     (the timeline's buckets, or a minute where those are finer), on a grid of that width,
     from the bucket at or before ``start_s`` to ``end_s``."""
@@ -42,6 +41,7 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
     grid_start = math.floor(start_s / width) * width
     n = max(1, math.ceil((end_s - grid_start) / width))
     counts = [0] * n
+    tier = RAW
     did = store.known_device_id(device, host)
     if did is not None:
         rolled = _counted_end(store, did)
@@ -62,9 +62,11 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
                 .group_by(bucket)).all()
         for index, count in [*counted, *raw]:
             counts[min(n - 1, int(index))] += int(count)
+        if upto > grid_start:
+            tier = COUNTED if upto >= end_s else f"{COUNTED}, then {RAW}"
     minutes = width / MINUTE_S
-    return Rate(width, [grid_start + i * width for i in range(n)],
-                [count / minutes for count in counts])
+    return RequestRate(width, [grid_start + i * width for i in range(n)],
+                       [count / minutes for count in counts], tier)
 
 
 def _counted_end(store: Store, did: int) -> float | None:

@@ -74,7 +74,7 @@ def rollup_watermark(store: Store) -> float | None:
     return max(found) + BUCKET_S if found else None
 
 
-def first_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
+def oldest_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
     """The first sample time at or after ``at_or_after_s`` of any device: one index seek per
     device (``ORDER BY ts_s LIMIT 1`` under ``device_id = ?``)."""
     with store.engine.connect() as c:

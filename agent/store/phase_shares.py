@@ -1,23 +1,35 @@
-"""Phase shares per time bucket, counted in SQL: what a long timeline shows instead of bands.
+"""Phase bands and phase shares per time bucket: what the timeline's phase lane draws.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
+Exact bands come from phase events, or from the phase changes of raw samples (found in SQL).
 At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
-pixel, and "the phase that held each bucket longest" would never be prefill. The share of
-samples in each phase per bucket keeps it visible. Counted here over raw samples only (rollups
-carry no phase; before the raw horizon the dashboard counts the per-second tier's seconds
-itself, ``dashboard.queries.phase_bands``); ``unknown`` samples (NVML) say nothing and are not
-counted. One indexed range scan of the window, grouped in the database.
+pixel, and "the phase that held each bucket longest" would never be prefill: the share of
+samples in each phase per bucket keeps it visible. Shares are counted in SQL over raw samples
+(rollups carry no phase; before the raw horizon the per-second tier's seconds are counted
+here in Python: :func:`counts_from_seconds`); ``unknown`` samples (NVML) say nothing and are
+not counted. Which of these answers a window is the reader's choice
+(:func:`vramscope.agent.store.reader.phase_bands`); the functions below the SQL ones are pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Integer, cast, func, or_, select
+from vramscope.agent.records import Event, Phase
 from vramscope.agent.store.downsample import device_row_id
 from vramscope.agent.store.schema import samples
 
 if TYPE_CHECKING:
+    from vramscope.agent.store.seconds import PhaseSeconds
     from vramscope.agent.store.store import Store
+
+_UNKNOWN = Phase.UNKNOWN.value  # NVML's samples: they say nothing of the phase
+BAND_PHASES = frozenset({Phase.PREFILL.value, Phase.DECODE.value, Phase.IDLE.value,
+                         Phase.SETUP.value})
 
 
 def phase_counts(store: Store, device: int, start_s: float, end_s: float, buckets: int,
@@ -70,3 +82,124 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
     with store.engine.connect() as c:
         rows = [(float(ts), str(phase)) for ts, phase in c.execute(q)]
     return rows if len(rows) <= limit else None
+
+
+_PHASE_ORDER = ("prefill", "decode", "setup", "idle")  # drawing order of shares, bottom up
+
+
+def shares_from_counts(counts: dict[int, dict[str, int]], start_s: float, end_s: float,
+                       buckets: int) -> dict[str, list[Any]]:
+    """Per bucket, each phase's share of the samples that carried a phase:
+    ``{"ts": [bucket start...], "<phase>": [share...]}`` (buckets without any are left out)."""
+    width = (end_s - start_s) / buckets
+    phases = sorted({p for c in counts.values() for p in c if p in BAND_PHASES},
+                    key=_PHASE_ORDER.index)
+    out: dict[str, list[Any]] = {"ts": [], **{p: [] for p in phases}}
+    for b in sorted(counts):
+        total = sum(n for p, n in counts[b].items() if p in BAND_PHASES)
+        if not total:
+            continue
+        out["ts"].append(start_s + b * width)
+        for p in phases:
+            out[p].append(counts[b].get(p, 0) / total)
+    return out
+
+
+def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
+                      buckets: int) -> dict[str, list[Any]]:
+    """The same shares from phase bands (time held per bucket instead of samples)."""
+    width = (end_s - start_s) / buckets
+    held: list[dict[str, float]] = [{} for _ in range(buckets)]
+    for band in bands:
+        _spread(band, start_s, width, held)
+    counts = {i: h for i, h in enumerate(held) if h}
+    return shares_from_counts(counts, start_s, end_s, buckets)  # type: ignore[arg-type]
+
+
+def bands_from_events(events: Iterable[Event], end_s: float) -> list[dict[str, Any]]:
+    """Phase-change events to bands: each phase lasts until the next change."""
+    return _bands(changes_from_events(events), end_s)
+
+
+def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
+    """Bands from ``(ts_s, phase)`` changes (``phase_shares.phase_changes``)."""
+    return _bands(changes, end_s)
+
+
+def changes_from_events(events: Iterable[Event]) -> list[tuple[float, str]]:
+    """Phase-change events as ``(ts_s, phase)`` changes, to be joined with others."""
+    return [(e.ts_s, e.phase.value) for e in events if e.phase is not None]
+
+
+def changes_from_seconds(rows: Sequence[PhaseSeconds]) -> list[tuple[float, str]]:
+    """The per-second tier's seconds (``Store.seconds_phases``) as ``(ts_s, phase)`` changes: a
+    second whose phase (its last sample's) differs from the one before, at the second's start,
+    so consecutive seconds of one phase make one band. Sources are merged in time order as raw
+    samples are (ties by source, so the order is the same on every backend); ``unknown``
+    seconds (NVML) say nothing. A change inside a second shows at that second's start: the
+    tier keeps no finer time."""
+    pairs: Iterable[tuple[float, str]]
+    if len({row.source for row in rows}) > 1:
+        merged = sorted((ts, row.source, phase)
+                        for row in rows for ts, phase in zip(row.starts, row.phases))
+        pairs = ((ts, phase) for ts, _, phase in merged)
+    else:  # one source: its minute rows are in time order already
+        pairs = (pair for row in rows for pair in zip(row.starts, row.phases))
+    out: list[tuple[float, str]] = []
+    held = None
+    for ts, phase in pairs:
+        if phase != _UNKNOWN and phase != held:
+            out.append((ts, phase))
+            held = phase
+    return out
+
+
+def counts_from_seconds(rows: Iterable[PhaseSeconds], start_s: float, end_s: float,
+                        buckets: int) -> dict[int, dict[str, int]]:
+    """``{bucket: {phase: samples}}`` on the grid of ``phase_shares.phase_counts``, from the
+    per-second tier (``Store.seconds_phases``): each second's samples counted in its phase
+    (its last sample's)."""
+    width, top = (end_s - start_s) / buckets, buckets - 1
+    out: dict[int, dict[str, int]] = {}
+    for row in rows:
+        for ts, n, phase in zip(row.starts, row.counts, row.phases):
+            if phase == _UNKNOWN or not start_s <= ts <= end_s:
+                continue
+            mine = out.setdefault(min(int((ts - start_s) // width), top), {})
+            mine[phase] = mine.get(phase, 0) + n
+    return out
+
+
+def add_counts(a: dict[int, dict[str, int]], b: dict[int, dict[str, int]]
+               ) -> dict[int, dict[str, int]]:
+    """Two ``{bucket: {phase: samples}}`` on one grid, summed (new dicts; neither changed)."""
+    out = {k: dict(v) for k, v in a.items()}
+    for k, phases in b.items():
+        mine = out.setdefault(k, {})
+        for phase, n in phases.items():
+            mine[phase] = mine.get(phase, 0) + n
+    return out
+
+
+def _bands(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
+    bands: list[dict[str, Any]] = []
+    for i, (ts, phase) in enumerate(changes):
+        stop = changes[i + 1][0] if i + 1 < len(changes) else end_s
+        if phase not in BAND_PHASES or stop <= ts:
+            continue
+        if bands and bands[-1]["phase"] == phase and bands[-1]["end"] >= ts:
+            bands[-1]["end"] = stop
+        else:
+            bands.append({"phase": phase, "start": ts, "end": stop})
+    return bands
+
+
+def _spread(band: dict[str, Any], start_s: float, width: float,
+            held: list[dict[str, float]]) -> None:
+    first = max(0, int((band["start"] - start_s) // width))
+    last = min(len(held) - 1, int((band["end"] - start_s) // width))
+    for i in range(first, last + 1):
+        lo = max(band["start"], start_s + i * width)
+        hi = min(band["end"], start_s + (i + 1) * width)
+        if hi > lo:
+            held[i][band["phase"]] = held[i].get(band["phase"], 0.0) + hi - lo

@@ -1,5 +1,8 @@
 """Per-process allocator series of a window, where the store can tell the processes apart.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 Several processes on one device (two models, ranks sharing a GPU) each send their own
 allocator samples (source ``torch``, each with its pid). Only the raw samples keep the pid: the
 per-second tier is keyed by (device, minute, source), the minute rollups and their ten-minute
@@ -23,7 +26,7 @@ whichever process sampled last) — the range over the processes, never one proc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S
@@ -34,40 +37,25 @@ from vramscope.agent.store.downsample import (
     device_row_id,
     grid_index,
 )
+from vramscope.agent.store.reads import (
+    PROCESS_COLUMNS,
+    UNREAD_LIMIT,
+    UNREAD_TIERS,
+    ProcessSeries,
+    ProcessWindow,
+)
 from vramscope.agent.store.schema import rollups, samples, verdicts
 from vramscope.agent.store.window import count_at_most, first_sample_ts
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
 
-PROCESS_COLUMNS: tuple[str, ...] = ("allocated_bytes", "reserved_bytes")
 # Raw rows of a window grouped by process, at most (all sources counted, on the index): the
 # limit under which the downsampling groups raw rows itself, so that a window past it reads a
 # tier instead.
 PROCESS_RAW_LIMIT = RAW_GROUP_LIMIT
 PROCESS_SERIES_LIMIT = 8  # processes drawn apart, at most: the newest (restarts make many pids)
 EDGE_ROWS = 500  # raw rows read at either end of a window not grouped by process
-
-# Why part of a window has no per-process series
-UNREAD_TIERS = "tiers"  # raw samples gone there (retention): only the tiers, without a pid
-UNREAD_LIMIT = "limit"  # more than PROCESS_RAW_LIMIT raw rows
-
-
-class ProcessSeries(NamedTuple):
-    pid: int | None  # None: allocator samples that carried no pid (a trace, a simulator)
-    last_ts_s: float  # its newest allocator sample in the window
-    rows: list[dict[str, Any]]  # per bucket with samples: ts_s, <col>_min, <col>_max
-
-
-class ProcessWindow(NamedTuple):
-    series: list[ProcessSeries]  # by pid: the newest PROCESS_SERIES_LIMIT processes
-    truncated: bool  # more processes than PROCESS_SERIES_LIMIT in the raw part
-    from_s: float | None  # the series cover [from_s, end]; None: none read
-    newest_ts_s: float | None  # the device's newest sample (any source) in the raw part
-    pids: list[int | None]  # every process known to have sent allocator samples in the window
-    unread: str | None  # why [start, from_s) (or all of it) has none: UNREAD_TIERS, _LIMIT
-    raw_from_s: float | None  # the device's first raw sample (None: it has none)
-    names: dict[int, dict[str, Any]]  # the host's processes table, by pid
 
 
 def process_window(store: Store, device: int, start_s: float, end_s: float, buckets: int,
@@ -80,7 +68,7 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
     did = device_row_id(store, device, host)
     if did is None or not cols or not end_s > start_s:
-        return ProcessWindow([], False, None, None, [], None, None, names)
+        return ProcessWindow([], False, None, None, [], None, None, names, PROCESS_RAW_LIMIT)
     horizon = first_sample_ts(store, device, host)
     raw_lo = None if horizon is None or horizon > end_s else max(start_s, horizon)
     series: list[ProcessSeries] = []
@@ -109,7 +97,8 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     kept = sorted(sorted(series, key=lambda s: -s.last_ts_s)[:PROCESS_SERIES_LIMIT],
                   key=lambda s: _by_pid(s.pid))
     return ProcessWindow(kept, len(series) > len(kept), from_s, newest,
-                         sorted(pids, key=_by_pid), unread, horizon, names)
+                         sorted(pids, key=_by_pid), unread, horizon, names,
+                         PROCESS_RAW_LIMIT)
 
 
 def _by_pid(pid: int | None) -> tuple[bool, int]:

@@ -1,5 +1,8 @@
 """Bounded questions about a window, asked before anything is built from it.
 
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
+outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
+
 A page that can analyse at most N raw samples asks ``count_at_most(..., N)`` first: an index
 range of at most N + 1 keys, whereas fetching N + 1 ``Sample`` objects to find out (what the
 views did) costs a second of CPU at 10 Hz for any window over 2.8 hours, only to throw them

@@ -107,10 +107,10 @@ def test_without_lasts_no_last_value_is_read_and_minima_and_maxima_are_the_same(
 
 
 def test_phase_shares_of_six_hours_count_the_tier_where_raw_rows_are_too_many(store):
-    from vramscope.dashboard.queries import SHARE_BUCKETS, _shares_counts
+    from vramscope.agent.store.reader import SHARE_BUCKETS, Span, _shares_counts
 
     start, end = T0, T0 + HOURS * 3600
-    counts, source = _shares_counts(store, 0, None, start, end)
+    counts, source = _shares_counts(store, Span(0, start, end))
     assert source == "per-second tier, then samples"
     raw = phase_counts(store, 0, start, end, SHARE_BUCKETS)
     # each second counted in the phase of its last sample: the same totals, a few samples

@@ -122,7 +122,7 @@ def _assert_flat(stores, call_of, slack: int = 2) -> tuple[int, int]:
 
 def test_the_first_sample_after_the_watermark_is_one_seek_per_device(stores):
     found = []
-    _assert_flat(stores, lambda s: found.append(sql.first_sample_ts(s, END - 600)))
+    _assert_flat(stores, lambda s: found.append(sql.oldest_sample_ts(s, END - 600)))
     assert found == [END - 600, END - 600]
 
 

@@ -10,7 +10,7 @@ from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.alerts.verdicts import Verdict
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from vramscope.agent.store import Store
+from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
 from vramscope.dashboard import views
 from vramscope.dashboard.app import create_app
@@ -52,7 +52,7 @@ def _verdict(ts: float, leak: str, risk: str, cause: str | None,
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """The window is read a tier up (more raw samples than one request analyses)."""
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 100)
+    monkeypatch.setattr(reader, "RAW_SAMPLE_LIMIT", 100)
     s = Store.open(f"sqlite:///{tmp_path / 'a.db'}", host_name="h")
     _records(s)
     yield s
@@ -68,8 +68,8 @@ def _analysis(store: Store) -> dict:
 
 def _engine_on_the_buckets(store: Store) -> dict:
     """What the alert engine says when it is run over the window's tier (as the page did)."""
-    window = views.read_window(store, 0, None, T0, END, SAMPLE_COUNTER_FIELDS, peaks=True,
-                               max_buckets=views.REPORT_BUCKETS)
+    window = reader.records(store, reader.Span(0, T0, END), SAMPLE_COUNTER_FIELDS, peaks=True,
+                            max_buckets=views.REPORT_BUCKETS)
     return analyze_records(window.samples, window.events, None, device=0)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import Phase, Sample
-from vramscope.agent.store import Store
+from vramscope.agent.store import Store, reader
 from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
 from vramscope.agent.store.window import count_at_most, events_at_most
@@ -63,7 +63,7 @@ def test_the_timeline_reads_no_request_event_it_would_not_show(tmp_path, monkeyp
 
 def test_the_analysis_and_risk_views_build_no_window_over_the_limit(tmp_path,
                                                                            monkeypatch):
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
+    monkeypatch.setattr(reader, "RAW_SAMPLE_LIMIT", 1000)
     with _store(tmp_path) as store:
         def refuse(*args, **kwargs):
             raise AssertionError("samples built for a window over the limit")
@@ -81,7 +81,7 @@ def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monk
     stored alerts are the window's: one resolved before the window is left out, one resolved
     inside and one still open are shown. Without stored alerts (an imported store) the
     document says that none are stored."""
-    monkeypatch.setattr(views, "RAW_SAMPLE_LIMIT", 1000)
+    monkeypatch.setattr(reader, "RAW_SAMPLE_LIMIT", 1000)
     with _store(tmp_path) as store:
         doc = views.report(store, None, 1, None, T_END - 3600, T_END)
         assert (doc["alerts_from"], doc["alerts"]) == ("none_stored", [])
@@ -101,12 +101,12 @@ def test_a_tiered_analysis_shows_the_alerts_the_live_agent_stored(tmp_path, monk
 
 
 def test_tier_widths_keep_a_window_within_its_buckets():
-    assert [views.tier_width(s) for s in (900, 3600, 86_400, 126_000, 126_060, 7 * 86_400)] \
+    assert [reader.width_for(s) for s in (900, 3600, 86_400, 126_000, 126_060, 7 * 86_400)] \
         == [60.0, 60.0, 60.0, 60.0, 120.0, 600.0]
-    assert [views.tier_width(s, views.REPORT_BUCKETS) for s in (3600, 86_400, 7 * 86_400)] \
+    assert [reader.width_for(s, views.REPORT_BUCKETS) for s in (3600, 86_400, 7 * 86_400)] \
         == [60.0, 1200.0, 7200.0]
     # from two minutes on, whole two-minute rollup groups a bucket (grouped along the index)
-    assert all(w % 120 == 0 for w in views.TIER_WIDTHS_S if w >= 120)
+    assert all(w % 120 == 0 for w in reader.WIDTHS_S if w >= 120)
 
 
 # A scripted device: a sample every 15 s; each minute's first is idle at the floor, which
@@ -191,7 +191,8 @@ def test_capacity_peaks_cover_the_newest_day_only(tmp_path):
 def test_a_window_longer_than_the_tier_reads_is_a_bad_start():
     from vramscope.dashboard.errors import BadParameter
 
-    with pytest.raises(BadParameter) as err:
-        views.tier_width(101 * 86_400, views.REPORT_BUCKETS)  # 100 one-day buckets at most
-    assert err.value.parameter == "start"
-    assert "8640000 s" in str(err.value)
+    with pytest.raises(reader.WindowTooLong) as too_long:
+        reader.width_for(101 * 86_400, views.REPORT_BUCKETS)  # 100 one-day buckets at most
+    err = views.window_param(too_long.value)
+    assert isinstance(err, BadParameter) and err.parameter == "start"
+    assert "8640000 s" in str(err)

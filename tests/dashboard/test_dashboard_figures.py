@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 from vramscope.agent.records import Event, Holder, Phase, PostMortem
+from vramscope.agent.store import phase_shares
 from vramscope.dashboard import figures
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.timeline_figure import build as timeline_figure
@@ -56,7 +57,7 @@ def test_retry_markers_where_the_counter_rose():
 def test_bands_from_events_run_until_the_next_change():
     events = [Event(10.0, "phase", phase=Phase.PREFILL), Event(12.0, "phase", phase=Phase.DECODE),
               Event(20.0, "phase", phase=Phase.DECODE), Event(25.0, "phase", phase=Phase.IDLE)]
-    assert tl.bands_from_events(events, 30.0) == [
+    assert phase_shares.bands_from_events(events, 30.0) == [
         {"phase": "prefill", "start": 10.0, "end": 12.0},
         {"phase": "decode", "start": 12.0, "end": 25.0},
         {"phase": "idle", "start": 25.0, "end": 30.0}]
@@ -64,7 +65,7 @@ def test_bands_from_events_run_until_the_next_change():
 
 def test_phase_shares_per_bucket_from_sample_counts():
     counts = {0: {"prefill": 1, "decode": 3}, 2: {"idle": 2, "decode": 2}}
-    assert tl.shares_from_counts(counts, 0.0, 30.0, 3) == {
+    assert phase_shares.shares_from_counts(counts, 0.0, 30.0, 3) == {
         "ts": [0.0, 20.0], "prefill": [0.25, 0.0], "decode": [0.75, 0.5], "idle": [0.0, 0.5]}
 
 
@@ -74,7 +75,7 @@ def test_phase_shares_from_bands_keep_a_prefill_narrower_than_a_bucket():
              {"phase": "idle", "start": 22.0, "end": 30.0},
              {"phase": "prefill", "start": 30.0, "end": 32.0},
              {"phase": "decode", "start": 32.0, "end": 60.0}]
-    got = tl.shares_from_bands(bands, 0.0, 60.0, 2)
+    got = phase_shares.shares_from_bands(bands, 0.0, 60.0, 2)
     assert got["ts"] == [0.0, 30.0]
     assert got["prefill"] == pytest.approx([2 / 30, 2 / 30])
     assert got["decode"] == pytest.approx([20 / 30, 28 / 30])

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 from vramscope.agent.records import Event, Phase, Sample
-from vramscope.agent.store import Store
-from vramscope.dashboard import queries
+from vramscope.agent.store import Store, downsample, reader
 from vramscope.dashboard.app import create_app
 
 from tests.support.aged_store import HORIZON, OLD_S, W0, busy, run_retention, span, write_spans
@@ -135,13 +134,13 @@ def test_a_part_before_the_raw_samples_longer_than_the_read_limit_says_nothing(
     """Beyond ``SECONDS_READ_MAX_S`` the tier is not unpacked for phases; the page says to zoom,
     not that no phase was reported."""
     store, _ = aged
-    monkeypatch.setattr(queries, "SECONDS_READ_MAX_S", 600.0)  # the 15 minutes are over it
+    monkeypatch.setattr(downsample, "SECONDS_READ_MAX_S", 600.0)  # the 15 minutes are over it
     with statements_sent(store.engine, lambda sql: "seconds" in sql) as sent:
-        bands = queries.phase_bands(store, 0, None, *OLD, 300, [])
+        bands = reader.phase_bands(store, reader.Span(0, *OLD), 300, [])
     assert bands == ([], None, "zoom to 0.166667 h or less")
     assert sent == []
     # ten minutes of it, within the limit, are read from the tier: one query
     with statements_sent(store.engine, lambda sql: "FROM seconds" in sql) as sent:
-        assert queries.phase_bands(store, 0, None, W0, W0 + 600, 300, [])[2] == (
+        assert reader.phase_bands(store, reader.Span(0, W0, W0 + 600), 300, [])[2] == (
             "per-second tier")
     assert len(sent) == 1

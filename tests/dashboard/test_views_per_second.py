@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vramscope.agent.store import Store
-from vramscope.dashboard import views
+from vramscope.agent.store import Store, reader
 from vramscope.dashboard.app import create_app
 
 from tests.support.aged_store import (
@@ -52,7 +51,7 @@ def aged(any_url, monkeypatch):
     store = Store.open(any_url, host_name="h")
     write_spans(store)
     with monkeypatch.context() as m:
-        m.setattr(views, "RAW_SAMPLE_LIMIT", 100_000)
+        m.setattr(reader, "RAW_SAMPLE_LIMIT", 100_000)
         raw = {window: _answers(store, window) for window in (OLD, ACROSS)}
     run_retention(store)
     assert store.samples(0, *OLD) == []
