@@ -203,6 +203,9 @@ FAST_MIN_POINTS = 6
 # slower rise on points that fine is a static batch decoding or a lazy warm-up as often as not
 FAST_FINE_FLOOR_S = 15.0
 FAST_FINE_FILL_S = 600.0
+# ...once it has risen FAST_WARMUP_GROWTH of the limit over FAST_WARMUP_SPAN_S at any age: on
+# points that fine a cache refilled in a burst after an idle dip reads as such growth for a
+# minute
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 # a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
@@ -238,8 +241,11 @@ class FastGrowth:
     shortest first.
     """
 
-    def __init__(self, fill_cap_s: float = FAST_FILL_S) -> None:
+    def __init__(self, fill_cap_s: float = FAST_FILL_S, least_rise_ratio: float = 0.0,
+                 least_span_s: float = FAST_MIN_SPAN_S) -> None:
         self.fill_cap_s = fill_cap_s  # growth slower than this to fill the headroom is not fast
+        self.least_rise_ratio = least_rise_ratio  # the least rise, a share of the limit
+        self.least_span_s = least_span_s  # the least span of a stretch
         self.points: deque[tuple[float, int]] = deque()
         self.loads: deque[tuple[float, int]] = deque()  # requests in flight at each point
 
@@ -265,7 +271,7 @@ class FastGrowth:
         while n <= len(pts):
             part = pts[-n:]
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
-            least = FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S
+            least = max(FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S, self.least_span_s)
             if 2 * sum(1 for _, held in loads[-n:] if held) > n:  # mostly estimated floors
                 least = max(least, FAST_ESTIMATED_SPAN_S)
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
@@ -273,7 +279,8 @@ class FastGrowth:
                 noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
-                    not warming or _past_warmup(rate, headroom_bytes, limit_bytes)):
+                    not warming or _past_warmup(rate, headroom_bytes, limit_bytes)) \
+                    and rate.slope * rate.span_s >= self.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
         return None
