@@ -340,6 +340,9 @@ class Agent:
             # live names against their bounds, and the records refused by kind and bound
             "names": self.server.names.status() if self.server is not None else None,
             "records_received_total": ingest.records_total if ingest else 0,
+            # quiet clients' heartbeats, and those too soon after another message to count
+            "heartbeats": ({"total": ingest.heartbeats_total, "early": ingest.heartbeats_early}
+                           if ingest else None),
             "accept_errors": ingest.accept_errors if ingest else 0,
             "loop_errors": ingest.loop_errors if ingest else 0,
             "log_suppressed": ingest.log_suppressed if ingest else 0,
