@@ -13,8 +13,10 @@ Against a real ``vramscope agent`` process (``--no-nvml``, SQLite), at the defau
    kept it out for the whole 80 s before) and whether the quiet client kept its slot.
 3. Write budget: one client sends 60 kB custom events as fast as the socket takes them for
    20 s while a neighbour sends 1,000 samples a second. Figures: the flooder's accepted bytes a
-   second (target: its budget, 2 MiB/s, plus its burst spread over the run) and the share of
-   the neighbour's samples stored (target 100 %).
+   second (target: its budget, 2 MiB/s, plus its burst spread over the run), the share of
+   the neighbour's samples stored (target 100 %), and the database's growth over the flood
+   (its file and WAL; target: ``WriteBudget.growth_bound_bytes``, the documented bound of one
+   client's growth, plus the neighbour's samples at the same per-row cost).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from typing import Any
 
 from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import DEFAULT_BURST_S, DEFAULT_BYTES_PER_S
+from vramscope.agent.ingest.budget import (
+    DEFAULT_BURST_S,
+    DEFAULT_BYTES_PER_S,
+    STORED_ROW_BYTES,
+    WriteBudget,
+)
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
@@ -190,6 +197,7 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
     agent = _agent(workdir, "budget")
     db = f"{workdir}/budget.db"
     try:
+        size_before = _db_bytes(db)
         with AgentConnection(agent.socket_path) as flood, \
                 AgentConnection(agent.socket_path) as good:
             flood.hello("flood")
@@ -200,6 +208,7 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
         events = _wait_rows(db, "SELECT count(*) FROM events WHERE name='custom'", 1, 5.0)
         good_rows = _wait_rows(db, "SELECT count(*) FROM samples WHERE source='neighbour'",
                                sent_good)
+        grown = _db_bytes(db) - size_before
     finally:
         agent.stop()
     per_s = events * len(BLOB) / flood_s
@@ -210,7 +219,24 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
                    target=f"<= {allowed:.0f}", met=per_s <= allowed),
             Figure("limits", "neighbour's samples stored during the flood",
                    100.0 * good_rows / max(1, sent_good), "%", target="100",
-                   met=good_rows == sent_good)]
+                   met=good_rows == sent_good),
+            _growth_figure(grown, flood_s, good_rows, events)]
+
+
+def _growth_figure(grown: int, flood_s: float, good_rows: int, events: int) -> Figure:
+    """The database's growth over the flood against the documented bound (docs/agent.md,
+    "A write budget per client"): the flooder's, plus the neighbour's samples."""
+    bound = WriteBudget().growth_bound_bytes(flood_s) + good_rows * STORED_ROW_BYTES
+    return Figure("limits", "database growth during a one-client flood", grown / flood_s,
+                  "B/s", spread=(f"{grown / 1e6:.1f} MB in {flood_s:g} s ({events} events "
+                                 f"of {len(BLOB)} B, {good_rows} neighbour samples); bound "
+                                 f"{bound / 1e6:.1f} MB"),
+                  target=f"<= {bound / flood_s:.0f}", met=grown <= bound)
+
+
+def _db_bytes(db: str) -> int:
+    """The SQLite file and its WAL, as ``vramscope status`` counts them."""
+    return sum(os.path.getsize(p) for p in (db, f"{db}-wal") if os.path.exists(p))
 
 
 def _flood_beside(flood: Callable[[bytes], None], good: Callable[[bytes], None],

@@ -23,6 +23,11 @@ from typing import Any, NamedTuple
 DEFAULT_ROWS_PER_S = 10_000.0
 DEFAULT_BYTES_PER_S = 2_097_152.0
 DEFAULT_BURST_S = 10.0
+# What one stored row costs the database beyond its record's bytes, its indexes included,
+# rounded up: a raw sample is about 124 B on SQLite and 280 B on PostgreSQL (docs/agent.md,
+# "Retention and rollups"), an event's data is stored as its JSON. The database's growth
+# under one client's flood is bounded by the budget through it (growth_bound_bytes).
+STORED_ROW_BYTES = 400
 
 
 @dataclass
@@ -81,6 +86,12 @@ class WriteBudget:
         bucket.rows = min(self.rows_per_s * self.burst_s, bucket.rows + elapsed * self.rows_per_s)
         bucket.bytes = min(self.bytes_per_s * self.burst_s,
                            bucket.bytes + elapsed * self.bytes_per_s)
+
+    def growth_bound_bytes(self, seconds: float) -> float:
+        """The most one client's records can add to the database in ``seconds``: its burst
+        and ``seconds`` of its budget, each row at most its bytes plus ``STORED_ROW_BYTES``."""
+        span = seconds + self.burst_s
+        return span * (self.bytes_per_s + self.rows_per_s * STORED_ROW_BYTES)
 
     def describe(self, overdraft: Overdraft) -> str:
         what = ("rows" if overdraft.reason == "budget_rows" else "bytes")
