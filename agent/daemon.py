@@ -378,7 +378,8 @@ class Agent:
                                     rejected_total=s["rejected_total"],
                                     db_size_bytes=s["db_size_bytes"],
                                     retention_behind_s=catch_up.get("behind_s"),
-                                    retention_eta_s=catch_up.get("eta_s"))
+                                    retention_eta_s=catch_up.get("eta_s"),
+                                    rejected_by_reason=s["rejected"])
             # a connected client is alive even when it sends nothing (an idle vLLM server):
             # its process row's last_seen_s moves with each report, so the dashboard tells an
             # idle server from one that ended (dashboard/verdict.py)
