@@ -112,8 +112,9 @@ def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
     # PostgreSQL, the week in ten-minute groups, columns and the agent's steady state, retention
     # every 30 s with the integrity budget, the week at the final commit,
     # re-measured at the close, the verdict pages on stored answers, the per-client limits,
-    # detection in time (the long suite), H200, a day through import and analyze FILE (two runs)
-    assert text.count("<!-- bench-table ") == 16
+    # detection in time (the long suite), H200, a day through import and analyze FILE (two runs),
+    # neighbours and hostile input (issue 45's figures)
+    assert text.count("<!-- bench-table ") == 17
     assert render(text, DOC.parent) == text, (
         "docs/BENCHMARKS.md is out of date: "
         "python -m vramscope.agent.bench.tables docs/BENCHMARKS.md")

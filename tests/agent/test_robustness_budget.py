@@ -11,7 +11,7 @@ from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import Overdraft, WriteBudget
+from vramscope.agent.ingest.budget import STORED_ROW_BYTES, Overdraft, WriteBudget
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
@@ -44,8 +44,9 @@ def clock():
 
 
 @pytest.fixture
-def agent(sqlite_url, short_dir, clock):
-    store = Store.open(sqlite_url, host_name="agent-host")
+def agent(any_url, short_dir, clock):
+    """SQLite and PostgreSQL: what the budget keeps is what the database grows by."""
+    store = Store.open(any_url, host_name="agent-host")
     config = parse_config({"agent": {"client_max_rows_per_s": ROWS_PER_S,
                                      "client_max_bytes_per_s": BYTES_PER_S,
                                      "client_budget_burst_s": BURST_S}}, None, {})
@@ -68,7 +69,12 @@ def _samples(n: int, pid: int, start: float = NOW) -> list[Sample]:
 
 def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(agent, clock):
     """Fat custom events for 5 s of the agent's clock: the flooder keeps its burst plus 5 s of
-    its rate in bytes; the neighbour, sending samples at the same time, keeps all of them."""
+    its rate in bytes; the neighbour, sending samples at the same time, keeps all of them; the
+    database grows by no more than the documented bound (``growth_bound_bytes``: the flooder's
+    budget, each row at most its bytes plus ``STORED_ROW_BYTES``; the neighbour's rows at
+    that cost). Before the budget the flooder's 19 MB were all kept."""
+    agent.writer.flush()
+    size_before = agent.store.size_bytes()
     with AgentConnection(agent.socket_path) as flood, \
             AgentConnection(agent.socket_path) as good:
         flood.hello("flood")
@@ -89,6 +95,11 @@ def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(
     assert 0 < kept_bytes <= allowed
     assert status["rejected"]["budget_bytes"] == 320 - len(events)
     assert sum(1 for s in agent.store.samples(device=None) if s.pid == 7002) == 2500
+    grown = agent.store.size_bytes() - size_before
+    bound = (WriteBudget(ROWS_PER_S, BYTES_PER_S, BURST_S).growth_bound_bytes(5.0)
+             + 2500 * STORED_ROW_BYTES)
+    print(f"database grew {grown} bytes; bound {bound:g}")
+    assert grown <= bound
 
 
 def test_rows_beyond_the_rate_are_refused_and_counted(agent, clock):
