@@ -278,7 +278,8 @@ def scrape_figures(r: dict[str, Any], what: str, target: bool) -> list[Figure]:
 
 def webhook_figures(r: dict[str, Any]) -> list[Figure]:
     hook = (r["at_end"] or {}).get("webhook") or {}
-    spread = (f"{r['minutes'] * 60:.0f} s of a rule flapping on {r['devices']} devices every 0.5 s, "
+    spread = (f"{r['minutes'] * 60:.0f} s of a rule flapping on {r['devices']} devices "
+              "every 0.5 s, "
               f"receiver hung throughout; {r['posts_received']} POSTs after; webhook "
               f"{hook.get('dropped')} dropped, {hook.get('coalesced')} coalesced")
     out = []

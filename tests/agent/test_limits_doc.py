@@ -43,11 +43,15 @@ def test_each_limit_s_default_is_the_code_s():
         "`agent.name_idle_s`": f"{_g(_default('agent.name_idle_s'))} s",
         "`CLIENT_LIMITS`": (f"{CLIENT_LIMITS.hosts} hosts, {CLIENT_LIMITS.devices} devices, "
                             f"{CLIENT_LIMITS.processes} processes"),
-        "`EVER_FACTOR`": (f"{EVER_FACTOR} × the live bounds ({EVER_FACTOR * _default('agent.max_hosts')}, "
+        "`EVER_FACTOR`": (f"{EVER_FACTOR} × the live bounds "
+                          f"({EVER_FACTOR * _default('agent.max_hosts')}, "
                           f"{EVER_FACTOR * _default('agent.max_devices')})"),
-        "`agent.client_max_rows_per_s`": f"{_g(_default('agent.client_max_rows_per_s'))} a second",
-        "`agent.client_max_bytes_per_s`": f"{_g(_default('agent.client_max_bytes_per_s') / mib)} MiB a second",
-        "`agent.client_budget_burst_s`": f"{_g(_default('agent.client_budget_burst_s'))} s of the rate",
+        "`agent.client_max_rows_per_s`":
+            f"{_g(_default('agent.client_max_rows_per_s'))} a second",
+        "`agent.client_max_bytes_per_s`":
+            f"{_g(_default('agent.client_max_bytes_per_s') / mib)} MiB a second",
+        "`agent.client_budget_burst_s`":
+            f"{_g(_default('agent.client_budget_burst_s'))} s of the rate",
         "`agent.slot_idle_s`": f"{_g(_default('agent.slot_idle_s'))} s",
         "`MAX_CLIENTS`": str(ingest.MAX_CLIENTS),
         "`agent.handshake_timeout_s`": f"within {_g(_default('agent.handshake_timeout_s'))} s",
@@ -55,7 +59,8 @@ def test_each_limit_s_default_is_the_code_s():
         "`agent.max_message_bytes`": (f"{_g(_default('agent.max_message_bytes') / mib)} MiB, "
                                       f"{proto.MAX_RECORDS_PER_MESSAGE:,} records"),
         "`BUFFER_BUDGET_BYTES`": f"{ingest.BUFFER_BUDGET_BYTES // mib} MiB",
-        "`agent.max_record_ahead_s`": f"`retention.raw_s` (a day), {_g(_default('agent.max_record_ahead_s'))} s",
+        "`agent.max_record_ahead_s`":
+            f"`retention.raw_s` (a day), {_g(_default('agent.max_record_ahead_s'))} s",
         "`protocol.HEARTBEAT_MIN_GAP_S`": (f"{_g(proto.HEARTBEAT_MIN_GAP_S)} s (the hooks' client "
                                            f"sends one after {_g(proto.HEARTBEAT_S)} s without "
                                            "another message)"),
