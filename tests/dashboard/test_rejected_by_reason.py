@@ -74,3 +74,18 @@ def test_a_real_agent_stores_its_refusals_by_reason(short_dir):
         wait_for(lambda: stored() == '{"names": 3}', timeout_s=15)
     finally:
         agent.stop()
+
+
+def test_status_without_an_agent_prints_the_stored_reasons(tmp_path, capsys):
+    """`vramscope status` with no agent running reads the last stored row: the refusals by
+    reason follow the total, the largest first, as the running agent's answer does."""
+    from vramscope.agent.cli import main
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with Store.open(url) as store:  # this host's name, as status reads it
+        store.write_agent_stats(time.time(), clients=0, rows_per_s=0.0, queue_depth=0,
+                                dropped_total=0, rejected_total=48, db_size_bytes=None,
+                                rejected_by_reason=REASONS)
+    assert main(["status", "--socket", f"{tmp_path}/none.sock", "--db", url]) == 1
+    out = capsys.readouterr().out
+    assert "rejected 48 (names 40, budget_rows 7, chatter 1)\n" in out
