@@ -27,6 +27,8 @@ import selectors
 import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -198,13 +200,17 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
     db = f"{workdir}/budget.db"
     try:
         size_before = _db_bytes(db)
-        with AgentConnection(agent.socket_path) as flood, \
-                AgentConnection(agent.socket_path) as good:
+        # the neighbour is a process of its own: a write budget is per client process
+        neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, agent.socket_path,
+                                      str(flood_s)], stdout=subprocess.PIPE, text=True)
+        with AgentConnection(agent.socket_path) as flood:
             flood.hello("flood")
-            good.hello("neighbour")
-            sent_good, sent_fat = _flood_beside(flood.send, good.send, flood_s)
+            sent_fat = _flood(flood.send, flood_s)
             flood.status()
-            good.status()
+        out, _ = neighbour.communicate(timeout=60)
+        if neighbour.returncode != 0:
+            raise RuntimeError(f"the neighbour exited {neighbour.returncode}")
+        sent_good = int(out.split()[-1])
         events = _wait_rows(db, "SELECT count(*) FROM events WHERE name='custom'", 1, 5.0)
         good_rows = _wait_rows(db, "SELECT count(*) FROM samples WHERE source='neighbour'",
                                sent_good)
@@ -223,6 +229,37 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
             _growth_figure(grown, flood_s, good_rows, events)]
 
 
+def _flood(send: Callable[[bytes], None], flood_s: float) -> int:
+    """Fat events as fast as they go for ``flood_s``; the events sent."""
+    fat = proto.records_message([Event(time.time(), "custom", 0, os.getpid(),
+                                       data={"blob": BLOB}) for _ in range(16)])
+    start, sent = time.monotonic(), 0
+    while time.monotonic() - start < flood_s:
+        send(fat)
+        sent += 16
+    return sent
+
+
+# 100 samples every 0.1 s for the flood's time, from a process of its own; prints the count
+_NEIGHBOUR = """
+import os, sys, time
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.records import Phase, Sample
+seconds, sent = float(sys.argv[2]), 0
+with AgentConnection(sys.argv[1]) as conn:
+    conn.hello("neighbour")
+    start = next_at = time.monotonic()
+    while time.monotonic() - start < seconds:
+        conn.send_records([Sample(time.time() + k * 1e-3, 0, Phase.DECODE, "neighbour",
+                                  os.getpid(), allocated_bytes=sent + k) for k in range(100)])
+        sent += 100
+        next_at += 0.1
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    conn.status()
+print(sent)
+"""
+
+
 def _growth_figure(grown: int, flood_s: float, good_rows: int, events: int) -> Figure:
     """The database's growth over the flood against the documented bound (docs/agent.md,
     "A write budget per client"): the flooder's, plus the neighbour's samples."""
@@ -237,22 +274,3 @@ def _growth_figure(grown: int, flood_s: float, good_rows: int, events: int) -> F
 def _db_bytes(db: str) -> int:
     """The SQLite file and its WAL, as ``vramscope status`` counts them."""
     return sum(os.path.getsize(p) for p in (db, f"{db}-wal") if os.path.exists(p))
-
-
-def _flood_beside(flood: Callable[[bytes], None], good: Callable[[bytes], None],
-                  flood_s: float) -> tuple[int, int]:
-    """Fat events as fast as they go, and 100 samples every 0.1 s beside them; the samples
-    and the events sent."""
-    fat = proto.records_message([Event(time.time(), "custom", 0, os.getpid(),
-                                       data={"blob": BLOB}) for _ in range(16)])
-    start = next_good = time.monotonic()
-    sent = fat_sent = 0
-    while time.monotonic() - start < flood_s:
-        flood(fat)
-        fat_sent += 16
-        if time.monotonic() >= next_good:
-            good(proto.records_message([_sample(os.getpid(), "neighbour", sent + k)
-                                        for k in range(100)]))
-            sent += 100
-            next_good += 0.1
-    return sent, fat_sent

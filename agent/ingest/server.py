@@ -20,7 +20,8 @@ Everything is bounded, so no client can take the agent down or lock the others o
   gives one up (``slots.py``);
 * a client's records outside the time window (``timewindow.py``), naming more live hosts,
   devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
-  a second (``budget.py``) are refused one by one and counted;
+  a second (``budget.py``; one budget per client process, shared by its connections) are
+  refused one by one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -55,7 +56,7 @@ from typing import Any
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import Bucket, WriteBudget
+from vramscope.agent.ingest.budget import Bucket, ProcessBuckets, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
 from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
@@ -155,7 +156,7 @@ class _Conn:
     useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept,
     # or sent a heartbeat after a silence (protocol.HEARTBEAT_MIN_GAP_S)
     last_message_s: float = 0.0  # monotonic: its last message was handled (or the connect)
-    bucket: Bucket | None = None  # its write budget, from its first records
+    bucket: Bucket | None = None  # its write budget (its process's), from its first records
 
 
 class RateLimitedLog:
@@ -231,6 +232,7 @@ class IngestServer:
         self._window = time_window  # None: any representable time (tests, benchmarks)
         self._names = name_limits if name_limits is not None else NameLimits()
         self._budget = budget  # None: no write budget (tests, benchmarks)
+        self._buckets = ProcessBuckets(budget if budget is not None else WriteBudget())
         self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
         self._clock = clock  # the write budget's time (the socket timeouts are real time)
         self._payload_bytes = 0  # of the message being handled: what the budget charges
@@ -559,7 +561,10 @@ class IngestServer:
         if self._budget is None:
             return records
         now = self._clock.monotonic_s()
-        if conn.bucket is None:
+        process = _process(conn)
+        if process is not None:  # drawn on each time: its connections share it
+            conn.bucket = self._buckets.get(process, now)
+        elif conn.bucket is None:
             conn.bucket = self._budget.bucket(now)
         kept, over = self._budget.take(conn.bucket, records, payload_bytes, now)
         if over is not None:
@@ -611,6 +616,14 @@ _log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
 
 def _uid(conn: _Conn) -> int | None:
     return conn.info.peer_uid
+
+
+def _process(conn: _Conn) -> tuple[int | None, int] | None:
+    """Whose write budget a connection spends: its process, the kernel's uid and pid (a
+    client cannot choose them, unlike its hello's pid); None when the kernel names none
+    (not Linux, or another PID namespace: the connection has a budget of its own)."""
+    pid = conn.info.peer_pid
+    return (conn.info.peer_uid, pid) if pid else None
 
 
 def _check_ns_pid(info: ClientInfo) -> None:
