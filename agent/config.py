@@ -168,10 +168,10 @@ def _dtype_check(value: str) -> str | None:
     return f"unknown dtype; expected auto or one of {known_dtypes()}"
 
 
-# SQLite's quick_check reads every page: its cost grows with the file (a week at 8 x 10 Hz,
-# 1.2 GB: 4-9 CPU-s on the developers' machine). Checks are spaced so that they take at most
-# this share of a core (store.integrity_wait_s): every 15 minutes on a small store, every
-# 25-60 minutes on a week-old one.
+# SQLite's quick_check reads every page: its cost grows with the file, so a fixed interval would
+# cost a week-old store many times what it costs a young one. Checks are spaced by their own
+# measured CPU time so that they take at most this share of a core (store.integrity_wait_s):
+# the larger the store, the further apart.
 INTEGRITY_MAX_CPU_PERCENT = 0.25
 
 # One row per setting. Defaults that depend on the environment are callables.
@@ -268,7 +268,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Live devices (host, index) clients may keep; a record naming one more is refused "
             "(rejected 'names'). One client: at most 16 it created; one agent run: at most 4x "
             "this many distinct ones. The dashboard's cost grows with the devices: /metrics "
-            "and the Overview take about 150 ms at 32.", min=1, max=100_000),
+            "and the Overview read each live device's newest state.", min=1, max=100_000),
     Setting("agent.max_processes", int, 256,
             "Live processes (host, pid) clients may send records for; a record naming one more "
             "is refused (rejected 'names'). One client: at most 64 it created.",

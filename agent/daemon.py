@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from vramscope.agent.alerts.config_check import startup_lines
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
+from vramscope.agent.analysis.diagnosis import with_growth_cause
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
@@ -46,8 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("vramscope.agent")
 
 STATS_INTERVAL_S = 5.0
-# A step's fixed part (a seek or two per device and table, ~25 ms on the 2-core machine) is
-# most of its cost in the steady state: every 30 s, not 10, is a third of it, while the rows
+# A step's fixed part (a seek or two per device and table) is most of its cost in the steady
+# state: every 30 s, not 10, pays it a third as often, while the rows
 # passing their day each step (2,400 at 8 x 10 Hz) stay under `retention.step_rows`. The
 # minutes not rolled up yet are read from raw samples, so the views do not wait for it.
 RETENTION_INTERVAL_S = 30.0
@@ -86,7 +87,7 @@ class Agent:
         self.writer = Writer(self.store, max_records=config["agent.queue_max_records"],
                              batch_rows=config["agent.batch_rows"],
                              batch_interval_s=config["agent.batch_interval_s"],
-                             on_batch=self._on_batch)
+                             on_batch=self._on_batch, on_postmortem=self._completed)
         self.retention = Retention.from_config(config, clock)
         self.socket_path = socket_path or config["agent.socket_path"]
         self.server = self._make_server() if listen else None
@@ -417,8 +418,8 @@ class Agent:
         if result.backlog:
             # a budget ran out (catching up): again at once while ingest keeps up (less than a
             # batch waiting: the writer commits it between two steps), else in a second; the
-            # steady state's few rows wait for the next interval. A day of 8 devices at 10 Hz
-            # never rolled up took 12+ minutes at one step a second
+            # steady state's few rows wait for the next interval. At one step a second, a
+            # day of 8 devices at 10 Hz never rolled up would keep the agent behind for long
             behind = self.writer.queue_depth >= self.config["agent.batch_rows"]
             self._retention_schedule.next_s = self.clock.monotonic_s() + (1.0 if behind
                                                                           else 0.0)
@@ -431,6 +432,9 @@ class Agent:
                                       parent_uuid=getattr(d, "parent_uuid", None),
                                       physical_index=getattr(d, "physical_index", None))
         return task
+
+    def _completed(self, pm: PostMortem) -> PostMortem:
+        return self.alerts.completed(pm) if self.alerts is not None else pm
 
     def _on_batch(self, samples: list[Sample], events: list[Event]) -> None:
         # late samples and events: their minutes are rolled up and counted again
@@ -564,7 +568,6 @@ class AlertFeed:
         # live agent keeps none in memory
         self.store = store
         engine.verdicts.keep = False
-        self.verdicts_written = 0
         self._delivered: dict[tuple[str, int | None, str | None], str] = {}  # key -> kind
         self.coalesced = 0  # changes not delivered: undone within the same batch
 
@@ -577,7 +580,7 @@ class AlertFeed:
         rows = self.engine.verdicts.take()
         if rows and self.store is not None:
             try:
-                self.verdicts_written += store_verdicts.write(self.store, rows)
+                store_verdicts.write(self.store, rows)
             except Exception:  # noqa: BLE001 - the alerts below still go out
                 log.exception("storing %d verdicts failed", len(rows))
         for change in self._net(changes):
@@ -586,6 +589,15 @@ class AlertFeed:
                     sink.send(change)
                 except Exception:  # noqa: BLE001 - one broken sink must not stop the others
                     log.exception("alert sink %r failed", sink)
+
+    def completed(self, pm: PostMortem) -> PostMortem:
+        """The post-mortem with the engine's cause where its producer gave none: growth when
+        its process's leak verdict holds a leak (one cause on the alert, the verdict and the
+        post-mortem)."""
+        d = self.engine.devices.get(pm.device)
+        leak = d.leaks.get(pm.pid) if d is not None else None
+        return with_growth_cause(pm, leak is not None and leak.result.detected
+                                 and leak.result.slope_bytes_per_s > 0)
 
     def _net(self, changes: list[Any]) -> list[Any]:
         """Per alert, only its last change in the batch, and only when it differs from what

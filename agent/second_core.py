@@ -102,7 +102,7 @@ def fewer_collections() -> Iterator[None]:
     """The cyclic garbage collector run every GC_ALLOCATIONS allocations instead of every 700.
     Decoding and analysing make millions of short-lived tuples of scalars, which form no
     cycles (reference counting frees them), and the collector's passes over them are work for
-    nothing (docs/BENCHMARKS.md, "Import and analyze FILE of a day"); it still runs, less
+    nothing (docs/BENCHMARKS.md, `import`); it still runs, less
     often."""
     before = gc.get_threshold()
     gc.set_threshold(GC_ALLOCATIONS, *before[1:])

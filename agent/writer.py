@@ -59,6 +59,7 @@ class Writer:
     def __init__(self, store: Store, *, max_records: int = 100_000, batch_rows: int = 2000,
                  batch_interval_s: float = 0.5,
                  on_batch: Callable[[list[Sample], list[Event]], None] | None = None,
+                 on_postmortem: Callable[[PostMortem], PostMortem] | None = None,
                  max_backoff_s: float = 5.0) -> None:
         if max_records < 1 or batch_rows < 1:
             raise ValueError(f"max_records and batch_rows must be >= 1, got {max_records}, "
@@ -69,6 +70,7 @@ class Writer:
         self._batch_rows = batch_rows
         self._interval_s = batch_interval_s
         self._on_batch = on_batch
+        self._on_postmortem = on_postmortem  # the engine's cause, on the engine's thread
         self._max_backoff_s = max_backoff_s
         self._queue: deque[Record] = deque()
         self._tasks: deque[Task] = deque(maxlen=MAX_TASKS)
@@ -208,7 +210,7 @@ class Writer:
             batch[:] = [r for r in batch if isinstance(r, PostMortem)]
             self._notify_batch(samples, events)
         while batch:
-            self.store.write_postmortem(cast(PostMortem, batch[0]))  # only they are left
+            self.store.write_postmortem(self._completed(cast(PostMortem, batch[0])))
             batch.pop(0)
             self.stats.written_total += 1
         self.stats.batches_total += 1
@@ -220,6 +222,15 @@ class Writer:
         if self._origin is None:
             return {}
         return {"origin": self._origin, "first_seq": self._batch_seq}
+
+    def _completed(self, pm: PostMortem) -> PostMortem:
+        if self._on_postmortem is None:
+            return pm
+        try:
+            return self._on_postmortem(pm)
+        except Exception:  # noqa: BLE001 - analysis must never stop the writer
+            log.exception("the post-mortem callback (alert engine) failed; storing it as sent")
+            return pm
 
     def _notify_batch(self, samples: list[Sample], events: list[Event]) -> None:
         if self._on_batch is None:

@@ -46,11 +46,11 @@ LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 PHASE_SAMPLE_LIMIT = 20_000  # phase changes read for phase bands when there are no phase events
 PHASE_SAMPLE_SPAN_S = 900.0  # ...and only in windows this short (10 Hz x 3 sources = 27k)
 SHARE_BUCKETS = 240  # phase shares per bucket beyond that: one lane, a bar per ~4 pixels
-# ...counted over raw samples only up to this span: 0.6 s for 6 h of a 10 Hz source on SQLite,
-# as much as the timeline itself; longer windows read rollups, which carry no phase
+# ...counted over raw samples only up to this span, past which counting them would cost as
+# much as the timeline itself; longer windows read rollups, which carry no phase
 PHASE_SHARE_SPAN_S = 6 * 3600.0
-# Capacity's measured peaks cover each device's newest day: over everything stored they read a
-# week of minute rollups per device (0.4 s for 4 devices, growing with the retention)
+# Capacity's measured peaks cover each device's newest day: over everything stored they would
+# read a week of minute rollups per device, a cost growing with the retention
 PEAKS_WINDOW_S = 86_400.0
 NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
@@ -500,8 +500,8 @@ def _shares_counts(store: Store, device: int, host: str | None, start_s: float, 
     """Samples per phase and share bucket, and where they were counted: raw samples, or where
     the window holds more than ``RAW_GROUP_LIMIT`` of them, the per-second tier's seconds
     (their phases only: a tenth of a full unpack) up to the end of its newest minute and the
-    raw samples after it. Six hours at 10 Hz: 216,000 raw rows grouped (250 ms) or 360 rows of
-    the tier."""
+    raw samples after it. Six hours at 10 Hz: 216,000 raw rows to group, or 360 rows of the
+    tier."""
     did = device_row_id(store, device, host)
     rolled = None if did is None else seconds_end(store, did)
     if (did is None or rolled is None or rolled <= start_s

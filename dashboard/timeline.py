@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.alerts.engine import PROCESS_GONE_S
 from vramscope.agent.analysis.fragmentation import external_ratio, split_ratio
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Phase
 from vramscope.agent.store.reader import (
     PROCESS_COLUMNS,
     PROCESS_RAW_LIMIT,
@@ -275,12 +275,6 @@ def retry_markers(series: dict[str, dict[str, list[Any]]], name: str = "num_allo
 def bands_from_events(events: Iterable[Event], end_s: float) -> list[dict[str, Any]]:
     """Phase-change events to bands: each phase lasts until the next change."""
     return _bands(changes_from_events(events), end_s)
-
-
-def bands_from_samples(samples: Iterable[Sample], end_s: float) -> list[dict[str, Any]]:
-    """Sample phases to bands (``unknown`` samples, e.g. from NVML, say nothing)."""
-    changes = [(s.ts_s, s.phase.value) for s in samples if s.phase is not Phase.UNKNOWN]
-    return _bands(changes, end_s)
 
 
 def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:

@@ -27,13 +27,14 @@ from vramscope.dashboard import queries
 from vramscope.dashboard.errors import BadParameter
 
 Settings = Mapping[str, Any] | None  # the dashboard's Config; None: the defaults
-# Raw samples one request may analyse: building a Sample and running the models over it costs
-# about 30 us, so 4,000 is ~120 ms of the 300 ms a page may take (100,000 took 1-3 s). Counted
+# Raw samples one request may analyse: building a Sample and running the models over it is
+# Python work per sample, so the count is held to what fits well within the 300 ms a page may
+# take (`vramscope bench dashboard`), and a longer window goes a tier up. Counted
 # before anything is built (store.reader.count_at_most: an index range of at most N + 1 keys).
 RAW_SAMPLE_LIMIT = 4_000
 # The span of the per-second tier one request may analyse second by second. Not the samples
 # but the floor windows set the leak detector's cost (a fit each): 4,000 raw samples at 10 Hz
-# are 7 minutes, 4,000 seconds over an hour (60 fits, 320 ms on the generated week). A longer
+# are 7 minutes, 4,000 seconds over an hour (60 fits). A longer
 # old window goes a tier up, as a longer raw one does.
 PER_SECOND_MAX_S = 1_200.0
 # A longer window is read a tier up: per-minute buckets (the rollups the agent keeps, or raw
@@ -65,12 +66,6 @@ class Window:
     events: list[Event]
     tier: str  # "raw samples", "per-second tier[, then raw samples]", or how buckets were made
     bucket_s: float | None = None  # None: raw samples; SECOND_S: (partly) the per-second tier
-
-    @property
-    def per_sample(self) -> bool:
-        """Records the models take as they come (raw samples, or one or two a second of the
-        per-second tier), rather than one or two a tier bucket."""
-        return self.bucket_s is None or self.bucket_s <= SECOND_S
 
 
 def tier_width(span_s: float, max_buckets: int = TIER_BUCKETS) -> float:

@@ -1,10 +1,10 @@
 """The caching-allocator counter source: one device's torch allocator counters as a ``Sample``.
 
-``torch.cuda.memory_stats()`` costs about 110-135 us on the H200 and holds the GIL: most of that
-is Python flattening a nested dict of ~120 entries into ``"allocated_bytes.all.current"`` keys and
-sorting them. The binding beneath it, ``torch._C._cuda_memoryStats(device)``, returns the same
-counters as the nested dict straight from C++; we read the eight counters we need from it and
-skip the flattening. ``choose_binding`` picks the cheapest binding the installed torch has and
+``torch.cuda.memory_stats()`` holds the GIL while Python flattens a nested dict of ~120 entries
+into ``"allocated_bytes.all.current"`` keys and sorts them, on every call. The binding beneath
+it, ``torch._C._cuda_memoryStats(device)``, returns the same counters as the nested dict
+straight from C++; we read the eight counters we need from it and skip the flattening.
+``choose_binding`` picks the cheapest binding the installed torch has and
 ``vramscope.agent.bench.hooks`` measures it against ``memory_stats()`` side by side.
 
 Counter contract (all ints >= 0, read at one instant under the allocator's lock):
@@ -184,10 +184,6 @@ class AllocatorSource:
                                     phase=current_phase(), pid=self._pid,
                                     limit_bytes=self._limit_bytes,
                                     device_uuid=self.device_uuid)
-
-    def refresh_limit(self) -> None:
-        """Re-read the limit next time (after ``set_per_process_memory_fraction``)."""
-        self._limit_bytes = None
 
 
 def sample_from_counters(c: Counters, *, ts_s: float, device: int, phase: Phase,

@@ -390,7 +390,7 @@ class DeviceAnalysis:
                 model.restart()
         for key, leak in self.leaks.items():
             if pid is None or key == pid:
-                leak.end_growth()
+                leak.end_growth(ts_s)
         self._episode_ended = True
 
     def _oom_changed(self, now_s: float) -> int:

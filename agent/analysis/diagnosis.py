@@ -394,3 +394,13 @@ def complete_postmortem(pm: PostMortem, samples: Sequence[Sample] = ()) -> PostM
     cause = pm.cause if pm.cause in REMEDIES else cause
     return pm._replace(cause=cause, remedies=pm.remedies or REMEDIES[cause])
 
+
+
+def with_growth_cause(pm: PostMortem, leak_detected: bool) -> PostMortem:
+    """``pm`` with cause ``growth`` where its producer named none and the engine held a leak
+    verdict for its process at the OOM (its floor grew until the limit): the cause the alerts
+    and the stored verdicts gave, stored with the post-mortem so every page and command that
+    reads it says the same."""
+    if pm.cause in REMEDIES or not leak_detected:
+        return pm
+    return pm._replace(cause="growth", remedies=pm.remedies or REMEDIES["growth"])

@@ -198,6 +198,11 @@ FAST_FILL_S = 3600.0  # growth that would fill the headroom within this: the fas
 FAST_MIN_SPAN_S = 60.0  # the least floor a fast verdict rests on
 FAST_SPAN_SHARE = 0.05  # ...and at least this share of its time to fill
 FAST_MIN_POINTS = 6
+# growth that would fill the headroom within FAST_FINE_FILL_S is also sought on floor points of
+# FAST_FINE_FLOOR_S windows (one point per floor window is too few to name it in minutes); a
+# slower rise on points that fine is a static batch decoding or a lazy warm-up as often as not
+FAST_FINE_FLOOR_S = 15.0
+FAST_FINE_FILL_S = 600.0
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 # a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
@@ -233,7 +238,8 @@ class FastGrowth:
     shortest first.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fill_cap_s: float = FAST_FILL_S) -> None:
+        self.fill_cap_s = fill_cap_s  # growth slower than this to fill the headroom is not fast
         self.points: deque[tuple[float, int]] = deque()
         self.loads: deque[tuple[float, int]] = deque()  # requests in flight at each point
 
@@ -279,9 +285,8 @@ class FastGrowth:
         rate = rate_interval(pts[-_HOLD_POINTS:])
         return rate if rate is not None and rate.low > FAST_HOLD_RATIO * min_slope else None
 
-    @staticmethod
-    def _check(pts: Sequence[tuple[float, int]], min_slope: float, headroom_bytes: float,
-               least_span_s: float, noise: float) -> Rate | None:
+    def _check(self, pts: Sequence[tuple[float, int]], min_slope: float,
+               headroom_bytes: float, least_span_s: float, noise: float) -> Rate | None:
         rate = rate_interval(pts, noise)
         if rate is None or rate.low <= min_slope or rate.low < FAST_PRECISION * rate.slope:
             return None
@@ -291,7 +296,7 @@ class FastGrowth:
         if max(b[1] - a[1] for a, b in zip(pts, pts[1:])) > FAST_STEP_SHARE * rise:
             return None  # one step, not growth (a load that came in at once, a model loaded)
         fill = max(0.0, headroom_bytes) / rate.slope
-        if fill > FAST_FILL_S or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
+        if fill > self.fill_cap_s or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
         recent = rate_interval(pts[min(len(pts) // 2, len(pts) - 4):])
         if recent is None or recent.slope < 0.5 * rate.slope:

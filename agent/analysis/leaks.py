@@ -82,6 +82,8 @@ from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.growth import (
+    FAST_FINE_FILL_S,
+    FAST_FINE_FLOOR_S,
     Z_90,
     FastGrowth,
     Rate,
@@ -225,6 +227,7 @@ class LeakDetector:
         self.chooser = WindowChooser(self.t)
         self.windows: Windows | None = None
         self.floor = FloorTracker(self.t.leak_floor_window_s)
+        self.fine_floor = FloorTracker(min(FAST_FINE_FLOOR_S, self.t.leak_floor_window_s))
         self._pending: list[Sample | Event] = []
         # the trend points of the last horizon (bounded: live agents run for months): each the
         # least floor point of its bin of alerts.leak_horizon_s / HORIZON_POINTS, then the least
@@ -273,7 +276,10 @@ class LeakDetector:
         self.recent_floor: deque[tuple[float, int]] = deque(maxlen=RECENT_FLOOR_POINTS)
         # the growth model's fast route (analysis.growth): every floor point, warm-up or not
         self.fast = FastGrowth()
+        # ...and on the fine floor's points
+        self.fast_fine = FastGrowth(FAST_FINE_FILL_S)
         self._fast: LeakResult | None = None  # the fast verdict while it holds
+        self._fast_on: FastGrowth | None = None  # the series it was established on
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
@@ -288,6 +294,7 @@ class LeakDetector:
                 self._pending.append(e)
         else:
             self.floor.on_event(e)
+            self.fine_floor.on_event(e)
         if e.name != "kv_orphaned_blocks":
             return None
         count = orphaned_count(e)
@@ -321,12 +328,14 @@ class LeakDetector:
         """The windows are known: replay the records that waited for them."""
         self.windows = windows
         self.floor = FloorTracker(windows.floor_s)
+        self.fine_floor = FloorTracker(min(FAST_FINE_FLOOR_S, windows.floor_s))
         self._bin_s = max(windows.floor_s, self.t.leak_horizon_s / HORIZON_POINTS)
         pending, self._pending = self._pending, []
         out = None
         for rec in pending:
             if isinstance(rec, Event):
                 self.floor.on_event(rec)
+                self.fine_floor.on_event(rec)
             else:
                 out = self._step(rec) or out
         return out
@@ -350,19 +359,24 @@ class LeakDetector:
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        if self.load.kv_used is None:  # no KV figures: what the requests in flight hold
+        anytime = self.load.kv_used is not None
+        if anytime:
+            explained = self.load.explained()
+        else:  # no KV figures: what the requests in flight hold
             self.per_request.observe_kv(self.floor.in_flight)
             if allocated is not None:
                 self.per_request.observe(allocated)
-            point = self.floor.update(s, self.per_request.explained(), anytime=False)
-        else:
-            point = self.floor.update(s, self.load.explained())
+            explained = self.per_request.explained()
+        fine = self.fine_floor.update(s, explained, anytime=anytime)
+        fast = None if fine is None else self._fast_growth(
+            self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
+        point = self.floor.update(s, explained, anytime=anytime)
         if point is None:
-            return None
+            return fast
         self.recent_floor.append(point)
         if self.floor_points is not None:
             self.floor_points.append(point)
-        fast = self._fast_growth(point, s.ts_s)
+        fast = self._fast_growth(self.fast, point, self.floor.last_load, s.ts_s) or fast
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return fast
         in_flight = self.floor.last_load - RESIDUAL
@@ -526,6 +540,9 @@ class LeakDetector:
         in_flight = self.floor.in_flight
         self.floor = FloorTracker(self.floor.window_s)
         self.floor.in_flight = in_flight
+        self.fine_floor = FloorTracker(self.fine_floor.window_s)
+        self.fine_floor.in_flight = in_flight
+        self.fast_fine.clear()
         self.points.clear()
         self._in_flight.clear()
         self._recent.clear()
@@ -537,7 +554,7 @@ class LeakDetector:
         self.load.restart()
         self.per_request.restart()
         self.fast.clear()
-        self._fast = None
+        self._fast = self._fast_on = None
         waiting = insufficient(self.t, None)
         self._unconfirmed = (ts_s, before, waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
@@ -551,38 +568,47 @@ class LeakDetector:
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
 
-    def end_growth(self) -> None:
-        """An OOM ended the process's episode: the fast route's growth is history (the floor
-        it rose on was freed, or the process died); the routes' answer stands."""
+    def end_growth(self, ts_s: float) -> None:
+        """An OOM at ``ts_s`` ended the process's episode: the fast route's growth is history
+        (the floor it rose on was freed, or the process died). Its leak verdict stays the
+        answer, marked as ended, until the routes give their next one (a process that lives
+        on); a process the OOM killed keeps it: the leak that killed it, not "no leak"."""
         self.fast.clear()
+        self.fast_fine.clear()
         if self._fast is not None:
-            self._fast = None
-            self.result = self._route
+            self.result = self._fast._replace(
+                evidence=f"{self._fast.evidence}; the growth ended with the OOM at {ts_s:.3f}")
+            self._fast = self._fast_on = None
 
     def _min_slope(self) -> float:
         return self.t.leak_min_slope_ratio_per_h * self._limit() / 3600.0
 
-    def _fast_growth(self, point: tuple[float, int], now_s: float) -> LeakResult | None:
-        """The growth model's fast route on the newest floor point: a verdict when fast growth
-        is established (or, established, still holds: its rate re-measured), None otherwise;
-        once it no longer holds the routes' latest answer is the answer again."""
-        self.fast.add(*point, max(0, self.floor.last_load - RESIDUAL))
+    def _fast_growth(self, series: FastGrowth, point: tuple[float, int], load: int,
+                     now_s: float) -> LeakResult | None:
+        """The growth model's fast route on the newest point of one floor series: a verdict
+        when fast growth is established (or, established on this series, still holds: its
+        rate re-measured), None otherwise; once it no longer holds the routes' latest answer
+        is the answer again."""
+        series.add(*point, max(0, load - RESIDUAL))
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
         held = self._fast
         if held is not None:
-            rate = self.fast.holds(held.start_ts_s or point[0], min_slope)
+            if self._fast_on is not series:
+                return None
+            rate = series.holds(held.start_ts_s or point[0], min_slope)
             if rate is None:
-                self._fast = None
+                self._fast = self._fast_on = None
                 self.result = self._route
                 return self.result
         else:
             if self.result.detected and self.result.p_value is not None:
                 return None  # a leak the routes found: its answer stands
-            rate = self.fast.established(min_slope, headroom, self._first_ts or 0.0,
-                                         self._limit())
+            rate = series.established(min_slope, headroom, self._first_ts or 0.0,
+                                      self._limit())
             if rate is None:
                 return None
+            self._fast_on = series
         self._fast = fast_verdict(rate, headroom, self._limit(), min_slope)
         self.result = self._publish(self._fast, now_s)
         return self.result
@@ -610,11 +636,19 @@ class LeakDetector:
             return with_forecast(r, widened(rate, r.slope_bytes_per_s),
                                  self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
+        scope = ""
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
-            return r
+            # ...over the horizon, and over its recent third too: a leak begun lately is
+            # diluted in the horizon's flat hours, not ruled out by them
+            recent_s = self.t.leak_horizon_s / 3
+            recent = rate_interval([p for p in pts if p[0] >= pts[-1][0] - recent_s])
+            if recent is None or recent.points < MIN_FIT_POINTS \
+                    or judge(recent, min_slope) == "no_leak":
+                return r
+            rate, scope = recent, f" over the last {span_words(recent_s)}"
         more = span_words(more_time_s(rate, min_slope))
         return r._replace(enough_data=False, evidence=(
-            f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
+            f"not enough data yet: the floor's rate{scope} {per_hour(rate.slope)} "
             f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet below the "
             f"minimum {per_hour(min_slope)}; about {more} more of floor at this noise "
             f"(the test so far: {r.evidence})"))

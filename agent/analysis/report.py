@@ -3,9 +3,9 @@ readable rendering.
 
 :func:`document_of` assembles the document from per-device analysis state, per-device
 summaries of the samples (:class:`DeviceSummary`) and the alert history, and reads a device's
-records again only for its OOM (:class:`OomWitness`, bounded); :func:`analysis_document` does
-the same from lists. :func:`vramscope.agent.alerts.offline.analyze_stream` produces the state
-by feeding a recording through the live alert engine a batch at a time. This module reads that
+records again only for its OOM (:class:`OomWitness`, bounded).
+:func:`vramscope.agent.alerts.offline.analyze_stream` produces the state by feeding a recording
+through the live alert engine a batch at a time. This module reads that
 state through :class:`DeviceState` and imports nothing of the alerts package (analysis sits
 below alerts). :func:`summaries_document` is the document of records without any such state:
 the summaries only, every verdict field left unanswered for a reader of the stored verdicts
@@ -30,8 +30,7 @@ from vramscope.agent.analysis.fragmentation import FragAccumulator
 from vramscope.agent.analysis.growth import GROWTH_KEYS, leak_words
 from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
-from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
-from vramscope.agent.analysis.merge import merged
+from vramscope.agent.analysis.makeup import leak_makeup
 from vramscope.agent.analysis.phases import PhaseAccumulator
 from vramscope.agent.analysis.risk import LEVELS
 from vramscope.agent.analysis.windows import Windows, windows_json
@@ -71,37 +70,6 @@ class AlertRecord(Protocol):
 
     @property
     def ts_s(self) -> float: ...
-
-
-def analysis_document(devices: Mapping[int, DeviceState], samples: Iterable[Sample],
-                      history: Iterable[AlertRecord],
-                      postmortems: Sequence[PostMortem] = (), *,
-                      events: Iterable[Event] = (), makeup: bool = False) -> dict[str, Any]:
-    """The document of ``devices`` (their samples in time order, any device) and the alerts.
-
-    ``events``: the recording's ``memory_layout`` events, from which a detected leak's
-    make-up is computed (``makeup=True`` computes it without a leak too), and its ``oom`` and
-    request events, from which an OOM without a post-mortem is diagnosed (the failed size and
-    phase the ``oom`` event carries, the requests in flight); others are ignored.
-    """
-    per_device: dict[int, list[Sample]] = {}
-    for s in samples:
-        per_device.setdefault(s.device, []).append(s)
-    events = list(events)
-    layouts = [e for e in events if e.name == LAYOUT_EVENT]
-    context = [e for e in events if e.name in _OOM_CONTEXT]
-    summaries: dict[int, DeviceSummary] = {}
-    for dev, mine in per_device.items():
-        summaries[dev] = acc = DeviceSummary()
-        for s in mine:
-            acc.add(s)
-
-    def replay(dev: int, until_s: float) -> Iterable[Sample | Event]:
-        return merged([s for s in per_device.get(dev, []) if s.ts_s <= until_s],
-                      [e for e in context if e.device == dev and e.ts_s <= until_s])
-
-    return document_of(devices, summaries, history, postmortems, layouts=layouts,
-                       replay=replay, makeup=makeup)
 
 
 class DeviceSummary:
@@ -262,9 +230,6 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
             "time_to_oom_high_s": result.time_to_oom_high_s}
 
 
-_OOM_CONTEXT = frozenset({"oom", "request_start", "request_end"}) | KV_REFUSAL_EVENTS
-
-
 _TRIED = re.compile(r"tried to allocate ([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b",
                     re.IGNORECASE)
 _UNIT_BYTES = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -304,6 +269,8 @@ def _oom_doc(dev: int, d: DeviceState, postmortems: list[PostMortem], replay: Re
             facts = {k: v for k, v in facts.items()
                      if k in ("in_flight_series", "kv_refusals_ts")}
         cause, _ = diagnose(pm, before, ts_s=first_oom, **facts)
+        if pm is not None and pm.cause in REMEDIES:  # the agent's, stored with it
+            cause = pm.cause
     warned = [t for t in (d.first_warning_ts_s, kv_warned_ts) if t is not None]
     return {"occurred": first_oom is not None, "first_oom_ts": first_oom,
             "first_warning_ts": min(warned) if warned else None,

@@ -7,15 +7,16 @@ one (``running 1``) for ``idle_s``, then the hostile one for ``seconds`` while a
 client sends 760 samples spread over the same time. Figures: the agent's RSS (the largest
 after the page turned hostile) against its idle size (the largest in the healthy phase),
 target within 10 %; the good client's samples written, target 100 %. Run with the issue's
-``vllm:num_requests_running 1e9`` (37 s: it took the agent to 1 GiB before the bounds) and
-with ``running`` flapping 0 <-> 100,000 (within the caps: the bounded-records path; no target).
+``vllm:num_requests_running 1e9`` (37 s: it took the agent to 1 GiB before the bounds);
+``scrape("flap", ...)`` flaps ``running`` 0 <-> 100,000 instead (within the caps: the
+bounded-records path).
 
 Webhook (:func:`webhook`): a user rule flapping on 16 devices every 0.5 s for 5 minutes
 against a webhook receiver that hangs throughout; an OOM (critical) fires a minute before the
 end; the receiver then recovers. Figures: how long after the recovery the OOM alert, and the
 newest state of every alert, arrived; target <= 10 s each.
 
-``--quick``: 3 s scrapes after 2 s idle, 20 s of flapping (for the smoke test).
+``--quick``: a 3 s scrape after 2 s idle, 20 s of flapping (for the smoke test).
 """
 
 from __future__ import annotations
@@ -252,28 +253,24 @@ DELIVERY_TARGET_S = 10.0
 def run(options: BenchOptions) -> list[Figure]:
     seconds, idle_s, minutes = ((3.0, 2.0, 20 / 60) if options.quick
                                 else (SCRAPE_S, IDLE_S, FLAP_MINUTES))
-    out: list[Figure] = []
-    for value, what in (("1e9", "running 1e9"), ("flap", "running flapping 0 <-> 100000")):
-        out += scrape_figures(scrape(value, seconds, idle_s), what, target=value != "flap")
-    return out + webhook_figures(webhook(minutes))
+    return [*scrape_figures(scrape("1e9", seconds, idle_s), "running 1e9"),
+            *webhook_figures(webhook(minutes))]
 
 
-def scrape_figures(r: dict[str, Any], what: str, target: bool) -> list[Figure]:
+def scrape_figures(r: dict[str, Any], what: str) -> list[Figure]:
     s = r["scrapes"] or {}
-    rss = Figure("hostile", f"agent RSS scraping {what} for {r['seconds']:g} s, against idle",
-                 r["rss_ratio"], "x",
-                 spread=(f"{r['hostile_rss_max_bytes'] / 1e6:.1f} MB against "
-                         f"{r['idle_rss_bytes'] / 1e6:.1f} MB idle; {s.get('refused_total')} "
-                         f"of {s.get('scrapes_total')} scrapes refused; slowest status "
-                         f"{r['status_max_s'] * 1e3:.0f} ms"),
-                 baseline="the same agent's largest RSS scraping a healthy page")
-    good = Figure("hostile", f"good client's samples written while scraping {what}",
-                  100.0 * r["good_written"] / r["good_sent"], "%",
-                  spread=f"{r['good_written']} of {r['good_sent']}")
-    if target:
-        rss.target, rss.met = f"<= {RSS_TARGET:g}", r["rss_ratio"] <= RSS_TARGET
-        good.target, good.met = "100", r["good_written"] == r["good_sent"]
-    return [rss, good]
+    return [Figure("hostile", f"agent RSS scraping {what} for {r['seconds']:g} s, against idle",
+                   r["rss_ratio"], "x",
+                   spread=(f"{r['hostile_rss_max_bytes'] / 1e6:.1f} MB against "
+                           f"{r['idle_rss_bytes'] / 1e6:.1f} MB idle; {s.get('refused_total')} "
+                           f"of {s.get('scrapes_total')} scrapes refused; slowest status "
+                           f"{r['status_max_s'] * 1e3:.0f} ms"),
+                   baseline="the same agent's largest RSS scraping a healthy page",
+                   target=f"<= {RSS_TARGET:g}", met=r["rss_ratio"] <= RSS_TARGET),
+            Figure("hostile", f"good client's samples written while scraping {what}",
+                   100.0 * r["good_written"] / r["good_sent"], "%",
+                   spread=f"{r['good_written']} of {r['good_sent']}", target="100",
+                   met=r["good_written"] == r["good_sent"])]
 
 
 def webhook_figures(r: dict[str, Any]) -> list[Figure]:

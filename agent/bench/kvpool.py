@@ -9,7 +9,7 @@ server thread's share (a bounded deque append under a lock) and nothing leaves t
 Rounds alternate between the pools (``interleaved``), so machine noise hits them alike.
 
 The sender thread runs in the server's process too (under its GIL): its encoding of a round's
-records (``SocketSink._frames``, what it does before each send, about 8 us a record) is timed
+records (``SocketSink._frames``, what it does before each send) is timed
 on the records a warm default round puts, and added to the observer's overhead.
 
 Reported: pool operations per second; the observer's overhead in percent of the workload,

@@ -313,7 +313,7 @@ def _per_h(rate: float | None, sc: Scenario) -> str:
 
 
 def score_fast(sc: Scenario, run: Run, out: LongScore) -> None:
-    """A fast failure: when growth was named, the first right warning's lead, the OOM-risk
+    """A fast failure: when growth was named, the first right forecast's lead, the OOM-risk
     alerts' changes on the way (and the leak verdicts of a growth)."""
     oom, onset = sc.oom_ts, getattr(sc, "failure_onset_ts", None)
     assert oom is not None and onset is not None  # a fast failure trace
@@ -325,8 +325,13 @@ def score_fast(sc: Scenario, run: Run, out: LongScore) -> None:
             c.rule == "memory_leak" or c.rule in RISK_RULES and cause_of(c) == "growth")]
         out.named.append((sc.name, named[0] - onset if named else math.inf,
                           max(NAME_MIN_S, NAME_SHARE * develop)))
-    right = [c.ts_s for c in changes if c.kind == "fired" and c.rule in RISK_RULES
-             and cause_of(c) == truth]
+    # the first forecast with the right cause: a risk warning, or for growth a leak alert
+    # whose verdict carries its time to OOM (a leak is growth of the floor)
+    right = [c.ts_s for c in changes if c.kind == "fired" and (
+        c.rule in RISK_RULES and cause_of(c) == truth
+        or truth == "growth" and c.rule == "memory_leak"
+        and run.verdicts.get(c.ts_s) is not None
+        and run.verdicts[c.ts_s].time_to_oom_s is not None)]
     out.leads.append((sc.name, (oom - right[0]) / develop if right and develop > 0 else 0.0))
     out.flaps[sc.name] = sum(c.rule in RISK_RULES for c in changes)
     if sc.leak_start_ts is not None:
@@ -440,8 +445,9 @@ def fast_figures(s: LongScore) -> list[Figure]:
                spread=f"worst {worst:.2f}x the time allowed; late: " + ("; ".join(late) or
                                                                           "none"),
                target=f"{n}", met=bool(n) and not late),
-        Figure("detection", "long suite, fast OOMs: first warning with the right cause >= half "
-               "the onset-to-OOM time ahead", float(m - len(short)), f"of {m}",
+        Figure("detection", "long suite, fast OOMs: first forecast with the right cause (a "
+               "leak's time to OOM or a risk warning) >= half the onset-to-OOM time ahead",
+               float(m - len(short)), f"of {m}",
                spread=f"least lead {least:.2f} of the onset-to-OOM time; short (0: none with "
                "the right cause): " + ("; ".join(short) or "none"),
                target=f"{m}", met=bool(m) and not short),

@@ -3,9 +3,10 @@
 The figures in the doc are rendered from the JSON files kept beside it (``docs/bench/``), never
 typed by hand, and ``tests/agent/test_bench_smoke.py`` re-renders every table to check it still
 matches. A table sits between markers that name its sources, each ``FILE=LABEL`` (the label
-fills the ``where`` column; ``_`` in it stands for a space)::
+fills the ``where`` column; ``_`` in it stands for a space), or ``FILE#BENCH=LABEL`` for only
+the figures of one benchmark of a file that holds several::
 
-    <!-- bench-table bench/cpu.json=CPU bench/h200-run1.json=H200 -->
+    <!-- bench-table bench/cpu.json#ingest=CPU bench/h200-run1.json#ingest=H200 -->
     | bench | metric | ...
     <!-- /bench-table -->
 
@@ -35,26 +36,31 @@ def _verdict(met: bool | None) -> str:
     return {True: "met", False: "**missed**", None: ""}[met]
 
 
-def rows(doc: dict[str, Any], where: str) -> list[str]:
+def rows(doc: dict[str, Any], where: str, bench: str | None = None) -> list[str]:
+    """One row per figure (and per skipped benchmark), only ``bench``'s when it is given."""
     if doc.get("format") != "vramscope.bench/1":
         raise ValueError(f"not a vramscope.bench/1 document (format {doc.get('format')!r})")
     out = [f"| {f['bench']} | {_cell(f['metric'])} | {f['value']:.4g} | {_cell(f['unit'])} | "
            f"{_cell(f['spread'])} | {_cell(f['target'])} | {_verdict(f['met'])} | {where} |"
-           for f in doc["figures"]]
+           for f in doc["figures"] if bench in (None, f["bench"])]
     out += [f"| {s['bench']} | skipped: {_cell(s['error'])} |  |  |  |  |  | {where} |"
-            for s in doc.get("skipped", [])]
+            for s in doc.get("skipped", []) if bench in (None, s["bench"])]
     return out
 
 
 def table(sources: str, base: Path) -> str:
-    """The table for a marker's ``FILE=LABEL ...`` list, files relative to ``base``."""
+    """The table for a marker's ``FILE[#BENCH]=LABEL ...`` list, files relative to ``base``."""
     lines = [HEADER]
     for item in sources.split():
-        path, sep, label = item.partition("=")
+        source, sep, label = item.partition("=")
         if not sep or not label:
             raise ValueError(f"bench-table source {item!r}: expected FILE=LABEL")
-        doc = json.loads((base / path).read_text())
-        lines += rows(doc, label.replace("_", " "))
+        path, _, bench = source.partition("#")
+        found = rows(json.loads((base / path).read_text()), label.replace("_", " "), bench or None)
+        if not found:
+            what = f"no figures of bench {bench!r}" if bench else "no figures"
+            raise ValueError(f"bench-table source {item!r}: {path} has {what}")
+        lines += found
     return "\n".join(lines) + "\n"
 
 

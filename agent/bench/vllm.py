@@ -15,7 +15,7 @@ overhead per step, the ratio of those medians (no target: the spread of the per-
 says how far the machine's noise lets it resolve); and its own CPU per step timed in place (the
 observation after each ``schedule()`` and ``update_from_output()``, the KV manager and
 block-pool wrappers), in µs, held to 1 % of a realistic serving step (``REALISTIC_STEP_US``:
-the tiny CPU model's 1.5-12 ms step would make a fixed cost of tens of µs read as a percent),
+the tiny CPU model's step is so short that a fixed cost of tens of µs would read as a percent),
 which resolves far below what round-to-round noise on a shared machine can.
 
 The model is ``--model``-less by default: a tiny random-weight Llama built in a temporary folder
@@ -39,9 +39,8 @@ from vramscope.agent.errors import VramscopeError
 
 BASELINE = "the same engine with vLLM's own functions (plugin patches out), same run"
 # What the plugin's per-step cost is held to: 1 % of a realistic serving step, not of the tiny
-# CPU model's (1.5-12 ms here, where a fixed cost of tens of us reads as a percent). A decode
-# step of a served model on a GPU takes 10 ms and more (the 16-layer Llama of DESIGN.md: about
-# 70 ms at batch 16, eager, on the H200); 10 ms is the fast end.
+# CPU model's (so short that a fixed cost of tens of us reads as a percent). A served model's
+# decode step on a GPU takes 10 ms and more (DESIGN.md); the fast end is the strictest target.
 REALISTIC_STEP_US = 10_000.0
 TARGET_US = REALISTIC_STEP_US / 100
 

@@ -45,9 +45,9 @@ class Counts(NamedTuple):
 
 
 # A hook client reports its own host, the devices it uses and its own pid (with workers: a
-# few). The totals keep /metrics and the Overview under 300 ms: their cost grows with the
-# devices (about 2-4 ms each on the 2-core development machine; tests/agent/
-# test_robustness_names.py), much less with the processes.
+# few). The totals keep /metrics and the Overview within their 300 ms budget (`vramscope bench
+# dashboard`): their cost grows with the devices, each read for its newest state, much less
+# with the processes.
 CLIENT_LIMITS = Counts(hosts=2, devices=16, processes=64)
 DEFAULT_LIMITS = Counts(hosts=8, devices=32, processes=256)
 DEFAULT_IDLE_S = 300.0
@@ -73,10 +73,6 @@ class NameRefusal(NamedTuple):
     kind: str  # the first bound that was reached: "hosts", "devices" or "processes"
     limit: int
     scope: str  # "live" (all clients), "client" (this connection) or "run" (ever created)
-
-    @property
-    def per_client(self) -> bool:
-        return self.scope == "client"
 
     @property
     def reason(self) -> str:

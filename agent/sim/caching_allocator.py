@@ -199,9 +199,6 @@ class CachingAllocatorModel:
                     freed += block.size
         return freed
 
-    def size_of(self, handle: int) -> int:
-        return self._live[handle].size
-
     # --- segments ----------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> Block:
         want = segment_size(size)

@@ -2,8 +2,8 @@
 
 ``read()`` returns one ``Sample`` per device (``source="nvml"``, ``device_used_bytes``,
 ``device_total_bytes``); ``read_processes()`` returns the per-process rows at a lower rate
-(``nvmlDeviceGetComputeRunningProcesses`` costs 35-210 µs a call against ~8 µs for memory info).
-Never ``nvidia-smi`` (~20 ms a call, a process each time).
+(``nvmlDeviceGetComputeRunningProcesses`` walks the driver's process table, many times the
+cost of memory info). Never ``nvidia-smi``: a process started for each reading.
 
 Memory info v2 is used where the driver has it (``nvmlDeviceGetMemoryInfo_v2``), v1 otherwise.
 ``device_used_bytes`` is ``total - free`` in both cases: memory the processes on this device

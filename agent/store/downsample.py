@@ -80,7 +80,7 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
 
     ``lasts=False``: every ``<col>_last`` is None, and the query of their own that raw rows
     and minute rollups take for them is not made (the analysis views read minima and maxima
-    only: on PostgreSQL the 2,000 newest minutes of a risk page's week cost 50-90 ms).
+    only, and PostgreSQL looks the last values up a minute at a time).
 
     ``width_s`` (``buckets`` is then ignored): buckets that wide, as the analysis views ask for
     them (:func:`width_grid`): from a multiple of ``width_s`` when it is a multiple of a kept
@@ -124,7 +124,7 @@ def downsample(store: Store, device: int, start_s: float, end_s: float, buckets:
 
 # Two-minute groups one aligned window reads (per metric), at most: they are the minutes grouped
 # along an index, and past this SQLite's grouping costs more than the window is worth (three
-# days: 52k index entries, 26k groups back, 250-450 ms of a timeline); ten-minute groups are
+# days: 52k index entries, 26k groups back); ten-minute groups are
 # read from their own table (rollups_10m: three days, 432 rows a metric).
 MAX_GROUPS = 1_100
 # The buckets asked for from which a group's grid is used: ten minutes from five (at worst half
@@ -146,7 +146,7 @@ def tier_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float,
         return None
     # the finest group whose count over the window stays bounded: the rows SQLite hands back
     # are groups x metrics, and Python's part of a timeline grows with them (five days of
-    # two-minute groups, 43k rows: 380 ms; of ten-minute ones, 720 buckets, under 200)
+    # two-minute groups are 43k rows; of ten-minute ones, 720 buckets)
     group = next(g for g in ROLLUP_GROUPS_S
                  if g >= fits[-1] and ((end_s - start_s) / g <= MAX_GROUPS
                                        or g == ROLLUP_GROUPS_S[-1]))
@@ -205,10 +205,10 @@ def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _G
                  start_s: float, end_s: float, source: str | None) -> list[dict[str, Any]]:
     """The per-second tier up to the end of its newest minute (the minutes retention has
     rolled up, raw samples or not), raw rows grouped in SQL after it. An hour at 10 Hz is 60
-    packed rows instead of grouping 36,000 raw ones (95 ms of SQLite's sorter on the generated
-    week). On :func:`second_grid` the seconds merge exactly; on a finer or unaligned grid a
-    second counts in the bucket of its start. A window longer than ``SECONDS_READ_MAX_S`` or
-    without seconds reads as before."""
+    packed rows instead of 36,000 raw ones for SQLite's sorter to group. On
+    :func:`second_grid` the seconds merge exactly; on a finer or unaligned grid a second counts
+    in the bucket of its start. A window longer than ``SECONDS_READ_MAX_S`` or without seconds
+    reads as before."""
     rolled = seconds_end(store, did)
     if rolled is None or rolled <= start_s or end_s - start_s > SECONDS_READ_MAX_S:
         return grid.rows(_unrolled(store, device, host, did, grid, start_s, end_s, source))
@@ -220,9 +220,9 @@ def _via_seconds(store: Store, device: int, host: str | None, did: int, grid: _G
     return grid.rows(parts)
 
 
-# Raw rows a fine grid groups in SQL before it reads a tier up instead: SQLite groups about
-# 400k rows a second here (20,000: 33 minutes at 10 Hz, 5.6 hours at 1 Hz, ~50 ms). Counted
-# on the index, up to the limit, before anything is grouped.
+# Raw rows a fine grid groups in SQL before it reads a tier up instead (20,000: 33 minutes at
+# 10 Hz, 5.6 hours at 1 Hz), so that grouping stays a small part of a page's budget whatever
+# the rate. Counted on the index, up to the limit, before anything is grouped.
 RAW_GROUP_LIMIT = 20_000
 
 
@@ -285,9 +285,9 @@ class _Grid:
         """``parts`` (:data:`_Part`) -> one dict per bucket, in time order.
 
         Only buckets with several parts are merged (a long window's first and last bucket,
-        where raw samples meet the rollups): merging all 2,000 of a week was 70 ms. A row is
-        one ``dict(zip(...))`` of the part's flat values (a key at a time was 25 ms of an hour's
-        timeline, 1,800 buckets of a dozen columns)."""
+        where raw samples meet the rollups), not all 2,000 of a week. A row is one
+        ``dict(zip(...))`` of the part's flat values, not a key at a time: an hour's timeline is
+        1,800 buckets of a dozen columns."""
         keys, start, width, n = self.flat_keys, self.start_s, self.width_s, 2 * len(self.columns)
         if all(a[0] < b[0] for a, b in zip(parts, parts[1:])):
             merged = parts  # a part a bucket, in order (one source of rows): nothing to merge
@@ -363,9 +363,10 @@ def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid
     return parts
 
 
-# The per-second tier is read a row per device, source and minute, each unpacked in Python
-# (about 0.6 ms): two hours is 120 rows a source. Where raw rows are gone over a longer range
-# (a fine grid of up to 16 h: 2,000 buckets under 30 s), the minute rollups stand in.
+# The per-second tier is read a row per device, source and minute, each unpacked in Python:
+# two hours is 120 rows a source, and the unpacking grows with the span. Where raw rows are
+# gone over a longer range (a fine grid of up to 16 h: 2,000 buckets under 30 s), the minute
+# rollups stand in.
 SECONDS_READ_MAX_S = 2 * 3600.0
 
 
@@ -414,11 +415,9 @@ def _seconds_on_grid(grid: _Grid, seconds_read: _Columns) -> list[_Part]:
     time is not kept), as a rolled-up minute's stands at the minute's end. A bucket's seconds
     are consecutive: a bucket is a slice of each series, reduced by C builtins; a counter
     measured in every second (the usual case) needs no filter of the unmeasured, and one
-    measured in none (a source without it) none either (an hour of 12 counters on 2 s buckets:
-    28 ms; a fold per second and column before that was 120 ms of a 2-hour timeline, a filter
-    per bucket of a never-measured counter 40 ms of an hour's on PostgreSQL's host). The tier
-    is read as columns (``Store.seconds_columns``): a ``Second`` per second, transposed back to
-    series here, was 40 ms of an hour's timeline."""
+    measured in none (a source without it) none either: Python's work is per bucket, not per
+    second and column. The tier is read as columns (``Store.seconds_columns``), not as a
+    ``Second`` per second transposed back to series here."""
     ts, per_field = seconds_read
     if not ts:
         return []
@@ -499,13 +498,14 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
     """Each bucket's "last": the row(s) at its latest timestamp, fetched by (device, ts_s) on
     the samples index. A separate query rather than a join back on the grouped subquery,
     because newer SQLite (the GPU machine's; reproduced with 3.51) plans that join as a scan of
-    every row of the device around the subquery: 17 s instead of 70 ms for a 24-hour view."""
+    every row of the device around the subquery, a cost that grows with the device's history
+    (tests/agent/test_store.py checks a window's cost on both SQLite versions)."""
     out: dict[float, tuple[Any, ...]] = {}
     postgres = c.dialect.name == "postgresql"
     # PostgreSQL: every stamp in one array parameter (``= ANY``), and its time span, so that
     # only the day partitions holding it are probed; 500 expanded IN parameters a statement
-    # cost more to render and parse than the probes themselves (a 15-minute timeline's 2,000
-    # stamps: 43 ms in four statements, 22 ms in one)
+    # cost more to render and parse than the probes themselves (a 15-minute timeline has 2,000
+    # stamps)
     step = len(stamps) if postgres else LAST_ROWS_CHUNK
     for i in range(0, len(stamps), max(step, 1)):
         chunk = stamps[i:i + step]
@@ -518,18 +518,10 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
             where.append(samples.c.source == source)
         q = (select(samples.c.ts_s, *(func.max(samples.c[col]).label(col) for col in columns))
              .where(*where).group_by(samples.c.ts_s))
-        # fetched at once (C), not a row at a time through the Result (2,000 rows: 10 ms)
+        # fetched at once (C), not a row at a time through the Result (a Python call per row)
         for r in c.execute(q).all():
             out[r[0]] = tuple(r[1:])  # the columns' values, in order
     return out
-
-
-def rollup_span(store: Store, device: int, start_s: float, end_s: float,
-                host: str | None = None) -> tuple[float, float] | None:
-    """The part of [start_s, end_s] that per-minute rollups cover for device index ``device``
-    (see ``_rollup_span``), or None: which tier a downsampled window was read from."""
-    did = device_row_id(store, device, host)
-    return None if did is None else _rollup_span(store, did, start_s, end_s)
 
 
 def _rollup_span(store: Store, did: int, start_s: float,
@@ -549,8 +541,8 @@ def _rollup_span(store: Store, did: int, start_s: float,
 def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
                   source: str | None, tiered: bool = False) -> list[_Part]:
     """Rollup minutes in [lo_s, hi_s) grouped on the grid in SQL, pivoted to one row per
-    output bucket (a week is 10,080 minutes of a dozen metric rows each; merging them in
-    Python was 2 s a device). Each bucket's "last" is its newest minute's, fetched by primary
+    output bucket (a week is 10,080 minutes of a dozen metric rows each, too many to merge in
+    Python). Each bucket's "last" is its newest minute's, fetched by primary
     key in a second pivoted query; a minute's last value stands at the minute's end (its
     exact time is not kept)."""
     if tiered and _index_group(grid) == ROLLUP_TIER_S:
@@ -562,7 +554,7 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     values: dict[int, dict[str, tuple[Any, Any]]] = {}
     index, top = grid.index, grid.buckets - 1
     with store.engine.connect() as c:
-        # fetched at once (C), not row by row through the Result (a day's 17k rows: 100 ms)
+        # fetched at once (C), not row by row through the Result (a day is 17k rows)
         grouped = c.execute(_grouped(store, grid, where, lo_s, hi_s, tiered)).all()
         for b, metric, lo, hi, minute in grouped:
             k = index(float(minute)) if tiered else min(int(b), top)
@@ -598,7 +590,7 @@ def _from_ten_minutes(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: fl
                       source: str | None) -> list[_Part]:
     """:func:`_from_rollups` on a grid of whole ten-minute groups: the groups wholly in
     [lo_s, hi_s) from ``rollups_10m`` (a week: 1,008 rows a metric, where the minute rollups
-    are 10,080 that SQLite grouped along an index, 150-170 ms, and PostgreSQL hashed), the
+    are 10,080 that SQLite would group along an index and PostgreSQL hash), the
     minutes at either end (a partial group) from the minute rollups."""
     first = math.ceil(lo_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
     after = math.floor(hi_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
@@ -619,7 +611,7 @@ def _in_order(store: Store, table: Table, did: int, grid: _Grid, lo_s: float, hi
     wide: a day in 2,000 buckets), and for the ten-minute groups. Nothing to group, and no
     query for the last values: grouped in SQL, SQLite sorted a day's 17k minute rows (a
     computed bucket) and handed back as many, then looked up 1,440 minutes' last values by
-    key (together ~90 ms of a 24-hour timeline). A row is placed as the grouped SQL places a
+    key. A row is placed as the grouped SQL places a
     minute (``CAST`` truncates, ``floor`` on PostgreSQL: the same for times after the start);
     a bucket's last values are its newest minute's (a group's ``last_s``), the greatest over
     sources, as :func:`_rollup_lasts` pivots them."""
@@ -667,11 +659,11 @@ def _grouped(store: Store, grid: _Grid, where: list[ColumnElement[bool]], lo_s: 
     """Per group and metric: min, max and the newest minute.
 
     Grouped by (bucket, metric), not pivoted with a CASE per column: two aggregates a row
-    instead of two per column (a week's 141k rows: 110 ms against 190 ms), 22k rows back.
+    instead of two per column (a week's 141k rows), 22k rows back.
     ``tiered`` (a grid of whole two-minute groups, on SQLite; ten-minute ones read
     ``rollups_10m``): grouped by two-minute group, in the order of the
     ``ix_rollups_device_tier2m`` index, which SQLite then reads without the sort a computed
-    bucket needs (three days: 47k rollup rows, 121 ms of sorting and grouping before); each
+    bucket needs (three days: 47k rollup rows to sort); each
     group lies in one bucket. PostgreSQL hashes its groups: no sort to save."""
     if tiered and store.dialect == "sqlite":
         width = _index_group(grid)
@@ -692,9 +684,8 @@ def _rollup_lasts(c: Connection, where: list[ColumnElement[bool]], minutes: list
     On PostgreSQL the minutes are one array, unnested, each the key of a LATERAL subquery: a
     probe of the primary key per minute, whatever the planner estimates. Given as ``bucket_s IN
     (...)`` (or ``= ANY``) PostgreSQL bitmap-scanned every rollup row of the device and
-    filtered (a week: 131k rows, 32 ms for 500 minutes, against 5 ms); as a plain join it
-    hashed the device's rows where the table was small (2 devices: 75 ms for 1,008 minutes,
-    against 17)."""
+    filtered (a week: 131k rows for 500 minutes); as a plain join it hashed the device's rows
+    where the table was small: both grow with the device's history, the probes do not."""
     out: dict[float, tuple[Any, ...]] = {}
     pivot = [func.max(case((rollups.c.metric == col, rollups.c.last_value))) for col in columns]
     if c.dialect.name == "postgresql":

@@ -24,12 +24,10 @@ only then), a day of one device at a time, and packed by
 days without raw rows cost none, and where raw rows exist the tiers are exactly what
 ``maintenance.rollup_window`` makes of them (tests/agent/test_history_generator.py).
 
-Cost on a shared 2-core machine (SQLite): 2 devices x 10 Hz x 1 day, all raw, in 20 s (raw
-rows 11 s, tiers 8 s of which 2 s import torch); the default week of 8 devices in 3.5 minutes
-(raw day about 45 s, tiers about 3 s per device-day, most of it ``seconds.pack`` in Python),
-peak RSS 0.7 GB, a 1.2 GB file: the raw day 919 MB with its indexes, the per-second tier
-110 MB and the rollups 122 MB (2.0 and 2.2 MB per device-day). A test's 2 devices at 1 Hz
-for an hour take under a second.
+Its cost is the raw day's rows and the tiers' packing (``seconds.pack`` in Python), per device
+and day; the size of what it makes, per tier, is ``vramscope bench dashboard``'s
+(docs/BENCHMARKS.md, `dashboard`). A test's 2 devices at 1 Hz for an hour are small enough to
+make in each test that needs them.
 """
 
 from __future__ import annotations

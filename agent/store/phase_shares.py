@@ -55,7 +55,7 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
     before (``unknown`` samples left out), in time order; None when more than ``limit``.
 
     Found in SQL (``lag() over``): the database hands back the few hundred changes of a
-    15-minute window, not its 9,000 samples as ``Sample`` objects (100 ms of the timeline)."""
+    15-minute window, not its 9,000 samples as ``Sample`` objects built only to be compared."""
     did = device_row_id(store, device, host)
     if did is None:
         return []

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 PROCESS_COLUMNS: tuple[str, ...] = ("allocated_bytes", "reserved_bytes")
 # Raw rows of a window grouped by process, at most (all sources counted, on the index): the
-# limit under which the downsampling groups raw rows itself (about 50 ms on SQLite).
+# limit under which the downsampling groups raw rows itself, so that a window past it reads a
+# tier instead.
 PROCESS_RAW_LIMIT = RAW_GROUP_LIMIT
 PROCESS_SERIES_LIMIT = 8  # processes drawn apart, at most: the newest (restarts make many pids)
 EDGE_ROWS = 500  # raw rows read at either end of a window not grouped by process

@@ -146,8 +146,8 @@ def unpack(minute_s: float, blob: bytes) -> list[Second]:
 
 class PhaseSeconds(NamedTuple):
     """One row's seconds (a minute of one source) as columns of what phase bands and phase
-    shares need: no counter decoded, no object per second (six hours as ``Second`` objects
-    were 150 ms of a timeline)."""
+    shares need: no counter decoded, no object per second (six hours would be 21,600
+    ``Second`` objects built for one timeline)."""
 
     source: str
     starts: list[float]  # each second's start, in time order
@@ -171,13 +171,13 @@ def unpack_columns(minute_s: float, blob: bytes, fields: Sequence[int]
     ``fields`` (indexes into :data:`SAMPLE_COUNTER_FIELDS`) its (low, high, last) series, as
     :func:`unpack`'s ``Second`` holds them (the last values where a statistic is not kept).
     Only those counters' series are decoded, and no tuple is built per second: what the
-    timeline's per-second buckets read (an hour: 60 rows, 41 ms through ``unpack``)."""
+    timeline's per-second buckets read (an hour: 60 rows)."""
     values, k = _decoded(minute_s, blob)
 
     def series(column: int) -> Series:
         out: Series = list(accumulate(values[column * k:(column + 1) * k]))
         # a counter measured in every second (the usual case) has nothing to mark: the test
-        # is a scan in C, the marking a Python loop (18 ms of an hour's 60 rows)
+        # is a scan in C, the marking a Python loop over every value
         return [None if v == _MISSING else v for v in out] if _MISSING in out else out
 
     decoded: dict[int, Series] = {}

@@ -507,9 +507,6 @@ class Store:
     def write_samples(self, batch: Sequence[Sample]) -> int:
         return self.write(batch, ())
 
-    def write_events(self, batch: Sequence[Event]) -> int:
-        return self.write((), batch)
-
     def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
                            event_rows: list[dict[str, Any]]) -> int:
         inserted = 0
@@ -546,9 +543,9 @@ class Store:
         """PostgreSQL's hot path: the batch as one array per column, inserted by one
         ``INSERT ... SELECT FROM unnest(...)``, rows already there (the same ``(origin, seq,
         ts_s)``: a retried batch) skipped; returns the rows inserted. SQLAlchemy's
-        ``executemany`` of one dict per row with ``RETURNING`` cost the agent 143 us of CPU a
-        row here, this 24 us (``vramscope bench agent --db postgresql://``: the agent at 8 x
-        10 Hz was 2.6 % of a core)."""
+        ``executemany`` of one dict per row with ``RETURNING`` builds and sends a statement's
+        parameters per row, which kept the agent over its 2 % of a core at 8 x 10 Hz
+        (``vramscope bench agent --db postgresql://``)."""
         tuples: list[tuple[Any, ...]] = []
         for i, s in enumerate(batch):
             did = self._device_of(s, c)
@@ -719,12 +716,12 @@ class Store:
         ``(device_id, name, ts_s)`` index in time order, which SQLite merges (PostgreSQL: a
         Merge Append) and stops at ``limit``. One ``name IN (...)`` makes SQLite walk the
         ``(device_id, ts_s)`` index for its ORDER BY and test every event of the window: a
-        week's OOM and phase look-up read 327k request events of a device (0.15 s) to find
+        week's OOM and phase look-up would read every request event of the device to find
         none.
 
         One device is filtered by its row id (a scalar subquery), not by the joined device
-        row: PostgreSQL estimates a join's filter at ~20 events, so it sorted all 46k request
-        events of a week (51 ms) where an index range in time order stops at ``limit`` (3 ms).
+        row: PostgreSQL estimates a join's filter at a few events, so it sorted all request
+        events of a week where an index range in time order stops at ``limit``.
         """
         # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
         q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"),

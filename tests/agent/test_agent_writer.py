@@ -156,3 +156,25 @@ def test_tasks_run_on_the_writer_after_the_batch(store):
     w.submit(lambda st: seen.append("after"))
     w.flush()
     assert seen == [1, "after"] and w.stats.tasks_failed == 1
+
+
+def test_a_postmortem_is_stored_with_the_cause_the_engine_gives_it(store):
+    # the live agent's AlertFeed.completed: the engine names growth for a pid whose leak
+    # verdict holds a leak; a callback that raises stores the post-mortem as sent
+    from vramscope.agent.alerts.engine import AlertEngine
+    from vramscope.agent.daemon import AlertFeed
+
+    from tests.agent.test_growth import _pair
+
+    feed = AlertFeed(AlertEngine.from_config(None), [], None)
+    feed(_pair(949), [])  # pid 1 grows 60 MiB/s from 300 s: a leak since 600 s
+    grower = PostMortem(949.5, 0, 1, Phase.DECODE, 1, 2, 3, 4, 5, 6, 0.5)
+    neighbour = grower._replace(pid=2, ts_s=949.6)
+    live = Writer(store, on_postmortem=feed.completed)
+    live.put_many([grower, neighbour])
+    broken = Writer(store, on_postmortem=lambda pm: 1 / 0)
+    broken.put(grower._replace(ts_s=949.7))
+    for w in (live, broken):
+        w.flush()
+    got = [(p.pid, p.cause) for _, p in store.postmortems()]
+    assert got == [(1, "growth"), (2, None), (1, None)]

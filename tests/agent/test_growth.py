@@ -1,6 +1,8 @@
 """The growth model (agent/analysis/growth.py): one rate with its interval, and the state, what is
 missing and the time to OOM that follow from it; its fast route in the leak detector."""
 
+import math
+
 import pytest
 from vramscope.agent.analysis.growth import (
     FastGrowth,
@@ -180,3 +182,31 @@ def test_an_oom_ends_the_risk_of_the_process_it_killed():
     rows = [v for v in e.verdicts.history if v.pid == 1]
     assert rows[-2].risk_level == "critical"
     assert (rows[-1].ts_s, rows[-1].risk_level, rows[-1].time_to_oom_s) == (950.0, "ok", None)
+    # the leak that killed it stays its answer (history, not "no leak"), marked as ended
+    leak = e.devices[0].leaks[1].result
+    assert leak.state == "leak"
+    assert leak.evidence.endswith("; the growth ended with the OOM at 950.000")
+
+
+def _wandering(onset_s: float, minutes: int = 170):
+    # an idle floor of 1 GB on 8 GB that steps 6 MiB up and down every 4 min; from onset_s
+    # on it also rises 1 %/h of the limit (80 MB/h, four times the minimum slope)
+    d = LeakDetector()
+    for t in range(0, minutes * 60, 2):
+        grow = max(0, t - onset_s) * 0.01 * 8 * 10**9 / 3600
+        d.update(Sample(float(t), 0, Phase.IDLE, device_total_bytes=8 * 10**9,
+                        allocated_bytes=int(10**9 + grow + (6 * MB if (t // 240) % 2 else 0))))
+    return d.result
+
+
+def test_no_leak_needs_the_horizons_recent_third_below_the_minimum_too():
+    # a flat wandering floor: no leak over the two-hour horizon and over its last 40 min
+    assert _wandering(math.inf).state == "no_leak"
+    # the same floor rising for its last 20 min: diluted in the horizon's flat 100 min, the
+    # whole fit's top is below the minimum; its last 40 min are not, so no answer yet
+    r = _wandering(150 * 60.0)
+    assert r.state == "insufficient_data"
+    assert r.evidence.startswith(
+        "not enough data yet: the floor's rate over the last 40 min 25.1 MiB/h (5.5 MiB/h to "
+        "44.8 MiB/h, 90 %) is not yet below the minimum 19.1 MiB/h; about 47 min more of "
+        "floor at this noise")

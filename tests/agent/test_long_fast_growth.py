@@ -125,6 +125,24 @@ def test_a_fast_ooms_lead_takes_the_first_risk_alert_naming_its_cause_and_flaps_
     assert out.flaps == {"f": 4}
 
 
+def test_a_leak_alert_with_its_time_to_oom_is_a_forecast_of_growth_and_one_without_is_not():
+    # onset 1000, OOM 4000: the leak alert at 1300 carries no time to OOM, the one at 1600
+    # does (1600: 2400 s of 3000 ahead); the risk warning naming growth comes later still
+    run = ld.Run([change("fired", "memory_leak", 1300.0),
+                  change("resolved", "memory_leak", 1400.0),
+                  change("fired", "memory_leak", 1600.0),
+                  change("fired", "oom_risk", 3000.0, "x; likely growth; y")], {}, 4000.0)
+    run.verdicts = {1300.0: verdict(0.1, 0.2, ttoom=None), 1600.0: verdict(0.1, 0.2)}
+    out = ld.LongScore()
+    ld.score_fast(fast_trace(), run, out)
+    assert out.named == [("f", 300.0, 300.0)]  # the first leak alert names it
+    assert out.leads == [("f", pytest.approx(0.8))]
+    # a load ramp's forecast is a risk warning naming the load, never a leak alert
+    out = ld.LongScore()
+    ld.score_fast(fast_trace(cause="load"), run, out)
+    assert out.leads == [("f", 0.0)]
+
+
 def test_leak_verdicts_cover_the_rate_so_far_exact_and_estimated_apart():
     rate = 0.01 * LIMIT / H
     history = [(1000.0 + 60.0 * k, int(rate * 60.0 * k)) for k in range(61)]

@@ -33,11 +33,11 @@ def test_a_client_creates_at_most_its_share_and_known_names_stay_open():
     a, b = ClientNames(), ClientNames()
     kept, refused = limits.admit([_s(f"h{i}") for i in range(5)], a)
     assert [r.host for r in kept] == ["h0", "h1"]
-    assert refused is not None and (refused.records, refused.kind, refused.per_client) == (
-        3, "hosts", True)
+    assert refused is not None and (refused.records, refused.kind, refused.scope) == (
+        3, "hosts", "client")
     kept, refused = limits.admit([_s("h1"), _s("h4"), _s("h5")], b)  # h1 known: free
     assert [r.host for r in kept] == ["h1", "h4"] and refused is not None
-    assert (refused.kind, refused.limit, refused.per_client) == ("hosts", 3, False)
+    assert (refused.kind, refused.limit, refused.scope) == ("hosts", 3, "live")
     assert limits.describe(refused) == (
         "1 record(s) refused: 3 hosts are live already (each sent in the last 300 s by an open "
         "connection), the most clients may keep (agent.max_hosts, agent.name_idle_s)")

@@ -98,7 +98,7 @@ def store(any_url):
 
     s = Store.open(any_url, host_name="testhost")
     s.write([_torch(t / 2, 1000 + 10 * t) for t in range(0, 8 * 60 * 2)])  # 8 min at 2 Hz
-    s.write_events([Event(T0 + 1, "request_start", 0, request_id="r1"),
+    s.write((), [Event(T0 + 1, "request_start", 0, request_id="r1"),
                     Event(T0 + 2, "oom", 0, data={"message": "CUDA out of memory"})])
     yield s
     s.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import pytest
-from vramscope.agent.records import Event, Holder, Phase, PostMortem, Sample
+from vramscope.agent.records import Event, Holder, Phase, PostMortem
 from vramscope.dashboard import figures
 from vramscope.dashboard import timeline as tl
 from vramscope.dashboard.timeline_figure import build as timeline_figure
@@ -60,14 +60,6 @@ def test_bands_from_events_run_until_the_next_change():
         {"phase": "prefill", "start": 10.0, "end": 12.0},
         {"phase": "decode", "start": 12.0, "end": 25.0},
         {"phase": "idle", "start": 25.0, "end": 30.0}]
-
-
-def test_bands_from_samples_ignore_unknown():
-    samples = [Sample(0.0, phase=Phase.PREFILL), Sample(0.5, phase=Phase.UNKNOWN),
-               Sample(1.0, phase=Phase.DECODE), Sample(2.0, phase=Phase.DECODE)]
-    assert tl.bands_from_samples(samples, 3.0) == [
-        {"phase": "prefill", "start": 0.0, "end": 1.0},
-        {"phase": "decode", "start": 1.0, "end": 3.0}]
 
 
 def test_phase_shares_per_bucket_from_sample_counts():

@@ -170,6 +170,63 @@ def render_slow_leak(doc: dict[str, Any], run: Path) -> str:
     return "\n".join(lines)
 
 
+def _interval(xs: list[float | None], unit: str) -> str:
+    x, lo, hi = xs
+    return "none" if x is None else f"{x:g} {unit} ({lo:g}–{hi:g})"
+
+
+def _whose(pid: int | None) -> str:
+    return "the device's (no pid)" if pid is None else f"pid {pid}'s"
+
+
+def render_growth_live(doc: dict[str, Any]) -> str:
+    """Growth to a real OOM through a running agent (tests/gpu/live_growth_figures.py's
+    figures.json): what the agent stored, against the servers' own truth."""
+    leak = doc["first_leak"]
+    true_mb = doc["true_rate_mb_s"]
+    rows = [f"{doc['card']}. Grower pid {doc['grower']}: onset {doc['onset_after_t0_s']:g} s "
+            f"after its model loaded, torch OOM {doc['oom_after_onset_s']:g} s after the onset; "
+            f"true rate {true_mb:g} MB/s ({true_mb * 1e6 * 3600 / 2**30:.1f} GiB/h, its kept "
+            f"tensors over their span). Healthy pids {doc['healthy'][0]}, then "
+            f"{doc['healthy'][1]} (restarted). Seconds after the onset / before the OOM.", "",
+            "| stored by the agent | after onset | before OOM | figure | truth |",
+            "|---|---|---|---|---|",
+            f"| first `leak` verdict, pid {doc['grower']} | {leak['after_onset_s']:g} | "
+            f"{leak['before_oom_s']:g} | rate {_interval(leak['rate_mb_s'], 'MB/s')}; time to "
+            f"OOM {_interval(leak['time_to_oom_s'], 's')} | {true_mb:g} MB/s; "
+            f"{leak['before_oom_s']:g} s |"]
+    for r in doc["risk_before_oom"]:
+        rows.append(f"| risk `{r['level']}`, cause `{r['cause']}` | {r['after_onset_s']:g} | "
+                    f"{r['before_oom_s']:g} | time to OOM {_interval(r['time_to_oom_s'], 's')} "
+                    f"(leak's: {_interval(r['leak_time_to_oom_s'], 's')}) | "
+                    f"{r['before_oom_s']:g} s |")
+    for rule, fired, resolved, message in doc["alerts"]:
+        cause = message.split("; likely ")[1].split(";")[0] if "; likely " in message else "—"
+        end = ("still firing" if resolved is None  # + 0.0: no "-0" for resolved at the OOM
+               else f"resolved {0.0 - resolved + 0.0:g} s after the OOM")
+        rows.append(f"| alert `{rule}` (likely: {cause}) | "
+                    f"{doc['oom_after_onset_s'] - fired:.1f} | {fired:g} | {end} | |")
+    after = "; ".join(f"+{t:g} s {leak_state}/{level}" + (f" ({cause})" if cause else "")
+                      + (" ended" if ended else "")
+                      for t, leak_state, level, cause, ended in doc["after_oom"])
+    healthy = "; ".join(f"pid {pid} `{level}` {before:g} s before the OOM, cause `{cause}`, "
+                        f"reasons {', '.join(reasons)}, headroom {head:g} GiB"
+                        for pid, before, level, cause, reasons, head in doc["healthy_risk"])
+    ended = ", ".join(f"pid {pid} {s:g} s after its exit" for pid, s in doc["ended"])
+    rows += ["", f"- The grower's rows from its OOM on (leak state/risk level): {after}.",
+             f"- Healthy pids' leak states: {', '.join(doc['healthy_leak_states'])}; risk "
+             f"other than ok: {healthy or 'none'}.",
+             f"- `ended` rows: {ended or 'none'}.",
+             f"- OOM cause: post-mortem (`complete_postmortem`) "
+             f"{', '.join(doc['postmortem_causes'])}; `analyze --db` {doc['analyze_oom_cause']}.",
+             f"- `analyze --db --json` after the run: the device's leak answer is "
+             f"{_whose(doc['analyze_leak'][0])}, `{doc['analyze_leak'][1]}`; the grower's line: "
+             f"leak "
+             f"`{doc['analyze_grower'][0]}`, risk `{doc['analyze_grower'][1]}`, ended "
+             f"{str(doc['analyze_grower'][2]).lower()}."]
+    return "\n".join(rows)
+
+
 def slow_leak_block(run: str) -> tuple[str, Callable[[dict[str, Any]], str]]:
     """A slow-leak recording's block: its one_answer.json, rendered with its folder's truth."""
     return f"{run}/one_answer.json", partial(render_slow_leak, run=RUNS / run)
@@ -185,6 +242,8 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "slow_leak": slow_leak_block("2026-12-05"),
     "slow_leak_b": slow_leak_block("2026-12-05b"),
     "slow_leak_c": slow_leak_block("2026-12-05c"),
+    "growth_live": ("2026-12-06/live/main/figures.json", render_growth_live),
+    "growth_live_short": ("2026-12-06/live/short/figures.json", render_growth_live),
 }
 
 
