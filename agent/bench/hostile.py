@@ -1,6 +1,6 @@
-"""``vramscope bench hostile``: issue 45's attacks against a real ``vramscope agent`` process,
-measured (docs/agent.md "Scrape bounds", docs/alerts.md "Delivery"; docs/BENCHMARKS.md
-"Neighbours and hostile input").
+"""Issue 45's hostile scrape page and hung webhook receiver against a real ``vramscope agent``
+process, measured: part of ``vramscope bench limits`` (:mod:`vramscope.agent.bench.limits`;
+docs/agent.md "Scrape bounds", docs/alerts.md "Delivery").
 
 Scrape (:func:`scrape`): the agent scrapes a local page ten times a second; first a healthy
 one (``running 1``) for ``idle_s``, then the hostile one for ``seconds`` while a good hook
@@ -16,7 +16,7 @@ against a webhook receiver that hangs throughout; an OOM (critical) fires a minu
 end; the receiver then recovers. Figures: how long after the recovery the OOM alert, and the
 newest state of every alert, arrived; target <= 10 s each.
 
-``--quick``: a 3 s scrape after 2 s idle, 20 s of flapping (for the smoke test).
+Quick (the smoke test): a 3 s scrape after 2 s idle, 20 s of flapping.
 """
 
 from __future__ import annotations
@@ -250,7 +250,8 @@ RSS_TARGET = 1.10  # the agent's RSS under a hostile page, against its idle size
 DELIVERY_TARGET_S = 10.0
 
 
-def run(options: BenchOptions) -> list[Figure]:
+def figures(options: BenchOptions) -> list[Figure]:
+    """The scrape of the issue's 1e9 page, then the flapping rule against a hung receiver."""
     seconds, idle_s, minutes = ((3.0, 2.0, 20 / 60) if options.quick
                                 else (SCRAPE_S, IDLE_S, FLAP_MINUTES))
     return [*scrape_figures(scrape("1e9", seconds, idle_s), "running 1e9"),
@@ -259,7 +260,7 @@ def run(options: BenchOptions) -> list[Figure]:
 
 def scrape_figures(r: dict[str, Any], what: str) -> list[Figure]:
     s = r["scrapes"] or {}
-    return [Figure("hostile", f"agent RSS scraping {what} for {r['seconds']:g} s, against idle",
+    return [Figure("limits", f"agent RSS scraping {what} for {r['seconds']:g} s, against idle",
                    r["rss_ratio"], "x",
                    spread=(f"{r['hostile_rss_max_bytes'] / 1e6:.1f} MB against "
                            f"{r['idle_rss_bytes'] / 1e6:.1f} MB idle; {s.get('refused_total')} "
@@ -267,7 +268,7 @@ def scrape_figures(r: dict[str, Any], what: str) -> list[Figure]:
                            f"{r['status_max_s'] * 1e3:.0f} ms"),
                    baseline="the same agent's largest RSS scraping a healthy page",
                    target=f"<= {RSS_TARGET:g}", met=r["rss_ratio"] <= RSS_TARGET),
-            Figure("hostile", f"good client's samples written while scraping {what}",
+            Figure("limits", f"good client's samples written while scraping {what}",
                    100.0 * r["good_written"] / r["good_sent"], "%",
                    spread=f"{r['good_written']} of {r['good_sent']}", target="100",
                    met=r["good_written"] == r["good_sent"])]
@@ -285,7 +286,7 @@ def webhook_figures(r: dict[str, Any]) -> list[Figure]:
                         ("all_newest_after_recovery_s",
                          "newest state of every alert delivered after the receiver recovered")):
         value = r[key]
-        out.append(Figure("hostile", metric, float("inf") if value is None else value, "s",
+        out.append(Figure("limits", metric, float("inf") if value is None else value, "s",
                           spread=spread, target=f"<= {DELIVERY_TARGET_S:g}",
                           met=value is not None and value <= DELIVERY_TARGET_S))
     return out

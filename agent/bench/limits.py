@@ -17,6 +17,11 @@ Against a real ``vramscope agent`` process (``--no-nvml``, SQLite), at the defau
    the neighbour's samples stored (target 100 %), and the database's growth over the flood
    (its file and WAL; target: ``WriteBudget.growth_bound_bytes``, the documented bound of one
    client's growth, plus the neighbour's samples at the same per-row cost).
+4. A hostile scrape page and a hung webhook receiver (:mod:`vramscope.agent.bench.hostile`):
+   the agent's RSS under ``vllm:num_requests_running 1e9`` (target within 10 % of idle) and a
+   good client's samples written (target 100 %); an OOM alert, and every alert's newest state,
+   delivered after 5 minutes of flapping against a receiver that hung and recovered (target
+   <= 10 s).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.bench import BenchOptions, Figure, hostile
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import (
     DEFAULT_BURST_S,
@@ -54,7 +59,7 @@ def run(options: BenchOptions) -> list[Figure]:
     workdir = tempfile.mkdtemp(prefix="vs-bench-", dir="/tmp")  # short: AF_UNIX path limit
     try:
         return [*_churn(options, workdir), *_fairness(options, workdir),
-                *_budget(options, workdir)]
+                *_budget(options, workdir), *hostile.figures(options)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
