@@ -165,7 +165,7 @@ def test_a_quiet_client_s_heartbeats_keep_its_slot_and_chatter_s_do_not(short_di
                   for i in range(ingest.MAX_CLIENTS - 1)]
     try:
         start = next_chatter = next_beat = time.monotonic()
-        next_try, waited = start + 8.0, None
+        next_try, waited, beats_sent = start + 8.0, None, 0
         while (now := time.monotonic()) - start < 12.0:
             if now >= next_chatter:
                 for i, sock in enumerate(chatterers):
@@ -173,9 +173,10 @@ def test_a_quiet_client_s_heartbeats_keep_its_slot_and_chatter_s_do_not(short_di
                         sock.sendall(proto.heartbeat_message() if i % 2
                                      else proto.dropped_message(0))
                 next_chatter += 0.6
-            if now >= next_beat:
+            if now >= next_beat:  # as the hooks' client: HEARTBEAT_S after its last message
                 quiet.sendall(proto.heartbeat_message())
-                next_beat += proto.HEARTBEAT_S
+                beats_sent += 1
+                next_beat = time.monotonic() + proto.HEARTBEAT_S
             if now >= next_try and waited is None:
                 if _try_good_client(agent.socket_path) is not None:
                     waited = time.monotonic() - next_try
@@ -187,9 +188,10 @@ def test_a_quiet_client_s_heartbeats_keep_its_slot_and_chatter_s_do_not(short_di
         for sock in [quiet, *chatterers]:
             sock.close()
         agent.stop()
-    assert waited is not None and waited < 0.5
+    assert waited is not None and waited <= 1.0 + 0.5  # within the handshake timeout
     assert status["rejected"].get("chatter", 0) >= 1
     assert status["rejected"].get("schema", 0) == 0
     beats = status["heartbeats"]
-    assert beats["total"] - beats["early"] == pytest.approx(12.0 / proto.HEARTBEAT_S, abs=1)
+    # each of the quiet client's, but the first (right after its hello), kept its slot
+    assert beats["total"] - beats["early"] == beats_sent - 1 >= 1
     assert beats["early"] >= 128 * 12  # the chatterers' (0.6 s apart): none kept a slot
