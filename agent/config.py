@@ -283,7 +283,8 @@ SETTINGS: tuple[Setting, ...] = (
             "long, or none within agent.handshake_timeout_s of its hello, gives its slot to a "
             "new client (rejected 'idle' or 'chatter').", min=1, max=86400.0),
     Setting("agent.client_max_rows_per_s", float, 10_000.0,
-            "Records per second one client (connection) may write; beyond, they are refused "
+            "Records per second one client process (its connections together) may write; "
+            "beyond, they are refused "
             "(rejected 'budget_rows'). Bursts of agent.client_budget_burst_s.", min=1,
             max=10_000_000.0),
     Setting("agent.client_max_bytes_per_s", float, 2_097_152.0,

@@ -343,6 +343,9 @@ class Agent:
             # live names against their bounds, and the records refused by kind and bound
             "names": self.server.names.status() if self.server is not None else None,
             "records_received_total": ingest.records_total if ingest else 0,
+            # quiet clients' heartbeats, and those too soon after another message to count
+            "heartbeats": ({"total": ingest.heartbeats_total, "early": ingest.heartbeats_early}
+                           if ingest else None),
             "accept_errors": ingest.accept_errors if ingest else 0,
             "loop_errors": ingest.loop_errors if ingest else 0,
             "log_suppressed": ingest.log_suppressed if ingest else 0,
@@ -378,7 +381,8 @@ class Agent:
                                     rejected_total=s["rejected_total"],
                                     db_size_bytes=s["db_size_bytes"],
                                     retention_behind_s=catch_up.get("behind_s"),
-                                    retention_eta_s=catch_up.get("eta_s"))
+                                    retention_eta_s=catch_up.get("eta_s"),
+                                    rejected_by_reason=s["rejected"])
             # a connected client is alive even when it sends nothing (an idle vLLM server):
             # its process row's last_seen_s moves with each report, so the dashboard tells an
             # idle server from one that ended (dashboard/verdict.py)

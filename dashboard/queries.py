@@ -271,7 +271,7 @@ def _stats(row: dict[str, Any] | None) -> dict[str, Any] | None:
     if row is None:
         return None
     keys = ("ts_s", "clients", "rows_per_s", "queue_depth", "dropped_total", "rejected_total",
-            "db_size_bytes", "retention_behind_s", "retention_eta_s")
+            "db_size_bytes", "retention_behind_s", "retention_eta_s", "rejected_by_reason")
     return {k: row.get(k) for k in keys}
 
 

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -51,7 +52,8 @@ class SocketSink:
                  devices: tuple[int, ...] = (), model: str | None = None,
                  max_message_bytes: int = proto.DEFAULT_MAX_MESSAGE_BYTES,
                  connect_timeout_s: float = 1.0, send_timeout_s: float = 1.0,
-                 poll_s: float = 0.05, max_backoff_s: float = 5.0, start: bool = True) -> None:
+                 poll_s: float = 0.05, max_backoff_s: float = 5.0,
+                 heartbeat_s: float = proto.HEARTBEAT_S, start: bool = True) -> None:
         if buffer_records < 1 or batch_records < 1:
             raise ValueError(f"buffer_records and batch_records must be >= 1, got "
                              f"{buffer_records}, {batch_records}")
@@ -68,6 +70,8 @@ class SocketSink:
         self._send_timeout_s = send_timeout_s
         self._poll_s = poll_s
         self._max_backoff_s = max_backoff_s
+        self._heartbeat_s = heartbeat_s
+        self._last_send_s = 0.0  # monotonic: the last frame sent (the hello, at first)
         self._sock: socket.socket | None = None
         self._send_error: Exception | None = None
         self._away_logged = False
@@ -138,7 +142,7 @@ class SocketSink:
                 backoff_s = min(self._max_backoff_s, backoff_s * 2)
                 continue
             backoff_s = 0.05
-            sent_any = self._drain_once()
+            sent_any = self._drain_once() or self._heartbeat_if_quiet()
             if closing and (not sent_any or self._sock is None):
                 self._drop_buffered()
                 self._report_drops_at_close()
@@ -166,6 +170,16 @@ class SocketSink:
                 return False
             self.sent_total += count
         return True
+
+    def _heartbeat_if_quiet(self) -> bool:
+        """Nothing sent for ``heartbeat_s``: say this server is alive, so that a quiet one
+        (no CUDA allocator to sample, an idle engine) keeps its slot at the agent when every
+        slot is taken. Never while closing (nothing to keep); False: nothing was sent."""
+        if self._closed.is_set() or time.monotonic() - self._last_send_s < self._heartbeat_s:
+            return False
+        if not self._send(proto.heartbeat_message()):
+            self._lost()
+        return False  # a heartbeat is not progress: the loop still waits its poll
 
     def _report_drops_at_close(self) -> None:
         """Closing: tell the agent what was dropped since the last report (a batch whose send
@@ -261,6 +275,7 @@ class SocketSink:
             return self._note_away(f"refused: {reply.get('message', reply)}")
         sock.settimeout(self._send_timeout_s)
         self._sock = sock
+        self._last_send_s = time.monotonic()
         self.connects += 1
         if self._away_logged:
             log.warning("vramscope agent at %s is back; %d records were dropped meanwhile",
@@ -282,6 +297,7 @@ class SocketSink:
             return False
         try:
             self._sock.sendall(data)
+            self._last_send_s = time.monotonic()
             return True
         except OSError as exc:  # includes the timeout of a stopped or slow agent
             self._send_error = exc

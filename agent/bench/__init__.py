@@ -23,7 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "kvpool": ("vramscope.agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
     "agent": ("vramscope.agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
     "limits": ("vramscope.agent.bench.limits",
-               "per-client and per-name limits: churn, chattering clients, a flood"),
+               "issue 45's limits: churn, chattering clients, a flood, a hostile scrape page, "
+               "a hung webhook receiver"),
     "dashboard": ("vramscope.agent.bench.dashboard", "every route, 15 min to 7 d, old store"),
     "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
     "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),

@@ -13,8 +13,15 @@ Against a real ``vramscope agent`` process (``--no-nvml``, SQLite), at the defau
    kept it out for the whole 80 s before) and whether the quiet client kept its slot.
 3. Write budget: one client sends 60 kB custom events as fast as the socket takes them for
    20 s while a neighbour sends 1,000 samples a second. Figures: the flooder's accepted bytes a
-   second (target: its budget, 2 MiB/s, plus its burst spread over the run) and the share of
-   the neighbour's samples stored (target 100 %).
+   second (target: its budget, 2 MiB/s, plus its burst spread over the run), the share of
+   the neighbour's samples stored (target 100 %), and the database's growth over the flood
+   (its file and WAL; target: ``WriteBudget.growth_bound_bytes``, the documented bound of one
+   client's growth, plus the neighbour's samples at the same per-row cost).
+4. A hostile scrape page and a hung webhook receiver (:mod:`vramscope.agent.bench.hostile`):
+   the agent's RSS under ``vllm:num_requests_running 1e9`` (target within 10 % of idle) and a
+   good client's samples written (target 100 %); an OOM alert, and every alert's newest state,
+   delivered after 5 minutes of flapping against a receiver that hung and recovered (target
+   <= 10 s).
 """
 
 from __future__ import annotations
@@ -25,14 +32,21 @@ import selectors
 import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure
+from vramscope.agent.bench import BenchOptions, Figure, hostile
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import DEFAULT_BURST_S, DEFAULT_BYTES_PER_S
+from vramscope.agent.ingest.budget import (
+    DEFAULT_BURST_S,
+    DEFAULT_BYTES_PER_S,
+    STORED_ROW_BYTES,
+    WriteBudget,
+)
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
@@ -45,7 +59,7 @@ def run(options: BenchOptions) -> list[Figure]:
     workdir = tempfile.mkdtemp(prefix="vs-bench-", dir="/tmp")  # short: AF_UNIX path limit
     try:
         return [*_churn(options, workdir), *_fairness(options, workdir),
-                *_budget(options, workdir)]
+                *_budget(options, workdir), *hostile.figures(options)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -190,16 +204,22 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
     agent = _agent(workdir, "budget")
     db = f"{workdir}/budget.db"
     try:
-        with AgentConnection(agent.socket_path) as flood, \
-                AgentConnection(agent.socket_path) as good:
+        size_before = _db_bytes(db)
+        # the neighbour is a process of its own: a write budget is per client process
+        neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, agent.socket_path,
+                                      str(flood_s)], stdout=subprocess.PIPE, text=True)
+        with AgentConnection(agent.socket_path) as flood:
             flood.hello("flood")
-            good.hello("neighbour")
-            sent_good, sent_fat = _flood_beside(flood.send, good.send, flood_s)
+            sent_fat = _flood(flood.send, flood_s)
             flood.status()
-            good.status()
+        out, _ = neighbour.communicate(timeout=60)
+        if neighbour.returncode != 0:
+            raise RuntimeError(f"the neighbour exited {neighbour.returncode}")
+        sent_good = int(out.split()[-1])
         events = _wait_rows(db, "SELECT count(*) FROM events WHERE name='custom'", 1, 5.0)
         good_rows = _wait_rows(db, "SELECT count(*) FROM samples WHERE source='neighbour'",
                                sent_good)
+        grown = _db_bytes(db) - size_before
     finally:
         agent.stop()
     per_s = events * len(BLOB) / flood_s
@@ -210,23 +230,52 @@ def _budget(options: BenchOptions, workdir: str) -> list[Figure]:
                    target=f"<= {allowed:.0f}", met=per_s <= allowed),
             Figure("limits", "neighbour's samples stored during the flood",
                    100.0 * good_rows / max(1, sent_good), "%", target="100",
-                   met=good_rows == sent_good)]
+                   met=good_rows == sent_good),
+            _growth_figure(grown, flood_s, good_rows, events)]
 
 
-def _flood_beside(flood: Callable[[bytes], None], good: Callable[[bytes], None],
-                  flood_s: float) -> tuple[int, int]:
-    """Fat events as fast as they go, and 100 samples every 0.1 s beside them; the samples
-    and the events sent."""
+def _flood(send: Callable[[bytes], None], flood_s: float) -> int:
+    """Fat events as fast as they go for ``flood_s``; the events sent."""
     fat = proto.records_message([Event(time.time(), "custom", 0, os.getpid(),
                                        data={"blob": BLOB}) for _ in range(16)])
-    start = next_good = time.monotonic()
-    sent = fat_sent = 0
+    start, sent = time.monotonic(), 0
     while time.monotonic() - start < flood_s:
-        flood(fat)
-        fat_sent += 16
-        if time.monotonic() >= next_good:
-            good(proto.records_message([_sample(os.getpid(), "neighbour", sent + k)
-                                        for k in range(100)]))
-            sent += 100
-            next_good += 0.1
-    return sent, fat_sent
+        send(fat)
+        sent += 16
+    return sent
+
+
+# 100 samples every 0.1 s for the flood's time, from a process of its own; prints the count
+_NEIGHBOUR = """
+import os, sys, time
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.records import Phase, Sample
+seconds, sent = float(sys.argv[2]), 0
+with AgentConnection(sys.argv[1]) as conn:
+    conn.hello("neighbour")
+    start = next_at = time.monotonic()
+    while time.monotonic() - start < seconds:
+        conn.send_records([Sample(time.time() + k * 1e-3, 0, Phase.DECODE, "neighbour",
+                                  os.getpid(), allocated_bytes=sent + k) for k in range(100)])
+        sent += 100
+        next_at += 0.1
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    conn.status()
+print(sent)
+"""
+
+
+def _growth_figure(grown: int, flood_s: float, good_rows: int, events: int) -> Figure:
+    """The database's growth over the flood against the documented bound (docs/agent.md,
+    "A write budget per client"): the flooder's, plus the neighbour's samples."""
+    bound = WriteBudget().growth_bound_bytes(flood_s) + good_rows * STORED_ROW_BYTES
+    return Figure("limits", "database growth during a one-client flood", grown / flood_s,
+                  "B/s", spread=(f"{grown / 1e6:.1f} MB in {flood_s:g} s ({events} events "
+                                 f"of {len(BLOB)} B, {good_rows} neighbour samples); bound "
+                                 f"{bound / 1e6:.1f} MB"),
+                  target=f"<= {bound / flood_s:.0f}", met=grown <= bound)
+
+
+def _db_bytes(db: str) -> int:
+    """The SQLite file and its WAL, as ``vramscope status`` counts them."""
+    return sum(os.path.getsize(p) for p in (db, f"{db}-wal") if os.path.exists(p))

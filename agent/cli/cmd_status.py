@@ -131,12 +131,11 @@ def render(s: dict[str, Any]) -> str:
     lines.append(f"clients: {len(s['clients'])}")
     for c in s["clients"]:
         lines.append(f"  pid {c['pid']}: {c.get('process') or '?'} devices {c.get('devices')}")
-    rejected = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejected", {}).items()))
     lines += [f"rows/s: {s['rows_per_s']:.1f} (written {s['written_total']})",
               f"queue depth: {s['queue_depth']} (at risk: lost if the agent is killed now)",
               f"dropped: {s['dropped_total']} in the agent, {s['client_dropped_total']} "
               f"reported by clients",
-              f"rejected messages: {s['rejected_total']}" + (f" ({rejected})" if rejected else ""),
+              f"rejected messages: {s['rejected_total']}" + _by_reason(s.get("rejected")),
               f"refused by the database: {s.get('db_refused_total', 0)} records (dropped alone)"]
     if s.get("names"):
         lines.append(_names(s["names"]))
@@ -169,6 +168,14 @@ def _integrity(result: dict[str, Any] | None) -> str:
     return f" — INTEGRITY CHECK FAILED: {result.get('problem')}"
 
 
+def _by_reason(counts: dict[str, int] | None) -> str:
+    """`` (names 3, schema 1)``: refusals by reason, the largest first; empty for none."""
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"{k} {v}" for k, v in
+                            sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) + ")"
+
+
 def _render_stored(s: dict[str, Any]) -> str:
     if s.get("missing"):
         return (f"agent: not running ({s['why']})\ndatabase: {s['database']} does not exist; "
@@ -186,7 +193,8 @@ def _render_stored(s: dict[str, Any]) -> str:
         age = time.time() - last["ts_s"]
         lines.append(f"last report {age:.0f} s ago: clients {last['clients']}, rows/s "
                      f"{last['rows_per_s']:.1f}, queue depth {last['queue_depth']}, dropped "
-                     f"{last['dropped_total']}, rejected {last['rejected_total']}")
+                     f"{last['dropped_total']}, rejected {last['rejected_total']}"
+                     + _by_reason(last.get("rejected_by_reason")))
     return "\n".join(lines)
 
 

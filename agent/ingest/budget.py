@@ -6,7 +6,10 @@ rollups for 90 days). Each connection now has ``agent.client_max_rows_per_s`` an
 either (a post-mortem, a flush after a reconnect). Records beyond the budget are refused
 (counted as ``rejected["budget_rows"]`` or ``rejected["budget_bytes"]``); the first records of
 a message are kept, so what a client gets stored is its oldest data, in order. Other clients
-have their own buckets: one client's flood costs them nothing.
+have their own buckets: one client's flood costs them nothing. A client is a process (the
+kernel's uid and pid): its connections share one bucket, and one it opens again goes on with
+the tokens it left (``ProcessBuckets``); before, every connection had a fresh burst, so a
+flooder reconnecting after each one multiplied its budget.
 
 A record's bytes are its share of its message's payload (the JSON on the wire: what the agent
 decodes and, for events, about what the store keeps). The budget is charged before the time
@@ -16,13 +19,19 @@ records those refuse costs the agent no more than the budget lets through.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 DEFAULT_ROWS_PER_S = 10_000.0
 DEFAULT_BYTES_PER_S = 2_097_152.0
 DEFAULT_BURST_S = 10.0
+# What one stored row costs the database beyond its record's bytes, its indexes included,
+# rounded up: a raw sample is about 124 B on SQLite and 280 B on PostgreSQL (docs/agent.md,
+# "Retention and rollups"), an event's data is stored as its JSON. The database's growth
+# under one client's flood is bounded by the budget through it (growth_bound_bytes).
+STORED_ROW_BYTES = 400
 
 
 @dataclass
@@ -32,6 +41,31 @@ class Bucket:
     rows: float
     bytes: float
     at_s: float  # monotonic time of the last refill
+
+
+class ProcessBuckets:
+    """One bucket per client process, shared by its connections, open or closed. A bucket
+    not drawn on for ``burst_s`` is full again, the same as a new one: it is forgotten then
+    (and beyond ``max_kept`` processes, the least recently drawn), so memory stays bounded."""
+
+    def __init__(self, budget: WriteBudget, max_kept: int = 4096) -> None:
+        self._budget = budget
+        self._max_kept = max_kept
+        self._by_process: OrderedDict[Hashable, Bucket] = OrderedDict()
+
+    def get(self, process: Hashable, now_s: float) -> Bucket:
+        while self._by_process:  # the least recently drawn first
+            oldest = next(iter(self._by_process.values()))
+            if now_s - oldest.at_s < self._budget.burst_s:
+                break
+            self._by_process.popitem(last=False)
+        bucket = self._by_process.pop(process, None)
+        if bucket is None:
+            bucket = self._budget.bucket(now_s)
+        self._by_process[process] = bucket  # the most recently drawn: last
+        if len(self._by_process) > self._max_kept:
+            self._by_process.popitem(last=False)
+        return bucket
 
 
 class Overdraft(NamedTuple):
@@ -81,6 +115,12 @@ class WriteBudget:
         bucket.rows = min(self.rows_per_s * self.burst_s, bucket.rows + elapsed * self.rows_per_s)
         bucket.bytes = min(self.bytes_per_s * self.burst_s,
                            bucket.bytes + elapsed * self.bytes_per_s)
+
+    def growth_bound_bytes(self, seconds: float) -> float:
+        """The most one client's records can add to the database in ``seconds``: its burst
+        and ``seconds`` of its budget, each row at most its bytes plus ``STORED_ROW_BYTES``."""
+        span = seconds + self.burst_s
+        return span * (self.bytes_per_s + self.rows_per_s * STORED_ROW_BYTES)
 
     def describe(self, overdraft: Overdraft) -> str:
         what = ("rows" if overdraft.reason == "budget_rows" else "bytes")

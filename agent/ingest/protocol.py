@@ -22,6 +22,10 @@ Messages (client -> agent unless noted):
 ``postmortem`` ``{"type": "postmortem", "postmortem": <PostMortem.to_json()>}``.
 ``dropped``    ``{"type": "dropped", "count": int}``: records the client dropped since its last
                report (buffer full, agent absent); the agent counts them.
+``heartbeat``  ``{"type": "heartbeat"}``: a client with nothing to send is alive. Sent after
+               ``HEARTBEAT_S`` without another message; it keeps the client's slot as a stored
+               record does when the client's previous message came ``HEARTBEAT_MIN_GAP_S`` or
+               more before it (docs/protocol.md, "Slots").
 ``status``     ``{"type": "status"}``; the agent answers ``{"type": "status", ...}`` with its
                counters (see ``vramscope.agent.daemon.Agent.status``).
 
@@ -68,7 +72,15 @@ MAX_RECORDS_PER_MESSAGE = 100_000
 MAX_NAME_CHARS = 255
 MAX_PID = INT32_MAX
 MAX_DEVICES = 64
-CLIENT_TYPES = frozenset({"hello", "records", "postmortem", "dropped", "status"})
+CLIENT_TYPES = frozenset({"hello", "records", "postmortem", "dropped", "heartbeat", "status"})
+# A quiet client's heartbeat: the hooks' client sends one after HEARTBEAT_S without another
+# message (under the default agent.handshake_timeout_s, 5 s, so a quiet server that just said
+# hello has a useful message in before its grace ends). The agent counts it as
+# useful only after HEARTBEAT_MIN_GAP_S of silence: what tells a quiet client from a chatterer
+# is how seldom it speaks, since neither stores anything (issue 45: 256 clients sending a small
+# message every 3 s held every slot).
+HEARTBEAT_S = 4.5
+HEARTBEAT_MIN_GAP_S = 4.0
 
 
 class ProtocolError(ValueError):
@@ -115,6 +127,10 @@ def postmortem_message(pm: PostMortem) -> bytes:
 
 def dropped_message(count: int) -> bytes:
     return frame({"type": "dropped", "count": count})
+
+
+def heartbeat_message() -> bytes:
+    return frame({"type": "heartbeat"})
 
 
 # --- decoding ---------------------------------------------------------------------------------

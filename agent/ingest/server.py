@@ -15,11 +15,13 @@ Everything is bounded, so no client can take the agent down or lock the others o
   started must be complete within ``agent.idle_timeout_s``; when every client slot is taken,
   a client that stored no record for ``agent.slot_idle_s`` (or none since its hello
   ``agent.handshake_timeout_s`` ago) gives its slot to a new one, whatever else it sends (a
-  slowloris, status requests, empty messages store nothing), and a uid holding more slots than
-  the newcomer's plus one gives one up (``slots.py``);
+  slowloris, status requests, empty messages store nothing; a quiet client's heartbeat after
+  a silence counts as a record), and a uid holding more slots than the newcomer's plus one
+  gives one up (``slots.py``);
 * a client's records outside the time window (``timewindow.py``), naming more live hosts,
   devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
-  a second (``budget.py``) are refused one by one and counted;
+  a second (``budget.py``; one budget per client process, shared by its connections) are
+  refused one by one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -54,7 +56,7 @@ from typing import Any
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import Bucket, WriteBudget
+from vramscope.agent.ingest.budget import Bucket, ProcessBuckets, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
 from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
@@ -132,6 +134,8 @@ class IngestStats:
     accept_errors: int = 0  # accept() failures (EMFILE...): the loop paused accepting
     loop_errors: int = 0  # unexpected errors the loop survived
     log_suppressed: int = 0  # refused-connection log lines not written (rate limit)
+    heartbeats_total: int = 0  # quiet clients' heartbeats
+    heartbeats_early: int = 0  # of those, too soon after another message to keep a slot
     rejected: Counter[str] = field(default_factory=Counter)  # reason -> count
 
     @property
@@ -149,8 +153,10 @@ class _Conn:
     bad_in_a_row: int = 0
     names: ClientNames = field(default_factory=ClientNames)  # the names it holds
     admitted_s: float | None = None  # monotonic: its hello was welcomed
-    useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept
-    bucket: Bucket | None = None  # its write budget, from its first records
+    useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept,
+    # or sent a heartbeat after a silence (protocol.HEARTBEAT_MIN_GAP_S)
+    last_message_s: float = 0.0  # monotonic: its last message was handled (or the connect)
+    bucket: Bucket | None = None  # its write budget (its process's), from its first records
 
 
 class RateLimitedLog:
@@ -226,6 +232,7 @@ class IngestServer:
         self._window = time_window  # None: any representable time (tests, benchmarks)
         self._names = name_limits if name_limits is not None else NameLimits()
         self._budget = budget  # None: no write budget (tests, benchmarks)
+        self._buckets = ProcessBuckets(budget if budget is not None else WriteBudget())
         self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
         self._clock = clock  # the write budget's time (the socket timeouts are real time)
         self._payload_bytes = 0  # of the message being handled: what the budget charges
@@ -332,7 +339,8 @@ class IngestServer:
         pid, uid = _peercred(sock)
         self.stats.connections_total += 1
         now = time.monotonic()
-        conn = _Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now)
+        conn = _Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now,
+                     last_message_s=now)
         if uid not in self._allowed_uids:
             return self._refuse(conn, "uid", f"uid {uid} is not allowed to connect; add it to "
                                 "agent.allowed_uids")
@@ -419,6 +427,8 @@ class IngestServer:
         except Exception as exc:  # noqa: BLE001 - a validator bug must not end ingest
             log.exception("unexpected error handling a message from pid %s", conn.info.pid)
             return self._on_bad_message(conn, proto.ProtocolError("internal", str(exc)))
+        finally:
+            conn.last_message_s = time.monotonic()  # a heartbeat's silence starts here
         conn.bad_in_a_row = 0
         return conn.sock.fileno() >= 0
 
@@ -458,8 +468,20 @@ class IngestServer:
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
             return None
+        if kind == "heartbeat":
+            return self._on_heartbeat(conn)
         self._add_client_dropped(proto.parse_dropped(obj))  # "dropped"
         return None
+
+    def _on_heartbeat(self, conn: _Conn) -> None:
+        """A quiet client is alive: after a silence it keeps its slot as a stored record
+        does. One that follows another message closely is chatter and keeps nothing."""
+        self.stats.heartbeats_total += 1
+        now = time.monotonic()
+        if now - conn.last_message_s >= proto.HEARTBEAT_MIN_GAP_S:
+            conn.useful_s = now
+        else:
+            self.stats.heartbeats_early += 1
 
     def _add_client_dropped(self, count: int) -> None:
         """Saturate instead of growing past what the store (and Prometheus) can hold."""
@@ -539,7 +561,10 @@ class IngestServer:
         if self._budget is None:
             return records
         now = self._clock.monotonic_s()
-        if conn.bucket is None:
+        process = _process(conn)
+        if process is not None:  # drawn on each time: its connections share it
+            conn.bucket = self._buckets.get(process, now)
+        elif conn.bucket is None:
             conn.bucket = self._budget.bucket(now)
         kept, over = self._budget.take(conn.bucket, records, payload_bytes, now)
         if over is not None:
@@ -591,6 +616,14 @@ _log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
 
 def _uid(conn: _Conn) -> int | None:
     return conn.info.peer_uid
+
+
+def _process(conn: _Conn) -> tuple[int | None, int] | None:
+    """Whose write budget a connection spends: its process, the kernel's uid and pid (a
+    client cannot choose them, unlike its hello's pid); None when the kernel names none
+    (not Linux, or another PID namespace: the connection has a budget of its own)."""
+    pid = conn.info.peer_pid
+    return (conn.info.peer_uid, pid) if pid else None
 
 
 def _check_ns_pid(info: ClientInfo) -> None:

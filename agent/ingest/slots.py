@@ -8,7 +8,9 @@ and one that chatters (status requests, ``dropped`` reports, empty or refused me
 store nothing, so a good client waits for none of them, whatever their uid (issue 45: 256
 same-uid clients sending a small message every 3 s kept a good one out for 80 s, and the client
 that finally gave way was a quiet legitimate one). A quiet client whose records still arrive
-now and then keeps its slot.
+now and then keeps its slot, and so does one with nothing to send that says it is alive: a
+``heartbeat`` after a silence counts as a kept record (``useful_s``; the ingest server decides
+which heartbeats count, ``protocol.HEARTBEAT_MIN_GAP_S``).
 
 Then by uid: while one uid holds more slots than the newcomer's uid plus one, its least useful
 client gives way, so clients of other users cannot lock one out even by sending records.

@@ -287,5 +287,8 @@ agent_stats = Table(
     # the rate so far; null when retention is not behind
     Column("retention_behind_s", Float, nullable=True),
     Column("retention_eta_s", Float, nullable=True),
+    # ingest refusals by reason since the agent's start, a JSON object of counts summing to
+    # rejected_total (0013; the reasons are an open set); null on older rows
+    Column("rejected_by_reason", Text, nullable=True),
     Index("ix_agent_stats_host_ts", "host_id", "ts_s"),
 )

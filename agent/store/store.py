@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -637,17 +637,21 @@ class Store:
                           queue_depth: int, dropped_total: int, rejected_total: int,
                           db_size_bytes: int | None, host: str | None = None,
                           retention_behind_s: float | None = None,
-                          retention_eta_s: float | None = None) -> None:
+                          retention_eta_s: float | None = None,
+                          rejected_by_reason: Mapping[str, int] | None = None) -> None:
         # Sums of client-reported counters could pass the BigInteger range: saturate, so the
         # row (and the dashboard's sampling health) is still written.
         dropped_total, rejected_total = (min(v, INT64_MAX) for v in (dropped_total,
                                                                        rejected_total))
+        by_reason = (None if rejected_by_reason is None else json.dumps(
+            {k: min(int(v), INT64_MAX) for k, v in sorted(rejected_by_reason.items()) if v}))
         with self.engine.begin() as c:
             c.execute(insert(agent_stats).values(
                 host_id=self.host_id(host, c), ts_s=ts_s, clients=clients,
                 rows_per_s=rows_per_s, queue_depth=queue_depth, dropped_total=dropped_total,
                 rejected_total=rejected_total, db_size_bytes=db_size_bytes,
-                retention_behind_s=retention_behind_s, retention_eta_s=retention_eta_s))
+                retention_behind_s=retention_behind_s, retention_eta_s=retention_eta_s,
+                rejected_by_reason=by_reason))
 
     # --- reading -------------------------------------------------------------------------
     def hosts(self) -> list[dict[str, Any]]:
@@ -941,7 +945,11 @@ class Store:
              .order_by(agent_stats.c.ts_s.desc()).limit(1))
         with self.engine.connect() as c:
             row = c.execute(q).first()
-        return dict(row._mapping) if row else None
+        if row is None:
+            return None
+        out = dict(row._mapping)
+        out["rejected_by_reason"] = _reasons(out["rejected_by_reason"])
+        return out
 
     def count(self, table_name: str) -> int:
         from vramscope.agent.store.schema import metadata
@@ -1041,6 +1049,15 @@ def stored_json(text: str | None, max_bytes: int = 2**20) -> Any:
     except (ValueError, RecursionError) as exc:
         return {"unreadable": str(exc)[:200]}
     return value
+
+
+def _reasons(text: str | None) -> dict[str, int] | None:
+    """An agent_stats row's refusals by reason: counts only (a hand-edited or foreign row's
+    other values are left out); None on rows from before migration 0013, or unreadable."""
+    value = stored_json(text, max_bytes=65_536)
+    if not isinstance(value, dict) or "unreadable" in value:
+        return None
+    return {str(k): v for k, v in value.items() if type(v) is int and v >= 0}
 
 
 def _in_time_order(arms: list[Select[Any]], limit: int | None) -> Executable:

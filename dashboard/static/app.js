@@ -393,7 +393,7 @@ PAGES.overview = () => poll(async () => {
     ["Rows/s", (h) => h.agent && h.agent.rows_per_s.toFixed(1), "num"],
     ["Queue", (h) => h.agent && h.agent.queue_depth, "num"],
     ["Dropped", (h) => h.agent && h.agent.dropped_total, "num"],
-    ["Rejected", (h) => h.agent && h.agent.rejected_total, "num"],
+    ["Rejected", rejectedCell, "num"],
     ["DB size", (h) => h.agent && fmtBytes(h.agent.db_size_bytes), "num"],
     ["Retention", (h) => !h.agent ? "" : h.agent.retention_behind_s == null ? "up to date"
       : "catching up: " + fmtAge(h.agent.retention_behind_s) + " behind" + (h.agent.retention_eta_s == null ? "" : ", about " + fmtAge(h.agent.retention_eta_s) + " left"), "wrap"],
@@ -418,6 +418,19 @@ function momentCell(d, key) {
       Math.abs(at.reserved_bytes - at.device_used_bytes) <= 1) return text;
   const box = el("div", text);
   box.append(el("div", "at " + fmtTime(at[key]), { class: "reasons", title: "device used (NVML) and reserved (torch) were last sampled at different moments" }));
+  return box;
+}
+
+// What the agent refused since its start: the total, and under it each reason's count, the
+// largest first (names, budget_rows, chatter...: docs/protocol.md), as `vramscope status` says.
+function rejectedCell(h) {
+  if (!h.agent) return null;
+  const reasons = Object.entries(h.agent.rejected_by_reason || {})
+    .sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1));
+  if (reasons.length === 0) return String(h.agent.rejected_total);
+  const box = el("div", String(h.agent.rejected_total));
+  box.append(el("div", reasons.map(([k, v]) => k + " " + v).join(", "),
+    { class: "reasons", title: "refused since the agent started, by reason" }));
   return box;
 }
 

@@ -47,9 +47,9 @@ def test_open_refuses_a_newer_schema(any_url):
 def test_db_cli(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert main(["db", "current", "--db", url]) == 0
-    assert "revision base (empty) (head is 0012)" in capsys.readouterr().out
+    assert "revision base (empty) (head is 0013)" in capsys.readouterr().out
     assert main(["db", "upgrade", "--db", url]) == 0
-    assert "revision 0012 (head)" in capsys.readouterr().out
+    assert "revision 0013 (head)" in capsys.readouterr().out
     assert main(["db", "downgrade", "nope", "--db", url]) == 1
     assert "unknown revision 'nope'" in capsys.readouterr().err
     assert main(["db", "downgrade", "base", "--db", url]) == 0

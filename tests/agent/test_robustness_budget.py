@@ -6,12 +6,15 @@ and other clients are unaffected. On the agent's clock (a FakeClock here)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import Overdraft, WriteBudget
+from vramscope.agent.ingest.budget import STORED_ROW_BYTES, Overdraft, WriteBudget
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
@@ -44,8 +47,9 @@ def clock():
 
 
 @pytest.fixture
-def agent(sqlite_url, short_dir, clock):
-    store = Store.open(sqlite_url, host_name="agent-host")
+def agent(any_url, short_dir, clock):
+    """SQLite and PostgreSQL: what the budget keeps is what the database grows by."""
+    store = Store.open(any_url, host_name="agent-host")
     config = parse_config({"agent": {"client_max_rows_per_s": ROWS_PER_S,
                                      "client_max_bytes_per_s": BYTES_PER_S,
                                      "client_budget_burst_s": BURST_S}}, None, {})
@@ -66,21 +70,60 @@ def _samples(n: int, pid: int, start: float = NOW) -> list[Sample]:
             for i in range(n)]
 
 
+_NEIGHBOUR = """
+import sys
+from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.records import Phase, Sample
+with AgentConnection(sys.argv[1]) as conn:
+    conn.hello("good")
+    for line in sys.stdin:
+        n, start = int(line.split()[0]), float(line.split()[1])
+        conn.send_records([Sample(start + i * 1e-3, 0, Phase.DECODE, "torch", 7002,
+                                  allocated_bytes=i) for i in range(n)])
+        conn.status()
+        print("sent", flush=True)
+"""
+
+
+class _Neighbour:
+    """Another client process (a budget is per process: the test's own connections share
+    one), connected throughout, sending samples when told."""
+
+    def __init__(self, path: str) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, path],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def send(self, n: int, start: float) -> None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"{n} {start}\n")
+        self._proc.stdin.flush()
+        assert self._proc.stdout.readline() == "sent\n"
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        assert self._proc.wait(30) == 0
+
+
 def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(agent, clock):
     """Fat custom events for 5 s of the agent's clock: the flooder keeps its burst plus 5 s of
-    its rate in bytes; the neighbour, sending samples at the same time, keeps all of them."""
-    with AgentConnection(agent.socket_path) as flood, \
-            AgentConnection(agent.socket_path) as good:
+    its rate in bytes; the neighbour, sending samples at the same time, keeps all of them; the
+    database grows by no more than the documented bound (``growth_bound_bytes``: the flooder's
+    budget, each row at most its bytes plus ``STORED_ROW_BYTES``; the neighbour's rows at
+    that cost). Before the budget the flooder's 19 MB were all kept."""
+    agent.writer.flush()
+    size_before = agent.store.size_bytes()
+    good = _Neighbour(agent.socket_path)
+    with AgentConnection(agent.socket_path) as flood:
         flood.hello("flood")
-        good.hello("good")
         for second in range(5):
             for _ in range(4):  # 4 x 16 events x 60 kB: about 3.8 MB a second, 15x the budget
                 flood.send(proto.records_message(_fat_events(16, 7001)))
-            good.send_records(_samples(500, 7002, NOW + second))
+            good.send(500, NOW + second)
             flood.status()
-            good.status()
             clock.advance(1.0)
-        status = good.status()
+        status = flood.status()
+    good.close()
     agent.writer.flush()
     events = agent.store.events(None, names=["custom"])
     kept_bytes = sum(len(BLOB) for _ in events)
@@ -89,6 +132,43 @@ def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(
     assert 0 < kept_bytes <= allowed
     assert status["rejected"]["budget_bytes"] == 320 - len(events)
     assert sum(1 for s in agent.store.samples(device=None) if s.pid == 7002) == 2500
+    grown = agent.store.size_bytes() - size_before
+    bound = (WriteBudget(ROWS_PER_S, BYTES_PER_S, BURST_S).growth_bound_bytes(5.0)
+             + 2500 * STORED_ROW_BYTES)
+    print(f"database grew {grown} bytes; bound {bound:g}")
+    assert grown <= bound
+
+
+def test_reconnecting_or_a_second_connection_does_not_multiply_the_budget(agent, clock):
+    """A budget is its process's: a flooder that spent its burst and connects again, or opens a
+    second connection beside the first, gets no fresh burst (before, each connection had one:
+    reconnecting after each burst multiplied it); after ``burst_s`` its bucket is full again.
+    Another process has its own."""
+    burst = int(ROWS_PER_S * BURST_S)
+
+    def send(n: int, start: float) -> dict:
+        with AgentConnection(agent.socket_path) as conn:
+            conn.hello("flood")
+            conn.send_records(_samples(n, 7005, start))
+            return conn.status()["rejected"]
+
+    assert send(burst, NOW) == {}  # the burst, all kept
+    assert send(100, NOW + 3) == {"budget_rows": 100}  # connected again: nothing left
+    with AgentConnection(agent.socket_path) as first, \
+            AgentConnection(agent.socket_path) as second:
+        for i, conn in enumerate((first, second)):
+            conn.hello(f"flood-{i}")
+            conn.send_records(_samples(50, 7005, NOW + 4 + i))
+        assert second.status()["rejected"] == {"budget_rows": 200}
+    other = _Neighbour(agent.socket_path)  # another process: its own burst, all kept
+    other.send(burst, NOW + 5)
+    other.close()
+    clock.advance(BURST_S)  # the flooder's bucket is full again
+    assert send(burst, NOW + 6) == {"budget_rows": 200}
+    agent.writer.flush()
+    stored = agent.store.samples(device=None)
+    assert (sum(s.pid == 7005 for s in stored), sum(s.pid == 7002 for s in stored)) == (
+        2 * burst, burst)
 
 
 def test_rows_beyond_the_rate_are_refused_and_counted(agent, clock):

@@ -28,8 +28,9 @@ def clock():
 
 
 @pytest.fixture
-def agent(sqlite_url, short_dir, clock):
-    store = Store.open(sqlite_url, host_name="agent-host")
+def agent(any_url, short_dir, clock):
+    """SQLite and PostgreSQL: the new server's records are stored, not only admitted."""
+    store = Store.open(any_url, host_name="agent-host")
     config = parse_config({"agent": {"name_idle_s": IDLE_S}}, None, {})
     a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
               clock=clock, alerts=False)

@@ -9,6 +9,7 @@ Real agent process, real sockets, one uid (the test's)."""
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import time
@@ -147,3 +148,50 @@ def test_the_slot_rules_keep_useful_and_new_clients_and_free_the_others():
     found = rules.victim([quiet, newcomer, stale, chatter], lambda c: 1000, 1000, now)
     assert found is not None and found[:2] == (chatter, "chatter")  # never useful goes first
     assert rules.victim([quiet, newcomer], lambda c: 1000, 1000, now) is None
+
+
+def test_a_quiet_client_s_heartbeats_keep_its_slot_and_chatter_s_do_not(short_dir):
+    """Issue 45, item 3: "a live quiet client (heartbeat) is never evicted". A client with
+    nothing to send says it is alive every ``HEARTBEAT_S`` (the hooks' client does,
+    tests/hooks/test_client.py); the other 255 same-uid clients chatter every 0.6 s, half of
+    them with heartbeats (too soon after their previous message to count: the gap is what
+    tells them apart). With a 1 s handshake and a 6 s slot_idle_s the quiet client would have
+    lost its slot after 6 s without them; over 12 s it is never closed, and the good client
+    trying every 0.25 s from 8 s in is admitted at once, in place of a chatterer. Before the
+    heartbeat existed its messages were refused (``schema``) and it was the one closed."""
+    agent = _agent(short_dir, handshake_timeout_s="1.0", slot_idle_s="6.0").start()
+    quiet = _hello_socket(agent.socket_path, QUIET_PID)
+    chatterers = [_hello_socket(agent.socket_path, 40_000 + i)
+                  for i in range(ingest.MAX_CLIENTS - 1)]
+    try:
+        start = next_chatter = next_beat = time.monotonic()
+        next_try, waited, beats_sent = start + 8.0, None, 0
+        while (now := time.monotonic()) - start < 12.0:
+            if now >= next_chatter:
+                for i, sock in enumerate(chatterers):
+                    with contextlib.suppress(OSError):  # the one closed for the good client
+                        sock.sendall(proto.heartbeat_message() if i % 2
+                                     else proto.dropped_message(0))
+                next_chatter += 0.6
+            if now >= next_beat:  # as the hooks' client: HEARTBEAT_S after its last message
+                quiet.sendall(proto.heartbeat_message())
+                beats_sent += 1
+                next_beat = time.monotonic() + proto.HEARTBEAT_S
+            if now >= next_try and waited is None:
+                if _try_good_client(agent.socket_path) is not None:
+                    waited = time.monotonic() - next_try
+                next_try += 0.25
+            time.sleep(0.02)
+        _assert_open(quiet)
+        status = agent.status()
+    finally:
+        for sock in [quiet, *chatterers]:
+            sock.close()
+        agent.stop()
+    assert waited is not None and waited <= 1.0 + 0.5  # within the handshake timeout
+    assert status["rejected"].get("chatter", 0) >= 1
+    assert status["rejected"].get("schema", 0) == 0
+    beats = status["heartbeats"]
+    # each of the quiet client's, but the first (right after its hello), kept its slot
+    assert beats["total"] - beats["early"] == beats_sent - 1 >= 1
+    assert beats["early"] >= 128 * 12  # the chatterers' (0.6 s apart): none kept a slot

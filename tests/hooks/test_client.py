@@ -183,3 +183,28 @@ def test_install_ships_phase_events_through_the_socket_to_the_agent(short_dir):
     events = agent.store.events(names=["phase"])
     assert len(events) >= 2 and {e.pid for e in events} == {os.getpid()}
     assert Phase.PREFILL in {e.phase for e in events}
+
+
+def test_a_quiet_client_sends_heartbeats_and_a_busy_one_none(short_dir):
+    """Nothing to send for ``heartbeat_s``: the client says it is alive (a ``heartbeat``,
+    which keeps its slot at the agent: tests/agent/test_robustness_fairness.py); while records
+    flow, it sends none. Each heartbeat follows the client's previous frame by at least
+    ``heartbeat_s``, so every one counts at an agent whose minimum gap is below it."""
+    got = _Collector()
+    srv = got.server(f"{short_dir}/run/agent.sock")
+    sink = SocketSink(srv.path, poll_s=0.01, heartbeat_s=0.3)
+    try:
+        end = time.monotonic() + 1.0
+        i = 0
+        while time.monotonic() < end:  # busy: a record every 0.1 s
+            sink.put(_sample(i))
+            i += 1
+            time.sleep(0.1)
+        _wait_for(lambda: len(got.records) == i)
+        assert srv.stats.heartbeats_total == 0
+        time.sleep(1.05)  # quiet for 1.05 to 1.15 s: a heartbeat every 0.3 s
+        beats = srv.stats.heartbeats_total
+    finally:
+        sink.close()
+        srv.stop()
+    assert 3 <= beats <= 4  # not one a poll (100), nor none
