@@ -4,15 +4,13 @@ as the agent's writer feeds it: a never-idle server keeping 134 MiB a second fro
 its start until the full device killed it (through cuDNN, at about 827 s), beside a healthy
 server restarted at half time."""
 
-import gzip
 import json
-import shutil
 
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.cli import main
 from vramscope.agent.ingest.process import REPO_ROOT
-from vramscope.agent.trace import read_trace
+
+from tests.support.gpu_replay import records, replay, unpacked
 
 RUN = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-06" / "main"
 GROWER, HEALTHY, RESTARTED = 698, 537, 988
@@ -21,19 +19,8 @@ GROWER, HEALTHY, RESTARTED = 698, 537, 988
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("h100")
-    db = tmp / "run.db"
-    with gzip.open(RUN / "growth_oom.db.gz") as src, open(db, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    assert main(["export", "--db", str(db), "-o", str(tmp / "run.jsonl")]) == 0
-    trace = read_trace(str(tmp / "run.jsonl"))
-    records = sorted([*trace.samples, *trace.events], key=lambda r: r.ts_s)
-    engine, changes, i = AlertEngine.from_config(None), [], 0
-    while i < len(records):  # a batch a second
-        j, end = i, records[i].ts_s + 1.0
-        while j < len(records) and records[j].ts_s < end:
-            j += 1
-        changes += engine.feed(records[i:j])
-        i = j
+    engine = AlertEngine.from_config(None)
+    changes = replay(engine, records(unpacked(RUN / "growth_oom.db.gz", tmp), tmp))
     return engine, changes, json.loads((RUN / "meta.json").read_text())["start_ts"]
 
 

@@ -7,18 +7,16 @@ torch.OutOfMemoryError) named about 80 s after its onset with cause growth, and 
 the post-mortem's cause growth, no risk of the dead episode, and its leak alert resolved as
 ended, not "no leak"."""
 
-import gzip
 import json
-import shutil
 import tarfile
 
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.cli import main
 from vramscope.agent.daemon import AlertFeed
 from vramscope.agent.ingest.process import REPO_ROOT
 from vramscope.agent.store import Store
-from vramscope.agent.trace import read_trace
+
+from tests.support.gpu_replay import records, replay, unpacked
 
 RUN = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-06" / "live" / "main"
 GROWER, RESTARTED = 700, 986
@@ -27,30 +25,23 @@ GROWER, RESTARTED = 700, 986
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("h100-live")
-    db = tmp / "run.db"
-    with gzip.open(RUN / "growth_oom.db.gz") as src, open(db, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    db = unpacked(RUN / "growth_oom.db.gz", tmp)
     with tarfile.open(RUN / "growth_oom_files.tar.gz") as tar:
         grow = json.load(tar.extractfile("./cb-grow.json"))
-    assert main(["export", "--db", str(db), "-o", str(tmp / "run.jsonl")]) == 0
-    trace = read_trace(str(tmp / "run.jsonl"))
     store = Store.open(f"sqlite:///{db}")
     # as the server sent them: the cause the live agent stored is taken off
     sent = sorted((p._replace(cause=None, remedies=()) for _, p in store.postmortems()),
                   key=lambda p: p.ts_s)
     store.close()
-    records = sorted([*trace.samples, *trace.events], key=lambda r: r.ts_s)
     feed = AlertFeed(AlertEngine.from_config(None), [], None)
     feed.engine.verdicts.keep = True
-    changes, stored, i = [], [], 0
-    while i < len(records):  # a batch a second
-        j, end = i, records[i].ts_s + 1.0
-        while j < len(records) and records[j].ts_s < end:
-            j += 1
-        changes += feed.engine.feed(records[i:j])
-        while sent and sent[0].ts_s <= records[j - 1].ts_s:
+    stored = []
+
+    def complete(last_ts: float) -> None:  # as the writer stores one after the batch before
+        while sent and sent[0].ts_s <= last_ts:
             stored.append(feed.completed(sent.pop(0)))
-        i = j
+
+    changes = replay(feed.engine, records(db, tmp), complete)
     return feed.engine, changes, stored, grow
 
 
