@@ -115,6 +115,9 @@ def test_a_leader_whose_session_ends_is_replaced_and_knows_it(two_nodes):
     with a.engine.connect() as c:  # the server ends the leader's session (a restart, a cut link)
         c.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": _leader_pid(a)})
         c.commit()
+    deadline = time.monotonic() + 10  # the backend ends a moment after it is told to
+    while _leader_pid(a) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert rb.step(b).rolled_up_minutes == 2 and rb.leading is True  # minutes 2 and 3
     assert ra.step(a) == NOTHING and ra.leading is False  # a saw its lock go, b has it now
     assert sorted(_rolled_up(a)) == [0.0, 60.0, 120.0, 180.0]
@@ -184,3 +187,45 @@ def test_an_agent_not_leading_rolls_up_again_only_its_own_late_minutes(two_nodes
                     (b.device_id(0), 0.0): (99, 2), (b.device_id(1), 0.0): (0, 1),
                     (b.device_id(0), 60.0): (1, 1), (b.device_id(1), 60.0): (1, 1)}
     ra.close()
+
+
+@pytest.mark.postgres
+def test_two_agent_processes_one_leads_and_gives_the_lock_up_when_it_stops(tmp_path,
+                                                                           postgres_url):
+    """Real ``vramscope agent`` processes (tests/agent/test_fleet.py's): after their first
+    retention step (a second after start) exactly one says it leads, and the lock is free once
+    that one stopped (SIGTERM), for the other's next step (test above: it takes over)."""
+    from vramscope.agent.cli import main
+    from vramscope.agent.ingest.connection import AgentConnection
+
+    from tests.agent.test_fleet import AgentProcess
+
+    assert main(["db", "upgrade", "--db", postgres_url]) == 0
+    agents = [AgentProcess(tmp_path, host, postgres_url) for host in ("node-a", "node-b")]
+    try:
+        deadline = time.monotonic() + 60
+        for agent in agents:
+            agent.wait_listening(deadline)
+
+        def leading() -> list[bool | None]:
+            out = []
+            for agent in agents:
+                with AgentConnection(agent.socket_path) as conn:
+                    out.append(conn.status()["retention_leader"])
+            return out
+
+        while None in (states := leading()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(states) == [False, True]
+        leader = agents[states.index(True)]
+        store = Store.open(postgres_url, host_name="test")
+        try:
+            assert _leader_pid(store) is not None
+            assert "now does the store-wide work" in leader.log()
+            leader.stop()
+            assert _leader_pid(store) is None  # given up at stop, not left to a timeout
+        finally:
+            store.close()
+    finally:
+        for agent in agents:
+            agent.kill()
