@@ -79,8 +79,12 @@ DATABASE_DEFAULT_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg2"}
 DATABASE_DRIVERS: dict[str, tuple[str, str | None]] = {
     "pysqlite": ("sqlite3", None), "psycopg": ("psycopg", "postgres"),
     "psycopg2": ("psycopg2", None), "pg8000": ("pg8000", None)}
-_URL_EXAMPLES = ("sqlite:///path.db or postgresql+psycopg://host/db (pip install "
-                 "'vramscope[postgres]')")
+# What each extra installs (pyproject.toml's optional-dependencies; tests/agent/
+# test_config_database_url.py checks they agree). The hints name the requirement itself:
+# vramscope is on no package index, so `pip install 'vramscope[postgres]'` would find nothing.
+EXTRA_REQUIREMENTS = {"postgres": "psycopg[binary]>=3.1"}
+_URL_EXAMPLES = ("sqlite:///path.db or postgresql+psycopg://host/db (the 'postgres' extra: "
+                 f"pip install '{EXTRA_REQUIREMENTS['postgres']}')")
 
 
 def database_url_problem(url: str) -> str | None:
@@ -115,8 +119,9 @@ def database_driver_problem(url: str) -> str | None:
         pass
     if extra is not None:
         return (f"needs the {module!r} driver, which is not installed: pip install "
-                f"'vramscope[{extra}]'")
-    ours = (", or name the driver that pip install 'vramscope[postgres]' installs: "
+                f"'{EXTRA_REQUIREMENTS[extra]}' into vramscope's environment (its {extra!r} "
+                "extra, docs/deployment.md)")
+    ours = (", or name the driver of vramscope's 'postgres' extra: "
             "postgresql+psycopg://host/db") if backend == "postgresql" else ""
     return (f"needs the {module!r} driver ({backend}+{driver}), which is not installed and "
             f"which no vramscope extra installs: pip install {module}{ours}")

@@ -197,6 +197,7 @@ class Agent:
             self.prometheus.stop()
         self.writer.submit(self._stats_task(self.clock.time_s()))
         self.writer.stop(timeout_s)
+        self.retention.close()  # the writer thread is done with it: another agent may lead
         if self.alerts is not None:
             self.alerts.close()
         if self.source is not None:
@@ -353,6 +354,9 @@ class Agent:
             "db_failing": self.writer.failing,
             "db_integrity": self.integrity,
             "retention_backlog": self.retention_backlog,
+            # a fleet on one PostgreSQL: whether this agent does the store-wide work (always on
+            # SQLite; None before the first retention step)
+            "retention_leader": self.retention.leading,
             "retention_catch_up": self.retention.progress(),
             "alerts": self.alerts.counts() if self.alerts is not None else None,
             "prometheus": self.prometheus.counts() if self.prometheus is not None else None,

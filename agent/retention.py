@@ -31,6 +31,15 @@ rolls a few of them up again (``rollup_window`` replaces a minute's rows), so lo
 do not keep a hole where the backlog landed (late events likewise: their minutes' counts are
 made again). The memory is the agent's own: late samples that another process wrote
 (``vramscope import`` of an old trace) still miss the rollups.
+
+A fleet on one PostgreSQL: the store-wide work (rollups of every device, deletion by age, the
+day partitions) is done by one agent at a time, the one holding the store-wide lock
+(:mod:`vramscope.agent.store.store_wide_lock`); a step of any other agent only rolls its own
+host's late minutes up again (its own rows, which the leader cannot know were late), so a
+fleet does the store-wide work once, not once per agent. When the leader stops or
+disappears, the next agent to step takes the lock over, reads the watermark from the store and
+goes on where the leader stopped; a host that disappears leaves its rows to the leader's
+deletion by age like any other.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import Event, Sample
 from vramscope.agent.store.schema import FREQUENT_EVENTS
+from vramscope.agent.store.store_wide_lock import StoreWideLock
 
 if TYPE_CHECKING:
     from vramscope.agent.store import Store
@@ -102,6 +112,9 @@ class Retention:
         # catching up: (monotonic s, watermark) when this stretch of backlog began, for the rate
         self._catch_up_from: tuple[float, float] | None = None
         self.last_backlog = False
+        self.lock = StoreWideLock()
+        # whether the last step held the store-wide lock (None before the first step)
+        self.leading: bool | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
@@ -110,9 +123,47 @@ class Retention:
                    step_rows=config["retention.step_rows"], clock=clock)
 
     def step(self, store: Store) -> StepResult:
-        """One bounded step: roll up a few minutes, then delete a few old rows."""
+        """One bounded step: roll up a few minutes, then delete a few old rows; in a fleet, only
+        the own host's late minutes unless this agent holds the store-wide lock. A step that
+        fails gives the lock up, so that another agent can take it."""
         from vramscope.agent.store import maintenance as sql
 
+        if not self.lock.acquire(store):
+            self.leading = False
+            self._note_progress(False)
+            return StepResult(0, 0, {}, self._rollup_own_late(store, sql))
+        if not self.leading:  # newly leading: what another leader did is in the store only
+            self._forget_store_state()
+            self.leading = True
+        try:
+            return self._store_wide_step(store, sql)
+        except BaseException:
+            self.lock.release()
+            self.leading = False
+            raise
+
+    def close(self) -> None:
+        """The agent stops: another agent of the fleet takes the store-wide work over."""
+        self.lock.release()
+        self.leading = False
+
+    def _forget_store_state(self) -> None:
+        self._watermark, self._watermark_known = None, False
+        self._partition_day = self._oldest_end_s = None
+        self._catch_up_from = None
+
+    def _rollup_own_late(self, store: Store, sql: ModuleType) -> int:
+        """Not leading: roll up again a few of this agent's late minutes, its own host's
+        devices only (idempotent, and the leader replaces them if it reaches them later)."""
+        oldest_kept = self._clock.time_s() - self.rollup_s
+        self._late = {m for m in self._late if m >= oldest_kept}
+        redo = sorted(self._late)[:self.minutes_per_step]
+        for minute in redo:
+            sql.rollup_window(store, minute, minute + BUCKET_S, host=store.host_name)
+            self._late.discard(minute)
+        return len(redo)
+
+    def _store_wide_step(self, store: Store, sql: ModuleType) -> StepResult:
         now_s = self._clock.time_s()
         minutes, rows = self._rollup(store, sql, now_s)
         watermark = self._watermark

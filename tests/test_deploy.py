@@ -31,6 +31,9 @@ UNIT = ROOT / "deploy" / "systemd" / "vramscope-agent.service"
 UNIT_CONFIG = ROOT / "deploy" / "systemd" / "vramscope.toml"
 POD = ROOT / "deploy" / "kubernetes" / "vramscope-sidecar.yaml"
 DOC = ROOT / "docs" / "deployment.md"
+# The command docs/deployment.md installs ("Installing vramscope on a node"; run as written by
+# tests/test_deploy_install.py), which the unit, the image and the pod start.
+AGENT_COMMAND = "/opt/vramscope/bin/vramscope"
 
 # Variables read by vramscope that are not settings overrides.
 NON_SETTING_VARS = {"VRAMSCOPE_CONFIG"}
@@ -72,7 +75,7 @@ def test_unit_has_the_sections_and_start_command(unit):
     assert set(unit) == {"Unit", "Service", "Install"}
     service = unit["Service"]
     assert one(service, "ExecStart") == (
-        "/usr/local/bin/vramscope agent --config /etc/vramscope/vramscope.toml")
+        f"{AGENT_COMMAND} agent --config /etc/vramscope/vramscope.toml")
     assert one(service, "Restart") == "on-failure"
     assert one(unit["Install"], "WantedBy") == "multi-user.target"
 
@@ -107,7 +110,7 @@ def test_unit_provides_the_directories_the_config_uses(unit):
 @pytest.mark.usefixtures("systemd_analyze")
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     # verify insists that ExecStart's binary exists; point it at one that does.
-    text = UNIT.read_text().replace("/usr/local/bin/vramscope", sys.executable)
+    text = UNIT.read_text().replace(AGENT_COMMAND, sys.executable)
     copy = tmp_path / UNIT.name
     copy.write_text(text)
     done = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True,
@@ -143,7 +146,7 @@ def test_pod_manifest_kinds_and_sidecar(k8s):
     assert set(containers) == {"vramscope-agent", "inference"}
     agent = containers["vramscope-agent"]
     assert agent["restartPolicy"] == "Always"  # a native sidecar, started before the server
-    assert agent["command"] == ["vramscope", "agent", "--config",
+    assert agent["command"] == [AGENT_COMMAND, "agent", "--config",
                                 "/etc/vramscope/vramscope.toml"]
 
 
@@ -241,6 +244,16 @@ def test_docs_name_real_files_and_variables():
     assert sorted(variables - REAL_VARS) == []
 
 
+def test_the_command_the_docs_install_is_the_one_unit_image_and_pod_start():
+    """The install block (run as written by tests/test_deploy_install.py, a slow test) makes
+    the virtual environment whose ``vramscope`` the recipes start."""
+    block = re.search(r"<!-- install-steps[^>]*-->\n```sh\n(.*?)```", DOC.read_text(), re.S)
+    assert block is not None
+    venv = re.search(r"python3 -m venv (\S+)", block.group(1))
+    assert venv is not None and f"{venv.group(1)}/bin/vramscope" == AGENT_COMMAND
+    assert f"{venv.group(1)}/bin/pip install" in block.group(1)
+
+
 def test_manifests_use_only_real_variable_names():
     for path in (UNIT, UNIT_CONFIG, POD):
         found = set(re.findall(r"\bVRAMSCOPE_[A-Z_]+\b", path.read_text()))
@@ -264,11 +277,15 @@ def test_prometheus_scrape_config_is_valid(tmp_path):
 
 def test_container_image_copies_what_exists_and_runs_the_agent(k8s):
     text = (ROOT / "deploy" / "container" / "Dockerfile").read_text()
-    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ")]
+    # the build context's files (not what one stage copies from another, --from=)
+    copies = [line.split()[1:-1] for line in text.splitlines()
+              if line.startswith("COPY ") and not line.startswith("COPY --from=")]
     sources = [src for srcs in copies for src in srcs]
     assert "pyproject.toml" in sources and "migrations" in sources
     assert sorted(s for s in sources if not (ROOT / s).exists()) == []
     cmd = re.search(r"^CMD (\[.*\])$", text, re.M).group(1)
     agent = _containers(k8s["Pod"])["vramscope-agent"]
     assert json.loads(cmd) == agent["command"]
+    assert agent["command"][0] == AGENT_COMMAND
+    assert f"python3 -m venv {AGENT_COMMAND.removesuffix('/bin/vramscope')}" in text
     assert "USER 1000:1000" in text  # the pod's runAsUser

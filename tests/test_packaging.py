@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.clean_copy import clean_copy
 
 try:
     import tomllib
@@ -27,9 +28,6 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
-# What a clean copy leaves out: VCS, environments, caches and earlier builds.
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__",
-                                    ".*_cache", ".hypothesis", "out", ".whl", "*.db*")
 SHADOWS = ("agent", "hooks", "dashboard", "migrations")
 
 
@@ -42,8 +40,7 @@ def _run(*cmd: str | Path, cwd: Path | None = None, timeout: float = 300) -> str
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("src") / "vramscope"
-    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)
+    src = clean_copy(tmp_path_factory.mktemp("src") / "vramscope")
     out = tmp_path_factory.mktemp("wheel")
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
          "-w", out, src)

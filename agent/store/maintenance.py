@@ -91,9 +91,17 @@ def _first_ts(c: Connection, did: int, at_or_after_s: float | None) -> float | N
     return None if first is None else float(first)
 
 
-def rollup_window(store: Store, start_s: float, end_s: float) -> int:
+def host_device_ids(c: Connection, host: str) -> list[int]:
+    """The device rows of one host: what an agent of a fleet that does not hold the store-wide
+    lock (vramscope.agent.store.store_wide_lock) may roll up again, its own late minutes."""
+    q = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+         .where(hosts.c.name == host).order_by(devices.c.id))
+    return [int(i) for i in c.execute(q).scalars()]
+
+
+def rollup_window(store: Store, start_s: float, end_s: float, host: str | None = None) -> int:
     """Replace the rollups and the per-second tier of the minutes in [start_s, end_s) from raw
-    samples; rollup rows written.
+    samples; rollup rows written. Every device's, or only ``host``'s devices'.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
     window gives the same rows (delete, then insert, in one transaction). One device at a
@@ -103,7 +111,7 @@ def rollup_window(store: Store, start_s: float, end_s: float) -> int:
     """
     written = 0
     with store.engine.begin() as c:
-        for did in device_ids(c):
+        for did in device_ids(c) if host is None else host_device_ids(c, host):
             written += _rollup_device(c, did, start_s, end_s)
     return written
 

@@ -153,6 +153,7 @@ def test_backlog_only_when_a_budget_ran_out(filled):
     steps = [r.step(filled) for _ in range(4)]
     assert [(s.deleted["samples"], s.busy, s.backlog) for s in steps] == [
         (2, True, True), (2, True, True), (2, True, True), (0, False, False)]
+    r.close()  # a second agent after the first stopped (on PostgreSQL: it held the lock)
     relaxed = Retention(raw_s=60, rollup_s=86400, step_rows=100, clock=clock,
                         minutes_per_step=5)
     filled.write([_s(130, 3)])
@@ -198,7 +199,8 @@ def test_the_frequent_events_are_counted_per_minute_before_they_are_deleted(fill
     r.note_written([], [late])
     assert r.step(filled).late_minutes == 1
     assert (60.0, d0, "request_end", 1) in _counts(filled)
-    # the counts go with the rollups, at rollup_s
+    # the counts go with the rollups, at rollup_s (another agent's, after the first stopped)
+    r.close()
     old = Retention(raw_s=60, rollup_s=150, step_rows=100, clock=clock, minutes_per_step=2)
     old.step(filled)
     assert [row[0] for row in _counts(filled)] == [120.0]

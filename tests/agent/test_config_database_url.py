@@ -61,9 +61,11 @@ def test_a_missing_psycopg_names_the_postgres_extra(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "psycopg" else real(name, *a))
     url = "postgresql+psycopg://h/db"
-    hint = "needs the 'psycopg' driver, which is not installed: pip install 'vramscope[postgres]'"
+    hint = ("needs the 'psycopg' driver, which is not installed: pip install "
+            "'psycopg[binary]>=3.1' into vramscope's environment (its 'postgres' extra, "
+            "docs/deployment.md)")
     assert database_driver_problem(url) == hint
-    with pytest.raises(StoreError, match="pip install 'vramscope\\[postgres\\]'$"):
+    with pytest.raises(StoreError, match="its 'postgres' extra, docs/deployment.md\\)$"):
         Store.open(url)
     config = tmp_path / "vramscope.toml"
     config.write_text(f'[database]\nurl = "{url}"\n')
@@ -76,3 +78,18 @@ def test_a_missing_psycopg_names_the_postgres_extra(monkeypatch, tmp_path, capsy
 def test_the_urls_vramscope_serves_pass(url):
     assert database_url_problem(url) is None
     assert database_driver_problem(url) is None
+
+
+def test_the_hints_name_what_the_extras_of_pyproject_install():
+    """The hints name the requirement, not ``vramscope[extra]`` (on no package index)."""
+    from vramscope.agent.config import DATABASE_DRIVERS, EXTRA_REQUIREMENTS
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    named = {extra for _, extra in DATABASE_DRIVERS.values() if extra is not None}
+    assert named == set(EXTRA_REQUIREMENTS) == {"postgres"}
+    assert [EXTRA_REQUIREMENTS["postgres"]] == extras["postgres"]

@@ -1,0 +1,106 @@
+"""Which agent of a fleet does the store-wide work (rollups, deletion, partitions): the one
+that holds a PostgreSQL advisory lock. The others only write their own rows.
+
+Why a lock at all: the rollups, the deletes by age and the day partitions cover every host's
+devices. Several agents doing them on one database would each roll the same minutes up (the
+work times the number of agents) and race on the same rows and partitions.
+
+Why session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many
+short transactions (each rollup window and each bounded delete commits on its own, so ingest
+is never held behind one long transaction), and the leader keeps state between steps (its
+rollup watermark, the partitions it made). A session lock held on a connection of its own
+keeps one leader for as long as it lives; PostgreSQL releases it when that session ends,
+whether the agent stopped (:meth:`StoreWideLock.release`), crashed or lost its link (the
+server drops the session), so another agent takes over at its next step. Each step checks in
+``pg_locks`` that the session still holds the lock: a leader whose connection broke (a server
+restart) does not go on believing it leads.
+
+``pg_try_``: an agent that does not get the lock does not wait for it (its writer thread must
+go back to ingest); it tries again at its next step.
+
+SQLite: one agent per database file, no lock needed; :meth:`StoreWideLock.acquire` is always
+true.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, text
+
+if TYPE_CHECKING:
+    from vramscope.agent.store.store import Store
+
+log = logging.getLogger("vramscope.retention")
+
+# The advisory lock's key (one bigint): the ASCII of "vramscop" read as a big-endian integer,
+# 8534991366535737200. Documented in docs/agent.md so that an operator can look the leader up:
+# SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+#   AND (classid::bigint << 32 | objid::bigint) = 8534991366535737200;
+STORE_WIDE_LOCK_KEY = int.from_bytes(b"vramscop", "big")
+
+_HELD = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+             "AND pid = pg_backend_pid() AND objsubid = 1 "
+             "AND (classid::bigint << 32 | objid::bigint) = :key")
+
+
+class StoreWideLock:
+    """The store-wide work's lock for one agent. Used from one thread (the writer's)."""
+
+    def __init__(self, key: int = STORE_WIDE_LOCK_KEY) -> None:
+        self.key = key
+        self._conn: Connection | None = None  # PostgreSQL: the session holding the lock
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    def acquire(self, store: Store) -> bool:
+        """Whether this agent may do the store-wide work now: it holds the lock (still, or
+        newly). Never waits for another agent; a database error is "not held"."""
+        if store.dialect != "postgresql":
+            return True
+        if self._conn is not None:
+            try:
+                if self._conn.execute(_HELD, {"key": self.key}).scalar_one() == 1:
+                    self._conn.rollback()  # no transaction left open on the lock's session
+                    return True
+            except Exception as exc:  # the session is gone (server restart, lost link)
+                log.warning("the store-wide work's lock was lost with its connection (%s); "
+                            "trying to take it again", exc.__class__.__name__)
+            self.release()
+        try:
+            conn = store.engine.connect()
+        except Exception:
+            return False
+        try:
+            got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
+                                    {"key": self.key}).scalar_one())
+            conn.commit()  # the session lock outlives the transaction; nothing is left open
+        except Exception:
+            conn.invalidate()
+            conn.close()
+            return False
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        log.info("this agent now does the store-wide work (rollups, retention, partitions)")
+        return True
+
+    def release(self) -> None:
+        """Give the lock up (agent stopping, or a failed step): another agent takes it at its
+        next step. Closing the session releases it even where the unlock cannot be sent."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self.key})
+            conn.commit()
+            conn.close()
+        except Exception:
+            # the session is broken: drop it rather than give it back to the pool, so that
+            # the server ends it (and with it the lock, if it still held one)
+            conn.invalidate()
+            conn.close()

@@ -1,0 +1,231 @@
+"""A fleet on one PostgreSQL: exactly one agent at a time does the store-wide work (rollups of
+every host's devices, deletion by age, partitions), the one holding the advisory lock of
+vramscope.agent.store.store_wide_lock; the others only write (and roll their own late minutes
+up again). When the leader stops, is killed or loses its session, another agent takes over
+where it stopped, and the rows of a host that disappeared go by age like any other.
+
+Real parts: a real PostgreSQL server, one Store (its own connection pool, so its own sessions)
+per agent as each agent process has, and for the killed leader a real second process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.retention import Retention, StepResult
+from vramscope.agent.store import Store, maintenance
+from vramscope.agent.store.store_wide_lock import STORE_WIDE_LOCK_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = 1_700_000_040.0  # a minute boundary
+MINUTES = 6
+NOW = T0 + 20 * 60  # every minute written is past the two minutes' grace
+NOTHING = StepResult(0, 0, {}, 0)  # a step of an agent that does not lead, with nothing late
+# the documented look-up of the leader's session (docs/agent.md)
+LEADER_PID = text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                  "AND (classid::bigint << 32 | objid::bigint) = 8534991366535737200")
+
+
+def _write_minutes(store: Store) -> None:
+    store.write([Sample(T0 + 60 * m + 10, d, Phase.UNKNOWN, "nvml", device_used_bytes=m,
+                        device_total_bytes=100)
+                 for m in range(MINUTES) for d in (0, 1)])
+
+
+def _retention() -> Retention:
+    return Retention(raw_s=600, rollup_s=86400, step_rows=1000, clock=FakeClock(NOW),
+                     minutes_per_step=2)
+
+
+def _rolled_up(store: Store) -> dict[float, set[tuple[str, int]]]:
+    """minute (from T0) -> the (host, device index) pairs rolled up in it."""
+    names = {}
+    with store.engine.connect() as c:
+        for did, host, index in c.execute(text(
+                "SELECT d.id, h.name, d.device_index FROM devices d JOIN hosts h "
+                "ON h.id = d.host_id")):
+            names[did] = (host, index)
+    out: dict[float, set[tuple[str, int]]] = {}
+    for r in maintenance.read_rollups(store):
+        out.setdefault(r["bucket_s"] - T0, set()).add(names[r["device_id"]])
+    return out
+
+
+def _leader_pid(store: Store) -> int | None:
+    with store.engine.connect() as c:
+        return c.execute(LEADER_PID).scalar()
+
+
+@pytest.fixture
+def two_nodes(postgres_url):
+    a = Store.open(postgres_url, host_name="node-a")
+    b = Store.open(postgres_url, host_name="node-b")
+    _write_minutes(a)
+    _write_minutes(b)
+    yield a, b
+    a.close()
+    b.close()
+
+
+EVERY_DEVICE = {("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1)}
+
+
+@pytest.mark.postgres
+def test_one_agent_does_the_store_wide_work_and_another_takes_over_when_it_stops(two_nodes):
+    a, b = two_nodes
+    ra, rb = _retention(), _retention()
+    assert STORE_WIDE_LOCK_KEY == 8534991366535737200  # the key docs/agent.md names
+
+    # each round: a leads and rolls up two minutes of every host's devices, b only writes
+    for minutes in ({0.0, 60.0}, {0.0, 60.0, 120.0, 180.0}):
+        led = ra.step(a)
+        assert (led.rolled_up_minutes, ra.leading) == (2, True)
+        assert rb.step(b) == NOTHING and rb.leading is False
+        assert {m: d for m, d in _rolled_up(a).items()} == {m: EVERY_DEVICE for m in minutes}
+    lock_session = ra.lock._conn
+    assert lock_session is not None
+    assert _leader_pid(a) == lock_session.execute(text("SELECT pg_backend_pid()")).scalar()
+    lock_session.rollback()
+
+    ra.close()  # agent a stops: b takes over at its next step, from the store's watermark
+    assert _leader_pid(a) is None
+    took_over = rb.step(b)
+    assert (took_over.rolled_up_minutes, rb.leading) == (2, True)
+    assert sorted(_rolled_up(b)) == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
+    assert all(d == EVERY_DEVICE for d in _rolled_up(b).values())
+    # node a writes no more: its last raw rows, rolled up and older than raw_s, go with b's
+    assert took_over.deleted["samples"] == 2 * 4
+    assert a.count("samples") == 0
+    assert ra.step(a) == NOTHING and ra.leading is False  # a is back: b keeps leading
+
+
+@pytest.mark.postgres
+def test_a_leader_whose_session_ends_is_replaced_and_knows_it(two_nodes):
+    a, b = two_nodes
+    ra, rb = _retention(), _retention()
+    assert ra.step(a).rolled_up_minutes == 2
+    with a.engine.connect() as c:  # the server ends the leader's session (a restart, a cut link)
+        c.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": _leader_pid(a)})
+        c.commit()
+    deadline = time.monotonic() + 10  # the backend ends a moment after it is told to
+    while _leader_pid(a) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rb.step(b).rolled_up_minutes == 2 and rb.leading is True  # minutes 2 and 3
+    assert ra.step(a) == NOTHING and ra.leading is False  # a saw its lock go, b has it now
+    assert sorted(_rolled_up(a)) == [0.0, 60.0, 120.0, 180.0]
+    rb.close()
+
+
+HOLD_AND_WAIT = """
+import sys, time
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.retention import Retention
+from vramscope.agent.store import Store
+store = Store.open(sys.argv[1], host_name="node-c")
+r = Retention(raw_s=600, rollup_s=86400, step_rows=1000, clock=FakeClock(float(sys.argv[2])),
+              minutes_per_step=2)
+print(r.step(store).rolled_up_minutes, r.leading, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.postgres
+def test_an_agent_killed_while_leading_is_replaced(two_nodes, postgres_url):
+    _, b = two_nodes
+    child = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT, postgres_url, str(NOW)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split() == ["2", "True"]
+        rb = _retention()
+        assert rb.step(b) == NOTHING
+    finally:
+        child.kill()  # SIGKILL: no unlock sent; the server ends the session
+        child.wait()
+    deadline = time.monotonic() + 10
+    while (result := rb.step(b)) == NOTHING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (result.rolled_up_minutes, rb.leading) == (2, True)
+    assert sorted(_rolled_up(b)) == [0.0, 60.0, 120.0, 180.0]
+    rb.close()
+
+
+def test_on_sqlite_every_step_leads(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path / 'v.db'}", host_name="node-a")
+    _write_minutes(store)
+    r = _retention()
+    assert [r.step(store).rolled_up_minutes for _ in range(3)] == [2, 2, 2]
+    assert r.leading is True
+    assert sorted(_rolled_up(store)) == [60.0 * m for m in range(MINUTES)]
+    store.close()
+
+
+@pytest.mark.postgres
+def test_an_agent_not_leading_rolls_up_again_only_its_own_late_minutes(two_nodes):
+    a, b = two_nodes
+    ra, rb = (Retention(raw_s=86400, rollup_s=86400 * 2, step_rows=1000, clock=FakeClock(NOW),
+                        minutes_per_step=2) for _ in range(2))
+    assert ra.step(a).rolled_up_minutes == 2  # minutes 0 and 1 of every device
+    late = Sample(T0 + 30, 0, Phase.UNKNOWN, "nvml", device_used_bytes=99,
+                  device_total_bytes=100)  # node b's link came back: a sample of minute 0
+    b.write([late])
+    rb.note_written([late])
+    assert rb.step(b) == StepResult(0, 0, {}, 1)  # not leading: its own late minute only
+    used = {(r["device_id"], r["bucket_s"] - T0): (r["max_value"], r["count"])
+            for r in maintenance.read_rollups(b) if r["metric"] == "device_used_bytes"}
+    assert used == {(a.device_id(0), 0.0): (0, 1), (a.device_id(1), 0.0): (0, 1),
+                    (a.device_id(0), 60.0): (1, 1), (a.device_id(1), 60.0): (1, 1),
+                    (b.device_id(0), 0.0): (99, 2), (b.device_id(1), 0.0): (0, 1),
+                    (b.device_id(0), 60.0): (1, 1), (b.device_id(1), 60.0): (1, 1)}
+    ra.close()
+
+
+@pytest.mark.postgres
+def test_two_agent_processes_one_leads_and_gives_the_lock_up_when_it_stops(tmp_path,
+                                                                           postgres_url):
+    """Real ``vramscope agent`` processes (tests/agent/test_fleet.py's): after their first
+    retention step (a second after start) exactly one says it leads, and the lock is free once
+    that one stopped (SIGTERM), for the other's next step (test above: it takes over)."""
+    from vramscope.agent.cli import main
+    from vramscope.agent.ingest.connection import AgentConnection
+
+    from tests.agent.test_fleet import AgentProcess
+
+    assert main(["db", "upgrade", "--db", postgres_url]) == 0
+    agents = [AgentProcess(tmp_path, host, postgres_url) for host in ("node-a", "node-b")]
+    try:
+        deadline = time.monotonic() + 60
+        for agent in agents:
+            agent.wait_listening(deadline)
+
+        def leading() -> list[bool | None]:
+            out = []
+            for agent in agents:
+                with AgentConnection(agent.socket_path) as conn:
+                    out.append(conn.status()["retention_leader"])
+            return out
+
+        while None in (states := leading()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(states) == [False, True]
+        leader = agents[states.index(True)]
+        store = Store.open(postgres_url, host_name="test")
+        try:
+            assert _leader_pid(store) is not None
+            assert "now does the store-wide work" in leader.log()
+            leader.stop()
+            assert _leader_pid(store) is None  # given up at stop, not left to a timeout
+        finally:
+            store.close()
+    finally:
+        for agent in agents:
+            agent.kill()
