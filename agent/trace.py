@@ -110,9 +110,12 @@ def file_lines(path: str, *, salvage: list[TraceError] | None = None,
     ``on_read`` is told the bytes of the file as they are read (a gzip file's compressed
     bytes): the progress of ``import`` and ``analyze`` (agent/cli/progress.py)."""
     try:
-        raw_fh = (open(path, "rb") if on_read is None  # noqa: SIM115 - closed in the finally
-                  else io.BufferedReader(CountedReads(open(path, "rb", buffering=0), on_read),
-                                         COUNTED_BUFFER_BYTES))
+        # closed by the generator's finally
+        if on_read is None:
+            raw_fh = open(path, "rb")  # noqa: SIM115
+        else:
+            unbuffered = open(path, "rb", buffering=0)  # noqa: SIM115
+            raw_fh = io.BufferedReader(CountedReads(unbuffered, on_read), COUNTED_BUFFER_BYTES)
         compressed = raw_fh.read(2) == GZIP_MAGIC
         raw_fh.seek(0)
     except OSError as exc:
@@ -457,10 +460,10 @@ def write_sorted_trace(out: IO[str], samples: Iterable[Sample], events: Iterable
         obj = event_to_json(r) if type(r) is Event else sample_to_json(r)  # type: ignore[arg-type]
         out.write(json.dumps(obj, separators=(",", ":")) + "\n")
         n += 1
+        ts_s = _TS(r)
         if on_written is not None and n % WRITTEN_EVERY == 1:
-            on_written(n - told, r.ts_s)
+            on_written(n - told, ts_s)
             told = n
-        ts_s = r.ts_s
     if on_written is not None and n > told:
         on_written(n - told, ts_s)
     return n

@@ -76,8 +76,9 @@ def _upgrade(store: Store) -> None:
     if not steps:
         store.ensure_schema()  # at head already, or refused with its reason
         return
-    with progress.shown("db upgrade", "migrations", len(steps), verb="run") as shown:
-        shown.stage(f"running {steps[0]}")
+    shown = progress.shown("db upgrade", "migrations", len(steps), verb="run")
+    shown.busy = f"running {steps[0]}"
+    with shown:
 
         def on_migrated(revision: str) -> None:
             upcoming = steps[steps.index(revision) + 1:] if revision in steps else []

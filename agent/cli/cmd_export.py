@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
 def _last_ts(store: Store, args: argparse.Namespace) -> float | None:
     """Where the export ends: ``--until``, or the last sample (two index seeks where a count
     of the rows would read them all)."""
+    until: float | None = args.until
     span = store.time_range(args.device)
     if span is None:
-        return args.until
-    return span[1] if args.until is None else min(args.until, span[1])
+        return until
+    return span[1] if until is None else min(until, span[1])
 
 
 def _by_time(shown: Progress, end_s: float | None) -> OnWritten:

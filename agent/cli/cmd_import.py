@@ -28,9 +28,9 @@ from vramscope.agent.cli.common import (
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
-    from vramscope.agent.cli.progress import Progress
     from vramscope.agent.alerts.engine import AlertChange
     from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.cli.progress import Progress
     from vramscope.agent.errors import TraceError
     from vramscope.agent.second_core import Batch
     from vramscope.agent.store import Store

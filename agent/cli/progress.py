@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
-from typing import TextIO
+from typing import IO
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 
@@ -40,7 +40,7 @@ class Progress:
     the block raised, erases the line so that the error is printed on a clean one."""
 
     def __init__(self, label: str, unit: str, total: float | None = None, *, verb: str,
-                 stream: TextIO | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 stream: IO[str] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.label = label
         self.unit = unit
         self.total = total
@@ -117,7 +117,7 @@ class Progress:
 
 
 def shown(label: str, unit: str, total: float | None = None, *, verb: str,
-          quiet: bool = False, output: TextIO | None = None, stream: TextIO | None = None,
+          quiet: bool = False, output: IO[str] | None = None, stream: IO[str] | None = None,
           clock: Clock = SYSTEM_CLOCK) -> Progress:
     """A :class:`Progress` that draws on ``stream`` (stderr) when it is a terminal, unless
     ``quiet`` (``--json``) or the command writes its ``output`` to a terminal too; else one that
@@ -172,14 +172,15 @@ def closing_line(p: Progress, elapsed_s: float) -> str:
 def amount(n: float, unit: str) -> str:
     """``512 B``, ``48.3 KiB``, ``252.0 MiB``; ``1,234,567 records``."""
     if unit != BYTES:
-        return f"{n:,.0f} {unit}"
+        return f"{n:,.0f} {unit[:-1] if n == 1 else unit}"  # 1 record, 2 records
     if n < 1024:
         return f"{n:.0f} B"
-    for prefix in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024:
+    value, prefix = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
             break
-    return f"{n:.1f} {prefix}"
+        value, prefix = value / 1024, bigger
+    return f"{value:.1f} {prefix}"
 
 
 def rate(per_s: float, unit: str) -> str:
@@ -201,14 +202,14 @@ def duration(s: float) -> str:
     return f"{whole // 3600}h{whole // 60 % 60:02d}m"
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def _is_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # replaced by an object without it, or closed
         return False
 
 
-def _columns(stream: TextIO | None) -> int:
+def _columns(stream: IO[str] | None) -> int:
     try:
         columns = os.get_terminal_size(stream.fileno()).columns if stream else 0
     except (AttributeError, ValueError, OSError):
