@@ -8,6 +8,7 @@ import gzip
 import os
 import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -33,20 +34,23 @@ class Terminal:
     """A pseudo-terminal: what is written on its ``stream`` comes back from ``read``, as a
     terminal gets it (a newline as CR LF)."""
 
+    MARK = "\x1e"  # written after the text to read: all before it has come through
+
     def __init__(self) -> None:
         self._reader, writer = pty.openpty()
         self.stream = open(writer, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def read(self) -> str:
+        """What was written since the last read (the terminal passes it on asynchronously:
+        read up to a mark written after it)."""
+        self.stream.write(self.MARK)
         self.stream.flush()
         got = b""
-        while True:
-            os.set_blocking(self._reader, False)
-            try:
-                chunk = os.read(self._reader, 65536)
-            except BlockingIOError:
-                return got.decode()
-            got += chunk
+        while not got.endswith(self.MARK.encode()):
+            ready, _, _ = select.select([self._reader], [], [], 10.0)
+            assert ready, f"the terminal gave {got!r} and then nothing for 10 s"
+            got += os.read(self._reader, 65536)
+        return got.decode()[:-1]
 
     def close(self) -> None:
         self.stream.close()
