@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import gzip
 import heapq
+import io
 import json
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
 from typing import IO, Any, NamedTuple, cast
 
@@ -61,23 +62,28 @@ class TraceDamage(TraceError):
     kept and this is reported among the skipped problems."""
 
 
-def read_trace(path: str, *, skip_invalid: bool = False) -> Trace:
+OnRead = Callable[[int], None]  # told each time more of a file's bytes are read: how many
+
+
+def read_trace(path: str, *, skip_invalid: bool = False, on_read: OnRead | None = None) -> Trace:
     """Read a whole trace file; strict unless ``skip_invalid`` (then bad lines, and a damaged
     end, are skipped and listed in ``Trace.skipped``)."""
     skipped: list[TraceError] = []
-    return parse_lines(file_lines(path, salvage=skipped if skip_invalid else None), path,
+    return parse_lines(file_lines(path, salvage=skipped if skip_invalid else None,
+                                  on_read=on_read), path,
                        skip_invalid=skip_invalid, skipped=skipped)
 
 
 def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceError] | None = None,
-               chunk: int = 5000) -> Iterator[tuple[list[Sample], list[Event]]]:
+               chunk: int = 5000, on_read: OnRead | None = None
+               ) -> Iterator[tuple[list[Sample], list[Event]]]:
     """Stream a trace file as ``(samples, events)`` chunks of at most ``chunk`` records, so a
     file of any size costs one chunk of memory. Strict unless ``skip_invalid`` (then the bad
     lines, and a :class:`TraceDamage` where the file breaks off, go to ``skipped``)."""
     samples: list[Sample] = []
     events: list[Event] = []
     skipped = skipped if skipped is not None else []
-    lines = file_lines(path, salvage=skipped if skip_invalid else None)
+    lines = file_lines(path, salvage=skipped if skip_invalid else None, on_read=on_read)
     for _lineno, record in _records(lines, path, skip_invalid, skipped):
         if isinstance(record, Event):
             events.append(record)
@@ -90,7 +96,8 @@ def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceErro
         yield samples, events
 
 
-def file_lines(path: str, *, salvage: list[TraceError] | None = None) -> Iterator[str]:
+def file_lines(path: str, *, salvage: list[TraceError] | None = None,
+               on_read: OnRead | None = None) -> Iterator[str]:
     """The lines of a trace file, decoded one at a time: a file that is not UTF-8 JSON Lines
     (invalid UTF-8, binary, a damaged or truncated gzip stream) is reported at the line where it
     goes wrong. A gzip-compressed trace (``.jsonl.gz``, found by its magic bytes, whatever its
@@ -98,9 +105,17 @@ def file_lines(path: str, *, salvage: list[TraceError] | None = None) -> Iterato
 
     ``salvage``: a damaged gzip stream (the commonest damaged trace: a recorder killed
     mid-write) ends the lines there instead of raising, its :class:`TraceDamage` added to the
-    list: every whole line before the damage is kept."""
+    list: every whole line before the damage is kept.
+
+    ``on_read`` is told the bytes of the file as they are read (a gzip file's compressed
+    bytes): the progress of ``import`` and ``analyze`` (agent/cli/progress.py)."""
     try:
-        raw_fh = open(path, "rb")  # noqa: SIM115 - closed by the generator's finally
+        # closed by the generator's finally
+        if on_read is None:
+            raw_fh = open(path, "rb")  # noqa: SIM115
+        else:
+            unbuffered = open(path, "rb", buffering=0)  # noqa: SIM115
+            raw_fh = io.BufferedReader(CountedReads(unbuffered, on_read), COUNTED_BUFFER_BYTES)
         compressed = raw_fh.read(2) == GZIP_MAGIC
         raw_fh.seek(0)
     except OSError as exc:
@@ -131,6 +146,47 @@ def file_lines(path: str, *, salvage: list[TraceError] | None = None) -> Iterato
     finally:
         fh.close()
         raw_fh.close()
+
+
+# the buffer of a counted file: one call of ``on_read`` per 64 KiB read
+COUNTED_BUFFER_BYTES = 64 * 1024
+
+
+class CountedReads(io.RawIOBase):
+    """A file whose reads tell ``on_read`` how many bytes are new: each byte once, however
+    often it is read (``file_lines`` reads the gzip magic, then seeks back to the start)."""
+
+    def __init__(self, raw: io.RawIOBase, on_read: OnRead) -> None:
+        self._raw = raw
+        self._on_read = on_read
+        self._pos = 0
+        self._furthest = 0  # the bytes up to here have been told
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._raw.seekable()
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = self._raw.readinto(buffer)
+        if n:
+            self._pos += n
+            if self._pos > self._furthest:
+                self._on_read(self._pos - self._furthest)
+                self._furthest = self._pos
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = self._raw.seek(offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def _read_line(fh: IO[bytes], path: str, lineno: int) -> bytes:
@@ -386,13 +442,28 @@ def write_trace(out: IO[str], samples: Iterable[Sample], events: Iterable[Event]
     return write_sorted_trace(out, sorted(samples, key=_TS), sorted(events, key=_TS))
 
 
-def write_sorted_trace(out: IO[str], samples: Iterable[Sample], events: Iterable[Event]) -> int:
+OnWritten = Callable[[int, float], None]  # told lines written since its last call, the last's time
+WRITTEN_EVERY = 1024  # lines between two calls of ``on_written``
+
+
+def write_sorted_trace(out: IO[str], samples: Iterable[Sample], events: Iterable[Event], *,
+                       on_written: OnWritten | None = None) -> int:
     """:func:`write_trace` of samples and events each already in time order (a store's
     cursors: ``vramscope export``), as a stream, whatever their number; a sample before an
-    event of the same instant, each kind in its input order."""
-    n = 0
+    event of the same instant, each kind in its input order.
+
+    ``on_written`` is told of the first line, every ``WRITTEN_EVERY`` lines after it and of
+    the last ones: how many, and the time the last of them is at (``export``'s progress)."""
+    n = told = 0
+    ts_s = 0.0
     for r in heapq.merge(samples, events, key=_TS):  # a tie: the first iterable's first
         obj = event_to_json(r) if type(r) is Event else sample_to_json(r)  # type: ignore[arg-type]
         out.write(json.dumps(obj, separators=(",", ":")) + "\n")
         n += 1
+        ts_s = _TS(r)
+        if on_written is not None and n % WRITTEN_EVERY == 1:
+            on_written(n - told, ts_s)
+            told = n
+    if on_written is not None and n > told:
+        on_written(n - told, ts_s)
     return n

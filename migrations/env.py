@@ -51,6 +51,9 @@ def _run(connection: Connection) -> None:
         compare_type=True,
         include_name=include_name,
         include_object=include_object,
+        # after each step, when a caller asked (migrate.upgrade: `vramscope db upgrade` shows
+        # its progress)
+        on_version_apply=config.attributes.get("on_version_apply", ()),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.cli import progress
 from vramscope.agent.cli.common import (
     add_config_flag,
     config_from_args,
@@ -35,11 +36,13 @@ from vramscope.agent.cli.measured import Measured
 from vramscope.agent.errors import UsageError, VramscopeError
 
 if TYPE_CHECKING:
+    from vramscope.agent.cli.progress import Progress
     from vramscope.agent.config import Config
     from vramscope.agent.errors import TraceError
     from vramscope.agent.records import Event, PostMortem, Sample
     from vramscope.agent.second_core import Batch
     from vramscope.agent.store import Store
+    from vramscope.agent.trace import OnRead
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,11 +170,13 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
 
     skipped: list[TraceError] = []
     counts = [0] * len(paths)  # how many records each file held
-    records = file_records(paths, args.skip_invalid, skipped, counts, args.device)
     analyze = partial(_analyze_batches, paths, args.skip_invalid, config, args.makeup)
     try:
-        doc = second_core.consume(analyze, record_batches(measured.watch(records), CHUNK),
-                                  in_child=second_core.worth_a_child(paths))
+        with _reading(paths, args) as shown:
+            records = file_records(paths, args.skip_invalid, skipped, counts, args.device,
+                                   on_read=shown.advance)
+            doc = second_core.consume(analyze, record_batches(measured.watch(records), CHUNK),
+                                      in_child=second_core.worth_a_child(paths))
         report_skipped(skipped)
         _check_not_empty(paths, counts, args.skip_invalid)
         return doc
@@ -179,27 +184,40 @@ def _analyze_files(paths: list[str], config: Config, args: argparse.Namespace,
         sys.stderr.write(f"note: {exc}: loading the recording whole to sort it\n")
     samples: list[Sample] = []
     events: list[Event] = []
-    for path in paths:
-        trace = read_trace(path, skip_invalid=args.skip_invalid)
-        report_skipped(trace.skipped)
-        _check_not_empty([path], [len(trace.samples) + len(trace.events)], args.skip_invalid)
-        samples += measured.watch(trace.samples)
-        events += trace.events
-    return analyze_records(samples, events, config, device=args.device, makeup=args.makeup)
+    with _reading(paths, args) as shown:
+        for path in paths:
+            trace = read_trace(path, skip_invalid=args.skip_invalid, on_read=shown.advance)
+            if trace.skipped:
+                shown.clear()  # the skipped lines below it, not through it
+            report_skipped(trace.skipped)
+            _check_not_empty([path], [len(trace.samples) + len(trace.events)],
+                             args.skip_invalid)
+            samples += measured.watch(trace.samples)
+            events += trace.events
+        shown.stage("analyzing")
+        return analyze_records(samples, events, config, device=args.device,
+                               makeup=args.makeup)
+
+
+def _reading(paths: list[str], args: argparse.Namespace) -> Progress:
+    """The progress of reading the files, in bytes: on a terminal, and not with ``--json``."""
+    return progress.shown("analyze", progress.BYTES, progress.file_sizes(paths), verb="read",
+                          quiet=args.json)
 
 
 def file_records(paths: list[str], skip_invalid: bool, skipped: list[TraceError],
-                  counts: list[int], device: int | None, until_s: float = math.inf
-                  ) -> Iterator[Sample | Event]:
+                  counts: list[int], device: int | None, until_s: float = math.inf, *,
+                  on_read: OnRead | None = None) -> Iterator[Sample | Event]:
     """The files' records (of ``device``, or all) in time order up to ``until_s``; the bad
-    lines go to ``skipped``, each file's record count to ``counts``."""
+    lines go to ``skipped``, each file's record count to ``counts``, the bytes read to
+    ``on_read``."""
     import heapq
 
     from vramscope.agent.analysis.merge import in_time_order
     from vramscope.agent.trace import iter_trace
 
     streams = [in_time_order(_counted(iter_trace(path, skip_invalid=skip_invalid,
-                                                 skipped=skipped), counts, i),
+                                                 skipped=skipped, on_read=on_read), counts, i),
                              FILE_SLACK_S, i, path)
                for i, path in enumerate(paths)]
     for ts_s, _kind, _source, _seq, r in heapq.merge(*streams):

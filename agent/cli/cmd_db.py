@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from vramscope.agent.cli import progress
 from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from_args
 from vramscope.agent.errors import StoreError
+
+if TYPE_CHECKING:
+    from vramscope.agent.store import Store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                        upgrade=False)
     try:
         if args.action == "upgrade":
-            store.ensure_schema()
+            _upgrade(store)
         elif args.action == "stamp":
             if args.revision != "head" and args.revision not in migrate.known_revisions():
                 raise StoreError(f"unknown revision {args.revision!r}; known: head, "
@@ -60,3 +65,24 @@ def run(args: argparse.Namespace) -> int:
     state = "head" if rev == head else f"head is {head}"
     print(f"{store.safe_url}: revision {rev or 'base (empty)'} ({state})")
     return 0
+
+
+def _upgrade(store: Store) -> None:
+    """``ensure_schema``, with the migrations run so far on a terminal: one of them can
+    rewrite a table of millions of rows (0006 partitions the samples)."""
+    from vramscope.agent.store import migrate
+
+    steps = migrate.pending(store.engine)
+    if not steps:
+        store.ensure_schema()  # at head already, or refused with its reason
+        return
+    shown = progress.shown("db upgrade", "migrations", len(steps), verb="run")
+    shown.busy = f"running {steps[0]}"
+    with shown:
+
+        def on_migrated(revision: str) -> None:
+            upcoming = steps[steps.index(revision) + 1:] if revision in steps else []
+            shown.busy = f"running {upcoming[0]}" if upcoming else ""
+            shown.advance(1)
+
+        store.ensure_schema(on_migrated)

@@ -7,10 +7,16 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
+from vramscope.agent.cli import progress
 from vramscope.agent.cli.common import add_config_flag, add_db_flag, config_from_args, open_store
 from vramscope.agent.errors import VramscopeError
+
+if TYPE_CHECKING:
+    from vramscope.agent.cli.progress import Progress
+    from vramscope.agent.store import Store
+    from vramscope.agent.trace import OnWritten
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,10 +42,36 @@ def run(args: argparse.Namespace) -> int:
         # of a few thousand rows
         samples = store.iter_samples(args.device, args.since, args.until)
         events = store.iter_events(args.device, args.since, args.until)
-        n = write_sorted_trace(out, samples, events)
+        with progress.shown("export", "records", verb="written", output=out) as shown:
+            n = write_sorted_trace(out, samples, events,
+                                   on_written=_by_time(shown, _last_ts(store, args)))
     if args.output:
         print(f"{args.output}: wrote {n} lines", file=sys.stderr)
     return 0
+
+
+def _last_ts(store: Store, args: argparse.Namespace) -> float | None:
+    """Where the export ends: ``--until``, or the last sample (two index seeks where a count
+    of the rows would read them all)."""
+    until: float | None = args.until
+    span = store.time_range(args.device)
+    if span is None:
+        return until
+    return span[1] if until is None else min(until, span[1])
+
+
+def _by_time(shown: Progress, end_s: float | None) -> OnWritten:
+    """How far the export is, by time: lines come in time order, from the first one written
+    to ``end_s`` (the rows are not counted beforehand)."""
+    first_s: float | None = None
+
+    def on_written(lines: int, ts_s: float) -> None:
+        nonlocal first_s
+        first_s = ts_s if first_s is None else first_s
+        span = None if end_s is None else end_s - first_s
+        shown.advance(lines, fraction=(ts_s - first_s) / span if span else None)
+
+    return on_written
 
 
 def _export_rules(args: argparse.Namespace) -> int:

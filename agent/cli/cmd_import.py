@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.cli import progress
 from vramscope.agent.cli.common import (
     add_config_flag,
     add_db_flag,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
     from vramscope.agent.alerts.engine import AlertChange
     from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.cli.progress import Progress
     from vramscope.agent.errors import TraceError
     from vramscope.agent.second_core import Batch
     from vramscope.agent.store import Store
@@ -56,10 +58,13 @@ def run(args: argparse.Namespace) -> int:
     # answer). A large import runs it on a second core while this one decodes and writes
     # (second_core.py).
     in_child = second_core.worth_a_child(args.files)
-    with open_store(args, config) as store, store.transaction() as conn:
-        batches = written_batches(store, conn, args.files, args.skip_invalid, reports)
+    with (progress.shown("import", progress.BYTES, progress.file_sizes(args.files),
+                         verb="read") as shown,
+          open_store(args, config) as store, store.transaction() as conn):
+        batches = written_batches(store, conn, args.files, args.skip_invalid, reports, shown)
         rows, changes = second_core.consume(partial(engine_answers, config), batches,
                                             in_child=in_child)
+        shown.stage("storing verdicts and alerts")
         verdicts.write(store, rows, conn)
         alerts = StoreSink(store)  # the alerts it fired and resolved, as an agent stores them
         for change in changes:
@@ -93,23 +98,27 @@ def engine_answers(config: Mapping[str, Any], batches: Iterable[Batch]
 
 
 def written_batches(store: Store, conn: Connection, paths: list[str], skip_invalid: bool,
-             reports: list[str]) -> Iterator[Batch]:
+                    reports: list[str], shown: Progress | None = None) -> Iterator[Batch]:
     """Each file's records in chunks, each written to the store as it is yielded; a line for
-    each file in ``reports`` once it is read."""
+    each file in ``reports`` once it is read; the bytes read counted in ``shown``."""
     from vramscope.agent.store.content_keys import FileRepeats
     from vramscope.agent.trace import iter_trace
 
+    on_read = None if shown is None else shown.advance
     for path in paths:
         skipped: list[TraceError] = []
         counts = [0, 0, 0, 0]  # new samples, new events, samples there, events there
         repeats = FileRepeats.new()
-        for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped):
+        for samples, events in iter_trace(path, skip_invalid=skip_invalid, skipped=skipped,
+                                          on_read=on_read):
             new = store.write_new(samples, events, conn, repeats)
             for i, n in enumerate((len(new.samples), len(new.events), new.samples_there,
                                    new.events_there)):
                 counts[i] += n
             if new.samples or new.events:
                 yield new.samples, new.events
+        if shown is not None and skipped:
+            shown.clear()  # the skipped lines below it, not through it
         report_skipped(skipped)
         reports.append(f"{path}: imported {counts[0]} samples and {counts[1]} events"
                        f"{skipped_note(skipped)}{already_note(counts[2], counts[3])}")

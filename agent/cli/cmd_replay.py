@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from vramscope.agent.cli import progress
 
 if TYPE_CHECKING:
     from vramscope.agent.clock import Clock
@@ -54,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.as_fast_as_possible and not args.speed > 0:
         raise UsageError(f"--speed must be > 0, got {args.speed}")
     config = load_config(args.config).replace(agent__socket_path=args.socket_path)
-    trace = read_trace(args.file)
+    with progress.shown("replay", progress.BYTES, progress.file_sizes([args.file]),
+                        verb="read") as reading:
+        trace = read_trace(args.file, on_read=reading.advance)
     records: list[Sample | Event] = [*trace.samples, *trace.events]
     records.sort(key=lambda r: r.ts_s)
     if args.retime:
@@ -62,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     speed = None if args.as_fast_as_possible else args.speed
     path = config["agent.socket_path"]
     before = _refused(path)
-    sent = replay(records, path, speed=speed)
+    with progress.shown("replay", "records", len(records), verb="sent") as sending:
+        sent = replay(records, path, speed=speed, on_sent=sending.advance)
     print(f"replayed {sent} records from {args.file}"
           + (f", re-timed to end at {iso_utc(records[-1].ts_s)}" if args.retime and records
              else ""))
@@ -101,9 +107,10 @@ def _refused(socket_path: str) -> Counter[str]:
 
 
 def replay(records: list[Sample | Event], socket_path: str, *, speed: float | None = None,
-           batch_records: int = BATCH_RECORDS, clock: Clock | None = None) -> int:
+           batch_records: int = BATCH_RECORDS, clock: Clock | None = None,
+           on_sent: Callable[[int], None] | None = None) -> int:
     """Send ``records`` (in order) to the agent; pace by their timestamps unless ``speed`` is
-    None. Returns the number sent."""
+    None; ``on_sent`` is told how many each batch sent held. Returns the number sent."""
     from vramscope.agent.clock import SYSTEM_CLOCK
     from vramscope.agent.ingest.connection import AgentConnection
 
@@ -111,17 +118,30 @@ def replay(records: list[Sample | Event], socket_path: str, *, speed: float | No
     devices = sorted({r.device for r in records})
     with AgentConnection(socket_path) as conn:
         conn.hello("vramscope-replay", devices)
+        send = _sender(conn, on_sent)
         if speed is None:
             for i in range(0, len(records), batch_records):
-                conn.send_records(records[i:i + batch_records])
+                send(records[i:i + batch_records])
         else:
-            _paced(conn, records, speed, clock)
+            _paced(send, records, speed, clock)
         conn.status()  # a round trip: the agent has read everything we sent
     return len(records)
 
 
-def _paced(conn: AgentConnection, records: list[Sample | Event], speed: float,
-           clock: Clock) -> None:
+def _sender(conn: AgentConnection, on_sent: Callable[[int], None] | None
+            ) -> Callable[[list[Sample | Event]], None]:
+    if on_sent is None:
+        return conn.send_records
+
+    def send(batch: list[Sample | Event]) -> None:
+        conn.send_records(batch)
+        on_sent(len(batch))
+
+    return send
+
+
+def _paced(send: Callable[[list[Sample | Event]], None], records: list[Sample | Event],
+           speed: float, clock: Clock) -> None:
     if not records:
         return
     t0_trace, t0 = records[0].ts_s, clock.monotonic_s()
@@ -133,5 +153,5 @@ def _paced(conn: AgentConnection, records: list[Sample | Event], speed: float,
         now_trace = t0_trace + (clock.monotonic_s() - t0) * speed
         while j < len(records) and records[j].ts_s <= now_trace and j - i < BATCH_RECORDS:
             j += 1
-        conn.send_records(records[i:max(j, i + 1)])
+        send(records[i:max(j, i + 1)])
         i = max(j, i + 1)

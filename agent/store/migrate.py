@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -44,14 +45,35 @@ def current_revision(engine: Engine) -> str | None:
 _UPGRADE_LOCK_KEY = 0x7652414D  # "vRAM"
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def pending(engine: Engine) -> list[str]:
+    """The revisions an upgrade to head would run, oldest first (none for a database at head,
+    or at a revision this vramscope does not know: ``Store.ensure_schema`` refuses that)."""
+    current = current_revision(engine)
+    script = ScriptDirectory.from_config(alembic_config())
+    if current is not None and current not in known_revisions():
+        return []
+    steps = script.iterate_revisions("heads", current)  # newest first
+    return [s.revision for s in steps][::-1]
+
+
+# told after each migration step: the revision it upgraded to
+OnMigrated = Callable[[str], None]
+
+
+def upgrade(engine: Engine, revision: str = "head", *,
+            on_migrated: OnMigrated | None = None) -> None:
     """Upgrade inside one transaction. On PostgreSQL, agents of a fleet started together on an
     empty database would race to create the same tables; a transaction-level advisory lock lets
-    one upgrade while the others wait, then find the schema current and do nothing."""
+    one upgrade while the others wait, then find the schema current and do nothing.
+    ``on_migrated``: told of each revision as it is applied (``db upgrade``'s progress)."""
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_UPGRADE_LOCK_KEY})")
-        command.upgrade(alembic_config(conn), revision)
+        cfg = alembic_config(conn)
+        if on_migrated is not None:
+            cfg.attributes["on_version_apply"] = (
+                lambda *, step, **_: on_migrated(step.up_revision_id),)
+        command.upgrade(cfg, revision)
 
 
 def stamp(engine: Engine, revision: str = "head") -> None:

@@ -121,9 +121,10 @@ class Store:
             store.ensure_schema()
         return store
 
-    def ensure_schema(self) -> None:
+    def ensure_schema(self, on_migrated: migrate.OnMigrated | None = None) -> None:
         """Upgrade an older schema; refuse a newer one, a damaged file and tables without a
-        revision. Never writes over what it does not recognise."""
+        revision. Never writes over what it does not recognise. ``on_migrated`` is told of
+        each revision applied."""
         try:
             current = migrate.current_revision(self.engine)
             tables = [t for t in self._table_names() if t != "alembic_version"] \
@@ -145,7 +146,7 @@ class Store:
                 f"`vramscope db upgrade`")
         if current != migrate.head_revision():
             try:
-                migrate.upgrade(self.engine)
+                migrate.upgrade(self.engine, on_migrated=on_migrated)
             except DatabaseError as exc:
                 raise StoreError(self._damaged(exc)) from None
 
