@@ -101,7 +101,10 @@ def _postgres_cost(store: Store, call) -> int:
                 plan = c.exec_driver_sql(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params).scalar()
                 top = (json.loads(plan) if isinstance(plan, str) else plan)[0]
-                blocks += _buffers(top["Plan"]) + _buffers(top.get("Planning", {}))
+                # the plan's blocks, not its planning's: planning reads the catalogs, as many
+                # blocks as the session has not cached yet (a test run alone read 48 more on
+                # the week's store than after the tests before it), whatever the data's size
+                blocks += _buffers(top["Plan"])
         tx.rollback()
     return blocks
 
@@ -110,13 +113,13 @@ def _buffers(node: dict) -> int:
     return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
-def _assert_flat(stores, call_of, slack: int = 2) -> tuple[int, int]:
+def _assert_flat(stores, call_of, slack: int = 2, extra: int = 0) -> tuple[int, int]:
     """``call_of(store)`` costs about the same on both stores (``slack`` x + a constant for
-    one more B-tree level)."""
+    one more B-tree level, + ``extra``)."""
     opened, cost = stores
     hour = cost(opened["hour"], lambda: call_of(opened["hour"]))
     week = cost(opened["week"], lambda: call_of(opened["week"]))
-    assert week <= slack * hour + 20, (hour, week)
+    assert week <= slack * hour + 20 + extra, (hour, week)
     return hour, week
 
 
@@ -175,9 +178,22 @@ def test_a_retention_step_at_steady_state_costs_the_same_at_any_age(stores):
         [(0, 0, False)] * 2
 
 
+def _day_partitions(store: Store) -> int:
+    if store.dialect != "postgresql":
+        return 0
+    with store.engine.connect() as c:
+        return int(c.execute(text("SELECT count(*) FROM pg_inherits "
+                                  "WHERE inhparent = 'samples'::regclass")).scalar())
+
+
 def test_time_range_is_two_index_seeks(stores):
     spans = []
-    _assert_flat(stores, lambda s: spans.append(s.time_range(1)))
+    # on PostgreSQL samples are partitioned by day: a min and a max seek each partition's
+    # index (about 3 blocks each), so the week pays per day partition the raw retention
+    # keeps, never per row
+    opened, _ = stores
+    extra = 6 * (_day_partitions(opened["week"]) - _day_partitions(opened["hour"]))
+    hour, week = _assert_flat(stores, lambda s: spans.append(s.time_range(1)), extra=extra)
     hour, week = spans
     assert hour[1] == week[1] == END - 1 / HZ
     assert week[0] < END - 6 * 86_400 < hour[0]
