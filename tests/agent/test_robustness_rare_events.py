@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import ConfigError, parse_config
+from vramscope.agent.config import SETTINGS_BY_KEY, ConfigError, parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.rare_events import DAY_S, RareEventsPerDay, RareRefusal
+from vramscope.agent.ingest.rare_events import (
+    DAY_S,
+    DEFAULT_MAX_PER_DAY,
+    RareEventsPerDay,
+    RareRefusal,
+)
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
+from vramscope.agent.store.schema import FREQUENT_EVENTS
+from vramscope.agent.trace import read_trace
 
 NOW = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 NEXT_DAY = (NOW // DAY_S + 1) * DAY_S  # 2023-11-15 00:00:00 UTC, 6,400 s later
@@ -146,3 +155,21 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
     assert sum(e.pid == 7002 for e in events) == CAP
     assert sum(e.pid == pid and e.ts_s >= NEXT_DAY for e in events) == CAP
     assert sum(s.pid == pid for s in agent.store.samples(device=None)) == 40
+
+
+def test_a_recorded_vllm_server_stays_far_below_the_default_cap_a_day():
+    """The default is one a real server does not reach: the recorded vLLM run (42 s under
+    load, prefix caching on) has 38 events kept with the rollups (17 server_load, 20
+    prefix_cache, 1 process_rank), under 80,000 a day at that rate. Its 386 kv_evicted, one a
+    step that evicted cached blocks, are frequent: kept with the rollups they alone would be
+    about 800,000 a day, over the cap."""
+    recording = Path(__file__).resolve().parents[1] / "data" / "vllm_idle_server.jsonl.gz"
+    trace = read_trace(str(recording))
+    kept = Counter(e.name for e in trace.events if e.name not in FREQUENT_EVENTS)
+    assert kept == {"server_load": 17, "prefix_cache": 20, "process_rank": 1}
+    times = [r.ts_s for r in [*trace.samples, *trace.events]]
+    per_day = sum(kept.values()) / (max(times) - min(times)) * DAY_S
+    evicted = sum(e.name == "kv_evicted" for e in trace.events)
+    assert evicted == 386 and "kv_evicted" in FREQUENT_EVENTS
+    assert SETTINGS_BY_KEY["agent.client_max_rare_events_per_day"].default == DEFAULT_MAX_PER_DAY
+    assert per_day < 80_000 < DEFAULT_MAX_PER_DAY < evicted / sum(kept.values()) * per_day
