@@ -8,6 +8,7 @@ kernel's uid and pid, as ``ProcessBuckets``) may have ``agent.client_max_rare_ev
 of them kept per UTC day of the agent's clock; beyond, they are refused one by one (counted as
 ``rejected["rare_events_day"]``), its samples and frequent events still stored, other clients
 unaffected. The count is of the events the other limits let through: what the store keeps.
+A post-mortem counts as one (the store keeps post-mortems longer than the rollups).
 
 Memory: one entry per process that had a rare event kept today; all of them go at the next UTC
 day, and beyond ``max_kept`` the least recently counted is forgotten (a process still writing
@@ -59,15 +60,7 @@ class RareEventsPerDay:
         rare = sum(1 for r in records if isinstance(r, Event) and r.name not in _FREQUENT)
         if not rare:
             return records, None
-        day = int(self._clock.time_s() // DAY_S)
-        if day != self._day:  # a new UTC day: every count starts again
-            self._day = day
-            self._counts.clear()
-        used = self._counts.pop(process, 0)
-        room = max(0, self.max_per_day - used)
-        self._counts[process] = used + min(rare, room)
-        if len(self._counts) > self._max_kept:
-            self._counts.popitem(last=False)
+        room = self.take(process, rare)
         if rare <= room:
             return records, None
         kept: list[Sample | Event] = []
@@ -79,10 +72,24 @@ class RareEventsPerDay:
             kept.append(r)
         return kept, RareRefusal(len(records) - len(kept), self.max_per_day)
 
+    def take(self, process: Hashable, wanted: int) -> int:
+        """How many of ``wanted`` events ``process`` may still have kept today; those are
+        counted. A post-mortem is one (the store keeps them longer still)."""
+        day = int(self._clock.time_s() // DAY_S)
+        if day != self._day:  # a new UTC day: every count starts again
+            self._day = day
+            self._counts.clear()
+        used = self._counts.pop(process, 0)
+        granted = min(wanted, max(0, self.max_per_day - used))
+        self._counts[process] = used + granted
+        if len(self._counts) > self._max_kept:
+            self._counts.popitem(last=False)
+        return granted
+
     def describe(self, refusal: RareRefusal) -> str:
         return (f"{refusal.records} event(s) refused: the client had {refusal.cap} events kept "
                 f"with the rollups today (UTC), its cap (agent.client_max_rare_events_per_day); "
-                f"its samples and frequent events are still stored")
+                f"its samples and frequent events are still stored (a post-mortem counts as one)")
 
     def __len__(self) -> int:
         return len(self._counts)

@@ -50,7 +50,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,7 @@ from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import Bucket, ProcessBuckets, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
 from vramscope.agent.ingest.rare_events import REASON as RARE_REASON
-from vramscope.agent.ingest.rare_events import RareEventsPerDay
+from vramscope.agent.ingest.rare_events import RareEventsPerDay, RareRefusal
 from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
@@ -469,6 +469,12 @@ class IngestServer:
                 pm = pm._replace(pid=conn.info.pid)
             if not self._within_budget(conn, 1, self._payload_bytes):
                 return None
+            if self._rare is not None and not self._rare.take(_rare_key(conn), 1):
+                self.stats.rejected[RARE_REASON] += 1
+                self._log_refused_records("client pid %s: a post-mortem: %s", conn.info.pid,
+                                          self._rare.describe(
+                                              RareRefusal(1, self._rare.max_per_day)))
+                return None
             conn.useful_s = time.monotonic()
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
@@ -585,9 +591,7 @@ class IngestServer:
         """``records`` less the events kept with the rollups beyond the client process's cap
         for today; counted (``rare_events_day``) and said in a log line."""
         assert self._rare is not None
-        process = _process(conn)
-        kept, refusal = self._rare.admit(process if process is not None else ("conn", id(conn)),
-                                         records)
+        kept, refusal = self._rare.admit(_rare_key(conn), records)
         if refusal is not None:
             self.stats.rejected[RARE_REASON] += refusal.records
             self._log_refused_records("client pid %s: %s", conn.info.pid,
@@ -645,6 +649,13 @@ def _process(conn: _Conn) -> tuple[int | None, int] | None:
     (not Linux, or another PID namespace: the connection has a budget of its own)."""
     pid = conn.info.peer_pid
     return (conn.info.peer_uid, pid) if pid else None
+
+
+def _rare_key(conn: _Conn) -> Hashable:
+    """Whose count of events kept with the rollups a connection spends: its process, or the
+    connection itself when the kernel names no process (as for the write budget)."""
+    process = _process(conn)
+    return process if process is not None else ("connection", id(conn))
 
 
 def _check_ns_pid(info: ClientInfo) -> None:

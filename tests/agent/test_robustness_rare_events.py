@@ -18,6 +18,7 @@ import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import SETTINGS_BY_KEY, ConfigError, parse_config
 from vramscope.agent.daemon import Agent
+from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.rare_events import (
     DAY_S,
@@ -25,7 +26,7 @@ from vramscope.agent.ingest.rare_events import (
     RareEventsPerDay,
     RareRefusal,
 )
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store.schema import FREQUENT_EVENTS
 from vramscope.agent.trace import read_trace
@@ -37,6 +38,10 @@ CAP = 40
 
 def _rare(n: int, pid: int, ts: float, name: str = "custom") -> list[Event]:
     return [Event(ts + i * 1e-3, name, 0, pid, data={"i": i}) for i in range(n)]
+
+
+def _postmortem(pid: int, ts: float) -> PostMortem:
+    return PostMortem(ts, 0, pid, Phase.DECODE, 1, 1, 1, 1, 1, 1, 0.5)
 
 
 def _samples(n: int, pid: int, ts: float) -> list[Sample]:
@@ -127,11 +132,13 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
         agent, clock):
     """The client's 40 rare events of the day are stored; from the 41st they are refused and
     counted, while its samples and frequent events in the same messages are all stored;
-    another process stores its own 40; after midnight UTC the client has 40 again."""
+    another process stores its own 40; after midnight UTC the client has 40 again. A
+    post-mortem (kept longer still) counts as one such event."""
     pid = 7001
     with AgentConnection(agent.socket_path) as conn:
         conn.hello("flood")
-        conn.send_records(_rare(CAP - 1, pid, NOW) + _samples(10, pid, NOW))
+        conn.send(proto.postmortem_message(_postmortem(pid, NOW - 1)))  # the 1st
+        conn.send_records(_rare(CAP - 2, pid, NOW) + _samples(10, pid, NOW))
         conn.send_records(_rare(1, pid, NOW + 1) + _samples(10, pid, NOW + 1))  # the 40th
         assert conn.status()["rejected"] == {}
         conn.send_records(_rare(1, pid, NOW + 2) + _samples(10, pid, NOW + 2)  # the 41st
@@ -139,18 +146,21 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
         assert conn.status()["rejected"] == {"rare_events_day": 1}
         conn.send_records(_rare(25, pid, NOW + 3, "oom") + _samples(10, pid, NOW + 3))
         assert conn.status()["rejected"] == {"rare_events_day": 26}
-    assert _neighbour(agent.socket_path, NOW + 4, CAP + 2) == 26 + 2
+        conn.send(proto.postmortem_message(_postmortem(pid, NOW + 4)))
+        assert conn.status()["rejected"] == {"rare_events_day": 27}
+    assert _neighbour(agent.socket_path, NOW + 4, CAP + 2) == 27 + 2
     clock.advance(NEXT_DAY - NOW)
     with AgentConnection(agent.socket_path) as conn:
         conn.hello("flood")
         conn.send_records(_rare(CAP + 5, pid, NEXT_DAY))
         status = conn.status()
-    assert status["rejected"] == {"rare_events_day": 26 + 2 + 5}
+    assert status["rejected"] == {"rare_events_day": 27 + 2 + 5}
     agent.writer.flush()
     events = agent.store.events(None, names=["custom", "oom", "request_start"])
     yesterday = [e for e in events if e.pid == pid and e.ts_s < NEXT_DAY]
     assert sorted(e.ts_s for e in yesterday if e.name != "request_start") == sorted(
-        e.ts_s for e in _rare(CAP - 1, pid, NOW) + _rare(1, pid, NOW + 1))
+        e.ts_s for e in _rare(CAP - 2, pid, NOW) + _rare(1, pid, NOW + 1))
+    assert [pm.ts_s for _, pm in agent.store.postmortems()] == [NOW - 1]
     assert sum(e.name == "request_start" for e in yesterday) == 1  # frequent: not capped
     assert sum(e.pid == 7002 for e in events) == CAP
     assert sum(e.pid == pid and e.ts_s >= NEXT_DAY for e in events) == CAP
