@@ -299,6 +299,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("agent.client_budget_burst_s", float, 10.0,
             "A client may write this many seconds of its rows and bytes budget at once (a "
             "post-mortem, a flush after a reconnect).", min=0.1, max=3600.0),
+    Setting("agent.client_max_rare_events_per_day", int, 200_000,
+            "Events kept with the rollups (all but requests, KV block moves and phases: OOMs, "
+            "orphaned blocks, preemptions, custom events; kept retention.rollup_s) and "
+            "post-mortems one client process may have stored per UTC day; beyond, they are refused (rejected "
+            "'rare_events_day'), its samples and frequent events still stored. A server "
+            "with one such event a second all day has 86,400; the cap bounds what one client "
+            "adds to the rollups' days.", min=1, max=1_000_000_000),
     Setting("agent.max_message_bytes", int, 1_048_576,
             "Largest accepted ingest message.", min=1024, max=64 * 1_048_576),
     Setting("agent.queue_max_records", int, 100_000,

@@ -117,6 +117,7 @@ class Agent:
         from vramscope.agent.config import parse_uids
         from vramscope.agent.ingest.budget import WriteBudget
         from vramscope.agent.ingest.names import NameLimits
+        from vramscope.agent.ingest.rare_events import RareEventsPerDay
         from vramscope.agent.ingest.server import IngestServer
         from vramscope.agent.ingest.timewindow import TimeWindow
 
@@ -131,6 +132,7 @@ class Agent:
                             time_window=TimeWindow.from_config(self.config, self.clock),
                             name_limits=NameLimits.from_config(self.config, self.clock),
                             budget=WriteBudget.from_config(self.config),
+                            rare_events=RareEventsPerDay.from_config(self.config, self.clock),
                             slot_idle_s=self.config["agent.slot_idle_s"], clock=self.clock)
 
     def _ingest_should_pause(self) -> bool:

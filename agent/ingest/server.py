@@ -20,8 +20,9 @@ Everything is bounded, so no client can take the agent down or lock the others o
   gives one up (``slots.py``);
 * a client's records outside the time window (``timewindow.py``), naming more live hosts,
   devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
-  a second (``budget.py``; one budget per client process, shared by its connections) are
-  refused one by one and counted;
+  a second (``budget.py``; one budget per client process, shared by its connections), or beyond
+  its count a UTC day of events kept with the rollups (``rare_events.py``) are refused one by
+  one and counted;
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
@@ -49,7 +50,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,8 @@ from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import Bucket, ProcessBuckets, WriteBudget
 from vramscope.agent.ingest.names import ClientNames, NameLimits
+from vramscope.agent.ingest.rare_events import REASON as RARE_REASON
+from vramscope.agent.ingest.rare_events import RareEventsPerDay, RareRefusal
 from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
@@ -204,6 +207,7 @@ class IngestServer:
                  time_window: TimeWindow | None = None,
                  name_limits: NameLimits | None = None,
                  budget: WriteBudget | None = None,
+                 rare_events: RareEventsPerDay | None = None,
                  slot_idle_s: float = SLOT_IDLE_S,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
@@ -233,6 +237,7 @@ class IngestServer:
         self._names = name_limits if name_limits is not None else NameLimits()
         self._budget = budget  # None: no write budget (tests, benchmarks)
         self._buckets = ProcessBuckets(budget if budget is not None else WriteBudget())
+        self._rare = rare_events  # None: no cap a day (tests, benchmarks)
         self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
         self._clock = clock  # the write budget's time (the socket timeouts are real time)
         self._payload_bytes = 0  # of the message being handled: what the budget charges
@@ -464,6 +469,12 @@ class IngestServer:
                 pm = pm._replace(pid=conn.info.pid)
             if not self._within_budget(conn, 1, self._payload_bytes):
                 return None
+            if self._rare is not None and not self._rare.take(_rare_key(conn), 1):
+                self.stats.rejected[RARE_REASON] += 1
+                self._log_refused_records("client pid %s: a post-mortem: %s", conn.info.pid,
+                                          self._rare.describe(
+                                              RareRefusal(1, self._rare.max_per_day)))
+                return None
             conn.useful_s = time.monotonic()
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
@@ -532,6 +543,8 @@ class IngestServer:
         if self._budget is not None:  # first: what a client sends costs it, refused or not
             records = records[:self._within_budget(conn, len(records), self._payload_bytes)]
         records = self._bounded(conn, records)
+        if self._rare is not None:  # last: it counts what the store keeps
+            records = self._within_rare_cap(conn, records)
         self.stats.records_total += len(records)
         if records:
             conn.useful_s = time.monotonic()
@@ -571,6 +584,18 @@ class IngestServer:
             self.stats.rejected[over.reason] += over.records
             self._log_refused_records("client pid %s: %s", conn.info.pid,
                                       self._budget.describe(over))
+        return kept
+
+    def _within_rare_cap(self, conn: _Conn, records: list[Sample | Event]
+                         ) -> list[Sample | Event]:
+        """``records`` less the events kept with the rollups beyond the client process's cap
+        for today; counted (``rare_events_day``) and said in a log line."""
+        assert self._rare is not None
+        kept, refusal = self._rare.admit(_rare_key(conn), records)
+        if refusal is not None:
+            self.stats.rejected[RARE_REASON] += refusal.records
+            self._log_refused_records("client pid %s: %s", conn.info.pid,
+                                      self._rare.describe(refusal))
         return kept
 
     @property
@@ -624,6 +649,13 @@ def _process(conn: _Conn) -> tuple[int | None, int] | None:
     (not Linux, or another PID namespace: the connection has a budget of its own)."""
     pid = conn.info.peer_pid
     return (conn.info.peer_uid, pid) if pid else None
+
+
+def _rare_key(conn: _Conn) -> Hashable:
+    """Whose count of events kept with the rollups a connection spends: its process, or the
+    connection itself when the kernel names no process (as for the write budget)."""
+    process = _process(conn)
+    return process if process is not None else ("connection", id(conn))
 
 
 def _check_ns_pid(info: ClientInfo) -> None:

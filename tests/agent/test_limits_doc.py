@@ -52,6 +52,8 @@ def test_each_limit_s_default_is_the_code_s():
             f"{_g(_default('agent.client_max_bytes_per_s') / mib)} MiB a second",
         "`agent.client_budget_burst_s`":
             f"{_g(_default('agent.client_budget_burst_s'))} s of the rate",
+        "`agent.client_max_rare_events_per_day`":
+            f"{_g(_default('agent.client_max_rare_events_per_day'))} a day",
         "`agent.slot_idle_s`": f"{_g(_default('agent.slot_idle_s'))} s",
         "`MAX_CLIENTS`": str(ingest.MAX_CLIENTS),
         "`agent.handshake_timeout_s`": f"within {_g(_default('agent.handshake_timeout_s'))} s",
