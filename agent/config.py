@@ -302,7 +302,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("agent.client_max_rare_events_per_day", int, 200_000,
             "Events kept with the rollups (all but requests, KV block moves and phases: OOMs, "
             "orphaned blocks, preemptions, custom events; kept retention.rollup_s) and "
-            "post-mortems one client process may have stored per UTC day; beyond, they are refused (rejected "
+            "post-mortems one client process may have stored per UTC day; beyond, they are "
+            "refused (rejected "
             "'rare_events_day'), its samples and frequent events still stored. A server "
             "with one such event a second all day has 86,400; the cap bounds what one client "
             "adds to the rollups' days.", min=1, max=1_000_000_000),
