@@ -37,6 +37,7 @@ log = logging.getLogger("vramscope.retention")
 # The advisory lock's key (one bigint): the ASCII of "vramscop" read as a big-endian integer,
 # 8534991366535737200. Documented in docs/agent.md so that an operator can look the leader up:
 # SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+#   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 #   AND (classid::bigint << 32 | objid::bigint) = 8534991366535737200;
 STORE_WIDE_LOCK_KEY = int.from_bytes(b"vramscop", "big")
 

@@ -30,7 +30,10 @@ MINUTES = 6
 NOW = T0 + 20 * 60  # every minute written is past the two minutes' grace
 NOTHING = StepResult(0, 0, {}, 0)  # a step of an agent that does not lead, with nothing late
 # the documented look-up of the leader's session (docs/agent.md)
+# advisory locks are per database: the server's other databases have leaders of their own
 LEADER_PID = text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                  "AND database = (SELECT oid FROM pg_database "
+                  "WHERE datname = current_database()) "
                   "AND (classid::bigint << 32 | objid::bigint) = 8534991366535737200")
 
 
