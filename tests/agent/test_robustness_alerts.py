@@ -238,4 +238,7 @@ def test_after_a_hung_receiver_recovers_every_alert_s_newest_state_arrives_withi
     sink.close()
     assert took < 10
     assert newest() == {("oom", 0): "fired", **{("flappy", d): "fired" for d in range(16)}}
-    assert target.bodies[0]["rule"] == "oom"  # the critical alert first
+    # the critical alert first, or right after the one try already in flight when the
+    # receiver recovered (a request sent cannot be taken back; on a busy machine a flapping
+    # change's second try may reach the receiver the moment it answers again)
+    assert [b["rule"] for b in target.bodies].index("oom") <= 1
