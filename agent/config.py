@@ -230,8 +230,9 @@ SETTINGS: tuple[Setting, ...] = (
             "refuses the whole scrape: a broken or hostile page. See [agent.md](agent.md).",
             min=1, max=100_000_000),
     Setting("sources.prometheus.max_request_events", int, 128,
-            "Synthetic request events one scrape makes at most; a larger move of the running "
-            "gauge is followed over the next scrapes.", min=1, max=100_000),
+            "Synthetic request events one scrape makes at most; more requests started or "
+            "finished (vLLM's success counter, or a move of the running gauge) follow over the "
+            "next scrapes.", min=1, max=100_000),
     # --- hooks (in-server) --------------------------------------------------------------
     Setting("hooks.history", str, "off",
             "Allocation history for post-mortems: off, alloc (no stacks), python, all. "

@@ -381,7 +381,11 @@ class Agent:
                 self._pg_size_bytes = store.size_bytes()
             s = self.status()
             catch_up = s["retention_catch_up"] or {}
-            store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
+            # a scrape target that answers is a server the agent hears from, as a socket
+            # client is: one client each (the Overview's Sampling health)
+            scraped = (s["prometheus"] or {}).get("targets_answering", 0)
+            store.write_agent_stats(ts_s, clients=len(s["clients"]) + scraped,
+                                    rows_per_s=s["rows_per_s"],
                                     queue_depth=s["queue_depth"],
                                     dropped_total=s["dropped_total"] + s["client_dropped_total"],
                                     rejected_total=s["rejected_total"],

@@ -128,26 +128,57 @@ def load_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s:
 
 
 def prefix_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
-                  ) -> dict[str, list[Any]]:
+                  ) -> dict[str, Any]:
     """Prefix-cache hit tokens per bucket, by vLLM's definition (``hit_tokens`` of the plugin's
     ``kv_alloc`` events, whose sum is ``vllm:prefix_cache_hits_total``, and of the Prometheus
-    source's ``prefix_cache`` counter increases), and apart from them the tokens a preempted
-    request found again in its own blocks (``preempted_hit_tokens``, which vLLM does not
-    count): ``{"ts", "hit_tokens", "preempted_hit_tokens"}``, buckets with any of either."""
+    source's ``prefix_cache`` counter increases), the tokens looked up (``query_tokens``, the
+    same two sources: ``vllm:prefix_cache_queries_total``), and apart from them the tokens a
+    preempted request found again in its own blocks (``preempted_hit_tokens``, which vLLM does
+    not count): ``{"ts", "hit_tokens", "query_tokens", "preempted_hit_tokens", "hit_rate"}``,
+    buckets with any of them. ``hit_rate``: the window's hits over its queries, vLLM's hit
+    rate (``prefix_cache_hits / prefix_cache_queries``), None where nothing was queried
+    (a KV pool that does not count its lookups)."""
     width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
     top = max(0, int((end_s - start_s) // width))
     sums: dict[int, list[int]] = {}
     for e in events:
         data = e.data or {}
-        hits, reused = _count(data.get("hit_tokens")), _count(data.get("preempted_hit_tokens"))
-        if hits or reused:
-            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0])
-            got[0] += hits
-            got[1] += reused
+        got3 = (_count(data.get("hit_tokens")), _count(data.get("query_tokens")),
+                _count(data.get("preempted_hit_tokens")))
+        if any(got3):
+            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0, 0])
+            for i, n in enumerate(got3):
+                got[i] += n
     keys = sorted(sums)
+    hits, queries = (sum(sums[k][i] for k in keys) for i in (0, 1))
     return {"ts": [start_s + k * width for k in keys],
             "hit_tokens": [sums[k][0] for k in keys],
-            "preempted_hit_tokens": [sums[k][1] for k in keys]}
+            "query_tokens": [sums[k][1] for k in keys],
+            "preempted_hit_tokens": [sums[k][2] for k in keys],
+            "hit_rate": hits / queries if queries else None}
+
+
+def token_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
+                 ) -> dict[str, list[Any]]:
+    """Prompt and generated tokens per second in each bucket (``tokens`` events: the counter
+    increases of ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` the Prometheus
+    source scraped, and the vLLM plugin's tokens of the requests finished), buckets with any:
+    ``{"ts", "prompt_per_s", "generation_per_s"}``."""
+    width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
+    top = max(0, int((end_s - start_s) // width))
+    sums: dict[int, list[int]] = {}
+    for e in events:
+        data = e.data or {}
+        prompt, generated = _count(data.get("prompt_tokens")), _count(
+            data.get("generation_tokens"))
+        if prompt or generated:
+            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0])
+            got[0] += prompt
+            got[1] += generated
+    keys = sorted(sums)
+    return {"ts": [start_s + k * width for k in keys],
+            "prompt_per_s": [sums[k][0] / width for k in keys],
+            "generation_per_s": [sums[k][1] / width for k in keys]}
 
 
 def _count(value: Any) -> int:
