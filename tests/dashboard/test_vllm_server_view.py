@@ -163,10 +163,32 @@ def test_prefix_hits_by_vllms_definition_and_the_preempted_reuse_apart(tmp_path)
     fig = _figure(tmp_path)
     hits = _trace(fig, "prefix-cache hit tokens")
     reused = _trace(fig, "preempted re-use tokens (not hits to vLLM)")
-    ms = [t * 1000 for t, _, _ in V.ALLOCS]
+    ms = [t * 1000 for t, _, _, _ in V.ALLOCS]
     assert (hits["x"], hits["y"]) == (ms, [32, 0, 16])
     assert (reused["x"], reused["y"]) == (ms, [0, 64, 0])
     assert hits["yaxis"] == reused["yaxis"] == "y9" and fig["layout"]["barmode"] == "stack"
+    # the tokens looked up, as steps over the bars, and vLLM's hit rate over the window in
+    # the lane's title: (32 + 16) / (80 + 48), the preempted re-use in neither
+    queried = _trace(fig, "prefix-cache query tokens")
+    assert queried["y"][:2] == [80, 0] and queried["yaxis"] == "y9"
+    assert fig["layout"]["yaxis9"]["title"]["text"] == "prefix tokens<br>hits 37.5%"
+
+
+def test_the_timeline_document_has_the_hit_rate_and_tokens_per_second(tmp_path):
+    c = _client(V.vllm_store(tmp_path / "d.db"))
+    start, end = V.WINDOW
+    doc = _get(c, f"/api/v1/timeline?device=0&start={start}&end={end}&max_points=300")
+    assert doc["bucket_s"] == 1.0
+    prefix = doc["prefix_cache"]
+    assert (prefix["query_tokens"], prefix["hit_rate"]) == ([80, 0, 48], 48 / 128)
+    tokens = doc["tokens"]
+    assert tokens == {"ts": [t for t, _, _ in V.TOKENS],
+                      "prompt_per_s": [300.0, 200.0, 100.0],
+                      "generation_per_s": [120.0, 80.0, 40.0]}
+    fig = _figure(tmp_path)
+    prompt = _trace(fig, "prompt tokens/s")
+    assert prompt["yaxis"] == "y10" and max(y for y in prompt["y"] if y is not None) == 300.0
+    assert fig["layout"]["yaxis10"]["title"]["text"] == "tokens/s"
 
 
 def test_step_points_hold_end_and_break():

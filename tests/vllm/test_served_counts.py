@@ -31,7 +31,7 @@ from tests.vllm.test_serve_prometheus import _free_port, _get, _healthy
 pytestmark = pytest.mark.vllm
 
 CLIENTS, LOAD_S, WINDOW = 8, 45.0, (8.0, 38.0)  # the rate is compared over WINDOW of the load
-PREFIX = list(range(3, 67))  # 64 tokens every prompt starts with: 4 full blocks of 16
+PREFIX = list(range(3, 67))  # 64 tokens every prompt starts with: 2 full blocks of 32
 
 
 def _counter(text: str, name: str) -> float:
@@ -78,7 +78,7 @@ def test_requests_tokens_and_hit_rate_agree_with_vllms_counters(model_dir, agent
     args = ["-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port",
             str(port), "--host", "127.0.0.1", "--served-model-name", "tiny",
             "--max-model-len", "256", "--enforce-eager", "--dtype", "bfloat16",
-            "--block-size", "16"]
+            "--block-size", "32"]
     env = vllm_env(VRAMSCOPE_VLLM="1", VRAMSCOPE_AGENT_SOCKET_PATH=agent.socket_path)
     server = Child([sys.executable, *args], env, str(tmp_path / "server.log"))
     try:
