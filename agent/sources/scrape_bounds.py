@@ -12,7 +12,7 @@ recorded, as a message the socket refuses is not.
 | running, waiting requests (sum over label sets) | ``sources.prometheus.max_requests`` |
 | KV usage ratio | 1 |
 | KV pool size (blocks or tokens) | ``MAX_POOL_SIZE`` |
-| counters (prefix-cache tokens, preemptions, requests finished, prompt and generated tokens) | ``MAX_COUNTER`` |
+| counters (prefix-cache, prompt and generated tokens; preemptions; requests) | ``MAX_COUNTER`` |
 
 The number of records one scrape makes is bounded too: at most
 ``sources.prometheus.max_request_events`` synthetic request events (more requests started
