@@ -45,11 +45,12 @@ pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / 
 vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
 ``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
 Prometheus source makes from ``vllm:num_requests_running`` / ``_waiting``) when either count
-changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle; as often, a
-``tokens`` event (``prompt_tokens``, ``generation_tokens``: those of the requests finished since
-the previous one, as vLLM counts them in ``vllm:prompt_tokens_total`` /
-``vllm:generation_tokens_total``; the same event the Prometheus source makes from those
-counters; a request's tokens are counted when it ends, vLLM's as they are computed). Evictions since
+changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle; at most every
+``TOKENS_EVERY_S`` (and on going idle) a ``tokens`` event (``prompt_tokens``,
+``generation_tokens``: those of the requests finished since ``since_s``, as vLLM counts them in
+``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``; the same event the Prometheus
+source makes from those counters; a request's tokens are counted when it ends, vLLM's as they
+are computed). Evictions since
 the previous step are one ``kv_evicted`` event (``blocks``) per step.
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
@@ -66,7 +67,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import TOKENS_EVENT, TOKENS_EVERY_S, Event, Phase, Sample
 from vramscope.hooks.sink import Record, RecordSink
 
 # A child of vLLM's logger: vLLM configures "vllm" with its handler, so these lines appear in
@@ -133,7 +134,7 @@ class VllmObserver:
         self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
         self._next_load_s = float("-inf")
         self._tokens = [0, 0]  # prompt and generated tokens of requests finished, not yet sent
-        self._next_tokens_s = float("-inf")
+        self._tokens_since: float | None = None  # when the first of them finished (wall clock)
         self._peak: tuple[float, int, int, Phase] | None = None  # (ts, used, cached, phase)
 
     # --- patching ---------------------------------------------------------------------------
@@ -331,7 +332,9 @@ class VllmObserver:
     def _ended(self, sched: Any, rid: str, request: Any = None) -> None:
         from vramscope.hooks import phase as phase_mod
 
-        if request is not None:  # its tokens, sent with the next load (``tokens``)
+        if request is not None:  # its tokens, sent with a later load (``tokens``)
+            if self._tokens_since is None:
+                self._tokens_since = time.time()
             self._tokens[0] += int(getattr(request, "num_prompt_tokens", 0) or 0)
             self._tokens[1] += int(getattr(request, "num_output_tokens", 0) or 0)
         if rid in self.seen:
@@ -492,12 +495,13 @@ class VllmObserver:
             if load != self._load and (idle or now_s >= self._next_load_s):
                 self._load, self._next_load_s = load, now_s + LOAD_INTERVAL_S
                 self._event("server_load", None, {"running": load[0], "waiting": load[1]})
-            if self._tokens != [0, 0] and (idle or now_s >= self._next_tokens_s):
-                self._next_tokens_s = now_s + LOAD_INTERVAL_S
+            since = self._tokens_since
+            if since is not None and (idle or time.time() - since >= TOKENS_EVERY_S):
                 prompt, generated = self._tokens
-                self._tokens = [0, 0]
-                self._event("tokens", None, {"prompt_tokens": prompt,
-                                             "generation_tokens": generated})
+                self._tokens, self._tokens_since = [0, 0], None
+                self._event(TOKENS_EVENT, None, {"prompt_tokens": prompt,
+                                                 "generation_tokens": generated,
+                                                 "since_s": since})
 
     def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
         self._put(Event(time.time(), name, self.device, os.getpid(), _phase(), rid, data))

@@ -26,11 +26,13 @@ load-aware leak analysis work beside an unmodified server:
   a scrape: the rest follows over the next scrapes, so a scrape is never a flood of records;
 - a ``server_load`` event (``running``, ``waiting``: the gauges as read) whenever either gauge
   changes;
-- ``kv_preempted`` (``count``), ``prefix_cache`` (``query_tokens``, ``hit_tokens``) and
-  ``tokens`` (``prompt_tokens``, ``generation_tokens``) events with the increase of the
-  counters since the previous scrape. Increases are per series (each label set): the first
-  scrape, and a series' first appearance, only set the baseline (when earlier increases
-  happened is unknown); a series that went down was reset, and its new value is the increase
+- ``kv_preempted`` (``count``) and ``prefix_cache`` (``query_tokens``, ``hit_tokens``) events
+  with the increase of the counters since the previous scrape, and ``tokens``
+  (``prompt_tokens``, ``generation_tokens`` since ``since_s``) at most every
+  ``TOKENS_EVERY_S`` (they are kept as long as the rollups). Increases are per series (each
+  label set): the first scrape, and a series' first appearance, only set the baseline (when
+  earlier increases happened is unknown); a series that went down was reset, and its new value
+  is the increase
   (Prometheus' own ``increase()`` reads a reset so). A page refused whole leaves the baselines
   as they were: the next good scrape's increase covers the refused one's time.
 
@@ -65,7 +67,7 @@ from typing import Any
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import split_targets
 from vramscope.agent.ingest.timewindow import TimeWindow
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import TOKENS_EVENT, TOKENS_EVERY_S, Event, Phase, Sample
 from vramscope.agent.sources import listener
 from vramscope.agent.sources.scrape_bounds import (
     ScrapeBounds,
@@ -206,6 +208,10 @@ class TargetState:
         # each counter series' value at the previous scrape: (name, its labels) -> value
         self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self.started = 0  # requests started so far: the next one is #started + 1
+        # prompt and generated tokens counted since ``tokens_since`` (a scrape's time), not yet
+        # recorded: one ``tokens`` event every TOKENS_EVERY_S at most
+        self.tokens = (0, 0)
+        self.tokens_since: float | None = None
         self.backlog = (0, 0)  # starts and ends counted but not yet recorded (the cap)
         self.failing = False
         self.answered = False  # a page was taken from it since the agent started
@@ -256,12 +262,31 @@ class TargetState:
         if queries or hits:
             out.append(Event(ts_s, "prefix_cache", device, self.pid, data={
                 "query_tokens": queries, "hit_tokens": hits, **common}))
-        prompt = increases.get(p.prompt_tokens or "", 0)
-        generated = increases.get(p.generation_tokens or "", 0)
-        if prompt or generated:
-            out.append(Event(ts_s, "tokens", device, self.pid, data={
-                "prompt_tokens": prompt, "generation_tokens": generated, **common}))
+        tokens = self._tokens(increases, ts_s, device)
+        if tokens is not None:
+            out.append(tokens)
         return out
+
+    def _tokens(self, increases: dict[str, int], ts_s: float, device: int) -> Event | None:
+        """The prompt and generated tokens counted since ``tokens_since``, once that is
+        ``TOKENS_EVERY_S`` ago and they are not none (the stretch starts at the scrape before
+        the first increase: the counters' baseline or the previous event)."""
+        p = self.preset
+        if p.prompt_tokens not in increases and p.generation_tokens not in increases:
+            return None
+        prompt = self.tokens[0] + increases.get(p.prompt_tokens or "", 0)
+        generated = self.tokens[1] + increases.get(p.generation_tokens or "", 0)
+        since = ts_s if self.tokens_since is None else self.tokens_since
+        if not prompt and not generated:
+            self.tokens_since = ts_s  # nothing counted yet: the stretch starts now
+            return None
+        if ts_s - since < TOKENS_EVERY_S:
+            self.tokens, self.tokens_since = (prompt, generated), since
+            return None
+        self.tokens, self.tokens_since = (0, 0), ts_s
+        return Event(ts_s, TOKENS_EVENT, device, self.pid, data={
+            "prompt_tokens": prompt, "generation_tokens": generated, "since_s": since,
+            "source": "prometheus", "target": self.label})
 
     def _kv_sample(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
                    device: int) -> Sample | None:

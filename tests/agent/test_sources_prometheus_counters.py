@@ -44,12 +44,17 @@ class Scripted:
         return self.page
 
 
-def _source(max_events: int = 128):
+T0 = 1_700_000_000.0  # the fake clock's start
+
+
+def _source(max_events: int = 128, clock=None):
+    from vramscope.agent.clock import FakeClock
     from vramscope.agent.sources.scrape_bounds import ScrapeBounds
 
     got: list = []
     fetch = Scripted()
     src = PrometheusSource([URL], "vllm", got.extend, fetch=fetch,
+                           clock=clock or FakeClock(T0),
                            bounds=ScrapeBounds(max_request_events=max_events))
     return src, fetch, got
 
@@ -65,6 +70,7 @@ def _named(got: list, name: str) -> list:
 
 def test_requests_follow_the_success_counter_not_the_running_gauge():
     src, fetch, got = _source()
+    clock = src.clock
     fetch.page = page(running=3, stop=10, length=5, prompt=1000, generated=400)
     src.run_once()
     # first scrape: the three running now start; the counters only set their baselines
@@ -73,20 +79,25 @@ def test_requests_follow_the_success_counter_not_the_running_gauge():
     assert _named(got, "tokens") == []
     got.clear()
     # 7 finished (4 stop + 3 length) while the gauge stayed at 3: 7 ended, 7 started
+    clock.advance(4.0)
     fetch.page = page(running=3, stop=14, length=8, prompt=1700, generated=650)
     src.run_once()
     assert _requests(got) == [("request_start", str(k)) for k in range(4, 11)] + [
         ("request_end", str(k)) for k in range(1, 8)]  # the oldest open ones end first
-    tokens = _named(got, "tokens")
-    assert [e.data for e in tokens] == [{"prompt_tokens": 700, "generation_tokens": 250,
-                                         "source": "prometheus", "target": LABEL}]
+    assert _named(got, "tokens") == []  # 4 s of tokens: kept for one event of 10 s
     got.clear()
     # 2 more finished and the gauge fell to 0: nothing new started, the last three end
+    clock.advance(6.0)
     fetch.page = page(running=0, stop=16, length=8, prompt=1700, generated=700)
     src.run_once()
     assert _requests(got) == [("request_end", "8"), ("request_end", "9"),
                               ("request_end", "10")]
     assert _named(got, "server_load")[0].data["running"] == 0
+    # the tokens of the 10 s since the baseline scrape, in one event that says since when
+    [tokens] = _named(got, "tokens")
+    assert (tokens.ts_s, tokens.data) == (T0 + 10.0, {
+        "prompt_tokens": 700, "generation_tokens": 300, "since_s": T0,
+        "source": "prometheus", "target": LABEL})
 
 
 def test_a_request_that_started_and_finished_between_scrapes_is_counted():
@@ -121,6 +132,7 @@ def test_a_reset_counts_each_series_new_value_and_a_new_series_only_sets_its_bas
     src.run_once()
     got.clear()
     # the server restarted: every series went down; each one's new value is its increase
+    src.clock.advance(10.0)
     fetch.page = page(running=0, stop=2, length=1, prompt=300, generated=40)
     src.run_once()
     assert len(_named(got, "request_end")) == 3 and len(_named(got, "request_start")) == 3
@@ -165,11 +177,13 @@ def test_a_garbage_line_is_refused_naming_the_line_and_its_counts_come_with_the_
     assert "'vllm:num_requests_running{engine= 3'" in caplog.text
     assert src.counts()["failures_total"] == 1
     # the next good page: its increases cover the refused scrape's time, nothing is lost
+    src.clock.advance(10.0)
     fetch.page = page(running=1, stop=20, length=0, prompt=900, generated=130)
     src.run_once()
     assert len(_named(got, "request_end")) == 10
     assert _named(got, "tokens")[0].data == {"prompt_tokens": 800, "generation_tokens": 80,
-                                             "source": "prometheus", "target": LABEL}
+                                             "since_s": T0, "source": "prometheus",
+                                             "target": LABEL}
 
 
 @pytest.mark.parametrize("text, where", [

@@ -181,13 +181,16 @@ def test_the_timeline_document_has_the_hit_rate_and_tokens_per_second(tmp_path):
     assert doc["bucket_s"] == 1.0
     prefix = doc["prefix_cache"]
     assert (prefix["query_tokens"], prefix["hit_rate"]) == ([80, 0, 48], 48 / 128)
+    # 500 prompt tokens counted over the 10 s from NOW-120: 50 a second in each of its 1 s
+    # buckets (not 500 in one); the instant's 100 in its own
     tokens = doc["tokens"]
-    assert tokens == {"ts": [t for t, _, _ in V.TOKENS],
-                      "prompt_per_s": [300.0, 200.0, 100.0],
-                      "generation_per_s": [120.0, 80.0, 40.0]}
+    assert tokens["ts"] == [V.NOW - 120 + k for k in range(10)] + [V.NOW - 48]
+    assert tokens["prompt_per_s"] == pytest.approx([50.0] * 10 + [100.0])
+    assert tokens["generation_per_s"] == pytest.approx([20.0] * 10 + [40.0])
     fig = _figure(tmp_path)
     prompt = _trace(fig, "prompt tokens/s")
-    assert prompt["yaxis"] == "y10" and max(y for y in prompt["y"] if y is not None) == 300.0
+    assert prompt["yaxis"] == "y10"
+    assert max(y for y in prompt["y"] if y is not None) == pytest.approx(100.0)
     assert fig["layout"]["yaxis10"]["title"]["text"] == "tokens/s"
 
 
@@ -195,3 +198,20 @@ def test_step_points_hold_end_and_break():
     xs, ys = tl.step_points([0.0, 1.0, 2.0, 60.0], [5, 7, 3, 4], [5, 2, 0, 4], 1.0)
     assert xs == [0.0, 1.0, 2.0, 3.0, 3.0, 60.0, 61.0]
     assert ys == [5, 7, 3, 0, None, 4, 4]
+
+
+def test_token_counts_spread_over_their_stretch_and_what_came_before_the_window_is_not_its():
+    from vramscope.agent.records import Event
+
+    def tokens(ts, prompt, since):
+        return Event(ts, "tokens", data={"prompt_tokens": prompt, "generation_tokens": 0,
+                                         "since_s": since})
+
+    got = tl.token_series([
+        tokens(104.0, 40, 96.0),  # 8 s, half of them before the window: 20 tokens are its
+        tokens(110.5, 7, "yesterday"),  # not a time: counted at its moment
+        tokens(113.0, 9, 114.0),  # a stretch ending before it starts: likewise
+    ], 100.0, 120.0, 2.0)
+    assert got["ts"] == [100.0, 102.0, 110.0, 112.0]
+    assert got["prompt_per_s"] == [5.0, 5.0, 3.5, 4.5]
+    assert got["generation_per_s"] == [0.0] * 4

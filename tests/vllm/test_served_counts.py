@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from vramscope.agent.records import TOKENS_EVERY_S
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
@@ -102,6 +103,11 @@ def test_requests_tokens_and_hit_rate_agree_with_vllms_counters(model_dir, agent
         time.sleep(3.0)  # idle: the plugin's last records and the scrapes after the last end
         final = _get(f"{base}/metrics")
         with Store.open(agent.db_url) as st:
+            # the scrape source's tokens come at most every TOKENS_EVERY_S: the last ones
+            # within that of the last increase
+            wait_for(lambda: sum(e.data["generation_tokens"] for e in st.events(
+                1, names=("tokens",))) == _counter(final, "vllm:generation_tokens_total"),
+                timeout_s=TOKENS_EVERY_S + 20)
             (t1, m1), (t2, m2) = reads[WINDOW[0]], reads[WINDOW[1]]
             started = {d: reader.count_events(st, reader.Span(d, t1, t2), ("request_start",),
                                               100_000) for d in (0, 1)}
