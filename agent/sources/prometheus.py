@@ -309,7 +309,10 @@ class TargetState:
             out = (self._slot_events(gauge, ts_s, device) if finished is None
                    else self._counted_events(finished, gauge, ts_s, device))
         queued = None if waiting is None else int(waiting)
-        if out or (gauge is not None and gauge != self.gauge) or queued != self.waiting:
+        # on a change of either gauge only (kept as long as the rollups): requests that come
+        # and go under a steady gauge are request events, not load changes
+        moved = bool(out) and gauge is not None and finished is None
+        if moved or (gauge is not None and gauge != self.gauge) or queued != self.waiting:
             out.append(Event(ts_s, "server_load", device, self.pid, data={
                 "running": gauge, "waiting": queued, "target": self.label}))
         self.gauge = self.gauge if gauge is None else gauge

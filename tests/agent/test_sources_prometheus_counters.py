@@ -193,3 +193,18 @@ def test_a_garbage_line_is_refused_naming_the_line_and_its_counts_come_with_the_
 def test_parse_names_the_bad_line(text, where):
     with pytest.raises(ValueError, match=where):
         parse_exposition(text)
+
+
+def test_server_load_only_when_a_gauge_moves_not_with_each_finished_request():
+    src, fetch, got = _source()
+    fetch.page = page(running=3, stop=0, length=0, prompt=0, generated=0, waiting=1)
+    src.run_once()
+    assert [e.data["running"] for e in _named(got, "server_load")] == [3]
+    got.clear()
+    fetch.page = page(running=3, stop=5, length=0, prompt=0, generated=0, waiting=1)
+    src.run_once()
+    assert len(_named(got, "request_end")) == 5 and _named(got, "server_load") == []
+    fetch.page = page(running=3, stop=5, length=0, prompt=0, generated=0, waiting=2)
+    src.run_once()
+    assert [e.data for e in _named(got, "server_load")] == [
+        {"running": 3, "waiting": 2, "target": LABEL}]
