@@ -32,9 +32,10 @@ load-aware leak analysis work beside an unmodified server:
   ``TOKENS_EVERY_S`` (they are kept as long as the rollups). Increases are per series (each
   label set): the first scrape, and a series' first appearance, only set the baseline (when
   earlier increases happened is unknown); a series that went down was reset, and its new value
-  is the increase
-  (Prometheus' own ``increase()`` reads a reset so). A page refused whole leaves the baselines
-  as they were: the next good scrape's increase covers the refused one's time.
+  is the increase (Prometheus' own ``increase()`` reads a reset so). Only the series of the
+  newest page are kept (a label that changes each scrape cannot grow the state). A page
+  refused whole leaves the baselines as they were: the next good scrape's increase covers the
+  refused one's time.
 
 Each target is a server process. Where the target is on this host (a sidecar: loopback,
 ``localhost`` or this host's name) the agent finds the pid listening on its port
@@ -323,8 +324,10 @@ class TargetState:
                         device: int) -> list[Event]:
         """Requests from the server's own count: ``finished`` ends (the success counter's
         increase) and as many starts as make the open ones the running gauge (finished + the
-        gauge's rise; a request finished without running, aborted while waiting, starts
-        none), at most ``max_request_events`` this scrape, the rest kept for the next."""
+        gauge's rise: a request that came and went between two scrapes is one of each). Where
+        the gauge fell by more than the finished count (requests gone uncounted), no start is
+        made up: the open ones follow the gauge. At most ``max_request_events`` this scrape,
+        the rest kept for the next."""
         starts = max(0, finished + gauge - (self.running + self.backlog[0] - self.backlog[1]))
         ends = finished if starts else max(0, self.running + self.backlog[0]
                                            - self.backlog[1] - gauge)
@@ -371,6 +374,7 @@ class TargetState:
         (None-free: a counter the page lacks is absent; see the module docstring for the
         first scrape and resets)."""
         out: dict[str, int] = {}
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for name in self.preset.counters:
             rows = samples.get(name)
             if rows is None:
@@ -379,10 +383,11 @@ class TargetState:
             for labels, value in rows:
                 key = (name, tuple(sorted(labels.items())))
                 previous = self.counters.get(key)
-                self.counters[key] = value
+                seen[key] = value
                 if previous is not None:
                     total += value - previous if value >= previous else value
             out[name] = int(round(total))
+        self.counters = seen  # this page's series only: the state is bounded by one page
         return out
 
 

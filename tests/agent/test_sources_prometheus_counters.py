@@ -208,3 +208,17 @@ def test_server_load_only_when_a_gauge_moves_not_with_each_finished_request():
     src.run_once()
     assert [e.data for e in _named(got, "server_load")] == [
         {"running": 3, "waiting": 2, "target": LABEL}]
+
+
+def test_only_the_newest_pages_series_are_kept():
+    """A label that changes with each scrape (a server bug, or a hostile page) cannot grow the
+    source's state: each new series is a baseline, the old ones are forgotten."""
+    src, fetch, got = _source()
+    for k in range(50):
+        fetch.page = ('vllm:num_requests_running 0\n'
+                      f'vllm:request_success_total{{finished_reason="stop",nonce="{k}"}} '
+                      f'{k}.0\n')
+        src.run_once()
+    assert list(src.targets[0].counters) == [
+        ("vllm:request_success_total", (("finished_reason", "stop"), ("nonce", "49")))]
+    assert _named(got, "request_end") == []
