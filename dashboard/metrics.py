@@ -24,6 +24,7 @@ from typing import Any
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from vramscope.agent.analysis.severity import Severity
 from vramscope.agent.clock import Clock
 from vramscope.agent.config import Config
 from vramscope.agent.records import Phase
@@ -76,7 +77,6 @@ PROCESS_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "flushes and retries (cumulative)."),
     ("vramscope_process_ooms", "num_ooms", "OOMs this process's allocator raised (cumulative)."),
 )
-RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 DEVICE_LABELS = ("host", "device")
 PROCESS_LABELS = ("host", "device", "process", "pid")
 INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
@@ -141,7 +141,7 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     phase = GaugeMetricFamily("vramscope_phase", "1 for the phase of the newest sample.",
                               labels=(*DEVICE_LABELS, "phase"))
     for r in rows:
-        risk.add_metric(_labels(r), RISK_VALUE[r["risk"]])
+        risk.add_metric(_labels(r), int(Severity.parse(r["risk"], "device risk")))
         alerts.add_metric(_labels(r), r["active_alerts"])
         current = (r["latest"] or {}).get("phase") or Phase.UNKNOWN.value
         for p in Phase:
@@ -200,7 +200,7 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
             continue  # one answer a process (a label set is unique)
         seen.add(labels)
         if v["risk"]["level"]:
-            risk.add_metric(list(labels), RISK_VALUE[v["risk"]["level"]])
+            risk.add_metric(list(labels), int(Severity.parse(v["risk"]["level"], "risk level")))
         leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
         if v["leak"]["state"] == "leak":
             slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])

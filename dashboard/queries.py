@@ -25,13 +25,13 @@ from vramscope.dashboard.verdict import (
     device_verdict,
     freshness,
     process_state,
+    reading_order,
 )
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 # Capacity's measured peaks cover each device's newest day: over everything stored they would
 # read a week of minute rollups per device, a cost growing with the retention
 PEAKS_WINDOW_S = 86_400.0
-SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
 def host_or_none(store: Store, host: str | None) -> str | None:
@@ -158,9 +158,7 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
                      "freshness": fresh["state"],
                      **servers.kv_and_requests(store, d["device_index"], host, latest, now_s)})
-    # A fleet's riskiest devices first, then by host and index (the operator's reading order).
-    rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
-                             r["device"]))
+    rows.sort(key=lambda r: reading_order(r["risk"], r["active_alerts"], r["host"], r["device"]))
     return rows
 
 
