@@ -190,7 +190,7 @@ def paths() -> dict[str, Any]:
                         obj({"devices": array(DEVICE_ROW)}), errors=()),
         "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
-            "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),
+            "now_s": NUM, "freshness": FRESHNESS, "level": LEVEL, "hosts": array(HOST_ROW),
             "devices": array(DEVICE_ROW),
             "processes": array(PROCESS), "alerts": array(ALERT)}), [
             _query("figures", {"type": "boolean"}, "Add the overview and processes figures "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vramscope.agent.analysis.severity import worst
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, PostMortem, Sample
 from vramscope.agent.store import Store, reader
@@ -255,6 +256,7 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     return {"now_s": now_s,
             "freshness": freshness(newest, now_s, config, report,
                                    servers.connected_clients(store, report, now_s, config)),
+            "level": worst((r["risk"] for r in rows), "device verdicts").label,
             "hosts": hosts, "devices": rows,
             "processes": process_rows(store, rows, config, now_s),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}

@@ -1,5 +1,9 @@
 """The one severity scale: its order, its exported numbers, and a bad value refused by name."""
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 from vramscope.agent.analysis.severity import (
     ALERT_SEVERITIES,
@@ -52,3 +56,44 @@ def test_rank_and_worst_refuse_a_bad_value_too():
         rank("sever", "risk level")
     with pytest.raises(ValueError, match=r"^severity: 'urgent' is not a severity"):
         worst(["ok", "urgent"])
+
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = {"ok", "info", "warning", "critical"}
+
+
+def _literal(node: ast.expr) -> object:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def _tables_of_severities(path: Path) -> list[str]:
+    """Dict literals mapping severity names to numbers, and literal sequences listing the
+    scale in full (a name with its neighbours on both sides), in one Python file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            numbers = all(isinstance(_literal(v), int) for v in node.values)
+            if len(keys & NAMES) >= 2 and numbers:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            items = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            if {"warning", "critical"} <= items and items & {"ok", "info"}:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_other_module_writes_its_own_severity_order():
+    """The order is severity.py's alone: a second table (four disagreed at their edges before)
+    is found here, in the Python of the agent and the dashboard and in the pages' script."""
+    own = ROOT / "agent" / "analysis" / "severity.py"
+    found = [place for folder in ("agent", "dashboard", "hooks")
+             for path in sorted((ROOT / folder).rglob("*.py")) if path != own
+             for place in _tables_of_severities(path)]
+    script = (ROOT / "dashboard" / "static" / "app.js").read_text(encoding="utf-8")
+    found += [f"dashboard/static/app.js: {m.group(0)}"
+              for m in re.finditer(r"\b(ok|warning|critical)\s*:\s*\d", script)]
+    assert found == []
