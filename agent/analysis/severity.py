@@ -32,6 +32,8 @@ class Severity(IntEnum):
     def parse(cls, value: object, where: str = "severity") -> Severity:
         """The severity a level or an alert severity names; ``ValueError`` naming ``where`` and
         the value for anything else."""
+        if isinstance(value, Severity):
+            return value
         found = _BY_NAME.get(value) if isinstance(value, str) else None
         if found is None:
             raise ValueError(f"{where}: {value!r} is not a severity (one of "

@@ -25,6 +25,7 @@ def test_the_order_and_the_numbers_the_metrics_export():
 
 def test_every_level_and_alert_severity_parses_back_to_its_place():
     assert [Severity.parse(n) for n in LEVELS] == list(Severity)
+    assert Severity.parse(Severity.WARNING) is Severity.WARNING
     # an info alert tells, it does not raise the level: it ranks with ok
     assert [Severity.parse(n) for n in ALERT_SEVERITIES] == [
         Severity.OK, Severity.WARNING, Severity.CRITICAL]
