@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.agent.analysis.severity import LEVELS
 from vramscope.dashboard.params import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
 from vramscope.dashboard.timeline import TIMELINE_COLUMNS
 
@@ -68,7 +69,7 @@ LATEST = nullable({"type": "object", "additionalProperties": True,
                                       "name": nullable(STR), "rank": nullable(INT),
                                       "limit_bytes": nullable(INT),
                                       "reserved_bytes": nullable(INT)}, required=False))}})
-LEVEL = {"type": "string", "enum": ["ok", "warning", "critical"]}
+LEVEL = {"type": "string", "enum": list(LEVELS)}
 # the alert engine's verdict: the worst severity of the device's active alerts, and those alerts
 VERDICT = obj({"level": LEVEL, "reasons": array(obj({
     "rule": STR, "severity": STR, "message": nullable(STR), "fired_ts_s": NUM}))})
@@ -189,7 +190,7 @@ def paths() -> dict[str, Any]:
                         obj({"devices": array(DEVICE_ROW)}), errors=()),
         "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
-            "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),
+            "now_s": NUM, "freshness": FRESHNESS, "level": LEVEL, "hosts": array(HOST_ROW),
             "devices": array(DEVICE_ROW),
             "processes": array(PROCESS), "alerts": array(ALERT)}), [
             _query("figures", {"type": "boolean"}, "Add the overview and processes figures "

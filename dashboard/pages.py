@@ -13,7 +13,7 @@ from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from vramscope.dashboard import params, queries, views
 from vramscope.dashboard.state import state
-from vramscope.dashboard.verdict import device_verdict, stale_after_s
+from vramscope.dashboard.verdict import device_verdict, reading_order, stale_after_s
 from werkzeug.exceptions import NotFound
 
 bp = Blueprint("pages", __name__)
@@ -54,9 +54,9 @@ def _device_context() -> dict[str, Any]:
 
 
 def riskiest_device(store: Any) -> tuple[int, str]:
-    """``(device, host)`` of the Overview's first device row: highest severity of its active
-    alerts, then most active alerts, then host and index (``queries.device_rows``' order),
-    from one alert query, without reading every device's newest values."""
+    """``(device, host)`` of the Overview's first device row (the Overview's
+    :func:`~vramscope.dashboard.verdict.reading_order`), from one alert query, without reading
+    every device's newest values."""
     active = store.alerts(active_only=True, host="*")
     ranked = []
     for d in store.devices(host="*"):
@@ -64,8 +64,7 @@ def riskiest_device(store: Any) -> tuple[int, str]:
             continue  # a retired label (NVML renumbered the GPUs)
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         level = device_verdict(mine)["level"]
-        ranked.append((-queries.SEVERITY_ORDER.get(level, 0), -len(mine), d["host"],
-                       d["device_index"]))
+        ranked.append(reading_order(level, len(mine), d["host"], d["device_index"]))
     if not ranked:
         return 0, ""
     _, _, host, device = min(ranked)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, insert, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
 from vramscope.agent.analysis.growth import GROWTH_KEYS
+from vramscope.agent.analysis.severity import Severity, rank, worst
 from vramscope.agent.store.schema import devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 NO_VERDICTS = ("no verdict stored for this device up to the window's end: the agent writes "
                "them as it runs, `vramscope import` as it loads a trace")
-LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
 NEWEST_READ = 4  # rows read at a process's newest instant (two writes of one instant, damage)
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
 ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
@@ -193,7 +193,7 @@ def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
         return max(procs, key=lambda d: (not d["ended"], d["leak"]["state"] == "leak",
                                          d["leak"]["first_detected_ts"] is not None,
                                          d["leak"]["slope_bytes_per_s"]))
-    return max(procs, key=lambda d: (not d["ended"], LEVEL_RANK.get(d["risk"]["level"], -1),
+    return max(procs, key=lambda d: (not d["ended"], rank(d["risk"]["level"], "risk level"),
                                      -(d["risk"]["time_to_oom_s"] or float("inf"))))
 
 
@@ -239,9 +239,9 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
     oom = d.setdefault("oom", {})
     levels = [v.risk_level for v in rows if v.risk_level] + [
         p["risk"]["level"] for p in procs if p["risk"]["level"] and not p["ended"]]
-    warned = [v.ts_s for v in rows if v.risk_level in ("warning", "critical")]
+    warned = [v.ts_s for v in rows if rank(v.risk_level, "risk level") >= Severity.WARNING]
     ttos = [v.time_to_oom_s for v in rows if v.time_to_oom_s is not None]
-    oom.update(max_risk=max(levels, key=lambda lv: LEVEL_RANK.get(lv, -1)) if levels else None,
+    oom.update(max_risk=worst(levels, "risk level").label if levels else None,
                first_warning_ts=min(warned, default=None),
                min_time_to_oom_s=min(ttos, default=None))
     return lead
@@ -302,7 +302,7 @@ def _warned_cause(store: Store, device: int, host: str | None, at_s: float) -> s
     said = [v for v in current(latest(store, device, host, at_s)) if v.risk_cause]
     if not said:
         return None
-    return max(said, key=lambda v: (LEVEL_RANK.get(v.risk_level, -1), v.ts_s)).risk_cause
+    return max(said, key=lambda v: (rank(v.risk_level, "risk level"), v.ts_s)).risk_cause
 
 
 def stored_alerts(store: Store, device: int, host: str | None, start: float,

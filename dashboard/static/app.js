@@ -342,8 +342,7 @@ function deviceCell(d) {
 }
 
 function riskSummary(doc) {
-  const rank = { ok: 0, warning: 1, critical: 2 };
-  const level = ["ok", "warning", "critical"][doc.devices.reduce((w, d) => Math.max(w, rank[d.verdict.level]), 0)];
+  const level = doc.level;  // the worst device verdict, as the server ranks severities
   const worst = doc.devices.filter((d) => d.verdict.level === level && level !== "ok");
   let sub = level === "ok" ? "no active alert on " + doc.devices.length + " device(s)"
     : worst.map((d) => "GPU " + d.device + ": " + d.verdict.reasons.filter((r) => r.severity === level).map((r) => r.rule).join(", ")).join("; ");
