@@ -464,7 +464,8 @@ def fleet(store: Store, at_s: float) -> Fleet:
 
 
 __all__ = ["PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMIT", "UNREAD_TIERS", "WIDTHS_S",
-           "Bands", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow", "RequestRate", "Series", "Span",
-           "Timeline", "Window", "WindowTooLong", "count_events", "count_samples", "extrema",
-           "fleet", "peaks", "phase_bands", "process_series", "raw_from", "records", "requests",
-           "series", "timeline", "width_for"]
+           "Bands", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
+           "RequestRate", "Series", "Span", "Timeline", "Window", "WindowTooLong",
+           "count_events", "count_samples", "extrema", "fleet", "peaks", "phase_bands",
+           "process_series", "raw_from", "records", "requests", "series", "timeline",
+           "width_for"]

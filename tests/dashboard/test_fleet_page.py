@@ -14,10 +14,10 @@ import subprocess
 
 import pytest
 from vramscope.agent.clock import FakeClock
+from vramscope.agent.store.history_generator import MIB
 from vramscope.dashboard.app import create_app
 
 from tests.support import fleet_store as FS
-from vramscope.agent.store.history_generator import MIB
 from tests.support.sql_watch import statements_sent
 from tests.support.tools import require_tool
 
