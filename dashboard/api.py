@@ -69,8 +69,12 @@ def freshness() -> ResponseReturnValue:
 
 @bp.get("/devices")
 def devices() -> ResponseReturnValue:
+    """Every device; with ``host`` and ``device`` both given, that one device's row only."""
     st = state()
-    return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s())})
+    host, device = params.text("host"), params.integer("device", None, low=0, high=MAX_DEVICE)
+    only = (host or st.store.host_name, device) if device is not None else None
+    return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s(),
+                                                   only=only)})
 
 
 @bp.get("/processes")

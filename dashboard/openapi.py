@@ -206,7 +206,11 @@ def paths() -> dict[str, Any]:
         "/freshness": _op("How old the newest sample is, and whether that is stale",
                           FRESHNESS, errors=()),
         "/devices": _op("Every device with its current values and risk level",
-                        obj({"devices": array(DEVICE_ROW)}), errors=()),
+                        obj({"devices": array(DEVICE_ROW)}), [
+                            _query("device", {"type": "integer", "minimum": 0,
+                                              "maximum": 4095},
+                                   "Only this device's row (of host, default the store's "
+                                   "own), read without the others'."), HOST]),
         "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
             "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),

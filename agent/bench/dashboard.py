@@ -58,9 +58,9 @@ WINDOWS = {"15 min": (0.0, 900.0), "1 h": (0.0, 3600.0), "6 h": (0.0, 6 * 3600.0
            "15 min, 3 d ago": (3 * DAY, 900.0), "1 h, 3 d ago": (3 * DAY, 3600.0)}
 WINDOWED = ("/api/v1/timeline", "/api/v1/figures/timeline", "/api/v1/figures/leaks",
             "/api/v1/figures/risk", "/api/v1/analysis")
-PLAIN = ("/api/v1/overview", "/api/v1/fleet", "/api/v1/devices", "/api/v1/hosts", "/api/v1/freshness",
-         "/api/v1/processes", "/api/v1/capacity", "/metrics", "/", "/timeline", "/leaks",
-         "/risk", "/capacity", "/alerts", "/fleet")
+PLAIN = ("/api/v1/overview", "/api/v1/fleet", "/api/v1/devices", "/api/v1/hosts",
+         "/api/v1/freshness", "/api/v1/processes", "/api/v1/capacity", "/metrics", "/",
+         "/timeline", "/leaks", "/risk", "/capacity", "/alerts", "/fleet")
 # the routes also held to "age must not cost" against a store holding the last hour only
 AGE_RATIO_ROUTES = ("/api/v1/overview", "/api/v1/fleet")
 TARGET_MS = 300.0

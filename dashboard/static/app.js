@@ -318,7 +318,8 @@ function wireDeviceVerdict() {
   if (!node) return;
   const host = body.host || node.dataset.hostName;
   poll(async () => {
-    const doc = await getJSON("/api/v1/devices");
+    // this device's row only: the whole table costs a read per device of the fleet
+    const doc = await getJSON("/api/v1/devices?" + qs({ host: host, device: body.device }));
     const d = doc.devices.find((r) => r.host === host && String(r.device) === body.device);
     if (!d) return;
     const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");

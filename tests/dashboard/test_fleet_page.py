@@ -116,6 +116,19 @@ def test_the_page_links_each_device_to_its_own_page(client):
     assert 'data-device="6"' in html and 'data-host="node-07"' in html
 
 
+def test_a_device_page_reads_its_own_row_only(fleet, client):
+    """The device pages' verdict line asks for its device's row: in a fleet, the whole table
+    is a read per device (latest values, KV, verdicts) for every page refresh."""
+    with statements_sent(fleet.store.engine, lambda sql: True) as sent:
+        doc = client.get("/api/v1/devices?host=node-07&device=6").get_json()
+    [row] = doc["devices"]
+    assert (row["host"], row["device"], row["name"]) == ("node-07", 6, FS.H200)
+    assert [(v["pid"], v["risk"], v["cause"], v["leak"]) for v in row["verdicts"]] == [
+        (1006, "critical", "kv_cache", "no_leak")]
+    assert len(sent) < 40  # one device's reads, not 512 devices'
+    assert client.get("/api/v1/devices?host=node-07&device=9").get_json() == {"devices": []}
+
+
 def test_a_fleet_overview_is_its_hosts_at_risk_first(client):
     html = client.get("/").get_data(as_text=True)
     assert 'id="fleet-hosts"' in html and 'data-fleet="1"' in html

@@ -58,6 +58,11 @@ def test_filter_by_a_host_then_click_through_to_a_device(driver, served):  # noq
     wait_for(driver, "return document.body.dataset.page === 'timeline';", "the device page")
     assert driver.execute_script("return [document.body.dataset.device, "
                                  "document.body.dataset.host];") == ["5", "node-41"]
+    # its verdict line, from the device's own row: the answer the fleet page showed
+    wait_for(driver, "return document.getElementById('device-verdict').textContent"
+             ".includes('Verdict for node-41 · GPU 5');", "the device's verdict line")
+    line = driver.execute_script("return document.getElementById('device-verdict').textContent;")
+    assert "vllm (pid 1005): no leak, OOM risk critical (kv_cache)" in line
     assert console_errors(driver) == []
 
 
