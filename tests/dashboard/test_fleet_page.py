@@ -187,3 +187,25 @@ def test_the_same_order_on_postgresql(postgres_url):
         assert len(sent) == 4
     finally:
         built.store.close()
+
+
+def test_a_device_without_a_stored_verdict_comes_after_the_ok_ones(tmp_path):
+    """No verdict yet (an agent whose engine has not answered): no level and no leak, shown
+    last, not taken for ok; an empty store has no device and no host."""
+    from vramscope.agent.records import Phase, Sample
+    from vramscope.agent.store import Store
+    from vramscope.agent.store import verdicts as stored
+
+    store = Store.open(f"sqlite:///{tmp_path / 'two.db'}", host_name="solo")
+    empty = create_app(None, store, clock=FakeClock(FS.NOW_S)).test_client()
+    assert empty.get("/api/v1/fleet").get_json()["devices"] == []
+    store.write([Sample(FS.NOW_S - 2, d, Phase.IDLE, "torch", 7, allocated_bytes=1)
+                 for d in (0, 1)], [])
+    stored.write(store, [FS.scripted_verdict(FS.NOW_S - 3, 1, "solo", 7, "ok", None, False)])
+    doc = create_app(None, store, clock=FakeClock(FS.NOW_S)).test_client().get(
+        "/api/v1/fleet").get_json()
+    assert _order(doc["devices"]) == [("solo", 1, "ok", None, "no_leak", False),
+                                      ("solo", 0, None, None, None, False)]
+    assert [(h["host"], h["worst"], h["attention"]) for h in doc["hosts"]] == [
+        ("solo", "ok", [])]
+    store.close()

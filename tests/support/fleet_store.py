@@ -87,15 +87,15 @@ def _verdicts(host: str, end: float) -> list[Verdict]:
             elif last and (host, d) in WARNING:
                 level, tto = "warning", WARNING[(host, d)]
             leaking = (host, d) == LEAK and ts >= beats[2]
-            rows.append(_verdict(ts, d, host, pid_of(d), level, tto, leaking))
+            rows.append(scripted_verdict(ts, d, host, pid_of(d), level, tto, leaking))
         if (host, ENDED[1]) == ENDED and ts < beats[-1]:
             ended = ts == beats[-2]
-            rows.append(_verdict(ts, ENDED[1], host, 9001, "critical", 60.0, False)
+            rows.append(scripted_verdict(ts, ENDED[1], host, 9001, "critical", 60.0, False)
                         ._replace(ended=ended))
     return rows
 
 
-def _verdict(ts: float, device: int, host: str, pid: int, level: str, tto: float | None,
+def scripted_verdict(ts: float, device: int, host: str, pid: int, level: str, tto: float | None,
              leaking: bool) -> Verdict:
     return Verdict(ts, device, host, pid, "leak" if leaking else "no_leak",
                    LEAK_SLOPE_BYTES_PER_S if leaking else 0.0, ts - 1200 if leaking else None,
