@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from vramscope.dashboard import params, queries, views
+from vramscope.dashboard import fleet, params, queries, views
 from vramscope.dashboard.state import state
 from vramscope.dashboard.verdict import device_verdict, reading_order, stale_after_s
 from werkzeug.exceptions import NotFound
@@ -19,7 +19,8 @@ from werkzeug.exceptions import NotFound
 bp = Blueprint("pages", __name__)
 
 NAV: tuple[tuple[str, str], ...] = (
-    ("pages.overview", "Overview"), ("pages.timeline", "Device timeline"),
+    ("pages.overview", "Overview"), ("pages.fleet", "Fleet"),
+    ("pages.timeline", "Device timeline"),
     ("pages.leaks", "Leaks"), ("pages.risk", "OOM risk"), ("pages.alerts", "Alerts"),
     ("pages.postmortems", "Post-mortems"), ("pages.capacity", "Capacity"),
 )
@@ -101,7 +102,16 @@ def _own_span(ctx: dict[str, Any]) -> dict[str, Any]:
 
 @bp.get("/")
 def overview() -> ResponseReturnValue:
-    return _render("overview.html", "overview")
+    """A fleet (more than ``FLEET_OVERVIEW_DEVICES`` devices) reads as its hosts, at-risk
+    first, instead of a row and two bars per device."""
+    grouped = len(state().store.devices(host="*")) > fleet.FLEET_OVERVIEW_DEVICES
+    return _render("overview.html", "overview", fleet_mode=grouped)
+
+
+@bp.get("/fleet", endpoint="fleet")
+def fleet_page() -> ResponseReturnValue:
+    return _render("fleet.html", "fleet", filter_host=params.text("host") or "",
+                   filter_model=params.text("model", max_len=96) or "")
 
 
 @bp.get("/timeline")

@@ -128,16 +128,21 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
     return out
 
 
-def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, Any]]:
+def device_rows(store: Store, config: Config, now_s: float,
+                only: tuple[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per device of every host, riskiest first: current values, the alert engine's
-    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale."""
+    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
+    ``only`` (host name, device index): that device's row alone, read without the others' (a
+    device page's verdict line in a fleet of 512 must not cost the whole table)."""
     active = store.alerts(active_only=True, host="*")
     procs: dict[str, dict[int, dict[str, Any]]] = {}
     for p in store.processes(host="*"):
         procs.setdefault(p["host"], {})[p["pid"]] = p
     rows = []
     reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
-    for d in store.devices(host="*"):
+    for d in store.devices(host="*" if only is None else only[0]):
+        if only is not None and d["device_index"] != only[1]:
+            continue
         host = host_or_none(store, d["host"])
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]), now_s)
         if d["device_index"] < 0 and latest is None:
