@@ -51,6 +51,8 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     pts = [p for p in leak.load_free_points() if p[0] >= since]
     if len(pts) < 4:
         pts = [p for p in leak.recent_floor if p[0] >= since]
+    if len(pts) < 4:  # a fast rise (minutes) spans few floor windows: the fine floor's points
+        pts = [p for p in leak.fast_fine.points if p[0] >= since]
     if len(pts) < 4:
         return None
     pts = pts[::max(1, len(pts) // 60)]

@@ -47,12 +47,14 @@ from typing import Any, NamedTuple, TypeVar
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
+from vramscope.agent.analysis.peak_rise import FINE_PEAK_S, PeakRise
 from vramscope.agent.analysis.phases import SpikeTracker
 from vramscope.agent.analysis.stats import recent_half, still_rising, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
+FINE_SAMPLES = 4  # a fast-route peak window holds this many samples at least
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
 MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
@@ -138,6 +140,10 @@ class RiskModel:
         self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._in_use: _Trend | None = None  # the trend the latest forecast came from
+        # the fast route: short windows' peaks, a rise established on evidence that scales
+        # with it (a load ramp filling the device in minutes), as a trend of its stretch
+        self._rise = PeakRise()
+        self._fast: _Trend | None = None
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         # the latest point's figures (``last`` is built from them on demand)
@@ -246,6 +252,9 @@ class RiskModel:
             return
         self.windows = w
         self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
+        # short windows, however long the server's cycle: the fast route's interval takes a
+        # sawtooth's wander for noise (a peak per cycle would be five minutes of six peaks)
+        self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * w.dt_s)
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
         pending, self._pending = self._pending, []
@@ -256,6 +265,11 @@ class RiskModel:
     def _peak(self, ts_s: float, demand: int, phase: Phase) -> None:
         if phase is Phase.SETUP:
             return  # a pool's one-time allocation and warm-up: not the serving peaks
+        if self._rise.add(ts_s, demand) and self.limit_bytes:
+            rate = self._rise.update(self.limit_bytes, demand, FORECAST_REACH,
+                                     self.t.time_to_oom_warning_s)
+            self._fast = None if rate is None else _Trend(
+                rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
         if self._window_start is not None and ts_s < self._window_end:
             if demand > self._window_peak:
                 self._window_peak = demand
@@ -341,8 +355,9 @@ class RiskModel:
         detector does. The floor under the spikes is read anew: the one before the OOM held
         what the OOM freed (a headroom left after it would be the dead episode's)."""
         self._peaks.clear()
+        self._rise.clear()
         self.spikes.baseline_bytes = None
-        self._trend = self._in_use = None
+        self._trend = self._in_use = self._fast = None
         self._window_start = None
         self._retry_rise_ts = self._retries = None  # the OOM's own retry is the episode's
         self.growth = None
@@ -370,6 +385,14 @@ class RiskModel:
         if tto is None and tr is not None and tr.steady is not None:
             tr = self._in_use = tr.steady
             tto = self._time_to_oom(tr, ts_s, demand, limit)
+        fast = self._fast
+        if fast is not None:  # the fast route's rise, where it says sooner
+            room = self._room
+            fast_tto = self._time_to_oom(fast, ts_s, demand, limit)
+            if fast_tto is not None and (tto is None or fast_tto < tto):
+                tto, self._in_use = fast_tto, fast
+            else:
+                self._room = room
         self._growth_used = False
         if self.growth is not None:
             room = limit - projected

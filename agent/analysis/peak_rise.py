@@ -1,0 +1,133 @@
+"""The peaks' fast rise: a load ramp's rate with its interval, on evidence that scales with it.
+
+The OOM trend of :mod:`vramscope.agent.analysis.risk` fits a minute's peaks over
+``alerts.trend_min_span_s`` (10 minutes) and more: right for a load that creeps up over hours,
+minutes too late for one that fills the device in five. This keeps the peaks of short windows
+(``FINE_PEAK_S``) and asks of their newest stretch what the floor's growth model asks of the
+floor (:mod:`vramscope.agent.analysis.growth`): a least-squares rate whose 90 % interval
+(autocorrelation respected) says it rises, known within 2x, and a time to the limit within
+``reach`` times the stretch it rests on. A steep, regular rise is established in about a
+minute; a gentle one waits until its stretch is long enough, and one that would take longer
+than the horizon asked for is left to the slow trend.
+
+A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) when:
+
+- its interval's low end is above zero and at least ``PRECISION`` of its rate;
+- it spans at least ``MIN_SPAN_S`` and rose at least ``RISE_NOISE`` times the standard
+  deviation the peaks wandered with before it (that deviation is also the least noise its own
+  peaks are taken to have: a burst on a bursty server is within how its peaks always wander);
+- its recent half still rises at half its rate or more (a burst that tops out, a cache that
+  fills, flattens);
+- the limit is reached at that rate within ``reach`` times its span (the forecast never
+  reaches further than its evidence) and within ``horizon_s`` (a rise slower than that is the
+  slow trend's).
+
+Once established, the rise **holds** while the peaks since its start still rise (the interval
+over them above zero), so a ramp whose peaks wobble keeps one forecast instead of dropping it
+and finding it again a window later; it ends when they stop rising, or with the episode
+(``clear``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from vramscope.agent.analysis.growth import Rate, rate_interval
+
+FINE_PEAK_S = 15.0  # the fast route's peak window (or the server's trend window, when longer)
+KEEP_S = 1800.0  # fine peaks kept: the longest stretch tried
+MIN_POINTS = 6
+MIN_SPAN_S = 60.0
+PRECISION = 0.5  # the interval's low end at least this share of the rate (the forecast to 2x)
+RISE_NOISE = 4.0  # the rise, in standard deviations of the peaks before the stretch
+BASELINE_POINTS = 20  # the peaks before a stretch its noise is read on (or its own length)
+STEADY_SHARE = 0.5  # the recent half rises at this share of the stretch's rate or more
+
+
+class PeakRise:
+    """Fine peaks of one process's demand and the fast-rise test on them (see the module)."""
+
+    def __init__(self, window_s: float = FINE_PEAK_S) -> None:
+        self.window_s = window_s
+        self.points: deque[tuple[float, int]] = deque()  # (window start, its peak)
+        self._start: float | None = None
+        self._end = 0.0
+        self._peak = 0
+        self.rate: Rate | None = None  # the established rise, None while there is none
+        self._since: float | None = None  # where the established stretch began
+
+    def add(self, ts_s: float, demand: int) -> bool:
+        """One reading; True when it closed a window (a new peak to test)."""
+        if self._start is not None and ts_s < self._end:
+            if demand > self._peak:
+                self._peak = demand
+            return False
+        closed = self._start is not None
+        if closed:
+            assert self._start is not None
+            self.points.append((self._start, self._peak))
+            while self.points[0][0] < self._start - KEEP_S:
+                self.points.popleft()
+            step = self.window_s
+            self._start += step * ((ts_s - self._start) // step)
+        else:
+            self._start = ts_s
+        self._end, self._peak = self._start + self.window_s, demand
+        return closed
+
+    def clear(self) -> None:
+        """The episode ended (an OOM): the peaks before it say nothing of the next."""
+        self.points.clear()
+        self._start, self.rate, self._since = None, None, None
+
+    def update(self, limit_bytes: float, demand: float, reach: float,
+               horizon_s: float) -> Rate | None:
+        """Test the newest stretches (a window just closed): the rise established, the one
+        held, or None."""
+        pts = list(self.points)
+        rate = establish(pts, limit_bytes, demand, reach, horizon_s)
+        if rate is None and self._since is not None:
+            held = rate_interval([p for p in pts if p[0] >= self._since])
+            rate = held if held is not None and held.low > 0 else None
+        self.rate = rate
+        self._since = None if rate is None else rate.t0 if self._since is None \
+            else min(self._since, rate.t0)
+        return rate
+
+
+def room_at(rate: Rate, ts_s: float, limit_bytes: float, demand: float) -> float:
+    """The bytes left under the limit above the rise's line now (or the demand, if above it)."""
+    level = rate.intercept + rate.slope * (ts_s - rate.t0)
+    room = limit_bytes - (level if level > demand else demand)
+    return room if room > 0.0 else 0.0
+
+
+def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: float,
+              reach: float, horizon_s: float) -> Rate | None:
+    """The shortest newest stretch of ``pts`` that establishes a rise (the module's rules)."""
+    n = MIN_POINTS
+    while n <= len(pts):
+        part = pts[-n:]
+        before = pts[max(0, len(pts) - n - max(n, BASELINE_POINTS)):-n]
+        base = rate_interval(before)
+        noise = base.noise_bytes if base is not None else 0.0
+        rate = rate_interval(part, noise)
+        if rate is not None and _rises(part, rate, noise, limit_bytes, demand, reach,
+                                       horizon_s):
+            return rate
+        n += max(1, n // 2)
+    return None
+
+
+def _rises(part: Sequence[tuple[float, int]], rate: Rate, noise: float, limit_bytes: float,
+           demand: float, reach: float, horizon_s: float) -> bool:
+    if rate.low <= 0 or rate.low < PRECISION * rate.slope or rate.span_s < MIN_SPAN_S:
+        return False
+    if rate.slope * rate.span_s < RISE_NOISE * noise:
+        return False  # within how far the peaks wandered before it
+    fill = room_at(rate, part[-1][0], limit_bytes, demand) / rate.slope
+    if fill > reach * rate.span_s or fill > horizon_s:
+        return False  # further than its evidence reaches, or the slow trend's business
+    recent = rate_interval(part[min(len(part) // 2, len(part) - 4):])  # 4 points at least
+    return recent is not None and recent.slope >= STEADY_SHARE * rate.slope
