@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from vramscope.agent.alerts.explain import warning_cause
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
@@ -243,8 +242,7 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
     model = d.risks.get(pid) or d.risk
     point = model.last
     level = point.level if point is not None else ""
-    cause = (warning_cause(point, model, leak)
-             if point is not None and point.level != "ok" and point.reasons else None)
+    cause = d.cause_of(model, leak)  # the risk episode's (explain.CauseEpisode)
     kv = d.kvs.get(pid)
     return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
                    r.first_detected_ts_s, r.span_s, r.evidence, level, cause,

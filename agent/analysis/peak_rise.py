@@ -23,7 +23,7 @@ A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) 
   slow trend's).
 
 Once established, the rise **holds** while the peaks since its start still rise (the interval
-over them above zero), so a ramp whose peaks wobble keeps one forecast instead of dropping it
+over them above zero, their recent half at half their rate or more), so a ramp whose peaks wobble keeps one forecast instead of dropping it
 and finding it again a window later; it ends when they stop rising, or with the episode
 (``clear``).
 """
@@ -41,7 +41,7 @@ MIN_POINTS = 6
 MIN_SPAN_S = 60.0
 PRECISION = 0.5  # the interval's low end at least this share of the rate (the forecast to 2x)
 RISE_NOISE = 4.0  # the rise, in standard deviations of the peaks before the stretch
-BASELINE_POINTS = 20  # the peaks before a stretch its noise is read on (or its own length)
+BASELINE_POINTS = 120  # the peaks before a stretch its noise is read on (30 min of 15-s peaks)
 STEADY_SHARE = 0.5  # the recent half rises at this share of the stretch's rate or more
 
 
@@ -54,6 +54,7 @@ class PeakRise:
         self._start: float | None = None
         self._end = 0.0
         self._peak = 0
+        self.high = 0  # the highest peak that fell out of ``points`` (since the last clear)
         self.rate: Rate | None = None  # the established rise, None while there is none
         self._since: float | None = None  # where the established stretch began
 
@@ -68,7 +69,9 @@ class PeakRise:
             assert self._start is not None
             self.points.append((self._start, self._peak))
             while self.points[0][0] < self._start - KEEP_S:
-                self.points.popleft()
+                old = self.points.popleft()[1]
+                if old > self.high:
+                    self.high = old
             step = self.window_s
             self._start += step * ((ts_s - self._start) // step)
         else:
@@ -79,17 +82,18 @@ class PeakRise:
     def clear(self) -> None:
         """The episode ended (an OOM): the peaks before it say nothing of the next."""
         self.points.clear()
-        self._start, self.rate, self._since = None, None, None
+        self._start, self.rate, self._since, self.high = None, None, None, 0
 
     def update(self, limit_bytes: float, demand: float, reach: float,
                horizon_s: float) -> Rate | None:
         """Test the newest stretches (a window just closed): the rise established, the one
         held, or None."""
         pts = list(self.points)
-        rate = establish(pts, limit_bytes, demand, reach, horizon_s)
+        rate = establish(pts, limit_bytes, demand, reach, horizon_s, self.high)
         if rate is None and self._since is not None:
-            held = rate_interval([p for p in pts if p[0] >= self._since])
-            rate = held if held is not None and held.low > 0 else None
+            since = [p for p in pts if p[0] >= self._since]
+            held = rate_interval(since)
+            rate = held if held is not None and held.low > 0 and _steady(since, held) else None
         self.rate = rate
         self._since = None if rate is None else rate.t0 if self._since is None \
             else min(self._since, rate.t0)
@@ -104,11 +108,14 @@ def room_at(rate: Rate, ts_s: float, limit_bytes: float, demand: float) -> float
 
 
 def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: float,
-              reach: float, horizon_s: float) -> Rate | None:
-    """The shortest newest stretch of ``pts`` that establishes a rise (the module's rules)."""
+              reach: float, horizon_s: float, high: int = 0) -> Rate | None:
+    """The shortest newest stretch of ``pts`` that establishes a rise (the module's rules);
+    ``high``: the highest peak before ``pts``."""
     n = MIN_POINTS
     while n <= len(pts):
         part = pts[-n:]
+        if part[-1][1] <= max(high, max((p[1] for p in pts[:-n]), default=0)):
+            return None  # no higher than the peaks have been: a load the server has taken
         before = pts[max(0, len(pts) - n - max(n, BASELINE_POINTS)):-n]
         base = rate_interval(before)
         noise = base.noise_bytes if base is not None else 0.0
@@ -129,5 +136,11 @@ def _rises(part: Sequence[tuple[float, int]], rate: Rate, noise: float, limit_by
     fill = room_at(rate, part[-1][0], limit_bytes, demand) / rate.slope
     if fill > reach * rate.span_s or fill > horizon_s:
         return False  # further than its evidence reaches, or the slow trend's business
-    recent = rate_interval(part[min(len(part) // 2, len(part) - 4):])  # 4 points at least
+    return _steady(part, rate)
+
+
+def _steady(part: Sequence[tuple[float, int]], rate: Rate) -> bool:
+    """The stretch's recent half (4 points at least) still rises at ``STEADY_SHARE`` of its
+    rate: a rise that flattens (a burst topping out, a cache filled) is no trend to the limit."""
+    recent = rate_interval(part[min(len(part) // 2, len(part) - 4):])
     return recent is not None and recent.slope >= STEADY_SHARE * rate.slope
