@@ -111,8 +111,7 @@ def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: floa
               reach: float, horizon_s: float, high: int = 0) -> Rate | None:
     """The shortest newest stretch of ``pts`` that establishes a rise (the module's rules);
     ``high``: the highest peak before ``pts``."""
-    n = MIN_POINTS
-    while n <= len(pts):
+    for n in _lengths(len(pts)):
         part = pts[-n:]
         if part[-1][1] <= max(high, max((p[1] for p in pts[:-n]), default=0)):
             return None  # no higher than the peaks have been: a load the server has taken
@@ -123,8 +122,17 @@ def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: floa
         if rate is not None and _rises(part, rate, noise, limit_bytes, demand, reach,
                                        horizon_s):
             return rate
-        n += max(1, n // 2)
     return None
+
+
+def _lengths(count: int) -> list[int]:
+    """The stretch lengths tried, shortest first: ``MIN_POINTS``, then half as many more each
+    time, and all ``count`` points last."""
+    out, n = [], MIN_POINTS
+    while n < count:
+        out.append(n)
+        n += n // 2
+    return out + [count] if count >= MIN_POINTS else out
 
 
 def _rises(part: Sequence[tuple[float, int]], rate: Rate, noise: float, limit_bytes: float,

@@ -15,17 +15,18 @@ def fired(sc):
 
 def test_a_rising_floor_is_named_with_its_time_to_oom_and_the_risk_follows_it():
     # growth from the first sample, 90 %/h of 80 GiB, OOM at 2356 s: a rise that early, filling
-    # in 35 min, may be a warm-up (docs/analysis.md, the growth model); the peaks' trend warns
-    # at 915 s, the leak is named at 1260 s, and the critical level comes from its rate: the
-    # floor growing, 5.0 min to OOM (it came 7.6 min later)
+    # in 35 min, may be a warm-up (docs/analysis.md, the growth model); the peaks' fast route
+    # warns at 855 s, 9 min of 15-s peaks after the 5-min warm-up: OOM in 25.2 min (it came
+    # 25.0 min later); the leak is named at 1260 s, and the critical level comes from its rate:
+    # the floor growing, 5.0 min to OOM (it came 7.6 min later)
     sc = labelled_recordings.growth_oom(5)
     got = fired(sc)
     assert [(c.rule, c.ts_s - sc.samples[0].ts_s) for c in got] == [
-        ("oom_risk", 915.0), ("memory_leak", 1260.0), ("oom_risk_critical", 1899.0),
+        ("oom_risk", 855.0), ("memory_leak", 1260.0), ("oom_risk_critical", 1899.0),
         ("oom", 2356.0)]
     assert got[0].message == (
-        "OOM risk warning: peaks rising 78.69 GiB/h over 10.0 min: OOM in 19.7 min (16.0 min "
-        "to 21.8 min); likely growth; try: look for a leak: compare the idle floor before and "
+        "OOM risk warning: peaks rising 73.52 GiB/h over 9.0 min: OOM in 25.2 min (19.9 min "
+        "to 34.4 min); likely growth; try: look for a leak: compare the idle floor before and "
         "after requests (vramscope leaks page)")
     assert got[2].message == (
         "OOM risk critical: the floor growing 73.24 GiB/h (62.26 GiB/h to 84.23 GiB/h): OOM in "
@@ -35,12 +36,13 @@ def test_a_rising_floor_is_named_with_its_time_to_oom_and_the_risk_follows_it():
 
 def test_peaks_rising_over_a_flat_floor_is_the_load():
     # the first warning, 1090 s before the OOM, from the peaks' fast route (3 min of 15-s
-    # peaks rising at 234 GiB/h while the floor under them has not moved); the critical one
-    # keeps the episode's cause
+    # peaks rising at 234 GiB/h, above every peak before them, while the floor under them has
+    # not moved); the critical one keeps the episode's cause. Both forecasts come early: the
+    # ramp rises in surges, and a surge's rate is the stretch's (docs/analysis.md, OOM risk)
     sc = next(s for s in oom_scenarios.scenarios(quick=True) if s.name == "load_ramp/1")
     got = fired(sc)
     assert [(c.rule, c.ts_s - sc.samples[0].ts_s) for c in got] == [
-        ("oom_risk", 675.0), ("oom_risk_critical", 1185.0), ("oom", 1765.0)]
+        ("oom_risk", 675.0), ("oom_risk_critical", 1395.0), ("oom", 1765.0)]
     assert got[0].message == (
         "OOM risk warning: peaks rising 234.34 GiB/h over 3.0 min: OOM in 7.9 min (6.5 min to "
         "10.2 min); likely batch; try: lower the maximum concurrency (max_num_seqs) or the "
