@@ -15,7 +15,11 @@ A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) 
 - its interval's low end is above zero and at least ``PRECISION`` of its rate;
 - it spans at least ``MIN_SPAN_S`` and rose at least ``RISE_NOISE`` times the standard
   deviation the peaks wandered with before it (that deviation is also the least noise its own
-  peaks are taken to have: a burst on a bursty server is within how its peaks always wander);
+  peaks are taken to have), and more than the peaks before it ever moved over as many windows
+  (``BASELINE_POINTS`` of them): a burst on a bursty server rises as fast as a ramp for a
+  minute or two, and one no larger than the bursts before it is one of them;
+- its newest peak is above every peak before it (since the process began, or its last OOM):
+  a load the server has carried before is no new risk;
 - its recent half still rises at half its rate or more (a burst that tops out, a cache that
   fills, flattens);
 - the limit is reached at that rate within ``reach`` times its span (the forecast never
@@ -120,9 +124,17 @@ def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: floa
         noise = base.noise_bytes if base is not None else 0.0
         rate = rate_interval(part, noise)
         if rate is not None and _rises(part, rate, noise, limit_bytes, demand, reach,
-                                       horizon_s):
+                                       horizon_s) and rate.slope * rate.span_s > _swing(before, n):
             return rate
     return None
+
+
+def _swing(before: Sequence[tuple[float, int]], n: int) -> int:
+    """The most the peaks before a stretch of ``n`` moved (up or down) over ``n`` peaks: a
+    bursty load's bursts rise as fast as a ramp for a minute or two, and a rise no larger than
+    they make is one of them."""
+    lag = n - 1
+    return max((abs(b[1] - a[1]) for a, b in zip(before, before[lag:])), default=0)
 
 
 def _lengths(count: int) -> list[int]:

@@ -59,6 +59,9 @@ PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the t
 TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
 MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
 FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
+# ...and the fast route's at most this many: its stretch is minutes of a load that comes in
+# bursts (a burst's rise of two minutes says little of the six after it)
+FAST_REACH = 2.0
 RETRY_WINDOW_S = 60.0
 # the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
 # but an OOM that builds up in a process's first half hour must still be foreseen
@@ -266,7 +269,7 @@ class RiskModel:
         if phase is Phase.SETUP:
             return  # a pool's one-time allocation and warm-up: not the serving peaks
         if self._rise.add(ts_s, demand) and self.limit_bytes:
-            rate = self._rise.update(self.limit_bytes, demand, FORECAST_REACH,
+            rate = self._rise.update(self.limit_bytes, demand, FAST_REACH,
                                      self.t.time_to_oom_warning_s)
             self._fast = None if rate is None else _Trend(
                 rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
