@@ -11,7 +11,7 @@ by :class:`CauseEpisode`: the alert, the stored verdict and the post-mortem name
 from __future__ import annotations
 
 from vramscope.agent.alerts.rules import RISK_HOLD_S, format_value
-from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES
+from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
 from vramscope.agent.analysis.stats import theil_sen
@@ -191,16 +191,20 @@ def decisive(said: str, cause: str, point: RiskPoint, model: RiskModel,
     growth once the growth model names it (this process's leak verdict, its floor's rate as the
     forecast, another process's named growth); the load once the peaks' trend, established by
     its interval, is the forecast; a prefill spike once the largest prefill needs more than all
-    the free memory (no arrangement of the free memory would hold it: not fragmentation)."""
+    the free memory (no arrangement of the free memory would hold it: not fragmentation), or is
+    one long prompt by the post-mortem's measure (at least ``SPIKE_RATIO`` of the limit) that
+    takes more than ``SPIKE_SHARE`` of the free memory."""
     if RANK.get(said, 0) <= RANK.get(cause, 0):
         return False
     if said == "growth":
         return "growth" in point.reasons or leak.result.detected or model.grower is not None
     if said == "batch":
         return "trend" in point.reasons
-    headroom = model.headroom_bytes
-    return said == "prefill_spike" and headroom is not None \
-        and model.largest_request_bytes > headroom
+    headroom, limit, need = model.headroom_bytes, model.limit_bytes, model.largest_request_bytes
+    if said != "prefill_spike" or headroom is None:
+        return False
+    return need > headroom or bool(limit) and need >= SPIKE_RATIO * (limit or 0) \
+        and need > SPIKE_SHARE * headroom
 
 
 def risk_reasons(point: RiskPoint, model: RiskModel) -> str:

@@ -21,7 +21,8 @@ A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) 
 - its newest peak is above every peak before it (since the process began, or its last OOM):
   a load the server has carried before is no new risk;
 - its recent half still rises at half its rate or more (a burst that tops out, a cache that
-  fills, flattens);
+  fills, flattens), and no peak fell from the one before by ``FALL_SHARE`` of its rise (the
+  teeth of static batches that end, one after another, are no ramp);
 - the limit is reached at that rate within ``reach`` times its span (the forecast never
   reaches further than its evidence) and within ``horizon_s`` (a rise slower than that is the
   slow trend's).
@@ -47,6 +48,7 @@ PRECISION = 0.5  # the interval's low end at least this share of the rate (the f
 RISE_NOISE = 4.0  # the rise, in standard deviations of the peaks before the stretch
 BASELINE_POINTS = 120  # the peaks before a stretch its noise is read on (30 min of 15-s peaks)
 STEADY_SHARE = 0.5  # the recent half rises at this share of the stretch's rate or more
+FALL_SHARE = 0.25  # no fall from one peak to the next of this share of the stretch's rise
 
 
 class PeakRise:
@@ -151,8 +153,11 @@ def _rises(part: Sequence[tuple[float, int]], rate: Rate, noise: float, limit_by
            demand: float, reach: float, horizon_s: float) -> bool:
     if rate.low <= 0 or rate.low < PRECISION * rate.slope or rate.span_s < MIN_SPAN_S:
         return False
-    if rate.slope * rate.span_s < RISE_NOISE * noise:
+    rise = rate.slope * rate.span_s
+    if rise < RISE_NOISE * noise:
         return False  # within how far the peaks wandered before it
+    if max(a[1] - b[1] for a, b in zip(part, part[1:])) > FALL_SHARE * rise:
+        return False  # a sawtooth (static batches that end, bursts that drain), not a ramp
     fill = room_at(rate, part[-1][0], limit_bytes, demand) / rate.slope
     if fill > reach * rate.span_s or fill > horizon_s:
         return False  # further than its evidence reaches, or the slow trend's business
