@@ -52,14 +52,11 @@ def test_time_to_oom_from_the_trend_of_the_peaks():
     # allocated = 500 + t on a 2,500-byte limit: 60 s peaks 559, 619, ... slope exactly 1 B/s.
     # At t=600 the 10th window closes, 10 min of peaks (alerts.trend_min_span_s): level
     # max(1100, 559 + 600) = 1159 -> 1341 s to OOM, within 3 x the 600 s fitted on.
-    # (No warm-up here; the trend's warm-up is tested below.) The fast route's 15-s peaks say
-    # it first: at t=525 (the window from 510 closes) 35 peaks over 510 s have the limit 1475 B
-    # away at their line, within 3 x 510 s; 1461 s to OOM from the line now (1039).
+    # (No warm-up here; the trend's warm-up is tested below.)
     m = RiskModel(NO_WARMUP)
     points = [m.update(S(t, D, 500 + t, device_total_bytes=2_500)) for t in range(601)]
-    assert all(p.time_to_oom_s is None for p in points[:525])
-    assert (points[525].time_to_oom_s, points[525].level) == (1461.0, "warning")
-    last = points[600]  # the slow route's forecast is the sooner now
+    assert all(p.time_to_oom_s is None for p in points[:600])
+    last = points[600]
     assert (last.time_to_oom_s, last.time_to_oom_low_s, last.time_to_oom_high_s) == (
         1341.0, 1341.0, 1341.0)
     assert last.level == "warning" and last.reasons == ("trend",)
@@ -281,16 +278,15 @@ def test_risk_timeline_max_points_keeps_the_worst_level_and_least_headroom_per_b
 def test_the_trend_waits_out_its_warm_up():
     # The same rise with the default warm-up (300 s, all of which the OOM trend waits): no
     # peak before t=300 counts. The fast route's 15-s peaks from t=300 on establish the rise
-    # once the limit is within 3x their span: at t=750 (the window from 735 closes), 29 peaks
-    # over 420 s, 1250 B to the limit at the last one's line within 1260 s; the forecast is
-    # the room above the line now (500 + 750 + 14: a window's peak is its last sample), 1236 s
-    # to the 2,500-byte limit. The slow route's 10 minute-peaks would have waited until t=900.
+    # once the limit is within 2x their span: at t=885, 1101 s to the 2,500-byte limit; the
+    # slow route's 10 minute-peaks after the warm-up are there at t=900: level
+    # max(1400, 859 + 600) = 1459, 1041 s, the sooner then.
     m = RiskModel()
     points = [m.update(S(t, D, 500 + t, device_total_bytes=2_500)) for t in range(901)]
-    assert all(p.time_to_oom_s is None for p in points[:750])
+    assert all(p.time_to_oom_s is None for p in points[:885])
     assert m.windows.warmup_s == 300.0
-    assert (points[750].time_to_oom_s, points[750].level) == (1236.0, "warning")
-    assert points[900].time_to_oom_s == 1041.0  # the slow line, 1459 at t=900, says sooner
+    assert (points[885].time_to_oom_s, points[885].level) == (1101.0, "warning")
+    assert points[900].time_to_oom_s == 1041.0
 
 
 def test_a_one_time_fill_in_setup_is_no_trend():
