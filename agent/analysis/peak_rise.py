@@ -15,9 +15,11 @@ A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) 
 - its interval's low end is above zero and at least ``PRECISION`` of its rate;
 - it spans at least ``MIN_SPAN_S`` and rose at least ``RISE_NOISE`` times the standard
   deviation the peaks wandered with before it (that deviation is also the least noise its own
-  peaks are taken to have), and more than the peaks before it ever moved over as many windows
-  (``BASELINE_POINTS`` of them): a burst on a bursty server rises as fast as a ramp for a
-  minute or two, and one no larger than the bursts before it is one of them;
+  peaks are taken to have), and ``SWING_FACTOR`` times the most the peaks before it
+  (``BASELINE_POINTS`` of them) moved over as many windows: a burst on a bursty server rises
+  as fast as a ramp for a minute or two, and one no larger than the bursts before it is one of
+  them (tested every window for hours, a wandering series makes a swing just beyond its own
+  past now and then: twice it, rarely);
 - its newest peak is above every peak before it (since the process began, or its last OOM):
   a load the server has carried before is no new risk;
 - its recent half still rises at half its rate or more (a burst that tops out, a cache that
@@ -48,6 +50,9 @@ PRECISION = 0.5  # the interval's low end at least this share of the rate (the f
 RISE_NOISE = 4.0  # the rise, in standard deviations of the peaks before the stretch
 BASELINE_POINTS = 120  # the peaks before a stretch its noise is read on (30 min of 15-s peaks)
 STEADY_SHARE = 0.5  # the recent half rises at this share of the stretch's rate or more
+# the rise, in multiples of the most the peaks before moved over as many windows: tested at every
+# window for hours, a wandering series makes a swing beyond its own past now and then
+SWING_FACTOR = 2.0
 FALL_SHARE = 0.25  # no fall from one peak to the next of this share of the stretch's rise
 
 
@@ -126,7 +131,8 @@ def establish(pts: Sequence[tuple[float, int]], limit_bytes: float, demand: floa
         noise = base.noise_bytes if base is not None else 0.0
         rate = rate_interval(part, noise)
         if rate is not None and _rises(part, rate, noise, limit_bytes, demand, reach,
-                                       horizon_s) and rate.slope * rate.span_s > _swing(before, n):
+                                       horizon_s) \
+                and rate.slope * rate.span_s > SWING_FACTOR * _swing(before, n):
             return rate
     return None
 
