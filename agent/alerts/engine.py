@@ -17,9 +17,9 @@ What the engine returns (:class:`AlertChange`) goes to the sinks of
 from __future__ import annotations
 
 from collections import deque
-from weakref import WeakKeyDictionary
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
+from weakref import WeakKeyDictionary
 
 from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config

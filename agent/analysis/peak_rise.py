@@ -30,9 +30,9 @@ A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) 
   slow trend's).
 
 Once established, the rise **holds** while the peaks since its start still rise (the interval
-over them above zero, their recent half at half their rate or more), so a ramp whose peaks wobble keeps one forecast instead of dropping it
-and finding it again a window later; it ends when they stop rising, or with the episode
-(``clear``).
+over them above zero, their recent half at half their rate or more), so a ramp whose peaks
+wobble keeps one forecast instead of dropping it and finding it again a window later; it ends
+when they stop rising, or with the episode (``clear``).
 """
 
 from __future__ import annotations

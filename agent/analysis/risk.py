@@ -257,7 +257,7 @@ class RiskModel:
         self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
         # short windows, however long the server's cycle: the fast route's interval takes a
         # sawtooth's wander for noise (a peak per cycle would be five minutes of six peaks)
-        self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * w.dt_s)
+        self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * (w.dt_s or 0.0))
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
         pending, self._pending = self._pending, []
