@@ -98,3 +98,29 @@ def test_an_episode_ends_after_the_alerts_hold_at_ok_and_the_next_is_named_afres
             Sample(1900.0, 0, P, allocated_bytes=int(78.5 * GIB), reserved_bytes=79 * GIB,
                    num_alloc_retries=1, device_total_bytes=80 * GIB, pid=PID)])
     assert (model.level_index, ep.cause) == (2, "prefill_spike")
+
+
+def test_the_demos_fragmentation_server_has_one_cause_from_its_first_warning_to_its_oom():
+    # the demo's fragmentation server (agent/sim/scenarios.py): warned at 450 s, critical at
+    # 494 s, its OOM at 1225.5 s. Its rows flip between warning and critical and ok for a
+    # moment, and a few of its points read as a prefill spike (the largest request more than
+    # half of what is free, SPIKE_SHARE), but the episode, its alerts, its rows and the
+    # post-mortem the server sends all say fragmentation
+    from vramscope.agent.sim.scenarios import scenario_spec
+    from vramscope.agent.sim.server import SimServer
+
+    from tests.agent.test_sim_server import T0, ListSink
+
+    sink = ListSink()
+    SimServer(scenario_spec("fragmentation", pid=PID), sink, T0).run_until(T0 + 1226)
+    e = AlertEngine.from_config(None)
+    records = sorted([*sink.samples(), *sink.events()], key=lambda r: r.ts_s)
+    fired = [c for c in e.feed(records) if c.kind == "fired"]
+    oom = sink.postmortems()[0].ts_s
+    assert [(c.rule, c.ts_s - T0) for c in fired] == [
+        ("oom_risk", 450.0), ("oom_risk_critical", 494.0), ("oom", 1225.5)]
+    assert all("; likely fragmentation; try: set PYTORCH_CUDA_ALLOC_CONF" in c.message
+               for c in fired[:2])
+    rows = [v for v in e.verdicts.history if v.ts_s < oom and v.risk_level != "ok"]
+    assert len(rows) >= 8 and {v.risk_cause for v in rows} == {"fragmentation"}
+    assert sink.postmortems()[0].cause == "fragmentation"
