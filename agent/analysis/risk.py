@@ -19,6 +19,10 @@ with memory figures it gives a :class:`RiskPoint`:
   on in the span's recent half (its slope at least half the whole span's: growth that flattens,
   a warm-up or a cache filling, is not a trend to the limit); and it never reaches further than
   ``FORECAST_REACH`` times the span it was fitted on (a forecast beyond is no forecast);
+  and, sooner where it says so, the **fast route** (:mod:`~vramscope.agent.analysis.peak_rise`):
+  15-s peaks whose newest stretch establishes a rise on evidence that scales with it (a load
+  ramp filling the device in minutes is forecast a minute or two into it), reaching at most
+  ``FAST_REACH`` times its stretch;
 - an **OOM ends the episode**: its trend and retry history start over (``restart``), so the
   next warning is about the next OOM, not the last one;
 - **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
