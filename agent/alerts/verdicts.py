@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from vramscope.agent.alerts.explain import warning_cause
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
@@ -153,10 +152,11 @@ class VerdictLog:
         self.history: list[Verdict] = []
         self._taken = 0  # rows of ``history`` already handed out by ``take``
         self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
-        # per process: (the leak result and risk level its answer was made from, record time
-        # of its next heartbeat); the result itself, not its id: a freed one's id comes back
+        # per process: (the leak result, risk level and risk episode's cause its answer was
+        # made from, record time of its next heartbeat); the result itself, not its id: a freed
+        # one's id comes back
         self._seen: dict[tuple[str | None, int, int | None],
-                         tuple[LeakResult, int, float]] = {}
+                         tuple[LeakResult, int, str | None, float]] = {}
         # per process: the orphaned KV blocks its last row said; twice as many is a new row
         # (a pool losing blocks: the stored evidence follows the count, in log2 of it rows)
         self._row_orphans: dict[tuple[str | None, int, int | None], int] = {}
@@ -173,22 +173,26 @@ class VerdictLog:
         key = (host, d.device, pid)
         self._ended.discard(key)
         result = (d.leaks.get(pid) or d.leaks[None]).result
-        level = (d.risks.get(pid) or d.risk).level_index
+        model = d.risks.get(pid) or d.risk
+        level = model.level_index
+        ep = d.episodes.get(model)
+        cause = ep.cause if ep is not None else None
         seen = self._seen.get(key)
-        if seen is not None and seen[0] is result and seen[1] == level and now_s < seen[2]:
+        if seen is not None and seen[0] is result and seen[1] == level and seen[2] == cause \
+                and now_s < seen[3]:
             return  # nothing its answer is made from moved, and no heartbeat is due
         v = verdict_of(d, pid, host, now_s)
         last = self.latest.get(key)
         orphans = result.orphaned_blocks
-        if (seen is None or now_s >= seen[2] or last is None or last.answer() != v.answer()
+        if (seen is None or now_s >= seen[3] or last is None or last.answer() != v.answer()
                 or _moved(last, v) or orphans >= 2 * self._row_orphans.get(key, 0) > 0):
             self.latest[key] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
-            self._seen[key] = (result, level, now_s + self.heartbeat_s)
+            self._seen[key] = (result, level, cause, now_s + self.heartbeat_s)
             self._row_orphans[key] = orphans
         else:
-            self._seen[key] = (result, level, seen[2])
+            self._seen[key] = (result, level, cause, seen[3])
 
     def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
         """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
@@ -243,8 +247,7 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
     model = d.risks.get(pid) or d.risk
     point = model.last
     level = point.level if point is not None else ""
-    cause = (warning_cause(point, model, leak)
-             if point is not None and point.level != "ok" and point.reasons else None)
+    cause = d.cause_of(model, leak)  # the risk episode's (explain.CauseEpisode)
     kv = d.kvs.get(pid)
     return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
                    r.first_detected_ts_s, r.span_s, r.evidence, level, cause,
