@@ -193,6 +193,12 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
     slope = GaugeMetricFamily("vramscope_process_leak_slope_bytes_per_second", "The stored "
                               "leak verdict's idle-floor slope, where it found a leak.",
                               labels=PROCESS_LABELS)
+    orphans = GaugeMetricFamily("vramscope_process_kv_orphaned_blocks", "The stored leak "
+                                "verdict's orphaned KV blocks: the pool check's latest count.",
+                                labels=PROCESS_LABELS)
+    kv_rate = GaugeMetricFamily("vramscope_process_kv_orphaned_blocks_per_second", "The "
+                                "stored leak verdict's rate of orphaned KV blocks, once its "
+                                "checks give one.", labels=PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
     for v in stored.newest_all(store, "*"):
         labels = (v["host"], str(v["device"]), v["label"], _pid(v["pid"]))
@@ -204,7 +210,12 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
         leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
         if v["leak"]["state"] == "leak":
             slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
-    yield from (risk, leak, slope)
+        kv = v["leak"].get("kv_pool")
+        if kv is not None:
+            orphans.add_metric(list(labels), kv["orphaned_blocks"])
+            if kv["blocks_per_s"] is not None:
+                kv_rate.add_metric(list(labels), kv["blocks_per_s"])
+    yield from (risk, leak, slope, orphans, kv_rate)
 
 
 def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
