@@ -21,7 +21,8 @@ INFO_LABELS = {"host", "device", "uuid", "name", "index", "parent_uuid"}  # devi
 LAST_T = F.T0 + (F.STEPS - 1) * F.STEP_S
 PROCESS_SERIES = {n for n, _, _ in PROCESS_GAUGES} | {n for n, _, _ in PROCESS_COUNTERS} | {
     "vramscope_process_risk_level", "vramscope_process_leak_state",
-    "vramscope_process_leak_slope_bytes_per_second"}
+    "vramscope_process_leak_slope_bytes_per_second", "vramscope_process_kv_orphaned_blocks",
+    "vramscope_process_kv_orphaned_blocks_per_second"}
 
 
 def scrape(client) -> dict[str, list]:
