@@ -24,6 +24,7 @@ from vramscope.agent.ingest.process import REPO_ROOT
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
 
+from tests.dashboard.browser.test_pages import driver  # noqa: F401 - a fixture
 from tests.support import kv_leak_scenario as S
 
 GIB = 2**30
@@ -161,3 +162,52 @@ def test_the_memory_leak_alert_names_the_pid_with_the_rate(run):
 
 
 PERIOD_BETWEEN_CHECKS = S.PERIOD_S  # the leaky server checks after every request
+
+
+def _js_number(v: float) -> str:
+    """``+v.toPrecision(3)`` as the page prints it (``8``, ``7.97``)."""
+    return f"{float(f'{v:.3g}'):g}"
+
+
+@pytest.mark.browser
+def test_the_leaks_page_in_chromium_shows_the_pools_figures(run, driver):  # noqa: F811
+    import time
+
+    from tests.dashboard.browser.test_pages import wait_for as wait_in
+    from tests.support.dashboard_fixtures import ServedApp
+
+    rec, _ = run
+    leak = _kv(rec)
+    kv = leak["kv_pool"]
+    with Store.open(rec.db_url) as store:
+        server = ServedApp(create_app(parse_config({}, None), store))
+        try:
+            driver.get(server.url + "/leaks?device=0")
+            wait_in(driver, "const e = document.getElementById('leaks-plot');"
+                            "return e && e._fullLayout && e.data && e.data.length > 0 &&"
+                            " document.querySelectorAll('#leak-cards .card').length > 0;",
+                    "the Leaks page")
+            cards = driver.execute_script(
+                "return [...document.querySelectorAll('#leak-cards .card')]"
+                ".map(c => [...c.children].map(x => x.textContent));")
+            traces, x_range = driver.execute_script(
+                "const e = document.getElementById('leaks-plot');"
+                "return [e.data.map(t => [t.name, t.x.length]), e._fullLayout.xaxis.range];")
+            errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        finally:
+            server.close()
+    by_label = {c[0]: c[1:] for c in cards}
+    assert by_label["Verdict"] == ["leak", f"for python kv_server.py (pid {rec.leaky_pid})"]
+    mib_h = leak["slope_bytes_per_s"] * 3600 / 2**20
+    assert by_label["Slope"][0] == f"{mib_h:.1f} MiB/h"
+    assert by_label["Slope"][1].startswith("90 %: ") and by_label["Slope"][1].endswith("MiB/h")
+    rate = (f"{_js_number(kv['blocks_per_s'])} blocks/s (90 %: "
+            f"{_js_number(kv['blocks_per_s_low'])} blocks/s – "
+            f"{_js_number(kv['blocks_per_s_high'])} blocks/s)")
+    assert by_label["Orphaned KV blocks"] == [str(S.ORPHANED), "latest check · " + rate]
+    assert by_label["KV pool full in"][0] == f"about {kv['exhaustion_s']:.1f} s"
+    assert by_label["KV pool full in"][1].endswith(f" · {S.FREE_BLOCKS} free blocks")
+    assert traces == [["orphaned KV blocks", len(kv["floor"])], ["at the pool's rate", 2]]
+    year = str(time.gmtime(rec.started_s).tm_year)
+    assert str(x_range[0]).startswith(year) and str(x_range[1]).startswith(year), x_range
+    assert errors == []
