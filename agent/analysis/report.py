@@ -28,8 +28,8 @@ from vramscope.agent.analysis.diagnosis import (
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
 from vramscope.agent.analysis.growth import GROWTH_KEYS
-from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.analysis.kv import KvTracker, observe_process
+from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import leak_makeup
 from vramscope.agent.analysis.phases import PhaseAccumulator

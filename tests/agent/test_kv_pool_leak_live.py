@@ -103,7 +103,7 @@ def test_status_and_analyze_say_the_stored_figures(run):
     assert "0.0 MiB/h" not in status.stdout and "0 B/h" not in status.stdout
     text = _vramscope("analyze", "--db", rec.db_url)
     assert text.returncode == 0, text.stderr
-    assert f"  leak: DETECTED at " in text.stdout and f", KV pool: {words}\n" in text.stdout
+    assert "  leak: DETECTED at " in text.stdout and f", KV pool: {words}\n" in text.stdout
     assert f"(pid {rec.leaky_pid}): LEAK KV pool: {words} since " in text.stdout
     doc = json.loads(_vramscope("analyze", "--db", rec.db_url, "--json").stdout)
     d = doc["devices"]["0"]["leak"]

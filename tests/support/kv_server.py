@@ -1,7 +1,8 @@
-"""A CPU inference server in a process of its own, as a new user writes one: ``vramscope.install()``,
-phases with request ids, a ``KVBlockPool`` (a real torch CPU buffer) observed by a ``KVSource`` on
-the sink ``install()`` wired, and the pool's bookkeeping check after every request with the
-server's live requests (``python -m tests.support.kv_server NAME REQUESTS LEAK_EVERY PERIOD_S``).
+"""A CPU inference server in a process of its own, as a new user writes one:
+``vramscope.install()``, phases with request ids, a ``KVBlockPool`` (a real torch CPU buffer)
+observed by a ``KVSource`` on the sink ``install()`` wired, and the pool's bookkeeping check
+after every request with the server's live requests
+(``python -m tests.support.kv_server NAME REQUESTS LEAK_EVERY PERIOD_S``).
 
 Each request takes ``PROMPT_TOKENS`` (prefill) and ``DECODE_TOKENS`` one at a time (decode):
 ``BLOCKS_PER_REQUEST`` blocks. Every ``LEAK_EVERY``-th request (0: none) is never freed, the
@@ -19,10 +20,11 @@ import os
 import sys
 import time
 
-import vramscope
 from vramscope.agent.clock import Schedule
 from vramscope.hooks.kv_source import KVSource
 from vramscope.hooks.phase import active_sink, current_phase, requests_in_flight
+
+import vramscope
 
 BLOCK_SIZE = 16
 PROMPT_TOKENS = 40
