@@ -97,6 +97,7 @@ from vramscope.agent.analysis.growth import (
     Rate,
     describe_forecast,
     judge,
+    level_noise,
     more_time_s,
     per_hour,
     rate_interval,
@@ -123,6 +124,7 @@ from vramscope.agent.records import Event, Sample
 
 HORIZON_POINTS = 120  # trend points over alerts.leak_horizon_s (a minute each by default)
 ROLLING_POINTS = 5
+RISE_NOISE = 3.0  # a newest floor this many noise deviations above the trend's line is a rise
 MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever their span
 EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
@@ -393,7 +395,7 @@ class LeakDetector:
             self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
         point = self.floor.update(s, explained, anytime=anytime)
         if point is None:
-            return fast
+            return fast or self._stale_no_leak(s.ts_s)
         self.recent_floor.append(point)
         if self.floor_points is not None:
             self.floor_points.append(point)
@@ -409,6 +411,40 @@ class LeakDetector:
         binned = self._binned(point, self.floor.last_load)
         out = None if binned is None else self._trend_point(*binned, s.ts_s)
         return out or fast
+
+    def _newest_above(self, min_slope: float) -> float | None:
+        """How far the newest floor read with no request in flight lies above the line of
+        those before it (the horizon's last third), where beyond their wandering and what the
+        minimum slope adds over the minimum span (None otherwise): the trend's points are a
+        rolling least of several, a few minutes behind a rise that began just now."""
+        exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
+        if not exact:
+            return None
+        newest = exact[-1]
+        before = [p for p in exact[:-1] if p[0] >= newest[0] - self.t.leak_horizon_s / 3]
+        if len(before) < MIN_FIT_POINTS:
+            return None
+        t0 = before[0][0]
+        try:
+            line = theil_sen([p[0] - t0 for p in before], [float(p[1]) for p in before])
+        except ValueError:  # one instant only
+            return None
+        above = newest[1] - (line.intercept + line.slope * (newest[0] - t0))
+        allowed = max(RISE_NOISE * level_noise(before), min_slope * self.t.leak_min_span_s)
+        return above if above > allowed else None
+
+    def _stale_no_leak(self, now_s: float) -> LeakResult | None:
+        """``no_leak`` is a claim about now: once the trend has had no new floor point for the
+        minimum span (a server busy without a break), it is no longer an answer."""
+        r = self.result
+        if r.state != "no_leak" or not self.points \
+                or now_s - self.points[-1][0] < self.t.leak_min_span_s:
+            return None
+        self.result = r._replace(enough_data=False, evidence=(
+            f"not enough data yet: no new floor point for over "
+            f"{span_words(self.t.leak_min_span_s)} (busy without a break); the last answer: "
+            f"{r.evidence}"))
+        return self.result
 
     def _binned(self, point: tuple[float, int],
                 load: int) -> tuple[float, int, int] | None:
@@ -659,20 +695,29 @@ class LeakDetector:
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
         scope = ""
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
-            # ...over the horizon, and over its recent third too: a leak begun lately is
-            # diluted in the horizon's flat hours, not ruled out by them
-            recent_s = self.t.leak_horizon_s / 3
-            recent = rate_interval([p for p in pts if p[0] >= pts[-1][0] - recent_s])
-            if recent is None or recent.points < MIN_FIT_POINTS \
-                    or judge(recent, min_slope) == "no_leak":
+            # ...over the horizon, and over every recent stretch down to the minimum span:
+            # a leak begun lately is diluted in the horizon's flat hours, not ruled out by them
+            recent = rising_recently(pts, min_slope, self.t.leak_min_span_s)
+            above = self._newest_above(min_slope)
+            if recent is None and above is None:
                 return r
-            rate, scope = recent, f" over the last {span_words(recent_s)}"
-        more = span_words(more_time_s(rate, min_slope))
+            if recent is None:
+                return r._replace(enough_data=False, evidence=(
+                    f"not enough data yet: the newest floor is {above / 2**20:.1f} MiB above "
+                    f"the line of those before it, a rise too recent to test (the "
+                    f"test so far: {r.evidence})"))
+            recent_s, rate = recent
+            scope = f" over the last {span_words(recent_s)}"
+        figures = (f"the floor's rate{scope} {per_hour(rate.slope)} ({per_hour(rate.low)} to "
+                   f"{per_hour(rate.high)}, 90 %)")
+        if judge(rate, min_slope) == "leak":  # a rise the leak tests have not confirmed yet
+            missing = (f"{figures} is above the minimum {per_hour(min_slope)}: a rise too "
+                       f"recent for the leak tests")
+        else:
+            missing = (f"{figures} is not yet below the minimum {per_hour(min_slope)}; about "
+                       f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise")
         return r._replace(enough_data=False, evidence=(
-            f"not enough data yet: the floor's rate{scope} {per_hour(rate.slope)} "
-            f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet below the "
-            f"minimum {per_hour(min_slope)}; about {more} more of floor at this noise "
-            f"(the test so far: {r.evidence})"))
+            f"not enough data yet: {missing} (the test so far: {r.evidence})"))
 
     def _sequential(self, raw: int) -> LeakResult | None:
         """Feed the newest floor point to the CUSUM; a verdict when it found a leak, holds one,
@@ -980,6 +1025,24 @@ def rise_start(points: Sequence[tuple[float, int]]) -> float:
     noise = 1.4826 * median([abs(d - mid) for d in diffs]) / 2 ** 0.5
     last = max((i for i, y in enumerate(ys) if y <= base + 2 * noise), default=0)
     return points[last][0]
+
+
+def rising_recently(points: Sequence[tuple[float, int]], min_slope: float,
+                    shortest_s: float) -> tuple[float, Rate] | None:
+    """The newest stretch of ``points`` (the last ``shortest_s``, doubled up to all of them) whose
+    rate interval does not lie below ``min_slope``, with that interval; None when every stretch
+    rules such a rise out. ``no_leak`` is a claim about now: a stretch too short to tell is a
+    reason to wait, not a flat floor."""
+    span_s = shortest_s
+    while points:
+        part = [p for p in points if p[0] >= points[-1][0] - span_s]
+        rate = rate_interval(part) if len(part) >= MIN_FIT_POINTS else None
+        if rate is not None and judge(rate, min_slope) != "no_leak":
+            return span_s, rate
+        if len(part) == len(points):
+            return None
+        span_s *= 2  # too few points to tell yet: a longer stretch
+    return None
 
 
 CHECK_NAMES = ("not significant", "too slow", "not rising recently", "within noise")

@@ -201,14 +201,62 @@ def _wandering(onset_s: float, minutes: int = 170):
     return d.result
 
 
-def test_no_leak_needs_the_horizons_recent_third_below_the_minimum_too():
-    # a flat wandering floor: no leak over the two-hour horizon and over its last 40 min
+def test_no_leak_needs_every_recent_stretch_below_the_minimum_too():
+    # a flat wandering floor: no leak over the two-hour horizon and over each of its recent
+    # stretches (the last 15, 30 and 60 min)
     assert _wandering(math.inf).state == "no_leak"
     # the same floor rising for its last 20 min: diluted in the horizon's flat 100 min, the
-    # whole fit's top is below the minimum; its last 40 min are not, so no answer yet
+    # whole fit's top is below the minimum; its last 15 min are above it, so no answer yet
     r = _wandering(150 * 60.0)
     assert r.state == "insufficient_data"
     assert r.evidence.startswith(
-        "not enough data yet: the floor's rate over the last 40 min 25.1 MiB/h (5.5 MiB/h to "
-        "44.8 MiB/h, 90 %) is not yet below the minimum 19.1 MiB/h; about 47 min more of "
+        "not enough data yet: the floor's rate over the last 15 min 74.9 MiB/h (58.4 MiB/h to "
+        "91.5 MiB/h, 90 %) is above the minimum 19.1 MiB/h: a rise too recent for the leak "
+        "tests (the test so far: no leak")
+    # rising for its last 10 min: the last 15 min cannot tell yet, and say how long to wait
+    r = _wandering(160 * 60.0)
+    assert r.state == "insufficient_data"
+    assert r.evidence.startswith(
+        "not enough data yet: the floor's rate over the last 15 min 21.3 MiB/h (2.0 MiB/h to "
+        "40.6 MiB/h, 90 %) is not yet below the minimum 19.1 MiB/h; about 48 min more of "
         "floor at this noise")
+
+
+def test_no_leak_is_not_kept_while_the_floor_goes_unseen():
+    # a flat idle floor for 170 min (no leak), then busy without a break: once the trend has
+    # had no new floor point for the minimum span, "no leak" is no longer an answer about now
+    d = LeakDetector()
+    for t in range(0, 170 * 60, 2):
+        d.update(Sample(float(t), 0, Phase.IDLE, device_total_bytes=8 * 10**9,
+                        allocated_bytes=10**9 + (6 * MB if (t // 240) % 2 else 0)))
+    assert d.result.state == "no_leak"
+    changed = []
+    for t in range(170 * 60, 190 * 60, 2):
+        r = d.update(Sample(float(t), 0, Phase.DECODE, device_total_bytes=8 * 10**9,
+                            allocated_bytes=2 * 10**9 + (t % 60) * MB))
+        if r is not None:
+            changed.append((t, r.state))
+    # the last trend point is the floor at 169 min: 15 min later
+    assert changed == [(11042, "insufficient_data")]
+    assert d.result.evidence.startswith(
+        "not enough data yet: no new floor point for over 15 min (busy without a break); the "
+        "last answer: no leak (")
+
+
+def test_no_leak_waits_for_a_newest_floor_above_the_line_of_those_before():
+    # the wandering floor, rising 10 %/h of the limit for its last 4 min: the trend's points
+    # (a rolling least of five) have not risen yet, the newest idle floor has, beyond the
+    # wandering of the idle floors of the last 40 min
+    d = LeakDetector()
+    states = {}
+    for t in range(0, 180 * 60, 2):
+        grow = max(0, t - 176 * 60) * 0.10 * 8 * 10**9 / 3600
+        r = d.update(Sample(float(t), 0, Phase.IDLE, device_total_bytes=8 * 10**9,
+                            allocated_bytes=int(10**9 + grow + (6 * MB if (t // 240) % 2 else 0))))
+        if r is not None and t >= 174 * 60:
+            states[t // 60] = r.state
+    # the floor's own 6 MiB steps are within its wandering; 25 MiB is not
+    assert states == {175: "no_leak", 177: "no_leak", 179: "insufficient_data"}
+    assert d.result.evidence.startswith(
+        "not enough data yet: the newest floor is 19.7 MiB above the line of those before it, "
+        "a rise too recent to test (the test so far: no leak (")
