@@ -131,16 +131,17 @@ def test_orphaned_kv_blocks_fire_the_leak_alert_once_their_rate_is_known():
     checks = [Event(3.0 + i, "kv_orphaned_blocks", 0, 7,
                     data={"blocks": 4 * (i + 1), "block_ids": [7], "bytes_per_block": 1024})
               for i in range(4)]
-    pool = Sample(2.0, 0, Phase.IDLE, "kv", 7, kv_blocks_used=0, kv_blocks_total=100)
-    first = e.feed([Sample(0.0, 0, allocated_bytes=1), pool, *checks[:3]])
+    # the pool's sample after the third check: 12 of its 100 blocks held by the lost requests
+    pool = Sample(5.5, 0, Phase.IDLE, "kv", 7, kv_blocks_used=12, kv_blocks_total=100)
+    first = e.feed([Sample(0.0, 0, allocated_bytes=1), *checks[:3], pool])
     assert first == []
-    assert e.devices[0].leak.result.state == "leak"
+    assert e.devices[0].leaks[7].result.state == "leak"
     got = e.feed(checks[3:])
     assert [(c.kind, c.rule, c.ts_s) for c in got] == [("fired", "memory_leak", 6.0)]
     assert got[0].message == (
         "KV pool leaking blocks: 16 orphaned KV blocks (latest check); rising 4 blocks/s "
         "(4 blocks/s to 4 blocks/s, 90 %) = 14.1 MiB/h (14.1 MiB/h to 14.1 MiB/h); the pool's "
-        "100 free blocks last about 25 s (25 s – 25 s) (leak) [pid 7]")
+        "88 free blocks last about 22 s (22 s – 22 s) (leak) [pid 7]")
     assert e.devices[0].value("kv_orphaned_blocks", 6.0) == 16.0
 
 

@@ -139,3 +139,26 @@ def test_the_verdict_row_keeps_the_pool_and_every_text_surface_says_it():
     # without the pool (a row written before it), the floor's words: the bare rate
     assert verdict_words({**doc["leak"], "kv_pool": None}) == (
         "168.8 MiB/h (168.8 MiB/h to 168.8 MiB/h)")
+
+
+def test_the_pools_rate_is_never_the_processes_memory_growth():
+    """On a GPU the pool took its buffer at start: allocated memory stays flat while its blocks
+    are lost. The verdict's slope is the pool's, but the OOM-risk model gets no growth (no
+    time to OOM from blocks that take no device memory)."""
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    gib = 2**30
+    engine = AlertEngine.from_config(None)
+    records: list[Sample | Event] = []
+    for i in range(240):  # 8 minutes, one sample every 2 s: past the warm-up, floor points
+        t = T0 + 2 * i
+        records.append(Sample(t, 0, Phase.IDLE, "torch", 9, allocated_bytes=20 * gib,
+                              reserved_bytes=22 * gib, device_total_bytes=80 * gib))
+        records.append(pool(t + 0.5, 2 * i))
+        records.append(report(t + 1, 2 * (i + 1)))
+    engine.feed(records)
+    d = engine.devices[0]
+    r = d.leaks[9].result
+    assert (r.state, r.kv.sets_slope) == ("leak", True)
+    assert r.slope_bytes_per_s == pytest.approx(PER_BLOCK)  # a block a second
+    assert d.risks[9].growth is None
