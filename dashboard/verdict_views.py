@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.analysis.severity import Severity, rank
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.verdicts import LEVEL_RANK as _LEVEL_RANK
 from vramscope.agent.store.verdicts import NO_VERDICTS, leading, leak_result, processes
 from vramscope.dashboard import figures
 
@@ -137,7 +137,8 @@ def _rises(history: list[Verdict]) -> list[dict[str, Any]]:
     before: dict[int | None, str] = {}
     for v in history:
         was = before.get(v.pid, "ok")
-        if _LEVEL_RANK.get(v.risk_level, 0) > _LEVEL_RANK.get(was, 0):
+        # from no level yet (before the model's first point) to ok is no rise
+        if rank(v.risk_level, "risk level") > max(rank(was, "risk level"), Severity.OK):
             who = "device" if v.pid is None else f"pid {v.pid}"
             why = v.risk_cause or ", ".join(v.risk_reasons) or "headroom"
             out.append({"ts": v.ts_s, "severity": v.risk_level, "rule": "risk verdict",

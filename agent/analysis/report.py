@@ -33,7 +33,7 @@ from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import leak_makeup
 from vramscope.agent.analysis.phases import PhaseAccumulator
-from vramscope.agent.analysis.risk import LEVELS
+from vramscope.agent.analysis.severity import LEVELS
 from vramscope.agent.analysis.windows import Windows, windows_json
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.timefmt import duration, iso_utc

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple, TypeVar
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
 from vramscope.agent.analysis.phases import SpikeTracker
+from vramscope.agent.analysis.severity import LEVELS, rank
 from vramscope.agent.analysis.stats import recent_half, still_rising, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
@@ -66,8 +67,6 @@ NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no ro
 MAX_PENDING = 100_000  # readings held while the windows are chosen
 HYSTERESIS_RATIO = 0.01  # a headroom warning clears 1 % of the limit above where it began
 HYSTERESIS_TIME = 1.25  # a trend warning clears at 1.25x the time-to-OOM it began under
-LEVELS = ("ok", "warning", "critical")
-LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation", "growth")  # _level's order
 _Forecast = tuple[float | None, float | None, float | None]  # central, soonest, latest
 _NO_FORECAST: _Forecast = (None, None, None)
@@ -142,7 +141,7 @@ class RiskModel:
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         # the latest point's figures (``last`` is built from them on demand)
         self.has_point = False
-        self.level_index = 0  # 0 ok, 1 warning, 2 critical
+        self.level_index = 0  # a Severity's number, kept a plain int on the per-sample path
         self.headroom_bytes: int | None = None
         self.headroom_ratio: float | None = None
         self.time_to_oom_s: float | None = None
@@ -510,7 +509,7 @@ def device_points(points: Sequence[RiskPoint], device: int) -> list[RiskPoint]:
     def risk(pts: list[RiskPoint]) -> tuple[int, float]:
         last = pts[-1]
         ratio = last.headroom_ratio if last.headroom_ratio is not None else 1.0
-        return LEVELS.index(last.level), -ratio
+        return rank(last.level), -ratio
 
     return max(series.values(), key=risk)
 
@@ -544,7 +543,7 @@ def downsample_risk(points: Sequence[RiskPoint], max_points: int) -> list[RiskPo
 
 
 def _merge_bucket(pts: list[RiskPoint]) -> RiskPoint:
-    worst = max(pts, key=lambda p: (LEVEL_INDEX[p.level], _tight(p.headroom_ratio), -p.ts_s))
+    worst = max(pts, key=lambda p: (rank(p.level), _tight(p.headroom_ratio), -p.ts_s))
     reasons = {r: None for p in pts for r in p.reasons}
     return worst._replace(headroom_bytes=_least(p.headroom_bytes for p in pts),
                           headroom_ratio=_least(p.headroom_ratio for p in pts),
