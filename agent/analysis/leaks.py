@@ -88,10 +88,8 @@ from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.growth import (
-    FAST_FINE_FILL_S,
     FAST_FINE_FLOOR_S,
-    FAST_WARMUP_GROWTH,
-    FAST_WARMUP_SPAN_S,
+    FINE,
     Z_90,
     FastGrowth,
     Rate,
@@ -293,7 +291,7 @@ class LeakDetector:
         # the growth model's fast route (analysis.growth): every floor point, warm-up or not
         self.fast = FastGrowth()
         # ...and on the fine floor's points
-        self.fast_fine = FastGrowth(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S)
+        self.fast_fine = FastGrowth(FINE)
         self._fast: LeakResult | None = None  # the fast verdict while it holds
         self._fast_on: FastGrowth | None = None  # the series it was established on
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
