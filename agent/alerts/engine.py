@@ -38,7 +38,7 @@ from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker, observe_process
-from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
+from vramscope.agent.analysis.leaks import LeakDetector, LeakResult, orphaned_count
 from vramscope.agent.analysis.merge import is_device_wide, merged
 from vramscope.agent.analysis.risk import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -348,7 +348,9 @@ class DeviceAnalysis:
         r = leak.result
         low, high = r.rate_low_bytes_per_s, r.rate_high_bytes_per_s
         model.growth = None
-        if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0:
+        # (not a KV pool's orphaned blocks: lost inside the pool, they take no device memory)
+        if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0 \
+                and (r.kv is None or not r.kv.sets_slope):
             model.growth = (r.slope_bytes_per_s, low, high)
         growers = [p for p, m in self.risks.items() if p is not None and m.growth is not None]
         for p, m in self.risks.items():  # the others are at risk from the soonest to fill
@@ -483,6 +485,14 @@ def _cached_free(d: DeviceAnalysis, now: float) -> float | None:
     return s.reserved_bytes - s.allocated_bytes
 
 
+def _leak_named(r: LeakResult) -> bool:
+    """A leak the alert can name with its rate: a KV pool's orphaned blocks, where they are
+    the whole answer, once its checks give a rate (``kv_leak.MIN_REPORTS``; the stored verdict
+    says "leak" from the first)."""
+    k = r.kv
+    return r.detected and (k is None or not k.sets_slope or k.blocks_per_s is not None)
+
+
 def _leak_ratio(d: DeviceAnalysis, now: float) -> float | None:
     limit = d.leak.limit_bytes
     return _ratio(d.leak.result.slope_bytes_per_s * 3600.0, limit)
@@ -498,7 +508,7 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "headroom_ratio": lambda d, now: d.risk.headroom_ratio,
     "time_to_oom_s": lambda d, now: d.risk.time_to_oom_s,
     "risk_level": lambda d, now: d.risk.level_index if d.risk.has_point else None,
-    "leak_detected": lambda d, now: float(d.leak.result.detected),
+    "leak_detected": lambda d, now: float(_leak_named(d.leak.result)),
     "leak_slope_bytes_per_s": lambda d, now: d.leak.result.slope_bytes_per_s,
     "leak_slope_ratio_per_h": _leak_ratio,
     "kv_usage_ratio": lambda d, now: d.kv.usage_ratio,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from vramscope.agent.alerts.rules import RISK_HOLD_S, format_value
 from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO
+from vramscope.agent.analysis.kv_leak import kv_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
 from vramscope.agent.analysis.stats import theil_sen
@@ -251,8 +252,9 @@ def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str |
 
 
 def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> str:
-    if result.orphaned_blocks and result.p_value is None:
-        text = f"KV pool holds {result.orphaned_blocks} orphaned block(s) (leak)"
+    k = result.kv
+    if k is not None and k.sets_slope:  # the pool's orphaned blocks are the whole answer
+        text = f"KV pool leaking blocks: {kv_words(k)} (leak)"
     else:
         rate = result.slope_bytes_per_s * 3600
         share = f", {100 * rate / limit_bytes:.2f} % of the limit" if limit_bytes else ""
@@ -270,6 +272,8 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         if result.estimated_floor:
             text += ("; a rough rate: the floor is estimated (rarely or never idle, no KV "
                      "figures), KV figures make it exact")
+        if k is not None:
+            text += f"; and the KV pool: {kv_words(k)}"
     return text + (f" [{who}]" if who else "")
 
 
