@@ -425,7 +425,9 @@ SETTINGS: tuple[Setting, ...] = (
             "forecast reaches at most 3 times the span it was fitted on.",
             min=60, max=30 * 86400),
     Setting("alerts.trend_min_span_s", float, 600.0,
-            "Peaks after the warm-up the OOM forecast needs before it says anything.",
+            "Peaks after the warm-up the OOM forecast's slow route needs before it says "
+            "anything (a steep rise is forecast sooner by the fast route, on evidence that "
+            "scales with it).",
             min=30, max=30 * 86400),
     Setting("alerts.fragmentation_warning_ratio", float, 0.5,
             "Warn when external fragmentation exceeds this while headroom is low.", min=0,

@@ -20,6 +20,7 @@ from vramscope.agent.records import PostMortem
 from vramscope.agent.store import Store
 from vramscope.dashboard import (
     figures,
+    fleet,
     params,
     queries,
     timeline_figure,
@@ -68,8 +69,12 @@ def freshness() -> ResponseReturnValue:
 
 @bp.get("/devices")
 def devices() -> ResponseReturnValue:
+    """Every device; with ``host`` and ``device`` both given, that one device's row only."""
     st = state()
-    return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s())})
+    host, device = params.text("host"), params.integer("device", None, low=0, high=MAX_DEVICE)
+    only = (host or st.store.host_name, device) if device is not None else None
+    return jsonify({"devices": queries.device_rows(st.store, st.config, st.clock.time_s(),
+                                                   only=only)})
 
 
 @bp.get("/processes")
@@ -77,6 +82,16 @@ def processes() -> ResponseReturnValue:
     st = state()
     return jsonify({"processes": queries.process_rows(st.store, None, st.config,
                                                       st.clock.time_s())})
+
+
+@bp.get("/fleet")
+def fleet_devices() -> ResponseReturnValue:
+    """Every device of every host in the order that needs attention, and grouped by host;
+    ``host`` and ``model`` (the GPU's name) filter (empty: every one)."""
+    st = state()
+    return jsonify(fleet.document(st.store, st.config, st.clock.time_s(),
+                                  host=params.text("host") or None,
+                                  model=params.text("model", max_len=96) or None))
 
 
 @bp.get("/overview")

@@ -24,6 +24,7 @@ from typing import Any
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from vramscope.agent.analysis.severity import Severity
 from vramscope.agent.clock import Clock
 from vramscope.agent.config import Config
 from vramscope.agent.records import Phase
@@ -76,7 +77,29 @@ PROCESS_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "flushes and retries (cumulative)."),
     ("vramscope_process_ooms", "num_ooms", "OOMs this process's allocator raised (cumulative)."),
 )
-RISK_VALUE = {"ok": 0, "warning": 1, "critical": 2}
+# The stored verdict of each running process, a series per pid as the process gauges
+VERDICT_GAUGES: tuple[tuple[str, str], ...] = (
+    ("vramscope_process_risk_level", "The stored OOM-risk verdict of the process (0 ok, "
+     "1 warning, 2 critical)."),
+    ("vramscope_process_leak_state", "The stored leak verdict of the process (1 leak, 0 no "
+     "leak, -1 not enough data yet)."),
+    ("vramscope_process_leak_slope_bytes_per_second", "The stored leak verdict's slope, where "
+     "it found a leak: the idle floor's, or the KV pool's orphaned blocks' bytes per second."),
+    ("vramscope_process_kv_orphaned_blocks", "The stored leak verdict's orphaned KV blocks: the "
+     "pool check's latest count."),
+    ("vramscope_process_kv_orphaned_blocks_per_second", "The stored leak verdict's rate of "
+     "orphaned KV blocks, once its checks give one."),
+)
+# kv_saturation's value and figures per device
+SATURATION_GAUGES: tuple[tuple[str, str], ...] = (
+    ("vramscope_kv_saturated", "1 while the fullest KV pool is at least 95 % used with "
+     "requests waiting, or a request was preempted in the last 60 s."),
+    ("vramscope_requests_waiting", "Requests waiting, summed over the device's servers (each "
+     "one's newest count)."),
+    ("vramscope_requests_running", "Requests running, summed over the device's servers (each "
+     "one's newest count)."),
+    ("vramscope_kv_preemptions_recent", "Requests preempted in the last 60 s."),
+)
 DEVICE_LABELS = ("host", "device")
 PROCESS_LABELS = ("host", "device", "process", "pid")
 INFO_LABELS = ("host", "device", "uuid", "name", "index", "parent_uuid")
@@ -119,6 +142,12 @@ class StoreCollector:
         yield from _agent_families(self.store)
 
 
+def _gauges(specs: tuple[tuple[str, str], ...],
+            labels: tuple[str, ...]) -> list[GaugeMetricFamily]:
+    """An empty gauge family per ``(name, help)`` of ``specs``, each with ``labels``."""
+    return [GaugeMetricFamily(name, help_text, labels=labels) for name, help_text in specs]
+
+
 def _labels(row: dict[str, Any]) -> list[str]:
     return [str(row["host"]), str(row["device"])]
 
@@ -141,7 +170,7 @@ def _device_families(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     phase = GaugeMetricFamily("vramscope_phase", "1 for the phase of the newest sample.",
                               labels=(*DEVICE_LABELS, "phase"))
     for r in rows:
-        risk.add_metric(_labels(r), RISK_VALUE[r["risk"]])
+        risk.add_metric(_labels(r), int(Severity.parse(r["risk"], "device risk")))
         alerts.add_metric(_labels(r), r["active_alerts"])
         current = (r["latest"] or {}).get("phase") or Phase.UNKNOWN.value
         for p in Phase:
@@ -185,14 +214,7 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
     answer the pages show), labelled as the per-process series."""
     from vramscope.agent.store import verdicts as stored
 
-    risk = GaugeMetricFamily("vramscope_process_risk_level", "The stored OOM-risk verdict of "
-                             "the process (0 ok, 1 warning, 2 critical).", labels=PROCESS_LABELS)
-    leak = GaugeMetricFamily("vramscope_process_leak_state", "The stored leak verdict of the "
-                             "process (1 leak, 0 no leak, -1 not enough data yet).",
-                             labels=PROCESS_LABELS)
-    slope = GaugeMetricFamily("vramscope_process_leak_slope_bytes_per_second", "The stored "
-                              "leak verdict's idle-floor slope, where it found a leak.",
-                              labels=PROCESS_LABELS)
+    risk, leak, slope, orphans, kv_rate = _gauges(VERDICT_GAUGES, PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
     for v in stored.newest_all(store, "*"):
         labels = (v["host"], str(v["device"]), v["label"], _pid(v["pid"]))
@@ -200,11 +222,16 @@ def _verdict_families(store: Store) -> Iterator[Metric]:
             continue  # one answer a process (a label set is unique)
         seen.add(labels)
         if v["risk"]["level"]:
-            risk.add_metric(list(labels), RISK_VALUE[v["risk"]["level"]])
+            risk.add_metric(list(labels), int(Severity.parse(v["risk"]["level"], "risk level")))
         leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
         if v["leak"]["state"] == "leak":
             slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
-    yield from (risk, leak, slope)
+        kv = v["leak"].get("kv_pool")
+        if kv is not None:
+            orphans.add_metric(list(labels), kv["orphaned_blocks"])
+            if kv["blocks_per_s"] is not None:
+                kv_rate.add_metric(list(labels), kv["blocks_per_s"])
+    yield from (risk, leak, slope, orphans, kv_rate)
 
 
 def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
@@ -241,17 +268,7 @@ def _saturation_families(store: Store, rows: list[dict[str, Any]],
     the agent's alert judge the same numbers."""
     from vramscope.agent.alerts.saturation import EVENTS, LOAD_WINDOW_S, Saturation
 
-    saturated = GaugeMetricFamily("vramscope_kv_saturated", "1 while the fullest KV pool is at "
-                                  "least 95 % used with requests waiting, or a request was "
-                                  "preempted in the last 60 s.", labels=DEVICE_LABELS)
-    waiting = GaugeMetricFamily("vramscope_requests_waiting", "Requests waiting, summed over "
-                                "the device's servers (each one's newest count).",
-                                labels=DEVICE_LABELS)
-    running = GaugeMetricFamily("vramscope_requests_running", "Requests running, summed over "
-                                "the device's servers (each one's newest count).",
-                                labels=DEVICE_LABELS)
-    preempted = GaugeMetricFamily("vramscope_kv_preemptions_recent", "Requests preempted in "
-                                  "the last 60 s.", labels=DEVICE_LABELS)
+    saturated, waiting, running, preempted = _gauges(SATURATION_GAUGES, DEVICE_LABELS)
     for r in rows:
         events = store.events(r["device"], now_s - LOAD_WINDOW_S, now_s, host=r["host"],
                               names=tuple(sorted(EVENTS)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.agent.analysis.severity import LEVELS
 from vramscope.dashboard.params import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
 from vramscope.dashboard.timeline import TIMELINE_COLUMNS
 
@@ -68,7 +69,7 @@ LATEST = nullable({"type": "object", "additionalProperties": True,
                                       "name": nullable(STR), "rank": nullable(INT),
                                       "limit_bytes": nullable(INT),
                                       "reserved_bytes": nullable(INT)}, required=False))}})
-LEVEL = {"type": "string", "enum": ["ok", "warning", "critical"]}
+LEVEL = {"type": "string", "enum": list(LEVELS)}
 # the alert engine's verdict: the worst severity of the device's active alerts, and those alerts
 VERDICT = obj({"level": LEVEL, "reasons": array(obj({
     "rule": STR, "severity": STR, "message": nullable(STR), "fired_ts_s": NUM}))})
@@ -133,6 +134,26 @@ TIMELINE = obj({
     "processes_from": nullable(NUM), "processes_truncated": {"type": "boolean"},
     "process_pids": array(nullable(INT)), "mixed_processes": {"type": "boolean"},
     "mixed_processes_note": nullable(STR)})
+# a device with no stored risk answer yet has none: null, which an enum must list
+NO_LEVEL_YET = {**nullable(LEVEL), "enum": [*LEVEL["enum"], None]}
+FLEET_COUNTS = obj({"devices": INT, "critical": INT, "warning": INT, "leaking": INT,
+                    "stale": INT})
+FLEET_DEVICE = obj({
+    "host": STR, "device": INT, "model": nullable(STR), "uuid": nullable(STR),
+    "total_bytes": nullable(INT), "level": NO_LEVEL_YET, "time_to_oom_s": nullable(NUM),
+    "cause": nullable(STR), "risk_process": nullable(STR), "leak": nullable(STR),
+    "leak_slope_bytes_per_h": nullable(NUM), "leak_process": nullable(STR),
+    "verdict_ts_s": nullable(NUM), "newest_ts_s": nullable(NUM),
+    "last_sample_age_s": nullable(NUM), "freshness": STR, "stale": {"type": "boolean"}})
+FLEET = obj({
+    "now_s": NUM, "verdicts_from": STR,
+    "filters": obj({"host": nullable(STR), "model": nullable(STR)}),
+    "choices": obj({"hosts": array(STR), "models": array(STR)}),
+    "fleet": FLEET_COUNTS, "counts": FLEET_COUNTS, "devices": array(FLEET_DEVICE),
+    "hosts": array(obj({"host": STR, "models": array(STR), "devices": INT, "critical": INT,
+                        "warning": INT, "leaking": INT, "stale": INT,
+                        "worst": NO_LEVEL_YET, "soonest_time_to_oom_s": nullable(NUM),
+                        "attention": array(FLEET_DEVICE), "attention_more": INT}))})
 ESTIMATE_PARAMS = [
     _query("model", {"type": "string", "maxLength": 80}, "A name for the estimate."),
     _query("layers", {"type": "integer", "minimum": 1, "maximum": 1000}, "Decoder layers."),
@@ -186,15 +207,25 @@ def paths() -> dict[str, Any]:
         "/freshness": _op("How old the newest sample is, and whether that is stale",
                           FRESHNESS, errors=()),
         "/devices": _op("Every device with its current values and risk level",
-                        obj({"devices": array(DEVICE_ROW)}), errors=()),
+                        obj({"devices": array(DEVICE_ROW)}), [
+                            _query("device", {"type": "integer", "minimum": 0,
+                                              "maximum": 4095},
+                                   "Only this device's row (of host, default the store's "
+                                   "own), read without the others'."), HOST]),
         "/processes": _op("Server processes", obj({"processes": array(PROCESS)}), errors=()),
         "/overview": _op("Hosts, devices, processes and active alerts", obj({
-            "now_s": NUM, "freshness": FRESHNESS, "hosts": array(HOST_ROW),
+            "now_s": NUM, "freshness": FRESHNESS, "level": LEVEL, "hosts": array(HOST_ROW),
             "devices": array(DEVICE_ROW),
             "processes": array(PROCESS), "alerts": array(ALERT)}), [
             _query("figures", {"type": "boolean"}, "Add the overview and processes figures "
                    "(those of /figures/overview and /figures/processes), built from the same "
                    "device rows.")]),
+        "/fleet": _op("Every device of every host, in the order that needs attention (stored "
+                      "OOM-risk level, time to OOM, leak, stale), and grouped by host",
+                      FLEET, [_query("host", {"type": "string", "maxLength": 255},
+                                     "Only this host's devices (empty: every host)."),
+                              _query("model", {"type": "string", "maxLength": 96},
+                                     "Only devices of this GPU model (empty: every model).")]),
         "/timeline": _op("Downsampled series, phase bands and event markers", TIMELINE,
                          [*window, MAX_POINTS, COLUMNS], errors=(400, 404)),
         "/alerts": _op("Alerts, newest first", obj({"alerts": array(ALERT)}), [

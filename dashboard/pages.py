@@ -11,15 +11,16 @@ from typing import Any
 
 from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from vramscope.dashboard import params, queries, views
+from vramscope.dashboard import fleet, params, queries, views
 from vramscope.dashboard.state import state
-from vramscope.dashboard.verdict import device_verdict, stale_after_s
+from vramscope.dashboard.verdict import device_verdict, reading_order, stale_after_s
 from werkzeug.exceptions import NotFound
 
 bp = Blueprint("pages", __name__)
 
 NAV: tuple[tuple[str, str], ...] = (
-    ("pages.overview", "Overview"), ("pages.timeline", "Device timeline"),
+    ("pages.overview", "Overview"), ("pages.fleet", "Fleet"),
+    ("pages.timeline", "Device timeline"),
     ("pages.leaks", "Leaks"), ("pages.risk", "OOM risk"), ("pages.alerts", "Alerts"),
     ("pages.postmortems", "Post-mortems"), ("pages.capacity", "Capacity"),
 )
@@ -54,9 +55,9 @@ def _device_context() -> dict[str, Any]:
 
 
 def riskiest_device(store: Any) -> tuple[int, str]:
-    """``(device, host)`` of the Overview's first device row: highest severity of its active
-    alerts, then most active alerts, then host and index (``queries.device_rows``' order),
-    from one alert query, without reading every device's newest values."""
+    """``(device, host)`` of the Overview's first device row (the Overview's
+    :func:`~vramscope.dashboard.verdict.reading_order`), from one alert query, without reading
+    every device's newest values."""
     active = store.alerts(active_only=True, host="*")
     ranked = []
     for d in store.devices(host="*"):
@@ -64,8 +65,7 @@ def riskiest_device(store: Any) -> tuple[int, str]:
             continue  # a retired label (NVML renumbered the GPUs)
         mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
         level = device_verdict(mine)["level"]
-        ranked.append((-queries.SEVERITY_ORDER.get(level, 0), -len(mine), d["host"],
-                       d["device_index"]))
+        ranked.append(reading_order(level, len(mine), d["host"], d["device_index"]))
     if not ranked:
         return 0, ""
     _, _, host, device = min(ranked)
@@ -102,7 +102,16 @@ def _own_span(ctx: dict[str, Any]) -> dict[str, Any]:
 
 @bp.get("/")
 def overview() -> ResponseReturnValue:
-    return _render("overview.html", "overview")
+    """A fleet (more than ``FLEET_OVERVIEW_DEVICES`` devices) reads as its hosts, at-risk
+    first, instead of a row and two bars per device."""
+    grouped = len(state().store.devices(host="*")) > fleet.FLEET_OVERVIEW_DEVICES
+    return _render("overview.html", "overview", fleet_mode=grouped)
+
+
+@bp.get("/fleet", endpoint="fleet")
+def fleet_page() -> ResponseReturnValue:
+    return _render("fleet.html", "fleet", filter_host=params.text("host") or "",
+                   filter_model=params.text("model", max_len=96) or "")
 
 
 @bp.get("/timeline")

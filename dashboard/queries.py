@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vramscope.agent.analysis.severity import worst
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, PostMortem, Sample
 from vramscope.agent.store import Store, reader
@@ -25,13 +26,13 @@ from vramscope.dashboard.verdict import (
     device_verdict,
     freshness,
     process_state,
+    reading_order,
 )
 
 LATEST_WINDOW_S = 30.0  # how far back "current" values are looked for
 # Capacity's measured peaks cover each device's newest day: over everything stored they would
 # read a week of minute rollups per device, a cost growing with the retention
 PEAKS_WINDOW_S = 86_400.0
-SEVERITY_ORDER = {"ok": 0, "info": 0, "warning": 1, "critical": 2}
 
 
 def host_or_none(store: Store, host: str | None) -> str | None:
@@ -127,16 +128,21 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
     return out
 
 
-def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, Any]]:
+def device_rows(store: Store, config: Config, now_s: float,
+                only: tuple[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per device of every host, riskiest first: current values, the alert engine's
-    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale."""
+    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
+    ``only`` (host name, device index): that device's row alone, read without the others' (a
+    device page's verdict line in a fleet of 512 must not cost the whole table)."""
     active = store.alerts(active_only=True, host="*")
     procs: dict[str, dict[int, dict[str, Any]]] = {}
     for p in store.processes(host="*"):
         procs.setdefault(p["host"], {})[p["pid"]] = p
     rows = []
     reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
-    for d in store.devices(host="*"):
+    for d in store.devices(host="*" if only is None else only[0]):
+        if only is not None and d["device_index"] != only[1]:
+            continue
         host = host_or_none(store, d["host"])
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]), now_s)
         if d["device_index"] < 0 and latest is None:
@@ -158,9 +164,7 @@ def device_rows(store: Store, config: Config, now_s: float) -> list[dict[str, An
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
                      "freshness": fresh["state"],
                      **servers.kv_and_requests(store, d["device_index"], host, latest, now_s)})
-    # A fleet's riskiest devices first, then by host and index (the operator's reading order).
-    rows.sort(key=lambda r: (-SEVERITY_ORDER.get(r["risk"], 0), -r["active_alerts"], r["host"],
-                             r["device"]))
+    rows.sort(key=lambda r: reading_order(r["risk"], r["active_alerts"], r["host"], r["device"]))
     return rows
 
 
@@ -257,6 +261,7 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
     return {"now_s": now_s,
             "freshness": freshness(newest, now_s, config, report,
                                    servers.connected_clients(store, report, now_s, config)),
+            "level": worst((r["risk"] for r in rows), "device verdicts").label,
             "hosts": hosts, "devices": rows,
             "processes": process_rows(store, rows, config, now_s),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}

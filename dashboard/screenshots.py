@@ -19,7 +19,8 @@ import shutil
 import tempfile
 import threading
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,27 @@ def capture(driver: Any, base_url: str, out: Path, widths: Sequence[int],
     return written
 
 
+@contextmanager
+def served_in_browser(db_url: str) -> Iterator[tuple[Any, str]]:
+    """The dashboard of the database at ``db_url``, served on a free loopback port, and a
+    browser to open it: ``(driver, base_url)``, both stopped on the way out."""
+    from vramscope.agent.config import parse_config
+    from vramscope.dashboard.app import create_app
+    from waitress.server import create_server
+
+    app = create_app(parse_config({"database": {"url": db_url}}, None, {}))
+    server = create_server(app, host="127.0.0.1", port=0, threads=4)
+    threading.Thread(target=server.run, name="screenshots-server", daemon=True).start()
+    try:
+        driver = start_driver()
+        try:
+            yield driver, f"http://127.0.0.1:{server.effective_port}"
+        finally:
+            stop_driver(driver)
+    finally:
+        server.close()
+
+
 def _get(base_url: str, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(base_url + path, timeout=30) as r:
         doc: dict[str, Any] = json.load(r)
@@ -136,26 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--widths", default="1400", help="comma-separated widths (default 1400)")
     args = p.parse_args(argv)
     from vramscope.agent.cli.common import require_existing_database
-    from vramscope.agent.config import parse_config
-    from vramscope.dashboard.app import create_app
-    from waitress.server import create_server
 
     if not chromium_available():
         p.error("needs Debian's chromium and chromedriver (apt-get install chromium "
                 "chromium-driver) and selenium")
     require_existing_database(args.db, "dashboard")
-    app = create_app(parse_config({"database": {"url": args.db}}, None, {}))
-    server = create_server(app, host="127.0.0.1", port=0, threads=4)
-    threading.Thread(target=server.run, name="screenshots-server", daemon=True).start()
-    driver = start_driver()
-    try:
-        widths = [int(w) for w in args.widths.split(",")]
-        for path in capture(driver, f"http://127.0.0.1:{server.effective_port}", Path(args.out),
-                            widths):
+    widths = [int(w) for w in args.widths.split(",")]
+    with served_in_browser(args.db) as (driver, base_url):
+        for path in capture(driver, base_url, Path(args.out), widths):
             print(path)
-    finally:
-        stop_driver(driver)
-        server.close()
     return 0
 
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vramscope.agent.analysis.risk import LEVELS
+from vramscope.agent.analysis.severity import rank, worst
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 STALE_INTERVALS = 5  # intervals without a new sample before the data counts as stale
 STALE_MIN_S = 15.0  # never stale sooner: a batch and a page refresh may both be in flight
 _INTERVAL_KEYS = ("sampling.device_interval_s", "sampling.allocator_interval_s",
@@ -34,12 +33,18 @@ _INTERVAL_KEYS = ("sampling.device_interval_s", "sampling.allocator_interval_s",
 
 def device_verdict(alerts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """``{"level", "reasons"}`` from one device's active alerts, most severe first."""
-    mine = sorted(alerts, key=lambda a: (-SEVERITY_RANK.get(a["severity"], 0), a["fired_ts_s"]))
-    rank = max((SEVERITY_RANK.get(a["severity"], 0) for a in mine), default=0)
-    return {"level": LEVELS[rank],
+    mine = sorted(alerts, key=lambda a: (-rank(a["severity"], a["rule"]), a["fired_ts_s"]))
+    return {"level": worst((a["severity"] for a in mine), "alerts").label,
             "reasons": [{"rule": a["rule"], "severity": a["severity"],
                          "message": a.get("message"), "fired_ts_s": a["fired_ts_s"]}
                         for a in mine]}
+
+
+def reading_order(level: str, active_alerts: int, host: str,
+                  device: int) -> tuple[int, int, str, int]:
+    """The Overview's order of devices, to sort by: the riskiest verdict first, then the most
+    active alerts, then host and index (the operator's reading order)."""
+    return -rank(level, f"device {device} of host {host!r}"), -active_alerts, host, device
 
 
 def stale_after_s(config: Mapping[str, Any]) -> float:

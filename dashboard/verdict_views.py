@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.analysis.severity import Severity, rank
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.verdicts import LEVEL_RANK as _LEVEL_RANK
 from vramscope.agent.store.verdicts import NO_VERDICTS, leading, leak_result, processes
 from vramscope.dashboard import figures
 
@@ -47,7 +47,16 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     line = result["trend_line"] if result["trend_line"] and result["trend_line"][0][0] >= start \
         else None
-    return {"figure": figures.leaks_figure(floor, line, limit), "result": result,
+    names: tuple[str, str] = ("idle floor", "trend (Theil–Sen)")
+    kv = result["kv_pool"]
+    if kv is not None and kv["sets_slope"]:
+        # the leak is the pool's orphaned blocks: the floor they make, as the engine stored
+        # it, and the line at their rate (allocated memory, if any, does not show them)
+        floor = [(t, b) for t, b in kv["floor"] if start <= t <= end]
+        line = result["trend_line"]
+        names = ("orphaned KV blocks", "at the pool's rate")
+    figure = figures.leaks_figure(floor, line, limit, (start, end), *names)
+    return {"figure": figure, "result": result,
             "processes": procs, "method": FROM_STORE, "verdicts_from": "store",
             "floor_points": len(floor), "limit_bytes": limit,
             "orphaned": orphan_events(store, device, host, start, end),
@@ -128,7 +137,8 @@ def _rises(history: list[Verdict]) -> list[dict[str, Any]]:
     before: dict[int | None, str] = {}
     for v in history:
         was = before.get(v.pid, "ok")
-        if _LEVEL_RANK.get(v.risk_level, 0) > _LEVEL_RANK.get(was, 0):
+        # from no level yet (before the model's first point) to ok is no rise
+        if rank(v.risk_level, "risk level") > max(rank(was, "risk level"), Severity.OK):
             who = "device" if v.pid is None else f"pid {v.pid}"
             why = v.risk_cause or ", ".join(v.risk_reasons) or "headroom"
             out.append({"ts": v.ts_s, "severity": v.risk_level, "rule": "risk verdict",

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from vramscope.agent.alerts.engine import AlertChange
+from vramscope.agent.analysis.severity import Severity
 
 HOUR_S = 3600.0
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-CRITICAL = SEVERITY_RANK["critical"]
 Key = tuple[str, int | None, str | None]
 
 
@@ -40,12 +39,12 @@ def key_of(change: AlertChange) -> Key:
     return (change.rule, change.device, change.host)
 
 
-def _rank(change: AlertChange) -> int:
-    return SEVERITY_RANK.get(change.severity, 0)
+def _rank(change: AlertChange) -> Severity:
+    return Severity.parse(change.severity, f"alert {change.rule}")
 
 
 def _critical_fired(change: AlertChange) -> bool:
-    return change.severity == "critical" and change.kind == "fired"
+    return _rank(change) is Severity.CRITICAL and change.kind == "fired"
 
 
 @dataclass
@@ -59,8 +58,8 @@ class _Pending:
     failed: bool = False  # tried and failed: not tried again when the sink closes
 
     @property
-    def rank(self) -> int:
-        return max(_rank(self.newest), _rank(self.first) if self.first else 0)
+    def rank(self) -> Severity:
+        return max(_rank(self.newest), _rank(self.first) if self.first else Severity.OK)
 
 
 class Taken(NamedTuple):
@@ -115,7 +114,7 @@ class DeliveryQueue:
         dropped: list[AlertChange] = []
         while len(self._pending) > self.max_changes:
             victims = [(e.rank, e.seq, k) for k, e in self._pending.items()
-                       if e.rank < CRITICAL]
+                       if e.rank < Severity.CRITICAL]
             if not victims:
                 break  # critical alerts only: never dropped
             _, _, key = min(victims)

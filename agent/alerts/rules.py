@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.agent.analysis.risk import LEVELS
+from vramscope.agent.analysis.severity import ALERT_SEVERITIES, LEVELS
 from vramscope.agent.errors import ConfigError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 
@@ -34,7 +34,6 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
     "==": operator.eq, "!=": operator.ne,
 }
-SEVERITIES = ("info", "warning", "critical")
 
 # Derived metrics, computed per device by the alert engine (vramscope.agent.alerts.engine).
 DERIVED_METRICS: dict[str, str] = {
@@ -302,9 +301,10 @@ def _clear(raw: Mapping[str, Any], op: str, threshold: float, where: str) -> flo
 
 def _severity(raw: Mapping[str, Any], where: str) -> str:
     value = raw.get("severity", "warning")
-    if value not in SEVERITIES:
-        raise ConfigError(f"{where}: severity = {value!r} is not one of {', '.join(SEVERITIES)}")
-    return str(value)  # one of SEVERITIES
+    if value not in ALERT_SEVERITIES:
+        raise ConfigError(f"{where}: severity = {value!r} is not one of "
+                          f"{', '.join(ALERT_SEVERITIES)}")
+    return str(value)  # one of ALERT_SEVERITIES
 
 
 def _labels(raw: Mapping[str, Any], where: str) -> dict[str, str]:

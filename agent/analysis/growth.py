@@ -209,8 +209,11 @@ FAST_FINE_FILL_S = 600.0
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 # a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
-# they hold is estimated) must span this much: a wave of static batches lifts them for minutes
+# they hold is estimated) must span this much: a wave of static batches lifts them for minutes.
+# On the fine points, whose stretch must also have risen a tenth of the limit and fill the
+# headroom within FAST_FINE_FILL_S, FAST_FINE_ESTIMATED_SPAN_S (a wave lifts them less fast)
 FAST_ESTIMATED_SPAN_S = 300.0
+FAST_FINE_ESTIMATED_SPAN_S = 180.0
 FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this x minimum
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
@@ -222,6 +225,21 @@ FAST_WARMUP_CAP_S = 900.0
 FAST_WARMUP_SPAN_S = 120.0
 FAST_WARMUP_GROWTH = 0.10
 FAST_WARMUP_FILL_S = 1200.0
+
+
+class FastConfig(NamedTuple):
+    """What one series of floor points must show to establish fast growth."""
+
+    fill_cap_s: float  # growth slower than this to fill the headroom is not fast
+    least_rise_ratio: float  # the least rise of a stretch, a share of the limit
+    least_span_s: float  # the least span of a stretch
+    estimated_span_s: float  # ...of a stretch of mostly estimated floors
+
+
+# on a point per floor window, and on the fine points (FAST_FINE_FLOOR_S windows)
+COARSE = FastConfig(FAST_FILL_S, 0.0, FAST_MIN_SPAN_S, FAST_ESTIMATED_SPAN_S)
+FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
+                  FAST_FINE_ESTIMATED_SPAN_S)
 
 
 class FastGrowth:
@@ -241,11 +259,8 @@ class FastGrowth:
     shortest first.
     """
 
-    def __init__(self, fill_cap_s: float = FAST_FILL_S, least_rise_ratio: float = 0.0,
-                 least_span_s: float = FAST_MIN_SPAN_S) -> None:
-        self.fill_cap_s = fill_cap_s  # growth slower than this to fill the headroom is not fast
-        self.least_rise_ratio = least_rise_ratio  # the least rise, a share of the limit
-        self.least_span_s = least_span_s  # the least span of a stretch
+    def __init__(self, config: FastConfig | None = None) -> None:
+        self.config = config or COARSE
         self.points: deque[tuple[float, int]] = deque()
         self.loads: deque[tuple[float, int]] = deque()  # requests in flight at each point
 
@@ -271,16 +286,17 @@ class FastGrowth:
         while n <= len(pts):
             part = pts[-n:]
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
-            least = max(FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S, self.least_span_s)
+            least = max(FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S,
+                        self.config.least_span_s)
             if 2 * sum(1 for _, held in loads[-n:] if held) > n:  # mostly estimated floors
-                least = max(least, FAST_ESTIMATED_SPAN_S)
+                least = max(least, self.config.estimated_span_s)
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
             if rate is not None:  # the wandering before it (costlier) only widens: read last
                 noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) and (
                     not warming or _past_warmup(rate, headroom_bytes, limit_bytes)) \
-                    and rate.slope * rate.span_s >= self.least_rise_ratio * limit_bytes:
+                    and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
         return None
@@ -303,7 +319,8 @@ class FastGrowth:
         if max(b[1] - a[1] for a, b in zip(pts, pts[1:])) > FAST_STEP_SHARE * rise:
             return None  # one step, not growth (a load that came in at once, a model loaded)
         fill = max(0.0, headroom_bytes) / rate.slope
-        if fill > self.fill_cap_s or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
+        if fill > self.config.fill_cap_s \
+                or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
         recent = rate_interval(pts[min(len(pts) // 2, len(pts) - 4):])
         if recent is None or recent.slope < 0.5 * rate.slope:

@@ -19,6 +19,10 @@ with memory figures it gives a :class:`RiskPoint`:
   on in the span's recent half (its slope at least half the whole span's: growth that flattens,
   a warm-up or a cache filling, is not a trend to the limit); and it never reaches further than
   ``FORECAST_REACH`` times the span it was fitted on (a forecast beyond is no forecast);
+  and, sooner where it says so, the **fast route** (:mod:`~vramscope.agent.analysis.peak_rise`):
+  15-s peaks whose newest stretch establishes a rise on evidence that scales with it (a load
+  ramp filling the device in minutes is forecast a minute or two into it), reaching at most
+  ``FAST_REACH`` times its stretch;
 - an **OOM ends the episode**: its trend and retry history start over (``restart``), so the
   next warning is about the next OOM, not the last one;
 - **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
@@ -47,16 +51,22 @@ from typing import Any, NamedTuple, TypeVar
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
+from vramscope.agent.analysis.peak_rise import FINE_PEAK_S, PeakRise
 from vramscope.agent.analysis.phases import SpikeTracker
+from vramscope.agent.analysis.severity import LEVELS, rank
 from vramscope.agent.analysis.stats import recent_half, still_rising, theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
+FINE_SAMPLES = 4  # a fast-route peak window holds this many samples at least
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
 MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
 FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
+# ...and the fast route's at most this many: its stretch is minutes of a load that comes in
+# bursts (a burst's rise of two minutes says little of the six after it)
+FAST_REACH = 2.0
 RETRY_WINDOW_S = 60.0
 # the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
 # but an OOM that builds up in a process's first half hour must still be foreseen
@@ -66,8 +76,6 @@ NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no ro
 MAX_PENDING = 100_000  # readings held while the windows are chosen
 HYSTERESIS_RATIO = 0.01  # a headroom warning clears 1 % of the limit above where it began
 HYSTERESIS_TIME = 1.25  # a trend warning clears at 1.25x the time-to-OOM it began under
-LEVELS = ("ok", "warning", "critical")
-LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 REASONS = ("headroom", "trend", "alloc_retries", "fragmentation", "growth")  # _level's order
 _Forecast = tuple[float | None, float | None, float | None]  # central, soonest, latest
 _NO_FORECAST: _Forecast = (None, None, None)
@@ -138,11 +146,15 @@ class RiskModel:
         self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._in_use: _Trend | None = None  # the trend the latest forecast came from
+        # the fast route: short windows' peaks, a rise established on evidence that scales
+        # with it (a load ramp filling the device in minutes), as a trend of its stretch
+        self._rise = PeakRise()
+        self._fast: _Trend | None = None
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         # the latest point's figures (``last`` is built from them on demand)
         self.has_point = False
-        self.level_index = 0  # 0 ok, 1 warning, 2 critical
+        self.level_index = 0  # a Severity's number, kept a plain int on the per-sample path
         self.headroom_bytes: int | None = None
         self.headroom_ratio: float | None = None
         self.time_to_oom_s: float | None = None
@@ -246,6 +258,9 @@ class RiskModel:
             return
         self.windows = w
         self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
+        # short windows, however long the server's cycle: the fast route's interval takes a
+        # sawtooth's wander for noise (a peak per cycle would be five minutes of six peaks)
+        self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * (w.dt_s or 0.0))
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
         pending, self._pending = self._pending, []
@@ -256,6 +271,11 @@ class RiskModel:
     def _peak(self, ts_s: float, demand: int, phase: Phase) -> None:
         if phase is Phase.SETUP:
             return  # a pool's one-time allocation and warm-up: not the serving peaks
+        if self._rise.add(ts_s, demand) and self.limit_bytes:
+            rate = self._rise.update(self.limit_bytes, demand, FAST_REACH,
+                                     self.t.time_to_oom_warning_s)
+            self._fast = None if rate is None else _Trend(
+                rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
         if self._window_start is not None and ts_s < self._window_end:
             if demand > self._window_peak:
                 self._window_peak = demand
@@ -341,8 +361,9 @@ class RiskModel:
         detector does. The floor under the spikes is read anew: the one before the OOM held
         what the OOM freed (a headroom left after it would be the dead episode's)."""
         self._peaks.clear()
+        self._rise.clear()
         self.spikes.baseline_bytes = None
-        self._trend = self._in_use = None
+        self._trend = self._in_use = self._fast = None
         self._window_start = None
         self._retry_rise_ts = self._retries = None  # the OOM's own retry is the episode's
         self.growth = None
@@ -370,6 +391,14 @@ class RiskModel:
         if tto is None and tr is not None and tr.steady is not None:
             tr = self._in_use = tr.steady
             tto = self._time_to_oom(tr, ts_s, demand, limit)
+        fast = self._fast
+        if fast is not None:  # the fast route's rise, where it says sooner
+            room = self._room
+            fast_tto = self._time_to_oom(fast, ts_s, demand, limit)
+            if fast_tto is not None and (tto is None or fast_tto < tto):
+                tto, self._in_use = fast_tto, fast
+            else:
+                self._room = room
         self._growth_used = False
         if self.growth is not None:
             room = limit - projected
@@ -510,7 +539,7 @@ def device_points(points: Sequence[RiskPoint], device: int) -> list[RiskPoint]:
     def risk(pts: list[RiskPoint]) -> tuple[int, float]:
         last = pts[-1]
         ratio = last.headroom_ratio if last.headroom_ratio is not None else 1.0
-        return LEVELS.index(last.level), -ratio
+        return rank(last.level), -ratio
 
     return max(series.values(), key=risk)
 
@@ -544,7 +573,7 @@ def downsample_risk(points: Sequence[RiskPoint], max_points: int) -> list[RiskPo
 
 
 def _merge_bucket(pts: list[RiskPoint]) -> RiskPoint:
-    worst = max(pts, key=lambda p: (LEVEL_INDEX[p.level], _tight(p.headroom_ratio), -p.ts_s))
+    worst = max(pts, key=lambda p: (rank(p.level), _tight(p.headroom_ratio), -p.ts_s))
     reasons = {r: None for p in pts for r in p.reasons}
     return worst._replace(headroom_bytes=_least(p.headroom_bytes for p in pts),
                           headroom_ratio=_least(p.headroom_ratio for p in pts),

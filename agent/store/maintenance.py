@@ -21,7 +21,17 @@ from collections.abc import Iterable, Sequence
 from itertools import groupby
 from typing import Any
 
-from sqlalchemy import Connection, TableClause, column, delete, func, insert, select, table
+from sqlalchemy import (
+    Column,
+    Connection,
+    TableClause,
+    column,
+    delete,
+    func,
+    insert,
+    select,
+    table,
+)
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import (
@@ -124,16 +134,9 @@ def _rollup_device(c: Connection, did: int, start_s: float, end_s: float) -> int
          .order_by(func.coalesce(samples.c.source, ""), samples.c.ts_s, samples.c.id))
     raw = _fetch_raw(c, q)
     rows = aggregate(raw)
-    c.execute(delete(rollups).where(rollups.c.device_id == did, rollups.c.bucket_s >= start_s,
-                                    rollups.c.bucket_s < end_s))
-    if rows:
-        c.execute(insert(rollups), rows)
+    _replace(c, rollups.c.bucket_s, did, start_s, end_s, rows)
     refresh_ten_minutes(c, did, start_s, end_s)
-    packed = pack_seconds(raw)
-    c.execute(delete(seconds).where(seconds.c.device_id == did, seconds.c.minute_s >= start_s,
-                                    seconds.c.minute_s < end_s))
-    if packed:
-        c.execute(insert(seconds), packed)
+    _replace(c, seconds.c.minute_s, did, start_s, end_s, pack_seconds(raw))
     count_events(c, did, start_s, end_s)
     return len(rows)
 
@@ -146,13 +149,9 @@ def count_events(c: Connection, did: int, start_s: float, end_s: float) -> None:
                       .where(events.c.device_id == did, events.c.name.in_(FREQUENT_EVENTS),
                              events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()
     counts = Counter((name, (ts // BUCKET_S) * BUCKET_S) for name, ts in times)
-    c.execute(delete(event_counts).where(event_counts.c.device_id == did,
-                                         event_counts.c.minute_s >= start_s,
-                                         event_counts.c.minute_s < end_s))
-    if counts:
-        c.execute(insert(event_counts), [
-            {"device_id": did, "minute_s": minute, "name": name, "count": n}
-            for (name, minute), n in sorted(counts.items(), key=lambda kv: kv[0][::-1])])
+    _replace(c, event_counts.c.minute_s, did, start_s, end_s, [
+        {"device_id": did, "minute_s": minute, "name": name, "count": n}
+        for (name, minute), n in sorted(counts.items(), key=lambda kv: kv[0][::-1])])
 
 
 def refresh_ten_minutes(c: Connection, did: int, start_s: float, end_s: float) -> None:
@@ -166,12 +165,18 @@ def refresh_ten_minutes(c: Connection, did: int, start_s: float, end_s: float) -
                                rollups.c.last_value)
                         .where(rollups.c.device_id == did, rollups.c.bucket_s >= lo,
                                rollups.c.bucket_s < hi)).all()
-    c.execute(delete(rollups_10m).where(rollups_10m.c.device_id == did,
-                                        rollups_10m.c.bucket_s >= lo,
-                                        rollups_10m.c.bucket_s < hi))
-    rows = ten_minute_rows(minutes)
+    _replace(c, rollups_10m.c.bucket_s, did, lo, hi, ten_minute_rows(minutes))
+
+
+def _replace(c: Connection, time_column: Column[Any], did: int, start_s: float, end_s: float,
+             rows: list[dict[str, Any]]) -> None:
+    """Replace device ``did``'s rows of ``time_column``'s table in [start_s, end_s) with
+    ``rows`` (delete, then insert: a refresh run twice gives the same rows)."""
+    tier_table = time_column.table
+    c.execute(delete(tier_table).where(tier_table.c.device_id == did, time_column >= start_s,
+                                       time_column < end_s))
     if rows:
-        c.execute(insert(rollups_10m), rows)
+        c.execute(insert(tier_table), rows)
 
 
 def ten_minute_rows(minutes: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:

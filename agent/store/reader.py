@@ -13,11 +13,13 @@ minute rollups or their ten-minute groups, the event counts. The calls:
 - :func:`phase_bands`, :func:`requests` (requests per minute), :func:`process_series`
   (per-process allocator series where raw samples keep the pid);
 - :func:`timeline`: everything one timeline request reads, in one call;
+- :func:`fleet`: every device of every host now (newest sample, stored verdicts), and each
+  host's newest agent report, in four statements whatever the fleet's size;
 - bounded counts asked before anything is built (:func:`count_samples`, :func:`count_events`)
   and where the raw samples begin (:func:`raw_from`).
 
 The tier modules behind it (``downsample``, ``window``, ``event_rate``, ``phase_shares``,
-``process_series``: :data:`TIER_MODULES`) are its private parts: nothing outside
+``process_series``, ``fleet``: :data:`TIER_MODULES`) are its private parts: nothing outside
 ``vramscope.agent.store`` imports them or uses their names (``tests/test_import_graph.py``).
 """
 
@@ -38,6 +40,8 @@ from vramscope.agent.store.reads import (
     UNREAD_LIMIT,
     UNREAD_TIERS,
     Bands,
+    Fleet,
+    FleetDevice,
     Peaks,
     ProcessSeries,
     ProcessWindow,
@@ -56,7 +60,7 @@ if TYPE_CHECKING:
 # the modules behind the reader: imported by the store's own modules only
 TIER_MODULES = ("vramscope.agent.store.downsample", "vramscope.agent.store.window",
                 "vramscope.agent.store.event_rate", "vramscope.agent.store.phase_shares",
-                "vramscope.agent.store.process_series")
+                "vramscope.agent.store.process_series", "vramscope.agent.store.fleet")
 
 
 class WindowTooLong(ValueError):
@@ -443,8 +447,25 @@ def raw_from(store: Store, device: int, host: str | None = None) -> float | None
     return _bounded.first_sample_ts(store, device, host)
 
 
+def fleet(store: Store, at_s: float) -> Fleet:
+    """Every device of every host at ``at_s``: what it is, its newest sample not ahead of
+    ``at_s``, its running processes' stored verdicts (the alert engine's answers,
+    :func:`~vramscope.agent.store.verdicts.fleet_current`), and each host's newest agent
+    report. Four statements whatever the fleet's size (:mod:`~vramscope.agent.store.fleet`),
+    none of which reads more than each device's newest rows."""
+    from vramscope.agent.store import fleet as _fleet
+    from vramscope.agent.store.verdicts import fleet_current
+
+    answers = fleet_current(store, at_s)
+    rows = [FleetDevice(d["host"], d["device_index"], d["name"], d["uuid"], d["total_bytes"],
+                        d["newest_ts_s"], answers.get((d["host"], d["device_index"]), []))
+            for d in _fleet.devices_now(store, at_s) if d["device_index"] >= 0]
+    return Fleet(rows, _fleet.agent_reports(store))
+
+
 __all__ = ["PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMIT", "UNREAD_TIERS", "WIDTHS_S",
-           "Bands", "Peaks", "ProcessSeries", "ProcessWindow", "RequestRate", "Series", "Span",
-           "Timeline", "Window", "WindowTooLong", "count_events", "count_samples", "extrema",
-           "peaks", "phase_bands", "process_series", "raw_from", "records", "requests",
-           "series", "timeline", "width_for"]
+           "Bands", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
+           "RequestRate", "Series", "Span", "Timeline", "Window", "WindowTooLong",
+           "count_events", "count_samples", "extrema", "fleet", "peaks", "phase_bands",
+           "process_series", "raw_from", "records", "requests", "series", "timeline",
+           "width_for"]

@@ -126,3 +126,22 @@ class Timeline(NamedTuple):
     load_truncated: bool
     prefix: list[Event] | None  # request allocations (prefix-cache hits); None: too many
     alerts: list[dict[str, Any]]  # the device's alerts fired in the window, newest first
+
+
+class FleetDevice(NamedTuple):
+    """One device of a fleet as :func:`vramscope.agent.store.reader.fleet` reads it."""
+
+    host: str
+    device: int  # its index on the host
+    name: str | None  # the GPU's model, as NVML names it
+    uuid: str | None
+    total_bytes: int | None
+    newest_ts_s: float | None  # its newest sample not ahead of the read's time (None: none)
+    processes: list[dict[str, Any]]  # its running processes' stored answers, device first
+
+
+class Fleet(NamedTuple):
+    """Every device of every host, and each host's newest agent report (by host name)."""
+
+    devices: list[FleetDevice]  # by host, then index
+    reports: dict[str, dict[str, Any]]

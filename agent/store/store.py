@@ -949,7 +949,7 @@ class Store:
         if row is None:
             return None
         out = dict(row._mapping)
-        out["rejected_by_reason"] = _reasons(out["rejected_by_reason"])
+        out["rejected_by_reason"] = stored_reasons(out["rejected_by_reason"])
         return out
 
     def count(self, table_name: str) -> int:
@@ -1052,7 +1052,7 @@ def stored_json(text: str | None, max_bytes: int = 2**20) -> Any:
     return value
 
 
-def _reasons(text: str | None) -> dict[str, int] | None:
+def stored_reasons(text: str | None) -> dict[str, int] | None:
     """An agent_stats row's refusals by reason: counts only (a hand-edited or foreign row's
     other values are left out); None on rows from before migration 0013, or unreadable."""
     value = stored_json(text, max_bytes=65_536)

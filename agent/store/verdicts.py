@@ -14,9 +14,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import and_, func, insert, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
 from vramscope.agent.analysis.growth import GROWTH_KEYS
+from vramscope.agent.analysis.severity import Severity, rank, worst
 from vramscope.agent.store.schema import devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 NO_VERDICTS = ("no verdict stored for this device up to the window's end: the agent writes "
                "them as it runs, `vramscope import` as it loads a trace")
-LEVEL_RANK = {"": -1, "ok": 0, "warning": 1, "critical": 2}
 NEWEST_READ = 4  # rows read at a process's newest instant (two writes of one instant, damage)
 HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one process: ~4k)
 ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
@@ -162,16 +162,66 @@ def processes(store: Store, device: int, host: str | None, end: float) -> list[d
     if not rows:
         return []
     names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
-    out = []
-    for v in rows:
-        doc = v.to_json()
-        p = names.get(v.pid) if v.pid is not None else None
-        label = "device" if v.pid is None else process_label(p or {"rank": v.rank})
-        doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"), label=label,
-                   process=("the device (no process)" if v.pid is None
-                            else f"{label} (pid {v.pid})"),
-                   ended=ended(v, rows))
-        out.append(doc)
+    return [process_doc(v, names, ended(v, rows)) for v in rows]
+
+
+def process_doc(v: Verdict, names: Mapping[int, Mapping[str, Any]],
+                has_ended: bool) -> dict[str, Any]:
+    """One process's answer as the pages show it: ``vramscope.verdict/1`` plus its name,
+    model and label from the host's processes table (``names``, by pid) and ``ended``."""
+    doc = v.to_json()
+    p = names.get(v.pid) if v.pid is not None else None
+    label = "device" if v.pid is None else process_label(p or {"rank": v.rank})
+    doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"), label=label,
+               process=("the device (no process)" if v.pid is None
+                        else f"{label} (pid {v.pid})"),
+               ended=has_ended)
+    return doc
+
+
+def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Every device's running processes' answers at ``at_s`` (what :func:`processes` gives
+    each device, the ended ones left out), by ``(host, device index)``, in one statement.
+
+    A process that has not ended wrote a row within ``ENDED_AFTER_S`` of its device's newest
+    (the heartbeat): so each device's rows in [newest - ENDED_AFTER_S, newest] hold every
+    running process's newest answer. The newest is a correlated ``max`` (one seek on
+    ``ix_verdicts_device_ts`` per device) and the rows after it a range on the same index: a
+    fleet's 90 days of verdicts cost what its last ten minutes do."""
+    newest = (select(func.max(verdicts.c.ts_s))
+              .where(verdicts.c.device_id == devices.c.id, verdicts.c.ts_s <= at_s)
+              .scalar_subquery())
+    tops = (select(devices.c.id.label("did"), devices.c.device_index, hosts.c.name,
+                   newest.label("newest"))
+            .join(hosts, hosts.c.id == devices.c.host_id).subquery())
+    q = (select(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s,
+                verdicts.c.doc)
+         .join(verdicts, and_(verdicts.c.device_id == tops.c.did,
+                              verdicts.c.ts_s >= tops.c.newest - ENDED_AFTER_S,
+                              verdicts.c.ts_s <= tops.c.newest))
+         .order_by(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s.desc(),
+                   verdicts.c.id.desc()))
+    with store.engine.connect() as c:
+        rows = c.execute(q).all()
+    names: dict[str, dict[int, dict[str, Any]]] = {}
+    for p in store.processes(host="*"):
+        names.setdefault(p["host"], {})[p["pid"]] = p
+    newest_of: dict[tuple[str, int, int | None], float] = {}
+    found: dict[tuple[str, int, int | None], Verdict] = {}
+    for host, device, pid, ts, doc in rows:  # each process's newest instant first
+        key = (host, device, pid)
+        if newest_of.setdefault(key, ts) != ts or key in found:
+            continue  # an older row, or a second of one instant: the later written is kept
+        v = _verdict(doc)
+        if v is not None:  # a damaged row is not an answer: the one before it of its instant
+            found[key] = v
+    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for (host, device, _), v in sorted(found.items(),
+                                       key=lambda kv: (kv[0][:2], kv[1].pid is not None,
+                                                       kv[1].pid or 0)):
+        if not v.ended:
+            out.setdefault((host, device), []).append(process_doc(v, names.get(host, {}),
+                                                                  False))
     return out
 
 
@@ -193,7 +243,7 @@ def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
         return max(procs, key=lambda d: (not d["ended"], d["leak"]["state"] == "leak",
                                          d["leak"]["first_detected_ts"] is not None,
                                          d["leak"]["slope_bytes_per_s"]))
-    return max(procs, key=lambda d: (not d["ended"], LEVEL_RANK.get(d["risk"]["level"], -1),
+    return max(procs, key=lambda d: (not d["ended"], rank(d["risk"]["level"], "risk level"),
                                      -(d["risk"]["time_to_oom_s"] or float("inf"))))
 
 
@@ -203,7 +253,8 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"detected": False, "state": "no_verdict", "span_s": 0.0, "slope_bytes_per_s": 0.0,
                 "slope_bytes_per_h": 0.0, "start_ts_s": None, "first_detected_ts_s": None,
                 "evidence": NO_VERDICTS, "trend_line": None, "pid": None, "process": None,
-                "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS)}
+                "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS),
+                "orphaned_blocks": 0, "kv_pool": None}
     leak = v["leak"]
     return {"detected": leak["state"] == "leak", "state": leak["state"], "span_s": leak["span_s"],
             "slope_bytes_per_s": leak["slope_bytes_per_s"],
@@ -211,7 +262,8 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
             "first_detected_ts_s": leak["first_detected_ts"], "evidence": leak["evidence"],
             "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
             "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"],
-            **{k: leak.get(k) for k in GROWTH_KEYS}}
+            **{k: leak.get(k) for k in GROWTH_KEYS},
+            "orphaned_blocks": leak.get("orphaned_blocks", 0), "kv_pool": leak.get("kv_pool")}
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,
@@ -234,14 +286,15 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
                 slope_bytes_per_s=lead["slope_bytes_per_s"],
                 first_detected_ts=lead["first_detected_ts_s"], span_s=lead["span_s"],
                 evidence=lead["evidence"], pid=lead["pid"],
-                estimated_floor=lead["estimated_floor"])
+                estimated_floor=lead["estimated_floor"],
+                **{k: lead[k] for k in (*GROWTH_KEYS, "orphaned_blocks", "kv_pool")})
     rows = history(store, device, host, start, end)
     oom = d.setdefault("oom", {})
     levels = [v.risk_level for v in rows if v.risk_level] + [
         p["risk"]["level"] for p in procs if p["risk"]["level"] and not p["ended"]]
-    warned = [v.ts_s for v in rows if v.risk_level in ("warning", "critical")]
+    warned = [v.ts_s for v in rows if rank(v.risk_level, "risk level") >= Severity.WARNING]
     ttos = [v.time_to_oom_s for v in rows if v.time_to_oom_s is not None]
-    oom.update(max_risk=max(levels, key=lambda lv: LEVEL_RANK.get(lv, -1)) if levels else None,
+    oom.update(max_risk=worst(levels, "risk level").label if levels else None,
                first_warning_ts=min(warned, default=None),
                min_time_to_oom_s=min(ttos, default=None))
     return lead
@@ -302,7 +355,7 @@ def _warned_cause(store: Store, device: int, host: str | None, at_s: float) -> s
     said = [v for v in current(latest(store, device, host, at_s)) if v.risk_cause]
     if not said:
         return None
-    return max(said, key=lambda v: (LEVEL_RANK.get(v.risk_level, -1), v.ts_s)).risk_cause
+    return max(said, key=lambda v: (rank(v.risk_level, "risk level"), v.ts_s)).risk_cause
 
 
 def stored_alerts(store: Store, device: int, host: str | None, start: float,

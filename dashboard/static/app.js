@@ -318,7 +318,8 @@ function wireDeviceVerdict() {
   if (!node) return;
   const host = body.host || node.dataset.hostName;
   poll(async () => {
-    const doc = await getJSON("/api/v1/devices");
+    // this device's row only: the whole table costs a read per device of the fleet
+    const doc = await getJSON("/api/v1/devices?" + qs({ host: host, device: body.device }));
     const d = doc.devices.find((r) => r.host === host && String(r.device) === body.device);
     if (!d) return;
     const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");
@@ -342,8 +343,7 @@ function deviceCell(d) {
 }
 
 function riskSummary(doc) {
-  const rank = { ok: 0, warning: 1, critical: 2 };
-  const level = ["ok", "warning", "critical"][doc.devices.reduce((w, d) => Math.max(w, rank[d.verdict.level]), 0)];
+  const level = doc.level;  // the worst device verdict, as the server ranks severities
   const worst = doc.devices.filter((d) => d.verdict.level === level && level !== "ok");
   let sub = level === "ok" ? "no active alert on " + doc.devices.length + " device(s)"
     : worst.map((d) => "GPU " + d.device + ": " + d.verdict.reasons.filter((r) => r.severity === level).map((r) => r.rule).join(", ")).join("; ");
@@ -351,7 +351,108 @@ function riskSummary(doc) {
   return card("Risk", level, sub, level);
 }
 
-PAGES.overview = () => poll(async () => {
+// --- the fleet: every device in the order the server gave (what needs attention first) -------
+// The server orders and counts (dashboard/fleet.py); the stored verdicts decide the levels.
+function fleetDeviceHref(r) {
+  return "/timeline?" + qs({ device: r.device, host: r.host });
+}
+
+function fleetRiskCell(r) {
+  const box = el("div");
+  box.append(badge(r.level || "no verdict", r.level || "none"));
+  if (r.level && r.level !== "ok" && r.risk_process) {
+    box.append(el("div", r.risk_process + (r.cause ? " (" + r.cause + ")" : ""), { class: "reasons" }));
+  }
+  return box;
+}
+
+function fleetLeakText(r) {
+  if (r.leak !== "leak") return LEAK_WORDS[r.leak] || r.leak || "no verdict stored";
+  return "LEAK " + rate(r.leak_slope_bytes_per_h) + (r.leak_process ? " · " + r.leak_process : "");
+}
+
+function fleetSampleText(r) {
+  if (r.last_sample_age_s == null) return "none";
+  return fmtAge(r.last_sample_age_s) + " ago" + (r.stale ? " (stale)" : "");
+}
+
+const FLEET_COLUMNS = [
+  ["Device", (r) => link(r.host + " · GPU " + r.device, fleetDeviceHref(r))],
+  ["Model", (r) => r.model],
+  ["OOM risk", fleetRiskCell, "wrap"],
+  ["Time to OOM", (r) => (r.time_to_oom_s == null ? "–" : fmtAge(r.time_to_oom_s)), "num"],
+  ["Leak", fleetLeakText, "wrap"],
+  ["Last sample", fleetSampleText, "num"],
+];
+
+function fleetCards(id, counts, what) {
+  fill(id, [
+    card("Critical", counts.critical, "of " + counts.devices + " " + what, counts.critical ? "critical" : "ok"),
+    card("Warning", counts.warning, null, counts.warning ? "warning" : "ok"),
+    card("Leaking", counts.leaking, null, counts.leaking ? "warning" : "ok"),
+    card("Stale", counts.stale, "no recent sample", counts.stale ? "warning" : "ok"),
+  ]);
+}
+
+// A select's options from the server's choices, keeping what the address asked for.
+function fillChoices(select, values, chosen, everyText) {
+  const options = [el("option", everyText, { value: "" })];
+  for (const v of values) options.push(el("option", v, { value: v }));
+  select.replaceChildren(...options);
+  select.value = values.includes(chosen) ? chosen : "";
+}
+
+PAGES.fleet = () => {
+  const hostSel = document.getElementById("fleet-host");
+  const modelSel = document.getElementById("fleet-model");
+  const wanted = { host: hostSel.dataset.value, model: modelSel.dataset.value };
+  const show = async () => {
+    const doc = await getJSON("/api/v1/fleet?" + qs(wanted));
+    fillChoices(hostSel, doc.choices.hosts, wanted.host, "every host");
+    fillChoices(modelSel, doc.choices.models, wanted.model, "every model");
+    const filtered = wanted.host || wanted.model;
+    fleetCards("fleet-cards", doc.counts, filtered ? "devices shown (" + doc.fleet.devices + " in the fleet)" : "devices");
+    table("fleet-table", FLEET_COLUMNS, doc.devices, filtered ? "No device matches the filters." : "No device has reported yet.");
+  };
+  // a filter changes the address (a link to it shows the same devices) and the table at once
+  for (const [select, key] of [[hostSel, "host"], [modelSel, "model"]]) {
+    select.addEventListener("change", () => {
+      wanted[key] = select.value;
+      history.replaceState(null, "", "/fleet" + (qs(wanted) ? "?" + qs(wanted) : ""));
+      show().catch((err) => banner("Could not refresh: " + err.message));
+    });
+  }
+  poll(show);
+};
+
+// The Overview of a fleet: its hosts, at-risk first, each with the devices that need attention
+// (the server's order and counts), instead of a row and two bars per device.
+async function fleetOverview() {
+  const [doc, alerts] = await Promise.all([getJSON("/api/v1/fleet"), getJSON("/api/v1/alerts?active=true&limit=200")]);
+  fleetCards("summary-cards", doc.counts, "devices on " + doc.choices.hosts.length + " hosts");
+  table("fleet-hosts", [
+    ["Host", (h) => link(h.host, "/fleet?" + qs({ host: h.host }))],
+    ["GPUs", (h) => h.devices + " × " + h.models.join(", "), "wrap"],
+    ["Worst", (h) => badge(h.worst || "no verdict", h.worst || "none")],
+    ["Critical · warning · leaking · stale", (h) => [h.critical, h.warning, h.leaking, h.stale].join(" · "), "num"],
+    ["Needs attention", (h) => {
+      if (!h.attention.length) return "nothing";
+      const box = el("div");
+      for (const r of h.attention) {
+        const line = el("div", null, { class: "fleet-line" });
+        const why = [r.level && r.level !== "ok" ? r.level + (r.time_to_oom_s == null ? "" : ", OOM in " + fmtAge(r.time_to_oom_s)) : null,
+          r.leak === "leak" ? "leak " + rate(r.leak_slope_bytes_per_h) : null, r.stale ? "stale" : null].filter((x) => x);
+        line.append(link("GPU " + r.device, fleetDeviceHref(r)), ": " + why.join(" · "));
+        box.append(line);
+      }
+      if (h.attention_more) box.append(el("div", "+" + h.attention_more + " more", { class: "reasons" }));
+      return box;
+    }, "wrap"],
+  ], doc.hosts, "No devices have reported yet.");
+  table("alerts-table", alertColumns(alerts.alerts, false), alerts.alerts, "No alert is firing.");
+}
+
+PAGES.overview = () => (body.fleet ? poll(fleetOverview) : poll(async () => {
   // one request per refresh: the figures come with the document, from the same device rows
   const doc = await getJSON("/api/v1/overview?figures=true");
   const fig = doc.figures.overview, procFig = doc.figures.processes;
@@ -407,7 +508,7 @@ PAGES.overview = () => poll(async () => {
     ["State", (p) => p.state || ""],
     ["Last seen", (p) => fmtTime(p.last_seen_s)],
   ], processOrder(doc.processes), "No server process has reported yet.");
-});
+}));
 
 // Device used and reserved are each the newest value of its own source (NVML's, torch's): when
 // they were sampled more than a second apart, each says when, so "used < reserved" reads right.
@@ -548,11 +649,9 @@ PAGES.leaks = () => {
         r.time_to_oom_s != null && r.time_to_oom_s < 1800 ? "warning" : "ok"),
       card("Evidence span", r.span_s ? fmtAge(r.span_s) : "–", "of floor after the warm-up"),
       card("First detected", r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "by the alert engine"),
-      // the pool's check reports its current count: the latest report, never a sum of them
-      card("Orphaned KV blocks", doc.orphaned.length ? (doc.orphaned[doc.orphaned.length - 1].blocks || 0) : 0,
-        doc.orphaned.length ? "the latest of " + doc.orphaned.length + " check(s)" : "no check failed",
-        doc.orphaned.length ? "warning" : "ok"),
-    ]);
+      orphanCard(r.kv_pool),
+      poolCard(r.kv_pool),
+    ].filter((c) => c));
     document.getElementById("leak-evidence").textContent = r.evidence;
     table("leak-processes-table", processColumns([
       ["Leak", (p) => badge(LEAK_WORDS[p.leak.state] || p.leak.state)],
@@ -569,6 +668,25 @@ PAGES.leaks = () => {
     makeupPanel(doc.makeup);
   }, ANALYSIS_POLL_S);
 };
+
+// The KV pool's orphaned blocks as the engine stored them: the latest check's count (a
+// level, never a sum of checks) and their rate with its interval.
+function orphanCard(k) {
+  if (!k) return card("Orphaned KV blocks", 0, "no check failed", "ok");
+  const perS = (v) => (+v.toPrecision(3)) + " blocks/s";
+  return card("Orphaned KV blocks", k.orphaned_blocks, "latest check · " + (k.blocks_per_s == null
+    ? "a rate after 4 checks (has " + k.reports + ")"
+    : perS(k.blocks_per_s) + " (90 %: " + perS(k.blocks_per_s_low) + " – " + perS(k.blocks_per_s_high) + ")"),
+  "warning");
+}
+
+// When the pool's free blocks run out at the orphaned blocks' rate (none: not rising yet).
+function poolCard(k) {
+  if (!k || k.exhaustion_s == null) return null;
+  return card("KV pool full in", "about " + fmtAge(k.exhaustion_s), fmtAge(k.exhaustion_low_s) + " – " +
+    (k.exhaustion_high_s == null ? "?" : fmtAge(k.exhaustion_high_s)) + " · " + k.free_blocks + " free blocks",
+  k.exhaustion_s < 1800 ? "warning" : "ok");
+}
 
 // The leak's make-up: new live blocks and new segments between two idle points, largest first.
 function makeupPanel(m) {

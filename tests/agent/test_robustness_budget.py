@@ -6,18 +6,14 @@ and other clients are unaffected. On the agent's clock (a FakeClock here)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import parse_config
-from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import STORED_ROW_BYTES, Overdraft, WriteBudget
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.records import Event, Phase, Sample
-from vramscope.agent.store import Store
+
+from tests.support.live_agent import OTHER_PID, OtherProcess, running_agent
 
 NOW = 1_700_000_000.0
 ROWS_PER_S = 1000.0
@@ -49,16 +45,11 @@ def clock():
 @pytest.fixture
 def agent(any_url, short_dir, clock):
     """SQLite and PostgreSQL: what the budget keeps is what the database grows by."""
-    store = Store.open(any_url, host_name="agent-host")
-    config = parse_config({"agent": {"client_max_rows_per_s": ROWS_PER_S,
-                                     "client_max_bytes_per_s": BYTES_PER_S,
-                                     "client_budget_burst_s": BURST_S}}, None, {})
-    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-              clock=clock, alerts=False)
-    a.start()
-    yield a
-    a.stop()
-    store.close()
+    settings = {"agent": {"client_max_rows_per_s": ROWS_PER_S,
+                          "client_max_bytes_per_s": BYTES_PER_S,
+                          "client_budget_burst_s": BURST_S}}
+    with running_agent(any_url, short_dir, clock, settings) as a:
+        yield a
 
 
 def _fat_events(n: int, pid: int) -> list[Event]:
@@ -70,41 +61,6 @@ def _samples(n: int, pid: int, start: float = NOW) -> list[Sample]:
             for i in range(n)]
 
 
-_NEIGHBOUR = """
-import sys
-from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.records import Phase, Sample
-with AgentConnection(sys.argv[1]) as conn:
-    conn.hello("good")
-    for line in sys.stdin:
-        n, start = int(line.split()[0]), float(line.split()[1])
-        conn.send_records([Sample(start + i * 1e-3, 0, Phase.DECODE, "torch", 7002,
-                                  allocated_bytes=i) for i in range(n)])
-        conn.status()
-        print("sent", flush=True)
-"""
-
-
-class _Neighbour:
-    """Another client process (a budget is per process: the test's own connections share
-    one), connected throughout, sending samples when told."""
-
-    def __init__(self, path: str) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, path],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def send(self, n: int, start: float) -> None:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(f"{n} {start}\n")
-        self._proc.stdin.flush()
-        assert self._proc.stdout.readline() == "sent\n"
-
-    def close(self) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.close()
-        assert self._proc.wait(30) == 0
-
-
 def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(agent, clock):
     """Fat custom events for 5 s of the agent's clock: the flooder keeps its burst plus 5 s of
     its rate in bytes; the neighbour, sending samples at the same time, keeps all of them; the
@@ -113,17 +69,18 @@ def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(
     that cost). Before the budget the flooder's 19 MB were all kept."""
     agent.writer.flush()
     size_before = agent.store.size_bytes()
-    good = _Neighbour(agent.socket_path)
-    with AgentConnection(agent.socket_path) as flood:
+    # the neighbour: another process (a budget is per process: the test's own connections
+    # share one), connected throughout
+    with OtherProcess(agent.socket_path, "good") as good, \
+            AgentConnection(agent.socket_path) as flood:
         flood.hello("flood")
         for second in range(5):
             for _ in range(4):  # 4 x 16 events x 60 kB: about 3.8 MB a second, 15x the budget
                 flood.send(proto.records_message(_fat_events(16, 7001)))
-            good.send(500, NOW + second)
+            good.send("samples", 500, NOW + second)
             flood.status()
             clock.advance(1.0)
         status = flood.status()
-    good.close()
     agent.writer.flush()
     events = agent.store.events(None, names=["custom"])
     kept_bytes = sum(len(BLOB) for _ in events)
@@ -131,7 +88,7 @@ def test_a_flooding_client_is_held_to_its_budget_and_a_neighbour_is_not_touched(
     print(f"flooder: {len(events)} of 320 events kept ({kept_bytes} bytes; budget {allowed:g})")
     assert 0 < kept_bytes <= allowed
     assert status["rejected"]["budget_bytes"] == 320 - len(events)
-    assert sum(1 for s in agent.store.samples(device=None) if s.pid == 7002) == 2500
+    assert sum(1 for s in agent.store.samples(device=None) if s.pid == OTHER_PID) == 2500
     grown = agent.store.size_bytes() - size_before
     bound = (WriteBudget(ROWS_PER_S, BYTES_PER_S, BURST_S).growth_bound_bytes(5.0)
              + 2500 * STORED_ROW_BYTES)
@@ -160,14 +117,13 @@ def test_reconnecting_or_a_second_connection_does_not_multiply_the_budget(agent,
             conn.hello(f"flood-{i}")
             conn.send_records(_samples(50, 7005, NOW + 4 + i))
         assert second.status()["rejected"] == {"budget_rows": 200}
-    other = _Neighbour(agent.socket_path)  # another process: its own burst, all kept
-    other.send(burst, NOW + 5)
-    other.close()
+    with OtherProcess(agent.socket_path, "good") as other:  # its own burst: all kept
+        assert other.send("samples", burst, NOW + 5) == {"budget_rows": 200}  # the flooder's
     clock.advance(BURST_S)  # the flooder's bucket is full again
     assert send(burst, NOW + 6) == {"budget_rows": 200}
     agent.writer.flush()
     stored = agent.store.samples(device=None)
-    assert (sum(s.pid == 7005 for s in stored), sum(s.pid == 7002 for s in stored)) == (
+    assert (sum(s.pid == 7005 for s in stored), sum(s.pid == OTHER_PID for s in stored)) == (
         2 * burst, burst)
 
 
@@ -191,20 +147,13 @@ def test_metrics_count_the_refusals_by_reason(sqlite_url, short_dir, clock):
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    store = Store.open(sqlite_url, host_name="agent-host")
-    config = parse_config({"agent": {"metrics_port": port, "client_max_rows_per_s": 100.0,
-                                     "client_budget_burst_s": 1.0}}, None, {})
-    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-              clock=clock, alerts=False)
-    a.start()
-    try:
+    settings = {"agent": {"metrics_port": port, "client_max_rows_per_s": 100.0,
+                          "client_budget_burst_s": 1.0}}
+    with running_agent(sqlite_url, short_dir, clock, settings) as a:
         with AgentConnection(a.socket_path) as conn:
             conn.hello("fast")
             conn.send_records(_samples(130, 7004))
             conn.status()
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    finally:
-        a.stop()
-        store.close()
     assert ('vramscope_agent_rejected_by_reason_total{reason="budget_rows"} 30.0'
             in text.decode().splitlines())

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import parse_config
-from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.names import EVER_FACTOR, ClientNames, Counts, NameLimits
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
+
+from tests.support.live_agent import running_agent
 
 NOW = 1_700_000_000.0
 IDLE_S = 300.0
@@ -30,14 +30,8 @@ def clock():
 @pytest.fixture
 def agent(any_url, short_dir, clock):
     """SQLite and PostgreSQL: the new server's records are stored, not only admitted."""
-    store = Store.open(any_url, host_name="agent-host")
-    config = parse_config({"agent": {"name_idle_s": IDLE_S}}, None, {})
-    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-              clock=clock, alerts=False)
-    a.start()
-    yield a
-    a.stop()
-    store.close()
+    with running_agent(any_url, short_dir, clock, {"agent": {"name_idle_s": IDLE_S}}) as a:
+        yield a
 
 
 def _short_lived(path: str, records: list[Sample]) -> dict:

@@ -12,12 +12,13 @@ from contextlib import ExitStack
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
-from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.names import CLIENT_LIMITS, ClientNames, Counts, NameLimits
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
+
+from tests.support.live_agent import running_agent
 
 NOW = 1_700_000_000.0
 HOST = "agent-host"
@@ -56,16 +57,10 @@ def test_a_record_is_refused_whole_when_one_of_its_names_is_over_a_bound():
 
 @pytest.fixture
 def agent(any_url, short_dir):
-    store = Store.open(any_url, host_name=HOST)
-    config = parse_config({"agent": {"max_hosts": LIMITS.hosts,
-                                     "max_devices": LIMITS.devices,
-                                     "max_processes": LIMITS.processes}}, None, {})
-    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-              clock=FakeClock(NOW), alerts=False)
-    a.start()
-    yield a
-    a.stop()
-    store.close()
+    settings = {"agent": {"max_hosts": LIMITS.hosts, "max_devices": LIMITS.devices,
+                          "max_processes": LIMITS.processes}}
+    with running_agent(any_url, short_dir, FakeClock(NOW), settings, host=HOST) as a:
+        yield a
 
 
 def _send(path: str, records: list[Sample], open_: ExitStack) -> dict:

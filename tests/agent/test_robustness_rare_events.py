@@ -9,15 +9,12 @@ On the agent's clock (a FakeClock here)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import SETTINGS_BY_KEY, ConfigError, parse_config
-from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.rare_events import (
@@ -27,9 +24,10 @@ from vramscope.agent.ingest.rare_events import (
     RareRefusal,
 )
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
-from vramscope.agent.store import Store
 from vramscope.agent.store.schema import FREQUENT_EVENTS
 from vramscope.agent.trace import read_trace
+
+from tests.support.live_agent import OTHER_PID, OtherProcess, running_agent
 
 NOW = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 NEXT_DAY = (NOW // DAY_S + 1) * DAY_S  # 2023-11-15 00:00:00 UTC, 6,400 s later
@@ -58,6 +56,7 @@ def test_the_cap_keeps_the_first_rare_events_of_the_day_and_passes_the_rest():
     records = [sample, rare[0], frequent, rare[1], rare[2], rare[3], sample]
     assert cap.admit("a", records) == ([sample, rare[0], frequent, rare[1], rare[2], sample],
                                        RareRefusal(1, 3))
+
     assert cap.admit("a", [rare[0], sample]) == ([sample], RareRefusal(1, 3))
     assert cap.admit("a", [frequent, sample]) == ([frequent, sample], None)
     assert cap.admit("b", rare[:3]) == (rare[:3], None)  # another process: its own count
@@ -98,34 +97,9 @@ def clock():
 
 @pytest.fixture
 def agent(any_url, short_dir, clock):
-    store = Store.open(any_url, host_name="agent-host")
-    config = parse_config({"agent": {"client_max_rare_events_per_day": CAP}}, None, {})
-    a = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-              clock=clock, alerts=False)
-    a.start()
-    yield a
-    a.stop()
-    store.close()
-
-
-_NEIGHBOUR = """
-import sys
-from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.records import Event
-with AgentConnection(sys.argv[1]) as conn:
-    conn.hello("neighbour")
-    conn.send_records([Event(float(sys.argv[2]) + i * 1e-3, "oom", 0, 7002, data={"i": i})
-                       for i in range(int(sys.argv[3]))])
-    print(conn.status()["rejected"].get("rare_events_day", 0))
-"""
-
-
-def _neighbour(path: str, ts: float, n: int) -> int:
-    """Another client process (the cap is per process) sends ``n`` rare events; how many
-    the agent had refused for this reason by then."""
-    out = subprocess.run([sys.executable, "-c", _NEIGHBOUR, path, str(ts), str(n)],
-                         capture_output=True, text=True, timeout=60, check=True)
-    return int(out.stdout)
+    settings = {"agent": {"client_max_rare_events_per_day": CAP}}
+    with running_agent(any_url, short_dir, clock, settings) as a:
+        yield a
 
 
 def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_are_free(
@@ -148,7 +122,8 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
         assert conn.status()["rejected"] == {"rare_events_day": 26}
         conn.send(proto.postmortem_message(_postmortem(pid, NOW + 4)))
         assert conn.status()["rejected"] == {"rare_events_day": 27}
-    assert _neighbour(agent.socket_path, NOW + 4, CAP + 2) == 27 + 2
+    with OtherProcess(agent.socket_path, "neighbour") as neighbour:  # the cap is per process
+        assert neighbour.send("oom", CAP + 2, NOW + 4) == {"rare_events_day": 27 + 2}
     clock.advance(NEXT_DAY - NOW)
     with AgentConnection(agent.socket_path) as conn:
         conn.hello("flood")
@@ -162,7 +137,7 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
         e.ts_s for e in _rare(CAP - 2, pid, NOW) + _rare(1, pid, NOW + 1))
     assert [pm.ts_s for _, pm in agent.store.postmortems()] == [NOW - 1]
     assert sum(e.name == "request_start" for e in yesterday) == 1  # frequent: not capped
-    assert sum(e.pid == 7002 for e in events) == CAP
+    assert sum(e.pid == OTHER_PID for e in events) == CAP
     assert sum(e.pid == pid and e.ts_s >= NEXT_DAY for e in events) == CAP
     assert sum(s.pid == pid for s in agent.store.samples(device=None)) == 40
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
-from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import TraceError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
@@ -26,6 +25,7 @@ from vramscope.agent.store import Store, maintenance
 from vramscope.agent.timefmt import iso_utc
 from vramscope.agent.trace import parse_lines, record_from_json
 
+from tests.support.live_agent import running_agent
 from tests.support.waiting import wait_for
 
 NOW = 1_700_000_040.0 + 3600  # a minute boundary
@@ -127,14 +127,9 @@ def test_the_window_defaults_to_the_raw_retention_and_five_minutes_ahead():
 
 @pytest.fixture
 def live_agent(any_url, short_dir):
-    store = Store.open(any_url, host_name=HOST)
-    config = parse_config({"retention": {"raw_s": 600}}, None, {})
-    agent = Agent(config, store=store, source=None, socket_path=f"{short_dir}/run/a.sock",
-                  clock=FakeClock(NOW), alerts=False)
-    agent.start()
-    yield agent
-    agent.stop()
-    store.close()
+    settings = {"retention": {"raw_s": 600}}
+    with running_agent(any_url, short_dir, FakeClock(NOW), settings, host=HOST) as agent:
+        yield agent
 
 
 def _sample(ts: float, **kw) -> dict:

@@ -19,9 +19,11 @@ GIB = 2**30
 T0 = 1_700_000_040.0  # a two-minute boundary: the tier's 120 s buckets start here
 END = T0 + 3 * 3600.0
 OOM_TS = T0 + 7200.0
-# the growth model's fields of a leak (none in the scripted rows)
-NO_GROWTH = dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
-                           "time_to_oom_low_s", "time_to_oom_high_s"))
+# the growth model's fields of a leak, and the KV pool's orphaned blocks (none in the scripted
+# rows)
+NO_GROWTH = {**dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+                              "time_to_oom_low_s", "time_to_oom_high_s", "kv_pool")),
+             "orphaned_blocks": 0}
 PID = 7
 
 
@@ -165,3 +167,20 @@ def test_an_oom_with_a_post_mortem_has_the_post_mortem_pages_cause(store):
     oom = _analysis(store)["devices"]["0"]["oom"]
     assert (oom["first_oom_ts"], oom["cause"]) == (OOM_TS, page["cause"])
     assert page["cause"] == "fragmentation"
+
+
+def test_without_stored_alerts_the_risk_page_lists_the_stored_rises_to_a_warning(store):
+    """A store imported without alerts: the OOM-risk page lists where the stored level rose. A
+    process's first judged row (no level before the model's first point, then ``ok``) is no
+    warning; a fall and a second rise are."""
+    stored.write(store, [_verdict(T0 + 600, "insufficient_data", "", None, None),
+                         _verdict(T0 + 1200, "insufficient_data", "ok", None, None),
+                         _verdict(T0 + 3600, "no_leak", "warning", "load", 600.0),
+                         _verdict(T0 + 3700, "no_leak", "ok", None, None),
+                         _verdict(T0 + 4000, "no_leak", "critical", "load", 60.0)])
+    client = create_app(parse_config({}, None), store).test_client()
+    r = client.get(f"/api/v1/figures/risk?device=0&start={T0}&end={END}")
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert [(w["ts"], w["severity"], w["label"]) for w in r.get_json()["warnings"]] == [
+        (T0 + 3600, "warning", f"risk verdict [pid {PID}]: warning (load)"),
+        (T0 + 4000, "critical", f"risk verdict [pid {PID}]: critical (load)")]

@@ -95,6 +95,8 @@ def test_hosts_devices_processes(client):
 def test_overview_document(client):
     doc = client.get("/api/v1/overview").get_json()
     assert doc["now_s"] == F.NOW_S
+    # the worst device verdict: device 0's warning (device 1 is ok)
+    assert (doc["level"], [d["risk"] for d in doc["devices"]]) == ("warning", ["warning", "ok"])
     agent = doc["hosts"][0]["agent"]
     assert (agent["clients"], agent["dropped_total"], agent["queue_depth"]) == (2, 7, 3)
     assert [a["rule"] for a in doc["alerts"]] == ["idle_floor_leak"]

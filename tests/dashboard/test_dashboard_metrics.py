@@ -10,6 +10,7 @@ from vramscope.dashboard.metrics import (
     DEVICE_GAUGES,
     PROCESS_COUNTERS,
     PROCESS_GAUGES,
+    VERDICT_GAUGES,
 )
 
 from tests.support import dashboard_fixtures as F
@@ -19,9 +20,8 @@ seeded, dash_app, client = F.seeded, F.dash_app, F.client  # shared fixtures
 ALLOWED_LABELS = {"host", "device", "process", "phase", "source"}
 INFO_LABELS = {"host", "device", "uuid", "name", "index", "parent_uuid"}  # device_info only
 LAST_T = F.T0 + (F.STEPS - 1) * F.STEP_S
-PROCESS_SERIES = {n for n, _, _ in PROCESS_GAUGES} | {n for n, _, _ in PROCESS_COUNTERS} | {
-    "vramscope_process_risk_level", "vramscope_process_leak_state",
-    "vramscope_process_leak_slope_bytes_per_second"}
+PROCESS_SERIES = ({n for n, _, _ in PROCESS_GAUGES} | {n for n, _, _ in PROCESS_COUNTERS}
+                  | {n for n, _ in VERDICT_GAUGES})
 
 
 def scrape(client) -> dict[str, list]:

@@ -15,12 +15,9 @@ import argparse
 import gzip
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
-from vramscope.agent.config import parse_config
-from vramscope.dashboard.app import create_app
-from vramscope.dashboard.screenshots import capture, start_driver, stop_driver
+from vramscope.dashboard.screenshots import capture, served_in_browser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,29 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mid-end", type=float, required=True, help="the mid-run window's end")
     p.add_argument("--out", type=Path, help="default: RUN/dashboard")
     args = p.parse_args(argv)
-    from waitress.server import create_server
-
     out = args.out or args.run / "dashboard"
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "run.db"
         with gzip.open(args.run / "growth_oom.db.gz") as src, open(db, "wb") as dst:
             shutil.copyfileobj(src, dst)
-        app = create_app(parse_config({"database": {"url": f"sqlite:///{db}"}}, None, {}))
-        server = create_server(app, host="127.0.0.1", port=0, threads=4)
-        threading.Thread(target=server.run, name="screens-server", daemon=True).start()
-        driver = start_driver()
-        try:
-            mid = f"?device=0&end={args.mid_end:.0f}&span=600"  # the ten minutes before
-            pages = [("after-leaks", "/leaks?device=0"), ("after-risk", "/risk?device=0"),
-                     ("after-postmortem", "/postmortems/1"), ("mid-leaks", "/leaks" + mid),
-                     ("mid-risk", "/risk" + mid)]
-            for path in capture(driver, f"http://127.0.0.1:{server.effective_port}", out,
-                                [1400], pages):
+        mid = f"?device=0&end={args.mid_end:.0f}&span=600"  # the ten minutes before
+        pages = [("after-leaks", "/leaks?device=0"), ("after-risk", "/risk?device=0"),
+                 ("after-postmortem", "/postmortems/1"), ("mid-leaks", "/leaks" + mid),
+                 ("mid-risk", "/risk" + mid)]
+        with served_in_browser(f"sqlite:///{db}") as (driver, base_url):
+            for path in capture(driver, base_url, out, [1400], pages):
                 print(path)
-        finally:
-            stop_driver(driver)
-            server.close()
     return 0
 
 
