@@ -13,21 +13,18 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from vramscope.agent.records import TOKENS_EVERY_S
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
-from tests.vllm.conftest import Child, vllm_env
-from tests.vllm.test_serve_prometheus import _free_port, _get, _healthy
+from tests.vllm.conftest import Child, scraping_agent, vllm_env
+from tests.vllm.test_serve_prometheus import _get, _healthy
 
 pytestmark = pytest.mark.vllm
 
@@ -55,18 +52,8 @@ def _client(base: str, seed: int, stop: threading.Event, done: list[int]) -> Non
 
 @pytest.fixture
 def agent_both_ways():
-    from vramscope.agent.ingest.process import AgentProcess
-
-    port = _free_port()
-    root = tempfile.mkdtemp(prefix="vs-cnt-", dir="/tmp")  # AF_UNIX paths <= 107 bytes
-    config = Path(root) / "vramscope.toml"
-    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{port}/metrics"\n'
-                      'preset = "vllm"\ninterval_s = 0.25\ndevice = 1\n')
-    proc = AgentProcess(f"sqlite:///{root}/vs.db", f"{root}/run/agent.sock",
-                        config_path=str(config), log_path=f"{root}/agent.log").start(60)
-    yield proc, port
-    proc.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with scraping_agent("vs-cnt-", 0.25, device=1) as agent_and_port:
+        yield agent_and_port
 
 
 def test_requests_tokens_and_hit_rate_agree_with_vllms_counters(model_dir, agent_both_ways,
