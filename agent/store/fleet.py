@@ -6,7 +6,11 @@ trips to PostgreSQL for 64 nodes of 8 GPUs).
 Each per-device (or per-host) newest value is a correlated scalar subquery: one seek on the
 ``(device_id, ts_s)`` (``(host_id, ts_s)``) index per row inside one statement, never a GROUP
 BY, which would read every row of the history (a day of raw samples, 90 days of rollups) on
-every request. Read through :func:`vramscope.agent.store.reader.fleet`.
+every request. Read through :func:`vramscope.agent.store.reader.fleet`, and, for
+``/metrics``, :func:`~vramscope.agent.store.reader.fleet_samples` (each device's samples of its
+newest seconds) and :func:`~vramscope.agent.store.reader.fleet_events` (each device's events of
+some names in a window): there the rows after each seek are an index range of the device's own
+rows, joined to the device row that bounds it.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, select
-from vramscope.agent.store.schema import agent_stats, devices, hosts, rollups, samples
-from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_reasons
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.store.reads import DeviceNow
+from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
+from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_json, stored_reasons
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from vramscope.agent.store import Store
+
 
 def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     """Every device row with its host and ``newest_ts_s``: its newest sample not ahead of
@@ -60,4 +69,86 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     for r in rows:  # two reports of one instant: the later written
         r["rejected_by_reason"] = stored_reasons(r["rejected_by_reason"])
         out[r.pop("host")] = r
+    return out
+
+
+def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[DeviceNow]:
+    """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
+    ``Store.time_range(device, host, not_after_s=...)`` gives it) and its samples of the
+    ``window_s`` up to the span's end, in time order: what ``Store.samples`` gives for that
+    window of each device, for all devices in one statement. By host, then index.
+
+    The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
+    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
+    an outer join so that a device without any keeps its row."""
+    def edge(column: Any, owner: Any, fn: Any, bounded: bool) -> Any:
+        where = [owner == devices.c.id] + ([column <= not_after_s] if bounded else [])
+        return select(fn(column)).where(*where).scalar_subquery()
+
+    tops = (select(devices, hosts.c.name.label("host"),
+                   edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
+                   edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
+                   edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False)
+                   .label("minute_lo"),
+                   edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True)
+                   .label("minute_hi"))
+            .join(hosts, hosts.c.id == devices.c.host_id).subquery())
+    # where raw samples are gone the span ends a minute after the newest rollup (time_range)
+    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
+               *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
+    q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
+         .outerjoin(samples, and_(samples.c.device_id == tops.c.id,
+                                  samples.c.ts_s >= end - window_s, samples.c.ts_s <= end))
+         .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
+    out: list[DeviceNow] = []
+    n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
+    with store.engine.connect() as c:
+        result = c.execute(q)
+        keys = list(result.keys())[:n_device]
+        for r in result:
+            if not out or out[-1].device["id"] != r[0]:
+                out.append(DeviceNow(dict(zip(keys, r[:n_device])),
+                                     _span(r[n_device:n_device + 4]), []))
+            ts = r[n_device + 4]
+            if ts is not None:
+                d = out[-1].device
+                out[-1].recent.append(Sample(ts, d["device_index"], Phase(r[n_device + 5]),
+                                             *r[n_device + 6:], host=d["host"],
+                                             device_uuid=d["uuid"]))
+    return out
+
+
+def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
+    """``Store.time_range``'s span of one device from its raw and minute ends."""
+    raw_lo, raw_hi, minute_lo, minute_hi = ends
+    firsts = [x for x in (raw_lo, minute_lo) if x is not None]
+    last = raw_hi if raw_hi is not None else (
+        None if minute_hi is None else minute_hi + ROLLUP_BUCKET_S)
+    if not firsts or last is None:
+        return None
+    return float(min(firsts)), float(last)
+
+
+def device_events(store: Store, start_s: float, end_s: float,
+                  names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
+    """Every device's events named one of ``names`` in [start_s, end_s], by (host name,
+    device index), each device's in time order (ties by id), as ``Store.events`` gives one
+    device's; devices without any are left out. One statement: per device a range of
+    ``ix_events_device_name_ts`` for each name, never the window's other events (requests)."""
+    q = (select(hosts.c.name, devices.c.device_index, devices.c.uuid, events.c.ts_s,
+                events.c.name, events.c.pid, events.c.phase, events.c.request_id,
+                events.c.data)
+         .select_from(devices).join(hosts, hosts.c.id == devices.c.host_id)
+         .join(events, and_(events.c.device_id == devices.c.id,
+                            events.c.name.in_(sorted(set(names))),
+                            events.c.ts_s >= start_s, events.c.ts_s <= end_s))
+         .order_by(hosts.c.name, devices.c.device_index, events.c.ts_s, events.c.id))
+    phases = {p.value: p for p in Phase}
+    out: dict[tuple[str, int], list[Event]] = {}
+    with store.engine.connect() as c:
+        for host, index, uuid, ts, name, pid, phase, request_id, data in c.execute(q):
+            out.setdefault((host, index), []).append(
+                Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
+                      stored_json(data), host, uuid))
     return out
