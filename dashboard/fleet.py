@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramscope.agent.store import Store, reader
 from vramscope.agent.analysis.severity import rank
+from vramscope.agent.store import Store, reader
 from vramscope.agent.store.verdicts import leading
 from vramscope.dashboard.verdict import freshness
 
