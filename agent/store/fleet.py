@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, select, true, union_all
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store.reads import DeviceNow
 from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
@@ -92,15 +92,26 @@ def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[De
                    .label("minute_lo"),
                    edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True)
                    .label("minute_hi"))
-            .join(hosts, hosts.c.id == devices.c.host_id).subquery())
+            .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
-    q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
-         .outerjoin(samples, and_(samples.c.device_id == tops.c.id,
-                                  samples.c.ts_s >= end - window_s, samples.c.ts_s <= end))
-         .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
+    window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
+                  samples.c.ts_s <= end)
+    if store.dialect == "postgresql":
+        # PostgreSQL planned the join as a hash join over every sample stored (the window's
+        # bounds a filter on each row). A LATERAL subquery is each device's index range, once
+        # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
+        recent = (select(*(c.label(f"s_{c.name}") for c in columns),
+                         samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
+        q = (select(tops, *(recent.c[f"s_{c.name}"] for c in columns))
+             .select_from(tops.outerjoin(recent, true()))
+             .order_by(tops.c.host, tops.c.device_index, recent.c.s_ts_s, recent.c.s_id))
+    else:  # SQLite loops over the devices and reads each one's range of the index
+        q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
+             .outerjoin(samples, window)
+             .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
     out: list[DeviceNow] = []
     n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
     with store.engine.connect() as c:
@@ -136,18 +147,32 @@ def device_events(store: Store, start_s: float, end_s: float,
     device index), each device's in time order (ties by id), as ``Store.events`` gives one
     device's; devices without any are left out. One statement: per device a range of
     ``ix_events_device_name_ts`` for each name, never the window's other events (requests)."""
-    q = (select(hosts.c.name, devices.c.device_index, devices.c.uuid, events.c.ts_s,
-                events.c.name, events.c.pid, events.c.phase, events.c.request_id,
-                events.c.data)
-         .select_from(devices).join(hosts, hosts.c.id == devices.c.host_id)
-         .join(events, and_(events.c.device_id == devices.c.id,
-                            events.c.name.in_(sorted(set(names))),
-                            events.c.ts_s >= start_s, events.c.ts_s <= end_s))
-         .order_by(hosts.c.name, devices.c.device_index, events.c.ts_s, events.c.id))
+    in_window = and_(events.c.ts_s >= start_s, events.c.ts_s <= end_s)
+    columns = (events.c.ts_s, events.c.name, events.c.pid, events.c.phase,
+               events.c.request_id, events.c.data, events.c.id)
+    if store.dialect == "postgresql":
+        # as in newest_samples: each device's own ranges, one per name (with ``name IN``
+        # PostgreSQL read the device's every name in the window and filtered them)
+        found = union_all(*(select(*columns).where(events.c.device_id == devices.c.id,
+                                                   events.c.name == name, in_window)
+                            for name in sorted(set(names)))).lateral("found")
+        q = select(hosts.c.name, devices.c.device_index, devices.c.uuid, found).select_from(
+            devices.join(hosts, hosts.c.id == devices.c.host_id).join(found, true()))
+        by_time = (found.c.ts_s, found.c.id)
+    else:
+        # the devices' ids as an IN list on the index's first column: SQLite seeks each
+        # device's range per name (joined on the device, it walked every event stored)
+        q = (select(hosts.c.name, devices.c.device_index, devices.c.uuid, *columns)
+             .select_from(events).join(devices, devices.c.id == events.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(events.c.device_id.in_(select(devices.c.id)),
+                    events.c.name.in_(sorted(set(names))), in_window))
+        by_time = (events.c.ts_s, events.c.id)
+    q = q.order_by(hosts.c.name, devices.c.device_index, *by_time)
     phases = {p.value: p for p in Phase}
     out: dict[tuple[str, int], list[Event]] = {}
     with store.engine.connect() as c:
-        for host, index, uuid, ts, name, pid, phase, request_id, data in c.execute(q):
+        for host, index, uuid, ts, name, pid, phase, request_id, data, _ in c.execute(q):
             out.setdefault((host, index), []).append(
                 Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
                       stored_json(data), host, uuid))
