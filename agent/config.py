@@ -230,8 +230,9 @@ SETTINGS: tuple[Setting, ...] = (
             "refuses the whole scrape: a broken or hostile page. See [agent.md](agent.md).",
             min=1, max=100_000_000),
     Setting("sources.prometheus.max_request_events", int, 128,
-            "Synthetic request events one scrape makes at most; a larger move of the running "
-            "gauge is followed over the next scrapes.", min=1, max=100_000),
+            "Synthetic request events one scrape makes at most; more requests started or "
+            "finished (vLLM's success counter, or a move of the running gauge) follow over the "
+            "next scrapes.", min=1, max=100_000),
     # --- hooks (in-server) --------------------------------------------------------------
     Setting("hooks.history", str, "off",
             "Allocation history for post-mortems: off, alloc (no stacks), python, all. "
@@ -424,7 +425,9 @@ SETTINGS: tuple[Setting, ...] = (
             "forecast reaches at most 3 times the span it was fitted on.",
             min=60, max=30 * 86400),
     Setting("alerts.trend_min_span_s", float, 600.0,
-            "Peaks after the warm-up the OOM forecast needs before it says anything.",
+            "Peaks after the warm-up the OOM forecast's slow route needs before it says "
+            "anything (a steep rise is forecast sooner by the fast route, on evidence that "
+            "scales with it).",
             min=30, max=30 * 86400),
     Setting("alerts.fragmentation_warning_ratio", float, 0.5,
             "Warn when external fragmentation exceeds this while headroom is low.", min=0,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from vramscope.agent.alerts.config_check import startup_lines
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import AlertSink, sinks_from_config
-from vramscope.agent.analysis.diagnosis import with_growth_cause
+from vramscope.agent.analysis.diagnosis import with_cause
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
@@ -381,7 +381,11 @@ class Agent:
                 self._pg_size_bytes = store.size_bytes()
             s = self.status()
             catch_up = s["retention_catch_up"] or {}
-            store.write_agent_stats(ts_s, clients=len(s["clients"]), rows_per_s=s["rows_per_s"],
+            # a scrape target that answers is a server the agent hears from, as a socket
+            # client is: one client each (the Overview's Sampling health)
+            scraped = (s["prometheus"] or {}).get("targets_answering", 0)
+            store.write_agent_stats(ts_s, clients=len(s["clients"]) + scraped,
+                                    rows_per_s=s["rows_per_s"],
                                     queue_depth=s["queue_depth"],
                                     dropped_total=s["dropped_total"] + s["client_dropped_total"],
                                     rejected_total=s["rejected_total"],
@@ -610,12 +614,17 @@ class AlertFeed:
 
     def completed(self, pm: PostMortem) -> PostMortem:
         """The post-mortem with the engine's cause where its producer gave none: growth when
-        its process's leak verdict holds a leak (one cause on the alert, the verdict and the
-        post-mortem)."""
+        its process's leak verdict holds a leak, else the cause of the risk episode the OOM
+        ended (one cause on the alert, the verdict and the post-mortem)."""
         d = self.engine.devices.get(pm.device)
-        leak = d.leaks.get(pm.pid) if d is not None else None
-        return with_growth_cause(pm, leak is not None and leak.result.detected
-                                 and leak.result.slope_bytes_per_s > 0)
+        if d is None:
+            return pm
+        leak = d.leaks.get(pm.pid)
+        if leak is not None and leak.result.detected and leak.result.slope_bytes_per_s > 0:
+            return with_cause(pm, "growth")
+        model = d.risks.get(pm.pid)
+        ep = d.episodes.get(model) if model is not None else None
+        return with_cause(pm, None if ep is None else ep.cause or ep.ended_cause)
 
     def _net(self, changes: list[Any]) -> list[Any]:
         """Per alert, only its last change in the batch, and only when it differs from what

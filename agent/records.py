@@ -123,6 +123,12 @@ class Event(NamedTuple):
 
 # The event a process's rank arrives in (data: rank, local_rank, world_size; hooks.identity).
 RANK_EVENT = "process_rank"
+# Prompt and generated tokens (data: prompt_tokens, generation_tokens, since_s: the start of the
+# stretch they were counted over), from the vLLM plugin and the Prometheus source alike, at most
+# one a source every TOKENS_EVERY_S: they are kept with the rollups, within a client's daily cap
+# of such events (agent.client_max_rare_events_per_day) beside its OOMs.
+TOKENS_EVENT = "tokens"
+TOKENS_EVERY_S = 10.0
 
 
 def format_uuid(value: Any) -> str | None:

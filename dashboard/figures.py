@@ -236,19 +236,25 @@ def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]
 
 # --- leaks, risk, capacity --------------------------------------------------------------------
 def leaks_figure(floor: list[tuple[float, int]], trend_line: Any,
-                 limit_bytes: int | None) -> dict[str, Any]:
-    """The idle floor with its Theil–Sen trend line."""
-    data = [_line("idle floor", [ms(t) for t, _ in floor], gib([b for _, b in floor]),
+                 limit_bytes: int | None, window: tuple[float, float] | None = None,
+                 name: str = "idle floor", trend_name: str = "trend (Theil–Sen)"
+                 ) -> dict[str, Any]:
+    """The floor (the idle floor, or the bytes a KV pool's orphaned blocks hold) with the
+    verdict's trend line. ``window``: the time axis when nothing is drawn (an empty date
+    axis would otherwise open on 1 January 2000)."""
+    data = [_line(name, [ms(t) for t, _ in floor], gib([b for _, b in floor]),
                   COLORS["allocated"], mode="lines+markers", marker={"size": 4},
                   hovertemplate="%{y:.3f} GiB")]
     if trend_line:
         (t0, y0), (t1, y1) = trend_line
-        data.append(_line("trend (Theil–Sen)", [ms(t0), ms(t1)], [y0 / GIB, y1 / GIB],
+        data.append(_line(trend_name, [ms(t0), ms(t1)], [y0 / GIB, y1 / GIB],
                           COLORS["limit"], line={"color": COLORS["limit"], "dash": "dash",
                                                  "width": 2}))
+    xaxis: dict[str, Any] = {"type": "date"}
+    if not floor and not trend_line and window is not None:
+        xaxis["range"] = [ms(window[0]), ms(window[1])]
     return {"data": drawn_in_legend(data), "layout": _layout(
-        height=380, xaxis={"type": "date"},
-        yaxis={"title": {"text": "idle floor (GiB)"}},
+        height=380, xaxis=xaxis, yaxis={"title": {"text": f"{name} (GiB)"}},
         meta={"limit_bytes": limit_bytes})}
 
 

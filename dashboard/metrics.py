@@ -83,8 +83,12 @@ VERDICT_GAUGES: tuple[tuple[str, str], ...] = (
      "1 warning, 2 critical)."),
     ("vramscope_process_leak_state", "The stored leak verdict of the process (1 leak, 0 no "
      "leak, -1 not enough data yet)."),
-    ("vramscope_process_leak_slope_bytes_per_second", "The stored leak verdict's idle-floor "
-     "slope, where it found a leak."),
+    ("vramscope_process_leak_slope_bytes_per_second", "The stored leak verdict's slope, where "
+     "it found a leak: the idle floor's, or the KV pool's orphaned blocks' bytes per second."),
+    ("vramscope_process_kv_orphaned_blocks", "The stored leak verdict's orphaned KV blocks: the "
+     "pool check's latest count."),
+    ("vramscope_process_kv_orphaned_blocks_per_second", "The stored leak verdict's rate of "
+     "orphaned KV blocks, once its checks give one."),
 )
 # kv_saturation's value and figures per device
 SATURATION_GAUGES: tuple[tuple[str, str], ...] = (
@@ -214,7 +218,7 @@ def _verdict_families(store: Store, now_s: float) -> Iterator[Metric]:
     answer the pages show, the fleet page's too), labelled as the per-process series."""
     from vramscope.agent.store.verdicts import fleet_current
 
-    risk, leak, slope = _gauges(VERDICT_GAUGES, PROCESS_LABELS)
+    risk, leak, slope, orphans, kv_rate = _gauges(VERDICT_GAUGES, PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
     for (host, device), answers in fleet_current(store, now_s).items():
         for v in answers:
@@ -228,7 +232,12 @@ def _verdict_families(store: Store, now_s: float) -> Iterator[Metric]:
             leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
             if v["leak"]["state"] == "leak":
                 slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
-    yield from (risk, leak, slope)
+            kv = v["leak"].get("kv_pool")
+            if kv is not None:
+                orphans.add_metric(list(labels), kv["orphaned_blocks"])
+                if kv["blocks_per_s"] is not None:
+                    kv_rate.add_metric(list(labels), kv["blocks_per_s"])
+    yield from (risk, leak, slope, orphans, kv_rate)
 
 
 def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:

@@ -367,6 +367,8 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
             # running / waiting requests and preemptions (both vLLM sources), per bucket
             "load": tl.load_series(read.load, grid_start, end_s, bucket_s),
             "load_truncated": read.load_truncated,
+            # prompt and generated tokens per second (both vLLM sources), per bucket
+            "tokens": tl.token_series(read.load, grid_start, end_s, bucket_s),
             "prefix_cache": (None if read.prefix is None else
                              tl.prefix_series(read.prefix, grid_start, end_s, bucket_s)),
             **tl.process_parts(read.processes)}

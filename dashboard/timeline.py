@@ -7,6 +7,7 @@ draws.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -128,26 +129,79 @@ def load_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s:
 
 
 def prefix_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
-                  ) -> dict[str, list[Any]]:
+                  ) -> dict[str, Any]:
     """Prefix-cache hit tokens per bucket, by vLLM's definition (``hit_tokens`` of the plugin's
     ``kv_alloc`` events, whose sum is ``vllm:prefix_cache_hits_total``, and of the Prometheus
-    source's ``prefix_cache`` counter increases), and apart from them the tokens a preempted
-    request found again in its own blocks (``preempted_hit_tokens``, which vLLM does not
-    count): ``{"ts", "hit_tokens", "preempted_hit_tokens"}``, buckets with any of either."""
+    source's ``prefix_cache`` counter increases), the tokens looked up (``query_tokens``, the
+    same two sources: ``vllm:prefix_cache_queries_total``), and apart from them the tokens a
+    preempted request found again in its own blocks (``preempted_hit_tokens``, which vLLM does
+    not count): ``{"ts", "hit_tokens", "query_tokens", "preempted_hit_tokens", "hit_rate"}``,
+    buckets with any of them. ``hit_rate``: the window's hits over its queries, vLLM's hit
+    rate (``prefix_cache_hits / prefix_cache_queries``), None where nothing was queried
+    (a KV pool that does not count its lookups)."""
     width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
     top = max(0, int((end_s - start_s) // width))
     sums: dict[int, list[int]] = {}
     for e in events:
         data = e.data or {}
-        hits, reused = _count(data.get("hit_tokens")), _count(data.get("preempted_hit_tokens"))
-        if hits or reused:
-            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0])
-            got[0] += hits
-            got[1] += reused
+        got3 = (_count(data.get("hit_tokens")), _count(data.get("query_tokens")),
+                _count(data.get("preempted_hit_tokens")))
+        if any(got3):
+            got = sums.setdefault(min(max(0, int((e.ts_s - start_s) // width)), top), [0, 0, 0])
+            for i, n in enumerate(got3):
+                got[i] += n
     keys = sorted(sums)
+    hits, queries = (sum(sums[k][i] for k in keys) for i in (0, 1))
     return {"ts": [start_s + k * width for k in keys],
             "hit_tokens": [sums[k][0] for k in keys],
-            "preempted_hit_tokens": [sums[k][1] for k in keys]}
+            "query_tokens": [sums[k][1] for k in keys],
+            "preempted_hit_tokens": [sums[k][2] for k in keys],
+            "hit_rate": hits / queries if queries else None}
+
+
+def token_series(events: Iterable[Event], start_s: float, end_s: float, bucket_s: float
+                 ) -> dict[str, list[Any]]:
+    """Prompt and generated tokens per second in each bucket (``tokens`` events: the counter
+    increases of ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` the Prometheus
+    source scraped, and the vLLM plugin's tokens of the requests finished), buckets with any:
+    ``{"ts", "prompt_per_s", "generation_per_s"}``. An event counts the stretch from its
+    ``since_s`` to its time (up to ``TOKENS_EVERY_S``): its tokens are spread over the buckets
+    of that stretch evenly (a 10 s count is not a spike in one 1 s bucket); the part before the
+    window is not the window's."""
+    width = bucket_s if bucket_s > 0 else max(end_s - start_s, 1.0)
+    top = max(0, int((end_s - start_s) // width))
+    sums: dict[int, list[float]] = {}
+    for e in events:
+        data = e.data or {}
+        counts = (_count(data.get("prompt_tokens")), _count(data.get("generation_tokens")))
+        if not any(counts):
+            continue
+        since = data.get("since_s")
+        lo = since if isinstance(since, (int, float)) and not isinstance(since, bool) \
+            and math.isfinite(since) and since < e.ts_s else e.ts_s
+        for k, share in _spread(lo, e.ts_s, start_s, width, top):
+            got = sums.setdefault(k, [0.0, 0.0])
+            got[0] += counts[0] * share
+            got[1] += counts[1] * share
+    keys = sorted(sums)
+    return {"ts": [start_s + k * width for k in keys],
+            "prompt_per_s": [sums[k][0] / width for k in keys],
+            "generation_per_s": [sums[k][1] / width for k in keys]}
+
+
+def _spread(lo: float, hi: float, start_s: float, width: float, top: int
+            ) -> list[tuple[int, float]]:
+    """The buckets (within 0..top) that [lo, hi] overlaps, with the share of it in each; an
+    instant (lo == hi) is all in its bucket."""
+    first, last = int((lo - start_s) // width), int((hi - start_s) // width)
+    if first == last:
+        return [(min(max(0, last), top), 1.0)]
+    out = []
+    for k in range(max(0, first), min(top, last) + 1):
+        a, b = max(lo, start_s + k * width), min(hi, start_s + (k + 1) * width)
+        if b > a:
+            out.append((k, (b - a) / (hi - lo)))
+    return out
 
 
 def _count(value: Any) -> int:

@@ -52,11 +52,15 @@ FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free 
                       "memory under the limit: the OOM-risk page and alerts say when.")
 # panel heights (relative) in drawing order, top down
 PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, "load": 1.4,
-                 "prefix": 1.0, "requests": 1.2, "markers": 1.6}
+                 "prefix": 1.0, "tokens": 1.0, "requests": 1.2, "markers": 1.6}
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
-              "load": "yaxis8", "prefix": "yaxis9", "requests": "yaxis7", "markers": "yaxis4"}
+              "load": "yaxis8", "prefix": "yaxis9", "tokens": "yaxis10", "requests": "yaxis7",
+              "markers": "yaxis4"}
 PREFIX_STYLE = {"hit_tokens": ("prefix-cache hit tokens", "#8250df"),
                 "preempted_hit_tokens": ("preempted re-use tokens (not hits to vLLM)", "#afb8c1")}
+QUERY_STYLE = ("prefix-cache query tokens", "#8c959f")  # what was looked up: a line over the bars
+TOKEN_STYLE = {"prompt_per_s": ("prompt tokens/s", "#0969da"),
+               "generation_per_s": ("generated tokens/s", "#bc4c00")}
 LOAD_STYLE = {"running": ("running requests", "#2da44e"),
               "waiting": ("waiting requests", "#bf8700")}
 PREEMPT_COLOR = "#cf222e"
@@ -92,11 +96,13 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     kv = _kv_steps(f._kv_traces(s), s, doc["bucket_s"])
     load = _load_traces(doc.get("load") or {}, doc["bucket_s"])
     prefix = _prefix_traces(doc.get("prefix_cache"), doc["bucket_s"])
+    tokens = _token_traces(doc.get("tokens"), doc["bucket_s"])
     markers = _ordered_markers(f._marker_traces(doc))
     rate = _rate_traces(doc, markers)
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
                                    ("fragmentation", bool(frag)), ("kv", bool(kv)),
                                    ("load", bool(load)), ("prefix", bool(prefix)),
+                                   ("tokens", bool(tokens)),
                                    ("requests", bool(rate)),
                                    ("markers", bool(markers)))
               if present]
@@ -104,7 +110,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
     data = (f.band_traces(doc["phases"], top) + _off_axis(memory_traces(doc), lo, hi)
             + _floor_traces(floor)
             + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + prefix
-            + rate + markers)
+            + tokens + rate + markers)
     layout = f._layout(
         height=320 + 110 * len(panels), showlegend=True, hovermode="x", uirevision="timeline",
         margin={"l": 64, "r": 24, "t": 36, "b": 48},
@@ -120,7 +126,8 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
               "stale_after_s": doc.get("stale_after_s"),
               "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB,
               "mixed_processes_note": doc.get("mixed_processes_note")})
-    axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers})
+    axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers},
+                 (doc.get("prefix_cache") or {}).get("hit_rate"))
     axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
     layout.update(axes)
     return {"data": f.drawn_in_legend(data), "layout": layout}
@@ -326,19 +333,45 @@ def _load_traces(load: dict[str, dict[str, list[Any]]], bucket_s: float
     return out
 
 
-def _prefix_traces(prefix: dict[str, list[Any]] | None, bucket_s: float
-                   ) -> list[dict[str, Any]]:
+def _prefix_traces(prefix: dict[str, Any] | None, bucket_s: float) -> list[dict[str, Any]]:
     """Prefix-cache hit tokens per bucket as vLLM counts them, and a preempted request's re-use
     of its own blocks stacked on them in grey (its own series: vLLM does not call it a hit),
-    on the prefix lane (y9)."""
+    with the tokens looked up as steps over them (hits / queries is vLLM's hit rate: the
+    lane's title gives the window's), on the prefix lane (y9)."""
     if not prefix or not prefix["ts"]:
         return []
     xs = [f.ms(t) for t in prefix["ts"]]
-    return [{"type": "bar", "name": name, "x": xs, "y": prefix[key],
-             "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
-             "marker": {"color": color, "line": {"width": 0}}, "xaxis": "x", "yaxis": "y9",
-             "hovertemplate": f"%{{y}} {name}<extra></extra>"}
-            for key, (name, color) in PREFIX_STYLE.items() if any(prefix[key])]
+    out = [{"type": "bar", "name": name, "x": xs, "y": prefix[key],
+            "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
+            "marker": {"color": color, "line": {"width": 0}}, "xaxis": "x", "yaxis": "y9",
+            "hovertemplate": f"%{{y}} {name}<extra></extra>"}
+           for key, (name, color) in PREFIX_STYLE.items() if any(prefix[key])]
+    queries = prefix.get("query_tokens") or []
+    if any(queries):
+        name, color = QUERY_STYLE
+        xs, ys = tl.step_points(prefix["ts"], queries, None, bucket_s, gaps=False)
+        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y9",
+                           line={"color": color, "width": 1.2, "shape": "hv"},
+                           hovertemplate=f"%{{y}} {name}<extra></extra>"))
+    return out
+
+
+def _token_traces(tokens: dict[str, list[Any]] | None, bucket_s: float
+                  ) -> list[dict[str, Any]]:
+    """Prompt and generated tokens per second per bucket as steps, on the tokens lane
+    (y10)."""
+    if not tokens or not tokens["ts"]:
+        return []
+    out = []
+    for key, (name, color) in TOKEN_STYLE.items():
+        if not any(tokens[key]):
+            continue
+        xs, ys = tl.step_points(tokens["ts"], tokens[key], None, bucket_s)
+        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y10",
+                           line={"color": color, "width": 1.4, "shape": "hv"},
+                           connectgaps=False,
+                           hovertemplate=f"%{{y:.1f}} {name}<extra></extra>"))
+    return out
 
 
 def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -383,7 +416,8 @@ def _domains(panels: list[str]) -> dict[str, list[float]]:
 
 
 def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: float,
-          frag_warning: float | None, markers: set[str]) -> dict[str, Any]:
+          frag_warning: float | None, markers: set[str],
+          hit_rate: float | None = None) -> dict[str, Any]:
     dom = _domains(panels)
     axes: dict[str, Any] = {
         "yaxis": {"domain": dom["memory"], "title": {"text": "memory (GiB)"},
@@ -411,10 +445,15 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
         axes["yaxis8"] = {"domain": dom["load"], "rangemode": "tozero",
                           "title": {"text": "requests", "font": {"size": 11}}}
     if "prefix" in dom:
+        # vLLM's hit rate over the window: hits / queries, as stored (no query: no rate)
+        title = "prefix tokens" + ("" if hit_rate is None else f"<br>hits {hit_rate:.1%}")
         axes["yaxis9"] = {"domain": dom["prefix"], "rangemode": "tozero",
-                          "title": {"text": "prefix tokens", "font": {"size": 11}}}
+                          "title": {"text": title, "font": {"size": 11}}}
         axes["barmode"] = "stack"  # the re-use on top of the hits
         axes["bargap"] = 0
+    if "tokens" in dom:
+        axes["yaxis10"] = {"domain": dom["tokens"], "rangemode": "tozero",
+                           "title": {"text": "tokens/s", "font": {"size": 11}}}
     if "requests" in dom:
         axes["yaxis7"] = {"domain": dom["requests"], "rangemode": "tozero",
                           "title": {"text": "requests/min", "font": {"size": 11}}}

@@ -47,7 +47,16 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     line = result["trend_line"] if result["trend_line"] and result["trend_line"][0][0] >= start \
         else None
-    return {"figure": figures.leaks_figure(floor, line, limit), "result": result,
+    names: tuple[str, str] = ("idle floor", "trend (Theil–Sen)")
+    kv = result["kv_pool"]
+    if kv is not None and kv["sets_slope"]:
+        # the leak is the pool's orphaned blocks: the floor they make, as the engine stored
+        # it, and the line at their rate (allocated memory, if any, does not show them)
+        floor = [(t, b) for t, b in kv["floor"] if start <= t <= end]
+        line = result["trend_line"]
+        names = ("orphaned KV blocks", "at the pool's rate")
+    figure = figures.leaks_figure(floor, line, limit, (start, end), *names)
+    return {"figure": figure, "result": result,
             "processes": procs, "method": FROM_STORE, "verdicts_from": "store",
             "floor_points": len(floor), "limit_bytes": limit,
             "orphaned": orphan_events(store, device, host, start, end),

@@ -12,8 +12,8 @@ Records it makes (trace format v1, ``source="kv"``):
   show as ``kv_blocks_used``; without it the pool does not call ``on_extend`` at all),
   ``kv_free`` (``request_id``;
   ``blocks_released``, ``blocks_cached``), ``kv_alloc_failed`` (``request_id``; ``tokens``,
-  ``reason``) and ``kv_orphaned_blocks`` (``blocks``, ``block_ids``, ``owners``, ``problems``)
-  when the bookkeeping check finds a leak or a broken invariant.
+  ``reason``) and ``kv_orphaned_blocks`` (``blocks``, ``block_ids``, ``owners``, ``problems``,
+  ``bytes_per_block``) when the bookkeeping check finds a leak or a broken invariant.
 
 Events with equal ``kv_free`` data, or equal extend data, share one ``data`` dict (a
 bounded memo): like every record's data it is read-only once put.
@@ -175,6 +175,8 @@ class KVSource(KVPoolObserver):
             "block_ids": list(report.orphaned_blocks[:_MAX_IDS_IN_EVENT]),
             "owners": list(report.orphan_owners[:_MAX_IDS_IN_EVENT]),
             "problems": list(report.problems),
+            # what each orphaned block holds: the agent reads the leak's rate in bytes too
+            "bytes_per_block": pool.bytes_per_block,
         })
         self._put(self._sample(pool))
 

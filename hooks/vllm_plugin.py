@@ -24,7 +24,8 @@ line, and a wrapper never raises into the engine):
     request; ``kv_preempted`` per preemption; ``idle`` when no request is left.
 ``KVCacheManager.allocate_slots`` / ``free`` / ``pop_blocks_for_free``
     (``vllm/v1/core/kv_cache_manager.py``): ``kv_alloc`` on a request's first blocks (``blocks``,
-    ``tokens``, ``hit_tokens`` = its prefix-cache hit as vLLM counts it, and
+    ``tokens``, ``hit_tokens`` = its prefix-cache hit as vLLM counts it, ``query_tokens`` =
+    the tokens of its lookup as vLLM counts them (0 where vLLM counts none), and
     ``preempted_hit_tokens`` = a preempted request's re-use of its own blocks, which vLLM does
     not count as a hit), ``kv_alloc_failed`` once while a request
     waits for blocks, ``kv_free`` (``blocks_released``, ``blocks_cached``).
@@ -44,7 +45,12 @@ pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / 
 vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
 ``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
 Prometheus source makes from ``vllm:num_requests_running`` / ``_waiting``) when either count
-changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle. Evictions since
+changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle; at most every
+``TOKENS_EVERY_S`` (and on going idle) a ``tokens`` event (``prompt_tokens``,
+``generation_tokens``: those of the requests finished since ``since_s``, as vLLM counts them in
+``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``; the same event the Prometheus
+source makes from those counters; a request's tokens are counted when it ends, vLLM's as they
+are computed). Evictions since
 the previous step are one ``kv_evicted`` event (``blocks``) per step.
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
@@ -61,7 +67,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import TOKENS_EVENT, TOKENS_EVERY_S, Event, Phase, Sample
 from vramscope.hooks.sink import Record, RecordSink
 
 # A child of vLLM's logger: vLLM configures "vllm" with its handler, so these lines appear in
@@ -127,6 +133,8 @@ class VllmObserver:
         self._evicted_seen = 0
         self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
         self._next_load_s = float("-inf")
+        self._tokens = [0, 0]  # prompt and generated tokens of requests finished, not yet sent
+        self._tokens_since: float | None = None  # when the first of them finished (wall clock)
         self._peak: tuple[float, int, int, Phase] | None = None  # (ts, used, cached, phase)
 
     # --- patching ---------------------------------------------------------------------------
@@ -317,13 +325,18 @@ class VllmObserver:
     def _wrap_free_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _free_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(sched, request, *args, **kwargs)
-            self._guard("scheduler", self._ended, sched, str(request.request_id))
+            self._guard("scheduler", self._ended, sched, str(request.request_id), request)
             return result
         return _free_request
 
-    def _ended(self, sched: Any, rid: str) -> None:
+    def _ended(self, sched: Any, rid: str, request: Any = None) -> None:
         from vramscope.hooks import phase as phase_mod
 
+        if request is not None:  # its tokens, sent with a later load (``tokens``)
+            if self._tokens_since is None:
+                self._tokens_since = time.time()
+            self._tokens[0] += int(getattr(request, "num_prompt_tokens", 0) or 0)
+            self._tokens[1] += int(getattr(request, "num_output_tokens", 0) or 0)
         if rid in self.seen:
             self.seen.discard(rid)
             phase_mod.request_finished(rid)
@@ -373,14 +386,18 @@ class VllmObserver:
         # preempted finds its own blocks again; that re-use is not a prefix-cache hit there,
         # so it is kept apart here (``preempted_hit_tokens``), and ``hit_tokens`` adds up to
         # vllm:prefix_cache_hits_total
+        # vllm:prefix_cache_queries_total likewise counts the tokens of the lookups of requests
+        # never preempted (``query_tokens``): hit_tokens / query_tokens is vLLM's hit rate
         preempted = getattr(request, "num_preemptions", 0) > 0
+        queried = 0
         if preempted:
             self.preempted_hit_tokens += hit_tokens
         elif _lookup_counted(manager, request):
-            self.prefix_query_tokens += request.num_tokens
+            queried = int(request.num_tokens)
+            self.prefix_query_tokens += queried
             self.prefix_hit_tokens += hit_tokens
         blocks = sum(len(ids) for ids in manager.get_block_ids(rid))
-        self._event("kv_alloc", rid, {"blocks": blocks,
+        self._event("kv_alloc", rid, {"blocks": blocks, "query_tokens": queried,
                                       "hit_tokens": 0 if preempted else int(hit_tokens),
                                       "preempted_hit_tokens": int(hit_tokens) if preempted
                                       else 0,
@@ -478,6 +495,13 @@ class VllmObserver:
             if load != self._load and (idle or now_s >= self._next_load_s):
                 self._load, self._next_load_s = load, now_s + LOAD_INTERVAL_S
                 self._event("server_load", None, {"running": load[0], "waiting": load[1]})
+            since = self._tokens_since
+            if since is not None and (idle or time.time() - since >= TOKENS_EVERY_S):
+                prompt, generated = self._tokens
+                self._tokens, self._tokens_since = [0, 0], None
+                self._event(TOKENS_EVENT, None, {"prompt_tokens": prompt,
+                                                 "generation_tokens": generated,
+                                                 "since_s": since})
 
     def _event(self, name: str, rid: str | None, data: dict[str, Any]) -> None:
         self._put(Event(time.time(), name, self.device, os.getpid(), _phase(), rid, data))

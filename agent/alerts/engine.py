@@ -19,10 +19,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
+from weakref import WeakKeyDictionary
 
 from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
-from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
+from vramscope.agent.alerts.explain import (
+    CauseEpisode,
+    leak_text,
+    risk_reasons,
+    risk_text,
+    warning_cause,
+)
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
 from vramscope.agent.alerts.saturation import EVENTS as SATURATION_EVENTS
 from vramscope.agent.alerts.saturation import METRIC as SATURATION_METRIC
@@ -31,7 +38,7 @@ from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.fragmentation import inactive_split_ratio
 from vramscope.agent.analysis.kv import KvTracker, observe_process
-from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
+from vramscope.agent.analysis.leaks import LeakDetector, LeakResult, orphaned_count
 from vramscope.agent.analysis.merge import is_device_wide, merged
 from vramscope.agent.analysis.risk import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -127,6 +134,11 @@ class DeviceAnalysis:
         self.risks: dict[int | None, RiskModel] = {None: RiskModel(thresholds)}
         self.risk = self.risks[None]
         self.risk_pid: int | None = None
+        # each risk model's episode and the cause it was named with (explain.CauseEpisode):
+        # what the alert, the verdict rows and the post-mortem say; gone with its model
+        self.episodes: WeakKeyDictionary[RiskModel, CauseEpisode] = WeakKeyDictionary()
+        # the pid and model a process sample fed (None: a device-wide one fed every model)
+        self._fed: tuple[int | None, RiskModel] | None = None
         self.ranks: dict[int, int] = {}  # pid -> rank, from process_rank events
         self._wide: Sample | None = None  # the latest device-wide (NVML) sample
         # Leak detectors per process too (each its own idle floor); ``leak`` is the one the
@@ -183,6 +195,8 @@ class DeviceAnalysis:
             changed |= _SNAPSHOT
         if self._update_leak(s):
             changed |= _LEAK
+        if changed & _RISK:
+            self._keep_causes(s.ts_s)
         if s.kv_blocks_used is not None and self._observe_kv(s):
             changed |= _KV
         if self.oom_ts_s:
@@ -237,6 +251,7 @@ class DeviceAnalysis:
         True when a model gave a point. ``risk`` becomes the riskiest process's model."""
         if is_device_wide(s):
             self._wide = s
+            self._fed = None
             models = [m for pid, m in self.risks.items() if pid is not None] or [self.risk]
             gave = False
             for m in models:
@@ -248,11 +263,35 @@ class DeviceAnalysis:
                 if self._wide is not None:
                     model.observe(self._wide)
             gave = model.observe(s)
+            self._fed = (s.pid, model)
         # with one process model besides the device's (None), the riskiest is that one
         if gave and len(self.risks) > 1 and not (
                 len(self.risks) == 2 and None in self.risks and self.risk_pid == s.pid):
             self._pick_risk()
         return gave
+
+    def _keep_causes(self, ts_s: float) -> None:
+        """The episodes of the models the sample fed read their latest points (after the leak
+        detectors took the same sample: a cause reads both)."""
+        for pid, model in [self._fed] if self._fed is not None else list(self.risks.items()):
+            if not model.level_index and model not in self.episodes:
+                continue  # no episode, none beginning: the common case
+            self.episode(model).observe(model, self.leaks.get(pid) or self.leak, ts_s)
+
+    def episode(self, model: RiskModel) -> CauseEpisode:
+        ep = self.episodes.get(model)
+        if ep is None:
+            ep = self.episodes[model] = CauseEpisode()
+        return ep
+
+    def cause_of(self, model: RiskModel, leak: LeakDetector) -> str | None:
+        """The cause of ``model``'s risk episode (read from its latest point where no episode
+        named one yet); None at ok."""
+        point = model.last
+        if point is None or point.level == "ok" or not point.reasons:
+            return None
+        ep = self.episodes.get(model)
+        return ep.cause if ep is not None and ep.cause else warning_cause(point, model, leak)
 
     def _pick_risk(self) -> None:
         procs: dict[int | None, RiskModel] = {
@@ -309,7 +348,9 @@ class DeviceAnalysis:
         r = leak.result
         low, high = r.rate_low_bytes_per_s, r.rate_high_bytes_per_s
         model.growth = None
-        if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0:
+        # (not a KV pool's orphaned blocks: lost inside the pool, they take no device memory)
+        if r.detected and low is not None and high is not None and r.slope_bytes_per_s > 0 \
+                and (r.kv is None or not r.kv.sets_slope):
             model.growth = (r.slope_bytes_per_s, low, high)
         growers = [p for p, m in self.risks.items() if p is not None and m.growth is not None]
         for p, m in self.risks.items():  # the others are at risk from the soonest to fill
@@ -401,6 +442,9 @@ class DeviceAnalysis:
         for key, model in self.risks.items():
             if pid is None or key == pid or key is None:
                 model.restart()
+                ep = self.episodes.get(model)
+                if ep is not None:
+                    ep.end(by_oom=True)
         for key, leak in self.leaks.items():
             if pid is None or key == pid:
                 leak.end_growth(ts_s)
@@ -441,6 +485,14 @@ def _cached_free(d: DeviceAnalysis, now: float) -> float | None:
     return s.reserved_bytes - s.allocated_bytes
 
 
+def _leak_named(r: LeakResult) -> bool:
+    """A leak the alert can name with its rate: a KV pool's orphaned blocks, where they are
+    the whole answer, once its checks give a rate (``kv_leak.MIN_REPORTS``; the stored verdict
+    says "leak" from the first)."""
+    k = r.kv
+    return r.detected and (k is None or not k.sets_slope or k.blocks_per_s is not None)
+
+
 def _leak_ratio(d: DeviceAnalysis, now: float) -> float | None:
     limit = d.leak.limit_bytes
     return _ratio(d.leak.result.slope_bytes_per_s * 3600.0, limit)
@@ -456,7 +508,7 @@ _DERIVED: dict[str, Callable[[DeviceAnalysis, float], float | None]] = {
     "headroom_ratio": lambda d, now: d.risk.headroom_ratio,
     "time_to_oom_s": lambda d, now: d.risk.time_to_oom_s,
     "risk_level": lambda d, now: d.risk.level_index if d.risk.has_point else None,
-    "leak_detected": lambda d, now: float(d.leak.result.detected),
+    "leak_detected": lambda d, now: float(_leak_named(d.leak.result)),
     "leak_slope_bytes_per_s": lambda d, now: d.leak.result.slope_bytes_per_s,
     "leak_slope_ratio_per_h": _leak_ratio,
     "kv_usage_ratio": lambda d, now: d.kv.usage_ratio,
@@ -685,7 +737,8 @@ def _message(rule: Rule, value: float | None, d: DeviceAnalysis) -> str:
     point = d.risk.last
     if rule.metric != "risk_level" or point is None or not point.reasons:
         return text
+    leak = d.leaks.get(d.risk_pid) or d.leak
+    cause = d.cause_of(d.risk, leak) or warning_cause(point, d.risk, leak)
     if rule.builtin:
-        return risk_text(point, d.risk, d.leaks.get(d.risk_pid, d.leak), who)
-    cause = warning_cause(point, d.risk, d.leaks.get(d.risk_pid, d.leak))
+        return risk_text(point, d.risk, leak, who, cause)
     return f"{text}; {risk_reasons(point, d.risk)}: likely {cause}; try: {REMEDIES[cause][0]}"

@@ -4,13 +4,15 @@ An ``oom_risk`` alert names the one condition behind it ("headroom 1.9 % of the 
 after the largest prefill spike (2.40 GiB)", "peaks rising 1.2 GiB/h over 20 min: OOM in
 14.0 min (9.0 min to 25.0 min)"), not a list of what might have; a ``memory_leak`` alert says
 its rate and since when. The cause is the one :func:`warning_cause` gives, by the same words
-the post-mortem uses (``vramscope.agent.analysis.diagnosis``).
+the post-mortem uses (``vramscope.agent.analysis.diagnosis``), kept for the whole risk episode
+by :class:`CauseEpisode`: the alert, the stored verdict and the post-mortem name one cause.
 """
 
 from __future__ import annotations
 
-from vramscope.agent.alerts.rules import format_value
-from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES
+from vramscope.agent.alerts.rules import RISK_HOLD_S, format_value
+from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO
+from vramscope.agent.analysis.kv_leak import kv_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
 from vramscope.agent.analysis.stats import theil_sen
@@ -20,6 +22,13 @@ FLOOR_SHARE = 0.5  # the floor rose less than this share of the peaks' rise: the
 # a request taking more than this share of the free memory in total is a prefill spike, not
 # fragmentation: however the free memory were arranged, a somewhat longer prompt would not fit
 SPIKE_SHARE = 0.5
+# an episode ends once its process's risk has been ok this long (the risk alerts' own hold: the
+# alert that named the cause is still active until then), or with an OOM
+EPISODE_OK_S = RISK_HOLD_S
+CAUSE_EVERY_S = 10.0  # during an episode the evidence is read again this often (record time)
+# the causes an episode may change to, in rank: a change goes up this order only, so an episode
+# never goes back and forth (fragmentation and the others never replace a cause)
+RANK = {"prefill_spike": 1, "batch": 2, "growth": 3}
 
 
 def size(n: float | None) -> str:
@@ -51,6 +60,8 @@ def floor_share(model: RiskModel, leak: LeakDetector) -> float | None:
     pts = [p for p in leak.load_free_points() if p[0] >= since]
     if len(pts) < 4:
         pts = [p for p in leak.recent_floor if p[0] >= since]
+    if len(pts) < 4:  # a fast rise (minutes) spans few floor windows: the fine floor's points
+        pts = [p for p in leak.fast_fine.points if p[0] >= since]
     if len(pts) < 4:
         return None
     pts = pts[::max(1, len(pts) // 60)]
@@ -125,6 +136,78 @@ def warning_cause(point: RiskPoint, model: RiskModel, leak: LeakDetector) -> str
     return "unknown"
 
 
+class CauseEpisode:
+    """One process's risk episode, from its first warning until its risk has been ok for
+    ``EPISODE_OK_S`` (or an OOM), and the cause it was named with (``cause``; ``ended_cause``:
+    the last episode's, for the post-mortem of the OOM that ended it).
+
+    The first warning names the cause (:func:`warning_cause`). Later readings (at each level
+    change, and every ``CAUSE_EVERY_S``) change it only where the evidence for another is
+    decisive by the documented definitions (:func:`decisive`), and only up ``RANK``.
+    """
+
+    __slots__ = ("cause", "ended_cause", "_ok_since", "_next_ts", "_level")
+
+    def __init__(self) -> None:
+        self.cause: str | None = None
+        self.ended_cause: str | None = None
+        self._ok_since: float | None = None
+        self._next_ts = 0.0
+        self._level = 0
+
+    def observe(self, model: RiskModel, leak: LeakDetector, ts_s: float) -> None:
+        """The model's latest point (at ``ts_s``), read for the episode's cause."""
+        level = model.level_index
+        if not level:
+            if self.cause is not None:
+                if self._ok_since is None:
+                    self._ok_since = ts_s
+                elif ts_s - self._ok_since >= EPISODE_OK_S:
+                    self.end()
+            self._level = 0
+            return
+        self._ok_since = None
+        if self.cause is not None and level == self._level and ts_s < self._next_ts:
+            return
+        point = model.last
+        if point is None or not point.reasons:
+            return
+        self._level, self._next_ts = level, ts_s + CAUSE_EVERY_S
+        said = warning_cause(point, model, leak)
+        if self.cause is None:
+            self.cause, self.ended_cause = said, None
+        elif said != self.cause and decisive(said, self.cause, point, model, leak):
+            self.cause = said
+
+    def end(self, by_oom: bool = False) -> None:
+        """The episode is over: back to ok long enough, or an OOM (whose post-mortem then
+        takes the episode's cause: ``ended_cause``)."""
+        self.ended_cause = self.cause if by_oom else None
+        self.cause, self._ok_since, self._level = None, None, 0
+
+
+def decisive(said: str, cause: str, point: RiskPoint, model: RiskModel,
+             leak: LeakDetector) -> bool:
+    """Whether the evidence for ``said`` is decisive enough to replace an episode's ``cause``:
+    growth once the growth model names it (this process's leak verdict, its floor's rate as the
+    forecast, another process's named growth); the load once the peaks' trend, established by
+    its interval, is the forecast; a prefill spike once the largest prefill needs more than all
+    the free memory (no arrangement of the free memory would hold it: not fragmentation), or is
+    one long prompt by the post-mortem's measure (at least ``SPIKE_RATIO`` of the limit) that
+    takes more than ``SPIKE_SHARE`` of the free memory."""
+    if RANK.get(said, 0) <= RANK.get(cause, 0):
+        return False
+    if said == "growth":
+        return "growth" in point.reasons or leak.result.detected or model.grower is not None
+    if said == "batch":
+        return "trend" in point.reasons
+    headroom, limit, need = model.headroom_bytes, model.limit_bytes, model.largest_request_bytes
+    if said != "prefill_spike" or headroom is None:
+        return False
+    return need > headroom or bool(limit) and need >= SPIKE_RATIO * (limit or 0) \
+        and need > SPIKE_SHARE * headroom
+
+
 def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
     """Each reason that holds, with its numbers."""
     parts = []
@@ -156,8 +239,10 @@ def risk_reasons(point: RiskPoint, model: RiskModel) -> str:
     return "; ".join(parts) or "risk level " + point.level
 
 
-def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str | None) -> str:
-    cause = warning_cause(point, model, leak)
+def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str | None,
+              cause: str | None = None) -> str:
+    """The risk alert's text; ``cause``: the episode's (else read from the point now)."""
+    cause = cause or warning_cause(point, model, leak)
     where = f" [{who}]" if who else ""
     likely = cause
     if cause == "growth" and model.grower is not None and not leak.result.detected:
@@ -167,8 +252,9 @@ def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str |
 
 
 def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> str:
-    if result.orphaned_blocks and result.p_value is None:
-        text = f"KV pool holds {result.orphaned_blocks} orphaned block(s) (leak)"
+    k = result.kv
+    if k is not None and k.sets_slope:  # the pool's orphaned blocks are the whole answer
+        text = f"KV pool leaking blocks: {kv_words(k)} (leak)"
     else:
         rate = result.slope_bytes_per_s * 3600
         share = f", {100 * rate / limit_bytes:.2f} % of the limit" if limit_bytes else ""
@@ -186,7 +272,10 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         if result.estimated_floor:
             text += ("; a rough rate: the floor is estimated (rarely or never idle, no KV "
                      "figures), KV figures make it exact")
+        if k is not None:
+            text += f"; and the KV pool: {kv_words(k)}"
     return text + (f" [{who}]" if who else "")
 
 
-__all__ = ["leak_text", "risk_reasons", "risk_text", "warning_cause"]
+__all__ = ["CauseEpisode", "decisive", "leak_text", "risk_reasons", "risk_text",
+           "warning_cause"]

@@ -74,6 +74,8 @@ SERIES: dict[str, str] = {
     # (the agent's own alert is per device and names it in its message).
     "leak_detected": "(vramscope_process_leak_state{sel} == bool 1)",
     "leak_slope_bytes_per_s": "vramscope_process_leak_slope_bytes_per_second{sel}",
+    # the stored verdicts' orphaned KV blocks: the pool check's latest count, per process
+    "kv_orphaned_blocks": "vramscope_process_kv_orphaned_blocks{sel}",
     # The [server] section's worst request against each device's limit (dashboard /metrics
     # with the same [server] section).
     "config_headroom_bytes": "vramscope_config_headroom_bytes{sel}",
@@ -83,7 +85,7 @@ SERIES: dict[str, str] = {
 }
 
 # Rule metrics whose series are one a process (labels process and pid beside host, device).
-PER_PROCESS = frozenset({"leak_detected", "leak_slope_bytes_per_s"})
+PER_PROCESS = frozenset({"leak_detected", "leak_slope_bytes_per_s", "kv_orphaned_blocks"})
 
 _SERIES_NAME = re.compile(r"\bvramscope_[a-z_]+")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from vramscope.agent.alerts.explain import warning_cause
 from vramscope.agent.analysis.growth import GROWTH_KEYS
+from vramscope.agent.analysis.kv_leak import KvLeak, kv_leak_from_json
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ VERDICT_FORMAT = "vramscope.verdict/1"
 HEARTBEAT_S = 300.0  # an unchanged answer is written again this often (record time)
 SLOPE_CHANGE = 0.05  # a leak slope that moved by more than this share is a new answer
 HISTORY_MAX = 100_000  # rows an offline run keeps (a live agent hands them to the store)
+# a pool's orphaned-block count that moved is written again once the process's last row is
+# this old (record time; at once when it doubled): every surface shows the latest check's
+# count within this, without a row per check (a server may check after every request)
+ORPHAN_ROW_S = 10.0
 
 
 class Verdict(NamedTuple):
@@ -70,6 +74,9 @@ class Verdict(NamedTuple):
     # the process ended (silent for the engine's PROCESS_GONE_S): this row is its last, its
     # risk ended with it; what it says of the leak is history
     ended: bool = False
+    # the KV pool's orphaned blocks: the latest count, their rate in blocks and bytes per
+    # second with its interval, the pool's time to exhaustion and the floor they make
+    leak_kv: KvLeak | None = None
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
@@ -94,7 +101,9 @@ class Verdict(NamedTuple):
                          "rate_high_bytes_per_s": self.leak_rate_high_bytes_per_s,
                          "time_to_oom_s": self.leak_time_to_oom_s,
                          "time_to_oom_low_s": self.leak_time_to_oom_low_s,
-                         "time_to_oom_high_s": self.leak_time_to_oom_high_s},
+                         "time_to_oom_high_s": self.leak_time_to_oom_high_s,
+                         "orphaned_blocks": self.leak_kv.blocks if self.leak_kv else 0,
+                         "kv_pool": self.leak_kv.to_json() if self.leak_kv else None},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
@@ -117,7 +126,7 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
                    windows_from_json(leak.get("windows")),
                    leak.get("estimated_floor") is True, low, high, tto, tto_low, tto_high,
-                   doc.get("ended") is True)
+                   doc.get("ended") is True, kv_leak_from_json(leak.get("kv_pool")))
 
 
 def _numbers(doc: dict[str, Any], keys: tuple[str, ...]) -> list[float | None]:
@@ -153,13 +162,18 @@ class VerdictLog:
         self.history: list[Verdict] = []
         self._taken = 0  # rows of ``history`` already handed out by ``take``
         self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
-        # per process: (the leak result and risk level its answer was made from, record time
-        # of its next heartbeat); the result itself, not its id: a freed one's id comes back
+        # per process: (the leak result, risk level and risk episode's cause its answer was
+        # made from, record time of its next heartbeat); the result itself, not its id: a freed
+        # one's id comes back
         self._seen: dict[tuple[str | None, int, int | None],
-                         tuple[LeakResult, int, float]] = {}
+                         tuple[LeakResult, int, str | None, float]] = {}
         # per process: the orphaned KV blocks its last row said; twice as many is a new row
-        # (a pool losing blocks: the stored evidence follows the count, in log2 of it rows)
+        # at once, another count once the row is ORPHAN_ROW_S old
         self._row_orphans: dict[tuple[str | None, int, int | None], int] = {}
+        # per process: when a count held back (its row too recent) is due to be written; the
+        # device's next record after it writes it, whoever sent that record (the leaking
+        # process may have gone quiet)
+        self._held: dict[tuple[str | None, int, int | None], float] = {}
         # processes whose last row said they ended (until a record of theirs comes back)
         self._ended: set[tuple[str | None, int, int | None]] = set()
 
@@ -168,27 +182,42 @@ class VerdictLog:
         ``now_s``: a row for each process whose answer changed, or whose heartbeat is due."""
         for p in processes_of(d) if pid is None or pid not in d.risks else (pid,):
             self._note(d, p, host, now_s)
+        if self._held:
+            for key, due in list(self._held.items()):
+                if key[:2] == (host, d.device) and now_s >= due:
+                    del self._held[key]
+                    if key[2] in d.leaks:  # still running
+                        self._note(d, key[2], host, now_s, held=True)
 
-    def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
+    def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float,
+              held: bool = False) -> None:
         key = (host, d.device, pid)
         self._ended.discard(key)
         result = (d.leaks.get(pid) or d.leaks[None]).result
-        level = (d.risks.get(pid) or d.risk).level_index
+        model = d.risks.get(pid) or d.risk
+        level = model.level_index
+        ep = d.episodes.get(model)
+        cause = ep.cause if ep is not None else None
         seen = self._seen.get(key)
-        if seen is not None and seen[0] is result and seen[1] == level and now_s < seen[2]:
+        if seen is not None and seen[0] is result and seen[1] == level and seen[2] == cause \
+                and now_s < seen[3] and not held:
             return  # nothing its answer is made from moved, and no heartbeat is due
         v = verdict_of(d, pid, host, now_s)
         last = self.latest.get(key)
-        orphans = result.orphaned_blocks
-        if (seen is None or now_s >= seen[2] or last is None or last.answer() != v.answer()
-                or _moved(last, v) or orphans >= 2 * self._row_orphans.get(key, 0) > 0):
+        orphans, said = result.orphaned_blocks, self._row_orphans.get(key, 0)
+        recount = orphans != said and last is not None and now_s >= last.ts_s + ORPHAN_ROW_S
+        if orphans != said and not recount and last is not None:
+            self._held.setdefault(key, last.ts_s + ORPHAN_ROW_S)
+        if (seen is None or now_s >= seen[3] or last is None or last.answer() != v.answer()
+                or _moved(last, v) or orphans >= 2 * said > 0 or recount):
             self.latest[key] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
-            self._seen[key] = (result, level, now_s + self.heartbeat_s)
+            self._seen[key] = (result, level, cause, now_s + self.heartbeat_s)
             self._row_orphans[key] = orphans
+            self._held.pop(key, None)
         else:
-            self._seen[key] = (result, level, seen[2])
+            self._seen[key] = (result, level, cause, seen[3])
 
     def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
         """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
@@ -243,8 +272,7 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
     model = d.risks.get(pid) or d.risk
     point = model.last
     level = point.level if point is not None else ""
-    cause = (warning_cause(point, model, leak)
-             if point is not None and point.level != "ok" and point.reasons else None)
+    cause = d.cause_of(model, leak)  # the risk episode's (explain.CauseEpisode)
     kv = d.kvs.get(pid)
     return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
                    r.first_detected_ts_s, r.span_s, r.evidence, level, cause,
@@ -257,4 +285,4 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    kv.exhaustion_s if kv is not None else None,
                    d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows,
                    r.estimated_floor, r.rate_low_bytes_per_s, r.rate_high_bytes_per_s,
-                   r.time_to_oom_s, r.time_to_oom_low_s, r.time_to_oom_high_s)
+                   r.time_to_oom_s, r.time_to_oom_low_s, r.time_to_oom_high_s, leak_kv=r.kv)

@@ -396,11 +396,11 @@ def complete_postmortem(pm: PostMortem, samples: Sequence[Sample] = ()) -> PostM
 
 
 
-def with_growth_cause(pm: PostMortem, leak_detected: bool) -> PostMortem:
-    """``pm`` with cause ``growth`` where its producer named none and the engine held a leak
-    verdict for its process at the OOM (its floor grew until the limit): the cause the alerts
-    and the stored verdicts gave, stored with the post-mortem so every page and command that
-    reads it says the same."""
-    if pm.cause in REMEDIES or not leak_detected:
+def with_cause(pm: PostMortem, cause: str | None) -> PostMortem:
+    """``pm`` with the engine's ``cause`` where its producer named none: the cause the alerts
+    and the stored verdicts gave (growth where the process's leak verdict held a leak at the
+    OOM, else the cause of the risk episode it ended), stored with the post-mortem so every
+    page and command that reads it says the same. None or an unknown name: ``pm`` as it is."""
+    if pm.cause in REMEDIES or cause not in REMEDIES:
         return pm
-    return pm._replace(cause="growth", remedies=pm.remedies or REMEDIES["growth"])
+    return pm._replace(cause=cause, remedies=pm.remedies or REMEDIES[cause])

@@ -70,7 +70,13 @@ noise made would read a steep stretch of noise as the rate; and the median pair 
 leak in steps or only under load reads the flat stretches between its rises.
 
 Independently, a ``kv_orphaned_blocks`` event from the KV pool (blocks no request references
-that were never returned; ``blocks`` is the current count) is a leak signal of its own.
+that were never returned; ``blocks`` is the current count) is a leak signal of its own
+(``vramscope.agent.analysis.kv_leak``): the verdict is a leak from the first report, and
+carries the pool's latest count, its rate in blocks and bytes per second with its interval,
+the time until the pool's free blocks run out and the floor the orphaned blocks make
+(``LeakResult.kv``, ``with_orphans``). Where the idle floor found no leak of its own (a
+preallocated pool keeps allocated memory flat; a CPU server has no allocator counters), the
+verdict's slope and interval are the pool's bytes per second.
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ from vramscope.agent.analysis.growth import (
     time_to_oom,
     widened,
 )
+from vramscope.agent.analysis.kv_leak import KvLeak, OrphanTrend, kv_evidence, rate_line
 from vramscope.agent.analysis.load_floor import BlockBytes
 from vramscope.agent.analysis.merge import merged
 from vramscope.agent.analysis.sequential import H_SIGMA, Cusum
@@ -138,7 +145,6 @@ INSUFFICIENT = "insufficient_data"
 ESTIMATED_WORDS = ("an estimated floor (rarely or never idle, no KV figures: most points are "
                    "read with requests in flight), so the rate is rough; KV figures make the "
                    "floor exact")
-ORPHAN_PREFIX = "KV pool reported "  # the evidence of orphaned blocks, before the floor's
 
 
 class LeakResult(NamedTuple):
@@ -171,6 +177,9 @@ class LeakResult(NamedTuple):
     time_to_oom_s: float | None = None
     time_to_oom_low_s: float | None = None
     time_to_oom_high_s: float | None = None
+    # the KV pool's orphaned blocks, their rate and the pool's time to exhaustion, where its
+    # check found any (analysis.kv_leak; ``orphaned_blocks`` is its count)
+    kv: KvLeak | None = None
 
     @property
     def state(self) -> str:
@@ -227,6 +236,9 @@ class LeakDetector:
         # chosen the records wait in ``_pending`` and are then replayed, so the first floor
         # points are the same as if the windows had been known from the start.
         self.chooser = WindowChooser(self.t)
+        # the KV pool's orphaned-block reports (analysis.kv_leak): ``result`` carries them
+        self.orphans = OrphanTrend(self.t.leak_horizon_s)
+        self._shown: tuple[LeakResult, int, LeakResult] | None = None
         self.windows: Windows | None = None
         self.floor = FloorTracker(self.t.leak_floor_window_s)
         self.fine_floor = FloorTracker(min(FAST_FINE_FLOOR_S, self.t.leak_floor_window_s))
@@ -285,6 +297,22 @@ class LeakDetector:
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
+    def result(self) -> LeakResult:
+        """The latest verdict: the floor's (the routes'), with the KV pool's orphaned blocks
+        on top where its check found any (:func:`with_orphans`; made once per change)."""
+        r, orphans = self._result, self.orphans
+        if not orphans.reports:
+            return r
+        shown = self._shown
+        if shown is None or shown[0] is not r or shown[1] != orphans.version:
+            shown = self._shown = (r, orphans.version, with_orphans(r, orphans.leak()))
+        return shown[2]
+
+    @result.setter
+    def result(self, value: LeakResult) -> None:
+        self._result = value
+
+    @property
     def started_ts_s(self) -> float | None:
         """The process's first sample (a model reload starts it over); None before any."""
         return self._first_ts
@@ -297,23 +325,14 @@ class LeakDetector:
         else:
             self.floor.on_event(e)
             self.fine_floor.on_event(e)
-        if e.name != "kv_orphaned_blocks":
+        if e.name != "kv_orphaned_blocks" or not self.orphans.on_event(e, orphaned_count(e)):
             return None
-        count = orphaned_count(e)
-        if count <= 0:
-            return None
-        r = self.result
-        first = r.first_detected_ts_s if r.first_detected_ts_s is not None else e.ts_s
-        rest = r.evidence
-        if r.orphaned_blocks and rest.startswith(ORPHAN_PREFIX):  # the newest count, once
-            rest = rest.split("; ", 1)[1] if "; " in rest else ""
-        evidence = f"{ORPHAN_PREFIX}{count} orphaned block(s) at {e.ts_s:.3f}; " + rest
-        self.result = r._replace(detected=True, first_detected_ts_s=first, evidence=evidence,
-                                 orphaned_blocks=count)
         return self.result
 
     def update(self, s: Sample) -> LeakResult | None:
         """Feed a sample; returns a new verdict when one was evaluated."""
+        if s.kv_blocks_used is not None:
+            self.orphans.observe_sample(s)
         if self.windows is not None:
             return self._step(s)
         if s.allocated_bytes is not None:
@@ -415,7 +434,7 @@ class LeakDetector:
     def _stale_no_leak(self, now_s: float) -> LeakResult | None:
         """``no_leak`` is a claim about now: once the trend has had no new floor point for the
         minimum span (a server busy without a break), it is no longer an answer."""
-        r = self.result
+        r = self._result  # the floor's own (orphaned KV blocks aside)
         if r.state != "no_leak" or not self.points \
                 or now_s - self.points[-1][0] < self.t.leak_min_span_s:
             return None
@@ -490,7 +509,7 @@ class LeakDetector:
             return self.result
         if self._since_eval >= EVAL_EVERY_POINTS or self._route.p_value is None:
             self._since_eval = 0
-            prev = self.result
+            prev = self._result  # the floor's own (orphaned KV blocks aside)
             mk = evaluate_floor(self.trend_points(), self._limit(), self.t,
                                 prev.detected and prev.p_value is not None)
             # a sequential leak is reported over its own span (since its change point): its
@@ -527,7 +546,7 @@ class LeakDetector:
         loads = [max(0, load - RESIDUAL) for _, load, _ in rolled]
         points = load_corrected([(t, v) for t, _, v in rolled], loads,
                                 self.per_request.bytes_per_block)
-        prev = self.result
+        prev = self._result  # the floor's own (orphaned KV blocks aside)
         was = prev.detected and prev.p_value is not None
         v = evaluate_floor(points, self._limit(), self.t, was)
         span = rolled[-1][0] - rolled[0][0]
@@ -677,10 +696,10 @@ class LeakDetector:
             # ...over the horizon, and over every recent stretch down to the minimum span:
             # a leak begun lately is diluted in the horizon's flat hours, not ruled out by them
             recent = rising_recently(pts, min_slope, self.t.leak_min_span_s)
-            above = self._newest_above(min_slope)
-            if recent is None and above is None:
-                return r
             if recent is None:
+                above = self._newest_above(min_slope)
+                if above is None:
+                    return r
                 return r._replace(enough_data=False, evidence=(
                     f"not enough data yet: the newest floor is {above / 2**20:.1f} MiB above "
                     f"the line of those before it, a rise too recent to test (the "
@@ -733,10 +752,11 @@ class LeakDetector:
 
     def _publish(self, verdict: LeakResult, now_s: float, estimated: bool | None = None,
                  points: Sequence[tuple[float, int]] | None = None) -> LeakResult:
-        """The verdict with what carries over: the first detection, the windows, orphans."""
+        """The verdict with what carries over: the first detection, the windows (the KV
+        pool's orphaned blocks go on top of it, in ``result``)."""
         if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
             self._reload_confirmed()
-        prev = self.result
+        prev = self._result
         was = prev.detected and prev.p_value is not None
         first = prev.first_detected_ts_s
         if verdict.detected and first is None:
@@ -755,14 +775,10 @@ class LeakDetector:
             evidence += "; " + ESTIMATED_WORDS
         if self.windows is not None:
             evidence += "; " + self.windows.describe()
-        if prev.orphaned_blocks:
-            evidence = f"{ORPHAN_PREFIX}{prev.orphaned_blocks} orphaned block(s); " + evidence
         start = verdict.start_ts_s
         if was and prev.start_ts_s is not None and start is not None:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon
-        out = verdict._replace(detected=verdict.detected or prev.orphaned_blocks > 0,
-                               first_detected_ts_s=first, evidence=evidence,
-                               orphaned_blocks=prev.orphaned_blocks, start_ts_s=start,
+        out = verdict._replace(first_detected_ts_s=first, evidence=evidence, start_ts_s=start,
                                estimated_floor=estimated)
         if verdict is self._fast:
             return out
@@ -796,6 +812,32 @@ class RecentPeak:
 
     def value(self) -> int:
         return max(b[1] for b in self.bins) if self.bins else 0
+
+
+def with_orphans(r: LeakResult, k: KvLeak | None) -> LeakResult:
+    """The floor's verdict ``r`` with the KV pool's orphaned blocks ``k`` on top: a leak, with
+    the pool's count, rate and time to exhaustion in ``kv`` and its words first in the
+    evidence. Where the floor found no leak of its own, the slope, its interval, the span, the
+    start and the trend line are the pool's (in bytes, where its reports give the bytes per
+    block; no time to OOM: blocks lost inside a pool take no memory from the device)."""
+    if k is None:
+        return r
+    first = min(t for t in (r.first_detected_ts_s, k.first_ts_s) if t is not None)
+    if r.detected:
+        return r._replace(first_detected_ts_s=first, orphaned_blocks=k.blocks, kv=k,
+                          evidence=f"{kv_evidence(k)}; and the idle floor: {r.evidence}")
+    k = k._replace(sets_slope=True)
+    per_block, low, high = k.bytes_per_block, None, None
+    if per_block and k.blocks_per_s_low is not None and k.blocks_per_s_high is not None:
+        low, high = k.blocks_per_s_low * per_block, k.blocks_per_s_high * per_block
+    return r._replace(
+        detected=True, slope_bytes_per_s=k.bytes_per_s or 0.0, start_ts_s=k.first_ts_s,
+        first_detected_ts_s=first, trend_line=rate_line(k), orphaned_blocks=k.blocks, kv=k,
+        span_s=k.last_ts_s - k.first_ts_s, estimated_floor=False, rate_low_bytes_per_s=low,
+        rate_high_bytes_per_s=high, time_to_oom_s=None, time_to_oom_low_s=None,
+        time_to_oom_high_s=None, growth_bytes=int((k.bytes_per_s or 0.0) * (
+            k.last_ts_s - k.first_ts_s)),
+        evidence=f"{kv_evidence(k)}; the idle floor: {r.evidence}")
 
 
 def with_rate(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResult:
@@ -1050,4 +1092,4 @@ def detect_leak(samples: Iterable[Sample], events: Iterable[Event] = (),
 # idle_floor lives in analysis.floor now; it stays importable from here (a public API)
 __all__ = ["INSUFFICIENT", "NO_VERDICT", "FloorTracker", "LeakDetector", "LeakResult", "confirm",
            "detect_leak", "evaluate_floor", "idle_floor", "insufficient", "orphaned_count",
-           "rise_start"]
+           "rise_start", "with_orphans"]

@@ -27,8 +27,9 @@ from vramscope.agent.analysis.diagnosis import (
     diagnose,
 )
 from vramscope.agent.analysis.fragmentation import FragAccumulator
-from vramscope.agent.analysis.growth import GROWTH_KEYS, leak_words
+from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.kv import KvTracker, observe_process
+from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.makeup import leak_makeup
 from vramscope.agent.analysis.phases import PhaseAccumulator
@@ -153,7 +154,7 @@ def summaries_document(samples: Iterable[Sample], events: Iterable[Event] = (),
             "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
                      "first_detected_ts": None, "span_s": 0.0, "evidence": UNANSWERED,
                      "makeup": None, "windows": None, "estimated_floor": False,
-                     **dict.fromkeys(GROWTH_KEYS)},
+                     **dict.fromkeys(GROWTH_KEYS), "orphaned_blocks": 0, "kv_pool": None},
             "oom": {"occurred": first is not None, "first_oom_ts": first,
                     "first_warning_ts": None, "max_risk": None, "min_time_to_oom_s": None,
                     "cause": complete_postmortem(pm).cause if pm is not None else None},
@@ -227,7 +228,9 @@ def _leak_doc(result: LeakResult) -> dict[str, Any]:
             "rate_high_bytes_per_s": result.rate_high_bytes_per_s,
             "time_to_oom_s": result.time_to_oom_s,
             "time_to_oom_low_s": result.time_to_oom_low_s,
-            "time_to_oom_high_s": result.time_to_oom_high_s}
+            "time_to_oom_high_s": result.time_to_oom_high_s,
+            "orphaned_blocks": result.orphaned_blocks,
+            "kv_pool": None if result.kv is None else result.kv.to_json()}
 
 
 _TRIED = re.compile(r"tried to allocate ([0-9]+(?:\.[0-9]+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b",
@@ -445,7 +448,7 @@ def _leak_lines(leak: Mapping[str, Any]) -> list[str]:
         return [f"  leak: {leak['evidence']}"]  # "not enough data yet: ... more min of ..."
     if not leak["detected"]:
         return [f"  leak: none ({leak['evidence']})"]
-    return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {leak_words(leak)}",
+    return [f"  leak: DETECTED at {iso_utc(leak['first_detected_ts'])}, {verdict_words(leak)}",
             f"        {leak['evidence']}"]
 
 
@@ -462,7 +465,7 @@ def _process_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
         if v.get("ended"):
             who += ", ended"
         leak, risk = v["leak"], v["risk"]
-        said = {"leak": f"LEAK {leak_words(leak)} since "
+        said = {"leak": f"LEAK {verdict_words(leak)} since "
                         f"{iso_utc(leak['first_detected_ts'])}" if leak["first_detected_ts"]
                         else "LEAK",
                 "no_leak": "no leak", "insufficient_data": "not enough data yet"}

@@ -19,6 +19,10 @@ with memory figures it gives a :class:`RiskPoint`:
   on in the span's recent half (its slope at least half the whole span's: growth that flattens,
   a warm-up or a cache filling, is not a trend to the limit); and it never reaches further than
   ``FORECAST_REACH`` times the span it was fitted on (a forecast beyond is no forecast);
+  and, sooner where it says so, the **fast route** (:mod:`~vramscope.agent.analysis.peak_rise`):
+  15-s peaks whose newest stretch establishes a rise on evidence that scales with it (a load
+  ramp filling the device in minutes is forecast a minute or two into it), reaching at most
+  ``FAST_REACH`` times its stretch;
 - an **OOM ends the episode**: its trend and retry history start over (``restart``), so the
   next warning is about the next OOM, not the last one;
 - **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
@@ -47,6 +51,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.merge import SeriesSplit, merged
+from vramscope.agent.analysis.peak_rise import FINE_PEAK_S, PeakRise
 from vramscope.agent.analysis.phases import SpikeTracker
 from vramscope.agent.analysis.severity import LEVELS, rank
 from vramscope.agent.analysis.stats import recent_half, still_rising, theil_sen
@@ -54,10 +59,14 @@ from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Phase, Sample
 
+FINE_SAMPLES = 4  # a fast-route peak window holds this many samples at least
 PEAK_WINDOW_S = 60.0  # default; longer than a KV fill cycle, so a peak is the top of a cycle
 TREND_WINDOWS = 20  # peaks per alerts.trend_span_s
 MIN_TREND_WINDOWS = 6  # fewer peaks than this are never a fit, whatever their span
 FORECAST_REACH = 3.0  # a forecast reaches at most this many times the span it was fitted on
+# ...and the fast route's at most this many: its stretch is minutes of a load that comes in
+# bursts (a burst's rise of two minutes says little of the six after it)
+FAST_REACH = 2.0
 RETRY_WINDOW_S = 60.0
 # the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
 # but an OOM that builds up in a process's first half hour must still be foreseen
@@ -137,6 +146,10 @@ class RiskModel:
         self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
         self._trend: _Trend | None = None
         self._in_use: _Trend | None = None  # the trend the latest forecast came from
+        # the fast route: short windows' peaks, a rise established on evidence that scales
+        # with it (a load ramp filling the device in minutes), as a trend of its stretch
+        self._rise = PeakRise()
+        self._fast: _Trend | None = None
         self._retries: int | None = None
         self._retry_rise_ts: float | None = None  # when num_alloc_retries last went up
         # the latest point's figures (``last`` is built from them on demand)
@@ -245,6 +258,9 @@ class RiskModel:
             return
         self.windows = w
         self._window_s = max(w.trend_s, self.t.trend_span_s / TREND_WINDOWS)
+        # short windows, however long the server's cycle: the fast route's interval takes a
+        # sawtooth's wander for noise (a peak per cycle would be five minutes of six peaks)
+        self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * (w.dt_s or 0.0))
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
         pending, self._pending = self._pending, []
@@ -255,6 +271,11 @@ class RiskModel:
     def _peak(self, ts_s: float, demand: int, phase: Phase) -> None:
         if phase is Phase.SETUP:
             return  # a pool's one-time allocation and warm-up: not the serving peaks
+        if self._rise.add(ts_s, demand) and self.limit_bytes:
+            rate = self._rise.update(self.limit_bytes, demand, FAST_REACH,
+                                     self.t.time_to_oom_warning_s)
+            self._fast = None if rate is None else _Trend(
+                rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
         if self._window_start is not None and ts_s < self._window_end:
             if demand > self._window_peak:
                 self._window_peak = demand
@@ -340,8 +361,9 @@ class RiskModel:
         detector does. The floor under the spikes is read anew: the one before the OOM held
         what the OOM freed (a headroom left after it would be the dead episode's)."""
         self._peaks.clear()
+        self._rise.clear()
         self.spikes.baseline_bytes = None
-        self._trend = self._in_use = None
+        self._trend = self._in_use = self._fast = None
         self._window_start = None
         self._retry_rise_ts = self._retries = None  # the OOM's own retry is the episode's
         self.growth = None
@@ -369,6 +391,14 @@ class RiskModel:
         if tto is None and tr is not None and tr.steady is not None:
             tr = self._in_use = tr.steady
             tto = self._time_to_oom(tr, ts_s, demand, limit)
+        fast = self._fast
+        if fast is not None:  # the fast route's rise, where it says sooner
+            room = self._room
+            fast_tto = self._time_to_oom(fast, ts_s, demand, limit)
+            if fast_tto is not None and (tto is None or fast_tto < tto):
+                tto, self._in_use = fast_tto, fast
+            else:
+                self._room = room
         self._growth_used = False
         if self.growth is not None:
             room = limit - projected

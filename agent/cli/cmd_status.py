@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.analysis.growth import leak_words
+from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.cli.common import url_or_path
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _render_verdicts(verdicts: list[dict[str, Any]]) -> str:
         who = "device" if v["pid"] is None else f"pid {v['pid']} ({v.get('name') or '?'})"
         leak = words.get(v["leak"]["state"], v["leak"]["state"])
         if v["leak"]["state"] == "leak":
-            leak += " " + leak_words(v["leak"])
+            leak += " " + verdict_words(v["leak"])
         risk = v["risk"]["level"] or "not assessed yet"
         lines.append(f"  {v.get('host') or ''} GPU {v['device']} {who}: {leak}; OOM risk {risk}"
                      + (f" ({v['risk']['cause']})" if v["risk"]["cause"] else ""))

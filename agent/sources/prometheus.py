@@ -14,17 +14,28 @@ load-aware leak analysis work beside an unmodified server:
   size in tokens (``sglang:max_total_num_tokens``): its "blocks" are tokens (page size 1). Where
   no size is published, the pool is counted in ``RATIO_SCALE`` parts (used / total is still the
   usage ratio). TGI publishes no KV usage: its samples carry none.
-- ``request_start`` / ``request_end`` events when the running-requests gauge moves: one per
-  request of difference, with ids ``<preset>@<target>#<slot>`` and ``data.synthetic = true``
-  (a gauge has no request ids; slots make the in-flight count exact at each scrape, which is
-  what the idle-floor leak check needs), at most ``max_request_events`` a scrape: a larger
-  move is followed over the next scrapes, so a gauge is never a flood of records;
+- ``request_start`` / ``request_end`` events. Where the server counts the requests it finished
+  (vLLM's ``vllm:request_success_total``, a counter), each scrape makes one ``request_end`` per
+  request finished since the previous scrape (the counter's increase) and one
+  ``request_start`` per request that entered the running batch (the finished ones plus the
+  running gauge's rise): the request rate is vLLM's own, and the requests in flight are the
+  running gauge at each scrape (what the idle-floor leak check needs). Without such a counter
+  (SGLang, TGI presets) each move of the running gauge is that many starts or ends. Ids are
+  ``<preset>@<target>#<n>`` (the n-th request seen; ends close the oldest open one) with
+  ``data.synthetic = true`` (a counter has no request ids); at most ``max_request_events``
+  a scrape: the rest follows over the next scrapes, so a scrape is never a flood of records;
 - a ``server_load`` event (``running``, ``waiting``: the gauges as read) whenever either gauge
   changes;
 - ``kv_preempted`` (``count``) and ``prefix_cache`` (``query_tokens``, ``hit_tokens``) events
-  with the increase of the counters since the previous scrape (the first scrape only sets the
-  baseline: when earlier increases happened is unknown; a counter that went down was reset, and
-  its new value is the increase).
+  with the increase of the counters since the previous scrape, and ``tokens``
+  (``prompt_tokens``, ``generation_tokens`` since ``since_s``) at most every
+  ``TOKENS_EVERY_S`` (they are kept as long as the rollups). Increases are per series (each
+  label set): the first scrape, and a series' first appearance, only set the baseline (when
+  earlier increases happened is unknown); a series that went down was reset, and its new value
+  is the increase (Prometheus' own ``increase()`` reads a reset so). Only the series of the
+  newest page are kept (a label that changes each scrape cannot grow the state). A page
+  refused whole leaves the baselines as they were: the next good scrape's increase covers the
+  refused one's time.
 
 Each target is a server process. Where the target is on this host (a sidecar: loopback,
 ``localhost`` or this host's name) the agent finds the pid listening on its port
@@ -57,7 +68,7 @@ from typing import Any
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.config import split_targets
 from vramscope.agent.ingest.timewindow import TimeWindow
-from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.records import TOKENS_EVENT, TOKENS_EVERY_S, Event, Phase, Sample
 from vramscope.agent.sources import listener
 from vramscope.agent.sources.scrape_bounds import (
     ScrapeBounds,
@@ -88,6 +99,16 @@ class Preset:
     prefix_hits: str | None  # counter, tokens
     preemptions: str | None  # counter
     reserved_blocks: int = 0  # blocks of the published pool size that are never usable
+    finished: str | None = None  # counter of requests finished (every reason)
+    prompt_tokens: str | None = None  # counter
+    generation_tokens: str | None = None  # counter
+
+    @property
+    def counters(self) -> tuple[str, ...]:
+        """Every counter of the preset that the server publishes under this name."""
+        return tuple(c for c in (self.prefix_queries, self.prefix_hits, self.preemptions,
+                                 self.finished, self.prompt_tokens, self.generation_tokens)
+                     if c is not None)
 
 
 # Read in vLLM 0.32's ``vllm/v1/metrics/loggers.py``, SGLang's ``srt/metrics/collector.py`` and
@@ -96,7 +117,10 @@ PRESETS: dict[str, Preset] = {
     "vllm": Preset("vllm", "vllm:kv_cache_usage_perc", ("vllm:cache_config_info", "num_gpu_blocks"),
                    "vllm:num_requests_running", "vllm:num_requests_waiting",
                    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                   "vllm:num_preemptions_total", reserved_blocks=1),  # vLLM's null block
+                   "vllm:num_preemptions_total", reserved_blocks=1,  # vLLM's null block
+                   finished="vllm:request_success_total",  # labelled by finished_reason
+                   prompt_tokens="vllm:prompt_tokens_total",
+                   generation_tokens="vllm:generation_tokens_total"),
     "sglang": Preset("sglang", "sglang:token_usage", ("sglang:max_total_num_tokens", None),
                      "sglang:num_running_reqs", "sglang:num_queue_reqs", None,
                      "sglang:cached_tokens_total", None),
@@ -106,14 +130,34 @@ PRESETS: dict[str, Preset] = {
 
 
 def parse_exposition(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Sample name -> [(labels, value)] of a text exposition; ValueError on a malformed page."""
+    """Sample name -> [(labels, value)] of a text exposition; ValueError on a malformed page,
+    naming its first bad line (number and text): the parser's own message names neither."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    except ValueError as exc:
+        raise ValueError(_bad_line(text) or f"malformed page ({exc})") from exc
     return out
+
+
+def _bad_line(text: str) -> str | None:
+    """Which line of a page the parser refuses, parsed one at a time (only on a bad page)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            for _ in text_string_to_metric_families(line + "\n"):
+                pass
+        except ValueError as exc:
+            shown = line if len(line) <= 200 else line[:199] + "…"
+            return f"line {number} is not a sample ({exc}): {shown!r}"
+    return None
 
 
 def check_page(samples: dict[str, list[tuple[dict[str, str], float]]], preset: Preset,
@@ -124,7 +168,7 @@ def check_page(samples: dict[str, list[tuple[dict[str, str], float]]], preset: P
     check_ratio(preset.kv_usage_ratio, samples)
     if preset.kv_total is not None:
         check_pool_size(*preset.kv_total, samples)
-    for counter in (preset.prefix_queries, preset.prefix_hits, preset.preemptions):
+    for counter in preset.counters:
         check_counter(counter, samples)
 
 
@@ -162,8 +206,16 @@ class TargetState:
         self.running = 0  # request slots open (synthetic request_start without its end)
         self.gauge = 0  # the running gauge as last read
         self.waiting: int | None = None
-        self.counters: dict[str, float] = {}
+        # each counter series' value at the previous scrape: (name, its labels) -> value
+        self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.started = 0  # requests started so far: the next one is #started + 1
+        # prompt and generated tokens counted since ``tokens_since`` (a scrape's time), not yet
+        # recorded: one ``tokens`` event every TOKENS_EVERY_S at most
+        self.tokens = (0, 0)
+        self.tokens_since: float | None = None
+        self.backlog = (0, 0)  # starts and ends counted but not yet recorded (the cap)
         self.failing = False
+        self.answered = False  # a page was taken from it since the agent started
         parts = urllib.parse.urlsplit(url)
         try:
             self.port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -198,19 +250,44 @@ class TargetState:
         sample = self._kv_sample(samples, ts_s, device)
         if sample is not None:
             out.append(sample)
-        out += self._requests(_total(samples, p.running), _total(samples, p.waiting), ts_s,
-                              device)
-        preempted = self._increase(samples, p.preemptions)
+        increases = self._increases(samples)
+        out += self._requests(_total(samples, p.running), _total(samples, p.waiting),
+                              increases.get(p.finished or ""), ts_s, device)
+        common = {"source": "prometheus", "target": self.label}
+        preempted = increases.get(p.preemptions or "", 0)
         if preempted:
-            out.append(Event(ts_s, "kv_preempted", device, self.pid, data={
-                "count": preempted, "source": "prometheus", "target": self.label}))
-        queries = self._increase(samples, p.prefix_queries)
-        hits = self._increase(samples, p.prefix_hits)
+            out.append(Event(ts_s, "kv_preempted", device, self.pid,
+                             data={"count": preempted, **common}))
+        queries = increases.get(p.prefix_queries or "", 0)
+        hits = increases.get(p.prefix_hits or "", 0)
         if queries or hits:
             out.append(Event(ts_s, "prefix_cache", device, self.pid, data={
-                "query_tokens": queries, "hit_tokens": hits, "source": "prometheus",
-                "target": self.label}))
+                "query_tokens": queries, "hit_tokens": hits, **common}))
+        tokens = self._tokens(increases, ts_s, device)
+        if tokens is not None:
+            out.append(tokens)
         return out
+
+    def _tokens(self, increases: dict[str, int], ts_s: float, device: int) -> Event | None:
+        """The prompt and generated tokens counted since ``tokens_since``, once that is
+        ``TOKENS_EVERY_S`` ago and they are not none (the stretch starts at the scrape before
+        the first increase: the counters' baseline or the previous event)."""
+        p = self.preset
+        if p.prompt_tokens not in increases and p.generation_tokens not in increases:
+            return None
+        prompt = self.tokens[0] + increases.get(p.prompt_tokens or "", 0)
+        generated = self.tokens[1] + increases.get(p.generation_tokens or "", 0)
+        since = ts_s if self.tokens_since is None else self.tokens_since
+        if not prompt and not generated:
+            self.tokens_since = ts_s  # nothing counted yet: the stretch starts now
+            return None
+        if ts_s - since < TOKENS_EVERY_S:
+            self.tokens, self.tokens_since = (prompt, generated), since
+            return None
+        self.tokens, self.tokens_since = (0, 0), ts_s
+        return Event(ts_s, TOKENS_EVENT, device, self.pid, data={
+            "prompt_tokens": prompt, "generation_tokens": generated, "since_s": since,
+            "source": "prometheus", "target": self.label})
 
     def _kv_sample(self, samples: dict[str, list[tuple[dict[str, str], float]]], ts_s: float,
                    device: int) -> Sample | None:
@@ -225,20 +302,55 @@ class TargetState:
         return Sample(ts_s, device, Phase.UNKNOWN, "prometheus", self.pid,
                       kv_blocks_used=round(ratio * total), kv_blocks_total=total)
 
-    def _requests(self, running: float | None, waiting: float | None, ts_s: float,
-                  device: int) -> list[Event]:
+    def _requests(self, running: float | None, waiting: float | None, finished: int | None,
+                  ts_s: float, device: int) -> list[Event]:
         gauge = None if running is None else int(running)
-        out = [] if gauge is None else self._slot_events(gauge, ts_s, device)
+        out: list[Event] = []
+        if gauge is not None:
+            out = (self._slot_events(gauge, ts_s, device) if finished is None
+                   else self._counted_events(finished, gauge, ts_s, device))
         queued = None if waiting is None else int(waiting)
-        if out or (gauge is not None and gauge != self.gauge) or queued != self.waiting:
+        # on a change of either gauge only (kept as long as the rollups): requests that come
+        # and go under a steady gauge are request events, not load changes
+        moved = bool(out) and gauge is not None and finished is None
+        if moved or (gauge is not None and gauge != self.gauge) or queued != self.waiting:
             out.append(Event(ts_s, "server_load", device, self.pid, data={
                 "running": gauge, "waiting": queued, "target": self.label}))
         self.gauge = self.gauge if gauge is None else gauge
         self.waiting = queued
         return out
 
+    def _counted_events(self, finished: int, gauge: int, ts_s: float,
+                        device: int) -> list[Event]:
+        """Requests from the server's own count: ``finished`` ends (the success counter's
+        increase) and as many starts as make the open ones the running gauge (finished + the
+        gauge's rise: a request that came and went between two scrapes is one of each). Where
+        the gauge fell by more than the finished count (requests gone uncounted), no start is
+        made up: the open ones follow the gauge. At most ``max_request_events`` this scrape,
+        the rest kept for the next."""
+        starts = max(0, finished + gauge - (self.running + self.backlog[0] - self.backlog[1]))
+        ends = finished if starts else max(0, self.running + self.backlog[0]
+                                           - self.backlog[1] - gauge)
+        want_s, want_e = self.backlog[0] + starts, self.backlog[1] + ends
+        cap = self.max_request_events
+        n_starts = min(want_s, cap - min(want_e, cap // 2))
+        n_ends = min(want_e, cap - n_starts, self.running + n_starts)
+        self.backlog = (want_s - n_starts, want_e - n_ends)
+        synthetic = {"synthetic": True, "source": "prometheus"}
+        first_open = self.started - self.running + 1  # ends close the oldest open request
+        out = [Event(ts_s, "request_start", device, self.pid,
+                     request_id=f"{self.label}#{k}", data=synthetic)
+               for k in range(self.started + 1, self.started + n_starts + 1)]
+        out += [Event(ts_s, "request_end", device, self.pid,
+                      request_id=f"{self.label}#{k}", data=synthetic)
+                for k in range(first_open, first_open + n_ends)]
+        self.started += n_starts
+        self.running += n_starts - n_ends
+        return out
+
     def _slot_events(self, gauge: int, ts_s: float, device: int) -> list[Event]:
-        """request_start / request_end events moving the slots toward ``gauge``."""
+        """request_start / request_end events moving the slots toward ``gauge`` (a server
+        that publishes no count of finished requests)."""
         now = self._slots_toward(gauge)
         synthetic = {"synthetic": True, "source": "prometheus"}
         out = [Event(ts_s, "request_start", device, self.pid,
@@ -256,16 +368,27 @@ class TargetState:
         step = max(-self.max_request_events, min(self.max_request_events, running - self.running))
         return self.running + step
 
-    def _increase(self, samples: dict[str, list[tuple[dict[str, str], float]]],
-                  name: str | None) -> int:
-        value = _total(samples, name)
-        if value is None or name is None:
-            return 0
-        previous = self.counters.get(name)
-        self.counters[name] = value
-        if previous is None:
-            return 0
-        return int(value - previous) if value >= previous else int(value)
+    def _increases(self, samples: dict[str, list[tuple[dict[str, str], float]]]
+                   ) -> dict[str, int]:
+        """Each published counter's increase since the previous scrape, summed over its series
+        (None-free: a counter the page lacks is absent; see the module docstring for the
+        first scrape and resets)."""
+        out: dict[str, int] = {}
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for name in self.preset.counters:
+            rows = samples.get(name)
+            if rows is None:
+                continue
+            total = 0.0
+            for labels, value in rows:
+                key = (name, tuple(sorted(labels.items())))
+                previous = self.counters.get(key)
+                seen[key] = value
+                if previous is not None:
+                    total += value - previous if value >= previous else value
+            out[name] = int(round(total))
+        self.counters = seen  # this page's series only: the state is bounded by one page
+        return out
 
 
 class PrometheusSource:
@@ -338,10 +461,13 @@ class PrometheusSource:
         return len(records)
 
     def counts(self) -> dict[str, int]:
-        """For ``vramscope status``: scrapes, those that failed, those refused (in failures)."""
+        """For ``vramscope status``: scrapes, those that failed, those refused (in failures),
+        and the targets answering now (each a server the agent hears from: a client)."""
         with self._counts_lock:
             return {"scrapes_total": self.scrapes_total, "failures_total": self.failures_total,
-                    "refused_total": self.refused_total}
+                    "refused_total": self.refused_total,
+                    "targets_answering": sum(1 for t in self.targets
+                                             if t.answered and not t.failing)}
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -368,6 +494,7 @@ class PrometheusSource:
                 log.warning("Prometheus target %s: %s; no KV or request records from it until "
                             "it answers (sources.prometheus.targets)", target.url, _why(exc))
             return []
+        target.answered = True
         if target.failing:
             target.failing = False
             log.info("Prometheus target %s answers again", target.url)

@@ -12,11 +12,11 @@ recorded, as a message the socket refuses is not.
 | running, waiting requests (sum over label sets) | ``sources.prometheus.max_requests`` |
 | KV usage ratio | 1 |
 | KV pool size (blocks or tokens) | ``MAX_POOL_SIZE`` |
-| counters (prefix-cache tokens, preemptions) | ``MAX_COUNTER`` |
+| counters (prefix-cache, prompt and generated tokens; preemptions; requests) | ``MAX_COUNTER`` |
 
 The number of records one scrape makes is bounded too: at most
-``sources.prometheus.max_request_events`` synthetic request events (a larger move of the
-running gauge is followed over the next scrapes) and ``OTHER_RECORDS`` more.
+``sources.prometheus.max_request_events`` synthetic request events (more requests started
+or finished are recorded over the next scrapes) and ``OTHER_RECORDS`` more.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import NamedTuple
 MAX_POOL_SIZE = 2**31 - 1
 # Counters are summed as floats: above 2**53 their increases are no longer exact.
 MAX_COUNTER = float(2**53)
-# Besides request events a scrape makes one KV sample, one server_load, one kv_preempted and one
-# prefix_cache record.
-OTHER_RECORDS = 4
+# Besides request events a scrape makes one KV sample, one server_load, one kv_preempted, one
+# prefix_cache and one tokens record.
+OTHER_RECORDS = 5
 
 Rows = dict[str, list[tuple[dict[str, str], float]]]
 

@@ -392,7 +392,7 @@ def process_series(store: Store, span: Span, points: int,
 # --- one timeline request ----------------------------------------------------------------------
 RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks")  # always shown
 REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
-LOAD_EVENTS: tuple[str, ...] = ("server_load", "kv_preempted")
+LOAD_EVENTS: tuple[str, ...] = ("server_load", "kv_preempted", "tokens")
 PREFIX_EVENTS: tuple[str, ...] = ("kv_alloc", "prefix_cache")
 NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 PREFIX_EVENT_LIMIT = 20_000  # request allocations a timeline reads for prefix-cache hits

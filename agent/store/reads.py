@@ -122,7 +122,7 @@ class Timeline(NamedTuple):
     rare: list[Event]  # OOMs and orphaned blocks, at most the points asked for
     requests: list[Event]  # request starts and ends; empty when more than the points asked
     requests_truncated: bool
-    load: list[Event]  # server load and preemptions, bounded
+    load: list[Event]  # server load, preemptions and token counts, bounded
     load_truncated: bool
     prefix: list[Event] | None  # request allocations (prefix-cache hits); None: too many
     alerts: list[dict[str, Any]]  # the device's alerts fired in the window, newest first

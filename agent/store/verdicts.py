@@ -253,7 +253,8 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"detected": False, "state": "no_verdict", "span_s": 0.0, "slope_bytes_per_s": 0.0,
                 "slope_bytes_per_h": 0.0, "start_ts_s": None, "first_detected_ts_s": None,
                 "evidence": NO_VERDICTS, "trend_line": None, "pid": None, "process": None,
-                "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS)}
+                "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS),
+                "orphaned_blocks": 0, "kv_pool": None}
     leak = v["leak"]
     return {"detected": leak["state"] == "leak", "state": leak["state"], "span_s": leak["span_s"],
             "slope_bytes_per_s": leak["slope_bytes_per_s"],
@@ -261,7 +262,8 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
             "first_detected_ts_s": leak["first_detected_ts"], "evidence": leak["evidence"],
             "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
             "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"],
-            **{k: leak.get(k) for k in GROWTH_KEYS}}
+            **{k: leak.get(k) for k in GROWTH_KEYS},
+            "orphaned_blocks": leak.get("orphaned_blocks", 0), "kv_pool": leak.get("kv_pool")}
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,
@@ -284,7 +286,8 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
                 slope_bytes_per_s=lead["slope_bytes_per_s"],
                 first_detected_ts=lead["first_detected_ts_s"], span_s=lead["span_s"],
                 evidence=lead["evidence"], pid=lead["pid"],
-                estimated_floor=lead["estimated_floor"])
+                estimated_floor=lead["estimated_floor"],
+                **{k: lead[k] for k in (*GROWTH_KEYS, "orphaned_blocks", "kv_pool")})
     rows = history(store, device, host, start, end)
     oom = d.setdefault("oom", {})
     levels = [v.risk_level for v in rows if v.risk_level] + [

@@ -649,11 +649,9 @@ PAGES.leaks = () => {
         r.time_to_oom_s != null && r.time_to_oom_s < 1800 ? "warning" : "ok"),
       card("Evidence span", r.span_s ? fmtAge(r.span_s) : "–", "of floor after the warm-up"),
       card("First detected", r.first_detected_ts_s ? fmtTime(r.first_detected_ts_s) : "–", "by the alert engine"),
-      // the pool's check reports its current count: the latest report, never a sum of them
-      card("Orphaned KV blocks", doc.orphaned.length ? (doc.orphaned[doc.orphaned.length - 1].blocks || 0) : 0,
-        doc.orphaned.length ? "the latest of " + doc.orphaned.length + " check(s)" : "no check failed",
-        doc.orphaned.length ? "warning" : "ok"),
-    ]);
+      orphanCard(r.kv_pool),
+      poolCard(r.kv_pool),
+    ].filter((c) => c));
     document.getElementById("leak-evidence").textContent = r.evidence;
     table("leak-processes-table", processColumns([
       ["Leak", (p) => badge(LEAK_WORDS[p.leak.state] || p.leak.state)],
@@ -670,6 +668,25 @@ PAGES.leaks = () => {
     makeupPanel(doc.makeup);
   }, ANALYSIS_POLL_S);
 };
+
+// The KV pool's orphaned blocks as the engine stored them: the latest check's count (a
+// level, never a sum of checks) and their rate with its interval.
+function orphanCard(k) {
+  if (!k) return card("Orphaned KV blocks", 0, "no check failed", "ok");
+  const perS = (v) => (+v.toPrecision(3)) + " blocks/s";
+  return card("Orphaned KV blocks", k.orphaned_blocks, "latest check · " + (k.blocks_per_s == null
+    ? "a rate after 4 checks (has " + k.reports + ")"
+    : perS(k.blocks_per_s) + " (90 %: " + perS(k.blocks_per_s_low) + " – " + perS(k.blocks_per_s_high) + ")"),
+  "warning");
+}
+
+// When the pool's free blocks run out at the orphaned blocks' rate (none: not rising yet).
+function poolCard(k) {
+  if (!k || k.exhaustion_s == null) return null;
+  return card("KV pool full in", "about " + fmtAge(k.exhaustion_s), fmtAge(k.exhaustion_low_s) + " – " +
+    (k.exhaustion_high_s == null ? "?" : fmtAge(k.exhaustion_high_s)) + " · " + k.free_blocks + " free blocks",
+  k.exhaustion_s < 1800 ? "warning" : "ok");
+}
 
 // The leak's make-up: new live blocks and new segments between two idle points, largest first.
 function makeupPanel(m) {

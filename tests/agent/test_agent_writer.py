@@ -160,7 +160,9 @@ def test_tasks_run_on_the_writer_after_the_batch(store):
 
 def test_a_postmortem_is_stored_with_the_cause_the_engine_gives_it(store):
     # the live agent's AlertFeed.completed: the engine names growth for a pid whose leak
-    # verdict holds a leak; a callback that raises stores the post-mortem as sent
+    # verdict holds a leak, and for its neighbour the cause of its risk episode (its alert and
+    # rows said "growth (at risk from pid 1's growth)"); a callback that raises stores the
+    # post-mortem as sent
     from vramscope.agent.alerts.engine import AlertEngine
     from vramscope.agent.daemon import AlertFeed
 
@@ -177,4 +179,4 @@ def test_a_postmortem_is_stored_with_the_cause_the_engine_gives_it(store):
     for w in (live, broken):
         w.flush()
     got = [(p.pid, p.cause) for _, p in store.postmortems()]
-    assert got == [(1, "growth"), (2, None), (1, None)]
+    assert got == [(1, "growth"), (2, "growth"), (1, None)]

@@ -123,12 +123,26 @@ def test_live_batches_give_exactly_the_alerts_of_analyze():
     assert {ts for k, _, ts in live if k == "resolved"} == {sc.oom_ts}
 
 
-def test_orphaned_kv_blocks_fire_the_leak_alert_at_the_event():
+def test_orphaned_kv_blocks_fire_the_leak_alert_once_their_rate_is_known():
+    """The pool's checks report 4, 8, 12, 16 orphaned blocks a second apart: the verdict is a
+    leak from the first; the alert fires at the fourth, when the checks give a rate (4 blocks
+    a second, exactly: a straight line), and says it, with the pool's time to run out."""
     e = AlertEngine.from_config(None)
-    got = e.feed([Sample(0.0, 0, allocated_bytes=1),
-                  Event(3.0, "kv_orphaned_blocks", data={"blocks": 4, "block_ids": [7]})])
-    assert [(c.kind, c.rule, c.ts_s) for c in got] == [("fired", "memory_leak", 3.0)]
-    assert e.devices[0].value("kv_orphaned_blocks", 3.0) == 4.0
+    checks = [Event(3.0 + i, "kv_orphaned_blocks", 0, 7,
+                    data={"blocks": 4 * (i + 1), "block_ids": [7], "bytes_per_block": 1024})
+              for i in range(4)]
+    # the pool's sample after the third check: 12 of its 100 blocks held by the lost requests
+    pool = Sample(5.5, 0, Phase.IDLE, "kv", 7, kv_blocks_used=12, kv_blocks_total=100)
+    first = e.feed([Sample(0.0, 0, allocated_bytes=1), *checks[:3], pool])
+    assert first == []
+    assert e.devices[0].leaks[7].result.state == "leak"
+    got = e.feed(checks[3:])
+    assert [(c.kind, c.rule, c.ts_s) for c in got] == [("fired", "memory_leak", 6.0)]
+    assert got[0].message == (
+        "KV pool leaking blocks: 16 orphaned KV blocks (latest check); rising 4 blocks/s "
+        "(4 blocks/s to 4 blocks/s, 90 %) = 14.1 MiB/h (14.1 MiB/h to 14.1 MiB/h); the pool's "
+        "88 free blocks last about 22 s (22 s – 22 s) (leak) [pid 7]")
+    assert e.devices[0].value("kv_orphaned_blocks", 6.0) == 16.0
 
 
 def kv_samples(used_by_second):

@@ -98,7 +98,8 @@ def test_orphaned_kv_blocks_are_a_leak_signal_of_their_own():
               Event(60.0, "kv_orphaned_blocks", data={"blocks": 3, "block_ids": [1, 2, 3]})]
     r = detect_leak(samples, events)
     assert (r.detected, r.first_detected_ts_s, r.orphaned_blocks) == (True, 50.0, 3)
-    assert "3 orphaned block(s)" in r.evidence
+    assert r.evidence.startswith("KV pool check: 3 orphaned KV blocks (latest check); a rate "
+                                 "after 4 checks (has 2)")
 
 
 def test_many_orphan_reports_keep_one_line_of_evidence_the_newest():
@@ -109,8 +110,9 @@ def test_many_orphan_reports_keep_one_line_of_evidence_the_newest():
     events = [Event(10.0 + i, "kv_orphaned_blocks", data={"blocks": 12 * (i + 1)})
               for i in range(200)]
     r = detect_leak(samples, events)
-    assert r.orphaned_blocks == 2400 and r.evidence.count("orphaned block(s)") == 1
-    assert r.evidence.startswith("KV pool reported 2400 orphaned block(s)")
+    assert r.orphaned_blocks == 2400 and r.evidence.count("orphaned KV blocks") == 1
+    assert r.evidence.startswith("KV pool check: 2400 orphaned KV blocks (latest check); "
+                                 "rising 12 blocks/s (12 blocks/s to 12 blocks/s, 90 %)")
 
 
 def test_a_found_leak_stays_found_while_it_still_rises_at_half_the_minimum():

@@ -277,12 +277,16 @@ def test_risk_timeline_max_points_keeps_the_worst_level_and_least_headroom_per_b
 
 def test_the_trend_waits_out_its_warm_up():
     # The same rise with the default warm-up (300 s, all of which the OOM trend waits): no
-    # peak before t=300 counts, so the 10th window after it closes at t=900, not t=600: level
-    # max(1400, 859 + 600) = 1459, 1041 s to the 2,500-byte limit.
+    # peak before t=300 counts. The fast route's 15-s peaks from t=300 on establish the rise
+    # once the limit is within 2x their span: at t=885, 1101 s to the 2,500-byte limit; the
+    # slow route's 10 minute-peaks after the warm-up are there at t=900: level
+    # max(1400, 859 + 600) = 1459, 1041 s, the sooner then.
     m = RiskModel()
     points = [m.update(S(t, D, 500 + t, device_total_bytes=2_500)) for t in range(901)]
-    assert all(p.time_to_oom_s is None for p in points[:900])
-    assert m.windows.warmup_s == 300.0 and points[900].time_to_oom_s == 1041.0
+    assert all(p.time_to_oom_s is None for p in points[:885])
+    assert m.windows.warmup_s == 300.0
+    assert (points[885].time_to_oom_s, points[885].level) == (1101.0, "warning")
+    assert points[900].time_to_oom_s == 1041.0
 
 
 def test_a_one_time_fill_in_setup_is_no_trend():

@@ -26,9 +26,11 @@ def recording():
     return samples, events
 
 
-# the growth model's figures: no rate yet, so no interval and no time to OOM
-NO_GROWTH = dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
-                           "time_to_oom_low_s", "time_to_oom_high_s"))
+# the growth model's figures: no rate yet, so no interval and no time to OOM; no orphaned KV
+# blocks
+NO_GROWTH = {**dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+                              "time_to_oom_low_s", "time_to_oom_high_s", "kv_pool")),
+             "orphaned_blocks": 0}
 EXPECTED_DEVICE = {
     "leak": {"detected": False, "state": "insufficient_data", "slope_bytes_per_s": 0.0,
              "first_detected_ts": None, "span_s": 0.0,

@@ -51,7 +51,7 @@ def test_the_grower_is_named_80_s_after_its_onset_and_its_post_mortem_says_growt
     seen = [(c.kind, c.rule, round(c.ts_s - onset, 1)) for c in changes]
     oom = next(t for kind, rule, t in seen if rule == "oom")
     assert seen == [("fired", "memory_leak", 80.9), ("fired", "oom_risk", 96.0),
-                    ("fired", "oom_risk_critical", 310.0), ("resolved", "oom_risk", oom),
+                    ("fired", "oom_risk_critical", 300.0), ("resolved", "oom_risk", oom),
                     ("resolved", "oom_risk_critical", oom), ("fired", "oom", oom),
                     ("resolved", "memory_leak", 694.0)]
     assert oom == 614.5  # named 533.6 s (8.9 min) before the OOM, forecast then 9.0 min

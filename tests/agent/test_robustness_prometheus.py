@@ -147,7 +147,7 @@ def test_a_running_gauge_of_1e5_makes_a_bounded_number_of_records():
     got: list = []
     source = _paged(["vllm:num_requests_running 100000\n"], got)
     source.run_once()
-    assert len(got) <= source.bounds.max_records == 132
+    assert len(got) <= source.bounds.max_records == 133
     [load] = [r for r in got if r.name == "server_load"]
     assert load.data["running"] == 100_000  # the gauge itself is exact, at once
 
@@ -182,7 +182,8 @@ def test_a_gauge_out_of_bounds_refuses_the_whole_scrape_and_says_which(value, ca
     assert (got, source.refused_total, source.failures_total) == ([], 1, 1)
     [line] = [r.getMessage() for r in caplog.records]
     assert "page refused: vllm:num_requests_running = " in line
-    assert source.counts() == {"scrapes_total": 1, "failures_total": 1, "refused_total": 1}
+    assert source.counts() == {"scrapes_total": 1, "failures_total": 1, "refused_total": 1,
+                               "targets_answering": 0}
 
 
 @pytest.mark.parametrize("line", ["vllm:kv_cache_usage_perc 1.5", "vllm:kv_cache_usage_perc NaN",
@@ -249,7 +250,7 @@ def test_more_records_than_one_scrape_may_make_is_refused_naming_the_setting():
     from vramscope.agent.sources.scrape_bounds import ScrapeBounds, ScrapeRefused
 
     bounds = ScrapeBounds(max_requests=10, max_request_events=5)
-    bounds.check_records(9)
-    with pytest.raises(ScrapeRefused, match=r"10 records from one scrape, more than 9 "
-                                            r"\(sources.prometheus.max_request_events \+ 4\)"):
-        bounds.check_records(10)
+    bounds.check_records(10)
+    with pytest.raises(ScrapeRefused, match=r"11 records from one scrape, more than 10 "
+                                            r"\(sources.prometheus.max_request_events \+ 5\)"):
+        bounds.check_records(11)

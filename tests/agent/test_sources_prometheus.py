@@ -226,6 +226,10 @@ def test_the_agent_scrapes_on_its_own_thread_into_the_store(pages, store):
     assert (row["name"], row["model"], row["devices"]) == (f"vllm server (port {port})",
                                                             "tiny", "0")
     assert sample.pid == starts[0].pid == os.getpid()
+    # the target that answers is one of the agent's clients (Sampling health), as a server
+    # connected to the socket would be
+    assert store.latest_agent_stats()["clients"] == 1
+    assert agent.status()["prometheus"]["targets_answering"] == 1
 
 
 def test_a_target_elsewhere_has_no_pid_and_no_process_row():

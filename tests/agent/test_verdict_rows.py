@@ -1,17 +1,19 @@
 """When the alert engine writes a verdict row (agent/alerts/verdicts.py): on a change of the
-answer, at the heartbeat, and as a pool keeps losing KV blocks, each time their count doubles
-(the stored evidence follows the count in log2 of it rows, not one row per report)."""
+answer, at the heartbeat, and as a pool keeps losing KV blocks: at once when their count
+doubles, else at the device's first record ``ORPHAN_ROW_S`` after the process's last row (the
+stored count follows the newest report within that, without a row per report)."""
 
 from __future__ import annotations
 
 from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.verdicts import ORPHAN_ROW_S
 from vramscope.agent.records import Event, Phase, Sample
 
 GIB = 2**30
 PID = 4242
 
 
-def test_orphaned_blocks_doubling_write_rows_between_heartbeats():
+def test_orphaned_blocks_are_rows_every_orphan_row_s_with_the_newest_count():
     engine = AlertEngine.from_config(None)
     t0 = 1_800_000_000.0
     records: list[Sample | Event] = [
@@ -23,12 +25,19 @@ def test_orphaned_blocks_doubling_write_rows_between_heartbeats():
                 for k in range(33)]
     records.sort(key=lambda r: r.ts_s)
     engine.feed(records)
-    rows = [v for v in engine.verdicts.history if v.pid == PID]
-    said = [(v.leak_state, v.leak_evidence.split(" orphaned")[0]) for v in rows]
-    assert said == [("insufficient_data", "not enough data yet: warming up (the first 5 min of "
-                     "a process are not its floor), then 15 min of idle floor"),
-                    ("leak", "KV pool reported 8"), ("leak", "KV pool reported 16"),
-                    ("leak", "KV pool reported 32")]
+    rows = [(v.ts_s - t0, v.leak_state, v.leak_kv.blocks if v.leak_kv else None,
+             v.leak_evidence.split(" (latest")[0]) for v in engine.verdicts.history
+            if v.pid == PID]
+    assert rows[:2] == [
+        (0.0, "insufficient_data", None, "not enough data yet: warming up (the first 5 min of "
+         "a process are not its floor), then 15 min of idle floor"),
+        (5.0, "leak", 8, "KV pool check: 8 orphaned KV blocks")]
+    # then, while the count moves, a row at the first record ORPHAN_ROW_S after the last one
+    # (a sample every 2 s), saying the newest report's count: never one row per report
+    newest = [min(40, 8 + int((t - 5) // 7)) for t in range(16, 240, 10)]
+    assert ORPHAN_ROW_S == 10.0
+    assert rows[2:] == [(float(t), "leak", n, f"KV pool check: {n} orphaned KV blocks")
+                        for t, n in zip(range(16, 240, 10), newest)]
 
 
 def test_a_leak_rate_turning_rough_is_a_row_of_its_own():

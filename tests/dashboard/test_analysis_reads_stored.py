@@ -19,9 +19,11 @@ GIB = 2**30
 T0 = 1_700_000_040.0  # a two-minute boundary: the tier's 120 s buckets start here
 END = T0 + 3 * 3600.0
 OOM_TS = T0 + 7200.0
-# the growth model's fields of a leak (none in the scripted rows)
-NO_GROWTH = dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
-                           "time_to_oom_low_s", "time_to_oom_high_s"))
+# the growth model's fields of a leak, and the KV pool's orphaned blocks (none in the scripted
+# rows)
+NO_GROWTH = {**dict.fromkeys(("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
+                              "time_to_oom_low_s", "time_to_oom_high_s", "kv_pool")),
+             "orphaned_blocks": 0}
 PID = 7
 
 

@@ -254,3 +254,14 @@ def test_the_floor_note_leaves_the_model_load_out():
     assert _floor_note(loading)[0]["text"] == "allocated floor +63 MiB after the model load"
     settled = {"ts": [0.0, 60.0], "min": [400 * mib, 442 * mib]}
     assert _floor_note(settled)[0]["text"] == "allocated floor +42 MiB over this window"
+
+
+def test_an_empty_leak_chart_spans_its_window_not_the_year_2000():
+    """Nothing to draw (no allocated memory, no stored floor): the time axis is the window's,
+    where Plotly's empty date axis opens on 1 January 2000."""
+    start, end = 1_800_000_000.0, 1_800_003_600.0
+    fig = figures.leaks_figure([], None, None, (start, end))
+    assert fig["layout"]["xaxis"]["range"] == [start * 1000, end * 1000]
+    drawn = figures.leaks_figure([(start + 60, 2**30)], None, None, (start, end))
+    assert "range" not in drawn["layout"]["xaxis"]  # a floor sets its own range
+    go.Figure(fig)

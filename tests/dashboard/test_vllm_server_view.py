@@ -163,13 +163,55 @@ def test_prefix_hits_by_vllms_definition_and_the_preempted_reuse_apart(tmp_path)
     fig = _figure(tmp_path)
     hits = _trace(fig, "prefix-cache hit tokens")
     reused = _trace(fig, "preempted re-use tokens (not hits to vLLM)")
-    ms = [t * 1000 for t, _, _ in V.ALLOCS]
+    ms = [t * 1000 for t, _, _, _ in V.ALLOCS]
     assert (hits["x"], hits["y"]) == (ms, [32, 0, 16])
     assert (reused["x"], reused["y"]) == (ms, [0, 64, 0])
     assert hits["yaxis"] == reused["yaxis"] == "y9" and fig["layout"]["barmode"] == "stack"
+    # the tokens looked up, as steps over the bars, and vLLM's hit rate over the window in
+    # the lane's title: (32 + 16) / (80 + 48), the preempted re-use in neither
+    queried = _trace(fig, "prefix-cache query tokens")
+    assert queried["y"][:2] == [80, 0] and queried["yaxis"] == "y9"
+    assert fig["layout"]["yaxis9"]["title"]["text"] == "prefix tokens<br>hits 37.5%"
+
+
+def test_the_timeline_document_has_the_hit_rate_and_tokens_per_second(tmp_path):
+    c = _client(V.vllm_store(tmp_path / "d.db"))
+    start, end = V.WINDOW
+    doc = _get(c, f"/api/v1/timeline?device=0&start={start}&end={end}&max_points=300")
+    assert doc["bucket_s"] == 1.0
+    prefix = doc["prefix_cache"]
+    assert (prefix["query_tokens"], prefix["hit_rate"]) == ([80, 0, 48], 48 / 128)
+    # 500 prompt tokens counted over the 10 s from NOW-120: 50 a second in each of its 1 s
+    # buckets (not 500 in one); the instant's 100 in its own
+    tokens = doc["tokens"]
+    assert tokens["ts"] == [V.NOW - 120 + k for k in range(10)] + [V.NOW - 48]
+    assert tokens["prompt_per_s"] == pytest.approx([50.0] * 10 + [100.0])
+    assert tokens["generation_per_s"] == pytest.approx([20.0] * 10 + [40.0])
+    fig = _figure(tmp_path)
+    prompt = _trace(fig, "prompt tokens/s")
+    assert prompt["yaxis"] == "y10"
+    assert max(y for y in prompt["y"] if y is not None) == pytest.approx(100.0)
+    assert fig["layout"]["yaxis10"]["title"]["text"] == "tokens/s"
 
 
 def test_step_points_hold_end_and_break():
     xs, ys = tl.step_points([0.0, 1.0, 2.0, 60.0], [5, 7, 3, 4], [5, 2, 0, 4], 1.0)
     assert xs == [0.0, 1.0, 2.0, 3.0, 3.0, 60.0, 61.0]
     assert ys == [5, 7, 3, 0, None, 4, 4]
+
+
+def test_token_counts_spread_over_their_stretch_and_what_came_before_the_window_is_not_its():
+    from vramscope.agent.records import Event
+
+    def tokens(ts, prompt, since):
+        return Event(ts, "tokens", data={"prompt_tokens": prompt, "generation_tokens": 0,
+                                         "since_s": since})
+
+    got = tl.token_series([
+        tokens(104.0, 40, 96.0),  # 8 s, half of them before the window: 20 tokens are its
+        tokens(110.5, 7, "yesterday"),  # not a time: counted at its moment
+        tokens(113.0, 9, 114.0),  # a stretch ending before it starts: likewise
+    ], 100.0, 120.0, 2.0)
+    assert got["ts"] == [100.0, 102.0, 110.0, 112.0]
+    assert got["prompt_per_s"] == [5.0, 5.0, 3.5, 4.5]
+    assert got["generation_per_s"] == [0.0] * 4

@@ -77,7 +77,7 @@ def test_orphaned_blocks_become_a_leak_event_with_a_sample(setup):
     event = sink.events()[-1]
     assert event.name == "kv_orphaned_blocks" and event.ts_s == T0 + 5.0
     assert event.data == {"blocks": 3, "block_ids": [1, 2, 3], "owners": ["forgotten"],
-                          "problems": []}
+                          "problems": [], "bytes_per_block": pool.bytes_per_block}
     assert sink.samples()[-1].kv_blocks_used == 4
 
 

@@ -30,11 +30,15 @@ def scripted_store(store) -> None:
                             dropped_total=0, rejected_total=0, db_size_bytes=4096)
     # the alert engine's stored verdict of the process: a leak (every verdict gauge has a value)
     from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.analysis.kv_leak import KvLeak
     from vramscope.agent.store import verdicts
 
+    # ...with orphaned KV blocks beside the floor's leak: 40 of them, 2 more a second
+    pool = KvLeak(40, 20, NOW_S - 25, NOW_S - 5, 1024, 2.0, 1.9, 2.1, 500, 250.0, 238.0, 263.0,
+                  ())
     verdicts.write(store, [Verdict(NOW_S - 5, 0, None, 42, "leak", 1000.0, NOW_S - 3600,
                                    NOW_S - 600, 3600.0, "scripted", "ok", None, (), 10**9,
-                                   None, None, None, None, None)])
+                                   None, None, None, None, None, leak_kv=pool)])
 
 
 # A [server] section's model (Llama-3-8B's shape), so the dashboard exports config_oom's value.

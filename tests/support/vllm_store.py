@@ -30,9 +30,13 @@ LOAD = [(NOW - 120, 3, 2), (NOW - 115, 5, 0), (NOW - 100, 0, 0), (NOW - 49, 2, 0
         (NOW - 40, 0, 0)]  # (ts, running, waiting): server_load events
 PREEMPTED = (NOW - 110, NOW - 109.9)  # one bucket of 1 s
 REQUESTS = [NOW - 120 + i for i in range(6)] + [NOW - 49, NOW - 48.5]
-# kv_alloc: (ts, hit_tokens, preempted_hit_tokens): a prefix hit, a preempted request finding
-# its own blocks again (not a hit to vLLM), another hit
-ALLOCS = [(NOW - 118, 32, 0), (NOW - 110, 0, 64), (NOW - 48, 16, 0)]
+# kv_alloc: (ts, hit_tokens, preempted_hit_tokens, query_tokens): a prefix hit, a preempted
+# request finding its own blocks again (not a hit to vLLM, nor a query), another hit: vLLM's
+# hit rate 48 / 128 = 37.5 %
+ALLOCS = [(NOW - 118, 32, 0, 80), (NOW - 110, 0, 64, 0), (NOW - 48, 16, 0, 48)]
+# tokens: (ts, prompt, generated, since_s): those of the requests finished over 10 s of the
+# first burst, and a count of one instant in the second
+TOKENS = [(NOW - 110, 500, 200, NOW - 120), (NOW - 48, 100, 40, NOW - 48)]
 WINDOW = (NOW - 150, NOW)  # with max_points=300: buckets of 1 s (the per-second grid)
 
 
@@ -57,8 +61,11 @@ def events() -> list[Event]:
     out += [Event(t, "kv_preempted", 0, PID, request_id="cmpl-1", data={"count": 1})
             for t in PREEMPTED]
     out += [Event(t, "kv_alloc", 0, PID, request_id=f"a{i}", data={
-        "blocks": 4, "tokens": 100, "hit_tokens": hit, "preempted_hit_tokens": reused})
-        for i, (t, hit, reused) in enumerate(ALLOCS)]
+        "blocks": 4, "tokens": 100, "hit_tokens": hit, "preempted_hit_tokens": reused,
+        "query_tokens": queried}) for i, (t, hit, reused, queried) in enumerate(ALLOCS)]
+    out += [Event(t, "tokens", 0, PID, data={"prompt_tokens": p, "generation_tokens": g,
+                                             "since_s": since})
+            for t, p, g, since in TOKENS]
     return out
 
 

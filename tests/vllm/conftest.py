@@ -3,8 +3,10 @@ real ``vramscope agent``, and the engine as a subprocess with the plugin's envir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,30 @@ def agent():
     yield proc
     proc.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scraping_agent(prefix: str, interval_s: float, device: int | None = None):
+    """A real agent process (temporary socket and SQLite database) whose Prometheus source
+    scrapes a vLLM server's ``/metrics`` on a free port, every ``interval_s``; yields
+    ``(agent, port)`` for the server to listen on."""
+    from vramscope.agent.ingest.process import AgentProcess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
+    config = Path(root) / "vramscope.toml"
+    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{port}/metrics"\n'
+                      f'preset = "vllm"\ninterval_s = {interval_s}\n'
+                      + (f"device = {device}\n" if device is not None else ""))
+    proc = AgentProcess(f"sqlite:///{root}/vs.db", f"{root}/run/agent.sock",
+                        config_path=str(config), log_path=f"{root}/agent.log").start(60)
+    try:
+        yield proc, port
+    finally:
+        proc.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def vllm_env(**extra: str) -> dict[str, str]:

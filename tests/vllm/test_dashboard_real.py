@@ -11,21 +11,18 @@ documents is tests/dashboard/browser/test_vllm_pages.py (scripted database)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
-from tests.vllm.conftest import Child, vllm_env
+from tests.vllm.conftest import Child, scraping_agent, vllm_env
 from tests.vllm.test_kv_agreement import _load, server_args
-from tests.vllm.test_serve_prometheus import _free_port, _healthy
+from tests.vllm.test_serve_prometheus import _healthy
 
 pytestmark = pytest.mark.vllm
 
@@ -34,18 +31,8 @@ QUIET_S = 32.0  # longer than the dashboard's stale_after_s (25 s with the defau
 
 @pytest.fixture
 def agent_with_scrapes():
-    from vramscope.agent.ingest.process import AgentProcess
-
-    port = _free_port()
-    root = tempfile.mkdtemp(prefix="vs-dash-", dir="/tmp")  # AF_UNIX paths <= 107 bytes
-    config = Path(root) / "vramscope.toml"
-    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{port}/metrics"\n'
-                      'preset = "vllm"\ninterval_s = 0.5\ndevice = 1\n')
-    proc = AgentProcess(f"sqlite:///{root}/vs.db", f"{root}/run/agent.sock",
-                        config_path=str(config), log_path=f"{root}/agent.log").start(60)
-    yield proc, port
-    proc.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with scraping_agent("vs-dash-", 0.5, device=1) as agent_and_port:
+        yield agent_and_port
 
 
 def _burst(base: str, seconds: float) -> int:

@@ -75,6 +75,13 @@ def test_plugin_records_match_what_vllm_did(model_dir, agent, tmp_path):
     frees = {e.request_id: e.data for e in by_name["kv_free"]}
     assert set(allocs) == set(frees) == set(starts)
     assert sorted(d["hit_tokens"] for d in allocs.values()) == sorted(hits)
+    # vLLM's prefix-cache queries: each request's tokens at its lookup (its prompt here: none
+    # was preempted), so hits / queries is vLLM's hit rate
+    assert sorted(d["query_tokens"] for d in allocs.values()) == sorted(prompts)
+    # prompt and generated tokens of the finished requests, as vLLM's counters count them
+    tokens = by_name["tokens"]
+    assert (sum(e.data["prompt_tokens"] for e in tokens),
+            sum(e.data["generation_tokens"] for e in tokens)) == (sum(prompts), sum(outputs))
     expected_blocks = sorted(math.ceil((p + o - 1) / block_size)
                              for p, o in zip(prompts, outputs))
     assert sorted(d["blocks_released"] for d in frees.values()) == expected_blocks

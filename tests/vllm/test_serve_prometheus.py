@@ -5,19 +5,16 @@ requests reach the database and the dashboard's timeline (the KV panel's data)."
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import urllib.request
-from pathlib import Path
 
 import pytest
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
-from tests.vllm.conftest import Child, vllm_env
+from tests.vllm.conftest import Child, scraping_agent, vllm_env
 
 pytestmark = pytest.mark.vllm
 
@@ -45,18 +42,8 @@ def _complete(base: str, model: str, n: int) -> int:
 
 @pytest.fixture
 def prometheus_agent(tmp_path):
-    from vramscope.agent.ingest.process import AgentProcess
-
-    port = _free_port()
-    root = tempfile.mkdtemp(prefix="vs-prom-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
-    config = Path(root) / "vramscope.toml"
-    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{port}/metrics"\n'
-                      'preset = "vllm"\ninterval_s = 0.2\n')
-    proc = AgentProcess(f"sqlite:///{root}/vs.db", f"{root}/run/agent.sock",
-                        config_path=str(config), log_path=f"{root}/agent.log").start(60)
-    yield proc, port
-    proc.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with scraping_agent("vs-prom-", 0.2) as agent_and_port:
+        yield agent_and_port
 
 
 def test_vllm_serve_metrics_reach_the_database_and_the_dashboard(model_dir, prometheus_agent,
