@@ -124,9 +124,10 @@ def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[De
             ts = r[n_device + 4]
             if ts is not None:
                 d = out[-1].device
-                out[-1].recent.append(Sample(ts, d["device_index"], Phase(r[n_device + 5]),
-                                             *r[n_device + 6:], host=d["host"],
-                                             device_uuid=d["uuid"]))
+                # r's rest: source, pid and the counters, as Store.iter_samples reads them
+                out[-1].recent.append(Sample(  # type: ignore[misc]
+                    ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
+                    host=d["host"], device_uuid=d["uuid"]))
     return out
 
 
