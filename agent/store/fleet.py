@@ -59,14 +59,23 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     inner = agent_stats.alias("newer")
     newest = (select(func.max(inner.c.ts_s)).where(inner.c.host_id == hosts.c.id)
               .correlate(hosts).scalar_subquery())
-    q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
-         .join(agent_stats, and_(agent_stats.c.host_id == hosts.c.id,
-                                 agent_stats.c.ts_s == newest))
-         .order_by(agent_stats.c.id))
+    on_newest = and_(agent_stats.c.host_id == hosts.c.id, agent_stats.c.ts_s == newest)
+    # each host's newest row by its own seek (an agent reports every few seconds: a day is
+    # 17,000 rows a host), as newest_samples reads samples: joined, SQLite walked every report
+    # stored and PostgreSQL could hash-join them all
+    if store.dialect == "postgresql":
+        found = select(agent_stats).where(on_newest).offset(0).lateral("found")
+        q = (select(hosts.c.name.label("host"), found)
+             .select_from(hosts.join(found, true())).order_by(found.c.id))
+    else:  # an outer join: SQLite keeps its order, the hosts first
+        q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
+             .outerjoin(agent_stats, on_newest).order_by(agent_stats.c.id))
     with store.engine.connect() as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
     out: dict[str, dict[str, Any]] = {}
     for r in rows:  # two reports of one instant: the later written
+        if r["id"] is None:
+            continue  # a host that never reported (SQLite's outer join)
         r["rejected_by_reason"] = stored_reasons(r["rejected_by_reason"])
         out[r.pop("host")] = r
     return out

@@ -196,8 +196,8 @@ def test_metrics_of_the_fleet_are_a_fixed_number_of_statements(fleet, client):
     assert len(sent) == METRICS_STATEMENTS, [s for s, _ in sent]
 
 
-# the tables that grow with the history: a scrape that walks one reads a day, or 90 days
-HISTORY_TABLES = ("samples", "events", "verdicts", "rollups")
+# the tables that grow with the history: a read that walks one reads a day, or 90 days
+HISTORY_TABLES = ("samples", "events", "verdicts", "rollups", "agent_stats")
 
 
 def _walked(store, sent):
@@ -222,11 +222,13 @@ def _walked(store, sent):
     return out
 
 
-def test_a_scrape_reads_each_device_s_newest_rows_not_the_history(fleet, client):
-    """Each statement seeks its rows per device on the history tables' indexes: none of them
-    walks a table that grows with the history (a join the planner turns around does)."""
+@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet"])
+def test_a_fleet_read_seeks_each_device_s_newest_rows_not_the_history(fleet, client, route):
+    """Each statement seeks its rows per device (per host) on the history tables' indexes:
+    none of them walks a table that grows with the history (a join the planner turns around
+    does)."""
     with statements_sent(fleet.store.engine, _selects) as sent:
-        client.get("/metrics")
+        client.get(route)
     assert _walked(fleet.store, sent) == []
 
 
