@@ -201,12 +201,13 @@ def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[
         # joined, PostgreSQL hash-joined every verdict stored and sought each device's newest
         # once per verdict row; a LATERAL range (OFFSET 0 keeps it from being pulled up into
         # that join again) is each device's rows after its newest alone
-        found = (select(verdicts.c.pid, verdicts.c.ts_s, verdicts.c.doc, verdicts.c.id)
-                 .where(since_newest).offset(0).lateral("found"))
-        q = (select(tops.c.name, tops.c.device_index, found.c.pid, found.c.ts_s, found.c.doc)
-             .select_from(tops.join(found, true()))
-             .order_by(tops.c.name, tops.c.device_index, found.c.pid, found.c.ts_s.desc(),
-                       found.c.id.desc()))
+        recent = (select(verdicts.c.pid, verdicts.c.ts_s, verdicts.c.doc, verdicts.c.id)
+                  .where(since_newest).offset(0).lateral("recent"))
+        q = (select(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s,
+                    recent.c.doc)
+             .select_from(tops.join(recent, true()))
+             .order_by(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s.desc(),
+                       recent.c.id.desc()))
     else:
         # an outer join: SQLite keeps a LEFT JOIN's order, the devices first, each one's range
         # after (joined, it walked every verdict stored, seeking two newest per row)
