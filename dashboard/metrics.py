@@ -28,7 +28,7 @@ from vramscope.agent.analysis.severity import Severity
 from vramscope.agent.clock import Clock
 from vramscope.agent.config import Config
 from vramscope.agent.records import Phase
-from vramscope.agent.store import Store
+from vramscope.agent.store import Store, reader
 
 # name -> (field, help). Gauges of the newest value per device; allocator and KV values are
 # the sum over the device's processes (each one is a vramscope_process_* series too).
@@ -128,17 +128,21 @@ class StoreCollector:
         yield took
 
     def _families(self) -> Iterator[Metric]:
-        from vramscope.dashboard.queries import device_rows
+        """Every family, read in a fixed number of statements whatever the fleet's size (each
+        read covers every device at once: a scrape of 64 hosts of 8 GPUs must not be a few
+        thousand round trips to PostgreSQL)."""
+        from vramscope.dashboard.queries import current_rows
 
-        rows = device_rows(self.store, self.config, self.clock.time_s())
+        now_s = self.clock.time_s()
+        rows = current_rows(self.store, now_s)
         yield from _device_families(rows)
         yield from _per_process_families(rows)
         yield _info_family(rows)
-        yield from _source_families(rows, self.clock.time_s())
+        yield from _source_families(rows, now_s)
         yield from _process_families(self.store.processes(host="*"))
-        yield from _verdict_families(self.store)
+        yield from _verdict_families(self.store, now_s)
         yield _config_family(rows, self.config)
-        yield from _saturation_families(self.store, rows, self.clock.time_s())
+        yield from _saturation_families(self.store, rows, now_s)
         yield from _agent_families(self.store)
 
 
@@ -209,28 +213,30 @@ def _pid(pid: int | None) -> str:
 LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
 
 
-def _verdict_families(store: Store) -> Iterator[Metric]:
+def _verdict_families(store: Store, now_s: float) -> Iterator[Metric]:
     """The alert engine's stored verdict of each running process (``vramscope.verdict/1``: the
-    answer the pages show), labelled as the per-process series."""
-    from vramscope.agent.store import verdicts as stored
+    answer the pages show, the fleet page's too), labelled as the per-process series."""
+    from vramscope.agent.store.verdicts import fleet_current
 
     risk, leak, slope, orphans, kv_rate = _gauges(VERDICT_GAUGES, PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
-    for v in stored.newest_all(store, "*"):
-        labels = (v["host"], str(v["device"]), v["label"], _pid(v["pid"]))
-        if labels in seen:
-            continue  # one answer a process (a label set is unique)
-        seen.add(labels)
-        if v["risk"]["level"]:
-            risk.add_metric(list(labels), int(Severity.parse(v["risk"]["level"], "risk level")))
-        leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
-        if v["leak"]["state"] == "leak":
-            slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
-        kv = v["leak"].get("kv_pool")
-        if kv is not None:
-            orphans.add_metric(list(labels), kv["orphaned_blocks"])
-            if kv["blocks_per_s"] is not None:
-                kv_rate.add_metric(list(labels), kv["blocks_per_s"])
+    for (host, device), answers in fleet_current(store, now_s).items():
+        for v in answers:
+            labels = (host, str(device), v["label"], _pid(v["pid"]))
+            if labels in seen:
+                continue  # one answer a process (a label set is unique)
+            seen.add(labels)
+            if v["risk"]["level"]:
+                risk.add_metric(list(labels),
+                                int(Severity.parse(v["risk"]["level"], "risk level")))
+            leak.add_metric(list(labels), LEAK_VALUE.get(v["leak"]["state"], -1))
+            if v["leak"]["state"] == "leak":
+                slope.add_metric(list(labels), v["leak"]["slope_bytes_per_s"])
+            kv = v["leak"].get("kv_pool")
+            if kv is not None:
+                orphans.add_metric(list(labels), kv["orphaned_blocks"])
+                if kv["blocks_per_s"] is not None:
+                    kv_rate.add_metric(list(labels), kv["blocks_per_s"])
     yield from (risk, leak, slope, orphans, kv_rate)
 
 
@@ -269,9 +275,9 @@ def _saturation_families(store: Store, rows: list[dict[str, Any]],
     from vramscope.agent.alerts.saturation import EVENTS, LOAD_WINDOW_S, Saturation
 
     saturated, waiting, running, preempted = _gauges(SATURATION_GAUGES, DEVICE_LABELS)
+    recent = reader.fleet_events(store, now_s - LOAD_WINDOW_S, now_s, sorted(EVENTS))
     for r in rows:
-        events = store.events(r["device"], now_s - LOAD_WINDOW_S, now_s, host=r["host"],
-                              names=tuple(sorted(EVENTS)))
+        events = recent.get((r["host"], r["device"]))
         if not events:
             continue
         sat = Saturation()
@@ -340,13 +346,9 @@ def _agent_families(store: Store) -> Iterator[Metric]:
                                   labels=("host",))
     queue = GaugeMetricFamily("vramscope_agent_queue_depth", "Agent writer queue depth.",
                               labels=("host",))
-    for h in store.hosts():
-        from vramscope.dashboard.queries import host_or_none
-
-        stats = store.latest_agent_stats(host_or_none(store, h["name"]))
-        if stats:
-            dropped.add_metric([h["name"]], stats["dropped_total"])
-            queue.add_metric([h["name"]], stats["queue_depth"])
+    for host, stats in sorted(reader.fleet_reports(store).items()):
+        dropped.add_metric([host], stats["dropped_total"])
+        queue.add_metric([host], stats["queue_depth"])
     yield from (dropped, queue)
 
 

@@ -62,6 +62,16 @@ def latest_values(store: Store, device: int, host: str | None,
     if span is None:
         return None
     recent = store.samples(device, span[1] - LATEST_WINDOW_S, span[1], host=host)
+    return latest_from(span, recent, procs)
+
+
+def latest_from(span: tuple[float, float] | None, recent: Sequence[Sample],
+                procs: dict[int, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """:func:`latest_values` of a device from its span (``Store.time_range``'s) and its
+    samples of the ``LATEST_WINDOW_S`` up to the span's end (in time order), however read:
+    one device's by its own statements, or a fleet's at once (:func:`current_rows`)."""
+    if span is None:
+        return None
     nvml: dict[str, Any] = {}
     per_pid: dict[int | None, dict[str, Any]] = {}
     sources: dict[str, float] = {}
@@ -134,10 +144,8 @@ def device_rows(store: Store, config: Config, now_s: float,
     verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
     ``only`` (host name, device index): that device's row alone, read without the others' (a
     device page's verdict line in a fleet of 512 must not cost the whole table)."""
-    active = store.alerts(active_only=True, host="*")
-    procs: dict[str, dict[int, dict[str, Any]]] = {}
-    for p in store.processes(host="*"):
-        procs.setdefault(p["host"], {})[p["pid"]] = p
+    active = _active_alerts(store)
+    procs = _processes_by_host(store)
     rows = []
     reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
     for d in store.devices(host="*" if only is None else only[0]):
@@ -147,25 +155,68 @@ def device_rows(store: Store, config: Config, now_s: float,
         latest = latest_values(store, d["device_index"], host, procs.get(d["host"]), now_s)
         if d["device_index"] < 0 and latest is None:
             continue  # a retired label (NVML renumbered the GPUs) with nothing recent
-        mine = [a for a in active if a["host"] == d["host"] and a["device"] == d["device_index"]]
+        mine = active.get((d["host"], d["device_index"]), [])
         verdict = device_verdict(mine)
         report = reports.setdefault(d["host"], store.latest_agent_stats(host))
         writers = connected_count((latest or {}).get("pids") or {}, procs.get(d["host"], {}),
                                   now_s, config)
         fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config, report,
                           writers=writers)
-        rows.append({"host": d["host"], "device": d["device_index"], "name": d["name"],
-                     "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
-                     "physical_index": d.get("physical_index"),
-                     "total_bytes": d["total_bytes"],
-                     "risk": verdict["level"], "verdict": verdict,
-                     "verdicts": process_verdicts(store, d["device_index"], host, now_s),
-                     "active_alerts": len(mine), "latest": latest,
+        rows.append({**_current_row(d, latest, mine, verdict, verdicts=process_verdicts(
+                         store, d["device_index"], host, now_s)),
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
                      "freshness": fresh["state"],
                      **servers.kv_and_requests(store, d["device_index"], host, latest, now_s)})
     rows.sort(key=lambda r: reading_order(r["risk"], r["active_alerts"], r["host"], r["device"]))
     return rows
+
+
+def current_rows(store: Store, now_s: float) -> list[dict[str, Any]]:
+    """What :func:`device_rows` says of every device that ``/metrics`` reads (its identity,
+    ``latest``, ``risk``, ``verdict`` and ``active_alerts``), in its order, in a fixed number
+    of statements whatever the fleet's size: every device's newest samples in one
+    (:func:`vramscope.agent.store.reader.fleet_samples`), not two per device (a scrape of 64
+    hosts of 8 GPUs was a thousand round trips)."""
+    active = _active_alerts(store)
+    procs = _processes_by_host(store)
+    rows = []
+    for now in reader.fleet_samples(store, now_s, LATEST_WINDOW_S):
+        d = now.device
+        latest = latest_from(now.span, now.recent, procs.get(d["host"]))
+        if d["device_index"] < 0 and latest is None:
+            continue  # a retired label (NVML renumbered the GPUs) with nothing recent
+        mine = active.get((d["host"], d["device_index"]), [])
+        rows.append(_current_row(d, latest, mine, device_verdict(mine)))
+    rows.sort(key=lambda r: reading_order(r["risk"], r["active_alerts"], r["host"], r["device"]))
+    return rows
+
+
+def _current_row(d: dict[str, Any], latest: dict[str, Any] | None,
+                 mine: list[dict[str, Any]], verdict: dict[str, Any],
+                 **after_verdict: Any) -> dict[str, Any]:
+    """A device row's identity, current values and alert verdict (``d``: its devices row,
+    ``mine``: its alerts firing now; ``after_verdict``: more keys, in the API's order)."""
+    return {"host": d["host"], "device": d["device_index"], "name": d["name"],
+            "uuid": d["uuid"], "parent_uuid": d.get("parent_uuid"),
+            "physical_index": d.get("physical_index"), "total_bytes": d["total_bytes"],
+            "risk": verdict["level"], "verdict": verdict, **after_verdict,
+            "active_alerts": len(mine), "latest": latest}
+
+
+def _active_alerts(store: Store) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """The alerts firing now, by (host, device index)."""
+    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for a in store.alerts(active_only=True, host="*"):
+        out.setdefault((a["host"], a["device"]), []).append(a)
+    return out
+
+
+def _processes_by_host(store: Store) -> dict[str, dict[int, dict[str, Any]]]:
+    """The processes table's rows by host name, then pid."""
+    procs: dict[str, dict[int, dict[str, Any]]] = {}
+    for p in store.processes(host="*"):
+        procs.setdefault(p["host"], {})[p["pid"]] = p
+    return procs
 
 
 def process_verdicts(store: Store, device: int, host: str | None,

@@ -20,6 +20,9 @@ shaping and JSON: the server's whole time):
   on a store of the same devices holding only the last hour of the same history (target:
   within 2x: age must not cost), and, for reference, against an empty store (no devices: a
   lower bound, not a target);
+- the fleet routes (``/metrics``, the fleet page and its API, the Overview) on a fleet of
+  64 hosts x 8 GPUs (an hour of the same history each, one sample per 5 s, with its events
+  and stored verdicts), on the same backend, held to the fleet's 1 s;
 - the 24 h timeline against its baseline, the same range fetched raw and serialised;
 - the database's bytes per device-day, and each tier's (raw samples, events, the per-second
   tier, minute rollups, their ten-minute groups, the event counts) per device-day of the span
@@ -68,6 +71,10 @@ TARGET_MS = 300.0
 VERDICT_ROUTES = ("/api/v1/figures/leaks", "/api/v1/figures/risk", "/api/v1/analysis")
 VERDICT_TARGET_MS = 100.0
 DEVICE = 1
+# A fleet (issue 48): 64 nodes of 8 GPUs, each route that reads all of it within a second
+FLEET_HOSTS, FLEET_DEVICES = 64, 8
+FLEET_ROUTES = ("/metrics", "/api/v1/fleet", "/fleet", "/api/v1/overview")
+FLEET_TARGET_MS = 1000.0
 
 
 def run(options: BenchOptions) -> list[Figure]:
@@ -108,6 +115,7 @@ def _measure(store: Store, empty: Store, history: History, rounds: int,
         young.close()
         if young.dialect == "postgresql":
             drop_pg_database(young.engine.url.render_as_string(hide_password=False))
+    figures += _fleet(store, history, rounds, workdir)
     empty_client = create_app(None, empty, clock=clock).test_client()
     figures.append(_age_ratio(client, empty_client, rounds, f"an empty {empty.dialect} "
                               "store", target=False))
@@ -149,13 +157,16 @@ def _windowed(client: FlaskClient, history: History, rounds: int) -> list[Figure
 
 
 def _plain(client: FlaskClient, rounds: int) -> list[Figure]:
-    out = []
-    for route in PLAIN:
-        call = _get(client, route)
-        status = call()
-        [timing] = interleaved([call], rounds)
-        out.append(_route_figure(route, timing, status))
-    return out
+    return [_route_once(client, route, rounds, route, TARGET_MS) for route in PLAIN]
+
+
+def _route_once(client: FlaskClient, route: str, rounds: int, metric: str,
+                target_ms: float) -> Figure:
+    """``route`` timed over ``rounds`` after one warm call (its first pays for imports)."""
+    call = _get(client, route)
+    status = call()
+    [timing] = interleaved([call], rounds)
+    return _route_figure(metric, timing, status, target_ms)
 
 
 def _young_store(store: Store, history: History, workdir: str) -> Store:
@@ -176,6 +187,38 @@ def _young_store(store: Store, history: History, workdir: str) -> Store:
         generate(young, History(devices=devices, hz=_rate_hz(store, history), days=1 / 24,
                                 end_s=history.end_s))
     return young
+
+
+def _fleet(store: Store, history: History, rounds: int, workdir: str) -> list[Figure]:
+    """The routes that read every device, on a fleet of ``FLEET_HOSTS`` x ``FLEET_DEVICES``
+    ending where ``history`` does, on the measured store's backend (PostgreSQL: a scratch
+    database on the same server, dropped after): the fleet's size, not its age, is what
+    they must bear. Raw rows only (no tiers: these routes read each device's newest)."""
+    from vramscope.agent.clock import FakeClock
+    from vramscope.agent.store import Store
+    from vramscope.dashboard.app import create_app
+
+    url = f"sqlite:///{os.path.join(workdir, 'fleet.db')}"
+    if store.dialect == "postgresql":
+        server, name = store.engine.url.render_as_string(hide_password=False).rsplit("/", 1)
+        url = create_pg_database(server, f"{name}_fleet"[:63])
+    fleet = Store.open(url, host_name="node-00")
+    try:
+        for i in range(FLEET_HOSTS if fleet.count("samples") == 0 else 0):
+            host = Store.open(url, host_name=f"node-{i:02d}")  # one at a time: one connection
+            try:
+                generate(host, History(devices=FLEET_DEVICES, hz=0.2, days=1 / 24,
+                                       end_s=history.end_s, rollups=False))
+            finally:
+                host.close()
+        client = create_app(None, fleet, clock=FakeClock(history.end_s + 1.0)).test_client()
+        return [_route_once(client, route, rounds,
+                            f"{route}, {FLEET_HOSTS} hosts x {FLEET_DEVICES} GPUs",
+                            FLEET_TARGET_MS) for route in FLEET_ROUTES]
+    finally:
+        fleet.close()
+        if store.dialect == "postgresql":
+            drop_pg_database(url)
 
 
 def _rate_hz(store: Store, history: History) -> float:

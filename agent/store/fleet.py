@@ -6,19 +6,28 @@ trips to PostgreSQL for 64 nodes of 8 GPUs).
 Each per-device (or per-host) newest value is a correlated scalar subquery: one seek on the
 ``(device_id, ts_s)`` (``(host_id, ts_s)``) index per row inside one statement, never a GROUP
 BY, which would read every row of the history (a day of raw samples, 90 days of rollups) on
-every request. Read through :func:`vramscope.agent.store.reader.fleet`.
+every request. Read through :func:`vramscope.agent.store.reader.fleet`, and, for
+``/metrics``, :func:`~vramscope.agent.store.reader.fleet_samples` (each device's samples of its
+newest seconds) and :func:`~vramscope.agent.store.reader.fleet_events` (each device's events of
+some names in a window): there the rows after each seek are an index range of the device's own
+rows, joined to the device row that bounds it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select
-from vramscope.agent.store.schema import agent_stats, devices, hosts, rollups, samples
-from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_reasons
+from sqlalchemy import and_, func, select, true, union_all
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.store.reads import DeviceNow
+from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
+from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_json, stored_reasons
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from vramscope.agent.store import Store
+
 
 def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     """Every device row with its host and ``newest_ts_s``: its newest sample not ahead of
@@ -50,14 +59,131 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     inner = agent_stats.alias("newer")
     newest = (select(func.max(inner.c.ts_s)).where(inner.c.host_id == hosts.c.id)
               .correlate(hosts).scalar_subquery())
-    q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
-         .join(agent_stats, and_(agent_stats.c.host_id == hosts.c.id,
-                                 agent_stats.c.ts_s == newest))
-         .order_by(agent_stats.c.id))
+    on_newest = and_(agent_stats.c.host_id == hosts.c.id, agent_stats.c.ts_s == newest)
+    # each host's newest row by its own seek (an agent reports every few seconds: a day is
+    # 17,000 rows a host), as newest_samples reads samples: joined, SQLite walked every report
+    # stored and PostgreSQL could hash-join them all
+    if store.dialect == "postgresql":
+        found = select(agent_stats).where(on_newest).offset(0).lateral("found")
+        q = (select(hosts.c.name.label("host"), found)
+             .select_from(hosts.join(found, true())).order_by(found.c.id))
+    else:  # an outer join: SQLite keeps its order, the hosts first
+        q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
+             .outerjoin(agent_stats, on_newest).order_by(agent_stats.c.id))
     with store.engine.connect() as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
     out: dict[str, dict[str, Any]] = {}
     for r in rows:  # two reports of one instant: the later written
+        if r["id"] is None:
+            continue  # a host that never reported (SQLite's outer join)
         r["rejected_by_reason"] = stored_reasons(r["rejected_by_reason"])
         out[r.pop("host")] = r
+    return out
+
+
+def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[DeviceNow]:
+    """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
+    ``Store.time_range(device, host, not_after_s=...)`` gives it) and its samples of the
+    ``window_s`` up to the span's end, in time order: what ``Store.samples`` gives for that
+    window of each device, for all devices in one statement. By host, then index.
+
+    The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
+    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
+    an outer join so that a device without any keeps its row."""
+    def edge(column: Any, owner: Any, fn: Any, bounded: bool) -> Any:
+        where = [owner == devices.c.id] + ([column <= not_after_s] if bounded else [])
+        return select(fn(column)).where(*where).scalar_subquery()
+
+    tops = (select(devices, hosts.c.name.label("host"),
+                   edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
+                   edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
+                   edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False)
+                   .label("minute_lo"),
+                   edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True)
+                   .label("minute_hi"))
+            .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
+    # where raw samples are gone the span ends a minute after the newest rollup (time_range)
+    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
+               *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
+    window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
+                  samples.c.ts_s <= end)
+    if store.dialect == "postgresql":
+        # PostgreSQL planned the join as a hash join over every sample stored (the window's
+        # bounds a filter on each row). A LATERAL subquery is each device's index range, once
+        # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
+        recent = (select(*(c.label(f"s_{c.name}") for c in columns),
+                         samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
+        q = (select(tops, *(recent.c[f"s_{c.name}"] for c in columns))
+             .select_from(tops.outerjoin(recent, true()))
+             .order_by(tops.c.host, tops.c.device_index, recent.c.s_ts_s, recent.c.s_id))
+    else:  # SQLite loops over the devices and reads each one's range of the index
+        q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
+             .outerjoin(samples, window)
+             .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
+    out: list[DeviceNow] = []
+    n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
+    with store.engine.connect() as c:
+        result = c.execute(q)
+        keys = list(result.keys())[:n_device]
+        for r in result:
+            if not out or out[-1].device["id"] != r[0]:
+                out.append(DeviceNow(dict(zip(keys, r[:n_device])),
+                                     _span(r[n_device:n_device + 4]), []))
+            ts = r[n_device + 4]
+            if ts is not None:
+                d = out[-1].device
+                # r's rest: source, pid and the counters, as Store.iter_samples reads them
+                out[-1].recent.append(Sample(  # type: ignore[misc]
+                    ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
+                    host=d["host"], device_uuid=d["uuid"]))
+    return out
+
+
+def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
+    """``Store.time_range``'s span of one device from its raw and minute ends."""
+    raw_lo, raw_hi, minute_lo, minute_hi = ends
+    firsts = [x for x in (raw_lo, minute_lo) if x is not None]
+    last = raw_hi if raw_hi is not None else (
+        None if minute_hi is None else minute_hi + ROLLUP_BUCKET_S)
+    if not firsts or last is None:
+        return None
+    return float(min(firsts)), float(last)
+
+
+def device_events(store: Store, start_s: float, end_s: float,
+                  names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
+    """Every device's events named one of ``names`` in [start_s, end_s], by (host name,
+    device index), each device's in time order (ties by id), as ``Store.events`` gives one
+    device's; devices without any are left out. One statement: per device a range of
+    ``ix_events_device_name_ts`` for each name, never the window's other events (requests)."""
+    in_window = and_(events.c.ts_s >= start_s, events.c.ts_s <= end_s)
+    columns = (events.c.ts_s, events.c.name, events.c.pid, events.c.phase,
+               events.c.request_id, events.c.data, events.c.id)
+    if store.dialect == "postgresql":
+        # as in newest_samples: each device's own ranges, one per name (with ``name IN``
+        # PostgreSQL read the device's every name in the window and filtered them)
+        found = union_all(*(select(*columns).where(events.c.device_id == devices.c.id,
+                                                   events.c.name == name, in_window)
+                            for name in sorted(set(names)))).lateral("found")
+        q = select(hosts.c.name, devices.c.device_index, devices.c.uuid, found).select_from(
+            devices.join(hosts, hosts.c.id == devices.c.host_id).join(found, true()))
+        by_time = (found.c.ts_s, found.c.id)
+    else:
+        # the devices' ids as an IN list on the index's first column: SQLite seeks each
+        # device's range per name (joined on the device, it walked every event stored)
+        q = (select(hosts.c.name, devices.c.device_index, devices.c.uuid, *columns)
+             .select_from(events).join(devices, devices.c.id == events.c.device_id)
+             .join(hosts, hosts.c.id == devices.c.host_id)
+             .where(events.c.device_id.in_(select(devices.c.id)),
+                    events.c.name.in_(sorted(set(names))), in_window))
+        by_time = (events.c.ts_s, events.c.id)
+    q = q.order_by(hosts.c.name, devices.c.device_index, *by_time)
+    phases = {p.value: p for p in Phase}
+    out: dict[tuple[str, int], list[Event]] = {}
+    with store.engine.connect() as c:
+        for host, index, uuid, ts, name, pid, phase, request_id, data, _ in c.execute(q):
+            out.setdefault((host, index), []).append(
+                Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
+                      stored_json(data), host, uuid))
     return out

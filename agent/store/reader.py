@@ -15,6 +15,9 @@ minute rollups or their ten-minute groups, the event counts. The calls:
 - :func:`timeline`: everything one timeline request reads, in one call;
 - :func:`fleet`: every device of every host now (newest sample, stored verdicts), and each
   host's newest agent report, in four statements whatever the fleet's size;
+  :func:`fleet_samples` (each device's newest seconds of samples), :func:`fleet_events`
+  (each device's events of some names in a window) and :func:`fleet_reports` (each host's
+  newest agent report): one statement each, for ``/metrics``;
 - bounded counts asked before anything is built (:func:`count_samples`, :func:`count_events`)
   and where the raw samples begin (:func:`raw_from`).
 
@@ -40,6 +43,7 @@ from vramscope.agent.store.reads import (
     UNREAD_LIMIT,
     UNREAD_TIERS,
     Bands,
+    DeviceNow,
     Fleet,
     FleetDevice,
     Peaks,
@@ -463,9 +467,36 @@ def fleet(store: Store, at_s: float) -> Fleet:
     return Fleet(rows, _fleet.agent_reports(store))
 
 
+def fleet_samples(store: Store, at_s: float, window_s: float) -> list[DeviceNow]:
+    """Every device of every host (by host, then index): its row, its span not ahead of
+    ``at_s`` (``Store.time_range``'s) and its raw samples of the ``window_s`` up to the span's
+    end (``Store.samples``'), in one statement whatever the fleet's size."""
+    from vramscope.agent.store import fleet as _fleet
+
+    return _fleet.newest_samples(store, at_s, window_s)
+
+
+def fleet_events(store: Store, start_s: float, end_s: float,
+                 names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
+    """Every device's events named one of ``names`` in [start_s, end_s] by (host, device
+    index), each device's in time order as ``Store.events`` gives them, in one statement."""
+    from vramscope.agent.store import fleet as _fleet
+
+    return _fleet.device_events(store, start_s, end_s, names)
+
+
+def fleet_reports(store: Store) -> dict[str, dict[str, Any]]:
+    """Each host's newest agent report (``Store.latest_agent_stats``'), by host name, in one
+    statement; hosts without one are left out."""
+    from vramscope.agent.store import fleet as _fleet
+
+    return _fleet.agent_reports(store)
+
+
 __all__ = ["PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMIT", "UNREAD_TIERS", "WIDTHS_S",
-           "Bands", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
+           "Bands", "DeviceNow", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
            "RequestRate", "Series", "Span", "Timeline", "Window", "WindowTooLong",
-           "count_events", "count_samples", "extrema", "fleet", "peaks", "phase_bands",
+           "count_events", "count_samples", "extrema", "fleet", "fleet_events",
+           "fleet_reports", "fleet_samples", "peaks", "phase_bands",
            "process_series", "raw_from", "records", "requests", "series", "timeline",
            "width_for"]

@@ -140,6 +140,14 @@ class FleetDevice(NamedTuple):
     processes: list[dict[str, Any]]  # its running processes' stored answers, device first
 
 
+class DeviceNow(NamedTuple):
+    """One device of a fleet as :func:`vramscope.agent.store.reader.fleet_samples` reads it."""
+
+    device: dict[str, Any]  # its devices row with its host name, as ``Store.devices`` gives it
+    span: tuple[float, float] | None  # its first and newest sample, as ``Store.time_range``'s
+    recent: list[Sample]  # its samples of the window up to the span's end, in time order
+
+
 class Fleet(NamedTuple):
     """Every device of every host, and each host's newest agent report (by host name)."""
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, insert, select
+from sqlalchemy import and_, func, insert, select, true
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.severity import Severity, rank, worst
@@ -194,13 +194,27 @@ def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[
     tops = (select(devices.c.id.label("did"), devices.c.device_index, hosts.c.name,
                    newest.label("newest"))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery())
-    q = (select(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s,
-                verdicts.c.doc)
-         .join(verdicts, and_(verdicts.c.device_id == tops.c.did,
-                              verdicts.c.ts_s >= tops.c.newest - ENDED_AFTER_S,
-                              verdicts.c.ts_s <= tops.c.newest))
-         .order_by(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s.desc(),
-                   verdicts.c.id.desc()))
+    since_newest = and_(verdicts.c.device_id == tops.c.did,
+                        verdicts.c.ts_s >= tops.c.newest - ENDED_AFTER_S,
+                        verdicts.c.ts_s <= tops.c.newest)
+    if store.dialect == "postgresql":
+        # joined, PostgreSQL hash-joined every verdict stored and sought each device's newest
+        # once per verdict row; a LATERAL range (OFFSET 0 keeps it from being pulled up into
+        # that join again) is each device's rows after its newest alone
+        recent = (select(verdicts.c.pid, verdicts.c.ts_s, verdicts.c.doc, verdicts.c.id)
+                  .where(since_newest).offset(0).lateral("recent"))
+        q = (select(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s,
+                    recent.c.doc)
+             .select_from(tops.join(recent, true()))
+             .order_by(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s.desc(),
+                       recent.c.id.desc()))
+    else:
+        # an outer join: SQLite keeps a LEFT JOIN's order, the devices first, each one's range
+        # after (joined, it walked every verdict stored, seeking two newest per row)
+        q = (select(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s,
+                    verdicts.c.doc).outerjoin(verdicts, since_newest)
+             .order_by(tops.c.name, tops.c.device_index, verdicts.c.pid,
+                       verdicts.c.ts_s.desc(), verdicts.c.id.desc()))
     with store.engine.connect() as c:
         rows = c.execute(q).all()
     names: dict[str, dict[int, dict[str, Any]]] = {}
@@ -209,6 +223,8 @@ def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[
     newest_of: dict[tuple[str, int, int | None], float] = {}
     found: dict[tuple[str, int, int | None], Verdict] = {}
     for host, device, pid, ts, doc in rows:  # each process's newest instant first
+        if ts is None:
+            continue  # a device without verdicts (SQLite's outer join)
         key = (host, device, pid)
         if newest_of.setdefault(key, ts) != ts or key in found:
             continue  # an older row, or a second of one instant: the later written is kept

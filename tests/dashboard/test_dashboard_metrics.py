@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+from vramscope.agent.config import parse_config
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
 from vramscope.dashboard.metrics import (
@@ -132,3 +133,38 @@ def test_promtool_checks_the_exposition_clean(client):
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (out.stdout + out.stderr).strip() == ""
+
+
+def _same_rows(store, config, now_s):
+    """``current_rows`` (every device at once, for /metrics) against ``device_rows`` (each
+    device by its own reads): the same rows, keys and order."""
+    from vramscope.dashboard.queries import current_rows, device_rows
+
+    fleet = current_rows(store, now_s)
+    each = device_rows(store, config, now_s)
+    assert fleet == [{k: r[k] for k in fleet[0]} for r in each]
+    return fleet
+
+
+def test_the_fleet_read_gives_each_device_what_its_own_reads_give(seeded):
+    rows = _same_rows(seeded.store, seeded.config(), seeded.clock.time_s())
+    assert [(r["device"], r["risk"], r["active_alerts"], len(r["latest"]["processes"]))
+            for r in rows] == [(0, "warning", 1, 1), (1, "ok", 0, 1)]
+    assert rows[0]["latest"]["allocated_bytes"] == F.torch_sample(LAST_T, 0).allocated_bytes
+
+
+def test_the_fleet_read_leaves_out_samples_ahead_of_now(tmp_path):
+    """A row from a wrong clock, ahead of now, is not the device's newest on either read;
+    a device with no sample has no current values."""
+    from vramscope.agent.records import Phase, Sample
+
+    store = Store.open(f"sqlite:///{tmp_path / 'clock.db'}", host_name="h")
+    store.write([Sample(100.0, 0, Phase.IDLE, "torch", 7, allocated_bytes=1),
+                 Sample(125.0, 0, Phase.DECODE, "torch", 7, allocated_bytes=2),
+                 Sample(900.0, 0, Phase.PREFILL, "torch", 7, allocated_bytes=3)], [])
+    store.describe_device(1, uuid="GPU-1", name="spare", total_bytes=8)
+    rows = _same_rows(store, parse_config({}, None, {}), 130.0)
+    assert [(r["device"], r["latest"] and (r["latest"]["last_ts_s"], r["latest"]["phase"],
+                                           r["latest"]["allocated_bytes"])) for r in rows] == [
+        (0, (125.0, "decode", 2)), (1, None)]
+    store.close()

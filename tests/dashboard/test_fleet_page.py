@@ -5,7 +5,8 @@ The order is the stored verdicts' (critical by time to OOM, warning by time to O
 the host whose agent went away, then everything else by host and index); the filters keep
 that order; every row links to its device's page; a fleet's Overview groups the devices by
 host, at-risk hosts first; the read is four statements whatever the fleet's size, and
-``/metrics`` of the fleet passes ``promtool check metrics``.
+``/metrics`` of the fleet is eight, says what the store holds of the scripted devices and
+passes ``promtool check metrics``.
 """
 
 from __future__ import annotations
@@ -172,8 +173,120 @@ def test_metrics_of_the_fleet_pass_promtool(client):
     assert (out.stdout + out.stderr).strip() == ""
 
 
+# /metrics' reads whatever the fleet's size: the alerts firing, the processes table (twice:
+# the newest values' names, the last-seen series), every device's newest samples, the stored
+# verdicts (and the processes' names they carry), the saturation events, the agent reports
+METRICS_STATEMENTS = 8
+
+
+def _selects(sql):
+    return sql.lstrip().upper().startswith("SELECT")
+
+
+def _scrape(client):
+    """/metrics' text without its one timing line (the rest is the same each scrape)."""
+    text = client.get("/metrics").get_data(as_text=True)
+    return "\n".join(line for line in text.splitlines()
+                     if not line.startswith("vramscope_scrape_duration_seconds "))
+
+
+def test_metrics_of_the_fleet_are_a_fixed_number_of_statements(fleet, client):
+    with statements_sent(fleet.store.engine, _selects) as sent:
+        assert client.get("/metrics").status_code == 200
+    assert len(sent) == METRICS_STATEMENTS, [s for s, _ in sent]
+
+
+# the tables that grow with the history: a read that walks one reads a day, or 90 days
+HISTORY_TABLES = ("samples", "events", "verdicts", "rollups", "agent_stats")
+
+
+def _walked(store, sent):
+    """The history tables any of the ``sent`` statements reads whole, from the database's own
+    plan (SQLite: ``SCAN t``; PostgreSQL: ``Seq Scan on t`` or on one of its partitions), each
+    as (table, plan line)."""
+    out = []
+    with store.engine.connect() as c:
+        for statement, params in sent:
+            if store.dialect == "sqlite":
+                lines = [r[3] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement,
+                                                         params)]
+                whole = [(t, line) for line in lines for t in HISTORY_TABLES
+                         if line.startswith(f"SCAN {t} ") or line == f"SCAN {t}"]
+            else:
+                cur = c.connection.dbapi_connection.cursor()
+                cur.execute("EXPLAIN " + statement, params)
+                lines = [r[0] for r in cur.fetchall()]
+                whole = [(t, line) for line in lines for t in HISTORY_TABLES
+                         if f"Seq Scan on {t} " in line or f"Seq Scan on {t}_" in line]
+            out += whole
+    return out
+
+
+@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet"])
+def test_a_fleet_read_seeks_each_device_s_newest_rows_not_the_history(fleet, client, route):
+    """Each statement seeks its rows per device (per host) on the history tables' indexes:
+    none of them walks a table that grows with the history (a join the planner turns around
+    does)."""
+    with statements_sent(fleet.store.engine, _selects) as sent:
+        client.get(route)
+    assert _walked(fleet.store, sent) == []
+
+
+def _series(text, name):
+    """``{labels: value}`` of one family of the scrape, labels as a sorted tuple."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {tuple(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
+
+
+def _at(host, device, pid=None):
+    labels = {"host": host, "device": str(device)}
+    if pid is not None:
+        labels.update(pid=str(pid), process="vllm")
+    return tuple(sorted(labels.items()))
+
+
+def test_metrics_of_the_scripted_devices(fleet, client):
+    text = _scrape(client)
+    leak = _series(text, "vramscope_process_leak_state")
+    assert len(leak) == FS.HOSTS * FS.DEVICES  # every running process, the ended one not
+    assert {k: v for k, v in leak.items() if v} == {_at(*FS.LEAK, FS.pid_of(4)): 1.0}
+    assert _series(text, "vramscope_process_leak_slope_bytes_per_second") == {
+        _at(*FS.LEAK, FS.pid_of(4)): FS.LEAK_SLOPE_BYTES_PER_S}
+    assert not any(dict(k).get("pid") == "9001" for k in _series(
+        text, "vramscope_process_risk_level"))
+    # the newest sample's values, as the store gives that device's samples one by one
+    newest = fleet.store.samples(6, FS.T_END - 60.0, FS.T_END, host="node-07")[-1]
+    assert newest.ts_s == FS.T_END - 5.0
+    for name, field in (("vramscope_allocated_bytes", "allocated_bytes"),
+                        ("vramscope_reserved_bytes", "reserved_bytes"),
+                        ("vramscope_kv_blocks_used", "kv_blocks_used")):
+        assert _series(text, name)[_at("node-07", 6)] == getattr(newest, field), name
+    assert _series(text, "vramscope_process_allocated_bytes")[
+        _at("node-07", 6, FS.pid_of(6))] == newest.allocated_bytes
+    assert _series(text, "vramscope_device_info")[tuple(sorted({
+        "host": "node-07", "device": "6", "uuid": "GPU-0706", "name": FS.H200, "index": "6",
+        "parent_uuid": ""}.items()))] == 1.0
+    age = _series(text, "vramscope_last_sample_age_seconds")
+    assert age[(*_at("node-07", 6), ("source", "torch"))] == 6.0
+    assert age[(*_at(FS.GONE, 3), ("source", "torch"))] == FS.NOW_S - FS.GONE_END_S + 5.0
+    # KV saturation from the saturated device's events: its preemption 20 s ago
+    waiting, running = FS.SATURATED_LOAD
+    for name, value in (("vramscope_kv_saturated", 1.0), ("vramscope_requests_waiting", waiting),
+                        ("vramscope_requests_running", running),
+                        ("vramscope_kv_preemptions_recent", FS.SATURATED_PREEMPTED)):
+        assert _series(text, name) == {_at(*FS.SATURATED): value}, name
+    # every host's agent report
+    hosts = [FS.host_name(i) for i in range(FS.HOSTS)]
+    assert _series(text, "vramscope_agent_dropped_records_total") == {
+        (("host", h),): float(FS.report_of(h)[0]) for h in hosts}
+    assert _series(text, "vramscope_agent_queue_depth") == {
+        (("host", h),): float(FS.report_of(h)[1]) for h in hosts}
+
+
 @pytest.mark.postgres
-def test_the_same_order_on_postgresql(postgres_url):
+def test_the_same_order_and_metrics_on_postgresql(postgres_url, client):
     built = FS.build(postgres_url)
     try:
         c = create_app(None, built.store, clock=FakeClock(FS.NOW_S)).test_client()
@@ -181,10 +294,14 @@ def test_the_same_order_on_postgresql(postgres_url):
         assert _order(doc["devices"]) == ATTENTION + _rest()
         assert [h["host"] for h in doc["hosts"][:6]] == ["node-07", "node-41", "node-12",
                                                          "node-20", "node-33", FS.GONE]
-        with statements_sent(built.store.engine, lambda sql: sql.lstrip().upper()
-                             .startswith("SELECT")) as sent:
+        with statements_sent(built.store.engine, _selects) as sent:
             c.get("/api/v1/fleet")
         assert len(sent) == 4
+        with statements_sent(built.store.engine, _selects) as sent:
+            text = _scrape(c)
+        assert len(sent) == METRICS_STATEMENTS
+        assert _walked(built.store, sent) == []
+        assert text == _scrape(client)  # SQLite's scrape of the same fleet, series by series
     finally:
         built.store.close()
 

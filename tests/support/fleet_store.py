@@ -9,7 +9,11 @@ heartbeat, except
 - a host whose agent went away half an hour before the end (``GONE``): its devices' newest
   samples, and verdicts, are 30 minutes old: stale;
 - a process that ended on a critical device of its own (``ENDED``): its last answer is
-  critical, and no page may show it.
+  critical, and no page may show it;
+- a device whose server reported a queue and preempted requests (``SATURATED``: its
+  ``server_load`` and ``kv_preempted`` events) for ``/metrics``' KV saturation.
+
+Each host's agent reported at its end (``report_of``: dropped records and queue depth).
 
 Half the hosts are H100s, half H200s (``MODELS``), so the model filter splits the fleet.
 ``NOW_S`` is a second after the newest sample. Building it takes seconds on SQLite.
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.records import Event
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
 from vramscope.agent.store.history_generator import GIB, MIB, T_END, History, generate
@@ -37,6 +42,9 @@ WARNING = {("node-12", 0): 5400.0, ("node-20", 3): None}
 LEAK = ("node-33", 4)
 LEAK_SLOPE_BYTES_PER_S = 8 * MIB / 3600.0  # 8 MiB an hour
 ENDED = ("node-02", 1)  # pid 9001 there ended critical; the device's own process is ok
+SATURATED = ("node-41", 5)
+# (waiting, running) of its newest server_load event, and the requests preempted 20 s ago
+SATURATED_LOAD, SATURATED_PREEMPTED = (6, 3), 2
 
 
 def host_name(i: int) -> str:
@@ -70,9 +78,32 @@ def build(url: str) -> FleetStore:
                                   total_bytes=80 * GIB if model_of(name) == H100 else 141 * GIB)
                 s.upsert_process(pid_of(d), end, name="vllm", model="llama", device_indexes=[d])
             stored.write(s, _verdicts(name, end))
+            dropped, queue = report_of(name)
+            s.write_agent_stats(end, clients=DEVICES, rows_per_s=1.6, queue_depth=queue,
+                                dropped_total=dropped, rejected_total=0, db_size_bytes=None)
+            if name == SATURATED[0]:
+                s.write([], _saturation_events(SATURATED[1]))
         finally:
             s.close()
     return FleetStore(url, Store.open(url, host_name=host_name(0)))
+
+
+def report_of(host: str) -> tuple[int, int]:
+    """The host's agent report: (records dropped, queue depth), its number and a tenth of it."""
+    i = int(host.split("-")[1])
+    return i, i // 10
+
+
+def _saturation_events(device: int) -> list[Event]:
+    """An older load than the newest (the newest counts), and a preemption within the last
+    minute."""
+    pid = pid_of(device)
+    waiting, running = SATURATED_LOAD
+    return [Event(T_END - 300.0, "server_load", device, pid, data={"waiting": 1, "running": 1}),
+            Event(T_END - 30.0, "server_load", device, pid,
+                  data={"waiting": waiting, "running": running}),
+            Event(T_END - 20.0, "kv_preempted", device, pid,
+                  data={"count": SATURATED_PREEMPTED})]
 
 
 def _verdicts(host: str, end: float) -> list[Verdict]:
