@@ -92,15 +92,15 @@ def test_alloc_free_prefix_hit_and_eviction_records_and_counts(observed):
     observer._kv_after(manager, force=True)
     events = [(r.name, r.request_id, r.data) for r in sink.records if hasattr(r, "name")]
     assert events == [
-        ("kv_alloc", "r0", {"blocks": 4, "hit_tokens": 0, "preempted_hit_tokens": 0,
-                              "tokens": 55}),
+        ("kv_alloc", "r0", {"blocks": 4, "query_tokens": 55, "hit_tokens": 0,
+                              "preempted_hit_tokens": 0, "tokens": 55}),
         ("kv_free", "r0", {"blocks_released": 4, "blocks_cached": 3}),
-        ("kv_alloc", "r1", {"blocks": 4, "hit_tokens": 48, "preempted_hit_tokens": 0,
-                              "tokens": 53}),
+        ("kv_alloc", "r1", {"blocks": 4, "query_tokens": 53, "hit_tokens": 48,
+                              "preempted_hit_tokens": 0, "tokens": 53}),
         ("kv_alloc_failed", "r2", {"tokens": 100, "reason": "not enough free blocks"}),
         ("kv_free", "r1", {"blocks_released": 4, "blocks_cached": 3}),
-        ("kv_alloc", "r3", {"blocks": 9, "hit_tokens": 0, "preempted_hit_tokens": 0,
-                              "tokens": 130}),
+        ("kv_alloc", "r3", {"blocks": 9, "query_tokens": 130, "hit_tokens": 0,
+                              "preempted_hit_tokens": 0, "tokens": 130}),
         ("kv_evicted", None, {"blocks": 2})]
     sample = sink.records[-1]
     assert (sample.kv_blocks_used, sample.kv_blocks_total, sample.kv_blocks_cached) == (9, 10, 1)
