@@ -207,6 +207,7 @@ FAST_FINE_FILL_S = 600.0
 # points that fine a cache refilled in a burst after an idle dip reads as such growth for a
 # minute
 FAST_PRECISION = 0.5  # the interval's low end at least this share of the rate (a 2x range)
+STEADY_SHARE = 0.5  # a stretch's recent half rises at this share of its rate or more
 FAST_KEEP_S = 3600.0  # floor points kept (the longest suffix tried)
 # a stretch of floors mostly read with requests in flight (never idle, no KV figures: what
 # they hold is estimated) must span this much: a wave of static batches lifts them for minutes.
@@ -322,10 +323,17 @@ class FastGrowth:
         if fill > self.config.fill_cap_s \
                 or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
-        recent = rate_interval(pts[min(len(pts) // 2, len(pts) - 4):])
-        if recent is None or recent.slope < 0.5 * rate.slope:
+        if not recent_half_rises(pts, rate):
             return None  # flattening: a warm-up or a cache filling up
         return rate
+
+
+def recent_half_rises(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
+    """The stretch's recent half (4 points at least) still rises at ``STEADY_SHARE`` of its
+    least-squares ``rate`` or more: a rise that flattens (a warm-up, a cache filling up, a
+    burst topping out) is no trend to the limit."""
+    recent = rate_interval(pts[min(len(pts) // 2, len(pts) - 4):])
+    return recent is not None and recent.slope >= STEADY_SHARE * rate.slope
 
 
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on

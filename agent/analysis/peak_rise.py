@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from vramscope.agent.analysis.growth import Rate, rate_interval
+from vramscope.agent.analysis.growth import Rate, rate_interval, recent_half_rises
 
 FINE_PEAK_S = 15.0  # the fast route's peak window (or the server's trend window, when longer)
 KEEP_S = 1800.0  # fine peaks kept: the longest stretch tried
@@ -49,7 +49,6 @@ MIN_SPAN_S = 60.0
 PRECISION = 0.5  # the interval's low end at least this share of the rate (the forecast to 2x)
 RISE_NOISE = 4.0  # the rise, in standard deviations of the peaks before the stretch
 BASELINE_POINTS = 120  # the peaks before a stretch its noise is read on (30 min of 15-s peaks)
-STEADY_SHARE = 0.5  # the recent half rises at this share of the stretch's rate or more
 # the rise, in multiples of the most the peaks before moved over as many windows: tested at every
 # window for hours, a wandering series makes a swing beyond its own past now and then
 SWING_FACTOR = 2.0
@@ -104,7 +103,8 @@ class PeakRise:
         if rate is None and self._since is not None:
             since = [p for p in pts if p[0] >= self._since]
             held = rate_interval(since)
-            rate = held if held is not None and held.low > 0 and _steady(since, held) else None
+            rate = held if held is not None and held.low > 0 and recent_half_rises(since, held) \
+                else None
         self.rate = rate
         self._since = None if rate is None else rate.t0 if self._since is None \
             else min(self._since, rate.t0)
@@ -167,11 +167,4 @@ def _rises(part: Sequence[tuple[float, int]], rate: Rate, noise: float, limit_by
     fill = room_at(rate, part[-1][0], limit_bytes, demand) / rate.slope
     if fill > reach * rate.span_s or fill > horizon_s:
         return False  # further than its evidence reaches, or the slow trend's business
-    return _steady(part, rate)
-
-
-def _steady(part: Sequence[tuple[float, int]], rate: Rate) -> bool:
-    """The stretch's recent half (4 points at least) still rises at ``STEADY_SHARE`` of its
-    rate: a rise that flattens (a burst topping out, a cache filled) is no trend to the limit."""
-    recent = rate_interval(part[min(len(part) // 2, len(part) - 4):])
-    return recent is not None and recent.slope >= STEADY_SHARE * rate.slope
+    return recent_half_rises(part, rate)
