@@ -146,10 +146,13 @@ def time_to_oom(headroom_bytes: float, rate: Rate) -> Forecast | None:
 
 def describe_forecast(f: Forecast | None) -> str:
     """``full in about 2 h 10 min (1 h 40 min – 3 h)`` (``– ?`` for no latest end)."""
-    if f is None:
-        return "not filling"
+    return "not filling" if f is None else "full in " + about_span(f)
+
+
+def about_span(f: Forecast) -> str:
+    """``about 2 h 10 min (1 h 40 min – 3 h)``: a forecast's time with its range."""
     latest = "?" if f.latest is None else span_words(f.latest)
-    return f"full in about {span_words(f.seconds)} ({span_words(f.soonest)} – {latest})"
+    return f"about {span_words(f.seconds)} ({span_words(f.soonest)} – {latest})"
 
 
 def span_words(seconds: float) -> str:

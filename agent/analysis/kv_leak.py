@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.growth import (
+    Forecast,
+    about_span,
     leak_words,
     per_hour,
     rate_interval,
@@ -218,9 +220,8 @@ def kv_words(k: KvLeak) -> str:
         text += (f" = {per_hour(k.blocks_per_s * per_block)} ({per_hour(low * per_block)} to "
                  f"{per_hour(high * per_block)})")
     if k.exhaustion_s is not None and k.exhaustion_low_s is not None:
-        latest = "?" if k.exhaustion_high_s is None else span_words(k.exhaustion_high_s)
-        text += (f"; the pool's {k.free_blocks} free blocks last about "
-                 f"{span_words(k.exhaustion_s)} ({span_words(k.exhaustion_low_s)} – {latest})")
+        text += (f"; the pool's {k.free_blocks} free blocks last "
+                 + about_span(Forecast(k.exhaustion_s, k.exhaustion_low_s, k.exhaustion_high_s)))
     elif k.free_blocks is not None:
         text += f"; the pool's {k.free_blocks} free blocks are not running out"
     return text
