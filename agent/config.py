@@ -210,7 +210,15 @@ SETTINGS: tuple[Setting, ...] = (
             min=0, max=86400),
     Setting("sampling.snapshot_max_cost_s", float, 0.05,
             "Skip and space out snapshots once one costs more than this.", min=0, max=60),
-    Setting("sampling.kv_interval_s", float, 0.1, "KV pool counter reads.", min=0.001, max=3600),
+    Setting("sampling.kv_interval_s", float, 0.1,
+            "KV pool counter reads of the vLLM plugin while the pool is busy and unchanged (a "
+            "change is sampled at the engine step it happens in; see [vllm.md](vllm.md)).",
+            min=0.001, max=3600),
+    Setting("sampling.kv_min_interval_s", float, 0.001,
+            "The vLLM plugin samples its KV pool at each engine step that changed it, but "
+            "never twice within this: the bound on those samples' rate and storage (about "
+            "124 B each, raw); longer trades agreement with vLLM's `/metrics` for fewer rows.",
+            min=0.001, max=3600),
     # --- sources.prometheus: a server's /metrics beside it (agent/sources/prometheus.py) --
     Setting("sources.prometheus.targets", str, "",
             "Comma-separated /metrics URLs of inference servers to scrape for KV usage and "

@@ -71,6 +71,9 @@ MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minute
 # (ingest refuses more than agent.max_record_ahead_s), so they are a wrong clock or a hand edit,
 # never old enough to go by age, and they would hide the newest real sample for good.
 FUTURE_S = 86_400.0
+# A minute is rolled up once it is this old (late samples of a batch still in flight land
+# before it); rollups are behind only when their watermark trails now less this.
+GRACE_S = 120.0
 
 
 class StepResult(NamedTuple):
@@ -88,7 +91,7 @@ class StepResult(NamedTuple):
 
 class Retention:
     def __init__(self, *, raw_s: float, rollup_s: float, step_rows: int,
-                 clock: Clock = SYSTEM_CLOCK, grace_s: float = 120.0,
+                 clock: Clock = SYSTEM_CLOCK, grace_s: float = GRACE_S,
                  minutes_per_step: int = 2, second_s: float | None = None) -> None:
         second_s = max(raw_s, min(14 * 86400.0, rollup_s)) if second_s is None else second_s
         if (raw_s <= 0 or rollup_s <= 0 or step_rows < 1 or minutes_per_step < 1
@@ -189,6 +192,8 @@ class Retention:
             # the engine's verdicts: as long as the rollups they speak about
             "verdicts": sql.delete_older(store, "verdicts", now_s - self.rollup_s,
                                          self.step_rows),
+            "device_verdicts": sql.delete_older(store, "device_verdicts",
+                                                now_s - self.rollup_s, self.step_rows),
             "rollups": sql.delete_rollups_older(store, now_s - self.rollup_s,
                                                 self.minutes_per_step),
             "seconds": sql.delete_seconds_older(store, now_s - self.second_s,

@@ -255,8 +255,10 @@ def figure_processes() -> ResponseReturnValue:
 
 @bp.get("/figures/timeline")
 def figure_timeline() -> ResponseReturnValue:
+    config = state().config
     return jsonify(timeline_figure.build(
-        _timeline_doc(), state().config["alerts.fragmentation_warning_ratio"]))
+        _timeline_doc(), config["alerts.fragmentation_warning_ratio"],
+        config["sampling.kv_interval_s"]))
 
 
 @bp.get("/figures/leaks")
@@ -271,12 +273,13 @@ def figure_risk() -> ResponseReturnValue:
 
 @bp.get("/config-check")
 def config_check() -> ResponseReturnValue:
-    """The ``[server]`` section's worst admissible request against the device's limit."""
+    """The ``[server]`` section's worst admissible request against the device's limit, as the
+    agent's engine checked it (its stored answer)."""
     st = state()
     host = _host()
     device = _known_device(st.store, _device(), host)
-    return jsonify({"device": device,
-                    "check": views.config_check_view(st.store, st.config, device, host)})
+    return jsonify({"device": device, "check": views.config_check_view(
+        st.store, device, host, st.clock.time_s())})
 
 
 @bp.get("/figures/capacity")

@@ -29,11 +29,8 @@ def plotly_js_path() -> Path:
 def create_app(config: Config | None = None, store: Store | None = None, *,
                clock: Clock | None = None) -> Flask:
     config = config if config is not None else parse_config({}, None, {})
-    # a [server] section it cannot read stops it here, naming the key, as it stops the agent
-    # (the risk page and analyze would otherwise fail on every request)
-    from vramscope.agent.alerts.config_check import server_from_config
-
-    server_from_config(config)
+    # (its [server] section is not read: the config check shown is the one the agent's engine
+    # made and stored, agent/store/verdicts.py device_answer)
     owns = store is None
     if store is None:
         store = Store.open(config["database.url"], synchronous=config["database.synchronous"],

@@ -4,7 +4,8 @@ needs attention, and the same devices grouped by host.
 Nothing here decides. A device's risk level, its time to OOM and its leak are its running
 processes' answers as the alert engine stored them (:mod:`vramscope.agent.store.verdicts`,
 read for the whole fleet at once by :func:`vramscope.agent.store.reader.fleet`): the process
-the OOM-risk and Leaks pages lead with (``verdicts.leading``) speaks for the device. Whether
+the engine stored as leading each question (``verdicts.leading``, as on the OOM-risk and Leaks
+pages) speaks for the device. Whether
 its data is stale is :func:`vramscope.dashboard.verdict.freshness` of its newest sample and
 its host's newest agent report. This module only orders and counts them.
 """

@@ -18,12 +18,13 @@ per-process cap).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from vramscope.agent.alerts.verdicts import DeviceVerdict
 from vramscope.agent.analysis.severity import Severity
 from vramscope.agent.clock import Clock
 from vramscope.agent.config import Config
@@ -47,10 +48,14 @@ DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
      "process's own cap is vramscope_process_limit_bytes."),
     ("vramscope_unexplained_bytes", "unexplained_bytes", "NVML used minus the reserved bytes "
      "of the device's observed processes: other users, CUDA contexts, memory outside torch."),
-    ("vramscope_kv_blocks_used", "kv_blocks_used", "KV pool blocks referenced by live requests."),
-    ("vramscope_kv_blocks_cached", "kv_blocks_cached", "KV pool blocks kept for prefix reuse."),
-    ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool."),
-    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks."),
+    ("vramscope_kv_blocks_used", "kv_blocks_used", "KV pool blocks referenced by live requests "
+     "(all pools of the device; each server's is vramscope_process_kv_blocks_used)."),
+    ("vramscope_kv_blocks_cached", "kv_blocks_cached", "KV pool blocks kept for prefix reuse "
+     "(all pools of the device)."),
+    ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool (all pools "
+     "of the device; each server's is vramscope_process_kv_blocks_capacity)."),
+    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks (all pools "
+     "of the device)."),
 )
 DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vramscope_alloc_retries", "num_alloc_retries", "Allocator cache flushes and retries "
@@ -140,8 +145,11 @@ class StoreCollector:
         yield _info_family(rows)
         yield from _source_families(rows, now_s)
         yield from _process_families(self.store.processes(host="*"))
-        yield from _verdict_families(self.store, now_s)
-        yield _config_family(rows, self.config)
+        from vramscope.agent.store.verdicts import fleet_verdicts
+
+        stored = fleet_verdicts(self.store, now_s)
+        yield from _verdict_families(stored.processes)
+        yield _config_family(stored.devices)
         yield from _saturation_families(self.store, rows, now_s)
         yield from _agent_families(self.store)
 
@@ -213,14 +221,13 @@ def _pid(pid: int | None) -> str:
 LEAK_VALUE = {"leak": 1, "no_leak": 0, "insufficient_data": -1}
 
 
-def _verdict_families(store: Store, now_s: float) -> Iterator[Metric]:
+def _verdict_families(fleet: Mapping[tuple[str, int], list[dict[str, Any]]]
+                      ) -> Iterator[Metric]:
     """The alert engine's stored verdict of each running process (``vramscope.verdict/1``: the
     answer the pages show, the fleet page's too), labelled as the per-process series."""
-    from vramscope.agent.store.verdicts import fleet_current
-
     risk, leak, slope, orphans, kv_rate = _gauges(VERDICT_GAUGES, PROCESS_LABELS)
     seen: set[tuple[str, ...]] = set()
-    for (host, device), answers in fleet_current(store, now_s).items():
+    for (host, device), answers in fleet.items():
         for v in answers:
             labels = (host, str(device), v["label"], _pid(v["pid"]))
             if labels in seen:
@@ -240,29 +247,19 @@ def _verdict_families(store: Store, now_s: float) -> Iterator[Metric]:
     yield from (risk, leak, slope, orphans, kv_rate)
 
 
-def _config_family(rows: list[dict[str, Any]], config: Config) -> Metric:
+def _config_family(answers: Mapping[tuple[str, int], DeviceVerdict]) -> Metric:
     """``config_oom``'s value (the ``[server]`` section's worst admissible request against each
-    device's limit, as the agent's alert and the OOM risk page compute it), so the exported
-    Prometheus rule alerts on the same number. No series without a ``[server]`` section, or
-    when its model's config.json cannot be read (the page says why; a scrape does not fail)."""
-    from vramscope.agent.alerts.config_check import limit_of, server_from_config
-    from vramscope.agent.errors import ConfigError
-
+    device's limit), as the agent's engine made it and stored it with the device's answer, so
+    the exported Prometheus rule alerts on the agent's number (never one made again here with
+    the dashboard's config). No series where the agent stored no check (no ``[server]``
+    section) or no limit was known."""
     fam = GaugeMetricFamily("vramscope_config_headroom_bytes", "The device's limit less what "
                             "the worst request the [server] section admits needs (negative: "
                             "it cannot fit).", labels=DEVICE_LABELS)
-    try:
-        limits = server_from_config(config)
-    except ConfigError:
-        return fam
-    if limits is None:
-        return fam
-    for r in rows:
-        latest = r["latest"] or {}
-        limit = limit_of(latest.get("device_total_bytes"),
-                         [p.get("limit_bytes") for p in latest.get("processes") or ()])
-        if limit:
-            fam.add_metric(_labels(r), limits.check(limit).headroom_bytes)
+    for (host, device), answer in sorted(answers.items()):
+        check = answer.config_check or {}
+        if isinstance(check.get("headroom_bytes"), (int, float)):
+            fam.add_metric([host, str(device)], check["headroom_bytes"])
     return fam
 
 

@@ -80,7 +80,11 @@ DEVICE_ROW = obj({"host": STR, "device": INT, "name": nullable(STR), "uuid": nul
                   "stale": {"type": "boolean"},
                   "freshness": {"type": "string",
                                 "enum": ["no_data", "live", "idle", "catching_up", "stale"]},
-                  "kv_usage_ratio": nullable(NUM), "requests_per_min": NUM})
+                  "kv_usage_ratio": nullable(NUM), "requests_per_min": NUM,
+                  # each process's KV pool now (the ratio above: the fullest one's)
+                  "kv_pools": array(obj({"pid": nullable(INT), "process": nullable(STR),
+                                         "kv_blocks_used": INT, "kv_blocks_total": INT,
+                                         "kv_usage_ratio": NUM}))})
 FRESHNESS = obj({"now_s": NUM, "newest_ts_s": nullable(NUM), "age_s": nullable(NUM),
                  "stale_after_s": NUM,
                  "state": {"type": "string",
@@ -96,7 +100,8 @@ PROCESS = obj({"pid": INT, "name": nullable(STR), "model": nullable(STR),
                "ns_pid": nullable(INT),
                "state": {"type": "string", "enum": ["connected", "ended", "unknown"]},
                "kv_blocks_used": nullable(INT), "kv_blocks_total": nullable(INT),
-               "kv_usage_ratio": nullable(NUM), "requests_per_min": nullable(NUM)},
+               "kv_usage_ratio": nullable(NUM), "kv_at_s": nullable(NUM),
+               "requests_per_min": nullable(NUM)},
               required=False)
 ALERT = obj({"id": INT, "rule": STR, "severity": STR, "fired_ts_s": NUM,
              "resolved_ts_s": nullable(NUM), "value": nullable(NUM), "message": nullable(STR),
@@ -133,7 +138,18 @@ TIMELINE = obj({
                             "series": {"type": "object", "additionalProperties": SERIES}})),
     "processes_from": nullable(NUM), "processes_truncated": {"type": "boolean"},
     "process_pids": array(nullable(INT)), "mixed_processes": {"type": "boolean"},
-    "mixed_processes_note": nullable(STR)})
+    "mixed_processes_note": nullable(STR),
+    # each process's KV pool, its share used against its own size (docs/api.md)
+    "kv_pools": array(obj({"pid": nullable(INT), "name": nullable(STR), "model": nullable(STR),
+                           "rank": nullable(INT), "label": STR, "process": STR,
+                           "ended": {"type": "boolean"}, "last_ts": NUM,
+                           "blocks_total": nullable(INT),
+                           "series": {"type": "object", "additionalProperties": True}})),
+    "kv_pool_pids": array(nullable(INT)), "several_kv_pools": {"type": "boolean"},
+    "kv_pools_note": nullable(STR),
+    # the floor the leading process's leak detector judged on, from its stored verdict rows
+    "floor": obj({"pid": nullable(INT), "process": nullable(STR),
+                  "points": array(array(NUM))})})
 # a device with no stored risk answer yet has none: null, which an enum must list
 NO_LEVEL_YET = {**nullable(LEVEL), "enum": [*LEVEL["enum"], None]}
 FLEET_COUNTS = obj({"devices": INT, "critical": INT, "warning": INT, "leaking": INT,

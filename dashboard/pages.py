@@ -131,8 +131,9 @@ def leaks() -> ResponseReturnValue:
 def risk() -> ResponseReturnValue:
     ctx = _device_context()
     st = state()
-    check = views.config_check_view(st.store, st.config, ctx["device"],
-                                    queries.host_or_none(st.store, ctx["host"]))
+    check = views.config_check_view(st.store, ctx["device"],
+                                    queries.host_or_none(st.store, ctx["host"]),
+                                    st.clock.time_s())
     return _render("risk.html", "risk", config_check=check, **ctx)
 
 

@@ -17,6 +17,7 @@ from vramscope.agent.analysis.severity import worst
 from vramscope.agent.config import Config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, PostMortem, Sample
 from vramscope.agent.store import Store, reader
+from vramscope.agent.store import verdicts as stored
 from vramscope.agent.store.verdicts import process_label
 from vramscope.dashboard import servers
 from vramscope.dashboard import timeline as tl
@@ -345,8 +346,9 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
     """The timeline document (docs/api.md): what the reader read for the window
     (:func:`~vramscope.agent.store.reader.timeline`, one call), shaped: the series with their
     derived ratios, phase bands, event markers, request rate, load and prefix-cache hits on
-    the series' grid, and each process's allocated and reserved bytes where the raw samples
-    tell them apart (:func:`~vramscope.dashboard.timeline.process_parts`)."""
+    the series' grid, and each process's allocated and reserved bytes and KV pool where the
+    raw samples tell them apart (:func:`~vramscope.dashboard.timeline.process_parts`,
+    :func:`~vramscope.dashboard.timeline.kv_pool_parts`)."""
     wanted = tuple(dict.fromkeys(columns + _ratio_inputs(columns)))
     read = reader.timeline(store, reader.Span(device, start_s, end_s, host), max_points,
                            wanted, columns)
@@ -371,7 +373,23 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
             "tokens": tl.token_series(read.load, grid_start, end_s, bucket_s),
             "prefix_cache": (None if read.prefix is None else
                              tl.prefix_series(read.prefix, grid_start, end_s, bucket_s)),
-            **tl.process_parts(read.processes)}
+            **tl.process_parts(read.processes), **tl.kv_pool_parts(read.kv_pools),
+            "floor": judged_floor(store, device, host, start_s, end_s)}
+
+
+def judged_floor(store: Store, device: int, host: str | None, start_s: float,
+                 end_s: float) -> dict[str, Any]:
+    """The floor the engine's leak detector judged on in the window, as the Leaks page draws
+    it: the points carried by the stored verdict rows of the process the engine stored as
+    leading the leak question at the window's end (``verdicts.judged_floor``), never a floor
+    drawn here from the series. ``points`` is empty where no process leads or its rows carry
+    none (rows written before they did)."""
+    lead = stored.leading(stored.processes(store, device, host, end_s), "leak")
+    if lead is None:
+        return {"pid": None, "process": None, "points": []}
+    points = stored.judged_floor(store, device, host, lead["pid"], start_s, end_s)
+    return {"pid": lead["pid"], "process": lead["process"],
+            "points": [[t, b] for t, b in points]}
 
 
 def _ratio_inputs(columns: tuple[str, ...]) -> tuple[str, ...]:

@@ -13,28 +13,45 @@ from vramscope.agent.store import Store, reader
 from vramscope.dashboard.verdict import connected
 
 NO_KV = {"kv_blocks_used": None, "kv_blocks_total": None, "kv_usage_ratio": None,
-         "requests_per_min": None}
+         "kv_at_s": None, "requests_per_min": None}
 RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in the last minute
 RATE_LIMIT = 100_000  # request starts counted a minute, at most
 
 
 def kv_and_requests(store: Store, device: int, host: str | None,
                     latest: dict[str, Any] | None, now_s: float) -> dict[str, Any]:
-    """A device's KV pool now (its processes' newest readings, summed: the vLLM plugin's or
-    the Prometheus source's) and the requests started on it in the last minute (counted on
-    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows."""
+    """A device's KV pools now and the requests started on it in the last minute (counted on
+    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows.
+
+    ``kv_pools``: each process's pool (its newest reading: the vLLM plugin's or the Prometheus
+    source's), by pid; ``kv_usage_ratio``: the fullest pool's share used, the pool the
+    agent's KV rules read. Never the sum over pools: a full 63-block pool beside a
+    16,384-block one at 3 % would read 3 %. A device whose readings carry no process (a
+    trace) has its summed reading as its one pool."""
+    pools = [{"pid": p["pid"], "process": p.get("process"),
+              "kv_blocks_used": p["kv_blocks_used"], "kv_blocks_total": p["kv_blocks_total"],
+              "kv_usage_ratio": p["kv_blocks_used"] / p["kv_blocks_total"]}
+             for p in sorted((latest or {}).get("processes") or (),
+                             key=lambda p: (p["pid"] is None, p["pid"] or 0))
+             if p.get("kv_blocks_used") is not None and p.get("kv_blocks_total")]
     used, total = (latest or {}).get("kv_blocks_used"), (latest or {}).get("kv_blocks_total")
+    if not pools and used is not None and total:
+        pools = [{"pid": None, "process": None, "kv_blocks_used": used,
+                  "kv_blocks_total": total, "kv_usage_ratio": used / total}]
     started = 0 if latest is None else reader.count_events(
         store, reader.Span(device, now_s - RATE_WINDOW_S, now_s, host), ("request_start",),
         RATE_LIMIT)
-    return {"kv_usage_ratio": used / total if used is not None and total else None,
+    return {"kv_usage_ratio": max((p["kv_usage_ratio"] for p in pools), default=None),
+            "kv_pools": pools,
             "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
 
 
 def process_now(store: Store, rows: list[dict[str, Any]], now_s: float
                 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (host, pid): its newest KV pool reading (the device row's process entry) and the
-    request starts of the last minute, read once per device (bounded: one minute)."""
+    """Per (host, pid): its newest KV pool reading (the device row's process entry) with the
+    moment it was read in the server (``kv_at_s``: "now" is the newest reading the agent has
+    committed, so it is as of then, not of the page's time), and the request starts of the
+    last minute, read once per device (bounded: one minute)."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         entries = (r.get("latest") or {}).get("processes") or []
@@ -50,6 +67,7 @@ def process_now(store: Store, rows: list[dict[str, Any]], now_s: float
             out[(r["host"], p["pid"])] = {
                 "kv_blocks_used": used, "kv_blocks_total": total,
                 "kv_usage_ratio": used / total if used is not None and total else None,
+                "kv_at_s": (p.get("at") or {}).get("kv_blocks_used"),
                 "requests_per_min": sum(1 for e in starts if e.pid == p["pid"])
                 * 60.0 / RATE_WINDOW_S}
     return out

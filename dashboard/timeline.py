@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 from vramscope.agent.alerts.engine import PROCESS_GONE_S
 from vramscope.agent.analysis.fragmentation import external_ratio, split_ratio
 from vramscope.agent.records import Event
-from vramscope.agent.store.reader import PROCESS_COLUMNS, UNREAD_LIMIT, UNREAD_TIERS
+from vramscope.agent.store.reader import (
+    KV_PROCESS_COLUMNS,
+    PROCESS_COLUMNS,
+    UNREAD_LIMIT,
+    UNREAD_TIERS,
+)
 from vramscope.agent.store.verdicts import process_label
 from vramscope.agent.timefmt import iso_utc
 
@@ -32,8 +37,9 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
 def series_from_rows(rows: Sequence[dict[str, Any]],
                      columns: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
     """Per column: bucket times with that bucket's min and max, skipping empty buckets; and
-    its last value (``last``) for the counters drawn as steps (``STEP_COLUMNS``), so a step
-    that ends a bucket ends at the value the bucket ended with."""
+    its last value (``last``) and when it was read (``last_ts``: the bucket's newest sample)
+    for the counters drawn as steps (``STEP_COLUMNS``), so a step that ends a bucket ends at
+    the value the bucket ended with, from the moment it was read."""
     out: dict[str, dict[str, list[Any]]] = {}
     for col in columns:
         lo_key, hi_key = f"{col}_min", f"{col}_max"
@@ -43,6 +49,7 @@ def series_from_rows(rows: Sequence[dict[str, Any]],
                         "max": [r[hi_key] for r in kept]}
             if col in STEP_COLUMNS:
                 out[col]["last"] = [r.get(f"{col}_last") for r in kept]
+                out[col]["last_ts"] = [r.get("last_ts_s") for r in kept]
     return out
 
 
@@ -52,31 +59,54 @@ STEP_COLUMNS = frozenset({"kv_blocks_used", "kv_blocks_cached", "kv_blocks_total
 GAP_FACTOR = 2.5  # samples further apart than this many usual spacings leave a gap
 
 
-def gap_after_s(ts: Sequence[float], bucket_s: float) -> float:
+def gap_after_s(ts: Sequence[float], bucket_s: float, held_s: float = 0.0) -> float:
     """How far apart two drawn values of one series may be before the space between them is a
-    gap (no samples) rather than a held value: ``GAP_FACTOR`` times the larger of the bucket
-    and the series' usual (median) spacing, so a source sampled every 15 s is not all gaps."""
+    gap (no samples) rather than a held value: ``GAP_FACTOR`` times the larger of the bucket,
+    the series' usual (median) spacing, so a source sampled every 15 s is not all gaps, and
+    ``held_s``, the longest its source promises to hold a value unsampled while it runs (the
+    vLLM plugin samples its pool at each engine step that changed it, a few ms apart under
+    load, and an unchanged busy pool every ``sampling.kv_interval_s``: held values, not
+    silences; a silence, an idle server, is far longer)."""
     spacings = sorted(b - a for a, b in zip(ts, ts[1:]) if b > a)
     usual = spacings[len(spacings) // 2] if spacings else 0.0
-    return GAP_FACTOR * max(bucket_s, usual)
+    return GAP_FACTOR * max(bucket_s, usual, held_s)
 
 
 def step_points(ts: Sequence[float], peaks: Sequence[Any], lasts: Sequence[Any] | None,
-                bucket_s: float, gaps: bool = True) -> tuple[list[float], list[Any]]:
+                bucket_s: float, gaps: bool = True,
+                last_ts: Sequence[float | None] | None = None, held_s: float = 0.0
+                ) -> tuple[list[float], list[Any]]:
     """``(xs, ys)`` of a counter drawn with Plotly's ``shape="hv"``: each bucket's peak from its
     start, held to the next bucket; where the next one is more than :func:`gap_after_s` away,
     the value is held to its bucket's end (ending at the bucket's last value) and a ``None``
     breaks the line: a gap without samples is drawn as a gap, never as a slope or a held
-    value nobody measured. ``gaps=False``: values that are changes (an event per change of
-    a count) hold until the next change, however far; a bucket still ends at its last value."""
+    value nobody measured (``held_s``: see :func:`gap_after_s`). ``gaps=False``: values that
+    are changes (an event per change of a count) hold until the next change, however far; a
+    bucket still ends at its last value.
+    ``last_ts`` (when each bucket's last value was read) places a bucket's values in time
+    where the buckets are finer than the source's readings (a zoomed-in window): a bucket
+    that ended at its peak reaches it at that moment (the value before it holds until then,
+    never drawn ahead of the source), and one that ended below its peak steps down to its
+    last value at that moment, also where the next bucket follows at once. So the line holds
+    what the source said last (the vLLM plugin's value at an engine step's end, which
+    ``/metrics`` publishes), and each bucket's peak (a step's pool before its finished
+    requests freed their blocks, which ``/metrics`` never shows) still stands in it."""
     xs: list[float] = []
     ys: list[Any] = []
-    gap_s = gap_after_s(ts, bucket_s) if gaps else float("inf")
+    gap_s = gap_after_s(ts, bucket_s, held_s) if gaps else float("inf")
     for i, (t, peak) in enumerate(zip(ts, peaks)):
-        xs.append(t)
-        ys.append(peak)
         following = ts[i + 1] if i + 1 < len(ts) else None
         last = lasts[i] if lasts is not None and lasts[i] is not None else peak
+        read_s = last_ts[i] if last_ts is not None else None
+        inside = read_s is not None and t < read_s < min(
+            t + bucket_s, following if following is not None else t + bucket_s)
+        # ``read_s is not None`` repeats what ``inside`` holds, for the type checker
+        xs.append(read_s if read_s is not None and inside and last == peak else t)
+        ys.append(peak)
+        if read_s is not None and inside and last != peak:
+            xs.append(read_s)  # down to the bucket's last value where it was read
+            ys.append(last)
+            peak = last
         if following is not None and following - t <= gap_s:
             if last != peak and following - t > bucket_s:  # the bucket ended lower
                 xs.append(t + bucket_s)
@@ -242,27 +272,6 @@ def _per_block(tokens: int | None, blocks: int | None) -> float | None:
     return None if tokens is None or not blocks else tokens / blocks
 
 
-def floor_series(allocated: dict[str, list[Any]] | None, window_s: float) -> dict[str, list[Any]]:
-    """The lowest allocated bytes in each ``window_s`` of the buckets' minima: the idle floor
-    the leak detector trends, drawn where a rise of a few hundred MiB would hide in the KV
-    and prefill swings. ``{"ts", "min"}`` at each window's lowest point."""
-    out: dict[str, list[Any]] = {"ts": [], "min": []}
-    if not allocated or window_s <= 0:
-        return out
-    windows: dict[int, tuple[float, float]] = {}
-    t0 = allocated["ts"][0]
-    for ts, lo in zip(allocated["ts"], allocated["min"]):
-        if lo is None:
-            continue
-        k = int((ts - t0) // window_s)
-        if k not in windows or lo < windows[k][1]:
-            windows[k] = (ts, lo)
-    for k in sorted(windows):
-        out["ts"].append(windows[k][0])
-        out["min"].append(windows[k][1])
-    return out
-
-
 def retry_markers(series: dict[str, dict[str, list[Any]]], name: str = "num_alloc_retries"
                   ) -> list[dict[str, Any]]:
     """Buckets where a cumulative counter rose: ``{"ts", "count"}`` with the increase."""
@@ -320,12 +329,67 @@ def process_parts(window: ProcessWindow) -> dict[str, Any]:
             "mixed_processes_note": mixed_note(window) if mixed else None}
 
 
+def kv_pool_parts(window: ProcessWindow | None) -> dict[str, Any]:
+    """The timeline document's per-pool keys (docs/api.md, "The timeline document"): a
+    process's KV pool is the pool (vLLM and ``KVSource`` keep one a process), so pools of
+    different sizes on one device are told apart by pid, as the allocator's series are.
+
+    - ``kv_pools``: each process with KV samples in the raw part of the window, as
+      ``processes`` has them (``pid``, ``name``, ``label``, ``process``, ``ended``,
+      ``last_ts``), with ``blocks_total`` (its pool's size: the largest in the window) and
+      ``series``: ``kv_blocks_used`` / ``kv_blocks_total`` (``{"ts", "min", "max"}``) and
+      ``kv_used_ratio`` (``{"ts", "max", "used", "total"}``: each bucket's most used blocks
+      over its pool's size, the share of its own pool, so a 63-block pool reads as plainly as
+      a 16,384-block one, with the two counts it is made of);
+    - ``kv_pool_pids``: every process known to have sent KV samples in the window;
+    - ``several_kv_pools``: more than one: the device-wide KV series then mix pools of
+      different sizes (each bucket's largest of any), so the figure draws each pool's share
+      instead;
+    - ``kv_pools_note``: where several and a part of the window has no per-pool series, why."""
+    if window is None:
+        return {"kv_pools": [], "kv_pool_pids": [], "several_kv_pools": False,
+                "kv_pools_note": None}
+    pools = []
+    for s in window.series:
+        entry = _process_entry(s.pid, s.last_ts_s, s.rows, window, KV_PROCESS_COLUMNS)
+        kept = [r for r in s.rows
+                if r.get("kv_blocks_used_max") is not None and r.get("kv_blocks_total_max")]
+        entry["series"]["kv_used_ratio"] = {
+            "ts": [r["ts_s"] for r in kept],
+            "max": [r["kv_blocks_used_max"] / r["kv_blocks_total_max"] for r in kept],
+            "used": [r["kv_blocks_used_max"] for r in kept],
+            "total": [r["kv_blocks_total_max"] for r in kept]}
+        entry["blocks_total"] = max((r["kv_blocks_total_max"] for r in kept), default=None)
+        pools.append(entry)
+    several = len(window.pids) > 1
+    return {"kv_pools": pools, "kv_pool_pids": list(window.pids), "several_kv_pools": several,
+            "kv_pools_note": _kv_pools_note(window) if several else None}
+
+
+def _kv_pools_note(window: ProcessWindow) -> str | None:
+    """Why a part of a window with several KV pools draws none of them (the tiers keep no
+    pid, and a range over pools of different sizes is no pool's)."""
+    n = len(window.pids)
+    if window.unread == UNREAD_LIMIT:
+        return (f"{n} KV pools: each is drawn from at most {window.raw_limit:,} raw samples, "
+                f"and this window holds more. Zoom in to see each pool.")
+    if window.unread != UNREAD_TIERS:
+        return None
+    if window.from_s is not None:
+        return (f"{n} KV pools, each drawn from {iso_utc(window.from_s, ms=False)} on; before "
+                f"it only the tiers answer, which keep no process (raw samples are kept "
+                f"retention.raw_s).")
+    return (f"{n} KV pools: not drawn, as only the tiers answer this window and they keep no "
+            f"process (raw samples are kept retention.raw_s).")
+
+
 def _process_entry(pid: int | None, last_ts_s: float, rows: list[dict[str, Any]],
-                   window: ProcessWindow) -> dict[str, Any]:
+                   window: ProcessWindow, known: Sequence[str] = PROCESS_COLUMNS
+                   ) -> dict[str, Any]:
     row = window.names.get(pid) if pid is not None else None
     label = process_label(row)
     newest = window.newest_ts_s
-    columns = [c for c in PROCESS_COLUMNS if rows and f"{c}_max" in rows[0]]
+    columns = [c for c in known if rows and f"{c}_max" in rows[0]]
     return {"pid": pid, "name": (row or {}).get("name"), "model": (row or {}).get("model"),
             "rank": (row or {}).get("rank"), "label": label,
             "process": f"{label} (pid {pid})" if pid is not None else "samples without a pid",

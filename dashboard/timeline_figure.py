@@ -4,9 +4,11 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
 - **Memory auto-ranges to the data**: allocated, reserved and device used of a server sit in
   the top tenth of a 0..limit axis, where a leak of a few hundred MiB an hour is invisible.
   The limit stays one click away ("0 to the limit") and is in view whenever it is close.
-- **The allocated floor** (lowest allocated bytes per minute, what the leak detector trends)
-  is drawn with its growth over the window, so a rising floor reads at a glance (of one
-  process: a window that mixes several draws none).
+- **The idle floor the leak detector judged on** is drawn with its growth over the window, so
+  a rising floor reads at a glance: the points the stored verdict rows of the process the
+  engine chose as leading the leak question carry (the document's ``floor``, the same the
+  Leaks page draws), never a floor drawn here from the series; with several processes on the
+  device its legend names the process.
 - **Per process, never a mix labelled as one**: several processes on the device are drawn
   apart (a colour each, ended ones said so in the legend) where raw samples keep their pids;
   where only the tiers answer, allocated and reserved are a band labelled as the range over
@@ -41,7 +43,7 @@ from vramscope.dashboard import figures as f
 from vramscope.dashboard import timeline as tl
 
 GIB = f.GIB
-FLOOR_WINDOW_S = 60.0  # alerts.leak_floor_window_s's default: one floor point a minute
+FLOOR_NAME = "idle floor (the leak detector's)"
 LIMIT_NEAR = 1.25  # the limit is drawn in range when it is within this factor of the data
 MARKER_ORDER = ("request start", "request end", "alloc retries", "alert fired",
                 "orphaned KV blocks", "OOM")  # bottom up, the same on every device
@@ -82,18 +84,26 @@ MIXED_STYLE = {
                        f.COLORS["reserved"], "rgba(130,80,223,0.14)")}
 
 
-def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
-          ) -> dict[str, Any]:
+def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None,
+          kv_held_s: float = 0.0) -> dict[str, Any]:
+    """The figure of a timeline document; ``kv_held_s``: how long a KV source holds a busy
+    pool's value unsampled (``sampling.kv_interval_s``): KV lines break only beyond that
+    (:func:`vramscope.dashboard.timeline.gap_after_s`)."""
     s = doc["series"]
-    lo, hi, limit = memory_range(s)
-    mixed = bool(doc.get("mixed_processes"))
-    # the leak detector's floor is one process's: a floor over several processes' minima is
-    # nobody's (a process that ends would read as a step in it)
-    floor: dict[str, list[Any]] = ({"ts": [], "min": []} if mixed else tl.floor_series(
-        s.get("allocated_bytes"), max(FLOOR_WINDOW_S, doc["bucket_s"])))
+    judged = doc.get("floor") or {}
+    floor: dict[str, list[Any]] = {"ts": [t for t, _ in judged.get("points") or []],
+                                   "min": [b for _, b in judged.get("points") or []]}
+    lo, hi, limit = memory_range(s, floor["min"])
+    # the floor is one process's: where the device has several, the legend says whose
+    floor_of = judged.get("process") if doc.get("mixed_processes") else None
     shares = doc.get("phase_shares") or {}
     frag = f._fragmentation_traces(s)
-    kv = _kv_steps(f._kv_traces(s), s, doc["bucket_s"])
+    several = bool(doc.get("several_kv_pools"))
+    pool_lines = (_kv_pool_traces(doc.get("kv_pools") or [], doc["bucket_s"], kv_held_s)
+                  if several else [])
+    kv = pool_lines or _kv_steps(f._kv_traces(s), s, doc["bucket_s"], kv_held_s)
+    if several and not pool_lines:  # several pools, none read apart (too many raw rows)
+        kv = _mixed_pools(kv, len(doc.get("kv_pool_pids") or []))
     load = _load_traces(doc.get("load") or {}, doc["bucket_s"])
     prefix = _prefix_traces(doc.get("prefix_cache"), doc["bucket_s"])
     tokens = _token_traces(doc.get("tokens"), doc["bucket_s"])
@@ -108,7 +118,7 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
               if present]
     top = max(hi, (limit or 0) / GIB) * 1.05
     data = (f.band_traces(doc["phases"], top) + _off_axis(memory_traces(doc), lo, hi)
-            + _floor_traces(floor)
+            + _floor_traces(floor, floor_of)
             + _share_traces(shares) + _restyle_fragmentation(frag) + kv + load + prefix
             + tokens + rate + markers)
     layout = f._layout(
@@ -125,9 +135,10 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None
               "window_age_s": doc.get("window_age_s"), "window_end": doc["end"],
               "stale_after_s": doc.get("stale_after_s"),
               "memory_range_gib": [lo, hi], "limit_gib": limit and limit / GIB,
-              "mixed_processes_note": doc.get("mixed_processes_note")})
+              "mixed_processes_note": doc.get("mixed_processes_note"),
+              "kv_pools_note": doc.get("kv_pools_note")})
     axes = _axes(panels, s, lo, hi, fragmentation_warning_ratio, {t["name"] for t in markers},
-                 (doc.get("prefix_cache") or {}).get("hit_rate"))
+                 (doc.get("prefix_cache") or {}).get("hit_rate"), bool(pool_lines))
     axes["annotations"] = _floor_note(floor) + axes.get("annotations", [])
     layout.update(axes)
     return {"data": f.drawn_in_legend(data), "layout": layout}
@@ -191,12 +202,14 @@ def _mixed_bands(s: dict[str, dict[str, list[Any]]], before: float | None
     return out
 
 
-def memory_range(s: dict[str, dict[str, list[Any]]]) -> tuple[float, float, int | None]:
-    """``(low, high)`` GiB around allocated, reserved and device used (the limit only when it
-    is near them), and the limit in bytes."""
+def memory_range(s: dict[str, dict[str, list[Any]]], floor: list[Any] | None = None
+                 ) -> tuple[float, float, int | None]:
+    """``(low, high)`` GiB around allocated, reserved, device used and the judged ``floor``
+    (residual where KV explains part of the memory: it may lie under allocated, and a leak
+    must show), the limit only when it is near them; and the limit in bytes."""
     keys = ("allocated_bytes", "reserved_bytes", "device_used_bytes")
     values = [v for k in keys if k in s for part in ("min", "max") for v in s[k][part]
-              if v is not None]
+              if v is not None] + [v for v in floor or () if v is not None]
     limits = s.get("device_total_bytes", {}).get("max") or []
     limit = max((v for v in limits if v), default=None)
     if not values:
@@ -230,10 +243,11 @@ def _off_axis(traces: list[dict[str, Any]], lo: float, hi: float) -> list[dict[s
     return traces
 
 
-def _floor_traces(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def _floor_traces(floor: dict[str, list[Any]], process: str | None) -> list[dict[str, Any]]:
     if len(floor["ts"]) < 2:
         return []
-    return [f._line("allocated floor (lowest per minute)", [f.ms(t) for t in floor["ts"]],
+    name = FLOOR_NAME + (f" · {f.text(process)}" if process else "")
+    return [f._line(name, [f.ms(t) for t in floor["ts"]],
                     f.gib(floor["min"]), "#0a3069",
                     line={"color": "#0a3069", "width": 2.2, "dash": "dot"},
                     xaxis="x", yaxis="y", hovertemplate="floor %{y:.3f} GiB")]
@@ -252,7 +266,7 @@ def _floor_note(floor: dict[str, list[Any]]) -> list[dict[str, Any]]:
     settled = next(i for i, v in enumerate(values) if v >= values[-1] / 2)
     growth = values[-1] - values[settled]
     since = "over this window" if settled == 0 else "after the model load"
-    text = f"allocated floor {'+' if growth >= 0 else '−'}{_size(abs(growth))} {since}"
+    text = f"idle floor {'+' if growth >= 0 else '−'}{_size(abs(growth))} {since}"
     return [{"xref": "paper", "yref": "paper", "x": 1.0, "y": 1.0, "xanchor": "right",
              "yanchor": "bottom", "showarrow": False, "text": text,
              "font": {"size": 12, "color": "#0a3069"}}]
@@ -294,7 +308,7 @@ def _rate_traces(doc: dict[str, Any], markers: list[dict[str, Any]]) -> list[dic
 
 
 def _kv_steps(traces: list[dict[str, Any]], s: dict[str, dict[str, list[Any]]],
-              bucket_s: float) -> list[dict[str, Any]]:
+              bucket_s: float, held_s: float) -> list[dict[str, Any]]:
     """The KV block counters as steps with gaps (the tokens-per-block ratio stays a line)."""
     names = {"KV blocks used": "kv_blocks_used", "KV blocks cached": "kv_blocks_cached",
              "KV blocks total": "kv_blocks_total"}
@@ -302,11 +316,55 @@ def _kv_steps(traces: list[dict[str, Any]], s: dict[str, dict[str, list[Any]]],
         key = names.get(t["name"])
         if key is None:
             continue
-        xs, ys = tl.step_points(s[key]["ts"], s[key]["max"], s[key].get("last"), bucket_s)
+        xs, ys = tl.step_points(s[key]["ts"], s[key]["max"], s[key].get("last"), bucket_s,
+                                last_ts=s[key].get("last_ts"), held_s=held_s)
         t["x"], t["y"] = [f.ms(x) for x in xs], ys
         t["line"] = {**t.get("line", {}), "shape": "hv"}
         t["connectgaps"] = False
     return traces
+
+
+def _kv_pool_traces(pools: list[dict[str, Any]], bucket_s: float,
+                    held_s: float) -> list[dict[str, Any]]:
+    """Several KV pools on one device: each process's pool as the share of its own blocks in
+    use, a step line each (a colour each, in the order of their pids as the memory lane's
+    processes), named by process and pool size, the blocks in the hover. On
+    one block axis a 63-block pool is a flat line under a 16,384-block one; as shares, a full
+    small pool reads 100 % beside a big one at 3 %."""
+    out = []
+    for i, p in enumerate(pools):
+        ratio = p["series"].get("kv_used_ratio")
+        if not ratio or not ratio["ts"]:
+            continue
+        color = PROCESS_COLORS[i % len(PROCESS_COLORS)]
+        xs, ys = tl.step_points(ratio["ts"], ratio["max"], None, bucket_s, held_s=held_s)
+        # the blocks behind each drawn point: the same steps (the same buckets: a KV sample
+        # carries both counts), so point for point
+        blocks = [tl.step_points(ratio["ts"], ratio[key], None, bucket_s, held_s=held_s)[1]
+                  for key in ("used", "total")]
+        name = (f"{f.text(p['process'])} · KV used of its {p['blocks_total']:,} blocks"
+                + (" · ended" if p["ended"] else ""))
+        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y3",
+                           line={"color": color, "width": 1.6, "shape": "hv"},
+                           connectgaps=False, legendgroup=f"process {p['pid']}",
+                           customdata=[None if u is None else [u, n]
+                                       for u, n in zip(*blocks, strict=True)],
+                           hovertemplate="%{y:.1%} (%{customdata[0]:,} of "
+                                         "%{customdata[1]:,} blocks)"))
+    return out
+
+
+def _mixed_pools(traces: list[dict[str, Any]], pools: int) -> list[dict[str, Any]]:
+    """Several pools where no per-pool series were read (a window of more raw rows than the
+    bound): the device's block counters, each bucket's largest of any pool, labelled as that
+    (the line above the plot says to zoom in), and no tokens per block over several pools."""
+    out = []
+    for t in traces:
+        if t["yaxis"] != "y3":
+            continue
+        t["name"] = f"{t['name']}, largest of {pools} pools per bucket"
+        out.append(t)
+    return out
 
 
 def _load_traces(load: dict[str, dict[str, list[Any]]], bucket_s: float
@@ -417,7 +475,7 @@ def _domains(panels: list[str]) -> dict[str, list[float]]:
 
 def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: float,
           frag_warning: float | None, markers: set[str],
-          hit_rate: float | None = None) -> dict[str, Any]:
+          hit_rate: float | None = None, several_pools: bool = False) -> dict[str, Any]:
     dom = _domains(panels)
     axes: dict[str, Any] = {
         "yaxis": {"domain": dom["memory"], "title": {"text": "memory (GiB)"},
@@ -434,7 +492,13 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
                           "range": [0, 1.02], "tickformat": ".0%"}
         axes.setdefault("shapes", []).extend(_frag_threshold(frag_warning))
         axes.setdefault("annotations", []).append(_frag_note(dom["fragmentation"]))
-    if "kv" in dom:
+    if "kv" in dom and several_pools:
+        # each pool against its own size (docs/dashboard.md, "Several servers, several pools")
+        axes["yaxis3"] = {"domain": dom["kv"], "range": [0, 1.05], "tickformat": ".0%",
+                          "tickvals": [0, 0.25, 0.5, 0.75, 1],
+                          "title": {"text": "KV used<br>(each of its pool)",
+                                    "font": {"size": 11}}}
+    elif "kv" in dom:
         top = _occupancy_top(s)
         axes["yaxis3"] = {"domain": dom["kv"], "title": {"text": "KV blocks"},
                           "rangemode": "tozero"}

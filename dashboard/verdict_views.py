@@ -5,7 +5,9 @@ Nothing here decides. The answers (leak state, slope, first detection; risk leve
 with its range, cause) are the rows the engine wrote as it evaluated every record
 (:mod:`vramscope.agent.store.verdicts`: the live agent, ``import``): a window's answer is each
 process's newest verdict at or before the window's end, and its history in the window draws
-the forecast. The floor and headroom lines are downsampled series, drawn, never judged.
+the forecast. The floor drawn is the one the leading process's detector judged on, carried by
+its stored rows (``verdicts.judged_floor``); the headroom line is a downsampled series, drawn,
+never judged.
 """
 
 from __future__ import annotations
@@ -29,21 +31,21 @@ FROM_STORE = "the alert engine's stored verdicts"
 
 def leaks_view(store: Store, config: Settings, device: int, host: str | None, start: float,
                end: float) -> dict[str, Any]:
-    """The idle floor drawn (per-bucket minima of allocated) and the stored leak verdicts:
-    the leading process's in ``result``, every process's in ``processes``."""
+    """The floor the leading process's detector judged on, as its stored verdicts carry it
+    (never one drawn here from the samples), and the stored leak verdicts: the leading
+    process's in ``result``, every process's in ``processes``."""
     from vramscope.dashboard.views import leak_makeup_view, orphan_events, window_param
 
     procs = processes(store, device, host, end)
     lead = leading(procs, "leak")
     result = leak_result(lead)
-    # a floor point a minute at least (the minimum over a request cycle), more for long windows
-    try:
+    floor = [] if lead is None else stored.judged_floor(store, device, host, lead["pid"],
+                                                        start, end)
+    try:  # the limit line: the device's total, per bucket
         rows = reader.extrema(store, reader.Span(device, start, end, host),
-                              ("allocated_bytes", "device_total_bytes"), CHART_BUCKETS).rows
+                              ("device_total_bytes",), CHART_BUCKETS).rows
     except reader.WindowTooLong as exc:
         raise window_param(exc) from None
-    floor = [(r["ts_s"], r["allocated_bytes_min"]) for r in rows
-             if r["allocated_bytes_min"] is not None]
     limit = max((r["device_total_bytes_max"] or 0 for r in rows), default=0) or None
     line = result["trend_line"] if result["trend_line"] and result["trend_line"][0][0] >= start \
         else None

@@ -60,7 +60,7 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     if d["leak"]["detected"]:  # what the stored leak's growth is made of, where layouts are
         d["leak"]["makeup"] = leak_makeup([e for e in window.events if e.name == LAYOUT_EVENT],
                                           device, lead["start_ts_s"])
-    check = config_check_view(store, config, device, host)
+    check = config_check_view(store, device, host, end)
     if check is not None:
         d["config_check"] = check
     return doc
@@ -199,23 +199,13 @@ def _estimate(shape: dict[str, Any], gpu_bytes: int | None
         return None, str(exc)
 
 
-def config_check_view(store: Store, config: Settings, device: int,
-                      host: str | None) -> dict[str, Any] | None:
-    """The ``[server]`` check at the device's limit now (its process's cap, else NVML's total),
-    as the ``config_oom`` alert makes it; None without a ``[server]`` section. A section the
-    dashboard cannot read (a config.json gone since the agent started) is said, not a 500."""
-    from vramscope.agent.alerts.config_check import check_json, limit_of, server_from_config
-    from vramscope.agent.errors import ConfigError
+def config_check_view(store: Store, device: int, host: str | None,
+                      at_s: float) -> dict[str, Any] | None:
+    """The ``[server]`` check the agent's alert engine made at the device's limit, as stored
+    with its newest answer at or before ``at_s`` (the ``config_oom`` alert's; never made again
+    here with the dashboard's config, which may not be the agent's); None where the agent
+    stored none (it has no ``[server]`` section)."""
+    from vramscope.agent.store.verdicts import device_answer
 
-    try:
-        limits = server_from_config(config)
-    except ConfigError as exc:
-        return {"model": None, "fits": None, "needed_bytes": None, "limit_bytes": None,
-                "headroom_bytes": None, "worst_request": None, "lower": None,
-                "lower_to": None, "message": f"cannot check the configuration: {exc}"}
-    if limits is None:
-        return None
-    now = queries.latest_values(store, device, host)
-    limit = None if now is None else limit_of(
-        now["device_total_bytes"], [p["limit_bytes"] for p in now["processes"]])
-    return check_json(limits, limit)
+    answer = device_answer(store, device, host, at_s)
+    return answer.config_check if answer is not None else None

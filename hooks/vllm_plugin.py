@@ -35,12 +35,18 @@ line, and a wrapper never raises into the engine):
     free queue.
 
 KV samples (``source="kv"``) at step boundaries: right after ``Scheduler.update_from_output``
-(the moment vLLM's own stats read the pool for ``vllm:kv_cache_usage_perc``), at most one per
-``sampling.kv_interval_s``, plus one whenever the engine goes idle. Each step's peak (its pool
-right after ``schedule()``, before its finished requests free their blocks) is kept between
-samples: when the highest since the previous sample is above the boundary's value, it is
-recorded too, at its own time. (Without ``update_from_output``, samples are taken after
-``schedule()`` as before.) ``kv_blocks_total`` is the
+(the moment vLLM's own stats read the pool for ``vllm:kv_cache_usage_perc``), at every boundary
+where the pool's used or cached block count changed since the last sample (so the stored line
+is vLLM's gauge step by step; an unchanged pool costs a comparison), at least every
+``sampling.kv_interval_s`` while busy even when unchanged (a held value is drawn as held, not
+as a gap), never two closer than ``sampling.kv_min_interval_s`` (the flood bound, 1 ms by
+default: at most 1,000 a second per engine and as many step peaks, a fifth of the agent's
+default per-client cap ``agent.client_max_rows_per_s``, however fast an engine steps; a
+change within it is sampled at the next boundary after it), plus one whenever the engine
+goes idle. Each step's peak (its pool right after ``schedule()``, before its finished
+requests free their blocks) is kept between samples: when the highest since the previous
+sample is above the boundary's value, it is recorded too, at its own time. (Without
+``update_from_output``, samples are taken after ``schedule()``.) ``kv_blocks_total`` is the
 pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly
 vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
 ``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
@@ -67,6 +73,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.records import TOKENS_EVENT, TOKENS_EVERY_S, Event, Phase, Sample
 from vramscope.hooks.sink import Record, RecordSink
 
@@ -113,7 +120,7 @@ class VllmObserver:
     """The class patches and the records they make. ``parts`` says what is observed and why not."""
 
     def __init__(self, install: Callable[..., Any] | None = None,
-                 sink: RecordSink | None = None) -> None:
+                 sink: RecordSink | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.parts: dict[str, str] = {}  # part -> "observed" or why not
         self._install = install  # tests and benchmarks hand their own install() and sink
         self._given_sink = sink
@@ -128,8 +135,12 @@ class VllmObserver:
         self.waiting: set[str] = set()  # requests refused blocks once
         self.prefix_query_tokens = self.prefix_hit_tokens = self.preemptions = 0
         self.preempted_hit_tokens = 0  # a preempted request's re-use of its own blocks
+        self._clock = clock  # the sample spacing's (monotonic); records carry time.time()
         self._interval_s = 0.1
-        self._next_sample_s = float("-inf")
+        self._min_interval_s = 0.001
+        self._next_sample_s = float("-inf")  # a sample due even if the pool is unchanged
+        self._not_before_s = float("-inf")  # kv_min_interval_s after the last sample
+        self._sampled: tuple[int, int] | None = None  # (used, cached) of the last sample
         self._evicted_seen = 0
         self._load: tuple[int, int] | None = None  # (running, waiting) last recorded
         self._next_load_s = float("-inf")
@@ -235,6 +246,7 @@ class VllmObserver:
             log.warning("vramscope: config unreadable (%s); using defaults", exc)
             config = parse_config({}, None, {})
         self._interval_s = float(config["sampling.kv_interval_s"])
+        self._min_interval_s = float(config["sampling.kv_min_interval_s"])
         devices = [device_index] if device_index is not None else []
         process = with_port(process, sys.argv)
         sink = self._make_sink(config, process, devices, model)
@@ -478,11 +490,18 @@ class VllmObserver:
         if evicted > self._evicted_seen:
             self._event("kv_evicted", None, {"blocks": evicted - self._evicted_seen})
             self._evicted_seen = evicted
-        now_s = time.monotonic()
-        if not force and now_s < self._next_sample_s:
-            return
+        now_s = self._clock.monotonic_s()
+        if not force:
+            if now_s < self._not_before_s:  # the flood bound; a change waits for a later step
+                return
+            used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+            if (used, max(0, getattr(pool, _CACHED, 0))) == self._sampled and (
+                    now_s < self._next_sample_s):
+                return  # unchanged since the last sample, and not yet due to say so again
         self._next_sample_s = now_s + self._interval_s
+        self._not_before_s = now_s + self._min_interval_s
         sample = kv_sample(pool, self.device)
+        self._sampled = (sample.kv_blocks_used or 0, sample.kv_blocks_cached or 0)
         peak, self._peak = self._peak, None
         if peak is not None and peak[1] > (sample.kv_blocks_used or 0):  # a step went higher
             self._put(sample._replace(ts_s=peak[0], kv_blocks_used=peak[1],

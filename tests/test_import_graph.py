@@ -263,8 +263,11 @@ def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
 
 # What runs the alert engine over records: the offline driver (any of it) and the engine's
 # evaluating classes. A constant of the engine's module (a timing the pages share) is not that.
+# The [server] config check is the engine's too: the pages show the one it stored, never one
+# made again with the dashboard's config (issue 46).
 ENGINE_RUNNERS = {"vramscope.agent.alerts.offline": None,
-                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine", "DeviceAnalysis"})}
+                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine", "DeviceAnalysis"}),
+                  "vramscope.agent.alerts.config_check": None}
 
 
 def names_imported(name: str, path: Path) -> set[tuple[str, str]]:

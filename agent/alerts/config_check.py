@@ -194,6 +194,11 @@ class LimitCheck:
     def message(self) -> str | None:
         return None if self.result is None else self.limits.message(self.result)
 
+    def to_json(self) -> dict[str, Any]:
+        """The check at the limit it was last made at, as the engine stores it with the
+        device's answer and the OOM risk page shows it (:func:`check_json`'s form)."""
+        return check_doc(self.limits, self.result, self.limit_bytes)
+
 
 def startup_lines(limits: ServerLimits,
                   totals: Mapping[int, int]) -> list[tuple[bool, str]]:
@@ -207,13 +212,19 @@ def startup_lines(limits: ServerLimits,
 
 def check_json(limits: ServerLimits, limit_bytes: int | None) -> dict[str, Any]:
     """The check as the dashboard shows it (``fits`` None while no limit is known)."""
+    return check_doc(limits, limits.check(limit_bytes) if limit_bytes else None, limit_bytes)
+
+
+def check_doc(limits: ServerLimits, check: AdmissionCheck | None,
+              limit_bytes: int | None) -> dict[str, Any]:
+    """``check`` (made at ``limit_bytes``; None: no limit known yet) in :func:`check_json`'s
+    form."""
     doc: dict[str, Any] = {"model": limits.shape.name, "fits": None, "needed_bytes": None,
                            "limit_bytes": limit_bytes, "headroom_bytes": None,
                            "worst_request": None, "lower": None, "lower_to": None,
                            "message": "no limit known for this device yet"}
-    if not limit_bytes:
+    if check is None or not limit_bytes:
         return doc
-    check = limits.check(limit_bytes)
     lower = LIMIT_KEYS[check.lower][0] if check.lower is not None else None
     doc.update(fits=check.fits, needed_bytes=check.needed_bytes,
                headroom_bytes=check.headroom_bytes, worst_request=limits.worst_request(check),

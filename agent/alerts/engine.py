@@ -145,6 +145,7 @@ class DeviceAnalysis:
         # rules and the report read: a detected one first, then the steepest.
         self.leaks: dict[int | None, LeakDetector] = {None: LeakDetector(thresholds)}
         self.leak = self.leaks[None]
+        self.leak_pid: int | None = None  # whose detector ``leak`` is
         self._sampled: set[int | None] = set()  # whose process samples fed a leak detector
         # KV pools per process too (two servers on a GPU have two pools); ``kv`` is the
         # fullest one's tracker, the one the rules and the report read.
@@ -245,6 +246,9 @@ class DeviceAnalysis:
             self.kvs[pid] = kv
         if sampled:
             self._sampled.add(pid)
+        # it may lead again (the stored leads are these: a revived leak must not stay unnamed)
+        self._pick_risk()
+        self._pick_leak()
 
     def _observe_risk(self, s: Sample) -> bool:
         """Feed the sample to its process's model (a device-wide one to every process's);
@@ -316,8 +320,9 @@ class DeviceAnalysis:
         leak = self.leaks.get(r.pid)
         if leak is None:
             leak = self.leaks[r.pid] = LeakDetector(self._thresholds)
-        if isinstance(r, Sample):
+        if isinstance(r, Sample) and r.pid not in self._sampled:
             self._sampled.add(r.pid)
+            self._pick_leak()  # a process's own detector speaks for it from its first sample
         return [leak]
 
     def _process_leaks(self) -> list[LeakDetector]:
@@ -359,10 +364,11 @@ class DeviceAnalysis:
                            default=None)
 
     def _pick_leak(self) -> None:
-        procs = self._process_leaks() or [self.leaks[None]]
-        self.leak = max(procs, key=lambda d: (d.result.detected,
-                                              d.result.first_detected_ts_s is not None,
-                                              d.result.slope_bytes_per_s))
+        procs = [(pid, d) for pid, d in self.leaks.items() if pid in self._sampled] \
+            or [(None, self.leaks[None])]
+        self.leak_pid, self.leak = max(procs, key=lambda pd: (
+            pd[1].result.detected, pd[1].result.first_detected_ts_s is not None,
+            pd[1].result.slope_bytes_per_s))
 
     def _observe_kv(self, s: Sample) -> bool:
         changed, self.kv = observe_process(self.kvs, self.kv, s)
@@ -385,8 +391,7 @@ class DeviceAnalysis:
 
     def leak_process_name(self) -> str | None:
         """Which process ``leak`` is, for alert text (as ``process_name``)."""
-        pid = next((p for p, d in self.leaks.items() if d is self.leak), None)
-        return self._name(pid, True)
+        return self._name(self.leak_pid, True)
 
     def _absorb_fields(self, s: Sample) -> int:
         changed = 0
@@ -619,6 +624,7 @@ class AlertEngine:
                 self._evaluate(d, rules, changed, rec.ts_s, rec.host, changes)
             if type(rec) is not Event or changed & _VERDICT:
                 verdicts.note(d, rec.pid, rec.host, rec.ts_s)
+                verdicts.note_device(d, rec.host, rec.ts_s)
             if d.ended:
                 verdicts.end(d, rec.host, rec.ts_s)
         self.history.extend(changes)

@@ -40,6 +40,10 @@ log = logging.getLogger("vramscope.prom_rules")
 GROUP = "vramscope"
 LABELS = ("host", "device")  # the labels every device series carries
 
+# Each server process's KV pool: its share of its own blocks in use.
+_KV_SHARE = ("vramscope_process_kv_blocks_used{sel}"
+             " / vramscope_process_kv_blocks_capacity{sel}")
+
 # Rule metric -> PromQL over exported series; ``{sel}`` is the device matcher (or nothing).
 SERIES: dict[str, str] = {
     "allocated_bytes": "vramscope_allocated_bytes{sel}",
@@ -62,11 +66,17 @@ SERIES: dict[str, str] = {
         "(1 - vramscope_largest_free_block_bytes{sel}"
         " / (vramscope_reserved_bytes{sel} - vramscope_allocated_bytes{sel}))",
     "device_used_ratio": "(vramscope_device_used_bytes{sel} / vramscope_device_limit_bytes{sel})",
-    "kv_usage_ratio": "(vramscope_kv_blocks_used{sel} / vramscope_kv_blocks_capacity{sel})",
-    # Free plus cached blocks over the growth rate of used blocks; absent when not growing.
+    # The fullest pool's share, as the agent's rules read it: each server's pool against its
+    # own size (the device sums would hide a full 63-block pool beside a 16,384-block one).
+    "kv_usage_ratio": "max by (host, device) (" + _KV_SHARE + ")",
+    # The fullest pool's free plus cached blocks over the growth rate of its used blocks;
+    # absent when not growing.
     "kv_exhaustion_s":
-        "((vramscope_kv_blocks_capacity{sel} - vramscope_kv_blocks_used{sel})"
-        " / (deriv(vramscope_kv_blocks_used{sel}[5m]) > 0))",
+        "min by (host, device) (((vramscope_process_kv_blocks_capacity{sel}"
+        " - vramscope_process_kv_blocks_used{sel})"
+        " / (deriv(vramscope_process_kv_blocks_used{sel}[5m]) > 0))"
+        " and on(host, device, process, pid) (" + _KV_SHARE + " == on(host, device)"
+        " group_left max by (host, device) (" + _KV_SHARE + ")))",
     # 1 for five minutes after the OOM counter rose (the agent's OOM_RECENT_S).
     "oom_recent": "(increase(vramscope_ooms_total{sel}[5m]) > bool 0)",
     # The stored leak verdicts the agent's engine writes (1 leak, 0 no leak, -1 not enough

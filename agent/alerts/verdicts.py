@@ -9,19 +9,25 @@ on how records were batched), so the live agent, ``vramscope import`` / ``replay
 ``vramscope analyze FILE`` write the same rows for the same recording, and every surface that
 reads them (pages, ``/api/v1/analysis``, ``/metrics``, ``analyze --db``, ``status``) shows one
 answer. The format is ``vramscope.verdict/1`` (docs/analysis.md, "Verdicts").
+
+Beside them, :class:`DeviceVerdict` rows keep what the engine decided of the device as a whole:
+its level and which process leads the risk and the leak question (the ones its alerts name).
+No surface chooses a leading process again (``agent/store/verdicts.leading`` reads this).
 """
 
 from __future__ import annotations
 
+from itertools import takewhile
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.kv_leak import KvLeak, kv_leak_from_json
+from vramscope.agent.analysis.severity import LEVELS, NO_LEVEL
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
 if TYPE_CHECKING:
     from vramscope.agent.alerts.engine import DeviceAnalysis
-    from vramscope.agent.analysis.leaks import LeakResult
+    from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 
 VERDICT_FORMAT = "vramscope.verdict/1"
 HEARTBEAT_S = 300.0  # an unchanged answer is written again this often (record time)
@@ -31,6 +37,10 @@ HISTORY_MAX = 100_000  # rows an offline run keeps (a live agent hands them to t
 # this old (record time; at once when it doubled): every surface shows the latest check's
 # count within this, without a row per check (a server may check after every request)
 ORPHAN_ROW_S = 10.0
+# the riskiest process may change at one level as two processes' headrooms cross and cross
+# back with their requests: such a change is written once the device's last row is this old
+# (record time), should it last; a change of the level or of the leak's process, at once
+LEAD_ROW_S = 60.0
 
 
 class Verdict(NamedTuple):
@@ -77,15 +87,23 @@ class Verdict(NamedTuple):
     # the KV pool's orphaned blocks: the latest count, their rate in blocks and bytes per
     # second with its interval, the pool's time to exhaustion and the floor they make
     leak_kv: KvLeak | None = None
+    # the floor points the leak detector made since this process's previous row, (ts, bytes)
+    # (residual where the load explains part of the memory: the trend line's coordinates):
+    # the rows of a window together are the floor the verdicts were made on, which the pages
+    # draw; not part of the answer
+    leak_floor: tuple[tuple[float, int], ...] = ()
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
         return (self.leak_state, self.leak_first_detected_ts_s, self.leak_estimated_floor,
                 self.risk_level, self.risk_cause, self.rank, self.ended)
 
-    def to_json(self) -> dict[str, Any]:
-        """The documented form (docs/analysis.md, "Verdicts")."""
-        return {"format": VERDICT_FORMAT, "ts": self.ts_s, "device": self.device,
+    def to_json(self, stored: bool = False) -> dict[str, Any]:
+        """The documented form (docs/analysis.md, "Verdicts"); ``stored``: as the store keeps
+        it, with ``leak.floor_points`` (the points since the process's previous row, which
+        only a window's rows together make sense of: no document shows them)."""
+        doc: dict[str, Any] = {
+                "format": VERDICT_FORMAT, "ts": self.ts_s, "device": self.device,
                 "host": self.host, "pid": self.pid, "rank": self.rank, "ended": self.ended,
                 "leak": {"state": self.leak_state,
                          "slope_bytes_per_s": self.leak_slope_bytes_per_s,
@@ -112,6 +130,31 @@ class Verdict(NamedTuple):
                          "time_to_oom_high_s": self.time_to_oom_high_s},
                 "kv": {"usage_ratio": self.kv_usage_ratio,
                        "exhaustion_s": self.kv_exhaustion_s}}
+        if stored:
+            doc["leak"]["floor_points"] = [list(p) for p in self.leak_floor]
+        return doc
+
+
+class DeviceVerdict(NamedTuple):
+    """The device's answer at ``ts_s``, chosen by the engine once for every surface: its risk
+    level (the riskiest process's, what the ``risk_level`` rule reads; ``""`` before the risk
+    model's first point) and which process leads each question: ``risk_pid`` the riskiest
+    (the one a risk alert names), ``leak_pid`` the leak the device's leak alert speaks of
+    (None: the device as a whole, records without a pid). ``config_check``: the ``[server]``
+    section's check at the limit the engine judges the device by, as the ``config_oom`` alert
+    makes it (``config_check.check_json``'s form; None where the agent has no such section)."""
+
+    ts_s: float
+    device: int
+    host: str | None
+    level: str
+    risk_pid: int | None
+    leak_pid: int | None
+    config_check: dict[str, Any] | None = None
+
+    def leads(self, pid: int | None) -> list[str]:
+        """The questions process ``pid`` leads: ``"risk"``, ``"leak"``, both or none."""
+        return [q for q, p in (("risk", self.risk_pid), ("leak", self.leak_pid)) if p == pid]
 
 
 def verdict_from_json(doc: dict[str, Any]) -> Verdict:
@@ -126,7 +169,18 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    kv["exhaustion_s"], doc.get("rank"), _line(leak.get("trend_line")),
                    windows_from_json(leak.get("windows")),
                    leak.get("estimated_floor") is True, low, high, tto, tto_low, tto_high,
-                   doc.get("ended") is True, kv_leak_from_json(leak.get("kv_pool")))
+                   doc.get("ended") is True, kv_leak_from_json(leak.get("kv_pool")),
+                   _points(leak.get("floor_points")))
+
+
+def _points(value: Any) -> tuple[tuple[float, int], ...]:
+    """Stored floor points back, ``()`` where absent (rows written before them) or damaged."""
+    if not isinstance(value, list):
+        return ()
+    try:
+        return tuple((float(t), int(b)) for t, b in value)
+    except (TypeError, ValueError):
+        return ()
 
 
 def _numbers(doc: dict[str, Any], keys: tuple[str, ...]) -> list[float | None]:
@@ -162,6 +216,8 @@ class VerdictLog:
         self.history: list[Verdict] = []
         self._taken = 0  # rows of ``history`` already handed out by ``take``
         self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
+        # per process: the time of the newest floor point its rows carry
+        self._floor_said: dict[tuple[str | None, int, int | None], float] = {}
         # per process: (the leak result, risk level and risk episode's cause its answer was
         # made from, record time of its next heartbeat); the result itself, not its id: a freed
         # one's id comes back
@@ -176,6 +232,11 @@ class VerdictLog:
         self._held: dict[tuple[str | None, int, int | None], float] = {}
         # processes whose last row said they ended (until a record of theirs comes back)
         self._ended: set[tuple[str | None, int, int | None]] = set()
+        # the devices' answers (level, leading processes) as they change: their own rows
+        self.device_history: list[DeviceVerdict] = []
+        self._device_taken = 0
+        self._device_said: dict[tuple[str | None, int], DeviceVerdict] = {}
+        self._checked: dict[tuple[str | None, int], int | None] = {}  # the check's limit said
 
     def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         """A record of process ``pid`` (None: of the device as a whole, every process's) at
@@ -191,12 +252,15 @@ class VerdictLog:
 
     def _note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float,
               held: bool = False) -> None:
+        leak = d.leaks.get(pid)
+        if leak is None:
+            return  # no state of its own: no row (never the device's or another's answer)
         key = (host, d.device, pid)
         self._ended.discard(key)
-        result = (d.leaks.get(pid) or d.leaks[None]).result
-        model = d.risks.get(pid) or d.risk
-        level = model.level_index
-        ep = d.episodes.get(model)
+        result = leak.result
+        model = d.risks.get(pid)
+        level = model.level_index if model is not None else -1
+        ep = d.episodes.get(model) if model is not None else None
         cause = ep.cause if ep is not None else None
         seen = self._seen.get(key)
         if seen is not None and seen[0] is result and seen[1] == level and seen[2] == cause \
@@ -210,6 +274,7 @@ class VerdictLog:
             self._held.setdefault(key, last.ts_s + ORPHAN_ROW_S)
         if (seen is None or now_s >= seen[3] or last is None or last.answer() != v.answer()
                 or _moved(last, v) or orphans >= 2 * said > 0 or recount):
+            v = v._replace(leak_floor=self._new_floor(key, leak))
             self.latest[key] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
@@ -218,6 +283,43 @@ class VerdictLog:
             self._held.pop(key, None)
         else:
             self._seen[key] = (result, level, cause, seen[3])
+
+    def _new_floor(self, key: tuple[str | None, int, int | None],
+                   leak: LeakDetector) -> tuple[tuple[float, int], ...]:
+        """The detector's floor points newer than the process's previous row's (its
+        ``recent_floor`` keeps the last RECENT_FLOOR_POINTS, hours of them: more than a
+        heartbeat's)."""
+        said = self._floor_said.get(key, float("-inf"))
+        new = list(takewhile(lambda p: p[0] > said, reversed(leak.recent_floor)))
+        if new:
+            self._floor_said[key] = new[0][0]
+        return tuple((float(t), int(b)) for t, b in reversed(new))
+
+    def note_device(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
+        """A row for the device when its level or a leading process changed (a risk lead that
+        moved at one level: once its last row is ``LEAD_ROW_S`` old, should the change last),
+        or at its heartbeat."""
+        key = (host, d.device)
+        level = LEVELS[d.risk.level_index] if d.risk.has_point else NO_LEVEL
+        check = d.config_check
+        if check is not None:
+            check.at(d.risk.limit_bytes)  # made again only when the limit moved
+        checked = check.limit_bytes if check is not None else None
+        said = self._device_said.get(key)
+        if said is not None:
+            if (said.level, said.risk_pid, said.leak_pid, self._checked.get(key)) == (
+                    level, d.risk_pid, d.leak_pid, checked):
+                if now_s < said.ts_s + self.heartbeat_s:
+                    return
+            elif said.level == level and said.leak_pid == d.leak_pid \
+                    and said.risk_pid != d.risk_pid and now_s < said.ts_s + LEAD_ROW_S:
+                return
+        row = DeviceVerdict(now_s, d.device, host, level, d.risk_pid, d.leak_pid,
+                            check.to_json() if check is not None else None)
+        self._checked[key] = checked
+        self._device_said[key] = row
+        if not self.keep or len(self.device_history) < HISTORY_MAX:
+            self.device_history.append(row)
 
     def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
         """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
@@ -232,18 +334,19 @@ class VerdictLog:
             self._ended.add(key)
             v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
                               risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
-                              time_to_oom_high_s=None)
+                              time_to_oom_high_s=None, leak_floor=())
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
         d.ended.clear()
 
-    def take(self) -> list[Verdict]:
-        """The rows made since the last ``take``."""
-        out = self.history[self._taken:]
+    def take(self) -> list[Verdict | DeviceVerdict]:
+        """The rows made since the last ``take``: the processes' and the devices'."""
+        out: list[Verdict | DeviceVerdict] = [*self.history[self._taken:],
+                                              *self.device_history[self._device_taken:]]
         if self.keep:
-            self._taken = len(self.history)
+            self._taken, self._device_taken = len(self.history), len(self.device_history)
         else:
-            self.history = []
+            self.history, self.device_history = [], []
         return out
 
 
@@ -266,13 +369,16 @@ def processes_of(d: DeviceAnalysis) -> list[int | None]:
 
 
 def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> Verdict:
-    """Process ``pid``'s answers on ``d`` now."""
-    leak = d.leaks.get(pid) or d.leaks[None]
+    """Process ``pid``'s answers on ``d`` now, from its own state alone (``pid`` None: the
+    device's own, from NVML or records without a pid): a process without a risk model of its
+    own has no risk answer (level ``""``, no figures), never the riskiest process's; one
+    without a leak detector of its own has no row at all (``VerdictLog`` writes none)."""
+    leak = d.leaks[pid]
     r = leak.result
-    model = d.risks.get(pid) or d.risk
-    point = model.last
-    level = point.level if point is not None else ""
-    cause = d.cause_of(model, leak)  # the risk episode's (explain.CauseEpisode)
+    model = d.risks.get(pid)
+    point = model.last if model is not None else None
+    level = point.level if point is not None else NO_LEVEL
+    cause = d.cause_of(model, leak) if model is not None else None  # its episode's
     kv = d.kvs.get(pid)
     return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
                    r.first_detected_ts_s, r.span_s, r.evidence, level, cause,

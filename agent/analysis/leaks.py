@@ -89,9 +89,11 @@ from typing import Any, NamedTuple
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
 from vramscope.agent.analysis.growth import (
     FAST_FINE_FLOOR_S,
+    FAST_WARMUP_CAP_S,
     FINE,
     Z_90,
     FastGrowth,
+    Forecast,
     Rate,
     describe_forecast,
     judge,
@@ -122,8 +124,17 @@ from vramscope.agent.records import Event, Sample
 
 HORIZON_POINTS = 120  # trend points over alerts.leak_horizon_s (a minute each by default)
 ROLLING_POINTS = 5
+NO_LEAK_FRESH_WINDOWS = 2.0  # no_leak needs a floor read within this many floor windows
+# no_leak waits while the floor holds over HELD_SHARE of what a leak added, for at most
+# HELD_CAP_S after the leak was last seen growing (a leak that grows only under load rests
+# through quiet hours; one that stopped for good is answered no_leak after the cap)
+HELD_SHARE = 0.5
+HELD_CAP_S = 6 * 3600.0
 RISE_NOISE = 3.0  # a newest floor this many noise deviations above the trend's line is a rise
 MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever their span
+# the most reads _floor_line fits (evenly taken, the newest kept): floor windows fitted to a
+# short cycle put thousands in the horizon's last third, and a Theil–Sen line is quadratic
+LINE_POINTS = 60
 EVAL_EVERY_POINTS = 2
 P_LEAK = 1e-3
 P_RECENT = 0.05
@@ -294,6 +305,26 @@ class LeakDetector:
         self.fast_fine = FastGrowth(FINE)
         self._fast: LeakResult | None = None  # the fast verdict while it holds
         self._fast_on: FastGrowth | None = None  # the series it was established on
+        # the routes' no_leak held back (_doubt_no_leak): the reason and the answer shown
+        self._doubted: tuple[str, LeakResult] | None = None  # (its kind, the answer shown)
+        # _no_leak_doubt's reads, made once per new floor point: the line of the exact reads
+        # (per coarse point), the newest read of the truest kind (per fine point), and a read
+        # above that line (when, how far) until the trend has the minimum span after it
+        self._line_key: tuple[float, int] | None = None
+        self._line: tuple[float, float, float, float, bool] | None = None
+        # the idle reads (no request in flight at all: not even a residual less the KV), the
+        # floor windows' of the horizon's last third and the newest fine one: a residual read
+        # holds a request's activations, above an idle line without any rise
+        self._idle_reads: deque[tuple[float, int]] = deque()
+        self._idle_fine: tuple[float, int] | None = None
+        self._exact_fine: tuple[float, int] | None = None  # the newest, idle or KV taken off
+        self._idle_enough = False  # the horizon holds enough idle trend points for a verdict
+        self._read_key: tuple[float, int] | None = None
+        self._newest_read: float | None = None
+        self._rise: tuple[float, float] | None = None
+        # what the leak answers so far added: (the floor where the first began, the highest
+        # it reached, when a leak was last answered)
+        self._gain: tuple[float, float, float] | None = None
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
@@ -389,12 +420,21 @@ class LeakDetector:
                 self.per_request.observe(allocated)
             explained = self.per_request.explained()
         fine = self.fine_floor.update(s, explained, anytime=anytime)
+        if fine is not None and self.fine_floor.last_load == 0:
+            self._idle_fine = fine
+        if fine is not None and self.fine_floor.last_load <= RESIDUAL:
+            self._exact_fine = fine
         fast = None if fine is None else self._fast_growth(
             self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
         point = self.floor.update(s, explained, anytime=anytime)
         if point is None:
-            return fast or self._stale_no_leak(s.ts_s)
+            return fast or self._doubt_no_leak(s.ts_s)
         self.recent_floor.append(point)
+        if self.floor.last_load == 0:
+            idle = self._idle_reads
+            idle.append(point)
+            while idle[0][0] < point[0] - self.t.leak_horizon_s / 3:
+                idle.popleft()
         if self.floor_points is not None:
             self.floor_points.append(point)
         fast = self._fast_growth(self.fast, point, self.floor.last_load, s.ts_s) or fast
@@ -408,41 +448,130 @@ class LeakDetector:
             point = (point[0], point[1] + int(self.per_request.bytes_per_block * in_flight))
         binned = self._binned(point, self.floor.last_load)
         out = None if binned is None else self._trend_point(*binned, s.ts_s)
-        return out or fast
+        return self._doubt_no_leak(s.ts_s) or out or fast
 
-    def _newest_above(self, min_slope: float) -> float | None:
-        """How far the newest floor read with no request in flight lies above the line of
-        those before it (the horizon's last third), where beyond their wandering and what the
-        minimum slope adds over the minimum span (None otherwise): the trend's points are a
-        rolling least of several, a few minutes behind a rise that began just now."""
-        exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
-        if not exact:
-            return None
-        newest = exact[-1]
-        before = [p for p in exact[:-1] if p[0] >= newest[0] - self.t.leak_horizon_s / 3]
-        if len(before) < MIN_FIT_POINTS:
-            return None
-        t0 = before[0][0]
+    def _note_gain(self, v: LeakResult, now_s: float) -> None:
+        """A leak answer's line adds to what the leaks added (``_held_gain``)."""
+        if not v.detected or v.trend_line is None:
+            return
+        if v.start_ts_s is not None and self._first_ts is not None \
+                and v.start_ts_s < self._first_ts + FAST_WARMUP_CAP_S:
+            return  # a rise from the process's first minutes that flattens is its warm-up
+        (_, start), (_, end) = v.trend_line
+        gain = self._gain
+        self._gain = (start, end, now_s) if gain is None else (gain[0], max(gain[1], end), now_s)
+
+    def _floor_line(self, min_slope: float) -> tuple[float, float, float, float, bool] | None:
+        """The line of the floor reads with no request in flight (or, with too few of those,
+        their KV taken off) of the horizon's last third, as ``(t0, intercept, slope, allowed,
+        idle)``: how far above it a newer read lies beyond the reads' own wandering and what
+        the minimum slope adds over the minimum span, and whether it is the idle reads'. None
+        with too few reads."""
+        recent = list(self._idle_reads)
+        idle = len(recent) >= MIN_FIT_POINTS
+        if not idle:
+            exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
+            if not exact:
+                return None
+            recent = [p for p in exact if p[0] >= exact[-1][0] - self.t.leak_horizon_s / 3]
+            if len(recent) < MIN_FIT_POINTS:
+                return None
+        step = -(-len(recent) // LINE_POINTS)
+        recent = recent[::-1][::step][::-1]
+        t0 = recent[0][0]
         try:
-            line = theil_sen([p[0] - t0 for p in before], [float(p[1]) for p in before])
+            line = theil_sen([p[0] - t0 for p in recent], [float(p[1]) for p in recent])
         except ValueError:  # one instant only
             return None
-        above = newest[1] - (line.intercept + line.slope * (newest[0] - t0))
-        allowed = max(RISE_NOISE * level_noise(before), min_slope * self.t.leak_min_span_s)
-        return above if above > allowed else None
+        allowed = max(RISE_NOISE * level_noise(recent), min_slope * self.t.leak_min_span_s)
+        return t0, line.intercept, line.slope, allowed, idle
 
-    def _stale_no_leak(self, now_s: float) -> LeakResult | None:
-        """``no_leak`` is a claim about now: once the trend has had no new floor point for the
-        minimum span (a server busy without a break), it is no longer an answer."""
-        r = self._result  # the floor's own (orphaned KV blocks aside)
-        if r.state != "no_leak" or not self.points \
-                or now_s - self.points[-1][0] < self.t.leak_min_span_s:
+    def _doubt_no_leak(self, now_s: float) -> LeakResult | None:
+        """``no_leak`` is a claim about now. The routes' ``no_leak`` stands only while
+        :meth:`_no_leak_doubt` finds nothing against it; otherwise the answer is "not enough
+        data yet" with the reason, and the routes' answer comes back once the doubt is gone (a
+        fresh floor read within the wandering). The new answer, or None where it is unchanged."""
+        route, shown, doubted = self._route, self._result, self._doubted
+        held_back = doubted is not None and shown is doubted[1]
+        if (shown is not route and not held_back) or route.state != "no_leak":
+            return None  # another answer is shown (the fast route's, a reload's, an OOM's)
+        doubt = self._no_leak_doubt(now_s)
+        if doubt is None:
+            if not held_back:
+                return None
+            self._doubted = None
+            self.result = route
+            return self.result
+        if held_back and doubted is not None and doubted[0] == doubt[0]:  # shown already
             return None
-        self.result = r._replace(enough_data=False, evidence=(
-            f"not enough data yet: no new floor point for over "
-            f"{span_words(self.t.leak_min_span_s)} (busy without a break); the last answer: "
-            f"{r.evidence}"))
+        self.result = route._replace(enough_data=False, evidence=(
+            f"not enough data yet: {doubt[1]}; the last answer: {route.evidence}"))
+        self._doubted = (doubt[0], self._result)
         return self.result
+
+    def _no_leak_doubt(self, now_s: float) -> tuple[str, str] | None:
+        """Why the floor read so far cannot stand for now, its kind and words (None when it
+        can; a new kind is a new answer, new figures of one kind are not). Read on the fine
+        floor's points (a floor window's point is up to a window old when it comes):
+
+        - the newest floor read of the kind the verdict rests on (with no request in flight,
+          or with its KV blocks taken off, where the horizon has enough such reads for a
+          verdict; else any) is older than ``NO_LEAK_FRESH_WINDOWS`` floor windows: a leak
+          begun since could hold more than a slow one adds in hours;
+        - a newest read of the line's kind (idle, or its KV taken off) lay above the line of
+          the reads of the horizon's last third (``_floor_line``): a rise, held until the
+          trend has had the minimum span of points after it (its own tests judge it then);
+        - the trend has had no new point for the minimum span (busy without a break)."""
+        coarse = self.fast.points[-1] if self.fast.points else None
+        if coarse != self._line_key:
+            self._line_key = coarse
+            self._line = self._floor_line(self._min_slope())
+            # the truest kind the verdict rests on: the idle floors where they are enough
+            # for one (as _busy_floor decides), else every floor read
+            self._idle_enough = self._idle_enough_at(now_s)
+        fine = self.fast_fine.points[-1] if self.fast_fine.points else None
+        if fine != self._read_key:  # a new fine floor point: read once, not per sample
+            self._read_key = fine
+            exact = self._exact_fine
+            truest = exact if self._idle_enough else fine
+            self._newest_read = (truest or fine or (None,))[0]
+            line = self._line
+            read = None if line is None else self._idle_fine if line[4] else exact
+            if read is not None and line is not None and self._rise is None \
+                    and read[0] > line[0]:
+                t0, intercept, slope, allowed, _ = line
+                above = read[1] - (intercept + slope * (read[0] - t0))
+                if above > allowed:
+                    self._rise = (read[0], above)
+        fresh_s = NO_LEAK_FRESH_WINDOWS * self.floor.window_s
+        if self._newest_read is not None and now_s - self._newest_read > fresh_s:
+            return "stale", f"no floor read for over {span_words(fresh_s)} (busy since)"
+        rise = self._rise
+        if rise is not None:
+            if not self.points or self.points[-1][0] < rise[0] + self.t.leak_min_span_s:
+                return "above", (f"a floor read {rise[1] / 2**20:.1f} MiB above the line of "
+                                 f"those before it, a rise too recent to test")
+            self._rise = None  # the trend has the minimum span after it: its tests judge it
+        if self.points and now_s - self.points[-1][0] >= self.t.leak_min_span_s:
+            return "unseen", (f"no new floor point for over "
+                              f"{span_words(self.t.leak_min_span_s)} (busy without a break)")
+        return self._held_gain(now_s)
+
+    def _held_gain(self, now_s: float) -> tuple[str, str] | None:
+        """The floor still holds over ``HELD_SHARE`` of what the leak answers added, within
+        ``HELD_CAP_S`` of the last: a leak that grows only under load is flat in quiet hours,
+        not gone (the "held" doubt of :meth:`_no_leak_doubt`)."""
+        gain, line = self._gain, self._route.trend_line
+        if gain is None or line is None or now_s - gain[2] > HELD_CAP_S:
+            return None
+        base, top, last = gain
+        held = line[1][1] - base
+        if top <= base or held < HELD_SHARE * (top - base):
+            return None
+        return "held", (f"the floor still holds {held / 2**20:.1f} MiB of the "
+                        f"{(top - base) / 2**20:.1f} MiB the leak added (a leak answered "
+                        f"{span_words(now_s - last)} ago): a leak that grows only under load "
+                        f"rests when the load does")
 
     def _binned(self, point: tuple[float, int],
                 load: int) -> tuple[float, int, int] | None:
@@ -520,15 +649,18 @@ class LeakDetector:
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
 
+    def _idle_enough_at(self, ts: float) -> bool:
+        """The horizon up to ``ts`` holds enough idle (exact) trend points for a verdict."""
+        horizon = self.t.leak_horizon_s
+        return sum(1 for p, n in zip(self.points, self._in_flight)
+                   if not n and p[0] >= ts - horizon) >= MIN_FIT_POINTS
+
     def _busy_floor(self, ts: float) -> list[tuple[float, int, int]] | None:
         """Every floor point of the horizon, rolled as the trend rolls its own (``(ts, load,
         value)``), where the server idles too rarely for its idle floors to make a verdict
         and these span ``ESTIMATED_SPAN`` times the minimum span, as a server never idle
         needs; None otherwise (its idle floors answer, or nothing does yet)."""
-        horizon = self.t.leak_horizon_s
-        exact = sum(1 for p, n in zip(self.points, self._in_flight)
-                    if not n and p[0] >= ts - horizon)
-        if exact >= MIN_FIT_POINTS:
+        if self._idle_enough_at(ts):
             return None
         rolled = _rolled(list(self._bins), ROLLING_POINTS * self._bin_s)
         if len(rolled) < MIN_FIT_POINTS or rolled[-1][0] - rolled[0][0] < busy_span_need(self.t):
@@ -609,7 +741,9 @@ class LeakDetector:
         self.load.restart()
         self.per_request.restart()
         self.fast.clear()
-        self._fast = self._fast_on = None
+        self._fast = self._fast_on = self._rise = self._gain = self._idle_fine = None
+        self._exact_fine, self._idle_enough = None, False
+        self._idle_reads.clear()
         waiting = insufficient(self.t, None)
         self._unconfirmed = (ts_s, before, waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
@@ -619,6 +753,7 @@ class LeakDetector:
         """The fall was a reload: its answer (the new warm-up's) is the answer from now."""
         assert self._unconfirmed is not None
         self.result, self._unconfirmed = self._unconfirmed[2], None
+        self._route, self._doubted = self._result, None
 
     def _limit(self) -> int:
         return self.limit_bytes or self._max_seen or 1
@@ -630,9 +765,17 @@ class LeakDetector:
         on); a process the OOM killed keeps it: the leak that killed it, not "no leak"."""
         self.fast.clear()
         self.fast_fine.clear()
-        if self._fast is not None:
-            self.result = self._fast._replace(
-                evidence=f"{self._fast.evidence}; the growth ended with the OOM at {ts_s:.3f}")
+        fast = self._fast
+        if fast is not None:
+            # the forecast came true: no "full in about 0 s" stays on a verdict that is history
+            # (fast_verdict wrote its words from these same fields: with_rate sets them together)
+            evidence, tto, soonest = fast.evidence, fast.time_to_oom_s, fast.time_to_oom_low_s
+            if tto is not None and soonest is not None:
+                said = describe_forecast(Forecast(tto, soonest, fast.time_to_oom_high_s))
+                evidence = evidence.replace("; " + said, "", 1)
+            self.result = fast._replace(
+                evidence=f"{evidence}; the growth ended with the OOM at {ts_s:.3f}",
+                time_to_oom_s=None, time_to_oom_low_s=None, time_to_oom_high_s=None)
             self._fast = self._fast_on = None
 
     def _min_slope(self) -> float:
@@ -697,13 +840,7 @@ class LeakDetector:
             # a leak begun lately is diluted in the horizon's flat hours, not ruled out by them
             recent = rising_recently(pts, min_slope, self.t.leak_min_span_s)
             if recent is None:
-                above = self._newest_above(min_slope)
-                if above is None:
-                    return r
-                return r._replace(enough_data=False, evidence=(
-                    f"not enough data yet: the newest floor is {above / 2**20:.1f} MiB above "
-                    f"the line of those before it, a rise too recent to test (the "
-                    f"test so far: {r.evidence})"))
+                return r  # _doubt_no_leak holds it back while the newest reads doubt it
             recent_s, rate = recent
             scope = f" over the last {span_words(recent_s)}"
         figures = (f"the floor's rate{scope} {per_hour(rate.slope)} ({per_hour(rate.low)} to "
@@ -781,8 +918,10 @@ class LeakDetector:
         out = verdict._replace(first_detected_ts_s=first, evidence=evidence, start_ts_s=start,
                                estimated_floor=estimated)
         if verdict is self._fast:
+            self._note_gain(out, now_s)
             return out
         self._route = out = self._with_growth(out, points)
+        self._note_gain(out, now_s)
         held = self._fast
         if held is not None and not out.detected:  # the fast route's leak holds
             return held._replace(first_detected_ts_s=first)

@@ -32,6 +32,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "history": ("vramscope.agent.bench.history", "analyze --db and retention on a week-old store"),
     "import": ("vramscope.agent.bench.import_day",
                "import and analyze FILE of a day, 8 devices x 10 Hz, engine on vs off"),
+    "fleet": ("vramscope.agent.bench.fleet",
+              "N real agents and their simulated servers on one PostgreSQL (--db): records "
+              "lost, agent CPU and RSS, rows/s, retention lag, fleet routes; vs one node"),
     "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
     "vllm": ("vramscope.agent.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
 }

@@ -125,7 +125,7 @@ def _via_agent(agent: AgentProcess, rows: list[Sample],
         batch = [r._replace(ts_s=r.ts_s + shift) for r in rows]
         before = agent.status()
         target = before["written_total"] + len(batch)
-        cpu0 = _cpu_s(agent.pid)
+        cpu0 = process_cpu_s(agent.pid)
         # the agent takes what its alert engine can follow; a send waits for it (back-pressure)
         with AgentConnection(agent.socket_path, timeout_s=600.0) as conn:
             conn.hello("bench-replay", [0])
@@ -137,7 +137,7 @@ def _via_agent(agent: AgentProcess, rows: list[Sample],
                                          f"{now['dropped_total'] - before['dropped_total']} "
                                          f"records; the figure would be meaningless")
                 time.sleep(0.01)
-        cpu_per_round.append(_cpu_s(agent.pid) - cpu0)
+        cpu_per_round.append(process_cpu_s(agent.pid) - cpu0)
     return send
 
 
@@ -302,9 +302,9 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
                                      f"{CATCH_UP_MAX_S:g} s after start")
             time.sleep(1.0)
         time.sleep(max(0.0, settle_s - (time.monotonic() - started)))
-        cpu0, t0 = _cpu_s(agent.pid), time.monotonic()
+        cpu0, t0 = process_cpu_s(agent.pid), time.monotonic()
         time.sleep(window_s)
-        cpu1, t1 = _cpu_s(agent.pid), time.monotonic()
+        cpu1, t1 = process_cpu_s(agent.pid), time.monotonic()
         queue = int(agent.status().get("queue_depth", 0))
         return (cpu1 - cpu0) / (t1 - t0), _rss_bytes(agent.pid), queue
     finally:
@@ -312,7 +312,7 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
         _remove(url)
 
 
-def _cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()

@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rounds", type=int, metavar="N",
                    help="rounds of each measurement (default: each benchmark's own, 3 or 5; "
                         "1 for a long store, spread then reads 'over 1 rounds')")
+    fleet = p.add_argument_group("bench fleet", "the simulated fleet's size (default 64 nodes "
+                                 "x 8 devices for 1800 s; --quick: 3 x 2 for 40 s)")
+    fleet.add_argument("--nodes", type=int, metavar="N", help="nodes, each a real agent")
+    fleet.add_argument("--devices", type=int, metavar="N", help="simulated devices per node")
+    fleet.add_argument("--duration", type=float, metavar="S",
+                       help="seconds of record time (run in real time)")
     p.set_defaults(func=run)
 
 
@@ -43,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     if args.rounds is not None and args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, not {args.rounds}")
-    options = BenchOptions(quick=args.quick, db_url=args.db_url, rounds=args.rounds)
+    extra = {"nodes": args.nodes, "devices": args.devices, "duration_s": args.duration}
+    options = BenchOptions(quick=args.quick, db_url=args.db_url, rounds=args.rounds,
+                           extra={k: v for k, v in extra.items() if v is not None})
     figures, failures, errors = [], [], []
     for name in names:
         try:

@@ -29,7 +29,7 @@ from vramscope.agent.cli.common import (
 if TYPE_CHECKING:
     from sqlalchemy import Connection
     from vramscope.agent.alerts.engine import AlertChange
-    from vramscope.agent.alerts.verdicts import Verdict
+    from vramscope.agent.alerts.verdicts import DeviceVerdict, Verdict
     from vramscope.agent.cli.progress import Progress
     from vramscope.agent.errors import TraceError
     from vramscope.agent.second_core import Batch
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def engine_answers(config: Mapping[str, Any], batches: Iterable[Batch]
-                   ) -> tuple[list[Verdict], list[AlertChange]]:
+                   ) -> tuple[list[Verdict | DeviceVerdict], list[AlertChange]]:
     """The verdict rows and the alert changes of the alert engine run over ``batches`` (in a
     child process for a large import: a module-level function, so that it can be started by
     name)."""
@@ -87,7 +87,7 @@ def engine_answers(config: Mapping[str, Any], batches: Iterable[Batch]
 
     engine = AlertEngine.from_config(config)
     engine.verdicts.keep = False
-    rows: list[Verdict] = []
+    rows: list[Verdict | DeviceVerdict] = []
     # every change, taken batch by batch: the engine's own history keeps only the newest
     # HISTORY_MAX, and an import of weeks keeps every alert it fired, as an agent would have
     changes: list[AlertChange] = []

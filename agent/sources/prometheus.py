@@ -476,9 +476,14 @@ class PrometheusSource:
     def _scrape(self, target: TargetState) -> list[Sample | Event]:
         self._count("scrapes_total")
         try:
-            samples = parse_exposition(self.fetch(target.url, self.timeout_s))
+            asked_s = self.clock.time_s()
+            page = self.fetch(target.url, self.timeout_s)
+            # the scrape's time: the middle of the fetch, during which the server made the
+            # page, not after the parse (a busy page takes milliseconds to parse, in which a
+            # busy pool moves on): the records say what the server said then
+            now_s = (asked_s + self.clock.time_s()) / 2
+            samples = parse_exposition(page)
             check_page(samples, target.preset, self.bounds)
-            now_s = self.clock.time_s()
             if target.failing:  # back after a gap: maybe a restart on the port, a new pid
                 target.resolved_at = None
             target.resolve(now_s, self.find_pid)

@@ -38,6 +38,7 @@ from vramscope.agent.store.schema import (
     FREQUENT_EVENTS,
     ROLLUP_TIER_S,
     agent_stats,
+    device_verdicts,
     devices,
     event_counts,
     events,
@@ -62,6 +63,7 @@ _TABLES: dict[str, tuple[TableClause, str, TableClause]] = {
     "events": (events, "device_id", devices),
     "agent_stats": (agent_stats, "host_id", hosts),
     "verdicts": (verdicts, "device_id", devices),
+    "device_verdicts": (device_verdicts, "device_id", devices),
 }
 
 

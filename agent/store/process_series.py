@@ -13,7 +13,9 @@ whichever process sampled last) — the range over the processes, never one proc
 
 :func:`process_window` answers, for a window and the timeline's grid:
 
-- from the raw samples, each process's allocated and reserved bytes per bucket (min, max),
+- from the raw samples, each process's allocated and reserved bytes per bucket (min, max)
+  (or, asked for :data:`KV_PROCESS_COLUMNS`, its KV pool's blocks used and total: the same
+  read, so a device's pools of different sizes are drawn each against its own size),
   grouped by (pid, bucket) in one SQL statement, where the window's raw part holds at most
   ``PROCESS_RAW_LIMIT`` rows (counted on the index first, as the downsampling does before it
   groups raw rows), from the device's first raw sample on (retention deleted the older ones);
@@ -38,6 +40,7 @@ from vramscope.agent.store.downsample import (
     grid_index,
 )
 from vramscope.agent.store.reads import (
+    KV_PROCESS_COLUMNS,
     PROCESS_COLUMNS,
     UNREAD_LIMIT,
     UNREAD_TIERS,
@@ -59,12 +62,14 @@ EDGE_ROWS = 500  # raw rows read at either end of a window not grouped by proces
 
 
 def process_window(store: Store, device: int, start_s: float, end_s: float, buckets: int,
-                   columns: Sequence[str] = PROCESS_COLUMNS, host: str | None = None
-                   ) -> ProcessWindow:
+                   columns: Sequence[str] = PROCESS_COLUMNS, host: str | None = None,
+                   pools: bool = False) -> ProcessWindow:
     """The window's per-process allocator series on the grid ``downsample(..., aligned=True)``
     draws ``buckets`` on, and the processes known to have sent allocator samples in it (see
-    the module's docstring). ``columns``: which of :data:`PROCESS_COLUMNS` to read."""
-    cols = tuple(c for c in PROCESS_COLUMNS if c in columns)
+    the module's docstring). ``columns``: which of :data:`PROCESS_COLUMNS` to read; with
+    ``pools``, of :data:`KV_PROCESS_COLUMNS` instead (each process's KV pool, read the same
+    way, apart: a window's processes with a pool are not those with an allocator)."""
+    cols = tuple(c for c in (KV_PROCESS_COLUMNS if pools else PROCESS_COLUMNS) if c in columns)
     names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
     did = device_row_id(store, device, host)
     if did is None or not cols or not end_s > start_s:
@@ -89,9 +94,14 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
         # the part without per-process series: [start, from_s) where the tiers alone hold
         # it, else the whole window
         hi = end_s if from_s is None else from_s
-        pids.update(dict.fromkeys(_pids_elsewhere(store, did, device, start_s, hi, names,
-                                                  raw_lo if unread == UNREAD_LIMIT else None,
-                                                  cols)))
+        edge = raw_lo if unread == UNREAD_LIMIT else None
+        if pools:
+            # only the raw rows tell which processes have a pool (a verdict or a process row
+            # may be a worker's without one): one pool counted as two would hide it
+            pids.update(dict.fromkeys(_edge_pids(store, did, edge, hi, cols)))
+        else:
+            pids.update(dict.fromkeys(_pids_elsewhere(store, did, device, start_s, hi, names,
+                                                      edge, cols)))
     # the newest processes, in the order of their pids: a process keeps its place (and the
     # figure its colour) from one refresh to the next, whichever sampled last
     kept = sorted(sorted(series, key=lambda s: -s.last_ts_s)[:PROCESS_SERIES_LIMIT],
@@ -168,6 +178,25 @@ def _merged(a: list[Any], b: list[Any]) -> list[Any]:
     return out
 
 
+def _edge_pids(store: Store, did: int, raw_lo: float | None, hi_s: float,
+               cols: tuple[str, ...]) -> list[int | None]:
+    """The pids of the rows with any of ``cols`` among the first and the last ``EDGE_ROWS``
+    raw rows of any source in [raw_lo, hi_s] (an index range each, however few of them carry
+    ``cols``); none where ``raw_lo`` is None."""
+    if raw_lo is None or hi_s < raw_lo:
+        return []
+    found: dict[int | None, None] = {}
+    span = [samples.c.device_id == did, samples.c.ts_s >= raw_lo, samples.c.ts_s <= hi_s]
+    with store.engine.connect() as c:
+        for order in (samples.c.ts_s.asc(), samples.c.ts_s.desc()):
+            edge = (select(samples.c.pid, *(samples.c[col] for col in cols)).where(*span)
+                    .order_by(order).limit(EDGE_ROWS).subquery())
+            q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))
+                 .distinct())
+            found.update(dict.fromkeys(r[0] for r in c.execute(q)))
+    return list(found)
+
+
 def _pids_elsewhere(store: Store, did: int, device: int, lo_s: float, hi_s: float,
                     names: dict[int, dict[str, Any]], raw_lo: float | None,
                     cols: tuple[str, ...]) -> list[int | None]:
@@ -186,16 +215,7 @@ def _pids_elsewhere(store: Store, did: int, device: int, lo_s: float, hi_s: floa
          .group_by(verdicts.c.pid))
     with store.engine.connect() as c:
         found.update(dict.fromkeys(int(r[0]) for r in c.execute(q)))
-        if raw_lo is not None:
-            # the first and the last EDGE_ROWS rows of any source (an index range each, however
-            # few of them are the allocator's), then their allocator rows' pids
-            span = [samples.c.device_id == did, samples.c.ts_s >= raw_lo, samples.c.ts_s <= hi_s]
-            for order in (samples.c.ts_s.asc(), samples.c.ts_s.desc()):
-                edge = (select(samples.c.pid, *(samples.c[col] for col in cols)).where(*span)
-                        .order_by(order).limit(EDGE_ROWS).subquery())
-                q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))
-                     .distinct())
-                found.update(dict.fromkeys(r[0] for r in c.execute(q)))
+    found.update(dict.fromkeys(_edge_pids(store, did, raw_lo, hi_s, cols)))
     for pid, p in names.items():
         on_device = str(device) in (p.get("devices") or "").split(",")
         if on_device and p["first_seen_s"] <= hi_s and p["last_seen_s"] >= lo_s:

@@ -39,6 +39,7 @@ from vramscope.agent.store import phase_shares as _ph
 from vramscope.agent.store import process_series as _procs
 from vramscope.agent.store import window as _bounded
 from vramscope.agent.store.reads import (
+    KV_PROCESS_COLUMNS,
     PROCESS_COLUMNS,
     UNREAD_LIMIT,
     UNREAD_TIERS,
@@ -378,12 +379,15 @@ def requests(store: Store, span: Span, bucket_s: float) -> RequestRate:
 
 
 def process_series(store: Store, span: Span, points: int,
-                   columns: Sequence[str] = PROCESS_COLUMNS) -> ProcessWindow:
+                   columns: Sequence[str] = PROCESS_COLUMNS, pools: bool = False
+                   ) -> ProcessWindow:
     """Each process's allocated and reserved bytes on the grid :func:`series` draws ``points``
     on, where raw samples keep the pid, and the processes known to have sent allocator
-    samples in the window (``ProcessWindow``). ``span.process``: that process's series only."""
+    samples in the window (``ProcessWindow``); with ``pools``, each process's KV pool
+    (:data:`KV_PROCESS_COLUMNS`) and the processes that sent KV samples. ``span.process``:
+    that process's series only."""
     window = _procs.process_window(store, span.device, span.start_s, span.end_s, points,
-                                   columns, span.host)
+                                   columns, span.host, pools)
     if span.process is None:
         return window
     return window._replace(series=[s for s in window.series if s.pid == span.process])
@@ -407,7 +411,8 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
     and alerts: OOMs and orphaned blocks always (at most ``points``); request boundaries only
     when at most ``points`` of them fall in the window (the first ``points`` of a busy day
     would only mislead); prefix-cache allocations only when at most ``PREFIX_EVENT_LIMIT``
-    (both counted on the index first: a busy day's are not read to be dropped)."""
+    (both counted on the index first: a busy day's are not read to be dropped); each
+    process's KV pool (``kv_pools``) where the device has a pool in the window."""
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
     drawn = series(store, span, points, columns)
     # the rare markers and the phase events, each name on the (device, name, time) index
@@ -426,10 +431,16 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
                               limit=PREFIX_EVENT_LIMIT + 1)
     alerts = store.alerts(host=host or store.host_name, device=device, start_s=start_s,
                           end_s=end_s, limit=ALERT_LIMIT)
+    # each process's KV pool, only where the device has one in the window (a read saved
+    # on every device without)
+    has_pool = any(r.get("kv_blocks_total_max") is not None for r in drawn.rows)
     return Timeline(drawn, phases, requests(store, span, drawn.bucket_s),
                     process_series(store, span, points, process_columns),
                     [e for e in named if e.name != "phase"][:points], marked, truncated,
-                    load[:NAMED_EVENT_LIMIT], len(load) > NAMED_EVENT_LIMIT, prefix, alerts)
+                    load[:NAMED_EVENT_LIMIT], len(load) > NAMED_EVENT_LIMIT, prefix, alerts,
+                    process_series(store, span, points, KV_PROCESS_COLUMNS, pools=True)
+                    if has_pool
+                    else None)
 
 
 # --- bounded counts ----------------------------------------------------------------------------
@@ -493,7 +504,8 @@ def fleet_reports(store: Store) -> dict[str, dict[str, Any]]:
     return _fleet.agent_reports(store)
 
 
-__all__ = ["PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMIT", "UNREAD_TIERS", "WIDTHS_S",
+__all__ = ["KV_PROCESS_COLUMNS", "PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMIT",
+           "UNREAD_TIERS", "WIDTHS_S",
            "Bands", "DeviceNow", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
            "RequestRate", "Series", "Span", "Timeline", "Window", "WindowTooLong",
            "count_events", "count_samples", "extrema", "fleet", "fleet_events",

@@ -78,6 +78,10 @@ class Peaks(NamedTuple):
 
 
 PROCESS_COLUMNS: tuple[str, ...] = ("allocated_bytes", "reserved_bytes")
+# Each process's KV pool: read apart from the allocator's columns, because a device's pools
+# differ in size (a 63-block pool beside a 16,384-block one) and the tiers' range over them is
+# nobody's pool; one pool a process (vLLM, KVSource), so the pid is the pool's identity
+KV_PROCESS_COLUMNS: tuple[str, ...] = ("kv_blocks_used", "kv_blocks_total")
 # Why part of a window has no per-process series
 UNREAD_TIERS = "tiers"  # raw samples gone there (retention): only the tiers, without a pid
 UNREAD_LIMIT = "limit"  # more raw rows than the limit the series were read under
@@ -126,6 +130,7 @@ class Timeline(NamedTuple):
     load_truncated: bool
     prefix: list[Event] | None  # request allocations (prefix-cache hits); None: too many
     alerts: list[dict[str, Any]]  # the device's alerts fired in the window, newest first
+    kv_pools: ProcessWindow | None = None  # each process's KV pool (KV_PROCESS_COLUMNS)
 
 
 class FleetDevice(NamedTuple):

@@ -273,6 +273,25 @@ verdicts = Table(
     Index("ix_verdicts_device_ts", "device_id", "ts_s"),
 )
 
+# The device's answer as the alert engine chose it once (agent/alerts/verdicts.py
+# ``DeviceVerdict``, 0014): its risk level, which process leads the OOM-risk and the leak
+# question (the one its alerts name) and its [server] config check, written when one of them
+# changes and at the verdicts' heartbeat. Every page reads the lead from here instead of
+# choosing one of the processes' verdicts again. Kept as long as the verdicts.
+device_verdicts = Table(
+    "device_verdicts", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("ts_s", Float, nullable=False),
+    Column("level", String(16), nullable=False),  # "" before the risk model's first point
+    Column("risk_pid", Integer, nullable=True),  # None: the device as a whole
+    Column("leak_pid", Integer, nullable=True),
+    # the [server] section's check at the device's limit as the engine made it (JSON; null
+    # where the agent has no [server] section): the OOM risk page shows this one
+    Column("config_check", Text, nullable=True),
+    Index("ix_device_verdicts_device_ts", "device_id", "ts_s"),
+)
+
 # The agent's own health, so the dashboard can show it (Sidecar issue).
 agent_stats = Table(
     "agent_stats", metadata,

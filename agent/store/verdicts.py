@@ -5,20 +5,27 @@ A window's answer is, per process, the newest verdict at or before the window's 
 (:func:`latest`); its history in the window (:func:`history`) draws the forecast and the
 state changes. Neither reads a sample: a page over a week costs a few index lookups.
 :func:`attach_window` puts every verdict of an analysis document in place from the store
-(the stored verdicts, and the alerts the agent stored: :func:`stored_alerts`).
+(the stored verdicts, and the alerts the agent stored: :func:`stored_alerts`). Which process
+leads a question is the engine's stored choice (table ``device_verdicts``, migration 0014:
+:func:`device_answer`, :func:`mark_leads`), never chosen here.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import and_, func, insert, select, true
-from vramscope.agent.alerts.verdicts import HEARTBEAT_S, Verdict, verdict_from_json
+from vramscope.agent.alerts.verdicts import (
+    HEARTBEAT_S,
+    DeviceVerdict,
+    Verdict,
+    verdict_from_json,
+)
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.severity import Severity, rank, worst
-from vramscope.agent.store.schema import devices, hosts, verdicts
+from vramscope.agent.store.schema import device_verdicts, devices, hosts, verdicts
 from vramscope.agent.store.store import stored_json
 
 if TYPE_CHECKING:
@@ -35,19 +42,69 @@ ALERT_READ_LIMIT = 1_000  # a window's stored alerts an analysis document shows
 ENDED_AFTER_S = 2 * HEARTBEAT_S
 
 
-def write(store: Store, rows: Sequence[Verdict], conn: Connection | None = None) -> int:
-    """Store ``rows`` (in the caller's transaction when ``conn`` is given)."""
+def write(store: Store, rows: Sequence[Verdict | DeviceVerdict],
+          conn: Connection | None = None) -> int:
+    """Store ``rows``, the processes' verdicts and the devices' (``VerdictLog.take``'s), in
+    the caller's transaction when ``conn`` is given."""
     if not rows:
         return 0
     values = [{"device_id": store.device_id(v.device, v.host, conn), "pid": v.pid,
                "ts_s": v.ts_s, "leak_state": v.leak_state, "risk_level": v.risk_level,
-               "doc": json.dumps(v.to_json(), separators=(",", ":"))} for v in rows]
+               "doc": json.dumps(v.to_json(stored=True), separators=(",", ":"))}
+              for v in rows if isinstance(v, Verdict)]
+    answers = [{"device_id": store.device_id(v.device, v.host, conn), "ts_s": v.ts_s,
+                "level": v.level, "risk_pid": v.risk_pid, "leak_pid": v.leak_pid,
+                "config_check": None if v.config_check is None
+                else json.dumps(v.config_check, separators=(",", ":"))}
+               for v in rows if isinstance(v, DeviceVerdict)]
     if conn is not None:
-        conn.execute(insert(verdicts), values)
+        _insert(conn, values, answers)
     else:
         with store.engine.begin() as c:
-            c.execute(insert(verdicts), values)
-    return len(values)
+            _insert(c, values, answers)
+    return len(rows)
+
+
+def _insert(c: Connection, values: list[dict[str, Any]], answers: list[dict[str, Any]]) -> None:
+    if values:
+        c.execute(insert(verdicts), values)
+    if answers:
+        c.execute(insert(device_verdicts), answers)
+
+
+def device_answer(store: Store, device: int, host: str | None,
+                  at_s: float) -> DeviceVerdict | None:
+    """The device's newest answer at or before ``at_s`` (its level and leading processes, as
+    the engine chose them; one seek), None where none is stored (before the agent's first
+    row, or a store written before migration 0014)."""
+    did = store.known_device_id(device, host)
+    if did is None:
+        return None
+    dv = device_verdicts
+    q = (select(dv.c.ts_s, dv.c.level, dv.c.risk_pid, dv.c.leak_pid, dv.c.config_check)
+         .where(dv.c.device_id == did, dv.c.ts_s <= at_s)
+         .order_by(dv.c.ts_s.desc(), dv.c.id.desc()).limit(1))
+    with store.engine.connect() as c:
+        row = c.execute(q).first()
+    return None if row is None else _answer(device, host, *row)
+
+
+def _answer(device: int, host: str | None, ts: float, level: str, risk_pid: int | None,
+            leak_pid: int | None, check: str | None) -> DeviceVerdict:
+    """A ``device_verdicts`` row as the engine wrote it (a check that does not read as an
+    object is none)."""
+    doc = stored_json(check) if check is not None else None
+    return DeviceVerdict(ts, device, host, level, risk_pid, leak_pid,
+                         doc if isinstance(doc, dict) else None)
+
+
+def _newest_answer(at_s: float) -> Any:
+    """The id of each device's newest ``device_verdicts`` row at or before ``at_s``, as a
+    scalar subquery correlated with ``devices``."""
+    inner = device_verdicts.alias("newest_answer")
+    return (select(inner.c.id).where(inner.c.device_id == devices.c.id, inner.c.ts_s <= at_s)
+            .order_by(inner.c.ts_s.desc(), inner.c.id.desc()).limit(1).correlate(devices)
+            .scalar_subquery())
 
 
 def latest(store: Store, device: int, host: str | None, at_s: float) -> list[Verdict]:
@@ -100,6 +157,28 @@ def history(store: Store, device: int, host: str | None, start_s: float, end_s: 
         docs = [r[0] for r in c.execute(q)]
     out = [v for v in map(_verdict, reversed(docs)) if v is not None]
     return out
+
+
+def judged_floor(store: Store, device: int, host: str | None, pid: int | None, start_s: float,
+                 end_s: float) -> list[tuple[float, int]]:
+    """The floor points process ``pid``'s leak detector made in [start_s, end_s], oldest
+    first, as its rows carry them (each row the points since the one before: the rows up to a
+    heartbeat after ``end_s`` hold the window's last points); the floor its verdicts were made
+    on, which the pages draw. One range on ``ix_verdicts_device_pid_ts``, at most
+    ``HISTORY_LIMIT`` rows (the oldest left out beyond)."""
+    did = store.known_device_id(device, host)
+    if did is None:
+        return []
+    same = verdicts.c.pid.is_(None) if pid is None else verdicts.c.pid == pid
+    q = (select(verdicts.c.doc)
+         .where(verdicts.c.device_id == did, same, verdicts.c.ts_s >= start_s,
+                verdicts.c.ts_s <= end_s + HEARTBEAT_S)
+         .order_by(verdicts.c.ts_s.desc(), verdicts.c.id.desc()).limit(HISTORY_LIMIT))
+    with store.engine.connect() as c:
+        docs = [r[0] for r in c.execute(q)]
+    points = {p for v in map(_verdict, docs) if v is not None for p in v.leak_floor
+              if start_s <= p[0] <= end_s}
+    return sorted(points)
 
 
 def has_any(store: Store, device: int | None = None, host: str | None = None) -> bool:
@@ -162,7 +241,22 @@ def processes(store: Store, device: int, host: str | None, end: float) -> list[d
     if not rows:
         return []
     names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
-    return [process_doc(v, names, ended(v, rows)) for v in rows]
+    return mark_leads([process_doc(v, names, ended(v, rows)) for v in rows],
+                      device_answer(store, device, host, end))
+
+
+def mark_leads(docs: list[dict[str, Any]], answer: DeviceVerdict | None) -> list[dict[str, Any]]:
+    """Each process document's ``leads``: the questions (``risk``, ``leak``) the engine's
+    stored device answer says it leads. Where none is stored (a window before the agent's
+    first device row), a device with one running process is led by it: there was nothing to
+    choose; with several, none leads (no surface chooses in the engine's place)."""
+    running = [d for d in docs if not d["ended"]]
+    for d in docs:
+        if answer is not None:
+            d["leads"] = answer.leads(d["pid"]) if not d["ended"] else []
+        else:
+            d["leads"] = ["risk", "leak"] if len(running) == 1 and d is running[0] else []
+    return docs
 
 
 def process_doc(v: Verdict, names: Mapping[int, Mapping[str, Any]],
@@ -180,23 +274,40 @@ def process_doc(v: Verdict, names: Mapping[int, Mapping[str, Any]],
 
 
 def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Every device's running processes' answers at ``at_s``: :func:`fleet_verdicts`'
+    ``processes``."""
+    return fleet_verdicts(store, at_s).processes
+
+
+class FleetVerdicts(NamedTuple):
+    """The whole fleet's stored answers at one instant, by ``(host, device index)``."""
+
+    processes: dict[tuple[str, int], list[dict[str, Any]]]
+    devices: dict[tuple[str, int], DeviceVerdict]
+
+
+def fleet_verdicts(store: Store, at_s: float) -> FleetVerdicts:
     """Every device's running processes' answers at ``at_s`` (what :func:`processes` gives
-    each device, the ended ones left out), by ``(host, device index)``, in one statement.
+    each device, the ended ones left out, each marked with the ``leads`` of its device's
+    stored answer) and every device's :func:`device_answer`, in one statement.
 
     A process that has not ended wrote a row within ``ENDED_AFTER_S`` of its device's newest
     (the heartbeat): so each device's rows in [newest - ENDED_AFTER_S, newest] hold every
     running process's newest answer. The newest is a correlated ``max`` (one seek on
     ``ix_verdicts_device_ts`` per device) and the rows after it a range on the same index: a
-    fleet's 90 days of verdicts cost what its last ten minutes do."""
+    fleet's 90 days of verdicts cost what its last ten minutes do. The device's answer is its
+    newest ``device_verdicts`` row (one seek on ``ix_device_verdicts_device_ts``), joined."""
+    dv = device_verdicts
     newest = (select(func.max(verdicts.c.ts_s))
               .where(verdicts.c.device_id == devices.c.id, verdicts.c.ts_s <= at_s)
               .scalar_subquery())
     tops = (select(devices.c.id.label("did"), devices.c.device_index, hosts.c.name,
-                   newest.label("newest"))
+                   newest.label("newest"), _newest_answer(at_s).label("answer"))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery())
     since_newest = and_(verdicts.c.device_id == tops.c.did,
                         verdicts.c.ts_s >= tops.c.newest - ENDED_AFTER_S,
                         verdicts.c.ts_s <= tops.c.newest)
+    said = (dv.c.ts_s, dv.c.level, dv.c.risk_pid, dv.c.leak_pid, dv.c.config_check)
     if store.dialect == "postgresql":
         # joined, PostgreSQL hash-joined every verdict stored and sought each device's newest
         # once per verdict row; a LATERAL range (OFFSET 0 keeps it from being pulled up into
@@ -204,15 +315,17 @@ def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[
         recent = (select(verdicts.c.pid, verdicts.c.ts_s, verdicts.c.doc, verdicts.c.id)
                   .where(since_newest).offset(0).lateral("recent"))
         q = (select(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s,
-                    recent.c.doc)
-             .select_from(tops.join(recent, true()))
+                    recent.c.doc, *said)
+             .select_from(tops.join(recent, true()).outerjoin(dv, dv.c.id == tops.c.answer))
              .order_by(tops.c.name, tops.c.device_index, recent.c.pid, recent.c.ts_s.desc(),
                        recent.c.id.desc()))
     else:
         # an outer join: SQLite keeps a LEFT JOIN's order, the devices first, each one's range
         # after (joined, it walked every verdict stored, seeking two newest per row)
         q = (select(tops.c.name, tops.c.device_index, verdicts.c.pid, verdicts.c.ts_s,
-                    verdicts.c.doc).outerjoin(verdicts, since_newest)
+                    verdicts.c.doc, *said)
+             .select_from(tops.outerjoin(verdicts, since_newest)
+                          .outerjoin(dv, dv.c.id == tops.c.answer))
              .order_by(tops.c.name, tops.c.device_index, verdicts.c.pid,
                        verdicts.c.ts_s.desc(), verdicts.c.id.desc()))
     with store.engine.connect() as c:
@@ -222,23 +335,26 @@ def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[
         names.setdefault(p["host"], {})[p["pid"]] = p
     newest_of: dict[tuple[str, int, int | None], float] = {}
     found: dict[tuple[str, int, int | None], Verdict] = {}
-    for host, device, pid, ts, doc in rows:  # each process's newest instant first
+    answers: dict[tuple[str, int], DeviceVerdict] = {}
+    for host, device, pid, ts, doc, said_ts, *answer in rows:
+        if said_ts is not None and (host, device) not in answers:
+            answers[(host, device)] = _answer(device, host, said_ts, *answer)
         if ts is None:
             continue  # a device without verdicts (SQLite's outer join)
-        key = (host, device, pid)
+        key = (host, device, pid)  # each process's newest instant first
         if newest_of.setdefault(key, ts) != ts or key in found:
             continue  # an older row, or a second of one instant: the later written is kept
         v = _verdict(doc)
         if v is not None:  # a damaged row is not an answer: the one before it of its instant
             found[key] = v
-    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    docs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for (host, device, _), v in sorted(found.items(),
                                        key=lambda kv: (kv[0][:2], kv[1].pid is not None,
                                                        kv[1].pid or 0)):
-        if not v.ended:
-            out.setdefault((host, device), []).append(process_doc(v, names.get(host, {}),
-                                                                  False))
-    return out
+        docs.setdefault((host, device), []).append(process_doc(v, names.get(host, {}),
+                                                               v.ended))
+    return FleetVerdicts({key: [d for d in mark_leads(mine, answers.get(key)) if not d["ended"]]
+                          for key, mine in docs.items()}, answers)
 
 
 def process_label(row: Mapping[str, Any] | None) -> str:
@@ -250,17 +366,10 @@ def process_label(row: Mapping[str, Any] | None) -> str:
 
 
 def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    """The process a page's headline speaks for: for ``leak``, a leak, then one ever
-    detected, then the steepest; for ``risk``, the riskiest level, then the soonest OOM. Live
-    processes before ended ones (the engine's own order: alerts name the same process)."""
-    if not procs:
-        return None
-    if kind == "leak":
-        return max(procs, key=lambda d: (not d["ended"], d["leak"]["state"] == "leak",
-                                         d["leak"]["first_detected_ts"] is not None,
-                                         d["leak"]["slope_bytes_per_s"]))
-    return max(procs, key=lambda d: (not d["ended"], rank(d["risk"]["level"], "risk level"),
-                                     -(d["risk"]["time_to_oom_s"] or float("inf"))))
+    """The process a page's headline speaks for on ``kind`` (``risk`` or ``leak``): the one
+    the engine chose and stored (:func:`mark_leads`; the one its alerts name), never chosen
+    here. None where no process leads."""
+    return next((d for d in procs if kind in d.get("leads", ())), None)
 
 
 def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -366,12 +475,10 @@ def attach_window(doc: dict[str, Any], store: Store, device: int, host: str | No
 
 
 def _warned_cause(store: Store, device: int, host: str | None, at_s: float) -> str | None:
-    """The likely cause the engine stored with its warning at ``at_s``: of each running
-    process's newest verdict at or before it, the riskiest one's that names a cause."""
-    said = [v for v in current(latest(store, device, host, at_s)) if v.risk_cause]
-    if not said:
-        return None
-    return max(said, key=lambda v: (rank(v.risk_level, "risk level"), v.ts_s)).risk_cause
+    """The likely cause the engine stored with its warning at ``at_s``: the newest verdict at
+    or before it of the process the engine stored as the riskiest (:func:`leading`)."""
+    lead = leading(processes(store, device, host, at_s), "risk")
+    return lead["risk"]["cause"] if lead is not None else None
 
 
 def stored_alerts(store: Store, device: int, host: str | None, start: float,

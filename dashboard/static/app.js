@@ -481,7 +481,7 @@ PAGES.overview = () => (body.fleet ? poll(fleetOverview) : poll(async () => {
     ["Unexplained", (d) => fmtBytes(d.latest && d.latest.unexplained_bytes), "num"],
     ["Processes", (d) => ((d.latest && d.latest.processes) || []).map((p) => p.process + " " + fmtBytes(p.reserved_bytes)).join(", "), "wrap"],
     ["Limit", (d) => fmtBytes(d.latest && d.latest.device_total_bytes), "num"],
-    ["KV · req/min", (d) => (d.latest ? (d.kv_usage_ratio == null ? "–" : (100 * d.kv_usage_ratio).toFixed(1) + " %") + " · " + d.requests_per_min.toFixed(0) : ""), "num"],
+    ["KV · req/min", (d) => (d.latest ? kvCell(d) + " · " + d.requests_per_min.toFixed(0) : ""), "num"],
     ["Phase", (d) => d.latest && d.latest.phase],
     ["Last sample", (d) => fmtAge(d.last_sample_age_s) + " ago" + (d.stale ? " (stale)" : d.freshness === "idle" ? " (idle)" : d.freshness === "catching_up" ? " (catching up)" : ""), "num"],
     ["", (d) => link("timeline →", "/timeline?" + qs({ device: d.device, host: d.host }))],
@@ -545,6 +545,17 @@ function clientsCell(h, procs) {
   return other > 0 ? h.agent.clients + " (+" + other + " writing without a socket: simulated or replayed)" : h.agent.clients;
 }
 
+// A device's KV now: its one pool's share used, or with several pools (two servers on one
+// GPU) each pool's share with its size, fullest first, so a full 63-block pool is never
+// hidden under a 16,384-block one (the shares come from the API; nothing is judged here).
+function kvCell(d) {
+  const pools = d.kv_pools || [];
+  if (pools.length < 2) return d.kv_usage_ratio == null ? "–" : (100 * d.kv_usage_ratio).toFixed(1) + " %";
+  return pools.slice().sort((a, b) => b.kv_usage_ratio - a.kv_usage_ratio)
+    .map((p) => (100 * p.kv_usage_ratio).toFixed(1) + " % of " + p.kv_blocks_total.toLocaleString("en-US") + (p.pid == null ? "" : " (pid " + p.pid + ")"))
+    .join(" · ");
+}
+
 // Live processes first, ended ones (a restarted server's old pids) after them, newest first.
 function processOrder(procs) {
   const rank = { connected: 0, unknown: 1, ended: 2 };
@@ -602,7 +613,8 @@ PAGES.timeline = () => {
       ? "No samples for this device in this window."
       : "bucket " + fmtAge(m.bucket_s) + " · " + fig.data.length + " series, " + pts + " points · " + phases +
         (m.events_truncated ? " · request markers: zoom in" : "") +
-        (m.mixed_processes_note ? " · " + m.mixed_processes_note : "");
+        (m.mixed_processes_note ? " · " + m.mixed_processes_note : "") +
+        (m.kv_pools_note ? " · " + m.kv_pools_note : "");
     const note = document.getElementById("timeline-note");
     note.hidden = !(m.window_age_s > m.stale_after_s);
     note.textContent = "This window ended " + fmtAge(m.window_age_s) + " ago (" + fmtTime(m.window_end) +

@@ -50,6 +50,10 @@ def test_bench_quick_json(name, capsys):
         assert [s["bench"] for s in doc["skipped"]] == ["vllm"]
         assert "needs vLLM" in doc["skipped"][0]["error"]
         return
+    if name == "fleet":  # a fleet shares one PostgreSQL: tests/agent/test_bench_fleet.py
+        assert [s["bench"] for s in doc["skipped"]] == ["fleet"]
+        assert "needs a PostgreSQL server" in doc["skipped"][0]["error"]
+        return
     if _is_gpu(name) and not _cuda():
         assert doc["figures"] == []
         assert [s["bench"] for s in doc["skipped"]] == [name]
@@ -86,8 +90,8 @@ def test_the_report_has_one_section_per_benchmark_each_with_its_own_current_tabl
     assert list(sections) == list(BENCHMARKS)
     tables = {name: re.findall(r"<!-- bench-table (.*?) -->", body)
               for name, body in sections.items()}
-    # vllm has no committed run; every other benchmark one table of its own figures only
-    assert [name for name, found in tables.items() if len(found) != 1] == ["vllm"]
+    # every benchmark one table of its own figures only
+    assert [name for name, found in tables.items() if len(found) != 1] == []
     for name, (sources,) in ((n, t) for n, t in tables.items() if t):
         assert [s.partition("=")[0].partition("#")[2] for s in sources.split()] == (
             [name] * len(sources.split())), sources
@@ -132,10 +136,19 @@ def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
     from vramscope.agent.bench.tables import render
 
     text = DOC.read_text()
-    assert text.count("<!-- bench-table ") == len(BENCHMARKS) - 1  # one each; vllm has no run
+    assert text.count("<!-- bench-table ") == len(BENCHMARKS)  # one each
     assert render(text, DOC.parent) == text, (
         "docs/BENCHMARKS.md is out of date: "
         "python -m vramscope.agent.bench.tables docs/BENCHMARKS.md")
+
+
+def test_the_kv_agreement_figures_in_docs_vllm_are_rendered_from_the_committed_json():
+    from vramscope.agent.bench.tables import render
+
+    text = (DOC.parent / "vllm.md").read_text()
+    assert "<!-- bench-table bench/vllm-kv-agreement.json=" in text
+    assert render(text, DOC.parent) == text, (
+        "docs/vllm.md is out of date: python -m vramscope.agent.bench.tables docs/vllm.md")
 
 
 def test_report_renders_rows_and_names_bad_input(tmp_path):

@@ -16,10 +16,10 @@ LIVE = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-06" / "live"
 
 @pytest.fixture(scope="module")
 def runs():
-    return {name: figures(LIVE / name) for name in ("main", "short")}
+    return {name: figures(LIVE / name) for name in ("main", "short", "today")}
 
 
-@pytest.mark.parametrize("name", ["main", "short"])
+@pytest.mark.parametrize("name", ["main", "short", "today"])
 def test_the_committed_figures_are_what_the_stored_run_gives(runs, name):
     assert runs[name] == json.loads((LIVE / name / "figures.json").read_text())
 
@@ -87,3 +87,31 @@ def test_a_three_minute_fill_from_40_s_is_named_in_2_2_min_only_66_s_before_its_
         "critical", "growth", [64.3, 64.1, 64.5])
     assert f["healthy_leak_states"] == ["insufficient_data"]
     assert f["healthy_risk"] == [[1915, 1.0, "warning", "growth", ["headroom"], 4.7]]
+
+
+def test_today_a_four_minute_fill_from_75_s_is_named_and_forecast_over_half_its_time_ahead(runs):
+    # the agent of today's main (section 22): growth that fills torch's limit in 3.6 min,
+    # starting 75 s into the process
+    f = runs["today"]
+    assert (f["grower"], f["onset_after_t0_s"], f["oom_after_onset_s"]) == (651, 75.0, 214.4)
+    leak = f["first_leak"]
+    # named 98.8 s after the onset (within 3 min), 115.5 s before the OOM: over half of 214.4
+    assert (leak["after_onset_s"], leak["before_oom_s"]) == (98.8, 115.5)
+    assert leak["before_oom_s"] >= f["oom_after_onset_s"] / 2
+    # the rate's interval and the forecast's hold the truth (351.5 MB/s; 115.5 s left)
+    assert (leak["rate_mb_s"], f["true_rate_mb_s"]) == ([352.7, 299.8, 405.6], 351.5)
+    assert leak["time_to_oom_s"] == [114.9, 100.0, 135.2]
+    (critical,) = f["risk_before_oom"]  # straight to critical, cause growth, no flapping
+    assert (critical["level"], critical["cause"], critical["before_oom_s"]) == (
+        "critical", "growth", 115.4)
+    fired = {rule: (before, message) for rule, before, _, message in f["alerts"]}
+    assert all("[pid 651]" in fired[r][1] for r in ("memory_leak", "oom_risk"))
+    assert "; likely growth;" in fired["oom_risk_critical"][1]
+    # after the OOM: the leak stays its answer, the risk ends; one cause on every surface
+    assert f["after_oom"] == [[0.0, "leak", "ok", None, False]]
+    assert (f["postmortem_causes"], f["analyze_oom_cause"]) == (["growth"], "growth")
+    assert (f["analyze_leak"], f["analyze_grower"]) == ([651, "leak"], ["leak", "ok", False])
+    # the healthy server and its restart: never a leak; the restart warned 2.1 s before the
+    # OOM on a device filled to 4.6 GiB free, cause growth
+    assert (f["healthy"], f["healthy_leak_states"]) == ([509, 897], ["insufficient_data"])
+    assert f["healthy_risk"] == [[897, 2.1, "warning", "growth", ["headroom"], 4.6]]

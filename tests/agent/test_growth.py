@@ -190,6 +190,10 @@ def test_an_oom_ends_the_risk_of_the_process_it_killed():
     leak = e.devices[0].leaks[1].result
     assert leak.state == "leak"
     assert leak.evidence.endswith("; the growth ended with the OOM at 950.000")
+    # its forecast came true: none is left on it (no "full in about 0 s")
+    assert (leak.time_to_oom_s, leak.time_to_oom_low_s, leak.time_to_oom_high_s) == (
+        None, None, None)
+    assert "full in" not in leak.evidence
 
 
 def _wandering(onset_s: float, minutes: int = 170):
@@ -225,24 +229,27 @@ def test_no_leak_needs_every_recent_stretch_below_the_minimum_too():
 
 
 def test_no_leak_is_not_kept_while_the_floor_goes_unseen():
-    # a flat idle floor for 170 min (no leak), then busy without a break: once the trend has
-    # had no new floor point for the minimum span, "no leak" is no longer an answer about now
+    # a flat idle floor for 170 min (no leak), then a request that never ends (busy without a
+    # break): once no floor has been read for two floor windows, "no leak" is no longer an
+    # answer about now (a 5 %/h leak begun since would hold 0.1 % of the limit in 72 s)
     d = LeakDetector()
     for t in range(0, 170 * 60, 2):
         d.update(Sample(float(t), 0, Phase.IDLE, device_total_bytes=8 * 10**9,
                         allocated_bytes=10**9 + (6 * MB if (t // 240) % 2 else 0)))
     assert d.result.state == "no_leak"
+    d.on_event(Event(170 * 60.0, "request_start", request_id="r"))
     changed = []
     for t in range(170 * 60, 190 * 60, 2):
         r = d.update(Sample(float(t), 0, Phase.DECODE, device_total_bytes=8 * 10**9,
                             allocated_bytes=2 * 10**9 + (t % 60) * MB))
         if r is not None:
             changed.append((t, r.state))
-    # the last trend point is the floor at 169 min: 15 min later
-    assert changed == [(11042, "insufficient_data")]
+    # the newest floor read (a fine floor window's idle least, at 10,186 s) over 2 min old at
+    # 10,308 s: one change, kept
+    assert changed == [(10308, "insufficient_data")]
     assert d.result.evidence.startswith(
-        "not enough data yet: no new floor point for over 15 min (busy without a break); the "
-        "last answer: no leak (")
+        "not enough data yet: no floor read for over 2 min (busy since); the last answer: "
+        "no leak (")
 
 
 def test_no_leak_waits_for_a_newest_floor_above_the_line_of_those_before():
@@ -257,8 +264,42 @@ def test_no_leak_waits_for_a_newest_floor_above_the_line_of_those_before():
                             allocated_bytes=int(10**9 + grow + (6 * MB if (t // 240) % 2 else 0))))
         if r is not None and t >= 174 * 60:
             states[t // 60] = r.state
-    # the floor's own 6 MiB steps are within its wandering; 25 MiB is not
-    assert states == {175: "no_leak", 177: "no_leak", 179: "insufficient_data"}
+    # the floor's own 6 MiB steps are within its wandering; a fine floor read 16.1 MiB above
+    # the line 1.5 min into the rise is not: the trend's no_leak is held back at once (10,650
+    # s), and stays held until the trend has had 15 min of points after that read
+    assert states == {175: "no_leak", 177: "insufficient_data", 179: "insufficient_data"}
     assert d.result.evidence.startswith(
-        "not enough data yet: the newest floor is 19.7 MiB above the line of those before it, "
-        "a rise too recent to test (the test so far: no leak (")
+        "not enough data yet: a floor read 16.1 MiB above the line of those before it, "
+        "a rise too recent to test; the last answer: no leak (")
+
+
+def test_no_leak_waits_while_the_floor_holds_what_a_leak_added():
+    # a leak of 4 %/h of the limit for 30 min (from 60 min on), then a flat floor for hours: a
+    # leak that grows only under load rests through quiet hours. Once the horizon (2 h) is flat
+    # the routes say no leak; that waits while the floor still holds over half of what the
+    # leak answers added, for at most 6 h after the last one (HELD_CAP_S)
+    d = LeakDetector()
+    changes, last, held = [], None, None
+    for t in range(0, 10 * 3600, 5):
+        grow = min(max(0, t - 3600), 1800) * 0.04 * 8 * 10**9 / 3600
+        r = d.update(Sample(float(t), 0, Phase.IDLE, device_total_bytes=8 * 10**9,
+                            allocated_bytes=int(10**9 + grow + (6 * MB if (t // 240) % 2 else 0))))
+        doubt = d._doubted[0] if d._doubted and d._doubted[1] is r else None
+        now = None if r is None else (r.state, doubt)
+        if now is not None and now != last:
+            changes.append((t // 60, *now))
+            last = now
+        if doubt == "held" and held is None:
+            held = r.evidence
+    assert changes == [
+        (6, "insufficient_data", None), (21, "no_leak", None),
+        (63, "insufficient_data", "above"),  # 3 min into the rise
+        (67, "insufficient_data", None),  # the routes' own: not yet a leak, nor none
+        (74, "leak", None),
+        (179, "insufficient_data", None),  # the horizon's line flattening
+        (205, "insufficient_data", "held"),  # the routes' no_leak, held back
+        (537, "no_leak", None)]  # 6 h after the last leak answer
+    assert held is not None and held.startswith(
+        "not enough data yet: the floor still holds 152.6 MiB of the 196.6 MiB the leak added "
+        "(a leak answered 28 min ago): a leak that grows only under load rests when the load "
+        "does; the last answer: no leak (")

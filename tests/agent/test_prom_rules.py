@@ -82,11 +82,17 @@ def rules_of(text: str) -> dict[str, dict]:
     return {r["alert"]: r for r in doc["groups"][0]["rules"]}
 
 
+# each server's pool against its own size: the fullest pool's share, and the time to
+# exhaustion of that pool (issue 47: a full 63-block pool beside a 16,384-block one)
+KV_SHARE = "vramscope_process_kv_blocks_used / vramscope_process_kv_blocks_capacity"
+KV_USAGE = f"max by (host, device) ({KV_SHARE})"
 KV_EXPR = (
-    "(((vramscope_kv_blocks_capacity - vramscope_kv_blocks_used)"
-    " / (deriv(vramscope_kv_blocks_used[5m]) > 0)) < 60)"
-    " and on(host, device) ((vramscope_kv_blocks_used / vramscope_kv_blocks_capacity) >= 0.8)"
-    " or (((vramscope_kv_blocks_used / vramscope_kv_blocks_capacity) >= 0.8)"
+    "(min by (host, device) (((vramscope_process_kv_blocks_capacity"
+    " - vramscope_process_kv_blocks_used) / (deriv(vramscope_process_kv_blocks_used[5m]) > 0))"
+    f" and on(host, device, process, pid) ({KV_SHARE} == on(host, device) group_left"
+    f" {KV_USAGE})) < 60)"
+    f" and on(host, device) ({KV_USAGE} >= 0.8)"
+    f" or (({KV_USAGE} >= 0.8)"
     ' and on(host, device) ALERTS{alertname="VramscopeKvExhaustion", alertstate="firing"})')
 
 
@@ -229,7 +235,9 @@ def test_promtool_evaluates_the_kv_gate(tmp_path):
     5-minute growth (21.5 blocks/min) runs the pool out in 42 s (< 60) while it is 85 % full:
     pending, firing at 4 min (15 s left). Growth then stops, so the time to exhaustion is
     gone, but the pool stays 95 % full: the gate keeps the alert. At 9 min usage drops to 50 %;
-    keep_firing_for holds it one more evaluation; resolved at 10 min."""
+    keep_firing_for holds it one more evaluation; resolved at 10 min. A second server's pool
+    of 16,384 blocks on the same GPU, 100 used throughout, changes nothing: each pool is read
+    against its own size (the device's sums, at most 195 of 16,484 blocks, never fired)."""
     (tmp_path / "rules.yml").write_text(render_rules(parse_config({}, None, {})))
     labels = {"host": "a", "device": "0", "severity": "warning", "vramscope_rule": "kv_exhaustion"}
 
@@ -240,14 +248,19 @@ def test_promtool_evaluates_the_kv_gate(tmp_path):
                            "(vramscope rule kv_exhaustion: kv_exhaustion_s < 60 while "
                            "kv_usage_ratio >= 0.8)"}}]
 
+    small = 'host="a",device="0",process="vllm engine core (port 8000)",pid="4100"'
+    big = 'host="a",device="0",process="vllm engine core (port 8001)",pid="4200"'
     at = lambda minute, alerts: {"eval_time": f"{minute}m", "alertname": "VramscopeKvExhaustion",
                                  "exp_alerts": alerts}
     test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [
-            {"series": 'vramscope_kv_blocks_used{host="a",device="0"}',
+            {"series": f'vramscope_process_kv_blocks_used{{{small}}}',
              "values": "20 40 60 85 95 95 95 95 95 50 50 50"},
-            {"series": 'vramscope_kv_blocks_capacity{host="a",device="0"}', "values": "100x11"}],
+            {"series": f'vramscope_process_kv_blocks_capacity{{{small}}}', "values": "100x11"},
+            {"series": f'vramscope_process_kv_blocks_used{{{big}}}', "values": "100x11"},
+            {"series": f'vramscope_process_kv_blocks_capacity{{{big}}}',
+             "values": "16384x11"}],
         "alert_rule_test": [at(2, []), at(3, []), at(4, firing("15.384615384615383")),
                             at(8, firing("0.95")), at(9, firing("0.95")), at(10, [])]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test))

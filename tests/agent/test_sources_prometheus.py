@@ -53,10 +53,12 @@ class Pages:
 
     def __init__(self) -> None:
         self.page, self.status = "", 200
+        self.serving = lambda: None  # what else happens while a page is served
         pages = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                pages.serving()
                 body = pages.page.encode()
                 self.send_response(pages.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -117,6 +119,18 @@ def test_vllm_page_becomes_kv_sample_request_slots_and_counter_increases(pages, 
     assert all(r.ts_s == 1_700_000_001.0 for r in got)
     # the page is served by this process, on loopback: every record is its
     assert {r.pid for r in got} == {os.getpid()}
+
+
+def test_records_carry_the_scrapes_time_the_middle_of_the_fetch(pages, fake_clock):
+    """A scrape that takes 0.4 s (a busy server): its records stand at the middle of the
+    fetch, when the server made the page, not at its end nor after the parse."""
+    src, got = _source(pages.url, clock=fake_clock)
+    pages.page = vllm_page(0.25, 0, 0, 100, 40, 3)
+    pages.serving = lambda: fake_clock.advance(0.4)
+    asked = fake_clock.time_s()
+    src.run_once()
+    assert [type(r).__name__ for r in got] == ["Sample", "Event"]  # the KV pool, the load
+    assert {r.ts_s for r in got} == {asked + 0.2}
 
 
 def test_unchanged_gauges_make_a_sample_only_and_a_reset_counter_counts_its_new_value(pages):

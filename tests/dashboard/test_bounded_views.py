@@ -129,8 +129,9 @@ def _scripted(store: Store, minutes: int, leak: int) -> None:
 
 @pytest.mark.parametrize("leak", [2**24, 0])
 def test_a_long_window_draws_the_rollups_and_shows_the_stored_verdict(tmp_path, leak):
-    """Three hours of minutes, rolled up: the page draws each minute's floor and its answer is
-    the engine's verdict as ``import`` stored it, the same slope to the bit."""
+    """Three hours of minutes, rolled up: the page draws the floor points the engine judged on
+    and its answer is the engine's verdict as ``import`` stored it, the same slope to the
+    bit."""
     from vramscope.agent.alerts.engine import AlertEngine
     from vramscope.agent.store import verdicts as stored
 
@@ -144,14 +145,18 @@ def test_a_long_window_draws_the_rollups_and_shows_the_stored_verdict(tmp_path, 
         stored.write(store, rows)
         roll_up_all(store, T0, end)
         view = verdict_views.leaks_view(store, None, 0, None, T0, end)
-    last = rows[-1]
+    last = engine.verdicts.history[-1]  # the process's newest row (the device's come after)
     assert view["result"]["state"] == last.leak_state == ("leak" if leak else "no_leak")
     assert view["result"]["slope_bytes_per_s"] == last.leak_slope_bytes_per_s
     assert view["result"]["first_detected_ts_s"] == last.leak_first_detected_ts_s
     if leak:
         assert last.leak_slope_bytes_per_s == pytest.approx(leak / MIN)
-    floor = [[(T0 + MIN * m) * 1000, (20 * GIB + m * leak) / GIB] for m in range(minutes)]
-    assert _floor(view) == floor  # each minute's minimum, at its start
+    # the floor the detector judged on, as its rows carry it: each minute's idle sample; the
+    # newest row (minute 176, a heartbeat after 171) carries the points up to it, the last
+    # minutes' come with the next row
+    assert [(v.ts_s - T0) / MIN for v in engine.verdicts.history][-2:] == [171.0, 176.0]
+    floor = [[(T0 + MIN * m) * 1000, (20 * GIB + m * leak) / GIB] for m in range(176)]
+    assert _floor(view) == floor
     assert view["limit_bytes"] == 80 * GIB
 
 

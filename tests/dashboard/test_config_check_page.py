@@ -1,13 +1,14 @@
-"""The OOM risk page and ``/api/v1/config-check``: the [server] section's worst admissible
-request against the device's limit (the seeded store: NVML's 80 GiB on both devices)."""
+"""The OOM risk page, ``/api/v1/config-check`` and ``/metrics``: the [server] section's worst
+admissible request against the device's limit, as the agent's alert engine checked it and
+stored it with the device's answer (the seeded store: NVML's 80 GiB on both devices). The
+dashboard's own config is not the agent's, and is never used to check again (issue 46)."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from vramscope.agent.errors import ConfigError
+from vramscope.agent.config import parse_config
 from vramscope.dashboard.app import create_app
 
 from tests.support import dashboard_fixtures as F
@@ -32,14 +33,21 @@ def model(tmp_path):
     return str(path)
 
 
-def _client(seeded, **server):
-    return create_app(seeded.config(server=server), seeded.store,
-                      clock=seeded.clock).test_client()
+def _agent(tmp_path, **server) -> F.Seeded:
+    """The seeded store as an agent whose config has this ``[server]`` section wrote it."""
+    return F.seed(tmp_path / "agent.db", agent_config=parse_config({"server": server}, None,
+                                                                    {}))
 
 
-def test_the_risk_page_says_the_worst_request_cannot_fit(seeded, model):
-    html = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32).get(
-        "/risk?device=0").get_data(as_text=True)
+def _client(seeded: F.Seeded, **server):
+    """The dashboard over ``seeded``, its own config with this ``[server]`` section."""
+    return create_app(seeded.config(server=server) if server else seeded.config(),
+                      seeded.store, clock=seeded.clock).test_client()
+
+
+def test_the_risk_page_says_the_worst_request_cannot_fit(tmp_path, model):
+    agent = _agent(tmp_path, model=model, max_model_len=16000, max_num_seqs=32)
+    html = _client(agent).get("/risk?device=0").get_data(as_text=True)
     assert ('<span class="badge warning">cannot fit</span> the worst request the server admits '
             '(32 x 16000 tokens, 512000 in one forward) cannot fit: it needs 121.44 GiB, the '
             'limit is 80.00 GiB; lower server.max_num_seqs (vLLM --max-num-seqs) to 19'
@@ -49,23 +57,36 @@ def test_the_risk_page_says_the_worst_request_cannot_fit(seeded, model):
     assert "<dt>lower</dt><dd>server.max_num_seqs to 19</dd>" in html
 
 
-def test_the_risk_page_says_it_fits(seeded, model):
-    html = _client(seeded, model=model, max_model_len=16000, max_num_seqs=16).get(
-        "/risk?device=1").get_data(as_text=True)
+def test_the_risk_page_says_it_fits(tmp_path, model):
+    agent = _agent(tmp_path, model=model, max_model_len=16000, max_num_seqs=16)
+    html = _client(agent).get("/risk?device=1").get_data(as_text=True)
     assert ('<span class="badge ok">fits</span> the worst request the server admits (16 x 16000 '
             'tokens, 256000 in one forward) fits: it needs 68.70 GiB of the 80.00 GiB limit '
             '(11.30 GiB to spare)' in html)
     assert "<dt>lower</dt>" not in html
 
 
-def test_no_server_section_no_panel(client):
-    assert 'id="config-check"' not in client.get("/risk").get_data(as_text=True)
-    assert client.get("/api/v1/config-check?device=1").get_json() == {"device": 1,
-                                                                      "check": None}
+def test_no_server_section_in_the_agent_no_panel(seeded, model):
+    """The agent checked nothing: no panel, even where the dashboard's config has a section."""
+    for c in (_client(seeded), _client(seeded, model=model, max_num_seqs=32)):
+        assert 'id="config-check"' not in c.get("/risk").get_data(as_text=True)
+        assert c.get("/api/v1/config-check?device=1").get_json() == {"device": 1,
+                                                                     "check": None}
 
 
-def test_the_api_gives_the_check(seeded, model):
-    c = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32)
+def test_the_api_gives_the_agent_s_check_whatever_the_dashboard_s_config_says(tmp_path,
+                                                                             model):
+    """The agent ran with 32 sequences (cannot fit); the dashboard is given 16 (which would
+    fit), or no section: both show the agent's stored check."""
+    agent = _agent(tmp_path, model=model, max_model_len=16000, max_num_seqs=32)
+    for c in (_client(agent), _client(agent, model=model, max_model_len=16000,
+                                      max_num_seqs=16)):
+        _assert_the_agent_s_check(c, model)
+        html = c.get("/risk?device=0").get_data(as_text=True)
+        assert "<dt>lower</dt><dd>server.max_num_seqs to 19</dd>" in html
+
+
+def _assert_the_agent_s_check(c, model: str) -> None:
     doc = c.get("/api/v1/config-check?device=0").get_json()
     assert doc == {"device": 0, "check": {
         "model": model, "fits": False, "needed_bytes": NEEDED_32, "limit_bytes": 80 * GIB,
@@ -78,28 +99,12 @@ def test_the_api_gives_the_check(seeded, model):
     assert c.get("/api/v1/config-check?device=7").status_code == 404
 
 
-def test_an_unreadable_server_section_stops_the_dashboard_naming_the_key(seeded, tmp_path):
-    gone = str(tmp_path / "gone.json")
-    with pytest.raises(ConfigError) as info:
-        _client(seeded, model=gone, max_num_seqs=4)
-    assert str(info.value) == (f"<settings>: server.model = '{gone}': {gone}: config file not "
-                               "found")
-
-
-def test_a_model_config_gone_since_start_is_said_on_the_page_not_a_500(seeded, model):
-    c = _client(seeded, model=model, max_num_seqs=4)
-    os.remove(model)
-    r = c.get("/risk")
-    assert r.status_code == 200
-    assert (f'<span class="badge info">not checked</span> cannot check the configuration: '
-            f'&lt;settings&gt;: server.model = &#39;{model}&#39;: {model}: config file not found'
-            in r.get_data(as_text=True))
-
-
-def test_metrics_export_the_headroom_config_oom_alerts_on(seeded, model):
+def test_metrics_export_the_headroom_config_oom_alerts_on(tmp_path, model):
     """``vramscope_config_headroom_bytes``: the limit (80 GiB) less what 32 x 16,000 tokens
-    need, per device; the exported config_oom rule fires below 0."""
-    text = _client(seeded, model=model, max_model_len=16000, max_num_seqs=32).get(
+    need, per device, as the agent checked it (the dashboard's config says 16); the exported
+    config_oom rule fires below 0."""
+    agent = _agent(tmp_path, model=model, max_model_len=16000, max_num_seqs=32)
+    text = _client(agent, model=model, max_model_len=16000, max_num_seqs=16).get(
         "/metrics").get_data(as_text=True)
     for device in (0, 1):
         assert (f'vramscope_config_headroom_bytes{{device="{device}",host="{F.HOST}"}} '
@@ -107,6 +112,6 @@ def test_metrics_export_the_headroom_config_oom_alerts_on(seeded, model):
     assert 80 * GIB - NEEDED_32 == -44_497_543_168
 
 
-def test_metrics_without_a_server_section_have_no_headroom(client):
-    text = client.get("/metrics").get_data(as_text=True)
+def test_metrics_without_the_agent_s_check_have_no_headroom(seeded, model):
+    text = _client(seeded, model=model, max_num_seqs=32).get("/metrics").get_data(as_text=True)
     assert "vramscope_config_headroom_bytes{" not in text

@@ -343,10 +343,14 @@ def test_risk_view(client):
 
 def test_every_window_gives_the_stored_answer(client):
     """The seeded window holds 36,000 samples: whatever its length, the Leaks, OOM risk and
-    analysis answers are the stored verdicts (equal, not approximately), and the charts draw
-    downsampled series (the floor: per-bucket minima, 600 buckets at most)."""
+    analysis answers are the stored verdicts (equal, not approximately), and the Leaks chart
+    draws the floor the detector judged on, as its rows carry it."""
     leaks = client.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
-    assert leaks["floor_points"] == F.DURATION_S // 60  # a floor point a minute
+    # one point per 30 s floor window (the windows its rows keep: the data's 30 s cycle),
+    # from the first window's low at 22 s to the last before the newest row (6,962 s)
+    assert leaks["processes"][0]["leak"]["windows"]["floor_s"] == 30.0
+    assert leaks["figure"]["data"][0]["x"] == [(F.T0 + 22 + 30 * k) * 1000 for k in range(232)]
+    assert leaks["floor_points"] == 232
     assert leaks["orphaned"][0]["blocks"] == 12  # rare events survive the tier
     risk = client.get(f"/api/v1/figures/risk?device=0&{WINDOW}").get_json()
     assert risk["forecast_method"] == "the alert engine's stored verdicts"
@@ -538,7 +542,7 @@ def test_the_api_on_postgresql(postgres_url, tmp_path):
                                                                                    "ok"]
     assert c.get("/metrics").status_code == 200
     leaks = c.get(f"/api/v1/figures/leaks?device=0&{WINDOW}").get_json()
-    assert leaks["floor_points"] == F.DURATION_S // 60
+    assert leaks["floor_points"] == 232  # as on SQLite (test_every_window_gives_...)
     # the stored verdict, as on SQLite: the same rows, the same answer
     assert (leaks["result"]["state"], leaks["result"]["pid"],
             leaks["result"]["first_detected_ts_s"]) == ("leak", 4141, F.T0 + 1560)

@@ -81,13 +81,6 @@ def test_phase_shares_from_bands_keep_a_prefill_narrower_than_a_bucket():
     assert got["decode"] == pytest.approx([20 / 30, 28 / 30])
 
 
-def test_floor_is_the_lowest_bucket_minimum_per_window():
-    allocated = {"ts": [0.0, 20.0, 40.0, 60.0, 80.0, 130.0],
-                 "min": [5, 3, 4, None, 6, 7], "max": [9] * 6}
-    assert tl.floor_series(allocated, 60.0) == {"ts": [20.0, 80.0, 130.0], "min": [3, 6, 7]}
-    assert tl.floor_series(None, 60.0) == {"ts": [], "min": []}
-
-
 def test_event_markers_keep_strings_as_strings_and_cap_messages():
     e = Event(1.0, "oom", 0, 7, None, None, {"message": "<b>" + "x" * 600})
     (m,) = tl.event_markers([e])
@@ -143,15 +136,22 @@ def test_timeline_figure_keeps_a_near_limit_in_view_and_shows_the_floor_growth()
                             "max": [7 * GIB] * 5},
         "device_total_bytes": {"ts": ts, "min": [8 * GIB] * 5, "max": [8 * GIB] * 5}}
     doc["bucket_s"], doc["end"] = 60.0, 300.0
+    # the floor the leak detector judged on, as its stored rows carry it (not the series'
+    # minima: those stand 1 GiB above it here)
+    doc["floor"] = {"pid": 7, "process": "vllm (pid 7)",
+                    "points": [[t + 30.0, 5 * GIB + i * GIB // 4] for i, t in enumerate(ts)]}
     doc["phase_shares"] = {"ts": [0.0, 150.0], "prefill": [0.1, 0.2], "decode": [0.9, 0.8]}
     fig = timeline_figure(doc, fragmentation_warning_ratio=0.5)
     low, high = fig["layout"]["yaxis"]["range"]
-    assert high > 8.0 and low == pytest.approx(6.0 - 0.16)  # limit within 1.25x: in range
+    # limit within 1.25x: in range; the floor under allocated too (5 GiB, padded by 8 % of
+    # the 3 GiB span)
+    assert high == pytest.approx(8.24) and low == pytest.approx(5.0 - 0.24)
     buttons = fig["layout"]["updatemenus"][0]["buttons"]
-    assert buttons[1]["args"][0]["yaxis.range"] == [0, pytest.approx(8.16 * 1.05)]
-    floor = next(t for t in fig["data"] if t["name"] == "allocated floor (lowest per minute)")
-    assert floor["y"] == [6.0, 6.25, 6.5, 6.75, 7.0]
-    assert fig["layout"]["annotations"][0]["text"] == "allocated floor +1.00 GiB over this window"
+    assert buttons[1]["args"][0]["yaxis.range"] == [0, pytest.approx(8.24 * 1.05)]
+    floor = next(t for t in fig["data"] if t["name"] == "idle floor (the leak detector's)")
+    assert floor["y"] == [5.0, 5.25, 5.5, 5.75, 6.0]
+    assert floor["x"] == [30_000.0, 90_000.0, 150_000.0, 210_000.0, 270_000.0]
+    assert fig["layout"]["annotations"][0]["text"] == "idle floor +1.00 GiB over this window"
     shares = [(t["name"], t["type"], t["yaxis"]) for t in fig["data"] if t["yaxis"] == "y6"]
     assert shares == [("prefill share", "bar", "y6"), ("decode share", "bar", "y6")]
     assert fig["layout"]["barmode"] == "stack"
@@ -251,9 +251,9 @@ def test_the_floor_note_leaves_the_model_load_out():
 
     mib = 2**20
     loading = {"ts": [0.0, 60.0, 120.0, 180.0], "min": [0, 379 * mib, 400 * mib, 442 * mib]}
-    assert _floor_note(loading)[0]["text"] == "allocated floor +63 MiB after the model load"
+    assert _floor_note(loading)[0]["text"] == "idle floor +63 MiB after the model load"
     settled = {"ts": [0.0, 60.0], "min": [400 * mib, 442 * mib]}
-    assert _floor_note(settled)[0]["text"] == "allocated floor +42 MiB over this window"
+    assert _floor_note(settled)[0]["text"] == "idle floor +42 MiB over this window"
 
 
 def test_an_empty_leak_chart_spans_its_window_not_the_year_2000():

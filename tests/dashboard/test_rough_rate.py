@@ -7,7 +7,7 @@ analysis document, ``/api/v1/devices``, ``/api/v1/figures/leaks`` and ``vramscop
 from __future__ import annotations
 
 import pytest
-from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.alerts.verdicts import DeviceVerdict, Verdict
 from vramscope.agent.cli import main
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import Phase, Sample
@@ -32,7 +32,9 @@ def url(tmp_path):
     with Store.open(url) as store:
         store.write([Sample(T0 + 7200, 0, Phase.DECODE, "torch", pid, allocated_bytes=20 * GIB,
                             device_total_bytes=80 * GIB) for pid in (ROUGH, EXACT)], [])
-        stored.write(store, [leak_row(ROUGH, 600.0, True), leak_row(EXACT, 300.0, False)])
+        # and the device's answer, as the engine stores it: the steeper leak leads
+        stored.write(store, [leak_row(ROUGH, 600.0, True), leak_row(EXACT, 300.0, False),
+                             DeviceVerdict(T0 + 7200, 0, None, "ok", ROUGH, ROUGH)])
     return url
 
 

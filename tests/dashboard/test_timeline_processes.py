@@ -120,7 +120,8 @@ def test_a_raw_window_has_each_process_apart_and_the_one_that_stopped_ended(any_
     assert len(memory[2]["y"]) == 21  # B's line stops where B did
     assert memory[0]["line"]["color"] == memory[1]["line"]["color"] != memory[2]["line"]["color"]
     assert (memory[0]["line"]["dash"], memory[1]["line"]["dash"]) == ("solid", "dash")
-    # no floor of two processes' minima: the leak detector trends one process's
+    # no floor: the one drawn is the engine's judged floor of the leading process, and this
+    # store holds no verdicts (never a floor of two processes' minima)
     assert not any("floor" in t["name"] for t in fig["data"])
     assert fig["layout"]["meta"]["mixed_processes_note"] is None
     go.Figure(fig)  # Plotly itself accepts every property

@@ -60,16 +60,10 @@ def aged(any_url, monkeypatch):
     store.close()
 
 
-def _floor(view: dict[str, Any]) -> list[tuple[float, float]]:
-    trace = view["figure"]["data"][0]
-    assert trace["name"] == "idle floor"
-    return list(zip(trace["x"], trace["y"], strict=True))
-
-
 def test_an_old_window_s_leak_page_draws_the_tier_and_says_no_verdict_is_stored(aged):
-    """The spans were written without the alert engine (no agent, no import): the page draws
-    the old floor from the per-second tier and says that no verdict is stored, never one of
-    its own."""
+    """The spans were written without the alert engine (no agent, no import): the page says
+    that no verdict is stored, never one of its own, and draws no floor (the floor it draws
+    is the one the engine judged on, which stored verdicts carry: none here)."""
     from vramscope.dashboard.verdict_views import NO_VERDICTS
 
     store, raw = aged
@@ -77,7 +71,8 @@ def test_an_old_window_s_leak_page_draws_the_tier_and_says_no_verdict_is_stored(
     assert view["limit_bytes"] == TOTAL
     assert (view["result"]["state"], view["result"]["evidence"]) == ("no_verdict", NO_VERDICTS)
     assert view["processes"] == []
-    assert _floor(view)[0] == (W0 * 1000.0, BASE / GIB)  # the first second's minimum
+    assert view["floor_points"] == 0
+    assert [(t["name"], t["x"]) for t in view["figure"]["data"]] == [("idle floor", [])]
 
 
 def test_an_old_window_s_risk_reads_each_second_s_peak(aged):
@@ -117,7 +112,10 @@ def test_an_old_15_minute_timeline_has_every_bucket_from_the_per_second_tier(age
 def test_a_window_across_the_raw_horizon_stitches_the_tier_and_the_raw_samples(aged):
     store, raw = aged
     leaks = _get(store, "figures/leaks", ACROSS)
-    assert _floor(leaks)[0] == _floor(raw[ACROSS]["figures/leaks"])[0]
+    # no stored verdicts: no judged floor to draw, before the raw samples aged or after
+    assert leaks["floor_points"] == 0
+    assert [(t["name"], t["x"]) for t in leaks["figure"]["data"]] == [("idle floor", [])]
+    assert raw[ACROSS]["figures/leaks"]["floor_points"] == 0
     risk = _get(store, "figures/risk", ACROSS)
     assert risk["latest_headroom_bytes"] == TOTAL - used(OLD_S - 1)
     doc = _get(store, "analysis", ACROSS)

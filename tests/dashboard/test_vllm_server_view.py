@@ -90,6 +90,7 @@ def test_each_server_with_kv_now_requests_per_minute_and_old_pids_ended(tmp_path
     # the newest KV reading is the idle sample: 0 of 63 blocks; 2 requests in the last minute
     assert (live["kv_blocks_used"], live["kv_blocks_total"], live["kv_usage_ratio"]) == (
         0, 63, 0.0)
+    assert live["kv_at_s"] == V.IDLE2  # as of that reading
     assert live["requests_per_min"] == 2.0
     assert [procs[p]["state"] for p in V.OLD_PIDS] == ["ended", "ended"]
     assert [procs[p]["last_seen_s"] for p in V.OLD_PIDS] == [V.NOW - 3600, V.NOW - 1800]
@@ -103,7 +104,8 @@ def test_kv_usage_now_while_busy(tmp_path):
     store.write([V.kv(V.IDLE2 + 0.05, 7)])
     live = {p["pid"]: p for p in _get(_client(store, V.IDLE2 + 1), "/api/v1/overview")
             ["processes"]}[V.PID]
-    assert (live["kv_blocks_used"], live["kv_usage_ratio"]) == (7, 7 / 63)
+    assert (live["kv_blocks_used"], live["kv_usage_ratio"], live["kv_at_s"]) == (
+        7, 7 / 63, V.IDLE2 + 0.05)
     assert {p["pid"]: p for p in _get(c, "/api/v1/overview")["processes"]}[V.PID][
         "requests_per_min"] == 2.0
 
@@ -215,3 +217,28 @@ def test_token_counts_spread_over_their_stretch_and_what_came_before_the_window_
     assert got["ts"] == [100.0, 102.0, 110.0, 112.0]
     assert got["prompt_per_s"] == [5.0, 5.0, 3.5, 4.5]
     assert got["generation_per_s"] == [0.0] * 4
+
+
+def test_a_pool_sampled_on_change_is_held_between_changes_and_breaks_only_when_silent():
+    # the vLLM plugin's samples: steps 10 ms apart while the pool changes, 0.1 s apart while it
+    # holds (sampling.kv_interval_s), then 29.5 s of silence (idle) in 10 ms buckets
+    ts = [0.0, 0.01, 0.02, 0.03, 0.13, 0.23, 0.24, 0.25, 0.35, 0.45, 30.0, 30.01]
+    used = [1, 2, 3, 4, 4, 4, 5, 6, 6, 0, 2, 3]
+    assert tl.gap_after_s(ts, 0.01) == pytest.approx(2.5 * 0.01)  # the median spacing's
+    assert tl.gap_after_s(ts, 0.01, held_s=0.1) == pytest.approx(2.5 * 0.1)
+    assert tl.step_points(ts, used, None, 0.01)[1].count(None) == 5  # each hold, the silence
+    xs, ys = tl.step_points(ts, used, None, 0.01, held_s=0.1)
+    assert [y for y in ys if y is None] == [None]  # the one gap: the silence
+    assert ys[:ys.index(None)] == used[:10] + [0] and ys[ys.index(None) + 1:] == [2, 3, 3]
+
+
+def test_a_buckets_values_stand_where_they_were_read():
+    # 10 ms buckets, each with a step's peak then its end (what /metrics publishes), read at
+    # +7 ms; the next bucket follows at once: the line still holds each end from its moment
+    # (the third bucket's one reading, 5 at +24 ms, is drawn from then: 8 holds until it)
+    xs, ys = tl.step_points([0.0, 0.01, 0.02], [9, 10, 5], [7, 8, 5], 0.01,
+                            last_ts=[0.007, 0.017, 0.024])
+    assert list(zip(xs, ys)) == [(0.0, 9), (0.007, 7), (0.01, 10), (0.017, 8), (0.024, 5),
+                                 (0.03, 5)]
+    # without the moments: as before, peaks from each bucket's start
+    assert tl.step_points([0.0, 0.01], [9, 10], [7, 8], 0.01)[1] == [9, 10, 8]

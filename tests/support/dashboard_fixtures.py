@@ -13,8 +13,10 @@ Everything the tests assert is derived from the constants below, never re-measur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.clock import FakeClock
@@ -136,9 +138,11 @@ class Seeded:
         return parse_config(raw, None, {})
 
 
-def seed(db_path: Path, with_snapshot: bool = True, url: str | None = None) -> Seeded:
+def seed(db_path: Path, with_snapshot: bool = True, url: str | None = None,
+         agent_config: Mapping[str, Any] | None = None) -> Seeded:
     """Seed a SQLite file at ``db_path`` (or the database at ``url``; the snapshot file still
-    goes beside ``db_path``)."""
+    goes beside ``db_path``). ``agent_config``: the settings the agent's alert engine ran with
+    (its ``[server]`` section, its thresholds); the defaults when None."""
     url = url or f"sqlite:///{db_path}"
     store = Store.open(url, host_name=HOST)
     store.describe_device(0, uuid="GPU-0000", name="NVIDIA H100 80GB HBM3",
@@ -147,7 +151,7 @@ def seed(db_path: Path, with_snapshot: bool = True, url: str | None = None) -> S
                           total_bytes=LIMIT_BYTES)
     store.write(samples(), events())
     # the alert engine's verdicts, as the agent (or ``vramscope import``) stores them
-    engine = AlertEngine.from_config(None)
+    engine = AlertEngine.from_config(agent_config)
     engine.feed([*samples(), *events()])
     stored_verdicts.write(store, engine.verdicts.take())
     store.upsert_process(4141, T0 + DURATION_S, name=XSS_NAME, model="llama-<script>",

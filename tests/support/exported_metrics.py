@@ -39,6 +39,23 @@ def scripted_store(store) -> None:
     verdicts.write(store, [Verdict(NOW_S - 5, 0, None, 42, "leak", 1000.0, NOW_S - 3600,
                                    NOW_S - 600, 3600.0, "scripted", "ok", None, (), 10**9,
                                    None, None, None, None, None, leak_kv=pool)])
+    # the engine's device answer with its [server] check, made as the agent makes it (the
+    # dashboard exports the agent's check, never one of its own config)
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from vramscope.agent.alerts.config_check import check_json, server_from_config
+    from vramscope.agent.alerts.verdicts import DeviceVerdict
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "config.json"
+        model.write_text(json.dumps(SERVER_MODEL))
+        limits = server_from_config(parse_config(
+            {"server": {"model": str(model), "max_num_seqs": 4}}, None, {}))
+    assert limits is not None
+    verdicts.write(store, [DeviceVerdict(NOW_S - 5, 0, None, "ok", 42, 42,
+                                         check_json(limits, values["device_total_bytes"]))])
 
 
 # A [server] section's model (Llama-3-8B's shape), so the dashboard exports config_oom's value.

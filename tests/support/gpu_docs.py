@@ -244,6 +244,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "slow_leak_c": slow_leak_block("2026-12-05c"),
     "growth_live": ("2026-12-06/live/main/figures.json", render_growth_live),
     "growth_live_short": ("2026-12-06/live/short/figures.json", render_growth_live),
+    "growth_live_today": ("2026-12-06/live/today/figures.json", render_growth_live),
 }
 
 

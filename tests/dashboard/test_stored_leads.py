@@ -1,0 +1,124 @@
+"""The engine chooses once which process leads (issue 46): the riskiest process an alert names
+and the leaking one are stored with the device's level (``device_verdicts``), and every
+surface reads that choice instead of choosing again with a key of its own.
+
+The scripted device has two processes at ``warning``: pid 1 flat 2.5 GiB under its 80 GiB
+limit (the lowest headroom), pid 2 half full and rising 15 MiB/s (the soonest time to OOM, and
+a leak). The engine's key (lowest headroom ratio) leads with pid 1; the key the store used to
+apply (soonest time to OOM) led with pid 2, so the alert said pid 1 and the page pid 2."""
+
+from __future__ import annotations
+
+import pytest
+from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.sinks import StoreSink
+from vramscope.agent.alerts.verdicts import DeviceVerdict
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.config import parse_config
+from vramscope.agent.records import Phase, Sample
+from vramscope.agent.store import Store
+from vramscope.agent.store import verdicts as stored
+from vramscope.dashboard.app import create_app
+
+GIB, MIB = 2**30, 2**20
+T0 = 1_800_000_000.0
+END = T0 + 1799.5
+
+
+def _samples() -> list[Sample]:
+    out = []
+    for i in range(1800):
+        out.append(Sample(T0 + i, 0, Phase.DECODE, "torch", 1, allocated_bytes=int(77.5 * GIB),
+                          reserved_bytes=78 * GIB, device_total_bytes=80 * GIB))
+        b = 40 * GIB + i * 15 * MIB
+        out.append(Sample(T0 + i + 0.5, 0, Phase.DECODE, "torch", 2, allocated_bytes=b,
+                          reserved_bytes=b + GIB, device_total_bytes=80 * GIB))
+    return out
+
+
+@pytest.fixture
+def store(any_url):
+    s = Store.open(any_url)
+    engine = AlertEngine.from_config(None)
+    changes = engine.feed(_samples())
+    stored.write(s, engine.verdicts.take())
+    sink = StoreSink(s)
+    for change in changes:
+        sink.write(change)
+    yield s
+    s.close()
+
+
+def test_the_alert_and_every_page_name_the_process_the_engine_chose(store):
+    # the two keys disagree on these rows: pid 2 has the soonest time to OOM, pid 1 none
+    rows = {v.pid: v for v in stored.latest(store, 0, None, END)}
+    assert (rows[1].risk_level, rows[1].time_to_oom_s) == ("warning", None)
+    assert rows[2].risk_level == "warning" and rows[2].time_to_oom_s == pytest.approx(1111.67,
+                                                                                      abs=0.01)
+    assert rows[1].headroom_bytes == int(2.5 * GIB)
+    # the engine's choice, stored: pid 1 leads the risk, pid 2 the leak
+    assert stored.device_answer(store, 0, None, END) == DeviceVerdict(
+        T0 + 1560.5, 0, None, "warning", 1, 2)
+    fired = {a["rule"]: a["message"] for a in store.alerts(device=0, limit=10)}
+    assert fired["oom_risk"].startswith("OOM risk warning [pid 1]: headroom 3.1 %")
+
+    client = create_app(parse_config({}, None), store, clock=FakeClock(END)).test_client()
+    risk = client.get(f"/api/v1/figures/risk?device=0&start={T0}&end={END}").get_json()
+    assert (risk["now"]["pid"], risk["now"]["level"], risk["now"]["headroom_bytes"]) == (
+        1, "warning", int(2.5 * GIB))
+    assert {p["pid"]: p["leads"] for p in risk["processes"]} == {1: ["risk"], 2: ["leak"]}
+    leaks = client.get(f"/api/v1/figures/leaks?device=0&start={T0}&end={END}").get_json()
+    assert (leaks["result"]["pid"], leaks["result"]["state"]) == (2, "leak")
+    # the floor drawn is the one pid 2's detector judged on, as its rows carry it
+    judged = stored.judged_floor(store, 0, None, 2, T0, END)
+    trace = leaks["figure"]["data"][0]
+    assert len(judged) > 20 and leaks["floor_points"] == len(judged)
+    assert trace["y"] == [b / GIB for _, b in judged]
+    assert judged != stored.judged_floor(store, 0, None, 1, T0, END)
+    fleet = client.get("/api/v1/fleet").get_json()["devices"]
+    assert [(d["level"], d["risk_process"], d["leak_process"]) for d in fleet] == [
+        ("warning", "unknown (pid 1)", "unknown (pid 2)")]
+
+
+def test_without_a_stored_choice_one_process_leads_and_several_do_not(store):
+    """A window before the device's first stored answer (a store written before migration
+    0014): a lone running process leads (nothing to choose), two lead nothing."""
+    first = stored.device_answer(store, 0, None, T0 + 1e9)
+    assert first is not None
+    with store.engine.begin() as c:
+        from vramscope.agent.store.schema import device_verdicts
+        c.execute(device_verdicts.delete())
+    procs = stored.processes(store, 0, None, END)
+    assert [(p["pid"], p["leads"]) for p in procs] == [(1, []), (2, [])]
+    assert stored.leading(procs, "risk") is None
+    only = stored.mark_leads([{**procs[0], "ended": False}, {**procs[1], "ended": True}], None)
+    assert [p["leads"] for p in only] == [["risk", "leak"], []]
+
+
+def test_the_timeline_draws_the_floor_the_engine_judged_on(tmp_path):
+    """The Timeline's floor is the leak detector's of the process the engine stored as leading
+    the leak question (pid 2), point for point as the detector made them, the same the Leaks
+    page draws; never one drawn from the series (pid 1's flat 77.5 GiB is the device's
+    allocated peak, pid 2's rise its minimum)."""
+    s = Store.open(f"sqlite:///{tmp_path}/vramscope.db")
+    engine = AlertEngine.from_config(None)
+    engine.feed(_samples())
+    made = [p for v in engine.verdicts.history if v.pid == 2 for p in v.leak_floor]
+    stored.write(s, engine.verdicts.take())
+    client = create_app(parse_config({}, None), s, clock=FakeClock(END)).test_client()
+    start = T0 + 600.0
+    doc = client.get(f"/api/v1/timeline?device=0&start={start}&end={END}").get_json()
+    want = [[t, b] for t, b in made if start <= t <= END]
+    # pid 2's floor a minute: its first sample of each minute (it only rises), from minute 10
+    # to the points its newest row carries (the last minutes' come with its next row)
+    assert want == [[T0 + 0.5 + 60 * m, 40 * GIB + 60 * m * 15 * MIB] for m in range(10, 26)]
+    assert doc["floor"] == {"pid": 2, "process": "unknown (pid 2)", "points": want}
+    fig = client.get(f"/api/v1/figures/timeline?device=0&start={start}&end={END}").get_json()
+    (floor,) = [t for t in fig["data"] if "floor" in t["name"]]
+    # two processes on the device: the legend says whose floor it is
+    assert floor["name"] == "idle floor (the leak detector's) · unknown (pid 2)"
+    assert floor["x"] == [t * 1000 for t, _ in want]
+    assert floor["y"] == [b / GIB for _, b in want]
+    leaks = client.get(f"/api/v1/figures/leaks?device=0&start={start}&end={END}").get_json()
+    assert leaks["figure"]["data"][0]["y"] == floor["y"]
+    s.close()
