@@ -298,7 +298,7 @@ class VerdictLog:
     def note_device(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
         """A row for the device when its level or a leading process changed (a risk lead that
         moved at one level: once its last row is ``LEAD_ROW_S`` old, should the change last),
-        or at its heartbeat."""
+        or at its heartbeat. Its rows never go back in time."""
         key = (host, d.device)
         level = LEVELS[d.risk.level_index] if d.risk.has_point else NO_LEVEL
         check = d.config_check
@@ -314,7 +314,10 @@ class VerdictLog:
             elif said.level == level and said.leak_pid == d.leak_pid \
                     and said.risk_pid != d.risk_pid and now_s < said.ts_s + LEAD_ROW_S:
                 return
-        row = DeviceVerdict(now_s, d.device, host, level, d.risk_pid, d.leak_pid,
+        # a process's records may lag another's (clients send at their own pace): the row is
+        # the device's answer from now on, so it never goes back before the one it follows
+        at_s = now_s if said is None else max(now_s, said.ts_s)
+        row = DeviceVerdict(at_s, d.device, host, level, d.risk_pid, d.leak_pid,
                             check.to_json() if check is not None else None)
         self._checked[key] = checked
         self._device_said[key] = row

@@ -122,3 +122,23 @@ def test_the_timeline_draws_the_floor_the_engine_judged_on(tmp_path):
     leaks = client.get(f"/api/v1/figures/leaks?device=0&start={start}&end={END}").get_json()
     assert leaks["figure"]["data"][0]["y"] == floor["y"]
     s.close()
+
+
+def test_a_process_whose_records_lag_does_not_take_the_device_s_answer_back_in_time(any_url):
+    """pid 2's records come 5 minutes after pid 1's of the same moment (two clients sending at
+    their own pace). By pid 1's clock pid 2 looks gone, and the answer is made without it; its
+    late records bring it back, and the answer that names it again is the device's newest row,
+    not one stamped with its records' older time behind the answer it replaces."""
+    lag_s = 300.0
+    arrival = sorted(_samples(), key=lambda s: s.ts_s + (lag_s if s.pid == 2 else 0.0))
+    engine = AlertEngine.from_config(None)
+    for i in range(0, len(arrival), 50):
+        engine.feed(arrival[i:i + 50])
+    rows = engine.verdicts.device_history
+    assert [r.ts_s for r in rows] == sorted(r.ts_s for r in rows)
+    assert {r.leak_pid for r in rows} >= {2}
+    with Store.open(any_url) as s:
+        stored.write(s, engine.verdicts.take())
+        answer = stored.device_answer(s, 0, None, END + lag_s)
+        assert answer is not None
+        assert (answer.risk_pid, answer.leak_pid) == (1, 2)
