@@ -224,9 +224,13 @@ def process_verdicts(store: Store, device: int, host: str | None,
                      now_s: float) -> list[dict[str, Any]]:
     """Each running process's stored verdict (the engine's; the pages show the same rows):
     which process leaks, and how close to an OOM each one is."""
+    from vramscope.agent.analysis.kv_leak import verdict_words
     from vramscope.agent.store.verdicts import processes
 
+    # a leak's rate, interval and time to OOM in the words `status` and `analyze` use
     return [{"pid": v["pid"], "process": v["process"], "leak": v["leak"]["state"],
+             "leak_text": (verdict_words(v["leak"]) if v["leak"]["state"] == "leak"
+                           else None),
              "leak_slope_bytes_per_h": v["leak"]["slope_bytes_per_h"],
              "leak_estimated_floor": v["leak"]["estimated_floor"],
              "risk": v["risk"]["level"], "cause": v["risk"]["cause"], "ts": v["ts"]}

@@ -292,7 +292,8 @@ const PAGES = {};
 
 // A process's stored leak answer, in the words every device line uses.
 function processLeakWords(v) {
-  return v.leak === "leak" ? "LEAK " + rate(v.leak_slope_bytes_per_h, v.leak_estimated_floor) : LEAK_WORDS[v.leak] || v.leak;
+  if (v.leak !== "leak") return LEAK_WORDS[v.leak] || v.leak;
+  return "LEAK " + (v.leak_text || rate(v.leak_slope_bytes_per_h, v.leak_estimated_floor));
 }
 
 // The verdict of a device is the alert engine's (its active alerts): a badge and the rules.

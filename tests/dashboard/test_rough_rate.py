@@ -62,11 +62,34 @@ def test_every_surface_says_about_before_a_rough_rate_only(url, capsys):
         assert (leaks["pid"], leaks["slope_bytes_per_h"], leaks["estimated_floor"]) == (
             ROUGH, 600.0 * MIB, True)
         devices = client.get("/api/v1/devices").get_json()["devices"]
-        assert [(v["pid"], v["leak_slope_bytes_per_h"], v["leak_estimated_floor"])
-                for v in devices[0]["verdicts"]] == [(ROUGH, 600.0 * MIB, True),
-                                                    (EXACT, 300.0 * MIB, False)]
+        assert [(v["pid"], v["leak_slope_bytes_per_h"], v["leak_estimated_floor"],
+                 v["leak_text"]) for v in devices[0]["verdicts"]] == [
+            (ROUGH, 600.0 * MIB, True, "about 600.0 MiB/h"),
+            (EXACT, 300.0 * MIB, False, "300.0 MiB/h")]
     assert main(["status", "--db", url, "--socket", "/nonexistent/agent.sock"]) == 1
     lines = [line.split(" GPU 0 ")[-1] for line in capsys.readouterr().out.splitlines()
              if " GPU 0 pid " in line]
     assert lines == ["pid 7 (?): LEAK about 600.0 MiB/h; OOM risk ok",
                      "pid 8 (?): LEAK 300.0 MiB/h; OOM risk ok"]
+
+
+def test_the_device_line_says_a_leak_s_interval_and_time_to_oom(tmp_path):
+    """The Overview's and the device pages' per-process line print a leak's rate, its 90 %
+    interval and its time to OOM with its range, from the stored verdict, in the words
+    ``vramscope status`` uses (nothing but the alert said "full in about ..." before)."""
+    row = leak_row(EXACT, 750.0, False)._replace(
+        leak_rate_low_bytes_per_s=690.0 * MIB / 3600, leak_rate_high_bytes_per_s=810.0 * MIB / 3600,
+        leak_time_to_oom_s=11_520.0, leak_time_to_oom_low_s=10_080.0,
+        leak_time_to_oom_high_s=13_320.0)
+    url = f"sqlite:///{tmp_path / 'tto.db'}"
+    with Store.open(url) as store:
+        store.write([Sample(T0 + 7200, 0, Phase.DECODE, "torch", EXACT, allocated_bytes=20 * GIB,
+                            device_total_bytes=80 * GIB)], [])
+        stored.write(store, [row, DeviceVerdict(T0 + 7200, 0, None, "ok", EXACT, EXACT)])
+        client = create_app(parse_config({}, None), store).test_client()
+        (v,) = client.get("/api/v1/devices").get_json()["devices"][0]["verdicts"]
+        said = ("750.0 MiB/h (690.0 MiB/h to 810.0 MiB/h), full in about 3 h 12 min "
+                "(2 h 48 min – 3 h 42 min)")
+        assert v["leak_text"] == said
+        page = client.get("/risk?device=0").get_data(as_text=True)
+        assert f"unknown (pid {EXACT}): LEAK {said}, OOM risk ok" in " ".join(page.split())

@@ -9,6 +9,7 @@ it."""
 from __future__ import annotations
 
 import pytest
+from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.config import parse_config
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
@@ -75,11 +76,11 @@ def test_the_pages_show_each_process_s_stored_answer(recorded, driver):
                 assert {name: row["Risk"] for name, row in risk.items()} == {
                     names[pid]: v.risk_level for pid, v in live.items()}, width
             lines = overview_process_lines(driver, server.url, 2)
-            slope = driver.execute_script("return rate(arguments[0], arguments[1]);",
-                                          live[leaky].leak_slope_bytes_per_s * 3600,
-                                          live[leaky].leak_estimated_floor)
+            # the rate, its interval and the time to OOM with its range, as `status` says them
+            said = verdict_words(live[leaky].to_json()["leak"])
+            assert ", full in about " in said and " (" in said
             assert sorted(lines) == sorted([
-                f"{names[leaky]}: LEAK {slope} · OOM risk {live[leaky].risk_level}",
+                f"{names[leaky]}: LEAK {said} · OOM risk {live[leaky].risk_level}",
                 f"{names[healthy]}: no leak · OOM risk {live[healthy].risk_level}"])
             assert console_errors(driver) == []
         finally:
