@@ -157,7 +157,8 @@ FLEET_COUNTS = obj({"devices": INT, "critical": INT, "warning": INT, "leaking": 
 FLEET_DEVICE = obj({
     "host": STR, "device": INT, "model": nullable(STR), "uuid": nullable(STR),
     "total_bytes": nullable(INT), "level": NO_LEVEL_YET, "time_to_oom_s": nullable(NUM),
-    "cause": nullable(STR), "risk_process": nullable(STR), "leak": nullable(STR),
+    "cause": nullable(STR), "cause_text": nullable(STR), "risk_process": nullable(STR),
+    "leak": nullable(STR),
     "leak_slope_bytes_per_h": nullable(NUM), "leak_process": nullable(STR),
     "verdict_ts_s": nullable(NUM), "newest_ts_s": nullable(NUM),
     "last_sample_age_s": nullable(NUM), "freshness": STR, "stale": {"type": "boolean"}})
@@ -279,7 +280,8 @@ def paths() -> dict[str, Any]:
             "limit_bytes": nullable(INT), "latest_headroom_bytes": nullable(INT),
             # the riskiest process's stored verdict (vramscope.verdict/1's risk part)
             "now": nullable(obj({"ts_s": NUM, "level": LEVEL, "reasons": array(STR),
-                                 "cause": nullable(STR), "pid": nullable(INT),
+                                 "cause": nullable(STR), "at_risk_from_pid": nullable(INT),
+                                 "cause_text": nullable(STR), "pid": nullable(INT),
                                  "process": STR, "headroom_bytes": nullable(INT),
                                  "time_to_oom_s": nullable(NUM),
                                  "time_to_oom_low_s": nullable(NUM),

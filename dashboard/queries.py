@@ -233,7 +233,9 @@ def process_verdicts(store: Store, device: int, host: str | None,
                            else None),
              "leak_slope_bytes_per_h": v["leak"]["slope_bytes_per_h"],
              "leak_estimated_floor": v["leak"]["estimated_floor"],
-             "risk": v["risk"]["level"], "cause": v["risk"]["cause"], "ts": v["ts"]}
+             "risk": v["risk"]["level"], "cause": v["risk"]["cause"],
+             "at_risk_from_pid": v["risk"]["at_risk_from_pid"], "cause_text": v["cause_text"],
+             "ts": v["ts"]}
             for v in processes(store, device, host, now_s) if not v["ended"]]
 
 

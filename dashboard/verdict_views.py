@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramscope.agent.alerts.verdicts import Verdict
+from vramscope.agent.analysis.diagnosis import cause_words
 from vramscope.agent.analysis.severity import Severity, rank
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
@@ -72,6 +73,7 @@ def risk_now(v: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     r = v["risk"]
     return {"ts_s": v["ts"], "level": r["level"], "reasons": r["reasons"], "cause": r["cause"],
+            "at_risk_from_pid": r["at_risk_from_pid"], "cause_text": v["cause_text"],
             "headroom_bytes": r["headroom_bytes"], "time_to_oom_s": r["time_to_oom_s"],
             "time_to_oom_low_s": r["time_to_oom_low_s"],
             "time_to_oom_high_s": r["time_to_oom_high_s"], "pid": v["pid"],
@@ -142,7 +144,8 @@ def _rises(history: list[Verdict]) -> list[dict[str, Any]]:
         # from no level yet (before the model's first point) to ok is no rise
         if rank(v.risk_level, "risk level") > max(rank(was, "risk level"), Severity.OK):
             who = "device" if v.pid is None else f"pid {v.pid}"
-            why = v.risk_cause or ", ".join(v.risk_reasons) or "headroom"
+            why = cause_words(v.risk_cause, v.risk_at_risk_from_pid) \
+                or ", ".join(v.risk_reasons) or "headroom"
             out.append({"ts": v.ts_s, "severity": v.risk_level, "rule": "risk verdict",
                         "label": f"risk verdict [{who}]: {v.risk_level} ({why})"})
         before[v.pid] = v.risk_level

@@ -11,7 +11,7 @@ by :class:`CauseEpisode`: the alert, the stored verdict and the post-mortem name
 from __future__ import annotations
 
 from vramscope.agent.alerts.rules import RISK_HOLD_S, format_value
-from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO
+from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO, cause_words
 from vramscope.agent.analysis.kv_leak import kv_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 from vramscope.agent.analysis.risk import RiskModel, RiskPoint
@@ -244,9 +244,7 @@ def risk_text(point: RiskPoint, model: RiskModel, leak: LeakDetector, who: str |
     """The risk alert's text; ``cause``: the episode's (else read from the point now)."""
     cause = cause or warning_cause(point, model, leak)
     where = f" [{who}]" if who else ""
-    likely = cause
-    if cause == "growth" and model.grower is not None and not leak.result.detected:
-        likely = f"growth (at risk from pid {model.grower}'s growth)"
+    likely = cause_words(cause, model.at_risk_from(cause, leak.result.detected))
     return (f"OOM risk {point.level}{where}: {risk_reasons(point, model)}; likely {likely}; "
             f"try: {REMEDIES[cause][0]}")
 

@@ -92,11 +92,15 @@ class Verdict(NamedTuple):
     # the rows of a window together are the floor the verdicts were made on, which the pages
     # draw; not part of the answer
     leak_floor: tuple[tuple[float, int], ...] = ()
+    # the pid whose growth puts this process at risk (``RiskModel.at_risk_from``: its cause is
+    # growth, another process's, not its own); the alert says the same pid
+    risk_at_risk_from_pid: int | None = None
 
     def answer(self) -> tuple[Any, ...]:
         """What must change for a new row before the heartbeat."""
         return (self.leak_state, self.leak_first_detected_ts_s, self.leak_estimated_floor,
-                self.risk_level, self.risk_cause, self.rank, self.ended)
+                self.risk_level, self.risk_cause, self.risk_at_risk_from_pid, self.rank,
+                self.ended)
 
     def to_json(self, stored: bool = False) -> dict[str, Any]:
         """The documented form (docs/analysis.md, "Verdicts"); ``stored``: as the store keeps
@@ -123,6 +127,7 @@ class Verdict(NamedTuple):
                          "orphaned_blocks": self.leak_kv.blocks if self.leak_kv else 0,
                          "kv_pool": self.leak_kv.to_json() if self.leak_kv else None},
                 "risk": {"level": self.risk_level, "cause": self.risk_cause,
+                         "at_risk_from_pid": self.risk_at_risk_from_pid,
                          "reasons": list(self.risk_reasons),
                          "headroom_bytes": self.headroom_bytes,
                          "time_to_oom_s": self.time_to_oom_s,
@@ -170,7 +175,12 @@ def verdict_from_json(doc: dict[str, Any]) -> Verdict:
                    windows_from_json(leak.get("windows")),
                    leak.get("estimated_floor") is True, low, high, tto, tto_low, tto_high,
                    doc.get("ended") is True, kv_leak_from_json(leak.get("kv_pool")),
-                   _points(leak.get("floor_points")))
+                   _points(leak.get("floor_points")), _pid(risk.get("at_risk_from_pid")))
+
+
+def _pid(value: Any) -> int | None:
+    """A stored pid back, None where absent (rows written before it) or not a whole number."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _points(value: Any) -> tuple[tuple[float, int], ...]:
@@ -218,11 +228,11 @@ class VerdictLog:
         self.latest: dict[tuple[str | None, int, int | None], Verdict] = {}
         # per process: the time of the newest floor point its rows carry
         self._floor_said: dict[tuple[str | None, int, int | None], float] = {}
-        # per process: (the leak result, risk level and risk episode's cause its answer was
-        # made from, record time of its next heartbeat); the result itself, not its id: a freed
-        # one's id comes back
+        # per process: (the leak result, risk level, risk episode's cause and the pid at risk
+        # from its answer was made from, record time of its next heartbeat); the result itself,
+        # not its id: a freed one's id comes back
         self._seen: dict[tuple[str | None, int, int | None],
-                         tuple[LeakResult, int, str | None, float]] = {}
+                         tuple[LeakResult, int, str | None, int | None, float]] = {}
         # per process: the orphaned KV blocks its last row said; twice as many is a new row
         # at once, another count once the row is ORPHAN_ROW_S old
         self._row_orphans: dict[tuple[str | None, int, int | None], int] = {}
@@ -262,9 +272,10 @@ class VerdictLog:
         level = model.level_index if model is not None else -1
         ep = d.episodes.get(model) if model is not None else None
         cause = ep.cause if ep is not None else None
+        source = model.at_risk_from(cause, result.detected) if model is not None else None
         seen = self._seen.get(key)
         if seen is not None and seen[0] is result and seen[1] == level and seen[2] == cause \
-                and now_s < seen[3] and not held:
+                and seen[3] == source and now_s < seen[4] and not held:
             return  # nothing its answer is made from moved, and no heartbeat is due
         v = verdict_of(d, pid, host, now_s)
         last = self.latest.get(key)
@@ -272,17 +283,17 @@ class VerdictLog:
         recount = orphans != said and last is not None and now_s >= last.ts_s + ORPHAN_ROW_S
         if orphans != said and not recount and last is not None:
             self._held.setdefault(key, last.ts_s + ORPHAN_ROW_S)
-        if (seen is None or now_s >= seen[3] or last is None or last.answer() != v.answer()
+        if (seen is None or now_s >= seen[4] or last is None or last.answer() != v.answer()
                 or _moved(last, v) or orphans >= 2 * said > 0 or recount):
             v = v._replace(leak_floor=self._new_floor(key, leak))
             self.latest[key] = v
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
-            self._seen[key] = (result, level, cause, now_s + self.heartbeat_s)
+            self._seen[key] = (result, level, cause, source, now_s + self.heartbeat_s)
             self._row_orphans[key] = orphans
             self._held.pop(key, None)
         else:
-            self._seen[key] = (result, level, cause, seen[3])
+            self._seen[key] = (result, level, cause, source, seen[4])
 
     def _new_floor(self, key: tuple[str | None, int, int | None],
                    leak: LeakDetector) -> tuple[tuple[float, int], ...]:
@@ -337,7 +348,8 @@ class VerdictLog:
             self._ended.add(key)
             v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
                               risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
-                              time_to_oom_high_s=None, leak_floor=())
+                              time_to_oom_high_s=None, leak_floor=(),
+                              risk_at_risk_from_pid=None)
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
         d.ended.clear()
@@ -382,6 +394,7 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
     point = model.last if model is not None else None
     level = point.level if point is not None else NO_LEVEL
     cause = d.cause_of(model, leak) if model is not None else None  # its episode's
+    source = model.at_risk_from(cause, r.detected) if model is not None else None
     kv = d.kvs.get(pid)
     return Verdict(now_s, d.device, host, pid, r.state, r.slope_bytes_per_s, r.start_ts_s,
                    r.first_detected_ts_s, r.span_s, r.evidence, level, cause,
@@ -394,4 +407,5 @@ def verdict_of(d: DeviceAnalysis, pid: int | None, host: str | None, now_s: floa
                    kv.exhaustion_s if kv is not None else None,
                    d.ranks.get(pid) if pid is not None else None, r.trend_line, leak.windows,
                    r.estimated_floor, r.rate_low_bytes_per_s, r.rate_high_bytes_per_s,
-                   r.time_to_oom_s, r.time_to_oom_low_s, r.time_to_oom_high_s, leak_kv=r.kv)
+                   r.time_to_oom_s, r.time_to_oom_low_s, r.time_to_oom_high_s, leak_kv=r.kv,
+                   risk_at_risk_from_pid=source)

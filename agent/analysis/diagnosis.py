@@ -97,6 +97,15 @@ REMEDIES: dict[str, tuple[str, ...]] = {
 }
 
 
+def cause_words(cause: str | None, at_risk_from_pid: int | None = None) -> str | None:
+    """A risk cause as every surface says it (the alert, the pages, ``status``): the cause's
+    name, and for a process at risk from another's growth (``RiskModel.at_risk_from``, the
+    verdict's ``risk.at_risk_from_pid``) whose growth it is. None without a cause."""
+    if cause == "growth" and at_risk_from_pid is not None:
+        return f"growth (at risk from pid {at_risk_from_pid}'s growth)"
+    return cause
+
+
 def diagnose(postmortem: PostMortem | None = None, samples: Sequence[Sample] = (),
              *, ts_s: float | None = None, requests_in_flight: int | None = None,
              failed_alloc_bytes: int | None = None, phase: Phase | None = None,

@@ -23,6 +23,7 @@ from vramscope.agent.analysis.diagnosis import (
     KV_REFUSAL_EVENTS,
     KV_REFUSAL_WINDOW_S,
     REMEDIES,
+    cause_words,
     complete_postmortem,
     diagnose,
 )
@@ -469,9 +470,10 @@ def _process_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
                         f"{iso_utc(leak['first_detected_ts'])}" if leak["first_detected_ts"]
                         else "LEAK",
                 "no_leak": "no leak", "insufficient_data": "not enough data yet"}
+        cause = cause_words(risk["cause"], risk.get("at_risk_from_pid"))
         lines.append(f"    {who}: {said.get(leak['state'], leak['state'])}; "
                      f"OOM risk {risk['level'] or 'not assessed yet'}"
-                     + (f" ({risk['cause']})" if risk["cause"] else ""))
+                     + (f" ({cause})" if cause else ""))
     return lines
 
 

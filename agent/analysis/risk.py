@@ -175,6 +175,16 @@ class RiskModel:
     def update(self, s: Sample) -> RiskPoint | None:
         return self.last if self.observe(s) else None
 
+    def at_risk_from(self, cause: str | None, leaking: bool) -> int | None:
+        """The pid whose growth puts this process at risk: the other process's named growth
+        (``grower``), where this one's risk ``cause`` is ``growth`` and it does not grow
+        itself (``leaking``: its own leak verdict holds a leak). None otherwise: its own
+        growth, or a cause of its own, is the answer. The alert's text and the stored verdict
+        row both read it, so they name one pid."""
+        if cause != "growth" or leaking or self.growth is not None:
+            return None
+        return self.grower
+
     @property
     def trend(self) -> _Trend | None:
         """The peaks' trend the forecast comes from (None: no significant rise)."""

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.analysis.diagnosis import cause_words
 from vramscope.agent.analysis.kv_leak import verdict_words
 from vramscope.agent.cli.common import url_or_path
 
@@ -75,8 +76,9 @@ def _render_verdicts(verdicts: list[dict[str, Any]]) -> str:
         if v["leak"]["state"] == "leak":
             leak += " " + verdict_words(v["leak"])
         risk = v["risk"]["level"] or "not assessed yet"
+        cause = cause_words(v["risk"]["cause"], v["risk"].get("at_risk_from_pid"))
         lines.append(f"  {v.get('host') or ''} GPU {v['device']} {who}: {leak}; OOM risk {risk}"
-                     + (f" ({v['risk']['cause']})" if v["risk"]["cause"] else ""))
+                     + (f" ({cause})" if cause else ""))
     return "\n".join(lines)
 
 

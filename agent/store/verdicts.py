@@ -23,6 +23,7 @@ from vramscope.agent.alerts.verdicts import (
     Verdict,
     verdict_from_json,
 )
+from vramscope.agent.analysis.diagnosis import cause_words
 from vramscope.agent.analysis.growth import GROWTH_KEYS
 from vramscope.agent.analysis.severity import Severity, rank, worst
 from vramscope.agent.store.schema import device_verdicts, devices, hosts, verdicts
@@ -262,14 +263,15 @@ def mark_leads(docs: list[dict[str, Any]], answer: DeviceVerdict | None) -> list
 def process_doc(v: Verdict, names: Mapping[int, Mapping[str, Any]],
                 has_ended: bool) -> dict[str, Any]:
     """One process's answer as the pages show it: ``vramscope.verdict/1`` plus its name,
-    model and label from the host's processes table (``names``, by pid) and ``ended``."""
+    model and label from the host's processes table (``names``, by pid), ``ended`` and
+    ``cause_text``, its risk cause as every surface prints it (``diagnosis.cause_words``)."""
     doc = v.to_json()
     p = names.get(v.pid) if v.pid is not None else None
     label = "device" if v.pid is None else process_label(p or {"rank": v.rank})
     doc.update(name=(p or {}).get("name"), model=(p or {}).get("model"), label=label,
                process=("the device (no process)" if v.pid is None
                         else f"{label} (pid {v.pid})"),
-               ended=has_ended)
+               ended=has_ended, cause_text=cause_words(v.risk_cause, v.risk_at_risk_from_pid))
     return doc
 
 

@@ -306,7 +306,7 @@ function verdictCell(d) {
   // each running process's stored verdict: which one leaks, how close each is to an OOM
   for (const v of d.verdicts || []) {
     const leak = processLeakWords(v);
-    box.append(el("div", v.process + ": " + leak + " · OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""),
+    box.append(el("div", v.process + ": " + leak + " · OOM risk " + (v.risk || "–") + (v.cause_text ? " (" + v.cause_text + ")" : ""),
       { class: "reasons process-verdict" }));
   }
   return box;
@@ -328,7 +328,7 @@ function wireDeviceVerdict() {
       el("span", rules.length ? rules.join(", ") : "no active alert", { class: "reasons" })];
     for (const v of d.verdicts || []) {
       const leak = processLeakWords(v);
-      parts.push(" · " + v.process + ": " + leak + ", OOM risk " + (v.risk || "–") + (v.cause ? " (" + v.cause + ")" : ""));
+      parts.push(" · " + v.process + ": " + leak + ", OOM risk " + (v.risk || "–") + (v.cause_text ? " (" + v.cause_text + ")" : ""));
     }
     parts.push(" ", link("all devices →", "/"));
     node.replaceChildren(...parts);
@@ -362,7 +362,7 @@ function fleetRiskCell(r) {
   const box = el("div");
   box.append(badge(r.level || "no verdict", r.level || "none"));
   if (r.level && r.level !== "ok" && r.risk_process) {
-    box.append(el("div", r.risk_process + (r.cause ? " (" + r.cause + ")" : ""), { class: "reasons" }));
+    box.append(el("div", r.risk_process + (r.cause_text ? " (" + r.cause_text + ")" : ""), { class: "reasons" }));
   }
   return box;
 }
@@ -721,7 +721,7 @@ function makeupPanel(m) {
 function riskCards(doc) {
   const now = doc.now;
   const ratio = doc.limit_bytes && doc.latest_headroom_bytes !== null ? doc.latest_headroom_bytes / doc.limit_bytes : null;
-  const why = now ? (now.cause ? "likely " + now.cause + " · " : "") + (now.reasons.length ? now.reasons.join(", ") : "nothing near a threshold") + " · " + now.process : "no verdict stored";
+  const why = now ? (now.cause_text ? "likely " + now.cause_text + " · " : "") + (now.reasons.length ? now.reasons.join(", ") : "nothing near a threshold") + " · " + now.process : "no verdict stored";
   const headroomLevel = now && now.reasons.includes("headroom") ? now.level : "";
   let forecast = "not rising";
   let sub = "no significant rise in peak memory";
@@ -747,7 +747,7 @@ PAGES.risk = () => {
     fill("risk-cards", riskCards(doc));
     table("risk-processes-table", processColumns([
       ["Risk", (p) => p.risk.level ? badge(p.risk.level) : "not assessed yet"],
-      ["Cause", (p) => p.risk.cause || "–"],
+      ["Cause", (p) => p.cause_text || "–"],
       ["Headroom", (p) => fmtBytes(p.risk.headroom_bytes), "num"],
       ["Time to OOM", (p) => p.risk.time_to_oom_s === null ? "not rising" : fmtAge(p.risk.time_to_oom_s), "num"],
     ]), doc.processes, "No verdict stored for this device yet.");

@@ -61,7 +61,7 @@ EXPECTED_DEVICE = {
                              "are not its floor), then 15 min of idle floor",
                  "trend_line": None, "windows": None,  # not chosen yet: as the leak's
                  "estimated_floor": False, **NO_GROWTH},
-        "risk": {"level": "ok", "cause": None, "reasons": [],
+        "risk": {"level": "ok", "cause": None, "at_risk_from_pid": None, "reasons": [],
                  "headroom_bytes": G, "time_to_oom_s": None, "time_to_oom_low_s": None,
                  "time_to_oom_high_s": None},
         "kv": {"usage_ratio": 0.159, "exhaustion_s": 841.0}}],

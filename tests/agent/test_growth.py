@@ -171,11 +171,63 @@ def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_f
     # fast route warns it at 660.1 s, from pid 1's growth
     assert (victim[0].ts_s, victim[0].risk_level, victim[0].risk_cause) == (
         660.1, "warning", "growth")
+    # its rows say whose growth (RiskModel.at_risk_from); the grower's own say no one's
+    assert [(v.ts_s, v.risk_at_risk_from_pid) for v in victim] == [(660.1, 1), (949.1, 1)]
+    assert {v.risk_at_risk_from_pid for v in e.verdicts.history if v.pid == 1} == {None}
     assert all(v.leak_state != "leak" for v in e.verdicts.history if v.pid == 2)
     d = e.devices[0]
     from vramscope.agent.alerts.explain import risk_text
     assert "; likely growth (at risk from pid 1's growth); " in risk_text(
         d.risks[2].last, d.risks[2], d.leaks[2], "pid 2")
+
+
+def test_a_victims_rows_follow_the_growth_it_is_at_risk_from():
+    """pid 1 and pid 2 as in ``_pair``, and pid 3 from 5 GiB growing 120 MiB/s from 420 s:
+    pid 3's leak is named first (540.15 s), pid 1's later (600 s), and the victim's row says
+    whose growth at each (the one the engine names: the soonest to fill), a new row at once
+    where only that changed (the level and the cause stay). 640 s: 70 GiB of 80 used."""
+    from vramscope.agent.alerts.engine import AlertEngine
+
+    out = []
+    for t in range(640):
+        a1 = 10 * GIB + max(0, t - 300) * 60 * 2**20
+        a3 = 5 * GIB + max(0, t - 420) * 120 * 2**20
+        out += [Sample(float(t), 0, Phase.DECODE, pid=1, allocated_bytes=a1, reserved_bytes=a1,
+                       device_total_bytes=80 * GIB),
+                Sample(t + 0.1, 0, Phase.DECODE, pid=2, allocated_bytes=10 * GIB,
+                       reserved_bytes=10 * GIB, device_total_bytes=80 * GIB),
+                Sample(t + 0.15, 0, Phase.DECODE, pid=3, allocated_bytes=a3, reserved_bytes=a3,
+                       device_total_bytes=80 * GIB),
+                Sample(t + 0.2, 0, device_used_bytes=a1 + a3 + 11 * GIB,
+                       device_total_bytes=80 * GIB)]
+    e = AlertEngine.from_config(None)
+    e.feed(out)
+    rows = [(v.ts_s, v.pid, v.leak_state, v.risk_level, v.risk_cause, v.risk_at_risk_from_pid)
+            for v in e.verdicts.history if v.ts_s > 500]
+    assert rows == [
+        (510.0, 1, "insufficient_data", "critical", "batch", None),
+        (510.1, 2, "insufficient_data", "critical", "batch", None),
+        (510.15, 3, "insufficient_data", "critical", "growth", None),
+        (540.15, 3, "leak", "critical", "growth", None),
+        # pid 1 grows too, but no leak of its own is named yet: at risk from pid 3's growth
+        (550.0, 1, "insufficient_data", "critical", "growth", 3),
+        (550.1, 2, "insufficient_data", "critical", "growth", 3),
+        (600.0, 1, "leak", "critical", "growth", None),  # its own leak is its answer
+        (600.1, 2, "insufficient_data", "critical", "growth", 1)]
+
+
+def test_a_process_is_at_risk_from_anothers_growth_only_where_it_does_not_grow_itself():
+    from vramscope.agent.analysis.risk import RiskModel
+
+    m = RiskModel()
+    assert m.at_risk_from("growth", leaking=False) is None  # no other process grows
+    m.grower = 7
+    assert m.at_risk_from("growth", leaking=False) == 7
+    assert m.at_risk_from("batch", leaking=False) is None  # a cause of its own
+    assert m.at_risk_from(None, leaking=False) is None
+    assert m.at_risk_from("growth", leaking=True) is None  # its own leak is the answer
+    m.growth = (1e6, 5e5, 2e6)  # its own growth is the forecast
+    assert m.at_risk_from("growth", leaking=False) is None
 
 
 def test_an_oom_ends_the_risk_of_the_process_it_killed():

@@ -159,8 +159,9 @@ def test_the_risk_page_reports_the_stored_verdict_of_the_riskiest_process(client
                      ).get_json()
     now = doc["now"]
     assert (now["level"], now["pid"], now["cause"]) == ("ok", 4141, None)
-    assert set(now) == {"ts_s", "level", "reasons", "cause", "headroom_bytes", "time_to_oom_s",
-                        "time_to_oom_low_s", "time_to_oom_high_s", "pid", "process"}
+    assert set(now) == {"ts_s", "level", "reasons", "cause", "at_risk_from_pid", "cause_text",
+                        "headroom_bytes", "time_to_oom_s", "time_to_oom_low_s",
+                        "time_to_oom_high_s", "pid", "process"}
     assert [p["risk"]["level"] for p in doc["processes"]] == ["ok"]
     # the agent's stored alerts are the warnings (the verdicts' rises only without them)
     assert [(w["ts"], w["rule"]) for w in doc["warnings"]] == [

@@ -73,7 +73,8 @@ def test_a_row_says_what_the_engine_stored_and_how_fresh_the_data_is(client):
     assert rows[("node-07", 6)] == {
         "host": "node-07", "device": 6, "model": FS.H200, "uuid": "GPU-0706",
         "total_bytes": 141 * 2**30, "level": "critical", "time_to_oom_s": 240.0,
-        "cause": "kv_cache", "risk_process": "vllm (pid 1006)", "leak": "no_leak",
+        "cause": "kv_cache", "cause_text": "kv_cache", "risk_process": "vllm (pid 1006)",
+        "leak": "no_leak",
         "leak_slope_bytes_per_h": 0.0, "leak_process": None, "verdict_ts_s": FS.T_END,
         "newest_ts_s": newest, "last_sample_age_s": FS.NOW_S - newest, "freshness": "live",
         "stale": False}
