@@ -227,7 +227,7 @@ def _walked(store, sent):
     return out
 
 
-@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet"])
+@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet", "/api/v1/overview"])
 def test_a_fleet_read_seeks_each_device_s_newest_rows_not_the_history(fleet, client, route):
     """Each statement seeks its rows per device (per host) on the history tables' indexes:
     none of them walks a table that grows with the history (a join the planner turns around
