@@ -307,6 +307,9 @@ def test_the_same_order_and_metrics_on_postgresql(postgres_url, client):
         assert len(sent) == METRICS_STATEMENTS
         assert _walked(built.store, sent) == []
         assert text == _scrape(client)  # SQLite's scrape of the same fleet, series by series
+        with statements_sent(built.store.engine, _selects) as sent:
+            assert c.get("/api/v1/overview").status_code == 200
+        assert _walked(built.store, sent) == []
     finally:
         built.store.close()
 
