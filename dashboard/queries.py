@@ -352,18 +352,19 @@ def freshness_now(store: Store, config: Config, now_s: float) -> dict[str, Any]:
 
 def newest_sample_s(store: Store, now_s: float) -> float | None:
     """The newest sample's time not ahead of ``now_s`` over every device of every host (one
-    indexed look-up each): a row from a wrong clock, ahead of now, would read as the newest
-    and turn freshness for all the data on its time instead of the real samples'."""
-    spans = (store.time_range(d["device_index"], host_or_none(store, d["host"]),
-                              not_after_s=now_s)
-             for d in store.devices(host="*"))
+    statement: an indexed look-up each): a row from a wrong clock, ahead of now, would read
+    as the newest and turn freshness for all the data on its time instead of the real
+    samples'."""
+    spans = reader.fleet_spans(store, not_after_s=now_s).values()
     return max((span[1] for span in spans if span), default=None)
 
 
 def _latest_only(store: Store) -> list[dict[str, Any]]:
-    return [{"host": d["host"], "device": d["device_index"],
-             "latest": latest_values(store, d["device_index"], host_or_none(store, d["host"]))}
-            for d in store.devices(host="*")]
+    """Every device's :func:`latest_values` (its newest samples whatever their time), in one
+    statement."""
+    return [{"host": n.device["host"], "device": n.device["device_index"],
+             "latest": latest_from(n.span, n.recent, None)}
+            for n in reader.fleet_samples(store, None, LATEST_WINDOW_S)]
 
 
 def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:

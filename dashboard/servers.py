@@ -97,6 +97,6 @@ def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
 
 
 def newest_agent_report(store: Store) -> dict[str, Any] | None:
-    """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
-    reports = (store.latest_agent_stats(h["name"]) for h in store.hosts())
-    return max((r for r in reports if r), key=lambda r: r["ts_s"], default=None)
+    """The newest agent report of any host (``agent_stats``), for the freshness of all data:
+    each host's newest in one statement (:func:`~vramscope.agent.store.reader.fleet_reports`)."""
+    return max(reader.fleet_reports(store).values(), key=lambda r: r["ts_s"], default=None)

@@ -81,11 +81,13 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     return out
 
 
-def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[DeviceNow]:
+def newest_samples(store: Store, not_after_s: float | None,
+                   window_s: float) -> list[DeviceNow]:
     """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
-    ``Store.time_range(device, host, not_after_s=...)`` gives it) and its samples of the
-    ``window_s`` up to the span's end, in time order: what ``Store.samples`` gives for that
-    window of each device, for all devices in one statement. By host, then index.
+    ``Store.time_range(device, host, not_after_s=...)`` gives it; ``not_after_s`` None: not
+    bounded) and its samples of the ``window_s`` up to the span's end, in time order: what
+    ``Store.samples`` gives for that window of each device, for all devices in one
+    statement. By host, then index.
 
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
@@ -146,11 +148,12 @@ def _span_ends(not_after_s: float | None) -> list[Any]:
             edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
 
 
-def device_spans(store: Store) -> dict[tuple[str, int], tuple[float, float] | None]:
-    """Every device's span (as ``Store.time_range(device, host)`` gives it: its first and
-    newest sample, reaching back into the minute rollups; None: nothing stored) by (host
-    name, device index), in one statement."""
-    q = (select(hosts.c.name, devices.c.device_index, *_span_ends(None))
+def device_spans(store: Store, not_after_s: float | None = None
+                 ) -> dict[tuple[str, int], tuple[float, float] | None]:
+    """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
+    gives it: its first and newest sample, reaching back into the minute rollups; None:
+    nothing stored) by (host name, device index), in one statement."""
+    q = (select(hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
          .join(hosts, hosts.c.id == devices.c.host_id))
     with store.engine.connect() as c:
         return {(host, index): _span(ends) for host, index, *ends in c.execute(q)}

@@ -480,10 +480,11 @@ def fleet(store: Store, at_s: float) -> Fleet:
     return Fleet(rows, _fleet.agent_reports(store))
 
 
-def fleet_samples(store: Store, at_s: float, window_s: float) -> list[DeviceNow]:
+def fleet_samples(store: Store, at_s: float | None, window_s: float) -> list[DeviceNow]:
     """Every device of every host (by host, then index): its row, its span not ahead of
-    ``at_s`` (``Store.time_range``'s) and its raw samples of the ``window_s`` up to the span's
-    end (``Store.samples``'), in one statement whatever the fleet's size."""
+    ``at_s`` (``Store.time_range``'s; ``at_s`` None: to its newest sample whatever its time)
+    and its raw samples of the ``window_s`` up to the span's end (``Store.samples``'), in one
+    statement whatever the fleet's size."""
     from vramscope.agent.store import fleet as _fleet
 
     return _fleet.newest_samples(store, at_s, window_s)
@@ -498,12 +499,14 @@ def fleet_events(store: Store, start_s: float, end_s: float,
     return _fleet.device_events(store, start_s, end_s, names)
 
 
-def fleet_spans(store: Store) -> dict[tuple[str, int], tuple[float, float] | None]:
-    """Every device's first and newest sample (``Store.time_range(device, host)``'s span,
-    None where nothing is stored) by (host, device index), in one statement."""
+def fleet_spans(store: Store, not_after_s: float | None = None
+                ) -> dict[tuple[str, int], tuple[float, float] | None]:
+    """Every device's first and newest sample (``Store.time_range``'s span, the newest not
+    ahead of ``not_after_s`` when given; None where there is none) by (host, device index),
+    in one statement."""
     from vramscope.agent.store import fleet as _fleet
 
-    return _fleet.device_spans(store)
+    return _fleet.device_spans(store, not_after_s)
 
 
 def fleet_event_counts(store: Store, start_s: float, end_s: float, name: str,

@@ -51,7 +51,8 @@ def _count(built, route):
     return len(sent)
 
 
-ROUTES = ("/api/v1/overview", "/api/v1/overview?figures=true", "/api/v1/devices")
+ROUTES = ("/api/v1/overview", "/api/v1/overview?figures=true", "/api/v1/devices",
+          "/api/v1/hosts", "/api/v1/processes", "/api/v1/freshness")
 
 
 def _counts_as_it_grows(url):
@@ -128,6 +129,11 @@ def test_each_process_s_request_rate_and_each_host_s_span(fleet):
     assert {k: v for k, v in rates.items() if v} == {("node-01", FS.pid_of(3)): 5.0,
                                                      ("node-02", FS.pid_of(1)): 1.0}
     assert rates[("node-01", FS.pid_of(2))] == 0.0
+    client = _client(fleet)
+    assert client.get("/api/v1/processes").get_json()["processes"] == doc["processes"]
+    assert [{k: h[k] for k in ("name", "first_seen_s", "last_seen_s", "agent")}
+            for h in client.get("/api/v1/hosts").get_json()["hosts"]] == doc["hosts"]
+    assert client.get("/api/v1/freshness").get_json()["newest_ts_s"] == FS.T_END - 5.0
     store = fleet.store
     assert [h["name"] for h in doc["hosts"]] == [FS.host_name(i)
                                                  for i in range(2 * SMALL_HOSTS)]
