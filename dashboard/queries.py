@@ -4,7 +4,9 @@ Windows of samples are read through the store's reader (:mod:`vramscope.agent.st
 which chooses the tier (raw samples, the per-second tier, the rollups) and says which answered;
 this module shapes what it read (:mod:`vramscope.dashboard.timeline`). The newest values of a
 device (the last ``LATEST_WINDOW_S`` of raw samples) and the stored rows (devices, processes,
-alerts, agent reports) are read from the store itself.
+alerts, agent reports) are read from the store itself; what every device has (the Overview,
+the device table, ``/metrics``) through the reader's ``fleet_*`` calls, one statement each
+whatever the fleet's size, never a read per device.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
     return out
 
 
-class _Now(NamedTuple):
+class DeviceReads(NamedTuple):
     """What :func:`device_rows` reads of the devices it shows, before it composes their rows:
     the whole fleet's in a fixed number of statements, or one device's by its own."""
 
@@ -150,17 +152,18 @@ class _Now(NamedTuple):
     procs: dict[str, dict[int, dict[str, Any]]]  # the processes table's rows by host, pid
 
 
-def _fleet_now(store: Store, now_s: float) -> _Now:
+def _fleet_now(store: Store, now_s: float) -> DeviceReads:
     """Every device's reads in one statement each (a fleet of 512 devices was thousands)."""
     procs = _processes_by_host(store)
     found = stored.fleet_current(store, now_s)
     devices = [(n.device, latest_from(n.span, n.recent, procs.get(n.device["host"])))
                for n in reader.fleet_samples(store, now_s, LATEST_WINDOW_S)]
-    return _Now(devices, {key: [verdict_entry(v) for v in mine] for key, mine in found.items()},
-                reader.fleet_reports(store), servers.request_starts(store, now_s), procs)
+    verdicts = {key: [verdict_entry(v) for v in mine] for key, mine in found.items()}
+    return DeviceReads(devices, verdicts, reader.fleet_reports(store),
+                       servers.request_starts(store, now_s), procs)
 
 
-def _device_now(store: Store, now_s: float, only: tuple[str, int]) -> _Now:
+def _device_now(store: Store, now_s: float, only: tuple[str, int]) -> DeviceReads:
     """One device's reads (``only``: host name, index), without the others'."""
     procs = _processes_by_host(store)
     devices, verdicts, reports = [], {}, {}
@@ -176,15 +179,16 @@ def _device_now(store: Store, now_s: float, only: tuple[str, int]) -> _Now:
         if report is not None:
             reports[d["host"]] = report
     starts = servers.request_starts(store, now_s, only) if devices else {}
-    return _Now(devices, verdicts, reports, starts, procs)
+    return DeviceReads(devices, verdicts, reports, starts, procs)
 
 
 def device_rows(store: Store, config: Config, now_s: float,
-                only: tuple[str, int] | None = None, read: _Now | None = None
+                only: tuple[str, int] | None = None, read: DeviceReads | None = None
                 ) -> list[dict[str, Any]]:
     """One row per device of every host, riskiest first: current values, the alert engine's
     verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
-    Every device's in a fixed number of statements whatever the fleet's size (:func:`_fleet_now`);
+    Every device's in a fixed number of statements whatever the fleet's size
+    (:func:`_fleet_now`);
     ``only`` (host name, device index): that device's row alone, read without the others' (a
     device page's verdict line in a fleet of 512 must not cost the whole table). ``read``:
     the devices' reads, where the caller has them already (:func:`overview`)."""
@@ -193,7 +197,7 @@ def device_rows(store: Store, config: Config, now_s: float,
     return _device_rows(store, config, now_s, read)
 
 
-def _device_rows(store: Store, config: Config, now_s: float, now: _Now
+def _device_rows(store: Store, config: Config, now_s: float, now: DeviceReads
                  ) -> list[dict[str, Any]]:
     """:func:`device_rows` from what was read."""
     procs = now.procs
@@ -314,7 +318,7 @@ def host_rows(store: Store, reports: dict[str, dict[str, Any]] | None = None
 
 def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
                  config: Config | None = None, now_s: float | None = None,
-                 read: _Now | None = None) -> list[dict[str, Any]]:
+                 read: DeviceReads | None = None) -> list[dict[str, Any]]:
     """Server processes; ``last_seen_s`` moves with their newest sample (the stored value is
     the last handshake or agent report that listed it as a client). With ``config`` and
     ``now_s``: each one's ``state`` (:func:`~vramscope.dashboard.verdict.process_state`), its
@@ -328,8 +332,8 @@ def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
             key = (r["host"], pid)
             recent[key] = max(ts, recent.get(key, ts))
     if read is None and config is not None and now_s is not None:
-        read = _Now([], {}, reader.fleet_reports(store), servers.request_starts(store, now_s),
-                    {})
+        read = DeviceReads([], {}, reader.fleet_reports(store),
+                           servers.request_starts(store, now_s), {})
     extra = servers.process_now(rows, read.starts) if read is not None else {}
     out = []
     for p in store.processes(host="*"):
