@@ -4,14 +4,16 @@ Windows of samples are read through the store's reader (:mod:`vramscope.agent.st
 which chooses the tier (raw samples, the per-second tier, the rollups) and says which answered;
 this module shapes what it read (:mod:`vramscope.dashboard.timeline`). The newest values of a
 device (the last ``LATEST_WINDOW_S`` of raw samples) and the stored rows (devices, processes,
-alerts, agent reports) are read from the store itself.
+alerts, agent reports) are read from the store itself; what every device has (the Overview,
+the device table, ``/metrics``) through the reader's ``fleet_*`` calls, one statement each
+whatever the fleet's size, never a read per device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.severity import worst
 from vramscope.agent.config import Config
@@ -139,35 +141,84 @@ def _device_entry(span: tuple[float, float], sources: dict[str, float], nvml: di
     return out
 
 
-def device_rows(store: Store, config: Config, now_s: float,
-                only: tuple[str, int] | None = None) -> list[dict[str, Any]]:
-    """One row per device of every host, riskiest first: current values, the alert engine's
-    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
-    ``only`` (host name, device index): that device's row alone, read without the others' (a
-    device page's verdict line in a fleet of 512 must not cost the whole table)."""
-    active = _active_alerts(store)
+class DeviceReads(NamedTuple):
+    """What :func:`device_rows` reads of the devices it shows, before it composes their rows:
+    the whole fleet's in a fixed number of statements, or one device's by its own."""
+
+    devices: list[tuple[dict[str, Any], dict[str, Any] | None]]  # devices row, latest values
+    verdicts: dict[tuple[str, int], list[dict[str, Any]]]  # (host, index) -> process_verdicts
+    reports: dict[str, dict[str, Any]]  # host -> its newest agent report (none: left out)
+    starts: dict[tuple[str, int], dict[int | None, int]]  # servers.request_starts'
+    procs: dict[str, dict[int, dict[str, Any]]]  # the processes table's rows by host, pid
+
+
+def _fleet_now(store: Store, now_s: float) -> DeviceReads:
+    """Every device's reads in one statement each (a fleet of 512 devices was thousands)."""
     procs = _processes_by_host(store)
-    rows = []
-    reports: dict[str, dict[str, Any] | None] = {}  # host -> its newest agent report
-    for d in store.devices(host="*" if only is None else only[0]):
-        if only is not None and d["device_index"] != only[1]:
+    found = stored.fleet_current(store, now_s)
+    devices = [(n.device, latest_from(n.span, n.recent, procs.get(n.device["host"])))
+               for n in reader.fleet_samples(store, now_s, LATEST_WINDOW_S)]
+    verdicts = {key: [verdict_entry(v) for v in mine] for key, mine in found.items()}
+    return DeviceReads(devices, verdicts, reader.fleet_reports(store),
+                       servers.request_starts(store, now_s), procs)
+
+
+def _device_now(store: Store, now_s: float, only: tuple[str, int]) -> DeviceReads:
+    """One device's reads (``only``: host name, index), without the others'."""
+    procs = _processes_by_host(store)
+    devices, verdicts, reports = [], {}, {}
+    for d in store.devices(host=only[0]):
+        if d["device_index"] != only[1]:
             continue
         host = host_or_none(store, d["host"])
-        latest = latest_values(store, d["device_index"], host, procs.get(d["host"]), now_s)
+        devices.append((d, latest_values(store, d["device_index"], host, procs.get(d["host"]),
+                                         now_s)))
+        verdicts[(d["host"], d["device_index"])] = process_verdicts(store, d["device_index"],
+                                                                    host, now_s)
+        report = store.latest_agent_stats(host)
+        if report is not None:
+            reports[d["host"]] = report
+    starts = servers.request_starts(store, now_s, only) if devices else {}
+    return DeviceReads(devices, verdicts, reports, starts, procs)
+
+
+def device_rows(store: Store, config: Config, now_s: float,
+                only: tuple[str, int] | None = None, read: DeviceReads | None = None
+                ) -> list[dict[str, Any]]:
+    """One row per device of every host, riskiest first: current values, the alert engine's
+    verdict (:mod:`vramscope.dashboard.verdict`) and whether the device's data is stale.
+    Every device's in a fixed number of statements whatever the fleet's size
+    (:func:`_fleet_now`);
+    ``only`` (host name, device index): that device's row alone, read without the others' (a
+    device page's verdict line in a fleet of 512 must not cost the whole table). ``read``:
+    the devices' reads, where the caller has them already (:func:`overview`)."""
+    if read is None:
+        read = _fleet_now(store, now_s) if only is None else _device_now(store, now_s, only)
+    return _device_rows(store, config, now_s, read)
+
+
+def _device_rows(store: Store, config: Config, now_s: float, now: DeviceReads
+                 ) -> list[dict[str, Any]]:
+    """:func:`device_rows` from what was read."""
+    procs = now.procs
+    active = _active_alerts(store)
+    rows = []
+    for d, latest in now.devices:
         if d["device_index"] < 0 and latest is None:
             continue  # a retired label (NVML renumbered the GPUs) with nothing recent
-        mine = active.get((d["host"], d["device_index"]), [])
+        key = (d["host"], d["device_index"])
+        mine = active.get(key, [])
         verdict = device_verdict(mine)
-        report = reports.setdefault(d["host"], store.latest_agent_stats(host))
         writers = connected_count((latest or {}).get("pids") or {}, procs.get(d["host"], {}),
                                   now_s, config)
-        fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config, report,
-                          writers=writers)
-        rows.append({**_current_row(d, latest, mine, verdict, verdicts=process_verdicts(
-                         store, d["device_index"], host, now_s)),
+        fresh = freshness(latest["last_ts_s"] if latest else None, now_s, config,
+                          now.reports.get(d["host"]), writers=writers)
+        started = sum(now.starts.get(key, {}).values())
+        rows.append({**_current_row(d, latest, mine, verdict,
+                                    verdicts=now.verdicts.get(key, [])),
                      "last_sample_age_s": fresh["age_s"], "stale": fresh["stale"],
                      "freshness": fresh["state"],
-                     **servers.kv_and_requests(store, d["device_index"], host, latest, now_s)})
+                     **servers.kv_and_requests(latest, started)})
     rows.sort(key=lambda r: reading_order(r["risk"], r["active_alerts"], r["host"], r["device"]))
     return rows
 
@@ -223,31 +274,42 @@ def _processes_by_host(store: Store) -> dict[str, dict[int, dict[str, Any]]]:
 def process_verdicts(store: Store, device: int, host: str | None,
                      now_s: float) -> list[dict[str, Any]]:
     """Each running process's stored verdict (the engine's; the pages show the same rows):
-    which process leaks, and how close to an OOM each one is."""
-    from vramscope.agent.analysis.kv_leak import verdict_words
+    which process leaks, and how close to an OOM each one is (:func:`verdict_entry`)."""
     from vramscope.agent.store.verdicts import processes
 
+    return [verdict_entry(v) for v in processes(store, device, host, now_s) if not v["ended"]]
+
+
+def verdict_entry(v: dict[str, Any]) -> dict[str, Any]:
+    """A running process's stored answer as a device row lists it (``verdicts``)."""
+    from vramscope.agent.analysis.kv_leak import verdict_words
+
     # a leak's rate, interval and time to OOM in the words `status` and `analyze` use
-    return [{"pid": v["pid"], "process": v["process"], "leak": v["leak"]["state"],
-             "leak_text": (verdict_words(v["leak"]) if v["leak"]["state"] == "leak"
-                           else None),
-             "leak_slope_bytes_per_h": v["leak"]["slope_bytes_per_h"],
-             "leak_estimated_floor": v["leak"]["estimated_floor"],
-             "risk": v["risk"]["level"], "cause": v["risk"]["cause"],
-             "at_risk_from_pid": v["risk"]["at_risk_from_pid"], "cause_text": v["cause_text"],
-             "ts": v["ts"]}
-            for v in processes(store, device, host, now_s) if not v["ended"]]
+    return {"pid": v["pid"], "process": v["process"], "leak": v["leak"]["state"],
+            "leak_text": (verdict_words(v["leak"]) if v["leak"]["state"] == "leak"
+                          else None),
+            "leak_slope_bytes_per_h": v["leak"]["slope_bytes_per_h"],
+            "leak_estimated_floor": v["leak"]["estimated_floor"],
+            "risk": v["risk"]["level"], "cause": v["risk"]["cause"],
+            "at_risk_from_pid": v["risk"]["at_risk_from_pid"], "cause_text": v["cause_text"],
+            "ts": v["ts"]}
 
 
-def host_rows(store: Store) -> list[dict[str, Any]]:
+def host_rows(store: Store, reports: dict[str, dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
     """Hosts with first and last seen from their samples and agent reports (the hosts table
-    keeps only the moment a host was first named)."""
+    keeps only the moment a host was first named), in three statements whatever the fleet's
+    size: the hosts, every device's span, every host's newest agent report (or ``reports``:
+    those, by host name, already read)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for (host, _), span in reader.fleet_spans(store).items():
+        if span is not None:
+            spans.setdefault(host, []).append(span)
+    reports = reader.fleet_reports(store) if reports is None else reports
     out = []
     for h in store.hosts():
-        name = host_or_none(store, h["name"])
-        seen = [span for d in store.devices(host=name)
-                if (span := store.time_range(d["device_index"], name))]
-        stats = store.latest_agent_stats(name)
+        seen = spans.get(h["name"], [])
+        stats = reports.get(h["name"])
         last = [t for t in (h["last_seen_s"], stats and stats["ts_s"]) if t]
         first = [t for t in (h["first_seen_s"],) if t] + [lo for lo, _ in seen]
         out.append({**h, "first_seen_s": min(first, default=None),
@@ -257,29 +319,30 @@ def host_rows(store: Store) -> list[dict[str, Any]]:
 
 
 def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
-                 config: Config | None = None, now_s: float | None = None
-                 ) -> list[dict[str, Any]]:
+                 config: Config | None = None, now_s: float | None = None,
+                 read: DeviceReads | None = None) -> list[dict[str, Any]]:
     """Server processes; ``last_seen_s`` moves with their newest sample (the stored value is
     the last handshake or agent report that listed it as a client). With ``config`` and
     ``now_s``: each one's ``state`` (:func:`~vramscope.dashboard.verdict.process_state`), its
     KV pool now (``kv_blocks_used``, ``kv_blocks_total``, ``kv_usage_ratio``) and the requests
-    it started in the last minute (``requests_per_min``)."""
+    it started in the last minute (``requests_per_min``): every host's agent report and every
+    device's request starts in one statement each, or as ``read`` (``rows``' reads) has them."""
     rows = rows if rows is not None else _latest_only(store)
     recent: dict[tuple[str, int], float] = {}
     for r in rows:
         for pid, ts in ((r["latest"] or {}).get("pids") or {}).items():
             key = (r["host"], pid)
             recent[key] = max(ts, recent.get(key, ts))
+    if read is None and config is not None and now_s is not None:
+        read = DeviceReads([], {}, reader.fleet_reports(store),
+                           servers.request_starts(store, now_s), {})
+    extra = servers.process_now(rows, read.starts) if read is not None else {}
     out = []
-    extra = servers.process_now(store, rows, now_s) if now_s is not None else {}
-    reports: dict[str, dict[str, Any] | None] = {}
     for p in store.processes(host="*"):
         row = {**p, "last_seen_s": max(p["last_seen_s"],
                                        recent.get((p["host"], p["pid"]), p["last_seen_s"]))}
-        if config is not None and now_s is not None:
-            report = reports.setdefault(
-                p["host"], store.latest_agent_stats(host_or_none(store, p["host"])))
-            row["state"] = process_state(p, now_s, config, report)
+        if config is not None and now_s is not None and read is not None:
+            row["state"] = process_state(p, now_s, config, read.reports.get(p["host"]))
             row.update(extra.get((p["host"], p["pid"]), servers.NO_KV))
         out.append(row)
     return out
@@ -295,24 +358,28 @@ def freshness_now(store: Store, config: Config, now_s: float) -> dict[str, Any]:
 
 def newest_sample_s(store: Store, now_s: float) -> float | None:
     """The newest sample's time not ahead of ``now_s`` over every device of every host (one
-    indexed look-up each): a row from a wrong clock, ahead of now, would read as the newest
-    and turn freshness for all the data on its time instead of the real samples'."""
-    spans = (store.time_range(d["device_index"], host_or_none(store, d["host"]),
-                              not_after_s=now_s)
-             for d in store.devices(host="*"))
+    statement: an indexed look-up each): a row from a wrong clock, ahead of now, would read
+    as the newest and turn freshness for all the data on its time instead of the real
+    samples'."""
+    spans = reader.fleet_spans(store, not_after_s=now_s).values()
     return max((span[1] for span in spans if span), default=None)
 
 
 def _latest_only(store: Store) -> list[dict[str, Any]]:
-    return [{"host": d["host"], "device": d["device_index"],
-             "latest": latest_values(store, d["device_index"], host_or_none(store, d["host"]))}
-            for d in store.devices(host="*")]
+    """Every device's :func:`latest_values` (its newest samples whatever their time), in one
+    statement."""
+    return [{"host": n.device["host"], "device": n.device["device_index"],
+             "latest": latest_from(n.span, n.recent, None)}
+            for n in reader.fleet_samples(store, None, LATEST_WINDOW_S)]
 
 
 def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
+    """The Overview document (docs/api.md), in a fixed number of statements whatever the
+    fleet's size: every device's reads once (:func:`_fleet_now`), shared by its parts."""
+    now = _fleet_now(store, now_s)
     hosts = [{k: h[k] for k in ("name", "first_seen_s", "last_seen_s", "agent")}
-             for h in host_rows(store)]
-    rows = device_rows(store, config, now_s)
+             for h in host_rows(store, now.reports)]
+    rows = device_rows(store, config, now_s, read=now)
     newest = max((r["latest"]["last_ts_s"] for r in rows if r["latest"]), default=None)
     report = max((h["agent"] for h in hosts if h["agent"]), key=lambda a: a["ts_s"],
                  default=None)
@@ -321,7 +388,7 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
                                    servers.connected_clients(store, report, now_s, config)),
             "level": worst((r["risk"] for r in rows), "device verdicts").label,
             "hosts": hosts, "devices": rows,
-            "processes": process_rows(store, rows, config, now_s),
+            "processes": process_rows(store, rows, config, now_s, read=now),
             "alerts": _alerts_json(store.alerts(active_only=True, host="*"), config)}
 
 

@@ -1,7 +1,8 @@
 """What the Overview says of each server now: its KV pool, the requests it started in the last
 minute, and who is connected to the agent (an idle vLLM server sends nothing, so whether it is
 still there comes from the agent's reports, not from its samples). Store reads bounded by one
-minute and one row per host or process; :mod:`vramscope.dashboard.queries` composes them.
+minute and one row per host or process, the whole fleet's in one statement each;
+:mod:`vramscope.dashboard.queries` composes them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ RATE_WINDOW_S = 60.0  # "requests per minute" of a process: those it started in 
 RATE_LIMIT = 100_000  # request starts counted a minute, at most
 
 
-def kv_and_requests(store: Store, device: int, host: str | None,
-                    latest: dict[str, Any] | None, now_s: float) -> dict[str, Any]:
-    """A device's KV pools now and the requests started on it in the last minute (counted on
-    the index, up to ``RATE_LIMIT``): what a vLLM server's Overview row shows.
+def kv_and_requests(latest: dict[str, Any] | None, started: int) -> dict[str, Any]:
+    """A device's KV pools now and the requests started on it in the last minute
+    (``started``: :func:`request_starts`' of the device, summed): what a vLLM server's Overview
+    row shows.
 
     ``kv_pools``: each process's pool (its newest reading: the vLLM plugin's or the Prometheus
     source's), by pid; ``kv_usage_ratio``: the fullest pool's share used, the pool the
@@ -38,28 +39,40 @@ def kv_and_requests(store: Store, device: int, host: str | None,
     if not pools and used is not None and total:
         pools = [{"pid": None, "process": None, "kv_blocks_used": used,
                   "kv_blocks_total": total, "kv_usage_ratio": used / total}]
-    started = 0 if latest is None else reader.count_events(
-        store, reader.Span(device, now_s - RATE_WINDOW_S, now_s, host), ("request_start",),
-        RATE_LIMIT)
     return {"kv_usage_ratio": max((p["kv_usage_ratio"] for p in pools), default=None),
             "kv_pools": pools,
-            "requests_per_min": min(started, RATE_LIMIT) * 60.0 / RATE_WINDOW_S}
+            "requests_per_min": (0 if latest is None else min(started, RATE_LIMIT))
+            * 60.0 / RATE_WINDOW_S}
 
 
-def process_now(store: Store, rows: list[dict[str, Any]], now_s: float
+def request_starts(store: Store, now_s: float, only: tuple[str, int] | None = None
+                   ) -> dict[tuple[str, int], dict[int | None, int]]:
+    """The requests each device's processes started in the last minute, by (host, device
+    index), then pid: of at most ``RATE_LIMIT`` a device (the first, in time order). Every
+    device's in one statement (:func:`~vramscope.agent.store.reader.fleet_event_counts`);
+    ``only`` (host name, device index): that device's alone, read without the others'."""
+    start_s = now_s - RATE_WINDOW_S
+    if only is None:
+        return reader.fleet_event_counts(store, start_s, now_s, "request_start", RATE_LIMIT)
+    host = None if only[0] == store.host_name else only[0]
+    counts: dict[int | None, int] = {}
+    for e in store.events(only[1], start_s, now_s, host=host, names=("request_start",),
+                          limit=RATE_LIMIT):
+        counts[e.pid] = counts.get(e.pid, 0) + 1
+    return {only: counts} if counts else {}
+
+
+def process_now(rows: list[dict[str, Any]],
+                starts: dict[tuple[str, int], dict[int | None, int]]
                 ) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (host, pid): its newest KV pool reading (the device row's process entry) with the
     moment it was read in the server (``kv_at_s``: "now" is the newest reading the agent has
-    committed, so it is as of then, not of the page's time), and the request starts of the
-    last minute, read once per device (bounded: one minute)."""
+    committed, so it is as of then, not of the page's time), and the requests it started on
+    the row's device in the last minute (``starts``: :func:`request_starts`')."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         entries = (r.get("latest") or {}).get("processes") or []
-        if not entries:
-            continue
-        host = None if r["host"] == store.host_name else r["host"]
-        starts = store.events(r["device"], now_s - RATE_WINDOW_S, now_s, host=host,
-                              names=("request_start",), limit=RATE_LIMIT)
+        mine = starts.get((r["host"], r["device"]), {})
         for p in entries:
             if p["pid"] is None:
                 continue
@@ -68,8 +81,7 @@ def process_now(store: Store, rows: list[dict[str, Any]], now_s: float
                 "kv_blocks_used": used, "kv_blocks_total": total,
                 "kv_usage_ratio": used / total if used is not None and total else None,
                 "kv_at_s": (p.get("at") or {}).get("kv_blocks_used"),
-                "requests_per_min": sum(1 for e in starts if e.pid == p["pid"])
-                * 60.0 / RATE_WINDOW_S}
+                "requests_per_min": mine.get(p["pid"], 0) * 60.0 / RATE_WINDOW_S}
     return out
 
 
@@ -85,6 +97,6 @@ def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
 
 
 def newest_agent_report(store: Store) -> dict[str, Any] | None:
-    """The newest agent report of any host (``agent_stats``), for the freshness of all data."""
-    reports = (store.latest_agent_stats(h["name"]) for h in store.hosts())
-    return max((r for r in reports if r), key=lambda r: r["ts_s"], default=None)
+    """The newest agent report of any host (``agent_stats``), for the freshness of all data:
+    each host's newest in one statement (:func:`~vramscope.agent.store.reader.fleet_reports`)."""
+    return max(reader.fleet_reports(store).values(), key=lambda r: r["ts_s"], default=None)

@@ -81,26 +81,18 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     return out
 
 
-def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[DeviceNow]:
+def newest_samples(store: Store, not_after_s: float | None,
+                   window_s: float) -> list[DeviceNow]:
     """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
-    ``Store.time_range(device, host, not_after_s=...)`` gives it) and its samples of the
-    ``window_s`` up to the span's end, in time order: what ``Store.samples`` gives for that
-    window of each device, for all devices in one statement. By host, then index.
+    ``Store.time_range(device, host, not_after_s=...)`` gives it; ``not_after_s`` None: not
+    bounded) and its samples of the ``window_s`` up to the span's end, in time order: what
+    ``Store.samples`` gives for that window of each device, for all devices in one
+    statement. By host, then index.
 
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
     an outer join so that a device without any keeps its row."""
-    def edge(column: Any, owner: Any, fn: Any, bounded: bool) -> Any:
-        where = [owner == devices.c.id] + ([column <= not_after_s] if bounded else [])
-        return select(fn(column)).where(*where).scalar_subquery()
-
-    tops = (select(devices, hosts.c.name.label("host"),
-                   edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
-                   edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
-                   edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False)
-                   .label("minute_lo"),
-                   edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True)
-                   .label("minute_hi"))
+    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
@@ -137,6 +129,69 @@ def newest_samples(store: Store, not_after_s: float, window_s: float) -> list[De
                 out[-1].recent.append(Sample(  # type: ignore[misc]
                     ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
                     host=d["host"], device_uuid=d["uuid"]))
+    return out
+
+
+def _span_ends(not_after_s: float | None) -> list[Any]:
+    """The four ends of ``Store.time_range``'s span of the statement's device row: its first
+    and newest raw sample, its first and newest minute rollup (the newest not ahead of
+    ``not_after_s`` when given), each a correlated ``min``/``max``: one seek on the device's
+    own index rows."""
+    def edge(column: Any, owner: Any, fn: Any, bounded: bool) -> Any:
+        where = [owner == devices.c.id] + (
+            [column <= not_after_s] if bounded and not_after_s is not None else [])
+        return select(fn(column)).where(*where).scalar_subquery()
+
+    return [edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
+            edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
+            edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False).label("minute_lo"),
+            edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
+
+
+def device_spans(store: Store, not_after_s: float | None = None
+                 ) -> dict[tuple[str, int], tuple[float, float] | None]:
+    """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
+    gives it: its first and newest sample, reaching back into the minute rollups; None:
+    nothing stored) by (host name, device index), in one statement."""
+    q = (select(hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
+         .join(hosts, hosts.c.id == devices.c.host_id))
+    with store.engine.connect() as c:
+        return {(host, index): _span(ends) for host, index, *ends in c.execute(q)}
+
+
+def event_counts(store: Store, start_s: float, end_s: float, name: str,
+                 limit: int) -> dict[tuple[str, int], dict[int | None, int]]:
+    """Every device's events named ``name`` in [start_s, end_s], at most its first ``limit``
+    of them (in time order, ties by id: those ``Store.events(..., limit=limit)`` reads of
+    one device), counted per pid, by (host name, device index); devices without any are
+    left out. One statement: per device a range of ``ix_events_device_name_ts`` of at most
+    ``limit`` keys, never the events themselves sent back (a busy minute is thousands)."""
+    in_window = and_(events.c.name == name, events.c.ts_s >= start_s, events.c.ts_s <= end_s)
+    if store.dialect == "postgresql":
+        # each device's own range, as in device_events (a LIMIT keeps it from being pulled up)
+        first = (select(events.c.pid).where(events.c.device_id == devices.c.id, in_window)
+                 .order_by(events.c.ts_s, events.c.id).limit(limit).lateral("first"))
+        q = (select(hosts.c.name, devices.c.device_index, first.c.pid, func.count())
+             .select_from(devices.join(hosts, hosts.c.id == devices.c.host_id)
+                          .join(first, true()))
+             .group_by(hosts.c.name, devices.c.device_index, first.c.pid))
+    else:
+        # the devices' ids as an IN list: SQLite seeks each device's range (device_events);
+        # each device's first ``limit`` by their place in its time order
+        nth = func.row_number().over(partition_by=events.c.device_id,
+                                     order_by=(events.c.ts_s, events.c.id))
+        ranked = (select(events.c.device_id, events.c.pid, nth.label("nth"))
+                  .where(events.c.device_id.in_(select(devices.c.id)), in_window)
+                  .subquery("ranked"))
+        q = (select(hosts.c.name, devices.c.device_index, ranked.c.pid, func.count())
+             .select_from(ranked.join(devices, devices.c.id == ranked.c.device_id)
+                          .join(hosts, hosts.c.id == devices.c.host_id))
+             .where(ranked.c.nth <= limit)
+             .group_by(hosts.c.name, devices.c.device_index, ranked.c.pid))
+    out: dict[tuple[str, int], dict[int | None, int]] = {}
+    with store.engine.connect() as c:
+        for host, index, pid, n in c.execute(q):
+            out.setdefault((host, index), {})[pid] = int(n)
     return out
 
 

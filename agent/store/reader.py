@@ -17,7 +17,9 @@ minute rollups or their ten-minute groups, the event counts. The calls:
   host's newest agent report, in four statements whatever the fleet's size;
   :func:`fleet_samples` (each device's newest seconds of samples), :func:`fleet_events`
   (each device's events of some names in a window) and :func:`fleet_reports` (each host's
-  newest agent report): one statement each, for ``/metrics``;
+  newest agent report): one statement each, for ``/metrics``; :func:`fleet_spans` (each
+  device's first and newest sample) and :func:`fleet_event_counts` (each device's events of
+  one name in a window, counted per process): one statement each, for the Overview;
 - bounded counts asked before anything is built (:func:`count_samples`, :func:`count_events`)
   and where the raw samples begin (:func:`raw_from`).
 
@@ -478,10 +480,11 @@ def fleet(store: Store, at_s: float) -> Fleet:
     return Fleet(rows, _fleet.agent_reports(store))
 
 
-def fleet_samples(store: Store, at_s: float, window_s: float) -> list[DeviceNow]:
+def fleet_samples(store: Store, at_s: float | None, window_s: float) -> list[DeviceNow]:
     """Every device of every host (by host, then index): its row, its span not ahead of
-    ``at_s`` (``Store.time_range``'s) and its raw samples of the ``window_s`` up to the span's
-    end (``Store.samples``'), in one statement whatever the fleet's size."""
+    ``at_s`` (``Store.time_range``'s; ``at_s`` None: to its newest sample whatever its time)
+    and its raw samples of the ``window_s`` up to the span's end (``Store.samples``'), in one
+    statement whatever the fleet's size."""
     from vramscope.agent.store import fleet as _fleet
 
     return _fleet.newest_samples(store, at_s, window_s)
@@ -496,6 +499,26 @@ def fleet_events(store: Store, start_s: float, end_s: float,
     return _fleet.device_events(store, start_s, end_s, names)
 
 
+def fleet_spans(store: Store, not_after_s: float | None = None
+                ) -> dict[tuple[str, int], tuple[float, float] | None]:
+    """Every device's first and newest sample (``Store.time_range``'s span, the newest not
+    ahead of ``not_after_s`` when given; None where there is none) by (host, device index),
+    in one statement."""
+    from vramscope.agent.store import fleet as _fleet
+
+    return _fleet.device_spans(store, not_after_s)
+
+
+def fleet_event_counts(store: Store, start_s: float, end_s: float, name: str,
+                       limit: int) -> dict[tuple[str, int], dict[int | None, int]]:
+    """Every device's events named ``name`` in [start_s, end_s] counted per pid, of at most
+    its first ``limit`` (those ``Store.events(..., limit=limit)`` reads), by (host, device
+    index); devices without any left out. One statement whatever the fleet's size."""
+    from vramscope.agent.store import fleet as _fleet
+
+    return _fleet.event_counts(store, start_s, end_s, name, limit)
+
+
 def fleet_reports(store: Store) -> dict[str, dict[str, Any]]:
     """Each host's newest agent report (``Store.latest_agent_stats``'), by host name, in one
     statement; hosts without one are left out."""
@@ -508,7 +531,7 @@ __all__ = ["KV_PROCESS_COLUMNS", "PROCESS_COLUMNS", "TIER_MODULES", "UNREAD_LIMI
            "UNREAD_TIERS", "WIDTHS_S",
            "Bands", "DeviceNow", "Fleet", "FleetDevice", "Peaks", "ProcessSeries", "ProcessWindow",
            "RequestRate", "Series", "Span", "Timeline", "Window", "WindowTooLong",
-           "count_events", "count_samples", "extrema", "fleet", "fleet_events",
-           "fleet_reports", "fleet_samples", "peaks", "phase_bands",
+           "count_events", "count_samples", "extrema", "fleet", "fleet_event_counts",
+           "fleet_events", "fleet_reports", "fleet_samples", "fleet_spans", "peaks", "phase_bands",
            "process_series", "raw_from", "records", "requests", "series", "timeline",
            "width_for"]

@@ -113,7 +113,7 @@ def test_the_overview_brings_its_figures_from_one_computation(client, monkeypatc
     calls = []
     device_rows = queries.device_rows
     monkeypatch.setattr(queries, "device_rows",
-                        lambda *a: calls.append(1) or device_rows(*a))
+                        lambda *a, **k: calls.append(1) or device_rows(*a, **k))
     doc = client.get("/api/v1/overview?figures=true").get_json()
     assert calls == [1]
     assert (doc["figures"]["overview"], doc["figures"]["processes"]) == separate

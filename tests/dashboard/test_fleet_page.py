@@ -228,7 +228,7 @@ def _walked(store, sent):
     return out
 
 
-@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet"])
+@pytest.mark.parametrize("route", ["/metrics", "/api/v1/fleet", "/api/v1/overview"])
 def test_a_fleet_read_seeks_each_device_s_newest_rows_not_the_history(fleet, client, route):
     """Each statement seeks its rows per device (per host) on the history tables' indexes:
     none of them walks a table that grows with the history (a join the planner turns around
@@ -308,6 +308,9 @@ def test_the_same_order_and_metrics_on_postgresql(postgres_url, client):
         assert len(sent) == METRICS_STATEMENTS
         assert _walked(built.store, sent) == []
         assert text == _scrape(client)  # SQLite's scrape of the same fleet, series by series
+        with statements_sent(built.store.engine, _selects) as sent:
+            assert c.get("/api/v1/overview").status_code == 200
+        assert _walked(built.store, sent) == []
     finally:
         built.store.close()
 

@@ -65,8 +65,10 @@ class FleetStore:
     store: Store
 
 
-def build(url: str) -> FleetStore:
-    for i in range(HOSTS):
+def build(url: str, hosts: int = HOSTS, first: int = 0) -> FleetStore:
+    """The fleet's store at ``url``: its hosts ``first`` to ``hosts - 1`` (a smaller fleet
+    keeps the scripted devices of those hosts; ``first``: a fleet built up to it grows)."""
+    for i in range(first, hosts):
         name = host_name(i)
         s = Store.open(url, host_name=name)
         try:
