@@ -672,13 +672,14 @@ class AlertEngine:
                 self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
                 busy = True
                 continue
-            if st.quiet and not st.inputs & changed:
-                continue
             if d.exited_risk is not None and st.rule.backoff and st.fired_ts is not None \
                     and not st.rule.breached(st.getter(d, now), _limit(st, d, now)):
+                # its process exited, and the processes left are below its level
                 self._resolve(st, d, now, st.getter(d, now), host, out,
                               f"pid {d.exited_risk} exited")
                 busy = True
+                continue
+            if st.quiet and not st.inputs & changed:
                 continue
             if d.ended_leak is not None and st.fired_ts is not None \
                     and st.rule.metric == "leak_detected":

@@ -121,3 +121,17 @@ def test_the_trace_line_is_an_event_the_engine_reads():
     assert e == Event(EXIT, "process_exit", 0, 2)
     engine, _ = _run(e)  # type: ignore[arg-type]
     assert [v.ts_s for v in _ended(engine)] == [EXIT]
+
+
+def test_a_risk_the_process_left_still_holds_stays():
+    """The exit ends the exited process's risk, not the device's: pid 1 at 77.5 of 80 GiB
+    (warning, the riskiest) keeps the risk alert; only the leak alert resolves."""
+    flat = [s._replace(allocated_bytes=int(77.5 * GIB), reserved_bytes=78 * GIB)
+            if s.pid == 1 else s for s in _samples()]
+    engine = AlertEngine.from_config(None)
+    changes = engine.feed([*flat, Event(EXIT, EXIT_EVENT, 0, 2)])
+    assert _resolved(changes) == {
+        "memory_leak": (EXIT, "idle floor rising after the warm-up (pid 2 exited; its last "
+                              "answer: leak)")}
+    assert [rule for rule, _, _ in engine.active()] == ["oom_risk"]
+    assert engine.verdicts.device_history[-1] == DeviceVerdict(EXIT, 0, None, "warning", 1, 1)
