@@ -135,3 +135,28 @@ def test_a_risk_the_process_left_still_holds_stays():
                               "answer: leak)")}
     assert [rule for rule, _, _ in engine.active()] == ["oom_risk"]
     assert engine.verdicts.device_history[-1] == DeviceVerdict(EXIT, 0, None, "warning", 1, 1)
+
+
+def test_the_stored_exit_is_on_the_timeline_and_ends_the_stored_row(tmp_path):
+    """What the live agent stores (the records, the engine's rows), read back: the ended row
+    at the exit, and the exit among the timeline's rare events, drawn as its marker."""
+    from vramscope.agent.config import parse_config
+    from vramscope.agent.store import Store
+    from vramscope.agent.store import verdicts as stored
+    from vramscope.dashboard.app import create_app
+
+    exit_event = Event(EXIT, EXIT_EVENT, 0, 2)
+    engine, _ = _run(exit_event)
+    with Store.open(f"sqlite:///{tmp_path}/vs.db") as st:
+        st.write(_samples(), [exit_event])
+        stored.write(st, engine.verdicts.take())
+        rows = {v.pid: (v.ts_s, v.ended) for v in stored.latest(st, 0, None, END)}
+        assert rows[2] == (EXIT, True) and rows[1][1] is False
+        client = create_app(parse_config({}, None), st).test_client()
+        window = f"device=0&start={EXIT - 60}&end={END}"
+        doc = client.get(f"/api/v1/timeline?{window}").get_json()
+        fig = client.get(f"/api/v1/figures/timeline?{window}").get_json()
+    assert doc["events"] == [{"ts": EXIT, "name": "process_exit", "request_id": None,
+                              "message": None, "pid": 2}]
+    assert [(t["name"], t["text"]) for t in fig["data"] if t["name"] == "process exit"] == [
+        ("process exit", ["pid 2 exited"])]
