@@ -261,7 +261,8 @@ def _install(report: InstallReport, config: Settings | None, sink: RecordSink | 
         from vramscope.hooks.identity import RankWatch
 
         tasks.append(RankWatch(torch, clock=clock))
-    inst.sink = inst.sampled = SampledDevices(inst.sink)  # every record of ours goes through
+    # the sampler's, the phases' and a KV source's (on phase.active_sink()) records go through
+    inst.sink = inst.sampled = SampledDevices(inst.sink)
     inst.clock = clock
     phase_mod.configure(sink=inst.sink, clock=clock, sources=sources, stamp=stamp)
     report.add("phases", True, "phase() / set_phase() transitions are events"
