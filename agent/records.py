@@ -106,8 +106,8 @@ class Event(NamedTuple):
 
     Names used so far (docs/trace-format.md): ``request_start``, ``request_end`` (with
     ``request_id``), ``oom`` (with ``message`` in ``data``), ``kv_alloc``, ``kv_free``, ``phase``;
-    later parts add ``kv_orphaned_blocks`` and ``alert``. ``data`` holds the event's other keys,
-    JSON-compatible.
+    later parts add ``kv_orphaned_blocks``, ``alert`` and ``process_exit`` (``EXIT_EVENT``).
+    ``data`` holds the event's other keys, JSON-compatible.
     """
 
     ts_s: float
@@ -129,6 +129,11 @@ RANK_EVENT = "process_rank"
 # of such events (agent.client_max_rare_events_per_day) beside its OOMs.
 TOKENS_EVENT = "tokens"
 TOKENS_EVERY_S = 10.0
+# A process says it is exiting (``vramscope.uninstall()``, which an exiting interpreter runs
+# through atexit): one per device it sampled, after its sampler stopped. The alert engine ends
+# the process at that instant, as it would after PROCESS_GONE_S of silence (a killed process
+# sends none: silence still ends it). No data; ``pid`` is the exiting process.
+EXIT_EVENT = "process_exit"
 
 
 def format_uuid(value: Any) -> str | None:

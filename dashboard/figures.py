@@ -185,15 +185,26 @@ def _kv_traces(s: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+# the timeline document's events (agent.store.reader's RARE_EVENTS and REQUEST_EVENTS) by the
+# marker each is drawn as
+MARKER_LABELS = {"request_start": "request start", "request_end": "request end", "oom": "OOM",
+                 "kv_orphaned_blocks": "orphaned KV blocks", "process_exit": "process exit"}
+
+
 def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Requests, allocator retries, OOMs and orphaned KV blocks on one lane (y4)."""
+    """Requests, allocator retries, OOMs, orphaned KV blocks and process exits on one lane
+    (y4)."""
     groups: dict[str, tuple[list[Any], list[Any]]] = {}
     for e in doc["events"]:
-        label = {"request_start": "request start", "request_end": "request end", "oom": "OOM",
-                 "kv_orphaned_blocks": "orphaned KV blocks"}[e["name"]]
+        label = MARKER_LABELS.get(e["name"])
+        if label is None:  # a name the timeline reads but draws no marker of
+            continue
         xs, texts = groups.setdefault(label, ([], []))
         xs.append(ms(e["ts"]))
-        texts.append(text(e["request_id"] or e["message"] or ""))
+        hover = e["request_id"] or e["message"]
+        if hover is None and e["name"] == "process_exit":
+            hover = f"pid {e.get('pid')} exited"
+        texts.append(text(hover or ""))
     for r in doc.get("retries", ()):
         xs, texts = groups.setdefault("alloc retries", ([], []))
         xs.append(ms(r["ts"]))
@@ -206,7 +217,8 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
              "request end": ("triangle-left", COLORS["request"]),
              "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
              "alert fired": ("triangle-up", COLORS["warning"]),
-             "orphaned KV blocks": ("square", COLORS["orphan"])}
+             "orphaned KV blocks": ("square", COLORS["orphan"]),
+             "process exit": ("line-ns-open", COLORS["request"])}
     return [{"type": "scatter", "mode": "markers", "name": label, "x": xs,
              "y": [label] * len(xs), "text": texts, "hovertemplate": "%{text}",
              "marker": {"symbol": style[label][0], "color": style[label][1],

@@ -46,7 +46,7 @@ GIB = f.GIB
 FLOOR_NAME = "idle floor (the leak detector's)"
 LIMIT_NEAR = 1.25  # the limit is drawn in range when it is within this factor of the data
 MARKER_ORDER = ("request start", "request end", "alloc retries", "alert fired",
-                "orphaned KV blocks", "OOM")  # bottom up, the same on every device
+                "orphaned KV blocks", "process exit", "OOM")  # bottom up, on every device
 PHASE_SHARE_COLORS = {"prefill": "rgba(255,159,28,0.75)", "decode": "rgba(46,160,67,0.55)",
                       "setup": "rgba(130,80,223,0.5)", "idle": "rgba(140,149,159,0.35)"}
 FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free block.<br>"

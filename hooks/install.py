@@ -15,7 +15,11 @@ What it turns on, each where the environment allows:
 - phase stamping through ``torch.cuda.memory._set_memory_metadata``.
 
 Records go to ``sink=`` if given; else to ``vramscope.hooks.client.make_default_sink`` (the
-socket client to a sidecar agent). The hooks never start an agent: embedded mode composes from
+socket client to a sidecar agent). ``uninstall()`` (which an exiting interpreter runs through
+``atexit``: a normal exit, ``sys.exit``, an unhandled exception such as a CUDA OOM; never a
+killed process) says the process exits: one ``process_exit`` event per device it sent samples
+of, after the sampler stopped, through the same sink, so the agent ends the process at once
+instead of after a minute of silence. The hooks never start an agent: embedded mode composes from
 the agent side (``vramscope.install_embedded(config)`` starts one and passes its sink here).
 Nothing touches CUDA before the server does: reads and observers that need an initialized CUDA
 wait for it (``torch.cuda._lazy_call``).
@@ -23,7 +27,9 @@ wait for it (``torch.cuda._lazy_call``).
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +37,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.records import EXIT_EVENT, Event, Sample
 from vramscope.hooks import phase as phase_mod
 from vramscope.hooks.sink import Record, RecordSink
 
@@ -133,6 +140,26 @@ class DeviceIdentitySink:
         return getattr(self.sink, name)
 
 
+class SampledDevices:
+    """Notes the devices this process sent samples of (``process_exit`` is said on each), then
+    hands every record on. A set add per sample: no lock, never raises."""
+
+    def __init__(self, sink: RecordSink) -> None:
+        self.sink = sink
+        self.devices: set[int] = set()
+
+    def put(self, record: Record) -> None:
+        if type(record) is Sample:
+            self.devices.add(record.device)
+        self.sink.put(record)
+
+    def close(self) -> None:
+        self.sink.close()
+
+    def __getattr__(self, name: str) -> Any:  # dropped, errors, ... of the wrapped sink
+        return getattr(self.sink, name)
+
+
 @dataclass
 class _Installation:
     report: InstallReport
@@ -142,6 +169,8 @@ class _Installation:
     observer: OomObserver | None = None
     history_on: bool = False
     torch: ModuleType | None = None
+    sampled: SampledDevices | None = None
+    clock: Clock = SYSTEM_CLOCK
 
 
 _LOCK = threading.Lock()
@@ -170,14 +199,25 @@ def install(config: Settings | None = None, *, sink: RecordSink | None = None,
         report = InstallReport()
         try:
             _INSTALLED = _install(report, config, sink, clock or SYSTEM_CLOCK, devices)
+            _uninstall_at_exit()
         except Exception as exc:  # a bug of ours must not take the server down
             log.warning("vramscope: install failed: %r", exc)
             report.add("install", False, f"failed: {exc!r}; the server runs unobserved")
         return report
 
 
+def _uninstall_at_exit() -> None:
+    """``uninstall()`` when the interpreter exits, registered again at each install: atexit
+    runs the newest first, so it runs before the close of a sink made before ``install()``
+    (the vLLM plugin's), which then sends the ``process_exit`` events it was handed."""
+    atexit.unregister(uninstall)
+    atexit.register(uninstall)
+
+
 def uninstall() -> None:
-    """Undo ``install()``: stop the sampler, disable the observer, close what we opened."""
+    """Undo ``install()``: stop the sampler, say the process exits (``process_exit``, one per
+    device it sampled), disable the observer, close what we opened. Never raises; bounded by
+    the sampler's stop and the sink's close (a second or two at most)."""
     global _INSTALLED
     with _LOCK:
         inst, _INSTALLED = _INSTALLED, None
@@ -187,7 +227,7 @@ def uninstall() -> None:
     _OOM_TARGET[0] = None  # torch cannot detach an observer; ours goes quiet instead
     if inst.observer is not None:
         inst.observer.enabled = False
-    for step in (_stop_sampler, _stop_history, _clear_metadata, _close_sink):
+    for step in (_stop_sampler, _say_exit, _stop_history, _clear_metadata, _close_sink):
         try:
             step(inst)
         except Exception as exc:
@@ -221,6 +261,9 @@ def _install(report: InstallReport, config: Settings | None, sink: RecordSink | 
         from vramscope.hooks.identity import RankWatch
 
         tasks.append(RankWatch(torch, clock=clock))
+    # the sampler's, the phases' and a KV source's (on phase.active_sink()) records go through
+    inst.sink = inst.sampled = SampledDevices(inst.sink)
+    inst.clock = clock
     phase_mod.configure(sink=inst.sink, clock=clock, sources=sources, stamp=stamp)
     report.add("phases", True, "phase() / set_phase() transitions are events"
                + ("; per-phase peaks from the allocator's peak counter" if sources else ""))
@@ -442,6 +485,16 @@ def _no_nvml_device(pynvml: Any) -> str | None:
 def _stop_sampler(inst: _Installation) -> None:
     if inst.sampler is not None:
         inst.sampler.stop()
+
+
+def _say_exit(inst: _Installation) -> None:
+    """One ``process_exit`` per device the process sent samples of (none: the agent has no
+    answer of it to end), after the sampler stopped: no sample of ours comes after it."""
+    if inst.sampled is None:
+        return
+    ts_s, pid = inst.clock.time_s(), os.getpid()
+    for device in sorted(inst.sampled.devices):
+        inst.sink.put(Event(ts_s, EXIT_EVENT, device, pid))
 
 
 def _stop_history(inst: _Installation) -> None:

@@ -42,11 +42,12 @@ from vramscope.agent.analysis.leaks import LeakDetector, LeakResult, orphaned_co
 from vramscope.agent.analysis.merge import is_device_wide, merged
 from vramscope.agent.analysis.risk import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
-from vramscope.agent.records import RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
+from vramscope.agent.records import EXIT_EVENT, RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
 
 OOM_RECENT_S = 300.0
 # a process silent this long is gone (its hooks sample several times a second while it lives):
-# its models no longer speak, and its last verdict row says it ended
+# its models no longer speak, and its last verdict row says it ended; a process that says it
+# exits (a ``process_exit`` event) is gone at once
 PROCESS_GONE_S = 60.0
 GONE_KEPT = 64  # gone processes whose models are kept, should their records arrive late
 HISTORY_MAX = 100_000
@@ -166,7 +167,12 @@ class DeviceAnalysis:
                                     bool]] = {}
         self._next_gone_check = 0.0
         self.ended: list[int] = []  # processes found gone since the verdict log last looked
-        self.ended_leak: int | None = None  # a gone process whose leak the device's alert named
+        # a gone process whose leak the device's alert named, and how it went ("ended": silent,
+        # "exited": its process_exit event): the alert resolves saying so, not "no leak"
+        self.ended_leak: tuple[int, str] | None = None
+        # a process that led the risk and exited: the risk alerts it held resolve at once where
+        # the processes left are below their level (as an OOM ends an episode)
+        self.exited_risk: int | None = None
         self._episode_ended = False  # an OOM since the rules last looked
         self._level_seen: int | None = None  # the risk level the rules last saw
         self._oom_recent = False  # oom_recent as the rules last saw it
@@ -219,21 +225,40 @@ class DeviceAnalysis:
         as it would have had its records come in time order."""
         self._next_gone_check = now_s + PROCESS_GONE_S / 2
         gone = [pid for pid, ts in self._last_seen.items() if now_s - ts >= PROCESS_GONE_S]
-        leading = self.leak
         for pid in gone:
-            if self.leaks.get(pid) is leading and leading.result.detected:
-                self.ended_leak = pid  # its alert resolves saying so, not "no leak"
-            del self._last_seen[pid]
-            self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
-                               self.kvs.pop(pid, None), pid in self._sampled)
-            self.ended.append(pid)
-            self._sampled.discard(pid)
-            while len(self._gone) > GONE_KEPT:
-                del self._gone[next(iter(self._gone))]
+            self._retire(pid, "ended")
         if gone:
             self._pick_risk()
             self._pick_leak()
         return bool(gone)
+
+    def _on_exit(self, e: Event) -> int | None:
+        """A process said it exits: gone at this instant (as silence makes it gone later), the
+        leads move to the processes left. What changed, or None for a process the device
+        does not run (unknown, or already gone)."""
+        if e.pid is None or e.pid not in self._last_seen:
+            return None
+        if self.risk_pid == e.pid:
+            self.exited_risk = e.pid
+        self._retire(e.pid, "exited")
+        self._pick_risk()
+        self._pick_leak()
+        # every rule that reads the leading process reads another one now
+        return _LEAK | _RISK | _DEVICE | self._note_risk(e.ts_s)
+
+    def _retire(self, pid: int, how: str) -> None:
+        """Process ``pid`` is gone: its state is kept aside, the verdict log writes its last
+        row (``ended``); the caller picks the leads again."""
+        leading = self.leak
+        if self.leaks.get(pid) is leading and leading.result.detected:
+            self.ended_leak = (pid, how)  # its alert resolves saying so, not "no leak"
+        self._last_seen.pop(pid, None)
+        self._gone[pid] = (self.risks.pop(pid, None), self.leaks.pop(pid, None),
+                           self.kvs.pop(pid, None), pid in self._sampled)
+        self.ended.append(pid)
+        self._sampled.discard(pid)
+        while len(self._gone) > GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
 
     def _revive(self, pid: int) -> None:
         """A process thought gone sent a record: its models as they were."""
@@ -421,6 +446,8 @@ class DeviceAnalysis:
 
     def on_event(self, e: Event) -> int | None:
         """``None`` for an event no rule reads (it is not evaluated), else what it changed."""
+        if e.name == EXIT_EVENT:
+            return self._on_exit(e)  # before the detectors: an exit feeds none of them
         if e.name == RANK_EVENT and e.pid is not None and isinstance((e.data or {}).get("rank"),
                                                                     int):
             self.ranks[e.pid] = e.data["rank"]  # type: ignore[index]
@@ -645,12 +672,20 @@ class AlertEngine:
                 self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
                 busy = True
                 continue
+            if d.exited_risk is not None and st.rule.backoff and st.fired_ts is not None \
+                    and not st.rule.breached(st.getter(d, now), _limit(st, d, now)):
+                # its process exited, and the processes left are below its level
+                self._resolve(st, d, now, st.getter(d, now), host, out,
+                              f"pid {d.exited_risk} exited")
+                busy = True
+                continue
             if st.quiet and not st.inputs & changed:
                 continue
             if d.ended_leak is not None and st.fired_ts is not None \
                     and st.rule.metric == "leak_detected":
+                pid, how = d.ended_leak
                 self._resolve(st, d, now, None, host, out,
-                              f"pid {d.ended_leak} ended; its last answer: leak")
+                              f"pid {pid} {how}; its last answer: leak")
                 continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
@@ -664,7 +699,7 @@ class AlertEngine:
                 st.quiet = st.clear_since is None and len(out) == before
             busy = busy or not st.quiet
         rules.busy = busy
-        d.ended_leak = None
+        d.ended_leak = d.exited_risk = None
 
     def _maybe_fire(self, rule: Rule, st: _RuleState, d: DeviceAnalysis, now: float,
                     value: float | None, host: str | None, out: list[AlertChange]) -> None:

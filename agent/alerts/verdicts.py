@@ -39,7 +39,8 @@ HISTORY_MAX = 100_000  # rows an offline run keeps (a live agent hands them to t
 ORPHAN_ROW_S = 10.0
 # the riskiest process may change at one level as two processes' headrooms cross and cross
 # back with their requests: such a change is written once the device's last row is this old
-# (record time), should it last; a change of the level or of the leak's process, at once
+# (record time), should it last; a change of the level or of the leak's process, or from a
+# process that is gone, at once
 LEAD_ROW_S = 60.0
 
 
@@ -81,8 +82,8 @@ class Verdict(NamedTuple):
     leak_time_to_oom_s: float | None = None
     leak_time_to_oom_low_s: float | None = None
     leak_time_to_oom_high_s: float | None = None
-    # the process ended (silent for the engine's PROCESS_GONE_S): this row is its last, its
-    # risk ended with it; what it says of the leak is history
+    # the process ended (silent for the engine's PROCESS_GONE_S, or at its process_exit
+    # event): this row is its last, its risk ended with it; what it says of the leak is history
     ended: bool = False
     # the KV pool's orphaned blocks: the latest count, their rate in blocks and bytes per
     # second with its interval, the pool's time to exhaustion and the floor they make
@@ -323,8 +324,9 @@ class VerdictLog:
                 if now_s < said.ts_s + self.heartbeat_s:
                     return
             elif said.level == level and said.leak_pid == d.leak_pid \
-                    and said.risk_pid != d.risk_pid and now_s < said.ts_s + LEAD_ROW_S:
-                return
+                    and said.risk_pid != d.risk_pid and said.risk_pid in d.risks \
+                    and now_s < said.ts_s + LEAD_ROW_S:
+                return  # (a lead that is gone, ended or exited, is replaced at once)
         # a process's records may lag another's (clients send at their own pace): the row is
         # the device's answer from now on, so it never goes back before the one it follows
         at_s = now_s if said is None else max(now_s, said.ts_s)

@@ -396,7 +396,7 @@ def process_series(store: Store, span: Span, points: int,
 
 
 # --- one timeline request ----------------------------------------------------------------------
-RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks")  # always shown
+RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks", "process_exit")  # always shown
 REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
 LOAD_EVENTS: tuple[str, ...] = ("server_load", "kv_preempted", "tokens")
 PREFIX_EVENTS: tuple[str, ...] = ("kv_alloc", "prefix_cache")

@@ -265,3 +265,22 @@ def test_an_empty_leak_chart_spans_its_window_not_the_year_2000():
     drawn = figures.leaks_figure([(start + 60, 2**30)], None, None, (start, end))
     assert "range" not in drawn["layout"]["xaxis"]  # a floor sets its own range
     go.Figure(fig)
+
+
+def test_a_process_exit_is_a_marker_and_an_unknown_name_none():
+    """``process_exit`` is one of the timeline's rare events (agent.store.reader.RARE_EVENTS):
+    its marker says which process exited; a name the figure has no marker for is left out,
+    not a KeyError that takes the page down."""
+    doc = timeline_doc()
+    doc["events"] += [{"ts": 1.8, "name": "process_exit", "request_id": None, "message": None,
+                       "pid": 7},
+                      {"ts": 1.9, "name": "a_future_event", "request_id": None,
+                       "message": None, "pid": 7}]
+    fig = timeline_figure(doc)
+    (exit_marker,) = [t for t in fig["data"] if t["name"] == "process exit"]
+    assert (exit_marker["x"], exit_marker["text"], exit_marker["yaxis"]) == (
+        [1800.0], ["pid 7 exited"], "y4")
+    assert fig["layout"]["yaxis4"]["categoryarray"] == [
+        "request start", "alloc retries", "process exit", "OOM"]
+    assert "a_future_event" not in str(fig["data"])
+    go.Figure(fig)
