@@ -26,7 +26,9 @@ def test_the_pages_print_whose_growth_a_process_is_at_risk_from(tmp_path, driver
         app = create_app(parse_config({}, None), store, clock=FakeClock(END))
         server = F.ServedApp(app)
         try:
-            lead = "LEAK 210.94 GiB/h · OOM risk critical"
+            # the grower's leak with its interval and time to OOM, as `status` words them
+            lead = ("LEAK 210.9 GiB/h (179.3 GiB/h to 242.6 GiB/h), full in about 10 min "
+                    "(9 min – 12 min) · OOM risk critical")
             assert overview_process_lines(driver, server.url, 2) == [
                 f"unknown (pid 1): {lead} (growth)",
                 f"unknown (pid 2): not enough data yet · OOM risk critical ({AT_RISK})"]
