@@ -122,6 +122,10 @@ def figures(run: Path) -> dict[str, Any]:
             (v.pid, round(oom - v.ts_s, 1), v.risk_level, v.risk_cause, v.risk_reasons,
              round((v.headroom_bytes or 0) / 2**30, 1))
             for v in rows if v.pid in healthy and v.risk_level not in ("ok", "")],
+        # the healthy pids' stored "at risk from pid N's growth" (pid, N), once each
+        "healthy_at_risk_from": sorted({
+            (v.pid, v.risk_at_risk_from_pid) for v in rows
+            if v.pid in healthy and v.risk_at_risk_from_pid is not None}),
         "ended": sorted({  # each server's first `ended` row: (pid, seconds after it exited)
             v.pid: round(v.ts_s - next(s["exit_ts"] for s in servers.values()
                                        if s["pid"] == v.pid), 1)

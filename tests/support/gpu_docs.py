@@ -213,9 +213,13 @@ def render_growth_live(doc: dict[str, Any]) -> str:
                         f"reasons {', '.join(reasons)}, headroom {head:g} GiB"
                         for pid, before, level, cause, reasons, head in doc["healthy_risk"])
     ended = ", ".join(f"pid {pid} {s:g} s after its exit" for pid, s in doc["ended"])
+    at_risk = ", ".join(f"pid {pid} from pid {grower}"
+                        for pid, grower in doc.get("healthy_at_risk_from", []))
     rows += ["", f"- The grower's rows from its OOM on (leak state/risk level): {after}.",
              f"- Healthy pids' leak states: {', '.join(doc['healthy_leak_states'])}; risk "
              f"other than ok: {healthy or 'none'}.",
+             f"- Stored \"at risk from pid N's growth\" on a healthy pid: "
+             f"{at_risk or 'none'}.",
              f"- `ended` rows: {ended or 'none'}.",
              f"- OOM cause: post-mortem (`complete_postmortem`) "
              f"{', '.join(doc['postmortem_causes'])}; `analyze --db` {doc['analyze_oom_cause']}.",
