@@ -2,6 +2,8 @@
 cause by the post-mortem's words, on scripted servers."""
 
 from vramscope.agent.alerts.engine import AlertEngine
+from vramscope.agent.alerts.explain import time_range
+from vramscope.agent.analysis.risk import RiskPoint
 from vramscope.agent.bench import labelled_recordings, oom_scenarios
 from vramscope.agent.records import Phase, Sample
 
@@ -143,3 +145,14 @@ def test_a_load_ramp_filling_the_device_is_the_load_though_the_largest_prefill_f
         "to 14.1 min)")
     assert "fits neither the largest free block (4.09 GiB) nor a new segment" in fired[1].message
     assert all("; likely batch; try: lower the maximum concurrency" in c.message for c in fired)
+
+
+def test_a_forecast_whose_bounds_read_as_its_figure_is_said_once():
+    # the H100 run's critical alert (docs/gpu-verification.md section 21): peaks rising so
+    # regularly that the interval's bounds round to the figure; "5.0 min (5.0 min to 5.0 min)"
+    # says nothing the figure does not
+    def point(mid, low, high):
+        return RiskPoint(0.0, 0, "critical", GIB, 0.01, mid, low, high, ("trend",))
+
+    assert time_range(point(299.9, 298.7, 301.2)) == "5.0 min"
+    assert time_range(point(299.9, 270.0, 301.2)) == "5.0 min (4.5 min to 5.0 min)"
