@@ -1,6 +1,7 @@
-"""Issue 44's GPU check run LIVE: today's `vramscope agent` on its defaults beside a server that
-grows to a real torch OutOfMemoryError and a healthy one restarted mid-run, on an H100
-(docs/gpu-runs/2026-12-06/live/, docs/gpu-verification.md section 21). Nothing is replayed: the
+"""Issue 44's GPU check run LIVE: the `vramscope agent` of commit 7067546 on its defaults beside a
+server that grows to a real torch OutOfMemoryError and a healthy one restarted mid-run, on an
+H100 (docs/gpu-runs/2026-12-07/live/, docs/gpu-verification.md section 21), and a shorter fill on
+the agent of a day before (docs/gpu-runs/2026-12-06/live/today/). Nothing is replayed: the
 figures are the verdict and alert rows the agent stored as the servers ran
 (tests/gpu/live_growth_figures.py), against the servers' own truth (their JSON and timeline)."""
 
@@ -11,88 +12,76 @@ from vramscope.agent.ingest.process import REPO_ROOT
 
 from tests.gpu.live_growth_figures import figures
 
-LIVE = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-06" / "live"
+RUNS = REPO_ROOT / "docs" / "gpu-runs"
+LIVE = {"ten_min": RUNS / "2026-12-07" / "live", "four_min": RUNS / "2026-12-06" / "live" / "today"}
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {name: figures(LIVE / name) for name in ("main", "short", "today")}
+    return {name: figures(run) for name, run in LIVE.items()}
 
 
-@pytest.mark.parametrize("name", ["main", "short", "today"])
+@pytest.mark.parametrize("name", sorted(LIVE))
 def test_the_committed_figures_are_what_the_stored_run_gives(runs, name):
-    assert runs[name] == json.loads((LIVE / name / "figures.json").read_text())
+    assert runs[name] == json.loads((LIVE[name] / "figures.json").read_text())
 
 
-def test_ten_minute_growth_is_named_with_its_pid_early_and_forecast_within_two_percent(runs):
-    f = runs["main"]
-    assert (f["grower"], f["onset_after_t0_s"], f["oom_after_onset_s"]) == (700, 210.1, 614.5)
+def test_ten_minute_growth_is_named_with_its_pid_early_and_forecast_over_half_its_time_ahead(runs):
+    f = runs["ten_min"]
+    assert (f["grower"], f["onset_after_t0_s"], f["oom_after_onset_s"]) == (668, 210.0, 605.7)
     leak = f["first_leak"]
-    # named 81 s after the onset (within max(3 min, 10 % of the fill)), 8.9 min before the OOM
-    assert (leak["after_onset_s"], leak["before_oom_s"]) == (80.9, 533.6)
+    # named 73 s after the onset (within max(3 min, 10 % of the fill)), 8.9 min before the OOM
+    assert (leak["after_onset_s"], leak["before_oom_s"]) == (73.4, 532.3)
     assert leak["before_oom_s"] >= f["oom_after_onset_s"] / 2
-    # rate 1.2 % under the whole growth's mean; its 90 % interval (±0.2 %) leaves that out
-    assert (leak["rate_mb_s"], f["true_rate_mb_s"]) == ([121.1, 120.9, 121.3], 122.5)
-    assert leak["time_to_oom_s"] == [541.2, 540.3, 542.2]  # 533.6 s were left: 1.4 % long
+    # the rate's 90 % interval and the forecast's hold the truth (124.3 MB/s; 532.3 s left)
+    assert (leak["rate_mb_s"], f["true_rate_mb_s"]) == ([124.9, 106.1, 143.6], 124.3)
+    assert leak["time_to_oom_s"] == [530.2, 461.0, 623.7]
     warning, critical = f["risk_before_oom"]  # two level changes before the OOM, no flapping
     assert (warning["level"], warning["cause"], warning["before_oom_s"]) == (
-        "warning", "growth", 533.5)
-    assert warning["time_to_oom_s"] == [534.2, 533.2, 535.1]  # its interval holds the truth
+        "warning", "growth", 532.2)
+    assert warning["time_to_oom_s"] == [523.3, 455.1, 615.7]  # holds the 532.2 s left
     assert (critical["level"], critical["cause"], critical["before_oom_s"]) == (
-        "critical", "growth", 304.5)
-    assert critical["time_to_oom_s"] == [299.0, 298.6, 299.4]  # 1.8 % short, outside it
+        "critical", "growth", 310.9)
+    assert critical["time_to_oom_s"] == [299.9, 298.7, 301.2]  # 3.5 % short, outside it
     fired = {rule: (before, message) for rule, before, _, message in f["alerts"]}
-    assert fired["memory_leak"][1].endswith("[pid 700]")
-    assert all("; likely growth;" in fired[r][1] and "[pid 700]" in fired[r][1]
+    assert fired["memory_leak"][1].endswith("full in about 8.8 min (7.7 min to 10.4 min) [pid 668]")
+    assert all("; likely growth;" in fired[r][1] and "[pid 668]" in fired[r][1]
                for r in ("oom_risk", "oom_risk_critical"))
 
 
-def test_the_healthy_server_and_its_restart_are_never_a_leak(runs):
-    f = runs["main"]
-    assert f["healthy"] == [549, 986] and f["healthy_leak_states"] == ["insufficient_data"]
-    # the restart, on a device the grower had filled to 4.6 GiB free: a warning 10.6 s before
-    # the OOM, cause growth; no alert of its own
-    assert f["healthy_risk"] == [[986, 10.6, "warning", "growth", ["headroom"], 4.6]]
+def test_the_healthy_server_and_its_restart_are_never_a_leak_and_the_victim_names_the_grower(runs):
+    f = runs["ten_min"]
+    assert f["healthy"] == [530, 959] and f["healthy_leak_states"] == ["insufficient_data"]
+    # the restart, on a device the grower had filled to 4.7 GiB free: a warning 13.4 s before
+    # the OOM, cause growth, stored as at risk from pid 668's growth; no alert of its own
+    assert f["healthy_risk"] == [[959, 13.4, "warning", "growth", ["headroom"], 4.7]]
+    assert f["healthy_at_risk_from"] == [[959, 668]]
 
 
-def test_after_the_oom_the_risk_ends_but_the_dead_pid_flickers_fragmentation_first(runs):
-    f = runs["main"]
-    assert f["after_oom"] == [
-        [0.0, "insufficient_data", "ok", None, False],
-        [0.1, "insufficient_data", "critical", "fragmentation", False],
-        [0.2, "insufficient_data", "warning", "fragmentation", False],
-        [1.1, "insufficient_data", "ok", None, False],
-        [79.5, "insufficient_data", "ok", None, True]]
+def test_after_the_oom_the_risk_ends_at_once_the_leak_stays_and_each_exit_ends_its_process(runs):
+    f = runs["ten_min"]
+    # the grower's rows from its OOM on: its leak stays the answer, its risk is ok; its
+    # process_exit (atexit, after the torch OOM) ends it 3.1 s later
+    assert f["after_oom"] == [[0.0, "leak", "ok", None, False], [3.1, "leak", "ok", None, True]]
     resolved = {rule: after for rule, _, after, _ in f["alerts"]}
-    assert resolved == {"memory_leak": -9.3, "oom_risk": -1.1, "oom_risk_critical": -1.1,
+    assert resolved == {"memory_leak": -3.1, "oom_risk": 0.0, "oom_risk_critical": 0.0,
                         "oom": None}
-    assert f["ended"] == [[549, 65.7], [700, 73.7]]
-    # one OOM, two causes: the post-mortem's classifier says batch, analyze's says growth
-    assert (f["postmortem_causes"], f["analyze_oom_cause"]) == (["batch"], "growth")
-    # and `analyze` keeps no trace of the leak: the device's answer is the restart's, the dead
-    # grower's last row says "not enough data yet"
-    assert (f["analyze_leak"], f["analyze_grower"]) == (
-        [986, "insufficient_data"], ["insufficient_data", "ok", True])
+    leak_alert = next(a for a in f["alerts"] if a[0] == "memory_leak")
+    assert leak_alert[1:3] == [532.3, -3.1]
+    # every server's `ended` row comes with its process_exit, before the supervisor saw the
+    # process gone (its CUDA context's teardown), not a minute of silence later
+    assert f["ended"] == [[530, -1.7], [668, -1.5], [959, -1.4]]
+    # one cause on every surface: the post-mortem, analyze's OOM line, every alert
+    assert (f["postmortem_causes"], f["analyze_oom_cause"]) == (["growth"], "growth")
+    # analyze after the run: the grower's line keeps its leak, ended; the device (no process
+    # left) has nothing to say of a leak now
+    assert f["analyze_grower"] == ["leak", "ok", True]
+    assert f["analyze_leak"] == [None, "insufficient_data"]
 
 
-def test_a_three_minute_fill_from_40_s_is_named_in_2_2_min_only_66_s_before_its_oom(runs):
-    f = runs["short"]
-    assert (f["grower"], f["onset_after_t0_s"], f["oom_after_onset_s"]) == (1723, 40.1, 199.8)
-    leak = f["first_leak"]
-    assert (leak["after_onset_s"], leak["before_oom_s"]) == (133.8, 66.0)
-    assert leak["before_oom_s"] < f["oom_after_onset_s"] / 2  # the issue's lead: not met
-    assert (leak["rate_mb_s"], f["true_rate_mb_s"]) == ([375.8, 374.7, 376.9], 376.3)
-    (critical,) = f["risk_before_oom"]  # straight to critical, cause growth
-    assert (critical["level"], critical["cause"], critical["time_to_oom_s"]) == (
-        "critical", "growth", [64.3, 64.1, 64.5])
-    assert f["healthy_leak_states"] == ["insufficient_data"]
-    assert f["healthy_risk"] == [[1915, 1.0, "warning", "growth", ["headroom"], 4.7]]
-
-
-def test_today_a_four_minute_fill_from_75_s_is_named_and_forecast_over_half_its_time_ahead(runs):
-    # the agent of today's main (section 22): growth that fills torch's limit in 3.6 min,
-    # starting 75 s into the process
-    f = runs["today"]
+def test_a_four_minute_fill_from_75_s_is_named_and_forecast_over_half_its_time_ahead(runs):
+    # growth that fills torch's limit in 3.6 min, starting 75 s into the process
+    f = runs["four_min"]
     assert (f["grower"], f["onset_after_t0_s"], f["oom_after_onset_s"]) == (651, 75.0, 214.4)
     leak = f["first_leak"]
     # named 98.8 s after the onset (within 3 min), 115.5 s before the OOM: over half of 214.4

@@ -1,11 +1,11 @@
-"""Screenshots of the dashboard on a live growth run's database (docs/gpu-runs/2026-12-06/live/
-RUN/dashboard/): the Leaks, OOM-risk and post-mortem pages as a user opens them after the run
-(the window ending at the newest sample), and Leaks and OOM risk in a window that ends while
-the grower was still growing (the ten minutes up to ``--mid-end``, Unix seconds), to compare
-what each says.
+"""Screenshots of the dashboard on a live growth run's database (into RUN/dashboard/, e.g.
+docs/gpu-runs/2026-12-07/live/dashboard/): the Leaks, OOM-risk and post-mortem pages as a user
+opens them after the run (the window ending at the newest sample), and Leaks and OOM risk in a
+window that ends while the grower was still growing (the ten minutes up to ``--mid-end``, Unix
+seconds), to compare what each says.
 
-    python -m tests.gpu.live_growth_screens docs/gpu-runs/2026-12-06/live/main \\
-        --mid-end 1796546400
+    python -m tests.gpu.live_growth_screens docs/gpu-runs/2026-12-07/live \\
+        --mid-end 1796611680
 
 Needs what ``vramscope.dashboard.screenshots`` needs (selenium, chromium, chromedriver)."""
 

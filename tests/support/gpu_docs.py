@@ -212,7 +212,9 @@ def render_growth_live(doc: dict[str, Any]) -> str:
     healthy = "; ".join(f"pid {pid} `{level}` {before:g} s before the OOM, cause `{cause}`, "
                         f"reasons {', '.join(reasons)}, headroom {head:g} GiB"
                         for pid, before, level, cause, reasons, head in doc["healthy_risk"])
-    ended = ", ".join(f"pid {pid} {s:g} s after its exit" for pid, s in doc["ended"])
+    ended = ", ".join(f"pid {pid} {s:g} s after its exit" if s >= 0 else  # process_exit: sent
+                      f"pid {pid} {-s:g} s before its exit was seen"  # before the teardown
+                      for pid, s in doc["ended"])
     at_risk = ", ".join(f"pid {pid} from pid {grower}"
                         for pid, grower in doc.get("healthy_at_risk_from", []))
     rows += ["", f"- The grower's rows from its OOM on (leak state/risk level): {after}.",
@@ -246,8 +248,7 @@ BLOCKS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "slow_leak": slow_leak_block("2026-12-05"),
     "slow_leak_b": slow_leak_block("2026-12-05b"),
     "slow_leak_c": slow_leak_block("2026-12-05c"),
-    "growth_live": ("2026-12-06/live/main/figures.json", render_growth_live),
-    "growth_live_short": ("2026-12-06/live/short/figures.json", render_growth_live),
+    "growth_live": ("2026-12-07/live/figures.json", render_growth_live),
     "growth_live_today": ("2026-12-06/live/today/figures.json", render_growth_live),
 }
 
