@@ -453,11 +453,11 @@ def timeline(store: Store, device: int, host: str | None, start_s: float, end_s:
 def judged_floor(store: Store, device: int, host: str | None, start_s: float,
                  end_s: float) -> dict[str, Any]:
     """The floor the engine's leak detector judged on in the window, as the Leaks page draws
-    it: the points carried by the stored verdict rows of the process the engine stored as
-    leading the leak question at the window's end (``verdicts.judged_floor``), never a floor
+    it: the points carried by the stored verdict rows of the process whose leak the window's
+    answer is (``verdicts.window_leak_lead``, ``verdicts.judged_floor``), never a floor
     drawn here from the series. ``points`` is empty where no process leads or its rows carry
     none (rows written before they did)."""
-    lead = stored.leading(stored.processes(store, device, host, end_s), "leak")
+    lead = stored.window_leak_lead(stored.processes(store, device, host, end_s), start_s)
     if lead is None:
         return {"pid": None, "process": None, "points": []}
     points = stored.judged_floor(store, device, host, lead["pid"], start_s, end_s)

@@ -20,7 +20,13 @@ from vramscope.agent.analysis.diagnosis import cause_words
 from vramscope.agent.analysis.severity import Severity, rank
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.verdicts import NO_VERDICTS, leading, leak_result, processes
+from vramscope.agent.store.verdicts import (
+    NO_VERDICTS,
+    leading,
+    leak_result,
+    processes,
+    window_leak_lead,
+)
 from vramscope.dashboard import figures
 
 Settings = Mapping[str, Any] | None
@@ -38,7 +44,7 @@ def leaks_view(store: Store, config: Settings, device: int, host: str | None, st
     from vramscope.dashboard.views import leak_makeup_view, orphan_events, window_param
 
     procs = processes(store, device, host, end)
-    lead = leading(procs, "leak")
+    lead = window_leak_lead(procs, start)
     result = leak_result(lead)
     floor = [] if lead is None else stored.judged_floor(store, device, host, lead["pid"],
                                                         start, end)

@@ -338,8 +338,9 @@ class VerdictLog:
             self.device_history.append(row)
 
     def end(self, d: DeviceAnalysis, host: str | None, now_s: float) -> None:
-        """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` with
-        no forecast (what ran out of memory, or would have, is no longer there). A process
+        """A row for each process ``d`` found gone: its last, ``ended``, its risk ``ok`` and
+        no forecast, its leak's neither (what ran out of memory, or would have, is no longer
+        there; its leak's rate and evidence stay its answer). A process
         that comes back (its records were late) goes on from its row before: the rows after
         are the ones it would have had."""
         for pid in d.ended:
@@ -351,7 +352,8 @@ class VerdictLog:
             v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
                               risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
                               time_to_oom_high_s=None, leak_floor=(),
-                              risk_at_risk_from_pid=None)
+                              risk_at_risk_from_pid=None, leak_time_to_oom_s=None,
+                              leak_time_to_oom_low_s=None, leak_time_to_oom_high_s=None)
             if not self.keep or len(self.history) < HISTORY_MAX:
                 self.history.append(v)
         d.ended.clear()

@@ -121,6 +121,7 @@ from vramscope.agent.analysis.stats import (
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Event, Sample
+from vramscope.agent.timefmt import iso_utc
 
 HORIZON_POINTS = 120  # trend points over alerts.leak_horizon_s (a minute each by default)
 ROLLING_POINTS = 5
@@ -774,7 +775,8 @@ class LeakDetector:
                 said = describe_forecast(Forecast(tto, soonest, fast.time_to_oom_high_s))
                 evidence = evidence.replace("; " + said, "", 1)
             self.result = fast._replace(
-                evidence=f"{evidence}; the growth ended with the OOM at {ts_s:.3f}",
+                evidence=f"{evidence}; the growth ended with the OOM at {iso_utc(ts_s)}",
+                first_detected_ts_s=self.result.first_detected_ts_s or fast.first_detected_ts_s,
                 time_to_oom_s=None, time_to_oom_low_s=None, time_to_oom_high_s=None)
             self._fast = self._fast_on = None
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from vramscope.agent.records import Event
+from vramscope.agent.timefmt import iso_utc
 
 LAYOUT_EVENT = "memory_layout"
 MAX_ROWS = 20
@@ -261,12 +262,12 @@ def describe(row: GrowthRow) -> str:
 
 def _summary(m: Makeup) -> str:
     if not m.blocks and not m.segments:
-        return (f"nothing new between the idle points at {m.before_ts_s:.3f} and "
-                f"{m.after_ts_s:.3f} (allocated {m.allocated_growth_bytes / MIB:+.1f} MiB)")
+        return (f"nothing new between the idle points at {iso_utc(m.before_ts_s)} and "
+                f"{iso_utc(m.after_ts_s)} (allocated {m.allocated_growth_bytes / MIB:+.1f} MiB)")
     parts = [describe(r) for r in (m.blocks[:1] + m.segments[:1])]
     return (f"allocated {m.allocated_growth_bytes / MIB:+.1f} MiB, reserved "
             f"{m.reserved_growth_bytes / MIB:+.1f} MiB between the idle points at "
-            f"{m.before_ts_s:.3f} and {m.after_ts_s:.3f}: " + "; ".join(parts))
+            f"{iso_utc(m.before_ts_s)} and {iso_utc(m.after_ts_s)}: " + "; ".join(parts))
 
 
 def makeup_to_json(m: Makeup) -> dict[str, Any]:

@@ -374,6 +374,22 @@ def leading(procs: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((d for d in procs if kind in d.get("leads", ())), None)
 
 
+def window_leak_lead(procs: list[dict[str, Any]], start: float) -> dict[str, Any] | None:
+    """The process a window's leak answer speaks for (the Leaks page, the Timeline's floor,
+    ``analyze --db``): the one the engine's stored answer at the window's end names, unless
+    its answer there is not a leak while a process that ended within the window left ``leak``
+    as its last answer. A window is read after the fact: the leak that ran a process out of
+    memory, or was the answer until it exited, is the window's leak, not the survivors'
+    "not enough data yet" (the newest such, where several). The engine made every one of
+    these answers; this only says which of its stored rows a window is about."""
+    lead = leading(procs, "leak")
+    if lead is not None and lead["leak"]["state"] == "leak":
+        return lead
+    gone = [d for d in procs
+            if d["ended"] and d["leak"]["state"] == "leak" and d["ts"] >= start]
+    return max(gone, key=lambda d: (d["ts"], d["pid"] or 0), default=lead)
+
+
 def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
     """The leak answer of one process in the page's form (a stored verdict, never refit)."""
     if v is None:
@@ -381,7 +397,7 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
                 "slope_bytes_per_h": 0.0, "start_ts_s": None, "first_detected_ts_s": None,
                 "evidence": NO_VERDICTS, "trend_line": None, "pid": None, "process": None,
                 "verdict_ts_s": None, "estimated_floor": False, **dict.fromkeys(GROWTH_KEYS),
-                "orphaned_blocks": 0, "kv_pool": None}
+                "orphaned_blocks": 0, "kv_pool": None, "ended": False}
     leak = v["leak"]
     return {"detected": leak["state"] == "leak", "state": leak["state"], "span_s": leak["span_s"],
             "slope_bytes_per_s": leak["slope_bytes_per_s"],
@@ -390,7 +406,8 @@ def leak_result(v: Mapping[str, Any] | None) -> dict[str, Any]:
             "trend_line": leak["trend_line"], "pid": v["pid"], "process": v["process"],
             "verdict_ts_s": v["ts"], "estimated_floor": leak["estimated_floor"],
             **{k: leak.get(k) for k in GROWTH_KEYS},
-            "orphaned_blocks": leak.get("orphaned_blocks", 0), "kv_pool": leak.get("kv_pool")}
+            "orphaned_blocks": leak.get("orphaned_blocks", 0), "kv_pool": leak.get("kv_pool"),
+            "ended": bool(v.get("ended"))}
 
 
 def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | None,
@@ -404,7 +421,7 @@ def attach_stored(doc: dict[str, Any], store: Store, device: int, host: str | No
     procs = processes(store, device, host, end)
     d["processes"] = procs
     doc["verdicts_from"] = "store"
-    lead = leak_result(leading(procs, "leak"))
+    lead = leak_result(window_leak_lead(procs, start))
     leak = d.setdefault("leak", {})
     windows = stored_windows(procs, lead["pid"])
     if windows is not None:  # a store written before verdicts kept them: the engine's stand

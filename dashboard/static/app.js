@@ -653,7 +653,7 @@ PAGES.leaks = () => {
     const r = doc.result;
     const level = r.state === "leak" ? "critical" : r.state === "no_leak" ? "ok" : "";
     fill("leak-cards", [
-      card("Verdict", LEAK_WORDS[r.state] || r.state, r.process ? "for " + r.process : doc.method, level),
+      card("Verdict", LEAK_WORDS[r.state] || r.state, r.process ? "for " + r.process + (r.ended ? " · ended" : "") : doc.method, level),
       card("Slope", r.state === "leak" || r.state === "no_leak" ? rate(r.slope_bytes_per_h, r.estimated_floor) : "–",
         rateBand(r) || (r.estimated_floor ? "rough: an estimated floor" : "idle floor")),
       card("Time to OOM", r.time_to_oom_s == null ? "–" : "about " + fmtAge(r.time_to_oom_s),

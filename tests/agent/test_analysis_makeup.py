@@ -94,7 +94,8 @@ def test_cublas_workspace_per_new_stream_is_named_with_its_remedy():
         3 * WS, 3 * WS, 3 * WS)
     assert (m.diagnosis, m.remedy) == (CUBLAS_DIAGNOSIS, CUBLAS_REMEDY)
     assert m.summary == ("allocated +96.0 MiB, reserved +96.0 MiB between the idle points at "
-                         "100.000 and 160.000: 3 new blocks of 32 MiB, one per new stream; "
+                         "1970-01-01T00:01:40.000Z and 1970-01-01T00:02:40.000Z: 3 new blocks of "
+                         "32 MiB, one per new stream; "
                          "3 new segments of 32 MiB, one per new stream")
     assert not m.incomplete
 
@@ -256,7 +257,8 @@ def test_cli_analyze_makeup_prints_the_table(tmp_path, capsys, monkeypatch):
     assert main(["analyze", str(path), "--makeup"]) == 0
     out = capsys.readouterr().out
     assert ("  make-up: allocated +64.0 MiB, reserved +64.0 MiB between the idle points at "
-            "1.000 and 4.000: 2 new blocks of 32 MiB, one per new stream; 2 new segments of "
+            "1970-01-01T00:00:01.000Z and 1970-01-01T00:00:04.000Z: 2 new blocks of 32 MiB, "
+            "one per new stream; 2 new segments of "
             "32 MiB, one per new stream") in out
     assert "          64.0 MiB  2 new blocks of 32 MiB, one per new stream" in out
     assert f"  diagnosis: {CUBLAS_DIAGNOSIS}\n    - {CUBLAS_REMEDY}" in out

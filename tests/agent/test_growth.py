@@ -241,11 +241,14 @@ def test_an_oom_ends_the_risk_of_the_process_it_killed():
     # the leak that killed it stays its answer (history, not "no leak"), marked as ended
     leak = e.devices[0].leaks[1].result
     assert leak.state == "leak"
-    assert leak.evidence.endswith("; the growth ended with the OOM at 950.000")
+    assert leak.evidence.endswith("; the growth ended with the OOM at 1970-01-01T00:15:50.000Z")
     # its forecast came true: none is left on it (no "full in about 0 s")
     assert (leak.time_to_oom_s, leak.time_to_oom_low_s, leak.time_to_oom_high_s) == (
         None, None, None)
     assert "full in" not in leak.evidence
+    # and when it was first named stays (the Leaks page's "first detected" of the dead grower)
+    named = next(v.leak_first_detected_ts_s for v in rows if v.leak_state == "leak")
+    assert leak.first_detected_ts_s == named == rows[-1].leak_first_detected_ts_s
 
 
 def _wandering(onset_s: float, minutes: int = 170):

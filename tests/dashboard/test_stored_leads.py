@@ -15,7 +15,7 @@ from vramscope.agent.alerts.sinks import StoreSink
 from vramscope.agent.alerts.verdicts import DeviceVerdict
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
-from vramscope.agent.records import Phase, Sample
+from vramscope.agent.records import EXIT_EVENT, Event, Phase, Sample
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
 from vramscope.dashboard.app import create_app
@@ -142,3 +142,42 @@ def test_a_process_whose_records_lag_does_not_take_the_device_s_answer_back_in_t
         answer = stored.device_answer(s, 0, None, END + lag_s)
         assert answer is not None
         assert (answer.risk_pid, answer.leak_pid) == (1, 2)
+
+
+def test_a_window_s_leak_is_the_one_that_ran_in_it_though_its_process_exited(any_url):
+    """pid 2, the leak, exits (``process_exit``) at END; pid 1 runs 10 minutes more. At the
+    window's end the engine's stored answer names no leak (pid 1's is not one), but the window
+    saw pid 2 leak: the Leaks page, the Timeline's floor and ``analyze --db`` speak for pid 2,
+    ended; a window that starts after it exited does not."""
+    after = [Sample(END + 0.5 + i, 0, Phase.DECODE, "torch", 1,
+                    allocated_bytes=int(77.5 * GIB), reserved_bytes=78 * GIB,
+                    device_total_bytes=80 * GIB) for i in range(600)]
+    engine = AlertEngine.from_config(None)
+    engine.feed([*_samples(), Event(END + 0.25, EXIT_EVENT, 0, 2), *after])
+    last = END + 600.0
+    with Store.open(any_url) as s:
+        stored.write(s, engine.verdicts.take())
+        answer = stored.device_answer(s, 0, None, last)
+        assert answer is not None and answer.leak_pid != 2
+        procs = stored.processes(s, 0, None, last)
+        ended = {p["pid"]: (p["ended"], p["leak"]["state"]) for p in procs}
+        assert ended[2] == (True, "leak") and ended[1][0] is False
+        assert stored.leading(procs, "leak")["leak"]["state"] != "leak"
+        lead = stored.window_leak_lead(procs, T0)
+        assert (lead["pid"], lead["ended"]) == (2, True)
+        assert stored.window_leak_lead(procs, END + 60.0) is stored.leading(procs, "leak")
+
+        client = create_app(parse_config({}, None), s, clock=FakeClock(last)).test_client()
+        leaks = client.get(f"/api/v1/figures/leaks?device=0&start={T0}&end={last}").get_json()
+        r = leaks["result"]
+        assert (r["pid"], r["state"], r["ended"], r["time_to_oom_s"]) == (2, "leak", True, None)
+        assert leaks["floor_points"] == len(stored.judged_floor(s, 0, None, 2, T0, last)) > 20
+        later = client.get(
+            f"/api/v1/figures/leaks?device=0&start={END + 60}&end={last}").get_json()
+        assert later["result"]["pid"] != 2
+        timeline = client.get(f"/api/v1/timeline?device=0&start={T0}&end={last}").get_json()
+        assert timeline["floor"]["pid"] == 2
+        doc = {"devices": {"0": {}}}
+        stored.attach_stored(doc, s, 0, None, T0, last)
+        assert (doc["devices"]["0"]["leak"]["pid"], doc["devices"]["0"]["leak"]["state"]) == (
+            2, "leak")
