@@ -54,19 +54,26 @@ def agent():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def scraping_agent(prefix: str, interval_s: float, device: int | None = None):
-    """A real agent process (temporary socket and SQLite database) whose Prometheus source
-    scrapes a vLLM server's ``/metrics`` on a free port, every ``interval_s``; yields
-    ``(agent, port)`` for the server to listen on."""
-    from vramscope.agent.ingest.process import AgentProcess
-
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def scraping_agent(prefix: str, interval_s: float, device: int | None = None,
+                   target_port: int | None = None):
+    """A real agent process (temporary socket and SQLite database) whose Prometheus source
+    scrapes a vLLM server's ``/metrics`` on a free port, every ``interval_s``; yields
+    ``(agent, port)`` for the server to listen on. ``target_port``: the agent scrapes that
+    port instead (a recording proxy in front of the server's)."""
+    from vramscope.agent.ingest.process import AgentProcess
+
+    port = free_port()
+    scraped = port if target_port is None else target_port
     root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
     config = Path(root) / "vramscope.toml"
-    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{port}/metrics"\n'
+    config.write_text(f'[sources.prometheus]\ntargets = "http://127.0.0.1:{scraped}/metrics"\n'
                       f'preset = "vllm"\ninterval_s = {interval_s}\n'
                       + (f"device = {device}\n" if device is not None else ""))
     proc = AgentProcess(f"sqlite:///{root}/vs.db", f"{root}/run/agent.sock",
