@@ -266,7 +266,8 @@ def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
 # The [server] config check is the engine's too: the pages show the one it stored, never one
 # made again with the dashboard's config (issue 46).
 ENGINE_RUNNERS = {"vramscope.agent.alerts.offline": None,
-                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine", "DeviceAnalysis"}),
+                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine"}),
+                  "vramscope.agent.alerts.device": frozenset({"DeviceAnalysis"}),
                   "vramscope.agent.alerts.config_check": None}
 
 
