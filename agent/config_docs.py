@@ -7,7 +7,8 @@ fails when a setting is missing from the docs, so the table and the docs cannot 
 
 from __future__ import annotations
 
-from vramscope.agent.config import SETTINGS, default_text, env_var_name
+from vramscope.agent.config import default_text, env_var_name
+from vramscope.agent.settings import SETTINGS
 
 HEADER = """# Configuration
 

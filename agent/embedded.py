@@ -146,7 +146,8 @@ def install_embedded(config: Config | None = None, *, db_url: str | None = None,
     """Start an :class:`EmbeddedAgent` and install the hooks with its sink. Never raises: an
     agent that cannot start (a bad config file, a database it cannot open) is an
     ``embedded_agent`` line of the report, and the hooks count and drop their records."""
-    from vramscope.hooks.install import DropSink, install, installed
+    from vramscope.hooks.install import install, installed
+    from vramscope.hooks.install_sinks import DropSink
 
     if installed():  # its records already go somewhere: no second agent to feed nothing
         return EmbeddedInstall(None, install(config))

@@ -22,6 +22,7 @@ from vramscope.dashboard import (
     figures,
     fleet,
     params,
+    postmortem_view,
     queries,
     timeline_figure,
     verdict,
@@ -165,7 +166,7 @@ def _postmortems() -> list[tuple[int, PostMortem]]:
 def postmortems() -> ResponseReturnValue:
     st = state()
     return jsonify({"postmortems": [
-        queries.postmortem_json(i, pm, st.store.host_name, st.config["hooks.snapshot_dir"])
+        postmortem_view.postmortem_json(i, pm, st.store.host_name, st.config["hooks.snapshot_dir"])
         for i, pm in _postmortems()]})
 
 
@@ -179,13 +180,13 @@ def _postmortem(pm_id: int) -> PostMortem:
 @bp.get("/postmortems/<int:pm_id>")
 def postmortem(pm_id: int) -> ResponseReturnValue:
     st = state()
-    return jsonify(queries.postmortem_json(pm_id, _postmortem(pm_id), st.store.host_name,
+    return jsonify(postmortem_view.postmortem_json(pm_id, _postmortem(pm_id), st.store.host_name,
                                            st.config["hooks.snapshot_dir"]))
 
 
 @bp.get("/postmortems/<int:pm_id>/snapshot")
 def postmortem_snapshot(pm_id: int) -> ResponseReturnValue:
-    path = queries.snapshot_file(_postmortem(pm_id), state().config["hooks.snapshot_dir"])
+    path = postmortem_view.snapshot_file(_postmortem(pm_id), state().config["hooks.snapshot_dir"])
     if path is None:
         raise NotFound(f"post-mortem {pm_id} kept no snapshot in hooks.snapshot_dir (or it was "
                        f"removed)")

@@ -23,6 +23,10 @@ COLORS = {
     "retry": "#fb8500", "orphan": "#8250df", "warning": "#bf8700", "critical": "#cf222e",
 }
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
+# one colour a process (allocated solid, reserved dashed); none of them the limit's red or
+# device used's grey
+PROCESS_COLORS = ("#1f6feb", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a3069", "#953800",
+                  "#4d2d00")
 
 
 def text(value: Any) -> str:

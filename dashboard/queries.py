@@ -12,12 +12,11 @@ whatever the fleet's size, never a read per device.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.severity import worst
 from vramscope.agent.config import Config
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, PostMortem, Sample
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
 from vramscope.agent.store.verdicts import process_label
@@ -486,32 +485,3 @@ def measured_peaks(store: Store, device: int, host: str | None) -> dict[str, Any
     read = reader.peaks(store, reader.Span(device, max(span[0], span[1] - PEAKS_WINDOW_S),
                                            span[1], host), cols)
     return {"first_ts_s": max(read.from_s, span[0]), "last_ts_s": span[1], **read.values}
-
-
-def postmortem_json(pm_id: int, pm: PostMortem, default_host: str,
-                    snapshot_dir: str) -> dict[str, Any]:
-    """The post-mortem for the API; a missing cause or remedies are filled in by the analysis'
-    diagnosis, as ``vramscope analyze`` would."""
-    from vramscope.agent.analysis.diagnosis import complete_postmortem
-
-    out = complete_postmortem(pm).to_json()
-    out["id"] = pm_id
-    out["host"] = pm.host or default_host
-    out["snapshot_available"] = snapshot_file(pm, snapshot_dir) is not None
-    out.pop("snapshot_path", None)  # a server path: not the browser's business
-    return out
-
-
-def snapshot_file(pm: PostMortem, snapshot_dir: str) -> Path | None:
-    """The kept PyTorch snapshot, only when it is a file inside ``hooks.snapshot_dir``.
-
-    The path comes from a stored record; without this check anyone able to send the agent a
-    post-mortem could make the dashboard serve any file it can read.
-    """
-    if not pm.snapshot_path or not snapshot_dir:
-        return None
-    root = Path(snapshot_dir).expanduser().resolve()
-    path = Path(pm.snapshot_path).expanduser().resolve()
-    if root not in path.parents or not path.is_file():
-        return None
-    return path

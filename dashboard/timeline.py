@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.alerts.engine import PROCESS_GONE_S
+from vramscope.agent.alerts.device import PROCESS_GONE_S
 from vramscope.agent.analysis.fragmentation import external_ratio, split_ratio
 from vramscope.agent.records import Event
 from vramscope.agent.store.reader import (

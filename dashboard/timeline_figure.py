@@ -31,7 +31,8 @@ time axis, laid out so the problem shows (pure: document in, Plotly figure out).
 - Lanes a device has no data for (no KV pool, no allocator) take no space.
 
 The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
-their label escaping) are reused; this module decides the layout.
+their label escaping) are reused, and the serving lanes' traces are ``timeline_serving.py``'s;
+this module decides the layout.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 
 from vramscope.agent.store.reader import PROCESS_COLUMNS
 from vramscope.dashboard import figures as f
-from vramscope.dashboard import timeline as tl
+from vramscope.dashboard import timeline_serving as serving
 
 GIB = f.GIB
 FLOOR_NAME = "idle floor (the leak detector's)"
@@ -58,14 +59,6 @@ PANEL_WEIGHTS = {"memory": 5.0, "phases": 0.7, "fragmentation": 1.8, "kv": 2.0, 
 PANEL_AXIS = {"memory": "yaxis", "phases": "yaxis6", "fragmentation": "yaxis2", "kv": "yaxis3",
               "load": "yaxis8", "prefix": "yaxis9", "tokens": "yaxis10", "requests": "yaxis7",
               "markers": "yaxis4"}
-PREFIX_STYLE = {"hit_tokens": ("prefix-cache hit tokens", "#8250df"),
-                "preempted_hit_tokens": ("preempted re-use tokens (not hits to vLLM)", "#afb8c1")}
-QUERY_STYLE = ("prefix-cache query tokens", "#8c959f")  # what was looked up: a line over the bars
-TOKEN_STYLE = {"prompt_per_s": ("prompt tokens/s", "#0969da"),
-               "generation_per_s": ("generated tokens/s", "#bc4c00")}
-LOAD_STYLE = {"running": ("running requests", "#2da44e"),
-              "waiting": ("waiting requests", "#bf8700")}
-PREEMPT_COLOR = "#cf222e"
 REQUEST_COLOR = "#2da44e"  # as the request start markers
 GAP = 0.035
 # times of day under a day per tick (the date is in the axis title: Plotly's own second line
@@ -73,10 +66,6 @@ GAP = 0.035
 TICK_FORMATS = [{"dtickrange": [None, 43_200_000], "value": "%H:%M"},  # ticks up to 12 h apart
                 {"dtickrange": [43_200_001, None], "value": "%b %d"}]
 GAP_ABOVE = {"fragmentation": 0.075}  # room for the two-line note on what the ratio means
-# one colour a process (allocated solid, reserved dashed); none of them the limit's red or
-# device used's grey
-PROCESS_COLORS = ("#1f6feb", "#bf3989", "#1a7f37", "#bc4c00", "#8250df", "#0a3069", "#953800",
-                  "#4d2d00")
 MIXED_STYLE = {
     "allocated_bytes": ("allocated, all processes (range over processes per bucket)",
                         f.COLORS["allocated"], "rgba(31,111,235,0.18)"),
@@ -99,14 +88,14 @@ def build(doc: dict[str, Any], fragmentation_warning_ratio: float | None = None,
     shares = doc.get("phase_shares") or {}
     frag = f._fragmentation_traces(s)
     several = bool(doc.get("several_kv_pools"))
-    pool_lines = (_kv_pool_traces(doc.get("kv_pools") or [], doc["bucket_s"], kv_held_s)
+    pool_lines = (serving.kv_pool_traces(doc.get("kv_pools") or [], doc["bucket_s"], kv_held_s)
                   if several else [])
-    kv = pool_lines or _kv_steps(f._kv_traces(s), s, doc["bucket_s"], kv_held_s)
+    kv = pool_lines or serving.kv_steps(f._kv_traces(s), s, doc["bucket_s"], kv_held_s)
     if several and not pool_lines:  # several pools, none read apart (too many raw rows)
-        kv = _mixed_pools(kv, len(doc.get("kv_pool_pids") or []))
-    load = _load_traces(doc.get("load") or {}, doc["bucket_s"])
-    prefix = _prefix_traces(doc.get("prefix_cache"), doc["bucket_s"])
-    tokens = _token_traces(doc.get("tokens"), doc["bucket_s"])
+        kv = serving.mixed_pools(kv, len(doc.get("kv_pool_pids") or []))
+    load = serving.load_traces(doc.get("load") or {}, doc["bucket_s"])
+    prefix = serving.prefix_traces(doc.get("prefix_cache"), doc["bucket_s"])
+    tokens = serving.token_traces(doc.get("tokens"), doc["bucket_s"])
     markers = _ordered_markers(f._marker_traces(doc))
     rate = _rate_traces(doc, markers)
     panels = [p for p, present in (("memory", True), ("phases", bool(shares.get("ts"))),
@@ -163,7 +152,7 @@ def memory_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def _process_traces(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, p in enumerate(procs):
-        color = PROCESS_COLORS[i % len(PROCESS_COLORS)]
+        color = f.PROCESS_COLORS[i % len(f.PROCESS_COLORS)]
         who = f.text(p["process"])
         for key, what, dash in (("allocated_bytes", "allocated", "solid"),
                                 ("reserved_bytes", "reserved", "dash")):
@@ -305,131 +294,6 @@ def _rate_traces(doc: dict[str, Any], markers: list[dict[str, Any]]) -> list[dic
              "yaxis": "y7",
              "hovertemplate": f"%{{y:.1f}} requests started a minute "
                               f"({rate['bucket_s'] / 60:g} min buckets)<extra></extra>"}]
-
-
-def _kv_steps(traces: list[dict[str, Any]], s: dict[str, dict[str, list[Any]]],
-              bucket_s: float, held_s: float) -> list[dict[str, Any]]:
-    """The KV block counters as steps with gaps (the tokens-per-block ratio stays a line)."""
-    names = {"KV blocks used": "kv_blocks_used", "KV blocks cached": "kv_blocks_cached",
-             "KV blocks total": "kv_blocks_total"}
-    for t in traces:
-        key = names.get(t["name"])
-        if key is None:
-            continue
-        xs, ys = tl.step_points(s[key]["ts"], s[key]["max"], s[key].get("last"), bucket_s,
-                                last_ts=s[key].get("last_ts"), held_s=held_s)
-        t["x"], t["y"] = [f.ms(x) for x in xs], ys
-        t["line"] = {**t.get("line", {}), "shape": "hv"}
-        t["connectgaps"] = False
-    return traces
-
-
-def _kv_pool_traces(pools: list[dict[str, Any]], bucket_s: float,
-                    held_s: float) -> list[dict[str, Any]]:
-    """Several KV pools on one device: each process's pool as the share of its own blocks in
-    use, a step line each (a colour each, in the order of their pids as the memory lane's
-    processes), named by process and pool size, the blocks in the hover. On
-    one block axis a 63-block pool is a flat line under a 16,384-block one; as shares, a full
-    small pool reads 100 % beside a big one at 3 %."""
-    out = []
-    for i, p in enumerate(pools):
-        ratio = p["series"].get("kv_used_ratio")
-        if not ratio or not ratio["ts"]:
-            continue
-        color = PROCESS_COLORS[i % len(PROCESS_COLORS)]
-        xs, ys = tl.step_points(ratio["ts"], ratio["max"], None, bucket_s, held_s=held_s)
-        # the blocks behind each drawn point: the same steps (the same buckets: a KV sample
-        # carries both counts), so point for point
-        blocks = [tl.step_points(ratio["ts"], ratio[key], None, bucket_s, held_s=held_s)[1]
-                  for key in ("used", "total")]
-        name = (f"{f.text(p['process'])} · KV used of its {p['blocks_total']:,} blocks"
-                + (" · ended" if p["ended"] else ""))
-        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y3",
-                           line={"color": color, "width": 1.6, "shape": "hv"},
-                           connectgaps=False, legendgroup=f"process {p['pid']}",
-                           customdata=[None if u is None else [u, n]
-                                       for u, n in zip(*blocks, strict=True)],
-                           hovertemplate="%{y:.1%} (%{customdata[0]:,} of "
-                                         "%{customdata[1]:,} blocks)"))
-    return out
-
-
-def _mixed_pools(traces: list[dict[str, Any]], pools: int) -> list[dict[str, Any]]:
-    """Several pools where no per-pool series were read (a window of more raw rows than the
-    bound): the device's block counters, each bucket's largest of any pool, labelled as that
-    (the line above the plot says to zoom in), and no tokens per block over several pools."""
-    out = []
-    for t in traces:
-        if t["yaxis"] != "y3":
-            continue
-        t["name"] = f"{t['name']}, largest of {pools} pools per bucket"
-        out.append(t)
-    return out
-
-
-def _load_traces(load: dict[str, dict[str, list[Any]]], bucket_s: float
-                 ) -> list[dict[str, Any]]:
-    """Running and waiting requests as steps (each a count held until its next change) and
-    preemptions per bucket as bars, on the load lane (y8)."""
-    out = []
-    for key, (name, color) in LOAD_STYLE.items():
-        if key not in load:
-            continue
-        part = load[key]
-        xs, ys = tl.step_points(part["ts"], part["max"], part.get("last"), bucket_s,
-                                gaps=False)
-        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y8",
-                           line={"color": color, "width": 1.6, "shape": "hv"},
-                           connectgaps=False, hovertemplate=f"%{{y}} {name}<extra></extra>"))
-    if "preemptions" in load:
-        part = load["preemptions"]
-        out.append({"type": "bar", "name": "preemptions", "x": [f.ms(t) for t in part["ts"]],
-                    "y": part["count"], "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
-                    "marker": {"color": PREEMPT_COLOR, "line": {"width": 0}}, "xaxis": "x",
-                    "yaxis": "y8",
-                    "hovertemplate": "%{y} preemptions in this bucket<extra></extra>"})
-    return out
-
-
-def _prefix_traces(prefix: dict[str, Any] | None, bucket_s: float) -> list[dict[str, Any]]:
-    """Prefix-cache hit tokens per bucket as vLLM counts them, and a preempted request's re-use
-    of its own blocks stacked on them in grey (its own series: vLLM does not call it a hit),
-    with the tokens looked up as steps over them (hits / queries is vLLM's hit rate: the
-    lane's title gives the window's), on the prefix lane (y9)."""
-    if not prefix or not prefix["ts"]:
-        return []
-    xs = [f.ms(t) for t in prefix["ts"]]
-    out = [{"type": "bar", "name": name, "x": xs, "y": prefix[key],
-            "width": max(bucket_s, 1e-3) * 1000.0, "offset": 0,
-            "marker": {"color": color, "line": {"width": 0}}, "xaxis": "x", "yaxis": "y9",
-            "hovertemplate": f"%{{y}} {name}<extra></extra>"}
-           for key, (name, color) in PREFIX_STYLE.items() if any(prefix[key])]
-    queries = prefix.get("query_tokens") or []
-    if any(queries):
-        name, color = QUERY_STYLE
-        xs, ys = tl.step_points(prefix["ts"], queries, None, bucket_s, gaps=False)
-        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y9",
-                           line={"color": color, "width": 1.2, "shape": "hv"},
-                           hovertemplate=f"%{{y}} {name}<extra></extra>"))
-    return out
-
-
-def _token_traces(tokens: dict[str, list[Any]] | None, bucket_s: float
-                  ) -> list[dict[str, Any]]:
-    """Prompt and generated tokens per second per bucket as steps, on the tokens lane
-    (y10)."""
-    if not tokens or not tokens["ts"]:
-        return []
-    out = []
-    for key, (name, color) in TOKEN_STYLE.items():
-        if not any(tokens[key]):
-            continue
-        xs, ys = tl.step_points(tokens["ts"], tokens[key], None, bucket_s)
-        out.append(f._line(name, [f.ms(x) for x in xs], ys, color, xaxis="x", yaxis="y10",
-                           line={"color": color, "width": 1.4, "shape": "hv"},
-                           connectgaps=False,
-                           hovertemplate=f"%{{y:.1f}} {name}<extra></extra>"))
-    return out
 
 
 def _restyle_fragmentation(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from vramscope.hooks.kvpool_prefix import Key, Request, leading_keys
 from vramscope.hooks.kvpool_tier import (
     DeviceBuffer,
     HostTier,
@@ -59,23 +60,8 @@ log = logging.getLogger("vramscope.kvpool")
 _HOOKS = ("on_allocate", "on_extend", "on_free", "on_hit", "on_evict", "on_offload", "on_restore",
           "on_allocate_failed", "on_check")
 _FINISHED_MEMORY = 4096  # finished request ids remembered, to tell a double free from a typo
-# A full block's prefix key: (hash of the parent block's key, its tokens).
-_Key = tuple[int | None, tuple[int, ...]]
-_Plan = list[tuple[_Key, int | None]]  # matched leading blocks: (key, device block or None)
+_Plan = list[tuple[Key, int | None]]  # matched leading blocks: (key, device block or None)
 _Hook = Callable[..., None]  # a bound observer method, called with the pool first
-
-
-class _Request:
-    """One live request's block table and, when token ids were given, its token chain."""
-
-    __slots__ = ("blocks", "num_tokens", "tokens", "hashed", "last_hash")
-
-    def __init__(self, blocks: list[int], num_tokens: int, tokens: list[int] | None) -> None:
-        self.blocks = blocks
-        self.num_tokens = num_tokens
-        self.tokens = tokens  # None: no chain to key blocks by
-        self.hashed = 0  # leading blocks whose prefix key is known
-        self.last_hash: int | None = None  # hash of the last keyed block's key
 
 
 class KVBlockPool:
@@ -150,7 +136,7 @@ class KVBlockPool:
         self._key: list[Hashable | None] = [None] * n
         self._key_to_block: dict[Hashable, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks, least recent first
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, Request] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._tokens_used = 0
         self._counters = dict.fromkeys(("prefix_query_tokens", "prefix_hit_tokens", "evictions",
@@ -242,7 +228,7 @@ class KVBlockPool:
         blocks = self._take_matched(plan)
         hit_tokens = len(blocks) * self.block_size
         blocks += self._take_fresh(fresh, num_tokens - hit_tokens)
-        req = _Request(blocks, num_tokens, list(token_ids) if token_ids is not None else None)
+        req = Request(blocks, num_tokens, list(token_ids) if token_ids is not None else None)
         self._requests[request_id] = req
         self._finished.pop(request_id, None)
         self._key_full_blocks(req)
@@ -374,7 +360,7 @@ class KVBlockPool:
                               "free() it first", request_id)
         return check_count(num_tokens, token_ids, "num_tokens", request_id)
 
-    def _live(self, request_id: str) -> _Request:
+    def _live(self, request_id: str) -> Request:
         req = self._requests.get(request_id)
         if req is None:
             self._raise_unknown(request_id, "use")
@@ -407,15 +393,11 @@ class KVBlockPool:
         if not self.prefix_caching:
             return []
         plan: _Plan = []
-        parent: int | None = None
-        bs = self.block_size
-        for i in range((num_tokens - 1) // bs):
-            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+        for key in leading_keys(token_ids, num_tokens, self.block_size):
             block = self._key_to_block.get(key)
             if block is None and (self.tier is None or key not in self.tier):
                 break
             plan.append((key, block))
-            parent = hash(key)
         return plan
 
     def _take_matched(self, plan: _Plan) -> list[int]:
@@ -497,18 +479,12 @@ class KVBlockPool:
             self._emit(self._on_offload, block, self.bytes_per_block)
         return True
 
-    def _key_full_blocks(self, req: _Request) -> None:
+    def _key_full_blocks(self, req: Request) -> None:
         """Key the request's newly full blocks by their token chain, for later prompts."""
         if req.tokens is None or not self.prefix_caching:
             return
-        bs = self.block_size
-        full = min(len(req.tokens) // bs, len(req.blocks))
-        while req.hashed < full:
-            i = req.hashed
-            key = (req.last_hash, tuple(req.tokens[i * bs:(i + 1) * bs]))
+        for i, key in req.newly_full_keys(self.block_size):
             block = req.blocks[i]
             if self._key[block] is None and key not in self._key_to_block:
                 self._key[block], self._key_to_block[key] = key, block
-            req.last_hash = hash(key)
-            req.hashed += 1
 

@@ -19,7 +19,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-from vramscope.agent.config import SETTINGS, env_var_name, parse_config
+from vramscope.agent.config import env_var_name, parse_config
+from vramscope.agent.settings import SETTINGS
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vramscope.agent.config import SETTINGS
+from vramscope.agent.settings import SETTINGS
 
 from tests.support.clean_copy import ROOT, clean_copy
 from tests.test_deploy import AGENT_COMMAND, UNIT, one, parse_unit

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vramscope.agent.config import SETTINGS, env_var_name
+from vramscope.agent.config import env_var_name
+from vramscope.agent.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 

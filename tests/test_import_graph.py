@@ -28,12 +28,13 @@ FOLDERS = {"vramscope": "vramscope", "vramscope.agent": "agent", "vramscope.hook
 
 # The shared language of the in-server hooks and the sidecar: the typed records, the trace
 # format v1 that encodes them, the wire protocol that frames them, the clock seam (and its
-# scheduler), the error types, the settings table and the dtype sizes. Small on purpose;
-# docs/architecture.md says why each is here.
+# scheduler), the error types, the settings table (and the database URL check it names) and the
+# dtype sizes. Small on purpose; docs/architecture.md says why each is here.
 CORE = frozenset({
     "vramscope.agent.records", "vramscope.agent.trace", "vramscope.agent.ingest.protocol",
     "vramscope.agent.clock", "vramscope.agent.errors", "vramscope.agent.config",
-    "vramscope.agent.dtypes", "vramscope.agent.timefmt",
+    "vramscope.agent.dtypes", "vramscope.agent.timefmt", "vramscope.agent.settings",
+    "vramscope.agent.database_url",
 })
 # Packages whose __init__ runs on the way to a core module; each must stay import-free.
 CORE_PACKAGES = frozenset({"vramscope", "vramscope.agent", "vramscope.agent.ingest"})
@@ -266,7 +267,8 @@ def test_the_dashboard_never_reaches_the_hooks_torch_or_pynvml(forbidden):
 # The [server] config check is the engine's too: the pages show the one it stored, never one
 # made again with the dashboard's config (issue 46).
 ENGINE_RUNNERS = {"vramscope.agent.alerts.offline": None,
-                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine", "DeviceAnalysis"}),
+                  "vramscope.agent.alerts.engine": frozenset({"AlertEngine"}),
+                  "vramscope.agent.alerts.device": frozenset({"DeviceAnalysis"}),
                   "vramscope.agent.alerts.config_check": None}
 
 

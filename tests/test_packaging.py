@@ -168,7 +168,8 @@ def test_install_from_the_wheel_beside_modules_named_agent_hooks_dashboard_migra
     assert set(ast.literal_eval(loaded)) <= {
         "vramscope.agent", "vramscope.agent.ingest", "vramscope.agent.records",
         "vramscope.agent.trace", "vramscope.agent.ingest.protocol", "vramscope.agent.clock",
-        "vramscope.agent.errors", "vramscope.agent.config", "vramscope.agent.dtypes"}
+        "vramscope.agent.errors", "vramscope.agent.config", "vramscope.agent.settings",
+        "vramscope.agent.database_url", "vramscope.agent.dtypes"}
 
 
 def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):

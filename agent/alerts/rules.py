@@ -35,7 +35,7 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "!=": operator.ne,
 }
 
-# Derived metrics, computed per device by the alert engine (vramscope.agent.alerts.engine).
+# Derived metrics, computed per device by the alert engine (vramscope.agent.alerts.metrics).
 DERIVED_METRICS: dict[str, str] = {
     "cached_free_bytes": "reserved − allocated",
     "inactive_split_ratio": "inactive split bytes / reserved bytes",

@@ -26,7 +26,7 @@ from vramscope.agent.analysis.severity import LEVELS, NO_LEVEL
 from vramscope.agent.analysis.windows import Windows, windows_from_json, windows_json
 
 if TYPE_CHECKING:
-    from vramscope.agent.alerts.engine import DeviceAnalysis
+    from vramscope.agent.alerts.device import DeviceAnalysis
     from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
 
 VERDICT_FORMAT = "vramscope.verdict/1"

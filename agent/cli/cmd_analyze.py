@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vramscope.agent.alerts.config_check import document_lines
-    from vramscope.agent.analysis.report import render_text
+    from vramscope.agent.analysis.report_text import render_text
 
     if bool(args.files) == bool(args.db_url):
         raise UsageError("give trace FILEs or --db URL (one of the two)")

@@ -88,7 +88,7 @@ def _fresh_demo_database() -> str:
     the demo ends, to be looked at again; the next demo without ``--db`` starts it afresh.
     A demo that runs holds its file (a lock beside it): a second one takes the next free file
     (``demo-2.db``, ...) instead of deleting the database under the first."""
-    from vramscope.agent.config import data_dir
+    from vramscope.agent.settings import data_dir
 
     folder = data_dir()
     folder.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ def checked_config(path: str | None, *, problems: list[str] | None = None) -> Ch
 def _driver_problems(config: Config, where: str) -> list[str]:
     """``database.url``'s driver when it is not installed: the store refuses it before it
     connects (``Store.open``), so ``config check`` says so too."""
-    from vramscope.agent.config import database_driver_problem
+    from vramscope.agent.database_url import database_driver_problem
 
     url = config["database.url"]
     problem = database_driver_problem(url)

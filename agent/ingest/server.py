@@ -22,46 +22,52 @@ Everything is bounded, so no client can take the agent down or lock the others o
   devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
   a second (``budget.py``; one budget per client process, shared by its connections), or beyond
   its count a UTC day of events kept with the rollups (``rare_events.py``) are refused one by
-  one and counted;
+  one and counted (``admission.py`` applies them);
 * memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
   never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
   300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
 * ``accept()`` failing (EMFILE: out of file descriptors) pauses accepting with backoff and is
   logged at most once a minute; the loop never dies of it. The unit's ``LimitNOFILE`` leaves
   room for every client slot;
-* refused connections are counted by reason and logged at most ``LOG_BURST`` lines a minute.
+* refused connections are counted by reason and logged at most ``LOG_BURST`` lines a minute
+  (``rate_log.py``).
 
 Security: the socket lives in a directory of mode 0700 (created if missing; an existing one
 with another mode is refused, never chmod-ed, so ``--socket /tmp/x.sock`` cannot open up
 ``/tmp``), the socket itself is 0600, and each peer's uid (``SO_PEERCRED``) must be the agent's
-own or in ``agent.allowed_uids``.
+own or in ``agent.allowed_uids`` (``socket_dir.py`` keeps the folder, ``peer.py`` reads the
+peer's credentials).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import selectors
 import socket
-import stat
-import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.budget import Bucket, ProcessBuckets, WriteBudget
-from vramscope.agent.ingest.names import ClientNames, NameLimits
-from vramscope.agent.ingest.rare_events import REASON as RARE_REASON
-from vramscope.agent.ingest.rare_events import RareEventsPerDay, RareRefusal
+from vramscope.agent.ingest.admission import RecordAdmission
+from vramscope.agent.ingest.budget import WriteBudget
+from vramscope.agent.ingest.names import NameLimits
+from vramscope.agent.ingest.peer import ClientInfo, Conn, check_ns_pid, peer_uid, peercred
+from vramscope.agent.ingest.rare_events import RareEventsPerDay
+from vramscope.agent.ingest.rate_log import RateLimitedLog
 from vramscope.agent.ingest.slots import SlotRules
+from vramscope.agent.ingest.socket_dir import (
+    prepare_socket_folder,
+    remove_stale_socket,
+    shared_with_others,
+)
 from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import INT64_MAX, Event, PostMortem, Sample
 
@@ -78,53 +84,9 @@ IDLE_TIMEOUT_S = 60.0
 SLOT_IDLE_S = 120.0  # a client that stored no record for this long may give its slot up
 MAX_BAD_IN_A_ROW = 64  # a client sending this many rejected messages in a row is dropped
 COUNTER_MAX = INT64_MAX  # counters saturate here (the store's BigInteger)
-LOG_BURST = 10  # lines per LOG_WINDOW_S about refused connections; the rest are counted
-LOG_WINDOW_S = 60.0
 _RECV_BYTES = 256 * 1024
 _SWEEP_INTERVAL_S = 0.25
 _ACCEPT_BACKOFF_S = (0.05, 1.0)  # first and largest pause after accept() failed
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-@dataclass
-class ClientInfo:
-    """What the agent knows about one connection (from SO_PEERCRED and the hello).
-
-    ``pid`` is the kernel's (``SO_PEERCRED``: the client's pid in the agent's PID namespace,
-    the one NVML's process rows and ``/proc`` use), not the one the client states: a server in
-    a container calls itself by its namespace's pid (often 1). The hello's pid is kept as
-    ``ns_pid`` when it differs, and the client's records are moved onto ``pid``. Without a
-    kernel pid (not Linux, or a peer outside the agent's namespace: 0) the hello's is used.
-    """
-
-    peer_pid: int | None
-    peer_uid: int | None
-    hello: proto.Hello | None = None
-
-    @property
-    def pid(self) -> int | None:
-        if self.peer_pid:  # 0: the peer lives in a PID namespace the agent cannot see
-            return self.peer_pid
-        return self.hello.pid if self.hello is not None else None
-
-    @property
-    def ns_pid(self) -> int | None:
-        """The pid the client calls itself, when it is not ``pid`` (another PID namespace)."""
-        stated = self.hello.pid if self.hello is not None else None
-        return stated if stated is not None and stated != self.pid else None
-
-
-def ns_pids(pid: int, proc: str = "/proc") -> tuple[int, ...]:
-    """``pid`` in each PID namespace it belongs to, outermost (``proc``'s) first: the NSpid line
-    of ``/proc/<pid>/status`` (Linux >= 4.1). Empty when unknown."""
-    try:
-        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return tuple(int(x) for x in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return ()
 
 
 @dataclass
@@ -144,49 +106,6 @@ class IngestStats:
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
-
-
-@dataclass
-class _Conn:
-    sock: socket.socket
-    info: ClientInfo
-    opened_s: float = 0.0  # monotonic
-    last_frame_s: float = 0.0  # monotonic: the last complete frame (or the connect)
-    buf: bytearray = field(default_factory=bytearray)
-    bad_in_a_row: int = 0
-    names: ClientNames = field(default_factory=ClientNames)  # the names it holds
-    admitted_s: float | None = None  # monotonic: its hello was welcomed
-    useful_s: float | None = None  # monotonic: it last had a record (or post-mortem) kept,
-    # or sent a heartbeat after a silence (protocol.HEARTBEAT_MIN_GAP_S)
-    last_message_s: float = 0.0  # monotonic: its last message was handled (or the connect)
-    bucket: Bucket | None = None  # its write budget (its process's), from its first records
-
-
-class RateLimitedLog:
-    """At most ``burst`` lines per ``window_s``; the lines beyond are counted and the next line
-    written says how many were left out (a client cannot flood the log)."""
-
-    def __init__(self, logger: logging.Logger, level: int, burst: int = LOG_BURST,
-                 window_s: float = LOG_WINDOW_S) -> None:
-        self._log, self._level, self._burst, self._window_s = logger, level, burst, window_s
-        self._window_start = -float("inf")
-        self._in_window = 0
-        self._left_out = 0
-        self.left_out_total = 0
-
-    def __call__(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        now = time.monotonic()
-        if now - self._window_start >= self._window_s:
-            self._window_start, self._in_window = now, 0
-        if self._in_window >= self._burst:
-            self._left_out += 1
-            self.left_out_total += 1
-            return
-        self._in_window += 1
-        if self._left_out:
-            msg += f" ({self._left_out} similar lines left out)"
-            self._left_out = 0
-        self._log.log(self._level, msg, *args, **kwargs)
 
 
 class IngestServer:
@@ -220,7 +139,7 @@ class IngestServer:
         self._max_bytes = max_message_bytes
         self._allowed_uids = {os.getuid(), *allowed_uids}
         self._sel = selectors.DefaultSelector()
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, Conn] = {}
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -233,15 +152,11 @@ class IngestServer:
         self._log_refused = RateLimitedLog(log, logging.INFO)
         self._log_trouble = RateLimitedLog(log, logging.WARNING, burst=1)
         self._counter_warned = False
-        self._window = time_window  # None: any representable time (tests, benchmarks)
-        self._names = name_limits if name_limits is not None else NameLimits()
-        self._budget = budget  # None: no write budget (tests, benchmarks)
-        self._buckets = ProcessBuckets(budget if budget is not None else WriteBudget())
-        self._rare = rare_events  # None: no cap a day (tests, benchmarks)
+        self._admission = RecordAdmission(self.stats.rejected, time_window=time_window,
+                                          name_limits=name_limits, budget=budget,
+                                          rare_events=rare_events, clock=clock)
         self._slots = SlotRules(handshake_timeout_s, slot_idle_s)
-        self._clock = clock  # the write budget's time (the socket timeouts are real time)
         self._payload_bytes = 0  # of the message being handled: what the budget charges
-        self._log_refused_records = RateLimitedLog(log, logging.WARNING)
 
     # --- lifecycle ------------------------------------------------------------------------
     def bind(self) -> None:
@@ -341,10 +256,10 @@ class IngestServer:
             return self._accept_failed(exc)
         self._accept_backoff_s = 0.0
         sock.setblocking(False)
-        pid, uid = _peercred(sock)
+        pid, uid = peercred(sock)
         self.stats.connections_total += 1
         now = time.monotonic()
-        conn = _Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now,
+        conn = Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now,
                      last_message_s=now)
         if uid not in self._allowed_uids:
             return self._refuse(conn, "uid", f"uid {uid} is not allowed to connect; add it to "
@@ -388,7 +303,7 @@ class IngestServer:
                 self._refuse(conn, "timeout", f"a message still incomplete after "
                              f"{self._idle_s:g} s (agent.idle_timeout_s)")
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Conn) -> None:
         try:
             data = conn.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -421,7 +336,7 @@ class IngestServer:
             if not self._handle(conn, payload):
                 return
 
-    def _handle(self, conn: _Conn, payload: bytes) -> bool:
+    def _handle(self, conn: Conn, payload: bytes) -> bool:
         """Handle one payload; False when the connection was closed."""
         self.stats.messages_total += 1
         self._payload_bytes = len(payload)  # the write budget's bytes
@@ -437,7 +352,7 @@ class IngestServer:
         conn.bad_in_a_row = 0
         return conn.sock.fileno() >= 0
 
-    def _on_bad_message(self, conn: _Conn, exc: proto.ProtocolError) -> bool:
+    def _on_bad_message(self, conn: Conn, exc: proto.ProtocolError) -> bool:
         if exc.fatal:
             self._refuse(conn, exc.reason, str(exc))
             return False
@@ -448,7 +363,7 @@ class IngestServer:
             return False
         return True
 
-    def _dispatch(self, conn: _Conn, obj: dict[str, Any]) -> None:
+    def _dispatch(self, conn: Conn, obj: dict[str, Any]) -> None:
         kind = obj["type"]
         if kind == "status":
             return self._send(conn, {"type": "status", **(self._status() if self._status else {})})
@@ -461,20 +376,10 @@ class IngestServer:
             return self._on_records_message(conn, obj)
         if kind == "postmortem":
             pm = proto.parse_postmortem(obj)
-            if self._window is not None and not self._window.contains(pm.ts_s):
-                raise proto.ProtocolError("ts", f"post-mortem at ts_s {pm.ts_s!r} is outside "
-                                          "the accepted window (agent.max_record_age_s, "
-                                          "agent.max_record_ahead_s)")
+            if not self._admission.postmortem(conn, pm.ts_s, self._payload_bytes):
+                return None
             if pm.pid is None or pm.pid == conn.info.ns_pid:
                 pm = pm._replace(pid=conn.info.pid)
-            if not self._within_budget(conn, 1, self._payload_bytes):
-                return None
-            if self._rare is not None and not self._rare.take(_rare_key(conn), 1):
-                self.stats.rejected[RARE_REASON] += 1
-                self._log_refused_records("client pid %s: a post-mortem: %s", conn.info.pid,
-                                          self._rare.describe(
-                                              RareRefusal(1, self._rare.max_per_day)))
-                return None
             conn.useful_s = time.monotonic()
             if self._on_postmortem is not None:
                 self._on_postmortem(pm, conn.info)
@@ -484,7 +389,7 @@ class IngestServer:
         self._add_client_dropped(proto.parse_dropped(obj))  # "dropped"
         return None
 
-    def _on_heartbeat(self, conn: _Conn) -> None:
+    def _on_heartbeat(self, conn: Conn) -> None:
         """A quiet client is alive: after a silence it keeps its slot as a stored record
         does. One that follows another message closely is chatter and keeps nothing."""
         self.stats.heartbeats_total += 1
@@ -505,7 +410,7 @@ class IngestServer:
                             "an absurd drop count)", COUNTER_MAX)
         self.stats.client_dropped_total = total
 
-    def _on_hello_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
+    def _on_hello_message(self, conn: Conn, obj: dict[str, Any]) -> None:
         if conn.info.hello is not None:
             raise proto.ProtocolError("order", "a second hello on one connection")
         hello = proto.parse_hello(obj)
@@ -516,7 +421,7 @@ class IngestServer:
                                       f"in {self._handshake_s:g} s", fatal=True)
         conn.info.hello = hello
         conn.admitted_s = time.monotonic()
-        _check_ns_pid(conn.info)
+        check_ns_pid(conn.info)
         self._send(conn, {"type": "welcome", "protocol": proto.PROTOCOL_VERSION})
         if self._on_hello is not None:
             self._on_hello(conn.info)
@@ -524,86 +429,34 @@ class IngestServer:
     def _client_count(self) -> int:
         return sum(1 for c in self._conns.values() if c.info.hello is not None)
 
-    def _free_slot(self, newcomer: _Conn) -> bool:
+    def _free_slot(self, newcomer: Conn) -> bool:
         """Every slot is taken: free one for ``newcomer`` (``slots.py`` says whose), or say
         no (False)."""
         clients = [c for c in self._conns.values() if c.info.hello is not None]
-        found = self._slots.victim(clients, _uid, newcomer.info.peer_uid, time.monotonic())
+        found = self._slots.victim(clients, peer_uid, newcomer.info.peer_uid, time.monotonic())
         if found is None:
             return not clients
         self._refuse(*found)
         return True
 
-    def _on_records_message(self, conn: _Conn, obj: dict[str, Any]) -> None:
+    def _on_records_message(self, conn: Conn, obj: dict[str, Any]) -> None:
         records = proto.parse_records(obj, default_pid=conn.info.pid)
         ns_pid = conn.info.ns_pid
         if ns_pid is not None:  # a client in another PID namespace: its records, the host's pid
             pid = conn.info.pid
             records = [r._replace(pid=pid) if r.pid == ns_pid else r for r in records]
-        if self._budget is not None:  # first: what a client sends costs it, refused or not
-            records = records[:self._within_budget(conn, len(records), self._payload_bytes)]
-        records = self._bounded(conn, records)
-        if self._rare is not None:  # last: it counts what the store keeps
-            records = self._within_rare_cap(conn, records)
+        records = self._admission.records(conn, records, self._payload_bytes)
         self.stats.records_total += len(records)
         if records:
             conn.useful_s = time.monotonic()
             self._on_records(records, conn.info)
 
-    def _bounded(self, conn: _Conn, records: list[Sample | Event]) -> list[Sample | Event]:
-        """The records inside the time window whose names may be stored; the others are
-        counted (``ts``, ``names``) and said in a rate-limited log line."""
-        if self._window is not None:
-            kept, late = self._window.keep(records)
-            if late is not None:
-                self.stats.rejected["ts"] += late.records
-                self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                          self._window.describe(late))
-                records = list(kept)
-        kept, refusal = self._names.admit(records, conn.names)
-        if refusal is not None:
-            self.stats.rejected["names"] += refusal.records
-            self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                      self._names.describe(refusal))
-            records = list(kept)
-        return records
-
-    def _within_budget(self, conn: _Conn, records: int, payload_bytes: int) -> int:
-        """How many of ``records`` (the first ones) the client's write budget takes; the
-        rest are counted (``budget_rows``, ``budget_bytes``) and said in a log line."""
-        if self._budget is None:
-            return records
-        now = self._clock.monotonic_s()
-        process = _process(conn)
-        if process is not None:  # drawn on each time: its connections share it
-            conn.bucket = self._buckets.get(process, now)
-        elif conn.bucket is None:
-            conn.bucket = self._budget.bucket(now)
-        kept, over = self._budget.take(conn.bucket, records, payload_bytes, now)
-        if over is not None:
-            self.stats.rejected[over.reason] += over.records
-            self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                      self._budget.describe(over))
-        return kept
-
-    def _within_rare_cap(self, conn: _Conn, records: list[Sample | Event]
-                         ) -> list[Sample | Event]:
-        """``records`` less the events kept with the rollups beyond the client process's cap
-        for today; counted (``rare_events_day``) and said in a log line."""
-        assert self._rare is not None
-        kept, refusal = self._rare.admit(_rare_key(conn), records)
-        if refusal is not None:
-            self.stats.rejected[RARE_REASON] += refusal.records
-            self._log_refused_records("client pid %s: %s", conn.info.pid,
-                                      self._rare.describe(refusal))
-        return kept
-
     @property
     def names(self) -> NameLimits:
-        return self._names
+        return self._admission.names
 
     # --- replies and closing --------------------------------------------------------------
-    def _send(self, conn: _Conn, obj: dict[str, Any]) -> None:
+    def _send(self, conn: Conn, obj: dict[str, Any]) -> None:
         """Replies are tiny; a client that cannot take one is not reading, so drop it."""
         data = proto.frame(obj)
         try:
@@ -613,11 +466,11 @@ class IngestServer:
         if sent != len(data):
             self._close(conn)
 
-    def _reject(self, conn: _Conn, reason: str, message: str) -> None:
+    def _reject(self, conn: Conn, reason: str, message: str) -> None:
         self.stats.rejected[reason] += 1
         log.debug("rejected a message from pid %s: %s", conn.info.pid, message)
 
-    def _refuse(self, conn: _Conn, reason: str, message: str) -> None:
+    def _refuse(self, conn: Conn, reason: str, message: str) -> None:
         """Reject, tell the client why (best effort), and close."""
         self._reject(conn, reason, message)
         self._log_refused("dropped client pid %s: %s", conn.info.pid, message)
@@ -626,113 +479,18 @@ class IngestServer:
             conn.sock.send(proto.frame({"type": "error", "message": message}))
         self._close(conn)
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn) -> None:
         fd = conn.sock.fileno()
         if fd >= 0 and self._conns.pop(fd, None) is not None:
             self._sel.unregister(conn.sock)
             self._buffered -= len(conn.buf)
-            self._names.release(conn.names)
+            self._admission.names.release(conn.names)
         conn.buf = bytearray()
         conn.sock.close()
 
 
-_log_pid_mismatch = RateLimitedLog(log, logging.WARNING)
-
-
-def _uid(conn: _Conn) -> int | None:
-    return conn.info.peer_uid
-
-
-def _process(conn: _Conn) -> tuple[int | None, int] | None:
-    """Whose write budget a connection spends: its process, the kernel's uid and pid (a
-    client cannot choose them, unlike its hello's pid); None when the kernel names none
-    (not Linux, or another PID namespace: the connection has a budget of its own)."""
-    pid = conn.info.peer_pid
-    return (conn.info.peer_uid, pid) if pid else None
-
-
-def _rare_key(conn: _Conn) -> Hashable:
-    """Whose count of events kept with the rollups a connection spends: its process, or the
-    connection itself when the kernel names no process (as for the write budget)."""
-    process = _process(conn)
-    return process if process is not None else ("connection", id(conn))
-
-
-def _check_ns_pid(info: ClientInfo) -> None:
-    """A hello pid that is none of the peer's pids (NSpid) is a client naming another process:
-    its records still go to the kernel's pid; say so once per connection."""
-    stated = info.ns_pid
-    if stated is None or info.peer_pid is None:
-        return
-    chain = ns_pids(info.peer_pid)
-    if chain and stated not in chain:  # rate-limited: a client reconnecting in a loop
-        _log_pid_mismatch("client pid %s calls itself pid %s, which is none of its pids %s "
-                          "(NSpid); its records are stored under pid %s", info.peer_pid, stated,
-                          chain, info.peer_pid)
-
-
-def _peercred(sock: socket.socket) -> tuple[int | None, int | None]:
-    try:
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    except (OSError, AttributeError):  # not Linux: no SO_PEERCRED, no uid check possible
-        return None, None
-    return pid, uid
-
-
-def prepare_socket_folder(socket_path: str, allowed_uids: Iterable[int] = ()) -> None:
-    """The folder of ``socket_path``, made private (:func:`prepare_socket_dir`); shared with
-    the ``allowed_uids`` other than ours."""
-    prepare_socket_dir(os.path.dirname(os.path.abspath(socket_path)),
-                       shared=shared_with_others(allowed_uids))
-
-
-def shared_with_others(allowed_uids: Iterable[int]) -> bool:
-    """``agent.allowed_uids`` names a user other than the agent's own."""
-    return bool(set(allowed_uids) - {os.getuid()})
-
-
-def prepare_socket_dir(path: str, shared: bool = False) -> None:
-    """Create ``path`` with mode 0700, or accept it only if it already is private and ours.
-
-    ``shared`` (``agent.allowed_uids`` is set): the operator lets those users through with a
-    group or an ACL, which shows as group bits: 0710 or 0750 is accepted; write for anyone
-    but the owner (who could swap the socket) and any access for others never are."""
-    try:
-        os.makedirs(path, mode=0o700)
-        os.chmod(path, 0o700)  # makedirs applies the umask; be exact
-        return
-    except FileExistsError:
-        pass
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise VramscopeError(f"{path} is not a directory; choose another --socket path")
-    mode = stat.S_IMODE(st.st_mode)
-    ok = mode & 0o700 == 0o700 and (mode & 0o027 == 0 if shared else mode & 0o077 == 0)
-    if not ok or st.st_uid != os.getuid():
-        need = ("mode 700, or 710/750 for agent.allowed_uids" if shared else "mode 700")
-        raise VramscopeError(
-            f"socket directory {path} has mode {mode:o} and owner uid {st.st_uid}; the agent "
-            f"needs a private directory ({need}, owned by uid {os.getuid()}): choose another "
-            f"path with --socket or agent.socket_path")
-
-
-def remove_stale_socket(path: str) -> None:
-    """Remove a socket left by a dead agent; refuse to steal a live one's."""
-    if not os.path.lexists(path):
-        return
-    if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise VramscopeError(f"{path} exists and is not a socket; choose another --socket path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError as exc:
-        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise VramscopeError(f"cannot check {path}: {exc.strerror}") from None
-        os.unlink(path)
-        return
-    finally:
-        probe.close()
-    raise VramscopeError(f"another agent is listening on {path}; stop it or choose another "
-                         f"path with --socket")
-
+# ClientInfo (what the callbacks receive) and prepare_socket_folder (what bind does first) are
+# the daemon's way in; they are defined in peer.py and socket_dir.py.
+__all__ = ["BUFFER_BUDGET_BYTES", "COUNTER_MAX", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S",
+           "MAX_BAD_IN_A_ROW", "MAX_CLIENTS", "MAX_PENDING", "PENDING_MAX_BYTES", "SLOT_IDLE_S",
+           "ClientInfo", "IngestServer", "IngestStats", "prepare_socket_folder"]

@@ -16,11 +16,11 @@ import sqlite3
 import threading
 import time
 
-from vramscope.agent.config import SETTINGS
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.ingest.protocol import records_message
 from vramscope.agent.records import Phase, Sample
+from vramscope.agent.settings import SETTINGS
 
 KILLS = 20
 _DEFAULTS = {s.key: s.default for s in SETTINGS}

@@ -11,7 +11,7 @@ from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import PROCESS_EVENT, Agent
 from vramscope.agent.embedded import EmbeddedAgent
 from vramscope.agent.ingest import protocol as proto
-from vramscope.agent.ingest.server import ClientInfo
+from vramscope.agent.ingest.peer import ClientInfo
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.sources.nvml import FakeNvmlSource, open_nvml
 from vramscope.agent.store.store import integrity_wait_s

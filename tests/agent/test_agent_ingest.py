@@ -9,7 +9,8 @@ import pytest
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.server import MAX_BAD_IN_A_ROW, IngestServer, prepare_socket_dir
+from vramscope.agent.ingest.server import MAX_BAD_IN_A_ROW, IngestServer
+from vramscope.agent.ingest.socket_dir import prepare_socket_dir
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for

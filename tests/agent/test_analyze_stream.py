@@ -7,7 +7,7 @@ import json
 from itertools import islice
 
 import pytest
-from vramscope.agent.alerts.engine import DeviceAnalysis
+from vramscope.agent.alerts.device import DeviceAnalysis
 from vramscope.agent.alerts.offline import CHUNK, analyze_records
 from vramscope.agent.analysis.diagnosis import diagnose
 from vramscope.agent.analysis.merge import (

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from vramscope.agent.cli import main
-from vramscope.agent.config import SETTINGS_BY_KEY, load_config, parse_config
+from vramscope.agent.config import load_config, parse_config
 from vramscope.agent.errors import ConfigError
+from vramscope.agent.settings import SETTINGS_BY_KEY
 
 
 def write(tmp_path, text: str, name: str = "vramscope.toml"):

@@ -1,7 +1,8 @@
 """``config check`` and the agent agree on every database URL (issue 45, item 7): one validator
-(:func:`~vramscope.agent.config.database_url_problem`, then the driver's
-:func:`~vramscope.agent.config.database_driver_problem`) refuses what the store cannot open, in
-the same words, and its hint names the extra that installs the missing driver, or none."""
+(:func:`~vramscope.agent.database_url.database_url_problem`, then the driver's
+:func:`~vramscope.agent.database_url.database_driver_problem`) refuses what the store cannot
+open, in the same words, and its hint names the extra that installs the missing driver, or
+none."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent.cli import main
-from vramscope.agent.config import database_driver_problem, database_url_problem
+from vramscope.agent.database_url import database_driver_problem, database_url_problem
 from vramscope.agent.errors import StoreError
 from vramscope.agent.store import Store
 
@@ -82,7 +83,7 @@ def test_the_urls_vramscope_serves_pass(url):
 
 def test_the_hints_name_what_the_extras_of_pyproject_install():
     """The hints name the requirement, not ``vramscope[extra]`` (on no package index)."""
-    from vramscope.agent.config import DATABASE_DRIVERS, EXTRA_REQUIREMENTS
+    from vramscope.agent.database_url import DATABASE_DRIVERS, EXTRA_REQUIREMENTS
 
     if sys.version_info >= (3, 11):
         import tomllib

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from vramscope.agent.cli import main
-from vramscope.agent.config import SETTINGS
+from vramscope.agent.settings import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from vramscope.agent.daemon import Agent
 from vramscope.agent.records import Event, Phase, PostMortem, Sample, format_uuid
 from vramscope.agent.sources.nvml import FakeNvmlSource, fake_uuid
 from vramscope.hooks.allocator import AllocatorSource, Counters
-from vramscope.hooks.install import DeviceIdentitySink
+from vramscope.hooks.install_sinks import DeviceIdentitySink
 
 GiB = 2**30
 

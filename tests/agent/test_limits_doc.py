@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vramscope.agent.config import SETTINGS_BY_KEY
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest import server as ingest
 from vramscope.agent.ingest.names import CLIENT_LIMITS, EVER_FACTOR
+from vramscope.agent.settings import SETTINGS_BY_KEY
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
 

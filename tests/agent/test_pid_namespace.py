@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
-from vramscope.agent.ingest.server import ns_pids
+from vramscope.agent.ingest.peer import ns_pids
 from vramscope.agent.sources.nvml import FakeNvmlSource, fake_uuid
 from vramscope.dashboard.app import create_app
 

@@ -9,7 +9,8 @@ the riskiest: it leads both questions) until it exits at ``EXIT``; pid 1 goes on
 from __future__ import annotations
 
 import pytest
-from vramscope.agent.alerts.engine import PROCESS_GONE_S, AlertChange, AlertEngine
+from vramscope.agent.alerts.device import PROCESS_GONE_S
+from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.alerts.verdicts import DeviceVerdict, Verdict
 from vramscope.agent.records import EXIT_EVENT, Event, Phase, Sample
 from vramscope.agent.trace import parse_record

@@ -18,6 +18,7 @@ import pytest
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest import server as ingest
 from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.peer import ClientInfo, Conn
 from vramscope.agent.ingest.slots import SlotRules
 from vramscope.agent.records import Phase, Sample
 
@@ -132,8 +133,8 @@ def test_the_slot_rules_keep_useful_and_new_clients_and_free_the_others():
     now = 1000.0
 
     def client(useful_s: float | None, admitted_s: float, buf: bytes = b"",
-               last_frame_s: float = now) -> ingest._Conn:
-        return ingest._Conn(None, ingest.ClientInfo(1, 1000), opened_s=admitted_s,  # type: ignore[arg-type]
+               last_frame_s: float = now) -> Conn:
+        return Conn(None, ClientInfo(1, 1000), opened_s=admitted_s,  # type: ignore[arg-type]
                             last_frame_s=last_frame_s, admitted_s=admitted_s,
                             useful_s=useful_s, buf=bytearray(buf))
 

@@ -17,7 +17,9 @@ import pytest
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest import server as ingest
 from vramscope.agent.ingest.connection import AgentConnection
+from vramscope.agent.ingest.peer import ClientInfo, Conn
 from vramscope.agent.ingest.process import AgentProcess
+from vramscope.agent.ingest.rate_log import LOG_BURST
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for
@@ -211,10 +213,10 @@ def test_a_connect_flood_is_counted_not_logged_line_by_line(short_dir):
         # MAX_PENDING connections behind, evicted as the oldest pending one
         status = wait_for(lambda: (s := _try_status(agent)) and s["rejected"].get(
             "oversized", 0) + s["rejected"].get("pending", 0) == 2000 and s)
-        assert status["log_suppressed"] == 2000 - ingest.LOG_BURST
+        assert status["log_suppressed"] == 2000 - LOG_BURST
         lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text(encoding="utf-8")
                  .splitlines() if "dropped client" in ln]
-        assert len(lines) == ingest.LOG_BURST
+        assert len(lines) == LOG_BURST
     finally:
         agent.stop()
 
@@ -291,7 +293,7 @@ def test_a_client_lying_about_its_pid_in_a_loop_cannot_flood_the_log(short_dir):
         agent.stop()
     lines = [ln for ln in Path(f"{short_dir}/agent.log").read_text().splitlines()
              if "calls itself pid" in ln]
-    assert len(lines) == ingest.LOG_BURST
+    assert len(lines) == LOG_BURST
 
 
 def test_slowloris_clients_in_every_slot_give_way_within_the_handshake_timeout(short_dir):
@@ -345,13 +347,13 @@ def test_a_uid_holding_most_slots_gives_one_to_another_uid():
     for i in range(ingest.MAX_CLIENTS):
         ours, theirs = socket.socketpair()
         pairs.append(theirs)
-        conn = ingest._Conn(ours, ingest.ClientInfo(100 + i, 1000), opened_s=now,
+        conn = Conn(ours, ClientInfo(100 + i, 1000), opened_s=now,
                             last_frame_s=now + i * 1e-3)
         conn.info.hello = proto.Hello(1, 100 + i, "busy", (), None)
         srv._conns[ours.fileno()] = conn
         srv._sel.register(ours, selectors.EVENT_READ, conn)
-    same_uid = ingest._Conn(socket.socketpair()[0], ingest.ClientInfo(7, 1000))
-    other_uid = ingest._Conn(socket.socketpair()[0], ingest.ClientInfo(8, 2000))
+    same_uid = Conn(socket.socketpair()[0], ClientInfo(7, 1000))
+    other_uid = Conn(socket.socketpair()[0], ClientInfo(8, 2000))
     assert srv._free_slot(same_uid) is False
     assert srv._free_slot(other_uid) is True
     assert srv.stats.rejected == {"fairness": 1}

@@ -10,10 +10,11 @@ import threading
 import time
 
 import pytest
-from vramscope.agent.config import SETTINGS, parse_config
+from vramscope.agent.config import parse_config
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
+from vramscope.agent.settings import SETTINGS
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import SETTINGS_BY_KEY, ConfigError, parse_config
+from vramscope.agent.config import ConfigError, parse_config
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.rare_events import (
@@ -24,6 +24,7 @@ from vramscope.agent.ingest.rare_events import (
     RareRefusal,
 )
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
+from vramscope.agent.settings import SETTINGS_BY_KEY
 from vramscope.agent.store.schema import FREQUENT_EVENTS
 from vramscope.agent.trace import read_trace
 

@@ -14,7 +14,7 @@ import html
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.sinks import StoreSink
-from vramscope.agent.analysis.report import _process_lines
+from vramscope.agent.analysis.report_text import _process_lines
 from vramscope.agent.cli.cmd_status import _render_verdicts
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config

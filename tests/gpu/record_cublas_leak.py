@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(args: argparse.Namespace, floors: list[int], hooked: list[str],
               missing: list[str], lines: int) -> dict:
     from vramscope.agent.alerts.offline import analyze_records
-    from vramscope.agent.analysis.report import render_text
+    from vramscope.agent.analysis.report_text import render_text
 
     trace = read_trace(args.out)  # what the CPU test reads: the file, strictly
     doc = analyze_records(trace.samples, trace.events, analysis_config(args.period_s),

@@ -20,7 +20,7 @@ from vramscope.agent.records import Event, Phase
 from vramscope.agent.sources.nvml import fake_uuid
 from vramscope.hooks.allocator import AllocatorSource, Counters
 from vramscope.hooks.client import SocketSink
-from vramscope.hooks.install import DeviceIdentitySink
+from vramscope.hooks.install_sinks import DeviceIdentitySink
 
 GiB = 2**30
 
