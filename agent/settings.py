@@ -350,7 +350,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alerts.leak_min_span_s", float, 900.0,
             "Idle floor after the warm-up a leak verdict needs (four times this, at most 0.9 "
             "of leak_horizon_s, where the floor is mostly an estimate: never idle, no KV "
-            "figures); before it the answer is insufficient_data (with what is missing), never "
+            "figures; less, down to this, where its slope adds 4 % of the limit sooner); "
+            "before it the answer is insufficient_data (with what is missing), never "
             "no_leak and never an alert.",
             min=60, max=30 * 86400),
     Setting("alerts.trend_window_s", float, 60.0,

@@ -142,6 +142,7 @@ P_RECENT = 0.05
 MIN_GROWTH_NOISE = 2.0
 ESTIMATED_SPAN = 4.0  # a floor mostly estimated (no idle moment, no KV figures): x the
 #                       minimum span
+ESTIMATED_RISE = 0.04  # the rise (share of the limit) that shortens ESTIMATED_SPAN's need
 HORIZON_REACH = 0.9  # the most of the horizon a span requirement may ask for (its points
 #                      reach one bin short of it)
 RECENT_FLOOR_POINTS = 2048
@@ -229,6 +230,27 @@ def busy_span_need(t: Thresholds) -> float:
     """The span a verdict on floors read with requests in flight needs: ``ESTIMATED_SPAN``
     times the minimum span, but never more than the horizon can hold."""
     return min(t.leak_min_span_s * ESTIMATED_SPAN, HORIZON_REACH * t.leak_horizon_s)
+
+
+def estimated_span_need(t: Thresholds, points: Sequence[tuple[float, int]],
+                        limit_bytes: int, settled_ts: float) -> float:
+    """The span a verdict on mostly estimated floors needs, from the rise their slope makes:
+    the load moves such a floor systematically (by about what a 0.5–1 %/h leak adds in two
+    hours), so a rise must outgrow that wander, ``ESTIMATED_RISE`` of the limit, before its
+    span may be shorter than ``busy_span_need``: a floor filling the device in hours is told
+    from the load in a quarter of an hour, one near the minimum slope still needs the hour.
+    Never less than ``alerts.leak_min_span_s``, counted from ``settled_ts`` (the end of the
+    longest lazy warm-up, ``FAST_WARMUP_CAP_S`` into the process: a warm-up adds more than
+    the load's wander, and flattens only later)."""
+    full = busy_span_need(t)
+    if len(points) < MIN_FIT_POINTS or points[-1][0] <= points[0][0]:
+        return full
+    t0 = points[0][0]
+    slope = theil_sen([p[0] - t0 for p in points], [float(p[1]) for p in points]).slope
+    if slope <= 0:
+        return full
+    short = max(t.leak_min_span_s, ESTIMATED_RISE * limit_bytes / slope)
+    return min(full, short + max(0.0, settled_ts - t0))
 
 
 def orphaned_count(e: Event) -> int:
@@ -629,7 +651,8 @@ class LeakDetector:
         # times the span: a load that wanders over half an hour is not a leak's steady rise
         need = self.t.leak_min_span_s
         if self._mostly_estimated():
-            need = max(need, busy_span_need(self.t))
+            need = max(need, estimated_span_need(self.t, self.trend_points(), self._limit(),
+                                                  self._settled_ts()))
         if span < need or len(self.points) < MIN_FIT_POINTS:
             busy = self._busy_floor(ts)
             if busy is not None:  # too few idle floors: every floor point answers
@@ -664,7 +687,13 @@ class LeakDetector:
         if self._idle_enough_at(ts):
             return None
         rolled = _rolled(list(self._bins), ROLLING_POINTS * self._bin_s)
-        if len(rolled) < MIN_FIT_POINTS or rolled[-1][0] - rolled[0][0] < busy_span_need(self.t):
+        if len(rolled) < MIN_FIT_POINTS:
+            return None
+        points = load_corrected([(t, v) for t, _, v in rolled],
+                                [max(0, load - RESIDUAL) for _, load, _ in rolled],
+                                self.per_request.bytes_per_block)
+        if rolled[-1][0] - rolled[0][0] < estimated_span_need(self.t, points, self._limit(),
+                                                                   self._settled_ts()):
             return None
         return rolled
 
@@ -779,6 +808,10 @@ class LeakDetector:
                 first_detected_ts_s=self.result.first_detected_ts_s or fast.first_detected_ts_s,
                 time_to_oom_s=None, time_to_oom_low_s=None, time_to_oom_high_s=None)
             self._fast = self._fast_on = None
+
+    def _settled_ts(self) -> float:
+        """When the longest lazy warm-up is over (``FAST_WARMUP_CAP_S`` into the process)."""
+        return (self._first_ts or 0.0) + FAST_WARMUP_CAP_S
 
     def _min_slope(self) -> float:
         return self.t.leak_min_slope_ratio_per_h * self._limit() / 3600.0

@@ -3,7 +3,7 @@ reads on a server that is never idle."""
 
 import pytest
 from vramscope.agent.alerts.explain import leak_text
-from vramscope.agent.analysis import load_floor
+from vramscope.agent.analysis import leaks, load_floor
 from vramscope.agent.analysis.leaks import ESTIMATED_WORDS, LeakDetector
 from vramscope.agent.analysis.load_floor import BlockBytes, estimate
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -292,3 +292,39 @@ def test_a_server_that_idles_too_rarely_is_judged_on_every_floor_point():
     assert (fired.first_detected_ts_s, fired.start_ts_s) == (9020.0, 5599.5)
     assert fired.slope_bytes_per_s == pytest.approx(MIB, rel=1e-3)
     assert ESTIMATED_WORDS in fired.evidence
+
+
+def test_a_fast_grower_on_an_estimated_floor_is_named_within_a_tenth_of_its_time_to_oom():
+    # 4 MiB/s from 600 s on the never-idle server without KV figures (14.1 GiB/h, 17.6 %/h of
+    # the 80 GiB limit: full in about 4.5 h). Its floor is estimated: a verdict on it needed
+    # an hour of floor after the warm-up (3980 s, 56 min after the onset); its slope adds
+    # ESTIMATED_RISE (4 %) of the limit in 15 min, so it needs the minimum span after the
+    # longest lazy warm-up (900 s): Mann-Kendall finds it at 2000 s, 23 min after the onset,
+    # within the tenth of its time to OOM that the issue allows
+    samples, events = _no_kv_server(3 * 3600, 600, 4 * MIB)
+    d, fired = _run(samples, events)
+    assert fired is not None and fired.evidence.startswith("leak: idle floor moved +5544.4 MiB")
+    assert (fired.first_detected_ts_s, fired.start_ts_s) == (2000.0, 859.5)
+    assert fired.slope_bytes_per_s == pytest.approx(3.9313 * MIB, rel=1e-4)
+    assert fired.estimated_floor
+    assert fired.rate_low_bytes_per_s < 4 * MIB < fired.rate_high_bytes_per_s
+    took = fired.first_detected_ts_s - 600
+    assert took <= 0.1 * (took + fired.time_to_oom_s)
+
+
+def test_an_estimated_floor_needs_less_span_the_more_its_slope_outgrows_the_loads_wander():
+    # the least span of a verdict on mostly estimated floors: the span in which the slope adds
+    # ESTIMATED_RISE (4 %) of the limit, between the minimum span (15 min) and the hour a
+    # slope near the minimum needs; counted from the end of the longest lazy warm-up
+    t, limit = Thresholds(), 80 * 2**30
+    need = leaks.estimated_span_need
+
+    def line(per_s):
+        return [(60.0 * i, int(10 * 2**30 + per_s * 60 * i)) for i in range(10)]
+
+    assert need(t, line(0.04 * limit / 1200), limit, 0.0) == pytest.approx(1200.0)
+    assert need(t, line(0.04 * limit / 1200), limit, 300.0) == pytest.approx(1500.0)
+    assert need(t, line(limit / 3600), limit, 0.0) == 900.0  # 100 %/h: the minimum span
+    assert need(t, line(0.01 * limit / 3600), limit, 0.0) == 3600.0  # 1 %/h: the hour
+    assert need(t, line(-MIB), limit, 0.0) == 3600.0  # falling: the hour
+    assert need(t, line(limit / 3600)[:5], limit, 0.0) == 3600.0  # too few points to tell
