@@ -148,7 +148,7 @@ def test_a_load_ramp_filling_the_device_is_the_load_though_the_largest_prefill_f
 
 
 def test_a_forecast_whose_bounds_read_as_its_figure_is_said_once():
-    # the H100 run's critical alert (docs/gpu-verification.md section 21): peaks rising so
+    # the H100 run's critical alert (docs/gpu-verification.md section 20): peaks rising so
     # regularly that the interval's bounds round to the figure; "5.0 min (5.0 min to 5.0 min)"
     # says nothing the figure does not
     def point(mid, low, high):

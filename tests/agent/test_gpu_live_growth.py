@@ -1,6 +1,6 @@
 """Issue 44's GPU check run LIVE: the `vramscope agent` of commit 7067546 on its defaults beside a
 server that grows to a real torch OutOfMemoryError and a healthy one restarted mid-run, on an
-H100 (docs/gpu-runs/2026-12-07/live/, docs/gpu-verification.md section 21), and a shorter fill on
+H100 (docs/gpu-runs/2026-12-07/live/, docs/gpu-verification.md section 20), and a shorter fill on
 the agent of a day before (docs/gpu-runs/2026-12-06/live/today/). Nothing is replayed: the
 figures are the verdict and alert rows the agent stored as the servers ran
 (tests/gpu/live_growth_figures.py), against the servers' own truth (their JSON and timeline)."""

@@ -1,5 +1,5 @@
 """The live H100 run of issue 44 (docs/gpu-runs/2026-12-06/live/main, docs/gpu-verification.md
-section 21) replayed through today's alert engine in one-second batches, as the agent's writer
+section 20) replayed through today's alert engine in one-second batches, as the agent's writer
 feeds it, with the post-mortem completed the way the live agent stores it (AlertFeed.completed).
 Section 21's stored rows are what the agent said during the run; these are what it says now:
 the grower (pid 700, 124 MiB a second from its first kept tensor on, until a real

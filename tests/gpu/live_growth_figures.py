@@ -1,5 +1,5 @@
 """The figures of a growth-to-OOM run recorded THROUGH A RUNNING AGENT (tests/gpu/
-record_growth_oom.sh; docs/gpu-runs/2026-12-06/live/, docs/gpu-verification.md section 21), read
+record_growth_oom.sh; docs/gpu-runs/2026-12-06/live/, docs/gpu-verification.md section 20), read
 from what the live agent stored: its verdict rows, its alert rows, the OOM post-mortem. Nothing
 is replayed: these are the answers the agent gave as the servers ran.
 
@@ -9,7 +9,7 @@ each time), ``timeline.txt`` (pids, starts and exits).
 
     python -m tests.gpu.live_growth_figures docs/gpu-runs/2026-12-06/live/main [...]
 
-writes each run's ``figures.json``, which tests/support/gpu_docs.py renders into section 21;
+writes each run's ``figures.json``, which tests/support/gpu_docs.py renders into section 20;
 tests/agent/test_gpu_live_growth.py checks that the file is what the run's store gives."""
 
 from __future__ import annotations
