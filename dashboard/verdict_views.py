@@ -20,13 +20,8 @@ from vramscope.agent.analysis.diagnosis import cause_words
 from vramscope.agent.analysis.severity import Severity, rank
 from vramscope.agent.store import Store, reader
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.verdicts import (
-    NO_VERDICTS,
-    leading,
-    leak_result,
-    processes,
-    window_leak_lead,
-)
+from vramscope.agent.store.verdicts import leading, processes, window_leak_lead
+from vramscope.agent.store.window_verdicts import NO_VERDICTS, leak_result
 from vramscope.dashboard import figures
 
 Settings = Mapping[str, Any] | None

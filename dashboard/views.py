@@ -44,7 +44,7 @@ def report(store: Store, config: Settings, device: int, host: str | None, start:
     every page shows, said to be missing where none is stored. No engine runs here."""
     from vramscope.agent.analysis.makeup import LAYOUT_EVENT, leak_makeup
     from vramscope.agent.analysis.report import summaries_document
-    from vramscope.agent.store.verdicts import attach_window
+    from vramscope.agent.store.window_verdicts import attach_window
 
     try:
         window = reader.records(store, reader.Span(device, start, end, host),

@@ -36,7 +36,7 @@ from vramscope.agent.alerts.saturation import Saturation
 from vramscope.agent.analysis.kv import KvTracker, observe_process
 from vramscope.agent.analysis.leaks import LeakDetector, orphaned_count
 from vramscope.agent.analysis.merge import is_device_wide
-from vramscope.agent.analysis.risk import RiskModel
+from vramscope.agent.analysis.risk_model import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import EXIT_EVENT, RANK_EVENT, SAMPLE_COUNTER_FIELDS, Event, Sample
 

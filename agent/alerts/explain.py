@@ -16,7 +16,7 @@ from vramscope.agent.alerts.rules import RISK_HOLD_S, format_value
 from vramscope.agent.analysis.diagnosis import FULL_RATIO, REMEDIES, SPIKE_RATIO, cause_words
 from vramscope.agent.analysis.kv_leak import kv_words
 from vramscope.agent.analysis.leaks import LeakDetector, LeakResult
-from vramscope.agent.analysis.risk import RiskModel, RiskPoint
+from vramscope.agent.analysis.risk_model import RiskModel, RiskPoint
 from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.timefmt import iso_utc
 

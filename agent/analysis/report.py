@@ -9,7 +9,7 @@ through the live alert engine a batch at a time. This module reads that
 state through :class:`DeviceState` and imports nothing of the alerts package (analysis sits
 below alerts). :func:`summaries_document` is the document of records without any such state:
 the summaries only, every verdict field left unanswered for a reader of the stored verdicts
-(the dashboard's: ``vramscope.agent.store.verdicts.attach_window``) to fill.
+(the dashboard's: ``vramscope.agent.store.window_verdicts.attach_window``) to fill.
 Pure: no I/O, no clock.
 """
 
@@ -125,7 +125,7 @@ def summaries_document(samples: Iterable[Sample], events: Iterable[Event] = (),
     fields, as the post-mortems page shows it). Every verdict field is left unanswered (leak
     ``insufficient_data`` with :data:`UNANSWERED`, ``max_risk``, ``first_warning_ts``,
     ``min_time_to_oom_s`` and ``leak.windows`` null, no ``processes``, no ``alerts``) for the
-    stored verdicts to fill (``vramscope.agent.store.verdicts.attach_window``)."""
+    stored verdicts to fill (``vramscope.agent.store.window_verdicts.attach_window``)."""
     summaries: dict[int, WindowSummary] = {} if device is None else {device: WindowSummary()}
 
     def summary(dev: int) -> WindowSummary | None:

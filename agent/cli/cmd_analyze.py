@@ -249,7 +249,7 @@ def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
     from vramscope.agent.alerts.offline import CHUNK, analyze_stream
     from vramscope.agent.analysis.merge import iter_merged, time_batches
     from vramscope.agent.analysis.report import FORMAT
-    from vramscope.agent.store import Store
+    from vramscope.agent.store import Store, window_verdicts
     from vramscope.agent.store import verdicts as stored_verdicts
 
     require_existing_database(config["database.url"], "analyze")
@@ -275,7 +275,7 @@ def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
                 # the verdicts the engine stored as it saw every record (the agent, import):
                 # the answer every page shows, not a replay of what retention left
                 since = -math.inf if args.since is None else args.since
-                stored_verdicts.attach_stored(part, store, dev, None, since,
+                window_verdicts.attach_stored(part, store, dev, None, since,
                                               _earlier(math.inf, args.until))
                 doc["verdicts_from"] = "store"
             else:

@@ -3,7 +3,7 @@ cause by the post-mortem's words, on scripted servers."""
 
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.explain import time_range
-from vramscope.agent.analysis.risk import RiskPoint
+from vramscope.agent.analysis.risk_model import RiskPoint
 from vramscope.agent.bench import labelled_recordings, oom_scenarios
 from vramscope.agent.records import Phase, Sample
 

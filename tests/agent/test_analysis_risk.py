@@ -1,7 +1,8 @@
 """The causal OOM-risk model on literal samples."""
 
 import pytest
-from vramscope.agent.analysis.risk import RiskModel, risk_timeline
+from vramscope.agent.analysis.risk import risk_timeline
+from vramscope.agent.analysis.risk_model import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Phase, Sample
 

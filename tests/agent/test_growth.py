@@ -217,7 +217,7 @@ def test_a_victims_rows_follow_the_growth_it_is_at_risk_from():
 
 
 def test_a_process_is_at_risk_from_anothers_growth_only_where_it_does_not_grow_itself():
-    from vramscope.agent.analysis.risk import RiskModel
+    from vramscope.agent.analysis.risk_model import RiskModel
 
     m = RiskModel()
     assert m.at_risk_from("growth", leaking=False) is None  # no other process grows

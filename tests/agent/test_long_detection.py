@@ -141,7 +141,7 @@ def test_the_load_ramp_that_ends_in_a_burst_is_warned_from_its_accelerating_peak
     assert round(100 * max(r[2] for r in last), 1) == 97.6
     # the highest memory before plus the largest rise before: a top of 77 %, no OOM
     assert round(100 * (max(r[2] for r in before) + max(r[1] for r in before))) == 77
-    from vramscope.agent.analysis.risk import RiskModel
+    from vramscope.agent.analysis.risk_model import RiskModel
 
     model, seen = RiskModel(), []
     for s in sc.samples:

@@ -2,7 +2,7 @@
 of the peaks established on evidence that scales with it, on scripted peaks."""
 
 from vramscope.agent.analysis.peak_rise import PeakRise
-from vramscope.agent.analysis.risk import RiskModel
+from vramscope.agent.analysis.risk_model import RiskModel
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Phase, Sample
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.analysis.kv import KvTracker
-from vramscope.agent.analysis.risk import RETRY_HOLD_S, RiskModel
+from vramscope.agent.analysis.risk_model import RETRY_HOLD_S, RiskModel
 from vramscope.agent.records import Phase, Sample
 
 LIMIT = 1000

@@ -15,7 +15,8 @@ from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.errors import ConfigError
 from vramscope.agent.records import Phase, Sample
-from vramscope.agent.sources.prometheus import RATIO_SCALE, PrometheusSource
+from vramscope.agent.sources.prometheus import PrometheusSource
+from vramscope.agent.sources.prometheus_target import RATIO_SCALE
 
 from tests.support.waiting import wait_for
 
@@ -328,7 +329,8 @@ def test_a_server_restarted_on_its_port_is_the_new_pid_after_the_gap(fake_clock)
 def test_which_targets_are_looked_up_and_on_which_port(url, port, local):
     """The URL's port (the scheme's default without one) and whether the host is this one;
     a URL whose port is not a number names no process (its fetch fails and says why)."""
-    from vramscope.agent.sources.prometheus import PRESETS, TargetState
+    from vramscope.agent.sources.prometheus_page import PRESETS
+    from vramscope.agent.sources.prometheus_target import TargetState
 
     target = TargetState(url, PRESETS["vllm"])
     assert (target.port, target.local) == (port, local)

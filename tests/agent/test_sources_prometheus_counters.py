@@ -6,7 +6,8 @@ nothing."""
 from __future__ import annotations
 
 import pytest
-from vramscope.agent.sources.prometheus import PrometheusSource, parse_exposition
+from vramscope.agent.sources.prometheus import PrometheusSource
+from vramscope.agent.sources.prometheus_page import parse_exposition
 
 from tests.agent.test_sources_prometheus import vllm_page
 

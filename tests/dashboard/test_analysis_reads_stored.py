@@ -10,7 +10,7 @@ from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.alerts.verdicts import Verdict
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, PostMortem, Sample
-from vramscope.agent.store import Store, reader
+from vramscope.agent.store import Store, reader, window_verdicts
 from vramscope.agent.store import verdicts as stored
 from vramscope.dashboard import views
 from vramscope.dashboard.app import create_app
@@ -132,7 +132,7 @@ def test_without_stored_verdicts_the_document_says_so(store):
         "store", "none_stored", [])
     assert d["leak"] == {"detected": False, "state": "insufficient_data",
                          "slope_bytes_per_s": 0.0, "first_detected_ts": None, "span_s": 0.0,
-                         "evidence": stored.NO_VERDICTS, "pid": None, "makeup": None,
+                         "evidence": window_verdicts.NO_VERDICTS, "pid": None, "makeup": None,
                          "windows": None, "estimated_floor": False, **NO_GROWTH}
     assert d["oom"] == {"occurred": True, "first_oom_ts": OOM_TS, "first_warning_ts": None,
                         "max_risk": None, "min_time_to_oom_s": None, "cause": None}
@@ -148,7 +148,7 @@ def test_an_empty_window_is_a_whole_document_without_answers(store):
     doc = client.get(f"/api/v1/analysis?device=0&start={END + 60}&end={END + 120}").get_json()
     d = doc["devices"]["0"]
     assert (d["leak"]["state"], d["leak"]["evidence"]) == ("insufficient_data",
-                                                            stored.NO_VERDICTS)
+                                                            window_verdicts.NO_VERDICTS)
     assert (d["oom"]["occurred"], d["oom"]["max_risk"]) == (False, None)
     assert d["phases"]["decode"] == {"samples": 0, "peak_allocated_bytes": 0}
     assert d["kv"] == {"peak_blocks_used": None, "blocks_total": None,

@@ -16,7 +16,7 @@ from vramscope.agent.alerts.verdicts import DeviceVerdict
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import EXIT_EVENT, Event, Phase, Sample
-from vramscope.agent.store import Store
+from vramscope.agent.store import Store, window_verdicts
 from vramscope.agent.store import verdicts as stored
 from vramscope.dashboard.app import create_app
 
@@ -178,6 +178,6 @@ def test_a_window_s_leak_is_the_one_that_ran_in_it_though_its_process_exited(any
         timeline = client.get(f"/api/v1/timeline?device=0&start={T0}&end={last}").get_json()
         assert timeline["floor"]["pid"] == 2
         doc = {"devices": {"0": {}}}
-        stored.attach_stored(doc, s, 0, None, T0, last)
+        window_verdicts.attach_stored(doc, s, 0, None, T0, last)
         assert (doc["devices"]["0"]["leak"]["pid"], doc["devices"]["0"]["leak"]["state"]) == (
             2, "leak")

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from vramscope.hooks import vllm_plugin
-from vramscope.hooks.vllm_plugin import VllmObserver, enabled, split_tokens
+from vramscope.hooks.vllm_observer import VllmObserver
+from vramscope.hooks.vllm_plugin import enabled
+from vramscope.hooks.vllm_reads import split_tokens
 
 
 @pytest.mark.parametrize(("env", "on"), [

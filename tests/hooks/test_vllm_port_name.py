@@ -5,7 +5,7 @@ multiprocessing children that keep the server's ``sys.argv``."""
 from __future__ import annotations
 
 import pytest
-from vramscope.hooks.vllm_plugin import with_port
+from vramscope.hooks.vllm_reads import with_port
 
 API = "/venv/lib/python3.11/site-packages/vllm/entrypoints/openai/api_server.py"
 

@@ -25,7 +25,7 @@ def observed():
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vramscope.agent.clock import FakeClock
     from vramscope.hooks.sink import ListSink
-    from vramscope.hooks.vllm_plugin import VllmObserver
+    from vramscope.hooks.vllm_observer import VllmObserver
 
     init_none_hash(sha256)
     sink = ListSink()
@@ -69,7 +69,7 @@ def _cached_by_walk(pool) -> int:
 
 
 def _counted(pool) -> int:
-    from vramscope.hooks.vllm_plugin import kv_sample
+    from vramscope.hooks.vllm_reads import kv_sample
 
     return kv_sample(pool, 0).kv_blocks_cached
 
