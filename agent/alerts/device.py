@@ -187,6 +187,12 @@ class DeviceAnalysis:
         while len(self._gone) > GONE_KEPT:
             del self._gone[next(iter(self._gone))]
 
+    def retired_leak(self, pid: int) -> LeakDetector | None:
+        """The leak detector of process ``pid`` as it was when the process went (``_retire``),
+        None where it had none or it is no longer kept."""
+        gone = self._gone.get(pid)
+        return None if gone is None else gone[1]
+
     def _revive(self, pid: int) -> None:
         """A process thought gone sent a record: its models as they were."""
         risk, leak, kv, sampled = self._gone.pop(pid)

@@ -349,6 +349,13 @@ class VerdictLog:
             if last is None or key in self._ended:
                 continue
             self._ended.add(key)
+            # a row is written when the answer changes or at the heartbeat: what a "not
+            # enough data yet" is missing may have moved on since (the warm-up ended, more
+            # floor came); the last row says where the detector stood when the process went
+            leak = d.retired_leak(pid) if pid is not None else None
+            if leak is not None and leak.result.state == last.leak_state:
+                last = last._replace(leak_evidence=leak.result.evidence,
+                                     leak_span_s=leak.result.span_s)
             v = last._replace(ts_s=now_s, ended=True, risk_level="ok", risk_cause=None,
                               risk_reasons=(), time_to_oom_s=None, time_to_oom_low_s=None,
                               time_to_oom_high_s=None, leak_floor=(),

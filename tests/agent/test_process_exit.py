@@ -161,3 +161,26 @@ def test_the_stored_exit_is_on_the_timeline_and_ends_the_stored_row(tmp_path):
                               "message": None, "pid": 2}]
     assert [(t["name"], t["text"]) for t in fig["data"] if t["name"] == "process exit"] == [
         ("process exit", ["pid 2 exited"])]
+
+
+def test_the_ended_row_says_what_the_detector_was_missing_when_the_process_went():
+    """Rows are written when an answer changes or at the heartbeat, so the last one before an
+    exit may still say "warming up" minutes after the warm-up ended (the H100 run's healthy
+    servers did, 8 minutes old). The ended row carries where the detector stood at the exit."""
+    recs: list[Sample | Event] = []
+    for i in range(420):  # idle and busy in turn, a flat floor, from T0
+        busy = i % 2 == 1
+        recs.append(Sample(T0 + i, 0, Phase.DECODE if busy else Phase.IDLE, "torch", 3,
+                           allocated_bytes=(11 if busy else 10) * GIB, reserved_bytes=12 * GIB,
+                           device_total_bytes=80 * GIB))
+    recs.append(Event(T0 + 420, EXIT_EVENT, 0, 3))
+    engine = AlertEngine.from_config(None)
+    engine.feed(recs)
+    rows = [(v.ts_s - T0, v.ended, v.leak_evidence.split(";")[0])
+            for v in engine.verdicts.history if v.pid == 3]
+    warming = ("not enough data yet: warming up (the first 5 min of a process are not its "
+               "floor), then 15 min of idle floor")
+    assert rows == [
+        (0.0, False, warming), (300.0, False, warming),  # the heartbeat, just before it ended
+        (420.0, True, "not enough data yet: 15.0 more min of idle floor (has 0.0 of the 15 min "
+                      "a verdict rests on, after the 5 min warm-up)")]
