@@ -19,7 +19,8 @@ and SQLAlchemy's own work (about half a millisecond of CPU), so per-device state
 leader's steps cost 20 statements a device, most of them finding nothing to do. The devices
 are named in one ``device_id IN (...)`` (an index seek per device, on SQLite and PostgreSQL) or
 sought by a subquery correlated to the devices table, so a step sends a fixed few statements
-whatever the fleet's size (tests/agent/test_retention_statements.py counts them).
+whatever the fleet's size, and a rollup 11 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
+(tests/agent/test_retention_statements.py counts them).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
+# A rollup holds its devices' raw rows in memory at once (two minutes of 32 devices at 10 Hz:
+# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (11 statements each) rather
+# than in one read whose memory would grow the leader with the fleet
+ROLLUP_DEVICES_PER_CHUNK = 32
 # PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
 # a partition of their own, which retention deletes as rows
 SAMPLES_DEFAULT = table("samples_default", column("id"), column("device_id"), column("ts_s"))
@@ -127,28 +132,33 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
     samples; rollup rows written. Every device's, or only ``host``'s devices'.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
-    window gives the same rows (delete, then insert, in one transaction). All the devices in
-    one statement per table, each device a range on the ``(device_id, ts_s)`` index, so the
-    cost is the window's rows whatever the history. Rows are fetched through the driver's own
-    cursor: SQLAlchemy's Row objects would cost more than the aggregation itself.
+    window gives the same rows (delete, then insert, in one transaction). The devices
+    ``ROLLUP_DEVICES_PER_CHUNK`` at a time, in one statement per table, each device a range on
+    the ``(device_id, ts_s)`` index, so the cost is the window's rows whatever the history.
+    Rows are fetched through the driver's own cursor: SQLAlchemy's Row objects would cost more
+    than the aggregation itself.
     """
+    written = 0
     with store.engine.begin() as c:
         ids = device_ids(c) if host is None else host_device_ids(c, host)
-        if not ids:
-            return 0
-        cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
-                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
-        q = (select(*cols)
-             .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s,
-                    samples.c.ts_s < end_s)
-             .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""),
-                       samples.c.ts_s, samples.c.id))
-        raw = _fetch_raw(c, q)
-        rows = aggregate(raw)
-        _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
-        refresh_ten_minutes(c, ids, start_s, end_s)
-        _replace(c, seconds.c.minute_s, ids, start_s, end_s, pack_seconds(raw))
-        count_events(c, ids, start_s, end_s)
+        for i in range(0, len(ids), ROLLUP_DEVICES_PER_CHUNK):
+            written += _rollup_devices(c, ids[i:i + ROLLUP_DEVICES_PER_CHUNK], start_s, end_s)
+    return written
+
+
+def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
+    cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
+            *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
+    q = (select(*cols)
+         .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
+         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
+                   samples.c.id))
+    raw = _fetch_raw(c, q)
+    rows = aggregate(raw)
+    _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
+    refresh_ten_minutes(c, ids, start_s, end_s)
+    _replace(c, seconds.c.minute_s, ids, start_s, end_s, pack_seconds(raw))
+    count_events(c, ids, start_s, end_s)
     return len(rows)
 
 
