@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vramscope.agent")
 
 STATS_INTERVAL_S = 5.0
-# A step's fixed part (a seek or two per device and table) is most of its cost in the steady
+# A step's fixed part (a statement or two per table) is most of its cost in the steady
 # state: every 30 s, not 10, pays it a third as often, while the rows
 # passing their day each step (2,400 at 8 x 10 Hz) stay under `retention.step_rows`. The
 # minutes not rolled up yet are read from raw samples, so the views do not wait for it.

@@ -20,8 +20,8 @@ Rollups: per device, per minute, per source and metric (every ``*_bytes`` / coun
 a sample): min, max, mean, last and count, in the ``rollups`` table. A minute is rolled up once
 it is ``grace_s`` old; the watermark is the end of the newest rolled-up minute, read from the
 rollups once (a seek per device, so after a restart work resumes where it stopped) and then
-remembered. Raw samples are deleted only once they are both older than
-``raw_s`` and rolled up.
+remembered; a step with no minute due yet sends no query for rollups. Raw samples are deleted
+only once they are both older than ``raw_s`` and rolled up.
 
 Late samples: an agent catching up after the database was away, or one host of a fleet that
 lost its link while another host's agent kept rolling minutes up, writes samples into minutes
@@ -316,6 +316,9 @@ class Retention:
         """Roll up the minutes after the watermark, skipping any gap without samples."""
         if not self._watermark_known:
             self._watermark, self._watermark_known = sql.rollup_watermark(store), True
+        due_end = _floor_minute(now_s - self.grace_s)
+        if self._watermark is not None and self._watermark >= due_end:
+            return 0, 0  # no minute is due yet (a step every 30 s: every other one)
         first = sql.oldest_sample_ts(store, self._watermark)
         if first is None:
             return 0, 0
@@ -323,7 +326,7 @@ class Retention:
         # oldest minute a tier keeps (a row at -1e300 or 1970 must not hold the watermark back,
         # where start + two minutes is start again, and no minute is ever rolled up)
         start = _floor_minute(max(first, now_s - max(self.rollup_s, self.second_s)))
-        end = min(_floor_minute(now_s - self.grace_s), start + self.minutes_per_step * BUCKET_S)
+        end = min(due_end, start + self.minutes_per_step * BUCKET_S)
         if end <= start:
             return 0, 0
         rows = sql.rollup_window(store, start, end)

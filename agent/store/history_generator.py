@@ -329,7 +329,7 @@ def write_tiers(store: Store, h: History, ids: list[int]) -> None:
                         c.execute(insert(event_counts), counts)
                     # the chunk's ten-minute groups, as retention makes them (a group across
                     # the chunk's end is made again, whole, with the next chunk)
-                    refresh_ten_minutes(c, device_id, t, t + span)
+                    refresh_ten_minutes(c, [device_id], t, t + span)
                 t += span
 
 

@@ -5,12 +5,22 @@ Every function does a bounded amount of work, so the writer thread that runs the
 ingest for long: a rollup covers a window of a few minutes, a delete removes at most ``limit``
 rows (``DELETE ... WHERE id IN (SELECT id ... LIMIT n)`` works on SQLite and PostgreSQL).
 
-Work is bounded by the window, not by the history (design rule 8): every query names one device
-(or host) and a time range, so it is a seek on the ``(device_id, ts_s)`` index (the rollups'
-primary key starts with ``(device_id, bucket_s)``) and costs the same after a week as after a
-minute. A query over every device's time column (``min(ts_s) WHERE ts_s >= ?``) would walk the
-whole index instead, so that every step would cost more as the history grows, until the agent
-fell behind its ingest (tests/agent/test_retention_cost.py counts the work).
+Work is bounded by the window, not by the history (design rule 8): every query names its
+devices (or hosts) and a time range, so it is a seek per device on the ``(device_id, ts_s)``
+index (the rollups' primary key starts with ``(device_id, bucket_s)``) and costs the same after
+a week as after a minute. A query over every device's time column (``min(ts_s) WHERE ts_s >=
+?``) would walk the whole index instead, so that every step would cost more as the history
+grows, until the agent fell behind its ingest (tests/agent/test_retention_cost.py counts the
+work).
+
+One statement per table for all devices, not one per device: a fleet's leader steps over
+every host's devices (16 nodes of 8: 128), and each statement costs the agent its round trip
+and SQLAlchemy's own work (about half a millisecond of CPU), so per-device statements made the
+leader's steps cost 20 statements a device, most of them finding nothing to do. The devices
+are named in one ``device_id IN (...)`` (an index seek per device, on SQLite and PostgreSQL) or
+sought by a subquery correlated to the devices table, so a step sends a fixed few statements
+whatever the fleet's size, and a rollup 11 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
+(tests/agent/test_retention_statements.py counts them).
 """
 
 from __future__ import annotations
@@ -53,6 +63,10 @@ from vramscope.agent.store.store import Store
 
 BUCKET_S = 60.0
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
+# A rollup holds its devices' raw rows in memory at once (two minutes of 32 devices at 10 Hz:
+# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (11 statements each) rather
+# than in one read whose memory would grow the leader with the fleet
+ROLLUP_DEVICES_PER_CHUNK = 32
 # PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
 # a partition of their own, which retention deletes as rows
 SAMPLES_DEFAULT = table("samples_default", column("id"), column("device_id"), column("ts_s"))
@@ -72,6 +86,12 @@ def device_ids(c: Connection) -> list[int]:
     return [int(i) for i in c.execute(select(devices.c.id).order_by(devices.c.id)).scalars()]
 
 
+def _per_device(c: Connection, seek: Any) -> list[Any]:
+    """``seek`` (a scalar subquery correlated to ``devices``) of every device, in one
+    statement: its value per device, None where a device has none."""
+    return list(c.execute(select(seek).select_from(devices)).scalars())
+
+
 def rollup_watermark(store: Store) -> float | None:
     """The end of the last rolled-up minute, or None when nothing was rolled up yet: one
     ``max(minute_s)`` seek on the per-second tier's primary key per device.
@@ -79,9 +99,10 @@ def rollup_watermark(store: Store) -> float | None:
     The per-second tier, not the minute rollups: a store upgraded from before it (0005) has
     minute rollups but no seconds, and must roll its kept raw samples up again (the minutes
     come out the same) so that deleting them loses nothing a second tier keeps."""
+    last = (select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == devices.c.id)
+            .scalar_subquery())
     with store.engine.connect() as c:
-        lasts = [c.execute(select(func.max(seconds.c.minute_s))
-                           .where(seconds.c.device_id == d)).scalar() for d in device_ids(c)]
+        lasts = _per_device(c, last)
     found = [float(x) for x in lasts if x is not None]
     return max(found) + BUCKET_S if found else None
 
@@ -89,18 +110,13 @@ def rollup_watermark(store: Store) -> float | None:
 def oldest_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
     """The first sample time at or after ``at_or_after_s`` of any device: one index seek per
     device (``ORDER BY ts_s LIMIT 1`` under ``device_id = ?``)."""
-    with store.engine.connect() as c:
-        firsts = [_first_ts(c, d, at_or_after_s) for d in device_ids(c)]
-    found = [x for x in firsts if x is not None]
-    return min(found) if found else None
-
-
-def _first_ts(c: Connection, did: int, at_or_after_s: float | None) -> float | None:
-    q = select(samples.c.ts_s).where(samples.c.device_id == did)
+    q = select(samples.c.ts_s).where(samples.c.device_id == devices.c.id)
     if at_or_after_s is not None:
         q = q.where(samples.c.ts_s >= at_or_after_s)
-    first = c.execute(q.order_by(samples.c.ts_s).limit(1)).scalar()
-    return None if first is None else float(first)
+    with store.engine.connect() as c:
+        firsts = _per_device(c, q.order_by(samples.c.ts_s).limit(1).scalar_subquery())
+    found = [float(x) for x in firsts if x is not None]
+    return min(found) if found else None
 
 
 def host_device_ids(c: Connection, host: str) -> list[int]:
@@ -116,67 +132,71 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
     samples; rollup rows written. Every device's, or only ``host``'s devices'.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
-    window gives the same rows (delete, then insert, in one transaction). One device at a
-    time, each a range on the ``(device_id, ts_s)`` index, so the cost is the window's rows
-    whatever the history. Rows are fetched through the driver's own cursor: SQLAlchemy's Row
-    objects would cost more than the aggregation itself.
+    window gives the same rows (delete, then insert, in one transaction). The devices
+    ``ROLLUP_DEVICES_PER_CHUNK`` at a time, in one statement per table, each device a range on
+    the ``(device_id, ts_s)`` index, so the cost is the window's rows whatever the history.
+    Rows are fetched through the driver's own cursor: SQLAlchemy's Row objects would cost more
+    than the aggregation itself.
     """
     written = 0
     with store.engine.begin() as c:
-        for did in device_ids(c) if host is None else host_device_ids(c, host):
-            written += _rollup_device(c, did, start_s, end_s)
+        ids = device_ids(c) if host is None else host_device_ids(c, host)
+        for i in range(0, len(ids), ROLLUP_DEVICES_PER_CHUNK):
+            written += _rollup_devices(c, ids[i:i + ROLLUP_DEVICES_PER_CHUNK], start_s, end_s)
     return written
 
 
-def _rollup_device(c: Connection, did: int, start_s: float, end_s: float) -> int:
+def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
     cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
             *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
     q = (select(*cols)
-         .where(samples.c.device_id == did, samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
-         .order_by(func.coalesce(samples.c.source, ""), samples.c.ts_s, samples.c.id))
+         .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
+         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
+                   samples.c.id))
     raw = _fetch_raw(c, q)
     rows = aggregate(raw)
-    _replace(c, rollups.c.bucket_s, did, start_s, end_s, rows)
-    refresh_ten_minutes(c, did, start_s, end_s)
-    _replace(c, seconds.c.minute_s, did, start_s, end_s, pack_seconds(raw))
-    count_events(c, did, start_s, end_s)
+    _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
+    refresh_ten_minutes(c, ids, start_s, end_s)
+    _replace(c, seconds.c.minute_s, ids, start_s, end_s, pack_seconds(raw))
+    count_events(c, ids, start_s, end_s)
     return len(rows)
 
 
-def count_events(c: Connection, did: int, start_s: float, end_s: float) -> None:
-    """Replace the ``event_counts`` of the minutes in [start_s, end_s): per minute and name,
-    the frequent events of the device (a range of the ``(device_id, name, ts_s)`` index per
-    name; a busy server has tens a minute)."""
-    times = c.execute(select(events.c.name, events.c.ts_s)
-                      .where(events.c.device_id == did, events.c.name.in_(FREQUENT_EVENTS),
+def count_events(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> None:
+    """Replace the ``event_counts`` of the minutes in [start_s, end_s) of devices ``ids``: per
+    device, minute and name, the frequent events (a range of the ``(device_id, name, ts_s)``
+    index per device and name; a busy server has tens a minute)."""
+    times = c.execute(select(events.c.device_id, events.c.name, events.c.ts_s)
+                      .where(events.c.device_id.in_(ids), events.c.name.in_(FREQUENT_EVENTS),
                              events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()
-    counts = Counter((name, (ts // BUCKET_S) * BUCKET_S) for name, ts in times)
-    _replace(c, event_counts.c.minute_s, did, start_s, end_s, [
+    counts = Counter((did, (ts // BUCKET_S) * BUCKET_S, name) for did, name, ts in times)
+    _replace(c, event_counts.c.minute_s, ids, start_s, end_s, [
         {"device_id": did, "minute_s": minute, "name": name, "count": n}
-        for (name, minute), n in sorted(counts.items(), key=lambda kv: kv[0][::-1])])
+        for (did, minute, name), n in sorted(counts.items())])
 
 
-def refresh_ten_minutes(c: Connection, did: int, start_s: float, end_s: float) -> None:
-    """Make the ten-minute groups (``rollups_10m``) that share a minute with [start_s, end_s)
-    again from their minute rollups: at most the window's minutes and the two groups' others
-    at its ends, read along the primary key."""
+def refresh_ten_minutes(c: Connection, ids: Sequence[int], start_s: float,
+                        end_s: float) -> None:
+    """Make the ten-minute groups (``rollups_10m``) of devices ``ids`` that share a minute with
+    [start_s, end_s) again from their minute rollups: at most the window's minutes and the two
+    groups' others at its ends, read along the primary key."""
     lo = math.floor(start_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
     hi = math.ceil(end_s / ROLLUP_TIER_S) * ROLLUP_TIER_S
     minutes = c.execute(select(rollups.c.device_id, rollups.c.bucket_s, rollups.c.source,
                                rollups.c.metric, rollups.c.min_value, rollups.c.max_value,
                                rollups.c.last_value)
-                        .where(rollups.c.device_id == did, rollups.c.bucket_s >= lo,
+                        .where(rollups.c.device_id.in_(ids), rollups.c.bucket_s >= lo,
                                rollups.c.bucket_s < hi)).all()
-    _replace(c, rollups_10m.c.bucket_s, did, lo, hi, ten_minute_rows(minutes))
+    _replace(c, rollups_10m.c.bucket_s, ids, lo, hi, ten_minute_rows(minutes))
 
 
-def _replace(c: Connection, time_column: Column[Any], did: int, start_s: float, end_s: float,
-             rows: list[dict[str, Any]]) -> None:
-    """Replace device ``did``'s rows of ``time_column``'s table in [start_s, end_s) with
+def _replace(c: Connection, time_column: Column[Any], ids: Sequence[int], start_s: float,
+             end_s: float, rows: list[dict[str, Any]]) -> None:
+    """Replace the rows of devices ``ids`` in ``time_column``'s table in [start_s, end_s) with
     ``rows`` (delete, then insert: a refresh run twice gives the same rows)."""
     tier_table = time_column.table
-    c.execute(delete(tier_table).where(tier_table.c.device_id == did, time_column >= start_s,
-                                       time_column < end_s))
+    c.execute(delete(tier_table).where(tier_table.c.device_id.in_(ids),
+                                       time_column >= start_s, time_column < end_s))
     if rows:
         c.execute(insert(tier_table), rows)
 
@@ -252,65 +272,64 @@ def _group_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
 def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
                  names: tuple[str, ...] | None = None) -> int:
     """Delete at most ``limit`` rows of ``table_name`` with ``ts_s < cutoff_s``, oldest first,
-    one device (host, for agent_stats) at a time; rows deleted. ``names`` (events only): just
-    the events of these names, each a range of the ``(device_id, name, ts_s)`` index.
+    every device (host, for agent_stats) in one statement; rows deleted. ``names`` (events
+    only): just the events of these names, each a range of the ``(device_id, name, ts_s)``
+    index.
     ``samples_default`` (PostgreSQL): the rows of samples's DEFAULT partition only, those of
     days without a partition of their own (retention drops the others a day at a time).
 
-    The ids are read first (a range of the time index, at most ``limit``) and then deleted by
-    primary key: with ``DELETE ... WHERE id IN (SELECT ... LIMIT n)`` both SQLite and
-    PostgreSQL may plan a scan of the whole table against the subquery's rows."""
+    The ids are read first (a range of the time index per owner, at most ``limit`` in all, in
+    no particular order: every row before the cutoff goes) and then deleted by primary key:
+    with ``DELETE ... WHERE id IN (SELECT ... LIMIT n)`` both SQLite and PostgreSQL may plan a
+    scan of the whole table against the subquery's rows."""
     table, key, owners = _TABLES[table_name]
-    deleted = 0
     with store.engine.begin() as c:
-        # PostgreSQL's samples is partitioned by ts_s (0006): each chunk's delete also names
-        # its time span, so it is planned on the one or two partitions that hold it instead of
-        # looking every id up in every partition's primary key
-        by_time = table is samples and c.dialect.name == "postgresql"
-        for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
-            if deleted >= limit:
-                break
-            for name in names or (None,):
-                where = [table.c[key] == owner, table.c.ts_s < cutoff_s]
-                if name is not None:
-                    where.append(table.c.name == name)
-                rows = c.execute(select(table.c.id, table.c.ts_s).where(*where)
-                                 .order_by(table.c.ts_s).limit(max(0, limit - deleted))).all()
-                for i in range(0, len(rows), _IDS_PER_DELETE):
-                    chunk = rows[i:i + _IDS_PER_DELETE]
-                    which = [table.c.id.in_([r[0] for r in chunk])]
-                    if by_time:  # in time order: the first and last rows bound the chunk
-                        which += [table.c.ts_s >= chunk[0][1], table.c.ts_s <= chunk[-1][1]]
-                    deleted += c.execute(delete(table).where(*which)).rowcount
+        where = [table.c.ts_s < cutoff_s]
+        if names is not None:
+            where.append(table.c.name.in_(names))
+        return _delete_found(c, table, key, owners, where, limit)
+
+
+def _delete_found(c: Connection, table: TableClause, key: str, owners: TableClause,
+                  where: list[Any], limit: int) -> int:
+    """Delete at most ``limit`` rows of ``table`` matching ``where``, sought under every owner
+    (one ``key IN (...)``) and deleted by primary key, ``_IDS_PER_DELETE`` at a time."""
+    owner_ids = c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all()
+    if not owner_ids or limit < 1:
+        return 0
+    rows = sorted(c.execute(select(table.c.id, table.c.ts_s, table.c[key])
+                            .where(table.c[key].in_(owner_ids), *where).limit(limit)).all(),
+                  key=lambda r: r[1])
+    deleted = 0
+    for i in range(0, len(rows), _IDS_PER_DELETE):
+        chunk = rows[i:i + _IDS_PER_DELETE]
+        # the chunk's owners and time span (in time order: its first and last rows) besides
+        # its ids: PostgreSQL's samples is partitioned by ts_s (0006), so the delete is planned
+        # on the one or two partitions that hold it instead of looking every id up in every
+        # partition's primary key; and a small table is not scanned whole for a list of ids
+        # that the (owner, ts_s) index finds
+        which = [table.c.id.in_([r[0] for r in chunk]),
+                 table.c[key].in_(sorted({r[2] for r in chunk})),
+                 table.c.ts_s >= chunk[0][1], table.c.ts_s <= chunk[-1][1]]
+        deleted += c.execute(delete(table).where(*which)).rowcount
     return deleted
 
 
 def delete_newer(store: Store, table_name: str, after_s: float, limit: int) -> int:
-    """Delete at most ``limit`` rows of ``samples`` or ``events`` timed after ``after_s``, one
-    device at a time (a range of the ``(device_id, ts_s)`` index from its far end); rows
-    deleted. Rows from the future are a client's wrong clock or a hand edit: never old enough
-    for :func:`delete_older`, they would stay for good and hide the newest real sample."""
+    """Delete at most ``limit`` rows of ``samples`` or ``events`` timed after ``after_s``, every
+    device in one statement (a range of the ``(device_id, ts_s)`` index from its far end per
+    device); rows deleted. Rows from the future are a client's wrong clock or a hand edit:
+    never old enough for :func:`delete_older`, they would stay for good and hide the newest
+    real sample."""
     table, key, owners = _TABLES[table_name]
-    deleted = 0
     with store.engine.begin() as c:
-        for owner in c.execute(select(owners.c.id).order_by(owners.c.id)).scalars().all():
-            if deleted >= limit:
-                break
-            ids = c.execute(select(table.c.id).where(table.c[key] == owner,
-                                                     table.c.ts_s > after_s)
-                            .limit(limit - deleted)).scalars().all()
-            for i in range(0, len(ids), _IDS_PER_DELETE):
-                chunk = ids[i:i + _IDS_PER_DELETE]
-                which = [table.c.id.in_(chunk)]
-                if table is samples and c.dialect.name == "postgresql":  # see delete_older
-                    which.append(table.c.ts_s > after_s)
-                deleted += c.execute(delete(table).where(*which)).rowcount
-    return deleted
+        return _delete_found(c, table, key, owners, [table.c.ts_s > after_s], limit)
 
 
 def delete_rollups_older(store: Store, cutoff_s: float, max_minutes: int) -> int:
     """Delete, per device, the rollups of at most ``max_minutes`` of its oldest minutes before
-    ``cutoff_s`` (a ``min(bucket_s)`` seek, then a range of the primary key), the ten-minute
+    ``cutoff_s`` (a ``min(bucket_s)`` seek per device, then a range of the primary key per
+    device, one statement for the devices whose oldest minute is the same), the ten-minute
     groups that end before it, and the event counts of those minutes."""
     return (_delete_oldest_minutes(store, rollups.c.bucket_s, cutoff_s, max_minutes)
             + _delete_oldest_minutes(store, rollups_10m.c.bucket_s, cutoff_s - ROLLUP_TIER_S,
@@ -325,15 +344,17 @@ def delete_seconds_older(store: Store, cutoff_s: float, max_minutes: int) -> int
 
 def _delete_oldest_minutes(store: Store, minute: Any, cutoff_s: float, max_minutes: int) -> int:
     table = minute.table
+    first = select(func.min(minute)).where(table.c.device_id == devices.c.id).scalar_subquery()
     deleted = 0
     with store.engine.begin() as c:
-        for did in device_ids(c):
-            mine = table.c.device_id == did
-            first = c.execute(select(func.min(minute)).where(mine)).scalar()
-            if first is None or first >= cutoff_s:
-                continue
-            upto = min(cutoff_s, float(first) + max_minutes * BUCKET_S)
-            deleted += c.execute(delete(table).where(mine, minute < upto)).rowcount
+        upto_of: dict[float, list[int]] = {}  # where each device's deletion stops -> devices
+        for did, oldest in c.execute(select(devices.c.id, first).order_by(devices.c.id)):
+            if oldest is not None and oldest < cutoff_s:
+                upto = min(cutoff_s, float(oldest) + max_minutes * BUCKET_S)
+                upto_of.setdefault(upto, []).append(int(did))
+        for upto, ids in upto_of.items():
+            deleted += c.execute(delete(table).where(table.c.device_id.in_(ids),
+                                                     minute < upto)).rowcount
     return deleted
 
 

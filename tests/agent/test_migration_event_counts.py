@@ -37,7 +37,7 @@ def test_event_counts_are_backfilled_as_retention_counts_and_dropped_on_downgrad
         with Store.open(any_url) as store:  # retention's counts of the same minutes
             with store.engine.begin() as c:
                 c.execute(text("DELETE FROM event_counts"))
-                maintenance.count_events(c, 1, T0, T0 + 180)
+                maintenance.count_events(c, [1], T0, T0 + 180)
         assert _counts(engine) == expected
         migrate.downgrade(engine, "0008")
         assert "event_counts" not in inspect(engine).get_table_names()

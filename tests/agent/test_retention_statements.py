@@ -1,0 +1,94 @@
+"""A retention step sends the same few statements for 2 devices or 32: a fleet's
+leader steps over every host's devices (``bench fleet``: 16 nodes of 8), and each statement
+costs the agent about half a millisecond of CPU, so statements per device made the leader cost
+eight times what the other agents do. On SQLite and on a real PostgreSQL, counted at the
+engine (``before_cursor_execute``), on scripted stores of 1 host x 2 devices and 4 hosts x 8.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vramscope.agent.clock import FakeClock
+from vramscope.agent.records import Event, Phase, Sample
+from vramscope.agent.retention import Retention
+from vramscope.agent.store import Store, maintenance
+
+from tests.support.sql_watch import statements_sent
+
+T0 = 1_700_000_040.0  # a minute boundary
+MINUTES = 4  # written: minutes 0..3, every device a sample every 10 s and a request a minute
+NOW = T0 + MINUTES * 60 + 130  # minutes 0..3 are past the two minutes' grace, minute 4 is not
+
+# statements of each step, by dialect: the same for 2 devices and for 32
+# SQLite: the first step reads the watermark (1 statement) and the first sample after it (1),
+# rolls minutes 0 and 1 up (11: the devices; the raw rows, read on the driver's own cursor,
+# which the engine does not see; delete + insert of the rollups; the ten-minute groups: read,
+# delete, insert; the seconds: delete, insert; the event counts: read, delete, insert), and
+# deletes by age (20: the owners, then their rows before the cutoff, for 6 tables; the oldest
+# minute of each of 4 tiers; rows from the future: 2 x 2). PostgreSQL adds the store-wide
+# lock's check (1) and, on the first step of a day, the partitions ahead of their writes (14)
+FIRST_STEP = {"sqlite": 33, "postgresql": 48}
+# the second: minutes 2 and 3 the same way, without the watermark's read
+SECOND_STEP = {"sqlite": 32, "postgresql": 33}
+# the watermark is at the newest minute due: no rollup query at all, the deletes by age only
+NOTHING_DUE = {"sqlite": 20, "postgresql": 21}
+# a minute later minute 4 is due but has no samples: the seek finds none, nothing rolled up
+EMPTY_MINUTE = {"sqlite": 21, "postgresql": 22}
+
+
+def _fleet(url: str, hosts: int, devices: int) -> list[Store]:
+    stores = [Store.open(url, host_name=f"node-{h}") for h in range(hosts)]
+    for store in stores:
+        store.write([Sample(T0 + 10 * i, d, Phase.UNKNOWN, "nvml", device_used_bytes=i,
+                            device_total_bytes=100)
+                     for i in range(MINUTES * 6) for d in range(devices)],
+                    [Event(T0 + 60 * m + 5, "request_start", d) for m in range(MINUTES)
+                     for d in range(devices)])
+    return stores
+
+
+def _counted(store: Store, step) -> tuple[int, object]:
+    with statements_sent(store.engine, lambda statement: True) as sent:
+        result = step()
+    return len(sent), result
+
+
+@pytest.mark.parametrize("hosts,devices", [(1, 2), (4, 8), (5, 8)])
+def test_a_leader_step_sends_the_same_statements_for_2_devices_or_32(any_url, hosts, devices):
+    """And a rollup 11 more per 32 devices beyond (the raw rows of 32 devices at a time), 10
+    that the engine sees: the raw rows are read on the driver's own cursor."""
+    stores = _fleet(any_url, hosts, devices)
+    leader = stores[0]
+    clock = FakeClock(NOW)
+    retention = Retention(raw_s=86_400, rollup_s=90 * 86_400, step_rows=1000, clock=clock,
+                          minutes_per_step=2)
+    dialect = leader.dialect
+    n_devices = hosts * devices
+    more = 10 * ((n_devices - 1) // maintenance.ROLLUP_DEVICES_PER_CHUNK)  # 40 devices: 10
+    metrics = 2  # device_used_bytes and device_total_bytes
+    try:
+        sent, first = _counted(leader, lambda: retention.step(leader))
+        assert (sent, first.rolled_up_minutes, first.rollup_rows) == \
+            (FIRST_STEP[dialect] + more, 2, 2 * n_devices * metrics)
+        sent, second = _counted(leader, lambda: retention.step(leader))
+        assert (sent, second.rolled_up_minutes, second.rollup_rows) == \
+            (SECOND_STEP[dialect] + more, 2, 2 * n_devices * metrics)
+        sent, idle = _counted(leader, lambda: retention.step(leader))
+        assert (sent, idle.rolled_up_minutes, idle.busy) == (NOTHING_DUE[dialect], 0, False)
+        clock.advance(60.0)
+        sent, empty = _counted(leader, lambda: retention.step(leader))
+        assert (sent, empty.rolled_up_minutes, empty.busy) == (EMPTY_MINUTE[dialect], 0, False)
+        # what the steps made: every device's four minutes, each of its 6 samples
+        rollups = maintenance.read_rollups(leader)
+        assert len(rollups) == n_devices * MINUTES * metrics
+        assert {(r["metric"], r["count"]) for r in rollups} == \
+            {("device_used_bytes", 6), ("device_total_bytes", 6)}
+        used = [r for r in rollups if r["metric"] == "device_used_bytes"
+                and r["bucket_s"] == T0 + 60]
+        assert [(r["min_value"], r["max_value"], r["mean_value"], r["last_value"])
+                for r in used] == [(6, 11, 8.5, 11)] * n_devices
+        assert leader.count("event_counts") == n_devices * MINUTES
+    finally:
+        retention.close()
+        for store in stores:
+            store.close()
