@@ -13,9 +13,9 @@ from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store, maintenance
-from vramscope.agent.store.history_generator import History, generate
 
 from tests.support.waiting import wait_for
+from tools.history_generator import History, generate
 
 
 def test_a_backlog_is_caught_up_in_steps_back_to_back_while_ingest_goes_on(tmp_path):

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import select
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store, maintenance
-from vramscope.agent.store.history_generator import GIB, MIB, T_END, History, generate
 from vramscope.agent.store.schema import event_counts, samples, seconds
+
+from tools.history_generator import GIB, MIB, T_END, History, generate
 
 
 def test_rows_are_closed_form_and_the_tiers_equal_retentions(any_url):

@@ -31,7 +31,7 @@ SERVER = textwrap.dedent("""
     import sys, time, torch
     import vramscope
     from vramscope.agent.config import parse_config
-    from vramscope.agent.bench.hooks import build_llama
+    from tools.bench.hooks import build_llama
     config = parse_config({"agent": {"socket_path": sys.argv[1]}}, None)
     report = vramscope.install(config)
     print(report, flush=True)

@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import (
+from vramscope.agent.errors import VramscopeError
+from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
+
+from tools.bench import (
     BenchOptions,
     Figure,
     create_pg_database,
@@ -37,8 +40,6 @@ from vramscope.agent.bench import (
     interleaved,
     rounds_or,
 )
-from vramscope.agent.config import INTEGRITY_MAX_CPU_PERCENT
-from vramscope.agent.errors import VramscopeError
 
 if TYPE_CHECKING:
     from vramscope.agent.ingest.process import AgentProcess
@@ -57,8 +58,9 @@ def run(options: BenchOptions) -> list[Figure]:
 
 # --- 1. throughput ---------------------------------------------------------------------------
 def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
-    from vramscope.agent.bench.ingest import make_samples
     from vramscope.agent.ingest.process import AgentProcess
+
+    from tools.bench.ingest import make_samples
 
     n = 20_000 if options.quick else 200_000
     rounds = rounds_or(options, 3 if options.quick else 5)
@@ -229,7 +231,8 @@ def _old_store(workdir: str, quick: bool, server: str | None) -> str:
     """A generated history ending now, for the measurements to copy: a SQLite file, or on
     PostgreSQL a database each round clones (``CREATE DATABASE ... TEMPLATE``)."""
     from vramscope.agent.store import Store
-    from vramscope.agent.store.history_generator import History, generate
+
+    from tools.history_generator import History, generate
 
     url = (f"sqlite:///{os.path.join(workdir, 'old.db')}" if server is None
            else create_pg_database(server, "vs_bench_old"))

@@ -1,6 +1,6 @@
 """Render ``docs/configuration.md``'s settings reference from ``SETTINGS``.
 
-``python -m vramscope.agent.config_docs > docs/configuration.md`` regenerates it;
+``python -m tools.config_docs > docs/configuration.md`` regenerates it;
 ``tests/test_docs.py``
 fails when a setting is missing from the docs, so the table and the docs cannot drift apart.
 """

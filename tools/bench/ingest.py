@@ -13,8 +13,9 @@ import statistics
 import tempfile
 from collections.abc import Callable
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
+
+from tools.bench import BenchOptions, Figure, interleaved
 
 BATCH_ROWS = 2000  # the agent writer's default batch
 
