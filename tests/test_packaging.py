@@ -33,7 +33,7 @@ SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 SHADOWS = ("agent", "hooks", "dashboard", "migrations")
 # Modules that once shipped in the wheel and are the checkout's tooling now (tools/).
 TOOLING = ("history_generator.py", "config_docs.py", "screenshots.py", "first_fit.py",
-           "gpu_check.py")
+           "gpu_check.py", "agent_process.py")
 
 
 def _run(*cmd: str | Path, cwd: Path | None = None, timeout: float = 300) -> str:

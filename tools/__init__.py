@@ -3,7 +3,8 @@ holds the product only, and ``tests/test_packaging.py`` checks that nothing of t
 
 ``bench`` (``vramscope bench``: the benchmarks and the labelled recordings they score),
 ``sim`` (simulator parts only the benchmarks and the GPU check use), ``history_generator`` (a
-store of days of history, for benchmarks and tests), ``config_docs`` (renders
+store of days of history, for benchmarks and tests), ``agent_process`` (a real ``vramscope
+agent`` child process, for tests and benchmarks), ``config_docs`` (renders
 docs/configuration.md) and ``screenshots`` (the dashboard's pages as PNG files).
 
 Run from the repository root (``python -m tools.bench.tables docs/BENCHMARKS.md``), or through

@@ -24,8 +24,9 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess  # noqa: E402
 from vramscope.agent.sources.nvml import open_nvml  # noqa: E402
+
+from tools.agent_process import REPO_ROOT, AgentProcess  # noqa: E402
 
 SERVER = textwrap.dedent("""
     import sys, time, torch

@@ -42,8 +42,9 @@ from tools.bench import (
 )
 
 if TYPE_CHECKING:
-    from vramscope.agent.ingest.process import AgentProcess
     from vramscope.agent.records import Sample
+
+    from tools.agent_process import AgentProcess
 
 BATCH = 500
 
@@ -58,8 +59,7 @@ def run(options: BenchOptions) -> list[Figure]:
 
 # --- 1. throughput ---------------------------------------------------------------------------
 def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
-    from vramscope.agent.ingest.process import AgentProcess
-
+    from tools.agent_process import AgentProcess
     from tools.bench.ingest import make_samples
 
     n = 20_000 if options.quick else 200_000
@@ -293,7 +293,7 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
     start (start-up, the first integrity check) and its retention caught up with the copy's
     staleness (``retention_backlog`` false in its status); RSS and the writer's queue at the
     end."""
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     url = _copy(old, workdir, name)
     agent = AgentProcess(url, f"{workdir}/{name}/agent.sock", fake_devices=devices).start()

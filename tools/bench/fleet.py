@@ -60,7 +60,8 @@ from tools.bench.agent_e2e import process_cpu_s
 
 if TYPE_CHECKING:
     from flask.testing import FlaskClient
-    from vramscope.agent.ingest.process import AgentProcess
+
+    from tools.agent_process import AgentProcess
 
 NODES, DEVICES, DURATION_S = 64, 8, 1800.0  # the fleet, 30 minutes of record time
 QUICK_NODES, QUICK_DEVICES, QUICK_DURATION_S = 3, 2, 40.0
@@ -198,7 +199,7 @@ def run_fleet(server: str, name: str, size: Size) -> RunResult:
 
 
 def _start_agent(url: str, workdir: str, host: str, devices: int) -> AgentProcess:
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     home = os.path.join(workdir, host)
     os.makedirs(home)

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
 
+from tools.agent_process import AgentProcess
 from tools.bench import BenchOptions, Figure
 
 GOOD_RECORDS = 760

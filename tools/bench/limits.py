@@ -47,9 +47,9 @@ from vramscope.agent.ingest.budget import (
     WriteBudget,
 )
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
 
+from tools.agent_process import AgentProcess
 from tools.bench import BenchOptions, Figure, hostile
 
 BLOB = "x" * 60_000
