@@ -267,10 +267,3 @@ def _range(setting: Setting) -> str:
     hi = "inf" if setting.max is None else f"{setting.max:g}"
     return f"{lo} to {hi}"
 
-
-def default_text(setting: Setting) -> str:
-    """The default as the docs show it (environment-dependent ones described, not resolved)."""
-    if callable(setting.default):
-        return "(see description)"
-    return repr(setting.default) if setting.type is str else str(setting.default)
-

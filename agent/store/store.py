@@ -502,9 +502,6 @@ class Store:
         self._device_ids.clear()
         self._uuid_ids.clear()
 
-    def write_samples(self, batch: Sequence[Sample]) -> int:
-        return self.write(batch, ())
-
     def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
                            event_rows: list[dict[str, Any]]) -> int:
         inserted = 0

@@ -37,7 +37,7 @@ def _store_writer(rows: list[Sample], workdir: str) -> Callable[[], None]:
         with Store.open(f"sqlite:///{path}") as store:
             store.device_id(0)  # schema and identity are set-up, not ingest
             for i in range(0, len(rows), BATCH_ROWS):
-                store.write_samples(rows[i:i + BATCH_ROWS])
+                store.write(rows[i:i + BATCH_ROWS], ())
     return write
 
 
