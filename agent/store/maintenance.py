@@ -357,12 +357,3 @@ def _delete_oldest_minutes(store: Store, minute: Any, cutoff_s: float, max_minut
                                                      minute < upto)).rowcount
     return deleted
 
-
-def read_rollups(store: Store, device_id: int | None = None) -> list[dict[str, Any]]:
-    """Rollup rows in (bucket, device, source, metric) order: for tests and tools."""
-    q = select(rollups).order_by(rollups.c.bucket_s, rollups.c.device_id, rollups.c.source,
-                                 rollups.c.metric)
-    if device_id is not None:
-        q = q.where(rollups.c.device_id == device_id)
-    with store.engine.connect() as c:
-        return [dict(r._mapping) for r in c.execute(q)]

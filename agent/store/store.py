@@ -41,11 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
-from vramscope.agent.config import (
-    INTEGRITY_MAX_CPU_PERCENT,
-    database_driver_problem,
-    database_url_problem,
-)
+from vramscope.agent.database_url import database_driver_problem, database_url_problem
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -58,6 +54,7 @@ from vramscope.agent.records import (
     Sample,
     uuid_candidates,
 )
+from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
 from vramscope.agent.store import content_keys, migrate
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
@@ -504,9 +501,6 @@ class Store:
         self._host_ids.clear()
         self._device_ids.clear()
         self._uuid_ids.clear()
-
-    def write_samples(self, batch: Sequence[Sample]) -> int:
-        return self.write(batch, ())
 
     def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
                            event_rows: list[dict[str, Any]]) -> int:

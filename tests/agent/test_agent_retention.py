@@ -6,7 +6,8 @@ import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.retention import Retention
-from vramscope.agent.store import maintenance
+
+from tests.support.rollup_rows import read_rollups
 
 T0 = 1_700_000_040.0  # a minute boundary (1_700_000_040 = 28_333_334 * 60)
 
@@ -33,7 +34,7 @@ def filled(any_url):
 def _rows(store):
     return [(r["bucket_s"] - T0, r["device_id"], r["source"], r["metric"], r["min_value"],
              r["max_value"], r["mean_value"], r["last_value"], r["count"])
-            for r in maintenance.read_rollups(store)]
+            for r in read_rollups(store)]
 
 
 def test_rollups_are_min_max_mean_last_per_device_minute_source_metric(filled):
@@ -103,7 +104,7 @@ def test_bad_settings_are_refused_with_the_values():
 def _minute_rows(store, minute_s: float, device: int = 0):
     d = store.device_id(device)
     return [(r["min_value"], r["max_value"], r["mean_value"], r["last_value"], r["count"])
-            for r in maintenance.read_rollups(store)
+            for r in read_rollups(store)
             if r["bucket_s"] == T0 + minute_s and r["device_id"] == d
             and r["metric"] == "device_used_bytes"]
 

@@ -13,6 +13,7 @@ from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.store import Store, maintenance
 
+from tests.support.rollup_rows import read_rollups
 from tests.support.sql_watch import statements_sent
 
 T0 = 1_700_000_040.0  # a minute boundary
@@ -79,7 +80,7 @@ def test_a_leader_step_sends_the_same_statements_for_2_devices_or_32(any_url, ho
         sent, empty = _counted(leader, lambda: retention.step(leader))
         assert (sent, empty.rolled_up_minutes, empty.busy) == (EMPTY_MINUTE[dialect], 0, False)
         # what the steps made: every device's four minutes, each of its 6 samples
-        rollups = maintenance.read_rollups(leader)
+        rollups = read_rollups(leader)
         assert len(rollups) == n_devices * MINUTES * metrics
         assert {(r["metric"], r["count"]) for r in rollups} == \
             {("device_used_bytes", 6), ("device_total_bytes", 6)}

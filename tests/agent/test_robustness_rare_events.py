@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import ConfigError, parse_config
+from vramscope.agent.config import parse_config
+from vramscope.agent.errors import ConfigError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.rare_events import (

@@ -25,8 +25,9 @@ import time
 from types import ModuleType
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
 from vramscope.agent.errors import VramscopeError
+
+from tools.bench import BenchOptions, Figure, Timing, interleaved
 
 
 def _require_cuda() -> ModuleType:

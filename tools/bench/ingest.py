@@ -13,8 +13,9 @@ import statistics
 import tempfile
 from collections.abc import Callable
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
+
+from tools.bench import BenchOptions, Figure, interleaved
 
 BATCH_ROWS = 2000  # the agent writer's default batch
 
@@ -36,7 +37,7 @@ def _store_writer(rows: list[Sample], workdir: str) -> Callable[[], None]:
         with Store.open(f"sqlite:///{path}") as store:
             store.device_id(0)  # schema and identity are set-up, not ingest
             for i in range(0, len(rows), BATCH_ROWS):
-                store.write_samples(rows[i:i + BATCH_ROWS])
+                store.write(rows[i:i + BATCH_ROWS], ())
     return write
 
 

@@ -1,5 +1,5 @@
 """Issue 45's hostile scrape page and hung webhook receiver against a real ``vramscope agent``
-process, measured: part of ``vramscope bench limits`` (:mod:`vramscope.agent.bench.limits`;
+process, measured: part of ``vramscope bench limits`` (:mod:`tools.bench.limits`;
 docs/agent.md "Scrape bounds", docs/alerts.md "Delivery").
 
 Scrape (:func:`scrape`): the agent scrapes a local page ten times a second; first a healthy
@@ -30,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
+
+from tools.agent_process import AgentProcess
+from tools.bench import BenchOptions, Figure
 
 GOOD_RECORDS = 760
 

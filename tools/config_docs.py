@@ -1,14 +1,13 @@
 """Render ``docs/configuration.md``'s settings reference from ``SETTINGS``.
 
-``python -m vramscope.agent.config_docs > docs/configuration.md`` regenerates it;
-``tests/test_docs.py``
+``python -m tools.config_docs > docs/configuration.md`` regenerates it; ``tests/test_docs.py``
 fails when a setting is missing from the docs, so the table and the docs cannot drift apart.
 """
 
 from __future__ import annotations
 
-from vramscope.agent.config import default_text, env_var_name
-from vramscope.agent.settings import SETTINGS
+from vramscope.agent.config import env_var_name
+from vramscope.agent.settings import SETTINGS, Setting
 
 HEADER = """# Configuration
 
@@ -69,6 +68,13 @@ def render() -> str:
         rows.append(f"| `{s.key}` | {s.type.__name__} | `{default_text(s)}` | "
                     f"`{env_var_name(s.key)}` | {s.help}{extra} |")
     return HEADER + "\n".join(rows) + "\n"
+
+
+def default_text(setting: Setting) -> str:
+    """The default as the docs show it (environment-dependent ones described, not resolved)."""
+    if callable(setting.default):
+        return "(see description)"
+    return repr(setting.default) if setting.type is str else str(setting.default)
 
 
 if __name__ == "__main__":

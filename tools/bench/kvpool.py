@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing, interleaved
+from tools.bench import BenchOptions, Figure, Timing, interleaved
 
 if TYPE_CHECKING:
     from vramscope.hooks.kvpool import KVBlockPool

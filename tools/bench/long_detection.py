@@ -1,6 +1,6 @@
 """``vramscope bench detection``, the long suite: detection judged on days of varied serving.
 
-Each trace of :mod:`vramscope.agent.bench.long_suite` (three engine kinds, diurnal, bursty and
+Each trace of :mod:`tools.bench.long_suite` (three engine kinds, diurnal, bursty and
 never-idle traffic, lazy warm-ups, model reloads, agent restarts; leaks of five shapes; OOMs of
 five causes) goes through the alert engine with the default settings, as the live agent runs
 it, in batches of a minute of records. Scored against the traces' truth (targets: issue 30):
@@ -50,9 +50,10 @@ from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.analysis.leaks import LeakResult
-from vramscope.agent.bench import BenchOptions, Figure
-from vramscope.agent.bench.labelled_recordings import Scenario
 from vramscope.agent.records import Event, Sample
+
+from tools.bench import BenchOptions, Figure
+from tools.bench.labelled_recordings import Scenario
 
 BATCH_S = 60.0
 WITHIN_S = 2 * 3600.0
@@ -486,7 +487,7 @@ def verdict_figures(s: LongScore) -> list[Figure]:
 
 
 def run(options: BenchOptions) -> list[Figure]:
-    from vramscope.agent.bench import long_suite
+    from tools.bench import long_suite
 
     speeds: list[tuple[float, float]] = []
 

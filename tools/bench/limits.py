@@ -17,7 +17,7 @@ Against a real ``vramscope agent`` process (``--no-nvml``, SQLite), at the defau
    the neighbour's samples stored (target 100 %), and the database's growth over the flood
    (its file and WAL; target: ``WriteBudget.growth_bound_bytes``, the documented bound of one
    client's growth, plus the neighbour's samples at the same per-row cost).
-4. A hostile scrape page and a hung webhook receiver (:mod:`vramscope.agent.bench.hostile`):
+4. A hostile scrape page and a hung webhook receiver (:mod:`tools.bench.hostile`):
    the agent's RSS under ``vllm:num_requests_running 1e9`` (target within 10 % of idle) and a
    good client's samples written (target 100 %); an OOM alert, and every alert's newest state,
    delivered after 5 minutes of flapping against a receiver that hung and recovered (target
@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure, hostile
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.budget import (
     DEFAULT_BURST_S,
@@ -48,8 +47,10 @@ from vramscope.agent.ingest.budget import (
     WriteBudget,
 )
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
+
+from tools.agent_process import AgentProcess
+from tools.bench import BenchOptions, Figure, hostile
 
 BLOB = "x" * 60_000
 FLOOD_S = 20.0  # long enough that the 10 s burst is not most of what is kept

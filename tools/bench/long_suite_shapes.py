@@ -36,13 +36,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
+
+from tools.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S
 
 LEAK_HISTORY_S = 60.0  # the truth's leaked bytes, recorded this often (the slope scored)
 
 if TYPE_CHECKING:  # the spec is defined with the suite; this module only reads it
-    from vramscope.agent.bench.long_suite import Spec
+    from tools.bench.long_suite import Spec
 
 ENGINES = ("per_request_kv", "paged_pool", "static_batch")
 TRAFFICS = ("diurnal", "bursty", "never_idle")

@@ -6,7 +6,7 @@ order runs twice: as ``torch.empty(n, dtype=uint8, device="cuda")`` under
 limit. After every step both report allocated, reserved, inactive-split and requested bytes and
 the retry and OOM counts; the first step where they differ is printed.
 
-    python -m vramscope.agent.sim.gpu_check [--steps 3000] [--limit-mib 1024] [--out FILE.jsonl]
+    python -m tools.sim.gpu_check [--steps 3000] [--limit-mib 1024] [--out FILE.jsonl]
 
 Needs a fresh process (nothing else allocated on the device).
 ``tests/agent/test_sim_gpu_allocator.py`` runs it under the ``gpu`` marker; one H200 run (torch
@@ -108,7 +108,7 @@ def first_divergence(model: list[dict[str, Any]], real: list[dict[str, Any]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vramscope.agent.sim.gpu_check")
+    p = argparse.ArgumentParser(prog="python -m tools.sim.gpu_check")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--limit-mib", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)

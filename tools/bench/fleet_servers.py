@@ -12,7 +12,7 @@ would collide.
 Why a child process: the sending costs CPU in a process of its own, as real servers' hooks do,
 not in the bench's, which times the dashboard at the end of the run.
 
-Run as ``python -m vramscope.agent.bench.fleet_servers DEVICES SEED SOCKET...``: it serves until
+Run as ``python -m tools.bench.fleet_servers DEVICES SEED SOCKET...``: it serves until
 its stdin closes, then drains every client (a clean close: what is buffered is sent) and prints
 one JSON line, per socket in the order given: records put, sent and dropped.
 """
@@ -93,7 +93,7 @@ def serve(sockets: list[str], devices: int, seed: int,
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
-        print("usage: python -m vramscope.agent.bench.fleet_servers DEVICES SEED SOCKET...",
+        print("usage: python -m tools.bench.fleet_servers DEVICES SEED SOCKET...",
               file=sys.stderr)
         return 2
     devices, seed, sockets = int(argv[0]), int(argv[1]), argv[2:]

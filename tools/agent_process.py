@@ -1,4 +1,4 @@
-"""Run ``vramscope agent`` as a real child process: for the tests and ``bench agent``.
+"""Run ``vramscope agent`` as a real child process: for the tests and the benchmarks.
 
 Starts ``vramscope agent`` (through ``vramscope.agent.cli.cmd_agent.main``) on a given socket and
 database, waits until the socket answers a status request, and stops it with a signal of the
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # `vramscope agent` without importing the other subcommands (flask, plotly...).
 _MAIN = ("import sys; from vramscope.agent.cli.cmd_agent import main; "
          "sys.exit(main(sys.argv[1:]))")

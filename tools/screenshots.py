@@ -1,6 +1,6 @@
 """Screenshots of every dashboard page, in headless Chromium, on purpose and only on request.
 
-    python -m vramscope.dashboard.screenshots --db sqlite:///demo.db --out docs/img
+    python -m tools.screenshots --db sqlite:///demo.db --out docs/img
 
 writes ``<page>.png`` (1400 px wide; ``--widths 1280,1600`` writes ``<page>-<width>.png`` for
 each) for the Overview, the timeline and Leaks of the riskiest device, OOM risk, Alerts, the
@@ -151,7 +151,7 @@ def _get(base_url: str, path: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vramscope.dashboard.screenshots",
+    p = argparse.ArgumentParser(prog="python -m tools.screenshots",
                                 description="Screenshots of every dashboard page.")
     p.add_argument("--db", required=True, metavar="URL", help="database to show (must exist)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")

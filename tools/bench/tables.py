@@ -10,8 +10,8 @@ the figures of one benchmark of a file that holds several::
     | bench | metric | ...
     <!-- /bench-table -->
 
-``python -m vramscope.agent.bench.tables docs/BENCHMARKS.md`` rewrites every such table in place;
-``python -m vramscope.agent.bench.tables FILE=LABEL ...`` prints one table.
+``python -m tools.bench.tables docs/BENCHMARKS.md`` rewrites every such table in place;
+``python -m tools.bench.tables FILE=LABEL ...`` prints one table.
 """
 
 from __future__ import annotations

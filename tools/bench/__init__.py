@@ -14,29 +14,34 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+# The source checkout this tree sits in (tools/bench/ -> the root): benchmarks that start a
+# Python child of ``tools`` run it from here, and read recordings from its tests/data.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
 # name -> (module, what it measures). GPU benchmarks skip themselves without CUDA.
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "ingest": ("vramscope.agent.bench.ingest", "store write rate vs raw sqlite3.executemany"),
-    "kvpool": ("vramscope.agent.bench.kvpool", "KV pool allocate/free with observer off vs on"),
-    "agent": ("vramscope.agent.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
-    "limits": ("vramscope.agent.bench.limits",
+    "ingest": ("tools.bench.ingest", "store write rate vs raw sqlite3.executemany"),
+    "kvpool": ("tools.bench.kvpool", "KV pool allocate/free with observer off vs on"),
+    "agent": ("tools.bench.agent_e2e", "replay -> socket -> database, agent CPU and RSS"),
+    "limits": ("tools.bench.limits",
                "issue 45's limits: churn, chattering clients, a flood, a hostile scrape page, "
                "a hung webhook receiver"),
-    "dashboard": ("vramscope.agent.bench.dashboard", "every route, 15 min to 7 d, old store"),
-    "detection": ("vramscope.agent.bench.detection", "leak / OOM detection on the scenario suite"),
-    "allocators": ("vramscope.agent.bench.allocators", "one trace through three allocators"),
-    "analysis": ("vramscope.agent.bench.analysis", "analysis throughput vs trace reading"),
-    "history": ("vramscope.agent.bench.history", "analyze --db and retention on a week-old store"),
-    "import": ("vramscope.agent.bench.import_day",
+    "dashboard": ("tools.bench.dashboard", "every route, 15 min to 7 d, old store"),
+    "detection": ("tools.bench.detection", "leak / OOM detection on the scenario suite"),
+    "allocators": ("tools.bench.allocators", "one trace through three allocators"),
+    "analysis": ("tools.bench.analysis", "analysis throughput vs trace reading"),
+    "history": ("tools.bench.history", "analyze --db and retention on a week-old store"),
+    "import": ("tools.bench.import_day",
                "import and analyze FILE of a day, 8 devices x 10 Hz, engine on vs off"),
-    "fleet": ("vramscope.agent.bench.fleet",
+    "fleet": ("tools.bench.fleet",
               "N real agents and their simulated servers on one PostgreSQL (--db): records "
               "lost, agent CPU and RSS, rows/s, retention lag, fleet routes; vs one node"),
-    "hooks": ("vramscope.agent.bench.hooks", "GPU: allocator read cost and decode overhead"),
-    "vllm": ("vramscope.agent.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
+    "hooks": ("tools.bench.hooks", "GPU: allocator read cost and decode overhead"),
+    "vllm": ("tools.bench.vllm", "vLLM plugin cost per engine step, off vs on"),
 }
 
 

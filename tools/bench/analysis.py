@@ -8,7 +8,7 @@ to read (ratio <= 0.5).
 The trace is shaped like a real recording: per 0.1 s tick, one allocator sample (``torch``),
 one NVML sample and one KV-pool sample, each with only its own fields (as the hooks, the NVML
 source and the demo's simulated servers write them), from the steady scenario of
-``vramscope.agent.bench.labelled_recordings``.
+``tools.bench.labelled_recordings``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, interleaved
+from tools.bench import BenchOptions, Figure, interleaved
 
 if TYPE_CHECKING:
     from vramscope.agent.records import Sample
@@ -40,8 +40,9 @@ def split_sources(s: Sample) -> tuple[Sample, Sample, Sample]:
 
 def run(options: BenchOptions) -> list[Figure]:
     from vramscope.agent.alerts.offline import analyze_records
-    from vramscope.agent.bench.labelled_recordings import simulate
     from vramscope.agent.trace import read_trace, write_trace
+
+    from tools.bench.labelled_recordings import simulate
 
     n = QUICK_SAMPLES if options.quick else FULL_SAMPLES
     sc = simulate("bench", "steady", 7, n * DT_S / 3, DT_S)

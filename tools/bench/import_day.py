@@ -2,7 +2,7 @@
 
 The alert engine runs over everything imported (its verdicts are stored with the records: one
 answer) and over everything analyzed; the question is what that costs on a day of a busy host:
-6.9 M samples, 8 devices x 10 Hz x 24 h, as :mod:`vramscope.agent.store.history_generator`
+6.9 M samples, 8 devices x 10 Hz x 24 h, as :mod:`tools.history_generator`
 writes them (``options.quick``: 2 devices for 10 minutes), exported to a trace file as
 ``vramscope export`` writes it. Each is the real command in a child process, timed wall to
 wall, alternating with its engine-off baseline in the same round:
@@ -25,8 +25,8 @@ import sys
 import tempfile
 import time
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing, rounds_or
-from vramscope.agent.store.history_generator import History, generate
+from tools.bench import BenchOptions, Figure, Timing, rounds_or
+from tools.history_generator import History, generate
 
 TARGET_S = 120.0
 

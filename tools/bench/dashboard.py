@@ -1,6 +1,6 @@
 """``vramscope bench dashboard``: every page and API route on a store that starts old.
 
-The store comes from :mod:`vramscope.agent.store.history_generator`, as the default tiers
+The store comes from :mod:`tools.history_generator`, as the default tiers
 leave it: 8 devices at 10 Hz for 7 days, raw samples for the last day (6.9 M) and the
 per-second and per-minute tiers for the week (about 3.5 minutes to build) — unless
 ``options.quick`` (2 devices, one sample per 5 s, 7 days: seconds to build). ``--db URL``
@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import (
+from tools.bench import (
     BenchOptions,
     Figure,
     Timing,
@@ -46,7 +46,7 @@ from vramscope.agent.bench import (
     interleaved,
     rounds_or,
 )
-from vramscope.agent.store.history_generator import History, generate
+from tools.history_generator import History, generate
 
 if TYPE_CHECKING:
     from flask.testing import FlaskClient

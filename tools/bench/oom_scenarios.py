@@ -1,7 +1,7 @@
 """OOM scenarios with a known cause: what the diagnosis must name and how early the alerts speak.
 
 Seeded, small simulated recordings (one sample a second on the 80 GiB device of
-:mod:`vramscope.agent.bench.labelled_recordings`), each with its ground truth:
+:mod:`tools.bench.labelled_recordings`), each with its ground truth:
 
 - ``load_ramp``: continuous batching whose arrival rate ramps up until the requests in flight
   (each with its growing KV cache) no longer fit: many requests in flight, the floor flat. The
@@ -30,15 +30,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.offline import analyze_records
-from vramscope.agent.bench import Figure
-from vramscope.agent.bench.labelled_recordings import (
+from vramscope.agent.records import Event, Phase, Sample
+
+from tools.bench import Figure
+from tools.bench.labelled_recordings import (
     CONTEXT_BYTES,
     GIB,
     LIMIT_BYTES,
     START_S,
     Cycle,
 )
-from vramscope.agent.records import Event, Phase, Sample
 
 TOP_BYTES = LIMIT_BYTES - CONTEXT_BYTES  # what the allocator can reserve
 WEIGHTS_BYTES = int(0.30 * LIMIT_BYTES)

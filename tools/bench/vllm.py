@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing
 from vramscope.agent.errors import VramscopeError
+
+from tools.bench import BenchOptions, Figure, Timing
 
 BASELINE = "the same engine with vLLM's own functions (plugin patches out), same run"
 # What the plugin's per-step cost is held to: 1 % of a realistic serving step, not of the tiny
@@ -96,7 +97,7 @@ def measure(model: str, *, rounds: int, batch: int, prompt: int, output: int) ->
     inputs: Any = importlib.import_module("vllm.inputs")
     LLM, SamplingParams, TokensPrompt = vllm.LLM, vllm.SamplingParams, inputs.TokensPrompt
     from vramscope.hooks.client import SocketSink
-    from vramscope.hooks.vllm_plugin import VllmObserver
+    from vramscope.hooks.vllm_observer import VllmObserver
 
     sink = SocketSink("/nonexistent/vramscope.sock", start=False)  # put() only: the server's share
     observer = VllmObserver(sink=sink)

@@ -1,6 +1,6 @@
 """``vramscope bench detection``: leak and OOM detection on the long suite
-(``vramscope.agent.bench.long_detection``: days of varied serving, the issue-30 targets) and on
-the older scenario suite (``vramscope.agent.bench.labelled_recordings``).
+(``tools.bench.long_detection``: days of varied serving, the issue-30 targets) and on
+the older scenario suite (``tools.bench.labelled_recordings``).
 
 Runs the alert engine with the default settings over every scenario, as the live agent would,
 and reports: the share of leaks of at least 0.5 % of the device per hour detected within two
@@ -24,16 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
-from vramscope.agent.bench import (
+
+from tools.bench import (
     BenchOptions,
     Figure,
     config_scenarios,
     long_detection,
     oom_scenarios,
 )
-from vramscope.agent.bench.labelled_recordings import Scenario, hard_cases, leak, suite
-from vramscope.agent.bench.real_recordings import RealScore, recordings
-from vramscope.agent.bench.real_recordings import score as score_real
+from tools.bench.labelled_recordings import Scenario, hard_cases, leak, suite
+from tools.bench.real_recordings import RealScore, recordings
+from tools.bench.real_recordings import score as score_real
 
 TARGET_RATE = 0.005  # leaks at least this fast must be found...
 TARGET_WITHIN_S = 2 * 3600.0  # ...within this long
@@ -203,7 +204,7 @@ def _delay_s(rate: float, noise: float, never_idle: bool) -> float | None:
 
 
 def real_figures(scores: Sequence[RealScore]) -> list[Figure]:
-    """One figure per real recording (agent/bench/real_recordings.py), analyzed with the
+    """One figure per real recording (tools/bench/real_recordings.py), analyzed with the
     defaults: right (1) when its leak is found within 1.5x of its rate or none is said, no
     alert fires on its leak-free span and an OOM is warned before it happens."""
     out = []

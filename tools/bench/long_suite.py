@@ -6,7 +6,7 @@ cause. Each trace is a :class:`LongScenario` (trace-v1 ``Sample`` and ``Event`` 
 ``sim``, device 0, with pids) built from a :class:`Spec` by :func:`build`; :func:`specs` lists
 the suite without generating it, :func:`iter_suite` generates it one trace at a time and
 :func:`suite` all at once. The server, its traffic and its allocator are simulated in
-:mod:`vramscope.agent.bench.long_suite_shapes` (see its docstring).
+:mod:`tools.bench.long_suite_shapes` (see its docstring).
 
 Truth, per trace:
 
@@ -44,8 +44,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S, Scenario
-from vramscope.agent.bench.long_suite_shapes import (
+from tools.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S, Scenario
+from tools.bench.long_suite_shapes import (
     CAUSES,
     ENGINES,
     FAST_MIN_DEVELOP_S,

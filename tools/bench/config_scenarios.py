@@ -29,10 +29,11 @@ from typing import Any
 
 from vramscope.agent.alerts.config_check import server_from_config
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.bench import Figure
 from vramscope.agent.config import Config, parse_config
 from vramscope.agent.estimate import GiB, MiB
 from vramscope.agent.records import Event, Phase, Sample
+
+from tools.bench import Figure
 
 START_S = 1_700_000_000.0
 PID = 4321

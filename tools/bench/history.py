@@ -1,6 +1,6 @@
 """``vramscope bench history``: what a week of history costs ``analyze --db`` and retention.
 
-The store comes from :mod:`vramscope.agent.store.history_generator` (8 devices at 10 Hz for
+The store comes from :mod:`tools.history_generator` (8 devices at 10 Hz for
 7 days as the default tiers keep them: raw samples for the newest day, 6.9 M, which is what
 ``analyze --db`` reads; ``options.quick``: 2 devices at one sample per 5 s for a day), or is
 the database at ``--db`` as it is when it already holds samples (a store that keeps raw samples
@@ -24,8 +24,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import BenchOptions, Figure, Timing, rounds_or
-from vramscope.agent.store.history_generator import History, generate
+from tools.bench import BenchOptions, Figure, Timing, rounds_or
+from tools.history_generator import History, generate
 
 if TYPE_CHECKING:
     from vramscope.agent.store import Store

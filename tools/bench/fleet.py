@@ -3,7 +3,7 @@
 Each simulated node is a real ``vramscope agent`` process (``--fake-devices``: the simulated
 device source, sampled by the agent at ``sampling.device_interval_s = 1``; its own
 ``agent.host_name``), and its servers' hooks are simulated servers in one child process
-(:mod:`vramscope.agent.bench.fleet_servers`: per-process samples at 1 Hz and request events
+(:mod:`tools.bench.fleet_servers`: per-process samples at 1 Hz and request events
 through the node's socket). All write to one fresh database on the server ``--db`` names,
 dropped afterwards. A round runs one node alone (the baseline), then the fleet, each in
 real time: the agent samples its devices on the wall clock and its ingest refuses records
@@ -44,7 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramscope.agent.bench import (
+from vramscope.agent.errors import VramscopeError
+
+from tools.bench import (
+    CHECKOUT,
     BenchOptions,
     Figure,
     Timing,
@@ -53,12 +56,12 @@ from vramscope.agent.bench import (
     interleaved,
     rounds_or,
 )
-from vramscope.agent.bench.agent_e2e import process_cpu_s
-from vramscope.agent.errors import VramscopeError
+from tools.bench.agent_e2e import process_cpu_s
 
 if TYPE_CHECKING:
     from flask.testing import FlaskClient
-    from vramscope.agent.ingest.process import AgentProcess
+
+    from tools.agent_process import AgentProcess
 
 NODES, DEVICES, DURATION_S = 64, 8, 1800.0  # the issue's fleet, 30 minutes of record time
 QUICK_NODES, QUICK_DEVICES, QUICK_DURATION_S = 3, 2, 40.0
@@ -196,7 +199,7 @@ def run_fleet(server: str, name: str, size: Size) -> RunResult:
 
 
 def _start_agent(url: str, workdir: str, host: str, devices: int) -> AgentProcess:
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     home = os.path.join(workdir, host)
     os.makedirs(home)
@@ -209,8 +212,9 @@ def _start_agent(url: str, workdir: str, host: str, devices: int) -> AgentProces
 
 
 def _start_servers(sockets: list[str], devices: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "vramscope.agent.bench.fleet_servers",
-                             str(devices), "1", *sockets],
+    # run from the checkout's root, where ``tools`` is importable (it is never installed)
+    return subprocess.Popen([sys.executable, "-m", "tools.bench.fleet_servers",
+                             str(devices), "1", *sockets], cwd=CHECKOUT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 

@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vramscope.agent.bench import (
+from vramscope.agent.errors import VramscopeError
+from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
+
+from tools.bench import (
     BenchOptions,
     Figure,
     create_pg_database,
@@ -37,12 +40,11 @@ from vramscope.agent.bench import (
     interleaved,
     rounds_or,
 )
-from vramscope.agent.config import INTEGRITY_MAX_CPU_PERCENT
-from vramscope.agent.errors import VramscopeError
 
 if TYPE_CHECKING:
-    from vramscope.agent.ingest.process import AgentProcess
     from vramscope.agent.records import Sample
+
+    from tools.agent_process import AgentProcess
 
 BATCH = 500
 
@@ -57,8 +59,8 @@ def run(options: BenchOptions) -> list[Figure]:
 
 # --- 1. throughput ---------------------------------------------------------------------------
 def _throughput(options: BenchOptions, workdir: str) -> list[Figure]:
-    from vramscope.agent.bench.ingest import make_samples
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
+    from tools.bench.ingest import make_samples
 
     n = 20_000 if options.quick else 200_000
     rounds = rounds_or(options, 3 if options.quick else 5)
@@ -229,7 +231,8 @@ def _old_store(workdir: str, quick: bool, server: str | None) -> str:
     """A generated history ending now, for the measurements to copy: a SQLite file, or on
     PostgreSQL a database each round clones (``CREATE DATABASE ... TEMPLATE``)."""
     from vramscope.agent.store import Store
-    from vramscope.agent.store.history_generator import History, generate
+
+    from tools.history_generator import History, generate
 
     url = (f"sqlite:///{os.path.join(workdir, 'old.db')}" if server is None
            else create_pg_database(server, "vs_bench_old"))
@@ -290,7 +293,7 @@ def _measure(workdir: str, name: str, devices: int, window_s: float,
     start (start-up, the first integrity check) and its retention caught up with the copy's
     staleness (``retention_backlog`` false in its status); RSS and the writer's queue at the
     end."""
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     url = _copy(old, workdir, name)
     agent = AgentProcess(url, f"{workdir}/{name}/agent.sock", fake_devices=devices).start()

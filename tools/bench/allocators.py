@@ -7,7 +7,7 @@ frees it: requests end in an order set by their lengths, not their arrival. The 
 with the same memory budget:
 
 - ``first_fit``: the pre-paging design of the articles: one arena, per-request buffers carved
-  first-fit, split and merged (:mod:`vramscope.agent.sim.first_fit`); growing a buffer allocates the
+  first-fit, split and merged (:mod:`tools.sim.first_fit`); growing a buffer allocates the
   larger one and frees the old (a copy, as ``torch.cat`` does);
 - ``caching``: the same buffers through the PyTorch caching-allocator model
   (:mod:`vramscope.agent.sim.caching_allocator`), the limit as budget;
@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramscope.agent.bench import BenchOptions, Figure
 from vramscope.agent.sim.caching_allocator import CachingAllocatorModel, SimulatedOOM
-from vramscope.agent.sim.first_fit import FirstFitOOM, FirstFitPool
 from vramscope.agent.sim.workload import WorkloadSpec, requests, take_until
+
+from tools.bench import BenchOptions, Figure
+from tools.sim.first_fit import FirstFitOOM, FirstFitPool
 
 MiB = 1 << 20
 KV_BYTES_PER_TOKEN = 2 * 16 * 4 * 128 * 2  # 32 KiB: 16 layers, 4 KV heads, head dim 128, bf16
