@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Event
 
 METRIC = "kv_saturated"
@@ -26,7 +27,7 @@ METRIC = "kv_saturated"
 # its blocks fit): 95 % leaves less than one long prompt's blocks in a pool of a few thousand.
 SATURATION_SHARE = 0.95
 PREEMPTION_WINDOW_S = 60.0  # a preemption keeps the pool saturated for this long
-EVENTS = frozenset({"server_load", "kv_preempted"})
+EVENTS = frozenset(names_with(Role.SATURATION))  # server_load and kv_preempted
 # The dashboard's /metrics reads the events of this long back: a server sends server_load only
 # when its counts change, so its newest may be minutes old while the queue stands still.
 LOAD_WINDOW_S = 600.0
