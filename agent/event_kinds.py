@@ -81,7 +81,8 @@ KINDS: tuple[EventKind, ...] = (
     EventKind("kv_alloc_failed", KEPT, "KV allocation refused", Role.KV_REFUSAL),
     EventKind("kv_preempted", KEPT, "request preempted",
               Role.LOAD | Role.KV_REFUSAL | Role.SATURATION),
-    EventKind("preemption", KEPT, "request preempted", Role.KV_REFUSAL),  # older clients' name
+    # a client's own name for a preemption: the OOM diagnosis reads it, nothing of ours sends it
+    EventKind("preemption", KEPT, "request preempted", Role.KV_REFUSAL),
     # at most one a LOAD_INTERVAL_S / TOKENS_EVERY_S a source (hooks/vllm_observer.py)
     EventKind("server_load", KEPT, "running and waiting requests", Role.LOAD | Role.SATURATION),
     EventKind(TOKENS_EVENT, KEPT, "tokens", Role.LOAD),
@@ -89,7 +90,7 @@ KINDS: tuple[EventKind, ...] = (
     EventKind("memory_layout", KEPT, "memory layout"),  # an idle point's layout (leak make-up)
     EventKind("snapshot", KEPT, "allocator snapshot"),
     EventKind("nvml_process", KEPT, "NVML process memory"),  # agent/daemon.py's PROCESS_EVENT
-    EventKind("alert", KEPT, "alert"),  # in traces exported before alerts had a table
+    EventKind("alert", KEPT, "alert"),  # a name docs/trace-format.md lists; nothing sends it now
 )
 
 BY_NAME: dict[str, EventKind] = {k.name: k for k in KINDS}
