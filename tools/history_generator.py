@@ -38,6 +38,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, text
+from vramscope.agent.durations import DAY_S, MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase
 from vramscope.agent.store import partitions
 from vramscope.agent.store import seconds as tier
@@ -52,8 +53,6 @@ GIB = 2**30
 MIB = 2**20
 CYCLE = 37  # ticks per request cycle: 3 prefill, 24 decode, 10 idle
 LEAKING_DEVICE = 3  # its idle floor rises 1 MiB a minute
-DAY_S = 86_400.0
-MINUTE_S = 60.0
 SOURCE = "torch"
 CHUNK_MINUTES = 1440  # the tiers are reduced a day of one device at a time (864k ticks at 10 Hz)
 _CYCLE_PHASES = (Phase.PREFILL, Phase.DECODE, Phase.IDLE)

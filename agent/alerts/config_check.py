@@ -36,7 +36,6 @@ from vramscope.agent.estimate import (
 )
 
 RULE = "config_oom"
-METRIC = "config_headroom_bytes"  # limit − what the worst admissible request needs
 
 # The setting (and vLLM's flag) through which each limit of the estimator's check is lowered.
 LIMIT_KEYS: dict[str, tuple[str, str]] = {

@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, select, true, union_all
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store.reads import DeviceNow
 from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
-from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_json, stored_reasons
+from vramscope.agent.store.store import stored_json, stored_reasons
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -49,7 +50,7 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     for r in rows:
         raw_s, minute_s = r.pop("raw"), r.pop("minute")
         r["newest_ts_s"] = (float(raw_s) if raw_s is not None else
-                            None if minute_s is None else float(minute_s) + ROLLUP_BUCKET_S)
+                            None if minute_s is None else float(minute_s) + MINUTE_S)
     return rows
 
 
@@ -95,7 +96,7 @@ def newest_samples(store: Store, not_after_s: float | None,
     tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
-    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
@@ -200,7 +201,7 @@ def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
     raw_lo, raw_hi, minute_lo, minute_hi = ends
     firsts = [x for x in (raw_lo, minute_lo) if x is not None]
     last = raw_hi if raw_hi is not None else (
-        None if minute_hi is None else minute_hi + ROLLUP_BUCKET_S)
+        None if minute_hi is None else minute_hi + MINUTE_S)
     if not firsts or last is None:
         return None
     return float(min(firsts)), float(last)

@@ -42,6 +42,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
 from vramscope.agent.database_url import database_driver_problem, database_url_problem
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -79,7 +80,6 @@ def integrity_wait_s(every_s: float, cpu_s: float, max_cpu_percent: float) -> fl
 
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
-ROLLUP_BUCKET_S = 60.0  # the rollups' minute (agent.retention)
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
@@ -793,7 +793,7 @@ class Store:
                                .scalar_subquery())
                 spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
-        lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
+        lasts = [span[1] if span[1] is not None else span[3] + MINUTE_S
                  for span in spans if span[1] is not None or span[3] is not None]
         if not firsts or not lasts:  # none, or every sample ahead of ``not_after_s``
             return None
@@ -835,7 +835,6 @@ class Store:
                       host: str | None) -> Select[Any]:
         """The per-second tier's rows (minute, source, blob) that hold seconds of
         [start_s, end_s) of device index ``device``, in (minute, source) order."""
-        from vramscope.agent.store.seconds import MINUTE_S
 
         return (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
                 .join(devices, devices.c.id == seconds.c.device_id)

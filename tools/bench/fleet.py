@@ -268,16 +268,17 @@ def retention_lag_s(store: Any) -> float | None:
     """How far behind now less the grace the worst device's newest rolled-up minute ends
     (0 when none is behind); None until the first minute is old enough to be rolled up."""
     from sqlalchemy import text
-    from vramscope.agent.retention import BUCKET_S, GRACE_S
+    from vramscope.agent.durations import MINUTE_S
+    from vramscope.agent.retention import GRACE_S
 
-    due_s = (time.time() - GRACE_S) // BUCKET_S * BUCKET_S
+    due_s = (time.time() - GRACE_S) // MINUTE_S * MINUTE_S
     with store.engine.connect() as c:
         first = c.execute(text("SELECT min(ts_s) FROM samples")).scalar()
         ends = c.execute(text("SELECT d.id, max(s.minute_s) FROM devices d LEFT JOIN seconds s "
                               "ON s.device_id = d.id GROUP BY d.id")).all()
-    if first is None or first // BUCKET_S * BUCKET_S + BUCKET_S > due_s:
+    if first is None or first // MINUTE_S * MINUTE_S + MINUTE_S > due_s:
         return None
-    worst = min((float(end) + BUCKET_S if end is not None else first // BUCKET_S * BUCKET_S)
+    worst = min((float(end) + MINUTE_S if end is not None else first // MINUTE_S * MINUTE_S)
                 for _, end in ends)
     return max(0.0, due_s - worst)
 
