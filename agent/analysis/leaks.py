@@ -531,13 +531,18 @@ class LeakDetector:
         """The lines a newer floor read is tested against, one per kind of read: that of the
         reads with no request in flight, and that of the exact reads (idle, or with their KV
         blocks taken off: a residual read holds a request's activations, so it is compared
-        with reads of its own kind, whose wandering that is). Each is fitted on its kind's
+        with reads of its own kind, whose wandering that is; without KV figures, only where
+        the idle reads are too few for a line, as their stand-in). Each is fitted on its kind's
         reads of the horizon's last third, or of all those kept where the last third has too
         few (a server that idles rarely: a newer read is still judged against the reads
         before it); None with too few reads."""
+        idle = floor_line(list(self._idle_reads), self.t, min_slope)
+        if idle is not None and self.load.kv_used is None:
+            # without KV figures a read of no known load is the least of a busy window, not
+            # a residual: the idle line alone judges
+            return idle, None
         exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
-        return (floor_line(list(self._idle_reads), self.t, min_slope),
-                floor_line(exact, self.t, min_slope))
+        return idle, floor_line(exact, self.t, min_slope)
 
     def _doubt_no_leak(self, now_s: float) -> LeakResult | None:
         """``no_leak`` is a claim about now. The routes' ``no_leak`` stands only while
