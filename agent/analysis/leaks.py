@@ -531,15 +531,17 @@ class LeakDetector:
         """The lines a newer floor read is tested against, one per kind of read: that of the
         reads with no request in flight, and that of the exact reads (idle, or with their KV
         blocks taken off: a residual read holds a request's activations, so it is compared
-        with reads of its own kind, whose wandering that is; without KV figures, only where
-        the idle reads are too few for a line, as their stand-in). Each is fitted on its kind's
+        with reads of its own kind, whose wandering that is; where no KV was taken off, only
+        where the idle reads are too few for a line, as their stand-in). Each is fitted on its
+        kind's
         reads of the horizon's last third, or of all those kept where the last third has too
         few (a server that idles rarely: a newer read is still judged against the reads
         before it); None with too few reads."""
         idle = floor_line(list(self._idle_reads), self.t, min_slope)
-        if idle is not None and self.load.kv_used is None:
-            # without KV figures a read of no known load is the least of a busy window, not
-            # a residual: the idle line alone judges
+        if idle is not None and self.load.bytes_per_block <= 0:
+            # where no KV was taken off (no KV figures, or a preallocated pool whose memory
+            # does not move with its blocks) a read of no known load is the least of a busy
+            # window, activations and all, not a residual: the idle line alone judges
             return idle, None
         exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
         return idle, floor_line(exact, self.t, min_slope)
