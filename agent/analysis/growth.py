@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from vramscope.agent.analysis.stats import hinge_fit, theil_sen
+from vramscope.agent.analysis.stats import hinge_fit, solve3, theil_sen
 
 # a leak's growth figures, by these names in every document that carries them
 GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
@@ -124,8 +124,8 @@ def rate_interval_with_load(points: Sequence[tuple[float, float]],
     ys = [float(p[1]) for p in points]
     xtx = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
     xty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
-    coef = _solve3(xtx, xty)
-    unit = _solve3(xtx, [0.0, 1.0, 0.0])  # the rate's column of the inverse
+    coef = solve3(xtx, xty)
+    unit = solve3(xtx, [0.0, 1.0, 0.0])  # the rate's column of the inverse
     if coef is None or unit is None or unit[1] <= 0:
         return None
     res = [y - sum(c * x for c, x in zip(coef, r)) for r, y in zip(rows, ys)]
@@ -141,27 +141,6 @@ def rate_interval_with_load(points: Sequence[tuple[float, float]],
     slope = coef[1]
     return Rate(slope, slope - q * se, slope + q * se, rows[-1][1], n, effective,
                 math.sqrt(sigma2), t0, coef[0])
-
-
-def _solve3(m: Sequence[Sequence[float]], b: Sequence[float]) -> list[float] | None:
-    """The solution of a 3 x 3 linear system (Gaussian elimination, partial pivoting, rows
-    scaled), or None when it is singular."""
-    a = [list(row) + [v] for row, v in zip(m, b)]
-    scale = [max(abs(v) for v in row[:3]) or 1.0 for row in a]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda i: abs(a[i][col]) / scale[i])
-        if abs(a[pivot][col]) <= 1e-12 * scale[pivot]:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        scale[col], scale[pivot] = scale[pivot], scale[col]
-        for i in range(col + 1, 3):
-            f = a[i][col] / a[col][col]
-            for j in range(col, 4):
-                a[i][j] -= f * a[col][j]
-    x = [0.0, 0.0, 0.0]
-    for i in (2, 1, 0):
-        x[i] = (a[i][3] - sum(a[i][j] * x[j] for j in range(i + 1, 3))) / a[i][i]
-    return x
 
 
 def widened(rate: Rate, slope: float) -> Rate:
