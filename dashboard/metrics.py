@@ -1,18 +1,13 @@
 """``/metrics``: the store's current state in Prometheus text format, read at scrape time.
 
 A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
-registry of the app's own, so two apps never share series. Labels are bounded by design: only
-``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``pid``,
-``phase`` and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request
-id. The pid is a label of the per-process series only, which exist while their process runs
-(its samples of the last 30 s, its verdict until it ends): bounded by the processes running now,
-and the only thing that keeps two servers of one name on one device apart. Metric names are
-listed in docs/metrics.md.
-
-Device series (``host``, ``device``) are the device's: allocator counters summed over its
-processes, NVML's used and total, and the ``unexplained`` rest. ``vramscope_process_*`` series
-add ``process`` and ``pid`` and keep each server process apart, with its own limit (its
-per-process cap).
+registry of the app's own, so two apps never share series. Labels are bounded by design:
+``host``, ``device``, ``process`` (a name, with its rank), ``pid`` (on the per-process series
+only, which exist while their process runs), ``phase`` and ``source``, plus the identity labels
+of ``vramscope_device_info``; never a request id. Device series are the device's (allocator
+counters summed over its processes, NVML's used and total, the ``unexplained`` rest);
+``vramscope_process_*`` series keep each server process apart. docs/metrics.md, "The
+dashboard's /metrics".
 """
 
 from __future__ import annotations
