@@ -944,9 +944,17 @@ class LeakDetector:
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
         if r.detected and r.start_ts_s is not None:
-            since = [p for p in pts if p[0] >= r.start_ts_s]
-            pts = since if len(since) >= MIN_FIT_POINTS else pts
+            first = next((i for i, p in enumerate(pts) if p[0] >= r.start_ts_s), len(pts))
+            if len(pts) - first >= MIN_FIT_POINTS:
+                pts, held = pts[first:], held[first:]
         rate = rate_interval(pts)
+        joint = rate_interval_with_load(pts, held) if r.detected and any(held) else None
+        if rate is not None and joint is not None:
+            # a leak on floors estimated with requests in flight: the floors as corrected and
+            # the bytes per request fitted beside the rate read it differently, and the
+            # interval holds both (narrower than their disagreement, it claims a precision the
+            # estimate does not give, as widened() says of a route's estimators)
+            rate = rate._replace(low=min(rate.low, joint.low), high=max(rate.high, joint.high))
         if rate is None and r.detected and r.slope_bytes_per_s > 0:
             # too few points for an interval of their own: the slope's, with the model's error
             rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
