@@ -284,6 +284,12 @@ class FastConfig(NamedTuple):
 COARSE = FastConfig(FAST_FILL_S, 0.0, FAST_MIN_SPAN_S, FAST_ESTIMATED_SPAN_S)
 FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
                   FAST_FINE_ESTIMATED_SPAN_S)
+# the fine points of a per-request KV cache whose server reports the tokens its requests hold
+# (kv_tokens_used): the floor less bytes per token held does not rise as the requests in flight
+# age after an idle moment (one less bytes per request does, for minutes), so a slower rise on
+# points that fine is growth too
+FAST_TOKENS_FILL_S = 1800.0
+FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S)
 
 
 class FastGrowth:

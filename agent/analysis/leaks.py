@@ -91,6 +91,7 @@ from vramscope.agent.analysis.growth import (
     FAST_FINE_FLOOR_S,
     FAST_WARMUP_CAP_S,
     FINE,
+    FINE_TOKENS,
     Z_90,
     FastGrowth,
     Forecast,
@@ -471,13 +472,15 @@ class LeakDetector:
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
             self._reload(s.ts_s, allocated)
-        self.load.observe_kv(s.kv_blocks_used)
+        self.load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
             self.load.observe(allocated)
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
         anytime = self.load.kv_used is not None
+        if anytime and self.load.unit == "token":
+            self.fast_fine.config = FINE_TOKENS
         if anytime:
             explained = self.load.explained()
         else:  # no KV figures: what the requests in flight hold
@@ -937,7 +940,8 @@ class LeakDetector:
         restarts = self.cusum.restarts
         fired = self.cusum.update(ts, y, raw, k)
         if self.cusum.restarts != restarts:
-            self.load.restart()  # still warming up: bytes per block learnt so far are stale
+            self.load.restart(warming=True)  # still warming up: bytes per block learnt so far
+            # are stale (load_floor: tokens are kept)
             self.per_request.restart()
         if self._seq is None:
             if not fired or self.cusum.start_ts is None or self._mostly_estimated():
@@ -973,8 +977,9 @@ class LeakDetector:
             first = now_s
         evidence = verdict.evidence
         if self.load.bytes_per_block > 0:
+            per = "KV block in use" if self.load.unit == "block" else "KV token held"
             evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
-                         "per KV block in use")
+                         f"per {per}")
         elif self.load.kv_used is None and self.per_request.bytes_per_block > 0:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
