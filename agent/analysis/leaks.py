@@ -45,7 +45,9 @@ Two refinements make it fast and load-aware:
 - the floor is the *residual* floor where the server reports its KV pool: allocated memory less
   the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
   estimated online), so that a never-idle server whose KV cache follows the day's load has a
-  flat floor, and a preallocated pool (no bytes per block) changes nothing; without KV
+  flat floor, and a preallocated pool (no bytes per block) changes nothing; a per-request
+  cache that reports the tokens its requests hold (``kv_tokens_used``, no blocks) likewise, less
+  bytes per token held once that estimate is clear; without KV
   figures, the floor after a request with the requests still in flight: what they hold is
   fitted over the horizon at each verdict (``trend_points``: ``stats.load_coefficient``, the
   bytes per request beside the time trend), the online estimate (the same estimator, fed the
@@ -478,24 +480,24 @@ class LeakDetector:
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        anytime = self.load.kv_used is not None
-        if anytime and self.load.unit == "token":
-            self.fast_fine.config = FINE_TOKENS
-        if anytime:
-            explained = self.load.explained()
-        else:  # no KV figures: what the requests in flight hold
+        anytime = self._kv_explains()
+        self.fast_fine.config = FINE_TOKENS if anytime and self.load.unit == "token" else FINE
+        if not anytime or self.load.unit == "token":
+            # what the requests in flight hold: the floor's estimate without KV figures, and
+            # with tokens only until bytes per token are clear
             self.per_request.observe_kv(self.floor.in_flight)
             if allocated is not None:
                 self.per_request.observe(allocated)
-            explained = self.per_request.explained()
-        fine = self.fine_floor.update(s, explained, anytime=anytime)
+        explained = self.load.explained() if anytime else self.per_request.explained()
+        tokens = anytime and self.load.unit == "token"
+        fine = self.fine_floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if fine is not None and self.fine_floor.last_load == 0:
             self._idle_fine = fine
         if fine is not None and self.fine_floor.last_load <= RESIDUAL:
             self._exact_fine = fine
         fast = None if fine is None else self._fast_growth(
             self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
-        point = self.floor.update(s, explained, anytime=anytime)
+        point = self.floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if point is None:
             return fast or self._doubt_no_leak(s.ts_s)
         self.recent_floor.append(point)
@@ -510,7 +512,11 @@ class LeakDetector:
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return fast
         in_flight = self.floor.last_load - RESIDUAL
-        if in_flight > 0 and self.load.kv_used is None:
+        if in_flight > 0 and tokens:
+            # a window of prefills only, less the tokens held: the activations of a load that
+            # keeps a prefill running at every sample are in it; no floor for the trend
+            return self._doubt_no_leak(s.ts_s) or fast
+        if in_flight > 0 and not self._kv_explains():
             # the trend gets the floor as measured, with the requests in flight: what they
             # hold is fitted over the horizon (trend_points), not taken from this moment's
             # online estimate, whose drift over an hour would read as a trend of its own
@@ -518,6 +524,14 @@ class LeakDetector:
         binned = self._binned(point, self.floor.last_load)
         out = None if binned is None else self._trend_point(*binned, s.ts_s)
         return self._doubt_no_leak(s.ts_s) or out or fast
+
+    def _kv_explains(self) -> bool:
+        """The KV figures explain the floor at any moment: a pool's blocks (its memory moves
+        with them, or is preallocated and stays put), or the tokens held once bytes per token
+        are clear (until then a per-request cache's KV is in the floor, and the requests in
+        flight estimate it, as without KV figures)."""
+        load = self.load
+        return load.kv_used is not None and (load.unit == "block" or load.bytes_per_block > 0)
 
     def _note_gain(self, v: LeakResult, now_s: float) -> None:
         """A leak answer's line adds to what the leaks added (``_held_gain``)."""
@@ -860,7 +874,8 @@ class LeakDetector:
         when fast growth is established (or, established on this series, still holds: its
         rate re-measured), None otherwise; once it no longer holds the routes' latest answer
         is the answer again."""
-        series.add(*point, max(0, load - RESIDUAL))
+        work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() else 0
+        series.add(*point, max(0, load - RESIDUAL), work)
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
         held = self._fast
@@ -980,7 +995,7 @@ class LeakDetector:
             per = "KV block in use" if self.load.unit == "block" else "KV token held"
             evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
                          f"per {per}")
-        elif self.load.kv_used is None and self.per_request.bytes_per_block > 0:
+        elif not self._kv_explains() and self.per_request.bytes_per_block > 0:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
                          "in flight")

@@ -24,7 +24,11 @@ per token held, and the residual floor is ``allocated − bytes_per_token × kv_
 (``observe_kv_figures``: the blocks where a server reports them, the tokens only where it
 never did). A request's KV grows with its tokens, so the tokens, not the requests, are what
 the floor holds: a floor less bytes per request rises for minutes after an idle moment as the
-requests in flight age, one less bytes per token does not.
+requests in flight age, one less bytes per token does not. Per token, ``MIN_POSITIVE_TOKENS``
+of the ratios must be positive (a prefill's activations come and go beside a few tokens'
+growth), and the ratios survive the warm-up's restarts (``restart(warming=True)``); until the
+estimate is clear (or where memory does not follow the tokens: a preallocated cache) the
+``LeakDetector`` estimates the floor from the requests in flight, as without KV figures.
 
 Without any KV figures the same estimator is fed the requests in flight (by the request events):
 bytes per request in flight, taken off the floor after each request (``LeakDetector``), so

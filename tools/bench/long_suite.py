@@ -35,6 +35,13 @@ Truth, per trace:
   peaks the onset had not seen bring it sooner); ``load``: a load ramp over a flat floor that
   ends in a CUDA OOM in minutes. ``failure_onset_ts`` is every failure's onset; the leak's
   history has a point a sample, not a minute.
+
+A ``per_request_kv`` server reports the tokens its requests in flight hold (``kv_tokens_used``,
+as ``attach_transformers`` does for ``generate()``) unless its spec says ``kv_tokens=False``
+(``LongScenario.kv_tokens``; ``describe`` says "no token figures"): a server whose hooks do not,
+whose floor is estimated from the requests in flight. Those are every other leak trace (odd
+seeds), ``healthy/prkv-bursty-reload`` and four fast growths (``fast/growth-untokened/...``,
+scored apart from the grid of 24).
 """
 
 from __future__ import annotations
