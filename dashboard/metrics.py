@@ -49,8 +49,8 @@ DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
      "(all pools of the device)."),
     ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool (all pools "
      "of the device; each server's is vramscope_process_kv_blocks_capacity)."),
-    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks (all pools "
-     "of the device)."),
+    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens whose KV the device's processes hold "
+     "for requests in flight (pools' used blocks, or per-request caches)."),
 )
 DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vramscope_alloc_retries", "num_alloc_retries", "Allocator cache flushes and retries "

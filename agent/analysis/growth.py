@@ -294,6 +294,15 @@ class FastConfig(NamedTuple):
 COARSE = FastConfig(FAST_FILL_S, 0.0, FAST_MIN_SPAN_S, FAST_ESTIMATED_SPAN_S)
 FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
                   FAST_FINE_ESTIMATED_SPAN_S)
+# the fine points of a per-request KV cache whose server reports the tokens its requests hold
+# (kv_tokens_used, once bytes per token are clear): the floor less bytes per token held does not
+# rise as the requests in flight age after an idle moment (one less bytes per request does, for
+# minutes), so on points that fine growth filling the headroom within FAST_TOKENS_FILL_S is
+# sought, once it has risen FAST_TOKENS_GROWTH of the limit (not a tenth: a 30-minute fill takes
+# five minutes to add that much, twice what it is allowed to be named in)
+FAST_TOKENS_FILL_S = 3600.0
+FAST_TOKENS_GROWTH = 0.02
+FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH)
 
 
 class FastGrowth:
@@ -317,25 +326,32 @@ class FastGrowth:
         self.config = config or COARSE
         self.points: deque[tuple[float, int]] = deque()
         self.loads: deque[tuple[float, int]] = deque()  # requests in flight at each point
+        # the requests in flight beside a floor that had their KV taken off by the tokens they
+        # hold (not an estimate of them): a floor that still moves with them holds their
+        # activations (prefills overlap more as the load climbs), the load's, not growth
+        self.work: deque[tuple[float, int]] = deque()
 
-    def add(self, ts_s: float, value: int, load: int = 0) -> None:
+    def add(self, ts_s: float, value: int, load: int = 0, work: int = 0) -> None:
         pts, loads = self.points, self.loads
         pts.append((ts_s, value))
         loads.append((ts_s, load))
+        self.work.append((ts_s, work))
         while pts[0][0] < ts_s - FAST_KEEP_S:
             pts.popleft()
             loads.popleft()
+            self.work.popleft()
 
     def clear(self) -> None:
         self.points.clear()
         self.loads.clear()
+        self.work.clear()
 
     def established(self, min_slope: float, headroom_bytes: float, started_ts: float,
                     limit_bytes: float) -> Rate | None:
         """The shortest suffix that establishes fast growth (see the class), else None. A
         suffix that begins within ``FAST_WARMUP_CAP_S`` of ``started_ts`` (the process's
         start) needs ``FAST_WARMUP_SPAN_S`` of floor and ``FAST_WARMUP_GROWTH`` of the limit."""
-        pts, loads = list(self.points), list(self.loads)
+        pts, loads, work = list(self.points), list(self.loads), list(self.work)
         n = FAST_MIN_POINTS
         while n <= len(pts):
             part = pts[-n:]
@@ -348,7 +364,8 @@ class FastGrowth:
             if rate is not None:  # the wandering before it (costlier) only widens: read last
                 noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
-            if rate is not None and not _load_moving(loads[-n:]) and (
+            if rate is not None and not _load_moving(loads[-n:]) \
+                    and not _load_moving(work[-n:]) and (
                     not warming or _past_warmup(rate, headroom_bytes, limit_bytes)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)

@@ -45,7 +45,9 @@ Two refinements make it fast and load-aware:
 - the floor is the *residual* floor where the server reports its KV pool: allocated memory less
   the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
   estimated online), so that a never-idle server whose KV cache follows the day's load has a
-  flat floor, and a preallocated pool (no bytes per block) changes nothing; without KV
+  flat floor, and a preallocated pool (no bytes per block) changes nothing; a per-request
+  cache that reports the tokens its requests hold (``kv_tokens_used``, no blocks) likewise, less
+  bytes per token held once that estimate is clear; without KV
   figures, the floor after a request with the requests still in flight: what they hold is
   fitted over the horizon at each verdict (``trend_points``: ``stats.load_coefficient``, the
   bytes per request beside the time trend), the online estimate (the same estimator, fed the
@@ -91,6 +93,7 @@ from vramscope.agent.analysis.growth import (
     FAST_FINE_FLOOR_S,
     FAST_WARMUP_CAP_S,
     FINE,
+    FINE_TOKENS,
     Z_90,
     FastGrowth,
     Forecast,
@@ -481,21 +484,23 @@ class LeakDetector:
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
             self._reload(s.ts_s, allocated)
-        self.load.observe_kv(s.kv_blocks_used)
+        self.load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
             self.load.observe(allocated)
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        anytime = self.load.kv_used is not None
-        if anytime:
-            explained = self.load.explained()
-        else:  # no KV figures: what the requests in flight hold
+        anytime = self._kv_explains()
+        self.fast_fine.config = FINE_TOKENS if anytime and self.load.unit == "token" else FINE
+        if not anytime or self.load.unit == "token":
+            # what the requests in flight hold: the floor's estimate without KV figures, and
+            # with tokens only until bytes per token are clear
             self.per_request.observe_kv(self.floor.in_flight)
             if allocated is not None:
                 self.per_request.observe(allocated)
-            explained = self.per_request.explained()
-        fine = self.fine_floor.update(s, explained, anytime=anytime)
+        explained = self.load.explained() if anytime else self.per_request.explained()
+        tokens = anytime and self.load.unit == "token"
+        fine = self.fine_floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if fine is not None and self.fine_floor.last_load == 0:
             self._idle_fine = fine
         if fine is not None and self.fine_floor.last_load <= RESIDUAL:
@@ -504,7 +509,7 @@ class LeakDetector:
                 self._busy_fine = fine
         fast = None if fine is None else self._fast_growth(
             self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
-        point = self.floor.update(s, explained, anytime=anytime)
+        point = self.floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if point is None:
             return fast or self._doubt_no_leak(s.ts_s)
         self.recent_floor.append(point)
@@ -518,7 +523,11 @@ class LeakDetector:
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return fast
         in_flight = self.floor.last_load - RESIDUAL
-        if in_flight > 0 and self.load.kv_used is None:
+        if in_flight > 0 and tokens:
+            # a window of prefills only, less the tokens held: the activations of a load that
+            # keeps a prefill running at every sample are in it; no floor for the trend
+            return self._doubt_no_leak(s.ts_s) or fast
+        if in_flight > 0 and not self._kv_explains():
             # the trend gets the floor as measured, with the requests in flight: what they
             # hold is fitted over the horizon (trend_points), not taken from this moment's
             # online estimate, whose drift over an hour would read as a trend of its own
@@ -526,6 +535,14 @@ class LeakDetector:
         binned = self._binned(point, self.floor.last_load)
         out = None if binned is None else self._trend_point(*binned, s.ts_s)
         return self._doubt_no_leak(s.ts_s) or out or fast
+
+    def _kv_explains(self) -> bool:
+        """The KV figures explain the floor at any moment: a pool's blocks (its memory moves
+        with them, or is preallocated and stays put), or the tokens held once bytes per token
+        are clear (until then a per-request cache's KV is in the floor, and the requests in
+        flight estimate it, as without KV figures)."""
+        load = self.load
+        return load.kv_used is not None and (load.unit == "block" or load.bytes_per_block > 0)
 
     def _note_gain(self, v: LeakResult, now_s: float, taken_off: tuple[float, float]) -> None:
         """A leak answer's line adds to what the leaks added (``_held_gain``); ``taken_off``:
@@ -905,7 +922,8 @@ class LeakDetector:
         when fast growth is established (or, established on this series, still holds: its
         rate re-measured), None otherwise; once it no longer holds the routes' latest answer
         is the answer again."""
-        series.add(*point, max(0, load - RESIDUAL))
+        work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() else 0
+        series.add(*point, max(0, load - RESIDUAL), work)
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
         held = self._fast
@@ -927,7 +945,7 @@ class LeakDetector:
             self._fast_on = series
         self._fast = fast_verdict(rate, headroom, self._limit(), min_slope)
         # the series' points had the online estimate of what their requests hold taken off
-        per_request = self.per_request.bytes_per_block if self.load.kv_used is None else 0.0
+        per_request = self.per_request.bytes_per_block if not self._kv_explains() else 0.0
         self._taken_off = (per_request, mean_load(
             [n for ts, n in series.loads if ts >= rate.t0]))
         self.result = self._publish(self._fast, now_s)
@@ -997,7 +1015,8 @@ class LeakDetector:
         restarts = self.cusum.restarts
         fired = self.cusum.update(ts, y, raw, k)
         if self.cusum.restarts != restarts:
-            self.load.restart()  # still warming up: bytes per block learnt so far are stale
+            self.load.restart(warming=True)  # still warming up: bytes per block learnt so far
+            # are stale (load_floor: tokens are kept)
             self.per_request.restart()
         if self._seq is None:
             if not fired or self.cusum.start_ts is None or self._mostly_estimated():
@@ -1033,9 +1052,10 @@ class LeakDetector:
             first = now_s
         evidence = verdict.evidence
         if self.load.bytes_per_block > 0:
+            per = "KV block in use" if self.load.unit == "block" else "KV token held"
             evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
-                         "per KV block in use")
-        elif self.load.kv_used is None and self.per_request.bytes_per_block > 0:
+                         f"per {per}")
+        elif not self._kv_explains() and self.per_request.bytes_per_block > 0:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
                          "in flight")
