@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -96,7 +97,9 @@ class SnapshotSource:
         self.max_cost_s = max_cost_s
         self._take = take
         self._clock = clock
-        self._pid = pid
+        # the process's own, as its allocator samples carry: a snapshot without one would be
+        # read as the device's (a process of its own, forever warming up, on the leak page)
+        self._pid = os.getpid() if pid is None else pid
         self._ready = ready  # False while CUDA is not initialized: a snapshot would create it
         self.last_cost_s: float | None = None
 

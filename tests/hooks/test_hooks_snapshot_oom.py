@@ -186,3 +186,12 @@ def test_snapshot_source_records_cost_and_spaces_out_costly_snapshots():
 def test_snapshot_source_waits_for_cuda():
     src = SnapshotSource(0, small, interval_s=1, max_cost_s=0, ready=lambda: False)
     assert src.read() is None
+
+
+def test_snapshot_records_carry_this_processs_pid():
+    """As install() makes it (no pid given): the snapshot is this process's, like its allocator
+    samples, not a pid-less record the engine would read as the device's own process."""
+    import os
+
+    sample, event = SnapshotSource(0, small, interval_s=1, max_cost_s=0).read()
+    assert sample.pid == os.getpid() and event.pid == os.getpid()
