@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flask import Flask, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from vramscope.agent.alerts.verdicts import DeviceVerdict
 from vramscope.agent.analysis.severity import Severity
@@ -25,6 +25,7 @@ from vramscope.agent.clock import Clock
 from vramscope.agent.config import Config
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store, reader
+from vramscope.dashboard.exposition import text_format
 
 # name -> (field, help). Gauges of the newest value per device; allocator and KV values are
 # the sum over the device's processes (each one is a vramscope_process_* series too).
@@ -351,6 +352,7 @@ def init_app(app: Flask) -> None:
     app.extensions["vramscope_registry"] = registry
 
     def metrics() -> Response:
-        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+        # generate_latest's bytes, its per-line label checks done once per family
+        return Response(text_format(registry.collect()), content_type=CONTENT_TYPE_LATEST)
 
     app.add_url_rule("/metrics", "metrics", metrics)
