@@ -22,7 +22,7 @@ from prometheus_client.openmetrics.exposition import (
     escape_label_name,
     escape_metric_name,
 )
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_float_text
 
 # samples generate_latest moves into gauge families of their own after the family's lines
 _OPENMETRICS_SUFFIXES = ("_created", "_gsum", "_gcount")
@@ -58,7 +58,7 @@ def _simple_lines(metric: Metric) -> str | None:
         sample_name = sample_names.get(s.name)
         if sample_name is None:
             sample_name = sample_names[s.name] = escape_metric_name(s.name, UNDERSCORES)
-        value = floatToGoString(s.value)
+        value = _number_text(s.value)
         if not s.labels:
             out.append(f"{sample_name} {value}\n")
             continue
@@ -71,6 +71,12 @@ def _simple_lines(metric: Metric) -> str | None:
         labels = ",".join(f'{k}="{_escape_value(values[i])}"' for k, i in order)
         out.append(f"{sample_name}{{{labels}}} {value}\n")
     return "".join(out)
+
+
+def _number_text(value: float) -> str:
+    """The library's number text (Go's float format), typed."""
+    text: str = _untyped_float_text(value)  # type: ignore[no-untyped-call]
+    return text
 
 
 def _escape_value(value: str) -> str:

@@ -132,8 +132,8 @@ def pack(seconds: Sequence[Second]) -> bytes:
     per_stat = [list(zip(*(getattr(s, name) for s in seconds), strict=True))
                 for name in ("low", "high", "last")]
     for i, stat in _KEPT:
-        col = per_stat[stat][i]
-        columns.append([_MISSING if v is None else v for v in col] if None in col else col)
+        kept = per_stat[stat][i]
+        columns.append([_MISSING if v is None else v for v in kept] if None in kept else kept)
     if any(not 0 <= c < MINUTE_S for c in columns[0]):
         raise ValueError(f"pack: seconds outside the minute starting at {minute}")
     values = array("q")
