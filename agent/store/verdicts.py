@@ -40,9 +40,10 @@ ENDED_AFTER_S = 2 * HEARTBEAT_S
 # Parsed rows kept by their stored text: a stored verdict never changes and a Verdict is
 # immutable, so the Overview and /metrics of a 512-device fleet, which read every device's
 # newest rows on each request, parse each row once instead of on every request (about 80 ms
-# a request at 513 rows). A few times a fleet's running processes; a bounded LRU, so an old
-# window's rows read once leave it again.
-PARSED_ROWS = 4096
+# a request at 513 rows). Four times the fleet's 512 running processes; a bounded LRU (a
+# row and its Verdict hold about 3 kB: some 6 MB when full), so an old window's rows read once
+# leave it again.
+PARSED_ROWS = 2048
 
 
 def write(store: Store, rows: Sequence[Verdict | DeviceVerdict],
