@@ -27,6 +27,7 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
+from operator import attrgetter, sub
 from typing import Any, NamedTuple
 
 from vramscope.agent.durations import MINUTE_S
@@ -36,6 +37,7 @@ FORMAT_VERSION = 1
 PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
 _PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 _PHASE_VALUES = tuple(p.value for p in PHASES)
+_PHASE_OF: dict[Any, Phase] = {**{p.value: p for p in PHASES}, **{p: p for p in PHASES}}
 STATS = ("min", "max", "last")
 # The statistics kept per counter. Last for all; minimum and maximum where a view reads them:
 # the leak detector's floor (allocated, device used, KV blocks in use), the risk model's peaks
@@ -58,6 +60,7 @@ SERIES: tuple[str, ...] = ("count", "phase",
 # (counter, statistic) -> its series' place in a blob (after the offsets, counts and phases)
 _KEPT_COLUMN = {key: 3 + n for n, key in enumerate(_KEPT)}
 _MISSING = -1
+_STAT_OF = tuple(attrgetter(name) for name in ("low", "high", "last"))  # Second's, as STATS
 _N = len(SAMPLE_COUNTER_FIELDS)
 
 
@@ -97,14 +100,24 @@ def summarize(rows: Iterable[Sequence[Any]]) -> list[Second]:
 
 
 def _second(ts_s: float, group: list[Sequence[Any]]) -> Second:
+    if len(group) == 1:  # a second of one sample (1 Hz sources): its values are all three
+        row = group[0]
+        values = tuple(row[2:2 + _N])
+        return Second(ts_s, 1, _phase(row[1]), values, values, values)
     low, high, last = [], [], []
     for i in range(2, 2 + _N):
         col = [r[i] for r in group if r[i] is not None]
         low.append(min(col) if col else None)
         high.append(max(col) if col else None)
         last.append(col[-1] if col else None)
-    return Second(ts_s, len(group), Phase.parse(group[-1][1]), tuple(low), tuple(high),
+    return Second(ts_s, len(group), _phase(group[-1][1]), tuple(low), tuple(high),
                   tuple(last))
+
+
+def _phase(value: str | Phase) -> Phase:
+    """``Phase.parse`` by a dict lookup first: a rollup parses one a second of every device."""
+    found = _PHASE_OF.get(value)
+    return found if found is not None else Phase.parse(value)
 
 
 def pack(seconds: Sequence[Second]) -> bytes:
@@ -112,18 +125,22 @@ def pack(seconds: Sequence[Second]) -> bytes:
     if not seconds:
         raise ValueError("pack: no seconds to pack")
     minute = (seconds[0].ts_s // MINUTE_S) * MINUTE_S
-    columns: list[list[int]] = [[int(s.ts_s - minute) for s in seconds],
-                                [s.n_samples for s in seconds],
-                                [_PHASE_CODE[s.phase] for s in seconds]]
+    columns: list[Sequence[int]] = [[int(s.ts_s - minute) for s in seconds],
+                                    [s.n_samples for s in seconds],
+                                    [_PHASE_CODE[s.phase] for s in seconds]]
+    # per statistic, each counter's values across the seconds (zip: a C loop, where a
+    # rollup packs a minute of every device and source at once)
+    per_stat = [list(zip(*map(stat, seconds), strict=True)) for stat in _STAT_OF]
     for i, stat in _KEPT:
-        columns.append([_MISSING if (v := (s.low, s.high, s.last)[stat][i]) is None else v
-                        for s in seconds])
-    if any(not 0 <= c < MINUTE_S for c in columns[0]):
+        kept = per_stat[stat][i]
+        columns.append([_MISSING if v is None else v for v in kept] if None in kept else kept)
+    if min(columns[0]) < 0 or max(columns[0]) >= MINUTE_S:
         raise ValueError(f"pack: seconds outside the minute starting at {minute}")
-    values = array("q")
+    deltas: list[int] = []
     for col in columns:
-        values.append(col[0])
-        values.extend(b - a for a, b in zip(col, col[1:], strict=False))
+        deltas.append(col[0])
+        deltas.extend(map(sub, col[1:], col[:-1]))
+    values = array("q", deltas)  # one conversion: array.extend of an iterator is slower
     if sys.byteorder == "big":
         values.byteswap()
     return bytes([FORMAT_VERSION]) + zlib.compress(values.tobytes(), 6)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import and_, func, insert, select, true
@@ -36,6 +37,13 @@ HISTORY_LIMIT = 20_000  # verdict rows one window's history reads (a week of one
 # A process whose newest verdict says it ended, or is this much older than its device's newest
 # (rows written before the engine wrote an ended row), has ended.
 ENDED_AFTER_S = 2 * HEARTBEAT_S
+# Parsed rows kept by their stored text: a stored verdict never changes and a Verdict is
+# immutable, so the Overview and /metrics of a 512-device fleet, which read every device's
+# newest rows on each request, parse each row once instead of on every request (about 80 ms
+# a request at 513 rows). Four times the fleet's 512 running processes; a bounded LRU (a
+# row and its Verdict hold about 3 kB: some 6 MB when full), so an old window's rows read once
+# leave it again.
+PARSED_ROWS = 2048
 
 
 def write(store: Store, rows: Sequence[Verdict | DeviceVerdict],
@@ -220,7 +228,9 @@ def ended(v: Verdict, rows: list[Verdict]) -> bool:
     return v.ended or v.ts_s < newest - ENDED_AFTER_S
 
 
+@lru_cache(maxsize=PARSED_ROWS)
 def _verdict(doc: str) -> Verdict | None:
+    """A stored row's verdict, None where it is damaged (cached: see ``PARSED_ROWS``)."""
     parsed = stored_json(doc)
     if not isinstance(parsed, dict):
         return None
