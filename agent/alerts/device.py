@@ -187,6 +187,18 @@ class DeviceAnalysis:
         while len(self._gone) > GONE_KEPT:
             del self._gone[next(iter(self._gone))]
 
+    @property
+    def window_leak(self) -> LeakDetector:
+        """The leak of the whole record, for a document of it (``analyze``): the leading
+        detector where it has found one; else that of a process gone within the record whose
+        detector had (a leaker that exited before the record's end: its leak ran in it, as the
+        stored window's lead says, ``store/verdicts.window_leak_lead``); else the lead."""
+        if self.leak.result.first_detected_ts_s is not None:
+            return self.leak
+        found = [d for _, d, _, _ in self._gone.values()
+                 if d is not None and d.result.first_detected_ts_s is not None]
+        return max(found, key=lambda d: d.result.slope_bytes_per_s, default=self.leak)
+
     def retired_leak(self, pid: int) -> LeakDetector | None:
         """The leak detector of process ``pid`` as it was when the process went (``_retire``),
         None where it had none or it is no longer kept."""

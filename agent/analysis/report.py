@@ -44,12 +44,14 @@ KV_WARNING_RULE = "kv_exhaustion"  # its first firing is a warning of the OOM to
 class DeviceState(Protocol):
     """What the document reads of one device's analysis (the alert engine's ``DeviceAnalysis``)."""
 
-    leak: LeakDetector
     kv: KvTracker
     oom_ts_s: list[float]
     first_warning_ts_s: float | None
     max_level: int
     min_time_to_oom_s: float | None
+
+    @property
+    def window_leak(self) -> LeakDetector: ...
 
 
 class AlertRecord(Protocol):
@@ -185,7 +187,7 @@ def document_of(devices: Mapping[int, DeviceState], summaries: Mapping[int, Devi
     for dev in sorted(devices):
         leak = docs[str(dev)]["leak"]
         if leak["detected"] or makeup:
-            leak["makeup"] = leak_makeup(layouts, dev, devices[dev].leak.result.start_ts_s)
+            leak["makeup"] = leak_makeup(layouts, dev, devices[dev].window_leak.result.start_ts_s)
     return {"format": FORMAT, "devices": docs, "alerts": _alerts_doc(history)}
 
 
@@ -193,7 +195,7 @@ def _device_doc(dev: int, d: DeviceState, summary: DeviceSummary,
                 postmortems: list[PostMortem], replay: Replay,
                 kv_warned_ts: float | None = None) -> dict[str, Any]:
     return {
-        "leak": {**_leak_doc(d.leak.result), "windows": windows_json(_windows_of(d))},
+        "leak": {**_leak_doc(d.window_leak.result), "windows": windows_json(_windows_of(d))},
         "oom": _oom_doc(dev, d, postmortems, replay, kv_warned_ts),
         **_summary_doc(summary, d.kv),
     }
@@ -249,8 +251,8 @@ def failed_from_message(message: Any) -> int | None:
 def _windows_of(d: DeviceState) -> Windows | None:
     """The reported detector's windows, else any process's (one that has not found a leak
     is not the reported one, but it chose windows all the same)."""
-    if d.leak.windows is not None:
-        return d.leak.windows
+    if d.window_leak.windows is not None:
+        return d.window_leak.windows
     detectors = getattr(d, "leaks", {}).values()
     return next((x.windows for x in detectors if x.windows is not None), None)
 
