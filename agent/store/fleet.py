@@ -17,10 +17,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select, true, union_all
+from sqlalchemy import Connection, and_, case, func, select, true, union_all
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
-from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
+from vramscope.agent.store.schema import (
+    agent_stats,
+    devices,
+    events,
+    hosts,
+    rollups,
+    sample_blocks,
+    samples,
+)
 from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_json, stored_reasons
 
 if TYPE_CHECKING:
@@ -34,20 +43,24 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     ``not_after_s``, from the minute rollups where raw samples are gone (as
     ``Store.time_range`` gives it for one device; None: nothing stored). By host, then index."""
     here = samples.c.device_id == devices.c.id
-    raw = (select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= not_after_s)
-           .scalar_subquery())
+    raw = greater(select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= not_after_s)
+                  .scalar_subquery(), _block_edge(True, not_after_s))
     minute = (select(func.max(rollups.c.bucket_s))
               .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= not_after_s)
               .scalar_subquery())
-    q = (select(hosts.c.name.label("host"), devices.c.device_index, devices.c.name,
+    q = (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
+                devices.c.device_index, devices.c.name,
                 devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
                 minute.label("minute"))
          .join(hosts, hosts.c.id == devices.c.host_id)
          .order_by(hosts.c.name, devices.c.device_index))
     with store.engine.connect() as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
+        across = _straddling(c, not_after_s)
     for r in rows:
-        raw_s, minute_s = r.pop("raw"), r.pop("minute")
+        raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
+        if row_id in across:
+            raw_s = max(x for x in (raw_s, across[row_id]) if x is not None)
         r["newest_ts_s"] = (float(raw_s) if raw_s is not None else
                             None if minute_s is None else float(minute_s) + ROLLUP_BUCKET_S)
     return rows
@@ -96,6 +109,37 @@ def newest_samples(store: Store, not_after_s: float | None,
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    with store.engine.connect() as c:
+        out = _newest_samples(store, c, tops, end, window_s)
+        across = _straddling(c, not_after_s)
+        for i, now in enumerate(out):
+            ends = now.span
+            if now.device["id"] not in across or ends is None:
+                continue
+            # a view of a compacted time: this device's end lies in a block across the bound
+            newest = across[now.device["id"]]
+            if newest <= ends[1]:
+                continue
+            out[i] = DeviceNow(now.device, (ends[0], newest),
+                               _recent_of(c, now.device, newest - window_s, newest))
+        return out
+
+
+def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
+               hi_s: float) -> list[Sample]:
+    """One device's samples in [lo_s, hi_s], as :func:`newest_samples` reads them."""
+    raw = blocks.raw_samples(c, [device["id"]], lo_s, hi_s)
+    q = (select(raw.c.ts_s, raw.c.phase, raw.c.source, raw.c.pid,
+                *(raw.c[n] for n in SAMPLE_COUNTER_FIELDS))
+         .where(raw.c.device_id == device["id"], raw.c.ts_s >= lo_s, raw.c.ts_s <= hi_s)
+         .order_by(raw.c.ts_s, raw.c.id))
+    return [Sample(r[0], device["device_index"], Phase(r[1]), *r[2:],  # type: ignore[misc]
+                   host=device["host"], device_uuid=device["uuid"]) for r in c.execute(q)]
+
+
+def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
+                    window_s: float) -> list[DeviceNow]:
+    samples = _recent_source(c, tops, end, window_s)
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
@@ -115,21 +159,35 @@ def newest_samples(store: Store, not_after_s: float | None,
              .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
     out: list[DeviceNow] = []
     n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
-    with store.engine.connect() as c:
-        result = c.execute(q)
-        keys = list(result.keys())[:n_device]
-        for r in result:
-            if not out or out[-1].device["id"] != r[0]:
-                out.append(DeviceNow(dict(zip(keys, r[:n_device])),
-                                     _span(r[n_device:n_device + 4]), []))
-            ts = r[n_device + 4]
-            if ts is not None:
-                d = out[-1].device
-                # r's rest: source, pid and the counters, as Store.iter_samples reads them
-                out[-1].recent.append(Sample(  # type: ignore[misc]
-                    ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
-                    host=d["host"], device_uuid=d["uuid"]))
+    result = c.execute(q)
+    keys = list(result.keys())[:n_device]
+    for r in result:
+        if not out or out[-1].device["id"] != r[0]:
+            out.append(DeviceNow(dict(zip(keys, r[:n_device])),
+                                 _span(r[n_device:n_device + 4]), []))
+        ts = r[n_device + 4]
+        if ts is not None:
+            d = out[-1].device
+            # r's rest: source, pid and the counters, as Store.iter_samples reads them
+            out[-1].recent.append(Sample(  # type: ignore[misc]
+                ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
+                host=d["host"], device_uuid=d["uuid"]))
     return out
+
+
+def _recent_source(c: Connection, tops: Any, end: Any, window_s: float) -> Any:
+    """``samples``, or with the rows of the compact raw tier in the devices' windows where a
+    device's newest samples were compacted (a device that stopped sending a while ago): one
+    look-up of the windows, only when the store holds blocks at all."""
+    if c.execute(select(sample_blocks.c.id).limit(1)).first() is None:
+        return samples
+    ends = [(int(did), float(e)) for did, e in c.execute(select(tops.c.id, end))
+            if e is not None]
+    wanted = [(did, e) for did, e in ends if blocks.any_blocks(c, [did], e - window_s, e)]
+    if not wanted:
+        return samples
+    return blocks.raw_samples(c, [did for did, _ in wanted],
+                              min(e for _, e in wanted) - window_s, max(e for _, e in wanted))
 
 
 def _span_ends(not_after_s: float | None) -> list[Any]:
@@ -142,10 +200,52 @@ def _span_ends(not_after_s: float | None) -> list[Any]:
             [column <= not_after_s] if bounded and not_after_s is not None else [])
         return select(fn(column)).where(*where).scalar_subquery()
 
-    return [edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
-            edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
+    raw_lo = lesser(edge(samples.c.ts_s, samples.c.device_id, func.min, False),
+                    _block_edge(False, None))
+    raw_hi = greater(edge(samples.c.ts_s, samples.c.device_id, func.max, True),
+                     _block_edge(True, not_after_s))
+    return [raw_lo.label("raw_lo"), raw_hi.label("raw_hi"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False).label("minute_lo"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
+
+
+def _block_edge(newest: bool, not_after_s: float | None) -> Any:
+    """The first or ``newest`` sample time of the statement's device row in the compact raw
+    tier, the newest of the blocks wholly before ``not_after_s``: a block that straddles it
+    (a view of a time already compacted) is :func:`_straddling`'s to correct."""
+    column = sample_blocks.c.last_s if newest else sample_blocks.c.first_s
+    where = [sample_blocks.c.device_id == devices.c.id]
+    if not_after_s is not None and newest:
+        where.append(column <= not_after_s)
+    return select((func.max if newest else func.min)(column)).where(*where).scalar_subquery()
+
+
+def _straddling(c: Connection, not_after_s: float | None) -> dict[int, float]:
+    """Devices with a block across ``not_after_s`` (first sample before it, last after), and
+    each one's newest sample not ahead of it, decoded: the few a view of a compacted time
+    needs corrected (a seek on the blocks' time index)."""
+    if not_after_s is None:
+        return {}
+    q = (select(sample_blocks.c.device_id).distinct()
+         .where(sample_blocks.c.block_s > not_after_s - blocks.BLOCK_S,
+                sample_blocks.c.block_s <= not_after_s,
+                sample_blocks.c.first_s <= not_after_s, sample_blocks.c.last_s > not_after_s))
+    out = {}
+    for (did,) in c.execute(q).all():
+        newest = blocks.last_ts(c, int(did), not_after_s)
+        if newest is not None:
+            out[int(did)] = newest
+    return out
+
+
+def lesser(a: Any, b: Any) -> Any:
+    """The lesser of two nullable SQL values (either where the other is NULL)."""
+    return case((a.is_(None), b), (b.is_(None), a), (a <= b, a), else_=b)
+
+
+def greater(a: Any, b: Any) -> Any:
+    """The greater of two nullable SQL values (either where the other is NULL)."""
+    return case((a.is_(None), b), (b.is_(None), a), (a >= b, a), else_=b)
 
 
 def device_spans(store: Store, not_after_s: float | None = None
@@ -153,10 +253,22 @@ def device_spans(store: Store, not_after_s: float | None = None
     """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
-    q = (select(hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
+    q = (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
          .join(hosts, hosts.c.id == devices.c.host_id))
     with store.engine.connect() as c:
-        return {(host, index): _span(ends) for host, index, *ends in c.execute(q)}
+        rows = c.execute(q).all()
+        across = _straddling(c, not_after_s)
+    return {(host, index): _span(_corrected(ends, across.get(did)))
+            for did, host, index, *ends in rows}
+
+
+def _corrected(ends: Sequence[Any], newest: float | None) -> list[Any]:
+    """A device's four span ends with its raw end corrected to ``newest`` (a block across
+    the bound held a newer sample than the whole blocks before it), if given."""
+    raw_lo, raw_hi, minute_lo, minute_hi = ends
+    if newest is not None and (raw_hi is None or newest > raw_hi):
+        raw_hi = newest
+    return [raw_lo, raw_hi, minute_lo, minute_hi]
 
 
 def event_counts(store: Store, start_s: float, end_s: float, name: str,

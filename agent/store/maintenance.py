@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import seconds as tier
+from vramscope.agent.store.sample_blocks import raw_samples
 from vramscope.agent.store.schema import (
     FREQUENT_EVENTS,
     ROLLUP_TIER_S,
@@ -147,12 +148,15 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
 
 
 def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
-    cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
-            *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
+    # a late minute rolled up again may be in the compact raw tier already
+    raw_table = raw_samples(c, ids, start_s, end_s)
+    cols = [raw_table.c.device_id, raw_table.c.source, raw_table.c.ts_s,
+            *(raw_table.c[n] for n in SAMPLE_COUNTER_FIELDS), raw_table.c.phase]
     q = (select(*cols)
-         .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
-         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
-                   samples.c.id))
+         .where(raw_table.c.device_id.in_(ids), raw_table.c.ts_s >= start_s,
+                raw_table.c.ts_s < end_s)
+         .order_by(raw_table.c.device_id, func.coalesce(raw_table.c.source, ""),
+                   raw_table.c.ts_s, raw_table.c.id))
     raw = _fetch_raw(c, q)
     rows = aggregate(raw)
     _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)

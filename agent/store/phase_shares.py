@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, Integer, cast, func, or_, select
 from vramscope.agent.records import Event, Phase
 from vramscope.agent.store.downsample import device_row_id
-from vramscope.agent.store.schema import samples
+from vramscope.agent.store.sample_blocks import raw_samples
 
 if TYPE_CHECKING:
     from vramscope.agent.store.seconds import PhaseSeconds
@@ -42,19 +42,19 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
     did = device_row_id(store, device, host)
     if did is None:
         return {}
-    ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
-    # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
-    grid: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
-                                else cast(ratio, Integer))
-    bucket = grid.label("bucket")
-    q = (select(bucket, samples.c.phase, func.count().label("n"))
-         .where(samples.c.device_id == did,
-                samples.c.ts_s >= (start_s if from_s is None else max(start_s, from_s)),
-                samples.c.ts_s <= end_s,
-                samples.c.phase != "unknown")
-         .group_by(bucket, samples.c.phase))
+    lo_s = start_s if from_s is None else max(start_s, from_s)
     out: dict[int, dict[str, int]] = {}
     with store.engine.connect() as c:
+        raw = raw_samples(c, [did], lo_s, end_s)
+        ratio = (raw.c.ts_s - start_s) / ((end_s - start_s) / buckets)
+        # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
+        grid: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
+                                    else cast(ratio, Integer))
+        bucket = grid.label("bucket")
+        q = (select(bucket, raw.c.phase, func.count().label("n"))
+             .where(raw.c.device_id == did, raw.c.ts_s >= lo_s, raw.c.ts_s <= end_s,
+                    raw.c.phase != "unknown")
+             .group_by(bucket, raw.c.phase))
         for b, phase, n in c.execute(q):
             k = min(int(b), buckets - 1)
             out.setdefault(k, {})[phase] = out.get(k, {}).get(phase, 0) + int(n)
@@ -71,15 +71,16 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
     did = device_row_id(store, device, host)
     if did is None:
         return []
-    previous = func.lag(samples.c.phase).over(order_by=(samples.c.ts_s, samples.c.id))
-    phased = (select(samples.c.ts_s, samples.c.phase, previous.label("previous"))
-              .where(samples.c.device_id == did, samples.c.ts_s >= start_s,
-                     samples.c.ts_s <= end_s, samples.c.phase != "unknown")
-              .subquery())
-    q = (select(phased.c.ts_s, phased.c.phase)
-         .where(or_(phased.c.previous.is_(None), phased.c.previous != phased.c.phase))
-         .order_by(phased.c.ts_s).limit(limit + 1))
     with store.engine.connect() as c:
+        raw = raw_samples(c, [did], start_s, end_s)
+        previous = func.lag(raw.c.phase).over(order_by=(raw.c.ts_s, raw.c.id))
+        phased = (select(raw.c.ts_s, raw.c.phase, previous.label("previous"))
+                  .where(raw.c.device_id == did, raw.c.ts_s >= start_s,
+                         raw.c.ts_s <= end_s, raw.c.phase != "unknown")
+                  .subquery())
+        q = (select(phased.c.ts_s, phased.c.phase)
+             .where(or_(phased.c.previous.is_(None), phased.c.previous != phased.c.phase))
+             .order_by(phased.c.ts_s).limit(limit + 1))
         rows = [(float(ts), str(phase)) for ts, phase in c.execute(q)]
     return rows if len(rows) <= limit else None
 

@@ -47,7 +47,8 @@ from vramscope.agent.store.reads import (
     ProcessSeries,
     ProcessWindow,
 )
-from vramscope.agent.store.schema import rollups, samples, verdicts
+from vramscope.agent.store.sample_blocks import raw_samples
+from vramscope.agent.store.schema import rollups, verdicts
 from vramscope.agent.store.window import count_at_most, first_sample_ts
 
 if TYPE_CHECKING:
@@ -127,17 +128,17 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
     """Raw allocator rows in [lo_s, end_s] grouped by (pid, bucket) in one statement, and the
     device's newest sample of any source in [lo_s, end_s] (one seek)."""
     g_start, width, count = _grid(start_s, end_s, buckets)
-    bucket = grid_index(store, samples.c.ts_s, g_start, width).label("bucket")
-    aggs = [agg(samples.c[col]) for col in cols for agg in (func.min, func.max)]
-    q = (select(samples.c.pid, bucket, func.max(samples.c.ts_s), *aggs)
-         .where(samples.c.device_id == did, samples.c.ts_s >= lo_s, samples.c.ts_s <= end_s,
-                or_(*(samples.c[col].is_not(None) for col in cols)))
-         .group_by(samples.c.pid, bucket))
-    newest_q = (select(samples.c.ts_s)
-                .where(samples.c.device_id == did, samples.c.ts_s >= lo_s,
-                       samples.c.ts_s <= end_s)
-                .order_by(samples.c.ts_s.desc()).limit(1))
     with store.engine.connect() as c:
+        raw = raw_samples(c, [did], lo_s, end_s)
+        bucket = grid_index(store, raw.c.ts_s, g_start, width).label("bucket")
+        aggs = [agg(raw.c[col]) for col in cols for agg in (func.min, func.max)]
+        q = (select(raw.c.pid, bucket, func.max(raw.c.ts_s), *aggs)
+             .where(raw.c.device_id == did, raw.c.ts_s >= lo_s, raw.c.ts_s <= end_s,
+                    or_(*(raw.c[col].is_not(None) for col in cols)))
+             .group_by(raw.c.pid, bucket))
+        newest_q = (select(raw.c.ts_s)
+                    .where(raw.c.device_id == did, raw.c.ts_s >= lo_s, raw.c.ts_s <= end_s)
+                    .order_by(raw.c.ts_s.desc()).limit(1))
         grouped = c.execute(q).all()
         newest = c.execute(newest_q).scalar()
     per_pid: dict[int | None, dict[int, list[Any]]] = {}
@@ -186,10 +187,11 @@ def _edge_pids(store: Store, did: int, raw_lo: float | None, hi_s: float,
     if raw_lo is None or hi_s < raw_lo:
         return []
     found: dict[int | None, None] = {}
-    span = [samples.c.device_id == did, samples.c.ts_s >= raw_lo, samples.c.ts_s <= hi_s]
     with store.engine.connect() as c:
-        for order in (samples.c.ts_s.asc(), samples.c.ts_s.desc()):
-            edge = (select(samples.c.pid, *(samples.c[col] for col in cols)).where(*span)
+        raw = raw_samples(c, [did], raw_lo, hi_s)
+        span = [raw.c.device_id == did, raw.c.ts_s >= raw_lo, raw.c.ts_s <= hi_s]
+        for order in (raw.c.ts_s.asc(), raw.c.ts_s.desc()):
+            edge = (select(raw.c.pid, *(raw.c[col] for col in cols)).where(*span)
                     .order_by(order).limit(EDGE_ROWS).subquery())
             q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))
                  .distinct())

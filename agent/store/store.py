@@ -58,7 +58,7 @@ from vramscope.agent.records import (
     Sample,
     uuid_candidates,
 )
-from vramscope.agent.store import content_keys, migrate
+from vramscope.agent.store import content_keys, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -688,22 +688,27 @@ class Store:
                      end_s: float | None = None, *, host: str | None = None,
                      source: str | None = None, limit: int | None = None) -> Iterable[Sample]:
         hname = host or self.host_name
-        q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase, samples.c.source,
-                    samples.c.pid, *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS),
-                    devices.c.uuid)
-             .join(devices, devices.c.id == samples.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == hname)
-             .order_by(samples.c.ts_s, samples.c.id))
-        q = _time_filter(q, samples.c.ts_s, start_s, end_s)
-        if device is not None:
-            q = q.where(devices.c.device_index == device)
-        if source is not None:
-            q = q.where(samples.c.source == source)
-        if limit is not None:
-            q = q.limit(limit)
         host_field = None if host is None else host
         with self.engine.connect() as c:
+            mine = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+                    .where(hosts.c.name == hname))
+            if device is not None:
+                mine = mine.where(devices.c.device_index == device)
+            # the compact raw tier's rows of these devices and window with samples's
+            raw = sample_blocks.raw_samples(c, c.execute(mine).scalars().all(), start_s, end_s)
+            q = (select(devices.c.device_index, raw.c.ts_s, raw.c.phase, raw.c.source,
+                        raw.c.pid, *(raw.c[n] for n in SAMPLE_COUNTER_FIELDS), devices.c.uuid)
+                 .join(devices, devices.c.id == raw.c.device_id)
+                 .join(hosts, hosts.c.id == devices.c.host_id)
+                 .where(hosts.c.name == hname)
+                 .order_by(raw.c.ts_s, raw.c.id))
+            q = _time_filter(q, raw.c.ts_s, start_s, end_s)
+            if device is not None:
+                q = q.where(devices.c.device_index == device)
+            if source is not None:
+                q = q.where(raw.c.source == source)
+            if limit is not None:
+                q = q.limit(limit)
             for r in c.execute(q).yield_per(10_000):
                 yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4],  # type: ignore[misc]
                              *r[5:-1], host=host_field, device_uuid=r[-1])  # r: counters
@@ -797,7 +802,14 @@ class Store:
                                .where(rollups.c.device_id == did,
                                       *_not_after(rollups.c.bucket_s, not_after_s))
                                .scalar_subquery())
-                spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
+                lo_, hi_, first_m, last_m = c.execute(select(lo, hi, first_minute,
+                                                             last_minute)).one()
+                # the compact raw tier's first and newest sample
+                in_blocks = (sample_blocks.first_ts(c, did),
+                             sample_blocks.last_ts(c, did, not_after_s))
+                lo_ = min((x for x in (lo_, in_blocks[0]) if x is not None), default=None)
+                hi_ = max((x for x in (hi_, in_blocks[1]) if x is not None), default=None)
+                spans.append((lo_, hi_, first_m, last_m))
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
         lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
                  for span in spans if span[1] is not None or span[3] is not None]

@@ -11,10 +11,12 @@ away.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ScalarSelect, func, literal, select
-from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
+from sqlalchemy import Connection, ScalarSelect, func, literal, select
+from vramscope.agent.store import sample_blocks as blocks
+from vramscope.agent.store.schema import devices, events, hosts, sample_blocks, samples, seconds
 from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
@@ -25,14 +27,33 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
                   limit: int, host: str | None = None) -> int:
     """Samples of device index ``device`` in [start_s, end_s], counted up to ``limit + 1``
     (``limit + 1`` means "more than ``limit``")."""
-    q = select(literal(1)).where(samples.c.device_id == _device_id(store, device, host))
-    if start_s is not None:
-        q = q.where(samples.c.ts_s >= start_s)
-    if end_s is not None:
-        q = q.where(samples.c.ts_s <= end_s)
-    bounded = q.limit(limit + 1).subquery()
     with store.engine.connect() as c:
-        return int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+        did = c.execute(select(_device_id(store, device, host))).scalar()
+        if did is None:
+            return 0
+        q = select(literal(1)).where(samples.c.device_id == did)
+        if start_s is not None:
+            q = q.where(samples.c.ts_s >= start_s)
+        if end_s is not None:
+            q = q.where(samples.c.ts_s <= end_s)
+        bounded = q.limit(limit + 1).subquery()
+        counted = int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+        # the compact raw tier: its blocks' counts, those wholly inside the window as stored,
+        # those across an end by their rows
+        return min(limit + 1, counted + _in_blocks(c, did, start_s, end_s))
+
+
+def _in_blocks(c: Connection, did: int, start_s: float | None, end_s: float | None) -> int:
+    """Samples of the compact raw tier in [start_s, end_s]: the stored counts where every
+    overlapping block lies inside the window, else the decoded rows in it."""
+    q = (select(sample_blocks.c.first_s, sample_blocks.c.last_s, sample_blocks.c.count)
+         .where(*blocks.overlapping([did], start_s, end_s)))
+    lo = -math.inf if start_s is None else start_s
+    hi = math.inf if end_s is None else end_s
+    found = c.execute(q).all()
+    if all(lo <= first and last <= hi for first, last, _ in found):
+        return sum(int(n) for _, _, n in found)
+    return len(blocks.rows_of_blocks(c, [did], start_s, end_s))  # rows in the window only
 
 
 def events_at_most(store: Store, device: int, start_s: float, end_s: float,
@@ -58,11 +79,11 @@ def first_sample_ts(store: Store, device: int, host: str | None = None) -> float
     """The device's first raw sample time: one seek on the ``(device_id, ts_s)`` index.
     Retention deletes raw samples oldest first, so a window that starts before it lives on
     only in the tiers (the per-second tier, the minute rollups)."""
-    q = (select(samples.c.ts_s).where(samples.c.device_id == _device_id(store, device, host))
-         .order_by(samples.c.ts_s).limit(1))
+    did = _device_id(store, device, host)
+    q = select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s).limit(1)
     with store.engine.connect() as c:
-        first = c.execute(q).scalar()
-    return None if first is None else float(first)
+        found = [x for x in (c.execute(q).scalar(), blocks.first_ts(c, did)) if x is not None]
+    return float(min(found)) if found else None
 
 
 def seconds_at_most(store: Store, device: int, start_s: float, end_s: float, limit: int,
