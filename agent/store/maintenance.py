@@ -19,7 +19,7 @@ and SQLAlchemy's own work (about half a millisecond of CPU), so per-device state
 leader's steps cost 20 statements a device, most of them finding nothing to do. The devices
 are named in one ``device_id IN (...)`` (an index seek per device, on SQLite and PostgreSQL) or
 sought by a subquery correlated to the devices table, so a step sends a fixed few statements
-whatever the fleet's size, and a rollup 11 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
+whatever the fleet's size, and a rollup 12 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
 (tests/agent/test_retention_statements.py counts them).
 """
 
@@ -65,7 +65,7 @@ from vramscope.agent.store.store import Store
 BUCKET_S = 60.0
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
 # A rollup holds its devices' raw rows in memory at once (two minutes of 32 devices at 10 Hz:
-# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (11 statements each) rather
+# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (12 statements each) rather
 # than in one read whose memory would grow the leader with the fleet
 ROLLUP_DEVICES_PER_CHUNK = 32
 # PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
