@@ -69,6 +69,11 @@ def encode(rows: Sequence[Sequence[Any]]) -> bytes:
 
 def decode(blob: bytes) -> list[tuple[Any, ...]]:
     """The rows of an :func:`encode` block, laid out as :data:`COLUMNS`."""
+    return list(zip(*decode_columns(blob), strict=True))
+
+
+def decode_columns(blob: bytes) -> list[list[Any]]:
+    """The columns of an :func:`encode` block, in :data:`COLUMNS` order, a list each."""
     if not blob or blob[0] != FORMAT_VERSION:
         found = blob[0] if blob else "nothing"
         raise ValueError(f"sample block: format {found}, expected {FORMAT_VERSION}")
@@ -90,7 +95,7 @@ def decode(blob: bytes) -> list[tuple[Any, ...]]:
             columns.append([words[c] for c in array("B" if len(words) <= 256 else "I", part)])
         else:
             columns.append(_decode_nullable(part, n, mode))
-    return list(zip(*columns, strict=True))
+    return columns
 
 
 def _texts(col: list[Any], header: dict[str, Any], name: str) -> bytes:

@@ -47,7 +47,7 @@ from vramscope.agent.store.reads import (
     ProcessSeries,
     ProcessWindow,
 )
-from vramscope.agent.store.sample_blocks import raw_samples
+from vramscope.agent.store.sample_blocks import edge_span, raw_samples
 from vramscope.agent.store.schema import rollups, verdicts
 from vramscope.agent.store.window import count_at_most, first_sample_ts
 
@@ -188,9 +188,12 @@ def _edge_pids(store: Store, did: int, raw_lo: float | None, hi_s: float,
         return []
     found: dict[int | None, None] = {}
     with store.engine.connect() as c:
-        raw = raw_samples(c, [did], raw_lo, hi_s)
-        span = [raw.c.device_id == did, raw.c.ts_s >= raw_lo, raw.c.ts_s <= hi_s]
-        for order in (raw.c.ts_s.asc(), raw.c.ts_s.desc()):
+        for newest in (False, True):
+            # only the blocks that hold this end's rows are decoded
+            lo, hi = edge_span(c, did, raw_lo, hi_s, EDGE_ROWS, newest)
+            raw = raw_samples(c, [did], lo, hi)
+            span = [raw.c.device_id == did, raw.c.ts_s >= raw_lo, raw.c.ts_s <= hi_s]
+            order = raw.c.ts_s.desc() if newest else raw.c.ts_s.asc()
             edge = (select(raw.c.pid, *(raw.c[col] for col in cols)).where(*span)
                     .order_by(order).limit(EDGE_ROWS).subquery())
             q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))

@@ -74,6 +74,20 @@ def _snapshot(store: Store) -> dict[str, object]:
     return out
 
 
+def _assert_edges_within_spans(store: Store) -> None:
+    """The span ``edge_span`` decodes for a window's first or last n rows holds them all."""
+    times = sorted(s.ts_s for s in store.samples(0))
+    did = store.known_device_id(0)
+    with store.engine.connect() as c:
+        for lo, hi in ((T0, T0 + SPAN_S), (T0 + 700.0, T0 + 1900.0)):
+            inside = [t for t in times if lo <= t <= hi]
+            for n in (1, 7, 500, 5000):
+                first_lo, first_hi = sample_blocks.edge_span(c, did, lo, hi, n, False)
+                last_lo, last_hi = sample_blocks.edge_span(c, did, lo, hi, n, True)
+                assert first_lo == lo and first_hi >= inside[min(n, len(inside)) - 1]
+                assert last_hi == hi and last_lo <= inside[-min(n, len(inside))]
+
+
 def _store(url: str) -> Store:
     store = Store.open(url, host_name="h")
     store.write(_scripted())
@@ -111,6 +125,7 @@ def test_reads_are_identical_after_compaction_whole_or_half(any_url):
         moved = sample_blocks.compact(store, T0 + SPAN_S / 2, 100)
         assert 0 < moved < rows and _counts(store)[1] > 0
         assert _snapshot(store) == before
+        _assert_edges_within_spans(store)
         sample_blocks.compact(store, T0 + SPAN_S + 600.0, 100)
         assert _counts(store)[0] == 0
         # per interval (5 touched, ten minutes each) one block per (source, pid)
