@@ -4,7 +4,10 @@ no longer keeps.
 Tiers (docs/architecture.md, "Storage tiers"), each with its setting:
 
 - raw samples, and the frequent events (requests, KV block moves, phase changes):
-  ``retention.raw_s`` (a day by default);
+  ``retention.raw_s`` (a day by default); raw samples as rows while new, then compacted into
+  the compact raw tier (``sample_blocks``, :mod:`vramscope.agent.store.sample_blocks`) once
+  their ten-minute interval ended ``retention.compact_after_s`` ago and is rolled up, a few
+  intervals a step, each in its own transaction;
 - the per-second tier (``seconds`` table, :mod:`vramscope.agent.store.seconds`):
   ``retention.second_s`` (14 days);
 - per-minute rollups, the per-minute counts of the frequent events (``event_counts``: requests
