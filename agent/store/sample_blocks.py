@@ -222,7 +222,7 @@ def edge_span(c: Connection, device_id: int, lo_s: float, hi_s: float, n: int,
             nth_block = times[n - 1]
             if (meta[3] < nth_block) if newest else (meta[2] > nth_block):
                 break
-        block_times = _columns(c, [tuple(meta)])[meta[0]][_PLACE["ts_s"]]  # type: ignore[list-item]
+        block_times = _columns(c, [tuple(meta)])[meta[0]][_PLACE["ts_s"]]
         times = sorted(times + [t for t in block_times if lo_s <= t <= hi_s], reverse=newest)
     # the union's first n rows lie within the n-th of either part that has n (a part with
     # fewer bounds nothing: the other part's n-th, or the window's end, does)
