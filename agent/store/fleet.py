@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, case, func, select, true, union_all
+from sqlalchemy import Connection, and_, case, exists, func, literal, select, true, union_all
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
@@ -51,18 +51,17 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     q = (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
                 devices.c.device_index, devices.c.name,
                 devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
-                minute.label("minute"))
+                minute.label("minute"), _straddles(not_after_s).label("straddles"))
          .join(hosts, hosts.c.id == devices.c.host_id)
          .order_by(hosts.c.name, devices.c.device_index))
     with store.engine.connect() as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
-        across = _straddling(c, not_after_s)
-    for r in rows:
-        raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
-        if row_id in across:
-            raw_s = max(x for x in (raw_s, across[row_id]) if x is not None)
-        r["newest_ts_s"] = (float(raw_s) if raw_s is not None else
-                            None if minute_s is None else float(minute_s) + ROLLUP_BUCKET_S)
+        for r in rows:
+            raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
+            if r.pop("straddles"):
+                raw_s = _newest_of(c, row_id, raw_s, not_after_s)
+            r["newest_ts_s"] = (float(raw_s) if raw_s is not None else None if minute_s is None
+                                else float(minute_s) + ROLLUP_BUCKET_S)
     return rows
 
 
@@ -105,24 +104,34 @@ def newest_samples(store: Store, not_after_s: float | None,
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
     an outer join so that a device without any keeps its row."""
-    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s))
+    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
+                   _straddles(not_after_s).label("straddles"))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    # whether the device's window reaches into the compact raw tier (a device that stopped
+    # sending a while ago, or a view of a compacted time): its samples are read again below
+    in_blocks = exists().where(sample_blocks.c.device_id == tops.c.id,
+                               *_overlapping_sql(end - window_s, end)).label("in_blocks")
     with store.engine.connect() as c:
-        out = _newest_samples(store, c, tops, end, window_s)
-        across = _straddling(c, not_after_s)
-        for i, now in enumerate(out):
+        out, again = _newest_samples(store, c, tops, end, window_s, in_blocks)
+        for i in again:
+            now = out[i]
             ends = now.span
-            if now.device["id"] not in across or ends is None:
+            newest = _newest_of(c, now.device["id"], None if ends is None else ends[1],
+                                not_after_s)
+            if newest is None:
                 continue
-            # a view of a compacted time: this device's end lies in a block across the bound
-            newest = across[now.device["id"]]
-            if newest <= ends[1]:
-                continue
-            out[i] = DeviceNow(now.device, (ends[0], newest),
+            first = newest if ends is None else ends[0]
+            out[i] = DeviceNow(now.device, (first, newest),
                                _recent_of(c, now.device, newest - window_s, newest))
         return out
+
+
+def _overlapping_sql(lo: Any, hi: Any) -> list[Any]:
+    """``sample_blocks`` conditions for blocks that may hold rows in [lo, hi] (SQL values)."""
+    return [sample_blocks.c.block_s > lo - blocks.BLOCK_S, sample_blocks.c.block_s <= hi,
+            sample_blocks.c.last_s >= lo, sample_blocks.c.first_s <= hi]
 
 
 def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
@@ -137,9 +146,10 @@ def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                    host=device["host"], device_uuid=device["uuid"]) for r in c.execute(q)]
 
 
-def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
-                    window_s: float) -> list[DeviceNow]:
-    samples = _recent_source(c, tops, end, window_s)
+def _newest_samples(store: Store, c: Connection, tops: Any, end: Any, window_s: float,
+                    in_blocks: Any) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans and ``samples``'s rows of their windows, and the places
+    of those whose window also lies in blocks or whose end straddles a block."""
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
@@ -150,44 +160,34 @@ def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
         # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
         recent = (select(*(c.label(f"s_{c.name}") for c in columns),
                          samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
-        q = (select(tops, *(recent.c[f"s_{c.name}"] for c in columns))
+        q = (select(tops, in_blocks, *(recent.c[f"s_{c.name}"] for c in columns))
              .select_from(tops.outerjoin(recent, true()))
              .order_by(tops.c.host, tops.c.device_index, recent.c.s_ts_s, recent.c.s_id))
     else:  # SQLite loops over the devices and reads each one's range of the index
-        q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
+        q = (select(tops, in_blocks, *(c.label(f"s_{c.name}") for c in columns))
              .outerjoin(samples, window)
              .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
     out: list[DeviceNow] = []
-    n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
+    again: list[int] = []
+    # the devices row and its host; then the span's four ends, whether it straddles a block,
+    # whether its window reaches into blocks; then a sample's columns
+    n_device = len(tops.c) - 5
     result = c.execute(q)
     keys = list(result.keys())[:n_device]
     for r in result:
         if not out or out[-1].device["id"] != r[0]:
             out.append(DeviceNow(dict(zip(keys, r[:n_device])),
                                  _span(r[n_device:n_device + 4]), []))
-        ts = r[n_device + 4]
+            if r[n_device + 4] or r[n_device + 5]:
+                again.append(len(out) - 1)
+        ts = r[n_device + 6]
         if ts is not None:
             d = out[-1].device
             # r's rest: source, pid and the counters, as Store.iter_samples reads them
             out[-1].recent.append(Sample(  # type: ignore[misc]
-                ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
+                ts, d["device_index"], Phase(r[n_device + 7]), *r[n_device + 8:],
                 host=d["host"], device_uuid=d["uuid"]))
-    return out
-
-
-def _recent_source(c: Connection, tops: Any, end: Any, window_s: float) -> Any:
-    """``samples``, or with the rows of the compact raw tier in the devices' windows where a
-    device's newest samples were compacted (a device that stopped sending a while ago): one
-    look-up of the windows, only when the store holds blocks at all."""
-    if c.execute(select(sample_blocks.c.id).limit(1)).first() is None:
-        return samples
-    ends = [(int(did), float(e)) for did, e in c.execute(select(tops.c.id, end))
-            if e is not None]
-    wanted = [(did, e) for did, e in ends if blocks.any_blocks(c, [did], e - window_s, e)]
-    if not wanted:
-        return samples
-    return blocks.raw_samples(c, [did for did, _ in wanted],
-                              min(e for _, e in wanted) - window_s, max(e for _, e in wanted))
+    return out, again
 
 
 def _span_ends(not_after_s: float | None) -> list[Any]:
@@ -220,22 +220,25 @@ def _block_edge(newest: bool, not_after_s: float | None) -> Any:
     return select((func.max if newest else func.min)(column)).where(*where).scalar_subquery()
 
 
-def _straddling(c: Connection, not_after_s: float | None) -> dict[int, float]:
-    """Devices with a block across ``not_after_s`` (first sample before it, last after), and
-    each one's newest sample not ahead of it, decoded: the few a view of a compacted time
-    needs corrected (a seek on the blocks' time index)."""
+def _straddles(not_after_s: float | None) -> Any:
+    """Whether the statement's device row has a block across ``not_after_s`` (its first
+    sample before, its last after: a view of a time already compacted), whose rows up to it
+    :func:`_newest_of` decodes; false without a bound. A seek on the device's blocks."""
     if not_after_s is None:
-        return {}
-    q = (select(sample_blocks.c.device_id).distinct()
-         .where(sample_blocks.c.block_s > not_after_s - blocks.BLOCK_S,
-                sample_blocks.c.block_s <= not_after_s,
-                sample_blocks.c.first_s <= not_after_s, sample_blocks.c.last_s > not_after_s))
-    out = {}
-    for (did,) in c.execute(q).all():
-        newest = blocks.last_ts(c, int(did), not_after_s)
-        if newest is not None:
-            out[int(did)] = newest
-    return out
+        return literal(False)
+    return exists().where(sample_blocks.c.device_id == devices.c.id,
+                          sample_blocks.c.block_s > not_after_s - blocks.BLOCK_S,
+                          sample_blocks.c.block_s <= not_after_s,
+                          sample_blocks.c.first_s <= not_after_s,
+                          sample_blocks.c.last_s > not_after_s)
+
+
+def _newest_of(c: Connection, device_id: int, raw_s: float | None,
+               not_after_s: float | None) -> float | None:
+    """``raw_s`` (the newest raw sample found in SQL) or the newest one not ahead of
+    ``not_after_s`` of a block across it, whichever is newer."""
+    found = blocks.last_ts(c, device_id, not_after_s)
+    return max((x for x in (raw_s, found) if x is not None), default=None)
 
 
 def lesser(a: Any, b: Any) -> Any:
@@ -253,22 +256,16 @@ def device_spans(store: Store, not_after_s: float | None = None
     """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
-    q = (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
+    q = (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after_s),
+                _straddles(not_after_s))
          .join(hosts, hosts.c.id == devices.c.host_id))
     with store.engine.connect() as c:
-        rows = c.execute(q).all()
-        across = _straddling(c, not_after_s)
-    return {(host, index): _span(_corrected(ends, across.get(did)))
-            for did, host, index, *ends in rows}
-
-
-def _corrected(ends: Sequence[Any], newest: float | None) -> list[Any]:
-    """A device's four span ends with its raw end corrected to ``newest`` (a block across
-    the bound held a newer sample than the whole blocks before it), if given."""
-    raw_lo, raw_hi, minute_lo, minute_hi = ends
-    if newest is not None and (raw_hi is None or newest > raw_hi):
-        raw_hi = newest
-    return [raw_lo, raw_hi, minute_lo, minute_hi]
+        out = {}
+        for did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles in c.execute(q):
+            if straddles:
+                raw_hi = _newest_of(c, did, raw_hi, not_after_s)
+            out[(host, index)] = _span((raw_lo, raw_hi, minute_lo, minute_hi))
+        return out
 
 
 def event_counts(store: Store, start_s: float, end_s: float, name: str,
