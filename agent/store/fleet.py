@@ -104,17 +104,17 @@ def newest_samples(store: Store, not_after_s: float | None,
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
     an outer join so that a device without any keeps its row."""
+    # with the span's ends, whether the device straddles a block and its newest block's last
+    # sample: where the window reaches into the compact raw tier (a device that stopped
+    # sending a while ago, or a view of a compacted time) its samples are read again below
     tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
-                   _straddles(not_after_s).label("straddles"))
+                   _straddles(not_after_s).label("straddles"),
+                   _block_edge(True, not_after_s).label("block_hi"))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
-    # whether the device's window reaches into the compact raw tier (a device that stopped
-    # sending a while ago, or a view of a compacted time): its samples are read again below
-    in_blocks = exists().where(sample_blocks.c.device_id == tops.c.id,
-                               *_overlapping_sql(end - window_s, end)).label("in_blocks")
     with store.engine.connect() as c:
-        out, again = _newest_samples(store, c, tops, end, window_s, in_blocks)
+        out, again = _newest_samples(store, c, tops, end, window_s)
         for i in again:
             now = out[i]
             ends = now.span
@@ -126,12 +126,6 @@ def newest_samples(store: Store, not_after_s: float | None,
             out[i] = DeviceNow(now.device, (first, newest),
                                _recent_of(c, now.device, newest - window_s, newest))
         return out
-
-
-def _overlapping_sql(lo: Any, hi: Any) -> list[Any]:
-    """``sample_blocks`` conditions for blocks that may hold rows in [lo, hi] (SQL values)."""
-    return [sample_blocks.c.block_s > lo - blocks.BLOCK_S, sample_blocks.c.block_s <= hi,
-            sample_blocks.c.last_s >= lo, sample_blocks.c.first_s <= hi]
 
 
 def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
@@ -146,8 +140,8 @@ def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                    host=device["host"], device_uuid=device["uuid"]) for r in c.execute(q)]
 
 
-def _newest_samples(store: Store, c: Connection, tops: Any, end: Any, window_s: float,
-                    in_blocks: Any) -> tuple[list[DeviceNow], list[int]]:
+def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
+                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
     """The devices with their spans and ``samples``'s rows of their windows, and the places
     of those whose window also lies in blocks or whose end straddles a block."""
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
@@ -160,25 +154,27 @@ def _newest_samples(store: Store, c: Connection, tops: Any, end: Any, window_s: 
         # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
         recent = (select(*(c.label(f"s_{c.name}") for c in columns),
                          samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
-        q = (select(tops, in_blocks, *(recent.c[f"s_{c.name}"] for c in columns))
+        q = (select(tops, *(recent.c[f"s_{c.name}"] for c in columns))
              .select_from(tops.outerjoin(recent, true()))
              .order_by(tops.c.host, tops.c.device_index, recent.c.s_ts_s, recent.c.s_id))
     else:  # SQLite loops over the devices and reads each one's range of the index
-        q = (select(tops, in_blocks, *(c.label(f"s_{c.name}") for c in columns))
+        q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
              .outerjoin(samples, window)
              .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
     out: list[DeviceNow] = []
     again: list[int] = []
     # the devices row and its host; then the span's four ends, whether it straddles a block,
-    # whether its window reaches into blocks; then a sample's columns
-    n_device = len(tops.c) - 5
+    # its newest block's last sample; then a sample's columns
+    n_device = len(tops.c) - 6
     result = c.execute(q)
     keys = list(result.keys())[:n_device]
     for r in result:
         if not out or out[-1].device["id"] != r[0]:
-            out.append(DeviceNow(dict(zip(keys, r[:n_device])),
-                                 _span(r[n_device:n_device + 4]), []))
-            if r[n_device + 4] or r[n_device + 5]:
+            span = _span(r[n_device:n_device + 4])
+            out.append(DeviceNow(dict(zip(keys, r[:n_device])), span, []))
+            block_hi = r[n_device + 5]
+            if r[n_device + 4] or (block_hi is not None and span is not None
+                                   and block_hi >= span[1] - window_s):
                 again.append(len(out) - 1)
         ts = r[n_device + 6]
         if ts is not None:
@@ -211,13 +207,32 @@ def _span_ends(not_after_s: float | None) -> list[Any]:
 
 def _block_edge(newest: bool, not_after_s: float | None) -> Any:
     """The first or ``newest`` sample time of the statement's device row in the compact raw
-    tier, the newest of the blocks wholly before ``not_after_s``: a block that straddles it
-    (a view of a time already compacted) is :func:`_straddling`'s to correct."""
-    column = sample_blocks.c.last_s if newest else sample_blocks.c.first_s
-    where = [sample_blocks.c.device_id == devices.c.id]
-    if not_after_s is not None and newest:
-        where.append(column <= not_after_s)
-    return select((func.max if newest else func.min)(column)).where(*where).scalar_subquery()
+    tier, the newest of the blocks wholly before ``not_after_s`` (a block that straddles it is
+    :func:`_straddles`'s to correct). Seeks on the ``(device_id, block_s)`` index: a device's
+    first sample is in a block of its first interval, its newest in one of its last (or, bounded,
+    of the last interval ended by the bound, or of the bound's own interval)."""
+    mine = sample_blocks.c.device_id == devices.c.id
+    block_s, first_s, last_s = (sample_blocks.c.block_s, sample_blocks.c.first_s,
+                                sample_blocks.c.last_s)
+
+    def of_interval(edge: Any, before_s: float | None = None) -> Any:
+        inner = sample_blocks.alias("interval_pick")  # its own name: not the outer's rows
+        where = [inner.c.device_id == devices.c.id]
+        if before_s is not None:
+            where.append(inner.c.block_s <= before_s)
+        pick = select((func.max if newest else func.min)(inner.c.block_s)).where(*where)
+        return (select((func.max if newest else func.min)(edge))
+                .where(mine, block_s == pick.scalar_subquery()).scalar_subquery())
+
+    if not newest:
+        return of_interval(first_s)
+    if not_after_s is None:
+        return of_interval(last_s)
+    ended = of_interval(last_s, not_after_s - blocks.BLOCK_S)
+    current = (select(func.max(last_s))
+               .where(mine, block_s > not_after_s - blocks.BLOCK_S, block_s <= not_after_s,
+                      last_s <= not_after_s).scalar_subquery())
+    return func.coalesce(current, ended)
 
 
 def _straddles(not_after_s: float | None) -> Any:

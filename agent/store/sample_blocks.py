@@ -241,18 +241,53 @@ def first_ts(c: Connection, device_id: Any) -> float | None:
 
 
 def last_ts(c: Connection, device_id: int, not_after_s: float | None = None) -> float | None:
-    """The device's newest sample time kept in blocks, not after ``not_after_s``."""
+    """The device's newest sample time kept in blocks, not after ``not_after_s``: the newest
+    block wholly before it (one seek), or the rows up to it of a block across it (decoded)."""
     q = select(func.max(sample_blocks.c.last_s)).where(sample_blocks.c.device_id == device_id)
     if not_after_s is None:
         value = c.execute(q).scalar()
         return None if value is None else float(value)
     whole = c.execute(q.where(sample_blocks.c.last_s <= not_after_s)).scalar()
     found = [float(whole)] if whole is not None else []
-    # a block that straddles not_after_s: its rows up to it
-    found += [r[SAMPLE_COLUMNS.index("ts_s")]
-              for r in rows_of_blocks(c, [device_id], None, not_after_s)
-              if r[SAMPLE_COLUMNS.index("ts_s")] <= not_after_s]
+    across = c.execute(
+        select(sample_blocks.c.id, sample_blocks.c.count, sample_blocks.c.first_s,
+               sample_blocks.c.last_s)
+        .where(sample_blocks.c.device_id == device_id,
+               sample_blocks.c.block_s > not_after_s - BLOCK_S,
+               sample_blocks.c.block_s <= not_after_s,
+               sample_blocks.c.first_s <= not_after_s,
+               sample_blocks.c.last_s > not_after_s)).all()
+    for columns in _columns(c, [tuple(m) for m in across]).values():
+        times = columns[_PLACE["ts_s"]]
+        at = bisect_right(times, not_after_s)
+        if at:
+            found.append(times[at - 1])
     return max(found) if found else None
+
+
+def count_in(c: Connection, device_id: int, lo_s: float | None, hi_s: float | None,
+             limit: int) -> int:
+    """The device's samples kept in blocks in [lo_s, hi_s], counted up to ``limit + 1``: a
+    block wholly inside by its stored count, one across an end by bisecting its (cached)
+    times."""
+    q = (select(sample_blocks.c.id, sample_blocks.c.count, sample_blocks.c.first_s,
+                sample_blocks.c.last_s)
+         .where(*overlapping([device_id], lo_s, hi_s)))
+    lo = -math.inf if lo_s is None else lo_s
+    hi = math.inf if hi_s is None else hi_s
+    total = 0
+    partial = []
+    for meta in c.execute(q).all():
+        if lo <= meta[2] and meta[3] <= hi:
+            total += int(meta[1])
+        else:
+            partial.append(tuple(meta))
+        if total > limit:
+            return limit + 1
+    for columns in _columns(c, partial).values():
+        times = columns[_PLACE["ts_s"]]
+        total += bisect_right(times, hi) - bisect_left(times, lo)
+    return min(total, limit + 1)
 
 
 def stored_keys(c: Connection, times: Sequence[float], keys: Iterable[int]) -> set[int]:

@@ -11,12 +11,11 @@ away.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, ScalarSelect, func, literal, select
+from sqlalchemy import ScalarSelect, func, literal, select
 from vramscope.agent.store import sample_blocks as blocks
-from vramscope.agent.store.schema import devices, events, hosts, sample_blocks, samples, seconds
+from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
 from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
@@ -40,20 +39,9 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
         counted = int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
         # the compact raw tier: its blocks' counts, those wholly inside the window as stored,
         # those across an end by their rows
-        return min(limit + 1, counted + _in_blocks(c, did, start_s, end_s))
-
-
-def _in_blocks(c: Connection, did: int, start_s: float | None, end_s: float | None) -> int:
-    """Samples of the compact raw tier in [start_s, end_s]: the stored counts where every
-    overlapping block lies inside the window, else the decoded rows in it."""
-    q = (select(sample_blocks.c.first_s, sample_blocks.c.last_s, sample_blocks.c.count)
-         .where(*blocks.overlapping([did], start_s, end_s)))
-    lo = -math.inf if start_s is None else start_s
-    hi = math.inf if end_s is None else end_s
-    found = c.execute(q).all()
-    if all(lo <= first and last <= hi for first, last, _ in found):
-        return sum(int(n) for _, _, n in found)
-    return len(blocks.rows_of_blocks(c, [did], start_s, end_s))  # rows in the window only
+        if counted > limit:
+            return limit + 1
+        return min(limit + 1, counted + blocks.count_in(c, did, start_s, end_s, limit - counted))
 
 
 def events_at_most(store: Store, device: int, start_s: float, end_s: float,
