@@ -276,7 +276,8 @@ def device_spans(store: Store, not_after_s: float | None = None
          .join(hosts, hosts.c.id == devices.c.host_id))
     with store.engine.connect() as c:
         out = {}
-        for did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles in c.execute(q):
+        for row in c.execute(q).all():
+            did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles = tuple(row)
             if straddles:
                 raw_hi = _newest_of(c, did, raw_hi, not_after_s)
             out[(host, index)] = _span((raw_lo, raw_hi, minute_lo, minute_hi))
