@@ -26,17 +26,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from vramscope.agent.database_url import database_driver_problem, database_url_problem
 from vramscope.agent.errors import ConfigError
-from vramscope.agent.settings import (
-    INTEGRITY_MAX_CPU_PERCENT,
-    SECTIONS,
-    SETTINGS,
-    SETTINGS_BY_KEY,
-    Setting,
-    parse_uids,
-    split_targets,
-)
+from vramscope.agent.settings import SECTIONS, SETTINGS, SETTINGS_BY_KEY, Setting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -276,17 +267,3 @@ def _range(setting: Setting) -> str:
     hi = "inf" if setting.max is None else f"{setting.max:g}"
     return f"{lo} to {hi}"
 
-
-def default_text(setting: Setting) -> str:
-    """The default as the docs show it (environment-dependent ones described, not resolved)."""
-    if callable(setting.default):
-        return "(see description)"
-    return repr(setting.default) if setting.type is str else str(setting.default)
-
-
-# Read from here by the agent's modules that predate settings.py and database_url.py (the daemon,
-# the store, the Prometheus source, the benchmarks); defined there.
-__all__ = ["INTEGRITY_MAX_CPU_PERCENT", "SETTINGS", "SETTINGS_BY_KEY", "Config", "ConfigError",
-           "Setting", "database_driver_problem", "database_url_problem", "default_text",
-           "env_var_name", "find_config_file", "load_config", "parse_config", "parse_uids",
-           "relation_problems", "split_targets"]

@@ -39,7 +39,8 @@ from vramscope.agent.writer import Writer
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
     from vramscope.agent.config import Config
-    from vramscope.agent.ingest.server import ClientInfo, IngestServer
+    from vramscope.agent.ingest.peer import ClientInfo
+    from vramscope.agent.ingest.server import IngestServer
     from vramscope.agent.sources.nvml import DeviceInfo, DeviceSource, ProcessRow
     from vramscope.agent.sources.prometheus import PrometheusSource
     from vramscope.agent.store import Store
@@ -114,12 +115,12 @@ class Agent:
         self._paused = False
 
     def _make_server(self) -> IngestServer:
-        from vramscope.agent.config import parse_uids
         from vramscope.agent.ingest.budget import WriteBudget
         from vramscope.agent.ingest.names import NameLimits
         from vramscope.agent.ingest.rare_events import RareEventsPerDay
         from vramscope.agent.ingest.server import IngestServer
         from vramscope.agent.ingest.timewindow import TimeWindow
+        from vramscope.agent.settings import parse_uids
 
         return IngestServer(self.socket_path, on_records=self._on_records,
                             on_postmortem=self._on_postmortem, on_hello=self._on_hello,
@@ -537,8 +538,8 @@ def _prepare_socket_folder(config: Config, socket_path: str) -> None:
     """Create the socket's private (0700) folder before the database is opened: a SQLite file
     beside the socket (docs/vllm.md's ``/tmp/vramscope/vs.db`` and ``agent.sock``) would
     otherwise create the folder with the umask's 755, which the socket then refuses."""
-    from vramscope.agent.config import parse_uids
-    from vramscope.agent.ingest.server import prepare_socket_folder
+    from vramscope.agent.ingest.socket_dir import prepare_socket_folder
+    from vramscope.agent.settings import parse_uids
 
     prepare_socket_folder(socket_path, parse_uids(config["agent.allowed_uids"]))
 

@@ -3,16 +3,26 @@ no longer keeps.
 
 Tiers (docs/architecture.md, "Storage tiers"), each with its setting:
 
-- raw samples, and the frequent events (requests, KV block moves, phase changes):
-  ``retention.raw_s`` (a day by default); raw samples as rows while new, then compacted into
-  the compact raw tier (``sample_blocks``, :mod:`vramscope.agent.store.sample_blocks`) once
-  their ten-minute interval ended ``retention.compact_after_s`` ago and is rolled up, a few
-  intervals a step, each in its own transaction;
+- raw samples, and the cheap events (requests, KV block moves, phase changes, and any name
+  the event table does not list: ``agent/event_kinds.py``): ``retention.raw_s`` (a day by
+  default); raw samples as rows while new, then compacted into the compact raw tier
+  (``sample_blocks``, :mod:`vramscope.agent.store.sample_blocks`) once their ten-minute interval
+  ended ``retention.compact_after_s`` ago and is rolled up, a few intervals a step, each in its
+  own transaction;
 - the per-second tier (``seconds`` table, :mod:`vramscope.agent.store.seconds`):
   ``retention.second_s`` (14 days);
-- per-minute rollups, the per-minute counts of the frequent events (``event_counts``: requests
-  started and ended, KV block moves, phase changes) and the rare events (OOMs, orphaned KV
-  blocks, alerts' own records): ``retention.rollup_s`` (90 days).
+- per-minute rollups, the per-minute counts of the listed cheap events (``event_counts``:
+  requests started and ended, KV block moves, phase changes) and the kept events (OOMs,
+  orphaned KV blocks, preemptions, layouts: the event table's ``KEPT`` class):
+  ``retention.rollup_s`` (90 days).
+
+The cheap events the table lists are deleted by name (a range of the ``(device_id, name,
+ts_s)`` index each); the names it does not list cannot be sought that way, so a step walks the
+events' time index forward from where the last one stopped, at most ``UNLISTED_SCAN_S`` of it,
+deleting those before the raw cutoff. After a start it begins at the oldest event kept, so on a
+90-day store such an event may outlive ``retention.raw_s`` by the hours the walk takes to
+reach it (an hour of index a step, a step every 30 s: 18 hours at most); in the steady state by
+one step.
 
 Each :meth:`Retention.step` does a small, bounded piece of work — roll up at most
 ``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table — and is run
@@ -55,8 +65,9 @@ from types import ModuleType  # sql: vramscope.agent.store.maintenance, imported
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.durations import DAY_S, MINUTE_S
+from vramscope.agent.event_kinds import CHEAP_EVENTS
 from vramscope.agent.records import Event, Sample
-from vramscope.agent.store.schema import FREQUENT_EVENTS
 from vramscope.agent.store.store_wide_lock import StoreWideLock
 
 if TYPE_CHECKING:
@@ -64,11 +75,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramscope.retention")
 
-BUCKET_S = 60.0
 _TS = attrgetter("ts_s")
-# Events as frequent as samples: kept as long as raw samples. Every other event (an OOM, orphaned
-# KV blocks, a process's rank) is rare and what an incident review needs: kept as long as the
-# minute rollups.
 MAX_LATE_MINUTES = 10_000  # a week of one-minute buckets; beyond it late minutes are not kept
 # Rows timed further than this after the clock are deleted: no client's clock is a day ahead
 # (ingest refuses more than agent.max_record_ahead_s), so they are a wrong clock or a hand edit,
@@ -77,6 +84,9 @@ FUTURE_S = 86_400.0
 # A minute is rolled up once it is this old (late samples of a batch still in flight land
 # before it); rollups are behind only when their watermark trails now less this.
 GRACE_S = 120.0
+# The stretch of the events' time index a step reads for names the event table does not list
+# (the kept events in it are read and left: 360 of a tokens source a device an hour)
+UNLISTED_SCAN_S = 3600.0
 
 
 class StepResult(NamedTuple):
@@ -118,6 +128,8 @@ class Retention:
         self._watermark_known = False
         self._partition_day: int | None = None  # PostgreSQL: the day whose partitions exist
         self._oldest_end_s: float | None = None  # and the oldest partition's end, once read
+        # events of unlisted names before this are deleted (None: not sought since the start)
+        self._unlisted_from: float | None = None
         # catching up: (monotonic s, watermark) when this stretch of backlog began, for the rate
         self._catch_up_from: tuple[float, float] | None = None
         self.last_backlog = False
@@ -161,6 +173,7 @@ class Retention:
         self._watermark, self._watermark_known = None, False
         self._partition_day = self._oldest_end_s = None
         self._catch_up_from = None
+        self._unlisted_from = None
 
     def _rollup_own_late(self, store: Store, sql: ModuleType) -> int:
         """Not leading: roll up again a few of this agent's late minutes, its own host's
@@ -169,7 +182,7 @@ class Retention:
         self._late = {m for m in self._late if m >= oldest_kept}
         redo = sorted(self._late)[:self.minutes_per_step]
         for minute in redo:
-            sql.rollup_window(store, minute, minute + BUCKET_S, host=store.host_name)
+            sql.rollup_window(store, minute, minute + MINUTE_S, host=store.host_name)
             self._late.discard(minute)
         return len(redo)
 
@@ -192,9 +205,11 @@ class Retention:
             "samples": sql.delete_older(
                 store, "samples_default" if store.dialect == "postgresql" else "samples",
                 raw_cutoff, self.step_rows) if watermark is not None else 0,
-            # the frequent events at the raw cutoff: their minute counted (event_counts)
+            # the cheap events at the raw cutoff (their minute counted: event_counts), then
+            # the names no table lists, then every event at the rollups' horizon
             "events": sql.delete_older(store, "events", raw_cutoff, self.step_rows,
-                                       names=FREQUENT_EVENTS)
+                                       names=CHEAP_EVENTS)
+            + self._delete_unlisted(store, sql, raw_cutoff, now_s)
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,
                                             self.step_rows),
@@ -239,6 +254,25 @@ class Retention:
                 sample_blocks.compact_interval(store, did, start, watermark)
             left -= len(due)
         return True
+
+    def _delete_unlisted(self, store: Store, sql: ModuleType, raw_cutoff: float,
+                         now_s: float) -> int:
+        """Delete the events older than ``raw_cutoff`` whose name the event table does not
+        list: the next ``UNLISTED_SCAN_S`` of the time index after where the last step stopped
+        (after a start, from the oldest event the rollups still keep). A step whose row budget
+        ran out reads its stretch again next time; one that did not moves on."""
+        start = self._unlisted_from
+        if start is None:
+            oldest = sql.oldest_event_ts(store, raw_cutoff)
+            start = raw_cutoff if oldest is None else max(oldest, now_s - self.rollup_s)
+            self._unlisted_from = start
+        end = min(raw_cutoff, start + UNLISTED_SCAN_S)
+        if end <= start:
+            return 0
+        deleted = int(sql.delete_unlisted_events(store, start, end, self.step_rows))
+        if deleted < self.step_rows:
+            self._unlisted_from = end
+        return deleted
 
     def _note_progress(self, backlog: bool) -> None:
         self.last_backlog = backlog
@@ -294,7 +328,7 @@ class Retention:
 
         today = partitions.day_of(now_s)
         if self._partition_day != today:
-            day = partitions.DAY_S
+            day = DAY_S
             if partitions.ensure_days(store, now_s + day, now_s + 2 * day) is not None:
                 self._partition_day = today
             self._oldest_end_s = None  # read the list again
@@ -340,7 +374,7 @@ class Retention:
                       if watermark is not None and oldest_kept <= m <= watermark}
         redo = sorted(self._late)[:self.minutes_per_step]
         for minute in redo:
-            sql.rollup_window(store, minute, minute + BUCKET_S)
+            sql.rollup_window(store, minute, minute + MINUTE_S)
             self._late.discard(minute)
         return len(redo)
 
@@ -358,14 +392,14 @@ class Retention:
         # oldest minute a tier keeps (a row at -1e300 or 1970 must not hold the watermark back,
         # where start + two minutes is start again, and no minute is ever rolled up)
         start = _floor_minute(max(first, now_s - max(self.rollup_s, self.second_s)))
-        end = min(due_end, start + self.minutes_per_step * BUCKET_S)
+        end = min(due_end, start + self.minutes_per_step * MINUTE_S)
         if end <= start:
             return 0, 0
         rows = sql.rollup_window(store, start, end)
         # the window is done even where it had no samples: the next step seeks past it
         self._watermark = end
-        return int((end - start) // BUCKET_S), rows
+        return int((end - start) // MINUTE_S), rows
 
 
 def _floor_minute(ts_s: float) -> float:
-    return (ts_s // BUCKET_S) * BUCKET_S
+    return (ts_s // MINUTE_S) * MINUTE_S

@@ -238,8 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
             "A client may write this many seconds of its rows and bytes budget at once (a "
             "post-mortem, a flush after a reconnect).", min=0.1, max=3600.0),
     Setting("agent.client_max_rare_events_per_day", int, 200_000,
-            "Events kept with the rollups (all but requests, KV block moves and phases: OOMs, "
-            "orphaned blocks, preemptions, custom events; kept retention.rollup_s) and "
+            "Events kept with the rollups (the kept class of agent/event_kinds.py: OOMs, "
+            "orphaned blocks, preemptions, layouts; kept retention.rollup_s; names it does not "
+            "list go with the raw samples and are not counted) and "
             "post-mortems one client process may have stored per UTC day; beyond, they are "
             "refused (rejected "
             "'rare_events_day'), its samples and frequent events still stored. A server "
@@ -264,8 +265,8 @@ SETTINGS: tuple[Setting, ...] = (
             "machine's hostname."),
     # --- retention ----------------------------------------------------------------------
     Setting("retention.raw_s", float, 86400.0,
-            "Keep raw samples (and frequent events: requests, KV block moves, phase changes) "
-            "this long.", min=60, max=10 * 365 * 86400),
+            "Keep raw samples (and cheap events: requests, KV block moves, phase changes, names "
+            "agent/event_kinds.py does not list) this long.", min=60, max=10 * 365 * 86400),
     Setting("retention.compact_after_s", float, 600.0,
             "Move raw samples this old (and rolled up) from one row each into the compact raw "
             "tier: per device, source, pid and ten minutes, one block of compressed columns "
@@ -274,8 +275,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Keep the per-second tier (min, max, last of every counter and the phase, per "
             "second) this long.", min=60, max=10 * 365 * 86400),
     Setting("retention.rollup_s", float, 90 * 86400.0,
-            "Keep per-minute rollups (min, max, mean, last) and rare events (OOMs, orphaned KV "
-            "blocks) this long.", min=60,
+            "Keep per-minute rollups (min, max, mean, last) and kept events (OOMs, orphaned KV "
+            "blocks, preemptions: agent/event_kinds.py) this long.", min=60,
             max=10 * 365 * 86400),
     Setting("retention.step_rows", int, 5000,
             "Rows deleted per retention step (small steps never stall ingest).", min=10,

@@ -1,8 +1,8 @@
 """An alert's value in words, with its unit: "critical (risk level 2)", "14.1 s", "772.9 MiB/h".
 
 Stored alerts keep the bare number their rule compared (a level code, seconds, a ratio); the
-unit follows from the rule's metric (:data:`vramscope.agent.alerts.rules.DERIVED_METRICS` and
-the sample fields), so it is looked up by rule name, built-in or ``[[alerts.rules]]``.
+unit follows from the rule's metric (its row of :data:`vramscope.agent.alerts.metrics.DERIVED`,
+or a sample field's name), so it is looked up by rule name, built-in or ``[[alerts.rules]]``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.agent.event_kinds import Role, kind_of
 from vramscope.agent.records import PostMortem
 
 GIB = float(2**30)
@@ -189,10 +190,15 @@ def _kv_traces(s: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-# the timeline document's events (agent.store.reader's RARE_EVENTS and REQUEST_EVENTS) by the
-# marker each is drawn as
-MARKER_LABELS = {"request_start": "request start", "request_end": "request end", "oom": "OOM",
-                 "kv_orphaned_blocks": "orphaned KV blocks", "process_exit": "process exit"}
+# each marker lane label's symbol and colour; a label without one (an event given the marker
+# role in agent/event_kinds.py and no style yet) is drawn as MARKER_DEFAULT, never a KeyError
+MARKER_STYLES = {"request start": ("triangle-right", COLORS["request"]),
+                 "request end": ("triangle-left", COLORS["request"]),
+                 "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
+                 "alert fired": ("triangle-up", COLORS["warning"]),
+                 "orphaned KV blocks": ("square", COLORS["orphan"]),
+                 "process exit": ("line-ns-open", COLORS["request"])}
+MARKER_DEFAULT = ("circle-open", COLORS["request"])
 
 
 def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -200,9 +206,10 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
     (y4)."""
     groups: dict[str, tuple[list[Any], list[Any]]] = {}
     for e in doc["events"]:
-        label = MARKER_LABELS.get(e["name"])
-        if label is None:  # a name the timeline reads but draws no marker of
+        kind = kind_of(e["name"])  # the label of agent/event_kinds.py
+        if Role.MARKER not in kind.roles:  # a name the timeline reads but draws no marker of
             continue
+        label = kind.label
         xs, texts = groups.setdefault(label, ([], []))
         xs.append(ms(e["ts"]))
         hover = e["request_id"] or e["message"]
@@ -217,17 +224,15 @@ def _marker_traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
         xs, texts = groups.setdefault("alert fired", ([], []))
         xs.append(ms(a["ts"]))
         texts.append(text(f"{a['severity']}: {a['rule']}: {a['message'] or ''}"[:200]))
-    style = {"request start": ("triangle-right", COLORS["request"]),
-             "request end": ("triangle-left", COLORS["request"]),
-             "alloc retries": ("diamond", COLORS["retry"]), "OOM": ("x", COLORS["oom"]),
-             "alert fired": ("triangle-up", COLORS["warning"]),
-             "orphaned KV blocks": ("square", COLORS["orphan"]),
-             "process exit": ("line-ns-open", COLORS["request"])}
-    return [{"type": "scatter", "mode": "markers", "name": label, "x": xs,
-             "y": [label] * len(xs), "text": texts, "hovertemplate": "%{text}",
-             "marker": {"symbol": style[label][0], "color": style[label][1],
-                        "size": 11 if label == "OOM" else 7},
-             "xaxis": "x", "yaxis": "y4"} for label, (xs, texts) in groups.items()]
+    out = []
+    for label, (xs, texts) in groups.items():
+        symbol, color = MARKER_STYLES.get(label, MARKER_DEFAULT)
+        out.append({"type": "scatter", "mode": "markers", "name": label, "x": xs,
+                    "y": [label] * len(xs), "text": texts, "hovertemplate": "%{text}",
+                    "marker": {"symbol": symbol, "color": color,
+                               "size": 11 if label == "OOM" else 7},
+                    "xaxis": "x", "yaxis": "y4"})
+    return out
 
 
 def band_traces(bands: list[dict[str, Any]], top: float) -> list[dict[str, Any]]:

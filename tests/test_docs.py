@@ -14,7 +14,7 @@ def test_every_setting_is_documented():
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [s.key for s in SETTINGS if f"`{s.key}`" not in text]
     assert missing == [], (
-        f"undocumented settings: {missing} (run python -m vramscope.agent.config_docs)")
+        f"undocumented settings: {missing} (run python -m tools.config_docs)")
     missing_env = [s.key for s in SETTINGS if env_var_name(s.key) not in text]
     assert missing_env == []
 
@@ -34,11 +34,11 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_configuration_doc_is_generated_from_the_table():
-    from vramscope.agent.config_docs import render
+    from tools.config_docs import render
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     assert text == render(), (
-        "docs/configuration.md is stale: python -m vramscope.agent.config_docs > it")
+        "docs/configuration.md is stale: python -m tools.config_docs > it")
 
 
 def test_gpu_verification_tables_are_rendered_from_committed_json():

@@ -134,6 +134,13 @@ def test_nothing_imports_a_folder_by_its_bare_name():
     assert sorted(wrong) == []
 
 
+def test_the_product_never_imports_the_checkout_s_tools():
+    """tools/ (benchmarks, generators) is not installed, so an import of it fails from a wheel;
+    ``vramscope bench`` finds it by path at run time, from a checkout (agent/cli/cmd_bench.py)."""
+    wrong = {f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets if t == "tools"}
+    assert sorted(wrong) == []
+
+
 def test_the_hooks_import_only_the_hooks_and_the_shared_core():
     hooks = under("vramscope.hooks")
     wrong = {f"{m} -> {t}" for m in hooks for t in GRAPH[m]
@@ -290,7 +297,7 @@ def test_the_dashboard_runs_no_alert_engine():
     """Verdicts are made once, by the engine that sees every record (the agent, ``import``),
     and stored: no page runs the engine again (``/api/v1/analysis`` included)."""
     assert ("vramscope.agent.alerts.offline", "analyze_records") in names_imported(
-        "vramscope.agent.bench.analysis", MODULES["vramscope.agent.bench.analysis"])
+        "vramscope.agent.cli.cmd_analyze", MODULES["vramscope.agent.cli.cmd_analyze"])
     reached = reachable(under("vramscope.dashboard"), RUNTIME_GRAPH)
     assert "vramscope.agent.alerts.offline" not in reached
     wrong = set()

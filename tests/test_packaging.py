@@ -9,11 +9,13 @@ used from a working directory that holds a module named after each of our sub-pa
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 SHADOWS = ("agent", "hooks", "dashboard", "migrations")
+# Modules that once shipped in the wheel and are the checkout's tooling now (tools/).
+TOOLING = ("history_generator.py", "config_docs.py", "screenshots.py", "first_fit.py",
+           "gpu_check.py", "agent_process.py")
 
 
 def _run(*cmd: str | Path, cwd: Path | None = None, timeout: float = 300) -> str:
@@ -86,6 +91,17 @@ def test_the_wheel_installs_one_top_level_name(wheel, wheel_names):
         top_level = f"{dist_info}/top_level.txt"
         if top_level in wheel_names:
             assert zf.read(top_level).decode().split() == ["vramscope"]
+
+
+def test_the_wheel_is_the_product_without_its_tooling(wheel_names):
+    """The benchmarks, the history generator, the docs and screenshot renderers are tools/ of
+    the source checkout (tools/__init__.py): not a package of the wheel, none of it inside."""
+    assert (ROOT / "tools" / "bench" / "__init__.py").is_file()
+    assert "tools" not in SETUPTOOLS["package-dir"].values()
+    assert sorted(p for p in SETUPTOOLS["packages"] if "bench" in p or "tools" in p) == []
+    shipped = [n for n in wheel_names
+               if "/bench/" in n or n.startswith("tools/") or n.rsplit("/", 1)[-1] in TOOLING]
+    assert shipped == []
 
 
 def _data_files() -> list[str]:
@@ -172,15 +188,24 @@ def test_install_from_the_wheel_beside_modules_named_agent_hooks_dashboard_migra
         "vramscope.agent.database_url", "vramscope.agent.dtypes"}
 
 
-def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):
-    """The installed package finds its Alembic scripts: ``vramscope db upgrade`` on a temporary
-    SQLite file. The wheel's venv borrows this interpreter's dependencies (SQLAlchemy, Alembic)
-    through a .pth line, which adds the folder without running its .pth files, so the editable
-    install of the checkout stays out and ``vramscope`` is the wheel's."""
+@contextlib.contextmanager
+def _borrowed_dependencies(venv: Path) -> Iterator[Path]:
+    """The wheel's venv borrows this interpreter's dependencies (SQLAlchemy, Alembic) through a
+    .pth line, which adds the folder without running its .pth files, so the editable install of
+    the checkout stays out and ``vramscope`` is the wheel's. Yields the venv's site-packages."""
     site = Path(_run(venv, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
                      ).strip())
     (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     try:
+        yield site
+    finally:
+        (site / "zz_test_deps.pth").unlink()
+
+
+def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):
+    """The installed package finds its Alembic scripts: ``vramscope db upgrade`` on a temporary
+    SQLite file."""
+    with _borrowed_dependencies(venv) as site:
         cwd = _shadowed_dir(tmp_path)
         db = tmp_path / "fresh.db"
         _run(venv, "-m", "vramscope", "db", "upgrade", "--db", f"sqlite:///{db}", cwd=cwd)
@@ -188,8 +213,18 @@ def test_db_upgrade_from_the_installed_wheel(venv, tmp_path):
                                f"e = sa.create_engine('sqlite:///{db}'); "
                                "print(m.__file__); print(sorted(sa.inspect(e).get_table_names()))",
                    cwd=cwd)
-    finally:
-        (site / "zz_test_deps.pth").unlink()
     where, tables = out.splitlines()
     assert where == str(site / "vramscope" / "migrations" / "__init__.py")
     assert "'alembic_version'" in tables and "'samples'" in tables and "'devices'" in tables
+
+
+def test_bench_from_the_installed_wheel_says_it_runs_from_a_checkout(venv, tmp_path):
+    """The benchmarks are not in the wheel: ``vramscope bench`` says where they run, exit 2."""
+    with _borrowed_dependencies(venv):
+        done = subprocess.run([str(venv), "-m", "vramscope", "bench", "ingest", "--quick"],
+                              cwd=_shadowed_dir(tmp_path), capture_output=True, text=True,
+                              timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("vramscope: error: vramscope bench runs from a source checkout (git "
+                           "clone, then pip install -e .): this installation has no "
+                           "tools/bench/\n")

@@ -40,14 +40,20 @@ def test_the_tree_links_each_folder_under_vramscope(tmp_path):
     assert (pkg / "hooks" / "sampler.py").resolve() == ROOT / "hooks" / "sampler.py"
     assert (pkg / "agent" / "daemon.py").resolve() == ROOT / "agent" / "daemon.py"
     assert (pkg / "__init__.py").resolve() == ROOT / "vramscope" / "__init__.py"
+    # the checkout's tooling is checked too, under its own name (it is never installed)
+    tables = Path("tools", "bench", "tables.py")
+    assert (tmp_path / tables).resolve() == ROOT / tables
+    assert "tools" in typecheck.PACKAGES
 
 
 def test_report_paths_name_repository_files():
     base = str(ROOT / ".mypy_cache" / "layout")
     report = (".mypy_cache/layout/vramscope/hooks/sampler.py:3: error: x\n"
-              ".mypy_cache/layout/vramscope/__init__.py:1: error: y\n")
+              ".mypy_cache/layout/vramscope/__init__.py:1: error: y\n"
+              ".mypy_cache/layout/tools/bench/fleet.py:2: error: z\n")
     assert typecheck.repository_paths(report, base) == (
-        "hooks/sampler.py:3: error: x\nvramscope/__init__.py:1: error: y\n")
+        "hooks/sampler.py:3: error: x\nvramscope/__init__.py:1: error: y\n"
+        "tools/bench/fleet.py:2: error: z\n")
 
 
 def test_our_own_code_is_checked_strictly():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from vramscope.agent.estimate import (
 )
 
 RULE = "config_oom"
-METRIC = "config_headroom_bytes"  # limit − what the worst admissible request needs
 
 # The setting (and vLLM's flag) through which each limit of the estimator's check is lowered.
 LIMIT_KEYS: dict[str, tuple[str, str]] = {
@@ -162,13 +161,6 @@ def _shape(model: str, path: Path, dtype: str | None, where: str) -> ModelShape:
         return dataclasses.replace(shape, dtype=dtype) if dtype else shape
     except UsageError as exc:
         raise ConfigError(f"{where}server.model = {model!r}: {exc}") from None
-
-
-def limit_of(device_total_bytes: int | None, process_limits: Iterable[int | None]) -> int | None:
-    """A device's limit as the risk model takes it: a process's own (its per-process cap, from
-    its allocator samples) wins over NVML's device total; with several, the tightest."""
-    caps = [c for c in process_limits if c]
-    return min(caps) if caps else (device_total_bytes or None)
 
 
 class LimitCheck:

@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.analysis.severity import Severity
+from vramscope.agent.durations import HOUR_S
 
-HOUR_S = 3600.0
 Key = tuple[str, int | None, str | None]
 
 

@@ -21,13 +21,18 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
-from vramscope.agent.alerts.config_check import METRIC as CONFIG_METRIC
 from vramscope.agent.alerts.config_check import LimitCheck, ServerLimits, server_from_config
 from vramscope.agent.alerts.device import DeviceAnalysis
 from vramscope.agent.alerts.explain import leak_text, risk_reasons, risk_text, warning_cause
-from vramscope.agent.alerts.metrics import IN_EPISODE, VERDICT_INPUTS, getter_for, inputs_of
+from vramscope.agent.alerts.metrics import (
+    CONFIG_METRIC,
+    IN_EPISODE,
+    SATURATION_METRIC,
+    VERDICT_INPUTS,
+    getter_for,
+    inputs_of,
+)
 from vramscope.agent.alerts.rules import BACKOFF_MAX, BACKOFF_WINDOW_S, OPS, Rule, rules_from
-from vramscope.agent.alerts.saturation import METRIC as SATURATION_METRIC
 from vramscope.agent.alerts.verdicts import VerdictLog
 from vramscope.agent.analysis.diagnosis import REMEDIES
 from vramscope.agent.analysis.merge import merged

@@ -16,15 +16,16 @@ from typing import Any
 from vramscope.agent.alerts.config_check import attach_to_document
 from vramscope.agent.alerts.engine import AlertChange, AlertEngine
 from vramscope.agent.alerts.verdicts import Verdict, processes_of
-from vramscope.agent.analysis.diagnosis import KV_REFUSAL_EVENTS
 from vramscope.agent.analysis.makeup import LAYOUT_EVENT
 from vramscope.agent.analysis.merge import Batch, merged, record_batches
 from vramscope.agent.analysis.report import DeviceSummary, document_of
+from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Event, PostMortem, Sample
 
 # oom, request and KV-refusal events: an OOM's cause (the failed size, the requests in flight
 # over time, a pool that ran out)
-OOM_CONTEXT = frozenset({"oom", "request_start", "request_end", *KV_REFUSAL_EVENTS})
+OOM_CONTEXT = frozenset(names_with(Role.OOM) + names_with(Role.REQUEST)
+                        + names_with(Role.KV_REFUSAL))
 CHUNK = 4096  # samples (or records) handed to the engine at a time, then dropped
 
 Reopen = Callable[[int, float], Iterable["Sample | Event"]]

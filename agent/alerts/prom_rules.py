@@ -97,14 +97,6 @@ SERIES: dict[str, str] = {
 # Rule metrics whose series are one a process (labels process and pid beside host, device).
 PER_PROCESS = frozenset({"leak_detected", "leak_slope_bytes_per_s", "kv_orphaned_blocks"})
 
-_SERIES_NAME = re.compile(r"\bvramscope_[a-z_]+")
-
-
-def series_names() -> set[str]:
-    """Every exported series the rules may query."""
-    return {name for expr in SERIES.values() for name in _SERIES_NAME.findall(expr)}
-
-
 def render_rules(config: Mapping[str, Any] | None) -> str:
     """The Prometheus rules file (YAML) for ``config``'s alert rules."""
     rules = parse_rules(config)

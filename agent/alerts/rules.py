@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.agent.alerts import metrics as m
+from vramscope.agent.alerts.metrics import DERIVED
 from vramscope.agent.analysis.severity import ALERT_SEVERITIES, LEVELS
 from vramscope.agent.errors import ConfigError
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
@@ -35,32 +37,8 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "!=": operator.ne,
 }
 
-# Derived metrics, computed per device by the alert engine (vramscope.agent.alerts.metrics).
-DERIVED_METRICS: dict[str, str] = {
-    "cached_free_bytes": "reserved − allocated",
-    "inactive_split_ratio": "inactive split bytes / reserved bytes",
-    "external_fragmentation_ratio": "1 − largest free block / cached free (latest snapshot)",
-    "device_used_ratio": "device used / device total",
-    "headroom_bytes": "limit − demand (risk model)",
-    "headroom_ratio": "headroom after the largest prefill spike / limit (risk model)",
-    "time_to_oom_s": "forecast time to OOM from the trend of peaks; absent when not rising",
-    "risk_level": "0 ok, 1 warning, 2 critical (risk model)",
-    "leak_detected": "1 while the idle-floor leak detector (or the KV orphan check) says leak",
-    "leak_slope_bytes_per_s": "the leak's rate at the latest leak evaluation (leaks.leak_rate)",
-    "leak_slope_ratio_per_h": "the same slope as a share of the limit per hour",
-    "kv_usage_ratio": "KV blocks used / total",
-    "kv_exhaustion_s": "time until used KV blocks reach the total at the pool's fill trend",
-    "kv_exhaustion_horizon_s": "how far ahead the KV forecast may be trusted: the history the "
-                               "fill trend rests on (up to 10 min) when the trend reaches the "
-                               "total within it; at least alerts.kv_exhaustion_warning_s",
-    "kv_orphaned_blocks": "orphaned KV blocks in the pool's latest check that found any",
-    "oom_recent": "1 for five minutes after an OOM (event or num_ooms rising)",
-    "config_headroom_bytes": "limit − what the worst request the [server] section admits "
-                             "needs (absent without server.model)",
-    "kv_saturated": "1 while the fullest KV pool is at least 95 % used with requests waiting, "
-                    "or a request was preempted in the last 60 s (alerts/saturation.py)",
-}
-METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(DERIVED_METRICS)
+# what a rule may name: a sample field, or a derived metric of agent/alerts/metrics.py's table
+METRICS: tuple[str, ...] = tuple(SAMPLE_COUNTER_FIELDS) + tuple(row.name for row in DERIVED)
 _KEYS = ("name", "metric", "op", "threshold", "for", "clear", "clear_for", "severity", "labels",
          "device", "message")
 
@@ -133,23 +111,27 @@ def _level_name(value: float) -> str:
 def format_value(metric: str, value: float) -> str:
     """A rule's value in words with its metric's unit: "warning (risk level 1)", "14.1 s",
     "772.9 MiB/h", "3.00 GiB". Alerts store the bare number the rule compared; every place that
-    shows one (messages, the dashboard, the CLI) says it this way."""
-    exact: dict[str, Callable[[float], str]] = {
-        "risk_level": lambda v: f"{_level_name(v)} (risk level {v:g})",
-        "leak_detected": lambda v: "leak" if v >= 1 else "no leak",
-        "oom_recent": lambda v: "OOM in the last 5 min" if v >= 1 else "none",
-        "leak_slope_bytes_per_s": lambda v: f"{v * 3600 / _MIB:.1f} MiB/h",
-        "leak_slope_ratio_per_h": lambda v: f"{v * 100:.2f} % of the limit per hour",
-        "kv_orphaned_blocks": lambda v: f"{v:.0f} blocks",
-        "kv_saturated": lambda v: "saturated" if v >= 1 else "not saturated",
-    }
-    if metric in exact:
-        return exact[metric](value)
-    if metric.endswith("_bytes"):
+    shows one (messages, the dashboard, the CLI) says it this way. A derived metric's unit is
+    its row's (agent/alerts/metrics.py); a sample field's follows from its name."""
+    row = m.BY_NAME.get(metric)
+    unit = row.unit if row is not None else \
+        m.BYTES if metric.endswith("_bytes") else m.RATIO if metric.endswith("_ratio") else \
+        m.SECONDS if metric.endswith("_s") else None
+    if row is not None and row.words is not None:
+        return row.words[0] if value >= 1 else row.words[1]
+    if unit == m.RISK_LEVEL:
+        return f"{_level_name(value)} (risk level {value:g})"
+    if unit == m.BYTES_PER_S:
+        return f"{value * 3600 / _MIB:.1f} MiB/h"
+    if unit == m.LIMIT_SHARE_PER_H:
+        return f"{value * 100:.2f} % of the limit per hour"
+    if unit == m.BLOCKS:
+        return f"{value:.0f} blocks"
+    if unit == m.BYTES:
         return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / _MIB:.1f} MiB"
-    if metric.endswith("_ratio"):
+    if unit == m.RATIO:
         return f"{value * 100:.1f} %"
-    if metric.endswith("_s"):
+    if unit == m.SECONDS:
         if value < 120:
             return f"{value:.1f} s"
         return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.1f} h"

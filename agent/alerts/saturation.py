@@ -3,7 +3,8 @@
 A paged-KV server (vLLM, or any server on ``vramscope.KVBlockPool``) queues a request when its
 pool has no room for it, and preempts a running one when a step needs blocks the pool cannot
 give: either way it serves less than it is asked, and nothing in a memory trend says so (the
-pool sits flat at its top). The built-in rule ``kv_saturation`` reads :data:`METRIC`::
+pool sits flat at its top). The built-in rule ``kv_saturation`` reads the metric ``kv_saturated``
+(``metrics.SATURATION_METRIC``)::
 
     kv_saturated = 1 while KV usage >= SATURATION_SHARE with at least one request waiting,
                      or a preemption in the last PREEMPTION_WINDOW_S; else 0
@@ -19,14 +20,14 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Event
 
-METRIC = "kv_saturated"
 # A pool this full has no room for a waiting request's prompt (vLLM admits a request only when
 # its blocks fit): 95 % leaves less than one long prompt's blocks in a pool of a few thousand.
 SATURATION_SHARE = 0.95
 PREEMPTION_WINDOW_S = 60.0  # a preemption keeps the pool saturated for this long
-EVENTS = frozenset({"server_load", "kv_preempted"})
+EVENTS = frozenset(names_with(Role.SATURATION))  # server_load and kv_preempted
 # The dashboard's /metrics reads the events of this long back: a server sends server_load only
 # when its counts change, so its newest may be minutes old while the queue stands still.
 LOAD_WINDOW_S = 600.0

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Phase, PostMortem, Sample
 
 CAUSES = ("startup", "growth", "fragmentation", "prefill_spike", "batch", "unknown", "load",
@@ -51,7 +52,7 @@ KV_FULL_RATIO = 0.99  # a pool with this share of its blocks used has none to gi
 KV_REFUSAL_WINDOW_S = 60.0  # a pool refusal this recent is part of the OOM's story
 LOAD_RATIO = 1.5  # in flight at the OOM over the early median: the load grew
 LOAD_FIT_MIN_SPREAD = 1e-3  # the load must move apart from time by this much (1 − r²) to fit
-KV_REFUSAL_EVENTS = frozenset({"kv_alloc_failed", "kv_preempted", "preemption"})
+KV_REFUSAL_EVENTS = frozenset(names_with(Role.KV_REFUSAL))  # agent/event_kinds.py
 
 REMEDIES: dict[str, tuple[str, ...]] = {
     "startup": (

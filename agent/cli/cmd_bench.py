@@ -4,25 +4,32 @@ A benchmark that cannot run here (a ``VramscopeError``: no GPU, no vLLM) is list
 ``skipped``; one that fails (any other exception) under ``errors`` with its traceback, and the
 others still run and report: one broken benchmark never voids the whole JSON. The exit status
 is 1 when any failed.
+
+The benchmarks are tooling, not product: they live in ``tools/bench/`` of the source checkout,
+outside the wheel. An editable install (``pip install -e .``) finds that tree beside the
+package's folders; an installed wheel has none, and ``vramscope bench`` says so (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import traceback
+from pathlib import Path
+from types import ModuleType
 
 from vramscope.agent.cli.common import url_or_path
 from vramscope.agent.errors import UsageError, VramscopeError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from vramscope.agent.bench import BENCHMARKS
-
-    names = ", ".join(BENCHMARKS)
+    # The names are not listed here: building the parser (every command) must not import the
+    # checkout's tools; an unknown NAME's error lists them.
     p = sub.add_parser("bench", help="run benchmarks (ratios against same-run baselines)",
-                       description=f"Run benchmarks. Known: {names}. Default: all.")
+                       description="Run benchmarks, from a source checkout (tools/bench/). "
+                                   "Default: all; an unknown NAME lists the known ones.")
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     p.add_argument("--json", action="store_true", help="print figures as stable JSON")
     p.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
@@ -40,22 +47,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from vramscope.agent.bench import BENCHMARKS, BenchOptions, load
+def bench_package() -> ModuleType:
+    """``tools.bench`` of the source checkout this package runs from; a usage error (exit 2)
+    where there is none (an installed wheel)."""
+    import vramscope.agent
 
-    names = args.names or list(BENCHMARKS)
+    checkout = Path(vramscope.agent.__file__).resolve().parent.parent  # agent/ -> the checkout
+    if not (checkout / "tools" / "bench" / "__init__.py").is_file():
+        raise UsageError("vramscope bench runs from a source checkout (git clone, then "
+                         "pip install -e .): this installation has no tools/bench/")
+    if str(checkout) not in sys.path:
+        sys.path.append(str(checkout))  # last: the checkout's folders shadow nothing installed
+    bench = importlib.import_module("tools.bench")
+    if not Path(bench.__file__ or "").resolve().is_relative_to(checkout):
+        raise VramscopeError(f"another package named tools is imported ({bench.__file__}), "
+                             f"not the checkout's {checkout / 'tools'}")
+    return bench
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = bench_package()
+    known: dict[str, tuple[str, str]] = bench.BENCHMARKS
+    names = args.names or list(known)
     for name in names:
-        if name not in BENCHMARKS:
-            raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+        if name not in known:
+            raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(known)}")
     if args.rounds is not None and args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, not {args.rounds}")
     extra = {"nodes": args.nodes, "devices": args.devices, "duration_s": args.duration}
-    options = BenchOptions(quick=args.quick, db_url=args.db_url, rounds=args.rounds,
-                           extra={k: v for k, v in extra.items() if v is not None})
+    options = bench.BenchOptions(quick=args.quick, db_url=args.db_url, rounds=args.rounds,
+                                 extra={k: v for k, v in extra.items() if v is not None})
     figures, failures, errors = [], [], []
     for name in names:
         try:
-            got = load(name).run(options)
+            got = bench.load(name).run(options)
         except VramscopeError as exc:  # a benchmark that cannot run here (no GPU, no vLLM)
             failures.append({"bench": name, "error": str(exc)})
             continue

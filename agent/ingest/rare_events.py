@@ -1,14 +1,16 @@
 """Events kept with the rollups, bounded per client process per UTC day.
 
-The write budget (``budget.py``) bounds a client's rate, but the events other than the frequent
-ones (``FREQUENT_EVENTS``: requests, KV block moves, phases, deleted after ``retention.raw_s``)
-are kept whole as long as the minute rollups (``retention.rollup_s``, 90 days): a client writing
-custom events at its budget's rate filled the disk for 90 days. Each client process (the
-kernel's uid and pid, as ``ProcessBuckets``) may have ``agent.client_max_rare_events_per_day``
-of them kept per UTC day of the agent's clock; beyond, they are refused one by one (counted as
-``rejected["rare_events_day"]``), its samples and frequent events still stored, other clients
-unaffected. The count is of the events the other limits let through: what the store keeps.
-A post-mortem counts as one (the store keeps post-mortems longer than the rollups).
+The write budget (``budget.py``) bounds a client's rate, but the events of the kept class
+(``agent/event_kinds.py``: OOMs, orphaned blocks, preemptions, layouts, ...) are kept whole as
+long as the minute rollups (``retention.rollup_s``, 90 days): a client writing them at its
+budget's rate would fill the disk for 90 days. The cheap ones (requests, KV block moves, phases,
+and any name the table does not list) go after ``retention.raw_s`` and are not counted here.
+Each client process (the kernel's uid and pid, as ``ProcessBuckets``) may have
+``agent.client_max_rare_events_per_day`` of them kept per UTC day of the agent's clock; beyond,
+they are refused one by one (counted as ``rejected["rare_events_day"]``), its samples and cheap
+events still stored, other clients unaffected. The count is of the events the other limits let
+through: what the store keeps. A post-mortem counts as one (the store keeps post-mortems longer
+than the rollups).
 
 Memory: one entry per process that had a rare event kept today; all of them go at the next UTC
 day, and beyond ``max_kept`` the least recently counted is forgotten (a process still writing
@@ -22,13 +24,13 @@ from collections.abc import Hashable, Mapping
 from typing import Any, NamedTuple
 
 from vramscope.agent.clock import SYSTEM_CLOCK, Clock
+from vramscope.agent.durations import DAY_S
+from vramscope.agent.event_kinds import KEPT_EVENTS
 from vramscope.agent.records import Event, Sample
-from vramscope.agent.store.schema import FREQUENT_EVENTS
 
 DEFAULT_MAX_PER_DAY = 200_000
-DAY_S = 86_400
 REASON = "rare_events_day"
-_FREQUENT = frozenset(FREQUENT_EVENTS)
+_KEPT = frozenset(KEPT_EVENTS)
 
 
 class RareRefusal(NamedTuple):
@@ -55,9 +57,9 @@ class RareEventsPerDay:
 
     def admit(self, process: Hashable, records: list[Sample | Event]
               ) -> tuple[list[Sample | Event], RareRefusal | None]:
-        """``records`` less the rare events beyond ``process``'s count for today (the first
-        ones are kept, in order); samples and frequent events always pass."""
-        rare = sum(1 for r in records if isinstance(r, Event) and r.name not in _FREQUENT)
+        """``records`` less the kept events beyond ``process``'s count for today (the first
+        ones are kept, in order); samples and cheap events always pass."""
+        rare = sum(1 for r in records if isinstance(r, Event) and r.name in _KEPT)
         if not rare:
             return records, None
         room = self.take(process, rare)
@@ -65,7 +67,7 @@ class RareEventsPerDay:
             return records, None
         kept: list[Sample | Event] = []
         for r in records:
-            if isinstance(r, Event) and r.name not in _FREQUENT:
+            if isinstance(r, Event) and r.name in _KEPT:
                 if room <= 0:
                     continue
                 room -= 1

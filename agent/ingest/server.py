@@ -488,9 +488,3 @@ class IngestServer:
         conn.buf = bytearray()
         conn.sock.close()
 
-
-# ClientInfo (what the callbacks receive) and prepare_socket_folder (what bind does first) are
-# the daemon's way in; they are defined in peer.py and socket_dir.py.
-__all__ = ["BUFFER_BUDGET_BYTES", "COUNTER_MAX", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S",
-           "MAX_BAD_IN_A_ROW", "MAX_CLIENTS", "MAX_PENDING", "PENDING_MAX_BYTES", "SLOT_IDLE_S",
-           "ClientInfo", "IngestServer", "IngestStats", "prepare_socket_folder"]

@@ -22,7 +22,7 @@ allocator's own constants and default configuration (no ``max_split_size_mb``, n
   earlier one, as the CUDA driver placed them on the H200. This matters for the tie-break
   above: among equal-sized free blocks the one in the most recently created segment is taken.
   With ascending addresses the model matched the H200 for 1879 steps of
-  ``vramscope.agent.sim.gpu_check``'s sequence; with descending ones, all 3000
+  ``tools.sim.gpu_check``'s sequence; with descending ones, all 3000
   (``tests/agent/test_sim_vs_h200_replay.py``).
 
 Counters mean what ``torch.cuda.memory_stats()``'s ``*.all.current`` counters mean, and

@@ -47,6 +47,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from vramscope.agent.durations import MINUTE_S, SECOND_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store.sample_blocks import raw_samples
 from vramscope.agent.store.schema import (
@@ -69,8 +70,6 @@ _MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
 # is a tuple slice, and a bucket's output row one ``dict(zip(...))`` (see ``_Grid.flat_keys``).
 _Part = tuple[int, float, tuple[Any, ...]]
 
-ROLLUP_S = 60.0  # the rollups table's bucket (agent.retention)
-SECOND_S = 1.0  # the per-second tier's
 
 
 # Where a downsampled window's buckets came from (:func:`downsampled`'s tier), joined with
@@ -282,7 +281,7 @@ def seconds_end(store: Store, did: int) -> float | None:
     q = select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == did)
     with store.engine.connect() as c:
         newest = c.execute(q).scalar()
-    return None if newest is None else float(newest) + ROLLUP_S
+    return None if newest is None else float(newest) + MINUTE_S
 
 
 def _validate(start_s: float, end_s: float, buckets: int, columns: Sequence[str]) -> None:
@@ -297,7 +296,7 @@ def _validate(start_s: float, end_s: float, buckets: int, columns: Sequence[str]
 
 
 def _rollups_worthwhile(start_s: float, end_s: float, buckets: int) -> bool:
-    return (end_s - start_s) / ROLLUP_S >= buckets / 2
+    return (end_s - start_s) / MINUTE_S >= buckets / 2
 
 
 class _Grid:
@@ -510,7 +509,7 @@ def read_from(store: Store, device: int, start_s: float, end_s: float, width_s: 
     did = device_row_id(store, device, host)
     if did is None:
         return raw
-    if width_s >= ROLLUP_S / 2 and _rollup_span(store, did, start_s, end_s) is not None:
+    if width_s >= MINUTE_S / 2 and _rollup_span(store, did, start_s, end_s) is not None:
         return "per-minute rollups"
     horizon = first_sample_ts(store, device, host)
     old_end = end_s if horizon is None else min(horizon, end_s)
@@ -523,7 +522,7 @@ def read_from(store: Store, device: int, start_s: float, end_s: float, width_s: 
 
 def _any_seconds(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
     q = select(seconds.c.minute_s).where(seconds.c.device_id == did,
-                                         seconds.c.minute_s > lo_s - ROLLUP_S,
+                                         seconds.c.minute_s > lo_s - MINUTE_S,
                                          seconds.c.minute_s < hi_s).limit(1)
     with store.engine.connect() as c:
         return c.execute(q).first() is not None
@@ -566,15 +565,15 @@ def _last_values(c: Connection, did: int, stamps: list[float], columns: Sequence
 def _rollup_span(store: Store, did: int, start_s: float,
                  end_s: float) -> tuple[float, float] | None:
     """[first whole minute >= start, end of the last rolled-up minute <= end) or None."""
-    lo = math.ceil(start_s / ROLLUP_S) * ROLLUP_S
+    lo = math.ceil(start_s / MINUTE_S) * MINUTE_S
     q = select(func.max(rollups.c.bucket_s)).where(
         rollups.c.device_id == did, rollups.c.bucket_s >= lo,
-        rollups.c.bucket_s + ROLLUP_S <= end_s)
+        rollups.c.bucket_s + MINUTE_S <= end_s)
     with store.engine.connect() as c:
         newest = c.execute(q).scalar()
     if newest is None:
         return None
-    return lo, float(newest) + ROLLUP_S
+    return lo, float(newest) + MINUTE_S
 
 
 def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
@@ -609,11 +608,11 @@ def _from_rollups(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float,
     for k in sorted(newest):
         mine = values[k]
         flat = tuple(chain.from_iterable(map(mine.get, grid.columns, repeat(unread))))
-        out.append((k, newest[k] + ROLLUP_S, flat + last.get(newest[k], grid.no_lasts)))
+        out.append((k, newest[k] + MINUTE_S, flat + last.get(newest[k], grid.no_lasts)))
     return out
 
 
-MINUTES_IN_ORDER_BELOW_S = 2 * ROLLUP_S  # buckets narrower: minutes read in order (_in_order)
+MINUTES_IN_ORDER_BELOW_S = 2 * MINUTE_S  # buckets narrower: minutes read in order (_in_order)
 
 
 def _where(table: Table, did: int, grid: _Grid, source: str | None
@@ -672,7 +671,7 @@ def _in_order(store: Store, table: Table, did: int, grid: _Grid, lo_s: float, hi
     def flush() -> None:
         flat = tuple(chain.from_iterable(zip(map(low.get, grid.columns),
                                              map(high.get, grid.columns))))
-        out.append((k, float(minute) + ROLLUP_S, flat + tuple(map(last.get, grid.columns))))
+        out.append((k, float(minute) + MINUTE_S, flat + tuple(map(last.get, grid.columns))))
 
     for bucket_s, newest, metric, lo, hi, la in rows:
         if bucket_s != row_s:

@@ -18,10 +18,10 @@ import math
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store.downsample import grid_index, seconds_end
 from vramscope.agent.store.reads import RequestRate
 from vramscope.agent.store.schema import event_counts, events
-from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, and_, case, exists, func, literal, select, true, union_all
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
@@ -30,7 +31,7 @@ from vramscope.agent.store.schema import (
     sample_blocks,
     samples,
 )
-from vramscope.agent.store.store import ROLLUP_BUCKET_S, stored_json, stored_reasons
+from vramscope.agent.store.store import stored_json, stored_reasons
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -61,7 +62,7 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
             if r.pop("straddles"):
                 raw_s = _newest_of(c, row_id, raw_s, not_after_s)
             r["newest_ts_s"] = (float(raw_s) if raw_s is not None else None if minute_s is None
-                                else float(minute_s) + ROLLUP_BUCKET_S)
+                                else float(minute_s) + MINUTE_S)
     return rows
 
 
@@ -112,7 +113,7 @@ def newest_samples(store: Store, not_after_s: float | None,
                    _block_edge(True, not_after_s).label("block_hi"))
             .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
-    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + ROLLUP_BUCKET_S)
+    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
     with store.engine.connect() as c:
         out, again = _newest_samples(store, c, tops, end, window_s)
         for i in again:
@@ -325,7 +326,7 @@ def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
     raw_lo, raw_hi, minute_lo, minute_hi = ends
     firsts = [x for x in (raw_lo, minute_lo) if x is not None]
     last = raw_hi if raw_hi is not None else (
-        None if minute_hi is None else minute_hi + ROLLUP_BUCKET_S)
+        None if minute_hi is None else minute_hi + MINUTE_S)
     if not firsts or last is None:
         return None
     return float(min(firsts)), float(last)

@@ -42,11 +42,12 @@ from sqlalchemy import (
     select,
     table,
 )
+from vramscope.agent.durations import MINUTE_S
+from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.sample_blocks import raw_samples
 from vramscope.agent.store.schema import (
-    FREQUENT_EVENTS,
     ROLLUP_TIER_S,
     agent_stats,
     device_verdicts,
@@ -62,7 +63,6 @@ from vramscope.agent.store.schema import (
 )
 from vramscope.agent.store.store import Store
 
-BUCKET_S = 60.0
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
 # A rollup holds its devices' raw rows in memory at once (two minutes of 32 devices at 10 Hz:
 # 38,400 rows), so a fleet's hundreds of devices go 32 at a time (12 statements each) rather
@@ -105,7 +105,7 @@ def rollup_watermark(store: Store) -> float | None:
     with store.engine.connect() as c:
         lasts = _per_device(c, last)
     found = [float(x) for x in lasts if x is not None]
-    return max(found) + BUCKET_S if found else None
+    return max(found) + MINUTE_S if found else None
 
 
 def oldest_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
@@ -168,12 +168,14 @@ def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: fl
 
 def count_events(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> None:
     """Replace the ``event_counts`` of the minutes in [start_s, end_s) of devices ``ids``: per
-    device, minute and name, the frequent events (a range of the ``(device_id, name, ts_s)``
-    index per device and name; a busy server has tens a minute)."""
+    device, minute and name, the cheap events listed in agent/event_kinds.py (a range of the
+    ``(device_id, name, ts_s)`` index per device and name; a busy server has tens a minute).
+    Names the table does not list are not counted: a client choosing them would choose how many
+    rows the rollups' 90 days keep."""
     times = c.execute(select(events.c.device_id, events.c.name, events.c.ts_s)
-                      .where(events.c.device_id.in_(ids), events.c.name.in_(FREQUENT_EVENTS),
+                      .where(events.c.device_id.in_(ids), events.c.name.in_(CHEAP_EVENTS),
                              events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()
-    counts = Counter((did, (ts // BUCKET_S) * BUCKET_S, name) for did, name, ts in times)
+    counts = Counter((did, (ts // MINUTE_S) * MINUTE_S, name) for did, name, ts in times)
     _replace(c, event_counts.c.minute_s, ids, start_s, end_s, [
         {"device_id": did, "minute_s": minute, "name": name, "count": n}
         for (did, minute, name), n in sorted(counts.items())])
@@ -270,7 +272,7 @@ def aggregate(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 
 def _group_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return row[0], row[1] or "", (row[2] // BUCKET_S) * BUCKET_S
+    return row[0], row[1] or "", (row[2] // MINUTE_S) * MINUTE_S
 
 
 def delete_older(store: Store, table_name: str, cutoff_s: float, limit: int,
@@ -319,6 +321,30 @@ def _delete_found(c: Connection, table: TableClause, key: str, owners: TableClau
     return deleted
 
 
+def oldest_event_ts(store: Store, before_s: float) -> float | None:
+    """The first event time before ``before_s`` of any device: one index seek per device
+    (``ORDER BY ts_s LIMIT 1`` under ``device_id = ?``)."""
+    q = (select(events.c.ts_s).where(events.c.device_id == devices.c.id,
+                                     events.c.ts_s < before_s)
+         .order_by(events.c.ts_s).limit(1).scalar_subquery())
+    with store.engine.connect() as c:
+        firsts = _per_device(c, q)
+    found = [float(x) for x in firsts if x is not None]
+    return min(found) if found else None
+
+
+def delete_unlisted_events(store: Store, start_s: float, end_s: float, limit: int) -> int:
+    """Delete at most ``limit`` events in [start_s, end_s) whose name is not of the kept class
+    (agent/event_kinds.py): the names no table lists, which an index range per name cannot
+    find. A range of the ``(device_id, ts_s)`` index per device, every device in one statement;
+    retention walks it forward once (``Retention._delete_unlisted``), so a step reads the rows
+    of its window only, never the kept history before it."""
+    with store.engine.begin() as c:
+        return _delete_found(c, events, "device_id", devices,
+                             [events.c.ts_s >= start_s, events.c.ts_s < end_s,
+                              events.c.name.not_in(KEPT_EVENTS)], limit)
+
+
 def delete_newer(store: Store, table_name: str, after_s: float, limit: int) -> int:
     """Delete at most ``limit`` rows of ``samples`` or ``events`` timed after ``after_s``, every
     device in one statement (a range of the ``(device_id, ts_s)`` index from its far end per
@@ -354,19 +380,10 @@ def _delete_oldest_minutes(store: Store, minute: Any, cutoff_s: float, max_minut
         upto_of: dict[float, list[int]] = {}  # where each device's deletion stops -> devices
         for did, oldest in c.execute(select(devices.c.id, first).order_by(devices.c.id)):
             if oldest is not None and oldest < cutoff_s:
-                upto = min(cutoff_s, float(oldest) + max_minutes * BUCKET_S)
+                upto = min(cutoff_s, float(oldest) + max_minutes * MINUTE_S)
                 upto_of.setdefault(upto, []).append(int(did))
         for upto, ids in upto_of.items():
             deleted += c.execute(delete(table).where(table.c.device_id.in_(ids),
                                                      minute < upto)).rowcount
     return deleted
 
-
-def read_rollups(store: Store, device_id: int | None = None) -> list[dict[str, Any]]:
-    """Rollup rows in (bucket, device, source, metric) order: for tests and tools."""
-    q = select(rollups).order_by(rollups.c.bucket_s, rollups.c.device_id, rollups.c.source,
-                                 rollups.c.metric)
-    if device_id is not None:
-        q = q.where(rollups.c.device_id == device_id)
-    with store.engine.connect() as c:
-        return [dict(r._mapping) for r in c.execute(q)]

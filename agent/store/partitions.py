@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
+from vramscope.agent.durations import DAY_S
 from vramscope.agent.store.schema import samples
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ log = logging.getLogger("vramscope.partitions")
 
 TABLE = "samples"
 DEFAULT = "samples_default"
-DAY_S = 86_400.0
 LOCK_TIMEOUT = "2s"  # what partition DDL waits for its locks before it gives up for this step
 _LOCK_KEY = 0x76524150  # "vRAP": serialises partition DDL across the agents of a fleet
 _BOUND = re.compile(r"^FOR VALUES FROM \('?([-0-9.e+]+)'?\) TO \('?([-0-9.e+]+)'?\)$")

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store.downsample import (
     RAW_GROUP_LIMIT,
-    ROLLUP_S,
     aligned_grid,
     device_row_id,
     grid_index,
@@ -163,7 +163,7 @@ def _rolled_up(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
     deletes raw samples only once their minutes are rolled up, so a window's part before the
     device's first raw sample holds data only where it holds rollups."""
     q = (select(rollups.c.bucket_s)
-         .where(rollups.c.device_id == did, rollups.c.bucket_s > lo_s - ROLLUP_S,
+         .where(rollups.c.device_id == did, rollups.c.bucket_s > lo_s - MINUTE_S,
                 rollups.c.bucket_s < hi_s).limit(1))
     with store.engine.connect() as c:
         return c.execute(q).first() is not None

@@ -34,6 +34,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vramscope.agent.durations import SECOND_S
+from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import downsample as _ds
 from vramscope.agent.store import event_rate as _rate
@@ -163,9 +165,8 @@ RAW_SAMPLE_LIMIT = 4_000
 # are 7 minutes, 4,000 seconds over an hour (60 fits). A longer old window goes a tier up, as
 # a longer raw one does.
 PER_SECOND_MAX_S = 1_200.0
-TIER_EVENTS = ("oom", "kv_orphaned_blocks")  # the events a tier keeps (requests are averaged out)
+TIER_EVENTS = names_with(Role.TIER)  # the events a tier window reads (requests are averaged out)
 TIER_EVENT_LIMIT = 1_000
-SECOND_S = 1.0  # the per-second tier's bucket
 RAW = "raw samples"
 PER_SECOND = "per-second tier"
 
@@ -396,10 +397,12 @@ def process_series(store: Store, span: Span, points: int,
 
 
 # --- one timeline request ----------------------------------------------------------------------
-RARE_EVENTS: tuple[str, ...] = ("oom", "kv_orphaned_blocks", "process_exit")  # always shown
-REQUEST_EVENTS: tuple[str, ...] = ("request_start", "request_end")
-LOAD_EVENTS: tuple[str, ...] = ("server_load", "kv_preempted", "tokens")
-PREFIX_EVENTS: tuple[str, ...] = ("kv_alloc", "prefix_cache")
+# the timeline's reads, from the event table (agent/event_kinds.py)
+REQUEST_EVENTS = names_with(Role.REQUEST)  # markers while they fit, else the rate
+RARE_EVENTS = tuple(n for n in names_with(Role.MARKER) if n not in REQUEST_EVENTS)  # always
+PHASE_EVENTS = names_with(Role.PHASE)
+LOAD_EVENTS = names_with(Role.LOAD)
+PREFIX_EVENTS = names_with(Role.PREFIX)
 NAMED_EVENT_LIMIT = 50_000  # phase and rare events one timeline reads
 PREFIX_EVENT_LIMIT = 20_000  # request allocations a timeline reads for prefix-cache hits
 ALERT_LIMIT = 10_000
@@ -418,9 +421,9 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
     drawn = series(store, span, points, columns)
     # the rare markers and the phase events, each name on the (device, name, time) index
-    named = store.events(device, start_s, end_s, host=host, names=RARE_EVENTS + ("phase",),
+    named = store.events(device, start_s, end_s, host=host, names=RARE_EVENTS + PHASE_EVENTS,
                          limit=NAMED_EVENT_LIMIT + 1)
-    changes = [e for e in named if e.name == "phase"]
+    changes = [e for e in named if e.name in PHASE_EVENTS]
     phases = phase_bands(store, span, points, changes, len(named) > NAMED_EVENT_LIMIT)
     truncated = count_events(store, span, REQUEST_EVENTS, points) > points
     marked = [] if truncated else store.events(device, start_s, end_s, host=host,
@@ -438,7 +441,7 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
     has_pool = any(r.get("kv_blocks_total_max") is not None for r in drawn.rows)
     return Timeline(drawn, phases, requests(store, span, drawn.bucket_s),
                     process_series(store, span, points, process_columns),
-                    [e for e in named if e.name != "phase"][:points], marked, truncated,
+                    [e for e in named if e.name not in PHASE_EVENTS][:points], marked, truncated,
                     load[:NAMED_EVENT_LIMIT], len(load) > NAMED_EVENT_LIMIT, prefix, alerts,
                     process_series(store, span, points, KV_PROCESS_COLUMNS, pools=True)
                     if has_pool

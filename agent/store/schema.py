@@ -241,14 +241,6 @@ seconds = Table(
     # keeps at most ~1 kB in place and spills the rest to overflow pages (4.7 kB a row)
 )
 
-# The events retention deletes after ``retention.raw_s`` (a day): requests, KV block moves and
-# phase changes, hundreds of thousands a device-day. Their counts per minute outlive them
-# (``event_counts``); the rare events (OOMs, orphaned blocks, layouts) are kept whole as long as
-# the rollups. ``kv_evicted`` is one a vLLM step that evicted cached blocks (9 a second over a
-# recorded vLLM run, tests/data/vllm_idle_server.jsonl.gz): kept with the rollups it alone would
-# reach a client's cap of those a day (agent.client_max_rare_events_per_day) and lose its OOMs.
-FREQUENT_EVENTS = ("request_start", "request_end", "kv_alloc", "kv_free", "kv_evicted", "phase")
-
 # Per device, minute and name, how many of the frequent events the minute had (0009): made by
 # retention as it rolls a minute up, and kept as long as the rollups, so that a week's views
 # still show the request rate after the request events are gone.

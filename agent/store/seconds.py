@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple
 
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
 
 FORMAT_VERSION = 1
-MINUTE_S = 60.0
 PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
 _PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 _PHASE_VALUES = tuple(p.value for p in PHASES)

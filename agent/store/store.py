@@ -41,11 +41,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.sql.expression import Executable
-from vramscope.agent.config import (
-    INTEGRITY_MAX_CPU_PERCENT,
-    database_driver_problem,
-    database_url_problem,
-)
+from vramscope.agent.database_url import database_driver_problem, database_url_problem
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.errors import StoreError
 from vramscope.agent.records import (
     INT32_MAX,
@@ -58,6 +55,7 @@ from vramscope.agent.records import (
     Sample,
     uuid_candidates,
 )
+from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
 from vramscope.agent.store import content_keys, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
@@ -82,7 +80,6 @@ def integrity_wait_s(every_s: float, cpu_s: float, max_cpu_percent: float) -> fl
 
 
 _SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
-ROLLUP_BUCKET_S = 60.0  # the rollups' minute (agent.retention)
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
@@ -505,9 +502,6 @@ class Store:
         self._device_ids.clear()
         self._uuid_ids.clear()
 
-    def write_samples(self, batch: Sequence[Sample]) -> int:
-        return self.write(batch, ())
-
     def _insert_idempotent(self, c: Connection, sample_rows: list[dict[str, Any]],
                            event_rows: list[dict[str, Any]]) -> int:
         inserted = 0
@@ -811,7 +805,7 @@ class Store:
                 hi_ = max((x for x in (hi_, in_blocks[1]) if x is not None), default=None)
                 spans.append((lo_, hi_, first_m, last_m))
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
-        lasts = [span[1] if span[1] is not None else span[3] + ROLLUP_BUCKET_S
+        lasts = [span[1] if span[1] is not None else span[3] + MINUTE_S
                  for span in spans if span[1] is not None or span[3] is not None]
         if not firsts or not lasts:  # none, or every sample ahead of ``not_after_s``
             return None
@@ -853,7 +847,6 @@ class Store:
                       host: str | None) -> Select[Any]:
         """The per-second tier's rows (minute, source, blob) that hold seconds of
         [start_s, end_s) of device index ``device``, in (minute, source) order."""
-        from vramscope.agent.store.seconds import MINUTE_S
 
         return (select(seconds.c.minute_s, seconds.c.source, seconds.c.data)
                 .join(devices, devices.c.id == seconds.c.device_id)

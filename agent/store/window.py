@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ScalarSelect, func, literal, select
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
-from vramscope.agent.store.seconds import MINUTE_S
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store

@@ -12,10 +12,11 @@ from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.records import Phase, Sample
-from vramscope.agent.store import Store, maintenance
-from vramscope.agent.store.history_generator import History, generate
+from vramscope.agent.store import Store
 
+from tests.support.rollup_rows import read_rollups
 from tests.support.waiting import wait_for
+from tools.history_generator import History, generate
 
 
 def test_a_backlog_is_caught_up_in_steps_back_to_back_while_ingest_goes_on(tmp_path):
@@ -46,7 +47,7 @@ def test_a_backlog_is_caught_up_in_steps_back_to_back_while_ingest_goes_on(tmp_p
         agent.stop()
     print(f"caught up {steps} steps in {took:.1f} s; {len(seen)} status replies while behind")
     assert took < steps / 2  # one step a second took `steps` seconds
-    minutes = {r["bucket_s"] for r in maintenance.read_rollups(store)}
+    minutes = {r["bucket_s"] for r in read_rollups(store)}
     assert len(minutes) >= 118  # two hours, but the last two minutes (the grace)
     progress = seen[0]["retention_catch_up"]
     assert 0 < progress["behind_s"] <= end - history.start_s

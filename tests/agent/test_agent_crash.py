@@ -17,10 +17,11 @@ import threading
 import time
 
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.ingest.protocol import records_message
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.settings import SETTINGS
+
+from tools.agent_process import AgentProcess
 
 KILLS = 20
 _DEFAULTS = {s.key: s.default for s in SETTINGS}

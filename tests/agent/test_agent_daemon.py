@@ -16,6 +16,8 @@ from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.sources.nvml import FakeNvmlSource, open_nvml
 from vramscope.agent.store.store import integrity_wait_s
 
+from tests.support.rollup_rows import read_rollups
+
 GiB = 2**30
 
 
@@ -157,7 +159,6 @@ def test_agent_metrics_bind_the_configured_address(store, fake_clock):
 
 
 def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_clock):
-    from vramscope.agent.store import maintenance
 
     minute = (fake_clock.time_s() // 60) * 60 - 600  # ten minutes ago: past the grace
     agent.writer.put_many([Sample(minute + i, 0, source="torch", allocated_bytes=10)
@@ -166,7 +167,7 @@ def test_late_samples_through_the_writer_are_rolled_up_again(agent, store, fake_
     agent._retention_task(store)
 
     def allocated():
-        return [(r["max_value"], r["count"]) for r in maintenance.read_rollups(store)
+        return [(r["max_value"], r["count"]) for r in read_rollups(store)
                 if r["bucket_s"] == minute and r["metric"] == "allocated_bytes"]
     assert allocated() == [(10, 3)]
     agent.writer.put(Sample(minute + 30, 0, source="torch", allocated_bytes=99))  # the backlog

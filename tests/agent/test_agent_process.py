@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from vramscope.agent.errors import VramscopeError
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for as _wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 
 @pytest.fixture(scope="module")

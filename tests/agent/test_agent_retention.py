@@ -6,7 +6,8 @@ import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.retention import Retention
-from vramscope.agent.store import maintenance
+
+from tests.support.rollup_rows import read_rollups
 
 T0 = 1_700_000_040.0  # a minute boundary (1_700_000_040 = 28_333_334 * 60)
 
@@ -33,7 +34,7 @@ def filled(any_url):
 def _rows(store):
     return [(r["bucket_s"] - T0, r["device_id"], r["source"], r["metric"], r["min_value"],
              r["max_value"], r["mean_value"], r["last_value"], r["count"])
-            for r in maintenance.read_rollups(store)]
+            for r in read_rollups(store)]
 
 
 def test_rollups_are_min_max_mean_last_per_device_minute_source_metric(filled):
@@ -103,7 +104,7 @@ def test_bad_settings_are_refused_with_the_values():
 def _minute_rows(store, minute_s: float, device: int = 0):
     d = store.device_id(device)
     return [(r["min_value"], r["max_value"], r["mean_value"], r["last_value"], r["count"])
-            for r in maintenance.read_rollups(store)
+            for r in read_rollups(store)
             if r["bucket_s"] == T0 + minute_s and r["device_id"] == d
             and r["metric"] == "device_used_bytes"]
 
@@ -204,3 +205,51 @@ def test_the_frequent_events_are_counted_per_minute_before_they_are_deleted(fill
     old = Retention(raw_s=60, rollup_s=150, step_rows=100, clock=clock, minutes_per_step=2)
     old.step(filled)
     assert [row[0] for row in _counts(filled)] == [120.0]
+
+
+def test_an_event_name_no_table_lists_goes_with_the_raw_samples(any_url):
+    """A client's own event name is cheap (agent/event_kinds.py): deleted once older than
+    raw_s, like a request, and not counted per minute; a listed kept name (an OOM, a
+    server_load) stays with the rollups. No name's index range finds the unlisted ones, so
+    retention walks the time index from the oldest event, UNLISTED_SCAN_S a step, and a step
+    whose row budget ran out reads its stretch again."""
+    from vramscope.agent.records import Event
+    from vramscope.agent.retention import UNLISTED_SCAN_S as hour
+    from vramscope.agent.store import Store
+
+    # events only: no samples, so no rollup holds the raw cutoff back (now - raw_s)
+    store = Store.open(any_url, host_name="testhost")
+    e = [Event(T0 + t, name, 0, 7) for t, name in
+         [(1, "my_custom_event"), (2, "oom"), (3, "my_custom_event"), (4, "another_one"),
+          (5, "server_load"), (hour + 10, "my_custom_event"), (2 * hour + 10, "another_one"),
+          (3 * hour, "my_custom_event")]]
+    store.write([], e)
+    try:
+        _walk_the_unlisted(store)
+    finally:
+        store.close()
+
+
+def _walk_the_unlisted(store) -> None:
+    from vramscope.agent.retention import UNLISTED_SCAN_S
+
+    hour = UNLISTED_SCAN_S
+    # the raw cutoff at 1 h 30 s: the events of the first hour and 10 s are past it
+    clock = FakeClock(T0 + 3 * hour + 60)
+    r = Retention(raw_s=2 * hour + 30, rollup_s=86400, step_rows=2, clock=clock)
+    left = lambda: sorted((ev.ts_s - T0, ev.name) for ev in store.events(0))  # noqa: E731
+    first = r.step(store)  # the first hour from the oldest event: two of its three, the budget
+    assert first.deleted["events"] == 2
+    assert len(left()) == 6
+    r.step(store)  # the same hour again: its last one; the walk moves on
+    assert left() == [(2.0, "oom"), (5.0, "server_load"), (hour + 10, "my_custom_event"),
+                      (2 * hour + 10, "another_one"), (3 * hour, "my_custom_event")]
+    r.step(store)  # on up to the raw cutoff (1 h 30 s): the one at 1 h 10 s
+    assert left() == [(2.0, "oom"), (5.0, "server_load"), (2 * hour + 10, "another_one"),
+                      (3 * hour, "my_custom_event")]
+    assert r.step(store).deleted["events"] == 0  # at the cutoff: nothing more until it moves
+    clock.advance(hour)  # the cutoff at 2 h 30 s
+    r.step(store)
+    assert left() == [(2.0, "oom"), (5.0, "server_load"), (3 * hour, "my_custom_event")]
+    assert _counts(store) == []  # unlisted: never counted per minute
+    r.close()

@@ -102,7 +102,7 @@ def test_a_risk_alert_says_why_and_what_to_try():
 
 
 def test_live_batches_give_exactly_the_alerts_of_analyze():
-    from vramscope.agent.bench import labelled_recordings as scenarios
+    from tools.bench import labelled_recordings as scenarios
 
     sc = scenarios.growth_oom(5)
     offline = analyze_records(sc.samples, sc.events, None)["alerts"]

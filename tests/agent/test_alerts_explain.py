@@ -4,8 +4,9 @@ cause by the post-mortem's words, on scripted servers."""
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.alerts.explain import time_range
 from vramscope.agent.analysis.risk_model import RiskPoint
-from vramscope.agent.bench import labelled_recordings, oom_scenarios
 from vramscope.agent.records import Phase, Sample
+
+from tools.bench import labelled_recordings, oom_scenarios
 
 GIB = 2**30
 
@@ -112,7 +113,7 @@ def test_every_risk_alert_of_a_growth_failure_names_growth():
     # half); the second, 32 min ahead, is the leak's own forecast (the floor growing); the
     # critical one, 28 min ahead, is read over the half's floor too: growth, as the
     # post-mortem will say, the one cause of the episode
-    from vramscope.agent.bench import long_detection, long_suite
+    from tools.bench import long_detection, long_suite
 
     spec = next(s for s in long_suite.specs()
                 if s.name == "failure/growth/static_batch-bursty/312")
@@ -131,7 +132,7 @@ def test_a_load_ramp_filling_the_device_is_the_load_though_the_largest_prefill_f
     # in flight grew to the limit: the post-mortem says load, and so does every alert of the
     # episode (not prefill_spike, which the fragmentation signs alone would give): the warning
     # 555 s ahead from the peaks' fast route (6.8 min of 15-s peaks), the critical 107 s ahead
-    from vramscope.agent.bench import long_detection, long_suite
+    from tools.bench import long_detection, long_suite
 
     spec = next(s for s in long_suite.specs()
                 if s.name == "failure/load/per_request_kv-never_idle/321")

@@ -21,8 +21,9 @@ from vramscope.agent.analysis.report import OomWitness
 from vramscope.agent.cli import main
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import Store
-from vramscope.agent.store.history_generator import History, generate
 from vramscope.agent.trace import write_trace
+
+from tools.history_generator import History, generate
 
 GIB, MIB = 2**30, 2**20
 

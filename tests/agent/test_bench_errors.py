@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import types
 
-import vramscope.agent.bench as bench
-from vramscope.agent.bench import Figure
 from vramscope.agent.cli import main
+
+import tools.bench as bench
+from tools.bench import Figure
 
 
 def test_a_failing_benchmark_is_reported_and_the_others_still_run(monkeypatch, capsys):

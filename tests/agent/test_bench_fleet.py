@@ -10,9 +10,10 @@ row its agent says it wrote is stored; nothing was dropped on the way.
 from __future__ import annotations
 
 import pytest
-from vramscope.agent.bench import BenchOptions
-from vramscope.agent.bench.fleet import Size, figures, run_fleet, sizes
 from vramscope.agent.cli import main
+
+from tools.bench import BenchOptions
+from tools.bench.fleet import Size, figures, run_fleet, sizes
 
 QUICK = sizes(BenchOptions(quick=True))
 
@@ -77,8 +78,8 @@ def test_fleet_sizes_default_to_the_issues_fleet_and_take_the_options():
 
 
 def test_fleet_pages_are_compared_with_one_nodes_own_even_where_the_overview_differs():
-    from vramscope.agent.bench import Timing
-    from vramscope.agent.bench.fleet import RunResult, pages
+    from tools.bench import Timing
+    from tools.bench.fleet import RunResult, pages
 
     def run(nodes: int, ms: float) -> RunResult:
         hosts = [f"node-{i:02d}" for i in range(nodes)]

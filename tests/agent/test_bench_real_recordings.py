@@ -4,10 +4,11 @@ scores with the default settings."""
 import json
 
 import pytest
-from vramscope.agent.bench.detection import real_figures
-from vramscope.agent.bench.real_recordings import RealRecording, recordings, score
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.trace import write_trace
+
+from tools.bench.detection import real_figures
+from tools.bench.real_recordings import RealRecording, recordings, score
 
 MIB = 2**20
 
@@ -58,13 +59,13 @@ def test_a_record_serving_truth_file_is_found_without_a_listing(tmp_path):
 def test_the_detection_figures_in_docs_analysis_are_rendered_from_the_committed_json():
     from pathlib import Path
 
-    from vramscope.agent.bench.tables import render
+    from tools.bench.tables import render
 
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "analysis.md").read_text()
     assert "bench/detection.json" in text
     assert render(text, docs) == text, (
-        "docs/analysis.md is out of date: python -m vramscope.agent.bench.tables docs/analysis.md")
+        "docs/analysis.md is out of date: python -m tools.bench.tables docs/analysis.md")
 
 
 @pytest.mark.parametrize("name", ["gpu_serving_healthy", "gpu_serving_request_leak",

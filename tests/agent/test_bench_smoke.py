@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 import pytest
-from vramscope.agent.bench import BENCHMARKS, Figure
 from vramscope.agent.cli import main
+
+from tools.bench import BENCHMARKS, Figure
 
 FIGURE_KEYS = {"bench", "metric", "value", "unit", "spread", "baseline", "target", "met", "where"}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md"
@@ -107,7 +108,7 @@ def test_every_committed_bench_json_is_read_by_a_doc():
 
 
 def test_hook_cost_figures_add_up_per_decode_token():
-    from vramscope.agent.bench.hooks import hook_cost_figures
+    from tools.bench.hooks import hook_cost_figures
 
     cost = {"step_s": 2e-6, "request_s": 64e-6, "new_tokens": 16, "sampler_s_per_s": 1e-3}
     per_token, share = hook_cost_figures(cost, {"off_s": [0.012, 0.010, 0.008]})
@@ -119,10 +120,10 @@ def test_hook_cost_figures_add_up_per_decode_token():
 
 def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
     torch = pytest.importorskip("torch")
-    from vramscope.agent.bench.hooks import measure_hook_cost
     from vramscope.hooks import install as inst
 
     from tests.support.tiny_models import tiny_llama
+    from tools.bench.hooks import measure_hook_cost
 
     cost = measure_hook_cost(torch, tiny_llama(), batch=2, new_tokens=8, steps=200, requests=20)
     assert 0 < cost["step_s"] < 1e-3 and 0 < cost["request_s"] < 1e-2
@@ -133,26 +134,26 @@ def test_hook_cost_is_timed_through_the_real_hooks_on_cpu():
 
 
 def test_benchmarks_doc_tables_are_rendered_from_the_committed_json():
-    from vramscope.agent.bench.tables import render
+    from tools.bench.tables import render
 
     text = DOC.read_text()
     assert text.count("<!-- bench-table ") == len(BENCHMARKS)  # one each
     assert render(text, DOC.parent) == text, (
         "docs/BENCHMARKS.md is out of date: "
-        "python -m vramscope.agent.bench.tables docs/BENCHMARKS.md")
+        "python -m tools.bench.tables docs/BENCHMARKS.md")
 
 
 def test_the_kv_agreement_figures_in_docs_vllm_are_rendered_from_the_committed_json():
-    from vramscope.agent.bench.tables import render
+    from tools.bench.tables import render
 
     text = (DOC.parent / "vllm.md").read_text()
     assert "<!-- bench-table bench/vllm-kv-agreement.json=" in text
     assert render(text, DOC.parent) == text, (
-        "docs/vllm.md is out of date: python -m vramscope.agent.bench.tables docs/vllm.md")
+        "docs/vllm.md is out of date: python -m tools.bench.tables docs/vllm.md")
 
 
 def test_report_renders_rows_and_names_bad_input(tmp_path):
-    from vramscope.agent.bench.tables import render, rows
+    from tools.bench.tables import render, rows
 
     doc = {"format": "vramscope.bench/1",
            "figures": [Figure("ingest", "a|b", 123456.7, "samples/s", "min 1 / max 2",

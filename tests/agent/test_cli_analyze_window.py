@@ -8,8 +8,9 @@ import json
 import pytest
 from vramscope.agent.cli import main
 from vramscope.agent.store import Store
-from vramscope.agent.store.history_generator import T_END, History, generate
 from vramscope.agent.trace import write_trace
+
+from tools.history_generator import T_END, History, generate
 
 
 @pytest.fixture

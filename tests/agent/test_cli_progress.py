@@ -21,10 +21,11 @@ import pytest
 from vramscope.agent.cli import progress
 from vramscope.agent.cli.progress import BYTES, Progress, amount
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import migrate
 from vramscope.agent.trace import WRITTEN_EVERY, iter_trace, read_trace, write_sorted_trace
+
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 DATA = Path(__file__).parent.parent / "data"
 MiB = 2**20

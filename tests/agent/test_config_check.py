@@ -9,7 +9,6 @@ import logging
 import pytest
 from vramscope.agent.alerts.config_check import (
     check_json,
-    limit_of,
     server_from_config,
 )
 from vramscope.agent.alerts.engine import AlertEngine
@@ -153,12 +152,6 @@ def test_the_message_names_the_setting_and_vllms_flag(model_dir):
     doc = check_json(limits, 40 * GiB)
     assert (doc["fits"], doc["lower"], doc["lower_to"], doc["headroom_bytes"]) == (
         False, "server.max_num_seqs", 7, 40 * GiB - NEEDED)
-
-
-def test_a_process_cap_is_the_limit():
-    assert limit_of(80 * GiB, [None, 40 * GiB, 60 * GiB]) == 40 * GiB
-    assert limit_of(80 * GiB, [None]) == 80 * GiB
-    assert limit_of(None, []) is None
 
 
 # --- the alert --------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""``agent/bench/config_scenarios.py``: prefill-spike OOMs warned from the [server] section
+"""``tools/bench/config_scenarios.py``: prefill-spike OOMs warned from the [server] section
 before the request arrives, and no config_oom where the worst request fits."""
 
 from __future__ import annotations
 
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.bench import config_scenarios as cs
+
+from tools.bench import config_scenarios as cs
 
 FLOOR_S = 60.0
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import vramscope.agent.store.downsample as ds
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store, maintenance
 from vramscope.agent.store.phase_shares import phase_counts
@@ -147,7 +148,7 @@ def test_minutes_read_in_key_order_fold_as_the_grouped_sql_does(any_url, monkeyp
         start, end = T0 + 15.0, T0 + 1785.0
         with statements_sent(s.engine, lambda q: "GROUP BY" in q and "rollups" in q) as sent:
             folded = s.timeline(0, start, end, buckets, cols)
-        assert (sent == []) == (1770 / buckets < 2 * ds.ROLLUP_S)
+        assert (sent == []) == (1770 / buckets < 2 * MINUTE_S)
         monkeypatch.setattr(ds, "MINUTES_IN_ORDER_BELOW_S", 0.0)
         grouped = s.timeline(0, start, end, buckets, cols)
         assert folded == grouped

@@ -21,8 +21,10 @@ from sqlalchemy import text
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.retention import Retention, StepResult
-from vramscope.agent.store import Store, maintenance
+from vramscope.agent.store import Store
 from vramscope.agent.store.store_wide_lock import STORE_WIDE_LOCK_KEY
+
+from tests.support.rollup_rows import read_rollups
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_040.0  # a minute boundary
@@ -57,7 +59,7 @@ def _rolled_up(store: Store) -> dict[float, set[tuple[str, int]]]:
                 "ON h.id = d.host_id")):
             names[did] = (host, index)
     out: dict[float, set[tuple[str, int]]] = {}
-    for r in maintenance.read_rollups(store):
+    for r in read_rollups(store):
         out.setdefault(r["bucket_s"] - T0, set()).add(names[r["device_id"]])
     return out
 
@@ -184,7 +186,7 @@ def test_an_agent_not_leading_rolls_up_again_only_its_own_late_minutes(two_nodes
     rb.note_written([late])
     assert rb.step(b) == StepResult(0, 0, {}, 1)  # not leading: its own late minute only
     used = {(r["device_id"], r["bucket_s"] - T0): (r["max_value"], r["count"])
-            for r in maintenance.read_rollups(b) if r["metric"] == "device_used_bytes"}
+            for r in read_rollups(b) if r["metric"] == "device_used_bytes"}
     assert used == {(a.device_id(0), 0.0): (0, 1), (a.device_id(1), 0.0): (0, 1),
                     (a.device_id(0), 60.0): (1, 1), (a.device_id(1), 60.0): (1, 1),
                     (b.device_id(0), 0.0): (99, 2), (b.device_id(1), 0.0): (0, 1),

@@ -8,9 +8,9 @@ figures are the verdict and alert rows the agent stored as the servers ran
 import json
 
 import pytest
-from vramscope.agent.ingest.process import REPO_ROOT
 
 from tests.gpu.live_growth_figures import figures
+from tools.agent_process import REPO_ROOT
 
 RUNS = REPO_ROOT / "docs" / "gpu-runs"
 LIVE = {"ten_min": RUNS / "2026-12-07" / "live", "four_min": RUNS / "2026-12-06" / "live" / "today"}

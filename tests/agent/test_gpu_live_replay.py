@@ -13,10 +13,10 @@ import tarfile
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
 from vramscope.agent.daemon import AlertFeed
-from vramscope.agent.ingest.process import REPO_ROOT
 from vramscope.agent.store import Store
 
 from tests.support.gpu_replay import records, replay, unpacked
+from tools.agent_process import REPO_ROOT
 
 RUN = REPO_ROOT / "docs" / "gpu-runs" / "2026-12-06" / "live" / "main"
 GROWER, RESTARTED = 700, 986

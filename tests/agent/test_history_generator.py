@@ -9,8 +9,10 @@ import pytest
 from sqlalchemy import select
 from vramscope.agent.records import Phase
 from vramscope.agent.store import Store, maintenance
-from vramscope.agent.store.history_generator import GIB, MIB, T_END, History, generate
 from vramscope.agent.store.schema import event_counts, samples, seconds
+
+from tests.support.rollup_rows import read_rollups
+from tools.history_generator import GIB, MIB, T_END, History, generate
 
 
 def test_rows_are_closed_form_and_the_tiers_equal_retentions(any_url):
@@ -105,7 +107,7 @@ def _tiers(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
             seconds.c.device_id, seconds.c.minute_s, seconds.c.source))]
         counts = [tuple(r) for r in c.execute(select(event_counts).order_by(
             event_counts.c.device_id, event_counts.c.minute_s, event_counts.c.name))]
-    return maintenance.read_rollups(store), packed, counts
+    return read_rollups(store), packed, counts
 
 
 def _drop_tiers(store: Store, from_s: float = 0.0) -> None:

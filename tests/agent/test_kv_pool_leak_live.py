@@ -20,12 +20,12 @@ import pytest
 from vramscope.agent.analysis.growth import per_hour
 from vramscope.agent.analysis.kv_leak import kv_leak_from_json, kv_words
 from vramscope.agent.config import parse_config
-from vramscope.agent.ingest.process import REPO_ROOT
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
 
 from tests.dashboard.browser.test_pages import driver  # noqa: F401 - a fixture
 from tests.support import kv_leak_scenario as S
+from tools.agent_process import REPO_ROOT
 
 GIB = 2**30
 

@@ -2,8 +2,9 @@
 
 import pytest
 from vramscope.agent.alerts.engine import AlertEngine
-from vramscope.agent.bench import labelled_recordings as S
-from vramscope.agent.bench.detection import score
+
+from tools.bench import labelled_recordings as S
+from tools.bench.detection import score
 
 
 def fired(sc):
@@ -91,7 +92,7 @@ def test_the_diurnal_load_is_kv_held_by_more_requests_and_shows_in_the_blocks_in
 
 
 def test_a_never_idle_diurnal_day_raises_no_alert_and_the_hard_figures_have_targets():
-    from vramscope.agent.bench.detection import _hard_figures
+    from tools.bench.detection import _hard_figures
 
     sc = S.diurnal(2, days=1.0)
     assert fired(sc) == []

@@ -1,4 +1,4 @@
-"""The long suite's scorer (agent/bench/long_detection.py) on scripted alert histories, and one
+"""The long suite's scorer (tools/bench/long_detection.py) on scripted alert histories, and one
 real trace of the suite end to end."""
 
 import math
@@ -6,10 +6,11 @@ import math
 import pytest
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.analysis.leaks import LeakDetector
-from vramscope.agent.bench import long_detection as ld
-from vramscope.agent.bench import long_suite
-from vramscope.agent.bench.labelled_recordings import Scenario
 from vramscope.agent.records import Sample
+
+from tools.bench import long_detection as ld
+from tools.bench import long_suite
+from tools.bench.labelled_recordings import Scenario
 
 GIB = 2**30
 

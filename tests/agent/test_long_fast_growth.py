@@ -7,10 +7,11 @@ import math
 import pytest
 from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.analysis.leaks import LeakResult
-from vramscope.agent.bench import long_detection as ld
-from vramscope.agent.bench import long_suite as L
-from vramscope.agent.bench.labelled_recordings import START_S, Scenario
 from vramscope.agent.records import Sample
+
+from tools.bench import long_detection as ld
+from tools.bench import long_suite as L
+from tools.bench.labelled_recordings import START_S, Scenario
 
 GIB = 2**30
 H = 3600.0

@@ -1,10 +1,11 @@
 """The long suite: deterministic, with the truth it claims, in the counts it promises."""
 
 import pytest
-from vramscope.agent.bench import long_suite as L
-from vramscope.agent.bench import long_suite_shapes as shapes
-from vramscope.agent.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S
 from vramscope.agent.records import Phase
+
+from tools.bench import long_suite as L
+from tools.bench import long_suite_shapes as shapes
+from tools.bench.labelled_recordings import CONTEXT_BYTES, GIB, START_S
 
 H = 3600.0
 LIMIT = 80 * GIB
@@ -95,7 +96,7 @@ def test_every_leak_shape_averages_its_truth_rate_over_two_hours(spec):
 
 
 def test_a_leak_trace_keeps_what_its_leak_added_a_minute_apart_for_the_scorer():
-    from vramscope.agent.bench.long_detection import grown_per_s
+    from tools.bench.long_detection import grown_per_s
 
     spec = next(s for s in L.specs(quick=True) if s.leak and s.leak.shape == "under_load")
     sim = Recording(spec)

@@ -23,12 +23,12 @@ import time
 import pytest
 from vramscope.agent.cli import main
 from vramscope.agent.config import parse_config
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
 from vramscope.dashboard.app import create_app
 
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 SPAN_S = 3 * 3600.0
 STEP_S = 2.0

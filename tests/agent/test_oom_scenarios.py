@@ -1,12 +1,13 @@
-"""The OOM scenarios with ground truth (agent/bench/oom_scenarios.py) through offline analysis
+"""The OOM scenarios with ground truth (tools/bench/oom_scenarios.py) through offline analysis
 with the defaults: the cause named, the first warning at least 30 s before the OOM, one held
 alert where the old rules flapped. The suite's own OOMs, without their post-mortems, too."""
 
 import pytest
 from vramscope.agent.alerts.offline import analyze_records
 from vramscope.agent.analysis.report import failed_from_message
-from vramscope.agent.bench import labelled_recordings, oom_scenarios
-from vramscope.agent.bench.oom_scenarios import figures, score
+
+from tools.bench import labelled_recordings, oom_scenarios
+from tools.bench.oom_scenarios import figures, score
 
 OOMS = [(oom_scenarios.load_ramp, "load"), (oom_scenarios.frag_long, "fragmentation"),
         (oom_scenarios.kv_exhaustion, "kv_exhaustion")]

@@ -13,11 +13,11 @@ import tempfile
 import textwrap
 import time
 
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
 
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 SERVER = textwrap.dedent("""
     import os, time

@@ -23,9 +23,9 @@ from vramscope.agent.clock import FakeClock
 from vramscope.agent.retention import Retention
 from vramscope.agent.store import Store
 from vramscope.agent.store import maintenance as sql
-from vramscope.agent.store.history_generator import T_END, History, generate
 
 from tests.support.sql_watch import statements_sent
+from tools.history_generator import T_END, History, generate
 
 HZ = 0.1
 END = T_END

@@ -18,11 +18,11 @@ from vramscope.agent.alerts.engine import AlertChange
 from vramscope.agent.alerts.sinks import WebhookSink
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.pgserver import free_port
 from tests.support.waiting import wait_for
+from tools.agent_process import AgentProcess
 
 FIRED = AlertChange("oom_risk", "oom_risk", "warning", 0, 100.0, 0.5, "low headroom", {}, 100.0)
 FIRED = FIRED._replace(kind="fired")

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for
+from tools.agent_process import AgentProcess
 
 GOOD_PID = 4242
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from vramscope.agent.ingest.process import REPO_ROOT
+
+from tools.agent_process import REPO_ROOT
 
 GOOD = '{"ts": 1700000000.0, "device": 0, "source": "torch", "allocated_bytes": 1}\n'
 

@@ -18,12 +18,12 @@ from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest import server as ingest
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.peer import ClientInfo, Conn
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.ingest.rate_log import LOG_BURST
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for
 from tests.test_deploy import UNIT, one, parse_unit
+from tools.agent_process import AgentProcess
 
 _SIZES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 

@@ -12,12 +12,12 @@ import time
 import pytest
 from vramscope.agent.config import parse_config
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.settings import SETTINGS
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
+from tools.agent_process import AgentProcess
 
 QUEUE_MAX_RECORDS = next(s.default for s in SETTINGS if s.key == "agent.queue_max_records")
 

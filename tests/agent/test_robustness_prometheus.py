@@ -238,7 +238,7 @@ def test_a_hostile_gauge_leaves_the_agent_answering_and_a_good_client_whole():
     """A real agent scraping ``vllm:num_requests_running 1e6`` ten times a second (it made a
     million records a scrape: the writer dropped a good client's samples) while a hook client
     sends 760 samples: all written, status answers at once, memory stays at its idle size."""
-    from vramscope.agent.bench.hostile import scrape
+    from tools.bench.hostile import scrape
 
     result = scrape("1e6", seconds=5.0, idle_s=2.0)
     assert result["good_written"] == result["good_sent"] == 760

@@ -17,10 +17,10 @@ import time
 import pytest
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.records import Phase, Sample
 
 from tests.support.waiting import wait_for
+from tools.agent_process import AgentProcess
 
 
 @pytest.fixture

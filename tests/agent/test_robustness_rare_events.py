@@ -1,10 +1,12 @@
 """Events kept with the rollups, bounded per client process per UTC day (issue 45, item 5).
 
-The write budget bounds a client's rate, but events other than the frequent ones are kept as
-long as the rollups (90 days): a client writing custom events at its budget's rate filled the
-disk for 90 days. Each client process may have ``agent.client_max_rare_events_per_day`` of them
-stored per UTC day of the agent's clock; beyond, they are refused and counted
-(``rare_events_day``), its samples and frequent events still stored, other clients unaffected.
+The write budget bounds a client's rate, but the events of the kept class (agent/event_kinds.py)
+are kept as long as the rollups (90 days): a client writing them at its budget's rate would fill
+the disk for 90 days. Names the event table does not list are cheap (deleted after
+retention.raw_s), so they are not counted. Each client process may have
+``agent.client_max_rare_events_per_day`` of them stored per UTC day of the agent's clock;
+beyond, they are refused and counted (``rare_events_day``), its samples and cheap events still
+stored, other clients unaffected.
 On the agent's clock (a FakeClock here)."""
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.config import ConfigError, parse_config
+from vramscope.agent.config import parse_config
+from vramscope.agent.durations import DAY_S
+from vramscope.agent.errors import ConfigError
+from vramscope.agent.event_kinds import CHEAP_EVENTS, is_kept
 from vramscope.agent.ingest import protocol as proto
 from vramscope.agent.ingest.connection import AgentConnection
 from vramscope.agent.ingest.rare_events import (
-    DAY_S,
     DEFAULT_MAX_PER_DAY,
     RareEventsPerDay,
     RareRefusal,
 )
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.settings import SETTINGS_BY_KEY
-from vramscope.agent.store.schema import FREQUENT_EVENTS
 from vramscope.agent.trace import read_trace
 
 from tests.support.live_agent import OTHER_PID, OtherProcess, running_agent
@@ -35,7 +38,7 @@ NEXT_DAY = (NOW // DAY_S + 1) * DAY_S  # 2023-11-15 00:00:00 UTC, 6,400 s later
 CAP = 40
 
 
-def _rare(n: int, pid: int, ts: float, name: str = "custom") -> list[Event]:
+def _rare(n: int, pid: int, ts: float, name: str = "server_load") -> list[Event]:
     return [Event(ts + i * 1e-3, name, 0, pid, data={"i": i}) for i in range(n)]
 
 
@@ -66,6 +69,16 @@ def test_the_cap_keeps_the_first_rare_events_of_the_day_and_passes_the_rest():
     clock.advance(1)  # midnight UTC: every count starts again
     assert cap.admit("a", rare) == (rare[:3], RareRefusal(1, 3))
     assert len(cap) == 1  # yesterday's processes are forgotten
+
+
+def test_a_name_the_event_table_does_not_list_is_cheap_and_never_counted():
+    """A client's own name goes with the raw samples (agent/event_kinds.py), so the cap that
+    bounds 90 days of kept events lets it pass, however many."""
+    cap = RareEventsPerDay(2, FakeClock(NOW))
+    custom = _rare(5, 1, NOW, "my_custom_event")
+    assert cap.admit("a", custom) == (custom, None)
+    assert cap.admit("a", _rare(3, 1, NOW)) == (_rare(2, 1, NOW), RareRefusal(1, 2))
+    assert cap.admit("a", custom) == (custom, None)
 
 
 def test_memory_is_bounded_by_forgetting_the_least_recently_counted():
@@ -132,7 +145,7 @@ def test_a_client_at_its_cap_keeps_its_samples_and_a_neighbour_and_the_next_day_
         status = conn.status()
     assert status["rejected"] == {"rare_events_day": 27 + 2 + 5}
     agent.writer.flush()
-    events = agent.store.events(None, names=["custom", "oom", "request_start"])
+    events = agent.store.events(None, names=["server_load", "oom", "request_start"])
     yesterday = [e for e in events if e.pid == pid and e.ts_s < NEXT_DAY]
     assert sorted(e.ts_s for e in yesterday if e.name != "request_start") == sorted(
         e.ts_s for e in _rare(CAP - 2, pid, NOW) + _rare(1, pid, NOW + 1))
@@ -151,11 +164,11 @@ def test_a_recorded_vllm_server_stays_far_below_the_default_cap_a_day():
     about 800,000 a day, over the cap."""
     recording = Path(__file__).resolve().parents[1] / "data" / "vllm_idle_server.jsonl.gz"
     trace = read_trace(str(recording))
-    kept = Counter(e.name for e in trace.events if e.name not in FREQUENT_EVENTS)
+    kept = Counter(e.name for e in trace.events if is_kept(e.name))
     assert kept == {"server_load": 17, "prefix_cache": 20, "process_rank": 1}
     times = [r.ts_s for r in [*trace.samples, *trace.events]]
     per_day = sum(kept.values()) / (max(times) - min(times)) * DAY_S
     evicted = sum(e.name == "kv_evicted" for e in trace.events)
-    assert evicted == 386 and "kv_evicted" in FREQUENT_EVENTS
+    assert evicted == 386 and "kv_evicted" in CHEAP_EVENTS
     assert SETTINGS_BY_KEY["agent.client_max_rare_events_per_day"].default == DEFAULT_MAX_PER_DAY
     assert per_day < 80_000 < DEFAULT_MAX_PER_DAY < evicted / sum(kept.values()) * per_day

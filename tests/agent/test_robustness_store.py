@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store
 
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 
 def _vramscope(*args: str) -> subprocess.CompletedProcess:

@@ -21,11 +21,12 @@ from vramscope.agent.ingest.timewindow import TimeWindow
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.sources.prometheus import PrometheusSource
-from vramscope.agent.store import Store, maintenance
+from vramscope.agent.store import Store
 from vramscope.agent.timefmt import iso_utc
 from vramscope.agent.trace import parse_lines, record_from_json
 
 from tests.support.live_agent import running_agent
+from tests.support.rollup_rows import read_rollups
 from tests.support.waiting import wait_for
 
 NOW = 1_700_000_040.0 + 3600  # a minute boundary
@@ -73,7 +74,7 @@ def test_an_extreme_stored_time_breaks_no_route_and_retention_advances(any_url, 
         retention = Retention(raw_s=60, rollup_s=86400, step_rows=10_000, clock=clock)
         for _ in range(10):
             retention.step(store)
-        minutes = {r["bucket_s"] for r in maintenance.read_rollups(store)}
+        minutes = {r["bucket_s"] for r in read_rollups(store)}
         assert minutes == {NOW - 600 + 60 * k for k in range(8)}  # up to now - grace (120 s)
         kept = [s.ts_s for s in store.samples(device=None)]
         # raw rows go once rolled up and older than raw_s; the extreme row goes too: the old

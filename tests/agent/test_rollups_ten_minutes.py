@@ -12,12 +12,12 @@ from vramscope.agent.records import Sample
 from vramscope.agent.store import Store, migrate
 from vramscope.agent.store.maintenance import (
     delete_rollups_older,
-    read_rollups,
     rollup_window,
     ten_minute_rows,
 )
 from vramscope.agent.store.schema import rollups_10m
 
+from tests.support.rollup_rows import read_rollups
 from tests.support.sql_watch import insert_one_device
 
 T0 = 1_700_000_400.0  # a ten-minute boundary

@@ -11,8 +11,8 @@ from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.store import Store, migrate, partitions
-from vramscope.agent.store import maintenance as sql
 
+from tests.support.rollup_rows import read_rollups
 from tests.support.sql_watch import insert_one_device
 
 pytestmark = pytest.mark.postgres
@@ -105,7 +105,7 @@ def test_retention_drops_the_days_before_its_cutoff_once_rolled_up(store):
         minutes = c.execute(text("SELECT minute_s FROM seconds ORDER BY minute_s")).scalars()
         assert [m - D0 for m in minutes] == [3600.0, 3660.0, DAY + 3600, DAY + 3660,
                                              2 * DAY + 3600, 2 * DAY + 49_980]
-    used = [row for row in sql.read_rollups(store) if row["metric"] == "device_used_bytes"]
+    used = [row for row in read_rollups(store) if row["metric"] == "device_used_bytes"]
     assert [(row["bucket_s"] - D0, row["min_value"], row["max_value"], row["count"])
             for row in used[:4]] == [(3600.0, 0, 30, 2), (3660.0, 61, 61, 1),
                                      (DAY + 3600, 10, 40, 2), (DAY + 3660, 71, 71, 1)]

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent import second_core
-from vramscope.agent.bench import labelled_recordings as recordings
 from vramscope.agent.cli import main
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.trace import write_trace
+
+from tools.bench import labelled_recordings as recordings
 
 
 @pytest.fixture(scope="module")

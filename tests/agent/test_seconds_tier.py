@@ -11,6 +11,8 @@ from vramscope.agent.store import maintenance
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import seconds as seconds_table
 
+from tests.support.rollup_rows import read_rollups
+
 T0 = 1_700_000_040.0  # a minute boundary
 ALLOC = SAMPLE_COUNTER_FIELDS.index("allocated_bytes")
 ACTIVE = SAMPLE_COUNTER_FIELDS.index("active_bytes")
@@ -133,7 +135,7 @@ def test_each_tier_is_kept_for_its_own_horizon(store):
     clock.advance(3600)  # the seconds pass their horizon a few minutes a step; rollups stay
     assert sum(r.step(store).deleted["seconds"] for _ in range(4)) == 8
     assert _count(store, seconds_table) == 0
-    assert len(maintenance.read_rollups(store)) == 8 * 3  # allocated, reserved, active
+    assert len(read_rollups(store)) == 8 * 3  # allocated, reserved, active
     assert store.time_range(0) == (T0, T0 + 480.0)  # the rollups, from first to last minute
 
 

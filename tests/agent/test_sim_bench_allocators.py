@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from vramscope.agent.bench import BenchOptions
-from vramscope.agent.bench.allocators import KV_BYTES_PER_TOKEN, Op, designs, kv_ops, replay, run
 from vramscope.agent.sim.workload import WorkloadSpec
+
+from tools.bench import BenchOptions
+from tools.bench.allocators import KV_BYTES_PER_TOKEN, Op, designs, kv_ops, replay, run
 
 MiB = 1 << 20
 T10 = 10 * MiB // KV_BYTES_PER_TOKEN  # tokens in a 10 MiB buffer (320)

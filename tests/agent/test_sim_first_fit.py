@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from vramscope.agent.sim.first_fit import FirstFitOOM, FirstFitPool
+
+from tools.sim.first_fit import FirstFitOOM, FirstFitPool
 
 
 def test_first_fit_takes_the_lowest_hole_that_fits_and_splits_it():

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from vramscope.agent.sim.gpu_check import first_divergence, op_sequence, run_model
+
+from tools.sim.gpu_check import first_divergence, op_sequence, run_model
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -30,7 +31,7 @@ def test_model_matches_the_cuda_caching_allocator_step_by_step():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     # a fresh process: nothing else may hold memory on the device
-    proc = subprocess.run([sys.executable, "-m", "vramscope.agent.sim.gpu_check", "--steps", "3000",
+    proc = subprocess.run([sys.executable, "-m", "tools.sim.gpu_check", "--steps", "3000",
                            "--limit-mib", "1024"], env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]

@@ -2,7 +2,7 @@
 random-weight Llama under ``generate``; see ``tests/gpu/verify_hooks.py``).
 
 A samples trace has no allocation sizes, so the comparison is of behaviour, not step by step
-(``vramscope.agent.sim.gpu_check`` does that on a GPU): reserved memory reaches a high-water mark
+(``tools.sim.gpu_check`` does that on a GPU): reserved memory reaches a high-water mark
 and stays
 there on a healthy server and creeps up on a leaking one; inactive-split is a sizeable share of
 the cached free memory; a failed first ``cudaMalloc`` counts a retry whether or not the retry

@@ -1,6 +1,6 @@
 """The caching-allocator model replays a recorded H200 run and matches it at every step.
 
-``tests/data/gpu_allocator_check.jsonl`` is ``python -m vramscope.agent.sim.gpu_check --out`` on
+``tests/data/gpu_allocator_check.jsonl`` is ``python -m tools.sim.gpu_check --out`` on
 the H200
 (torch 2.11, 1 GiB per-process cap): 3000 seeded allocations and frees, with the counters of
 ``torch.cuda.memory_stats()`` after each (``cuda``) and those of the model of the time
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vramscope.agent.sim.gpu_check import FIELDS, first_divergence, op_sequence, run_model
+from tools.sim.gpu_check import FIELDS, first_divergence, op_sequence, run_model
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "gpu_allocator_check.jsonl"
 LIMIT_BYTES = 1 << 30  # gpu_check's default --limit-mib 1024, as recorded

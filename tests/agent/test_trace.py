@@ -161,7 +161,8 @@ def test_export_streams_the_store_in_the_order_write_trace_gives(tmp_path, monke
     first), and the file is byte for byte what write_trace makes of the same records."""
     import vramscope.agent.trace as trace_mod
     from vramscope.agent.store import Store
-    from vramscope.agent.store.history_generator import History, generate
+
+    from tools.history_generator import History, generate
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     with Store.open(url) as store:  # 2 devices at 10 Hz for 0.01 day, with request events

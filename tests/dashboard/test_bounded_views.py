@@ -7,10 +7,11 @@ import pytest
 from vramscope.agent.config import parse_config
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.store import Store, reader
-from vramscope.agent.store.history_generator import T_END, History, generate, roll_up_all
 from vramscope.agent.store.phase_shares import phase_changes
 from vramscope.agent.store.window import count_at_most, events_at_most
 from vramscope.dashboard import queries, verdict_views, views
+
+from tools.history_generator import T_END, History, generate, roll_up_all
 
 
 def _store(tmp_path) -> Store:

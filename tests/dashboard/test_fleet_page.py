@@ -15,12 +15,12 @@ import subprocess
 
 import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.store.history_generator import MIB
 from vramscope.dashboard.app import create_app
 
 from tests.support import fleet_store as FS
 from tests.support.sql_watch import statements_sent
 from tests.support.tools import require_tool
+from tools.history_generator import MIB
 
 # (host, device, level, time to OOM, leak, stale): the scripted devices, in the page's order
 ATTENTION = [("node-07", 6, "critical", 240.0, "no_leak", False),

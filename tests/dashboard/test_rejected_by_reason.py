@@ -53,7 +53,8 @@ def test_a_real_agent_stores_its_refusals_by_reason(short_dir):
     """A real agent allowed 2 live processes: a client's records of 5 pids, 3 of them
     refused by the name bound, reach its stats row as ``names: 3`` within a stats interval."""
     from vramscope.agent.ingest.connection import AgentConnection
-    from vramscope.agent.ingest.process import AgentProcess
+
+    from tools.agent_process import AgentProcess
 
     db = f"{short_dir}/vs.db"
     agent = AgentProcess(f"sqlite:///{db}", f"{short_dir}/run/agent.sock",

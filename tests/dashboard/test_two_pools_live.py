@@ -21,13 +21,13 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from vramscope.agent.config import parse_config
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.store import Store
 from vramscope.dashboard.app import create_app
 
 from tests.support import kv_server as server
 from tests.support.tools import require_tool
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 SIZES = (63, 16_384)  # blocks: the small pool's server starts first
 REQUESTS = 15

@@ -20,7 +20,7 @@ tests)
     -p no:cacheprovider tests/gpu/test_kvpool_gpu.py 2>&1 | tee "$OUT/kvpool_gpu.log" | tail -25
   timeout 150 python3 -m pytest -m gpu -s -p no:cacheprovider tests/gpu/test_agent_gpu.py \
     2>&1 | tee "$OUT/agent_gpu.log" | tail -25
-  timeout 120 python3 -m vramscope.agent.sim.gpu_check --out "$OUT/gpu_allocator_check.jsonl" \
+  timeout 120 python3 -m tools.sim.gpu_check --out "$OUT/gpu_allocator_check.jsonl" \
     2>&1 | tee "$OUT/sim_gpu_check.log" | tail -8
   timeout 200 python3 -m pytest -m gpu -s -p no:cacheprovider tests/agent/test_sim_gpu_allocator.py \
     tests/agent/test_demo.py tests/gpu/test_hooks_gpu.py 2>&1 | tee "$OUT/other_gpu.log" | tail -25

@@ -7,7 +7,7 @@ seconds), to compare what each says.
     python -m tests.gpu.live_growth_screens docs/gpu-runs/2026-12-07/live \\
         --mid-end 1796611680
 
-Needs what ``vramscope.dashboard.screenshots`` needs (selenium, chromium, chromedriver)."""
+Needs what ``tools.screenshots`` needs (selenium, chromium, chromedriver)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from vramscope.dashboard.screenshots import capture, served_in_browser
+from tools.screenshots import capture, served_in_browser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,8 @@
 # started and stopped by tests/gpu/sidecar.sh.
 set -euo pipefail
 MODE=$1 DIR=$2
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO"
 # shellcheck source=tests/gpu/sidecar.sh
-. tests/gpu/sidecar.sh
-sidecar_env
+. "$(dirname "$0")/sidecar.sh"  # now in the repository root, the carried wheels on the path
 case "$MODE" in
 start)
   DURATION_S=$3

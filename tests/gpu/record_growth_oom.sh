@@ -23,11 +23,8 @@
 # (../shared/tools/gpu-wheels.sh orjson); dry-run on CPU with VRAMSCOPE_GPU_DEVICE=cpu.
 set -euo pipefail
 MODE=$1 DIR=$2
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO"
 # shellcheck source=tests/gpu/sidecar.sh
-. tests/gpu/sidecar.sh
-sidecar_env
+. "$(dirname "$0")/sidecar.sh"  # now in the repository root, the carried wheels on the path
 DEVICE=${VRAMSCOPE_GPU_DEVICE:-cuda}
 ONSET_S=${ONSET_S:-210} FILL_S=${FILL_S:-570}
 

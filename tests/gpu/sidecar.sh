@@ -1,11 +1,11 @@
 # The agent as a sidecar, for the scripts that record inference servers THROUGH A RUNNING AGENT
-# (record_agent_pair.sh, record_cb_pair.sh). Sourced, not run:
+# (record_agent_pair.sh, record_cb_pair.sh, record_growth_oom.sh). Sourced, not run: sourcing
+# it enters the repository root and puts the carried wheels on the path (sidecar_env); then
 #   sidecar_env                 # the carried wheels (.whl: ../shared/tools/gpu-wheels.sh orjson) on
 #                               # the path, installed once where the machine lacks them
 #   sidecar_start DIR [TOML]    # `vramscope agent` on DIR/sock/agent.sock and DIR/agent.db,
 #                               # TOML appended to its config; returns once its socket is up
 #   sidecar_finish DIR          # wait for the servers in DIR/server.pids, then stop the agent
-# From the repository root.
 
 sidecar_env() {
   export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
@@ -44,3 +44,6 @@ sidecar_finish() {
   kill -TERM "$(cat "$dir/agent.pid")" || true
   while kill -0 "$(cat "$dir/agent.pid")" 2>/dev/null; do sleep 1; done
 }
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+sidecar_env

@@ -24,14 +24,15 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess  # noqa: E402
 from vramscope.agent.sources.nvml import open_nvml  # noqa: E402
+
+from tools.agent_process import REPO_ROOT, AgentProcess  # noqa: E402
 
 SERVER = textwrap.dedent("""
     import sys, time, torch
     import vramscope
     from vramscope.agent.config import parse_config
-    from vramscope.agent.bench.hooks import build_llama
+    from tools.bench.hooks import build_llama
     config = parse_config({"agent": {"socket_path": sys.argv[1]}}, None)
     report = vramscope.install(config)
     print(report, flush=True)

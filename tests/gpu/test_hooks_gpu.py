@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def model():
-    from vramscope.agent.bench.hooks import build_llama
+    from tools.bench.hooks import build_llama
 
     return build_llama(torch, layers=4, hidden=1024)
 
@@ -62,7 +62,7 @@ def test_provoked_oom_names_size_hole_holders_phase_and_request(verify, tmp_path
 
 
 def test_allocator_read_is_cheaper_than_memory_stats():
-    from vramscope.agent.bench.hooks import measure_read_cost, read_cost_figures
+    from tools.bench.hooks import measure_read_cost, read_cost_figures
 
     figures = {f.metric: f for f in read_cost_figures(measure_read_cost(torch, 5, 500))}
     ratio = figures["memory_stats() / AllocatorSource.read()"]

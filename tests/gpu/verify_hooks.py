@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vramscope.agent.bench import hooks as bench
 from vramscope.agent.config import parse_config
 from vramscope.agent.trace import write_trace
 from vramscope.hooks import install as inst
 from vramscope.hooks import phase as ph
 from vramscope.hooks.sink import ListSink
 from vramscope.hooks.transformers_integration import attach_transformers
+
+from tools.bench import hooks as bench
 
 GiB = 2**30
 STAT_KEYS = {"allocated_bytes": "allocated_bytes.all.current",

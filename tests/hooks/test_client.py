@@ -7,12 +7,12 @@ import signal
 import time
 
 from vramscope.agent.config import parse_config
-from vramscope.agent.ingest.process import AgentProcess
 from vramscope.agent.ingest.server import IngestServer
 from vramscope.agent.records import Event, Phase, PostMortem, Sample
 from vramscope.hooks.client import SocketSink, make_default_sink
 
 from tests.support.waiting import wait_for as _wait_for
+from tools.agent_process import AgentProcess
 
 
 class _Collector:

@@ -13,7 +13,6 @@ import time
 import pytest
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.config import parse_config
-from vramscope.agent.ingest.process import REPO_ROOT
 from vramscope.agent.ingest.server import IngestServer
 from vramscope.agent.records import EXIT_EVENT, Event, Phase, Sample
 from vramscope.hooks import install as inst
@@ -22,6 +21,7 @@ from vramscope.hooks.sink import ListSink
 
 import vramscope
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT
 
 T = 1_800_000_000.0
 

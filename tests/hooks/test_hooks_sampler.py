@@ -154,9 +154,10 @@ def test_a_task_with_a_start_delay_waits_for_it(rig):
 
 def test_hooks_bench_needs_cuda():
     import torch
-    from vramscope.agent.bench import BenchOptions
-    from vramscope.agent.bench.hooks import run
     from vramscope.agent.errors import VramscopeError
+
+    from tools.bench import BenchOptions
+    from tools.bench.hooks import run
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.records import Phase, Sample
+from vramscope.agent.records import RANK_EVENT, Phase, Sample
 from vramscope.dashboard.queries import latest_values
-from vramscope.hooks.identity import RANK_EVENT, RankInfo, RankWatch, rank_from_env
+from vramscope.hooks.identity import RankInfo, RankWatch, rank_from_env
 
 
 def test_rank_from_launcher_variables_first_integer_wins():

@@ -1,5 +1,5 @@
 """A fleet's store: 64 hosts of 8 GPUs, each host an hour of the project's generated history
-(:mod:`vramscope.agent.store.history_generator`, one sample per 5 s), with verdicts scripted
+(:mod:`tools.history_generator`, one sample per 5 s), with verdicts scripted
 as an alert engine would have stored them: every process ``ok`` and ``no_leak`` at each
 heartbeat, except
 
@@ -27,7 +27,8 @@ from vramscope.agent.alerts.verdicts import Verdict
 from vramscope.agent.records import Event
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
-from vramscope.agent.store.history_generator import GIB, MIB, T_END, History, generate
+
+from tools.history_generator import GIB, MIB, T_END, History, generate
 
 HOSTS = 64
 DEVICES = 8

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from vramscope.agent.ingest.process import REPO_ROOT, AgentProcess
 from vramscope.agent.store import Store
 from vramscope.agent.store import verdicts as stored
 from vramscope.hooks.kvpool_types import kv_cache_bytes
 
 from tests.support import kv_server as server
 from tests.support.waiting import wait_for
+from tools.agent_process import REPO_ROOT, AgentProcess
 
 PERIOD_S = 0.25
 LEAK_EVERY = 2

@@ -4,8 +4,9 @@ The repository's folders install as ``vramscope.<folder>`` through a setuptools 
 mapping, and the editable install reaches them through an import hook that mypy cannot follow
 (``mypy_path`` and ``explicit_package_bases`` map folders, they cannot rename them). So this builds
 the installed layout out of symbolic links (under .mypy_cache/layout), ``vramscope/agent -> agent``
-and so on, points MYPYPATH at it and checks the packages by their installed names. The settings
-(strictness, third-party stubs) are ``[tool.mypy]`` in pyproject.toml.
+and so on, points MYPYPATH at it and checks the packages by their installed names. The checkout's
+``tools`` (never installed) is linked beside them under its own name and checked the same way.
+The settings (strictness, third-party stubs) are ``[tool.mypy]`` in pyproject.toml.
 
     python -m tests.support.typecheck            # exit status 0 when clean
     python -m tests.support.typecheck -- --no-incremental   # extra mypy arguments after --
@@ -25,7 +26,8 @@ FOLDERS = {"agent": "agent", "hooks": "hooks", "dashboard": "dashboard", "migrat
 FACADE_FILES = ("__init__.py", "__main__.py", "py.typed")
 # -p is recursive, so the facade goes in as modules and each folder as a package.
 MODULES = ("vramscope", "vramscope.__main__")
-PACKAGES = ("vramscope.hooks", "vramscope.agent", "vramscope.dashboard", "vramscope.migrations")
+PACKAGES = ("vramscope.hooks", "vramscope.agent", "vramscope.dashboard", "vramscope.migrations",
+            "tools")
 
 
 def build_tree(base: Path) -> Path:
@@ -36,6 +38,7 @@ def build_tree(base: Path) -> Path:
         (pkg / name).symlink_to(ROOT / "vramscope" / name)
     for name, folder in FOLDERS.items():
         (pkg / name).symlink_to(ROOT / folder, target_is_directory=True)
+    (base / "tools").symlink_to(ROOT / "tools", target_is_directory=True)
     return base
 
 
@@ -69,6 +72,7 @@ def repository_paths(report: str, base: str) -> str:
     base = os.path.relpath(base, ROOT)
     for name, folder in FOLDERS.items():
         report = report.replace(f"{base}/vramscope/{name}/", f"{folder}/")
+    report = report.replace(f"{base}/tools/", "tools/")
     return report.replace(f"{base}/vramscope/", "vramscope/")
 
 

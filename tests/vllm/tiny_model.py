@@ -7,6 +7,6 @@ from pathlib import Path
 
 
 def build(path: str | Path) -> Path:
-    from vramscope.agent.bench.vllm import build_tiny_llama
+    from tools.bench.vllm import build_tiny_llama
 
     return build_tiny_llama(path)

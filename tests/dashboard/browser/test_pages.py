@@ -8,7 +8,7 @@ and 6 h, and no page overflows at 1280 px; hours-old data shows a stale banner a
 
 Screenshots of every page at 1280 and 1600 px go to ``$VRAMSCOPE_SCREENSHOT_DIR`` (default
 ``$TMPDIR/vramscope-screenshots``), never into the checkout: the README's pictures are updated
-on purpose with ``python -m vramscope.dashboard.screenshots --db URL --out docs/img``.
+on purpose with ``python -m tools.screenshots --db URL --out docs/img``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from vramscope.dashboard import screenshots as shots
 
 from tests.support import dashboard_fixtures as F
 from tests.support.tools import tool_missing
+from tools import screenshots as shots
 
 pytestmark = pytest.mark.browser
 
