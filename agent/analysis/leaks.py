@@ -101,6 +101,7 @@ from vramscope.agent.analysis.growth import (
     more_time_s,
     per_hour,
     rate_interval,
+    rate_interval_with_load,
     span_words,
     time_to_oom,
     widened,
@@ -133,7 +134,7 @@ HELD_SHARE = 0.5
 HELD_CAP_S = 6 * 3600.0
 RISE_NOISE = 3.0  # a newest floor this many noise deviations above the trend's line is a rise
 MIN_FIT_POINTS = 6  # fewer trend points than this are never a fit, whatever their span
-# the most reads _floor_line fits (evenly taken, the newest kept): floor windows fitted to a
+# the most reads floor_line fits (evenly taken, the newest kept): floor windows fitted to a
 # short cycle put thousands in the horizon's last third, and a Theil–Sen line is quadratic
 LINE_POINTS = 60
 EVAL_EVERY_POINTS = 2
@@ -261,6 +262,46 @@ def orphaned_count(e: Event) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+class FloorLine(NamedTuple):
+    """The Theil–Sen line of some floor reads (``_floor_lines``) and how far above it a newer
+    read may lie: its reads' own wandering, and what the minimum slope adds over the minimum
+    span."""
+
+    t0: float
+    intercept: float
+    slope: float
+    allowed: float
+
+    def above(self, read: tuple[float, int]) -> float | None:
+        """How far ``read`` lies above the line where beyond ``allowed``; None otherwise (or
+        where the read is older than the line's reads)."""
+        if read[0] <= self.t0:
+            return None
+        above = read[1] - (self.intercept + self.slope * (read[0] - self.t0))
+        return above if above > self.allowed else None
+
+
+def floor_line(reads: Sequence[tuple[float, int]], t: Thresholds,
+               min_slope: float) -> FloorLine | None:
+    """The line of ``reads`` (oldest first) of the horizon's last third, or of all of them
+    where the last third has fewer than ``MIN_FIT_POINTS``; at most ``LINE_POINTS`` of them
+    fitted (evenly taken, the newest kept). None with too few."""
+    if len(reads) < MIN_FIT_POINTS:
+        return None
+    recent = [p for p in reads if p[0] >= reads[-1][0] - t.leak_horizon_s / 3]
+    if len(recent) < MIN_FIT_POINTS:
+        recent = list(reads)
+    step = -(-len(recent) // LINE_POINTS)
+    recent = recent[::-1][::step][::-1]
+    t0 = recent[0][0]
+    try:
+        line = theil_sen([p[0] - t0 for p in recent], [float(p[1]) for p in recent])
+    except ValueError:  # one instant only
+        return None
+    allowed = max(RISE_NOISE * level_noise(recent), min_slope * t.leak_min_span_s)
+    return FloorLine(t0, line.intercept, line.slope, allowed)
+
+
 class LeakDetector:
     """Incremental, causal leak verdicts over the idle floor of one device (or process)."""
 
@@ -334,10 +375,12 @@ class LeakDetector:
         # (per coarse point), the newest read of the truest kind (per fine point), and a read
         # above that line (when, how far) until the trend has the minimum span after it
         self._line_key: tuple[float, int] | None = None
-        self._line: tuple[float, float, float, float, bool] | None = None
+        # one line per kind of read, each read tested against its own kind's: (the idle
+        # reads' line, the exact reads' line)
+        self._lines: tuple[FloorLine | None, FloorLine | None] = (None, None)
         # the idle reads (no request in flight at all: not even a residual less the KV), the
-        # floor windows' of the horizon's last third and the newest fine one: a residual read
-        # holds a request's activations, above an idle line without any rise
+        # floor windows' of the horizon and the newest fine one: a residual read holds a
+        # request's activations, above an idle line without any rise
         self._idle_reads: deque[tuple[float, int]] = deque()
         self._idle_fine: tuple[float, int] | None = None
         self._exact_fine: tuple[float, int] | None = None  # the newest, idle or KV taken off
@@ -456,7 +499,7 @@ class LeakDetector:
         if self.floor.last_load == 0:
             idle = self._idle_reads
             idle.append(point)
-            while idle[0][0] < point[0] - self.t.leak_horizon_s / 3:
+            while idle[0][0] < point[0] - self.t.leak_horizon_s:
                 idle.popleft()
         if self.floor_points is not None:
             self.floor_points.append(point)
@@ -484,30 +527,24 @@ class LeakDetector:
         gain = self._gain
         self._gain = (start, end, now_s) if gain is None else (gain[0], max(gain[1], end), now_s)
 
-    def _floor_line(self, min_slope: float) -> tuple[float, float, float, float, bool] | None:
-        """The line of the floor reads with no request in flight (or, with too few of those,
-        their KV taken off) of the horizon's last third, as ``(t0, intercept, slope, allowed,
-        idle)``: how far above it a newer read lies beyond the reads' own wandering and what
-        the minimum slope adds over the minimum span, and whether it is the idle reads'. None
-        with too few reads."""
-        recent = list(self._idle_reads)
-        idle = len(recent) >= MIN_FIT_POINTS
-        if not idle:
-            exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
-            if not exact:
-                return None
-            recent = [p for p in exact if p[0] >= exact[-1][0] - self.t.leak_horizon_s / 3]
-            if len(recent) < MIN_FIT_POINTS:
-                return None
-        step = -(-len(recent) // LINE_POINTS)
-        recent = recent[::-1][::step][::-1]
-        t0 = recent[0][0]
-        try:
-            line = theil_sen([p[0] - t0 for p in recent], [float(p[1]) for p in recent])
-        except ValueError:  # one instant only
-            return None
-        allowed = max(RISE_NOISE * level_noise(recent), min_slope * self.t.leak_min_span_s)
-        return t0, line.intercept, line.slope, allowed, idle
+    def _floor_lines(self, min_slope: float) -> tuple[FloorLine | None, FloorLine | None]:
+        """The lines a newer floor read is tested against, one per kind of read: that of the
+        reads with no request in flight, and that of the exact reads (idle, or with their KV
+        blocks taken off: a residual read holds a request's activations, so it is compared
+        with reads of its own kind, whose wandering that is; where no KV was taken off, only
+        where the idle reads are too few for a line, as their stand-in). Each is fitted on its
+        kind's
+        reads of the horizon's last third, or of all those kept where the last third has too
+        few (a server that idles rarely: a newer read is still judged against the reads
+        before it); None with too few reads."""
+        idle = floor_line(list(self._idle_reads), self.t, min_slope)
+        if idle is not None and self.load.bytes_per_block <= 0:
+            # where no KV was taken off (no KV figures, or a preallocated pool whose memory
+            # does not move with its blocks) a read of no known load is the least of a busy
+            # window, activations and all, not a residual: the idle line alone judges
+            return idle, None
+        exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
+        return idle, floor_line(exact, self.t, min_slope)
 
     def _doubt_no_leak(self, now_s: float) -> LeakResult | None:
         """``no_leak`` is a claim about now. The routes' ``no_leak`` stands only while
@@ -541,14 +578,14 @@ class LeakDetector:
           or with its KV blocks taken off, where the horizon has enough such reads for a
           verdict; else any) is older than ``NO_LEAK_FRESH_WINDOWS`` floor windows: a leak
           begun since could hold more than a slow one adds in hours;
-        - a newest read of the line's kind (idle, or its KV taken off) lay above the line of
-          the reads of the horizon's last third (``_floor_line``): a rise, held until the
+        - a newest read with no request in flight, or one with its KV taken off, lay above the
+          line of the reads of its kind before it (``_floor_lines``): a rise, held until the
           trend has had the minimum span of points after it (its own tests judge it then);
         - the trend has had no new point for the minimum span (busy without a break)."""
         coarse = self.fast.points[-1] if self.fast.points else None
         if coarse != self._line_key:
             self._line_key = coarse
-            self._line = self._floor_line(self._min_slope())
+            self._lines = self._floor_lines(self._min_slope())
             # the truest kind the verdict rests on: the idle floors where they are enough
             # for one (as _busy_floor decides), else every floor read
             self._idle_enough = self._idle_enough_at(now_s)
@@ -558,14 +595,11 @@ class LeakDetector:
             exact = self._exact_fine
             truest = exact if self._idle_enough else fine
             self._newest_read = (truest or fine or (None,))[0]
-            line = self._line
-            read = None if line is None else self._idle_fine if line[4] else exact
-            if read is not None and line is not None and self._rise is None \
-                    and read[0] > line[0]:
-                t0, intercept, slope, allowed, _ = line
-                above = read[1] - (intercept + slope * (read[0] - t0))
-                if above > allowed:
-                    self._rise = (read[0], above)
+            for line, read in zip(self._lines, (self._idle_fine, exact)):
+                if self._rise is None and line is not None and read is not None:
+                    above = line.above(read)
+                    if above is not None:
+                        self._rise = (read[0], above)
         fresh_s = NO_LEAK_FRESH_WINDOWS * self.floor.window_s
         if self._newest_read is not None and now_s - self._newest_read > fresh_s:
             return "stale", f"no floor read for over {span_words(fresh_s)} (busy since)"
@@ -713,7 +747,7 @@ class LeakDetector:
         v = evaluate_floor(points, self._limit(), self.t, was)
         span = rolled[-1][0] - rolled[0][0]
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
-                                    estimated=any(loads), points=points)
+                                    estimated=any(loads), points=points, loads=loads)
         return self.result
 
     def _drop_estimated(self) -> None:
@@ -772,6 +806,7 @@ class LeakDetector:
         self.per_request.restart()
         self.fast.clear()
         self._fast = self._fast_on = self._rise = self._gain = self._idle_fine = None
+        self._lines = (None, None)
         self._exact_fine, self._idle_enough = None, False
         self._idle_reads.clear()
         waiting = insufficient(self.t, None)
@@ -846,14 +881,16 @@ class LeakDetector:
         self.result = self._publish(self._fast, now_s)
         return self.result
 
-    def _with_growth(self, r: LeakResult,
-                     points: Sequence[tuple[float, int]] | None) -> LeakResult:
+    def _with_growth(self, r: LeakResult, points: Sequence[tuple[float, int]] | None,
+                     loads: Sequence[int] | None = None) -> LeakResult:
         """The growth model on a route's verdict: a leak gets its rate's interval and its time
         to OOM; ``no_leak`` stands only where the interval's top is below the minimum slope,
         else it is ``insufficient_data`` with what is missing."""
         if r.p_value is None or r.rate_low_bytes_per_s is not None:
             return r  # no test was made (not enough floor yet), or it carries its own rate
         pts = list(self.trend_points() if points is None else points)
+        # the requests in flight at each point: what an estimated floor's point had taken off
+        held = list(self._in_flight if points is None else loads or [0] * len(pts))
         if r.detected and r.start_ts_s is not None:
             since = [p for p in pts if p[0] >= r.start_ts_s]
             pts = since if len(since) >= MIN_FIT_POINTS else pts
@@ -873,7 +910,7 @@ class LeakDetector:
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
             # ...over the horizon, and over every recent stretch down to the minimum span:
             # a leak begun lately is diluted in the horizon's flat hours, not ruled out by them
-            recent = rising_recently(pts, min_slope, self.t.leak_min_span_s)
+            recent = rising_recently(pts, min_slope, self.t.leak_min_span_s, held)
             if recent is None:
                 return r  # _doubt_no_leak holds it back while the newest reads doubt it
             recent_s, rate = recent
@@ -923,7 +960,8 @@ class LeakDetector:
         return v
 
     def _publish(self, verdict: LeakResult, now_s: float, estimated: bool | None = None,
-                 points: Sequence[tuple[float, int]] | None = None) -> LeakResult:
+                 points: Sequence[tuple[float, int]] | None = None,
+                 loads: Sequence[int] | None = None) -> LeakResult:
         """The verdict with what carries over: the first detection, the windows (the KV
         pool's orphaned blocks go on top of it, in ``result``)."""
         if self._unconfirmed is not None:  # a verdict on the new floor: the reload is past
@@ -955,7 +993,7 @@ class LeakDetector:
         if verdict is self._fast:
             self._note_gain(out, now_s)
             return out
-        self._route = out = self._with_growth(out, points)
+        self._route = out = self._with_growth(out, points, loads)
         self._note_gain(out, now_s)
         held = self._fast
         if held is not None and not out.detected:  # the fast route's leak holds
@@ -1200,15 +1238,23 @@ def rise_start(points: Sequence[tuple[float, int]]) -> float:
 
 
 def rising_recently(points: Sequence[tuple[float, int]], min_slope: float,
-                    shortest_s: float) -> tuple[float, Rate] | None:
+                    shortest_s: float, loads: Sequence[int] = ()) -> tuple[float, Rate] | None:
     """The newest stretch of ``points`` (the last ``shortest_s``, doubled up to all of them) whose
     rate interval does not lie below ``min_slope``, with that interval; None when every stretch
     rules such a rise out. ``no_leak`` is a claim about now: a stretch too short to tell is a
-    reason to wait, not a flat floor."""
+    reason to wait, not a flat floor. ``loads``: the requests in flight at each point, where
+    the points are floors estimated less what those hold: a stretch's rate is then fitted
+    together with the bytes per request (``growth.rate_interval_with_load``), so that a load
+    climbing through a short stretch, and the error of what was taken off for it, cannot rule
+    a rise out."""
     span_s = shortest_s
     while points:
-        part = [p for p in points if p[0] >= points[-1][0] - span_s]
-        rate = rate_interval(part) if len(part) >= MIN_FIT_POINTS else None
+        first = next(i for i, p in enumerate(points) if p[0] >= points[-1][0] - span_s)
+        part = points[first:]
+        rate = None
+        if len(part) >= MIN_FIT_POINTS:
+            rate = rate_interval_with_load(part, loads[first:]) if any(loads[first:]) \
+                else rate_interval(part)
         if rate is not None and judge(rate, min_slope) != "no_leak":
             return span_s, rate
         if len(part) == len(points):

@@ -218,29 +218,38 @@ def load_coefficient(ts: Sequence[float], ys: Sequence[float],
 
 def _weighted_least_squares(rows: Sequence[tuple[float, float, float]], ys: Sequence[float],
                             weights: Sequence[float]) -> tuple[float, float, float] | None:
-    """The 3-coefficient weighted least-squares solution (normal equations, Gaussian
-    elimination with partial pivoting), or None when singular."""
-    m = [[0.0] * 4 for _ in range(3)]
+    """The 3-coefficient weighted least-squares solution (normal equations, :func:`solve3`),
+    or None when singular."""
+    m = [[0.0] * 3 for _ in range(3)]
+    b = [0.0] * 3
     for r, y, w in zip(rows, ys, weights):
         for i in range(3):
             wi = w * r[i]
             for j in range(3):
                 m[i][j] += wi * r[j]
-            m[i][3] += wi * y
-    scale = [max(abs(v) for v in row[:3]) or 1.0 for row in m]
+            b[i] += wi * y
+    return solve3(m, b)
+
+
+def solve3(m: Sequence[Sequence[float]], b: Sequence[float]
+           ) -> tuple[float, float, float] | None:
+    """The solution of a 3 x 3 linear system (Gaussian elimination, partial pivoting, rows
+    scaled), or None when it is singular."""
+    a = [list(row) + [v] for row, v in zip(m, b)]
+    scale = [max(abs(v) for v in row[:3]) or 1.0 for row in a]
     for col in range(3):
-        pivot = max(range(col, 3), key=lambda i: abs(m[i][col]) / scale[i])
-        if abs(m[pivot][col]) <= 1e-12 * scale[pivot]:
+        pivot = max(range(col, 3), key=lambda i: abs(a[i][col]) / scale[i])
+        if abs(a[pivot][col]) <= 1e-12 * scale[pivot]:
             return None
-        m[col], m[pivot] = m[pivot], m[col]
+        a[col], a[pivot] = a[pivot], a[col]
         scale[col], scale[pivot] = scale[pivot], scale[col]
         for i in range(col + 1, 3):
-            f = m[i][col] / m[col][col]
+            f = a[i][col] / a[col][col]
             for j in range(col, 4):
-                m[i][j] -= f * m[col][j]
+                a[i][j] -= f * a[col][j]
     out = [0.0, 0.0, 0.0]
     for i in (2, 1, 0):
-        out[i] = (m[i][3] - sum(m[i][j] * out[j] for j in range(i + 1, 3))) / m[i][i]
+        out[i] = (a[i][3] - sum(a[i][j] * out[j] for j in range(i + 1, 3))) / a[i][i]
     return out[0], out[1], out[2]
 
 

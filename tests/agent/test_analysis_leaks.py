@@ -2,7 +2,7 @@
 
 import pytest
 from vramscope.agent.analysis.floor import FloorTracker, idle_floor
-from vramscope.agent.analysis.leaks import LeakDetector, detect_leak, evaluate_floor
+from vramscope.agent.analysis.leaks import LeakDetector, detect_leak, evaluate_floor, floor_line
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.records import Event, Phase, Sample
 
@@ -300,3 +300,17 @@ def test_leak_rate_is_the_rise_since_a_real_knee_the_average_of_steps_and_robust
     low = [y - (36_000.0 if i < 10 else 0.0) for i, y in enumerate(line)]
     rate, knee = leak_rate(xs, low, 0.0, 25.0)
     assert knee is None and rate == pytest.approx(10.0, rel=0.02)
+
+
+def test_a_server_that_idles_rarely_has_its_newest_read_judged_against_the_horizons_reads():
+    # idle reads every 15 min over two hours, the last two in its last third (40 min): too few
+    # for a line of the last third alone, so the line is the horizon's (flat at 1 GB, the
+    # reads 1 MB apart: their median between); a read 60 MB above 1 GB is a rise (beyond
+    # what the minimum slope of 20 MB/h adds over 15 min), one 4 MB above is the wandering
+    reads = [(900.0 * i, 10**9 + (10**6 if i % 2 else 0)) for i in range(8)]
+    line = floor_line(reads, Thresholds(), 20 * 10**6 / 3600)
+    assert line is not None
+    assert (line.intercept, line.slope, line.allowed) == (1_000_500_000, 0.0, 5_000_000)
+    assert line.above((6400.0, 10**9 + 60 * 10**6)) == 59_500_000
+    assert line.above((6400.0, 10**9 + 4 * 10**6)) is None
+    assert floor_line(reads[-5:], Thresholds(), 20 * 10**6 / 3600) is None  # too few reads

@@ -11,9 +11,10 @@ from vramscope.agent.analysis.growth import (
     judge,
     more_time_s,
     rate_interval,
+    rate_interval_with_load,
     time_to_oom,
 )
-from vramscope.agent.analysis.leaks import LeakDetector
+from vramscope.agent.analysis.leaks import LeakDetector, rising_recently
 from vramscope.agent.records import Event, Phase, Sample
 
 MB = 10**6
@@ -33,6 +34,35 @@ def test_wiggles_in_runs_widen_the_interval_by_their_autocorrelation():
     assert alternating.effective_points == 12.0
     assert runs.effective_points == pytest.approx(5.2562, rel=1e-4)
     assert runs.high - runs.low > 1.5 * (alternating.high - alternating.low)
+
+
+# a flat floor estimated less 10 MB per request in flight too much, while the requests in
+# flight climb from 2 to 12 over 15 min: the corrected points fall 400 MB/h
+OVER_LOADS = [2, 2, 3, 4, 4, 5, 6, 6, 7, 8, 8, 9, 10, 10, 11, 12]
+OVER_WIGGLE = [0.3, -0.2, 0.1, -0.4, 0.2, 0.0, -0.1, 0.3, -0.3, 0.1, 0.2, -0.2, 0.0, 0.1, -0.1, 0.2]
+OVER_POINTS = [(60.0 * t, 10**9 - 10 * MB * n + w * MB)
+               for t, (n, w) in enumerate(zip(OVER_LOADS, OVER_WIGGLE))]
+MIN_20_MB_PER_H = 20 * MB / 3600
+
+
+def test_a_rate_fitted_with_the_load_carries_the_error_of_what_was_taken_off():
+    plain = rate_interval(OVER_POINTS)
+    joint = rate_interval_with_load(OVER_POINTS, OVER_LOADS)
+    assert plain is not None and joint is not None
+    # taken as exact, the correction makes a fall that rules any rise out ...
+    assert round(plain.slope * 3600 / MB, 1) == -401.3
+    assert judge(plain, MIN_20_MB_PER_H) == "no_leak"
+    # ...fitted beside the time, the bytes per request leave the rate about flat, and unknown
+    assert (round(joint.low * 3600 / MB, 1), round(joint.high * 3600 / MB, 1)) == (-8.6, 20.4)
+    assert judge(joint, MIN_20_MB_PER_H) == "insufficient_data"
+    # a load that never varied: the plain interval
+    assert rate_interval_with_load(OVER_POINTS, [3] * 16) == plain
+
+
+def test_a_recent_stretch_of_estimated_floors_rules_a_rise_out_only_with_its_load_fitted():
+    assert rising_recently(OVER_POINTS, MIN_20_MB_PER_H, 900.0) is None
+    recent = rising_recently(OVER_POINTS, MIN_20_MB_PER_H, 900.0, OVER_LOADS)
+    assert recent is not None and recent[0] == 900.0
 
 
 def test_a_short_stretch_takes_the_floors_noise_from_before_it():

@@ -78,7 +78,7 @@ def test_a_class_that_lacks_a_method_is_left_untouched(caplog):
     try:
         with caplog.at_level(logging.INFO, logger="vllm.plugins.vramscope"):
             obs._patch_module("scheduler", "_vs_fake_sched", "Scheduler", {
-                "schedule": obs._wrap_schedule, "add_request": obs._wrap_add_request})
+                "schedule": obs._wrap_schedule, "add_request": obs._after_request(obs._started)})
     finally:
         del sys.modules["_vs_fake_sched"]
     assert Scheduler.schedule.__name__ == "schedule" and not hasattr(Scheduler.schedule,
