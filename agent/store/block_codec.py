@@ -72,8 +72,11 @@ def decode(blob: bytes) -> list[tuple[Any, ...]]:
     return list(zip(*decode_columns(blob), strict=True))
 
 
-def decode_columns(blob: bytes) -> list[list[Any]]:
-    """The columns of an :func:`encode` block, in :data:`COLUMNS` order, a list each."""
+def decode_columns(blob: bytes) -> list[Sequence[Any]]:
+    """The columns of an :func:`encode` block, in :data:`COLUMNS` order: ``ts_s`` an
+    ``array('d')``, an integer column without NULLs an ``array('q')`` (8 bytes a value, not a
+    Python int's 32 and a list's pointer: what a cache of decoded blocks holds), the others
+    lists."""
     if not blob or blob[0] != FORMAT_VERSION:
         found = blob[0] if blob else "nothing"
         raise ValueError(f"sample block: format {found}, expected {FORMAT_VERSION}")
@@ -82,14 +85,14 @@ def decode_columns(blob: bytes) -> list[list[Any]]:
     header = orjson.loads(body[4:4 + size])
     n: int = header["n"]
     pos = 4 + size
-    columns: list[list[Any]] = []
+    columns: list[Sequence[Any]] = []
     for name in COLUMNS:
         (size,) = _LEN.unpack_from(body, pos)
         part = body[pos + 4:pos + 4 + size]
         pos += 4 + size
         mode = header["modes"][name]
         if name == "ts_s":
-            columns.append(array("d", array("q", _decode_ints(part, n, mode)).tobytes()).tolist())
+            columns.append(array("d", _decode_ints(part, n, mode).tobytes()))
         elif name in ("phase", "origin"):
             words = header["dicts"][name]
             columns.append([words[c] for c in array("B" if len(words) <= 256 else "I", part)])
@@ -133,7 +136,7 @@ def _planes(values: array[int]) -> bytes:
     return b"".join(raw[i::8] for i in range(8))
 
 
-def _decode_ints(part: bytes, n: int, mode: str) -> list[int]:
+def _decode_ints(part: bytes, n: int, mode: str) -> array[int]:
     raw = bytearray(8 * n)
     for i in range(8):
         raw[i::8] = part[i * n:(i + 1) * n]
@@ -141,10 +144,10 @@ def _decode_ints(part: bytes, n: int, mode: str) -> list[int]:
     values.frombytes(bytes(raw))
     if sys.byteorder == "big":
         values.byteswap()
-    return list(accumulate(values)) if mode == DELTA else values.tolist()
+    return array("q", accumulate(values)) if mode == DELTA else values
 
 
-def _decode_nullable(part: bytes, n: int, mode: str) -> list[Any]:
+def _decode_nullable(part: bytes, n: int, mode: str) -> Sequence[Any]:
     if mode == ALL_NULL:
         return [None] * n
     if part[0] == 1:

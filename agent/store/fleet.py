@@ -15,9 +15,21 @@ rows, joined to the device row that bounds it.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, case, exists, func, literal, select, true, union_all
+from sqlalchemy import (
+    Connection,
+    Float,
+    Select,
+    and_,
+    bindparam,
+    case,
+    func,
+    select,
+    true,
+    union_all,
+)
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import sample_blocks as blocks
@@ -28,7 +40,6 @@ from vramscope.agent.store.schema import (
     events,
     hosts,
     rollups,
-    sample_blocks,
     samples,
 )
 from vramscope.agent.store.store import stored_json, stored_reasons
@@ -43,20 +54,9 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     """Every device row with its host and ``newest_ts_s``: its newest sample not ahead of
     ``not_after_s``, from the minute rollups where raw samples are gone (as
     ``Store.time_range`` gives it for one device; None: nothing stored). By host, then index."""
-    here = samples.c.device_id == devices.c.id
-    raw = greater(select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= not_after_s)
-                  .scalar_subquery(), _block_edge(True, not_after_s))
-    minute = (select(func.max(rollups.c.bucket_s))
-              .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= not_after_s)
-              .scalar_subquery())
-    q = (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
-                devices.c.device_index, devices.c.name,
-                devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
-                minute.label("minute"), _straddles(not_after_s).label("straddles"))
-         .join(hosts, hosts.c.id == devices.c.host_id)
-         .order_by(hosts.c.name, devices.c.device_index))
+    q = _devices_now_statement()
     with store.engine.connect() as c:
-        rows = [dict(r._mapping) for r in c.execute(q)]
+        rows = [dict(r._mapping) for r in c.execute(q, {"not_after_s": not_after_s})]
         for r in rows:
             raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
             if r.pop("straddles"):
@@ -64,6 +64,35 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
             r["newest_ts_s"] = (float(raw_s) if raw_s is not None else None if minute_s is None
                                 else float(minute_s) + MINUTE_S)
     return rows
+
+
+# The spans' statements are built once, the bound a parameter: their correlated seeks of the
+# compact raw tier cost SQLAlchemy more to build each time than SQLite to answer
+_NOT_AFTER = bindparam("not_after_s", type_=Float)
+
+
+@cache
+def _devices_now_statement() -> Select[Any]:
+    here = samples.c.device_id == devices.c.id
+    raw = greater(select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= _NOT_AFTER)
+                  .scalar_subquery(), _block_edge(True, _NOT_AFTER))
+    minute = (select(func.max(rollups.c.bucket_s))
+              .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= _NOT_AFTER)
+              .scalar_subquery())
+    return (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
+                   devices.c.device_index, devices.c.name,
+                   devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
+                   minute.label("minute"), _straddles(_NOT_AFTER).label("straddles"))
+            .join(hosts, hosts.c.id == devices.c.host_id)
+            .order_by(hosts.c.name, devices.c.device_index))
+
+
+@cache
+def _device_spans_statement(bounded: bool) -> Select[Any]:
+    not_after = _NOT_AFTER if bounded else None
+    return (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after),
+                   _straddles(not_after))
+            .join(hosts, hosts.c.id == devices.c.host_id))
 
 
 def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
@@ -111,7 +140,11 @@ def newest_samples(store: Store, not_after_s: float | None,
     tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
                    _straddles(not_after_s).label("straddles"),
                    _block_edge(True, not_after_s).label("block_hi"))
-            .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
+            .join(hosts, hosts.c.id == devices.c.host_id)
+            # computed once a device: flattened into the join, SQLite evaluated the ends'
+            # correlated seeks again for every sample row of the device's window (a
+            # LIMIT/OFFSET keeps a subquery from being flattened)
+            .offset(0).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
     with store.engine.connect() as c:
@@ -132,13 +165,10 @@ def newest_samples(store: Store, not_after_s: float | None,
 def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                hi_s: float) -> list[Sample]:
     """One device's samples in [lo_s, hi_s], as :func:`newest_samples` reads them."""
-    raw = blocks.raw_samples(c, [device["id"]], lo_s, hi_s)
-    q = (select(raw.c.ts_s, raw.c.phase, raw.c.source, raw.c.pid,
-                *(raw.c[n] for n in SAMPLE_COUNTER_FIELDS))
-         .where(raw.c.device_id == device["id"], raw.c.ts_s >= lo_s, raw.c.ts_s <= hi_s)
-         .order_by(raw.c.ts_s, raw.c.id))
-    return [Sample(r[0], device["device_index"], Phase(r[1]), *r[2:],  # type: ignore[misc]
-                   host=device["host"], device_uuid=device["uuid"]) for r in c.execute(q)]
+    columns = ("phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+    rows = blocks.window_rows(c, [device["id"]], lo_s, hi_s, columns)
+    return [Sample(r[0], device["device_index"], Phase(r[2]), *r[3:],  # type: ignore[misc]
+                   host=device["host"], device_uuid=device["uuid"]) for r in rows]
 
 
 def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
@@ -187,7 +217,7 @@ def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
     return out, again
 
 
-def _span_ends(not_after_s: float | None) -> list[Any]:
+def _span_ends(not_after_s: Any) -> list[Any]:
     """The four ends of ``Store.time_range``'s span of the statement's device row: its first
     and newest raw sample, its first and newest minute rollup (the newest not ahead of
     ``not_after_s`` when given), each a correlated ``min``/``max``: one seek on the device's
@@ -206,47 +236,14 @@ def _span_ends(not_after_s: float | None) -> list[Any]:
             edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
 
 
-def _block_edge(newest: bool, not_after_s: float | None) -> Any:
-    """The first or ``newest`` sample time of the statement's device row in the compact raw
-    tier, the newest of the blocks wholly before ``not_after_s`` (a block that straddles it is
-    :func:`_straddles`'s to correct). Seeks on the ``(device_id, block_s)`` index: a device's
-    first sample is in a block of its first interval, its newest in one of its last (or, bounded,
-    of the last interval ended by the bound, or of the bound's own interval)."""
-    mine = sample_blocks.c.device_id == devices.c.id
-    block_s, first_s, last_s = (sample_blocks.c.block_s, sample_blocks.c.first_s,
-                                sample_blocks.c.last_s)
-
-    def of_interval(edge: Any, before_s: float | None = None) -> Any:
-        inner = sample_blocks.alias("interval_pick")  # its own name: not the outer's rows
-        where = [inner.c.device_id == devices.c.id]
-        if before_s is not None:
-            where.append(inner.c.block_s <= before_s)
-        pick = select((func.max if newest else func.min)(inner.c.block_s)).where(*where)
-        return (select((func.max if newest else func.min)(edge))
-                .where(mine, block_s == pick.scalar_subquery()).scalar_subquery())
-
-    if not newest:
-        return of_interval(first_s)
-    if not_after_s is None:
-        return of_interval(last_s)
-    ended = of_interval(last_s, not_after_s - blocks.BLOCK_S)
-    current = (select(func.max(last_s))
-               .where(mine, block_s > not_after_s - blocks.BLOCK_S, block_s <= not_after_s,
-                      last_s <= not_after_s).scalar_subquery())
-    return func.coalesce(current, ended)
+def _block_edge(newest: bool, not_after_s: Any) -> Any:
+    """:func:`~vramscope.agent.store.sample_blocks.edge_of` the statement's device row."""
+    return blocks.edge_of(devices.c.id, newest, not_after_s)
 
 
-def _straddles(not_after_s: float | None) -> Any:
-    """Whether the statement's device row has a block across ``not_after_s`` (its first
-    sample before, its last after: a view of a time already compacted), whose rows up to it
-    :func:`_newest_of` decodes; false without a bound. A seek on the device's blocks."""
-    if not_after_s is None:
-        return literal(False)
-    return exists().where(sample_blocks.c.device_id == devices.c.id,
-                          sample_blocks.c.block_s > not_after_s - blocks.BLOCK_S,
-                          sample_blocks.c.block_s <= not_after_s,
-                          sample_blocks.c.first_s <= not_after_s,
-                          sample_blocks.c.last_s > not_after_s)
+def _straddles(not_after_s: Any) -> Any:
+    """:func:`~vramscope.agent.store.sample_blocks.straddles` of the statement's device row."""
+    return blocks.straddles(devices.c.id, not_after_s)
 
 
 def _newest_of(c: Connection, device_id: int, raw_s: float | None,
@@ -272,12 +269,10 @@ def device_spans(store: Store, not_after_s: float | None = None
     """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
-    q = (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after_s),
-                _straddles(not_after_s))
-         .join(hosts, hosts.c.id == devices.c.host_id))
+    q = _device_spans_statement(not_after_s is not None)
     with store.engine.connect() as c:
         out = {}
-        for row in c.execute(q).all():
+        for row in c.execute(q, {"not_after_s": not_after_s}).all():
             did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles = tuple(row)
             if straddles:
                 raw_hi = _newest_of(c, did, raw_hi, not_after_s)

@@ -45,8 +45,8 @@ from sqlalchemy import (
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.store import sample_blocks
 from vramscope.agent.store import seconds as tier
-from vramscope.agent.store.sample_blocks import raw_samples
 from vramscope.agent.store.schema import (
     ROLLUP_TIER_S,
     agent_stats,
@@ -148,16 +148,18 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
 
 
 def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
-    # a late minute rolled up again may be in the compact raw tier already
-    raw_table = raw_samples(c, ids, start_s, end_s)
-    cols = [raw_table.c.device_id, raw_table.c.source, raw_table.c.ts_s,
-            *(raw_table.c[n] for n in SAMPLE_COUNTER_FIELDS), raw_table.c.phase]
-    q = (select(*cols)
-         .where(raw_table.c.device_id.in_(ids), raw_table.c.ts_s >= start_s,
-                raw_table.c.ts_s < end_s)
-         .order_by(raw_table.c.device_id, func.coalesce(raw_table.c.source, ""),
-                   raw_table.c.ts_s, raw_table.c.id))
-    raw = _fetch_raw(c, q)
+    if sample_blocks.any_blocks(c, ids, start_s, end_s):
+        # a late minute rolled up again whose interval is in the compact raw tier already
+        raw = _raw_with_blocks(c, ids, start_s, end_s)
+    else:
+        cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
+                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
+        q = (select(*cols)
+             .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s,
+                    samples.c.ts_s < end_s)
+             .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""),
+                       samples.c.ts_s, samples.c.id))
+        raw = _fetch_raw(c, q)
     rows = aggregate(raw)
     _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
     refresh_ten_minutes(c, ids, start_s, end_s)
@@ -237,6 +239,17 @@ def pack_seconds(raw: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             out.append({"device_id": device_id, "minute_s": minute, "source": source,
                         "seconds": len(members), "data": tier.pack(members)})
     return out
+
+
+def _raw_with_blocks(c: Connection, ids: Sequence[int], start_s: float,
+                     end_s: float) -> list[tuple[Any, ...]]:
+    """The rows :func:`_rollup_devices` reads, as it orders them, from ``samples`` and the
+    compact raw tier together."""
+    names = ("device_id", "source", *SAMPLE_COUNTER_FIELDS, "phase")
+    rows = [r for r in sample_blocks.window_rows(c, ids, start_s, end_s, names)
+            if r[0] < end_s]
+    rows.sort(key=lambda r: (r[2], r[3] or "", r[0], r[1]))  # device, source, time, id
+    return [(r[2], r[3], r[0], *r[4:]) for r in rows]
 
 
 def _fetch_raw(c: Connection, query: Any) -> list[tuple[Any, ...]]:  # query: a Select

@@ -12,12 +12,13 @@ lost. Each interval moves in a transaction of its own: compaction (and the conve
 store upgraded with rows in ``samples``, which is the same compaction) can stop anywhere and
 reads stay exact.
 
-Reads: every read of raw samples asks :func:`raw_samples` for its table. Where no block
-overlaps the devices and window asked, that is ``samples`` itself; else the overlapping blocks
-are decoded into a temporary table of the connection (``samples_unpacked``, the rows of the
-window only) and the read runs on ``samples UNION ALL samples_unpacked``: the same rows, ids,
-values and phases as before compaction, so the tier modules' SQL (grouping, window functions,
-ordering by (ts_s, id)) is unchanged.
+Reads: a reader of raw samples reads ``samples`` in SQL as it always did and, where blocks
+overlap its devices and window, their rows from the decoded blocks: :func:`window_slices` (each
+block's window as a slice of its columns) for the readers that group on a grid
+(:mod:`~vramscope.agent.store.block_grid`), :func:`window_rows` (``samples``'s and the blocks'
+rows merged in (ts_s, id) order) for those that list rows. Decoded blocks are cached per
+database across reads (a block never changes once written). The answers are the same rows,
+ids, values and phases as before compaction.
 
 Import's duplicate check: blocks keep each row's ``content_key``; a batch's keys are looked
 up in the keyed blocks (``keyed > 0``) overlapping its span as well as in ``samples``
@@ -32,20 +33,10 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import groupby, repeat
-from typing import TYPE_CHECKING, Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import (
-    Column,
-    Connection,
-    FromClause,
-    MetaData,
-    Table,
-    delete,
-    func,
-    insert,
-    select,
-)
-from sqlalchemy.schema import CreateTable
+from sqlalchemy import Connection, delete, exists, func, insert, literal, select
 from vramscope.agent.store import block_codec
 from vramscope.agent.store.schema import devices, sample_blocks, samples
 
@@ -56,14 +47,6 @@ BLOCK_S = 600.0  # a block's interval: ten minutes (6,000 samples of one source 
 # the columns of ``samples`` a block keeps besides its key (device_id, source, pid)
 _KEY = ("device_id", "source", "pid")
 _ROW = (*_KEY, *block_codec.COLUMNS)  # what compaction reads back from the DELETE
-SAMPLE_COLUMNS = tuple(c.name for c in samples.columns)
-
-# The connection's decoded rows: a temporary table shaped as ``samples`` (its own metadata,
-# so that the schema's, which Alembic compares, never sees it).
-_unpacked_metadata = MetaData()
-unpacked = Table("samples_unpacked", _unpacked_metadata,
-                 *(Column(c.name, c.type, nullable=True) for c in samples.columns),
-                 prefixes=["TEMPORARY"])
 
 
 def block_start(ts_s: float) -> float:
@@ -77,7 +60,7 @@ def overlapping(device_ids: Sequence[int] | None, lo_s: float | None,
     device: None) in [lo_s, hi_s]: a range of the ``(device_id, block_s)`` index per device."""
     where: list[Any] = []
     if device_ids is not None:
-        where.append(sample_blocks.c.device_id.in_(list(device_ids)))
+        where.append(_one_of(sample_blocks.c.device_id, device_ids))
     if lo_s is not None:
         where += [sample_blocks.c.block_s >= block_start(lo_s),
                   sample_blocks.c.last_s >= lo_s]
@@ -86,11 +69,33 @@ def overlapping(device_ids: Sequence[int] | None, lo_s: float | None,
     return where
 
 
-def rows_of_blocks(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
-                   hi_s: float | None) -> list[tuple[Any, ...]]:
-    """The rows the blocks hold for ``device_ids`` in [lo_s, hi_s], as rows of ``samples``
-    (:data:`SAMPLE_COLUMNS` order), in no particular order. A block's rows are in time order,
-    so the window is a slice of its columns (found by bisection), zipped into rows in C."""
+def _one_of(column: Any, ids: Sequence[int]) -> Any:
+    """``column IN ids``; ``=`` for one id (a page reads one device: an expanding IN costs
+    SQLAlchemy more than the seek)."""
+    return column == ids[0] if len(ids) == 1 else column.in_(list(ids))
+
+
+class Slice(NamedTuple):
+    """One block's rows in a window: its key, its decoded columns (:data:`block_codec.COLUMNS`
+    order, shared with the cache: never to be changed) and the window's rows ``[a, b)``."""
+
+    device_id: int
+    source: str | None
+    pid: int | None
+    columns: list[Sequence[Any]]
+    a: int
+    b: int
+
+    def column(self, name: str) -> Sequence[Any]:
+        return self.columns[_PLACE[name]]
+
+
+def window_slices(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
+                  hi_s: float | None, include_hi: bool = True) -> list[Slice]:
+    """The blocks of ``device_ids`` (every device: None) with rows in [lo_s, hi_s] (or
+    [lo_s, hi_s) without ``include_hi``), decoded (through the cache), each with the window's
+    rows as a slice: a block's rows are in (ts_s, id) order, so the window is found by
+    bisection. What the readers that aggregate in Python walk instead of a table."""
     q = (select(sample_blocks.c.id, sample_blocks.c.device_id, sample_blocks.c.source,
                 sample_blocks.c.pid, sample_blocks.c.count, sample_blocks.c.first_s,
                 sample_blocks.c.last_s)
@@ -98,104 +103,128 @@ def rows_of_blocks(c: Connection, device_ids: Sequence[int] | None, lo_s: float 
     found = c.execute(q).all()
     lo = -math.inf if lo_s is None else lo_s
     hi = math.inf if hi_s is None else hi_s
+    upper = bisect_right if include_hi else bisect_left
     decoded = _columns(c, [(r[0], r[4], r[5], r[6]) for r in found])
     ts = _PLACE["ts_s"]
-    out: list[tuple[Any, ...]] = []
+    out = []
     for bid, did, source, pid, *_ in found:
         columns = decoded[bid]
-        times = columns[ts]
-        a, b = bisect_left(times, lo), bisect_right(times, hi)
-        if a >= b:
-            continue
-        key = {"device_id": repeat(did), "source": repeat(source), "pid": repeat(pid)}
-        out.extend(zip(*(key[name] if name in key else columns[_PLACE[name]][a:b]
-                         for name in SAMPLE_COLUMNS)))
+        a, b = bisect_left(columns[ts], lo), upper(columns[ts], hi)
+        if a < b:
+            out.append(Slice(did, source, pid, columns, a, b))
     return out
 
 
-def _columns(c: Connection, metas: list[_Key]) -> dict[int, list[list[Any]]]:
+def window_rows(c: Connection, device_ids: Sequence[int], lo_s: float | None,
+                hi_s: float | None, names: Sequence[str], *, source: str | None = None,
+                newest_first: bool = False, limit: int | None = None) -> list[tuple[Any, ...]]:
+    """The raw rows of ``device_ids`` in [lo_s, hi_s] (None: open) of ``samples`` and of the
+    blocks together, of ``source`` when given, as ``(ts_s, id, *names)`` tuples (``names``:
+    columns of ``samples``) in (ts_s, id) order (``newest_first``: reversed), at most
+    ``limit``: what a reader that lists rows (rather than groups them) reads where blocks
+    overlap its window. ``samples``'s part in SQL, each block's slice zipped in C, the two
+    sorted together."""
+    where = [_one_of(samples.c.device_id, device_ids)]
+    if lo_s is not None:
+        where.append(samples.c.ts_s >= lo_s)
+    if hi_s is not None:
+        where.append(samples.c.ts_s <= hi_s)
+    if source is not None:
+        where.append(samples.c.source == source)
+    order = (samples.c.ts_s.desc(), samples.c.id.desc()) if newest_first else (
+        samples.c.ts_s, samples.c.id)
+    q = (select(samples.c.ts_s, samples.c.id, *(samples.c[n] for n in names))
+         .where(*where).order_by(*order))
+    if limit is not None:
+        q = q.limit(limit)
+    rows: list[tuple[Any, ...]] = [tuple(r) for r in c.execute(q).all()]
+    for s in window_slices(c, device_ids, lo_s, hi_s):
+        if source is not None and s.source != source:
+            continue
+        a, b = s.a, s.b
+        if limit is not None:  # a block's first (or newest) rows are its first (last) ones
+            a, b = (max(a, b - limit), b) if newest_first else (a, min(b, a + limit))
+        key = {"device_id": repeat(s.device_id), "source": repeat(s.source),
+               "pid": repeat(s.pid)}
+        rows.extend(zip(*(key[n] if n in key else s.columns[_PLACE[n]][a:b]
+                          for n in ("ts_s", "id", *names))))
+    rows.sort(key=itemgetter(0, 1), reverse=newest_first)
+    return rows if limit is None else rows[:limit]
+
+
+def _columns(c: Connection, metas: list[_Key]) -> dict[int, list[Sequence[Any]]]:
     """The decoded columns of blocks ``(id, count, first_s, last_s)``, by id: from the cache,
-    the others read and decoded (and cached)."""
+    the others read and decoded (and cached). Held here whatever the cache keeps: a window of
+    more rows than it holds (an export) evicts its own first blocks."""
     cache = _decoded_cache(c)
     keys = {m[0]: m for m in metas}
-    missing = [bid for bid, key in keys.items() if key not in cache]
+    out = {}
+    for bid, key in keys.items():
+        found = cache.get(key)
+        if found is not None:
+            out[bid] = found
+    missing = [bid for bid in keys if bid not in out]
     for i in range(0, len(missing), 500):
         chunk = missing[i:i + 500]
         for bid, data in c.execute(select(sample_blocks.c.id, sample_blocks.c.data)
                                    .where(sample_blocks.c.id.in_(chunk))).all():
-            _remember(cache, keys[bid], block_codec.decode_columns(data))
-    with _cache_lock:
-        return {bid: cache[key] for bid, key in keys.items()}
+            out[bid] = block_codec.decode_columns(data)
+            cache.put(keys[bid], out[bid])
+    return out
 
 
 _PLACE = {name: i for i, name in enumerate(block_codec.COLUMNS)}
-# Decoded blocks, per database: a block is never changed once written (compaction writes new
-# ones, retention deletes them), so one request's several reads of a window, and the next
-# refresh's, decode it once. Keyed by (block id, row count, first and last time): an id SQLite
-# gives again after the newest block was deleted comes with other rows. The oldest entries go
-# first once more than ``_CACHE_ROWS`` rows are held.
-_CACHE_ROWS = 2_000_000
 _Key = tuple[int, int, float, float]
-_caches: dict[str, OrderedDict[_Key, list[list[Any]]]] = {}
-_cache_lock = threading.Lock()
 
 
-def _decoded_cache(c: Connection) -> OrderedDict[_Key, list[list[Any]]]:
-    url = c.engine.url.render_as_string(hide_password=True)
-    with _cache_lock:
-        return _caches.setdefault(url, OrderedDict())
+class _Decoded:
+    """Decoded blocks of one database, the least recently read going first once more than
+    ``_CACHE_ROWS`` rows are held. A block is never changed once written (compaction writes
+    new ones, retention deletes them), so one request's several reads of a window, and the
+    next refresh's, decode it once. Keyed by (block id, row count, first and last time): an
+    id SQLite gives again after the newest block was deleted comes with other rows."""
+
+    def __init__(self) -> None:
+        self._blocks: OrderedDict[_Key, list[Sequence[Any]]] = OrderedDict()
+        self._rows = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: _Key) -> list[Sequence[Any]] | None:
+        with self._lock:
+            found = self._blocks.get(key)
+            if found is not None:
+                self._blocks.move_to_end(key)
+            return found
+
+    def put(self, key: _Key, columns: list[Sequence[Any]]) -> None:
+        with self._lock:
+            if key not in self._blocks:
+                self._rows += key[1]
+            self._blocks[key] = columns
+            while self._rows > _CACHE_ROWS and len(self._blocks) > 1:
+                old, _ = self._blocks.popitem(last=False)
+                self._rows -= old[1]
 
 
-def _remember(cache: OrderedDict[_Key, list[list[Any]]], key: _Key,
-              columns: list[list[Any]]) -> None:
-    with _cache_lock:
-        cache[key] = columns
-        rows = sum(k[1] for k in cache)
-        while rows > _CACHE_ROWS and len(cache) > 1:
-            old, _ = cache.popitem(last=False)
-            rows -= old[1]
+# 500,000 rows: 83 ten-minute blocks of one source at 10 Hz, about 80 MB decoded (165 bytes a
+# row, block_codec.decode_columns) at most; a page's reads of one device touch far fewer
+_CACHE_ROWS = 500_000
+_caches: dict[Any, _Decoded] = {}  # by the engine's URL
+_caches_lock = threading.Lock()
+
+
+def _decoded_cache(c: Connection) -> _Decoded:
+    with _caches_lock:
+        found = _caches.get(c.engine.url)
+        if found is None:
+            found = _caches[c.engine.url] = _Decoded()
+        return found
 
 
 def any_blocks(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
                hi_s: float | None) -> bool:
     q = select(sample_blocks.c.id).where(*overlapping(device_ids, lo_s, hi_s)).limit(1)
     return c.execute(q).first() is not None
-
-
-def raw_samples(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None = None,
-                hi_s: float | None = None) -> FromClause:
-    """The table a read of raw samples of ``device_ids`` (every device: None) in [lo_s, hi_s]
-    runs on, through connection ``c``: ``samples`` where no block overlaps them, else
-    ``samples`` and the blocks' rows of that window (decoded into the connection's temporary
-    table) under one UNION ALL, with ``samples``'s column names. A read must run on ``c``."""
-    if not any_blocks(c, device_ids, lo_s, hi_s):
-        return samples
-    rows = rows_of_blocks(c, device_ids, lo_s, hi_s)
-    c.execute(CreateTable(unpacked, if_not_exists=True))
-    c.execute(delete(unpacked))
-    if rows:
-        _insert_unpacked(c, rows)
-    names = SAMPLE_COLUMNS
-    both = select(*(samples.c[n] for n in names)).union_all(
-        select(*(unpacked.c[n] for n in names)))
-    return both.subquery("raw_samples")
-
-
-def _insert_unpacked(c: Connection, rows: list[tuple[Any, ...]]) -> None:
-    if c.dialect.name == "postgresql":
-        types = [_pg_type(col) for col in unpacked.columns]
-        sql = (f"INSERT INTO samples_unpacked ({', '.join(SAMPLE_COLUMNS)}) SELECT * FROM "
-               f"unnest({', '.join(f'%s::{t}[]' for t in types)})")
-        c.exec_driver_sql(sql, tuple(list(col) for col in zip(*rows)))
-        return
-    marks = ", ".join("?" * len(SAMPLE_COLUMNS))
-    c.exec_driver_sql(f"INSERT INTO samples_unpacked ({', '.join(SAMPLE_COLUMNS)}) "
-                      f"VALUES ({marks})", rows)
-
-
-def _pg_type(col: Column[Any]) -> str:
-    name = type(col.type).__name__
-    return {"BigInteger": "int8", "Integer": "int4", "Float": "float8"}.get(name, "text")
 
 
 def edge_span(c: Connection, device_id: int, lo_s: float, hi_s: float, n: int,
@@ -223,7 +252,10 @@ def edge_span(c: Connection, device_id: int, lo_s: float, hi_s: float, n: int,
             if (meta[3] < nth_block) if newest else (meta[2] > nth_block):
                 break
         block_times = _columns(c, [tuple(meta)])[meta[0]][_PLACE["ts_s"]]
-        times = sorted(times + [t for t in block_times if lo_s <= t <= hi_s], reverse=newest)
+        # the block's n rows nearest this end (bisected: its times are in order)
+        a, b = bisect_left(block_times, lo_s), bisect_right(block_times, hi_s)
+        part = block_times[max(a, b - n):b] if newest else block_times[a:min(b, a + n)]
+        times = sorted([*times, *part], reverse=newest)[:n]
     # the union's first n rows lie within the n-th of either part that has n (a part with
     # fewer bounds nothing: the other part's n-th, or the window's end, does)
     if len(times) >= n:
@@ -231,13 +263,54 @@ def edge_span(c: Connection, device_id: int, lo_s: float, hi_s: float, n: int,
     return (edge, hi_s) if newest else (lo_s, edge)
 
 
-def first_ts(c: Connection, device_id: Any) -> float | None:
-    """The device's first sample time kept in blocks (``device_id``: an id or a scalar
-    subquery), or None: one seek."""
-    q = (select(sample_blocks.c.first_s).where(sample_blocks.c.device_id == device_id)
-         .order_by(sample_blocks.c.block_s, sample_blocks.c.first_s).limit(1))
-    value = c.execute(q).scalar()
-    return None if value is None else float(value)
+# the blocks an edge's interval is picked from: a name of its own, not the outer statement's
+# rows (made once: an alias of a table costs SQLAlchemy a copy of every column)
+_INTERVAL_PICK = sample_blocks.alias("interval_pick")
+
+
+def edge_of(device_id: Any, newest: bool, not_after_s: float | None) -> Any:
+    """The first or ``newest`` sample time of ``device_id`` (an id, or a column its statement
+    correlates) in the compact raw tier, as a scalar subquery; bounded, the newest of the
+    blocks wholly before ``not_after_s`` (a block that straddles it is :func:`straddles`'s to
+    correct). Seeks on the ``(device_id, block_s)`` index: a device's first sample is in a
+    block of its first interval, its newest in one of its last (or, bounded, of the last
+    interval ended by the bound, or of the bound's own interval)."""
+    mine = sample_blocks.c.device_id == device_id
+    block_s, first_s, last_s = (sample_blocks.c.block_s, sample_blocks.c.first_s,
+                                sample_blocks.c.last_s)
+
+    def of_interval(edge: Any, before_s: float | None = None) -> Any:
+        inner = _INTERVAL_PICK
+        where = [inner.c.device_id == device_id]
+        if before_s is not None:
+            where.append(inner.c.block_s <= before_s)
+        pick = select((func.max if newest else func.min)(inner.c.block_s)).where(*where)
+        return (select((func.max if newest else func.min)(edge))
+                .where(mine, block_s == pick.scalar_subquery()).scalar_subquery())
+
+    if not newest:
+        return of_interval(first_s)
+    if not_after_s is None:
+        return of_interval(last_s)
+    ended = of_interval(last_s, not_after_s - BLOCK_S)
+    current = (select(func.max(last_s))
+               .where(mine, block_s > not_after_s - BLOCK_S, block_s <= not_after_s,
+                      last_s <= not_after_s).scalar_subquery())
+    return func.coalesce(current, ended)
+
+
+def straddles(device_id: Any, not_after_s: float | None) -> Any:
+    """Whether ``device_id`` (an id, or a column its statement correlates) has a block across
+    ``not_after_s`` (its first sample before, its last after: a view of a time already
+    compacted), whose rows up to it :func:`last_ts` decodes; false without a bound. A seek on
+    the device's blocks."""
+    if not_after_s is None:
+        return literal(False)
+    return exists().where(sample_blocks.c.device_id == device_id,
+                          sample_blocks.c.block_s > not_after_s - BLOCK_S,
+                          sample_blocks.c.block_s <= not_after_s,
+                          sample_blocks.c.first_s <= not_after_s,
+                          sample_blocks.c.last_s > not_after_s)
 
 
 def last_ts(c: Connection, device_id: int, not_after_s: float | None = None) -> float | None:

@@ -68,9 +68,12 @@ def first_sample_ts(store: Store, device: int, host: str | None = None) -> float
     Retention deletes raw samples oldest first, so a window that starts before it lives on
     only in the tiers (the per-second tier, the minute rollups)."""
     did = _device_id(store, device, host)
-    q = select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s).limit(1)
+    first = (select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s)
+             .limit(1).scalar_subquery())
+    # and the compact raw tier's first, in the same statement
     with store.engine.connect() as c:
-        found = [x for x in (c.execute(q).scalar(), blocks.first_ts(c, did)) if x is not None]
+        found = [x for x in c.execute(select(first, blocks.edge_of(did, False, None))).one()
+                 if x is not None]
     return float(min(found)) if found else None
 
 

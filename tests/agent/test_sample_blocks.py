@@ -71,6 +71,9 @@ def _snapshot(store: Store) -> dict[str, object]:
         out[f"records {name}"] = reader.records(store, span, ("allocated_bytes",), True)
         out[f"peaks {name}"] = reader.peaks(store, span, ("reserved_bytes",))
         out[f"processes {name}"] = reader.process_series(store, span, 100)
+        # phase bands from the samples' phase changes, and (past 5 bands) shares per bucket
+        for bands in (5, 2000):
+            out[f"phases {name} {bands}"] = reader.phase_bands(store, span, bands, [])
     return out
 
 

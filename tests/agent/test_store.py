@@ -223,8 +223,8 @@ def test_a_last_row_deleted_between_the_two_queries_leaves_last_empty(store, mon
                  for i, v in enumerate([5, 1, 9, 3, 7, 2, 8, 4, 6, 0])])
     real = downsample._last_values
 
-    def retention_deleted_the_newest(c, did, stamps, columns, source, raw):
-        found = real(c, did, stamps, columns, source, raw)
+    def retention_deleted_the_newest(c, did, stamps, columns, source):
+        found = real(c, did, stamps, columns, source)
         del found[max(found)]  # the row at T0 + 9, deleted after the grouped query
         return found
     monkeypatch.setattr(downsample, "_last_values", retention_deleted_the_newest)
