@@ -720,8 +720,8 @@ class Store:
             select(devices.c.id, devices.c.device_index, devices.c.uuid)
             .where(devices.c.id.in_(list(ids))))}
         columns = ("device_id", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
-        for r in sample_blocks.window_rows(c, ids, start_s, end_s, columns, source=source,
-                                           limit=limit):
+        for r in sample_blocks.iter_window_rows(c, ids, start_s, end_s, columns, source=source,
+                                                limit=limit):
             index, uuid = names[r[2]]
             yield Sample(r[0], index, Phase(r[3]), r[4], r[5],  # type: ignore[misc]
                          *r[6:], host=host_field, device_uuid=uuid)  # r: counters
