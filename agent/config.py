@@ -1,20 +1,10 @@
 """Configuration: one TOML file, one declarative table of settings, ``VRAMSCOPE_*`` overrides.
 
-The table is ``settings.py``'s ``SETTINGS``; this module finds the file, reads it and the
-environment, and validates every value against its row (:class:`Config`).
-
-Search order for the file (the first that exists wins; none is fine, defaults apply):
-1. ``--config PATH`` on the command line (must exist),
-2. ``$VRAMSCOPE_CONFIG`` (must exist),
-3. ``./vramscope.toml``,
-4. ``$XDG_CONFIG_HOME/vramscope/vramscope.toml`` (``~/.config/vramscope/vramscope.toml``),
-5. ``/etc/vramscope/vramscope.toml``.
-
-Then environment overrides: ``VRAMSCOPE_<SECTION>_<KEY>`` (``VRAMSCOPE_DATABASE_URL``,
-``VRAMSCOPE_DASHBOARD_PORT``...) replace the file's value; then command-line flags replace both.
-
-Alert rules are ``[[alerts.rules]]`` tables; they are kept raw here and parsed by
-``vramscope.agent.alerts.rules`` so that each rule's errors name the rule.
+The table is ``settings.py``'s ``SETTINGS``; this module finds the file (the search order:
+docs/configuration.md), reads it and the environment (``VRAMSCOPE_<SECTION>_<KEY>`` replaces
+the file's value; command-line flags replace both), and validates every value against its row
+(:class:`Config`). Alert rules are ``[[alerts.rules]]`` tables; they are kept raw here and
+parsed by ``vramscope.agent.alerts.rules`` so that each rule's errors name the rule.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The agent: NVML sampling, the ingest socket, the one writer, retention, its own stats.
 
-Threads (all daemon threads, all named):
-
-* ``vramscope-sampler`` — one drift-free loop on the monotonic clock (``next += interval``, as
-  ``collect_in_background`` in nvitop) that runs four schedules: device memory (10 Hz), NVML
-  process rows (1 Hz), the agent's own stats (every ``STATS_INTERVAL_S``) and a retention step
-  (submitted to the writer). :meth:`Agent.tick` runs whatever is due, so tests drive it with a
-  ``FakeClock`` and never sleep.
-* ``vramscope-ingest`` — the socket server (``vramscope.agent.ingest.server``).
-* ``vramscope-writer`` — the one writer (``vramscope.agent.writer``); it also feeds the alert engine
-  after each committed batch (:class:`AlertFeed`); the webhook sink delivers from its own thread.
-
-``run_forever`` installs SIGTERM/SIGINT handlers that stop the loops and flush the queue.
+Threads (all daemon threads, all named; docs/agent.md, "Parts and threads"):
+``vramscope-sampler``, one drift-free loop on the monotonic clock that runs the device,
+process, stats and retention schedules (:meth:`Agent.tick` runs whatever is due, so tests drive
+it with a ``FakeClock`` and never sleep); ``vramscope-ingest``, the socket server; and
+``vramscope-writer``, the one writer, which also feeds the alert engine after each committed
+batch (:class:`AlertFeed`). ``run_forever`` installs SIGTERM/SIGINT handlers that stop the
+loops and flush the queue.
 """
 
 from __future__ import annotations

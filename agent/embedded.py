@@ -1,24 +1,11 @@
 """Embedded mode: the agent's sampler, writer (and optionally its ingest socket) as threads
-of the calling process — for notebooks, single-process servers and the demo.
-
-    embedded = vramscope.install_embedded(config)   # the agent, then the hooks into its queue
-    ...
-    embedded.stop()                                 # hooks off, then the final flush
-
-or, step by step (what :func:`install_embedded` does)::
-
-    agent = EmbeddedAgent(config, db_url="sqlite:///run.db").start()
-    vramscope.install(config, sink=agent.sink)   # hooks put records straight into the writer queue
-    ...
-    vramscope.uninstall()
-    agent.stop()                                  # final flush
+of the calling process — for notebooks, single-process servers and the demo (usage:
+docs/agent.md, "Embedded mode").
 
 The composition runs from this side: the hooks never import the agent (docs/architecture.md,
-"Direction of imports"); they only see ``agent.sink``.
-
-``agent.sink`` is a ``RecordSink``: ``put`` never blocks (a lock held for a deque append) and
-never raises; when the queue is full the oldest record is dropped and counted, as in the
-sidecar. Post-mortems put there are stored with ``store.write_postmortem``.
+"Direction of imports"); they only see ``agent.sink``, a ``RecordSink`` whose ``put`` never
+blocks (a lock held for a deque append) and never raises; when the queue is full the oldest
+record is dropped and counted, as in the sidecar.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The capacity planner behind ``vramscope estimate`` and the dashboard's Capacity page.
 
 Given a model's shape (from a Hugging Face ``config.json`` or explicit numbers) and a serving
-plan (context length, concurrency, KV dtype), it adds up what an inference server holds on the
-GPU::
-
-    weights      = parameters × bytes per weight
-    overhead     = CUDA context, cuBLAS/NCCL workspaces, allocator slack (a flat allowance)
-    KV cache     = 2 × layers × KV heads × head dim × tokens × concurrency × bytes per element
-    activations  = prefill_tokens × (4 × hidden + 2 × intermediate) × bytes
-                   + concurrency × vocab × 4                       (fp32 logits of one step)
-
-Under tensor parallelism (``Plan.tensor_parallel`` = N GPUs, as vLLM's
-``--tensor-parallel-size``) every figure is one GPU's: the weights split N ways except the norms
-and a mixture's router (replicated) and the K/V projections of the KV heads each GPU must hold;
-KV heads split N ways, one per GPU replicated when there are fewer KV heads than GPUs; the MLP
-temporaries split N ways; and the communication buffers (:func:`comm_buffer_bytes`) are added.
-
-It compares the total with the GPU's memory less a safety margin; it also solves for the
-largest concurrency at the given context and the largest context at the given concurrency, and
-sizes a paged KV pool in blocks of ``block_size`` tokens. The activation term is an allowance
-for the prefill peak, not an exact figure; compare it with the measured prefill spike.
-Pure functions, no I/O except :func:`load_hf_config`.
+plan (context length, concurrency, KV dtype), it adds up what an inference server holds on one
+GPU (weights, overhead, KV cache, activations; under tensor parallelism each GPU's share plus
+:func:`comm_buffer_bytes`), compares it with the GPU's memory less a safety margin, solves for
+the largest concurrency and context, and sizes a paged KV pool. The formulas and why:
+docs/estimate.md, "What it adds up" and "Tensor parallelism: one GPU's share". The activation
+term is an allowance for the prefill peak, not an exact figure. Pure functions, no I/O except
+:func:`load_hf_config`.
 """
 
 from __future__ import annotations

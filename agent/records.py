@@ -63,7 +63,8 @@ SAMPLE_COUNTER_FIELDS: tuple[str, ...] = (
     "kv_blocks_used",  # KV pool: blocks referenced by live requests
     "kv_blocks_total",  # KV pool: blocks in the pool
     "kv_blocks_cached",  # KV pool: unreferenced blocks kept for prefix reuse
-    "kv_tokens_used",  # KV pool: tokens stored in used blocks (token occupancy); v1 extension
+    "kv_tokens_used",  # tokens whose KV the process holds for requests in flight (pool or
+    #                    per-request cache); v1 extension
 )
 
 

@@ -1,58 +1,22 @@
 """Retention: the tiers (per-second and per-minute rollups), then deletion of what each tier
 no longer keeps.
 
-Tiers (docs/architecture.md, "Storage tiers"), each with its setting:
+The tiers, their settings, late samples and the fleet's store-wide lock are described in
+docs/agent.md, "Retention and rollups", and docs/architecture.md, "Storage tiers".
 
-- raw samples, and the cheap events (requests, KV block moves, phase changes, and any name
-  the event table does not list: ``agent/event_kinds.py``): ``retention.raw_s`` (a day by
-  default); raw samples as rows while new, then compacted into the compact raw tier
-  (``sample_blocks``, :mod:`vramscope.agent.store.sample_blocks`) once their ten-minute interval
-  ended ``retention.compact_after_s`` ago and is rolled up, a few intervals a step, each in its
-  own transaction;
-- the per-second tier (``seconds`` table, :mod:`vramscope.agent.store.seconds`):
-  ``retention.second_s`` (14 days);
-- per-minute rollups, the per-minute counts of the listed cheap events (``event_counts``:
-  requests started and ended, KV block moves, phase changes) and the kept events (OOMs,
-  orphaned KV blocks, preemptions, layouts: the event table's ``KEPT`` class):
-  ``retention.rollup_s`` (90 days).
-
-The cheap events the table lists are deleted by name (a range of the ``(device_id, name,
-ts_s)`` index each); the names it does not list cannot be sought that way, so a step walks the
-events' time index forward from where the last one stopped, at most ``UNLISTED_SCAN_S`` of it,
-deleting those before the raw cutoff. After a start it begins at the oldest event kept, so on a
-90-day store such an event may outlive ``retention.raw_s`` by the hours the walk takes to
-reach it (an hour of index a step, a step every 30 s: 18 hours at most); in the steady state by
-one step.
-
-Each :meth:`Retention.step` does a small, bounded piece of work — roll up at most
-``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table — and is run
+Each :meth:`Retention.step` does a small, bounded piece of work (roll up at most
+``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table) and is run
 by the writer thread between batches, so retention never stalls ingest (and SQLite still sees
-one writer).
-
-Rollups: per device, per minute, per source and metric (every ``*_bytes`` / counter field of
-a sample): min, max, mean, last and count, in the ``rollups`` table. A minute is rolled up once
-it is ``grace_s`` old; the watermark is the end of the newest rolled-up minute, read from the
-rollups once (a seek per device, so after a restart work resumes where it stopped) and then
-remembered; a step with no minute due yet sends no query for rollups. Raw samples are deleted
-only once they are both older than ``raw_s`` and rolled up.
-
-Late samples: an agent catching up after the database was away, or one host of a fleet that
-lost its link while another host's agent kept rolling minutes up, writes samples into minutes
-that may already be rolled up. The writer thread reports what it committed
-(:meth:`Retention.note_written`); minutes older than the grace are remembered, and each step
-rolls a few of them up again (``rollup_window`` replaces a minute's rows), so long-range views
-do not keep a hole where the backlog landed (late events likewise: their minutes' counts are
-made again). The memory is the agent's own: late samples that another process wrote
-(``vramscope import`` of an old trace) still miss the rollups.
-
-A fleet on one PostgreSQL: the store-wide work (rollups of every device, deletion by age, the
-day partitions) is done by one agent at a time, the one holding the store-wide lock
-(:mod:`vramscope.agent.store.store_wide_lock`); a step of any other agent only rolls its own
-host's late minutes up again (its own rows, which the leader cannot know were late), so a
-fleet does the store-wide work once, not once per agent. When the leader stops or
-disappears, the next agent to step takes the lock over, reads the watermark from the store and
-goes on where the leader stopped; a host that disappears leaves its rows to the leader's
-deletion by age like any other.
+one writer). Raw samples are deleted only once they are both older than ``raw_s`` and rolled
+up; before that, once their ten-minute interval ended ``retention.compact_after_s`` ago and
+is rolled up, they move into the compact raw tier (:mod:`vramscope.agent.store.sample_blocks`),
+a few intervals a step, each in its own transaction. Names the event table does not list
+cannot be deleted by name: a step walks the events' time index forward from where the last one
+stopped, at most ``UNLISTED_SCAN_S`` of it. Late minutes reported by
+:meth:`Retention.note_written` are rolled up again (``rollup_window`` replaces a minute's
+rows). On a shared PostgreSQL only the holder of the store-wide lock
+(:mod:`vramscope.agent.store.store_wide_lock`) does the store-wide work; the other agents roll
+up only their own host's late minutes.
 """
 
 from __future__ import annotations

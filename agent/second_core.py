@@ -1,20 +1,14 @@
 """The alert engine on the second core: a consumer of record batches run in a child process.
 
-``vramscope import`` and ``analyze FILE`` spend their time in three places: decoding the trace,
-the store's writes (import) or the summaries (analyze), and the alert engine, which sees every
-record. Decoding and the engine take about the same time, and one does not wait for the other,
-so on a machine with two cores a large file goes through both at once: this process decodes
-(and writes) and hands each batch, as it is decoded, to a child process that runs the consumer
-(the engine) over it. The answer is the same function's over the same batches, in the same
-order; only where it runs differs.
-
-The child is started with ``spawn`` (a fresh interpreter: nothing of this process's database
-connections or threads is inherited), which costs a fresh interpreter's imports: a small input
-is consumed here instead (:func:`worth_a_child`).
-
-The batches cross a pipe as pickles of plain tuples, made records again on the other side by
-``tuple.__new__`` of their class: a pickled ``NamedTuple`` is rebuilt through its Python
-``__new__``, one call per record.
+``vramscope import`` and ``analyze FILE`` spend their time decoding the trace (and writing it,
+or summarising it) and in the alert engine, about equally, and neither waits for the other: on
+a machine with two cores this process decodes and hands each batch to a child process that runs
+the consumer (the engine). The answer is the same function's over the same batches, in the same
+order; only where it runs differs. The child is started with ``spawn`` (nothing of this
+process's connections or threads is inherited), which costs a fresh interpreter's imports: a
+small input is consumed here instead (:func:`worth_a_child`). Batches cross the pipe as pickles
+of plain tuples, made records again by ``tuple.__new__`` of their class (a pickled
+``NamedTuple`` is rebuilt through its Python ``__new__``, one call per record).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The one writer to the database: a bounded queue drained in batches by one thread.
 
-Every record the agent keeps — NVML samples, hook records from the socket, post-mortems — goes
-through :meth:`Writer.put`, which never blocks: when the queue is full the *oldest* record is
-dropped and counted (the newest data is the most useful during an incident). The writer thread
-commits a batch when ``batch_rows`` records are waiting or ``batch_interval_s`` has passed,
-whichever comes first. Other database work (process rows, agent stats, retention steps) is
-submitted as small tasks that run on the same thread, so SQLite only ever sees one writer.
-
-When the database is locked, full or unreachable the batch is kept and retried with backoff
-(a put never cuts the wait short); the queue keeps filling (and dropping oldest), and the log
-gets one line when the trouble starts and one when it ends, never a line per attempt.
-
-When the database refuses a batch for good (an integrity or data error: a value no validator
-caught), the batch is halved until the refused records are found; only they are dropped and
-counted (``refused_total``), so one client's bad record never costs another client its rows.
+Every record the agent keeps goes through :meth:`Writer.put`, which never blocks: when the
+queue is full the *oldest* record is dropped and counted (the newest data is the most useful
+during an incident). Batches commit at ``batch_rows`` records or ``batch_interval_s``; other
+database work (process rows, stats, retention steps) runs as small tasks on the same thread, so
+SQLite only ever sees one writer. A locked, full or unreachable database keeps the batch and
+retries with backoff (two log lines, not one per attempt); a batch refused for good is halved
+until the refused records are found, and only they are dropped (``refused_total``), so one
+client's bad record never costs another its rows. docs/agent.md, "The writer".
 """
 
 from __future__ import annotations

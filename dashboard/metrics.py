@@ -1,18 +1,13 @@
 """``/metrics``: the store's current state in Prometheus text format, read at scrape time.
 
 A custom collector (``Collector.collect()``, as in ``prometheus_client/registry.py``) on a
-registry of the app's own, so two apps never share series. Labels are bounded by design: only
-``host``, ``device``, ``process`` (a process *name*, with its rank when it has one), ``pid``,
-``phase`` and ``source``, plus the identity labels of ``vramscope_device_info`` — never a request
-id. The pid is a label of the per-process series only, which exist while their process runs
-(its samples of the last 30 s, its verdict until it ends): bounded by the processes running now,
-and the only thing that keeps two servers of one name on one device apart. Metric names are
-listed in docs/metrics.md.
-
-Device series (``host``, ``device``) are the device's: allocator counters summed over its
-processes, NVML's used and total, and the ``unexplained`` rest. ``vramscope_process_*`` series
-add ``process`` and ``pid`` and keep each server process apart, with its own limit (its
-per-process cap).
+registry of the app's own, so two apps never share series. Labels are bounded by design:
+``host``, ``device``, ``process`` (a name, with its rank), ``pid`` (on the per-process series
+only, which exist while their process runs), ``phase`` and ``source``, plus the identity labels
+of ``vramscope_device_info``; never a request id. Device series are the device's (allocator
+counters summed over its processes, NVML's used and total, the ``unexplained`` rest);
+``vramscope_process_*`` series keep each server process apart. docs/metrics.md, "The
+dashboard's /metrics".
 """
 
 from __future__ import annotations
@@ -54,8 +49,8 @@ DEVICE_GAUGES: tuple[tuple[str, str, str], ...] = (
      "(all pools of the device)."),
     ("vramscope_kv_blocks_capacity", "kv_blocks_total", "KV pool blocks in the pool (all pools "
      "of the device; each server's is vramscope_process_kv_blocks_capacity)."),
-    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens stored in used KV blocks (all pools "
-     "of the device)."),
+    ("vramscope_kv_tokens_used", "kv_tokens_used", "Tokens whose KV the device's processes hold "
+     "for requests in flight (pools' used blocks, or per-request caches)."),
 )
 DEVICE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vramscope_alloc_retries", "num_alloc_retries", "Allocator cache flushes and retries "

@@ -304,23 +304,11 @@ def _short(value: Any, limit: int = 500) -> str | None:
 
 
 def process_parts(window: ProcessWindow) -> dict[str, Any]:
-    """The timeline document's per-process keys (docs/api.md, "The timeline document"):
-
-    - ``processes``: each process with allocator samples in the raw part of the window
-      (by pid: the newest ``PROCESS_SERIES_LIMIT``, ``processes_truncated`` beyond), its
-      ``pid``, ``name``, ``model``, ``rank``, ``label`` and ``process`` (as the Leaks and Risk
-      pages name it), ``ended`` (it sent nothing for ``PROCESS_GONE_S``, the alert engine's
-      "gone", before the device's newest sample in the window: the device went on without
-      it), ``last_ts`` and ``series`` (``allocated_bytes`` / ``reserved_bytes``, each
-      ``{"ts", "min", "max"}`` on the timeline's grid);
-    - ``processes_from``: where those series begin (the window's start, or the device's first
-      raw sample after it); None where none were read;
-    - ``process_pids``: every process known to have sent allocator samples in the window;
-    - ``mixed_processes``: more than one: then ``series``' allocated and reserved bytes are each
-      bucket's range over the processes (its least and greatest sample of any of them), never
-      one process's;
-    - ``mixed_processes_note``: where mixed and a part of the window has no per-process
-      series, why, and what would show them."""
+    """The timeline document's per-process keys (``processes``, ``processes_from``,
+    ``processes_truncated``, ``process_pids``, ``mixed_processes``, ``mixed_processes_note``;
+    each defined in docs/api.md, "The timeline document"). A process is ``ended`` when it sent
+    nothing for ``PROCESS_GONE_S`` (the alert engine's "gone") before the device's newest sample
+    in the window."""
     procs = [_process_entry(s.pid, s.last_ts_s, s.rows, window) for s in window.series]
     mixed = len(window.pids) > 1
     return {"processes": procs, "processes_from": window.from_s,
@@ -330,22 +318,10 @@ def process_parts(window: ProcessWindow) -> dict[str, Any]:
 
 
 def kv_pool_parts(window: ProcessWindow | None) -> dict[str, Any]:
-    """The timeline document's per-pool keys (docs/api.md, "The timeline document"): a
-    process's KV pool is the pool (vLLM and ``KVSource`` keep one a process), so pools of
-    different sizes on one device are told apart by pid, as the allocator's series are.
-
-    - ``kv_pools``: each process with KV samples in the raw part of the window, as
-      ``processes`` has them (``pid``, ``name``, ``label``, ``process``, ``ended``,
-      ``last_ts``), with ``blocks_total`` (its pool's size: the largest in the window) and
-      ``series``: ``kv_blocks_used`` / ``kv_blocks_total`` (``{"ts", "min", "max"}``) and
-      ``kv_used_ratio`` (``{"ts", "max", "used", "total"}``: each bucket's most used blocks
-      over its pool's size, the share of its own pool, so a 63-block pool reads as plainly as
-      a 16,384-block one, with the two counts it is made of);
-    - ``kv_pool_pids``: every process known to have sent KV samples in the window;
-    - ``several_kv_pools``: more than one: the device-wide KV series then mix pools of
-      different sizes (each bucket's largest of any), so the figure draws each pool's share
-      instead;
-    - ``kv_pools_note``: where several and a part of the window has no per-pool series, why."""
+    """The timeline document's per-pool keys (``kv_pools``, ``kv_pool_pids``, ``several_kv_pools``,
+    ``kv_pools_note``; docs/api.md, "The timeline document"): a process's KV pool is the pool
+    (vLLM and ``KVSource`` keep one a process), so pools of different sizes on one device are told
+    apart by pid, and each pool's ``kv_used_ratio`` is the share of its own pool."""
     if window is None:
         return {"kv_pools": [], "kv_pool_pids": [], "several_kv_pools": False,
                 "kv_pools_note": None}

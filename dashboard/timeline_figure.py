@@ -1,38 +1,12 @@
 """The device timeline figure: memory, phases, fragmentation, KV pool and event lanes on one
 time axis, laid out so the problem shows (pure: document in, Plotly figure out).
 
-- **Memory auto-ranges to the data**: allocated, reserved and device used of a server sit in
-  the top tenth of a 0..limit axis, where a leak of a few hundred MiB an hour is invisible.
-  The limit stays one click away ("0 to the limit") and is in view whenever it is close.
-- **The idle floor the leak detector judged on** is drawn with its growth over the window, so
-  a rising floor reads at a glance: the points the stored verdict rows of the process the
-  engine chose as leading the leak question carry (the document's ``floor``, the same the
-  Leaks page draws), never a floor drawn here from the series; with several processes on the
-  device its legend names the process.
-- **Per process, never a mix labelled as one**: several processes on the device are drawn
-  apart (a colour each, ended ones said so in the legend) where raw samples keep their pids;
-  where only the tiers answer, allocated and reserved are a band labelled as the range over
-  the processes (:func:`memory_traces`).
-- **Phases at every span**: exact bands while they are wider than a pixel, else each phase's
-  share per bucket on a lane of its own.
-- **Fragmentation as the risk model uses it**: the ratio is drawn with the warning setting and
-  a note that it warns only when the largest request fits no free block.
-- **Requests at every span**: each request's start and end as markers while they fit, else
-  (a busy or long window, or days whose request events retention deleted) the requests
-  started per minute, from the counts retention keeps.
-- **Counters as steps, gaps as gaps**: KV blocks and running / waiting requests hold their
-  value between samples, so they are drawn as steps (``shape="hv"``), each bucket's peak from
-  its start; where samples stop (an idle vLLM server sends none) the line breaks instead of
-  sloping across the silence (:func:`vramscope.dashboard.timeline.step_points`).
-- **Load beside KV**: running and waiting requests and preemptions, from the vLLM plugin's and
-  the Prometheus source's ``server_load`` / ``kv_preempted`` events, on a lane under the KV
-  pool; prefix-cache hit tokens as vLLM counts them, with a preempted request's re-use of its
-  own blocks stacked apart, on a lane of their own.
-- Lanes a device has no data for (no KV pool, no allocator) take no space.
-
-The trace builders shared with the other figures (``figures._memory_traces`` and friends, with
-their label escaping) are reused, and the serving lanes' traces are ``timeline_serving.py``'s;
-this module decides the layout.
+What each lane shows and why (memory auto-ranged with "0 to the limit" one click away, the
+stored floor the leak detector judged on, a trace per process, phases and requests at every
+span, counters as steps and gaps as gaps): docs/dashboard.md, "Pages". Lanes a device has no
+data for take no space. The trace builders shared with the other figures
+(``figures._memory_traces`` and friends, with their label escaping) are reused, and the
+serving lanes' traces are ``timeline_serving.py``'s; this module decides the layout.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """One verdict per device, decided once, shown everywhere; and whether the data is still live.
 
-The dashboard keeps no domain rules of its own. A device's verdict is what the agent's alert
-engine decided (:mod:`vramscope.agent.alerts`: the causal risk model with its prefill-spike
-allowance, the leak detector, the KV and OOM rules): the worst severity among the device's
-active alerts, with those alerts as its reasons. ``vramscope analyze`` feeds the same records
-through the same engine, so the Overview, ``/api/v1/alerts?active=true`` and the analysis agree.
+The dashboard keeps no domain rules of its own: a device's verdict is what the agent's alert
+engine decided, the worst severity among the device's active alerts with those alerts as its
+reasons; ``vramscope analyze`` runs the same engine, so the Overview,
+``/api/v1/alerts?active=true`` and the analysis agree.
 
-Freshness: a verdict is only as new as the newest sample. An old newest sample is not by
-itself a fault: a vLLM server sends nothing while it has no request, and a host without a GPU
-has no NVML sampler, so an idle server makes no samples. Stale means that whoever should report
-stopped: the agent (its reports, every few seconds, are older than ``stale_after_s``, or there
-are none) or its clients (the agent reports, but no server process is connected). So the state
-is one of ``no_data``, ``live`` (a sample within ``stale_after_s``), ``idle`` (no new sample,
-but the agent reports and a client is connected), ``catching_up`` (no new sample of *now*, but
-the agent is writing rows: history being written, as ``vramscope demo`` does before it reaches
-the present) and ``stale``, where every page says so in a banner and drops "live": the values,
-verdicts and alerts are as of then, not now.
+Freshness: an old newest sample is not by itself a fault (an idle vLLM server sends nothing).
+Stale means that whoever should report stopped: the agent, or its clients. The states
+(``no_data``, ``live``, ``idle``, ``catching_up``, ``stale``) are defined in docs/api.md
+(``/freshness``); when stale every page says so in a banner and drops "live".
 """
 
 from __future__ import annotations

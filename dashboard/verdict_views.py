@@ -1,13 +1,11 @@
 """The Leaks and OOM risk views: the alert engine's stored verdicts for a window, beside the
-series a chart draws.
+series a chart draws (docs/dashboard.md, "Verdicts come from the store; figures from the
+tiers").
 
-Nothing here decides. The answers (leak state, slope, first detection; risk level, time to OOM
-with its range, cause) are the rows the engine wrote as it evaluated every record
-(:mod:`vramscope.agent.store.verdicts`: the live agent, ``import``): a window's answer is each
-process's newest verdict at or before the window's end, and its history in the window draws
-the forecast. The floor drawn is the one the leading process's detector judged on, carried by
-its stored rows (``verdicts.judged_floor``); the headroom line is a downsampled series, drawn,
-never judged.
+Nothing here decides: a window's answer is each process's newest stored verdict at or before
+the window's end, and its history in the window draws the forecast. The floor drawn is the one
+the leading process's detector judged on (``verdicts.judged_floor``); the headroom line is a
+downsampled series, drawn, never judged.
 """
 
 from __future__ import annotations

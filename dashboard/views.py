@@ -2,13 +2,11 @@
 leak make-up: the bridge from the store to ``vramscope.agent.analysis`` and
 ``vramscope.agent.estimate``.
 
-The verdicts (leak, OOM risk, per process, alerts) are not made here, and no alert engine
-runs here: they are the alert engine's stored verdicts and the alerts the agent stored
-(:mod:`vramscope.agent.store.verdicts`; the Leaks and OOM-risk views are in
-:mod:`vramscope.dashboard.verdict_views`). The analysis document's summaries (phases,
-fragmentation, KV peaks, OOMs: ``analysis.report.summaries_document``) are made from the
-records the store's reader gives for the window (:func:`vramscope.agent.store.reader.records`:
-bounded, from the tier it chose, named in ``tier``).
+No verdict is made and no alert engine runs here: verdicts and alerts are the ones the agent
+stored (the Leaks and OOM-risk views are :mod:`vramscope.dashboard.verdict_views`). The analysis
+document's summaries are made from the records the store's reader gives for the window
+(:func:`vramscope.agent.store.reader.records`: bounded, from the tier it chose, named in
+``tier``).
 """
 
 from __future__ import annotations

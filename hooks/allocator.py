@@ -1,21 +1,13 @@
 """The caching-allocator counter source: one device's torch allocator counters as a ``Sample``.
 
-``torch.cuda.memory_stats()`` holds the GIL while Python flattens a nested dict of ~120 entries
-into ``"allocated_bytes.all.current"`` keys and sorts them, on every call. The binding beneath
-it, ``torch._C._cuda_memoryStats(device)``, returns the same counters as the nested dict
-straight from C++; we read the eight counters we need from it and skip the flattening.
-``choose_binding`` picks the cheapest binding the installed torch has and
-``tools.bench.hooks`` measures it against ``memory_stats()`` side by side.
-
-Counter contract (all ints >= 0, read at one instant under the allocator's lock):
-
-    allocated       allocated_bytes.all.current   bytes handed to tensors
-    allocated_peak  allocated_bytes.all.peak      since start or the last reset_peak_memory_stats
-    reserved        reserved_bytes.all.current    bytes held from the driver
-    active          active_bytes.all.current      allocated + blocks waiting on other streams
-    inactive_split  inactive_split_bytes.all.current  free bytes inside partly used segments
-    requested       requested_bytes.all.current   what callers asked for (before rounding)
-    num_alloc_retries, num_ooms                   cumulative
+``torch.cuda.memory_stats()`` holds the GIL while Python flattens and sorts a nested dict of
+~120 entries on every call; the binding beneath it, ``torch._C._cuda_memoryStats(device)``,
+returns the same counters straight from C++, so we read the eight we need from it
+(``choose_binding`` picks the cheapest the installed torch has; docs/hooks.md, "Allocator
+counters"). All counters are ints >= 0 read at one instant under the allocator's lock:
+``allocated_bytes``, ``reserved_bytes``, ``active_bytes``, ``inactive_split_bytes`` and
+``requested_bytes`` (``.all.current``), the allocated peak (``.all.peak``), and the cumulative
+``num_alloc_retries`` and ``num_ooms``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The in-server client: ships records to the agent's socket without ever harming the server.
 
 ``put`` takes no lock: it appends to a ``deque(maxlen=buffer_records)`` (atomic in CPython; a
-full deque drops its oldest record) and then ticks an ``itertools.count`` (atomic too: C code
-that never releases the GIL). Drops are counted from that, not in ``put``: every record put is
-either still buffered, taken by the drain thread, or pushed out, so pushed out = put - taken -
-buffered. The drain thread's side (taking, and reading the counts) shares one lock; ``put``
-never waits for it. A put between its append and its tick is not counted yet, so the drop
-count can lag by the puts in progress, never run ahead of the truth (see ``dropped_total``);
-it is exact whenever no put is in progress. A daemon thread drains the buffer in
-batches to the agent (protocol v1, ``vramscope.agent.ingest.protocol``). When the agent is absent,
-slow
-(a send that does not finish in ``send_timeout_s``) or restarting, the thread drops what it
-cannot send, counts it, and reconnects with exponential backoff; the server thread never waits
-and never sees an exception. After reconnecting it sends a ``dropped`` message with the count
-the agent missed, and logs one line (one when the agent goes away, one when it comes back).
-
-Memory is bounded by ``buffer_records`` records plus one batch in flight.
+full deque drops its oldest record) and then ticks an ``itertools.count`` (atomic too). Drops
+are counted from that, not in ``put``: pushed out = put - taken - buffered, so the count can lag
+by the puts in progress, never run ahead of the truth (see ``dropped_total``). A daemon thread
+drains the buffer in batches to the agent (protocol v1); when the agent is absent, slow or
+restarting it drops what it cannot send, counts it, reconnects with exponential backoff and
+then reports the count in a ``dropped`` message; the server thread never waits and never sees
+an exception. Memory is bounded by ``buffer_records`` records plus one batch in flight.
+docs/agent.md, "The hook client (inside the server)".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Who this server process is in a distributed job: its rank, local rank and world size.
 
 Tensor- and pipeline-parallel servers run one process per GPU; the agent names each by rank
-(the processes table, the ``process`` label ``<name>/rank<N>`` of ``/metrics``), so a leak or
-an OOM risk on one rank says which. The rank comes from ``torch.distributed`` once it is
-initialized (vLLM's and SGLang's workers initialize it themselves, often after ``install()``),
-else from the variables launchers set: torchrun's ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``,
-Open MPI's ``OMPI_COMM_WORLD_*``, MPICH/PMI's ``PMI_RANK`` / ``PMI_SIZE``, Slurm's
-``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``.
-
-:class:`RankWatch` is a sampler task: it sends one ``process_rank`` event when the rank is
-known and again only if it changes; the store keeps the rank on the process's row. Never raises.
+(``<name>/rank<N>``), so a leak or an OOM risk on one rank says which. The rank comes from
+``torch.distributed`` once it is initialized (vLLM's and SGLang's workers initialize it
+themselves, often after ``install()``), else from the launchers' variables (torchrun, Open
+MPI, MPICH/PMI, Slurm; docs/agent.md, "Ranks"). :class:`RankWatch` is a sampler task: it sends
+one ``process_rank`` event when the rank is known and again only if it changes. Never raises.
 """
 
 from __future__ import annotations

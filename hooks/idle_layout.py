@@ -1,32 +1,17 @@
 """The allocator's layout at idle points: what a leak's make-up is computed from.
 
 A rising idle floor says *that* memory leaks; the operator's next question is *what* holds it.
-Today they diff two ``torch.cuda.memory._snapshot()`` pickles by hand. ``IdleLayoutSource``
-takes the light snapshot (segments only, no history dump) at an idle point (the phase just
-entered ``idle``: no request in flight) and puts a ``memory_layout`` event: a compact summary of
-the segments and of the live blocks, grouped. ``vramscope.agent.analysis.makeup`` diffs two of
-them.
-
-The ``memory_layout`` event's data (trace format v1, docs/trace-format.md):
-
-- ``segments``, ``reserved_bytes``, ``allocated_bytes``: totals of this device;
-- ``segment_groups``: ``[segment_size, stream, count, allocated_bytes]`` per (size, stream);
-- ``block_groups``: ``[block_size, stream, count, phase, stack]`` per live (``active_allocated``)
-  block size, stream, phase (when the block carries the ``vramscope.phase=`` stamp, else
-  ``null``) and stack (an index into ``stacks``, or ``null`` when allocation history is off);
-- ``stacks``: each ``["file:line:function", ...]``, innermost first, torch's own frames dropped;
-- ``dropped_groups``: groups left out past ``MAX_GROUPS`` or the size bound (the smallest by bytes);
-  ``dropped_bytes``: the live-block bytes in the block groups left out;
-- ``cublas_workspace_bytes``: the workspace size ``CUBLAS_WORKSPACE_CONFIG`` asks for, or ``null``
-  when it is unset (torch's default then applies: 32 MiB on Hopper, 8 MiB + 128 KiB before);
-- ``cost_s``: what the snapshot and the summary cost, on the sampler thread.
+``IdleLayoutSource`` takes the light snapshot (segments only, no history dump) at an idle point
+(the phase just entered ``idle``: no request in flight) and puts a ``memory_layout`` event, a
+compact summary of the segments and of the live blocks, grouped (its fields:
+docs/trace-format.md, "memory_layout"); ``vramscope.agent.analysis.makeup`` diffs two of them.
 
 Bounded: at most ``MAX_GROUPS`` groups of each kind and ``MAX_STACKS`` stacks of ``MAX_FRAMES``
-frames of at most ``MAX_FRAME_CHARS`` characters, so one event stays under ``MAX_EVENT_BYTES`` as
-JSON however many segments there are (the ingest refuses event data over 64 KiB, and with it the
-client's whole batch). At most one
-per ``min_interval_s`` (``sampling.snapshot_interval_s``), doubled while one costs more than
-``max_cost_s``. The summary is a pure function of the segments (``layout_summary``).
+frames of at most ``MAX_FRAME_CHARS`` characters, so one event stays under ``MAX_EVENT_BYTES``
+as JSON however many segments there are (the ingest refuses event data over 64 KiB, and with
+it the client's whole batch). At most one per ``min_interval_s``
+(``sampling.snapshot_interval_s``), doubled while one costs more than ``max_cost_s``. The
+summary is a pure function of the segments (``layout_summary``).
 """
 
 from __future__ import annotations

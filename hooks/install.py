@@ -2,27 +2,15 @@
 
 One call, safe to repeat (the second returns the first report), undone by ``uninstall()``. It
 never raises into the server: a missing torch, a CPU-only build, no GPU, no NVML, an older torch
-without an API, a bad config file or a missing agent each become a line of the report.
+without an API, a bad config file or a missing agent each become a line of the report. What it
+turns on (phases, the allocator sampler, snapshots, the OOM observer and history, phase
+stamping) and where records go: docs/hooks.md.
 
-What it turns on, each where the environment allows:
-
-- phase tracking (always): ``phase()`` / ``set_phase()`` events to the sink;
-- the allocator sampler: a daemon thread reading each device's counters every
-  ``sampling.allocator_interval_s`` (``vramscope.hooks.allocator``);
-- fragmentation snapshots every ``sampling.snapshot_interval_s`` (``vramscope.hooks.snapshot``);
-- the OOM observer (``vramscope.hooks.oom``) and, when ``hooks.history`` is not ``off``, allocation
-  history with a bounded ``hooks.history_max_entries``;
-- phase stamping through ``torch.cuda.memory._set_memory_metadata``.
-
-Records go to ``sink=`` if given; else to ``vramscope.hooks.client.make_default_sink`` (the
-socket client to a sidecar agent). ``uninstall()`` (which an exiting interpreter runs through
-``atexit``: a normal exit, ``sys.exit``, an unhandled exception such as a CUDA OOM; never a
-killed process) says the process exits: one ``process_exit`` event per device it sent samples
-of, after the sampler stopped, through the same sink, so the agent ends the process at once
-instead of after a minute of silence. The hooks never start an agent: embedded mode composes from
-the agent side (``vramscope.install_embedded(config)`` starts one and passes its sink here).
-Nothing touches CUDA before the server does: reads and observers that need an initialized CUDA
-wait for it (``torch.cuda._lazy_call``).
+``uninstall()`` (run by ``atexit`` too: never for a killed process) sends one ``process_exit``
+event per device after the sampler stopped, so the agent ends the process at once instead of
+after a minute of silence. The hooks never start an agent (embedded mode composes from the
+agent side), and nothing touches CUDA before the server does: reads and observers that need an
+initialized CUDA wait for it (``torch.cuda._lazy_call``).
 """
 
 from __future__ import annotations

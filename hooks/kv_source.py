@@ -1,27 +1,16 @@
 """vramscope's own KV pool observer: turns pool activity into records for a ``RecordSink``.
 
-Records it makes (trace format v1, ``source="kv"``):
-
-- ``Sample`` with ``kv_blocks_used``, ``kv_blocks_total``, ``kv_blocks_cached`` and
-  ``kv_tokens_used``, at most one per ``sample_interval_s`` while the pool is active (counters
-  are sampled at a rate, never per event; the rate runs on the events' own wall-clock reading,
-  and a clock set back makes the next sample due at once), and on demand from ``read()``;
-- ``Event`` ``kv_alloc`` (``request_id``; ``blocks``, ``tokens``, ``hit_tokens``; and, only
-  with ``extend_events=True``, one with ``extend: true`` each time a growing request takes new
-  blocks: one per ``block_size`` decoded tokens per request, which the rate samples already
-  show as ``kv_blocks_used``; without it the pool does not call ``on_extend`` at all),
-  ``kv_free`` (``request_id``;
-  ``blocks_released``, ``blocks_cached``), ``kv_alloc_failed`` (``request_id``; ``tokens``,
-  ``reason``) and ``kv_orphaned_blocks`` (``blocks``, ``block_ids``, ``owners``, ``problems``,
-  ``bytes_per_block``) when the bookkeeping check finds a leak or a broken invariant.
-
-Events with equal ``kv_free`` data, or equal extend data, share one ``data`` dict (a
+It makes (trace format v1, ``source="kv"``) rate-limited ``Sample``s of the pool's counters
+(at most one per ``sample_interval_s``, on the events' own clock; a clock set back makes the
+next one due at once) and ``kv_alloc``, ``kv_free``, ``kv_alloc_failed`` and
+``kv_orphaned_blocks`` events (docs/kvpool.md, "Observer"). ``extend_events=True`` adds a
+``kv_alloc`` with ``extend: true`` each time a growing request takes new blocks; without it the
+pool does not call ``on_extend`` at all. Events with equal data share one ``data`` dict (a
 bounded memo): like every record's data it is read-only once put.
 
-The check runs by itself when a free leaves the pool with no requests (at most once per
-``check_interval_s``): the moment SGLang's idle leak check runs. ``check(live_request_ids)``
-runs it on demand with the server's view of the live requests.
-The sink's ``put`` never blocks or raises, so neither does this observer.
+The bookkeeping check runs by itself when a free leaves the pool with no requests (at most once
+per ``check_interval_s``: the moment SGLang's idle leak check runs), and on demand through
+``check(live_request_ids)``. The sink's ``put`` never blocks or raises, so neither does this.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The OOM observer: at an allocator OOM, a compact ``PostMortem`` of what held the memory.
 
-Registered through ``torch._C._cuda_attach_out_of_memory_observer``. The allocator calls it with
-``(device, alloc_size, device_limit, device_free)`` after releasing its lock and before raising
-``OutOfMemoryError`` into the server, so what it sees is the memory exactly as it was when the
-allocation failed. Torch has no way to detach an observer: ``uninstall`` disables ours instead.
-
-Rules: it never raises (one log line, then silence); at most one post-mortem per
-``min_interval_s`` (a server retrying in a loop would otherwise snapshot on every try); the
-record is bounded (``MAX_HOLDERS`` holders of ``MAX_FRAMES`` frames, ``MAX_SEGMENTS`` segments);
-the snapshot is the segments-only one, never the history dump, unless a snapshot directory is
-configured: only then is the full snapshot taken (seconds with a long history: the price of
-asking for it), pickled for ``pytorch.org/memory_viz``, and its history used to give each top
-holder the phase ``_set_memory_metadata`` stamped on its allocation.
-
-``build_postmortem`` is a pure function of the snapshot's segments, so tests feed recorded ones.
+Registered through ``torch._C._cuda_attach_out_of_memory_observer``, it is called after the
+allocator released its lock and before ``OutOfMemoryError`` is raised into the server, so it
+sees the memory exactly as it was when the allocation failed; torch cannot detach it, so
+``uninstall`` disables ours. It never raises (one log line, then silence), makes at most one
+post-mortem per ``min_interval_s``, bounds the record (``MAX_HOLDERS`` holders of
+``MAX_FRAMES`` frames, ``MAX_SEGMENTS`` segments) and takes the segments-only snapshot unless a
+snapshot directory is configured (docs/hooks.md, "OOM post-mortem"). ``build_postmortem`` is a
+pure function of the snapshot's segments, so tests feed recorded ones.
 """
 
 from __future__ import annotations

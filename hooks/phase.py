@@ -2,22 +2,17 @@
 
 The phase is process-wide on purpose: the sampler that tags samples with it runs on its own
 thread, so a thread-local or a context variable would always read "unknown" there. Every
-transition is an ``Event`` named ``phase`` (``phase`` = the phase entered) that also closes the
-span of the phase that ended: its duration, its steps and token counts, and its peak.
+transition is an ``Event`` named ``phase`` that also closes the span of the phase that ended
+(its duration, steps, tokens and peak; docs/hooks.md, "Phases and true per-phase peaks").
 
-Per-phase peaks without disturbing the server (the default, "observe" mode): at each boundary we
-read ``allocated_bytes.all.peak`` and never reset it. If the peak counter rose during the span,
-the new peak was reached inside the span, so it *is* the span's true peak (``ended_peak_exact``
-true). If it did not rise, the span stayed below an earlier high; we then report the largest
-allocated value seen at the boundaries and by the sampler, flagged ``ended_peak_exact: false``
-(a lower bound). The server's own ``max_memory_allocated()`` keeps meaning what it always meant.
-
-``use_peak_resets(True)`` ("reset" mode) calls ``reset_peak_memory_stats`` at every boundary, so
-every span's peak is exact, at the price the server pays: its ``max_memory_allocated()`` then
-covers only the current phase. ``process_peak_allocated_bytes()`` keeps the whole-process peak.
-
-Where the torch has ``torch.cuda.memory._set_memory_metadata``, each transition stamps
-``vramscope.phase=<phase>`` there, so allocation history and post-mortems carry the phase.
+Peaks without disturbing the server ("observe" mode, the default): at each boundary we read
+``allocated_bytes.all.peak`` and never reset it; if it rose during the span it *is* the span's
+peak (``ended_peak_exact`` true), else the span's largest seen allocated value is a lower bound
+(``ended_peak_exact: false``), and the server's ``max_memory_allocated()`` keeps its meaning.
+``use_peak_resets(True)`` ("reset" mode) resets at every boundary: every peak exact, at the
+price of the server's ``max_memory_allocated()``. Where torch has
+``torch.cuda.memory._set_memory_metadata``, each transition stamps ``vramscope.phase=<phase>``
+there, so allocation history and post-mortems carry the phase.
 """
 
 from __future__ import annotations

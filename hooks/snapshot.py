@@ -1,19 +1,11 @@
 """Fragmentation from an allocator snapshot: largest free block, external fragmentation, waste.
 
-Pure functions over the snapshot's segment dicts (the ``Segment`` / ``Block`` TypedDicts in the
-docstring of ``torch.cuda.memory._snapshot``), so tests feed recorded dicts. Split as
-``torch/cuda/_memory_viz.py``'s ``segsum`` splits a segment:
-
-- allocated: ``requested_size`` of ``active_allocated`` blocks (what tensors asked for);
-- internal waste: ``size - requested_size`` of those blocks (allocator rounding);
-- external free: the other blocks (``inactive`` and ``active_awaiting_free``).
-
-Only ``inactive`` blocks can be handed out now, so the largest free block and external
-fragmentation use them: ``external_fragmentation_ratio = 1 - largest inactive / all inactive``
-(0 when the free memory is one hole, ``None`` when there is none).
-
-``SnapshotSource`` takes the lightest snapshot the installed torch offers (no trace entries) at a
-low rate, records what each cost, and spaces them out when one costs more than allowed.
+Pure functions over the snapshot's segment dicts (so tests feed recorded ones), split as
+``torch/cuda/_memory_viz.py``'s ``segsum`` splits a segment; only ``inactive`` blocks can be
+handed out now, so the largest free block and ``external_fragmentation_ratio = 1 - largest
+inactive / all inactive`` use them (docs/hooks.md, "Fragmentation snapshots").
+``SnapshotSource`` takes the lightest snapshot the installed torch offers at a low rate, records
+what each cost, and spaces them out when one costs more than allowed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ guarded so that a missing one turns that part off instead of failing:
     ``model.generate`` is wrapped on the instance (one request per call) and a forward pre-hook
     on the model tags each forward pass made inside it: the first is prefill, the rest decode
     (assisted decoding's verification passes count as decode). Token counts: prefill carries
-    ``input_ids.numel()``, a decode step one token per row.
+    ``input_ids.numel()``, a decode step one token per row. The KV tokens each call's cache
+    holds (``rows × (past_key_values.get_seq_length() + new)``) are reported in
+    ``kv_tokens_used`` (``vramscope.hooks.generate_kv``): a per-request cache has no pool.
 
 continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
     One packed step mixes prefilling and decoding requests and its input is always longer than
@@ -38,6 +40,7 @@ from typing import Any
 
 from vramscope.agent.records import Phase
 from vramscope.hooks import phase as phase_mod
+from vramscope.hooks.generate_kv import GenerateTokens
 from vramscope.hooks.sink import RecordSink
 from vramscope.hooks.transformers_kv import observe_paged_attention_cache, weak_method
 
@@ -87,9 +90,13 @@ def classify_step(scheduled: Iterable[Any] | None,
 class TransformersHandle:
     """What ``attach_transformers`` hooked; ``detach()`` undoes it. ``hooks`` names each part."""
 
-    def __init__(self, model: Any, sink: RecordSink | None) -> None:
+    def __init__(self, model: Any, sink: RecordSink | None,
+                 kv_sample_interval_s: float = 0.5) -> None:
         self.model = model
         self.sink = sink
+        # the KV tokens generate()'s calls hold (their per-request caches)
+        self.kv_tokens = GenerateTokens(self._sink, _device_index(model), kv_sample_interval_s,
+                                        phase_mod.current_phase)
         self.hooks: list[str] = []
         self.missing: list[str] = []
         self.steps = 0
@@ -101,6 +108,9 @@ class TransformersHandle:
         # Requests whose start was put, until their end; bounded like phase's in-flight set (a
         # call that raised mid-way never finishes its requests).
         self._seen_requests: dict[str, None] = {}
+
+    def _sink(self) -> RecordSink | None:
+        return self.sink if self.sink is not None else phase_mod.active_sink()
 
     def detach(self) -> None:
         self._per_call.restore_all()
@@ -123,6 +133,7 @@ class TransformersHandle:
                 return original(*args, **kwargs)
             finally:
                 local.request_id, local.pending_prefill = outer, False
+                _guarded(self.kv_tokens.finished, rid)
                 _guarded(phase_mod.request_finished, rid)
                 # idle only when no other thread's request is still in flight: a server
                 # answering requests from several threads is not idle between two of them
@@ -145,6 +156,7 @@ class TransformersHandle:
                 phase_mod.set_phase(Phase.PREFILL, rid, prefill_tokens=rows * length)
             else:
                 phase_mod.set_phase(Phase.DECODE, rid, decode_tokens=rows)
+            self.kv_tokens.forward(rid, rows, length, kwargs.get("past_key_values"))
         except Exception:
             pass  # never into the model's forward
         return None
@@ -248,18 +260,20 @@ class TransformersHandle:
             self.missing.append(part)
 
 
-def attach_transformers(model: Any, sink: RecordSink | None = None) -> TransformersHandle:
+def attach_transformers(model: Any, sink: RecordSink | None = None, *,
+                        kv_sample_interval_s: float = 0.5) -> TransformersHandle:
     """Tag phases for ``model.generate()`` and continuous batching; returns a handle to detach.
 
     ``sink`` receives the KV pool view of continuous batching
-    (``vramscope.hooks.transformers_kv``); when
+    (``vramscope.hooks.transformers_kv``) and the KV tokens ``generate()``'s calls hold (at
+    most one sample per ``kv_sample_interval_s``, and one as each call ends); when
     ``install()`` has not run, phase events go to it too.
     """
     from vramscope.hooks.install import installed
 
     if sink is not None and not installed():
         phase_mod.configure(sink=sink)
-    handle = TransformersHandle(model, sink)
+    handle = TransformersHandle(model, sink, kv_sample_interval_s)
     if callable(getattr(model, "generate", None)):
         _set_instance_attr(model, "generate", handle._generate_wrapper(model.generate),
                            handle._undo)
@@ -358,6 +372,15 @@ def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, in
     if not shape:
         return 1, 1
     return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
+
+
+def _device_index(model: Any) -> int:
+    """The model's CUDA device index (the torch samples' ``device``), 0 on the CPU."""
+    try:
+        index = getattr(getattr(model, "device", None), "index", None)
+    except Exception:
+        return 0
+    return index if isinstance(index, int) else 0
 
 
 def _name(fn: Callable[..., Any]) -> str:

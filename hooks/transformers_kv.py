@@ -3,28 +3,11 @@
 transformers preallocates one pool for the KV cache (by default most of the free GPU memory),
 so torch's counters stay flat while the pool fills: the KV view must come from the pool itself.
 ``observe_paged_attention_cache(cache, sink)`` wraps a few methods *on that cache instance* and
-puts the same records as vramscope's own pool (``vramscope.hooks.kv_source``): ``kv_alloc`` (first
-blocks of a request, with ``hit_tokens`` from prefix sharing), ``kv_free``, ``kv_alloc_failed``
-(once per waiting request), ``kv_orphaned_blocks`` (blocks still used when no request holds a
-block table: the idle leak check; on the block-manager layout also while requests run, blocks
-used that no block table holds, at most once a second), and rate-limited ``Sample``s with
-``kv_blocks_used``, ``kv_blocks_total``, ``kv_blocks_cached`` and ``kv_tokens_used``.
-
-Two internal layouts are known, read from the installed sources:
-
-- **block manager** (transformers 5.17 on the GPU machine): ``allocate_blocks(n_blocks,
-  request_id, allocated_blocks)``, ``free_blocks(request_id)``, ``get_num_free_blocks()`` (it
-  counts cached "initialized" blocks as free: ``_block_manager._init_block_ids``),
-  ``group_cache_managers[i].block_table``;
-- **cache allocators** (5.24): sectors shared by ``cache_allocators[attn_type]``, each with a
-  ``block_table`` and a ``ledger.cached_blocks``; ``can_store_request_tokens(state,
-  request_len, dry_run)`` allocates, ``compute_free_capacity(relative=False)`` gives free bytes.
-
-Both have ``search_prefix_match(request_id, prompt_ids)`` (prefix hits, in tokens) and
-``extend_read_and_write_indices`` / ``fill_block_table(request_id, past_length, query_length,
-...)``, from which each request's token count is read. When a cache has neither layout, or a
-wrapped call finds something unexpected later, the view turns off with one log line and the
-cache keeps working untouched.
+puts the same records as vramscope's own pool (``vramscope.hooks.kv_source``). Two internal
+layouts are known, read from the installed sources: the **block manager** (transformers 5.17)
+and the **cache allocators** (5.24); which methods each wraps: docs/kvpool.md, "transformers".
+When a cache has neither layout, or a wrapped call finds something unexpected later, the view
+turns off with one log line and the cache keeps working untouched.
 """
 
 from __future__ import annotations

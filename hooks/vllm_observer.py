@@ -1,29 +1,15 @@
 """The vLLM observer: the class patches ``hooks/vllm_plugin.py`` lists and the records they make.
 
-KV samples (``source="kv"``) at step boundaries: right after ``Scheduler.update_from_output``
-(the moment vLLM's own stats read the pool for ``vllm:kv_cache_usage_perc``), at every boundary
-where the pool's used or cached block count changed since the last sample (so the stored line
-is vLLM's gauge step by step; an unchanged pool costs a comparison), at least every
-``sampling.kv_interval_s`` while busy even when unchanged (a held value is drawn as held, not
-as a gap), never two closer than ``sampling.kv_min_interval_s`` (the flood bound, 1 ms by
-default: at most 1,000 a second per engine and as many step peaks, a fifth of the agent's
-default per-client cap ``agent.client_max_rows_per_s``, however fast an engine steps; a
-change within it is sampled at the next boundary after it), plus one whenever the engine
-goes idle. Each step's peak (its pool right after ``schedule()``, before its finished
-requests free their blocks) is kept between samples: when the highest since the previous
-sample is above the boundary's value, it is recorded too, at its own time. (Without
-``update_from_output``, samples are taken after ``schedule()``.) ``kv_blocks_total`` is the
-pool without vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly
-vLLM's ``kv_cache_usage``; ``kv_blocks_cached`` the count above. With a sample, a
-``server_load`` event (``running``, ``waiting``: the scheduler's queues, the same event the
-Prometheus source makes from ``vllm:num_requests_running`` / ``_waiting``) when either count
-changed, at most once a second (``LOAD_INTERVAL_S``) but always on going idle; at most every
-``TOKENS_EVERY_S`` (and on going idle) a ``tokens`` event (``prompt_tokens``,
-``generation_tokens``: those of the requests finished since ``since_s``, as vLLM counts them in
-``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``; the same event the Prometheus
-source makes from those counters; a request's tokens are counted when it ends, vLLM's as they
-are computed). Evictions since
-the previous step are one ``kv_evicted`` event (``blocks``) per step.
+KV samples (``source="kv"``) at step boundaries (right after ``Scheduler.update_from_output``,
+where vLLM's own stats read the pool; after ``schedule()`` without it): whenever the pool's used
+or cached block count changed, at least every ``sampling.kv_interval_s`` while busy, never two
+closer than ``sampling.kv_min_interval_s`` (the flood bound), and once on going idle; a step's
+peak above the boundary's value is recorded too, at its own time. ``kv_blocks_total`` excludes
+vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly vLLM's
+``kv_cache_usage``. Beside them: ``server_load`` when the queues change (at most every
+``LOAD_INTERVAL_S``, always on going idle), ``tokens`` at most every ``TOKENS_EVERY_S``, one
+``kv_evicted`` per step with evictions. Why each rule: docs/vllm.md, "When the plugin looks, and
+how that relates to /metrics".
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
 block; the per-request state is request-id strings, dropped at ``kv_free`` / ``request_end``.

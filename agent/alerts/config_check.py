@@ -1,18 +1,14 @@
 """The OOM a configuration makes possible: the ``[server]`` section against each device's limit.
 
-A prefill-spike OOM (one 16 × 16,000-token prompt after a flat floor) gives no warning in any
-memory trend: the floor is flat until the request arrives. The server's own limits say it in
-advance: when the worst request they admit (every admitted sequence at the longest length, in
-one forward unless ``max_num_batched_tokens`` chunks it) needs more than the limit, the OOM is
-only waiting for that request. This module turns the ``server.*`` settings into the estimator's
-:func:`~vramscope.agent.estimate.admission_check` (weights + overhead + KV + activations) and
-says which limit to lower, by the setting's name and vLLM's flag, and to what.
-
-The alert engine runs :class:`LimitCheck` per device against the limit the risk model uses (an
-allocator's per-process cap wins over NVML's device total) and raises ``config_oom`` when the
-worst request cannot fit; the agent logs the check once at start-up against NVML's totals; the
-OOM risk page shows it. :func:`server_from_config` reads the model's ``config.json`` (the edge,
-at start-up); everything else here is pure.
+A prefill-spike OOM gives no warning in any memory trend: the floor is flat until the request
+arrives. The server's own limits say it in advance: when the worst request they admit needs
+more than the limit, the OOM is only waiting for that request. This module turns the
+``server.*`` settings into the estimator's :func:`~vramscope.agent.estimate.admission_check`
+and says which limit to lower, by the setting's name and vLLM's flag, and to what
+(docs/alerts.md, "config_oom"). The alert engine runs :class:`LimitCheck` per device against
+the risk model's limit; the agent logs the check once at start-up against NVML's totals.
+:func:`server_from_config` reads the model's ``config.json`` (the edge, at start-up);
+everything else here is pure.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""What the webhook sends next: alert changes by severity, coalesced and damped per alert
-(docs/alerts.md, "Delivery").
+"""What the webhook sends next: alert changes by severity, coalesced and damped per alert.
 
-One receiver that hung while a user rule flapped on 16 devices once filled a first-in
-first-out queue of 1,000 changes in 75 s: an OOM alert fired after that was dropped, one fired
-before waited behind 850 changes sent one per timeout. Here:
-
-- **coalesced**: an alert (rule, device, host) has at most one pending state, its newest; a
-  newer change replaces it (counted in ``coalesced``), and a state the receiver already holds
-  is not sent again. The news that a critical alert fired is kept ahead of its newer states,
-  so a critical alert is never coalesced away;
-- **by severity**: the next change sent is the most severe pending one, the oldest first
-  among equals, so a critical alert never waits behind warnings;
-- **damped**: an alert is delivered at most ``max_per_hour`` times an hour; a change beyond
-  that waits (its newer states replacing it) until the hour allows one more, so the state at
-  the end is always delivered. A critical alert firing while the receiver holds it resolved is
-  never held;
-- **bounded**: beyond ``max_changes`` pending alerts the oldest of the lowest severity is
-  dropped and counted in ``dropped``; critical ones are never dropped (there are at most
-  rules x devices x hosts of them).
+A first-in first-out queue once let one flapping user rule on a hung receiver delay and drop
+an OOM alert. Here pending changes are coalesced per alert (rule, device, host: its newest
+state, the news that a critical alert fired kept ahead), sent most severe first, damped to
+``max_per_hour`` deliveries an alert (the state at the end always delivered; a critical alert
+firing is never held), and bounded by ``max_changes`` (the oldest of the lowest severity
+dropped; critical ones never). docs/alerts.md, "Delivery".
 
 Not thread-safe: the webhook sink holds its lock around every call.
 """

@@ -2,16 +2,10 @@
 
 The same :class:`AlertEngine` runs live in the agent's writer thread and offline in
 ``vramscope analyze``; it depends only on the records it is fed (never on a clock), so both give
-identical alerts. Per device it keeps a :class:`~vramscope.agent.alerts.device.DeviceAnalysis`
-(the analysis models of ``vramscope.agent.analysis``: risk, leak, KV, per process), and after
-every sample (or OOM / orphaned-block event) that changed what a rule reads (``metrics.py``)
-evaluates each rule:
-
-- ``pending`` when the condition first holds; ``fired`` once it has held ``for`` seconds;
-- an active alert ``resolved`` once the value is past the rule's ``clear`` threshold (or no
-  longer breaches the threshold) and has stayed there ``clear_for`` seconds.
-
-What the engine returns (:class:`AlertChange`) goes to the sinks of
+identical alerts. Per device it keeps a :class:`~vramscope.agent.alerts.device.DeviceAnalysis`,
+and after every record that changed what a rule reads (``metrics.py``) evaluates each rule:
+``pending``, ``fired`` after ``for``, ``resolved`` past ``clear`` for ``clear_for``
+(docs/alerts.md, "Evaluation"). The :class:`AlertChange` it returns goes to the sinks of
 :mod:`vramscope.agent.alerts.sinks`; the engine itself does no I/O.
 """
 

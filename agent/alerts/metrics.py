@@ -2,16 +2,12 @@
 what changes it and how it is read from a device's state (docs/architecture.md, "Add an alert
 rule").
 
-A rule names a metric: a sample field as it is, or one derived here from the analysis models
-(:data:`DERIVED`). :func:`getter_for` reads its value from a :class:`~vramscope.agent.alerts.
-device.DeviceAnalysis`; the input bits say which records can change it, so that the engine
-evaluates a rule again only after one did (``engine.py``); the unit says how its value is
-written (``rules.format_value``); the meaning is what ``rules.py`` validates names against and
-docs/alerts.md lists. ``tests/agent/test_alert_metrics.py`` checks that every metric the rules,
-the engine and the Prometheus rules name resolves here or in the sample fields.
-
-Light to import (no engine, no config check): ``rules.py``, which the dashboard reads for
-``format_value``, takes its names from here.
+A rule names a sample field or a metric derived here (:data:`DERIVED`); :func:`getter_for`
+reads it from a :class:`~vramscope.agent.alerts.device.DeviceAnalysis`, the input bits say
+which records can change it (the engine evaluates a rule again only after one did), the unit
+says how it is written (``rules.format_value``). ``tests/agent/test_alert_metrics.py`` checks
+that every metric the rules, the engine and the Prometheus rules name resolves here. Light to
+import: ``rules.py``, which the dashboard reads, takes its names from here.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The config's alert rules as a Prometheus alerting-rules file (``vramscope export
 prometheus-rules``).
 
-Each rule of :func:`vramscope.agent.alerts.rules.parse_rules` (the built-ins with the ``alerts.*``
-thresholds, plus ``[[alerts.rules]]``) becomes one Prometheus alert over the series vramscope
-exports on ``/metrics`` (docs/metrics.md), so the stack an operator already runs (Prometheus,
-Alertmanager) alerts on the same conditions as the agent:
-
-- ``metric op threshold`` becomes a PromQL comparison over :data:`SERIES` (every series named
-  there is exported; ``tests/agent/test_prom_rules.py`` scrapes a real app to check);
-- ``for`` becomes ``for``, ``clear_for`` becomes ``keep_firing_for`` (Prometheus >= 2.42);
-- ``clear`` (hysteresis) keeps the alert firing while the value is still past the clear level:
-  ``E > T or ((E > C) and on(host, device) ALERTS{alertname="...", alertstate="firing"})``;
-- a built-in's gate is and-ed with the condition and, like ``clear``, keeps a firing alert;
-  a built-in's urgent level (fire at once, skipping ``for``) has no one-rule form: a comment;
-- ``device`` becomes a ``device="N"`` matcher; ``severity`` and ``labels`` become labels, plus
-  ``vramscope_rule`` with the agent's own rule name; ``message`` becomes the summary.
-
-Every built-in rule is exported (``leak_detected`` over the stored leak verdicts,
-``config_headroom_bytes`` over the dashboard's ``[server]`` check). A user rule whose metric has
-no Prometheus series (the agent-only analysis values such as ``time_to_oom_s``) is left out,
-listed in a comment at the end of the file and logged once.
-
-The output is YAML written by hand (JSON-quoted scalars are valid YAML), so the export needs no
-YAML library at run time.
+Each rule of :func:`vramscope.agent.alerts.rules.parse_rules` becomes one Prometheus alert over
+the series vramscope exports on ``/metrics`` (:data:`SERIES`), so Prometheus and Alertmanager
+alert on the same conditions as the agent; how ``for``, ``clear``, gates, ``device`` and labels
+translate: docs/metrics.md, "Alert rules as PromQL". A user rule whose metric has no Prometheus
+series is left out, listed in a comment at the end of the file and logged once. The YAML is
+written by hand (JSON-quoted scalars are valid YAML), so the export needs no YAML library.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Alert rules: the built-in defaults from the ``alerts.*`` settings plus ``[[alerts.rules]]``.
 
-A user rule is a TOML table::
-
-    [[alerts.rules]]
-    name = "reserved_high"          # required, unique; a built-in name replaces that built-in
-    metric = "reserved_bytes"       # required: a sample field or a derived metric (METRICS)
-    op = ">"                        # >, >=, <, <=, ==, != (default ">")
-    threshold = 120e9               # required number
-    for = "30s"                     # the condition must hold this long before firing (default 0)
-    clear = 110e9                   # resolve only once the value is back past this (hysteresis)
-    clear_for = "60s"               # ...and has stayed there this long (default 0)
-    severity = "warning"            # info, warning, critical (default warning)
-    labels = { team = "serving" }   # string labels passed to sinks
-    device = 0                      # only this device (default: every device)
-    message = "reserved above 120 GB"
-
-A bad rule raises :class:`ConfigError` naming the rule (its name, or its position) and the key.
+A user rule is a TOML table with ``name``, ``metric`` (a sample field or a derived metric,
+``METRICS``), ``op``, ``threshold`` and the optional ``for``, ``clear``, ``clear_for``,
+``severity``, ``labels``, ``device`` and ``message`` (each key: docs/alerts.md, "User rules";
+a ``name`` of a built-in replaces it). A bad rule raises :class:`ConfigError` naming the rule
+(its name, or its position) and the key.
 """
 
 from __future__ import annotations
@@ -145,22 +134,11 @@ BACKOFF_MAX = 8.0  # the hold grows at most to this many times ``clear_for``
 
 
 def builtin_rules(config: Mapping[str, Any] | None) -> list[Rule]:
-    """The default rules, with thresholds from the ``alerts.*`` settings.
-
-    ``oom_risk`` waits ``alerts.risk_for_s`` at warning before it fires (an unsteady load
-    that touches the warning level for a few samples is not an alert) but fires at once at
-    critical, as ``oom_risk_critical`` does. Both resolve only after ``RISK_HOLD_S`` below
-    their level: a server that comes back to the same risk within half an hour is the same
-    risk, held by one alert (a tight server fired and cleared 31 of them in 12 h with a
-    one-minute hold); one that fires again within ``BACKOFF_WINDOW_S`` of resolving holds
-    twice as long before it resolves next (up to ``BACKOFF_MAX`` times: 4 h).
-    ``kv_exhaustion`` fires when the pool's fill trend reaches the total within the history
-    the trend rests on (``kv_exhaustion_horizon_s``: up to ten minutes), or its forecast within
-    ``alerts.kv_exhaustion_warning_s``, and only while the pool is at least
-    ``alerts.kv_exhaustion_min_usage_ratio`` full; it stays until it is below that again: a
-    burst that fills a roomy pool quickly is not exhaustion, and a full pool whose usage
-    pauses at the top is still full.
-    """
+    """The default rules, with thresholds from the ``alerts.*`` settings (each one's condition and
+    why: docs/alerts.md, "Built-in rules"). The OOM-risk rules resolve only after ``RISK_HOLD_S``
+    below their level, longer after a quick return (``BACKOFF_WINDOW_S``, up to ``BACKOFF_MAX``
+    times), so a server that comes back to the same risk is held by one alert; ``kv_exhaustion``
+    holds while the pool is at least ``alerts.kv_exhaustion_min_usage_ratio`` full."""
     kv_s = _setting(config, "alerts.kv_exhaustion_warning_s", 60.0)
     kv_min = _setting(config, "alerts.kv_exhaustion_min_usage_ratio", 0.8)
     risk_for = _setting(config, "alerts.risk_for_s", 15.0)

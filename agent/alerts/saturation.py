@@ -1,18 +1,11 @@
 """KV saturation: a pool that is full while requests wait, or that preempts them.
 
-A paged-KV server (vLLM, or any server on ``vramscope.KVBlockPool``) queues a request when its
-pool has no room for it, and preempts a running one when a step needs blocks the pool cannot
-give: either way it serves less than it is asked, and nothing in a memory trend says so (the
-pool sits flat at its top). The built-in rule ``kv_saturation`` reads the metric ``kv_saturated``
-(``metrics.SATURATION_METRIC``)::
-
-    kv_saturated = 1 while KV usage >= SATURATION_SHARE with at least one request waiting,
-                     or a preemption in the last PREEMPTION_WINDOW_S; else 0
-
-per device: the usage is the fullest pool's (the engine's ``kv``), the waiting requests those
-of every server on the device (each one's newest ``server_load`` event: the vLLM plugin's and
-the Prometheus source's), the preemptions every server's ``kv_preempted`` events (``count``
-each). Its alert says the numbers: usage and pool, waiting and running, preemptions.
+A paged-KV server queues or preempts requests when its pool has no room: it serves less than
+it is asked, and nothing in a memory trend says so. The built-in rule ``kv_saturation`` reads
+``kv_saturated`` (``metrics.SATURATION_METRIC``): 1 while the device's fullest pool is at
+least ``SATURATION_SHARE`` used with a request waiting (each server's newest ``server_load``
+event, summed over the device), or a ``kv_preempted`` event came within
+``PREEMPTION_WINDOW_S``; else 0. docs/alerts.md, "kv_saturation".
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """OOM triage: the likely cause of an OOM (or of a warning) and the remedies for that cause.
 
-The order of the checks is the order an experienced engineer goes through them:
-
-1. ``startup`` — it failed before the server served anything: weights plus runtime overhead
-   leave no room for the KV budget (no prefill/decode sample before it, no request in flight).
-2. ``fragmentation`` — enough free memory in total (cached free plus what may still be
-   reserved: driver free, capped by the limit) for the failed allocation *and* ``FULL_RATIO`` of
-   the limit to spare, but no block large enough (largest free block smaller than the request,
-   or external fragmentation at least ``FRAGMENTED_RATIO``; without a snapshot: the
-   allocator's retries rose before the OOM). A device with less free than that is full: its
-   free memory is in pieces, but compacting them would not have kept it serving.
-3. ``kv_exhaustion`` — a KV block pool ran out: its latest reading (at most
-   ``SNAPSHOT_MAX_AGE_S`` old) had at least ``KV_FULL_RATIO`` of its blocks used, or the pool
-   refused blocks (``kv_alloc_failed``, preemption) within ``KV_REFUSAL_WINDOW_S`` before.
-4. ``growth`` — the floor rose: the memory the server holds outside its work rose by at least
-   ``GROWTH_RATIO`` of the limit over the samples before the OOM (a leak, a cache); or, on a full
-   device, by at least ``FULL_RATIO`` of the limit and by more than the failed allocation lacked
-   (without the rise it would have fit with ``FULL_RATIO`` to spare; not with the load fit below,
-   whose time term is that uncertain). The floor is load-aware
-   (:func:`floor_rise`): the idle samples' allocated memory where the server idles through the
-   recording; else, with the requests in flight known, the time term of a least-squares fit of the
-   allocated memory on the requests in flight and time; else the non-prefill allocated memory.
-5. ``load`` — the in-flight work grew to the limit with a flat floor: at least two requests in
-   flight at the OOM and at least ``LOAD_RATIO`` times the median in flight over the first
-   quarter of the samples (a load ramp: more requests, each with its KV cache), the failed
-   allocation under ``SPIKE_RATIO`` of the limit (a larger one is a prefill spike).
-6. ``prefill_spike`` — it failed in prefill with at most one request in flight, or the failed
-   allocation alone is at least ``SPIKE_RATIO`` of the limit (one long prompt).
-7. ``batch`` — it failed with several requests in flight (a few long requests in one batch).
-8. ``unknown`` otherwise.
+The checks run in the order an experienced engineer goes through them: ``startup``,
+``fragmentation``, ``kv_exhaustion``, ``growth`` (the load-aware floor of :func:`floor_rise`
+rose), ``load``, ``prefill_spike``, ``batch``, else ``unknown``; each one's evidence and
+thresholds (the constants below) are tabled in docs/analysis.md, "OOM diagnosis". A device
+with less free than ``FULL_RATIO`` of the limit beyond the failed allocation is full, not
+fragmented: compacting its free pieces would not have kept it serving.
 
 ``CAUSES`` is a public contract (docs/analysis.md): names are added, never renamed.
 """

@@ -42,6 +42,12 @@ class FloorTracker:
         self._any: int | None = None
         self._any_ts = 0.0
         self._any_load = 0
+        # the window's least while a prefill ran, apart where prefills are not the floor
+        # (update's between_prefills): the point only where no other moment was sampled, read
+        # with the requests then in flight (their activations: estimated, not taken off)
+        self._prefill_any: int | None = None
+        self._prefill_any_ts = 0.0
+        self._prefill_any_load = 0
         self._uses_allocated = False
         self._ended = False  # a request ended since the last sample
         self._explained = False  # the window's samples had KV bytes taken off (residual)
@@ -59,13 +65,18 @@ class FloorTracker:
             self.in_flight = max(0, self.in_flight - 1)
             self._ended = True
 
-    def update(self, s: Sample, explained: int = 0,
-               anytime: bool = True) -> tuple[float, int] | None:
+    def update(self, s: Sample, explained: int = 0, anytime: bool = True,
+               between_prefills: bool = False) -> tuple[float, int] | None:
         """Feed a sample; returns the finished window's floor point ``(ts_s, bytes)``, if any.
         ``explained``: bytes the server's load holds now (KV blocks in use), taken off the
         sample's memory (the residual floor); ``anytime``: it explains the KV of every request,
         so the window's least residual at any moment is its floor (else the floor after a
-        request stays the point, less what the requests still in flight hold)."""
+        request stays the point, less what the requests still in flight hold);
+        ``between_prefills``: a prefill's activations are in allocated memory beside the KV
+        taken off (a per-request cache, less its tokens), so the window's least is read from
+        its samples outside the prefill phase; a window of prefills only (as the load climbs,
+        prefills overlap more of the time) gives its least as a floor read with the requests
+        then in flight (``last_load`` ``RESIDUAL + n``), whose load the trend fits out."""
         value = s.allocated_bytes
         if value is not None:
             self._uses_allocated = True
@@ -96,7 +107,11 @@ class FloorTracker:
                                                           self._after_end):
                 self._after_end, self._after_end_ts = value, ts_s
                 self._after_end_load = load
-        if self._any is None or value < self._any:
+        if between_prefills and anytime and phase is Phase.PREFILL:
+            if self._prefill_any is None or value < self._prefill_any:
+                self._prefill_any, self._prefill_any_ts = value, ts_s
+                self._prefill_any_load = RESIDUAL + self.in_flight
+        elif self._any is None or value < self._any:
             self._any, self._any_ts = value, ts_s
             self._any_load = RESIDUAL if anytime else RESIDUAL + self.in_flight
         return point
@@ -108,6 +123,9 @@ class FloorTracker:
             return None
         point: tuple[float, int] | None
         self.last_load = 0
+        if self._any is None and self._prefill_any is not None:  # only prefills were sampled
+            self._any, self._any_ts = self._prefill_any, self._prefill_any_ts
+            self._any_load = self._prefill_any_load
         if self._idle is not None:
             point = (self._idle_ts, self._idle)
         elif self._after_end is not None and not self._explained and (
@@ -121,7 +139,7 @@ class FloorTracker:
             # over, holds less than the moment its predecessor ended (its prefill running)
             point = None if self._any is None else (self._any_ts, self._any)
             self.last_load = self._any_load  # without KV figures: less an estimate
-        self._idle = self._after_end = self._any = None
+        self._idle = self._after_end = self._any = self._prefill_any = None
         self._explained = False
         self._start += self.window_s * ((ts_s - self._start) // self.window_s)
         self._end = self._start + self.window_s

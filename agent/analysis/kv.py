@@ -1,25 +1,16 @@
 """KV block pool: usage and time until its free plus cached blocks run out.
 
-Cached blocks (unreferenced, kept for prefix reuse) are reclaimable, so the pool is exhausted
-only when *used* blocks reach the total. The forecast follows the pool's *fill trend*: a
-least-squares line through its used blocks over the last ``TREND_WINDOW_S`` (at least
-``MIN_RATE_SPAN_S`` of data), so the sawtooth of admissions and finished requests around the
-trend does not hide it (the change over ``RATE_WINDOW_S`` alone was negative between admissions
-and reset the alert's timer: a pool past 80 % for five minutes was alerted 25 s before it ran
-out). The time to exhaustion is the room above the higher of the line and the latest reading,
-over the line's slope, or the recent rate's forecast when sooner (a burst to the top shows no
-trend yet), and 0 with every block used. ``horizon_s`` is how far ahead that may be trusted,
-which the ``kv_exhaustion`` alert uses: the span of history the line rests on when the line
-reaches the total within it (a trend seen for ten minutes says when a pool ten minutes from
-full runs out, not only the last minute), else 0 (the 30 s rate is held to the configured
-look-ahead: extrapolated ten minutes, one admitted batch on a steady full pool would say
-"exhausted").
+Cached blocks are reclaimable, so the pool is exhausted only when *used* blocks reach the
+total. The forecast follows the pool's fill trend (a least-squares line over
+``TREND_WINDOW_S``, at least ``MIN_RATE_SPAN_S`` of data), or the change over
+``RATE_WINDOW_S`` when that says sooner; ``horizon_s`` is how far ahead it may be trusted (the
+history the line rests on). Why a trend and not the recent change: docs/analysis.md, "KV
+exhaustion".
 
 A new pool is a new pool: a sample whose ``kv_blocks_total`` differs from the one before starts
-one (transformers' ``generate_batch`` sizes a pool per call from the memory left). Its used
-blocks say nothing about the old pool's, so the rate starts over, and the summary's peak, total
-and ratio always come from one pool: the one whose peak usage ratio was highest (the later one
-on a tie), never the peak of one pool over the total of another ("47 used of 45").
+one (transformers' ``generate_batch`` sizes a pool per call). The rate starts over, and the
+summary's peak, total and ratio always come from one pool, the one whose peak usage ratio was
+highest (the later on a tie), never the peak of one over the total of another ("47 used of 45").
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """A leak of KV blocks: blocks the pool's bookkeeping check finds orphaned (held by requests the
 server no longer runs), how fast they pile up, and when the pool runs out at that rate.
 
-Memory leaked as KV blocks never shows in the idle floor: the pool took its buffer when it was
-built, so allocated memory stays flat while its blocks are lost, and a CPU server has no
-allocator counters at all. The pool's own check (``kv_orphaned_blocks``, ``hooks/kv_source.py``
-and the transformers adapter) reports the orphaned blocks it finds *now*, a level, so:
-
-- the count is the newest report's ``blocks``, never a sum of reports;
-- the rate is a least-squares line through the reported counts over the last
-  ``alerts.leak_horizon_s`` (``growth.rate_interval``: its 90 % interval respects the
-  autocorrelation of a count that only steps up), in blocks per second, and in bytes per
-  second where the report gives ``bytes_per_block`` (vramscope's pool does; the transformers
-  adapter does not, and its rate is in blocks only); none before ``MIN_REPORTS`` reports;
-- the time to pool exhaustion is the pool's blocks not in use (free or cached: a cached block
-  is reclaimed on demand), from the process's newest KV sample, over the block rate, with its
-  range at the interval's ends (``growth.time_to_oom``); none where the count does not rise;
-- the floor is the bytes the orphaned blocks hold at each report (what the leak has taken), at
-  most ``FLOOR_POINTS`` of them, thinned evenly as they come: the verdict stores it and the
-  Leaks page draws it (no allocated memory to draw on a CPU server).
+Memory leaked as KV blocks never shows in the idle floor (the pool took its buffer when it was
+built; a CPU server has no allocator counters at all), so the verdict reads the pool's own
+``kv_orphaned_blocks`` reports: the count is the newest report's (a level, never a sum), the
+rate a least-squares line through the counts over ``alerts.leak_horizon_s`` with its 90 %
+interval (none before ``MIN_REPORTS``), the time to exhaustion the pool's free and cached
+blocks over that rate, and the floor the orphaned bytes at each report (at most
+``FLOOR_POINTS``, thinned evenly). docs/analysis.md, "KV pool leaks: orphaned blocks".
 
 Pure and incremental: the live engine and ``analyze`` feed it the same records in the same
 order and get the same answer.

@@ -45,7 +45,9 @@ Two refinements make it fast and load-aware:
 - the floor is the *residual* floor where the server reports its KV pool: allocated memory less
   the bytes the KV blocks in use hold (``vramscope.agent.analysis.load_floor``: bytes per block
   estimated online), so that a never-idle server whose KV cache follows the day's load has a
-  flat floor, and a preallocated pool (no bytes per block) changes nothing; without KV
+  flat floor, and a preallocated pool (no bytes per block) changes nothing; a per-request
+  cache that reports the tokens its requests hold (``kv_tokens_used``, no blocks) likewise, less
+  bytes per token held once that estimate is clear; without KV
   figures, the floor after a request with the requests still in flight: what they hold is
   fitted over the horizon at each verdict (``trend_points``: ``stats.load_coefficient``, the
   bytes per request beside the time trend), the online estimate (the same estimator, fed the
@@ -91,6 +93,7 @@ from vramscope.agent.analysis.growth import (
     FAST_FINE_FLOOR_S,
     FAST_WARMUP_CAP_S,
     FINE,
+    FINE_TOKENS,
     Z_90,
     FastGrowth,
     Forecast,
@@ -383,14 +386,24 @@ class LeakDetector:
         # request's activations, above an idle line without any rise
         self._idle_reads: deque[tuple[float, int]] = deque()
         self._idle_fine: tuple[float, int] | None = None
+        # where no KV is taken off (a preallocated pool: no bytes per block), the busy reads
+        # (the least of a busy window, KV figures and all): their own line, their own newest
+        self._busy_reads: deque[tuple[float, int]] = deque()
+        self._busy_fine: tuple[float, int] | None = None
         self._exact_fine: tuple[float, int] | None = None  # the newest, idle or KV taken off
         self._idle_enough = False  # the horizon holds enough idle trend points for a verdict
         self._read_key: tuple[float, int] | None = None
         self._newest_read: float | None = None
         self._rise: tuple[float, float] | None = None
-        # what the leak answers so far added: (the floor where the first began, the highest
-        # it reached, when a leak was last answered)
-        self._gain: tuple[float, float, float] | None = None
+        # what the leak answers so far added: the floor where the first began and the highest
+        # it reached, each with what its line's points had taken off put back (a Gain), and
+        # when a leak was last answered
+        self._gain: tuple[Gain, Gain, float] | None = None
+        # what the points of the newest verdict had taken off for their requests in flight,
+        # (bytes per request, mean requests in flight): a line's height is read with it, and
+        # two lines read with different bytes per request compare only once put back
+        self._taken_off: tuple[float, float] = (0.0, 0.0)
+        self._route_taken_off: tuple[float, float] = (0.0, 0.0)  # the routes' answer's
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
@@ -471,43 +484,50 @@ class LeakDetector:
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
             self._reload(s.ts_s, allocated)
-        self.load.observe_kv(s.kv_blocks_used)
+        self.load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
             self.load.observe(allocated)
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        anytime = self.load.kv_used is not None
-        if anytime:
-            explained = self.load.explained()
-        else:  # no KV figures: what the requests in flight hold
+        anytime = self._kv_explains()
+        self.fast_fine.config = FINE_TOKENS if anytime and self.load.unit == "token" else FINE
+        if not anytime or self.load.unit == "token":
+            # what the requests in flight hold: the floor's estimate without KV figures, and
+            # with tokens only until bytes per token are clear
             self.per_request.observe_kv(self.floor.in_flight)
             if allocated is not None:
                 self.per_request.observe(allocated)
-            explained = self.per_request.explained()
-        fine = self.fine_floor.update(s, explained, anytime=anytime)
+        explained = self.load.explained() if anytime else self.per_request.explained()
+        tokens = anytime and self.load.unit == "token"
+        fine = self.fine_floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if fine is not None and self.fine_floor.last_load == 0:
             self._idle_fine = fine
         if fine is not None and self.fine_floor.last_load <= RESIDUAL:
             self._exact_fine = fine
+            if self.fine_floor.last_load == RESIDUAL:
+                self._busy_fine = fine
         fast = None if fine is None else self._fast_growth(
             self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
-        point = self.floor.update(s, explained, anytime=anytime)
+        point = self.floor.update(s, explained, anytime=anytime, between_prefills=tokens)
         if point is None:
             return fast or self._doubt_no_leak(s.ts_s)
         self.recent_floor.append(point)
         if self.floor.last_load == 0:
-            idle = self._idle_reads
-            idle.append(point)
-            while idle[0][0] < point[0] - self.t.leak_horizon_s:
-                idle.popleft()
+            self._keep_read(self._idle_reads, point)
+        elif self.floor.last_load == RESIDUAL:
+            self._keep_read(self._busy_reads, point)
         if self.floor_points is not None:
             self.floor_points.append(point)
         fast = self._fast_growth(self.fast, point, self.floor.last_load, s.ts_s) or fast
         if point[0] < self._first_ts + self.t.leak_warmup_s:
             return fast
         in_flight = self.floor.last_load - RESIDUAL
-        if in_flight > 0 and self.load.kv_used is None:
+        if in_flight > 0 and tokens:
+            # a window of prefills only, less the tokens held: the activations of a load that
+            # keeps a prefill running at every sample are in it; no floor for the trend
+            return self._doubt_no_leak(s.ts_s) or fast
+        if in_flight > 0 and not self._kv_explains():
             # the trend gets the floor as measured, with the requests in flight: what they
             # hold is fitted over the horizon (trend_points), not taken from this moment's
             # online estimate, whose drift over an hour would read as a trend of its own
@@ -516,16 +536,37 @@ class LeakDetector:
         out = None if binned is None else self._trend_point(*binned, s.ts_s)
         return self._doubt_no_leak(s.ts_s) or out or fast
 
-    def _note_gain(self, v: LeakResult, now_s: float) -> None:
-        """A leak answer's line adds to what the leaks added (``_held_gain``)."""
+    def _kv_explains(self) -> bool:
+        """The KV figures explain the floor at any moment: a pool's blocks (its memory moves
+        with them, or is preallocated and stays put), or the tokens held once bytes per token
+        are clear (until then a per-request cache's KV is in the floor, and the requests in
+        flight estimate it, as without KV figures)."""
+        load = self.load
+        return load.kv_used is not None and (load.unit == "block" or load.bytes_per_block > 0)
+
+    def _note_gain(self, v: LeakResult, now_s: float, taken_off: tuple[float, float]) -> None:
+        """A leak answer's line adds to what the leaks added (``_held_gain``); ``taken_off``:
+        what its points had taken off for their requests in flight."""
         if not v.detected or v.trend_line is None:
             return
         if v.start_ts_s is not None and self._first_ts is not None \
                 and v.start_ts_s < self._first_ts + FAST_WARMUP_CAP_S:
             return  # a rise from the process's first minutes that flattens is its warm-up
         (_, start), (_, end) = v.trend_line
+        per_request, load = taken_off
+        base, top = Gain.of(start, per_request, load), Gain.of(end, per_request, load)
         gain = self._gain
-        self._gain = (start, end, now_s) if gain is None else (gain[0], max(gain[1], end), now_s)
+        if gain is not None:
+            base = gain[0]
+            if gain[1].height(per_request) > top.height(per_request):
+                top = gain[1]
+        self._gain = (base, top, now_s)
+
+    def _keep_read(self, reads: deque[tuple[float, int]], point: tuple[float, int]) -> None:
+        """``point`` joins ``reads``, which keep the horizon's."""
+        reads.append(point)
+        while reads[0][0] < point[0] - self.t.leak_horizon_s:
+            reads.popleft()
 
     def _floor_lines(self, min_slope: float) -> tuple[FloorLine | None, FloorLine | None]:
         """The lines a newer floor read is tested against, one per kind of read: that of the
@@ -541,8 +582,10 @@ class LeakDetector:
         if idle is not None and self.load.bytes_per_block <= 0:
             # where no KV was taken off (no KV figures, or a preallocated pool whose memory
             # does not move with its blocks) a read of no known load is the least of a busy
-            # window, activations and all, not a residual: the idle line alone judges
-            return idle, None
+            # window, activations and all, not a residual: beside the idle line, such reads
+            # are judged against their own kind's line alone (a step seen first in a busy
+            # read is a rise too)
+            return idle, floor_line(list(self._busy_reads), self.t, min_slope)
         exact = [p for p, (_, n) in zip(self.fast.points, self.fast.loads) if not n]
         return idle, floor_line(exact, self.t, min_slope)
 
@@ -594,8 +637,16 @@ class LeakDetector:
             self._read_key = fine
             exact = self._exact_fine
             truest = exact if self._idle_enough else fine
+            idle_line, exact_line = self._lines
+            busy_kind = idle_line is not None and self.load.bytes_per_block <= 0
+            if busy_kind and exact_line is None:
+                # the idle line alone judges (_floor_lines): only an idle read is tested, so
+                # only one keeps the floor fresh (a busy read of a preallocated pool holds a
+                # burst's activations, and a step under it goes unseen until the next idle)
+                truest = self._idle_fine
             self._newest_read = (truest or fine or (None,))[0]
-            for line, read in zip(self._lines, (self._idle_fine, exact)):
+            second = self._busy_fine if busy_kind else exact
+            for line, read in zip(self._lines, (self._idle_fine, second)):
                 if self._rise is None and line is not None and read is not None:
                     above = line.above(read)
                     if above is not None:
@@ -621,7 +672,11 @@ class LeakDetector:
         gain, line = self._gain, self._route.trend_line
         if gain is None or line is None or now_s - gain[2] > HELD_CAP_S:
             return None
-        base, top, last = gain
+        # every height read with the bytes per request of the routes' answer now (a load's
+        # fit moves by tens of MiB per request over an hour: times a batch, more than a slow
+        # leak adds)
+        per_request = self._route_taken_off[0]
+        base, top, last = (gain[0].height(per_request), gain[1].height(per_request), gain[2])
         held = line[1][1] - base
         if top <= base or held < HELD_SHARE * (top - base):
             return None
@@ -704,6 +759,10 @@ class LeakDetector:
             verdict = mk if self._seq is None else self._seq
         if verdict is None:
             return None
+        if verdict is self._seq:  # its line is on the floor as measured, nothing taken off
+            start = self._seq_start if self._seq_start is not None else ts
+            self._taken_off = (0.0, mean_load(
+                [n for p, n in zip(self.points, self._in_flight) if p[0] >= start]))
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
 
@@ -740,8 +799,10 @@ class LeakDetector:
             return None
         self._since_busy_eval = 0
         loads = [max(0, load - RESIDUAL) for _, load, _ in rolled]
-        points = load_corrected([(t, v) for t, _, v in rolled], loads,
-                                self.per_request.bytes_per_block)
+        raw = [(t, v) for t, _, v in rolled]
+        per_request = load_correction(raw, loads, self.per_request.bytes_per_block)
+        self._taken_off = (per_request, mean_load(loads))
+        points = corrected(raw, loads, per_request)
         prev = self._result  # the floor's own (orphaned KV blocks aside)
         was = prev.detected and prev.p_value is not None
         v = evaluate_floor(points, self._limit(), self.t, was)
@@ -769,8 +830,10 @@ class LeakDetector:
         fit of value = a + slope x time + bytes x requests): the online estimate taken off at
         each point is a median of steps, biased where requests differ in size, and a bias
         times a load that follows the time of day reads as a trend."""
-        return load_corrected(list(self.points), list(self._in_flight),
-                              self.per_request.bytes_per_block)
+        points, loads = list(self.points), list(self._in_flight)
+        per_request = load_correction(points, loads, self.per_request.bytes_per_block)
+        self._taken_off = (per_request, mean_load(loads))
+        return corrected(points, loads, per_request)
 
     def load_free_points(self) -> list[tuple[float, int]]:
         """The horizon's trend points with what the requests in flight hold fitted out, where
@@ -809,6 +872,8 @@ class LeakDetector:
         self._lines = (None, None)
         self._exact_fine, self._idle_enough = None, False
         self._idle_reads.clear()
+        self._busy_reads.clear()
+        self._busy_fine = None
         waiting = insufficient(self.t, None)
         self._unconfirmed = (ts_s, before, waiting._replace(
             evidence=f"model reloaded at {ts_s:.3f} (allocated fell to "
@@ -857,7 +922,8 @@ class LeakDetector:
         when fast growth is established (or, established on this series, still holds: its
         rate re-measured), None otherwise; once it no longer holds the routes' latest answer
         is the answer again."""
-        series.add(*point, max(0, load - RESIDUAL))
+        work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() else 0
+        series.add(*point, max(0, load - RESIDUAL), work)
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
         held = self._fast
@@ -878,6 +944,10 @@ class LeakDetector:
                 return None
             self._fast_on = series
         self._fast = fast_verdict(rate, headroom, self._limit(), min_slope)
+        # the series' points had the online estimate of what their requests hold taken off
+        per_request = self.per_request.bytes_per_block if not self._kv_explains() else 0.0
+        self._taken_off = (per_request, mean_load(
+            [n for ts, n in series.loads if ts >= rate.t0]))
         self.result = self._publish(self._fast, now_s)
         return self.result
 
@@ -892,9 +962,17 @@ class LeakDetector:
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
         if r.detected and r.start_ts_s is not None:
-            since = [p for p in pts if p[0] >= r.start_ts_s]
-            pts = since if len(since) >= MIN_FIT_POINTS else pts
+            first = next((i for i, p in enumerate(pts) if p[0] >= r.start_ts_s), len(pts))
+            if len(pts) - first >= MIN_FIT_POINTS:
+                pts, held = pts[first:], held[first:]
         rate = rate_interval(pts)
+        joint = rate_interval_with_load(pts, held) if r.detected and any(held) else None
+        if rate is not None and joint is not None:
+            # a leak on floors estimated with requests in flight: the floors as corrected and
+            # the bytes per request fitted beside the rate read it differently, and the
+            # interval holds both (narrower than their disagreement, it claims a precision the
+            # estimate does not give, as widened() says of a route's estimators)
+            rate = rate._replace(low=min(rate.low, joint.low), high=max(rate.high, joint.high))
         if rate is None and r.detected and r.slope_bytes_per_s > 0:
             # too few points for an interval of their own: the slope's, with the model's error
             rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
@@ -937,7 +1015,8 @@ class LeakDetector:
         restarts = self.cusum.restarts
         fired = self.cusum.update(ts, y, raw, k)
         if self.cusum.restarts != restarts:
-            self.load.restart()  # still warming up: bytes per block learnt so far are stale
+            self.load.restart(warming=True)  # still warming up: bytes per block learnt so far
+            # are stale (load_floor: tokens are kept)
             self.per_request.restart()
         if self._seq is None:
             if not fired or self.cusum.start_ts is None or self._mostly_estimated():
@@ -973,9 +1052,10 @@ class LeakDetector:
             first = now_s
         evidence = verdict.evidence
         if self.load.bytes_per_block > 0:
+            per = "KV block in use" if self.load.unit == "block" else "KV token held"
             evidence += (f"; residual floor: less {self.load.bytes_per_block / 2**20:.3g} MiB "
-                         "per KV block in use")
-        elif self.load.kv_used is None and self.per_request.bytes_per_block > 0:
+                         f"per {per}")
+        elif not self._kv_explains() and self.per_request.bytes_per_block > 0:
             evidence += (f"; residual floor: less "
                          f"{self.per_request.bytes_per_block / 2**20:.3g} MiB per request "
                          "in flight")
@@ -990,11 +1070,13 @@ class LeakDetector:
             start = min(start, prev.start_ts_s)  # an old leak began before the horizon
         out = verdict._replace(first_detected_ts_s=first, evidence=evidence, start_ts_s=start,
                                estimated_floor=estimated)
+        taken_off = self._taken_off
         if verdict is self._fast:
-            self._note_gain(out, now_s)
+            self._note_gain(out, now_s, taken_off)
             return out
         self._route = out = self._with_growth(out, points, loads)
-        self._note_gain(out, now_s)
+        self._route_taken_off = taken_off
+        self._note_gain(out, now_s, taken_off)
         held = self._fast
         if held is not None and not out.detected:  # the fast route's leak holds
             return held._replace(first_detected_ts_s=first)
@@ -1089,15 +1171,50 @@ def fast_verdict(rate: Rate, headroom_bytes: float, limit_bytes: int,
                                 evidence, p, line, span_s=rate.span_s), rate, headroom_bytes)
 
 
+class Gain(NamedTuple):
+    """A height a leak answer's line reached, with what its points had taken off for their
+    requests in flight put back: ``raw`` bytes at ``load`` requests in flight on average."""
+
+    raw: float
+    load: float
+
+    def height(self, per_request: float) -> float:
+        """The height read as a line whose points had ``per_request`` bytes taken off for
+        each request in flight reads it."""
+        return self.raw - per_request * self.load
+
+    @classmethod
+    def of(cls, height: float, per_request: float, load: float) -> Gain:
+        return cls(height + per_request * load, load)
+
+
+def mean_load(loads: Sequence[int]) -> float:
+    return sum(loads) / len(loads) if loads else 0.0
+
+
+def load_correction(points: Sequence[tuple[float, int]], loads: Sequence[int],
+                    online: float) -> float:
+    """The bytes per request in flight taken off ``points`` (0 where none had any): what the
+    points themselves show (``stats.load_coefficient``), else the ``online`` estimate."""
+    if not any(loads):
+        return 0.0
+    fitted = load_coefficient([p[0] for p in points], [float(p[1]) for p in points], loads)
+    return online if fitted is None else fitted
+
+
+def corrected(points: Sequence[tuple[float, int]], loads: Sequence[int],
+              per_request: float) -> list[tuple[float, int]]:
+    """``points`` less ``per_request`` bytes for each of their requests in flight."""
+    if not any(loads):
+        return list(points)
+    return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
+
+
 def load_corrected(points: Sequence[tuple[float, int]], loads: Sequence[int],
                    online: float) -> list[tuple[float, int]]:
     """``points`` less what their requests in flight (``loads``) hold: the bytes per request
     the points themselves show (``stats.load_coefficient``), else the ``online`` estimate."""
-    if not any(loads):
-        return list(points)
-    fitted = load_coefficient([p[0] for p in points], [float(p[1]) for p in points], loads)
-    per_request = online if fitted is None else fitted
-    return [(t, int(y - per_request * n)) for (t, y), n in zip(points, loads)]
+    return corrected(points, loads, load_correction(points, loads, online))
 
 
 def _rolled(bins: Sequence[tuple[float, int, int]],

@@ -17,10 +17,22 @@ online from how allocated memory moves with the blocks in use:
   pool (allocated memory independent of the blocks in use) gives ratios scattered around 0: the
   estimate is 0 and the floor is left as it is.
 
-Without KV figures the same estimator is fed the requests in flight (by the request events)
-instead of the blocks in use: bytes per request in flight, taken off the floor after each
-request (``LeakDetector``), so that a floor that follows the number of requests in flight, a
-load ramp, is not a leak either.
+A server whose KV cache is per request (no pool, no blocks: ``generate()``'s cache, grown as
+each request decodes) reports the tokens its requests in flight hold instead
+(``kv_tokens_used``, ``attach_transformers``): the same estimator is fed those tokens, bytes
+per token held, and the residual floor is ``allocated − bytes_per_token × kv_tokens_used``
+(``observe_kv_figures``: the blocks where a server reports them, the tokens only where it
+never did). A request's KV grows with its tokens, so the tokens, not the requests, are what
+the floor holds: a floor less bytes per request rises for minutes after an idle moment as the
+requests in flight age, one less bytes per token does not. Per token, ``MIN_POSITIVE_TOKENS``
+of the ratios must be positive (a prefill's activations come and go beside a few tokens'
+growth), and the ratios survive the warm-up's restarts (``restart(warming=True)``); until the
+estimate is clear (or where memory does not follow the tokens: a preallocated cache) the
+``LeakDetector`` estimates the floor from the requests in flight, as without KV figures.
+
+Without any KV figures the same estimator is fed the requests in flight (by the request events):
+bytes per request in flight, taken off the floor after each request (``LeakDetector``), so
+that a floor that follows the number of requests in flight, a load ramp, is not a leak either.
 
 A leak is slow against the sample interval, so it barely biases ratios taken between
 consecutive samples; a warm-up ramp is not (graph capture, caches: gigabytes in minutes while
@@ -41,10 +53,15 @@ KEEP = 2048  # ratios kept (bounded; enough that the median barely moves: its dr
 # blocks in use would read as floor noise)
 MIN_RATIOS = 32
 MIN_POSITIVE = 0.8
+# per token held: a per-request cache always moves with its tokens, but between two samples a
+# prefill's activations come or go beside them (a few tokens' growth against a prefill's
+# gigabyte), so fewer ratios are positive than with a pool's blocks
+MIN_POSITIVE_TOKENS = 0.6
 
 
 class BlockBytes:
-    """Online estimate of the allocated bytes per KV block in use (see the module docstring)."""
+    """Online estimate of the allocated bytes per KV block in use, or per KV token held where
+    the server reports tokens and no blocks (``unit``; see the module docstring)."""
 
     def __init__(self) -> None:
         self._ratios: deque[float] = deque()  # in arrival order, at most KEEP
@@ -52,12 +69,26 @@ class BlockBytes:
         self._positive = 0  # how many are > 0
         self._last: tuple[int, int] | None = None  # (allocated, blocks) of the last sample
         self.kv_used: int | None = None  # the latest blocks in use seen on any sample
+        self.unit = "block"  # what kv_used counts: "block", or "token" (observe_kv_figures)
+        self._blocks_seen = False
         self._estimate = 0.0
 
     def observe_kv(self, used: int | None) -> None:
         """Note a sample's KV blocks in use (any source)."""
         if used is not None and used >= 0:
             self.kv_used = used
+
+    def observe_kv_figures(self, blocks: int | None, tokens: int | None) -> None:
+        """Note a sample's KV figures: the blocks in use where the server reports them (a
+        pool: its tokens are a share of its blocks' room), else the tokens its requests in
+        flight hold (a per-request cache), counted per token from then on."""
+        if blocks is not None:
+            self._blocks_seen = True
+            self.unit = "block"
+            self.observe_kv(blocks)
+        elif tokens is not None and not self._blocks_seen:
+            self.unit = "token"
+            self.observe_kv(tokens)
 
     def observe(self, allocated: int) -> None:
         """Note a memory sample: its allocated bytes against the latest blocks in use."""
@@ -80,11 +111,17 @@ class BlockBytes:
 
     def _median_if_clear(self) -> float:
         """``estimate`` over the kept ratios, from the sorted copy (no sort per sample)."""
-        return median_if_clear(self._sorted, self._positive)
+        least = MIN_POSITIVE_TOKENS if self.unit == "token" else MIN_POSITIVE
+        return median_if_clear(self._sorted, self._positive, least)
 
-    def restart(self) -> None:
+    def restart(self, warming: bool = False) -> None:
         """Forget the ratios: they were taken while the floor was still warming up (a ramp in
-        allocated memory while the KV cache fills reads as bytes per block)."""
+        allocated memory while the KV cache fills reads as bytes per block). ``warming``: the
+        sequential test restarted, not a reload; tokens are kept then: every request's end
+        gives a ratio of its own KV over its own tokens that no ramp biases, and growth that
+        began in the first minutes restarts that test for as long as it lasts."""
+        if warming and self.unit == "token":
+            return
         self._ratios.clear()
         self._sorted.clear()
         self._positive = 0
@@ -101,11 +138,12 @@ class BlockBytes:
         return int(self._estimate * self.kv_used)
 
 
-def median_if_clear(ordered: list[float], positive: int) -> float:
+def median_if_clear(ordered: list[float], positive: int,
+                    least_positive: float = MIN_POSITIVE) -> float:
     """The median of the sorted ratios, or 0 when allocated memory does not clearly move with
-    the blocks (fewer than ``MIN_RATIOS`` ratios, or fewer than ``MIN_POSITIVE`` of them > 0,
+    the blocks (fewer than ``MIN_RATIOS`` ratios, or fewer than ``least_positive`` of them > 0,
     ``positive`` being how many are)."""
-    if len(ordered) < MIN_RATIOS or positive < MIN_POSITIVE * len(ordered):
+    if len(ordered) < MIN_RATIOS or positive < least_positive * len(ordered):
         return 0.0
     return max(0.0, median_sorted(ordered))
 

@@ -1,19 +1,12 @@
 """A leak's make-up: the allocations that make up the idle floor's growth, named.
 
-The hooks put a ``memory_layout`` event at idle points (``vramscope.hooks.idle_layout``): the
-allocator's segments and live blocks, grouped by size, stream, phase and stack. ``diff_layouts``
-compares two of them and reports what is new in the later one, grouped by block size, phase and
-stack (streams are counted, not listed: a leak of one block per new stream makes a thousand
-streams), largest first, with bytes and counts; and the new segments by size. ``pick_layouts``
-chooses the two idle points: the last one at or before the rise began (the leak verdict's
-``start_ts_s``; the first one without it) and the latest.
-
-One signature is diagnosed: **the cuBLAS workspace cached per stream**. torch keeps a cuBLAS
-workspace (32 MiB on Hopper, 8 MiB + 128 KiB before, or what ``CUBLAS_WORKSPACE_CONFIG`` asks
-for) per stream for the life of the process, so a server that runs each call on a new CUDA
-stream (transformers' ``generate_batch`` does) grows by one workspace per call. It matches when
-the largest growth is N >= 2 new blocks of exactly one workspace, each on its own new stream,
-and they are at least half of the new bytes.
+``diff_layouts`` compares two ``memory_layout`` events (``vramscope.hooks.idle_layout``) and
+reports what is new in the later one, grouped by block size, phase and stack (streams counted,
+not listed), largest first, and the new segments by size; ``pick_layouts`` chooses the two idle
+points (the last one at or before the rise began, and the latest). One signature is diagnosed:
+**the cuBLAS workspace cached per stream** (N >= 2 new blocks of exactly one workspace, each on
+its own new stream, at least half of the new bytes), the growth of a server that runs each call
+on a new CUDA stream. docs/analysis.md, "Leak make-up".
 
 Pure: no I/O, no clock. ``layout_from_event`` turns an event's data into typed records once and
 raises ``ValueError`` naming the key and the event's time when the data is malformed.

@@ -1,38 +1,22 @@
 """The peaks' fast rise: a load ramp's rate with its interval, on evidence that scales with it.
 
-The OOM trend of :mod:`vramscope.agent.analysis.risk` fits a minute's peaks over
-``alerts.trend_min_span_s`` (10 minutes) and more: right for a load that creeps up over hours,
-minutes too late for one that fills the device in five. This keeps the peaks of short windows
-(``FINE_PEAK_S``) and asks of their newest stretch what the floor's growth model asks of the
-floor (:mod:`vramscope.agent.analysis.growth`): a least-squares rate whose 90 % interval
-(autocorrelation respected) says it rises, known within 2x, and a time to the limit within
-``reach`` times the stretch it rests on. A steep, regular rise is established in about a
-minute; a gentle one waits until its stretch is long enough, and one that would take longer
-than the horizon asked for is left to the slow trend.
+The OOM trend of :mod:`vramscope.agent.analysis.risk` fits a minute's peaks over ten minutes
+and more: right for a load that creeps up over hours, minutes too late for one that fills the
+device in five. This keeps the peaks of short windows (``FINE_PEAK_S``) and asks of their newest
+stretch what the floor's growth model asks of the floor: a least-squares rate whose 90 %
+interval (autocorrelation respected) says it rises, known within 2x, and a time to the limit
+within ``reach`` times the stretch it rests on.
 
-A stretch **establishes** a rise (shortest first, from ``MIN_POINTS`` peaks on) when:
-
-- its interval's low end is above zero and at least ``PRECISION`` of its rate;
-- it spans at least ``MIN_SPAN_S`` and rose at least ``RISE_NOISE`` times the standard
-  deviation the peaks wandered with before it (that deviation is also the least noise its own
-  peaks are taken to have), and ``SWING_FACTOR`` times the most the peaks before it
-  (``BASELINE_POINTS`` of them) moved over as many windows: a burst on a bursty server rises
-  as fast as a ramp for a minute or two, and one no larger than the bursts before it is one of
-  them (tested every window for hours, a wandering series makes a swing just beyond its own
-  past now and then: twice it, rarely);
-- its newest peak is above every peak before it (since the process began, or its last OOM):
-  a load the server has carried before is no new risk;
-- its recent half still rises at half its rate or more (a burst that tops out, a cache that
-  fills, flattens), and no peak fell from the one before by ``FALL_SHARE`` of its rise (the
-  teeth of static batches that end, one after another, are no ramp);
-- the limit is reached at that rate within ``reach`` times its span (the forecast never
-  reaches further than its evidence) and within ``horizon_s`` (a rise slower than that is the
-  slow trend's).
-
-Once established, the rise **holds** while the peaks since its start still rise (the interval
-over them above zero, their recent half at half their rate or more), so a ramp whose peaks
-wobble keeps one forecast instead of dropping it and finding it again a window later; it ends
-when they stop rising, or with the episode (``clear``).
+A stretch (shortest first, from ``MIN_POINTS`` peaks on) **establishes** a rise when its
+interval's low end is above zero and at least ``PRECISION`` of its rate; it spans
+``MIN_SPAN_S`` and rose ``RISE_NOISE`` times the peaks' earlier noise and ``SWING_FACTOR``
+times their largest earlier swing over as many windows (``BASELINE_POINTS``: a burst no larger
+than the bursts before it is one of them); its newest peak is above every peak since the
+process began or its last OOM; its recent half still rises at half its rate and no peak fell by
+``FALL_SHARE`` of its rise (static batches' teeth are no ramp); and the limit is within
+``reach`` times its span and within ``horizon_s``. Once established it **holds** while the
+peaks since its start still rise, and ends when they stop, or with the episode (``clear``).
+docs/analysis.md, "OOM risk" (the fast route).
 """
 
 from __future__ import annotations

@@ -291,33 +291,16 @@ def first_oom_of(oom_ts_s: float | None, postmortems: Sequence[PostMortem]
 
 class OomWitness:
     """What :func:`~vramscope.agent.analysis.diagnosis.diagnose` reads of a device's records
-    up to its first OOM, kept bounded however long the recording (a device-week at 10 Hz is
-    6 M samples, several GB as a list).
+    up to its first OOM, kept bounded however long the recording (docs/analysis.md, "Memory").
 
-    Fed the device's records in time order up to :attr:`until_s`, it keeps:
-
-    - every sample of the last ``TAIL_S`` before the diagnosis time at full resolution (the
-      last sample, and the largest free block and KV reading the checks look back
-      ``SNAPSHOT_MAX_AGE_S`` for);
-    - the samples before that evenly thinned: all of them up to ``HISTORY_MAX``, then every
-      second one, every fourth... (the stride doubles each time the history fills up), which is
-      what the growth and load checks read: medians over the first and last quarter of the
-      samples, and a least-squares fit. Exact up to ``HISTORY_MAX`` samples before the tail
-      (about 5.5 h at 10 Hz); beyond, those medians are of every 2nd, 4th... sample — a floor
-      that rises over hours is seen alike, a change that lasts less than the stride may not
-      be; and the first serving sample is always kept (the startup check asks whether it ever
-      served);
-    - the requests in flight at each kept sample, not the request events (the diagnosis reads
-      the in-flight count at the samples and at the OOM only), the KV pool's refusals within
-      ``KV_REFUSAL_WINDOW_S`` of the OOM (and the 5 s a post-mortem may lie from it), and the
-      first ``oom`` event within 5 s of it.
-
-    At most ``HISTORY_MAX`` + ``TAIL_S`` × rate samples: 135 MiB at its peak (measured with
-    torch samples of the history generator, ~0.7 KB each), however long the window.
-    ``oom_ts``: the first OOM (the request and refusal history is cut there, as the document
-    always cut it); ``diag_ts``: the diagnosis time (a post-mortem's, within 5 s of it), where
-    the samples end.
-    """
+    Fed the device's records in time order up to :attr:`until_s`, it keeps every sample of the
+    last ``TAIL_S`` at full resolution, the earlier ones evenly thinned (all up to
+    ``HISTORY_MAX``, then every 2nd, 4th...: what the growth and load checks' quarter medians and
+    fit read, exact up to that bound), the first serving sample (the startup check), the requests
+    in flight at each kept sample instead of the request events, the KV refusals within
+    ``KV_REFUSAL_WINDOW_S`` of the OOM and its first ``oom`` event. ``oom_ts``: the first OOM (the
+    request and refusal history is cut there); ``diag_ts``: the diagnosis time (a post-mortem's,
+    within 5 s of it), where the samples end."""
 
     HISTORY_MAX = 200_000
     TAIL_S = 300.0

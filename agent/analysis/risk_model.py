@@ -2,45 +2,12 @@
 
 Fed one sample at a time (live in the agent, offline in ``analyze``), it only ever uses data up
 to the sample in hand, so the offline timeline is exactly what the live agent said. Per sample
-with memory figures it gives a :class:`RiskPoint`:
-
-- **headroom** = limit − demand, where the *limit* is the latest ``device_total_bytes`` of an
-  allocator sample (the per-process cap, if one is set) or else of an NVML sample (the device),
-  and the *demand* is allocated memory plus, without a cap, memory the allocator does not own
-  (device used − reserved: CUDA context, other processes);
-- **headroom after spike** = limit − max(demand, baseline + largest prefill spike seen): room
-  left if the largest prompt seen so far arrived now;
-- **time to OOM** from the trend of the *peaks* (the maximum demand in each bin of
-  ``alerts.trend_span_s / TREND_WINDOWS``, a minute by default, or the cycle-derived window of
-  ``alerts.trend_window_s`` when that is longer), not of the raw samples: a Theil–Sen line over
-  the peaks of the last ``alerts.trend_span_s``, extrapolated to the limit, with Sen's 90 %
-  band on the slope as the uncertainty band. A forecast needs ``alerts.trend_min_span_s`` of
-  peaks after the warm-up; a significant rise (the band's low slope above zero) that still goes
-  on in the span's recent half (its slope at least half the whole span's: growth that flattens,
-  a warm-up or a cache filling, is not a trend to the limit); and it never reaches further than
-  ``FORECAST_REACH`` times the span it was fitted on (a forecast beyond is no forecast);
-  and, sooner where it says so, the **fast route** (:mod:`~vramscope.agent.analysis.peak_rise`):
-  15-s peaks whose newest stretch establishes a rise on evidence that scales with it (a load
-  ramp filling the device in minutes is forecast a minute or two into it), reaching at most
-  ``FAST_REACH`` times its stretch;
-- an **OOM ends the episode**: its trend and retry history start over (``restart``), so the
-  next warning is about the next OOM, not the last one;
-- **fragmentation**: the largest request seen (the largest prefill spike) fits neither in the
-  largest free block of the latest snapshot nor in the memory the allocator can still reserve
-  under the limit (a new segment);
-- **allocator retries**: ``num_alloc_retries`` rose within the last ``RETRY_WINDOW_S`` — the
-  allocator is already flushing its cache to survive; and the risk *holds* while the condition
-  behind the retries holds: reserved memory within ``NEAR_LIMIT_RATIO`` of what the allocator
-  may reserve and a retry within ``RETRY_HOLD_S`` (a fragmented cache retries at every long
-  prompt, minutes apart: a one-minute window made short warnings that had all cleared before the
-  OOM).
-
-Levels: ``critical`` when the headroom after spike is below ``alerts.headroom_critical_ratio``
-of the limit, the time to OOM is below ``alerts.time_to_oom_critical_s``, or fragmentation
-leaves no room for the largest request while retries rise; ``warning`` when the headroom is
-below ``alerts.headroom_warning_ratio``, the time to OOM below ``alerts.time_to_oom_warning_s``,
-retries rise, or the largest request fits neither in a free block nor in a new segment while
-external fragmentation is above ``alerts.fragmentation_warning_ratio``.
+with memory figures it gives a :class:`RiskPoint`: headroom (limit − demand), headroom after the
+largest prefill spike, time to OOM (from the trend of window peaks, the fast route of
+:mod:`~vramscope.agent.analysis.peak_rise`, or the floor's growth, whichever is soonest),
+fragmentation and allocator retries, and a level with hysteresis. An OOM ends the episode
+(:meth:`RiskModel.restart`). The rules, thresholds and why each is so: docs/analysis.md,
+"OOM risk".
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """A sequential test on the floor: a one-sided CUSUM on the floor's increments.
 
-The Mann–Kendall verdict over a two-hour horizon (``leaks.evaluate_floor``) waits for 30 floor
-points whatever the leak; a sequential test instead accumulates evidence point by point, so a
-fast, clean rise is named after a few points and a slow one when enough of it has been seen.
-
-For floor points ``y_i`` (one per floor window), the statistic is
-
-    S_i = max(0, S_{i-1} + (y_i − y_{i-1}) − k)
-
-with ``k`` half the minimum leak slope per floor window (``alerts.leak_min_slope_ratio_per_h``
-of the limit per hour: a rise slower than ``2k`` per point drifts back to 0). It fires when
-``S_i > h``, ``h = max(H_SIGMA × σ, QUIET_POINTS × 2k)``: ``σ`` the noise of one floor point,
-estimated robustly from the increments of the raw (not rolled) floor points
-(the 80th percentile of ``|Δ − median Δ|`` over ``1.2816 √2``: the median takes a steady
-rise out, and the 80th percentile, unlike the median, still gives a floor whose points mostly
-repeat a scale from its moves), and the second term the rise the minimum slope makes in
-``QUIET_POINTS`` windows (a floor that is perfectly flat still needs a rise worth a leak).
-The increments of an excursion (``S > 0``) count as noise only once it falls back to 0 without
-firing: a leak's own steady rise would otherwise raise the threshold it has to cross.
-Summed increments telescope: ``S_i > h`` means the floor rose more than ``h`` plus ``k`` per
-point above its level at the start of the excursion (the last time ``S`` was 0: the
-change point).
-
-Warm-up: the test is *armed* only once the floor has settled, ``QUIET_POINTS`` points in a row
-with ``S ≤ h``; while it is not, a crossing restarts it (``S = 0``, and the noise is measured
-again from the increments after it): a graph-capture or cache
-ramp in the first minutes is the warm-up, however long it lasts, and what rises after a settled
-floor is a change. A leak present from the first request never lets the floor settle: that one
-is left to the Mann–Kendall verdict over the horizon.
-
-The caller confirms a crossing with the trend checks on the points since the change point
-(``leaks.confirm``).
+The Mann–Kendall verdict over a two-hour horizon waits for 30 floor points whatever the leak; a
+sequential test accumulates evidence point by point, so a fast, clean rise is named after a few
+points and a slow one when enough of it has been seen: ``S_i = max(0, S_{i-1} + Δy_i − k)``
+with ``k`` half the minimum leak slope per point, firing when ``S_i > h``,
+``h = max(H_SIGMA × σ, QUIET_POINTS × 2k)`` (``σ`` the robust noise of one floor point; the
+increments of an excursion count as noise only once it falls back to 0 without firing, so a
+leak's own rise does not raise its threshold). It is *armed* only once the floor has settled
+(``QUIET_POINTS`` points in a row with ``S ≤ h``): a warm-up ramp is not a change. Every
+constant and why: docs/analysis.md, "Sequential test". The caller confirms a crossing with the
+trend checks on the points since the change point (``leaks.confirm``).
 """
 
 from __future__ import annotations

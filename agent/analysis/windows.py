@@ -1,28 +1,15 @@
 """Analysis windows chosen from the data: the floor window, the trend window and the warm-up.
 
-A leak verdict needs floor points, each the least memory of a window that holds at least one
-trough of the server's own cycle (a moment between requests, the bottom of a KV fill); a
-time-to-OOM forecast needs peaks, each the top of at least one such cycle. How long a cycle is
-depends on the server, not on a config file: a test run that serves a request a second has
-cycles of a second; a batch server with a two-minute KV sawtooth has cycles of two minutes. So
-the windows are derived from what the recording shows, causally, from its first records:
-
-- ``dt``: the median interval between allocator samples (a window holds several of them);
-- ``cycle``: the median time between the server's troughs: idle entries (the last request in
-  flight ended), else request ends (a server that is never idle: the floor after a request;
-  ends within ``END_BURST_S`` are one batch's), else entries into prefill seen on the samples
-  (a new batch), else unknown.
-
-Then ``floor = max(FLOOR_SAMPLES × dt, cycle)``, ``trend = max(TREND_SAMPLES × dt, 2 × cycle)``,
-each clamped to ``[MIN_WINDOW_S, the alerts.* setting]``: the settings are the upper bounds (for
-the defaults, a minute each: a server whose cycle is a minute or more gets exactly those).
-These windows only say where a floor point or a peak is read. The time scales a verdict speaks
-on are durations that do not follow the cycle: the warm-up (``alerts.leak_warmup_s``), the leak
-trend's horizon and minimum span (``alerts.leak_horizon_s``, ``alerts.leak_min_span_s``) and the
-OOM trend's span (``alerts.trend_span_s``, ``alerts.trend_min_span_s``). A fast cycle gives more
-floor points per minute, never an earlier verdict. The choice is made once per device,
-as soon as ``MIN_SAMPLES`` samples and ``MIN_CYCLES`` cycles have been seen, or at the latest
-after ``2 × alerts.leak_floor_window_s`` of records (then an unknown cycle gives the bounds).
+A floor point is the least memory of a window that holds at least one trough of the server's
+own cycle, a peak the top of at least one cycle; how long a cycle is depends on the server, so
+the windows are derived causally from the recording: ``dt`` (the median interval between
+allocator samples) and ``cycle`` (the median time between idle entries, else request ends, ends
+within ``END_BURST_S`` being one batch's, else prefill entries). ``floor = max(FLOOR_SAMPLES ×
+dt, cycle)``, ``trend = max(TREND_SAMPLES × dt, 2 × cycle)``, each clamped to
+``[MIN_WINDOW_S, the alerts.* setting]``. The windows only say where a point is read; a verdict's
+time scales are durations (docs/analysis.md, "Windows from the data"). The choice is made once
+per device, after ``MIN_SAMPLES`` samples and ``MIN_CYCLES`` cycles, or at the latest after
+``2 × alerts.leak_floor_window_s`` of records.
 """
 
 from __future__ import annotations

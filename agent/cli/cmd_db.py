@@ -1,4 +1,4 @@
-"""``vramscope db upgrade | current | downgrade REV``."""
+"""``vramscope db upgrade | current | stamp REV | downgrade REV``."""
 
 from __future__ import annotations
 
@@ -12,28 +12,26 @@ from vramscope.agent.errors import StoreError
 if TYPE_CHECKING:
     from vramscope.agent.store import Store
 
+# the actions that take a REV, and the name each accepts besides the known revisions
+REVISION_ENDS = {"stamp": "head", "downgrade": "base"}
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("db", help="database schema migrations (Alembic)")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    for name, help_text in (("upgrade", "upgrade the schema to the newest revision"),
-                            ("current", "print the schema revision of the database")):
+    for name, help_text in (
+            ("upgrade", "upgrade the schema to the newest revision"),
+            ("current", "print the schema revision of the database"),
+            ("stamp", "record REV as the schema's revision without migrating (a vramscope "
+                      "database whose alembic_version was lost)"),
+            ("downgrade", "downgrade the schema to REV ('base' drops all)")):
         a = actions.add_parser(name, help=help_text)
+        if name in REVISION_ENDS:
+            a.add_argument("revision", metavar="REV")
         add_db_flag(a)
         add_config_flag(a)
         a.set_defaults(func=run)
-    st = actions.add_parser("stamp", help="record REV as the schema's revision without "
-                            "migrating (a vramscope database whose alembic_version was lost)")
-    st.add_argument("revision", metavar="REV")
-    add_db_flag(st)
-    add_config_flag(st)
-    st.set_defaults(func=run)
-    down = actions.add_parser("downgrade", help="downgrade the schema to REV ('base' drops all)")
-    down.add_argument("revision", metavar="REV")
-    add_db_flag(down)
-    add_config_flag(down)
-    down.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,16 +44,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "upgrade":
             _upgrade(store)
-        elif args.action == "stamp":
-            if args.revision != "head" and args.revision not in migrate.known_revisions():
-                raise StoreError(f"unknown revision {args.revision!r}; known: head, "
+        elif args.action in REVISION_ENDS:
+            end = REVISION_ENDS[args.action]
+            if args.revision != end and args.revision not in migrate.known_revisions():
+                raise StoreError(f"unknown revision {args.revision!r}; known: {end}, "
                                  f"{', '.join(sorted(migrate.known_revisions()))}")
-            migrate.stamp(store.engine, args.revision)
-        elif args.action == "downgrade":
-            if args.revision != "base" and args.revision not in migrate.known_revisions():
-                raise StoreError(f"unknown revision {args.revision!r}; known: base, "
-                                 f"{', '.join(sorted(migrate.known_revisions()))}")
-            migrate.downgrade(store.engine, args.revision)
+            move = migrate.stamp if args.action == "stamp" else migrate.downgrade
+            move(store.engine, args.revision)
         rev = migrate.current_revision(store.engine)
     except SQLAlchemyError as exc:
         raise StoreError(f"{store.safe_url}: {exc}") from None

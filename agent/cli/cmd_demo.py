@@ -158,22 +158,12 @@ def _simulate(config: Config, db_url: str, args: argparse.Namespace, agent: Embe
 
     from vramscope.agent.sim import demo
 
-    web = None
-    try:
-        host = args.host or config["dashboard.host"]
-        port = 0 if args.port == 0 else config["dashboard.port"]
-        web, url = demo.serve_dashboard(config, agent.store, host, port)
+    with demo.dashboard_while_running(config, agent, args) as url:
         _announce(url, db_url, scenarios, pacer, args, agent.agent.socket_path)
         progress = demo.Progress(sys.stdout)
         demo.run_simulation(servers, pacer, agent, args.duration, progress, threading.Event())
         progress.show(demo.status_line(servers, pacer, agent), force=True)
         progress.done()
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping")
-    finally:
-        if web is not None:
-            web.close()
-        agent.stop()
 
 
 def _register_process(agent: EmbeddedAgent, servers: list[SimServer]) -> None:

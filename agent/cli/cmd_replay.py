@@ -2,13 +2,9 @@
 
 Sends a trace-format-v1 file through the agent's socket as a hook client would: to test alert
 rules against a recorded incident, and as the load generator of tests and benchmarks. Records
-keep their timestamps (and pids, when the trace has them); ``--speed`` only paces the sending.
-
-The live agent refuses records outside its time window (older than ``agent.max_record_age_s``,
-by default ``retention.raw_s``; more than ``agent.max_record_ahead_s`` ahead): an old trace
-would be refused, or rolled up and deleted as soon as it landed. ``--retime`` shifts every time
-by one offset so that the trace ends now (its durations and order stay). Without it, the
-output says how many records the agent refused for their time.
+keep their timestamps (and pids); ``--speed`` only paces the sending, and ``--retime`` shifts
+every time so that the trace ends now, inside the live agent's time window (docs/agent.md,
+"Replay"); without it the output says how many records the agent refused for their time.
 """
 
 from __future__ import annotations

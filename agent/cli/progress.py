@@ -1,16 +1,11 @@
 """The progress line of the commands that can take minutes: ``import``, ``analyze FILE``,
-``export``, ``replay`` and ``db upgrade`` (a 252 MiB import used to run for minutes in silence).
+``export``, ``replay`` and ``db upgrade``.
 
-One line on stderr, redrawn in place (a carriage return) at most every ``REDRAW_S``: how much
-is done of how much there is, the rate, the time left, and what the command is busy with once
-the counted part is over; at the end one line says what was done, in how long, how fast.
-
-Only on a terminal: with stderr piped or redirected (a script, ``2>log``, a test) or with
-``--json``, nothing is written and the commands print exactly what they printed without it.
-A command that also writes its output to a terminal (``export`` to stdout) stays quiet too: the
-redrawn line would land among the output.
-
-Standard library only: a carriage return and padding need no progress-bar dependency.
+One line on stderr, redrawn in place at most every ``REDRAW_S``: done of total, rate, time
+left, and what the command is busy with after the counted part; at the end one line says what
+was done, in how long, how fast. Only on a terminal: with stderr piped or redirected, with
+``--json``, or when the command's own output goes to the terminal (``export`` to stdout),
+nothing is written. Standard library only.
 """
 
 from __future__ import annotations

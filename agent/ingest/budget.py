@@ -1,20 +1,14 @@
 """A write budget per client: rows per second and bytes per second, as token buckets.
 
-One client writing custom events got 12.7 MB/s accepted (about 1 TB a day, kept with the
-rollups for 90 days). Each connection now has ``agent.client_max_rows_per_s`` and
-``agent.client_max_bytes_per_s``, with a burst of ``agent.client_budget_burst_s`` seconds of
-either (a post-mortem, a flush after a reconnect). Records beyond the budget are refused
-(counted as ``rejected["budget_rows"]`` or ``rejected["budget_bytes"]``); the first records of
-a message are kept, so what a client gets stored is its oldest data, in order. Other clients
-have their own buckets: one client's flood costs them nothing. A client is a process (the
-kernel's uid and pid): its connections share one bucket, and one it opens again goes on with
-the tokens it left (``ProcessBuckets``); before, every connection had a fresh burst, so a
-flooder reconnecting after each one multiplied its budget.
-
-A record's bytes are its share of its message's payload (the JSON on the wire: what the agent
-decodes and, for events, about what the store keeps). The budget is charged before the time
-window and the name limits look at the records: a client pays for what it sends, so a flood of
-records those refuse costs the agent no more than the budget lets through.
+One client writing custom events got 12.7 MB/s accepted (about 1 TB a day, kept for 90 days).
+Each client process (the kernel's uid and pid: its connections share one bucket, and one it
+opens again goes on with the tokens it left, so reconnecting buys no fresh burst) has
+``agent.client_max_rows_per_s`` and ``agent.client_max_bytes_per_s`` with a burst of
+``agent.client_budget_burst_s``. Records beyond are refused and counted; the first records of a
+message are kept, so what a client gets stored is its oldest data, in order. A record's bytes
+are its share of its message's payload. The budget is charged before the time window and the
+name limits look at the records: a flood those refuse costs no more than the budget lets
+through. docs/agent.md, "Limits per client and per name".
 """
 
 from __future__ import annotations

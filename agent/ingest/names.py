@@ -1,22 +1,13 @@
 """Bounds on the names clients keep alive: hosts, devices (host, index) and processes (host, pid).
 
-Every new name is a row (hosts, devices) or a series (processes) that every page, ``/metrics``
-and retention step walks for as long as it is kept: one client sending 3,000 host names made
-``/metrics`` 4 MB and 5-9 s. So a client (one connection) may hold at most ``CLIENT_LIMITS``
-names it created, and all clients together at most ``agent.max_hosts``, ``agent.max_devices``
-and ``agent.max_processes`` **live** names. A record that would create a name beyond a bound is
-refused alone (counted as ``rejected["names"]`` and, by kind and bound, in ``refused``; one log
-line); the live names keep working, whoever sends them.
-
-A name is live while a connection that sent it is open and it was seen in the last
-``agent.name_idle_s``: a name no open connection sends any more, or one silent that long, frees
-its slot. Server restarts and ``replay`` runs are new processes each; counted for the agent's
-whole life they locked out every new server after 256 of them (issue 45).
-
-Hosts and devices are rows the store keeps: a churn of new ones would grow every page's cost
-without bound, so besides the live bound an agent run creates at most ``EVER_FACTOR`` times
-``agent.max_hosts`` / ``agent.max_devices`` distinct ones (a host's real GPUs come back under
-known names, which are always free). Processes are cheap series and have no such bound.
+Every new name is a row or a series that every page, ``/metrics`` and retention step walks for
+as long as it is kept (one client sending 3,000 host names made ``/metrics`` 4 MB and 5-9 s).
+So a client may hold at most ``CLIENT_LIMITS`` names it created, all clients together at most
+``agent.max_hosts``, ``agent.max_devices`` and ``agent.max_processes`` **live** names (live: a
+connection that sent it is open and it was seen within ``agent.name_idle_s``), and an agent run
+creates at most ``EVER_FACTOR`` times the host and device bounds distinct ones (processes are
+cheap series and have no such bound). A record beyond a bound is refused alone and counted;
+the live names keep working. docs/agent.md, "Limits per client and per name".
 
 Cheap in the steady state: a batch's few distinct (host, device, pid) triples are looked up in
 three dicts; expired names are swept only when a bound is reached, at most once a second.

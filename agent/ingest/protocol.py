@@ -1,33 +1,14 @@
 """The ingest wire protocol, version 1: length-prefixed JSON frames over a Unix stream socket.
 
-Frame::
-
-    +----------------------+-----------------------------------------+
-    | length: uint32, big  | payload: `length` bytes, one UTF-8 JSON |
-    | endian, payload only | object with a "type" key                |
-    +----------------------+-----------------------------------------+
+A frame is a big-endian uint32 length (payload only) and that many bytes of one UTF-8 JSON
+object with a ``"type"`` key; the messages (``hello``, ``welcome``, ``error``, ``records``,
+``postmortem``, ``dropped``, ``heartbeat``, ``status``) are tabled in docs/protocol.md,
+"Messages".
 
 Why JSON and not msgpack: the payload of a record is exactly trace format v1, so one validator
-(``vramscope.agent.trace.record_from_json``) serves files, replay and the socket alike; the standard
-library decodes it (msgpack would be a new dependency inside every inference server); and at a
-few hundred records per frame the decode is not the bottleneck (see ``docs/protocol.md``).
-
-Messages (client -> agent unless noted):
-
-``hello``      first frame, required: ``{"type": "hello", "protocol": 1, "pid": int,
-               "process": str, "devices": [int, ...], "model": str | null}``.
-``welcome``    agent -> client: ``{"type": "welcome", "protocol": 1}``.
-``error``      agent -> client: ``{"type": "error", "message": str}``; the agent then closes.
-``records``    ``{"type": "records", "records": [<trace v1 object>, ...]}``.
-``postmortem`` ``{"type": "postmortem", "postmortem": <PostMortem.to_json()>}``.
-``dropped``    ``{"type": "dropped", "count": int}``: records the client dropped since its last
-               report (buffer full, agent absent); the agent counts them.
-``heartbeat``  ``{"type": "heartbeat"}``: a client with nothing to send is alive. Sent after
-               ``HEARTBEAT_S`` without another message; it keeps the client's slot as a stored
-               record does when the client's previous message came ``HEARTBEAT_MIN_GAP_S`` or
-               more before it (docs/protocol.md, "Slots").
-``status``     ``{"type": "status"}``; the agent answers ``{"type": "status", ...}`` with its
-               counters (see ``vramscope.agent.daemon.Agent.status``).
+(``vramscope.agent.trace.record_from_json``) serves files, replay and the socket alike; the
+standard library decodes it (msgpack would be a new dependency inside every inference server);
+and at a few hundred records per frame the decode is not the bottleneck.
 
 A frame whose length prefix exceeds the cap cannot be skipped safely (we would have to trust
 the length), so the connection is dropped. A frame with a good length but a bad payload is

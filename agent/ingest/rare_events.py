@@ -1,20 +1,15 @@
 """Events kept with the rollups, bounded per client process per UTC day.
 
-The write budget (``budget.py``) bounds a client's rate, but the events of the kept class
-(``agent/event_kinds.py``: OOMs, orphaned blocks, preemptions, layouts, ...) are kept whole as
-long as the minute rollups (``retention.rollup_s``, 90 days): a client writing them at its
-budget's rate would fill the disk for 90 days. The cheap ones (requests, KV block moves, phases,
-and any name the table does not list) go after ``retention.raw_s`` and are not counted here.
-Each client process (the kernel's uid and pid, as ``ProcessBuckets``) may have
-``agent.client_max_rare_events_per_day`` of them kept per UTC day of the agent's clock; beyond,
-they are refused one by one (counted as ``rejected["rare_events_day"]``), its samples and cheap
-events still stored, other clients unaffected. The count is of the events the other limits let
-through: what the store keeps. A post-mortem counts as one (the store keeps post-mortems longer
-than the rollups).
+The write budget (``budget.py``) bounds a client's rate, but the kept class of events
+(``agent/event_kinds.py``) lives as long as the minute rollups (90 days): a client writing them
+at its budget's rate would fill the disk. Each client process may have
+``agent.client_max_rare_events_per_day`` of them (a post-mortem counts as one) kept per UTC day
+of the agent's clock; beyond, they are refused one by one (``rejected["rare_events_day"]``), its
+samples and cheap events still stored. The count is of what the other limits let through.
 
-Memory: one entry per process that had a rare event kept today; all of them go at the next UTC
-day, and beyond ``max_kept`` the least recently counted is forgotten (a process still writing
-is counted on each message, so it is never the one forgotten while others are quiet).
+Memory: one entry per process that had a rare event kept today; all go at the next UTC day,
+and beyond ``max_kept`` the least recently counted is forgotten (a process still writing is
+counted on each message, so it is never the one forgotten while others are quiet).
 """
 
 from __future__ import annotations

@@ -6,37 +6,13 @@ stall the others. Every rejected message is counted by reason; a connection is d
 when the stream cannot be resynchronised (oversized length, wrong version, bad hello, EOF in
 the middle of a frame) or after too many bad messages in a row.
 
-Everything is bounded, so no client can take the agent down or lock the others out:
-
-* at most ``MAX_CLIENTS`` clients (after their hello) and ``MAX_PENDING`` connections that have
-  not said hello yet (a ``status`` query, a hook connecting); a new connection evicts the
-  oldest pending one, so ``vramscope status`` always gets in;
-* a connection must send its first frame within ``agent.handshake_timeout_s``; a frame once
-  started must be complete within ``agent.idle_timeout_s``; when every client slot is taken,
-  a client that stored no record for ``agent.slot_idle_s`` (or none since its hello
-  ``agent.handshake_timeout_s`` ago) gives its slot to a new one, whatever else it sends (a
-  slowloris, status requests, empty messages store nothing; a quiet client's heartbeat after
-  a silence counts as a record), and a uid holding more slots than the newcomer's plus one
-  gives one up (``slots.py``);
-* a client's records outside the time window (``timewindow.py``), naming more live hosts,
-  devices or processes than allowed (``names.py``) or beyond its write budget of rows and bytes
-  a second (``budget.py``; one budget per client process, shared by its connections), or beyond
-  its count a UTC day of events kept with the rollups (``rare_events.py``) are refused one by
-  one and counted (``admission.py`` applies them);
-* memory: ``MAX_CLIENTS`` x ``agent.max_message_bytes`` (pending connections: 64 KiB each), and
-  never more than ``BUFFER_BUDGET_BYTES`` of partial frames together: with the defaults about
-  300 MiB, under the systemd unit's ``MemoryMax`` (``tests/agent/test_robustness_limits.py``);
-* ``accept()`` failing (EMFILE: out of file descriptors) pauses accepting with backoff and is
-  logged at most once a minute; the loop never dies of it. The unit's ``LimitNOFILE`` leaves
-  room for every client slot;
-* refused connections are counted by reason and logged at most ``LOG_BURST`` lines a minute
-  (``rate_log.py``).
-
-Security: the socket lives in a directory of mode 0700 (created if missing; an existing one
-with another mode is refused, never chmod-ed, so ``--socket /tmp/x.sock`` cannot open up
-``/tmp``), the socket itself is 0600, and each peer's uid (``SO_PEERCRED``) must be the agent's
-own or in ``agent.allowed_uids`` (``socket_dir.py`` keeps the folder, ``peer.py`` reads the
-peer's credentials).
+Everything is bounded (clients, pending connections, timeouts, partial-frame memory under
+``BUFFER_BUDGET_BYTES``, ``accept()`` failures backed off, refusal logs rate-limited), so no
+client can take the agent down or lock the others out: docs/protocol.md, "Validation and what
+happens to bad input", and docs/agent.md, "Limits per client and per name" and "Security".
+The per-client checks live beside this loop: ``slots.py`` (who gives up a slot),
+``timewindow.py``, ``names.py``, ``budget.py``, ``rare_events.py`` (applied by
+``admission.py``), ``socket_dir.py`` and ``peer.py`` (the 0700 folder and ``SO_PEERCRED``).
 """
 
 from __future__ import annotations

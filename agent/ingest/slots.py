@@ -1,19 +1,13 @@
 """Who gives a client slot up when every slot is taken and a new client says hello.
 
-A slot is kept by sending records that are stored. By usefulness first: a client that has had
-no record kept for ``agent.slot_idle_s``, or none since its hello ``agent.handshake_timeout_s``
-ago (its chance to send one), or that is stuck inside a message for that timeout, gives its
-slot up, the least recently useful first. A slowloris, a connection that only holds its slot
-and one that chatters (status requests, ``dropped`` reports, empty or refused messages) all
-store nothing, so a good client waits for none of them, whatever their uid (issue 45: 256
-same-uid clients sending a small message every 3 s kept a good one out for 80 s, and the client
-that finally gave way was a quiet legitimate one). A quiet client whose records still arrive
-now and then keeps its slot, and so does one with nothing to send that says it is alive: a
-``heartbeat`` after a silence counts as a kept record (``useful_s``; the ingest server decides
-which heartbeats count, ``protocol.HEARTBEAT_MIN_GAP_S``).
-
-Then by uid: while one uid holds more slots than the newcomer's uid plus one, its least useful
-client gives way, so clients of other users cannot lock one out even by sending records.
+A slot is kept by sending records that are stored (docs/protocol.md, "Slots"). By usefulness
+first: a client with no record kept for ``agent.slot_idle_s`` (or none since its hello
+``agent.handshake_timeout_s`` ago), or stuck inside a message that long, gives its slot up, the
+least recently useful first; a slowloris, an idle holder and a chatterer store nothing, so a
+good client waits for none of them, whatever their uid (issue 45). A ``heartbeat`` after a
+silence counts as a kept record (``useful_s``; ``protocol.HEARTBEAT_MIN_GAP_S``). Then by uid:
+while one uid holds more slots than the newcomer's uid plus one, its least useful client gives
+way, so other users' clients cannot lock one out even by sending records.
 """
 
 from __future__ import annotations

@@ -1,41 +1,19 @@
 """A model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``).
 
 It reproduces the decisions that make fragmentation emerge from a workload, with the
-allocator's own constants and default configuration (no ``max_split_size_mb``, no
-``expandable_segments``, one stream):
-
-- request sizes are rounded up to multiples of 512 bytes (``kMinBlockSize``);
-- requests of at most 1 MiB (``kSmallSize``) use the *small* pool, whose segments are 2 MiB
-  (``kSmallBuffer``); larger requests use the *large* pool, whose segments are 20 MiB
-  (``kLargeBuffer``) for requests under 10 MiB (``kMinLargeAlloc``) and the request rounded up
-  to 2 MiB (``kRoundLarge``) otherwise;
-- a request takes the smallest cached free block of its pool that is large enough (best fit,
-  ties broken by the lower address: the pools are ordered by stream, size, address), and the
-  block is split when the remainder is at least 512 bytes (small pool) or more than 1 MiB
-  (large pool); the allocation keeps the lower address;
-- a freed block merges with free neighbours *of the same segment* only;
-- when no cached block fits, a new segment is obtained from a pretend ``cudaMalloc``; when that
-  would exceed the limit, every fully free segment is released and the ``cudaMalloc`` retried
-  (``num_alloc_retries`` counts the retries); when that fails too the allocation raises
-  :class:`SimulatedOOM` (``num_ooms``);
-- the pretend ``cudaMalloc`` hands out addresses top-down: each new segment lies *below* every
-  earlier one, as the CUDA driver placed them on the H200. This matters for the tie-break
-  above: among equal-sized free blocks the one in the most recently created segment is taken.
-  With ascending addresses the model matched the H200 for 1879 steps of
-  ``tools.sim.gpu_check``'s sequence; with descending ones, all 3000
-  (``tests/agent/test_sim_vs_h200_replay.py``).
+allocator's own constants (``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``,
+``kLargeBuffer``, ``kMinLargeAlloc``, ``kRoundLarge``) and default configuration (no
+``max_split_size_mb``, no ``expandable_segments``, one stream): rounding, the small and large
+pools, best fit with ties to the lower address, splits, merges within a segment, release and
+retry (``num_alloc_retries``), then :class:`SimulatedOOM` (``num_ooms``). The pretend
+``cudaMalloc`` hands out addresses top-down, as the driver placed them on the H200: with
+ascending ones the model diverged at step 1879 of ``tools.sim.gpu_check``'s sequence, with
+descending ones it matches all 3,000 (``tests/agent/test_sim_vs_h200_replay.py``). Each rule
+and that comparison: docs/demo.md, "The caching-allocator model".
 
 Counters mean what ``torch.cuda.memory_stats()``'s ``*.all.current`` counters mean, and
 :meth:`CachingAllocatorModel.snapshot` returns segment dicts shaped like
-``torch.cuda.memory_snapshot()``::
-
-    {"device": int, "address": int, "total_size": int, "stream": 0,
-     "segment_type": "small" | "large", "segment_pool_id": (0, 0), "is_expandable": False,
-     "allocated_size": int, "active_size": int, "requested_size": int, "frames": [],
-     "blocks": [{"address": int, "size": int, "requested_size": int,
-                 "state": "active_allocated" | "inactive", "frames": []}, ...]}
-
-Sizes are bytes; no memory is touched.
+``torch.cuda.memory_snapshot()``'s. Sizes are bytes; no memory is touched.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ fragmenting server to reach its OOM. Every timestamp stays in the past, as real 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from vramscope.agent.clock import Clock
 from vramscope.agent.sim.scenarios import scenario_spec
@@ -168,12 +169,26 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def serve_dashboard(config: Config, store: Store, host: str, port: int) -> tuple[Any, str]:
-    """Start the dashboard under waitress in a daemon thread; returns (server, url). The same
-    bind rule and server as ``vramscope dashboard``: not loopback needs ``dashboard.token``."""
+@contextmanager
+def dashboard_while_running(config: Config, agent: EmbeddedAgent,
+                            args: argparse.Namespace) -> Iterator[str]:
+    """The dashboard (its url) under waitress in a daemon thread while the demo runs, with
+    ``vramscope dashboard``'s bind rule and server; Ctrl-C ends the demo, and however it ends
+    the dashboard closes and the agent stops with its final flush."""
     from vramscope.dashboard.server import serve_in_thread
 
-    return serve_in_thread(config, store, host, port, name="vramscope-demo-dashboard")
+    web = None
+    try:
+        web, url = serve_in_thread(config, agent.store, args.host or config["dashboard.host"],
+                                   0 if args.port == 0 else config["dashboard.port"],
+                                   name="vramscope-demo-dashboard")
+        yield url
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping")
+    finally:
+        if web is not None:
+            web.close()
+        agent.stop()
 
 
 def run_simulation(servers: list[SimServer], pacer: Pacer, agent: EmbeddedAgent,

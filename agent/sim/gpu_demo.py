@@ -50,35 +50,29 @@ def build_model(torch: ModuleType) -> Any:  # a transformers model
 def run_gpu_demo(config: Config, db_url: str, args: argparse.Namespace) -> int:
     torch = require_cuda()
     from vramscope.agent.embedded import EmbeddedAgent
-    from vramscope.agent.sim.demo import serve_dashboard
+    from vramscope.agent.sim.demo import dashboard_while_running
 
     import vramscope
 
     agent = EmbeddedAgent(config, db_url=db_url).start()
-    web, handle = None, None
-    try:
-        web, url = serve_dashboard(config, agent.store, args.host or config["dashboard.host"],
-                                   0 if args.port == 0 else config["dashboard.port"])
-        print(f"vramscope demo --gpu: dashboard at {url}; database {db_url}")
-        report = vramscope.install(config, sink=agent.sink)
-        print(report)
-        model = build_model(torch)
-        handle = vramscope.attach_transformers(model, sink=agent.sink)
-        if not args.no_browser:
-            import webbrowser
+    handle = None
+    with dashboard_while_running(config, agent, args) as url:
+        try:
+            print(f"vramscope demo --gpu: dashboard at {url}; database {db_url}")
+            report = vramscope.install(config, sink=agent.sink)
+            print(report)
+            model = build_model(torch)
+            handle = vramscope.attach_transformers(model, sink=agent.sink)
+            if not args.no_browser:
+                import webbrowser
 
-            webbrowser.open(url)
-        served = generate_until(torch, model, args.duration)
-        print(f"demo finished: {served} generate calls; database {db_url}")
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping")
-    finally:
-        if handle is not None:
-            handle.detach()
-        vramscope.uninstall()
-        if web is not None:
-            web.close()
-        agent.stop()
+                webbrowser.open(url)
+            served = generate_until(torch, model, args.duration)
+            print(f"demo finished: {served} generate calls; database {db_url}")
+        finally:
+            if handle is not None:
+                handle.detach()
+            vramscope.uninstall()
     return 0
 
 

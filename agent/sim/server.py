@@ -22,7 +22,9 @@ supervisor restarts it (a fresh allocator, weights and pool, and no leaked memor
 
 Records (docs/architecture.md, "Words"), all stamped with simulated time and this server's device:
 ``Sample``s from source ``torch`` (the allocator model's counters; the largest free block from a
-snapshot every ``snapshot_every`` samples), ``kv`` (pool counters) and ``nvml`` (the device view:
+snapshot every ``snapshot_every`` samples), ``kv`` (pool counters; without a pool, the tokens the
+running requests' own buffers hold, ``kv_tokens_used``, as ``attach_transformers`` reports
+``generate()``'s) and ``nvml`` (the device view:
 reserved plus the CUDA context), every ``sample_interval_s``; ``Event``s ``request_start``,
 ``request_end`` and ``oom``; and ``PostMortem``s. The phase on each record is the scheduler's:
 ``prefill`` for a sample taken while prefill temporaries are live, ``decode`` while requests
@@ -376,6 +378,9 @@ class SimServer:
             out.append(Sample(ts, spec.device, phase, "kv", spec.pid, kv_blocks_used=s.blocks_used,
                               kv_blocks_total=s.blocks_total, kv_blocks_cached=s.blocks_cached,
                               kv_tokens_used=s.tokens_used))
+        else:  # per-request buffers: the tokens they hold (no blocks, no pool)
+            out.append(Sample(ts, spec.device, phase, "kv", spec.pid,
+                              kv_tokens_used=sum(r.tokens for r in self.running)))
         return out
 
 

@@ -1,20 +1,12 @@
-"""NVML source: the whole-device view of every visible GPU, and its per-process rows.
+"""NVML device memory: the whole-device view, sampled in the agent (docs/agent.md, "NVML").
 
-``read()`` returns one ``Sample`` per device (``source="nvml"``, ``device_used_bytes``,
-``device_total_bytes``); ``read_processes()`` returns the per-process rows at a lower rate
-(``nvmlDeviceGetComputeRunningProcesses`` walks the driver's process table, many times the
-cost of memory info). Never ``nvidia-smi``: a process started for each reading.
-
-Memory info v2 is used where the driver has it (``nvmlDeviceGetMemoryInfo_v2``), v1 otherwise.
-``device_used_bytes`` is ``total - free`` in both cases: memory the processes on this device
-cannot have, which is what headroom is computed against (v2's ``used`` leaves the driver's
-``reserved`` part out, v1's includes it; ``total - free`` is the same number either way).
-
-Vendor calls never crash the agent (as ``nvmlQuery`` in nvitop): a failing call gives ``None``
-for that field and one log line per (call, device), not a line per sample. When NVML itself is
-absent, :func:`open_nvml` logs one line saying what to install and returns ``None``.
-
-``FakeNvmlSource`` is the real fake used by tests, the benchmark and ``--fake-devices``.
+``read()`` returns one ``Sample`` per device (``source="nvml"``; ``device_used_bytes`` is
+``total - free``, the same number from memory info v1 or v2); ``read_processes()`` the
+per-process rows at a lower rate (the driver's process table costs many times memory info).
+Never ``nvidia-smi``. Vendor calls never crash the agent: a failing call gives ``None`` for that
+field and one log line per (call, device); without NVML, :func:`open_nvml` logs what to
+install and returns ``None``. ``FakeNvmlSource`` is the real fake used by tests, the benchmark
+and ``--fake-devices``.
 """
 
 from __future__ import annotations

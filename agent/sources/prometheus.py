@@ -1,60 +1,18 @@
 """Prometheus source: the KV and request view of an inference server vramscope does not enter.
 
-``[sources.prometheus]`` names scrape targets (the servers' ``/metrics`` URLs) and a preset that
-says which of their metrics mean what. Every ``interval_s`` the agent fetches each target with
-``urllib`` (the text exposition format, parsed by ``prometheus_client.parser``) and maps it to
-the same records the in-server hooks make, so the KV panel, the KV-exhaustion alert and the
-load-aware leak analysis work beside an unmodified server:
+Every ``interval_s`` the agent fetches each ``[sources.prometheus]`` target's ``/metrics`` and
+maps it to the records the in-server hooks make (KV samples with ``source="prometheus"``,
+synthetic ``request_start``/``request_end``, ``server_load``, ``kv_preempted``,
+``prefix_cache`` and ``tokens`` events), so the KV panel, the KV-exhaustion alert and the
+load-aware leak analysis work beside an unmodified server. What each preset reads, how counter
+increases and resets are counted and how a local target's pid is found: docs/vllm.md,
+"Metrics beside any server".
 
-- a ``Sample`` (``source="prometheus"``) with ``kv_blocks_used`` and ``kv_blocks_total``. vLLM
-  publishes its pool size (``vllm:cache_config_info{num_gpu_blocks=...}``) and its usage ratio
-  (``vllm:kv_cache_usage_perc``: blocks referenced by requests over all blocks but its null
-  block; cached blocks count as free), so total = blocks - 1 and used = round(ratio × total),
-  the same numbers the vLLM plugin records. SGLang publishes a token ratio and its pool
-  size in tokens (``sglang:max_total_num_tokens``): its "blocks" are tokens (page size 1). Where
-  no size is published, the pool is counted in ``RATIO_SCALE`` parts (used / total is still the
-  usage ratio). TGI publishes no KV usage: its samples carry none.
-- ``request_start`` / ``request_end`` events. Where the server counts the requests it finished
-  (vLLM's ``vllm:request_success_total``, a counter), each scrape makes one ``request_end`` per
-  request finished since the previous scrape (the counter's increase) and one
-  ``request_start`` per request that entered the running batch (the finished ones plus the
-  running gauge's rise): the request rate is vLLM's own, and the requests in flight are the
-  running gauge at each scrape (what the idle-floor leak check needs). Without such a counter
-  (SGLang, TGI presets) each move of the running gauge is that many starts or ends. Ids are
-  ``<preset>@<target>#<n>`` (the n-th request seen; ends close the oldest open one) with
-  ``data.synthetic = true`` (a counter has no request ids); at most ``max_request_events``
-  a scrape: the rest follows over the next scrapes, so a scrape is never a flood of records;
-- a ``server_load`` event (``running``, ``waiting``: the gauges as read) whenever either gauge
-  changes;
-- ``kv_preempted`` (``count``) and ``prefix_cache`` (``query_tokens``, ``hit_tokens``) events
-  with the increase of the counters since the previous scrape, and ``tokens``
-  (``prompt_tokens``, ``generation_tokens`` since ``since_s``) at most every
-  ``TOKENS_EVERY_S`` (they are kept as long as the rollups). Increases are per series (each
-  label set): the first scrape, and a series' first appearance, only set the baseline (when
-  earlier increases happened is unknown); a series that went down was reset, and its new value
-  is the increase (Prometheus' own ``increase()`` reads a reset so). Only the series of the
-  newest page are kept (a label that changes each scrape cannot grow the state). A page
-  refused whole leaves the baselines as they were: the next good scrape's increase covers the
-  refused one's time.
-
-Each target is a server process. Where the target is on this host (a sidecar: loopback,
-``localhost`` or this host's name) the agent finds the pid listening on its port
-(``vramscope.agent.sources.listener``: ``/proc``, at the first answer, after each recovery and
-every ``RESOLVE_EVERY_S``), stamps it on the target's records and keeps its process row
-(``<preset> server (port N)``, the model from the metrics' ``model_name`` label, the device), so
-the Overview lists the server with its KV usage and requests per minute as it lists a server the
-plugin reports. A target elsewhere gives records without a pid: the device's row shows them.
-
-Counts and pool sizes add up over label sets (several engines behind one endpoint); the usage
-ratio is their mean. Every number used is checked first (``scrape_bounds``: finite, >= 0, below
-its cap): a page out of bounds is refused whole and counted in ``refused_total``. A failing
-target gives no records and one log line until it answers again; nothing here raises into the
-agent. Each target is scraped on its own thread (``vramscope-prometheus-<n>``) against its own
-deadline: a slow server stalls neither NVML sampling nor the other targets.
-
-Which metric names mean what, and the page's parse and bounds check:
-``agent/sources/prometheus_page.py``; one target's state and the records a page makes of it:
-``agent/sources/prometheus_target.py``. This module fetches and schedules.
+Each target is scraped on its own thread (``vramscope-prometheus-<n>``) against its own
+deadline: a slow server stalls neither NVML sampling nor the other targets; a failing target
+gives no records and one log line until it answers again; nothing here raises into the agent.
+Metric names, the page's parse and bounds check: ``prometheus_page.py``; one target's state and
+the records a page makes: ``prometheus_target.py``. This module fetches and schedules.
 """
 
 from __future__ import annotations

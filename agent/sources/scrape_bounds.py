@@ -1,22 +1,12 @@
 """What one scrape may say: every number read from a ``/metrics`` page is checked before it
-becomes a record (docs/agent.md, "Scrape bounds").
+becomes a record (the caps and why: docs/agent.md, "Scrape bounds").
 
-A scraped page is input from another process, as a socket message is: a 60-byte page saying
-``vllm:num_requests_running 1e9`` once made a billion synthetic request events. Here each
-number the Prometheus source uses must be finite, non-negative and below its cap, or the whole
-scrape is refused (:class:`ScrapeRefused`, counted by the source); nothing of a refused page is
-recorded, as a message the socket refuses is not.
-
-| metric | cap |
-|---|---|
-| running, waiting requests (sum over label sets) | ``sources.prometheus.max_requests`` |
-| KV usage ratio | 1 |
-| KV pool size (blocks or tokens) | ``MAX_POOL_SIZE`` |
-| counters (prefix-cache, prompt and generated tokens; preemptions; requests) | ``MAX_COUNTER`` |
-
-The number of records one scrape makes is bounded too: at most
-``sources.prometheus.max_request_events`` synthetic request events (more requests started
-or finished are recorded over the next scrapes) and ``OTHER_RECORDS`` more.
+A scraped page is input from another process, as a socket message is: each number the
+Prometheus source uses must be finite, non-negative and below its cap (running and waiting
+requests ``sources.prometheus.max_requests``, the usage ratio 1, a pool ``MAX_POOL_SIZE``,
+counters ``MAX_COUNTER``), or the whole scrape is refused (:class:`ScrapeRefused`, counted by
+the source); nothing of a refused page is recorded. One scrape makes at most
+``sources.prometheus.max_request_events`` synthetic request events and ``OTHER_RECORDS`` more.
 """
 
 from __future__ import annotations

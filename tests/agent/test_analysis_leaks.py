@@ -276,6 +276,25 @@ def test_without_kv_figures_a_wave_after_its_prefill_is_the_floor_not_its_prefil
     assert points == [((40.0, 115), 5)]  # RESIDUAL + 4 in flight: an estimated floor
 
 
+def test_a_floor_less_the_tokens_held_is_read_between_prefills():
+    # a per-request cache less its tokens (explained 40 a sample): a prefill's activations are
+    # still in allocated memory, so the window's least is read outside the prefill phase; a
+    # window of prefills only gives its least as a floor read with its requests in flight
+    tracker = FloorTracker(60.0)
+    for i in range(3):
+        tracker.on_event(Event(0.0, "request_start", request_id=f"r{i}"))
+    points = []
+    for ts, phase, alloc in [(0.0, Phase.PREFILL, 100), (20.0, Phase.DECODE, 150),
+                             (40.0, Phase.PREFILL, 120), (60.0, Phase.PREFILL, 190),
+                             (80.0, Phase.PREFILL, 170), (120.0, Phase.DECODE, 160)]:
+        point = tracker.update(Sample(ts, 0, phase, allocated_bytes=alloc), explained=40,
+                               between_prefills=True)
+        if point is not None:
+            points.append((point, tracker.last_load))
+    assert points == [((20.0, 110), 1),  # RESIDUAL: the decode moment, not the prefills' 60
+                      ((80.0, 130), 4)]  # prefills only: RESIDUAL + 3 in flight
+
+
 def test_leak_rate_is_the_rise_since_a_real_knee_the_average_of_steps_and_robust_to_a_low_stretch():
     from vramscope.agent.analysis.leaks import leak_rate
 

@@ -112,6 +112,16 @@ def test_fast_growth_is_established_on_a_steady_rise_not_on_a_step_a_warmup_or_a
     assert _fed(warmup).established(1.0, 10**9, -1e4, 1e9) is None
     loads = [4] * 30 + [4 + k for k in range(1, 13)]  # the requests in flight rise with it
     assert _fed(rise, loads).established(1.0, 10**9, -1e4, 1e9) is None
+    # a floor less the tokens held (not estimated): the requests in flight beside it rising
+    # with it are the load's activations, not growth; steady beside it, growth
+    worked = FastGrowth()
+    for i, v in enumerate(rise):
+        worked.add(10.0 * i, int(v), 0, loads[i])
+    assert worked.established(1.0, 10**9, -1e4, 1e9) is None
+    steady = FastGrowth()
+    for i, v in enumerate(rise):
+        steady.add(10.0 * i, int(v), 0, 4 + i % 3)
+    assert steady.established(1.0, 10**9, -1e4, 1e9).points == 13
     # 70 s of a rise that fills 100 MB in 200 s: the least stretch, a minute, is 9 points (two
     # of them flat: its rate is read since the knee, 8 points), unless it began in the
     # process's first 15 min (then it needs 2 min of floor, and to have added 10 % of the limit)

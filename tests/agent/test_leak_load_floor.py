@@ -3,7 +3,7 @@ reads on a server that is never idle."""
 
 import pytest
 from vramscope.agent.alerts.explain import leak_text
-from vramscope.agent.analysis import leaks, load_floor
+from vramscope.agent.analysis import growth, leaks, load_floor
 from vramscope.agent.analysis.leaks import ESTIMATED_WORDS, LeakDetector
 from vramscope.agent.analysis.load_floor import BlockBytes, estimate
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -328,3 +328,53 @@ def test_an_estimated_floor_needs_less_span_the_more_its_slope_outgrows_the_load
     assert need(t, line(0.01 * limit / 3600), limit, 0.0) == 3600.0  # 1 %/h: the hour
     assert need(t, line(-MIB), limit, 0.0) == 3600.0  # falling: the hour
     assert need(t, line(limit / 3600)[:5], limit, 0.0) == 3600.0  # too few points to tell
+
+
+def test_tokens_held_where_no_blocks_are_reported_and_blocks_win():
+    b = BlockBytes()
+    for tokens in range(1, 40):  # a per-request cache: 64 KiB per token held
+        b.observe_kv_figures(None, 300 * tokens)
+        b.observe(10 * 2**30 + 64 * 1024 * 300 * tokens)
+    assert (b.unit, b.bytes_per_block, b.explained()) == ("token", 64 * 1024.0,
+                                                          64 * 1024 * 300 * 39)
+    b.restart(warming=True)  # the sequential test restarted: ratios per token are kept
+    assert b.bytes_per_block == 64 * 1024.0
+    b.restart()  # a reload: forgotten
+    assert b.bytes_per_block == 0.0
+    b.observe_kv_figures(7, 112)  # a pool's sample: blocks, from then on
+    b.observe_kv_figures(None, 500)
+    assert (b.unit, b.kv_used) == ("block", 7)
+
+
+def _tokens_only(samples):
+    """The same server with a per-request cache: 16 tokens a block, no block figures."""
+    return [s._replace(kv_blocks_used=None, kv_blocks_total=None,
+                       kv_tokens_used=16 * s.kv_blocks_used) for s in samples]
+
+
+def test_a_floor_that_follows_the_tokens_held_is_not_a_leak():
+    samples, events = _never_idle(3 * 3600, load_blocks=lambda t: t // 60)
+    d, fired = _run(_tokens_only(samples), events)
+    assert fired is None
+    assert (d.load.unit, d.load.bytes_per_block) == ("token", BLOCK / 16)
+    assert {y for _, y in d.trend_points()[-60:]} == {10 * 2**30}
+    assert d.fast_fine.config is growth.FINE_TOKENS  # fills within an hour sought on 15-s points
+
+
+def test_tokens_that_memory_does_not_follow_leave_the_floor_to_the_requests_in_flight():
+    # a preallocated cache (transformers' StaticCache): tokens rise and fall, memory does not;
+    # the requests in flight estimate what they hold, as without KV figures
+    samples, events = _no_kv_server(3 * 3600)
+    tokens = [s._replace(kv_tokens_used=int(s.ts_s * 7919) % 5000) for s in samples]
+    d, fired = _run(tokens, events)
+    assert fired is None
+    assert (d.load.unit, d.load.bytes_per_block, d.fast_fine.config) == ("token", 0.0,
+                                                                         growth.FINE)
+    assert d.per_request.bytes_per_block == 256 * MIB
+
+
+def test_a_leak_under_a_floor_less_the_tokens_held_is_found():
+    samples, events = _never_idle(3 * 3600, 3000, MIB, load_blocks=lambda t: t // 60)
+    d, fired = _run(_tokens_only(samples), events)
+    assert fired is not None and not fired.estimated_floor
+    assert "residual floor: less 1 MiB per KV token held" in fired.evidence

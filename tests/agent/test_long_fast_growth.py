@@ -73,11 +73,17 @@ def test_a_fast_load_ramp_ends_in_an_oom_within_minutes_of_its_onset():
 
 def test_the_fast_group_spans_six_fill_times_two_onsets_two_servers_and_two_load_ramps():
     fast = [s for s in L.specs() if s.fast]
-    growth = [s for s in fast if s.failure.cause == "growth"]
+    growth = [s for s in fast if s.failure.cause == "growth" and s.kv_tokens]
     assert sorted({s.failure.develop_s for s in growth}) == [360.0, 900.0, 1800.0, H, 3 * H,
                                                              10 * H]
     assert len(growth) == 24 and {s.traffic for s in growth} == {"never_idle", "diurnal"}
-    assert sum(s.failure.onset_s < 300.0 for s in growth) == 12
+    # and four on servers whose hooks report no token figures
+    untokened = [s for s in fast if not s.kv_tokens]
+    assert [s.name.split("/")[1:4] for s in untokened] == [
+        ["growth-untokened", "15min", "early"], ["growth-untokened", "30min", "late"],
+        ["growth-untokened", "1h", "late"], ["growth-untokened", "3h", "early"]]
+    growth += untokened
+    assert sum(s.failure.onset_s < 300.0 for s in growth) == 12 + 2
     assert all(s.failure.onset_s >= H for s in growth if s.failure.onset_s >= 300.0)
     assert [s.failure.cause for s in fast if s not in growth] == ["load", "load"]
     quick = [s.name for s in L.specs(quick=True) if s.fast]
@@ -108,6 +114,10 @@ def test_growth_is_named_by_a_leak_alert_or_a_growth_risk_alert_after_its_onset(
     # the first right warning: 1240, 2760 s ahead of 3000; none in the second
     assert out.leads == [("f", pytest.approx(0.92)), ("g", 0.0)]
     assert out.flaps == {"f": 2, "g": 0}
+    untokened = fast_trace(name="u")
+    untokened.engine, untokened.kv_tokens = "per_request_kv", False  # scored apart
+    ld.score_fast(untokened, ld.Run([change("fired", "memory_leak", 1100.0)], {}, 4000.0), out)
+    assert out.named_untokened == [("u", 100.0, 300.0)] and len(out.named) == 2
 
 
 def test_a_fast_ooms_lead_takes_the_first_risk_alert_naming_its_cause_and_flaps_are_counted():
@@ -194,6 +204,10 @@ def test_the_fast_figures_read_their_scores():
     assert (lead.value, lead.unit, lead.met) == (1.0, "of 3", False)
     assert "least lead 0.00" in lead.spread and "b: 0.25; c: 0.00" in lead.spread
     assert (flaps.value, flaps.met, flaps.spread) == (6.0, False, "median 2 over 3; above 4: b: 6")
+    s.named_untokened = [("u", 100.0, 300.0)]
+    name, untokened, *_ = ld.fast_figures(s)
+    assert (untokened.value, untokened.unit, untokened.met) == (1.0, "of 1", True)
+    assert untokened.metric.endswith("(servers without token figures)")
 
 
 def test_the_engine_run_keeps_the_verdict_at_each_leak_firing_and_the_state_after_the_onset():

@@ -236,3 +236,49 @@ def test_the_generate_wrapper_and_step_hook_hold_nothing_over_1000_requests(mode
     assert len(calls) == 2000 and handle.steps == 4000
     assert ph.requests_in_flight() == () and handle._seen_requests == {}
     assert growth < 1024, f"hooks' memory grew {growth} bytes over 1,000 requests"
+
+
+def test_generate_reports_the_tokens_its_cache_holds(model):
+    """kv_tokens_used on every forward pass (interval 0): rows x (cached + new); 0 at the end."""
+    sink = ListSink()
+    handle = attach_transformers(model, sink=sink, kv_sample_interval_s=0.0)
+    try:
+        ids = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(2))
+        model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                       pad_token_id=0)
+    finally:
+        handle.detach()
+        ph.reset()
+    tokens = [s.kv_tokens_used for s in sink.samples() if s.source == "kv"]
+    # 24 passes (a prefill of 5 tokens, then one per row each), and the sample as it ended
+    assert len(tokens) == 25
+    assert tokens[0] == 3 * 5  # the prefill: 3 rows of 5
+    assert tokens[19] == 3 * (5 + 19)  # the 20th pass: 19 cached + 1 new per row, 3 rows
+    assert tokens[23] == 3 * (5 + 23)
+    assert tokens[-1] == 0  # the call ended: its cache is gone
+    assert all(s.kv_blocks_used is None and s.pid is not None for s in sink.samples()
+               if s.source == "kv")
+
+
+def test_generate_tokens_rate_limited_and_never_raise(model):
+    """The default interval: one sample at the first pass and one at the end; a sink that
+    raises never reaches generate()."""
+
+    class Broken(ListSink):
+        def put(self, record):
+            raise RuntimeError("sink down")
+
+    sink = ListSink()
+    handle = attach_transformers(model, sink=sink, kv_sample_interval_s=3600.0)
+    try:
+        ids = torch.randint(0, 128, (2, 4), generator=torch.Generator().manual_seed(3))
+        model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                       pad_token_id=0)
+        assert [s.kv_tokens_used for s in sink.samples() if s.source == "kv"] == [8, 0]
+        handle.sink = Broken()
+        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                             pad_token_id=0)
+        assert out.shape == (2, 7) and handle.kv_tokens.held() == 0
+    finally:
+        handle.detach()
+        ph.reset()

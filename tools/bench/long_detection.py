@@ -27,7 +27,9 @@ The fast group (targets: issue 44), scored apart so that none of the figures abo
 
 - growth that fills the headroom in 6 min to 10 h: named (a ``memory_leak`` firing, or an
   OOM-risk one that says "likely growth") within max(3 min, 10 % of its onset-to-OOM time) of
-  its onset;
+  its onset; on servers that report the tokens their requests hold (``kv_tokens_used``) and,
+  apart, on those whose hooks do not (``Spec.kv_tokens`` False: the floor is estimated from
+  the requests in flight);
 - each fast OOM: the first OOM-risk alert that names the trace's cause (after the onset) fires
   at least half the onset-to-OOM time before the OOM; the OOM-risk alerts change (fire or
   resolve) at most ``FLAPS_MAX`` times from the onset to the OOM;
@@ -110,6 +112,8 @@ class LongScore:
     # the fast group
     named: list[tuple[str, float, float]] = field(default_factory=list)  # (trace, s to name
     #                                                  from onset (inf: never), s allowed)
+    named_untokened: list[tuple[str, float, float]] = field(default_factory=list)  # the same,
+    #                                                  on servers without token figures
     leads: list[tuple[str, float]] = field(default_factory=list)  # (trace, the first right
     #                                   warning's lead over the onset-to-OOM time; 0: none)
     flaps: dict[str, int] = field(default_factory=dict)  # trace -> OOM-risk changes
@@ -324,8 +328,10 @@ def score_fast(sc: Scenario, run: Run, out: LongScore) -> None:
     if truth == "growth":
         named = [c.ts_s for c in changes if c.kind == "fired" and (
             c.rule == "memory_leak" or c.rule in RISK_RULES and cause_of(c) == "growth")]
-        out.named.append((sc.name, named[0] - onset if named else math.inf,
-                          max(NAME_MIN_S, NAME_SHARE * develop)))
+        tokens = getattr(sc, "kv_tokens", True) or getattr(sc, "engine", "") != "per_request_kv"
+        (out.named if tokens else out.named_untokened).append(
+            (sc.name, named[0] - onset if named else math.inf,
+             max(NAME_MIN_S, NAME_SHARE * develop)))
     # the first forecast with the right cause: a risk warning, or for growth a leak alert
     # whose verdict carries its time to OOM (a leak is growth of the floor)
     right = [c.ts_s for c in changes if c.kind == "fired" and (
@@ -432,20 +438,15 @@ def figures(s: LongScore, speeds: Sequence[tuple[float, float]]) -> list[Figure]
 
 def fast_figures(s: LongScore) -> list[Figure]:
     """The fast group: time to name growth, the OOM lead, the OOM-risk alerts' flapping."""
-    ratios = [(name, took / allowed) for name, took, allowed in s.named]
-    late = [f"{name}: {r:.2f}x" for name, r in ratios if r > 1]
-    worst = max((r for _, r in ratios), default=float("nan"))
     short = [f"{name}: {r:.2f}" for name, r in s.leads if r < LEAD_SHARE]
     least = min((r for _, r in s.leads), default=float("nan"))
     flaps = max(s.flaps.values(), default=0)
     flappy = [f"{name}: {n}" for name, n in s.flaps.items() if n > FLAPS_MAX]
-    n, m = len(ratios), len(s.leads)
-    return [
-        Figure("detection", "long suite, fast growth: named within max(3 min, 10 % of its time "
-               "to OOM) of its onset", float(n - len(late)), f"of {n}",
-               spread=f"worst {worst:.2f}x the time allowed; late: " + ("; ".join(late) or
-                                                                          "none"),
-               target=f"{n}", met=bool(n) and not late),
+    m = len(s.leads)
+    out = [named_figure(s.named, "")]
+    if s.named_untokened:
+        out.append(named_figure(s.named_untokened, " (servers without token figures)"))
+    return out + [
         Figure("detection", "long suite, fast OOMs: first forecast with the right cause (a "
                "leak's time to OOM or a risk warning) >= half the onset-to-OOM time ahead",
                float(m - len(short)), f"of {m}",
@@ -458,6 +459,19 @@ def fast_figures(s: LongScore) -> list[Figure]:
                f"{len(s.flaps)}; above {FLAPS_MAX}: " + ("; ".join(flappy) or "none"),
                target=f"<= {FLAPS_MAX}", met=bool(s.flaps) and not flappy),
     ]
+
+
+def named_figure(named: Sequence[tuple[str, float, float]], which: str) -> Figure:
+    """Fast growth named in time: ``named`` is (trace, seconds to name, seconds allowed)."""
+    ratios = [(name, took / allowed) for name, took, allowed in named]
+    late = [f"{name}: {r:.2f}x" for name, r in ratios if r > 1]
+    worst = max((r for _, r in ratios), default=float("nan"))
+    n = len(ratios)
+    return Figure("detection", "long suite, fast growth: named within max(3 min, 10 % of its "
+                  f"time to OOM) of its onset{which}", float(n - len(late)), f"of {n}",
+                  spread=f"worst {worst:.2f}x the time allowed; late: " + ("; ".join(late)
+                                                                             or "none"),
+                  target=f"{n}", met=bool(n) and not late)
 
 
 def verdict_figures(s: LongScore) -> list[Figure]:

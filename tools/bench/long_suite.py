@@ -35,6 +35,13 @@ Truth, per trace:
   peaks the onset had not seen bring it sooner); ``load``: a load ramp over a flat floor that
   ends in a CUDA OOM in minutes. ``failure_onset_ts`` is every failure's onset; the leak's
   history has a point a sample, not a minute.
+
+A ``per_request_kv`` server reports the tokens its requests in flight hold (``kv_tokens_used``,
+as ``attach_transformers`` does for ``generate()``) unless its spec says ``kv_tokens=False``
+(``LongScenario.kv_tokens``; ``describe`` says "no token figures"): a server whose hooks do not,
+whose floor is estimated from the requests in flight. Those are every other leak trace (odd
+seeds), ``healthy/prkv-bursty-reload`` and four fast growths (``fast/growth-untokened/...``,
+scored apart from the grid of 24).
 """
 
 from __future__ import annotations
@@ -111,6 +118,9 @@ class Spec:
     tight: bool = False  # truth: a healthy server near its limit that retries allocations
     throughput: bool = False  # a fine-grained trace for measuring throughput
     fast: bool = False  # the fast group: a growth or load failure of minutes, onset any time
+    # per_request_kv: the hooks report the tokens the requests in flight hold (kv_tokens_used);
+    # False: a server whose hooks do not, whose floor is estimated from the requests in flight
+    kv_tokens: bool = True
 
 
     def __post_init__(self) -> None:
@@ -183,6 +193,7 @@ class LongScenario(Scenario):
     leak_history: list[tuple[float, int]] = field(default_factory=list)
     fast: bool = False
     failure_onset_ts: float | None = None  # a failure: when it began to develop
+    kv_tokens: bool = True  # per_request_kv: kv_tokens_used reported (Spec.kv_tokens)
 
 
 # --- the servers -------------------------------------------------------------------------------
@@ -223,7 +234,7 @@ def _healthy(quick: bool) -> list[Spec]:
           reloads_s=(20 * H,)),
         s("healthy/static-bursty", 103, "static_batch", "bursty", DAY, weights=0.10),
         s("healthy/prkv-bursty-reload", 104, "per_request_kv", "bursty", DAY, weights=0.15,
-          reloads_s=(9 * H,)),
+          reloads_s=(9 * H,), kv_tokens=False),
         s("healthy/paged-diurnal-lazy-gaps-141g", 105, "paged_pool", "diurnal", 2 * DAY,
           limit_gib=141, util=0.92, weights=0.20, lazy_warmup=True, start_hour=20.0,
           agent_gaps=((7 * H, 90.0), (31 * H, 300.0))),
@@ -285,7 +296,8 @@ def _leak(shape: str, rate: float, seed: int, variant: int) -> Spec:
     hour = (r.uniform(15.5, 17.0) - onset / H) % 24 if shape == "under_load" else r.uniform(0, 24)
     name = f"leak/{shape}/{rate:.2%}/{engine}-{traffic}/{seed}"
     return profiled_spec(name, seed, engine, traffic, onset + MIN_AFTER_S + r.uniform(0, 600.0),
-                         start_hour=hour, leak=Leak(shape, rate, onset))
+                         start_hour=hour, leak=Leak(shape, rate, onset),
+                         kv_tokens=seed % 2 == 0)  # every other one without token figures
 
 
 # --- failures ----------------------------------------------------------------------------------
@@ -354,6 +366,11 @@ FAST_LOAD_SERVERS = (("per_request_kv", "never_idle"), ("per_request_kv", "burst
 FAST_LOAD_SEEDS = (550, 552)
 QUICK_FAST = (("6min", "early", "never_idle"), ("30min", "late", "idle"),
               ("1h", "early", "idle"))
+# growth on servers whose hooks report no token figures (their floor estimated from the
+# requests in flight), with its seed: scored apart from the grid, which reports them (680 ends
+# in an OOM that reads as fragmentation: memory free beside the failed allocation)
+UNTOKENED_FAST = (("15min", "early", "never_idle", 681), ("30min", "late", "idle", 682),
+                  ("1h", "late", "never_idle", 683), ("3h", "early", "idle", 684))
 
 
 def _fast(quick: bool) -> list[Spec]:
@@ -363,18 +380,23 @@ def _fast(quick: bool) -> list[Spec]:
             for server in FAST_SERVERS]
     out = [_fast_growth(fill, when, server, 640 + i) for i, (fill, when, server)
            in enumerate(grid) if not quick or (fill, when, server) in QUICK_FAST]
+    if not quick:
+        out += [_fast_growth(fill, when, server, seed, kv_tokens=False)
+                for fill, when, server, seed in UNTOKENED_FAST]
     loads = FAST_LOAD_SERVERS[: 1 if quick else 2]
     return out + [_fast_load(engine, traffic, seed) for (engine, traffic), seed
                   in zip(loads, FAST_LOAD_SEEDS)]
 
 
-def _fast_growth(fill: str, when: str, server: str, seed: int) -> Spec:
+def _fast_growth(fill: str, when: str, server: str, seed: int, kv_tokens: bool = True) -> Spec:
     r = random.Random(seed)
     engine, traffic = FAST_SERVERS[server]
     onset, develop = r.uniform(*(EARLY_S if when == "early" else LATE_S)), FILLS_S[fill]
-    return profiled_spec(f"fast/growth/{fill}/{when}/{engine}-{traffic}/{seed}", seed, engine,
+    group = "growth" if kv_tokens else "growth-untokened"
+    return profiled_spec(f"fast/{group}/{fill}/{when}/{engine}-{traffic}/{seed}", seed, engine,
                          traffic, onset + 2 * develop + H, start_hour=r.uniform(8.0, 14.0),
-                         failure=Failure("growth", onset, develop), fast=True)
+                         failure=Failure("growth", onset, develop), fast=True,
+                         kv_tokens=kv_tokens)
 
 
 def _fast_load(engine: str, traffic: str, seed: int) -> Spec:
@@ -419,7 +441,8 @@ def build(spec: Spec) -> LongScenario:
         tight=spec.tight, peak_ratio=run.peak_bytes / limit, limit_bytes=limit,
         dt_s=spec.dt_s, throughput=spec.throughput, lazy_warmup=spec.lazy_warmup,
         leak_history=[(START_S + u, b) for u, b in run.leaked] if onset is not None else [],
-        fast=spec.fast, failure_onset_ts=START_S + f.onset_s if f else None)
+        fast=spec.fast, failure_onset_ts=START_S + f.onset_s if f else None,
+        kv_tokens=spec.kv_tokens)
 
 
 def _check(spec: Spec, run: Run) -> None:
@@ -466,6 +489,7 @@ def describe(sc: LongScenario) -> str:
     parts += [f"{len(sc.reload_ts)} reload(s)"] * bool(sc.reload_ts)
     parts += [f"{len(sc.agent_gaps)} agent gap(s)"] * bool(sc.agent_gaps)
     parts += ["tight"] * sc.tight + [f"throughput, {1 / sc.dt_s:g} Hz"] * sc.throughput
+    parts += ["no token figures"] * (sc.engine == "per_request_kv" and not sc.kv_tokens)
     return "; ".join(parts)
 
 

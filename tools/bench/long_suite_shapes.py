@@ -9,7 +9,10 @@ batching) or a wave of requests (``static_batch``). A job's prefill holds activa
 prefill time, then its KV cache grows linearly from ``kv0`` to ``kv1`` while it decodes and is
 freed at its end. The KV cache is allocated memory in ``per_request_kv`` and ``static_batch``;
 in ``paged_pool`` it lives in a pool preallocated in SETUP (``util`` of the limit less weights,
-activation budget and warm-up) and shows only as ``kv_blocks_used``.
+activation budget and warm-up) and shows only as ``kv_blocks_used``. A ``per_request_kv`` server
+whose hooks report it (``spec.kv_tokens``, as ``attach_transformers`` does for ``generate()``)
+also puts the tokens its requests in flight hold in ``kv_tokens_used``: their KV bytes over
+``KV_TOKEN_BYTES``.
 
 The caching allocator: reserved follows allocated plus a slack; a prefill's activations must fit
 the largest free block, ``(cached free - inactive split) x piece`` (``spec.piece``), else the
@@ -57,6 +60,7 @@ MIN_DEVELOP_S = 600.0  # a gradual failure takes at least this long
 FAST_MIN_DEVELOP_S = 180.0  # ...but in the fast group (``Spec.fast``), this long
 MIB = 2**20
 BLOCK_BYTES = 2 * MIB  # one block of the paged KV pool
+KV_TOKEN_BYTES = 128 * 1024  # one token's KV in a per-request cache (an 8B model, GQA, fp16)
 SLACK_BYTES = 512 * MIB  # reserved beyond allocated after a small allocation
 SNAPSHOT_EVERY_S = 60.0  # an allocator snapshot (largest free block) this often
 NOISE_RATIO = 0.0003  # sd of allocated memory's noise, share of the limit
@@ -520,11 +524,15 @@ class Sim:
         return True
 
     def _kv_fields(self, u: float, kv: float, phase: Phase
-                   ) -> tuple[int | None, int | None, int | None]:
+                   ) -> tuple[int | None, int | None, int | None, int | None]:
+        """``kv_blocks_used``, ``kv_blocks_total``, ``kv_blocks_cached``, ``kv_tokens_used``."""
         if not self.paged:
-            return None, None, None
+            if not self.spec.kv_tokens or self.spec.engine != "per_request_kv" \
+                    or phase is Phase.UNKNOWN:
+                return None, None, None, None
+            return None, None, None, max(0, int(kv)) // KV_TOKEN_BYTES
         if phase in (Phase.UNKNOWN, Phase.SETUP):
-            return (0, self.blocks, 0) if phase is Phase.SETUP else (None, None, None)
+            return (0, self.blocks, 0, None) if phase is Phase.SETUP else (None,) * 4
         used = int(kv) // BLOCK_BYTES
         if used >= self.blocks:  # the pool is full: requests are preempted from now on
             if self.stop_u is None:
@@ -532,14 +540,15 @@ class Sim:
                 self.fill_u, self.stop_u = u, u + self.rng.uniform(300.0, 600.0)
             used = self.blocks - self.rng.randint(0, 8)
         share = 0.12 + 0.08 * math.sin(u / 5000.0)
-        return used, self.blocks, min(self.blocks - used, int(share * self.blocks))
+        return used, self.blocks, min(self.blocks - used, int(share * self.blocks)), None
 
     def _recording(self, u: float) -> bool:
         i = bisect_right(self.gap_starts, u) - 1
         return i < 0 or u >= self.gap_ends[i]
 
     def _record(self, u: float, phase: Phase, alloc: int,
-                kv: tuple[int | None, int | None, int | None], ooms: int = 0) -> None:
+                kv: tuple[int | None, int | None, int | None, int | None],
+                ooms: int = 0) -> None:
         if not self._recording(u) and not ooms:
             return
         pr = self.proc
