@@ -76,7 +76,8 @@ def decode_columns(blob: bytes) -> list[Sequence[Any]]:
     """The columns of an :func:`encode` block, in :data:`COLUMNS` order: ``ts_s`` an
     ``array('d')``, an integer column without NULLs an ``array('q')`` (8 bytes a value, not a
     Python int's 32 and a list's pointer: what a cache of decoded blocks holds), the others
-    lists."""
+    tuples (which the garbage collector stops walking once it sees they hold no containers,
+    as it would walk a cached list's every value at each full collection)."""
     if not blob or blob[0] != FORMAT_VERSION:
         found = blob[0] if blob else "nothing"
         raise ValueError(f"sample block: format {found}, expected {FORMAT_VERSION}")
@@ -95,7 +96,8 @@ def decode_columns(blob: bytes) -> list[Sequence[Any]]:
             columns.append(array("d", _decode_ints(part, n, mode).tobytes()))
         elif name in ("phase", "origin"):
             words = header["dicts"][name]
-            columns.append([words[c] for c in array("B" if len(words) <= 256 else "I", part)])
+            columns.append(tuple([words[c] for c in array("B" if len(words) <= 256 else "I",
+                                                          part)]))
         else:
             columns.append(_decode_nullable(part, n, mode))
     return columns
@@ -149,9 +151,9 @@ def _decode_ints(part: bytes, n: int, mode: str) -> array[int]:
 
 def _decode_nullable(part: bytes, n: int, mode: str) -> Sequence[Any]:
     if mode == ALL_NULL:
-        return [None] * n
+        return (None,) * n
     if part[0] == 1:
         return _decode_ints(part[1:], n, mode)
     present = part[1:1 + n]
     values = iter(_decode_ints(part[1 + n:], sum(present), mode))
-    return [next(values) if p else None for p in present]
+    return tuple([next(values) if p else None for p in present])
