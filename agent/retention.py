@@ -8,10 +8,13 @@ Each :meth:`Retention.step` does a small, bounded piece of work (roll up at most
 ``minutes_per_step`` minutes, delete at most ``retention.step_rows`` rows per table) and is run
 by the writer thread between batches, so retention never stalls ingest (and SQLite still sees
 one writer). Raw samples are deleted only once they are both older than ``raw_s`` and rolled
-up. Names the event table does not list cannot be deleted by name: a step walks the events'
-time index forward from where the last one stopped, at most ``UNLISTED_SCAN_S`` of it. Late
-minutes reported by :meth:`Retention.note_written` are rolled up again (``rollup_window``
-replaces a minute's rows). On a shared PostgreSQL only the holder of the store-wide lock
+up; before that, once their ten-minute interval ended ``retention.compact_after_s`` ago and
+is rolled up, they move into the compact raw tier (:mod:`vramscope.agent.store.sample_blocks`),
+a few intervals a step, each in its own transaction. Names the event table does not list
+cannot be deleted by name: a step walks the events' time index forward from where the last one
+stopped, at most ``UNLISTED_SCAN_S`` of it. Late minutes reported by
+:meth:`Retention.note_written` are rolled up again (``rollup_window`` replaces a minute's
+rows). On a shared PostgreSQL only the holder of the store-wide lock
 (:mod:`vramscope.agent.store.store_wide_lock`) does the store-wide work; the other agents roll
 up only their own host's late minutes.
 """
@@ -66,7 +69,8 @@ class StepResult(NamedTuple):
 class Retention:
     def __init__(self, *, raw_s: float, rollup_s: float, step_rows: int,
                  clock: Clock = SYSTEM_CLOCK, grace_s: float = GRACE_S,
-                 minutes_per_step: int = 2, second_s: float | None = None) -> None:
+                 minutes_per_step: int = 2, second_s: float | None = None,
+                 compact_after_s: float = 600.0, compact_sets_per_step: int = 8) -> None:
         second_s = max(raw_s, min(14 * 86400.0, rollup_s)) if second_s is None else second_s
         if (raw_s <= 0 or rollup_s <= 0 or step_rows < 1 or minutes_per_step < 1
                 or second_s <= 0):
@@ -74,6 +78,8 @@ class Retention:
                              f"step_rows={step_rows}, minutes_per_step={minutes_per_step}, "
                              f"second_s={second_s}")
         self.raw_s = raw_s
+        self.compact_after_s = compact_after_s
+        self.compact_sets_per_step = compact_sets_per_step
         self.second_s = second_s
         self.rollup_s = rollup_s
         self.step_rows = step_rows
@@ -99,6 +105,7 @@ class Retention:
     def from_config(cls, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> Retention:
         return cls(raw_s=config["retention.raw_s"], rollup_s=config["retention.rollup_s"],
                    second_s=config["retention.second_s"],
+                   compact_after_s=config["retention.compact_after_s"],
                    step_rows=config["retention.step_rows"], clock=clock)
 
     def step(self, store: Store) -> StepResult:
@@ -153,6 +160,8 @@ class Retention:
             raw_cutoff = min(raw_cutoff, watermark)
         dropped, more_to_drop = self._partitions(store, now_s,
                                                  raw_cutoff if watermark is not None else None)
+        from vramscope.agent.store import sample_blocks as blocks
+
         deleted = {
             "partitions": dropped,
             # PostgreSQL: a day partition's rows go with their partition (above); rows are
@@ -178,14 +187,37 @@ class Retention:
             "seconds": sql.delete_seconds_older(store, now_s - self.second_s,
                                                 self.minutes_per_step),
             "future": self._delete_future(store, sql, now_s),
+            # the compact raw tier: whole blocks past the raw cutoff
+            "sample_blocks": blocks.delete_older(store, raw_cutoff, self.step_rows)
+            if watermark is not None else 0,
         }
+        compacted = self._compact(store, now_s, watermark)
         behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
         backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
-                   or more_to_drop
+                   or more_to_drop or compacted
                    or any(n >= self.step_rows for k, n in deleted.items()
                           if k not in ("rollups", "seconds", "partitions")))
         self._note_progress(backlog)
         return StepResult(minutes, rows, deleted, late, backlog)
+
+    def _compact(self, store: Store, now_s: float, watermark: float | None) -> bool:
+        """Move a few closed intervals (ended ``compact_after_s`` ago) into the compact raw
+        tier, their rows before the watermark (rolled up: the rollups read new rows from
+        ``samples``); whether the step's budget ran out (more are due)."""
+        if watermark is None:
+            return False
+        from vramscope.agent.store import sample_blocks
+
+        closed_by = now_s - self.compact_after_s
+        left = self.compact_sets_per_step
+        while left > 0:  # a look-up finds each device's oldest due interval
+            due = sample_blocks.due_sets(store, closed_by, left, watermark)
+            if not due:
+                return False
+            for start, did in due:
+                sample_blocks.compact_interval(store, did, start, watermark)
+            left -= len(due)
+        return True
 
     def _delete_unlisted(self, store: Store, sql: ModuleType, raw_cutoff: float,
                          now_s: float) -> int:

@@ -267,6 +267,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retention.raw_s", float, 86400.0,
             "Keep raw samples (and cheap events: requests, KV block moves, phase changes, names "
             "agent/event_kinds.py does not list) this long.", min=60, max=10 * 365 * 86400),
+    Setting("retention.compact_after_s", float, 600.0,
+            "Move raw samples this old (and rolled up) from one row each into the compact raw "
+            "tier: per device, source, pid and ten minutes, one block of compressed columns "
+            "(about a tenth of the size). Reads are unchanged.", min=0, max=10 * 365 * 86400),
     Setting("retention.second_s", float, 14 * 86400.0,
             "Keep the per-second tier (min, max, last of every counter and the phase, per "
             "second) this long.", min=60, max=10 * 365 * 86400),

@@ -71,6 +71,10 @@ class History:
     rollups: bool = True  # write the tiers retention makes: per-second rows and minute rollups
     verdicts: bool = True  # write the verdicts an agent's alert engine would have stored
     raw_days: float | None = 1.0  # raw samples and request events: the newest days (None: all)
+    # the compact raw tier (agent/store/sample_blocks.py): raw samples whose ten-minute
+    # interval ended this long before the end moved into blocks, as retention's
+    # ``retention.compact_after_s`` would have (None: all left as rows of ``samples``)
+    compact_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if (self.devices < 1 or self.hz <= 0 or self.days <= 0
@@ -129,6 +133,10 @@ def generate(store: Store, history: History | None = None, **kwargs: Any) -> His
         write_tiers(store, h, ids)
     if h.verdicts:
         write_verdicts(store, h)
+    if h.compact_after_s is not None:
+        from vramscope.agent.store import sample_blocks
+
+        sample_blocks.compact(store, h.end_s - h.compact_after_s, 1 << 30)
     if store.dialect == "sqlite":
         # the raw rows went in as one transaction, so SQLite's WAL grew to their size (0.9 GB
         # for the week) and keeps that file size until truncated; the agent's small batches

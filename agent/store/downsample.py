@@ -48,6 +48,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from vramscope.agent.durations import MINUTE_S, SECOND_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.store import block_grid
+from vramscope.agent.store.sample_blocks import window_slices
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
     ROLLUP_TIER_S,
@@ -356,31 +358,44 @@ def _merge(parts: list[_Part], n: int) -> _Part:
 
 def _raw(store: Store, did: int, grid: _Grid, lo_s: float, hi_s: float, source: str | None,
          include_hi: bool) -> list[_Part]:
-    """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped in SQL on the grid."""
-    bucket = grid_index(store, samples.c.ts_s, grid.start_s, grid.width_s).label("bucket")
-    upper = samples.c.ts_s <= hi_s if include_hi else samples.c.ts_s < hi_s
-    where = [samples.c.device_id == did, samples.c.ts_s >= lo_s, upper]
-    if source is not None:
-        where.append(samples.c.source == source)
-    agg = [bucket, func.max(samples.c.ts_s).label("last_ts_s")]
-    for col in grid.columns:
-        agg += [func.min(samples.c[col]).label(f"{col}_min"),
-                func.max(samples.c[col]).label(f"{col}_max")]
+    """Raw samples in [lo_s, hi_s] (or [lo_s, hi_s)) grouped on the grid: rows of ``samples``
+    in SQL, rows of the compact raw tier from their decoded blocks (:mod:`block_grid`), merged
+    per bucket."""
     with store.engine.connect() as c:
+        bucket = grid_index(store, samples.c.ts_s, grid.start_s, grid.width_s).label("bucket")
+        upper = samples.c.ts_s <= hi_s if include_hi else samples.c.ts_s < hi_s
+        where = [samples.c.device_id == did, samples.c.ts_s >= lo_s, upper]
+        if source is not None:
+            where.append(samples.c.source == source)
+        agg = [bucket, func.max(samples.c.ts_s).label("last_ts_s")]
+        for col in grid.columns:
+            agg += [func.min(samples.c[col]).label(f"{col}_min"),
+                    func.max(samples.c[col]).label(f"{col}_max")]
         grouped = c.execute(select(*agg).where(and_(*where)).group_by(bucket)).all()
         last = (_last_values(c, did, [r[1] for r in grouped], grid.columns, source)
                 if grid.lasts else {})
+        in_blocks = [s for s in window_slices(c, [did], lo_s, hi_s, include_hi)
+                     if source is None or s.source == source]
     # A last row can be gone by the second query (PostgreSQL reads each statement afresh and
     # retention may have deleted it): that bucket then has no "last", not a failed request.
     # Rows by position (bucket, last_ts_s, then min, max per column): already a part's flat
     # layout (:data:`_Part`), each Row made a plain tuple once and sliced (by name, or indexed
     # 24 times a bucket, was a third of a 15-minute timeline).
     top = grid.buckets - 1
-    out = []
-    for r in grouped:
-        t = tuple(r)
-        out.append((min(int(t[0]), top), t[1], t[2:] + last.get(t[1], grid.no_lasts)))
-    return out
+    if not in_blocks:
+        out = []
+        for r in grouped:
+            t = tuple(r)
+            out.append((min(int(t[0]), top), t[1], t[2:] + last.get(t[1], grid.no_lasts)))
+        return out
+    by_bucket: dict[Any, block_grid.Group] = {
+        int(r[0]): [r[1], *r[2:], *last.get(r[1], grid.no_lasts)] for r in grouped}
+    block_grid.min_max_last(in_blocks, grid.columns, grid.start_s, grid.width_s, grid.lasts,
+                            by_bucket)
+    n = 2 * len(grid.columns)
+    return [(min(k, top), row[0],
+             tuple(row[1:]) if grid.lasts else tuple(row[1:n + 1]) + grid.no_lasts)
+            for k, row in sorted(by_bucket.items())]
 
 
 def _unrolled(store: Store, device: int, host: str | None, did: int, grid: _Grid,

@@ -15,13 +15,33 @@ rows, joined to the device row that bounds it.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select, true, union_all
+from sqlalchemy import (
+    Connection,
+    Float,
+    Select,
+    and_,
+    bindparam,
+    case,
+    func,
+    select,
+    true,
+    union_all,
+)
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
-from vramscope.agent.store.schema import agent_stats, devices, events, hosts, rollups, samples
+from vramscope.agent.store.schema import (
+    agent_stats,
+    devices,
+    events,
+    hosts,
+    rollups,
+    samples,
+)
 from vramscope.agent.store.store import stored_json, stored_reasons
 
 if TYPE_CHECKING:
@@ -34,24 +54,45 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     """Every device row with its host and ``newest_ts_s``: its newest sample not ahead of
     ``not_after_s``, from the minute rollups where raw samples are gone (as
     ``Store.time_range`` gives it for one device; None: nothing stored). By host, then index."""
-    here = samples.c.device_id == devices.c.id
-    raw = (select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= not_after_s)
-           .scalar_subquery())
-    minute = (select(func.max(rollups.c.bucket_s))
-              .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= not_after_s)
-              .scalar_subquery())
-    q = (select(hosts.c.name.label("host"), devices.c.device_index, devices.c.name,
-                devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
-                minute.label("minute"))
-         .join(hosts, hosts.c.id == devices.c.host_id)
-         .order_by(hosts.c.name, devices.c.device_index))
+    q = _devices_now_statement()
     with store.engine.connect() as c:
-        rows = [dict(r._mapping) for r in c.execute(q)]
-    for r in rows:
-        raw_s, minute_s = r.pop("raw"), r.pop("minute")
-        r["newest_ts_s"] = (float(raw_s) if raw_s is not None else
-                            None if minute_s is None else float(minute_s) + MINUTE_S)
+        rows = [dict(r._mapping) for r in c.execute(q, {"not_after_s": not_after_s})]
+        for r in rows:
+            raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
+            if r.pop("straddles"):
+                raw_s = _newest_of(c, row_id, raw_s, not_after_s)
+            r["newest_ts_s"] = (float(raw_s) if raw_s is not None else None if minute_s is None
+                                else float(minute_s) + MINUTE_S)
     return rows
+
+
+# The spans' statements are built once, the bound a parameter: their correlated seeks of the
+# compact raw tier cost SQLAlchemy more to build each time than SQLite to answer
+_NOT_AFTER = bindparam("not_after_s", type_=Float)
+
+
+@cache
+def _devices_now_statement() -> Select[Any]:
+    here = samples.c.device_id == devices.c.id
+    raw = greater(select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= _NOT_AFTER)
+                  .scalar_subquery(), _block_edge(True, _NOT_AFTER))
+    minute = (select(func.max(rollups.c.bucket_s))
+              .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= _NOT_AFTER)
+              .scalar_subquery())
+    return (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
+                   devices.c.device_index, devices.c.name,
+                   devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
+                   minute.label("minute"), _straddles(_NOT_AFTER).label("straddles"))
+            .join(hosts, hosts.c.id == devices.c.host_id)
+            .order_by(hosts.c.name, devices.c.device_index))
+
+
+@cache
+def _device_spans_statement(bounded: bool) -> Select[Any]:
+    not_after = _NOT_AFTER if bounded else None
+    return (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after),
+                   _straddles(not_after))
+            .join(hosts, hosts.c.id == devices.c.host_id))
 
 
 def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
@@ -93,10 +134,47 @@ def newest_samples(store: Store, not_after_s: float | None,
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
     an outer join so that a device without any keeps its row."""
-    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s))
-            .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
+    # with the span's ends, whether the device straddles a block and its newest block's last
+    # sample: where the window reaches into the compact raw tier (a device that stopped
+    # sending a while ago, or a view of a compacted time) its samples are read again below
+    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
+                   _straddles(not_after_s).label("straddles"),
+                   _block_edge(True, not_after_s).label("block_hi"))
+            .join(hosts, hosts.c.id == devices.c.host_id)
+            # computed once a device: flattened into the join, SQLite evaluated the ends'
+            # correlated seeks again for every sample row of the device's window (a
+            # LIMIT/OFFSET keeps a subquery from being flattened)
+            .offset(0).subquery("device_ends"))
     # where raw samples are gone the span ends a minute after the newest rollup (time_range)
     end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
+    with store.engine.connect() as c:
+        out, again = _newest_samples(store, c, tops, end, window_s)
+        for i in again:
+            now = out[i]
+            ends = now.span
+            newest = _newest_of(c, now.device["id"], None if ends is None else ends[1],
+                                not_after_s)
+            if newest is None:
+                continue
+            first = newest if ends is None else ends[0]
+            out[i] = DeviceNow(now.device, (first, newest),
+                               _recent_of(c, now.device, newest - window_s, newest))
+        return out
+
+
+def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
+               hi_s: float) -> list[Sample]:
+    """One device's samples in [lo_s, hi_s], as :func:`newest_samples` reads them."""
+    columns = ("phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+    rows = blocks.window_rows(c, [device["id"]], lo_s, hi_s, columns)
+    return [Sample(r[0], device["device_index"], Phase(r[2]), *r[3:],  # type: ignore[misc]
+                   host=device["host"], device_uuid=device["uuid"]) for r in rows]
+
+
+def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
+                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans and ``samples``'s rows of their windows, and the places
+    of those whose window also lies in blocks or whose end straddles a block."""
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
@@ -115,25 +193,31 @@ def newest_samples(store: Store, not_after_s: float | None,
              .outerjoin(samples, window)
              .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
     out: list[DeviceNow] = []
-    n_device = len(tops.c) - 4  # the devices row and its host; then the span's four ends
-    with store.engine.connect() as c:
-        result = c.execute(q)
-        keys = list(result.keys())[:n_device]
-        for r in result:
-            if not out or out[-1].device["id"] != r[0]:
-                out.append(DeviceNow(dict(zip(keys, r[:n_device])),
-                                     _span(r[n_device:n_device + 4]), []))
-            ts = r[n_device + 4]
-            if ts is not None:
-                d = out[-1].device
-                # r's rest: source, pid and the counters, as Store.iter_samples reads them
-                out[-1].recent.append(Sample(  # type: ignore[misc]
-                    ts, d["device_index"], Phase(r[n_device + 5]), *r[n_device + 6:],
-                    host=d["host"], device_uuid=d["uuid"]))
-    return out
+    again: list[int] = []
+    # the devices row and its host; then the span's four ends, whether it straddles a block,
+    # its newest block's last sample; then a sample's columns
+    n_device = len(tops.c) - 6
+    result = c.execute(q)
+    keys = list(result.keys())[:n_device]
+    for r in result:
+        if not out or out[-1].device["id"] != r[0]:
+            span = _span(r[n_device:n_device + 4])
+            out.append(DeviceNow(dict(zip(keys, r[:n_device])), span, []))
+            block_hi = r[n_device + 5]
+            if r[n_device + 4] or (block_hi is not None and span is not None
+                                   and block_hi >= span[1] - window_s):
+                again.append(len(out) - 1)
+        ts = r[n_device + 6]
+        if ts is not None:
+            d = out[-1].device
+            # r's rest: source, pid and the counters, as Store.iter_samples reads them
+            out[-1].recent.append(Sample(  # type: ignore[misc]
+                ts, d["device_index"], Phase(r[n_device + 7]), *r[n_device + 8:],
+                host=d["host"], device_uuid=d["uuid"]))
+    return out, again
 
 
-def _span_ends(not_after_s: float | None) -> list[Any]:
+def _span_ends(not_after_s: Any) -> list[Any]:
     """The four ends of ``Store.time_range``'s span of the statement's device row: its first
     and newest raw sample, its first and newest minute rollup (the newest not ahead of
     ``not_after_s`` when given), each a correlated ``min``/``max``: one seek on the device's
@@ -143,10 +227,41 @@ def _span_ends(not_after_s: float | None) -> list[Any]:
             [column <= not_after_s] if bounded and not_after_s is not None else [])
         return select(fn(column)).where(*where).scalar_subquery()
 
-    return [edge(samples.c.ts_s, samples.c.device_id, func.min, False).label("raw_lo"),
-            edge(samples.c.ts_s, samples.c.device_id, func.max, True).label("raw_hi"),
+    raw_lo = lesser(edge(samples.c.ts_s, samples.c.device_id, func.min, False),
+                    _block_edge(False, None))
+    raw_hi = greater(edge(samples.c.ts_s, samples.c.device_id, func.max, True),
+                     _block_edge(True, not_after_s))
+    return [raw_lo.label("raw_lo"), raw_hi.label("raw_hi"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False).label("minute_lo"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
+
+
+def _block_edge(newest: bool, not_after_s: Any) -> Any:
+    """:func:`~vramscope.agent.store.sample_blocks.edge_of` the statement's device row."""
+    return blocks.edge_of(devices.c.id, newest, not_after_s)
+
+
+def _straddles(not_after_s: Any) -> Any:
+    """:func:`~vramscope.agent.store.sample_blocks.straddles` of the statement's device row."""
+    return blocks.straddles(devices.c.id, not_after_s)
+
+
+def _newest_of(c: Connection, device_id: int, raw_s: float | None,
+               not_after_s: float | None) -> float | None:
+    """``raw_s`` (the newest raw sample found in SQL) or the newest one not ahead of
+    ``not_after_s`` of a block across it, whichever is newer."""
+    found = blocks.last_ts(c, device_id, not_after_s)
+    return max((x for x in (raw_s, found) if x is not None), default=None)
+
+
+def lesser(a: Any, b: Any) -> Any:
+    """The lesser of two nullable SQL values (either where the other is NULL)."""
+    return case((a.is_(None), b), (b.is_(None), a), (a <= b, a), else_=b)
+
+
+def greater(a: Any, b: Any) -> Any:
+    """The greater of two nullable SQL values (either where the other is NULL)."""
+    return case((a.is_(None), b), (b.is_(None), a), (a >= b, a), else_=b)
 
 
 def device_spans(store: Store, not_after_s: float | None = None
@@ -154,10 +269,15 @@ def device_spans(store: Store, not_after_s: float | None = None
     """Every device's span (as ``Store.time_range(device, host, not_after_s=not_after_s)``
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
-    q = (select(hosts.c.name, devices.c.device_index, *_span_ends(not_after_s))
-         .join(hosts, hosts.c.id == devices.c.host_id))
+    q = _device_spans_statement(not_after_s is not None)
     with store.engine.connect() as c:
-        return {(host, index): _span(ends) for host, index, *ends in c.execute(q)}
+        out = {}
+        for row in c.execute(q, {"not_after_s": not_after_s}).all():
+            did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles = tuple(row)
+            if straddles:
+                raw_hi = _newest_of(c, did, raw_hi, not_after_s)
+            out[(host, index)] = _span((raw_lo, raw_hi, minute_lo, minute_hi))
+        return out
 
 
 def event_counts(store: Store, start_s: float, end_s: float, name: str,

@@ -19,7 +19,7 @@ and SQLAlchemy's own work (about half a millisecond of CPU), so per-device state
 leader's steps cost 20 statements a device, most of them finding nothing to do. The devices
 are named in one ``device_id IN (...)`` (an index seek per device, on SQLite and PostgreSQL) or
 sought by a subquery correlated to the devices table, so a step sends a fixed few statements
-whatever the fleet's size, and a rollup 11 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
+whatever the fleet's size, and a rollup 12 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
 (tests/agent/test_retention_statements.py counts them).
 """
 
@@ -45,6 +45,7 @@ from sqlalchemy import (
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
+from vramscope.agent.store import sample_blocks
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import (
     ROLLUP_TIER_S,
@@ -64,7 +65,7 @@ from vramscope.agent.store.store import Store
 
 _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psycopg's limits
 # A rollup holds its devices' raw rows in memory at once (two minutes of 32 devices at 10 Hz:
-# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (11 statements each) rather
+# 38,400 rows), so a fleet's hundreds of devices go 32 at a time (12 statements each) rather
 # than in one read whose memory would grow the leader with the fleet
 ROLLUP_DEVICES_PER_CHUNK = 32
 # PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
@@ -147,13 +148,18 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
 
 
 def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
-    cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
-            *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
-    q = (select(*cols)
-         .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s, samples.c.ts_s < end_s)
-         .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""), samples.c.ts_s,
-                   samples.c.id))
-    raw = _fetch_raw(c, q)
+    if sample_blocks.any_blocks(c, ids, start_s, end_s):
+        # a late minute rolled up again whose interval is in the compact raw tier already
+        raw = _raw_with_blocks(c, ids, start_s, end_s)
+    else:
+        cols = [samples.c.device_id, samples.c.source, samples.c.ts_s,
+                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), samples.c.phase]
+        q = (select(*cols)
+             .where(samples.c.device_id.in_(ids), samples.c.ts_s >= start_s,
+                    samples.c.ts_s < end_s)
+             .order_by(samples.c.device_id, func.coalesce(samples.c.source, ""),
+                       samples.c.ts_s, samples.c.id))
+        raw = _fetch_raw(c, q)
     rows = aggregate(raw)
     _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
     refresh_ten_minutes(c, ids, start_s, end_s)
@@ -233,6 +239,17 @@ def pack_seconds(raw: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             out.append({"device_id": device_id, "minute_s": minute, "source": source,
                         "seconds": len(members), "data": tier.pack(members)})
     return out
+
+
+def _raw_with_blocks(c: Connection, ids: Sequence[int], start_s: float,
+                     end_s: float) -> list[tuple[Any, ...]]:
+    """The rows :func:`_rollup_devices` reads, as it orders them, from ``samples`` and the
+    compact raw tier together."""
+    names = ("device_id", "source", *SAMPLE_COUNTER_FIELDS, "phase")
+    rows = [r for r in sample_blocks.window_rows(c, ids, start_s, end_s, names)
+            if r[0] < end_s]
+    rows.sort(key=lambda r: (r[2], r[3] or "", r[0], r[1]))  # device, source, time, id
+    return [(r[2], r[3], r[0], *r[4:]) for r in rows]
 
 
 def _fetch_raw(c: Connection, query: Any) -> list[tuple[Any, ...]]:  # query: a Select

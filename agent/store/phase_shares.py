@@ -3,10 +3,12 @@
 A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
 outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
 
-Exact bands come from phase events, or from the phase changes of raw samples (found in SQL).
+Exact bands come from phase events, or from the phase changes of raw samples (found in SQL;
+where the compact raw tier holds some of the window, in Python over its decoded blocks).
 At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
 pixel, and "the phase that held each bucket longest" would never be prefill: the share of
 samples in each phase per bucket keeps it visible. Shares are counted in SQL over raw samples
+and in Python over the compact raw tier's blocks (:mod:`~vramscope.agent.store.block_grid`)
 (rollups carry no phase; before the raw horizon the per-second tier's seconds are counted
 here in Python: :func:`counts_from_seconds`); ``unknown`` samples (NVML) say nothing and are
 not counted. Which of these answers a window is the reader's choice
@@ -15,12 +17,15 @@ not counted. Which of these answers a window is the reader's choice
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Integer, cast, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Integer, cast, func, or_, select
 from vramscope.agent.records import Event, Phase
+from vramscope.agent.store import block_grid
 from vramscope.agent.store.downsample import device_row_id
+from vramscope.agent.store.sample_blocks import Slice, window_slices
 from vramscope.agent.store.schema import samples
 
 if TYPE_CHECKING:
@@ -42,22 +47,29 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
     did = device_row_id(store, device, host)
     if did is None:
         return {}
-    ratio = (samples.c.ts_s - start_s) / ((end_s - start_s) / buckets)
+    lo_s = start_s if from_s is None else max(start_s, from_s)
+    width = (end_s - start_s) / buckets
+    ratio = (samples.c.ts_s - start_s) / width
     # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
     grid: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
                                 else cast(ratio, Integer))
     bucket = grid.label("bucket")
     q = (select(bucket, samples.c.phase, func.count().label("n"))
-         .where(samples.c.device_id == did,
-                samples.c.ts_s >= (start_s if from_s is None else max(start_s, from_s)),
-                samples.c.ts_s <= end_s,
+         .where(samples.c.device_id == did, samples.c.ts_s >= lo_s, samples.c.ts_s <= end_s,
                 samples.c.phase != "unknown")
          .group_by(bucket, samples.c.phase))
-    out: dict[int, dict[str, int]] = {}
+    counted: dict[int, Counter[str]] = {}
     with store.engine.connect() as c:
         for b, phase, n in c.execute(q):
-            k = min(int(b), buckets - 1)
-            out.setdefault(k, {})[phase] = out.get(k, {}).get(phase, 0) + int(n)
+            counted.setdefault(int(b), Counter())[phase] += int(n)
+        # the compact raw tier's rows, counted from their decoded blocks
+        block_grid.phase_counts(window_slices(c, [did], lo_s, end_s), start_s, width, counted)
+    out: dict[int, dict[str, int]] = {}
+    for b, phases in counted.items():
+        mine = out.setdefault(min(b, buckets - 1), {})
+        for phase, n in phases.items():
+            if phase != "unknown":
+                mine[phase] = mine.get(phase, 0) + n
     return out
 
 
@@ -71,17 +83,46 @@ def phase_changes(store: Store, device: int, start_s: float, end_s: float, limit
     did = device_row_id(store, device, host)
     if did is None:
         return []
-    previous = func.lag(samples.c.phase).over(order_by=(samples.c.ts_s, samples.c.id))
-    phased = (select(samples.c.ts_s, samples.c.phase, previous.label("previous"))
-              .where(samples.c.device_id == did, samples.c.ts_s >= start_s,
-                     samples.c.ts_s <= end_s, samples.c.phase != "unknown")
-              .subquery())
-    q = (select(phased.c.ts_s, phased.c.phase)
-         .where(or_(phased.c.previous.is_(None), phased.c.previous != phased.c.phase))
-         .order_by(phased.c.ts_s).limit(limit + 1))
     with store.engine.connect() as c:
+        in_blocks = window_slices(c, [did], start_s, end_s)
+        if in_blocks:  # the compact raw tier's rows: the changes found in Python
+            return _changes_with_blocks(c, did, start_s, end_s, limit, in_blocks)
+        previous = func.lag(samples.c.phase).over(order_by=(samples.c.ts_s, samples.c.id))
+        phased = (select(samples.c.ts_s, samples.c.phase, previous.label("previous"))
+                  .where(samples.c.device_id == did, samples.c.ts_s >= start_s,
+                         samples.c.ts_s <= end_s, samples.c.phase != "unknown")
+                  .subquery())
+        q = (select(phased.c.ts_s, phased.c.phase)
+             .where(or_(phased.c.previous.is_(None), phased.c.previous != phased.c.phase))
+             .order_by(phased.c.ts_s).limit(limit + 1))
         rows = [(float(ts), str(phase)) for ts, phase in c.execute(q)]
     return rows if len(rows) <= limit else None
+
+
+def _changes_with_blocks(c: Connection, did: int, start_s: float, end_s: float, limit: int,
+                         in_blocks: list[Slice]) -> list[tuple[float, str]] | None:
+    """:func:`phase_changes` where blocks hold some of the window: the phased rows of
+    ``samples`` and of the blocks' slices as (ts_s, id, phase), sorted (C) and walked once.
+    A window this short (``PHASE_SAMPLE_SPAN_S``: 27,000 rows at 10 Hz of three sources) is
+    cheaper so than decoded into a table for SQL's ``lag()``."""
+    q = (select(samples.c.ts_s, samples.c.id, samples.c.phase)
+         .where(samples.c.device_id == did, samples.c.ts_s >= start_s,
+                samples.c.ts_s <= end_s, samples.c.phase != _UNKNOWN))
+    rows: list[tuple[float, int, str]] = [tuple(r) for r in c.execute(q).all()]
+    for s in in_blocks:
+        rows.extend(r for r in zip(s.column("ts_s")[s.a:s.b], s.column("id")[s.a:s.b],
+                                   s.column("phase")[s.a:s.b], strict=True)
+                    if r[2] != _UNKNOWN)
+    rows.sort()
+    out: list[tuple[float, str]] = []
+    previous = None
+    for ts, _, phase in rows:
+        if phase != previous:
+            out.append((float(ts), str(phase)))
+            if len(out) > limit:
+                return None
+            previous = phase
+    return out
 
 
 _PHASE_ORDER = ("prefill", "decode", "setup", "idle")  # drawing order of shares, bottom up

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, or_, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S
 from vramscope.agent.durations import MINUTE_S
+from vramscope.agent.store import block_grid
 from vramscope.agent.store.downsample import (
     RAW_GROUP_LIMIT,
     aligned_grid,
@@ -47,6 +48,7 @@ from vramscope.agent.store.reads import (
     ProcessSeries,
     ProcessWindow,
 )
+from vramscope.agent.store.sample_blocks import edge_span, window_rows, window_slices
 from vramscope.agent.store.schema import rollups, samples, verdicts
 from vramscope.agent.store.window import count_at_most, first_sample_ts
 
@@ -140,14 +142,20 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
     with store.engine.connect() as c:
         grouped = c.execute(q).all()
         newest = c.execute(newest_q).scalar()
+        # the compact raw tier's rows, grouped from their decoded blocks
+        in_blocks = window_slices(c, [did], lo_s, end_s)
+    by_group: dict[Any, list[Any]] = {(r[0], int(r[1])): list(r[2:]) for r in grouped}
+    block_grid.min_max_per_pid(in_blocks, cols, g_start, width, by_group)
+    newest = max((x for x in (newest, *(s.column("ts_s")[s.b - 1] for s in in_blocks))
+                  if x is not None), default=None)
     per_pid: dict[int | None, dict[int, list[Any]]] = {}
-    for pid, b, last_ts, *values in grouped:
-        k = min(max(int(b), 0), count - 1)
+    for (pid, b), values in by_group.items():
+        k = min(max(b, 0), count - 1)
         mine = per_pid.setdefault(pid, {})
         if k in mine:  # the end's clamped bucket: two groups in one
-            mine[k] = _merged(mine[k], [last_ts, *values])
+            mine[k] = _merged(mine[k], values)
         else:
-            mine[k] = [last_ts, *values]
+            mine[k] = values
     out = []
     keys = [f"{col}_{stat}" for col in cols for stat in ("min", "max")]
     for pid, by_bucket in per_pid.items():
@@ -186,14 +194,14 @@ def _edge_pids(store: Store, did: int, raw_lo: float | None, hi_s: float,
     if raw_lo is None or hi_s < raw_lo:
         return []
     found: dict[int | None, None] = {}
-    span = [samples.c.device_id == did, samples.c.ts_s >= raw_lo, samples.c.ts_s <= hi_s]
     with store.engine.connect() as c:
-        for order in (samples.c.ts_s.asc(), samples.c.ts_s.desc()):
-            edge = (select(samples.c.pid, *(samples.c[col] for col in cols)).where(*span)
-                    .order_by(order).limit(EDGE_ROWS).subquery())
-            q = (select(edge.c.pid).where(or_(*(edge.c[col].is_not(None) for col in cols)))
-                 .distinct())
-            found.update(dict.fromkeys(r[0] for r in c.execute(q)))
+        for newest in (False, True):
+            # only the blocks that hold this end's rows are decoded
+            lo, hi = edge_span(c, did, raw_lo, hi_s, EDGE_ROWS, newest)
+            rows = window_rows(c, [did], lo, hi, ("pid", *cols), newest_first=newest,
+                               limit=EDGE_ROWS)
+            found.update(dict.fromkeys(r[2] for r in rows
+                                       if any(v is not None for v in r[3:])))
     return list(found)
 
 

@@ -24,8 +24,9 @@ minute rollups or their ten-minute groups, the event counts. The calls:
   and where the raw samples begin (:func:`raw_from`).
 
 The tier modules behind it (``downsample``, ``window``, ``event_rate``, ``phase_shares``,
-``process_series``, ``fleet``: :data:`TIER_MODULES`) are its private parts: nothing outside
-``vramscope.agent.store`` imports them or uses their names (``tests/test_import_graph.py``).
+``process_series``, ``fleet``, ``block_grid``: :data:`TIER_MODULES`) are its private parts:
+nothing outside ``vramscope.agent.store`` imports them or uses their names
+(``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ if TYPE_CHECKING:
 # the modules behind the reader: imported by the store's own modules only
 TIER_MODULES = ("vramscope.agent.store.downsample", "vramscope.agent.store.window",
                 "vramscope.agent.store.event_rate", "vramscope.agent.store.phase_shares",
-                "vramscope.agent.store.process_series", "vramscope.agent.store.fleet")
+                "vramscope.agent.store.process_series", "vramscope.agent.store.fleet",
+                "vramscope.agent.store.block_grid")
 
 
 class WindowTooLong(ValueError):

@@ -121,6 +121,31 @@ samples = Table(
     postgresql_partition_by="RANGE (ts_s)",
 )
 
+# The compact raw tier (0015, agent/store/sample_blocks.py): the raw samples of one device,
+# source and pid over one closed ``BLOCK_S`` interval, moved out of ``samples`` by compaction
+# (``retention.compact_after_s``) as one row of compressed columns (agent/store/block_codec.py):
+# about 10 bytes a sample where a row of ``samples`` and its indexes cost about 120. More than
+# one block may share a key where rows arrived after their interval was compacted. ``first_s``
+# and ``last_s`` are the first and last sample's times, so a range query prunes by the index
+# before it decodes anything.
+sample_blocks = Table(
+    "sample_blocks", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("block_s", Float, nullable=False),  # the interval's start, a multiple of BLOCK_S
+    Column("source", String(32), nullable=True),
+    Column("pid", Integer, nullable=True),
+    Column("first_s", Float, nullable=False),
+    Column("last_s", Float, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("keyed", Integer, nullable=False),  # rows with a content_key (imported), 0 if none
+    Column("data", LargeBinary, nullable=False),
+    Index("ix_sample_blocks_device_block", "device_id", "block_s"),
+    # import's duplicate check looks keyed blocks up by time alone (content keys are not
+    # per device)
+    Index("ix_sample_blocks_block", "block_s"),
+)
+
 events = Table(
     "events", metadata,
     Column("id", Integer, primary_key=True),

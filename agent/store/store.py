@@ -56,7 +56,7 @@ from vramscope.agent.records import (
     uuid_candidates,
 )
 from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
-from vramscope.agent.store import content_keys, migrate
+from vramscope.agent.store import content_keys, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -682,25 +682,49 @@ class Store:
                      end_s: float | None = None, *, host: str | None = None,
                      source: str | None = None, limit: int | None = None) -> Iterable[Sample]:
         hname = host or self.host_name
-        q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase, samples.c.source,
-                    samples.c.pid, *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS),
-                    devices.c.uuid)
-             .join(devices, devices.c.id == samples.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == hname)
-             .order_by(samples.c.ts_s, samples.c.id))
-        q = _time_filter(q, samples.c.ts_s, start_s, end_s)
-        if device is not None:
-            q = q.where(devices.c.device_index == device)
-        if source is not None:
-            q = q.where(samples.c.source == source)
-        if limit is not None:
-            q = q.limit(limit)
         host_field = None if host is None else host
         with self.engine.connect() as c:
+            mine = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+                    .where(hosts.c.name == hname))
+            if device is not None:
+                mine = mine.where(devices.c.device_index == device)
+            ids = c.execute(mine).scalars().all()
+            if sample_blocks.any_blocks(c, ids, start_s, end_s):
+                # the compact raw tier holds some: its rows and samples's, merged in order
+                yield from self._samples_with_blocks(c, ids, start_s, end_s, source, limit,
+                                                     host_field)
+                return
+            q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase,
+                        samples.c.source, samples.c.pid,
+                        *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS), devices.c.uuid)
+                 .join(devices, devices.c.id == samples.c.device_id)
+                 .join(hosts, hosts.c.id == devices.c.host_id)
+                 .where(hosts.c.name == hname)
+                 .order_by(samples.c.ts_s, samples.c.id))
+            q = _time_filter(q, samples.c.ts_s, start_s, end_s)
+            if device is not None:
+                q = q.where(devices.c.device_index == device)
+            if source is not None:
+                q = q.where(samples.c.source == source)
+            if limit is not None:
+                q = q.limit(limit)
             for r in c.execute(q).yield_per(10_000):
                 yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4],  # type: ignore[misc]
                              *r[5:-1], host=host_field, device_uuid=r[-1])  # r: counters
+
+    @staticmethod
+    def _samples_with_blocks(c: Connection, ids: Sequence[int], start_s: float | None,
+                             end_s: float | None, source: str | None, limit: int | None,
+                             host_field: str | None) -> Iterator[Sample]:
+        names = {int(r[0]): (r[1], r[2]) for r in c.execute(
+            select(devices.c.id, devices.c.device_index, devices.c.uuid)
+            .where(devices.c.id.in_(list(ids))))}
+        columns = ("device_id", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+        for r in sample_blocks.iter_window_rows(c, ids, start_s, end_s, columns, source=source,
+                                                limit=limit):
+            index, uuid = names[r[2]]
+            yield Sample(r[0], index, Phase(r[3]), r[4], r[5],  # type: ignore[misc]
+                         *r[6:], host=host_field, device_uuid=uuid)  # r: counters
 
     def events(self, device: int | None = None, start_s: float | None = None,
                end_s: float | None = None, *, host: str | None = None,
@@ -791,7 +815,18 @@ class Store:
                                .where(rollups.c.device_id == did,
                                       *_not_after(rollups.c.bucket_s, not_after_s))
                                .scalar_subquery())
-                spans.append(c.execute(select(lo, hi, first_minute, last_minute)).one())
+                # the compact raw tier's first and newest sample, in the same statement (a
+                # block across the bound is decoded after)
+                lo_, hi_, first_m, last_m, block_lo, block_hi, across = c.execute(select(
+                    lo, hi, first_minute, last_minute,
+                    sample_blocks.edge_of(did, False, None),
+                    sample_blocks.edge_of(did, True, not_after_s),
+                    sample_blocks.straddles(did, not_after_s))).one()
+                if across:
+                    block_hi = sample_blocks.last_ts(c, did, not_after_s)
+                lo_ = min((x for x in (lo_, block_lo) if x is not None), default=None)
+                hi_ = max((x for x in (hi_, block_hi) if x is not None), default=None)
+                spans.append((lo_, hi_, first_m, last_m))
         firsts = [x for span in spans for x in (span[0], span[2]) if x is not None]
         lasts = [span[1] if span[1] is not None else span[3] + MINUTE_S
                  for span in spans if span[1] is not None or span[3] is not None]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ScalarSelect, func, literal, select
 from vramscope.agent.durations import MINUTE_S
+from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
 
 if TYPE_CHECKING:
@@ -25,14 +26,22 @@ def count_at_most(store: Store, device: int, start_s: float | None, end_s: float
                   limit: int, host: str | None = None) -> int:
     """Samples of device index ``device`` in [start_s, end_s], counted up to ``limit + 1``
     (``limit + 1`` means "more than ``limit``")."""
-    q = select(literal(1)).where(samples.c.device_id == _device_id(store, device, host))
-    if start_s is not None:
-        q = q.where(samples.c.ts_s >= start_s)
-    if end_s is not None:
-        q = q.where(samples.c.ts_s <= end_s)
-    bounded = q.limit(limit + 1).subquery()
     with store.engine.connect() as c:
-        return int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+        did = c.execute(select(_device_id(store, device, host))).scalar()
+        if did is None:
+            return 0
+        q = select(literal(1)).where(samples.c.device_id == did)
+        if start_s is not None:
+            q = q.where(samples.c.ts_s >= start_s)
+        if end_s is not None:
+            q = q.where(samples.c.ts_s <= end_s)
+        bounded = q.limit(limit + 1).subquery()
+        counted = int(c.execute(select(func.count()).select_from(bounded)).scalar() or 0)
+        # the compact raw tier: its blocks' counts, those wholly inside the window as stored,
+        # those across an end by their rows
+        if counted > limit:
+            return limit + 1
+        return min(limit + 1, counted + blocks.count_in(c, did, start_s, end_s, limit - counted))
 
 
 def events_at_most(store: Store, device: int, start_s: float, end_s: float,
@@ -58,11 +67,14 @@ def first_sample_ts(store: Store, device: int, host: str | None = None) -> float
     """The device's first raw sample time: one seek on the ``(device_id, ts_s)`` index.
     Retention deletes raw samples oldest first, so a window that starts before it lives on
     only in the tiers (the per-second tier, the minute rollups)."""
-    q = (select(samples.c.ts_s).where(samples.c.device_id == _device_id(store, device, host))
-         .order_by(samples.c.ts_s).limit(1))
+    did = _device_id(store, device, host)
+    first = (select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s)
+             .limit(1).scalar_subquery())
+    # and the compact raw tier's first, in the same statement
     with store.engine.connect() as c:
-        first = c.execute(q).scalar()
-    return None if first is None else float(first)
+        found = [x for x in c.execute(select(first, blocks.edge_of(did, False, None))).one()
+                 if x is not None]
+    return float(min(found)) if found else None
 
 
 def seconds_at_most(store: Store, device: int, start_s: float, end_s: float, limit: int,

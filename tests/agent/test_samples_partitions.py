@@ -88,8 +88,9 @@ def test_retention_drops_the_days_before_its_cutoff_once_rolled_up(store):
     kept = [_s(D0 + 2 * DAY + t, 100 + t) for t in (3600, 50_000, 50_001)]  # before, after noon
     store.write(day_rows + kept)
     clock = FakeClock(D0 + 3 * DAY + DAY / 2)
+    # compaction off (after ten days): the partitions' own rows are what this test follows
     r = Retention(raw_s=DAY, rollup_s=30 * DAY, step_rows=1000, minutes_per_step=5,
-                  clock=clock)
+                  clock=clock, compact_after_s=10 * DAY)
     steps = [r.step(store)]
     while steps[-1].backlog:
         steps.append(r.step(store))
@@ -125,7 +126,8 @@ def test_rows_in_the_default_move_into_the_partition_made_for_their_day(store):
         3 * DAY + 5, 3 * DAY + 6, 4 * DAY + 1]}
     # retention at a clock on day 3 makes days 4 and 5 ahead: PostgreSQL would refuse day 4
     # while the default holds a row of it (a host whose clock runs ahead), so it is moved in
-    r = Retention(raw_s=DAY, rollup_s=30 * DAY, step_rows=1000, clock=FakeClock(D0 + 3 * DAY + 9))
+    r = Retention(raw_s=DAY, rollup_s=30 * DAY, step_rows=1000, clock=FakeClock(D0 + 3 * DAY + 9),
+                  compact_after_s=10 * DAY)
     assert r.step(store).deleted["partitions"] == 0
     assert _where(store) == {NAMES[0]: [5.0], "samples_default": [3 * DAY + 5, 3 * DAY + 6],
                              NAMES[4]: [4 * DAY + 1]}
