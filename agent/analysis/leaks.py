@@ -99,6 +99,7 @@ from vramscope.agent.analysis.growth import (
     Forecast,
     Rate,
     describe_forecast,
+    held_too,
     judge,
     level_noise,
     more_time_s,
@@ -106,6 +107,8 @@ from vramscope.agent.analysis.growth import (
     rate_interval,
     rate_interval_with_load,
     span_words,
+    spread,
+    step_margin,
     time_to_oom,
     widened,
 )
@@ -966,18 +969,18 @@ class LeakDetector:
         pts = list(self.trend_points() if points is None else points)
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
+        horizon, horizon_held = pts, held
         if r.detected and r.start_ts_s is not None:
             first = next((i for i, p in enumerate(pts) if p[0] >= r.start_ts_s), len(pts))
             if len(pts) - first >= MIN_FIT_POINTS:
                 pts, held = pts[first:], held[first:]
-        rate = rate_interval(pts)
-        joint = rate_interval_with_load(pts, held) if r.detected and any(held) else None
-        if rate is not None and joint is not None:
-            # a leak on floors estimated with requests in flight: the floors as corrected and
-            # the bytes per request fitted beside the rate read it differently, and the
-            # interval holds both (narrower than their disagreement, it claims a precision the
-            # estimate does not give, as widened() says of a route's estimators)
-            rate = rate._replace(low=min(rate.low, joint.low), high=max(rate.high, joint.high))
+        rate = _fitted(pts, held, r.detected)
+        if r.detected and rate is not None:
+            if r.estimated_floor:  # where it began is within the estimate's wandering
+                horizon, horizon_held = pts, held
+            return with_forecast(r, self._misfit(rate, r.slope_bytes_per_s, pts, horizon,
+                                                 horizon_held),
+                                 self._limit() - self.peak.value())
         if rate is None and r.detected and r.slope_bytes_per_s > 0:
             # too few points for an interval of their own: the slope's, with the model's error
             rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
@@ -1008,6 +1011,26 @@ class LeakDetector:
                        f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise")
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: {missing} (the test so far: {r.evidence})"))
+
+    def _misfit(self, rate: Rate, slope: float, pts: Sequence[tuple[float, int]],
+                horizon: Sequence[tuple[float, int]], horizon_held: Sequence[int]) -> Rate:
+        """A leak's interval, ``rate`` (over ``pts``, the floor since the rise began) reporting
+        ``slope``, widened where the floor is no straight line: to the model's error
+        (:func:`growth.widened`); by a step either side where it rose in steps
+        (:func:`growth.step_margin`); and to hold the rate since the floor left its starting
+        level in ``horizon`` too, where it rose before ``pts`` by more than the minimum slope
+        adds over ``alerts.leak_min_span_s`` (a leak that grows under load only, or in bursts:
+        the rate of its latest rise and its average since it began are both its rate, and the
+        time to OOM lies between them). A floor estimated with requests in flight wanders by
+        more than that: its caller passes ``pts`` as the horizon."""
+        out = spread(widened(rate, slope), step_margin(pts, rate))
+        began = rise_start(horizon, self._min_slope() * self.t.leak_min_span_s)
+        if pts and began < pts[0][0]:
+            first = next(i for i, p in enumerate(horizon) if p[0] >= began)
+            since = _fitted(horizon[first:], horizon_held[first:], True)
+            if since is not None:
+                out = held_too(out, since)
+        return out
 
     def _sequential(self, raw: int) -> LeakResult | None:
         """Feed the newest floor point to the CUSUM; a verdict when it found a leak, holds one,
@@ -1138,6 +1161,19 @@ def with_orphans(r: LeakResult, k: KvLeak | None) -> LeakResult:
         time_to_oom_high_s=None, growth_bytes=int((k.bytes_per_s or 0.0) * (
             k.last_ts_s - k.first_ts_s)),
         evidence=f"{kv_evidence(k)}; the idle floor: {r.evidence}")
+
+
+def _fitted(points: Sequence[tuple[float, int]], loads: Sequence[int],
+            detected: bool) -> Rate | None:
+    """The rate of floor ``points`` with its interval; for a leak on floors estimated with
+    requests in flight (``loads``), stretched to hold the rate fitted together with the bytes
+    per request too (``growth.rate_interval_with_load``): the floors as corrected and the
+    bytes per request fitted beside the rate read it differently (narrower than their
+    disagreement, the interval claims a precision the estimate does not give, as
+    ``growth.widened`` says of a route's estimators)."""
+    rate = rate_interval(points)
+    joint = rate_interval_with_load(points, loads) if detected and any(loads) else None
+    return held_too(rate, joint) if rate is not None and joint is not None else rate
 
 
 def with_rate(r: LeakResult, rate: Rate, headroom_bytes: float) -> LeakResult:
@@ -1348,15 +1384,17 @@ def _rate_words(rate: float, knee_ts: float | None, limit_bytes: int) -> str:
     return f"; its rate {100.0 * rate * 3600.0 / limit_bytes:+.3f} %/h of the limit {where}"
 
 
-def rise_start(points: Sequence[tuple[float, int]]) -> float:
+def rise_start(points: Sequence[tuple[float, int]], least_rise: float = 0.0) -> float:
     """When the floor left its starting level: the last point no higher than the median of
-    the first five plus twice the step-to-step noise (the horizon's start for a steady rise)."""
+    the first five plus twice the step-to-step noise, or ``least_rise`` where that is more
+    (the horizon's start for a steady rise)."""
     ys = [p[1] for p in points]
     base = median(ys[:5])
     diffs = [b - a for a, b in zip(ys, ys[1:])]
     mid = median(diffs)
     noise = 1.4826 * median([abs(d - mid) for d in diffs]) / 2 ** 0.5
-    last = max((i for i, y in enumerate(ys) if y <= base + 2 * noise), default=0)
+    last = max((i for i, y in enumerate(ys) if y <= base + max(2 * noise, least_rise)),
+               default=0)
     return points[last][0]
 
 

@@ -12,7 +12,9 @@ from vramscope.agent.analysis.growth import (
     more_time_s,
     rate_interval,
     rate_interval_with_load,
+    step_margin,
     time_to_oom,
+    widened,
 )
 from vramscope.agent.analysis.leaks import LeakDetector, rising_recently
 from vramscope.agent.records import Event, Phase, Sample
@@ -69,6 +71,49 @@ def test_a_short_stretch_takes_the_floors_noise_from_before_it():
     pts = [(float(t), 2.0 * t) for t in range(6)]
     assert rate_interval(pts).low == 2.0
     assert rate_interval(pts, noise=10.0).low == pytest.approx(-3.0548, rel=1e-4)
+
+
+# a leak in steps: 300 MB at 3 min, 200 MB more at 21 min, read each minute to 33 min
+STAIRS = [(60.0 * i, 0 if i < 3 else 300 * MB if i < 21 else 500 * MB) for i in range(34)]
+
+
+def test_a_floor_in_steps_has_its_rate_known_to_a_step_either_side():
+    rate = rate_interval(STAIRS)
+    assert rate is not None
+    per_h = [round(v * 3600 / MB, 1) for v in (rate.slope, rate.low, rate.high)]
+    # least squares reads 756.3 MB/h where the stairs added 500 MB in the 30.5 min since
+    # their first step (983.6 MB/h); one step (300 MB, less what the line adds in the
+    # minute) over the 33 min either side holds it
+    assert per_h == [756.3, 447.7, 1064.9]
+    assert round(step_margin(STAIRS, rate) * 3600 / MB, 1) == 522.5
+    # a floor that falls back as far as it steps wanders about a line: no step
+    wandering = [(t, y - 250 * MB if i == 10 else y) for i, (t, y) in enumerate(STAIRS)]
+    assert step_margin(wandering, rate_interval(wandering)) == 0.0
+    # a steady rise: no step
+    line = [(60.0 * i, 10 * MB * i) for i in range(34)]
+    assert step_margin(line, rate_interval(line)) == 0.0
+
+
+def test_a_leak_that_rose_before_its_latest_rise_reports_its_average_since_it_began_too():
+    detector = LeakDetector()
+    detector.limit_bytes = 80 * 2**30  # the minimum slope adds 53.7 MB over 15 min
+    base = 20 * 2**30
+    # flat for an hour, 1300 MB at 5 min, flat again, then 110 MB a minute from 35 min
+    horizon = ([(60.0 * i, base) for i in range(-60, 1)]
+               + [(60.0 * i, base + 1300 * MB) for i in range(5, 36)]
+               + [(60.0 * i, base + 1300 * MB + 110 * MB * (i - 35)) for i in range(36, 57)])
+    burst = [p for p in horizon if p[0] >= 35 * 60]
+    rate = rate_interval(burst)
+    assert rate is not None and round(rate.slope * 3600 / MB) == 6600
+    out = detector._misfit(rate, rate.slope, burst, horizon, [0] * len(horizon))
+    # the latest rise, 6600 MB/h (widened to the model's error), and the average since the
+    # floor first rose, 3867.9 MB/h (3610 MB over 56 min), both inside
+    assert (round(out.low * 3600 / MB, 1), round(out.high * 3600 / MB, 1)) == (-24.4, 7590.0)
+    # the same rise over a floor flat until it began: the interval is the rise's only
+    onset = [(t, y - 1300 * MB) for t, y in burst]
+    flat = [(60.0 * i, base) for i in range(-60, 35)] + onset
+    assert detector._misfit(rate, rate.slope, onset, flat, [0] * len(flat)) == widened(
+        rate, rate.slope)
 
 
 def test_the_state_follows_the_interval_and_what_is_missing_scales_with_the_effect():
