@@ -217,6 +217,12 @@ def aligned_grid(start_s: float, end_s: float, buckets: int
     return tier_grid(start_s, end_s, buckets) or second_grid(start_s, end_s, buckets)
 
 
+def timeline_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int]:
+    """``(start, width, count)``: the timeline's grid (:func:`aligned_grid`, else as asked)."""
+    return aligned_grid(start_s, end_s, buckets) or (start_s, (end_s - start_s) / buckets,
+                                                      buckets)
+
+
 def second_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int] | None:
     """``(start, width, count)`` of an aligned window whose buckets are half a second or wider
     but too fine for the minute rollups: a whole number of seconds wide, starting on a second,

@@ -35,10 +35,10 @@ from vramscope.agent.alerts.verdicts import HEARTBEAT_S
 from vramscope.agent.store import block_grid
 from vramscope.agent.store.downsample import (
     RAW_GROUP_LIMIT,
-    aligned_grid,
     any_minute,
     device_row_id,
     grid_index,
+    timeline_grid,
 )
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
@@ -119,18 +119,12 @@ def _by_pid(pid: int | None) -> tuple[bool, int]:
     return pid is None, pid or 0
 
 
-def _grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int]:
-    """``(start, width, count)``: the timeline's grid (``aligned_grid``, else as asked)."""
-    return aligned_grid(start_s, end_s, buckets) or (start_s, (end_s - start_s) / buckets,
-                                                      buckets)
-
-
 def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
              lo_s: float, cols: tuple[str, ...]
              ) -> tuple[list[ProcessSeries], float | None]:
     """Raw allocator rows in [lo_s, end_s] grouped by (pid, bucket) in one statement, and the
     device's newest sample of any source in [lo_s, end_s] (one seek)."""
-    g_start, width, count = _grid(start_s, end_s, buckets)
+    g_start, width, count = timeline_grid(start_s, end_s, buckets)
     bucket = grid_index(store, samples.c.ts_s, g_start, width).label("bucket")
     aggs = [agg(samples.c[col]) for col in cols for agg in (func.min, func.max)]
     q = (select(samples.c.pid, bucket, func.max(samples.c.ts_s), *aggs)

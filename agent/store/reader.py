@@ -115,9 +115,7 @@ def series(store: Store, span: Span, points: int, columns: Sequence[str]) -> Ser
     _every_process(span, "series")
     rows, tier = _ds.downsampled(store, span.device, span.start_s, span.end_s, points,
                                  columns, None, span.host, aligned=True)
-    grid = _ds.aligned_grid(span.start_s, span.end_s, points)
-    if grid is None:
-        return Series(rows, span.start_s, (span.end_s - span.start_s) / points, tier)
+    grid = _ds.timeline_grid(span.start_s, span.end_s, points)
     return Series(rows, grid[0], grid[1], tier)
 
 
