@@ -519,19 +519,17 @@ def read_from(store: Store, device: int, start_s: float, end_s: float, width_s: 
     """Where :func:`downsample` reads buckets ``width_s`` wide over [start_s, end_s] from, for a
     view to say: "per-minute rollups", "raw samples grouped in SQL", "per-second tier", or the
     tier the deleted part came from followed by ", then raw samples grouped in SQL"."""
-    raw = "raw samples grouped in SQL"
     did = device_row_id(store, device, host)
     if did is None:
-        return raw
+        return RAW_GROUPED
     if width_s >= MINUTE_S / 2 and _rollup_span(store, did, start_s, end_s) is not None:
-        return "per-minute rollups"
+        return PER_MINUTE
     horizon = first_sample_ts(store, device, host)
     old_end = end_s if horizon is None else min(horizon, end_s)
     if old_end <= start_s or not any_minute(store, seconds.c.minute_s, did, start_s, old_end):
-        return raw
-    old = ("per-minute rollups" if old_end - start_s > SECONDS_READ_MAX_S
-           else "per-second tier")
-    return old if horizon is None or horizon > end_s else f"{old}, then {raw}"
+        return RAW_GROUPED
+    old = PER_MINUTE if old_end - start_s > SECONDS_READ_MAX_S else PER_SECOND
+    return _then(old, RAW_GROUPED if horizon is not None and horizon <= end_s else "")
 
 
 LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits
