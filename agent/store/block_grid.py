@@ -37,18 +37,23 @@ from vramscope.agent.store.sample_blocks import Slice
 Group = list[Any]
 
 
-def _bucket_runs(times: Sequence[float], a: int, b: int, start_s: float,
-                width_s: float) -> list[tuple[int, int, int]]:
-    """``(bucket, i, j)`` for each run of rows ``times[i:j]`` (within ``[a, b)``, in time
-    order) that share a bucket."""
-    keys = [math.floor((t - start_s) / width_s) for t in times[a:b]]
+def runs(keys: Sequence[Any], offset: int = 0) -> list[tuple[Any, int, int]]:
+    """``(key, offset + i, offset + j)`` for each run ``keys[i:j]`` of one key (``keys`` in
+    order: a row's bucket, of rows in time order)."""
     out = []
     i, n = 0, len(keys)
     while i < n:
         j = bisect_right(keys, keys[i], i)
-        out.append((keys[i], a + i, a + j))
+        out.append((keys[i], offset + i, offset + j))
         i = j
     return out
+
+
+def _bucket_runs(times: Sequence[float], a: int, b: int, start_s: float,
+                 width_s: float) -> list[tuple[int, int, int]]:
+    """``(bucket, i, j)`` for each run of rows ``times[i:j]`` (within ``[a, b)``, in time
+    order) that share a bucket."""
+    return runs([math.floor((t - start_s) / width_s) for t in times[a:b]], a)
 
 
 def _groups(times: Sequence[float], cols: Sequence[Sequence[Any]], a: int, b: int,
@@ -70,11 +75,12 @@ def _groups(times: Sequence[float], cols: Sequence[Sequence[Any]], a: int, b: in
         if lasts:
             tie = bisect_left(times, times[j - 1], i, j)  # rows at the newest time
             row += ([col[j - 1] for col in cols] if tie == j - 1 else
-                    [_greatest(col[tie:j]) for col in cols])
+                    [greatest(col[tie:j]) for col in cols])
         yield k, row
 
 
-def _merge(into: dict[Any, Group], key: Any, row: Group, columns: int, lasts: bool) -> None:
+def merge_group(into: dict[Any, Group], key: Any, row: Group, columns: int,
+                lasts: bool) -> None:
     """``row`` added to the group ``into[key]`` (both of ``columns`` columns): the newer
     time, the lesser minima, the greater maxima, and the last values of the newer time (of
     the same time: each column's greater, as one GROUP BY over both tables would give)."""
@@ -83,14 +89,14 @@ def _merge(into: dict[Any, Group], key: Any, row: Group, columns: int, lasts: bo
         into[key] = row
         return
     for i in range(1, 2 * columns + 1, 2):
-        had[i] = _least((had[i], row[i]))
-        had[i + 1] = _greatest((had[i + 1], row[i + 1]))
+        had[i] = least((had[i], row[i]))
+        had[i + 1] = greatest((had[i + 1], row[i + 1]))
     if lasts:
         tail = slice(2 * columns + 1, 3 * columns + 1)
         if row[0] > had[0]:
             had[tail] = row[tail]
         elif row[0] == had[0]:
-            had[tail] = [_greatest(pair) for pair in zip(had[tail], row[tail], strict=True)]
+            had[tail] = [greatest(pair) for pair in zip(had[tail], row[tail], strict=True)]
     had[0] = max(had[0], row[0])
 
 
@@ -100,7 +106,7 @@ def min_max_last(slices: Sequence[Slice], columns: Sequence[str], start_s: float
     for s in slices:
         cols = [s.column(name) for name in columns]
         for k, row in _groups(s.column("ts_s"), cols, s.a, s.b, start_s, width_s, lasts):
-            _merge(into, k, row, len(columns), lasts)
+            merge_group(into, k, row, len(columns), lasts)
 
 
 def min_max_per_pid(slices: Sequence[Slice], columns: Sequence[str], start_s: float,
@@ -117,7 +123,7 @@ def min_max_per_pid(slices: Sequence[Slice], columns: Sequence[str], start_s: fl
             cols = [list(compress(col[a:b], keep)) for col in cols]
             a, b = 0, len(times)
         for k, row in _groups(times, cols, a, b, start_s, width_s, lasts=False):
-            _merge(into, (s.pid, k), row, len(columns), lasts=False)
+            merge_group(into, (s.pid, k), row, len(columns), lasts=False)
 
 
 def phase_counts(slices: Sequence[Slice], start_s: float, width_s: float,
@@ -129,9 +135,9 @@ def phase_counts(slices: Sequence[Slice], start_s: float, width_s: float,
             into.setdefault(k, Counter()).update(phases[i:j])
 
 
-def _least(values: Sequence[Any]) -> Any:
+def least(values: Sequence[Any]) -> Any:
     return min((v for v in values if v is not None), default=None)
 
 
-def _greatest(values: Sequence[Any]) -> Any:
+def greatest(values: Sequence[Any]) -> Any:
     return max((v for v in values if v is not None), default=None)

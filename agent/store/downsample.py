@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 from itertools import chain, repeat
-from operator import is_not
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    Column,
     ColumnElement,
     Connection,
     Float,
@@ -218,6 +217,12 @@ def aligned_grid(start_s: float, end_s: float, buckets: int
     return tier_grid(start_s, end_s, buckets) or second_grid(start_s, end_s, buckets)
 
 
+def timeline_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int]:
+    """``(start, width, count)``: the timeline's grid (:func:`aligned_grid`, else as asked)."""
+    return aligned_grid(start_s, end_s, buckets) or (start_s, (end_s - start_s) / buckets,
+                                                      buckets)
+
+
 def second_grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int] | None:
     """``(start, width, count)`` of an aligned window whose buckets are half a second or wider
     but too fine for the minute rollups: a whole number of seconds wide, starting on a second,
@@ -279,10 +284,25 @@ def grid_index(store: Store, ts: Any, start_s: float, width_s: float) -> ColumnE
 
 def seconds_end(store: Store, did: int) -> float | None:
     """The end of the device's newest minute in the per-second tier (one seek), or None."""
-    q = select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == did)
+    return minutes_end(store, seconds.c.minute_s, did)
+
+
+def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
+    """The end of the device's newest minute in ``minute``'s table (a tier keyed by device
+    and minute start; one seek), or None."""
+    q = select(func.max(minute)).where(minute.table.c.device_id == did)
     with store.engine.connect() as c:
         newest = c.execute(q).scalar()
     return None if newest is None else float(newest) + MINUTE_S
+
+
+def any_minute(store: Store, minute: Column[Any], did: int, lo_s: float, hi_s: float) -> bool:
+    """Whether a minute of the device in ``minute``'s table (a tier keyed by device and minute
+    start) overlaps [lo_s, hi_s) (one seek)."""
+    q = (select(minute).where(minute.table.c.device_id == did, minute > lo_s - MINUTE_S,
+                              minute < hi_s).limit(1))
+    with store.engine.connect() as c:
+        return c.execute(q).first() is not None
 
 
 def _validate(start_s: float, end_s: float, buckets: int, columns: Sequence[str]) -> None:
@@ -473,7 +493,7 @@ def _seconds_on_grid(grid: _Grid, seconds_read: _Columns) -> list[_Part]:
     if not ts:
         return []
     index = grid.index
-    bounds = _runs([index(t) for t in ts])
+    bounds = block_grid.runs([index(t) for t in ts])
     min_max: list[list[Any]] = []  # per column its minima, then its maxima, a value a bucket
     last_values: list[list[Any]] = []
     nothing = [None] * len(bounds)
@@ -482,9 +502,11 @@ def _seconds_on_grid(grid: _Grid, seconds_read: _Columns) -> list[_Part]:
             min_max += [nothing, nothing]
             last_values.append(nothing)
         elif None in lo or None in hi or None in la:
-            merged = [_min_max_last(lo[a:b], hi[a:b], la[a:b]) for _, a, b in bounds]
-            min_max += [[m[0] for m in merged], [m[1] for m in merged]]
-            last_values.append([m[2] for m in merged])
+            # a counter some seconds did not measure: its known values, the newest known last
+            min_max += [[block_grid.least(lo[a:b]) for _, a, b in bounds],
+                        [block_grid.greatest(hi[a:b]) for _, a, b in bounds]]
+            last_values.append([next((v for v in reversed(la[a:b]) if v is not None), None)
+                                for _, a, b in bounds])
         else:
             min_max += [[min(lo[a:b]) for _, a, b in bounds], [max(hi[a:b]) for _, a, b in bounds]]
             last_values.append([la[b - 1] for _, _, b in bounds])
@@ -492,53 +514,22 @@ def _seconds_on_grid(grid: _Grid, seconds_read: _Columns) -> list[_Part]:
             for (k, _, b), flat in zip(bounds, zip(*min_max, *last_values), strict=True)]
 
 
-def _runs(keys: list[int]) -> list[tuple[int, int, int]]:
-    """``(key, start, stop)`` of each run of equal consecutive ``keys``."""
-    out, a = [], 0
-    for j in range(1, len(keys) + 1):
-        if j == len(keys) or keys[j] != keys[a]:
-            out.append((keys[a], a, j))
-            a = j
-    return out
-
-
-def _min_max_last(lows: Sequence[Any], highs: Sequence[Any], lasts: Sequence[Any]
-                  ) -> _MinMaxLast:
-    """A bucket's (min, max, last) of a counter some of its seconds did not measure."""
-    known = [v for v in lasts if v is not None]
-    return (min(filter(_KNOWN, lows), default=None), max(filter(_KNOWN, highs), default=None),
-            known[-1] if known else None)
-
-
-_KNOWN = partial(is_not, None)  # a measured value: filter(_KNOWN, ...) in C
-
-
 def read_from(store: Store, device: int, start_s: float, end_s: float, width_s: float,
               host: str | None = None) -> str:
     """Where :func:`downsample` reads buckets ``width_s`` wide over [start_s, end_s] from, for a
     view to say: "per-minute rollups", "raw samples grouped in SQL", "per-second tier", or the
     tier the deleted part came from followed by ", then raw samples grouped in SQL"."""
-    raw = "raw samples grouped in SQL"
     did = device_row_id(store, device, host)
     if did is None:
-        return raw
+        return RAW_GROUPED
     if width_s >= MINUTE_S / 2 and _rollup_span(store, did, start_s, end_s) is not None:
-        return "per-minute rollups"
+        return PER_MINUTE
     horizon = first_sample_ts(store, device, host)
     old_end = end_s if horizon is None else min(horizon, end_s)
-    if old_end <= start_s or not _any_seconds(store, did, start_s, old_end):
-        return raw
-    old = ("per-minute rollups" if old_end - start_s > SECONDS_READ_MAX_S
-           else "per-second tier")
-    return old if horizon is None or horizon > end_s else f"{old}, then {raw}"
-
-
-def _any_seconds(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
-    q = select(seconds.c.minute_s).where(seconds.c.device_id == did,
-                                         seconds.c.minute_s > lo_s - MINUTE_S,
-                                         seconds.c.minute_s < hi_s).limit(1)
-    with store.engine.connect() as c:
-        return c.execute(q).first() is not None
+    if old_end <= start_s or not any_minute(store, seconds.c.minute_s, did, start_s, old_end):
+        return RAW_GROUPED
+    old = PER_MINUTE if old_end - start_s > SECONDS_READ_MAX_S else PER_SECOND
+    return _then(old, RAW_GROUPED if horizon is not None and horizon <= end_s else "")
 
 
 LAST_ROWS_CHUNK = 500  # timestamps per IN (...) list; far under SQLite's and psycopg's limits

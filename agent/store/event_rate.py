@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from vramscope.agent.durations import MINUTE_S
-from vramscope.agent.store.downsample import grid_index, seconds_end
+from vramscope.agent.store.downsample import grid_index, minutes_end, seconds_end
 from vramscope.agent.store.reads import RequestRate
 from vramscope.agent.store.schema import event_counts, events
 
@@ -76,9 +76,6 @@ def _counted_end(store: Store, did: int) -> float | None:
     went; for a device that sent events but no samples (its per-second tier ends before them,
     or is empty) the counts themselves say it. Minutes between the newest counted one and the
     per-second tier's end held no frequent event when counted; a late one is counted again."""
-    q = select(func.max(event_counts.c.minute_s)).where(event_counts.c.device_id == did)
-    with store.engine.connect() as c:  # after seconds_end's, not inside another: one at a time
-        newest = c.execute(q).scalar()
-    ends = [seconds_end(store, did), None if newest is None else float(newest) + MINUTE_S]
+    ends = [seconds_end(store, did), minutes_end(store, event_counts.c.minute_s, did)]
     found = [e for e in ends if e is not None]
     return max(found) if found else None

@@ -68,21 +68,21 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
 
 # The spans' statements are built once, the bound a parameter: their correlated seeks of the
 # compact raw tier cost SQLAlchemy more to build each time than SQLite to answer
-_NOT_AFTER = bindparam("not_after_s", type_=Float)
+_NOT_AFTER: Any = bindparam("not_after_s", type_=Float)  # a bound where sample_blocks takes a float
 
 
 @cache
 def _devices_now_statement() -> Select[Any]:
     here = samples.c.device_id == devices.c.id
     raw = greater(select(func.max(samples.c.ts_s)).where(here, samples.c.ts_s <= _NOT_AFTER)
-                  .scalar_subquery(), _block_edge(True, _NOT_AFTER))
+                  .scalar_subquery(), blocks.edge_of(devices.c.id, True, _NOT_AFTER))
     minute = (select(func.max(rollups.c.bucket_s))
               .where(rollups.c.device_id == devices.c.id, rollups.c.bucket_s <= _NOT_AFTER)
               .scalar_subquery())
     return (select(devices.c.id.label("row_id"), hosts.c.name.label("host"),
-                   devices.c.device_index, devices.c.name,
-                   devices.c.uuid, devices.c.total_bytes, raw.label("raw"),
-                   minute.label("minute"), _straddles(_NOT_AFTER).label("straddles"))
+                   devices.c.device_index, devices.c.name, devices.c.uuid, devices.c.total_bytes,
+                   raw.label("raw"), minute.label("minute"),
+                   blocks.straddles(devices.c.id, _NOT_AFTER).label("straddles"))
             .join(hosts, hosts.c.id == devices.c.host_id)
             .order_by(hosts.c.name, devices.c.device_index))
 
@@ -91,7 +91,7 @@ def _devices_now_statement() -> Select[Any]:
 def _device_spans_statement(bounded: bool) -> Select[Any]:
     not_after = _NOT_AFTER if bounded else None
     return (select(devices.c.id, hosts.c.name, devices.c.device_index, *_span_ends(not_after),
-                   _straddles(not_after))
+                   blocks.straddles(devices.c.id, not_after))
             .join(hosts, hosts.c.id == devices.c.host_id))
 
 
@@ -138,8 +138,8 @@ def newest_samples(store: Store, not_after_s: float | None,
     # sample: where the window reaches into the compact raw tier (a device that stopped
     # sending a while ago, or a view of a compacted time) its samples are read again below
     tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
-                   _straddles(not_after_s).label("straddles"),
-                   _block_edge(True, not_after_s).label("block_hi"))
+                   blocks.straddles(devices.c.id, not_after_s).label("straddles"),
+                   blocks.edge_of(devices.c.id, True, not_after_s).label("block_hi"))
             .join(hosts, hosts.c.id == devices.c.host_id)
             # computed once a device: flattened into the join, SQLite evaluated the ends'
             # correlated seeks again for every sample row of the device's window (a
@@ -228,22 +228,12 @@ def _span_ends(not_after_s: Any) -> list[Any]:
         return select(fn(column)).where(*where).scalar_subquery()
 
     raw_lo = lesser(edge(samples.c.ts_s, samples.c.device_id, func.min, False),
-                    _block_edge(False, None))
+                    blocks.edge_of(devices.c.id, False, None))
     raw_hi = greater(edge(samples.c.ts_s, samples.c.device_id, func.max, True),
-                     _block_edge(True, not_after_s))
+                     blocks.edge_of(devices.c.id, True, not_after_s))
     return [raw_lo.label("raw_lo"), raw_hi.label("raw_hi"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.min, False).label("minute_lo"),
             edge(rollups.c.bucket_s, rollups.c.device_id, func.max, True).label("minute_hi")]
-
-
-def _block_edge(newest: bool, not_after_s: Any) -> Any:
-    """:func:`~vramscope.agent.store.sample_blocks.edge_of` the statement's device row."""
-    return blocks.edge_of(devices.c.id, newest, not_after_s)
-
-
-def _straddles(not_after_s: Any) -> Any:
-    """:func:`~vramscope.agent.store.sample_blocks.straddles` of the statement's device row."""
-    return blocks.straddles(devices.c.id, not_after_s)
 
 
 def _newest_of(c: Connection, device_id: int, raw_s: float | None,

@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, cast, func, or_, select
+from sqlalchemy import Connection, func, or_, select
 from vramscope.agent.records import Event, Phase
 from vramscope.agent.store import block_grid
-from vramscope.agent.store.downsample import device_row_id
+from vramscope.agent.store.downsample import device_row_id, grid_index
 from vramscope.agent.store.sample_blocks import Slice, window_slices
 from vramscope.agent.store.schema import samples
 
@@ -49,11 +49,7 @@ def phase_counts(store: Store, device: int, start_s: float, end_s: float, bucket
         return {}
     lo_s = start_s if from_s is None else max(start_s, from_s)
     width = (end_s - start_s) / buckets
-    ratio = (samples.c.ts_s - start_s) / width
-    # CAST truncates toward zero in SQLite (ts >= start, so that is floor); PostgreSQL rounds
-    grid: ColumnElement[Any] = (func.floor(ratio) if store.dialect == "postgresql"
-                                else cast(ratio, Integer))
-    bucket = grid.label("bucket")
+    bucket = grid_index(store, samples.c.ts_s, start_s, width).label("bucket")
     q = (select(bucket, samples.c.phase, func.count().label("n"))
          .where(samples.c.device_id == did, samples.c.ts_s >= lo_s, samples.c.ts_s <= end_s,
                 samples.c.phase != "unknown")

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_, select
 from vramscope.agent.alerts.verdicts import HEARTBEAT_S
-from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store import block_grid
 from vramscope.agent.store.downsample import (
     RAW_GROUP_LIMIT,
-    aligned_grid,
+    any_minute,
     device_row_id,
     grid_index,
+    timeline_grid,
 )
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
@@ -89,8 +89,10 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     else:
         series, newest = _grouped(store, did, start_s, end_s, buckets, raw_lo, cols)
         from_s = raw_lo
-        if raw_lo > start_s and _rolled_up(store, did, start_s, raw_lo):
-            unread = UNREAD_TIERS  # the part before the raw samples: the tiers' alone
+        # the part before the raw samples: the tiers' alone, where a minute was rolled up
+        # (retention deletes raw samples only once their minutes are rolled up)
+        if raw_lo > start_s and any_minute(store, rollups.c.bucket_s, did, start_s, raw_lo):
+            unread = UNREAD_TIERS
     pids: dict[int | None, None] = dict.fromkeys(s.pid for s in series)
     if unread is not None:
         # the part without per-process series: [start, from_s) where the tiers alone hold
@@ -117,18 +119,12 @@ def _by_pid(pid: int | None) -> tuple[bool, int]:
     return pid is None, pid or 0
 
 
-def _grid(start_s: float, end_s: float, buckets: int) -> tuple[float, float, int]:
-    """``(start, width, count)``: the timeline's grid (``aligned_grid``, else as asked)."""
-    return aligned_grid(start_s, end_s, buckets) or (start_s, (end_s - start_s) / buckets,
-                                                      buckets)
-
-
 def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
              lo_s: float, cols: tuple[str, ...]
              ) -> tuple[list[ProcessSeries], float | None]:
     """Raw allocator rows in [lo_s, end_s] grouped by (pid, bucket) in one statement, and the
     device's newest sample of any source in [lo_s, end_s] (one seek)."""
-    g_start, width, count = _grid(start_s, end_s, buckets)
+    g_start, width, count = timeline_grid(start_s, end_s, buckets)
     bucket = grid_index(store, samples.c.ts_s, g_start, width).label("bucket")
     aggs = [agg(samples.c[col]) for col in cols for agg in (func.min, func.max)]
     q = (select(samples.c.pid, bucket, func.max(samples.c.ts_s), *aggs)
@@ -149,13 +145,9 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
     newest = max((x for x in (newest, *(s.column("ts_s")[s.b - 1] for s in in_blocks))
                   if x is not None), default=None)
     per_pid: dict[int | None, dict[int, list[Any]]] = {}
-    for (pid, b), values in by_group.items():
-        k = min(max(b, 0), count - 1)
-        mine = per_pid.setdefault(pid, {})
-        if k in mine:  # the end's clamped bucket: two groups in one
-            mine[k] = _merged(mine[k], values)
-        else:
-            mine[k] = values
+    for (pid, b), values in by_group.items():  # the end's clamped bucket: two groups in one
+        block_grid.merge_group(per_pid.setdefault(pid, {}), min(max(b, 0), count - 1), values,
+                               len(cols), lasts=False)
     out = []
     keys = [f"{col}_{stat}" for col in cols for stat in ("min", "max")]
     for pid, by_bucket in per_pid.items():
@@ -163,27 +155,6 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
                 for k in sorted(by_bucket)]
         out.append(ProcessSeries(pid, float(max(v[0] for v in by_bucket.values())), rows))
     return out, None if newest is None else float(newest)
-
-
-def _rolled_up(store: Store, did: int, lo_s: float, hi_s: float) -> bool:
-    """Whether a minute rollup of the device overlaps [lo_s, hi_s) (one seek): retention
-    deletes raw samples only once their minutes are rolled up, so a window's part before the
-    device's first raw sample holds data only where it holds rollups."""
-    q = (select(rollups.c.bucket_s)
-         .where(rollups.c.device_id == did, rollups.c.bucket_s > lo_s - MINUTE_S,
-                rollups.c.bucket_s < hi_s).limit(1))
-    with store.engine.connect() as c:
-        return c.execute(q).first() is not None
-
-
-def _merged(a: list[Any], b: list[Any]) -> list[Any]:
-    """Two groups of one bucket: the later last time, the lesser minima, the greater maxima."""
-    out = [max(a[0], b[0])]
-    for i in range(1, len(a), 2):
-        lows = [v for v in (a[i], b[i]) if v is not None]
-        highs = [v for v in (a[i + 1], b[i + 1]) if v is not None]
-        out += [min(lows, default=None), max(highs, default=None)]
-    return out
 
 
 def _edge_pids(store: Store, did: int, raw_lo: float | None, hi_s: float,

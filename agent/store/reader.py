@@ -40,6 +40,7 @@ from vramscope.agent.event_kinds import Role, names_with
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import downsample as _ds
 from vramscope.agent.store import event_rate as _rate
+from vramscope.agent.store import fleet as _fleet
 from vramscope.agent.store import phase_shares as _ph
 from vramscope.agent.store import process_series as _procs
 from vramscope.agent.store import window as _bounded
@@ -114,9 +115,7 @@ def series(store: Store, span: Span, points: int, columns: Sequence[str]) -> Ser
     _every_process(span, "series")
     rows, tier = _ds.downsampled(store, span.device, span.start_s, span.end_s, points,
                                  columns, None, span.host, aligned=True)
-    grid = _ds.aligned_grid(span.start_s, span.end_s, points)
-    if grid is None:
-        return Series(rows, span.start_s, (span.end_s - span.start_s) / points, tier)
+    grid = _ds.timeline_grid(span.start_s, span.end_s, points)
     return Series(rows, grid[0], grid[1], tier)
 
 
@@ -475,7 +474,6 @@ def fleet(store: Store, at_s: float) -> Fleet:
     :func:`~vramscope.agent.store.verdicts.fleet_current`), and each host's newest agent
     report. Four statements whatever the fleet's size (:mod:`~vramscope.agent.store.fleet`),
     none of which reads more than each device's newest rows."""
-    from vramscope.agent.store import fleet as _fleet
     from vramscope.agent.store.verdicts import fleet_current
 
     answers = fleet_current(store, at_s)
@@ -490,8 +488,6 @@ def fleet_samples(store: Store, at_s: float | None, window_s: float) -> list[Dev
     ``at_s`` (``Store.time_range``'s; ``at_s`` None: to its newest sample whatever its time)
     and its raw samples of the ``window_s`` up to the span's end (``Store.samples``'), in one
     statement whatever the fleet's size."""
-    from vramscope.agent.store import fleet as _fleet
-
     return _fleet.newest_samples(store, at_s, window_s)
 
 
@@ -499,8 +495,6 @@ def fleet_events(store: Store, start_s: float, end_s: float,
                  names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
     """Every device's events named one of ``names`` in [start_s, end_s] by (host, device
     index), each device's in time order as ``Store.events`` gives them, in one statement."""
-    from vramscope.agent.store import fleet as _fleet
-
     return _fleet.device_events(store, start_s, end_s, names)
 
 
@@ -509,8 +503,6 @@ def fleet_spans(store: Store, not_after_s: float | None = None
     """Every device's first and newest sample (``Store.time_range``'s span, the newest not
     ahead of ``not_after_s`` when given; None where there is none) by (host, device index),
     in one statement."""
-    from vramscope.agent.store import fleet as _fleet
-
     return _fleet.device_spans(store, not_after_s)
 
 
@@ -519,16 +511,12 @@ def fleet_event_counts(store: Store, start_s: float, end_s: float, name: str,
     """Every device's events named ``name`` in [start_s, end_s] counted per pid, of at most
     its first ``limit`` (those ``Store.events(..., limit=limit)`` reads), by (host, device
     index); devices without any left out. One statement whatever the fleet's size."""
-    from vramscope.agent.store import fleet as _fleet
-
     return _fleet.event_counts(store, start_s, end_s, name, limit)
 
 
 def fleet_reports(store: Store) -> dict[str, dict[str, Any]]:
     """Each host's newest agent report (``Store.latest_agent_stats``'), by host name, in one
     statement; hosts without one are left out."""
-    from vramscope.agent.store import fleet as _fleet
-
     return _fleet.agent_reports(store)
 
 
