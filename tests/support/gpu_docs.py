@@ -81,9 +81,15 @@ def render_recordings(truths: dict[str, Any]) -> str:
         rows.append(f"| `{name}` | {t['scenario']} | {t['duration_s']:,.0f} s | "
                     f"{t['requests_served']:,} | {clients} | {how} | {leaked} | "
                     f"{len(t['errors'])} | {_mib(t['allocator_end']['allocated_bytes'])} MiB |")
-    v = next(iter(truths.values()))["versions"]
-    return (f"{v['device']}, torch {v['torch']}, transformers {v['transformers']}, Python "
-            f"{v['python']}.\n\n" + "\n".join(rows))
+    # one line per machine and software the recordings were made with (H200 and H100 runs)
+    made: dict[str, list[str]] = {}
+    for name, t in truths.items():
+        v = t["versions"]
+        made.setdefault(f"{v['device']}, torch {v['torch']}, transformers {v['transformers']}, "
+                        f"Python {v['python']}", []).append(f"`{name}`")
+    heads = [f"{k}: {', '.join(names)}." if len(made) > 1 else f"{k}."
+             for k, names in made.items()]
+    return "\n".join(heads) + "\n\n" + "\n".join(rows)
 
 
 def render_config_check(doc: dict[str, Any]) -> str:
