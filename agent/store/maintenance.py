@@ -45,7 +45,7 @@ from sqlalchemy import (
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
-from vramscope.agent.store import sample_blocks
+from vramscope.agent.store import event_blocks, sample_blocks
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import (
     ROLLUP_TIER_S,
@@ -174,9 +174,14 @@ def count_events(c: Connection, ids: Sequence[int], start_s: float, end_s: float
     ``(device_id, name, ts_s)`` index per device and name; a busy server has tens a minute).
     Names the table does not list are not counted: a client choosing them would choose how many
     rows the rollups' 90 days keep."""
-    times = c.execute(select(events.c.device_id, events.c.name, events.c.ts_s)
-                      .where(events.c.device_id.in_(ids), events.c.name.in_(CHEAP_EVENTS),
-                             events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()
+    times = [tuple(r) for r in c.execute(
+        select(events.c.device_id, events.c.name, events.c.ts_s)
+        .where(events.c.device_id.in_(ids), events.c.name.in_(CHEAP_EVENTS),
+               events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()]
+    # a late minute counted again after its events moved into the compact raw tier
+    times += [(r[1], r[3], r[2]) for r in event_blocks.window_rows(c, ids, start_s, end_s,
+                                                                   CHEAP_EVENTS)
+              if r[2] < end_s]
     counts = Counter((did, (ts // MINUTE_S) * MINUTE_S, name) for did, name, ts in times)
     _replace(c, event_counts.c.minute_s, ids, start_s, end_s, [
         {"device_id": did, "minute_s": minute, "name": name, "count": n}

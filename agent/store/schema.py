@@ -146,6 +146,25 @@ sample_blocks = Table(
     Index("ix_sample_blocks_block", "block_s"),
 )
 
+# The compact raw tier's events (0016, agent/store/event_blocks.py): the frequent events (every
+# name retention does not keep with the rollups: requests, phases, KV allocations) of one
+# device and pid over one closed ``BLOCK_S`` interval, moved out of ``events`` by the same
+# compaction as the samples, as one row of compressed columns (agent/store/block_codec.py).
+event_blocks = Table(
+    "event_blocks", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("block_s", Float, nullable=False),  # the interval's start, a multiple of BLOCK_S
+    Column("pid", Integer, nullable=True),
+    Column("first_s", Float, nullable=False),
+    Column("last_s", Float, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("keyed", Integer, nullable=False),  # rows with a content_key (imported), 0 if none
+    Column("data", LargeBinary, nullable=False),
+    Index("ix_event_blocks_device_block", "device_id", "block_s"),
+    Index("ix_event_blocks_block", "block_s"),
+)
+
 events = Table(
     "events", metadata,
     Column("id", Integer, primary_key=True),
