@@ -265,8 +265,9 @@ def stored_keys(c: Connection, times: Sequence[float], keys: Iterable[int]) -> s
 def due_sets(store: Store, closed_by_s: float, limit: int,
              rows_before_s: float | None = None) -> list[tuple[float, int]]:
     """At most ``limit`` (interval start, device id) whose interval ends by ``closed_by_s``
-    and still has frequent events in ``events`` (before ``rows_before_s``, when given),
-    oldest first: each device's oldest event of each listed cheap name (a seek of the
+    (and by ``rows_before_s``, when given: the events of an interval move together, once all
+    its minutes are counted, not a block each time a step counts more) and still has
+    frequent events in ``events``, oldest first: each device's oldest event of each listed cheap name (a seek of the
     ``(device_id, name, ts_s)`` index each; names no table lists cannot be sought, and move
     with the listed ones of their interval)."""
     before = closed_by_s if rows_before_s is None else min(closed_by_s, rows_before_s)
@@ -278,7 +279,7 @@ def due_sets(store: Store, closed_by_s: float, limit: int,
     due = []
     for did, *times in found:
         present = [float(t) for t in times if t is not None]
-        if present and block_start(min(present)) + BLOCK_S <= closed_by_s:
+        if present and block_start(min(present)) + BLOCK_S <= before:
             due.append((block_start(min(present)), int(did)))
     return sorted(due)[:limit]
 
