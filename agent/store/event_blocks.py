@@ -39,9 +39,9 @@ from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, delete, exists, func, insert, select
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
-from vramscope.agent.store import block_codec
+from vramscope.agent.store import block_codec, sample_blocks
 from vramscope.agent.store.sample_blocks import BLOCK_S, block_start, decoded_cache, overlapping
 from vramscope.agent.store.schema import devices, event_blocks, events
 
@@ -183,6 +183,16 @@ def any_blocks(c: Connection, device_ids: Sequence[int] | None, lo_s: float | No
     return c.execute(q).first() is not None
 
 
+def blocks_overlap(c: Connection, device_ids: Sequence[int], lo_s: float,
+                   hi_s: float) -> tuple[bool, bool]:
+    """Whether the compact raw tier holds samples, and whether it holds events, of
+    ``device_ids`` in [lo_s, hi_s]: one statement (a rollup asks it of every window)."""
+    found = c.execute(select(
+        exists().where(*overlapping(device_ids, lo_s, hi_s)),
+        exists().where(*overlapping(device_ids, lo_s, hi_s, event_blocks)))).one()
+    return bool(found[0]), bool(found[1])
+
+
 def window_rows(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
                 hi_s: float | None, names: Sequence[str] | None = None,
                 limit: int | None = None) -> list[tuple[Any, ...]]:
@@ -267,9 +277,9 @@ def due_sets(store: Store, closed_by_s: float, limit: int,
     """At most ``limit`` (interval start, device id) whose interval ends by ``closed_by_s``
     (and by ``rows_before_s``, when given: the events of an interval move together, once all
     its minutes are counted, not a block each time a step counts more) and still has
-    frequent events in ``events``, oldest first: each device's oldest event of each listed cheap name (a seek of the
-    ``(device_id, name, ts_s)`` index each; names no table lists cannot be sought, and move
-    with the listed ones of their interval)."""
+    frequent events in ``events``, oldest first: each device's oldest event of each listed
+    cheap name (a seek of the ``(device_id, name, ts_s)`` index each; names no table lists
+    cannot be sought, and move with the listed ones of their interval)."""
     before = closed_by_s if rows_before_s is None else min(closed_by_s, rows_before_s)
     firsts = [select(events.c.ts_s).where(events.c.device_id == devices.c.id,
                                           events.c.name == name, events.c.ts_s < before)
@@ -319,10 +329,4 @@ def pack_blocks(start_s: float, rows: list[tuple[Any, ...]]) -> list[dict[str, A
 def delete_older(store: Store, cutoff_s: float, limit: int) -> int:
     """Delete at most ``limit`` blocks whose interval ends by ``cutoff_s`` (retention's raw
     cutoff, as the samples' blocks); blocks deleted."""
-    with store.engine.begin() as c:
-        ids = c.execute(select(event_blocks.c.id)
-                        .where(event_blocks.c.block_s <= cutoff_s - BLOCK_S)
-                        .limit(limit)).scalars().all()
-        if not ids:
-            return 0
-        return c.execute(delete(event_blocks).where(event_blocks.c.id.in_(ids))).rowcount
+    return sample_blocks.delete_older(store, cutoff_s, limit, event_blocks)

@@ -500,14 +500,14 @@ def pack_blocks(start_s: float, rows: list[tuple[Any, ...]]) -> list[dict[str, A
     return out
 
 
-def delete_older(store: Store, cutoff_s: float, limit: int) -> int:
-    """Delete at most ``limit`` blocks whose interval ends by ``cutoff_s`` (retention's raw
-    cutoff: a block goes whole, so its rows stay at most ``BLOCK_S`` longer than a row of
-    ``samples`` would); blocks deleted."""
+def delete_older(store: Store, cutoff_s: float, limit: int,
+                 table: Table = sample_blocks) -> int:
+    """Delete at most ``limit`` blocks of ``table`` (``sample_blocks``, or ``event_blocks``)
+    whose interval ends by ``cutoff_s`` (retention's raw cutoff: a block goes whole, so its
+    rows stay at most ``BLOCK_S`` longer than a row of ``samples`` would); blocks deleted."""
     with store.engine.begin() as c:
-        ids = c.execute(select(sample_blocks.c.id)
-                        .where(sample_blocks.c.block_s <= cutoff_s - BLOCK_S)
+        ids = c.execute(select(table.c.id).where(table.c.block_s <= cutoff_s - BLOCK_S)
                         .limit(limit)).scalars().all()
         if not ids:
             return 0
-        return c.execute(delete(sample_blocks).where(sample_blocks.c.id.in_(ids))).rowcount
+        return c.execute(delete(table).where(table.c.id.in_(ids))).rowcount

@@ -23,27 +23,27 @@ branch_labels = None
 depends_on = None
 
 
+# (name, type, nullable) of each column after the id, as 0015's sample blocks less the source
+_COLUMNS = (('device_id', sa.Integer, False), ('block_s', sa.Float, False),
+            ('pid', sa.Integer, True), ('first_s', sa.Float, False), ('last_s', sa.Float, False),
+            ('count', sa.Integer, False), ('keyed', sa.Integer, False),
+            ('data', sa.LargeBinary, False))
+_INDEXES = {'ix_event_blocks_device_block': ['device_id', 'block_s'],
+            'ix_event_blocks_block': ['block_s']}
+
+
 def upgrade() -> None:
     op.create_table(
-        'event_blocks',
-        sa.Column('id', sa.Integer(), nullable=False),
-        sa.Column('device_id', sa.Integer(), nullable=False),
-        sa.Column('block_s', sa.Float(), nullable=False),
-        sa.Column('pid', sa.Integer(), nullable=True),
-        sa.Column('first_s', sa.Float(), nullable=False),
-        sa.Column('last_s', sa.Float(), nullable=False),
-        sa.Column('count', sa.Integer(), nullable=False),
-        sa.Column('keyed', sa.Integer(), nullable=False),
-        sa.Column('data', sa.LargeBinary(), nullable=False),
+        'event_blocks', sa.Column('id', sa.Integer(), nullable=False),
+        *(sa.Column(name, kind(), nullable=nullable) for name, kind, nullable in _COLUMNS),
         sa.ForeignKeyConstraint(['device_id'], ['devices.id'],
                                 name=op.f('fk_event_blocks_device_id_devices')),
-        sa.PrimaryKeyConstraint('id', name=op.f('pk_event_blocks')),
-    )
-    op.create_index('ix_event_blocks_device_block', 'event_blocks', ['device_id', 'block_s'])
-    op.create_index('ix_event_blocks_block', 'event_blocks', ['block_s'])
+        sa.PrimaryKeyConstraint('id', name=op.f('pk_event_blocks')))
+    for name, columns in _INDEXES.items():
+        op.create_index(name, 'event_blocks', columns)
 
 
 def downgrade() -> None:
-    op.drop_index('ix_event_blocks_block', table_name='event_blocks')
-    op.drop_index('ix_event_blocks_device_block', table_name='event_blocks')
+    for name in _INDEXES:
+        op.drop_index(name, table_name='event_blocks')
     op.drop_table('event_blocks')
