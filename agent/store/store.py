@@ -777,7 +777,10 @@ class Store:
                            names: Sequence[str] | None, limit: int | None) -> Sequence[Any]:
         """``rows`` (:meth:`events`' own, from ``events``) and the compact raw tier's events
         of the same devices, window and names, merged in (ts_s, id) order, at most
-        ``limit``: the rows the table held before compaction."""
+        ``limit``: the rows the table held before compaction. A window with no block of any
+        device (the newest minutes: blocks are closed intervals) costs one seek."""
+        if not event_blocks.any_blocks(c, None, start_s, end_s):
+            return rows
         mine = (select(devices.c.id, devices.c.device_index, devices.c.uuid)
                 .join(hosts, hosts.c.id == devices.c.host_id)
                 .where(hosts.c.name == (host or self.host_name)))

@@ -171,15 +171,14 @@ def test_export_of_an_imported_trace_is_the_same_after_compaction(any_url, capsy
 
 
 def test_retention_compacts_counted_intervals_and_deletes_whole_blocks(any_url):
-    s = _store(any_url)
+    s, clock = _store(any_url), FakeClock(T0 + SPAN_S + 1200.0)
+    retention = Retention(raw_s=86400.0, rollup_s=90 * 86400.0, step_rows=5000, clock=clock)
+    whole = s.events(0)
     try:
-        whole = s.events(0)
-        clock = FakeClock(T0 + SPAN_S + 1200.0)
-        retention = Retention(raw_s=86400.0, rollup_s=90 * 86400.0, step_rows=5000,
-                              clock=clock, compact_after_s=600.0)
-        for _ in range(60):
-            if not retention.step(s).backlog:
-                break
+        # twenty minutes on: every interval closed (compact_after_s, 600 s by default),
+        # rolled up and counted; 60 steps, the last ones with nothing left to do
+        steps = [retention.step(s).backlog for _ in range(60)]
+        assert steps[-1] is False
         assert _counts(s) == (2, 11)
         assert s.events(0) == whole
         # a late minute counted again after its events moved: the same counts
