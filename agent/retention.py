@@ -10,6 +10,7 @@ by the writer thread between batches, so retention never stalls ingest (and SQLi
 one writer). Raw samples are deleted only once they are both older than ``raw_s`` and rolled
 up; before that, once their ten-minute interval ended ``retention.compact_after_s`` ago and
 is rolled up, they move into the compact raw tier (:mod:`vramscope.agent.store.sample_blocks`),
+and the frequent events of the same intervals with them (:mod:`vramscope.agent.store.event_blocks`),
 a few intervals a step, each in its own transaction. Names the event table does not list
 cannot be deleted by name: a step walks the events' time index forward from where the last one
 stopped, at most ``UNLISTED_SCAN_S`` of it. Late minutes reported by
@@ -160,6 +161,7 @@ class Retention:
             raw_cutoff = min(raw_cutoff, watermark)
         dropped, more_to_drop = self._partitions(store, now_s,
                                                  raw_cutoff if watermark is not None else None)
+        from vramscope.agent.store import event_blocks
         from vramscope.agent.store import sample_blocks as blocks
 
         deleted = {
@@ -190,6 +192,8 @@ class Retention:
             # the compact raw tier: whole blocks past the raw cutoff
             "sample_blocks": blocks.delete_older(store, raw_cutoff, self.step_rows)
             if watermark is not None else 0,
+            "event_blocks": event_blocks.delete_older(store, raw_cutoff, self.step_rows)
+            if watermark is not None else 0,
         }
         compacted = self._compact(store, now_s, watermark)
         behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
@@ -202,22 +206,27 @@ class Retention:
 
     def _compact(self, store: Store, now_s: float, watermark: float | None) -> bool:
         """Move a few closed intervals (ended ``compact_after_s`` ago) into the compact raw
-        tier, their rows before the watermark (rolled up: the rollups read new rows from
-        ``samples``); whether the step's budget ran out (more are due)."""
+        tier, samples (:mod:`~vramscope.agent.store.sample_blocks`) and frequent events
+        (:mod:`~vramscope.agent.store.event_blocks`) alike, their rows before the watermark
+        (rolled up and counted: the rollups read new rows from the tables); whether the
+        step's budget ran out (more are due)."""
         if watermark is None:
             return False
-        from vramscope.agent.store import sample_blocks
+        from vramscope.agent.store import event_blocks, sample_blocks
 
         closed_by = now_s - self.compact_after_s
-        left = self.compact_sets_per_step
-        while left > 0:  # a look-up finds each device's oldest due interval
-            due = sample_blocks.due_sets(store, closed_by, left, watermark)
-            if not due:
-                return False
-            for start, did in due:
-                sample_blocks.compact_interval(store, did, start, watermark)
-            left -= len(due)
-        return True
+        more = False
+        for tier in (sample_blocks, event_blocks):
+            left = self.compact_sets_per_step
+            while left > 0:  # a look-up finds each device's oldest due interval
+                due = tier.due_sets(store, closed_by, left, watermark)
+                if not due:
+                    break
+                for start, did in due:
+                    tier.compact_interval(store, did, start, watermark)
+                left -= len(due)
+            more = more or left <= 0
+        return more
 
     def _delete_unlisted(self, store: Store, sql: ModuleType, raw_cutoff: float,
                          now_s: float) -> int:

@@ -270,7 +270,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retention.compact_after_s", float, 600.0,
             "Move raw samples this old (and rolled up) from one row each into the compact raw "
             "tier: per device, source, pid and ten minutes, one block of compressed columns "
-            "(about a tenth of the size). Reads are unchanged.", min=0, max=10 * 365 * 86400),
+            "(about a tenth of the size); the interval's frequent events too, per device and "
+            "pid. Reads are unchanged.", min=0, max=10 * 365 * 86400),
     Setting("retention.second_s", float, 14 * 86400.0,
             "Keep the per-second tier (min, max, last of every counter and the phase, per "
             "second) this long.", min=60, max=10 * 365 * 86400),

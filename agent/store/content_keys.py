@@ -35,7 +35,7 @@ from sqlalchemy import (
     select,
 )
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Sample
-from vramscope.agent.store import sample_blocks
+from vramscope.agent.store import event_blocks, sample_blocks
 from vramscope.agent.store.schema import events, samples
 
 R = TypeVar("R")
@@ -160,8 +160,9 @@ def _stored(c: Connection, table: Table, times: list[float], keys: list[int]) ->
     one instant again for every batch of it (a file of one repeated line)."""
     keyed = table.c.content_key.is_not(None)  # as the index's WHERE says, so that it serves
     span = table.c.ts_s.between(min(times), max(times))
-    # samples already moved into the compact raw tier keep their keys there
-    found = sample_blocks.stored_keys(c, times, keys) if table is samples else set[int]()
+    # rows already moved into the compact raw tier keep their keys there
+    found: set[int] = (sample_blocks.stored_keys(c, times, keys) if table is samples
+                       else event_blocks.stored_keys(c, times, keys))
     if c.execute(select(table.c.ts_s).where(keyed, span).limit(1)).first() is None:
         return found
     for i in range(0, len(keys), _PROBES):

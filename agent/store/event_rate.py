@@ -15,10 +15,12 @@ events alone.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from vramscope.agent.durations import MINUTE_S
+from vramscope.agent.store import event_blocks
 from vramscope.agent.store.downsample import grid_index, minutes_end, seconds_end
 from vramscope.agent.store.reads import RequestRate
 from vramscope.agent.store.schema import event_counts, events
@@ -60,7 +62,11 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
                 .where(events.c.device_id == did, events.c.name == RATE_EVENT,
                        events.c.ts_s >= upto, events.c.ts_s <= end_s)
                 .group_by(bucket)).all()
-        for index, count in [*counted, *raw]:
+            # and those the compact raw tier holds, on the same grid
+            moved = Counter(math.floor((r[2] - grid_start) / width)
+                            for r in event_blocks.window_rows(c, [did], upto, end_s,
+                                                              [RATE_EVENT]))
+        for index, count in [*counted, *raw, *moved.items()]:
             counts[min(n - 1, int(index))] += int(count)
         if upto > grid_start:
             tier = COUNTED if upto >= end_s else f"{COUNTED}, then {RAW}"

@@ -15,6 +15,7 @@ rows, joined to the device row that bounds it.
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from sqlalchemy import (
 )
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
+from vramscope.agent.store import event_blocks
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
 from vramscope.agent.store.schema import (
@@ -277,6 +279,14 @@ def event_counts(store: Store, start_s: float, end_s: float, name: str,
     one device), counted per pid, by (host name, device index); devices without any are
     left out. One statement: per device a range of ``ix_events_device_name_ts`` of at most
     ``limit`` keys, never the events themselves sent back (a busy minute is thousands)."""
+    if _blocks_hold_some(store, start_s, end_s, [name]):
+        out: dict[tuple[str, int], dict[int | None, int]] = {}
+        for host, index in _every_device(store):
+            pids = Counter(e.pid for e in store.events(index, start_s, end_s, host=host,
+                                                       names=[name], limit=limit))
+            if pids:
+                out[(host, index)] = dict(pids)
+        return out
     in_window = and_(events.c.name == name, events.c.ts_s >= start_s, events.c.ts_s <= end_s)
     if store.dialect == "postgresql":
         # each device's own range, as in device_events (a LIMIT keeps it from being pulled up)
@@ -299,7 +309,7 @@ def event_counts(store: Store, start_s: float, end_s: float, name: str,
                           .join(hosts, hosts.c.id == devices.c.host_id))
              .where(ranked.c.nth <= limit)
              .group_by(hosts.c.name, devices.c.device_index, ranked.c.pid))
-    out: dict[tuple[str, int], dict[int | None, int]] = {}
+    out = {}
     with store.engine.connect() as c:
         for host, index, pid, n in c.execute(q):
             out.setdefault((host, index), {})[pid] = int(n)
@@ -323,6 +333,10 @@ def device_events(store: Store, start_s: float, end_s: float,
     device index), each device's in time order (ties by id), as ``Store.events`` gives one
     device's; devices without any are left out. One statement: per device a range of
     ``ix_events_device_name_ts`` for each name, never the window's other events (requests)."""
+    if _blocks_hold_some(store, start_s, end_s, names):
+        each = {(host, index): store.events(index, start_s, end_s, host=host, names=names)
+                for host, index in _every_device(store)}
+        return {key: evs for key, evs in each.items() if evs}
     in_window = and_(events.c.ts_s >= start_s, events.c.ts_s <= end_s)
     columns = (events.c.ts_s, events.c.name, events.c.pid, events.c.phase,
                events.c.request_id, events.c.data, events.c.id)
@@ -353,3 +367,22 @@ def device_events(store: Store, start_s: float, end_s: float,
                 Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
                       stored_json(data), host, uuid))
     return out
+
+
+def _blocks_hold_some(store: Store, start_s: float, end_s: float, names: Sequence[str]) -> bool:
+    """Whether the compact raw tier holds events of ``names`` in the window (of any device):
+    then the fleet's event reads go a device at a time through ``Store.events``, which merges
+    them (a view of the last minutes, the fleet pages', finds none: blocks are closed
+    intervals)."""
+    if not event_blocks.compactable(names):
+        return False
+    with store.engine.connect() as c:
+        return event_blocks.any_blocks(c, None, start_s, end_s)
+
+
+def _every_device(store: Store) -> list[tuple[str, int]]:
+    q = (select(hosts.c.name, devices.c.device_index)
+         .join(hosts, hosts.c.id == devices.c.host_id)
+         .order_by(hosts.c.name, devices.c.device_index))
+    with store.engine.connect() as c:
+        return [(str(h), int(i)) for h, i in c.execute(q).all()]

@@ -45,7 +45,7 @@ from sqlalchemy import (
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
-from vramscope.agent.store import sample_blocks
+from vramscope.agent.store import event_blocks, sample_blocks
 from vramscope.agent.store import seconds as tier
 from vramscope.agent.store.schema import (
     ROLLUP_TIER_S,
@@ -148,7 +148,9 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
 
 
 def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> int:
-    if sample_blocks.any_blocks(c, ids, start_s, end_s):
+    # whether the compact raw tier holds samples or events of the window, in one statement
+    samples_moved, events_moved = event_blocks.blocks_overlap(c, ids, start_s, end_s)
+    if samples_moved:
         # a late minute rolled up again whose interval is in the compact raw tier already
         raw = _raw_with_blocks(c, ids, start_s, end_s)
     else:
@@ -164,19 +166,26 @@ def _rollup_devices(c: Connection, ids: Sequence[int], start_s: float, end_s: fl
     _replace(c, rollups.c.bucket_s, ids, start_s, end_s, rows)
     refresh_ten_minutes(c, ids, start_s, end_s)
     _replace(c, seconds.c.minute_s, ids, start_s, end_s, pack_seconds(raw))
-    count_events(c, ids, start_s, end_s)
+    count_events(c, ids, start_s, end_s, events_moved)
     return len(rows)
 
 
-def count_events(c: Connection, ids: Sequence[int], start_s: float, end_s: float) -> None:
+def count_events(c: Connection, ids: Sequence[int], start_s: float, end_s: float,
+                 blocks: bool = True) -> None:
     """Replace the ``event_counts`` of the minutes in [start_s, end_s) of devices ``ids``: per
     device, minute and name, the cheap events listed in agent/event_kinds.py (a range of the
     ``(device_id, name, ts_s)`` index per device and name; a busy server has tens a minute).
     Names the table does not list are not counted: a client choosing them would choose how many
-    rows the rollups' 90 days keep."""
-    times = c.execute(select(events.c.device_id, events.c.name, events.c.ts_s)
-                      .where(events.c.device_id.in_(ids), events.c.name.in_(CHEAP_EVENTS),
-                             events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()
+    rows the rollups' 90 days keep. ``blocks``: the compact raw tier may hold some (a late
+    minute counted again after its interval moved)."""
+    times = [tuple(r) for r in c.execute(
+        select(events.c.device_id, events.c.name, events.c.ts_s)
+        .where(events.c.device_id.in_(ids), events.c.name.in_(CHEAP_EVENTS),
+               events.c.ts_s >= start_s, events.c.ts_s < end_s)).all()]
+    if blocks:
+        times += [(r[1], r[3], r[2]) for r in event_blocks.window_rows(c, ids, start_s, end_s,
+                                                                       CHEAP_EVENTS)
+                  if r[2] < end_s]
     counts = Counter((did, (ts // MINUTE_S) * MINUTE_S, name) for did, name, ts in times)
     _replace(c, event_counts.c.minute_s, ids, start_s, end_s, [
         {"device_id": did, "minute_s": minute, "name": name, "count": n}

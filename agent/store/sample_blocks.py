@@ -36,7 +36,7 @@ from itertools import groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Connection, delete, exists, func, insert, literal, select
+from sqlalchemy import Connection, Table, delete, exists, func, insert, literal, select
 from vramscope.agent.store import block_codec
 from vramscope.agent.store.schema import devices, sample_blocks, samples
 
@@ -55,17 +55,17 @@ def block_start(ts_s: float) -> float:
 
 # --- reads -------------------------------------------------------------------------------------
 def overlapping(device_ids: Sequence[int] | None, lo_s: float | None,
-                hi_s: float | None) -> list[Any]:
-    """Conditions on ``sample_blocks`` for blocks that may hold rows of ``device_ids`` (every
-    device: None) in [lo_s, hi_s]: a range of the ``(device_id, block_s)`` index per device."""
+                hi_s: float | None, table: Table = sample_blocks) -> list[Any]:
+    """Conditions on ``sample_blocks`` (or ``event_blocks``, whose key columns are the same)
+    for blocks that may hold rows of ``device_ids`` (every device: None) in [lo_s, hi_s]: a
+    range of the ``(device_id, block_s)`` index per device."""
     where: list[Any] = []
     if device_ids is not None:
-        where.append(_one_of(sample_blocks.c.device_id, device_ids))
+        where.append(_one_of(table.c.device_id, device_ids))
     if lo_s is not None:
-        where += [sample_blocks.c.block_s >= block_start(lo_s),
-                  sample_blocks.c.last_s >= lo_s]
+        where += [table.c.block_s >= block_start(lo_s), table.c.last_s >= lo_s]
     if hi_s is not None:
-        where += [sample_blocks.c.block_s <= hi_s, sample_blocks.c.first_s <= hi_s]
+        where += [table.c.block_s <= hi_s, table.c.first_s <= hi_s]
     return where
 
 
@@ -199,7 +199,7 @@ def _columns(c: Connection, metas: list[_Key]) -> dict[int, list[Sequence[Any]]]
     """The decoded columns of blocks ``(id, count, first_s, last_s)``, by id: from the cache,
     the others read and decoded (and cached). Held here whatever the cache keeps: a window of
     more rows than it holds (an export) evicts its own first blocks."""
-    cache = _decoded_cache(c)
+    cache = decoded_cache(c)
     keys = {m[0]: m for m in metas}
     out = {}
     for bid, key in keys.items():
@@ -228,18 +228,18 @@ class _Decoded:
     id SQLite gives again after the newest block was deleted comes with other rows."""
 
     def __init__(self) -> None:
-        self._blocks: OrderedDict[_Key, list[Sequence[Any]]] = OrderedDict()
+        self._blocks: OrderedDict[_Key, Any] = OrderedDict()
         self._rows = 0
         self._lock = threading.Lock()
 
-    def get(self, key: _Key) -> list[Sequence[Any]] | None:
+    def get(self, key: _Key) -> Any:
         with self._lock:
             found = self._blocks.get(key)
             if found is not None:
                 self._blocks.move_to_end(key)
             return found
 
-    def put(self, key: _Key, columns: list[Sequence[Any]]) -> None:
+    def put(self, key: _Key, columns: Any) -> None:
         with self._lock:
             if key not in self._blocks:
                 self._rows += key[1]
@@ -252,15 +252,17 @@ class _Decoded:
 # 500,000 rows: 83 ten-minute blocks of one source at 10 Hz, about 80 MB decoded (165 bytes a
 # row, block_codec.decode_columns) at most; a page's reads of one device touch far fewer
 _CACHE_ROWS = 500_000
-_caches: dict[Any, _Decoded] = {}  # by the engine's URL
+_caches: dict[Any, _Decoded] = {}  # by the blocks' table and the engine's URL
 _caches_lock = threading.Lock()
 
 
-def _decoded_cache(c: Connection) -> _Decoded:
+def decoded_cache(c: Connection, table: str = "sample_blocks") -> _Decoded:
+    """The decoded blocks of ``table`` (``sample_blocks``, or ``event_blocks``: ids of two
+    tables are not to meet in one cache) of ``c``'s database."""
     with _caches_lock:
-        found = _caches.get(c.engine.url)
+        found = _caches.get((table, c.engine.url))
         if found is None:
-            found = _caches[c.engine.url] = _Decoded()
+            found = _caches[(table, c.engine.url)] = _Decoded()
         return found
 
 
@@ -498,14 +500,14 @@ def pack_blocks(start_s: float, rows: list[tuple[Any, ...]]) -> list[dict[str, A
     return out
 
 
-def delete_older(store: Store, cutoff_s: float, limit: int) -> int:
-    """Delete at most ``limit`` blocks whose interval ends by ``cutoff_s`` (retention's raw
-    cutoff: a block goes whole, so its rows stay at most ``BLOCK_S`` longer than a row of
-    ``samples`` would); blocks deleted."""
+def delete_older(store: Store, cutoff_s: float, limit: int,
+                 table: Table = sample_blocks) -> int:
+    """Delete at most ``limit`` blocks of ``table`` (``sample_blocks``, or ``event_blocks``)
+    whose interval ends by ``cutoff_s`` (retention's raw cutoff: a block goes whole, so its
+    rows stay at most ``BLOCK_S`` longer than a row of ``samples`` would); blocks deleted."""
     with store.engine.begin() as c:
-        ids = c.execute(select(sample_blocks.c.id)
-                        .where(sample_blocks.c.block_s <= cutoff_s - BLOCK_S)
+        ids = c.execute(select(table.c.id).where(table.c.block_s <= cutoff_s - BLOCK_S)
                         .limit(limit)).scalars().all()
         if not ids:
             return 0
-        return c.execute(delete(sample_blocks).where(sample_blocks.c.id.in_(ids))).rowcount
+        return c.execute(delete(table).where(table.c.id.in_(ids))).rowcount

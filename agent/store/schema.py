@@ -128,23 +128,35 @@ samples = Table(
 # one block may share a key where rows arrived after their interval was compacted. ``first_s``
 # and ``last_s`` are the first and last sample's times, so a range query prunes by the index
 # before it decodes anything.
-sample_blocks = Table(
-    "sample_blocks", metadata,
-    Column("id", Integer, primary_key=True),
-    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
-    Column("block_s", Float, nullable=False),  # the interval's start, a multiple of BLOCK_S
-    Column("source", String(32), nullable=True),
-    Column("pid", Integer, nullable=True),
-    Column("first_s", Float, nullable=False),
-    Column("last_s", Float, nullable=False),
-    Column("count", Integer, nullable=False),
-    Column("keyed", Integer, nullable=False),  # rows with a content_key (imported), 0 if none
-    Column("data", LargeBinary, nullable=False),
-    Index("ix_sample_blocks_device_block", "device_id", "block_s"),
-    # import's duplicate check looks keyed blocks up by time alone (content keys are not
-    # per device)
-    Index("ix_sample_blocks_block", "block_s"),
-)
+def _blocks_table(name: str, *key: Column[Any]) -> Table:
+    """A table of the compact raw tier: blocks of a device's rows over one interval, ``key``
+    the columns that tell its blocks of one interval apart."""
+    return Table(
+        name, metadata,
+        Column("id", Integer, primary_key=True),
+        Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+        Column("block_s", Float, nullable=False),  # the interval's start, a multiple of BLOCK_S
+        *key,
+        Column("first_s", Float, nullable=False),
+        Column("last_s", Float, nullable=False),
+        Column("count", Integer, nullable=False),
+        Column("keyed", Integer, nullable=False),  # rows with a content_key (imported), or 0
+        Column("data", LargeBinary, nullable=False),
+        Index(f"ix_{name}_device_block", "device_id", "block_s"),
+        # import's duplicate check looks keyed blocks up by time alone (content keys are not
+        # per device)
+        Index(f"ix_{name}_block", "block_s"),
+    )
+
+
+sample_blocks = _blocks_table("sample_blocks", Column("source", String(32), nullable=True),
+                              Column("pid", Integer, nullable=True))
+
+# The compact raw tier's events (0016, agent/store/event_blocks.py): the frequent events (every
+# name retention does not keep with the rollups: requests, phases, KV allocations) of one
+# device and pid over one closed ``BLOCK_S`` interval, moved out of ``events`` by the same
+# compaction as the samples, as one row of compressed columns (agent/store/block_codec.py).
+event_blocks = _blocks_table("event_blocks", Column("pid", Integer, nullable=True))
 
 events = Table(
     "events", metadata,

@@ -21,6 +21,7 @@ import logging
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -56,7 +57,7 @@ from vramscope.agent.records import (
     uuid_candidates,
 )
 from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
-from vramscope.agent.store import content_keys, migrate, sample_blocks
+from vramscope.agent.store import content_keys, event_blocks, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
 from vramscope.agent.store.schema import (
     agent_stats,
@@ -91,6 +92,9 @@ _PG_SAMPLES_SQL = (
     + ", ".join(f"%s::{t}[]" for t in ("int4", "float8", "text", "text", "int4",
                                        *["int8"] * len(SAMPLE_COUNTER_FIELDS), "text", "int8"))
     + ") ON CONFLICT (origin, seq, ts_s) DO NOTHING")
+# a read of events that the compact raw tier holds some of is made this much time at a time
+# (Store.iter_events): an hour of a busy server's requests in memory, not a day's
+EVENTS_CHUNK_S = 3_600.0
 log = logging.getLogger("vramscope.store")
 
 
@@ -758,16 +762,51 @@ class Store:
         arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
         phases = _PHASE_OF.get
         with self.engine.connect() as c:
-            # by position, a phase by lookup (``Phase(value)`` and a Row's attributes were
-            # two thirds of an hour's 1,200 request markers)
-            return [Event(r[4], r[5], r[0], r[6], phases(r[7]) if r[7] else None, r[8],
-                          stored_json(r[9]), host, r[1])
-                    for r in c.execute(_in_time_order(arms or [q], limit)).all()]
+            rows = c.execute(_in_time_order(arms or [q], limit)).all()
+            if event_blocks.compactable(names):
+                rows = self._with_event_blocks(c, rows, device, host, start_s, end_s, names,
+                                               limit)
+        # by position, a phase by lookup (``Phase(value)`` and a Row's attributes were two
+        # thirds of an hour's 1,200 request markers)
+        return [Event(r[4], r[5], r[0], r[6], phases(r[7]) if r[7] else None, r[8],
+                      stored_json(r[9]), host, r[1])
+                for r in rows]
+
+    def _with_event_blocks(self, c: Connection, rows: Sequence[Any], device: int | None,
+                           host: str | None, start_s: float | None, end_s: float | None,
+                           names: Sequence[str] | None, limit: int | None) -> Sequence[Any]:
+        """``rows`` (:meth:`events`' own, from ``events``) and the compact raw tier's events
+        of the same devices, window and names, merged in (ts_s, id) order, at most
+        ``limit``: the rows the table held before compaction. A window with no block of any
+        device (the newest minutes: blocks are closed intervals) costs one seek."""
+        if not event_blocks.any_blocks(c, None, start_s, end_s):
+            return rows
+        mine = (select(devices.c.id, devices.c.device_index, devices.c.uuid)
+                .join(hosts, hosts.c.id == devices.c.host_id)
+                .where(hosts.c.name == (host or self.host_name)))
+        if device is not None:
+            mine = mine.where(devices.c.device_index == device)
+        known = {int(r[0]): (r[1], r[2]) for r in c.execute(mine).all()}
+        if not known or not event_blocks.any_blocks(c, list(known), start_s, end_s):
+            return rows
+        found = event_blocks.window_rows(c, list(known), start_s, end_s,
+                                         None if names is None else list(names), limit)
+        merged = [*rows, *((*known[r[1]], *r) for r in found)]
+        merged.sort(key=itemgetter(4, 2))  # time, then id
+        return merged if limit is None else merged[:limit]
 
     def iter_events(self, device: int | None = None, start_s: float | None = None,
                     end_s: float | None = None, *, host: str | None = None) -> Iterator[Event]:
         """Every event of the window, lazily, in :meth:`events`' order (streaming analysis: a
-        week of request events is millions of rows)."""
+        week of request events is millions of rows). Where the compact raw tier holds some,
+        the window is read ``EVENTS_CHUNK_S`` at a time, each through :meth:`events`."""
+        with self.engine.connect() as c:
+            ids = self._device_row_ids(c, device, host)
+            spans = ([] if not ids or not event_blocks.any_blocks(c, ids, start_s, end_s)
+                     else [event_blocks.span(c, ids), self._events_span(c, ids)])
+        if spans:
+            yield from self._iter_events_chunked(device, start_s, end_s, host, spans)
+            return
         q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
              .join(devices, devices.c.id == events.c.device_id)
              .join(hosts, hosts.c.id == devices.c.host_id)
@@ -781,6 +820,34 @@ class Store:
                 yield Event(r.ts_s, r.name, r.device_index, r.pid,
                             Phase(r.phase) if r.phase else None, r.request_id,
                             stored_json(r.data), host, r.device_uuid)
+
+    def _iter_events_chunked(self, device: int | None, start_s: float | None,
+                             end_s: float | None, host: str | None,
+                             spans: list[tuple[float, float] | None]) -> Iterator[Event]:
+        found = [s for s in spans if s is not None]
+        lo = min(s[0] for s in found) if start_s is None else start_s
+        hi = max(s[1] for s in found) if end_s is None else end_s
+        start = lo
+        while start <= hi:
+            stop = start + EVENTS_CHUNK_S
+            for e in self.events(device, start, min(stop, hi), host=host):
+                if e.ts_s < stop or stop > hi:  # an event at ``stop`` is the next chunk's
+                    yield e
+            start = stop
+
+    def _device_row_ids(self, c: Connection, device: int | None,
+                        host: str | None) -> list[int]:
+        q = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+             .where(hosts.c.name == (host or self.host_name)))
+        if device is not None:
+            q = q.where(devices.c.device_index == device)
+        return [int(i) for i in c.execute(q).scalars()]
+
+    @staticmethod
+    def _events_span(c: Connection, ids: Sequence[int]) -> tuple[float, float] | None:
+        lo, hi = c.execute(select(func.min(events.c.ts_s), func.max(events.c.ts_s))
+                           .where(events.c.device_id.in_(list(ids)))).one()
+        return None if lo is None else (float(lo), float(hi))
 
     def time_range(self, device: int | None = None, host: str | None = None, *,
                    not_after_s: float | None = None) -> tuple[float, float] | None:

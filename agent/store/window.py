@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ScalarSelect, func, literal, select
 from vramscope.agent.durations import MINUTE_S
+from vramscope.agent.store import event_blocks
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
 
@@ -51,6 +52,7 @@ def events_at_most(store: Store, device: int, start_s: float, end_s: float,
     ``limit + 1`` keys. What a page asks before it reads request markers it would drop past
     ``limit``, so that a busy window's events are not read and built only to be dropped."""
     did = _device_id(store, device, host)
+    moved = store.known_device_id(device, host) if event_blocks.compactable(names) else None
     total = 0
     with store.engine.connect() as c:
         for name in dict.fromkeys(names):
@@ -59,8 +61,10 @@ def events_at_most(store: Store, device: int, start_s: float, end_s: float,
                  .limit(limit + 1 - total).subquery())
             total += int(c.execute(select(func.count()).select_from(q)).scalar() or 0)
             if total > limit:
-                break
-    return total
+                return total
+        if moved is not None:  # and those the compact raw tier holds
+            total += event_blocks.count_in(c, [moved], start_s, end_s, names)
+    return min(total, limit + 1)
 
 
 def first_sample_ts(store: Store, device: int, host: str | None = None) -> float | None:

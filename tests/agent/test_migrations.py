@@ -11,7 +11,7 @@ from vramscope.agent.store import Store, migrate
 
 TABLES = {"hosts", "devices", "processes", "samples", "events", "alerts", "postmortems",
           "rollups", "rollups_10m", "seconds", "event_counts", "agent_stats", "verdicts",
-          "device_verdicts", "sample_blocks",
+          "device_verdicts", "sample_blocks", "event_blocks",
           "alembic_version"}
 
 
@@ -48,9 +48,9 @@ def test_open_refuses_a_newer_schema(any_url):
 def test_db_cli(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert main(["db", "current", "--db", url]) == 0
-    assert "revision base (empty) (head is 0015)" in capsys.readouterr().out
+    assert "revision base (empty) (head is 0016)" in capsys.readouterr().out
     assert main(["db", "upgrade", "--db", url]) == 0
-    assert "revision 0015 (head)" in capsys.readouterr().out
+    assert "revision 0016 (head)" in capsys.readouterr().out
     assert main(["db", "downgrade", "nope", "--db", url]) == 1
     assert "unknown revision 'nope'" in capsys.readouterr().err
     assert main(["db", "downgrade", "base", "--db", url]) == 0

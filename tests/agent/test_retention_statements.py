@@ -31,17 +31,18 @@ NOW = T0 + MINUTES * 60 + 130  # minutes 0..3 are past the two minutes' grace, m
 # it starts at the cutoff). PostgreSQL adds the store-wide lock's check (1) and, on the first
 # step of a day, the partitions ahead of their writes (14). The compact raw tier adds 3
 # (agent/store/sample_blocks.py): whether blocks overlap the rolled-up minutes (1 a rollup,
-# read with the raw rows), the intervals due for compaction (1: a seek per device) and the
-# blocks past the raw cutoff (1)
-FIRST_STEP = {"sqlite": 37, "postgresql": 52}
+# read with the raw rows; the events' blocks in the same statement), and for its samples and
+# its events (agent/store/event_blocks.py) each, the intervals due for compaction (1: a seek
+# per device) and the blocks past the raw cutoff (1)
+FIRST_STEP = {"sqlite": 39, "postgresql": 54}
 # the second: minutes 2 and 3 the same way, without the watermark's read
-SECOND_STEP = {"sqlite": 35, "postgresql": 36}
+SECOND_STEP = {"sqlite": 37, "postgresql": 38}
 # the watermark is at the newest minute due: no rollup query at all, the deletes by age only
-NOTHING_DUE = {"sqlite": 22, "postgresql": 23}
+NOTHING_DUE = {"sqlite": 24, "postgresql": 25}
 # a minute later minute 4 is due but has no samples: the seek finds none, nothing rolled up;
 # the raw cutoff moved a minute, so the walk for unlisted event names reads that minute (2: the
 # owners, then their rows)
-EMPTY_MINUTE = {"sqlite": 25, "postgresql": 26}
+EMPTY_MINUTE = {"sqlite": 27, "postgresql": 28}
 
 
 def _fleet(url: str, hosts: int, devices: int) -> list[Store]:

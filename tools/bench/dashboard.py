@@ -325,7 +325,7 @@ def _bytes_per_device_day(store: Store, history: History) -> list[Figure]:
 
 # tier -> the tables whose pages (and their indexes') it is
 _TIER_TABLES = {"raw samples and their indexes": ("samples", "sample_blocks"),
-                "events": ("events",),
+                "events": ("events", "event_blocks"),
                 "per-second tier": ("seconds",), "minute rollups": ("rollups",),
                 "ten-minute groups": ("rollups_10m",), "event counts per minute": ("event_counts",)}
 
