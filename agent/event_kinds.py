@@ -73,6 +73,10 @@ KINDS: tuple[EventKind, ...] = (
     # events a day and lose its OOMs
     EventKind("kv_evicted", CHEAP, "cached KV blocks evicted"),
     EventKind("phase", CHEAP, "phase change", Role.PHASE),
+    # the agent's own, one a connected process each sampling.process_interval_s (1 s): a
+    # series as frequent as the raw samples, kept as long (and compacted with them); kept for
+    # the rollups' 90 days it was the most of a real store's kept rows
+    EventKind("nvml_process", CHEAP, "NVML process memory"),  # agent/daemon.py's PROCESS_EVENT
     # rare: what an incident review needs
     EventKind("oom", KEPT, "OOM", Role.OOM | Role.MARKER | Role.TIER),
     EventKind("kv_orphaned_blocks", KEPT, "orphaned KV blocks", Role.MARKER | Role.TIER),
@@ -89,7 +93,6 @@ KINDS: tuple[EventKind, ...] = (
     EventKind("prefix_cache", KEPT, "prefix-cache hits", Role.PREFIX),
     EventKind("memory_layout", KEPT, "memory layout"),  # an idle point's layout (leak make-up)
     EventKind("snapshot", KEPT, "allocator snapshot"),
-    EventKind("nvml_process", KEPT, "NVML process memory"),  # agent/daemon.py's PROCESS_EVENT
     EventKind("alert", KEPT, "alert"),  # a name docs/trace-format.md lists; nothing sends it now
 )
 

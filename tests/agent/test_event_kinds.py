@@ -157,7 +157,7 @@ def test_an_unknown_name_is_cheap_labelled_as_itself_and_read_by_nothing():
 def test_the_sets_read_by_are_the_tables():
     """The values each place had as its own list before the table, now derived from it."""
     assert ek.CHEAP_EVENTS == ("request_start", "request_end", "kv_alloc", "kv_free",
-                               "kv_evicted", "phase")
+                               "kv_evicted", "phase", "nvml_process")
     assert reader.TIER_EVENTS == ("oom", "kv_orphaned_blocks")
     assert reader.RARE_EVENTS == ("oom", "kv_orphaned_blocks", "process_exit")
     assert reader.REQUEST_EVENTS == ("request_start", "request_end")
