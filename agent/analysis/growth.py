@@ -302,13 +302,19 @@ FAST_HOLD_RATIO = 0.5  # a fast verdict holds while the low end stays above this
 FAST_RISE_NOISE = 4.0  # the rise over the stretch, in standard deviations of the floor before
 FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the rise
 # A rise that began in a process's first FAST_WARMUP_CAP_S may be its warm-up (caches, graph
-# pools, workspaces growing lazily: up to ~10 % of the limit over up to 15 minutes, then flat):
-# it is growth once it has gone on FAST_WARMUP_SPAN_S unflattened, added FAST_WARMUP_GROWTH of
-# the limit, and would fill the headroom within FAST_WARMUP_FILL_S
+# pools, workspaces growing lazily: up to ~10 % of the limit over up to 15 minutes, then flat).
+# A warm-up grows in steps (each new segment or pool a jump, flat between) and flattens; it is
+# judged from the data, not waited out: a rise early in a process is growth once it has gone on
+# FAST_WARMUP_SPAN_S unflattened and either rises steadily (at least FAST_WARMUP_RISING_SHARE
+# of the steps between its points rise, and no one step makes FAST_WARMUP_STEP_SHARE of the
+# rise: growth, not a warm-up's few jumps) or has outgrown the cap (added FAST_WARMUP_GROWTH of
+# the limit, filling the headroom within FAST_WARMUP_FILL_S)
 FAST_WARMUP_CAP_S = 900.0
 FAST_WARMUP_SPAN_S = 120.0
 FAST_WARMUP_GROWTH = 0.10
 FAST_WARMUP_FILL_S = 1200.0
+FAST_WARMUP_RISING_SHARE = 0.8
+FAST_WARMUP_STEP_SHARE = 0.15
 
 
 class FastConfig(NamedTuple):
@@ -392,11 +398,12 @@ class FastGrowth:
                 least = max(least, self.config.estimated_span_s)
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
             if rate is not None:  # the wandering before it (costlier) only widens: read last
-                noise = level_noise(pts[max(0, len(pts) - n - max(n, _BASELINE_POINTS)):-n])
+                first = max(0, len(pts) - n - max(n, _BASELINE_POINTS))
+                noise = level_noise(pts[since_serving(loads, first, len(pts) - n):-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) \
                     and not _load_moving(work[-n:]) and (
-                    not warming or _past_warmup(rate, headroom_bytes, limit_bytes)) \
+                    not warming or _past_warmup(part, rate, headroom_bytes, limit_bytes)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
@@ -456,10 +463,34 @@ def _since_knee(pts: Sequence[tuple[float, int]], rate: Rate, noise: float) -> R
     return since
 
 
-def _past_warmup(rate: Rate, headroom_bytes: float, limit_bytes: float) -> bool:
-    """A rise early in a process larger and faster than a warm-up's (see FAST_WARMUP_*)."""
-    return (rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes
-            and max(0.0, headroom_bytes) / rate.slope <= FAST_WARMUP_FILL_S)
+def _past_warmup(pts: Sequence[tuple[float, int]], rate: Rate, headroom_bytes: float,
+                 limit_bytes: float) -> bool:
+    """A rise early in a process that no warm-up makes: steady, or larger and faster than a
+    warm-up's (see FAST_WARMUP_*)."""
+    return rises_steadily(pts, rate) or (
+        rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes
+        and max(0.0, headroom_bytes) / rate.slope <= FAST_WARMUP_FILL_S)
+
+
+def rises_steadily(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
+    """At least ``FAST_WARMUP_RISING_SHARE`` of the steps between the points rise and none
+    makes ``FAST_WARMUP_STEP_SHARE`` of the stretch's rise (``rate`` over its span): growth
+    spread over every point, not a warm-up's few jumps with flat floor between them."""
+    steps = [b[1] - a[1] for a, b in zip(pts, pts[1:])]
+    rise = rate.slope * rate.span_s
+    return bool(steps) and rise > 0 \
+        and sum(1 for d in steps if d > 0) >= FAST_WARMUP_RISING_SHARE * len(steps) \
+        and max(steps) <= FAST_WARMUP_STEP_SHARE * rise
+
+
+def since_serving(loads: Sequence[tuple[float, int]], first: int, end: int) -> int:
+    """Where the floor's wandering before a stretch (points ``first`` to ``end``) is read
+    from: the first point with requests in flight, where that leaves at least
+    ``FAST_MIN_POINTS`` (a process's loading, its weights coming in before its first request,
+    is a level reached, not wandering about it: early in a process it would hide any growth
+    under it); else ``first``."""
+    served = next((i for i in range(first, end) if loads[i][1]), first)
+    return served if end - served >= FAST_MIN_POINTS else first
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:

@@ -12,6 +12,8 @@ from vramscope.agent.analysis.growth import (
     more_time_s,
     rate_interval,
     rate_interval_with_load,
+    rises_steadily,
+    since_serving,
     step_margin,
     time_to_oom,
     widened,
@@ -174,10 +176,41 @@ def test_fast_growth_is_established_on_a_steady_rise_not_on_a_step_a_warmup_or_a
     since = _fed(short).established(1.0, 10**8, -1e4, 1e9)
     assert (since.points, since.slope) == (8, 0.5 * MB)
     assert _fed(short).established(1.0, 10**8, 0.0, 1e9) is None
-    # in the first 15 min: the 2-min rise of 60 MB is 6 % of a 1 GB limit (a warm-up's size),
-    # 12 % of a 500 MB one
-    assert _fed(rise).established(1.0, 10**8, 0.0, 1e9) is None
-    assert _fed(rise).established(1.0, 10**8, 0.0, 5e8).points == 13
+    # in the first 15 min a steady rise (every step 5 MB) is growth, whatever its size: 60 MB
+    # is 6 % of a 1 GB limit (a warm-up's size)
+    assert _fed(rise).established(1.0, 10**8, 0.0, 1e9).points == 13
+
+
+def test_a_rise_early_in_a_process_in_a_warmups_jumps_waits_for_the_cap():
+    # the same 60 MB over 2 min in the process's first minutes, in 4 jumps of 15 MB with the
+    # floor flat between them (a warm-up's segments): a quarter of the rise in one step
+    flat = [10 * MB] * 30
+    jumps = flat + [10 * MB + 15 * MB * (k // 3) for k in range(1, 13)]
+    assert _fed(jumps).established(1.0, 10**8, 0.0, 1e9) is None
+    # ...unless it has outgrown the cap: 12 % of a 500 MB limit, filling 100 MB in 200 s
+    assert _fed(jumps).established(1.0, 10**8, 0.0, 5e8) is not None
+    # past the first 15 min the same jumps are growth (no warm-up to take them for)
+    assert _fed(jumps, start=1e4).established(1.0, 10**8, 0.0, 1e9) is not None
+
+
+def test_a_steady_rise_steps_up_at_most_points_and_none_carries_much_of_it():
+    rate = Rate(1.0, 0.9, 1.1, 100.0, 11, 11.0, 0.0)  # 100 B over the stretch
+    even = [(10.0 * i, 10 * i) for i in range(11)]  # 10 steps of 10 B: 10 % each
+    assert rises_steadily(even, rate)
+    lumpy = even[:5] + [(10.0 * i, 20 + 10 * i) for i in range(5, 11)]  # one step of 30 B
+    assert not rises_steadily(lumpy, rate)
+    flat_runs = [(10.0 * i, 10 * (i // 2) * 2) for i in range(11)]  # half the steps flat
+    assert not rises_steadily(flat_runs, rate)
+    assert not rises_steadily(even[:1], rate)
+
+
+def test_the_wandering_before_an_early_stretch_is_read_from_the_first_request():
+    # weights loading (no request in flight), then serving: read from the first request, where
+    # 6 points remain; else from the start
+    loads = [(float(i), 0) for i in range(4)] + [(float(i), 2) for i in range(4, 12)]
+    assert since_serving(loads, 0, 12) == 4
+    assert since_serving(loads, 0, 9) == 0  # only 5 points after it
+    assert since_serving([(float(i), 0) for i in range(12)], 0, 12) == 0  # never served
 
 
 def _idle(values, total):
