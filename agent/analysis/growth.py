@@ -399,7 +399,9 @@ class FastGrowth:
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
             if rate is not None:  # the wandering before it (costlier) only widens: read last
                 first = max(0, len(pts) - n - max(n, _BASELINE_POINTS))
-                noise = level_noise(pts[since_serving(loads, first, len(pts) - n):-n])
+                if warming:  # a process's weights loading may be among them
+                    first = since_serving(loads, first, len(pts) - n)
+                noise = level_noise(pts[first:-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]) \
                     and not _load_moving(work[-n:]) and (
