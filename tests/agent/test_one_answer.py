@@ -74,7 +74,9 @@ def recorded(request, tmp_path):
         n = int(SPAN_S / STEP_S)
         assert [p.communicate(timeout=240)[0].split() for p in procs] == [[str(n), "0"]] * 2
         with Store.open(url) as store:
-            wait_for(lambda: store.count("samples") == 2 * n, timeout_s=120)
+            # every sample stored, as rows or already in the compact raw tier (the leader
+            # compacts the recording's closed ten-minute intervals as they arrive)
+            wait_for(lambda: len(store.samples()) == 2 * n, timeout_s=120, poll_s=0.5)
     finally:
         agent.stop()
     yield url, (procs[0].pid, procs[1].pid), t0 + (n - 1) * STEP_S
