@@ -127,6 +127,7 @@ from vramscope.agent.analysis.stats import (
 )
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
+from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import Event, Sample
 from vramscope.agent.timefmt import iso_utc
 
@@ -365,6 +366,9 @@ class LeakDetector:
         self._unconfirmed: tuple[float, int, LeakResult] | None = None
         self.load = BlockBytes()  # what the KV blocks in use explain (the residual floor)
         self.per_request = BlockBytes()  # without KV figures: bytes per request in flight
+        # a token floor's estimate of the bytes a token holds, and the tokens held, a minute
+        # apart over the horizon: the estimate's own drift moves the residual floor (_drifted)
+        self._per_token: deque[tuple[float, float, int]] = deque()
         self.cusum = Cusum(ROLLING_POINTS - 1)  # the sequential test, on the rolled floor
         self._seq: LeakResult | None = None  # the sequential verdict while it holds a leak
         self._seq_start: float | None = None  # its change point
@@ -495,6 +499,7 @@ class LeakDetector:
         self.load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
             self.load.observe(allocated)
+            self._note_per_token(s.ts_s)
             self.peak.observe(s.ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
@@ -966,6 +971,8 @@ class LeakDetector:
         else it is ``insufficient_data`` with what is missing."""
         if r.p_value is None or r.rate_low_bytes_per_s is not None:
             return r  # no test was made (not enough floor yet), or it carries its own rate
+        if r.detected:
+            r = self._drifted(r)
         pts = list(self.trend_points() if points is None else points)
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
@@ -1011,6 +1018,44 @@ class LeakDetector:
                        f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise")
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: {missing} (the test so far: {r.evidence})"))
+
+    def _note_per_token(self, ts_s: float) -> None:
+        """Keep the token floor's estimate and the tokens held, a minute apart (horizon)."""
+        load = self.load
+        if load.unit != "token" or load.kv_used is None or load.bytes_per_block <= 0:
+            return
+        kept = self._per_token
+        if kept and ts_s - kept[-1][0] < MINUTE_S:
+            return
+        kept.append((ts_s, load.bytes_per_block, load.kv_used))
+        while kept[0][0] < ts_s - self.t.leak_horizon_s:
+            kept.popleft()
+
+    def _drifted(self, r: LeakResult) -> LeakResult:
+        """A route's leak on a token floor, unless the estimate of the bytes a token holds
+        moved enough over the rise to make it: each residual point took off the estimate of
+        its moment, so a drift of the estimate by d bytes a token moves the floor by d x the
+        tokens held, as a leak would (the estimate settles over a process's first quarter
+        hour). The rise must be twice what that drift explains; until then, not enough data."""
+        if self.load.unit != "token" or not self._kv_explains() or not self._per_token:
+            return r
+        # over the floor the test rests on (its span), or since the rise began if earlier
+        start = self._per_token[-1][0] - r.span_s
+        if r.start_ts_s is not None:
+            start = min(start, r.start_ts_s)
+        since = [(b, n) for ts, b, n in self._per_token if ts >= start]
+        if len(since) < 2:
+            return r
+        now = self.load.bytes_per_block
+        drift = max(abs(now - b) for b, _ in since) * sum(n for _, n in since) / len(since)
+        if r.growth_bytes > 2 * drift:
+            return r
+        return r._replace(detected=False, enough_data=False, evidence=(
+            f"not enough data yet: the floor rose {r.growth_bytes / 2**20:.4g} MiB, but the "
+            f"estimate of the bytes a KV token holds moved by up to "
+            f"{max(abs(now - b) for b, _ in since):.4g} over that time, which with the tokens "
+            f"held explains {drift / 2**20:.4g} MiB of it; a leak must rise past twice that "
+            f"(the test so far: {r.evidence})"))
 
     def _misfit(self, rate: Rate, slope: float, pts: Sequence[tuple[float, int]],
                 horizon: Sequence[tuple[float, int]], horizon_held: Sequence[int]) -> Rate:
