@@ -115,10 +115,10 @@ def test_live_batches_give_exactly_the_alerts_of_analyze():
     live = [(c.kind, c.rule, c.ts_s) for c in engine.history]
     assert [("fired", a["rule"], a["fired_ts"]) for a in offline] == [
         x for x in live if x[0] == "fired"]
-    # the trend warns; the leak is named, its time to OOM goes critical; the OOM ends the risk
-    # episode: both risk alerts resolve at it
+    # the leak is named (a steady rise from the start is growth), the risk follows it, its
+    # time to OOM goes critical; the OOM ends the risk episode: both risk alerts resolve at it
     assert [(k, r) for k, r, _ in live] == [
-        ("fired", "oom_risk"), ("fired", "memory_leak"), ("fired", "oom_risk_critical"),
+        ("fired", "memory_leak"), ("fired", "oom_risk"), ("fired", "oom_risk_critical"),
         ("resolved", "oom_risk"), ("resolved", "oom_risk_critical"), ("fired", "oom")]
     assert {ts for k, _, ts in live if k == "resolved"} == {sc.oom_ts}
 

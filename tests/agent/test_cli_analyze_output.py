@@ -53,12 +53,13 @@ def test_time_to_oom_is_in_the_units_of_every_other_surface(tmp_path, capsys):
     trace = _write(tmp_path / "ramp.jsonl", _ramp())
     assert main(["analyze", trace]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # the growth model names the ramp once past its first 15 min (a rise that early, filling
-    # in over 20 min, may be a warm-up) and warns from its time to OOM (the peaks' trend alone
-    # warned at 08:15); a clean line's interval is the model's error, 15 % either side
-    assert lines[1] == ("  leak: DETECTED at 2027-01-15T08:14:00.000Z, 3600 B/h (3060 B/h to "
+    # the growth model names the ramp once it has risen steadily (a rise in a process's first
+    # minutes that does not flatten is growth, not a warm-up) and warns from its time to OOM
+    # (the peaks' trend alone warned at 08:15); a clean line's interval is the model's error,
+    # 15 % either side
+    assert lines[1] == ("  leak: DETECTED at 2027-01-15T08:09:00.000Z, 3600 B/h (3060 B/h to "
                         "4140 B/h), full in about 18 min (16 min – 22 min)")
-    assert lines[4] == ("  OOM risk: max warning, first warning 2027-01-15T08:14:01.000Z, "
+    assert lines[4] == ("  OOM risk: max warning, first warning 2027-01-15T08:09:01.000Z, "
                         "shortest forecast time to OOM 17.4 min")  # the old code: "1041 s"
 
 

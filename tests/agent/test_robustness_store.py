@@ -84,7 +84,7 @@ def test_an_unstamped_database_is_refused_until_stamped(short_dir):
     done = _vramscope("agent", "--db", f"sqlite:///{db}", "--socket",
                       f"{short_dir}/run/agent.sock", "--no-nvml")
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert ("has tables (agent_stats, alerts, device_verdicts, devices, event_counts) but no "
+    assert ("has tables (agent_stats, alerts, device_verdicts, devices, event_blocks) but no "
             "alembic_version, so its schema revision is unknown; vramscope will not write over "
             "it") in done.stderr
     assert "`vramscope db stamp head`" in done.stderr

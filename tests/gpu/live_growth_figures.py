@@ -77,7 +77,7 @@ def figures(run: Path) -> dict[str, Any]:
         db = Path(tmp) / "run.db"
         with gzip.open(run / "growth_oom.db.gz") as src, open(db, "wb") as dst:
             shutil.copyfileobj(src, dst)
-        store = Store.open(f"sqlite:///{db}", upgrade=False)
+        store = Store.open(f"sqlite:///{db}")  # a copy: brought to the head schema
         try:
             rows = stored_verdicts.history(store, 0, None, 0.0, float("inf"))
             alerts = store.alerts(device=0)
