@@ -53,12 +53,12 @@ def test_the_alert_and_every_page_name_the_process_the_engine_chose(store):
     # the two keys disagree on these rows: pid 2 has the soonest time to OOM, pid 1 none
     rows = {v.pid: v for v in stored.latest(store, 0, None, END)}
     assert (rows[1].risk_level, rows[1].time_to_oom_s) == ("warning", None)
-    assert rows[2].risk_level == "warning" and rows[2].time_to_oom_s == pytest.approx(1111.67,
+    assert rows[2].risk_level == "warning" and rows[2].time_to_oom_s == pytest.approx(1171.67,
                                                                                       abs=0.01)
     assert rows[1].headroom_bytes == int(2.5 * GIB)
     # the engine's choice, stored: pid 1 leads the risk, pid 2 the leak
     assert stored.device_answer(store, 0, None, END) == DeviceVerdict(
-        T0 + 1560.5, 0, None, "warning", 1, 2)
+        T0 + 1740.5, 0, None, "warning", 1, 2)
     fired = {a["rule"]: a["message"] for a in store.alerts(device=0, limit=10)}
     assert fired["oom_risk"].startswith("OOM risk warning [pid 1]: headroom 3.1 %")
 
@@ -111,7 +111,7 @@ def test_the_timeline_draws_the_floor_the_engine_judged_on(tmp_path):
     want = [[t, b] for t, b in made if start <= t <= END]
     # pid 2's floor a minute: its first sample of each minute (it only rises), from minute 10
     # to the points its newest row carries (the last minutes' come with its next row)
-    assert want == [[T0 + 0.5 + 60 * m, 40 * GIB + 60 * m * 15 * MIB] for m in range(10, 26)]
+    assert want == [[T0 + 0.5 + 60 * m, 40 * GIB + 60 * m * 15 * MIB] for m in range(10, 25)]
     assert doc["floor"] == {"pid": 2, "process": "unknown (pid 2)", "points": want}
     fig = client.get(f"/api/v1/figures/timeline?device=0&start={start}&end={END}").get_json()
     (floor,) = [t for t in fig["data"] if "floor" in t["name"]]
