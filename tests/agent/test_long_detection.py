@@ -27,6 +27,15 @@ def trace(days=1.0, **truth):
     return sc
 
 
+def _scored_leak(name):
+    """The suite's trace ``name`` through the engine, scored as a leak run."""
+    sc = long_suite.build(next(s for s in long_suite.specs() if s.name == name))
+    out = ld.LongScore()
+    run = ld.run_engine(sc)
+    ld.score_leak(sc, run, out)
+    return sc, run, out
+
+
 def test_risk_time_counts_overlapping_alerts_once_and_open_ones_to_the_end():
     run = ld.Run([change("fired", "oom_risk", 100.0), change("fired", "oom_risk_critical", 150.0),
                   change("resolved", "oom_risk_critical", 200.0),
@@ -105,12 +114,7 @@ def test_a_leak_of_the_suite_end_to_end():
     # a per-request leak of 1 %/h on a per-request-KV server under a daily load: found 27 min
     # after its onset at the rate it had leaked so far (1.39x the suite's 2-hour average: the
     # day's load was high), nothing before it
-    spec = next(s for s in long_suite.specs()
-                if s.name == "leak/per_request/1.00%/per_request_kv-diurnal/203")
-    sc = long_suite.build(spec)
-    out = ld.LongScore()
-    run = ld.run_engine(sc)
-    ld.score_leak(sc, run, out)
+    sc, run, out = _scored_leak("leak/per_request/1.00%/per_request_kv-diurnal/203")
     assert (out.leaks, out.found, out.early) == (1, 1, [])
     assert out.slope_ratios[0] == pytest.approx(1.390, abs=0.005)
     assert out.so_far_ratios[0] == pytest.approx(0.998, abs=0.005)
@@ -193,10 +197,5 @@ def test_a_token_floor_s_settling_estimate_is_not_a_leak_before_the_onset():
     tokens are held: the residual floor rose 144 MiB from that alone, and a route once named it
     a leak at +0.35 h. The drift is weighed now: nothing fires before the onset, and the leak
     itself is still found."""
-    spec = next(s for s in long_suite.specs()
-                if s.name == "leak/never_idle/5.00%/per_request_kv-never_idle/248")
-    sc = long_suite.build(spec)
-    out = ld.LongScore()
-    run = ld.run_engine(sc)
-    ld.score_leak(sc, run, out)
+    _, _, out = _scored_leak("leak/never_idle/5.00%/per_request_kv-never_idle/248")
     assert (out.leaks, out.found, out.early) == (1, 1, [])
