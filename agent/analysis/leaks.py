@@ -88,20 +88,22 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
-from vramscope.agent.analysis.growth import (
+from vramscope.agent.analysis.fast_growth import (
     FAST_FINE_FLOOR_S,
     FAST_WARMUP_CAP_S,
     FINE,
     FINE_TOKENS,
-    Z_90,
     FastGrowth,
+    level_noise,
+)
+from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
+from vramscope.agent.analysis.growth import (
+    Z_90,
     Forecast,
     Rate,
     describe_forecast,
     held_too,
     judge,
-    level_noise,
     more_time_s,
     per_hour,
     rate_interval,

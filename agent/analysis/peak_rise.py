@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from vramscope.agent.analysis.growth import Rate, rate_interval, recent_half_rises
+from vramscope.agent.analysis.fast_growth import recent_half_rises
+from vramscope.agent.analysis.growth import Rate, rate_interval
 
 FINE_PEAK_S = 15.0  # the fast route's peak window (or the server's trend window, when longer)
 KEEP_S = 1800.0  # fine peaks kept: the longest stretch tried

@@ -1,19 +1,18 @@
-"""The growth model (agent/analysis/growth.py): one rate with its interval, and the state, what is
-missing and the time to OOM that follow from it; its fast route in the leak detector."""
+"""The growth model (agent/analysis/growth.py, fast_growth.py): one rate with its interval,
+and the state, what is missing and the time to OOM that follow from it; its fast route in the
+leak detector."""
 
 import math
 
 import pytest
+from vramscope.agent.analysis.fast_growth import FastGrowth, rises_steadily, since_serving
 from vramscope.agent.analysis.growth import (
-    FastGrowth,
     Rate,
     describe_forecast,
     judge,
     more_time_s,
     rate_interval,
     rate_interval_with_load,
-    rises_steadily,
-    since_serving,
     step_margin,
     time_to_oom,
     widened,

@@ -3,7 +3,7 @@ reads on a server that is never idle."""
 
 import pytest
 from vramscope.agent.alerts.explain import leak_text
-from vramscope.agent.analysis import growth, leaks, load_floor
+from vramscope.agent.analysis import fast_growth, leaks, load_floor
 from vramscope.agent.analysis.leaks import ESTIMATED_WORDS, LeakDetector
 from vramscope.agent.analysis.load_floor import BlockBytes, estimate
 from vramscope.agent.analysis.thresholds import Thresholds
@@ -358,7 +358,8 @@ def test_a_floor_that_follows_the_tokens_held_is_not_a_leak():
     assert fired is None
     assert (d.load.unit, d.load.bytes_per_block) == ("token", BLOCK / 16)
     assert {y for _, y in d.trend_points()[-60:]} == {10 * 2**30}
-    assert d.fast_fine.config is growth.FINE_TOKENS  # fills within an hour sought on 15-s points
+    # fills within an hour sought on 15-s points
+    assert d.fast_fine.config is fast_growth.FINE_TOKENS
 
 
 def test_tokens_that_memory_does_not_follow_leave_the_floor_to_the_requests_in_flight():
@@ -369,7 +370,7 @@ def test_tokens_that_memory_does_not_follow_leave_the_floor_to_the_requests_in_f
     d, fired = _run(tokens, events)
     assert fired is None
     assert (d.load.unit, d.load.bytes_per_block, d.fast_fine.config) == ("token", 0.0,
-                                                                         growth.FINE)
+                                                                         fast_growth.FINE)
     assert d.per_request.bytes_per_block == 256 * MIB
 
 
