@@ -271,7 +271,7 @@ def leak_text(result: LeakResult, limit_bytes: int | None, who: str | None) -> s
         text = f"KV pool leaking blocks: {kv_words(k)} (leak)"
     else:
         rate = result.slope_bytes_per_s * 3600
-        share = f", {100 * rate / limit_bytes:.2f} % of the limit" if limit_bytes else ""
+        share = f", {100 * rate / limit_bytes:.2f} % of the limit per hour" if limit_bytes else ""
         since = "" if result.start_ts_s is None else f" since {iso_utc(result.start_ts_s)}"
         about = "about " if result.estimated_floor else ""
         low, high = result.rate_low_bytes_per_s, result.rate_high_bytes_per_s

@@ -73,8 +73,8 @@ def test_headroom_gone_only_with_the_largest_prefill_spike_is_a_prefill_spike():
 def test_a_leak_alert_says_its_rate_its_interval_since_when_and_its_time_to_oom():
     leak = next(c for c in fired(labelled_recordings.growth_oom(5)) if c.rule == "memory_leak")
     assert leak.message == (
-        "idle floor rising 70.86 GiB/h (60.23 GiB/h to 81.49 GiB/h), 88.58 % of the limit since "
-        "2023-11-14T22:15:05.000Z, over 10.5 min of floor (leak); full in about 26.0 min "
+        "idle floor rising 70.86 GiB/h (60.23 GiB/h to 81.49 GiB/h), 88.58 % of the limit per hour "
+        "since 2023-11-14T22:15:05.000Z, over 10.5 min of floor (leak); full in about 26.0 min "
         "(22.6 min to 30.5 min)")  # the truth: 1.5 % a minute, 90 %/h; the OOM 26.3 min later
 
 

@@ -279,8 +279,8 @@ def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_f
     # read since the onset (the knee of the stretch): 60 MiB/s exactly, its interval widened
     # to the model's error (15 % either side); 52.4 GiB left
     assert fired[0].message.endswith(
-        "210.94 GiB/h (179.30 GiB/h to 242.58 GiB/h), 263.67 % of the limit since "
-        "1970-01-01T00:05:00.000Z, over 4.0 min of floor (leak); full in about 14.9 min "
+        "210.94 GiB/h (179.30 GiB/h to 242.58 GiB/h), 263.67 % of the limit per hour "
+        "since 1970-01-01T00:05:00.000Z, over 4.0 min of floor (leak); full in about 14.9 min "
         "(13.0 min to 17.5 min) [pid 1]")
     assert "likely growth;" in fired[1].message  # pid 1's own growth: its time to OOM
     victim = [v for v in e.verdicts.history if v.pid == 2 and v.risk_level != "ok"]

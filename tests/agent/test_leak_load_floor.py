@@ -190,7 +190,7 @@ def test_without_kv_figures_a_leak_under_a_growing_load_is_found():
     # the truth: 3.52 GiB/h since 5400 s, inside the interval
     assert leak_text(fired, 80 * 2**30, None).startswith(
         "idle floor rising about 3.60 GiB/h (3.06 GiB/h to 4.14 GiB/h), 4.50 % of the limit "
-        "since 1970-01-01T01:32:19.500Z, over 2.0 h ")
+        "per hour since 1970-01-01T01:32:19.500Z, over 2.0 h ")
 
 
 def test_the_oldest_ratios_leave_the_median_once_keep_is_reached():
