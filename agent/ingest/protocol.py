@@ -1,18 +1,8 @@
 """The ingest wire protocol, version 1: length-prefixed JSON frames over a Unix stream socket.
 
-A frame is a big-endian uint32 length (payload only) and that many bytes of one UTF-8 JSON
-object with a ``"type"`` key; the messages (``hello``, ``welcome``, ``error``, ``records``,
-``postmortem``, ``dropped``, ``heartbeat``, ``status``) are tabled in docs/protocol.md,
-"Messages".
-
-Why JSON and not msgpack: the payload of a record is exactly trace format v1, so one validator
-(``vramscope.agent.trace.record_from_json``) serves files, replay and the socket alike; the
-standard library decodes it (msgpack would be a new dependency inside every inference server);
-and at a few hundred records per frame the decode is not the bottleneck.
-
-A frame whose length prefix exceeds the cap cannot be skipped safely (we would have to trust
-the length), so the connection is dropped. A frame with a good length but a bad payload is
-rejected and skipped: the next frame starts right after it, so the stream stays in sync.
+Frames, messages and why JSON: docs/protocol.md. A frame whose length prefix exceeds the cap
+cannot be skipped safely (we would have to trust the length), so the connection is dropped; a
+frame with a good length but a bad payload is rejected and skipped, so the stream stays in sync.
 """
 
 from __future__ import annotations
