@@ -1,14 +1,10 @@
 """The in-server client: ships records to the agent's socket without ever harming the server.
 
-``put`` takes no lock: it appends to a ``deque(maxlen=buffer_records)`` (atomic in CPython; a
-full deque drops its oldest record) and then ticks an ``itertools.count`` (atomic too). Drops
-are counted from that, not in ``put``: pushed out = put - taken - buffered, so the count can lag
-by the puts in progress, never run ahead of the truth (see ``dropped_total``). A daemon thread
-drains the buffer in batches to the agent (protocol v1); when the agent is absent, slow or
-restarting it drops what it cannot send, counts it, reconnects with exponential backoff and
-then reports the count in a ``dropped`` message; the server thread never waits and never sees
-an exception. Memory is bounded by ``buffer_records`` records plus one batch in flight.
-docs/agent.md, "The hook client (inside the server)".
+``put`` takes no lock: it appends to a bounded ``deque`` (a full one drops its oldest record)
+and ticks an ``itertools.count``, both atomic in CPython; drops are counted from that (see
+``dropped_total``). A daemon thread sends batches; without an agent it drops and counts,
+reconnects with backoff and reports the count in a ``dropped`` message. The server thread never
+waits and never sees an exception: docs/agent.md, "The hook client (inside the server)".
 """
 
 from __future__ import annotations

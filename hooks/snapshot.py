@@ -1,11 +1,8 @@
 """Fragmentation from an allocator snapshot: largest free block, external fragmentation, waste.
 
-Pure functions over the snapshot's segment dicts (so tests feed recorded ones), split as
-``torch/cuda/_memory_viz.py``'s ``segsum`` splits a segment; only ``inactive`` blocks can be
-handed out now, so the largest free block and ``external_fragmentation_ratio = 1 - largest
-inactive / all inactive`` use them (docs/hooks.md, "Fragmentation snapshots").
-``SnapshotSource`` takes the lightest snapshot the installed torch offers at a low rate, records
-what each cost, and spaces them out when one costs more than allowed.
+Pure functions over the snapshot's segment dicts, split as ``torch/cuda/_memory_viz.py``'s
+``segsum`` does (docs/hooks.md, "Fragmentation snapshots"). ``SnapshotSource`` takes the lightest
+snapshot the installed torch offers and spaces them out when one costs more than allowed.
 """
 
 from __future__ import annotations
