@@ -49,7 +49,6 @@ class SocketSink:
         self.socket_path = socket_path
         self.buffer_records = buffer_records
         self.sent_total = 0
-        self.connects = 0
         self._reported = 0  # dropped_total already reported to the agent
         self._init_buffer()
         self._batch = batch_records
@@ -233,7 +232,7 @@ class SocketSink:
         parent's thread does not exist in the child, and its socket must not be shared."""
         self._init_buffer()
         self._sock = None  # the parent's socket object stays open for the parent only
-        self.sent_total = self.connects = self._reported = 0
+        self.sent_total = self._reported = 0
         self._hello = proto.hello(os.getpid(), *self._hello_args)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
@@ -265,7 +264,6 @@ class SocketSink:
         sock.settimeout(self._send_timeout_s)
         self._sock = sock
         self._last_send_s = time.monotonic()
-        self.connects += 1
         if self._away_logged:
             log.warning("vramscope agent at %s is back; %d records were dropped meanwhile",
                         self.socket_path, self.dropped_total - self._reported)

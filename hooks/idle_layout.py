@@ -162,7 +162,6 @@ class IdleLayoutSource:
         self._workspace_bytes = workspace_bytes
         self._done_entry = 0  # the idle point last summarized (0: none yet)
         self._last_mono_s: float | None = None
-        self.last_cost_s: float | None = None
 
     def read(self) -> Event | None:
         entry = self._idle_entries()
@@ -178,7 +177,6 @@ class IdleLayoutSource:
         data = layout_summary(segments, self.device, workspace_bytes=self._workspace_bytes)
         del segments  # the snapshot is large: gone before the event is handed on
         cost_s = self._clock.monotonic_s() - now_s
-        self.last_cost_s = cost_s
         self._adapt(cost_s)
         data["cost_s"] = round(cost_s, 6)
         return Event(self._clock.time_s(), LAYOUT_EVENT, self.device, self._pid, Phase.IDLE,

@@ -98,7 +98,6 @@ class SnapshotSource:
         # read as the device's (a process of its own, forever warming up, on the leak page)
         self._pid = os.getpid() if pid is None else pid
         self._ready = ready  # False while CUDA is not initialized: a snapshot would create it
-        self.last_cost_s: float | None = None
 
     def read(self) -> list[Record] | None:
         if not self._ready():
@@ -106,7 +105,6 @@ class SnapshotSource:
         t0 = self._clock.monotonic_s()
         segments = self._take()
         cost_s = self._clock.monotonic_s() - t0
-        self.last_cost_s = cost_s
         self._adapt(cost_s)
         frag = summarize(segments, self.device)
         return self._records(frag, cost_s)

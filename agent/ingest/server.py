@@ -60,7 +60,6 @@ _ACCEPT_BACKOFF_S = (0.05, 1.0)  # first and largest pause after accept() failed
 
 @dataclass
 class IngestStats:
-    connections_total: int = 0
     messages_total: int = 0
     records_total: int = 0
     client_dropped_total: int = 0  # drops the clients reported (their buffers were full)
@@ -226,7 +225,6 @@ class IngestServer:
         self._accept_backoff_s = 0.0
         sock.setblocking(False)
         pid, uid = peercred(sock)
-        self.stats.connections_total += 1
         now = time.monotonic()
         conn = Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now,
                      last_message_s=now)
