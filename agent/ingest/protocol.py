@@ -256,26 +256,22 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
                                       host, uuid, strict=True)))
 
 
-def _int_column(items: list[dict[str, Any]], key: str, top: int) -> list[int | None] | None:
+def _column(items: list[dict[str, Any]], key: str, kind: type) -> list[Any] | None:
+    """Every item's ``key``, when each is of ``kind`` (exactly: a bool is no int) or absent."""
     col = [o.get(key) for o in items]
-    kinds = set(map(type, col))
-    if kinds <= {_NONE}:
-        return col
-    if not kinds <= {int, _NONE}:
-        return None
-    values = [v for v in col if v is not None]
-    return col if min(values) >= 0 and max(values) <= top else None
+    return col if set(map(type, col)) <= {kind, _NONE} else None
+
+
+def _int_column(items: list[dict[str, Any]], key: str, top: int) -> list[int | None] | None:
+    col = _column(items, key, int)
+    values = [v for v in col or () if v is not None]
+    return col if not values or (min(values) >= 0 and max(values) <= top) else None
 
 
 def _str_column(items: list[dict[str, Any]], key: str, limit: int) -> list[str | None] | None:
-    col = [o.get(key) for o in items]
-    kinds = set(map(type, col))
-    if kinds <= {_NONE}:
-        return col
-    if not kinds <= {str, _NONE}:
-        return None
-    present = [v for v in col if v is not None]
-    if max(map(len, present)) > limit or not is_encodable("".join(present)):
+    col = _column(items, key, str)
+    present = [v for v in col or () if v is not None]
+    if present and (max(map(len, present)) > limit or not is_encodable("".join(present))):
         return None  # the slow path names the bad record
     return col
 
