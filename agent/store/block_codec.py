@@ -2,7 +2,7 @@
 standard library only, and no Python loop per value where C can do it.
 
 A block holds one device's, source's and pid's rows of one interval, in (ts_s, id) order; each
-column is encoded on its own (docs/agent.md, "The compact raw tier"): integers and ``ts_s``'s
+column is encoded on its own (docs/agent.md, "Retention and rollups"): integers and ``ts_s``'s
 bit patterns as int64 differences laid out byte plane by byte plane, so that small differences
 are runs of zeros; text as a dictionary and codes; other floats as bit patterns; NULLs as a
 presence byte a row (nothing for an all-NULL column).

@@ -1,8 +1,8 @@
 """The compact raw tier's events: closed intervals of frequent events moved from ``events`` into
 blocks, as :mod:`~vramscope.agent.store.sample_blocks` does for the samples.
 
-What moves, the columns of a block and which reads merge them: docs/agent.md, "The compact raw
-tier's events". As for the samples, the rows moved are the ones the ``DELETE ... RETURNING``
+What moves, the columns of a block and which reads merge them: docs/agent.md, "Retention and
+rollups". As for the samples, the rows moved are the ones the ``DELETE ... RETURNING``
 removed (nothing is lost to a concurrent write) and each interval is a transaction of its own.
 A row whose data the columns would not give back as the very text stored (a key past
 ``MAX_DATA_KEYS``, a value of another type, text written by another tool) keeps that text whole

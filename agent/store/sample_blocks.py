@@ -2,7 +2,7 @@
 
 Writes are unchanged; the store-wide maintenance (:mod:`vramscope.agent.retention`) compacts
 each closed ``BLOCK_S`` interval older than ``retention.compact_after_s`` and already rolled up
-into one ``sample_blocks`` row per (source, pid) (docs/agent.md, "The compact raw tier"). The
+into one ``sample_blocks`` row per (source, pid) (docs/agent.md, "Retention and rollups"). The
 rows moved are the ones the ``DELETE ... RETURNING`` removed, so a row written meanwhile is
 either moved or left in ``samples``, never lost; each interval is a transaction of its own.
 
