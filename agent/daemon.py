@@ -1,12 +1,9 @@
 """The agent: NVML sampling, the ingest socket, the one writer, retention, its own stats.
 
-Threads (all daemon threads, all named; docs/agent.md, "Parts and threads"):
-``vramscope-sampler``, one drift-free loop on the monotonic clock that runs the device,
-process, stats and retention schedules (:meth:`Agent.tick` runs whatever is due, so tests drive
-it with a ``FakeClock`` and never sleep); ``vramscope-ingest``, the socket server; and
-``vramscope-writer``, the one writer, which also feeds the alert engine after each committed
-batch (:class:`AlertFeed`). ``run_forever`` installs SIGTERM/SIGINT handlers that stop the
-loops and flush the queue.
+Threads (docs/agent.md, "Parts and threads"): ``vramscope-sampler`` (one drift-free loop;
+:meth:`Agent.tick` runs whatever is due, so tests drive it with a ``FakeClock``),
+``vramscope-ingest`` and ``vramscope-writer``, which also feeds the alert engine after each
+committed batch (:class:`AlertFeed`).
 """
 
 from __future__ import annotations

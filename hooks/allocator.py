@@ -1,13 +1,9 @@
 """The caching-allocator counter source: one device's torch allocator counters as a ``Sample``.
 
-``torch.cuda.memory_stats()`` holds the GIL while Python flattens and sorts a nested dict of
-~120 entries on every call; the binding beneath it, ``torch._C._cuda_memoryStats(device)``,
-returns the same counters straight from C++, so we read the eight we need from it
-(``choose_binding`` picks the cheapest the installed torch has; docs/hooks.md, "Allocator
-counters"). All counters are ints >= 0 read at one instant under the allocator's lock:
-``allocated_bytes``, ``reserved_bytes``, ``active_bytes``, ``inactive_split_bytes`` and
-``requested_bytes`` (``.all.current``), the allocated peak (``.all.peak``), and the cumulative
-``num_alloc_retries`` and ``num_ooms``.
+``torch.cuda.memory_stats()`` flattens and sorts ~120 entries under the GIL on every call; the
+binding beneath it returns the same counters from C++, so the eight used are read from that
+(``choose_binding``; docs/hooks.md, "Allocator counters"). All are ints >= 0 read at one instant
+under the allocator's lock.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The in-server client: ships records to the agent's socket without ever harming the server.
 
-``put`` takes no lock: it appends to a ``deque(maxlen=buffer_records)`` (atomic in CPython; a
-full deque drops its oldest record) and then ticks an ``itertools.count`` (atomic too). Drops
-are counted from that, not in ``put``: pushed out = put - taken - buffered, so the count can lag
-by the puts in progress, never run ahead of the truth (see ``dropped_total``). A daemon thread
-drains the buffer in batches to the agent (protocol v1); when the agent is absent, slow or
-restarting it drops what it cannot send, counts it, reconnects with exponential backoff and
-then reports the count in a ``dropped`` message; the server thread never waits and never sees
-an exception. Memory is bounded by ``buffer_records`` records plus one batch in flight.
-docs/agent.md, "The hook client (inside the server)".
+``put`` takes no lock: it appends to a bounded ``deque`` (a full one drops its oldest record)
+and ticks an ``itertools.count``, both atomic in CPython; drops are counted from that (see
+``dropped_total``). A daemon thread sends batches; without an agent it drops and counts,
+reconnects with backoff and reports the count in a ``dropped`` message. The server thread never
+waits and never sees an exception: docs/agent.md, "The hook client (inside the server)".
 """
 
 from __future__ import annotations
@@ -53,7 +49,6 @@ class SocketSink:
         self.socket_path = socket_path
         self.buffer_records = buffer_records
         self.sent_total = 0
-        self.connects = 0
         self._reported = 0  # dropped_total already reported to the agent
         self._init_buffer()
         self._batch = batch_records
@@ -237,7 +232,7 @@ class SocketSink:
         parent's thread does not exist in the child, and its socket must not be shared."""
         self._init_buffer()
         self._sock = None  # the parent's socket object stays open for the parent only
-        self.sent_total = self.connects = self._reported = 0
+        self.sent_total = self._reported = 0
         self._hello = proto.hello(os.getpid(), *self._hello_args)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramscope-client", daemon=True)
@@ -269,7 +264,6 @@ class SocketSink:
         sock.settimeout(self._send_timeout_s)
         self._sock = sock
         self._last_send_s = time.monotonic()
-        self.connects += 1
         if self._away_logged:
             log.warning("vramscope agent at %s is back; %d records were dropped meanwhile",
                         self.socket_path, self.dropped_total - self._reported)

@@ -1,21 +1,9 @@
 """The KV tokens ``generate()`` holds: ``kv_tokens_used`` for a per-request cache.
 
-``generate()`` gives each call its own KV cache (transformers' ``DynamicCache``: one tensor
-pair per layer, grown by concatenation as the request decodes), so allocated memory follows
-the tokens the calls in flight hold, not the number of calls. The leak detector takes those
-tokens off the floor (``vramscope.agent.analysis.load_floor``: bytes per token held), so they
-are reported in ``kv_tokens_used`` on ``Sample``s of source ``kv`` (no block figures: there is
-no pool).
-
-Per call, the tokens after a forward pass are ``rows × (cached + new)``: ``rows`` and ``new``
-from the pass's ``input_ids`` (or ``inputs_embeds``), ``cached`` from the cache passed as
-``past_key_values`` (``Cache.get_seq_length()``, read in transformers 5.17 and 5.25: the first
-layer's length; a cache cropped by assisted decoding reads its cropped length); without a cache
-object, the lengths of the call's passes so far. Padding rows hold KV too, so they count.
-
-A sample is put at most every ``sample_interval_s`` while calls run, and at once when a call
-ends (its tokens are freed with its cache: a floor read after it must not take them off).
-Nothing here raises into the model.
+Each ``generate()`` call has its own cache, so allocated memory follows the tokens in flight,
+which the leak detector takes off the floor; they are reported on ``Sample``s of source ``kv``
+(no block figures: there is no pool). How they are counted and when a sample is put:
+docs/hooks.md, "transformers". Nothing here raises into the model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Who this server process is in a distributed job: its rank, local rank and world size.
 
-Tensor- and pipeline-parallel servers run one process per GPU; the agent names each by rank
-(``<name>/rank<N>``), so a leak or an OOM risk on one rank says which. The rank comes from
-``torch.distributed`` once it is initialized (vLLM's and SGLang's workers initialize it
-themselves, often after ``install()``), else from the launchers' variables (torchrun, Open
-MPI, MPICH/PMI, Slurm; docs/agent.md, "Ranks"). :class:`RankWatch` is a sampler task: it sends
-one ``process_rank`` event when the rank is known and again only if it changes. Never raises.
+From ``torch.distributed`` once initialized, else from the launchers' variables (docs/agent.md,
+"Ranks"), so a leak or an OOM risk on one rank says which. :class:`RankWatch` is a sampler task
+that sends ``process_rank`` when the rank is known and again only if it changes. Never raises.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The allocator's layout at idle points: what a leak's make-up is computed from.
 
-A rising idle floor says *that* memory leaks; the operator's next question is *what* holds it.
-``IdleLayoutSource`` takes the light snapshot (segments only, no history dump) at an idle point
-(the phase just entered ``idle``: no request in flight) and puts a ``memory_layout`` event, a
-compact summary of the segments and of the live blocks, grouped (its fields:
-docs/trace-format.md, "memory_layout"); ``vramscope.agent.analysis.makeup`` diffs two of them.
-
-Bounded: at most ``MAX_GROUPS`` groups of each kind and ``MAX_STACKS`` stacks of ``MAX_FRAMES``
-frames of at most ``MAX_FRAME_CHARS`` characters, so one event stays under ``MAX_EVENT_BYTES``
-as JSON however many segments there are (the ingest refuses event data over 64 KiB, and with
-it the client's whole batch). At most one per ``min_interval_s``
-(``sampling.snapshot_interval_s``), doubled while one costs more than ``max_cost_s``. The
-summary is a pure function of the segments (``layout_summary``).
+``IdleLayoutSource`` takes the light snapshot (segments only) when the phase enters ``idle`` and
+puts a ``memory_layout`` event, a bounded summary of the segments and live blocks (its fields:
+docs/trace-format.md, "memory_layout"; the bounds keep it under ``MAX_EVENT_BYTES``, since the
+ingest refuses event data over 64 KiB and with it the client's batch). At most one per
+``min_interval_s``, doubled while one costs more than ``max_cost_s``. ``layout_summary`` is a
+pure function of the segments; ``vramscope.agent.analysis.makeup`` diffs two of them.
 """
 
 from __future__ import annotations
@@ -168,7 +162,6 @@ class IdleLayoutSource:
         self._workspace_bytes = workspace_bytes
         self._done_entry = 0  # the idle point last summarized (0: none yet)
         self._last_mono_s: float | None = None
-        self.last_cost_s: float | None = None
 
     def read(self) -> Event | None:
         entry = self._idle_entries()
@@ -184,7 +177,6 @@ class IdleLayoutSource:
         data = layout_summary(segments, self.device, workspace_bytes=self._workspace_bytes)
         del segments  # the snapshot is large: gone before the event is handed on
         cost_s = self._clock.monotonic_s() - now_s
-        self.last_cost_s = cost_s
         self._adapt(cost_s)
         data["cost_s"] = round(cost_s, 6)
         return Event(self._clock.time_s(), LAYOUT_EVENT, self.device, self._pid, Phase.IDLE,

@@ -1,16 +1,9 @@
 """``vramscope.install()``: turn on what this process supports and say why anything is off.
 
-One call, safe to repeat (the second returns the first report), undone by ``uninstall()``. It
-never raises into the server: a missing torch, a CPU-only build, no GPU, no NVML, an older torch
-without an API, a bad config file or a missing agent each become a line of the report. What it
-turns on (phases, the allocator sampler, snapshots, the OOM observer and history, phase
-stamping) and where records go: docs/hooks.md.
-
-``uninstall()`` (run by ``atexit`` too: never for a killed process) sends one ``process_exit``
-event per device after the sampler stopped, so the agent ends the process at once instead of
-after a minute of silence. The hooks never start an agent (embedded mode composes from the
-agent side), and nothing touches CUDA before the server does: reads and observers that need an
-initialized CUDA wait for it (``torch.cuda._lazy_call``).
+One call, safe to repeat, undone by ``uninstall()`` (which sends one ``process_exit`` per device
+sampled). It never raises into the server: whatever is missing becomes a line of the report. It
+never starts an agent, and nothing touches CUDA before the server does (``torch.cuda._lazy_call``).
+What it turns on and where records go: docs/hooks.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """vramscope's own KV pool observer: turns pool activity into records for a ``RecordSink``.
 
-It makes (trace format v1, ``source="kv"``) rate-limited ``Sample``s of the pool's counters
-(at most one per ``sample_interval_s``, on the events' own clock; a clock set back makes the
-next one due at once) and ``kv_alloc``, ``kv_free``, ``kv_alloc_failed`` and
-``kv_orphaned_blocks`` events (docs/kvpool.md, "Observer"). ``extend_events=True`` adds a
-``kv_alloc`` with ``extend: true`` each time a growing request takes new blocks; without it the
-pool does not call ``on_extend`` at all. Events with equal data share one ``data`` dict (a
-bounded memo): like every record's data it is read-only once put.
-
-The bookkeeping check runs by itself when a free leaves the pool with no requests (at most once
-per ``check_interval_s``: the moment SGLang's idle leak check runs), and on demand through
-``check(live_request_ids)``. The sink's ``put`` never blocks or raises, so neither does this.
+Rate-limited ``Sample``s of the pool's counters (``source="kv"``, at most one per
+``sample_interval_s`` on the events' clock) and ``kv_alloc`` / ``kv_free`` / ``kv_alloc_failed``
+/ ``kv_orphaned_blocks`` events: docs/kvpool.md, "Observer". Events with equal data share one
+read-only ``data`` dict (a bounded memo). The bookkeeping check runs when a free leaves the pool
+with no requests (at most once per ``check_interval_s``) and on demand; nothing here blocks or
+raises.
 """
 
 from __future__ import annotations

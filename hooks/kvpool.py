@@ -1,24 +1,11 @@
 """``KVBlockPool``: a paged KV cache allocator over one preallocated buffer, observable by design.
 
-The cure the field settled on for a device fragmented by per-request KV buffers: one pool of
-equal-size blocks allocated once, per-request block tables, prefix reuse and LRU eviction, and
-tiers from GPU to CPU. Every block is in exactly one state:
-
-- **used**: referenced by one or more live requests (``refcount > 0``);
-- **cached**: unreferenced, but full and keyed by its token chain, kept for prefix reuse;
-- **free**: holds nothing anyone can ask for.
-
-``used + free + cached == total`` always holds; ``check()`` verifies it (and finds orphaned
-blocks) when the server is idle. Allocation and release are O(1) per block: a free stack and an
-LRU-ordered dict of cached blocks. Eviction reclaims the least recently released cached block,
-and only when the free stack is empty.
-
-A full block's prefix key is ``(hash of the parent block's key, its tokens)``; a new prompt
-walks its blocks' keys and shares every cached one (refcounts). The last prompt token is never a
-hit, so the engine always has a token to compute logits from (as vLLM and transformers do).
-
-The observer is an optional collaborator with a free disabled path: with none set, every hook
-site costs one ``is None`` test. torch is optional (see ``vramscope.hooks.kvpool_tier``).
+Every block is exactly one of used (``refcount > 0``), cached (unreferenced, full and keyed by
+its token chain for prefix reuse) or free; ``used + free + cached == total`` always holds and
+``check()`` verifies it. Allocation and release are O(1) a block (a free stack and an LRU dict of
+cached blocks); eviction takes the least recently released cached block, only when no block is
+free. Prefix keys and the observer: docs/kvpool.md. With no observer set, every hook site costs
+one ``is None`` test; torch is optional (``vramscope.hooks.kvpool_tier``).
 """
 
 from __future__ import annotations

@@ -115,12 +115,9 @@ class CheckReport(NamedTuple):
 class KVPoolObserver:
     """What a pool reports, as it happens. Every method is a no-op here: override what you need.
 
-    Called on the thread that called the pool, after the pool's state is updated, so an
-    observer sees a consistent pool. An observer must be fast and must not call back into
-    the pool's mutating methods. The pool binds the methods once, when the observer is set:
-    one left as this class's no-op, or set to ``None`` on the instance, is never called.
-    An exception from an observer is logged once and counted (``stats().observer_errors``),
-    never raised into the caller.
+    Called on the caller's thread after the pool's state is updated; an observer must be fast
+    and must not call back into the pool's mutating methods. How methods are bound and errors
+    counted: docs/kvpool.md, "Observer".
     """
 
     def on_allocate(self, pool: KVBlockPool, allocation: Allocation) -> None:

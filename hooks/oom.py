@@ -1,13 +1,9 @@
 """The OOM observer: at an allocator OOM, a compact ``PostMortem`` of what held the memory.
 
-Registered through ``torch._C._cuda_attach_out_of_memory_observer``, it is called after the
-allocator released its lock and before ``OutOfMemoryError`` is raised into the server, so it
-sees the memory exactly as it was when the allocation failed; torch cannot detach it, so
-``uninstall`` disables ours. It never raises (one log line, then silence), makes at most one
-post-mortem per ``min_interval_s``, bounds the record (``MAX_HOLDERS`` holders of
-``MAX_FRAMES`` frames, ``MAX_SEGMENTS`` segments) and takes the segments-only snapshot unless a
-snapshot directory is configured (docs/hooks.md, "OOM post-mortem"). ``build_postmortem`` is a
-pure function of the snapshot's segments, so tests feed recorded ones.
+Attached with ``torch._C._cuda_attach_out_of_memory_observer``, it runs before
+``OutOfMemoryError`` is raised, so it sees memory as it was at the failure; torch cannot detach
+it, so ``uninstall`` disables ours. It never raises, is rate-limited and bounded (docs/hooks.md,
+"OOM post-mortem"); ``build_postmortem`` is pure, so tests feed recorded segments.
 """
 
 from __future__ import annotations

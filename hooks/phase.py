@@ -1,18 +1,10 @@
 """The current phase (prefill / decode / idle) of the whole process, and true per-phase peaks.
 
 The phase is process-wide on purpose: the sampler that tags samples with it runs on its own
-thread, so a thread-local or a context variable would always read "unknown" there. Every
-transition is an ``Event`` named ``phase`` that also closes the span of the phase that ended
-(its duration, steps, tokens and peak; docs/hooks.md, "Phases and true per-phase peaks").
-
-Peaks without disturbing the server ("observe" mode, the default): at each boundary we read
-``allocated_bytes.all.peak`` and never reset it; if it rose during the span it *is* the span's
-peak (``ended_peak_exact`` true), else the span's largest seen allocated value is a lower bound
-(``ended_peak_exact: false``), and the server's ``max_memory_allocated()`` keeps its meaning.
-``use_peak_resets(True)`` ("reset" mode) resets at every boundary: every peak exact, at the
-price of the server's ``max_memory_allocated()``. Where torch has
-``torch.cuda.memory._set_memory_metadata``, each transition stamps ``vramscope.phase=<phase>``
-there, so allocation history and post-mortems carry the phase.
+thread, where a thread-local or a context variable would always read "unknown". Every
+transition is a ``phase`` event that closes the span of the phase that ended. How peaks are
+taken without disturbing the server ("observe" mode) or with resets (``use_peak_resets``), and
+the phase stamped into torch's memory metadata: docs/hooks.md, "Phases and true per-phase peaks".
 """
 
 from __future__ import annotations

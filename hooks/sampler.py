@@ -1,14 +1,10 @@
 """The background sampler: a named daemon thread that reads sources and hands records to a sink.
 
-Drift-free: each task has its own :class:`vramscope.agent.clock.Schedule` (the agent's loop uses
-the same one), advanced by its interval (``next += interval``), so a slow read does not push
-every later sample back; a task that fell more than a whole interval behind skips ahead instead
-of bursting. ``run_once()`` runs what is due now, for tests with a ``FakeClock``. A source's
-failure is counted and logged once; it never stops the thread.
-
-A task is any object with ``read() -> record | list[record] | None`` and an ``interval_s``
-attribute, read again after every run (``SnapshotSource`` changes its own). A task with a
-``start_delay_s`` attribute first runs that long after the sampler starts, not at once.
+Drift-free: each task has its own :class:`vramscope.agent.clock.Schedule`, advanced by its
+interval, so a slow read does not push later samples back; a task more than an interval behind
+skips ahead instead of bursting. A task is any object with ``read()`` and an ``interval_s`` (read
+again after every run), optionally ``start_delay_s``. A source's failure is counted and logged
+once, never stops the thread; ``run_once()`` runs what is due, for tests (docs/hooks.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Fragmentation from an allocator snapshot: largest free block, external fragmentation, waste.
 
-Pure functions over the snapshot's segment dicts (so tests feed recorded ones), split as
-``torch/cuda/_memory_viz.py``'s ``segsum`` splits a segment; only ``inactive`` blocks can be
-handed out now, so the largest free block and ``external_fragmentation_ratio = 1 - largest
-inactive / all inactive`` use them (docs/hooks.md, "Fragmentation snapshots").
-``SnapshotSource`` takes the lightest snapshot the installed torch offers at a low rate, records
-what each cost, and spaces them out when one costs more than allowed.
+Pure functions over the snapshot's segment dicts, split as ``torch/cuda/_memory_viz.py``'s
+``segsum`` does (docs/hooks.md, "Fragmentation snapshots"). ``SnapshotSource`` takes the lightest
+snapshot the installed torch offers and spaces them out when one costs more than allowed.
 """
 
 from __future__ import annotations
@@ -101,7 +98,6 @@ class SnapshotSource:
         # read as the device's (a process of its own, forever warming up, on the leak page)
         self._pid = os.getpid() if pid is None else pid
         self._ready = ready  # False while CUDA is not initialized: a snapshot would create it
-        self.last_cost_s: float | None = None
 
     def read(self) -> list[Record] | None:
         if not self._ready():
@@ -109,7 +105,6 @@ class SnapshotSource:
         t0 = self._clock.monotonic_s()
         segments = self._take()
         cost_s = self._clock.monotonic_s() - t0
-        self.last_cost_s = cost_s
         self._adapt(cost_s)
         frag = summarize(segments, self.device)
         return self._records(frag, cost_s)

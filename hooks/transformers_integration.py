@@ -1,32 +1,10 @@
 """``vramscope.attach_transformers(model)``: phases for transformers models, with no user code.
 
-Hook points, read in transformers 5.17 (the GPU machine) and 5.24 (the current release), and
-guarded so that a missing one turns that part off instead of failing:
-
-``generate()``
-    ``model.generate`` is wrapped on the instance (one request per call) and a forward pre-hook
-    on the model tags each forward pass made inside it: the first is prefill, the rest decode
-    (assisted decoding's verification passes count as decode). Token counts: prefill carries
-    ``input_ids.numel()``, a decode step one token per row. The KV tokens each call's cache
-    holds (``rows × (past_key_values.get_seq_length() + new)``) are reported in
-    ``kv_tokens_used`` (``vramscope.hooks.generate_kv``): a per-request cache has no pool.
-
-continuous batching (``generate_batch`` / ``ContinuousBatchingManager``)
-    One packed step mixes prefilling and decoding requests and its input is always longer than
-    one token, so the length says nothing. ``model.init_continuous_batching`` (which
-    ``generate_batch`` and ``continuous_batching_context_manager`` go through) is wrapped to
-    reach the manager; the manager's ``_create_batch_processor`` to reach the batch processor;
-    its ``scheduler.schedule_batch`` to read, around every scheduling, the states the scheduled
-    requests were in (waiting or ``RequestStatus.PREFILLING`` vs ``DECODING``) and their query
-    lengths (``FutureRequestState.query_length`` in 5.24, ``len(state.tokens_to_process)`` where
-    that is absent). A step with any prefill is tagged ``prefill`` (its activations set the
-    memory peak) and records both token counts; a span of such steps counts ``mixed_steps``.
-    ``scheduler.finish_request`` ends requests, and the phase goes ``idle`` when none is left.
-    From ``init_continuous_batching`` to the first scheduled step (the KV pool's allocation and
-    warm-up) the phase is ``setup``, unless a step of another manager is running.
-    When the batch processor's ``PagedAttentionCache`` appears and
-    ``vramscope.hooks.transformers_kv``
-    exists, ``observe_paged_attention_cache(cache, sink)`` is called with it.
+Hook points, read in transformers 5.17 and 5.24, each guarded so that a missing one turns that
+part off instead of failing: ``model.generate`` (with a forward pre-hook tagging prefill and
+decode passes) and continuous batching (``init_continuous_batching`` → the manager's
+``_create_batch_processor`` → its ``scheduler.schedule_batch`` and ``finish_request``). What
+each reads and which phase and token counts it records: docs/hooks.md, "transformers".
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The KV view of transformers' continuous batching: observe a ``PagedAttentionCache``.
 
-transformers preallocates one pool for the KV cache (by default most of the free GPU memory),
-so torch's counters stay flat while the pool fills: the KV view must come from the pool itself.
-``observe_paged_attention_cache(cache, sink)`` wraps a few methods *on that cache instance* and
-puts the same records as vramscope's own pool (``vramscope.hooks.kv_source``). Two internal
-layouts are known, read from the installed sources: the **block manager** (transformers 5.17)
-and the **cache allocators** (5.24); which methods each wraps: docs/kvpool.md, "transformers".
-When a cache has neither layout, or a wrapped call finds something unexpected later, the view
-turns off with one log line and the cache keeps working untouched.
+transformers preallocates one pool for the KV cache, so torch's counters stay flat while it
+fills: ``observe_paged_attention_cache(cache, sink)`` wraps a few methods of that cache instance
+(the block manager of 5.17 or the cache allocators of 5.24: docs/kvpool.md, "transformers") and
+puts the records vramscope's own pool does. Anything unexpected turns the view off with one log
+line and leaves the cache untouched.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The vLLM observer: the class patches ``hooks/vllm_plugin.py`` lists and the records they make.
 
-KV samples (``source="kv"``) at step boundaries (right after ``Scheduler.update_from_output``,
-where vLLM's own stats read the pool; after ``schedule()`` without it): whenever the pool's used
-or cached block count changed, at least every ``sampling.kv_interval_s`` while busy, never two
-closer than ``sampling.kv_min_interval_s`` (the flood bound), and once on going idle; a step's
-peak above the boundary's value is recorded too, at its own time. ``kv_blocks_total`` excludes
-vLLM's null block and ``kv_blocks_used`` = total - free, so used / total is exactly vLLM's
-``kv_cache_usage``. Beside them: ``server_load`` when the queues change (at most every
-``LOAD_INTERVAL_S``, always on going idle), ``tokens`` at most every ``TOKENS_EVERY_S``, one
-``kv_evicted`` per step with evictions. Why each rule: docs/vllm.md, "When the plugin looks, and
-how that relates to /metrics".
+KV samples (``source="kv"``) at step boundaries, whenever the pool's used or cached block count
+changed, at least every ``sampling.kv_interval_s`` while busy and never two closer than
+``sampling.kv_min_interval_s``; ``server_load``, ``tokens`` and ``kv_evicted`` beside them. The
+rules and why: docs/vllm.md, "When the plugin looks, and how that relates to /metrics".
 
 Nothing per step is kept: the wrappers hold no reference to a ``SchedulerOutput``, a request or a
 block; the per-request state is request-id strings, dropped at ``kv_free`` / ``request_end``.

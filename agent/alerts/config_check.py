@@ -1,13 +1,9 @@
 """The OOM a configuration makes possible: the ``[server]`` section against each device's limit.
 
-A prefill-spike OOM gives no warning in any memory trend: the floor is flat until the request
-arrives. The server's own limits say it in advance: when the worst request they admit needs
-more than the limit, the OOM is only waiting for that request. This module turns the
-``server.*`` settings into the estimator's :func:`~vramscope.agent.estimate.admission_check`
-and says which limit to lower, by the setting's name and vLLM's flag, and to what
-(docs/alerts.md, "config_oom"). The alert engine runs :class:`LimitCheck` per device against
-the risk model's limit; the agent logs the check once at start-up against NVML's totals.
-:func:`server_from_config` reads the model's ``config.json`` (the edge, at start-up);
+A prefill-spike OOM gives no warning in any memory trend, but the server's own limits say it in
+advance. This module turns the ``server.*`` settings into the estimator's
+:func:`~vramscope.agent.estimate.admission_check` and says which limit to lower, and to what
+(docs/alerts.md, "config_oom"). :func:`server_from_config` reads the model's ``config.json``;
 everything else here is pure.
 """
 

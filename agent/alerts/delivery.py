@@ -1,13 +1,9 @@
 """What the webhook sends next: alert changes by severity, coalesced and damped per alert.
 
-A first-in first-out queue once let one flapping user rule on a hung receiver delay and drop
-an OOM alert. Here pending changes are coalesced per alert (rule, device, host: its newest
-state, the news that a critical alert fired kept ahead), sent most severe first, damped to
-``max_per_hour`` deliveries an alert (the state at the end always delivered; a critical alert
-firing is never held), and bounded by ``max_changes`` (the oldest of the lowest severity
-dropped; critical ones never). docs/alerts.md, "Delivery".
-
-Not thread-safe: the webhook sink holds its lock around every call.
+A first-in first-out queue once let one flapping rule on a hung receiver delay and drop an OOM
+alert; here changes are coalesced per alert, sent most severe first, damped and bounded, and a
+critical one is never held or dropped (docs/alerts.md, "Delivery"). Not thread-safe: the webhook
+sink holds its lock around every call.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The live analysis state of one device: what the alert engine's rules and verdicts read.
 
-Per device the engine keeps one :class:`DeviceAnalysis`: a risk model, a leak detector and a KV
-tracker per server process (and the device's own, for its NVML view), which of them leads, the
-processes gone, OOMs, the ``[server]`` check and the saturation window. It is fed records in
-time order and says, as input bits (``metrics.py``), what each changed; the engine
-(``engine.py``) evaluates rules over it and the verdict log (``verdicts.py``) stores its answers.
-The models themselves are ``vramscope.agent.analysis``'s; this is the state that picks among
-them, kept apart from the rule evaluation that reads it.
+A risk model, a leak detector and a KV tracker per server process (and the device's own), which
+of them leads, the processes gone, OOMs, the ``[server]`` check and the saturation window; fed
+records in time order, it says as input bits (``metrics.py``) what each changed. The models are
+``vramscope.agent.analysis``'s; this is the state that picks among them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The alert engine: rules evaluated incrementally over records.
+"""The alert engine: rules evaluated incrementally over records (docs/alerts.md, "Evaluation").
 
-The same :class:`AlertEngine` runs live in the agent's writer thread and offline in
-``vramscope analyze``; it depends only on the records it is fed (never on a clock), so both give
-identical alerts. Per device it keeps a :class:`~vramscope.agent.alerts.device.DeviceAnalysis`,
-and after every record that changed what a rule reads (``metrics.py``) evaluates each rule:
-``pending``, ``fired`` after ``for``, ``resolved`` past ``clear`` for ``clear_for``
-(docs/alerts.md, "Evaluation"). The :class:`AlertChange` it returns goes to the sinks of
-:mod:`vramscope.agent.alerts.sinks`; the engine itself does no I/O.
+The same :class:`AlertEngine` runs live in the agent's writer and offline in ``vramscope
+analyze``; it depends only on the records it is fed, never on a clock, so both give identical
+alerts. It does no I/O: its :class:`AlertChange` results go to the sinks.
 """
 
 from __future__ import annotations

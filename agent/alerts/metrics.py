@@ -1,13 +1,9 @@
 """The metrics an alert rule reads, in one table: each derived metric's name, unit, meaning,
-what changes it and how it is read from a device's state (docs/architecture.md, "Add an alert
-rule").
+what changes it and how it is read (docs/architecture.md, "Add an alert rule").
 
-A rule names a sample field or a metric derived here (:data:`DERIVED`); :func:`getter_for`
-reads it from a :class:`~vramscope.agent.alerts.device.DeviceAnalysis`, the input bits say
-which records can change it (the engine evaluates a rule again only after one did), the unit
-says how it is written (``rules.format_value``). ``tests/agent/test_alert_metrics.py`` checks
-that every metric the rules, the engine and the Prometheus rules name resolves here. Light to
-import: ``rules.py``, which the dashboard reads, takes its names from here.
+``tests/agent/test_alert_metrics.py`` checks that every metric the rules, the engine and the
+Prometheus rules name resolves here. Light to import: ``rules.py``, which the dashboard reads,
+takes its names from here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The offline driver: a recording through the live alert engine, into the analysis document.
 
-``vramscope analyze`` (and the dashboard's analysis view, and the benchmarks) call
-:func:`analyze_records`, or :func:`analyze_stream` for records read lazily (``analyze --db``).
-It feeds every record, in time order, through the same
-:class:`~vramscope.agent.alerts.engine.AlertEngine` the live agent runs, so the leak verdict,
-the first warning and the alerts are exactly what the agent would have said at the time; the
-document itself is assembled by :mod:`vramscope.agent.analysis.report`. Pure: no I/O, no clock.
+:func:`analyze_records` (or :func:`analyze_stream` for records read lazily) feeds every record,
+in time order, through the engine the live agent runs, so the verdict, the first warning and the
+alerts are what the agent would have said; :mod:`vramscope.agent.analysis.report` assembles the
+document. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

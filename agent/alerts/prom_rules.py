@@ -1,12 +1,8 @@
 """The config's alert rules as a Prometheus alerting-rules file (``vramscope export
-prometheus-rules``).
+prometheus-rules``; docs/metrics.md, "Alert rules as PromQL").
 
-Each rule of :func:`vramscope.agent.alerts.rules.parse_rules` becomes one Prometheus alert over
-the series vramscope exports on ``/metrics`` (:data:`SERIES`), so Prometheus and Alertmanager
-alert on the same conditions as the agent; how ``for``, ``clear``, gates, ``device`` and labels
-translate: docs/metrics.md, "Alert rules as PromQL". A user rule whose metric has no Prometheus
-series is left out, listed in a comment at the end of the file and logged once. The YAML is
-written by hand (JSON-quoted scalars are valid YAML), so the export needs no YAML library.
+A user rule whose metric has no Prometheus series is left out, listed in a comment at the end and
+logged once. The YAML is written by hand (JSON-quoted scalars are valid YAML): no YAML library.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """KV saturation: a pool that is full while requests wait, or that preempts them.
 
-A paged-KV server queues or preempts requests when its pool has no room: it serves less than
-it is asked, and nothing in a memory trend says so. The built-in rule ``kv_saturation`` reads
-``kv_saturated`` (``metrics.SATURATION_METRIC``): 1 while the device's fullest pool is at
-least ``SATURATION_SHARE`` used with a request waiting (each server's newest ``server_load``
-event, summed over the device), or a ``kv_preempted`` event came within
-``PREEMPTION_WINDOW_S``; else 0. docs/alerts.md, "kv_saturation".
+Such a server serves less than it is asked and no memory trend says so. ``kv_saturated`` is 1
+while the device's fullest pool is at least ``SATURATION_SHARE`` used with a request waiting, or
+a ``kv_preempted`` event came within ``PREEMPTION_WINDOW_S`` (docs/alerts.md, "kv_saturation").
 """
 
 from __future__ import annotations

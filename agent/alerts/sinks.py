@@ -133,19 +133,10 @@ def _opener() -> Any:
 
 
 class WebhookSink:
-    """POSTs each change as JSON from its own thread, the most severe first (``DeliveryQueue``:
-    coalesced and damped per alert, bounded; docs/alerts.md, "Delivery").
+    """POSTs each change as JSON from its own thread, the most severe first (``DeliveryQueue``).
 
-    A failed POST (error or status >= 300, redirects included: they are never followed) is
-    retried ``retries`` times, waiting ``backoff_s × 2**attempt`` between tries on the injected
-    clock. After the last it is counted in ``failed`` and goes back in line (unless a newer
-    state of its alert replaced it): while the target is down one change is tried at a time,
-    once, at most every ``DOWN_RETRY_S``, so a hanging target costs one ``timeout_s`` per try
-    and, once it answers, the newest state of every pending alert follows within
-    ``timeout_s`` + ``DOWN_RETRY_S``. A status that refuses the body itself
-    (``REJECTED_STATUSES``) is counted in ``failed`` and not tried again: it would block the
-    line. ``sent``, ``failed``, ``dropped``, ``coalesced`` and ``queued`` are in ``vramscope
-    status`` and the agent's /metrics.
+    Retries, the one-at-a-time recovery while the target is down, ``REJECTED_STATUSES`` and the
+    counts it keeps: docs/alerts.md, "Sinks" and "Delivery". Waits are on the injected clock.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 3,

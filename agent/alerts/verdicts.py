@@ -1,18 +1,11 @@
-"""The engine's answers, kept: one verdict per process (and per device for what no process
-explains), written when it changes and at a heartbeat.
+"""The engine's answers, kept: one verdict per process, written when it changes and at a
+heartbeat (``vramscope.verdict/1``, docs/analysis.md, "Verdicts").
 
-The alert engine evaluates every record; its leak detectors, risk models and KV trackers hold
-the verdict at that moment. :class:`VerdictLog` turns that state into :class:`Verdict` rows
-when an answer changes (a leak state, a slope that moved, a risk level, a cause) or, unchanged,
-every ``HEARTBEAT_S`` of record time. The rows depend only on the records (never on a clock or
-on how records were batched), so the live agent, ``vramscope import`` / ``replay`` and
-``vramscope analyze FILE`` write the same rows for the same recording, and every surface that
-reads them (pages, ``/api/v1/analysis``, ``/metrics``, ``analyze --db``, ``status``) shows one
-answer. The format is ``vramscope.verdict/1`` (docs/analysis.md, "Verdicts").
-
-Beside them, :class:`DeviceVerdict` rows keep what the engine decided of the device as a whole:
-its level and which process leads the risk and the leak question (the ones its alerts name).
-No surface chooses a leading process again (``agent/store/verdicts.leading`` reads this).
+:class:`VerdictLog` turns the engine's state into :class:`Verdict` rows when an answer changes or,
+unchanged, every ``HEARTBEAT_S`` of record time. The rows depend only on the records (never on a
+clock or on batching), so the live agent, ``import`` / ``replay`` and ``analyze FILE`` write the
+same rows and every surface shows one answer. :class:`DeviceVerdict` rows keep the device's level
+and which process leads each question; no surface chooses a leading process again.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """``vramscope analyze FILE... | --db URL [--since TS] [--until TS] [--json] [--config PATH]
 [--device N] [--makeup]``.
 
-Reads trace files (v1, strict) or the store, runs the same analysis and alert rules as the live
-agent, and prints a readable report, or with ``--json`` exactly the ``vramscope.analysis/1``
-document (docs/analysis.md). A detected leak comes with its make-up (``leak.makeup``: what the
-growth between two idle points is made of, from the ``memory_layout`` events); ``--makeup`` computes
-it without a leak too, and says so when the recording has no two layouts to compare.
-
-``--db`` reads one device at a time, and only the window ``--since``/``--until`` asks for, as
-a stream: records flow through the analysis and are dropped, so memory is bounded whatever the
-window (a week of 8 devices at 10 Hz loaded at once was 28 GB; see docs/analysis.md, "Memory").
-Trace files stream too, sorted within a minute (``FILE_SLACK_S``); a file further out of time
-order is loaded whole.
+The same analysis and alert rules as the live agent over trace files or the store, as a report
+or ``--json``'s ``vramscope.analysis/1`` document (docs/analysis.md). Records stream through
+the analysis, so memory is bounded whatever the window (docs/analysis.md, "Memory"); trace files
+are sorted within ``FILE_SLACK_S``, and one further out of time order is loaded whole.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``vramscope bench [NAMES...] [--json] [--quick]``.
 
-A benchmark that cannot run here (a ``VramscopeError``: no GPU, no vLLM) is listed under
-``skipped``; one that fails (any other exception) under ``errors`` with its traceback, and the
-others still run and report: one broken benchmark never voids the whole JSON. The exit status
-is 1 when any failed.
-
-The benchmarks are tooling, not product: they live in ``tools/bench/`` of the source checkout,
-outside the wheel. An editable install (``pip install -e .``) finds that tree beside the
-package's folders; an installed wheel has none, and ``vramscope bench`` says so (exit 2).
+A benchmark that cannot run here (a ``VramscopeError``) is listed under ``skipped``, one that
+fails under ``errors`` with its traceback; the others still run, and the exit status is 1 when
+any failed. The benchmarks live in ``tools/bench/`` of the source checkout, outside the wheel:
+an installed wheel has none, and ``vramscope bench`` says so (exit 2).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """``vramscope import FILE... [--db URL] [--skip-invalid]``: load trace-format-v1 files.
 
-Strict by default: the first malformed line of any file rejects the import with
-``FILE:LINE: what is wrong`` and writes nothing. All the files given are imported in **one**
-transaction: if any of them fails (a bad line, a write the database refuses), none is kept.
-Files are streamed in chunks of 5,000 records, so memory does not grow with their size.
-Idempotent: a record already stored (the same file imported again, files that overlap) is not
-stored again, and each file's line says how many were already there
-(agent/store/content_keys.py); the alert engine runs over the new records alone.
+Strict by default (the first malformed line rejects the import with ``FILE:LINE: what``), all
+files in one transaction, streamed in chunks, and idempotent: a record already stored is not
+stored again (agent/store/content_keys.py), and the alert engine runs over the new ones alone.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The progress line of the commands that can take minutes: ``import``, ``analyze FILE``,
 ``export``, ``replay`` and ``db upgrade``.
 
-One line on stderr, redrawn in place at most every ``REDRAW_S``: done of total, rate, time
-left, and what the command is busy with after the counted part; at the end one line says what
-was done, in how long, how fast. Only on a terminal: with stderr piped or redirected, with
-``--json``, or when the command's own output goes to the terminal (``export`` to stdout),
-nothing is written. Standard library only.
+One line on stderr, redrawn at most every ``REDRAW_S`` (done of total, rate, time left), then one
+line of what was done. Only on a terminal: piped, with ``--json``, or when the command's own
+output goes to the terminal, nothing is written.
 """
 
 from __future__ import annotations

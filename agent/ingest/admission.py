@@ -1,12 +1,8 @@
 """What a client's records must pass before the writer gets them, refused one by one and counted.
 
-In this order: the client process's write budget (``budget.py``, charged first: what a client
-sends costs it, refused or not), the accepted time window (``timewindow.py``) and the names a
-client may keep live (``names.py``), and last the count a UTC day of events kept with the
-rollups (``rare_events.py``: it counts what the store keeps). A post-mortem passes the same
-window, budget and count. What is refused is counted by reason in the server's ``rejected``
-counter and said in a rate-limited log line. Kept apart from the socket loop: this decides what
-is stored, the loop only moves bytes.
+In order: the write budget (``budget.py``, charged first), the time window (``timewindow.py``),
+the live names (``names.py``) and the kept events' day count (``rare_events.py``). Kept apart from
+the socket loop: this decides what is stored, the loop only moves bytes.
 """
 
 from __future__ import annotations

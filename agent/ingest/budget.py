@@ -1,14 +1,10 @@
-"""A write budget per client: rows per second and bytes per second, as token buckets.
+"""A write budget per client process (its uid and pid): rows and bytes per second, as token
+buckets (docs/agent.md, "Limits per client and per name").
 
-One client writing custom events got 12.7 MB/s accepted (about 1 TB a day, kept for 90 days).
-Each client process (the kernel's uid and pid: its connections share one bucket, and one it
-opens again goes on with the tokens it left, so reconnecting buys no fresh burst) has
-``agent.client_max_rows_per_s`` and ``agent.client_max_bytes_per_s`` with a burst of
-``agent.client_budget_burst_s``. Records beyond are refused and counted; the first records of a
-message are kept, so what a client gets stored is its oldest data, in order. A record's bytes
-are its share of its message's payload. The budget is charged before the time window and the
-name limits look at the records: a flood those refuse costs no more than the budget lets
-through. docs/agent.md, "Limits per client and per name".
+One client writing custom events once got 12.7 MB/s accepted. Its connections share one bucket,
+so reconnecting buys no fresh burst; the first records of a message are kept, so what a client
+gets stored is its oldest data, in order. The budget is charged before the other checks, so a
+flood they refuse costs no more than the budget lets through.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Bounds on the names clients keep alive: hosts, devices (host, index) and processes (host, pid).
 
 Every new name is a row or a series that every page, ``/metrics`` and retention step walks for
-as long as it is kept (one client sending 3,000 host names made ``/metrics`` 4 MB and 5-9 s).
-So a client may hold at most ``CLIENT_LIMITS`` names it created, all clients together at most
-``agent.max_hosts``, ``agent.max_devices`` and ``agent.max_processes`` **live** names (live: a
-connection that sent it is open and it was seen within ``agent.name_idle_s``), and an agent run
-creates at most ``EVER_FACTOR`` times the host and device bounds distinct ones (processes are
-cheap series and have no such bound). A record beyond a bound is refused alone and counted;
-the live names keep working. docs/agent.md, "Limits per client and per name".
-
-Cheap in the steady state: a batch's few distinct (host, device, pid) triples are looked up in
-three dicts; expired names are swept only when a bound is reached, at most once a second.
+as long as it is kept (one client sending 3,000 host names made ``/metrics`` 4 MB and 5-9 s), so
+names per client, live names in all and distinct names per run are bounded; a record beyond a
+bound is refused alone and counted (docs/agent.md, "Limits per client and per name"). A batch's
+few distinct (host, device, pid) triples are looked up in three dicts; expired names are swept
+only when a bound is reached, at most once a second.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The ingest wire protocol, version 1: length-prefixed JSON frames over a Unix stream socket.
 
-A frame is a big-endian uint32 length (payload only) and that many bytes of one UTF-8 JSON
-object with a ``"type"`` key; the messages (``hello``, ``welcome``, ``error``, ``records``,
-``postmortem``, ``dropped``, ``heartbeat``, ``status``) are tabled in docs/protocol.md,
-"Messages".
-
-Why JSON and not msgpack: the payload of a record is exactly trace format v1, so one validator
-(``vramscope.agent.trace.record_from_json``) serves files, replay and the socket alike; the
-standard library decodes it (msgpack would be a new dependency inside every inference server);
-and at a few hundred records per frame the decode is not the bottleneck.
-
-A frame whose length prefix exceeds the cap cannot be skipped safely (we would have to trust
-the length), so the connection is dropped. A frame with a good length but a bad payload is
-rejected and skipped: the next frame starts right after it, so the stream stays in sync.
+Frames, messages and why JSON: docs/protocol.md. A frame whose length prefix exceeds the cap
+cannot be skipped safely (we would have to trust the length), so the connection is dropped; a
+frame with a good length but a bad payload is rejected and skipped, so the stream stays in sync.
 """
 
 from __future__ import annotations
@@ -266,26 +256,22 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
                                       host, uuid, strict=True)))
 
 
-def _int_column(items: list[dict[str, Any]], key: str, top: int) -> list[int | None] | None:
+def _column(items: list[dict[str, Any]], key: str, kind: type) -> list[Any] | None:
+    """Every item's ``key``, when each is of ``kind`` (exactly: a bool is no int) or absent."""
     col = [o.get(key) for o in items]
-    kinds = set(map(type, col))
-    if kinds <= {_NONE}:
-        return col
-    if not kinds <= {int, _NONE}:
-        return None
-    values = [v for v in col if v is not None]
-    return col if min(values) >= 0 and max(values) <= top else None
+    return col if set(map(type, col)) <= {kind, _NONE} else None
+
+
+def _int_column(items: list[dict[str, Any]], key: str, top: int) -> list[int | None] | None:
+    col = _column(items, key, int)
+    values = [v for v in col or () if v is not None]
+    return col if not values or (min(values) >= 0 and max(values) <= top) else None
 
 
 def _str_column(items: list[dict[str, Any]], key: str, limit: int) -> list[str | None] | None:
-    col = [o.get(key) for o in items]
-    kinds = set(map(type, col))
-    if kinds <= {_NONE}:
-        return col
-    if not kinds <= {str, _NONE}:
-        return None
-    present = [v for v in col if v is not None]
-    if max(map(len, present)) > limit or not is_encodable("".join(present)):
+    col = _column(items, key, str)
+    present = [v for v in col or () if v is not None]
+    if present and (max(map(len, present)) > limit or not is_encodable("".join(present))):
         return None  # the slow path names the bad record
     return col
 

@@ -1,15 +1,10 @@
 """Events kept with the rollups, bounded per client process per UTC day.
 
-The write budget (``budget.py``) bounds a client's rate, but the kept class of events
-(``agent/event_kinds.py``) lives as long as the minute rollups (90 days): a client writing them
-at its budget's rate would fill the disk. Each client process may have
-``agent.client_max_rare_events_per_day`` of them (a post-mortem counts as one) kept per UTC day
-of the agent's clock; beyond, they are refused one by one (``rejected["rare_events_day"]``), its
-samples and cheap events still stored. The count is of what the other limits let through.
-
-Memory: one entry per process that had a rare event kept today; all go at the next UTC day,
-and beyond ``max_kept`` the least recently counted is forgotten (a process still writing is
-counted on each message, so it is never the one forgotten while others are quiet).
+The write budget bounds a client's rate, but kept events (``agent/event_kinds.py``) live 90 days:
+at the budget's rate they would fill the disk. So each client process may have
+``agent.client_max_rare_events_per_day`` kept per UTC day (a post-mortem counts as one); beyond,
+they are refused one by one (``rejected["rare_events_day"]``). Memory: one entry per process with
+a kept event today, cleared each UTC day; past ``max_kept`` the least recently counted goes.
 """
 
 from __future__ import annotations

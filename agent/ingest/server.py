@@ -1,18 +1,11 @@
 """The ingest server: a Unix stream socket the in-server hooks connect to (protocol v1).
 
-One thread, one ``selectors`` loop, non-blocking sockets: a slow or hostile client can only
-fill its own bounded receive buffer (one frame, at most ``agent.max_message_bytes``), never
-stall the others. Every rejected message is counted by reason; a connection is dropped only
-when the stream cannot be resynchronised (oversized length, wrong version, bad hello, EOF in
-the middle of a frame) or after too many bad messages in a row.
-
-Everything is bounded (clients, pending connections, timeouts, partial-frame memory under
-``BUFFER_BUDGET_BYTES``, ``accept()`` failures backed off, refusal logs rate-limited), so no
-client can take the agent down or lock the others out: docs/protocol.md, "Validation and what
-happens to bad input", and docs/agent.md, "Limits per client and per name" and "Security".
-The per-client checks live beside this loop: ``slots.py`` (who gives up a slot),
-``timewindow.py``, ``names.py``, ``budget.py``, ``rare_events.py`` (applied by
-``admission.py``), ``socket_dir.py`` and ``peer.py`` (the 0700 folder and ``SO_PEERCRED``).
+One thread, one ``selectors`` loop, non-blocking sockets: a slow or hostile client can only fill
+its own bounded receive buffer, never stall the others. Everything is bounded, rejections are
+counted by reason, and a connection is dropped only when the stream cannot be resynchronised or
+after too many bad messages in a row: docs/protocol.md, "Validation and what happens to bad
+input", and docs/agent.md, "Limits per client and per name". The per-client checks live beside
+this loop (``slots.py``, ``admission.py`` and what it applies, ``socket_dir.py``, ``peer.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ _ACCEPT_BACKOFF_S = (0.05, 1.0)  # first and largest pause after accept() failed
 
 @dataclass
 class IngestStats:
-    connections_total: int = 0
     messages_total: int = 0
     records_total: int = 0
     client_dropped_total: int = 0  # drops the clients reported (their buffers were full)
@@ -233,7 +225,6 @@ class IngestServer:
         self._accept_backoff_s = 0.0
         sock.setblocking(False)
         pid, uid = peercred(sock)
-        self.stats.connections_total += 1
         now = time.monotonic()
         conn = Conn(sock, ClientInfo(pid, uid), opened_s=now, last_frame_s=now,
                      last_message_s=now)

@@ -1,13 +1,10 @@
 """Who gives a client slot up when every slot is taken and a new client says hello.
 
-A slot is kept by sending records that are stored (docs/protocol.md, "Slots"). By usefulness
-first: a client with no record kept for ``agent.slot_idle_s`` (or none since its hello
-``agent.handshake_timeout_s`` ago), or stuck inside a message that long, gives its slot up, the
-least recently useful first; a slowloris, an idle holder and a chatterer store nothing, so a
-good client waits for none of them, whatever their uid (issue 45). A ``heartbeat`` after a
-silence counts as a kept record (``useful_s``; ``protocol.HEARTBEAT_MIN_GAP_S``). Then by uid:
-while one uid holds more slots than the newcomer's uid plus one, its least useful client gives
-way, so other users' clients cannot lock one out even by sending records.
+By usefulness first (docs/protocol.md, "Slots"): a client that stored nothing for
+``agent.slot_idle_s`` (or since its hello ``agent.handshake_timeout_s`` ago), or is stuck inside
+a message that long, gives way, least recently useful first, so slowlorises, idle holders and
+chatterers never keep a good client out. Then by uid: while one uid holds more slots than the
+newcomer's uid plus one, its least useful client gives way.
 """
 
 from __future__ import annotations

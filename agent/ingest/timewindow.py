@@ -1,12 +1,9 @@
 """The window of record times the live agent accepts: from ``max_age_s`` before its clock to
 ``max_ahead_s`` after it.
 
-A record older than the raw retention is rolled up and deleted as soon as it lands (or, far
-enough back, stops the rollups); one from the future is never old enough to be deleted and hides
-the newest real sample from the freshness check. Neither is what a live client means: its clock
-is wrong, or it replays an old trace (``vramscope replay --retime``; ``vramscope import`` writes a
-trace's own times). Such records are refused one by one, counted (``rejected["ts"]``), and the
-rest of their message is kept.
+A record older than the raw retention is deleted as soon as it lands; one from the future is
+never deleted and hides the newest real sample from the freshness check. Such records are refused
+one by one and counted (``rejected["ts"]``); the rest of their message is kept.
 """
 
 from __future__ import annotations

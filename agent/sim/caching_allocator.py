@@ -1,19 +1,11 @@
 """A model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``).
 
 It reproduces the decisions that make fragmentation emerge from a workload, with the
-allocator's own constants (``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``,
-``kLargeBuffer``, ``kMinLargeAlloc``, ``kRoundLarge``) and default configuration (no
-``max_split_size_mb``, no ``expandable_segments``, one stream): rounding, the small and large
-pools, best fit with ties to the lower address, splits, merges within a segment, release and
-retry (``num_alloc_retries``), then :class:`SimulatedOOM` (``num_ooms``). The pretend
-``cudaMalloc`` hands out addresses top-down, as the driver placed them on the H200: with
-ascending ones the model diverged at step 1879 of ``tools.sim.gpu_check``'s sequence, with
-descending ones it matches all 3,000 (``tests/agent/test_sim_vs_h200_replay.py``). Each rule
-and that comparison: docs/demo.md, "The caching-allocator model".
-
-Counters mean what ``torch.cuda.memory_stats()``'s ``*.all.current`` counters mean, and
-:meth:`CachingAllocatorModel.snapshot` returns segment dicts shaped like
-``torch.cuda.memory_snapshot()``'s. Sizes are bytes; no memory is touched.
+allocator's own constants and default configuration; each rule, and the replay that matches
+all 3,000 steps of an H200 recording (``tests/agent/test_sim_vs_h200_replay.py``): docs/demo.md,
+"The caching-allocator model". Counters mean what ``torch.cuda.memory_stats()``'s
+``*.all.current`` counters mean, and :meth:`CachingAllocatorModel.snapshot` returns segments
+shaped like ``torch.cuda.memory_snapshot()``'s. Sizes are bytes; no memory is touched.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """``vramscope demo``: the embedded agent, the dashboard and simulated servers in one process.
 
-Why one process, with one simulated GPU per server: the phase tracker in ``vramscope.hooks.phase``
-is
-process-wide on purpose (docs/architecture.md), so three servers sharing a process would share a
-phase. The simulated servers therefore tag every record with their own scheduler's phase and their
-own device index (healthy = 0, leak = 1, fragmentation = 2, pool = 3), and put their records into
-the embedded agent's sink, the same ``RecordSink`` the in-server hooks use. From there on it is
-the product's real path: the bounded writer queue, the store, the live alert engine after each
-batch, the dashboard reading the store.
-
-Time: the servers run on simulated time. The demo starts the simulation ``history_s`` in the
-past and runs it ``speed`` times faster than the wall clock until it catches up with now, then
-runs in real time. So a 20-second demo shows well over an hour of serving: long enough for the
-leak detector (a 5-minute warm-up, then at least 30 one-minute idle-floor points) and for the
-fragmenting server to reach its OOM. Every timestamp stays in the past, as real data would.
+The phase tracker of ``vramscope.hooks.phase`` is process-wide, so each simulated server tags its
+records with its own scheduler's phase and its own device index and puts them into the embedded
+agent's sink; from there on it is the product's real path. The simulation starts ``history_s``
+in the past and runs ``speed`` times faster until it catches up with now (docs/demo.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""The demo's simulated servers: one spec per scenario, each on its own simulated GPU.
-
-All run a Llama-3-8B-shaped model (15 GiB of bf16 weights, 128 KiB of KV per token) on a
-24 GB card, so memory is as tight as it is in real single-GPU serving:
-
-- ``healthy``: a paged KV pool of 4 GiB, chunked prefill (2,048 tokens), moderate bursty
-  traffic; reserved climbs to its high water mark and stays; no leak, no OOM, no alert.
-- ``leak``: the same server with a bug that keeps 512 KiB per finished request (a logits copy
-  kept in a list): the idle floor rises by about 1 GiB per simulated hour.
-- ``fragmentation``: no pool; each request's KV is its own buffer, grown in 256-token steps
-  by allocate-copy-free and freed when the request ends (the pre-paging design). The caching
-  allocator's segments split and cannot be returned; about 20 simulated minutes in, a KV
-  buffer finds no block and no segment although gigabytes are free in total: an OOM.
-- ``pool``: the fragmentation server's exact traffic on a paged pool of what that server has
-  for KV less 2.5 GiB kept for temporaries (4.6 GiB);
-  the scheduler waits for blocks instead of failing.
+"""The demo's simulated servers: one spec per scenario (``healthy``, ``leak``, ``fragmentation``,
+``pool``), each on its own simulated GPU: a Llama-3-8B-shaped model on a 24 GB card, as tight as
+real single-GPU serving. What each does and shows: docs/demo.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """A simulated LLM inference server whose memory behaviour emerges from its workload.
 
-One ``SimServer`` is one server process on one (simulated) GPU. Every ``step()`` is one
-scheduler tick of ``tick_s`` simulated seconds of continuous batching:
-
-1. arrivals (from :mod:`vramscope.agent.sim.workload`) join the waiting queue;
-2. the scheduler admits waiting requests up to ``max_batch`` (with a paged pool, only while the
-   pool can hold the prompt: it waits instead of failing);
-3. prefill: new prompts (or chunks of them, with ``prefill_chunk_tokens``) allocate their KV and
-   the prefill temporaries, sized from the model shape, through the caching-allocator model;
-4. decode: ``decode_steps_per_tick`` tokens for every running request; KV grows (pool blocks, or
-   per-request buffers reallocated larger) and one step's temporaries come and go;
-5. finished requests free their KV (the ``leak`` scenario keeps a small allocation each).
-
-KV lives in vramscope's ``KVBlockPool`` (bookkeeping only), preallocated as one tensor through
-the allocator model, for the ``healthy``, ``leak`` and ``pool`` designs; the ``fragmentation``
-design gives each request its own KV buffer (the pre-paging design), grown by allocate-copy-
-free, which the caching allocator cannot keep compact: when no block fits and no segment can be
-had, the allocation fails: the server writes a post-mortem and dies with its requests; its
-supervisor restarts it (a fresh allocator, weights and pool, and no leaked memory) after
-``restart_s``.
-
-Records (docs/architecture.md, "Words"), all stamped with simulated time and this server's device:
-``Sample``s from source ``torch`` (the allocator model's counters; the largest free block from a
-snapshot every ``snapshot_every`` samples), ``kv`` (pool counters; without a pool, the tokens the
-running requests' own buffers hold, ``kv_tokens_used``, as ``attach_transformers`` reports
-``generate()``'s) and ``nvml`` (the device view:
-reserved plus the CUDA context), every ``sample_interval_s``; ``Event``s ``request_start``,
-``request_end`` and ``oom``; and ``PostMortem``s. The phase on each record is the scheduler's:
-``prefill`` for a sample taken while prefill temporaries are live, ``decode`` while requests
-run, ``idle`` otherwise.
+One ``SimServer`` is one server process on one simulated GPU; every ``step()`` is one scheduler
+tick of ``tick_s`` simulated seconds of continuous batching: arrivals, admission (with a paged
+pool, only while it can hold the prompt), prefill, ``decode_steps_per_tick`` decode steps, and
+finished requests freeing their KV, all allocated through the caching-allocator model. The
+designs, the OOM and restart after ``restart_s``, and the records it makes: docs/demo.md.
 """
 
 from __future__ import annotations

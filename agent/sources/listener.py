@@ -1,13 +1,9 @@
 """Which process on this host listens on a TCP port: the pid behind a scrape target.
 
-The Prometheus source scrapes a server's ``/metrics`` over HTTP, which says nothing of the
-process. As a sidecar on the same host the agent can still name it: the kernel lists listening
-sockets in ``/proc/net/tcp`` and ``/proc/net/tcp6`` (local port, state ``0A`` LISTEN, socket
-inode), and each process's open sockets in ``/proc/<pid>/fd`` (links reading
-``socket:[<inode>]``). Linux only; on another system, for a target on another host, for a
-process the agent may not inspect (another user's, without privileges) or one in another
-network namespace, the answer is ``None`` and the records stay without a pid. Nothing here
-raises: a process that exits while its fds are read is skipped.
+The kernel lists listening sockets in ``/proc/net/tcp{,6}`` (state ``0A``, with their inode) and
+each process's sockets in ``/proc/<pid>/fd``. Linux only; for a target elsewhere, a process the
+agent may not inspect or one in another network namespace, the answer is ``None`` and the records
+stay without a pid. Nothing here raises.
 """
 
 from __future__ import annotations

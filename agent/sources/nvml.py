@@ -1,12 +1,8 @@
 """NVML device memory: the whole-device view, sampled in the agent (docs/agent.md, "NVML").
 
-``read()`` returns one ``Sample`` per device (``source="nvml"``; ``device_used_bytes`` is
-``total - free``, the same number from memory info v1 or v2); ``read_processes()`` the
-per-process rows at a lower rate (the driver's process table costs many times memory info).
-Never ``nvidia-smi``. Vendor calls never crash the agent: a failing call gives ``None`` for that
-field and one log line per (call, device); without NVML, :func:`open_nvml` logs what to
-install and returns ``None``. ``FakeNvmlSource`` is the real fake used by tests, the benchmark
-and ``--fake-devices``.
+``read()`` returns one ``Sample`` per device, ``read_processes()`` the per-process rows at a lower
+rate. Never ``nvidia-smi``; a failing vendor call gives ``None`` for its field and one log line.
+``FakeNvmlSource`` is the real fake used by tests, the benchmark and ``--fake-devices``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Prometheus source: the KV and request view of an inference server vramscope does not enter.
 
-Every ``interval_s`` the agent fetches each ``[sources.prometheus]`` target's ``/metrics`` and
-maps it to the records the in-server hooks make (KV samples with ``source="prometheus"``,
-synthetic ``request_start``/``request_end``, ``server_load``, ``kv_preempted``,
-``prefix_cache`` and ``tokens`` events), so the KV panel, the KV-exhaustion alert and the
-load-aware leak analysis work beside an unmodified server. What each preset reads, how counter
-increases and resets are counted and how a local target's pid is found: docs/vllm.md,
-"Metrics beside any server".
-
-Each target is scraped on its own thread (``vramscope-prometheus-<n>``) against its own
-deadline: a slow server stalls neither NVML sampling nor the other targets; a failing target
-gives no records and one log line until it answers again; nothing here raises into the agent.
-Metric names, the page's parse and bounds check: ``prometheus_page.py``; one target's state and
-the records a page makes: ``prometheus_target.py``. This module fetches and schedules.
+Every ``interval_s`` each ``[sources.prometheus]`` target's ``/metrics`` is fetched and mapped to
+the records the in-server hooks make (docs/vllm.md, "Metrics beside any server"). Each target is
+scraped on its own thread against its own deadline, so a slow server stalls nothing else; a
+failing one gives no records and one log line until it answers again. The page's parse and
+bounds: ``prometheus_page.py``; one target's state and records: ``prometheus_target.py``. This
+module fetches and schedules.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What one scrape may say: every number read from a ``/metrics`` page is checked before it
 becomes a record (the caps and why: docs/agent.md, "Scrape bounds").
 
-A scraped page is input from another process, as a socket message is: each number the
-Prometheus source uses must be finite, non-negative and below its cap (running and waiting
-requests ``sources.prometheus.max_requests``, the usage ratio 1, a pool ``MAX_POOL_SIZE``,
-counters ``MAX_COUNTER``), or the whole scrape is refused (:class:`ScrapeRefused`, counted by
-the source); nothing of a refused page is recorded. One scrape makes at most
-``sources.prometheus.max_request_events`` synthetic request events and ``OTHER_RECORDS`` more.
+A number out of bounds refuses the whole scrape (:class:`ScrapeRefused`, counted by the source);
+nothing of a refused page is recorded.
 """
 
 from __future__ import annotations

@@ -1,33 +1,19 @@
 """The compact raw tier's codec: a block of raw sample (or event) rows as compressed columns,
-standard library only (``array``, ``zlib``, ``lzma``, ``struct``) and no Python loop per value
-where C can do it.
+standard library only, and no Python loop per value where C can do it.
 
-A block holds the rows of one device, source and pid over one interval
-(:mod:`vramscope.agent.store.sample_blocks`), in (ts_s, id) order. Each column is encoded on its
-own, so that values that move little from one row to the next compress to almost nothing:
-
-- integers (``id``, the counters of :data:`SAMPLE_COUNTER_FIELDS`, ``seq``, ``content_key``):
-  int64 differences from the previous row (the first value absolute), or the values themselves
-  where a difference would leave int64 (``content_key``'s digests); the 8 bytes of every value
-  laid out byte plane by byte plane (all first bytes, then all second bytes, ...), so that the
-  planes of small differences are runs of zeros that zlib removes;
-- ``ts_s``: the float64's bit pattern as an integer, delta-encoded the same way (times of one
-  block share their exponent, so consecutive patterns differ by a small integer, and the value
-  comes back bit for bit);
-- text (``phase``, ``origin``): a dictionary of the block's distinct values and one code a row
-  (past 256 values, the codes delta-encoded as the integers are);
-- other floats (an event's data values): their bit patterns, as integers;
-- NULL: a column that is all NULL stores nothing; one that is partly NULL stores a presence
-  byte a row and only the present values.
+A block holds one device's, source's and pid's rows of one interval, in (ts_s, id) order; each
+column is encoded on its own (docs/agent.md, "Retention and rollups"): integers and ``ts_s``'s
+bit patterns as int64 differences laid out byte plane by byte plane, so that small differences
+are runs of zeros; text as a dictionary and codes; other floats as bit patterns; NULLs as a
+presence byte a row (nothing for an all-NULL column).
 
 Format (version 1): one version byte, then zlib of: a 4-byte little-endian length and a JSON
 header (row count, the dictionaries, each column's mode), then each column's bytes, each
-preceded by its 4-byte length. Version 2 is the same body compressed by LZMA (raw LZMA2,
-preset 9) instead: a third smaller than zlib on a recording's events, and slower to decode,
-so the event blocks use it and the sample blocks, which the dashboard decodes all day, stay
-on zlib. A reader refuses another version with a clear error. A
-sample block's columns are :data:`COLUMNS` (:func:`encode`); an event block
-(:mod:`vramscope.agent.store.event_blocks`) names columns of its own (:func:`encode_table`).
+preceded by its 4-byte length. Version 2 is the same body compressed by raw LZMA2 (preset 9):
+a third smaller on events and slower to decode, so event blocks use it and sample blocks, which
+the dashboard decodes all day, stay on zlib. Another version is refused with a clear error.
+Sample blocks' columns: :data:`COLUMNS` (:func:`encode`); event blocks name their own
+(:func:`encode_table`).
 """
 
 from __future__ import annotations

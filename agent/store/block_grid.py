@@ -1,24 +1,12 @@
 """The compact raw tier's rows grouped on a window's grid in Python, as the tier modules group
-rows of ``samples`` in SQL.
+rows of ``samples`` in SQL (a private part of :mod:`vramscope.agent.store.reader`).
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-The dashboard's raw reads group rows by bucket: min / max / last per column
-(:mod:`~vramscope.agent.store.downsample`), the same per process
-(:mod:`~vramscope.agent.store.process_series`), phase counts
-(:mod:`~vramscope.agent.store.phase_shares`). Rows still in ``samples`` are grouped in SQL as
-they always were; rows compaction moved into ``sample_blocks`` are grouped here, from the
-blocks' decoded columns (:func:`~vramscope.agent.store.sample_blocks.window_slices`, cached
-across reads), and the two are merged per bucket. A block's rows are in time order, so a
-bucket is a slice of each column, reduced by C builtins (``min``, ``max``, ``Counter``):
-Python's work is per bucket and column, not per row. Decoding the window into a temporary
-table and grouping ``samples UNION ALL`` it in SQL instead cost 1.5-1.7x a read of raw rows.
-
-A row's bucket is ``floor((ts_s - start_s) / width_s)`` in float64, as the SQL computes it
+A block's rows are in time order, so a bucket is a slice of each column, reduced by C builtins
+(``min``, ``max``, ``Counter``): Python's work is per bucket and column, not per row. (Decoding
+into a temporary table and grouping ``samples UNION ALL`` it in SQL cost 1.5-1.7x a raw read.)
+A row's bucket is computed in float64 as the SQL computes it
 (:func:`~vramscope.agent.store.downsample.grid_index`), so a row lands in the same bucket
-whichever table holds it; each reader clamps buckets past its grid's end as it does the
-SQL's.
+whichever table holds it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Idempotent import: each imported row keyed by its content, so that a file imported twice, or
 files that overlap, store no row twice (``vramscope import``; docs/trace-format.md).
 
-The key (``content_key``, migration 0012) is a 64-bit BLAKE2b digest of the row as it is stored:
-a sample's device row, time, phase, source, pid and counters; an event's device row, time, name,
-pid, phase, request id and data. It is unique together with ``ts_s`` (a partial index: the live
-agent's rows have none), so two different rows could only be taken for one if they had the very
-same time and the same 64-bit digest. Time comes first in the index so that a trace, written in
-time order, adds its keys at the index's end: digests alone would scatter the inserts over the
-whole index, which grows with the table.
-
-What is already stored is looked up per batch (:func:`_stored`: whether any keyed row lies in
-the batch's span of time, and only then its keys, each one seek of that index), so that the
-caller learns which records were new: ``import`` runs the alert engine over those alone, and
-its verdicts and alerts are not stored twice either. The inserts still say
-``ON CONFLICT DO NOTHING``: another import writing the same rows meanwhile skips them too.
+The key (``content_key``, migration 0012) is a 64-bit BLAKE2b digest of the row as stored,
+unique together with ``ts_s`` (a partial index: the live agent's rows have none). Time comes
+first in the index so that a trace, written in time order, adds its keys at the index's end
+instead of scattering them. What is already stored is looked up per batch (:func:`_stored`), so
+the caller learns which records were new (``import`` runs the alert engine over those alone);
+the inserts still say ``ON CONFLICT DO NOTHING`` for a concurrent import.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Downsampling: N time buckets, min / max / last per bucket, so peaks survive.
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-24 hours at 10 Hz is 864k rows per series; the dashboard asks for ~2,000 points. Three sources:
-
-- **raw samples**, grouped in SQL (one row per bucket leaves the database);
-- **the per-second tier** (``agent/store/seconds.py``), for buckets too fine for the rollups
-  over the part of the range before the device's first raw sample (retention deleted the
-  older ones after ``retention.raw_s``): each second's low, high and last merged into the
-  buckets, one row read per minute and source, up to ``SECONDS_READ_MAX_S`` (the rollups
-  beyond);
-- **per-minute rollups** (min, max, last per device, source and metric, kept by the agent's
-  retention), used when the range is long enough that one point per minute still gives at
-  least half the points asked for. Reading 1,440 rollup minutes instead of scanning 100k+ raw
-  rows is what keeps a 24-hour view cheap, and rollups outlive the raw retention, so long ranges
-  still show data after raw samples were deleted. The minutes not rolled up yet (the newest
-  few, or a partial minute at the range's start) come from raw samples, on the same grid.
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`). Three sources: raw
+samples grouped in SQL; the per-second tier before the device's first raw sample, up to
+``SECONDS_READ_MAX_S``; and the minute rollups once one point a minute gives at least half the
+points asked for (the minutes not rolled up yet come from raw samples on the same grid). Which
+answers when: docs/dashboard.md.
 """
 
 from __future__ import annotations

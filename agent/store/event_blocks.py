@@ -1,31 +1,12 @@
 """The compact raw tier's events: closed intervals of frequent events moved from ``events`` into
 blocks, as :mod:`~vramscope.agent.store.sample_blocks` does for the samples.
 
-What moves: every event whose name retention does not keep with the rollups (requests, phase
-changes, KV allocations and frees: agent/event_kinds.py's cheap names, and names no table
-lists); the kept ones (OOMs, exits, loads) stay rows, read by name through their index. The
-same store-wide step compacts them (:mod:`vramscope.agent.retention`): per device, each closed
-``BLOCK_S`` interval older than ``retention.compact_after_s`` and already counted per minute
-(``event_counts``, made as the minute is rolled up) has its frequent events deleted from
-``events`` and written back, in the same transaction, as one ``event_blocks`` row per pid.
-The rows moved are the ones the ``DELETE ... RETURNING`` removed, so nothing is lost to a
-concurrent write, and each interval is a transaction of its own: compaction can stop anywhere
-and reads stay exact.
-
-A block's columns (:mod:`~vramscope.agent.store.block_codec`): the row's ``id``, ``ts_s``,
-``name``, ``phase``, ``request_id``, ``origin``, ``seq`` and ``content_key``, and its data
-object split by key: each row's shape (its keys) and a column per key of the block's data (at
-most ``MAX_DATA_KEYS``, the commonest) with the values of the rows that have it, integers and
-floats as numbers (a float of few decimals as an integer of them), any other value as its JSON
-text. A row whose data
-the columns would not give back as the very text stored (a key past the cap, a value of
-another type, text written by another tool) keeps that text whole in the ``data`` column.
-
-Reads: :func:`window_rows` gives the blocks' events of some devices, window and names as
-``events`` rows, which the store's readers merge with the table's in (ts_s, id) order
-(``Store.events``, ``Store.iter_events``, the fleet's reads, the request rate, the counts):
-the same records, ids and data text as before compaction. Decoded blocks are cached as the
-samples' are.
+What moves, the columns of a block and which reads merge them: docs/agent.md, "Retention and
+rollups". As for the samples, the rows moved are the ones the ``DELETE ... RETURNING``
+removed (nothing is lost to a concurrent write) and each interval is a transaction of its own.
+A row whose data the columns would not give back as the very text stored (a key past
+``MAX_DATA_KEYS``, a value of another type, text written by another tool) keeps that text whole
+in the ``data`` column.
 """
 
 from __future__ import annotations

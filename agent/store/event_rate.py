@@ -1,15 +1,9 @@
 """The request rate of a window: requests started per minute, on a grid of whole minutes.
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-Request events go with the raw samples after ``retention.raw_s`` (a day); their counts per
-minute stay with the rollups (``event_counts``, made as retention rolls a minute up). So the
-minutes retention has rolled up are read as counts (one range of the primary key, at most
-10,080 minutes of a device's week, summed per bucket in SQL), and only the minutes after them
-(the newest few) from the raw ``request_start`` events, counted per bucket in SQL. A store no
-retention has rolled up (a trace imported with ``vramscope import``) is counted from its raw
-events alone.
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`). Request events go
+with the raw samples after ``retention.raw_s``, their counts per minute stay (``event_counts``):
+rolled-up minutes are read as counts, the newest few from raw ``request_start`` events, and a
+store no retention rolled up (an imported trace) from its raw events alone.
 """
 
 from __future__ import annotations

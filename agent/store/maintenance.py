@@ -1,26 +1,11 @@
-"""Store queries for retention and rollups (used by ``vramscope.agent.retention``; SQL lives in
-the store).
+"""Store queries for retention and rollups (used by ``vramscope.agent.retention``).
 
-Every function does a bounded amount of work, so the writer thread that runs them never stalls
-ingest for long: a rollup covers a window of a few minutes, a delete removes at most ``limit``
-rows (``DELETE ... WHERE id IN (SELECT id ... LIMIT n)`` works on SQLite and PostgreSQL).
-
-Work is bounded by the window, not by the history (design rule 8): every query names its
-devices (or hosts) and a time range, so it is a seek per device on the ``(device_id, ts_s)``
-index (the rollups' primary key starts with ``(device_id, bucket_s)``) and costs the same after
-a week as after a minute. A query over every device's time column (``min(ts_s) WHERE ts_s >=
-?``) would walk the whole index instead, so that every step would cost more as the history
-grows, until the agent fell behind its ingest (tests/agent/test_retention_cost.py counts the
-work).
-
-One statement per table for all devices, not one per device: a fleet's leader steps over
-every host's devices (16 nodes of 8: 128), and each statement costs the agent its round trip
-and SQLAlchemy's own work (about half a millisecond of CPU), so per-device statements made the
-leader's steps cost 20 statements a device, most of them finding nothing to do. The devices
-are named in one ``device_id IN (...)`` (an index seek per device, on SQLite and PostgreSQL) or
-sought by a subquery correlated to the devices table, so a step sends a fixed few statements
-whatever the fleet's size, and a rollup 12 more per ``ROLLUP_DEVICES_PER_CHUNK`` devices
-(tests/agent/test_retention_statements.py counts them).
+Every query does bounded work, so the writer thread that runs them never stalls ingest: a rollup
+covers a few minutes, a delete removes at most ``limit`` rows, and every query names its devices
+and a time range (an index seek per device, never a walk of the whole history: design rule 8).
+One statement per table for all devices, not one per device, so a fleet's leader sends a fixed
+few statements a step whatever the fleet's size (docs/agent.md, "Retention and rollups";
+tests/agent/test_retention_cost.py and test_retention_statements.py count the work).
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""PostgreSQL: ``samples`` is partitioned by range of ``ts_s``, one partition per day of Unix
-time (UTC), plus a DEFAULT partition (migration 0006). SQLite keeps one plain table: every
-function here does nothing there.
+"""PostgreSQL: ``samples`` partitioned by day of ``ts_s`` (UTC) plus a DEFAULT partition
+(migration 0006); on SQLite every function here does nothing. docs/agent.md, "Retention and
+rollups", tells what is created, moved and dropped, and when.
 
-- Retention creates the partitions of today and tomorrow ahead of the writes
-  (:func:`ensure_days`), and drops a whole partition once its upper bound is at or before the
-  raw samples' cutoff (:func:`drop_before`): one ``DROP TABLE`` instead of a day of row deletes,
-  and the partition's disk goes back at once.
-- The DEFAULT partition takes any row whose day has no partition (an import of an old trace, a
-  host whose clock is off, writes before retention's first step), so a write never fails.
-  PostgreSQL refuses to create a partition whose range has rows in the default, so a day's
-  partition is made as a plain table, the default's rows of that day are moved into it, and it
-  is attached: the rows never block a partition. The move reads the whole default (its index
-  starts with ``device_id``): it is meant to stay small.
-- Partition DDL takes strong locks on ``samples`` (dropping one: ACCESS EXCLUSIVE on the
-  table), so it runs with a short ``lock_timeout`` and, across the agents of a fleet, under a
-  try-lock: behind a long dashboard query or another agent's maintenance it gives up and the
-  next step tries again, instead of queueing every reader and writer behind it.
-
-Partitions are named ``samples_pYYYYMMDD`` (the day's UTC date); what is created or dropped is
-decided from the bounds PostgreSQL reports, never from names.
+A day's partition is made as a plain table, the default's rows of that day moved into it, and
+then attached, because PostgreSQL refuses a partition whose range has rows in the default. The
+DDL runs with a short ``lock_timeout`` under a try-lock, so behind a long query it gives up until
+the next step instead of queueing every reader and writer. What exists is decided from the
+bounds PostgreSQL reports, never from the ``samples_pYYYYMMDD`` names.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Phase bands and phase shares per time bucket: what the timeline's phase lane draws.
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-Exact bands come from phase events, or from the phase changes of raw samples (found in SQL;
-where the compact raw tier holds some of the window, in Python over its decoded blocks).
-At an hour or more, a 2-second prefill in every 30-second request is far narrower than a
-pixel, and "the phase that held each bucket longest" would never be prefill: the share of
-samples in each phase per bucket keeps it visible. Shares are counted in SQL over raw samples
-and in Python over the compact raw tier's blocks (:mod:`~vramscope.agent.store.block_grid`)
-(rollups carry no phase; before the raw horizon the per-second tier's seconds are counted
-here in Python: :func:`counts_from_seconds`); ``unknown`` samples (NVML) say nothing and are
-not counted. Which of these answers a window is the reader's choice
-(:func:`vramscope.agent.store.reader.phase_bands`); the functions below the SQL ones are pure.
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`), which chooses what
+answers a window (:func:`vramscope.agent.store.reader.phase_bands`). Exact bands come from phase
+events or from raw samples' phase changes. At an hour or more a 2-second prefill is narrower
+than a pixel, so shares of samples per phase per bucket keep it visible: counted in SQL over raw
+samples, in Python over compact blocks and the per-second tier; ``unknown`` samples (NVML) are
+not counted. The functions below the SQL ones are pure.
 """
 
 from __future__ import annotations

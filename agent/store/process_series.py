@@ -1,28 +1,12 @@
 """Per-process allocator series of a window, where the store can tell the processes apart.
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-Several processes on one device (two models, ranks sharing a GPU) each send their own
-allocator samples (source ``torch``, each with its pid). Only the raw samples keep the pid: the
-per-second tier is keyed by (device, minute, source), the minute rollups and their ten-minute
-groups by (device, minute, source, metric), so where they answer a window a bucket's minimum
-and maximum are the least and greatest over every process's samples in it (and its last value
-whichever process sampled last) — the range over the processes, never one process's value
-(docs/api.md, "The timeline document").
-
-:func:`process_window` answers, for a window and the timeline's grid:
-
-- from the raw samples, each process's allocated and reserved bytes per bucket (min, max)
-  (or, asked for :data:`KV_PROCESS_COLUMNS`, its KV pool's blocks used and total: the same
-  read, so a device's pools of different sizes are drawn each against its own size),
-  grouped by (pid, bucket) in one SQL statement, where the window's raw part holds at most
-  ``PROCESS_RAW_LIMIT`` rows (counted on the index first, as the downsampling does before it
-  groups raw rows), from the device's first raw sample on (retention deleted the older ones);
-- which processes sent allocator samples in the rest of the window, as far as the store can
-  tell without a pid in the tiers: the stored verdicts' pids (the engine writes one a process
-  at least every ``HEARTBEAT_S``), the processes table (a process on this device seen during
-  the window), and the raw rows at either end of the window where raw samples exist.
+A private part of the store's reader (:mod:`vramscope.agent.store.reader`). Only the raw
+samples keep the pid: where the tiers answer, a bucket's range is over every process's samples
+(docs/api.md, "The timeline document"). :func:`process_window` gives each process's series from
+the raw samples (at most ``PROCESS_RAW_LIMIT`` rows, counted on the index first), and which
+processes sent allocator samples in the rest of the window as far as the store can tell: the
+stored verdicts' pids (one a process at least every ``HEARTBEAT_S``), the processes table, and
+the raw rows at either end of the window.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """The store's one reader of windows, and the only place that chooses which tier answers one.
 
-A page, the API, ``analyze --db`` or a benchmark asks about a :class:`~.reads.Span` (a device,
-its host, a window and optionally one process) at a resolution (a number of points, a limit),
-and each answer says which tier gave it (``tier``): raw samples, the per-second tier, the
-minute rollups or their ten-minute groups, the event counts. The calls:
-
-- :func:`series`: a window's counters on the timeline's grid (min, max, last per bucket);
-- :func:`extrema`: minima and maxima for a chart, on the width ladder or the timeline's grid;
-- :func:`records`: ``Sample`` and ``Event`` records for the models (one by one where few
-  enough, else one or two per bucket of the width ladder);
-- :func:`peaks`: each counter's greatest value over a window;
-- :func:`phase_bands`, :func:`requests` (requests per minute), :func:`process_series`
-  (per-process allocator series where raw samples keep the pid);
-- :func:`timeline`: everything one timeline request reads, in one call;
-- :func:`fleet`: every device of every host now (newest sample, stored verdicts), and each
-  host's newest agent report, in four statements whatever the fleet's size;
-  :func:`fleet_samples` (each device's newest seconds of samples), :func:`fleet_events`
-  (each device's events of some names in a window) and :func:`fleet_reports` (each host's
-  newest agent report): one statement each, for ``/metrics``; :func:`fleet_spans` (each
-  device's first and newest sample) and :func:`fleet_event_counts` (each device's events of
-  one name in a window, counted per process): one statement each, for the Overview;
-- bounded counts asked before anything is built (:func:`count_samples`, :func:`count_events`)
-  and where the raw samples begin (:func:`raw_from`).
-
-The tier modules behind it (``downsample``, ``window``, ``event_rate``, ``phase_shares``,
-``process_series``, ``fleet``, ``block_grid``: :data:`TIER_MODULES`) are its private parts:
-nothing outside ``vramscope.agent.store`` imports them or uses their names
-(``tests/test_import_graph.py``).
+A caller asks about a :class:`~.reads.Span` (a device, its host, a window and optionally one
+process) at a resolution, and each answer says which tier gave it (``tier``): raw samples, the
+per-second tier, the minute rollups or their ten-minute groups, the event counts. The tier
+modules behind it (:data:`TIER_MODULES`) are its private parts: nothing outside
+``vramscope.agent.store`` imports them or uses their names (``tests/test_import_graph.py``).
+The calls and the tiers each chooses among: docs/architecture.md, "The reader".
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """The compact raw tier: closed intervals of raw samples moved from ``samples`` into blocks.
 
-Writes are unchanged: the live agent and ``import`` insert rows into ``samples``, with their
-idempotency keys ((origin, seq) and ``content_key``). The store-wide maintenance (the agent
-holding the store-wide lock, :mod:`vramscope.agent.retention`) then compacts: per device, each
-closed ``BLOCK_S`` interval older than ``retention.compact_after_s`` and already rolled up has
-its rows deleted from ``samples`` and written back, in the same transaction, as one
-``sample_blocks`` row per (source, pid): the interval's rows as compressed columns
-(:mod:`vramscope.agent.store.block_codec`). The rows moved are the ones the ``DELETE ...
-RETURNING`` removed, so a row written meanwhile is either moved or left in ``samples``, never
-lost. Each interval moves in a transaction of its own: compaction (and the conversion of a
-store upgraded with rows in ``samples``, which is the same compaction) can stop anywhere and
-reads stay exact.
+Writes are unchanged; the store-wide maintenance (:mod:`vramscope.agent.retention`) compacts
+each closed ``BLOCK_S`` interval older than ``retention.compact_after_s`` and already rolled up
+into one ``sample_blocks`` row per (source, pid) (docs/agent.md, "Retention and rollups"). The
+rows moved are the ones the ``DELETE ... RETURNING`` removed, so a row written meanwhile is
+either moved or left in ``samples``, never lost; each interval is a transaction of its own.
 
-Reads: a reader of raw samples reads ``samples`` in SQL as it always did and, where blocks
-overlap its devices and window, their rows from the decoded blocks: :func:`window_slices` (each
-block's window as a slice of its columns) for the readers that group on a grid
-(:mod:`~vramscope.agent.store.block_grid`), :func:`window_rows` (``samples``'s and the blocks'
-rows merged in (ts_s, id) order) for those that list rows. Decoded blocks are cached per
-database across reads (a block never changes once written). The answers are the same rows,
-ids, values and phases as before compaction.
-
-Import's duplicate check: blocks keep each row's ``content_key``; a batch's keys are looked
-up in the keyed blocks (``keyed > 0``) overlapping its span as well as in ``samples``
-(:func:`stored_keys`), so a file imported twice stores nothing twice after compaction too.
+Reads: :func:`window_slices` for the readers that group on a grid
+(:mod:`~vramscope.agent.store.block_grid`), :func:`window_rows` (rows merged in (ts_s, id)
+order) for those that list rows, :func:`stored_keys` for import's duplicate check.
 """
 
 from __future__ import annotations

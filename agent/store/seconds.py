@@ -1,18 +1,10 @@
 """The per-second tier: what is kept of raw samples once ``retention.raw_s`` has passed.
 
-One row per device, source and minute (the ``seconds`` table) holds that minute's seconds: for
-every second that had samples, its sample count, the phase of its last sample and, for each
-counter of :data:`~vramscope.agent.records.SAMPLE_COUNTER_FIELDS`, the second's minimum,
-maximum and last value. The row is wide in the way a time-series database's chunk is: each of
-those series is a column of up to 60 integers, delta-encoded (counters move little from one
-second to the next) and compressed with zlib, all standard library.
-
-Why packed and not one SQL row per second: a row per second with a dozen 6-byte columns costs
-about 100 bytes on SQLite (8.5 MB per device-day at 10 Hz), more than the whole target of
-docs/BENCHMARKS.md leaves for it; packed, the same seconds cost about 0.6 to 2 kB per
-minute (1 to 3 MB per device-day). SQL cannot group inside a blob, but nothing needs it to:
-the per-second tier is read for windows of at most an hour or so (a few dozen rows);
-longer windows read the per-minute rollups, which stay plain rows that SQL groups.
+One ``seconds`` row per device, source and minute holds, for every second that had samples, its
+sample count, the phase of its last sample and each counter's minimum, maximum and last value,
+packed as a time-series database packs a chunk: a row per second cost about 100 bytes on SQLite
+(8.5 MB per device-day at 10 Hz), packed it is 1 to 3 MB. SQL cannot group inside the blob, but
+this tier is only read for windows of an hour or so; longer ones read the rollups.
 
 Format (version 1): one version byte, then zlib of little-endian int64s: ``k`` second offsets
 within the minute, then each series (:data:`SERIES`: count, phase, then the statistics

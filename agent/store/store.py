@@ -1,17 +1,11 @@
 """The store: the only place that talks SQL (docs/architecture.md rule 3).
 
-SQLAlchemy 2 Core on the hot write path (batched ``executemany``; per-row ORM commits are ~40x
-slower). SQLite by default (WAL, ``synchronous`` from config, pragmas on our engine only) or
-PostgreSQL by URL. Opening a store upgrades an older schema and refuses a newer one.
-
-Records in, records out: callers pass and get ``Sample`` / ``Event`` / ``PostMortem``; devices
-are addressed by ``(host, index)``, where ``host=None`` means this store's own host.
-
-A record joins its device by ``device_uuid`` when it carries one (docs/architecture.md rule 6: a
-hook's ``device`` is torch's logical index, which ``CUDA_VISIBLE_DEVICES`` and containers renumber),
-and by ``(host, index)`` only when it does not. A record whose UUID names no device of its host
-while its index belongs to another device is *unjoined*: counted in ``unjoined_total``, logged
-once per UUID, and not written, rather than landing on the other device.
+SQLAlchemy 2 Core with batched ``executemany`` on the hot write path; SQLite by default or
+PostgreSQL by URL; opening upgrades an older schema and refuses a newer one. Records in, records
+out (``Sample`` / ``Event`` / ``PostMortem``), devices addressed by ``(host, index)``
+(``host=None``: this store's own host). A record joins its device by ``device_uuid`` when it has
+one (rule 6) and by index only otherwise; one whose UUID names no device of its host while its
+index is another device's is counted in ``unjoined_total`` and not written (docs/agent.md).
 """
 
 from __future__ import annotations

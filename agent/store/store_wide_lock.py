@@ -1,25 +1,11 @@
 """Which agent of a fleet does the store-wide work (rollups, deletion, partitions): the one
 that holds a PostgreSQL advisory lock. The others only write their own rows.
 
-Why a lock at all: the rollups, the deletes by age and the day partitions cover every host's
-devices. Several agents doing them on one database would each roll the same minutes up (the
-work times the number of agents) and race on the same rows and partitions.
-
-Why session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many
-short transactions (each rollup window and each bounded delete commits on its own, so ingest
-is never held behind one long transaction), and the leader keeps state between steps (its
-rollup watermark, the partitions it made). A session lock held on a connection of its own
-keeps one leader for as long as it lives; PostgreSQL releases it when that session ends,
-whether the agent stopped (:meth:`StoreWideLock.release`), crashed or lost its link (the
-server drops the session), so another agent takes over at its next step. Each step checks in
-``pg_locks`` that the session still holds the lock: a leader whose connection broke (a server
-restart) does not go on believing it leads.
-
-``pg_try_``: an agent that does not get the lock does not wait for it (its writer thread must
-go back to ingest); it tries again at its next step.
-
-SQLite: one agent per database file, no lock needed; :meth:`StoreWideLock.acquire` is always
-true.
+Session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many short
+transactions and the leader keeps state between steps; PostgreSQL releases the lock when the
+session ends, however the agent went. Each step checks in ``pg_locks`` that the session still
+holds it, so a leader whose connection broke stops believing it leads. SQLite: one agent per
+file; :meth:`StoreWideLock.acquire` is always true. docs/agent.md, "Retention and rollups".
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The stored verdicts (table ``verdicts``, migration 0010): written by whoever runs the alert
-engine over records (the agent's writer, ``import``, ``replay``), read by every surface.
+engine over records, read by every surface.
 
-A window's answer is, per process, the newest verdict at or before the window's end
-(:func:`latest`); its history in the window (:func:`history`) draws the forecast and the
-state changes. Neither reads a sample: a page over a week costs a few index lookups.
-An analysis document's verdict fields are filled from these reads by
-``agent/store/window_verdicts.py`` (``attach_window``, ``attach_stored``). Which process
-leads a question is the engine's stored choice (table ``device_verdicts``, migration 0014:
-:func:`device_answer`, :func:`mark_leads`), never chosen here.
+A window's answer is, per process, the newest verdict at or before its end (:func:`latest`); its
+history (:func:`history`) draws the forecast and the state changes; neither reads a sample.
+Which process leads a question is the engine's stored choice (``device_verdicts``, migration
+0014), never chosen here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Bounded questions about a window, asked before anything is built from it.
+"""Bounded questions about a window, asked before anything is built from it (a private part of
+:mod:`vramscope.agent.store.reader`).
 
-A private part of the store's reader (:mod:`vramscope.agent.store.reader`): nothing
-outside ``vramscope.agent.store`` imports it or uses its names (tests/test_import_graph.py).
-
-A page that can analyse at most N raw samples asks ``count_at_most(..., N)`` first: an index
-range of at most N + 1 keys, whereas fetching N + 1 ``Sample`` objects to find out (what the
-views did) costs a second of CPU at 10 Hz for any window over 2.8 hours, only to throw them
-away.
+``count_at_most(..., N)`` reads an index range of at most N + 1 keys; fetching N + 1 ``Sample``
+objects to find out cost a second of CPU for any window over 2.8 hours at 10 Hz.
 """
 
 from __future__ import annotations

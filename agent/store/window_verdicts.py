@@ -1,11 +1,8 @@
 """A window's stored verdicts in an analysis document: what fills its verdict fields.
 
-``analyze --db`` (:func:`attach_stored`) and the dashboard's ``/api/v1/analysis``
-(:func:`attach_window`) run no engine over what retention left: every verdict field of their
-document (the leak answer and its windows, ``processes``, the OOM risk, the window's alerts)
-is what the engine stored as it saw every record. The reads they build on (a process's answer
-at an instant, a window's history, who leads) are ``agent/store/verdicts.py``'s; this module
-only puts them in the document's form.
+``analyze --db`` (:func:`attach_stored`) and ``/api/v1/analysis`` (:func:`attach_window`) run no
+engine over what retention left: every verdict field is what the engine stored as it saw every
+record. The reads are ``agent/store/verdicts.py``'s; this module only puts them in form.
 """
 
 from __future__ import annotations
