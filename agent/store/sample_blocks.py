@@ -315,7 +315,8 @@ def edge_of(device_id: Any, newest: bool, not_after_s: float | None) -> Any:
         where = [inner.c.device_id == device_id]
         if before_s is not None:
             where.append(inner.c.block_s <= before_s)
-        pick = select((func.max if newest else func.min)(inner.c.block_s)).where(*where)
+        pick = select((func.max if newest else func.min)(inner.c.block_s)).where(*where) \
+            .correlate_except(inner)  # device_id may be an outer query's column, two levels out
         return (select((func.max if newest else func.min)(edge))
                 .where(mine, block_s == pick.scalar_subquery()).scalar_subquery())
 

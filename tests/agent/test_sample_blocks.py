@@ -15,7 +15,7 @@ from vramscope.agent.cli import main
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.retention import Retention
-from vramscope.agent.store import Store, block_codec, maintenance, reader, sample_blocks
+from vramscope.agent.store import Store, block_codec, fleet, maintenance, reader, sample_blocks
 from vramscope.agent.store.reader import Span
 from vramscope.agent.store.schema import sample_blocks as blocks_table
 from vramscope.agent.store.schema import samples
@@ -196,5 +196,29 @@ def test_retention_compacts_rolled_up_intervals_and_deletes_whole_blocks(any_url
         first_kept_block = math.floor(cutoff / 600.0) * 600.0
         assert kept == [s for s in whole if s.ts_s >= first_kept_block]
         assert 0 < len(kept) < len(whole)
+    finally:
+        store.close()
+
+
+def test_every_device_s_span_reads_its_own_blocks_in_one_statement(any_url):
+    # device 1 starts 20 minutes after device 0 and device 0 stops 10 minutes before device 1:
+    # their first and last compacted intervals differ, and each device's span in the fleet's
+    # one statement (the block edges correlated to the device row two subqueries out) is the
+    # one time_range reads for it alone
+    store = Store.open(any_url, host_name="h")
+    try:
+        late = [s._replace(device=1, ts_s=s.ts_s + 1200.0) for s in _scripted()
+                if s.ts_s >= T0 + 600.0]
+        store.write([s for s in _scripted() if s.ts_s < T0 + SPAN_S - 600.0] + late)
+        maintenance.rollup_window(store, math.floor(T0 / 60) * 60, T0 + SPAN_S + 1260)
+        sample_blocks.compact(store, T0 + SPAN_S + 1260.0, 100)
+        rows, blocks = _counts(store)
+        assert (rows, blocks) == (1320, 21)  # all but device 1's newest interval compacted
+        spans = fleet.device_spans(store)
+        alone = {("h", i): store.time_range(i) for i in (0, 1)}
+        assert spans == alone
+        # from the minute rollup holding the first sample to the newest sample
+        assert alone[("h", 0)] == (T0 - 30.25, T0 + SPAN_S - 600.5)
+        assert alone[("h", 1)] == (T0 + 1800.0 - 30.25, T0 + SPAN_S + 1199.5)
     finally:
         store.close()
