@@ -5,7 +5,7 @@ window that ends while the grower was still growing (the ten minutes up to ``--m
 seconds), to compare what each says.
 
     python -m tests.gpu.live_growth_screens docs/gpu-runs/2026-12-07/live \\
-        --mid-end 1796611680
+        --mid-end 1796648025
 
 Needs what ``tools.screenshots`` needs (selenium, chromium, chromedriver)."""
 

@@ -1,13 +1,14 @@
 """The raw tier's size per device-day of a recorded store, as rows and after compaction.
 
-``python -m tools.bench.raw_tier STORE.db[.gz] OUT.json [POSTGRESQL_URL]``: copies the SQLite
-store (a ``.gz`` unpacked) and opens it (upgrading its schema); with a PostgreSQL URL (an empty
-database), copies its records there instead (``Store.write``, host by host). Then, on the copy:
-VACUUMs and measures the raw tables with their indexes (``bench dashboard``'s tiers: samples
-with ``sample_blocks``, events with ``event_blocks``); rolls the span up, compacts every closed
-interval of samples and frequent events into the compact raw tier, VACUUMs and measures again;
-and checks that every sample and event reads back the same. Sizes per device-day are over the
-span of the recording's raw samples.
+``python -m tools.bench.raw_tier STORE.db[.gz] OUT.json [POSTGRESQL_URL]``: reads the SQLite
+store (a ``.gz`` unpacked) and copies its records (``Store.write``, host by host, every record a
+row) into a fresh SQLite store, or with a PostgreSQL URL into that (an empty database). Then,
+on the copy: VACUUMs and measures the raw tables with their indexes (``bench dashboard``'s
+tiers: samples with ``sample_blocks``, events with ``event_blocks``); rolls the span up,
+compacts every closed interval of samples and frequent events into the compact raw tier,
+VACUUMs and measures again; and checks that every sample and event reads back the same. Sizes
+per device-day are over the span of the recording's raw samples; the JSON holds them and
+their ``vramscope.bench/1`` figures (docs/BENCHMARKS.md's table).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from vramscope.agent.store import Store, event_blocks, maintenance, sample_blocks
 
+from tools.bench import Figure
 from tools.bench.dashboard import _tier_bytes
 
 DAY_S = 86_400.0
@@ -68,10 +70,11 @@ def measure(path: Path, postgresql_url: str | None = None) -> dict[str, Any]:
             shutil.copy(path, db)
         store = Store.open(f"sqlite:///{db}")
         hosts = [h["name"] for h in store.hosts()]
-        if postgresql_url is not None:
-            recorded = _records(store, hosts)
-            store.close()
-            store = _copy(recorded, postgresql_url)
+        # into a fresh store, every record a row: a recording whose agent compacted closed
+        # intervals as it ran would otherwise measure its rows half compacted
+        recorded = _records(store, hosts)
+        store.close()
+        store = _copy(recorded, postgresql_url or f"sqlite:///{Path(tmp) / 'rows.db'}")
         devices = sum(len(store.devices(h)) for h in hosts)
         spans = [s for h in hosts if (s := store.time_range(host=h)) is not None]
         lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
@@ -112,12 +115,31 @@ def measure(path: Path, postgresql_url: str | None = None) -> dict[str, Any]:
     }
 
 
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """The measurement as ``vramscope.bench/1`` figures (docs/BENCHMARKS.md renders them)."""
+    name = "/".join(Path(result["recording"]).parts[-3:-1])  # e.g. 2026-12-07/live
+    compacted, rows = (result["raw_tier_mb_per_device_day"][k] for k in ("compacted", "rows"))
+    parts = result["compacted_mb_per_device_day"]
+    spread = (f"{result['samples']} samples, {result['events']} events over "
+              f"{result['span_s']:.0f} s of {result['devices']} device(s); samples "
+              f"{parts['raw samples and their indexes']}, events {parts['events']}; every record "
+              f"a row: {rows} ({rows / compacted:.1f}x); reads the same after compaction: "
+              f"{result['reads_same_after_compaction']}")
+    metric = f"raw tier of a real recording ({name}), compacted, MB per device-day"
+    target = result["target_mb_per_device_day"]
+    return [Figure("dashboard", metric, compacted, "MB", spread, target=f"<= {target}",
+                   met=compacted <= result["target_mb_per_device_day"] and
+                   result["reads_same_after_compaction"])]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
         print("usage: python -m tools.bench.raw_tier STORE.db[.gz] OUT.json [POSTGRESQL_URL]",
               file=sys.stderr)
         return 2
     result = measure(Path(argv[0]), argv[2] if len(argv) == 3 else None)
+    result = {"format": "vramscope.bench/1",
+              "figures": [f.to_json() for f in figures(result)], **result}
     Path(argv[1]).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
