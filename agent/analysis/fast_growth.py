@@ -73,12 +73,14 @@ class FastConfig(NamedTuple):
     # points finer than a warm-up's jumps: its steadiness is read step by step as well
     # (rises_step_by_step)
     resolves_jumps: bool = False
+    # the fill cap is met within the rate's interval (its high end), not by the rate itself
+    cap_on_interval: bool = True
 
 
 # on a point per floor window, and on the fine points (FAST_FINE_FLOOR_S windows)
 COARSE = FastConfig(FAST_FILL_S, 0.0, FAST_MIN_SPAN_S, FAST_ESTIMATED_SPAN_S)
 FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
-                  FAST_FINE_ESTIMATED_SPAN_S, resolves_jumps=True)
+                  FAST_FINE_ESTIMATED_SPAN_S, resolves_jumps=True, cap_on_interval=False)
 # the fine points of a per-request KV cache whose server reports the tokens its requests hold
 # (kv_tokens_used, once bytes per token are clear): the floor less bytes per token held does not
 # rise as the requests in flight age after an idle moment (one less bytes per request does, for
@@ -87,7 +89,8 @@ FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
 # five minutes to add that much, twice what it is allowed to be named in)
 FAST_TOKENS_FILL_S = 3600.0
 FAST_TOKENS_GROWTH = 0.02
-FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH)
+FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH,
+                            cap_on_interval=True)
 
 
 class FastGrowth:
@@ -184,9 +187,12 @@ class FastGrowth:
         if max(b[1] - a[1] for a, b in zip(pts, pts[1:])) > FAST_STEP_SHARE * rise:
             return None  # one step, not growth (a load that came in at once, a model loaded)
         fill = max(0.0, headroom_bytes) / rate.slope
-        # fast where the interval holds a fill within the cap: growth that fills the headroom
-        # in an hour reads as 50 to 70 minutes on a short stretch as often as not
-        if max(0.0, headroom_bytes) / rate.high > self.config.fill_cap_s \
+        # fast where the interval holds a fill within the cap (the hour: growth that fills the
+        # headroom in an hour reads as 50 to 70 minutes on a short stretch as often as not);
+        # the fine points' shorter cap keeps look-alikes out, and is met by the rate itself
+        soonest = max(0.0, headroom_bytes) / (rate.high if self.config.cap_on_interval
+                                              else rate.slope)
+        if soonest > self.config.fill_cap_s \
                 or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
         if not recent_half_rises(pts, rate):

@@ -348,11 +348,9 @@ def test_the_grower_is_named_with_its_time_to_oom_and_its_neighbour_is_at_risk_f
 
 def test_a_victims_rows_follow_the_growth_it_is_at_risk_from():
     """pid 1 and pid 2 as in ``_pair``, and pid 3 from 5 GiB growing 120 MiB/s from 420 s:
-    pid 3's leak is named first (525.15 s: on the fine points its 75 GiB of headroom fills in
-    about 640 s, and its interval holds a fill within the fine route's 10 minutes), pid 1's
-    later (600 s), and the victim's row says whose growth at each (the one the engine names:
-    the soonest to fill), a new row at once where only that changed (the level and the cause
-    stay). 640 s: 70 GiB of 80 used."""
+    pid 3's leak is named first (540.15 s), pid 1's later (600 s), and the victim's row says
+    whose growth at each (the one the engine names: the soonest to fill), a new row at once
+    where only that changed (the level and the cause stay). 640 s: 70 GiB of 80 used."""
     from vramscope.agent.alerts.engine import AlertEngine
 
     out = []
@@ -375,10 +373,10 @@ def test_a_victims_rows_follow_the_growth_it_is_at_risk_from():
         (510.0, 1, "insufficient_data", "critical", "batch", None),
         (510.1, 2, "insufficient_data", "critical", "batch", None),
         (510.15, 3, "insufficient_data", "critical", "growth", None),
-        (525.15, 3, "leak", "critical", "growth", None),
+        (540.15, 3, "leak", "critical", "growth", None),
         # pid 1 grows too, but no leak of its own is named yet: at risk from pid 3's growth
-        (530.0, 1, "insufficient_data", "critical", "growth", 3),
-        (530.1, 2, "insufficient_data", "critical", "growth", 3),
+        (550.0, 1, "insufficient_data", "critical", "growth", 3),
+        (550.1, 2, "insufficient_data", "critical", "growth", 3),
         (600.0, 1, "leak", "critical", "growth", None),  # its own leak is its answer
         (600.1, 2, "insufficient_data", "critical", "growth", 1)]
 
