@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from vramscope.agent.analysis.growth import KNEE_F, Rate, rate_interval
+from vramscope.agent.analysis.growth import KNEE_F, Rate, rate_interval, rate_interval_with_load
 from vramscope.agent.analysis.stats import hinge_fit, theil_sen
 
 FAST_FILL_S = 3600.0  # growth that would fill the headroom within this: the fast route's
@@ -53,6 +53,14 @@ FAST_WARMUP_GROWTH = 0.10
 FAST_WARMUP_FILL_S = 1200.0
 FAST_WARMUP_RISING_SHARE = 0.8
 FAST_WARMUP_STEP_SHARE = 0.15
+# On points finer than a warm-up's jumps come (FAST_FINE_FLOOR_S apart; a warm-up's 8-20 jumps
+# over 10-20 minutes are 30 s or more apart on average) a warm-up leaves most steps flat, while
+# growth read with a per-request floor's lumps rises at nearly every step, by about its mean:
+# there a rise is also steady when at least FAST_WARMUP_RISING_SHARE of its steps rise by
+# FAST_FINE_LEAST_STEP of the mean step or more and none is over FAST_FINE_MOST_STEP times it
+# (a share of the rise that a few points could not reach, which a rise read on few points fails)
+FAST_FINE_LEAST_STEP = 0.25
+FAST_FINE_MOST_STEP = 2.5
 
 
 class FastConfig(NamedTuple):
@@ -62,12 +70,17 @@ class FastConfig(NamedTuple):
     least_rise_ratio: float  # the least rise of a stretch, a share of the limit
     least_span_s: float  # the least span of a stretch
     estimated_span_s: float  # ...of a stretch of mostly estimated floors
+    # points finer than a warm-up's jumps: its steadiness is read step by step as well
+    # (rises_step_by_step)
+    resolves_jumps: bool = False
+    # the fill cap is met within the rate's interval (its high end), not by the rate itself
+    cap_on_interval: bool = True
 
 
 # on a point per floor window, and on the fine points (FAST_FINE_FLOOR_S windows)
 COARSE = FastConfig(FAST_FILL_S, 0.0, FAST_MIN_SPAN_S, FAST_ESTIMATED_SPAN_S)
 FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
-                  FAST_FINE_ESTIMATED_SPAN_S)
+                  FAST_FINE_ESTIMATED_SPAN_S, resolves_jumps=True, cap_on_interval=False)
 # the fine points of a per-request KV cache whose server reports the tokens its requests hold
 # (kv_tokens_used, once bytes per token are clear): the floor less bytes per token held does not
 # rise as the requests in flight age after an idle moment (one less bytes per request does, for
@@ -76,22 +89,25 @@ FINE = FastConfig(FAST_FINE_FILL_S, FAST_WARMUP_GROWTH, FAST_WARMUP_SPAN_S,
 # five minutes to add that much, twice what it is allowed to be named in)
 FAST_TOKENS_FILL_S = 3600.0
 FAST_TOKENS_GROWTH = 0.02
-FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH)
+FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH,
+                            cap_on_interval=True)
 
 
 class FastGrowth:
     """The newest floor points of one process (bounded) and the fast-growth test on them.
 
     A suffix of the points is *established growth* when its interval's low end is above the
-    minimum slope and at least ``FAST_PRECISION`` of its rate; its rate would fill the headroom
-    within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the floor's wandering
-    before it (``level_noise``, also the least noise its points are taken to have); no one step
-    made ``FAST_STEP_SHARE`` of that rise; it spans at least ``FAST_MIN_SPAN_S`` (of floors
-    mostly estimated, ``FAST_ESTIMATED_SPAN_S``) and ``FAST_SPAN_SHARE`` of that time to fill;
-    the requests in flight did not rise or fall
-    with it; and its recent half still rises at half its rate or more (a warm-up is a rise
-    that flattens: it fails here, however early or late it comes; one early in a process must
-    also add ``FAST_WARMUP_GROWTH`` of the limit and fill it within ``FAST_WARMUP_FILL_S``).
+    minimum slope and at least ``FAST_PRECISION`` of its rate; its interval's high end would
+    fill the headroom within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the
+    floor's wandering before it (``level_noise``, also the least noise its points are taken
+    to have); no one step made ``FAST_STEP_SHARE`` of that rise; it spans at least
+    ``FAST_MIN_SPAN_S`` (of floors mostly estimated, ``FAST_ESTIMATED_SPAN_S``) and
+    ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise or fall with
+    it (beside a floor less the tokens held, where they did, the rate is fitted beside them:
+    ``_apart_from_work``); and its recent half still rises at half its rate or more (a warm-up
+    is a rise that flattens: it fails here, however early or late it comes; one early in a
+    process must also rise steadily or add ``FAST_WARMUP_GROWTH`` of the limit and fill it
+    within ``FAST_WARMUP_FILL_S``: ``_past_warmup``).
     Suffixes from the newest ``FAST_MIN_POINTS`` points to ``FAST_KEEP_S`` are tried,
     shortest first.
     """
@@ -141,9 +157,13 @@ class FastGrowth:
                     first = since_serving(loads, first, len(pts) - n)
                 noise = level_noise(pts[first:-n])
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
-            if rate is not None and not _load_moving(loads[-n:]) \
-                    and not _load_moving(work[-n:]) and (
-                    not warming or _past_warmup(part, rate, headroom_bytes, limit_bytes)) \
+            if rate is not None and not _load_moving(loads[-n:]):
+                rate = _apart_from_work(part, work[-n:], rate, min_slope)
+            else:
+                rate = None
+            if rate is not None and (
+                    not warming or _past_warmup(part, rate, headroom_bytes, limit_bytes,
+                                                self.config.resolves_jumps)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
@@ -167,7 +187,12 @@ class FastGrowth:
         if max(b[1] - a[1] for a, b in zip(pts, pts[1:])) > FAST_STEP_SHARE * rise:
             return None  # one step, not growth (a load that came in at once, a model loaded)
         fill = max(0.0, headroom_bytes) / rate.slope
-        if fill > self.config.fill_cap_s \
+        # fast where the interval holds a fill within the cap (the hour: growth that fills the
+        # headroom in an hour reads as 50 to 70 minutes on a short stretch as often as not);
+        # the fine points' shorter cap keeps look-alikes out, and is met by the rate itself
+        soonest = max(0.0, headroom_bytes) / (rate.high if self.config.cap_on_interval
+                                              else rate.slope)
+        if soonest > self.config.fill_cap_s \
                 or rate.span_s < max(least_span_s, FAST_SPAN_SHARE * fill):
             return None
         if not recent_half_rises(pts, rate):
@@ -183,6 +208,7 @@ def recent_half_rises(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
     return recent is not None and recent.slope >= STEADY_SHARE * rate.slope
 
 
+NO_WORK = -1  # a floor point read without the tokens held taken off: its work is not known
 _HOLD_POINTS = 240  # the newest points a held fast verdict is re-measured on
 _Q80 = 1.2815515655446004  # |x| of a normal point: 80 % below this x sigma
 _BASELINE_POINTS = 30  # the floor's wandering is read on the stretch's length before it, or this
@@ -204,10 +230,11 @@ def _since_knee(pts: Sequence[tuple[float, int]], rate: Rate, noise: float) -> R
 
 
 def _past_warmup(pts: Sequence[tuple[float, int]], rate: Rate, headroom_bytes: float,
-                 limit_bytes: float) -> bool:
-    """A rise early in a process that no warm-up makes: steady, or larger and faster than a
-    warm-up's (see FAST_WARMUP_*)."""
-    return rises_steadily(pts, rate) or (
+                 limit_bytes: float, resolves_jumps: bool = False) -> bool:
+    """A rise early in a process that no warm-up makes: steady (on points finer than a
+    warm-up's jumps, step by step too), or larger and faster than a warm-up's (see
+    FAST_WARMUP_*)."""
+    return rises_steadily(pts, rate) or resolves_jumps and rises_step_by_step(pts, rate) or (
         rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes
         and max(0.0, headroom_bytes) / rate.slope <= FAST_WARMUP_FILL_S)
 
@@ -223,14 +250,28 @@ def rises_steadily(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
         and max(steps) <= FAST_WARMUP_STEP_SHARE * rise
 
 
+def rises_step_by_step(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
+    """At least ``FAST_WARMUP_RISING_SHARE`` of the steps between the points rise by
+    ``FAST_FINE_LEAST_STEP`` of the mean step (the stretch's rise, ``rate`` over its span, over
+    the steps) or more, and none by more than ``FAST_FINE_MOST_STEP`` times it: growth on every
+    step about its mean, lumpy as a per-request floor reads it, where a warm-up seen on points
+    finer than its jumps is flat between them."""
+    steps = [b[1] - a[1] for a, b in zip(pts, pts[1:])]
+    mean = rate.slope * rate.span_s / len(steps) if steps else 0.0
+    return mean > 0 \
+        and sum(1 for d in steps if d >= FAST_FINE_LEAST_STEP * mean) \
+        >= FAST_WARMUP_RISING_SHARE * len(steps) \
+        and max(steps) <= FAST_FINE_MOST_STEP * mean
+
+
 def since_serving(loads: Sequence[tuple[float, int]], first: int, end: int) -> int:
     """Where the floor's wandering before a stretch (points ``first`` to ``end``) is read
-    from: the first point with requests in flight, where that leaves at least
-    ``FAST_MIN_POINTS`` (a process's loading, its weights coming in before its first request,
-    is a level reached, not wandering about it: early in a process it would hide any growth
-    under it); else ``first``."""
-    served = next((i for i in range(first, end) if loads[i][1]), first)
-    return served if end - served >= FAST_MIN_POINTS else first
+    from: the first point with requests in flight, else ``first`` (a process's loading, its
+    weights coming in before its first request, is a level reached, not wandering about it:
+    early in a process it would hide any growth under it). Where that leaves fewer than
+    ``FAST_MIN_POINTS`` no wandering is read (:func:`level_noise`): the stretch's own
+    residuals are its noise, and a warm-up's tests (:func:`_past_warmup`) still apply."""
+    return next((i for i in range(first, end) if loads[i][1]), first)
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:
@@ -249,6 +290,25 @@ def level_noise(points: Sequence[tuple[float, int]]) -> float:
         return 0.0
     far = sorted(abs(y - line.slope * x - line.intercept) for x, y in zip(xs, ys))
     return far[int(0.8 * (len(far) - 1))] / _Q80
+
+
+def _apart_from_work(pts: Sequence[tuple[float, int]], work: Sequence[tuple[float, int]],
+                     rate: Rate, min_slope: float) -> Rate | None:
+    """The stretch's rate apart from the requests in flight beside a floor less the tokens
+    they hold (``work``): ``rate`` where they did not rise or fall significantly; where they
+    did, the rate fitted beside what each of them holds (:func:`growth.rate_interval_with_load`),
+    if its low end is above ``min_slope`` and at least ``FAST_PRECISION`` of it (a load that
+    rose and fell while the floor kept rising tells the two apart; one that rose with the time
+    alone does not, and its interval says so); else None. Not fitted where some points had no
+    tokens taken off (``NO_WORK``: the floor changed its reading within the stretch)."""
+    if not _load_moving([(ts, max(0, n)) for ts, n in work]):
+        return rate
+    if any(n < 0 for _, n in work):
+        return None
+    apart = rate_interval_with_load(pts, [n for _, n in work])
+    if apart is None or apart.low <= min_slope or apart.low < FAST_PRECISION * apart.slope:
+        return None
+    return apart
 
 
 def _load_moving(loads: Sequence[tuple[float, int]]) -> bool:

@@ -93,6 +93,7 @@ from vramscope.agent.analysis.fast_growth import (
     FAST_WARMUP_CAP_S,
     FINE,
     FINE_TOKENS,
+    NO_WORK,
     FastGrowth,
     level_noise,
 )
@@ -937,7 +938,8 @@ class LeakDetector:
         when fast growth is established (or, established on this series, still holds: its
         rate re-measured), None otherwise; once it no longer holds the routes' latest answer
         is the answer again."""
-        work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() else 0
+        work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() \
+            else NO_WORK
         series.add(*point, max(0, load - RESIDUAL), work)
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
