@@ -418,6 +418,9 @@ class LeakDetector:
         # two lines read with different bytes per request compare only once put back
         self._taken_off: tuple[float, float] = (0.0, 0.0)
         self._route_taken_off: tuple[float, float] = (0.0, 0.0)  # the routes' answer's
+        # the routes' tests found a leak at their last verdict, whatever its interval said
+        # (_leak_if_above): their hysteresis holds it (_held_by_tests)
+        self._tests_found = False
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
@@ -768,7 +771,7 @@ class LeakDetector:
             self._since_eval = 0
             prev = self._result  # the floor's own (orphaned KV blocks aside)
             mk = evaluate_floor(self.trend_points(), self._limit(), self.t,
-                                prev.detected and prev.p_value is not None)
+                                self._held_by_tests(prev))
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -780,6 +783,13 @@ class LeakDetector:
                 [n for p, n in zip(self.points, self._in_flight) if p[0] >= start]))
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
+
+    def _held_by_tests(self, prev: LeakResult) -> bool:
+        """The routes' tests hold a leak (their hysteresis): the answer shown is a leak with a
+        test behind it, or the tests' last verdict was a leak that its interval held back
+        (``_leak_if_above``: a rate not yet told from the minimum is no reason to forget a
+        rise the tests found)."""
+        return (prev.detected and prev.p_value is not None) or self._tests_found
 
     def _idle_enough_at(self, ts: float) -> bool:
         """The horizon up to ``ts`` holds enough idle (exact) trend points for a verdict."""
@@ -818,9 +828,7 @@ class LeakDetector:
         per_request = load_correction(raw, loads, self.per_request.bytes_per_block)
         self._taken_off = (per_request, mean_load(loads))
         points = corrected(raw, loads, per_request)
-        prev = self._result  # the floor's own (orphaned KV blocks aside)
-        was = prev.detected and prev.p_value is not None
-        v = evaluate_floor(points, self._limit(), self.t, was)
+        v = evaluate_floor(points, self._limit(), self.t, self._held_by_tests(self._result))
         span = rolled[-1][0] - rolled[0][0]
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
                                     estimated=any(loads), points=points, loads=loads)
@@ -885,7 +893,7 @@ class LeakDetector:
         self.fast.clear()
         self._fast = self._fast_on = self._rise = self._gain = self._idle_fine = None
         self._lines = (None, None)
-        self._exact_fine, self._idle_enough = None, False
+        self._exact_fine, self._idle_enough, self._tests_found = None, False, False
         self._idle_reads.clear()
         self._busy_reads.clear()
         self._busy_fine = None
@@ -972,9 +980,11 @@ class LeakDetector:
         to OOM; ``no_leak`` stands only where the interval's top is below the minimum slope,
         else it is ``insufficient_data`` with what is missing."""
         if r.p_value is None or r.rate_low_bytes_per_s is not None:
+            self._tests_found = r.detected and r.p_value is not None
             return r  # no test was made (not enough floor yet), or it carries its own rate
         if r.detected:
             r = self._drifted(r)
+        self._tests_found = r.detected
         pts = list(self.trend_points() if points is None else points)
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
@@ -987,9 +997,8 @@ class LeakDetector:
         if r.detected and rate is not None:
             if r.estimated_floor:  # where it began is within the estimate's wandering
                 horizon, horizon_held = pts, held
-            return with_forecast(r, self._misfit(rate, r.slope_bytes_per_s, pts, horizon,
-                                                 horizon_held),
-                                 self._limit() - self.peak.value())
+            return self._leak_if_above(r, self._misfit(rate, r.slope_bytes_per_s, pts,
+                                                       horizon, horizon_held))
         if rate is None and r.detected and r.slope_bytes_per_s > 0:
             # too few points for an interval of their own: the slope's, with the model's error
             rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
@@ -998,8 +1007,7 @@ class LeakDetector:
             return r
         min_slope = self._min_slope()
         if r.detected:
-            return with_forecast(r, widened(rate, r.slope_bytes_per_s),
-                                 self._limit() - self.peak.value())
+            return self._leak_if_above(r, widened(rate, r.slope_bytes_per_s))
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
         scope = ""
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
@@ -1020,6 +1028,24 @@ class LeakDetector:
                        f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise")
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: {missing} (the test so far: {r.evidence})"))
+
+    def _leak_if_above(self, r: LeakResult, rate: Rate) -> LeakResult:
+        """A route's leak ``r`` reporting ``rate`` (its interval, widened for the floor's
+        misfit): a leak only where the interval's low end is above the minimum slope, the
+        state and the interval being one thing; else ``insufficient_data`` with the interval
+        and about how much more floor tells it from the minimum at this noise (the route's
+        tests found a rise, its rate is not yet told from the minimum)."""
+        min_slope = self._min_slope()
+        if rate.low > min_slope:
+            return with_forecast(r, rate, self._limit() - self.peak.value())
+        return r._replace(
+            detected=False, enough_data=False, rate_low_bytes_per_s=rate.low,
+            rate_high_bytes_per_s=rate.high, evidence=(
+                f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
+                f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet above the "
+                f"minimum {per_hour(min_slope)}; about "
+                f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise "
+                f"(the test so far: {r.evidence})"))
 
     def _note_per_token(self, ts_s: float) -> None:
         """Keep the token floor's estimate and the tokens held, a minute apart (horizon)."""
@@ -1150,9 +1176,15 @@ class LeakDetector:
         if verdict is self._fast:
             self._note_gain(out, now_s, taken_off)
             return out
+        tested = out
         self._route = out = self._with_growth(out, points, loads)
+        if not out.detected and out.first_detected_ts_s != prev.first_detected_ts_s:
+            # the interval held the route's leak back (_leak_if_above): not yet a detection
+            self._route = out = out._replace(first_detected_ts_s=prev.first_detected_ts_s)
         self._route_taken_off = taken_off
-        self._note_gain(out, now_s, taken_off)
+        # what the floor added while the tests found a rise, named or held back by its
+        # interval: a leak that grows only under load rests when the load does (_held_gain)
+        self._note_gain(tested if self._tests_found else out, now_s, taken_off)
         held = self._fast
         if held is not None and not out.detected:  # the fast route's leak holds
             return held._replace(first_detected_ts_s=first)
