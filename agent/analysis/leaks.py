@@ -160,6 +160,7 @@ IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left o
 #                         (unless the horizon's idle floors are too few: _busy_floor)
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
+HOLD_RATIO = 0.5  # a leak named holds while its interval's low end is above this x minimum
 F_KNEE = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
@@ -1036,7 +1037,8 @@ class LeakDetector:
         and about how much more floor tells it from the minimum at this noise (the route's
         tests found a rise, its rate is not yet told from the minimum)."""
         min_slope = self._min_slope()
-        if rate.low > min_slope:
+        named = self._route.detected and self._route.p_value is not None
+        if rate.low > (HOLD_RATIO if named else 1.0) * min_slope:
             return with_forecast(r, rate, self._limit() - self.peak.value())
         return r._replace(
             detected=False, enough_data=False, rate_low_bytes_per_s=rate.low,
