@@ -1032,22 +1032,27 @@ class LeakDetector:
 
     def _leak_if_above(self, r: LeakResult, rate: Rate) -> LeakResult:
         """A route's leak ``r`` reporting ``rate`` (its interval, widened for the floor's
-        misfit): a leak only where the interval's low end is above the minimum slope, the
-        state and the interval being one thing; else ``insufficient_data`` with the interval
-        and about how much more floor tells it from the minimum at this noise (the route's
-        tests found a rise, its rate is not yet told from the minimum)."""
+        misfit): a leak once the interval's low end is above the minimum slope, the state
+        and the interval being one thing; a leak already named holds while it stays above
+        ``HOLD_RATIO`` of it (as a fast verdict holds: a low end that wanders about the
+        minimum would name the same leak again and again). Else ``insufficient_data`` with
+        the interval and about how much more floor tells it from the minimum at this noise
+        (the route's tests found a rise; its rate is not yet told from the minimum)."""
         min_slope = self._min_slope()
         named = self._route.detected and self._route.p_value is not None
         if rate.low > (HOLD_RATIO if named else 1.0) * min_slope:
             return with_forecast(r, rate, self._limit() - self.peak.value())
+        more = more_time_s(rate, min_slope)
+        # the noise alone would have told them apart by now: the width is the floor's misfit
+        wait = (f"about {span_words(more)} more of floor at this noise" if more > 0 else
+                "the rise is no straight line yet (steps, or a rate that changed): more floor "
+                "narrows it")
         return r._replace(
             detected=False, enough_data=False, rate_low_bytes_per_s=rate.low,
             rate_high_bytes_per_s=rate.high, evidence=(
                 f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
                 f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet above the "
-                f"minimum {per_hour(min_slope)}; about "
-                f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise "
-                f"(the test so far: {r.evidence})"))
+                f"minimum {per_hour(min_slope)}; {wait} (the test so far: {r.evidence})"))
 
     def _note_per_token(self, ts_s: float) -> None:
         """Keep the token floor's estimate and the tokens held, a minute apart (horizon)."""
