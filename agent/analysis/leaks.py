@@ -61,7 +61,10 @@ Two refinements make it fast and load-aware:
   ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
   before the floor ever settled and for slow leaks.
 
-A leak found stays found until its trend is gone (hysteresis, on either route).
+A leak found stays found until its trend is gone (hysteresis, on either route). The state
+follows the rate's reported interval (``_leak_if_above``): the tests' leak is named once the
+interval's low end is above the minimum slope, and holds while it stays above ``HOLD_RATIO``
+of it; meanwhile the answer is ``insufficient_data`` with the interval.
 
 The rate a leak verdict reports (either route) is not the test's Theil–Sen slope but
 ``leak_rate``: the least-squares slope since the knee of a broken-stick fit where the knee is
