@@ -136,21 +136,11 @@ def newest_samples(store: Store, not_after_s: float | None,
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
     an outer join so that a device without any keeps its row."""
-    # with the span's ends, whether the device straddles a block and its newest block's last
-    # sample: where the window reaches into the compact raw tier (a device that stopped
-    # sending a while ago, or a view of a compacted time) its samples are read again below
-    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
-                   blocks.straddles(devices.c.id, not_after_s).label("straddles"),
-                   blocks.edge_of(devices.c.id, True, not_after_s).label("block_hi"))
-            .join(hosts, hosts.c.id == devices.c.host_id)
-            # computed once a device: flattened into the join, SQLite evaluated the ends'
-            # correlated seeks again for every sample row of the device's window (a
-            # LIMIT/OFFSET keeps a subquery from being flattened)
-            .offset(0).subquery("device_ends"))
-    # where raw samples are gone the span ends a minute after the newest rollup (time_range)
-    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
+    q, n_device = _newest_samples_statement(store.dialect == "postgresql",
+                                            not_after_s is not None)
     with store.engine.connect() as c:
-        out, again = _newest_samples(store, c, tops, end, window_s)
+        result = c.execute(q, {"not_after_s": not_after_s, "window_s": window_s})
+        out, again = _newest_samples(result, n_device, window_s)
         for i in again:
             now = out[i]
             ends = now.span
@@ -173,15 +163,33 @@ def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                    host=device["host"], device_uuid=device["uuid"]) for r in rows]
 
 
-def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
-                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
-    """The devices with their spans and ``samples``'s rows of their windows, and the places
-    of those whose window also lies in blocks or whose end straddles a block."""
+_WINDOW: Any = bindparam("window_s", type_=Float)
+
+
+@cache
+def _newest_samples_statement(postgresql: bool, bounded: bool) -> tuple[Select[Any], int]:
+    """:func:`newest_samples`' statement (its bound and window parameters), built once: a
+    scrape of a fleet runs it every few seconds and building it cost SQLAlchemy more than
+    SQLite spends seeking the ends of 512 devices; and where its columns of each device end."""
+    not_after: Any = _NOT_AFTER if bounded else None
+    # with the span's ends, whether the device straddles a block and its newest block's last
+    # sample: where the window reaches into the compact raw tier (a device that stopped
+    # sending a while ago, or a view of a compacted time) its samples are read again
+    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after),
+                   blocks.straddles(devices.c.id, not_after).label("straddles"),
+                   blocks.edge_of(devices.c.id, True, not_after).label("block_hi"))
+            .join(hosts, hosts.c.id == devices.c.host_id)
+            # computed once a device: flattened into the join, SQLite evaluated the ends'
+            # correlated seeks again for every sample row of the device's window (a
+            # LIMIT/OFFSET keeps a subquery from being flattened)
+            .offset(0).subquery("device_ends"))
+    # where raw samples are gone the span ends a minute after the newest rollup (time_range)
+    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
-    window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
+    window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - _WINDOW,
                   samples.c.ts_s <= end)
-    if store.dialect == "postgresql":
+    if postgresql:
         # PostgreSQL planned the join as a hash join over every sample stored (the window's
         # bounds a filter on each row). A LATERAL subquery is each device's index range, once
         # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
@@ -194,12 +202,21 @@ def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
         q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
              .outerjoin(samples, window)
              .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
-    out: list[DeviceNow] = []
-    again: list[int] = []
     # the devices row and its host; then the span's four ends, whether it straddles a block,
     # its newest block's last sample; then a sample's columns
-    n_device = len(tops.c) - 6
-    result = c.execute(q)
+    return q, len(tops.c) - 6
+
+
+_PHASES = {p.value: p for p in Phase}
+
+
+def _newest_samples(result: Any, n_device: int,
+                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans and ``samples``'s rows of their windows (``result``:
+    :func:`_newest_samples_statement`'s rows), and the places of those whose window also lies
+    in blocks or whose end straddles a block."""
+    out: list[DeviceNow] = []
+    again: list[int] = []
     keys = list(result.keys())[:n_device]
     for r in result:
         if not out or out[-1].device["id"] != r[0]:
@@ -214,7 +231,7 @@ def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
             d = out[-1].device
             # r's rest: source, pid and the counters, as Store.iter_samples reads them
             out[-1].recent.append(Sample(  # type: ignore[misc]
-                ts, d["device_index"], Phase(r[n_device + 7]), *r[n_device + 8:],
+                ts, d["device_index"], _PHASES[r[n_device + 7]], *r[n_device + 8:],
                 host=d["host"], device_uuid=d["uuid"]))
     return out, again
 
