@@ -55,7 +55,7 @@ def value_text(value: float) -> str:
     float's repr has no exponent) without the call."""
     if type(value) is int and -1_000_000 < value < 1_000_000:
         return f"{value}.0"
-    return floatToGoString(value)
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]  # untyped upstream
 
 
 class Family:

@@ -130,12 +130,11 @@ def newest_samples(store: Store, not_after_s: float | None,
     """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
     ``Store.time_range(device, host, not_after_s=...)`` gives it; ``not_after_s`` None: not
     bounded) and its samples of the ``window_s`` up to the span's end, in time order: what
-    ``Store.samples`` gives for that window of each device, for all devices in one
-    statement. By host, then index.
+    ``Store.samples`` gives for that window of each device, for all devices in two
+    statements (:func:`_newest_samples_statements`). By host, then index.
 
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
-    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
-    an outer join so that a device without any keeps its row."""
+    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end."""
     ends_q, window_q, n_device = _newest_samples_statements(store.dialect == "postgresql",
                                                             not_after_s is not None)
     params = {"not_after_s": not_after_s, "window_s": window_s}
