@@ -74,29 +74,56 @@ def latest_from(span: tuple[float, float] | None, recent: Sequence[Sample],
     one device's by its own statements, or a fleet's at once (:func:`current_rows`)."""
     if span is None:
         return None
-    nvml: dict[str, Any] = {}
-    per_pid: dict[int | None, dict[str, Any]] = {}
+    nvml = _Newest(_NVML_FIELDS, {})
+    per_pid: dict[int | None, _Newest] = {}
     sources: dict[str, float] = {}
     for s in reversed(recent):  # newest first
         sources.setdefault(s.source or "unknown", s.ts_s)
         if s.source == "nvml":
-            _newest(nvml, s, ("device_used_bytes", "device_total_bytes"))
+            nvml.take(s)
         else:
-            _newest(per_pid.setdefault(s.pid, {"pid": s.pid, "last_ts_s": s.ts_s}), s,
-                    SAMPLE_COUNTER_FIELDS)
+            mine = per_pid.get(s.pid)
+            if mine is None:
+                mine = per_pid[s.pid] = _Newest(_FIELD_PLACES,
+                                                {"pid": s.pid, "last_ts_s": s.ts_s})
+            mine.take(s)
     processes = [_process_entry(p, (procs or {}).get(p["pid"]))
-                 for p in sorted(per_pid.values(), key=lambda p: -p["last_ts_s"])]
-    return _device_entry(span, sources, nvml, processes)
+                 for p in sorted((n.into for n in per_pid.values()),
+                                 key=lambda p: -p["last_ts_s"])]
+    return _device_entry(span, sources, nvml.into, processes)
 
 
-def _newest(into: dict[str, Any], s: Sample, fields: Sequence[str]) -> None:
-    for name in fields:
-        if into.get(name) is None:
-            into[name] = getattr(s, name)
-            if into[name] is not None:  # the moment of each value: they may differ
-                into.setdefault("at", {})[name] = s.ts_s
-    if into.get("phase") is None and s.phase is not Phase.UNKNOWN:
-        into["phase"] = s.phase.value
+# each field's place in a Sample: read by index, a fleet's newest 30 s are 30,000 samples
+_FIELD_PLACES = tuple((name, Sample._fields.index(name)) for name in SAMPLE_COUNTER_FIELDS)
+_NVML_FIELDS = tuple((name, Sample._fields.index(name))
+                     for name in ("device_used_bytes", "device_total_bytes"))
+
+
+class _Newest:
+    """The newest non-null value of each field over samples given newest first, with the
+    moment of each (``into["at"]``: they may differ) and the newest known phase: only the
+    fields still without a value are looked at, so a device's older samples cost little."""
+
+    def __init__(self, fields: tuple[tuple[str, int], ...], into: dict[str, Any]) -> None:
+        self.into = into
+        self.pending = fields
+        for name, _ in fields:
+            into[name] = None
+
+    def take(self, s: Sample) -> None:
+        into = self.into
+        if self.pending:
+            still = []
+            for item in self.pending:
+                value = s[item[1]]
+                if value is None:
+                    still.append(item)
+                else:
+                    into[item[0]] = value
+                    into.setdefault("at", {})[item[0]] = s.ts_s
+            self.pending = tuple(still)
+        if into.get("phase") is None and s.phase is not Phase.UNKNOWN:
+            into["phase"] = s.phase.value
 
 
 def _process_entry(p: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
@@ -149,17 +176,22 @@ class DeviceReads(NamedTuple):
     reports: dict[str, dict[str, Any]]  # host -> its newest agent report (none: left out)
     starts: dict[tuple[str, int], dict[int | None, int]]  # servers.request_starts'
     procs: dict[str, dict[int, dict[str, Any]]]  # the processes table's rows by host, pid
+    # the processes table's rows as Store.processes(host="*") gives them, where read once for
+    # all the parts of a page (None: each part reads them)
+    listed: list[dict[str, Any]] | None = None
 
 
 def _fleet_now(store: Store, now_s: float) -> DeviceReads:
-    """Every device's reads in one statement each (a fleet of 512 devices was thousands)."""
-    procs = _processes_by_host(store)
-    found = stored.fleet_current(store, now_s)
+    """Every device's reads in one statement each (a fleet of 512 devices was thousands),
+    the processes table read once for all of them."""
+    listed = store.processes(host="*")
+    procs = _processes_by_host(store, listed)
+    found = stored.fleet_current(store, now_s, listed)
     devices = [(n.device, latest_from(n.span, n.recent, procs.get(n.device["host"])))
                for n in reader.fleet_samples(store, now_s, LATEST_WINDOW_S)]
     verdicts = {key: [verdict_entry(v) for v in mine] for key, mine in found.items()}
     return DeviceReads(devices, verdicts, reader.fleet_reports(store),
-                       servers.request_starts(store, now_s), procs)
+                       servers.request_starts(store, now_s), procs, listed)
 
 
 def _device_now(store: Store, now_s: float, only: tuple[str, int]) -> DeviceReads:
@@ -222,14 +254,16 @@ def _device_rows(store: Store, config: Config, now_s: float, now: DeviceReads
     return rows
 
 
-def current_rows(store: Store, now_s: float) -> list[dict[str, Any]]:
+def current_rows(store: Store, now_s: float,
+                 listed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """What :func:`device_rows` says of every device that ``/metrics`` reads (its identity,
     ``latest``, ``risk``, ``verdict`` and ``active_alerts``), in its order, in a fixed number
     of statements whatever the fleet's size: every device's newest samples in one
     (:func:`vramscope.agent.store.reader.fleet_samples`), not two per device (a scrape of 64
-    hosts of 8 GPUs was a thousand round trips)."""
+    hosts of 8 GPUs was a thousand round trips). ``listed``: the processes table's rows,
+    where the caller read them already."""
     active = _active_alerts(store)
-    procs = _processes_by_host(store)
+    procs = _processes_by_host(store, listed)
     rows = []
     for now in reader.fleet_samples(store, now_s, LATEST_WINDOW_S):
         d = now.device
@@ -262,10 +296,11 @@ def _active_alerts(store: Store) -> dict[tuple[str, int], list[dict[str, Any]]]:
     return out
 
 
-def _processes_by_host(store: Store) -> dict[str, dict[int, dict[str, Any]]]:
-    """The processes table's rows by host name, then pid."""
+def _processes_by_host(store: Store, listed: list[dict[str, Any]] | None = None
+                       ) -> dict[str, dict[int, dict[str, Any]]]:
+    """The processes table's rows (``listed``, else read) by host name, then pid."""
     procs: dict[str, dict[int, dict[str, Any]]] = {}
-    for p in store.processes(host="*"):
+    for p in store.processes(host="*") if listed is None else listed:
         procs.setdefault(p["host"], {})[p["pid"]] = p
     return procs
 
@@ -337,7 +372,8 @@ def process_rows(store: Store, rows: list[dict[str, Any]] | None = None,
                            servers.request_starts(store, now_s), {})
     extra = servers.process_now(rows, read.starts) if read is not None else {}
     out = []
-    for p in store.processes(host="*"):
+    listed = read.listed if read is not None else None
+    for p in store.processes(host="*") if listed is None else listed:
         row = {**p, "last_seen_s": max(p["last_seen_s"],
                                        recent.get((p["host"], p["pid"]), p["last_seen_s"]))}
         if config is not None and now_s is not None and read is not None:
@@ -384,7 +420,8 @@ def overview(store: Store, config: Config, now_s: float) -> dict[str, Any]:
                  default=None)
     return {"now_s": now_s,
             "freshness": freshness(newest, now_s, config, report,
-                                   servers.connected_clients(store, report, now_s, config)),
+                                   servers.connected_clients(store, report, now_s, config,
+                                                             now.listed)),
             "level": worst((r["risk"] for r in rows), "device verdicts").label,
             "hosts": hosts, "devices": rows,
             "processes": process_rows(store, rows, config, now_s, read=now),

@@ -86,13 +86,15 @@ def process_now(rows: list[dict[str, Any]],
 
 
 def connected_clients(store: Store, report: dict[str, Any] | None, now_s: float,
-                      config: Config) -> int | None:
+                      config: Config, listed: list[dict[str, Any]] | None = None) -> int | None:
     """Server processes connected now, every host: the agent's count, or more where process
     rows say so (a server in the agent's own process, as ``vramscope demo``'s, has no socket
-    connection but names itself); None without an agent report."""
+    connection but names itself); None without an agent report. ``listed``: the processes
+    table's rows, where the caller read them already."""
     if report is None:
         return None
-    rows = sum(1 for p in store.processes(host="*") if connected(p, now_s, config))
+    every = store.processes(host="*") if listed is None else listed
+    rows = sum(1 for p in every if connected(p, now_s, config))
     return max(int(report["clients"]), rows)
 
 

@@ -130,27 +130,17 @@ def newest_samples(store: Store, not_after_s: float | None,
     """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
     ``Store.time_range(device, host, not_after_s=...)`` gives it; ``not_after_s`` None: not
     bounded) and its samples of the ``window_s`` up to the span's end, in time order: what
-    ``Store.samples`` gives for that window of each device, for all devices in one
-    statement. By host, then index.
+    ``Store.samples`` gives for that window of each device, for all devices in two
+    statements (:func:`_newest_samples_statements`). By host, then index.
 
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
-    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end,
-    an outer join so that a device without any keeps its row."""
-    # with the span's ends, whether the device straddles a block and its newest block's last
-    # sample: where the window reaches into the compact raw tier (a device that stopped
-    # sending a while ago, or a view of a compacted time) its samples are read again below
-    tops = (select(devices, hosts.c.name.label("host"), *_span_ends(not_after_s),
-                   blocks.straddles(devices.c.id, not_after_s).label("straddles"),
-                   blocks.edge_of(devices.c.id, True, not_after_s).label("block_hi"))
-            .join(hosts, hosts.c.id == devices.c.host_id)
-            # computed once a device: flattened into the join, SQLite evaluated the ends'
-            # correlated seeks again for every sample row of the device's window (a
-            # LIMIT/OFFSET keeps a subquery from being flattened)
-            .offset(0).subquery("device_ends"))
-    # where raw samples are gone the span ends a minute after the newest rollup (time_range)
-    end = func.coalesce(tops.c.raw_hi, tops.c.minute_hi + MINUTE_S)
+    (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end."""
+    ends_q, window_q, n_device = _newest_samples_statements(store.dialect == "postgresql",
+                                                            not_after_s is not None)
+    params = {"not_after_s": not_after_s, "window_s": window_s}
     with store.engine.connect() as c:
-        out, again = _newest_samples(store, c, tops, end, window_s)
+        out, again = _newest_samples(c.execute(ends_q, params), c.execute(window_q, params),
+                                     n_device, window_s)
         for i in again:
             now = out[i]
             ends = now.span
@@ -173,49 +163,87 @@ def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                    host=device["host"], device_uuid=device["uuid"]) for r in rows]
 
 
-def _newest_samples(store: Store, c: Connection, tops: Any, end: Any,
-                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
-    """The devices with their spans and ``samples``'s rows of their windows, and the places
-    of those whose window also lies in blocks or whose end straddles a block."""
+_WINDOW: Any = bindparam("window_s", type_=Float)
+
+
+@cache
+def _newest_samples_statements(postgresql: bool, bounded: bool
+                               ) -> tuple[Select[Any], Select[Any], int]:
+    """:func:`newest_samples`' two statements (their bound and window parameters), built once
+    (a scrape runs them every few seconds; building them cost SQLAlchemy more than SQLite
+    spends seeking the ends of 512 devices): every device with its span's ends, and every
+    device's samples of its window by device id; and where the first one's device columns
+    end. Two, not one: joined, each of a fleet's 30,000 window rows carried its device's
+    15 columns again, which cost more to send and convert than the samples themselves."""
+    not_after: Any = _NOT_AFTER if bounded else None
+    # with the span's ends, whether the device straddles a block and its newest block's last
+    # sample: where the window reaches into the compact raw tier (a device that stopped
+    # sending a while ago, or a view of a compacted time) its samples are read again
+    ends = _span_ends(not_after)
+    tops = (select(devices, hosts.c.name.label("host"), *ends,
+                   blocks.straddles(devices.c.id, not_after).label("straddles"),
+                   blocks.edge_of(devices.c.id, True, not_after).label("block_hi"))
+            .join(hosts, hosts.c.id == devices.c.host_id).subquery("device_ends"))
+    ends_q = select(tops).order_by(tops.c.host, tops.c.device_index)
+    # the window's end alone: the newest raw sample, else a minute after the newest rollup
+    # (time_range's); computed once a device: flattened into the join, SQLite evaluated the
+    # correlated seeks again for every sample row of the device's window (a LIMIT/OFFSET keeps
+    # a subquery from being flattened)
+    newest = (select(devices.c.id, ends[1], ends[3]).offset(0).subquery("device_newest"))
+    end = func.coalesce(newest.c.raw_hi, newest.c.minute_hi + MINUTE_S)
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
-    window = and_(samples.c.device_id == tops.c.id, samples.c.ts_s >= end - window_s,
+    window = and_(samples.c.device_id == newest.c.id, samples.c.ts_s >= end - _WINDOW,
                   samples.c.ts_s <= end)
-    if store.dialect == "postgresql":
+    if postgresql:
         # PostgreSQL planned the join as a hash join over every sample stored (the window's
         # bounds a filter on each row). A LATERAL subquery is each device's index range, once
         # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
         recent = (select(*(c.label(f"s_{c.name}") for c in columns),
                          samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
-        q = (select(tops, *(recent.c[f"s_{c.name}"] for c in columns))
-             .select_from(tops.outerjoin(recent, true()))
-             .order_by(tops.c.host, tops.c.device_index, recent.c.s_ts_s, recent.c.s_id))
+        window_q = (select(newest.c.id, *(recent.c[f"s_{c.name}"] for c in columns))
+                    .select_from(newest.join(recent, true()))
+                    .order_by(newest.c.id, recent.c.s_ts_s, recent.c.s_id))
     else:  # SQLite loops over the devices and reads each one's range of the index
-        q = (select(tops, *(c.label(f"s_{c.name}") for c in columns))
-             .outerjoin(samples, window)
-             .order_by(tops.c.host, tops.c.device_index, samples.c.ts_s, samples.c.id))
+        window_q = (select(newest.c.id, *columns).select_from(newest.join(samples, window))
+                    .order_by(newest.c.id, samples.c.ts_s, samples.c.id))
+    # the devices row and its host; then the span's four ends, whether it straddles a block,
+    # its newest block's last sample
+    return ends_q, window_q, len(tops.c) - 6
+
+
+_PHASES = {p.value: p for p in Phase}
+
+
+def _newest_samples(ends: Any, window: Any, n_device: int,
+                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans (``ends``' rows) and ``samples``'s rows of their windows
+    (``window``'s, by device id), and the places of those whose window also lies in blocks or
+    whose end straddles a block."""
     out: list[DeviceNow] = []
     again: list[int] = []
-    # the devices row and its host; then the span's four ends, whether it straddles a block,
-    # its newest block's last sample; then a sample's columns
-    n_device = len(tops.c) - 6
-    result = c.execute(q)
-    keys = list(result.keys())[:n_device]
-    for r in result:
-        if not out or out[-1].device["id"] != r[0]:
-            span = _span(r[n_device:n_device + 4])
-            out.append(DeviceNow(dict(zip(keys, r[:n_device])), span, []))
-            block_hi = r[n_device + 5]
-            if r[n_device + 4] or (block_hi is not None and span is not None
-                                   and block_hi >= span[1] - window_s):
-                again.append(len(out) - 1)
-        ts = r[n_device + 6]
-        if ts is not None:
-            d = out[-1].device
-            # r's rest: source, pid and the counters, as Store.iter_samples reads them
-            out[-1].recent.append(Sample(  # type: ignore[misc]
-                ts, d["device_index"], Phase(r[n_device + 7]), *r[n_device + 8:],
-                host=d["host"], device_uuid=d["uuid"]))
+    keys = list(ends.keys())[:n_device]
+    by_id: dict[int, DeviceNow] = {}
+    for r in ends:
+        span = _span(r[n_device:n_device + 4])
+        now = DeviceNow(dict(zip(keys, r[:n_device])), span, [])
+        by_id[r[0]] = now
+        out.append(now)
+        block_hi = r[n_device + 5]
+        if r[n_device + 4] or (block_hi is not None and span is not None
+                               and block_hi >= span[1] - window_s):
+            again.append(len(out) - 1)
+    make = Sample._make
+    mine: list[Sample] = []
+    device_id = index = host = uuid = None
+    for r in window:
+        if r[0] != device_id:
+            device_id = r[0]
+            d, mine = by_id[device_id].device, by_id[device_id].recent
+            index, host, uuid = d["device_index"], d["host"], d["uuid"]
+        # r's rest: source, pid and the counters, as Store.iter_samples reads them (a
+        # Sample's fields in its order, made without its keyword arguments)
+        mine.append(make((r[1], index, _PHASES[r[2]], *r[3:], host, uuid)))
     return out, again
 
 

@@ -277,10 +277,12 @@ def process_doc(v: Verdict, names: Mapping[int, Mapping[str, Any]],
     return doc
 
 
-def fleet_current(store: Store, at_s: float) -> dict[tuple[str, int], list[dict[str, Any]]]:
+def fleet_current(store: Store, at_s: float,
+                  listed: list[dict[str, Any]] | None = None
+                  ) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Every device's running processes' answers at ``at_s``: :func:`fleet_verdicts`'
     ``processes``."""
-    return fleet_verdicts(store, at_s).processes
+    return fleet_verdicts(store, at_s, listed).processes
 
 
 class FleetVerdicts(NamedTuple):
@@ -290,7 +292,8 @@ class FleetVerdicts(NamedTuple):
     devices: dict[tuple[str, int], DeviceVerdict]
 
 
-def fleet_verdicts(store: Store, at_s: float) -> FleetVerdicts:
+def fleet_verdicts(store: Store, at_s: float,
+                   listed: list[dict[str, Any]] | None = None) -> FleetVerdicts:
     """Every device's running processes' answers at ``at_s`` (what :func:`processes` gives
     each device, the ended ones left out, each marked with the ``leads`` of its device's
     stored answer) and every device's :func:`device_answer`, in one statement.
@@ -300,7 +303,9 @@ def fleet_verdicts(store: Store, at_s: float) -> FleetVerdicts:
     running process's newest answer. The newest is a correlated ``max`` (one seek on
     ``ix_verdicts_device_ts`` per device) and the rows after it a range on the same index: a
     fleet's 90 days of verdicts cost what its last ten minutes do. The device's answer is its
-    newest ``device_verdicts`` row (one seek on ``ix_device_verdicts_device_ts``), joined."""
+    newest ``device_verdicts`` row (one seek on ``ix_device_verdicts_device_ts``), joined.
+    ``listed``: the processes table's rows (``Store.processes(host="*")``) where the caller
+    read them already (a page reads them once, not once per part)."""
     dv = device_verdicts
     newest = (select(func.max(verdicts.c.ts_s))
               .where(verdicts.c.device_id == devices.c.id, verdicts.c.ts_s <= at_s)
@@ -335,7 +340,7 @@ def fleet_verdicts(store: Store, at_s: float) -> FleetVerdicts:
     with store.engine.connect() as c:
         rows = c.execute(q).all()
     names: dict[str, dict[int, dict[str, Any]]] = {}
-    for p in store.processes(host="*"):
+    for p in store.processes(host="*") if listed is None else listed:
         names.setdefault(p["host"], {})[p["pid"]] = p
     newest_of: dict[tuple[str, int, int | None], float] = {}
     found: dict[tuple[str, int, int | None], Verdict] = {}
