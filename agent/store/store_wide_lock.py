@@ -1,15 +1,17 @@
-"""Which agent of a fleet does the store-wide work (rollups, deletion, partitions): the one
-that holds a PostgreSQL advisory lock. The others only write their own rows.
+"""Which agent of a fleet does the store-wide work (deletion by age, partitions, and the
+rollups and compaction of hosts whose agents are gone): the one that holds a PostgreSQL
+advisory lock. Every agent rolls up and compacts its own host's devices
+(vramscope.agent.retention).
 
-Why a lock at all: the rollups, the deletes by age and the day partitions cover every host's
-devices. Several agents doing them on one database would each roll the same minutes up (the
-work times the number of agents) and race on the same rows and partitions.
+Why a lock at all: the deletes by age and the day partitions cover every host's rows. Several
+agents doing them on one database would each do the same work (times the number of agents)
+and race on the same rows and partitions.
 
 Why session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many
 short transactions (each rollup window and each bounded delete commits on its own, so ingest
-is never held behind one long transaction), and the leader keeps state between steps (its
-rollup watermark, the partitions it made). A session lock held on a connection of its own
-keeps one leader for as long as it lives; PostgreSQL releases it when that session ends,
+is never held behind one long transaction), and the leader keeps state between steps (the gone
+hosts' rollup watermarks, the partitions it made). A session lock held on a connection of its
+own keeps one leader for as long as it lives; PostgreSQL releases it when that session ends,
 whether the agent stopped (:meth:`StoreWideLock.release`), crashed or lost its link (the
 server drops the session), so another agent takes over at its next step. Each step checks in
 ``pg_locks`` that the session still holds the lock: a leader whose connection broke (a server
@@ -87,7 +89,8 @@ class StoreWideLock:
             conn.close()
             return False
         self._conn = conn
-        log.info("this agent now does the store-wide work (rollups, retention, partitions)")
+        log.info("this agent now does the store-wide work (deletion by age, partitions, the "
+                 "rollups of hosts whose agents are gone)")
         return True
 
     def release(self) -> None:
