@@ -15,9 +15,9 @@ a few intervals a step, each in its own transaction. Names the event table does 
 cannot be deleted by name: a step walks the events' time index forward from where the last one
 stopped, at most ``UNLISTED_SCAN_S`` of it. Late minutes reported by
 :meth:`Retention.note_written` are rolled up again (``rollup_window`` replaces a minute's
-rows). On a shared PostgreSQL only the holder of the store-wide lock
-(:mod:`vramscope.agent.store.store_wide_lock`) does the store-wide work; the other agents roll
-up only their own host's late minutes.
+rows). On a shared PostgreSQL each agent rolls up and compacts its own host's devices, and only
+the holder of the store-wide lock (:mod:`vramscope.agent.store.store_wide_lock`) deletes by
+age, keeps the partitions and rolls up and compacts the hosts whose agents are gone.
 """
 
 from __future__ import annotations
@@ -52,10 +52,13 @@ GRACE_S = 120.0
 # The stretch of the events' time index a step reads for names the event table does not list
 # (the kept events in it are read and left: 360 of a tokens source a device an hour)
 UNLISTED_SCAN_S = 3600.0
+# A fleet: a host whose agent wrote no heartbeat (agent_stats, every 5 s) for this long is
+# gone, and the leader rolls up and compacts its devices (a host only `import` wrote has none)
+HOST_GONE_S = 120.0
 
 
 class StepResult(NamedTuple):
-    rolled_up_minutes: int
+    rolled_up_minutes: int  # summed over the hosts rolled up (a fleet's leader: gone ones too)
     rollup_rows: int
     deleted: dict[str, int]
     late_minutes: int = 0  # already rolled-up minutes rolled up again for late samples
@@ -89,8 +92,8 @@ class Retention:
         self._clock = clock
         self._late: set[float] = set()  # minute starts written to after they could be rolled up
         self.late_minutes_lost = 0  # late minutes not kept: MAX_LATE_MINUTES was reached
-        self._watermark: float | None = None  # end of the last rolled-up minute, once known
-        self._watermark_known = False
+        self._own = _Scope()  # this agent's devices: every one on SQLite, its host's in a fleet
+        self._gone: dict[int, _Scope] = {}  # leading a fleet: hosts whose agents are gone
         self._partition_day: int | None = None  # PostgreSQL: the day whose partitions exist
         self._oldest_end_s: float | None = None  # and the oldest partition's end, once read
         # events of unlisted names before this are deleted (None: not sought since the start)
@@ -110,23 +113,25 @@ class Retention:
                    step_rows=config["retention.step_rows"], clock=clock)
 
     def step(self, store: Store) -> StepResult:
-        """One bounded step: roll up a few minutes, then delete a few old rows; in a fleet, only
-        the own host's late minutes unless this agent holds the store-wide lock. A step that
-        fails gives the lock up, so that another agent can take it."""
+        """One bounded step. On SQLite: roll up a few minutes of every device, compact, then
+        delete a few old rows. On a shared PostgreSQL every agent rolls up and compacts its
+        own host's devices; the holder of the store-wide lock also deletes by age, keeps the
+        partitions and rolls up and compacts the hosts whose agents are gone
+        (``HOST_GONE_S``). A step that fails while leading gives the lock up, so that
+        another agent can take it."""
         from vramscope.agent.store import maintenance as sql
 
-        if not self.lock.acquire(store):
-            self.leading = False
-            self._note_progress(False)
-            return StepResult(0, 0, {}, self._rollup_own_late(store, sql))
-        if not self.leading:  # newly leading: what another leader did is in the store only
-            self._forget_store_state()
-            self.leading = True
+        fleet = store.dialect == "postgresql"
+        leading = self.lock.acquire(store)
+        if leading and not self.leading:  # newly leading: what another leader did is in the
+            self._forget_store_state()    # store only
+        self.leading = leading
         try:
-            return self._store_wide_step(store, sql)
+            return self._step(store, sql, fleet, leading)
         except BaseException:
-            self.lock.release()
-            self.leading = False
+            if leading:
+                self.lock.release()
+                self.leading = False
             raise
 
     def close(self) -> None:
@@ -135,47 +140,92 @@ class Retention:
         self.leading = False
 
     def _forget_store_state(self) -> None:
-        self._watermark, self._watermark_known = None, False
+        self._own.forget()
+        self._gone = {}
         self._partition_day = self._oldest_end_s = None
         self._catch_up_from = None
         self._unlisted_from = None
 
-    def _rollup_own_late(self, store: Store, sql: ModuleType) -> int:
-        """Not leading: roll up again a few of this agent's late minutes, its own host's
-        devices only (idempotent, and the leader replaces them if it reaches them later)."""
-        oldest_kept = self._clock.time_s() - self.rollup_s
-        self._late = {m for m in self._late if m >= oldest_kept}
-        redo = sorted(self._late)[:self.minutes_per_step]
-        for minute in redo:
-            sql.rollup_window(store, minute, minute + MINUTE_S, host=store.host_name)
-            self._late.discard(minute)
-        return len(redo)
+    @property
+    def _watermark(self) -> float | None:
+        """The end of the last rolled-up minute of this agent's own devices (every device's
+        on SQLite), once known."""
+        return self._own.watermark
 
-    def _store_wide_step(self, store: Store, sql: ModuleType) -> StepResult:
+    def _step(self, store: Store, sql: ModuleType, fleet: bool, leading: bool) -> StepResult:
         now_s = self._clock.time_s()
-        minutes, rows = self._rollup(store, sql, now_s)
-        watermark = self._watermark
-        late = self._rollup_late(store, sql, watermark, now_s)
-        raw_cutoff = now_s - self.raw_s
-        if watermark is not None:
-            raw_cutoff = min(raw_cutoff, watermark)
-        dropped, more_to_drop = self._partitions(store, now_s,
-                                                 raw_cutoff if watermark is not None else None)
+        own = self._own
+        if fleet:  # this host's devices (new ones appear with their first rows)
+            own.ids = sql.host_device_ids_of(store, store.host_name)
+        # the hosts whose agents are gone (leading a fleet): their rows still go through the
+        # tiers, rolled up and compacted by the leader
+        scopes = [own, *(self._gone_scopes(store, sql, now_s) if leading and fleet else ())]
+        minutes = rows = 0
+        behind = False
+        for scope in scopes:
+            m, r = self._rollup(store, sql, now_s, scope)
+            minutes, rows = minutes + m, rows + r
+            behind = behind or m == self.minutes_per_step and self._behind(scope, now_s)
+        late = self._rollup_late(store, sql, own, now_s)
+        deleted: dict[str, int] = {}
+        more_to_drop = False
+        if leading:
+            if fleet:  # raw samples go once old and rolled up, whoever rolls their host up
+                first = sql.first_unrolled_ts(store, now_s - max(self.rollup_s, self.second_s))
+                raw_cutoff: float | None = now_s - self.raw_s if first is None \
+                    else min(now_s - self.raw_s, first)
+            else:
+                raw_cutoff = None if own.watermark is None else min(now_s - self.raw_s,
+                                                                     own.watermark)
+            deleted, more_to_drop = self._delete(store, sql, now_s, raw_cutoff)
+        # after the deletes: rows old enough to go are not packed into blocks first
+        compacted = False
+        for scope in scopes:
+            compacted = self._compact(store, now_s, scope) or compacted
+        backlog = (behind or bool(self._late) or more_to_drop or compacted
+                   or any(n >= self.step_rows for k, n in deleted.items()
+                          if k not in ("rollups", "seconds", "partitions")))
+        self._note_progress(backlog)
+        return StepResult(minutes, rows, deleted, late, backlog)
+
+    def _behind(self, scope: _Scope, now_s: float) -> bool:
+        return scope.watermark is not None and \
+            scope.watermark < _floor_minute(now_s - self.grace_s)
+
+    def _gone_scopes(self, store: Store, sql: ModuleType, now_s: float) -> list[_Scope]:
+        """The hosts but this one whose agents wrote no heartbeat (``agent_stats``) for
+        ``HOST_GONE_S``: one scope each, its watermark kept while the host stays gone."""
+        gone = sql.hosts_devices(store, stale_before_s=now_s - HOST_GONE_S,
+                                 but=store.host_name)
+        scopes = {}
+        for host_id, ids in gone.items():
+            scope = self._gone.get(host_id) or _Scope()
+            scope.ids = ids
+            scopes[host_id] = scope
+        self._gone = scopes
+        return list(scopes.values())
+
+    def _delete(self, store: Store, sql: ModuleType, now_s: float,
+                raw_cutoff: float | None) -> tuple[dict[str, int], bool]:
+        """Deletion by age (store-wide); ``raw_cutoff``: where raw rows may go (old and rolled
+        up), None while nothing is rolled up."""
+        dropped, more_to_drop = self._partitions(store, now_s, raw_cutoff)
         from vramscope.agent.store import event_blocks
         from vramscope.agent.store import sample_blocks as blocks
 
+        cutoff = now_s - self.raw_s if raw_cutoff is None else raw_cutoff
         deleted = {
             "partitions": dropped,
             # PostgreSQL: a day partition's rows go with their partition (above); rows are
             # deleted only from the default, which holds the days without one
             "samples": sql.delete_older(
                 store, "samples_default" if store.dialect == "postgresql" else "samples",
-                raw_cutoff, self.step_rows) if watermark is not None else 0,
+                cutoff, self.step_rows) if raw_cutoff is not None else 0,
             # the cheap events at the raw cutoff (their minute counted: event_counts), then
             # the names no table lists, then every event at the rollups' horizon
-            "events": sql.delete_older(store, "events", raw_cutoff, self.step_rows,
+            "events": sql.delete_older(store, "events", cutoff, self.step_rows,
                                        names=CHEAP_EVENTS)
-            + self._delete_unlisted(store, sql, raw_cutoff, now_s)
+            + self._delete_unlisted(store, sql, cutoff, now_s)
             + sql.delete_older(store, "events", now_s - self.rollup_s, self.step_rows),
             "agent_stats": sql.delete_older(store, "agent_stats", now_s - self.raw_s,
                                             self.step_rows),
@@ -190,26 +240,20 @@ class Retention:
                                                 self.minutes_per_step),
             "future": self._delete_future(store, sql, now_s),
             # the compact raw tier: whole blocks past the raw cutoff
-            "sample_blocks": blocks.delete_older(store, raw_cutoff, self.step_rows)
-            if watermark is not None else 0,
-            "event_blocks": event_blocks.delete_older(store, raw_cutoff, self.step_rows)
-            if watermark is not None else 0,
+            "sample_blocks": blocks.delete_older(store, cutoff, self.step_rows)
+            if raw_cutoff is not None else 0,
+            "event_blocks": event_blocks.delete_older(store, cutoff, self.step_rows)
+            if raw_cutoff is not None else 0,
         }
-        compacted = self._compact(store, now_s, watermark)
-        behind = watermark is not None and watermark < _floor_minute(now_s - self.grace_s)
-        backlog = (minutes == self.minutes_per_step and behind or bool(self._late)
-                   or more_to_drop or compacted
-                   or any(n >= self.step_rows for k, n in deleted.items()
-                          if k not in ("rollups", "seconds", "partitions")))
-        self._note_progress(backlog)
-        return StepResult(minutes, rows, deleted, late, backlog)
+        return deleted, more_to_drop
 
-    def _compact(self, store: Store, now_s: float, watermark: float | None) -> bool:
+    def _compact(self, store: Store, now_s: float, scope: _Scope) -> bool:
         """Move a few closed intervals (ended ``compact_after_s`` ago) into the compact raw
         tier, samples (:mod:`~vramscope.agent.store.sample_blocks`) and frequent events
         (:mod:`~vramscope.agent.store.event_blocks`) alike, their rows before the watermark
         (rolled up and counted: the rollups read new rows from the tables); whether the
-        step's budget ran out (more are due)."""
+        step's budget ran out (more are due). ``scope``: whose devices, and their watermark."""
+        watermark = scope.watermark
         if watermark is None:
             return False
         from vramscope.agent.store import event_blocks, sample_blocks
@@ -219,7 +263,7 @@ class Retention:
         for tier in (sample_blocks, event_blocks):
             left = self.compact_sets_per_step
             while left > 0:  # a look-up finds each device's oldest due interval
-                due = tier.due_sets(store, closed_by, left, watermark)
+                due = tier.due_sets(store, closed_by, left, watermark, scope.ids)
                 if not due:
                     break
                 for start, did in due:
@@ -338,27 +382,33 @@ class Retention:
                 continue
             self._late.add(minute)
 
-    def _rollup_late(self, store: Store, sql: ModuleType, watermark: float | None,
-                     now_s: float) -> int:
-        """Roll up again a few remembered late minutes that the watermark has passed; minutes
-        after it are the regular path's, minutes past ``rollup_s`` are not kept anyway."""
+    def _rollup_late(self, store: Store, sql: ModuleType, scope: _Scope, now_s: float) -> int:
+        """Roll up again a few remembered late minutes (this agent's own writes) that the
+        watermark has passed; minutes after it are the regular path's, minutes past
+        ``rollup_s`` are not kept anyway."""
         oldest_kept = now_s - self.rollup_s
+        watermark = scope.watermark
         self._late = {m for m in self._late
                       if watermark is not None and oldest_kept <= m <= watermark}
         redo = sorted(self._late)[:self.minutes_per_step]
         for minute in redo:
-            sql.rollup_window(store, minute, minute + MINUTE_S)
+            sql.rollup_window(store, minute, minute + MINUTE_S, ids=scope.ids)
             self._late.discard(minute)
         return len(redo)
 
-    def _rollup(self, store: Store, sql: ModuleType, now_s: float) -> tuple[int, int]:
-        """Roll up the minutes after the watermark, skipping any gap without samples."""
-        if not self._watermark_known:
-            self._watermark, self._watermark_known = sql.rollup_watermark(store), True
+    def _rollup(self, store: Store, sql: ModuleType, now_s: float,
+                scope: _Scope) -> tuple[int, int]:
+        """Roll up the minutes after the scope's watermark, skipping any gap without
+        samples."""
+        if scope.ids is not None and not scope.ids:
+            return 0, 0
+        if not scope.watermark_known:
+            scope.watermark, scope.watermark_known = \
+                sql.rollup_watermark(store, scope.ids), True
         due_end = _floor_minute(now_s - self.grace_s)
-        if self._watermark is not None and self._watermark >= due_end:
+        if scope.watermark is not None and scope.watermark >= due_end:
             return 0, 0  # no minute is due yet (a step every 30 s: every other one)
-        first = sql.oldest_sample_ts(store, self._watermark)
+        first = sql.oldest_sample_ts(store, scope.watermark, scope.ids)
         if first is None:
             return 0, 0
         # rows older than every tier keeps would be rolled up only to be deleted: start at the
@@ -368,10 +418,23 @@ class Retention:
         end = min(due_end, start + self.minutes_per_step * MINUTE_S)
         if end <= start:
             return 0, 0
-        rows = sql.rollup_window(store, start, end)
+        rows = sql.rollup_window(store, start, end, ids=scope.ids)
         # the window is done even where it had no samples: the next step seeks past it
-        self._watermark = end
+        scope.watermark = end
         return int((end - start) // MINUTE_S), rows
+
+
+class _Scope:
+    """The devices one agent rolls up and compacts together, with the end of their last
+    rolled-up minute: every device (SQLite, ``ids`` None), or one host's (a fleet)."""
+
+    def __init__(self, ids: list[int] | None = None) -> None:
+        self.ids = ids
+        self.watermark: float | None = None
+        self.watermark_known = False
+
+    def forget(self) -> None:
+        self.watermark, self.watermark_known = None, False
 
 
 def _floor_minute(ts_s: float) -> float:

@@ -254,7 +254,8 @@ def stored_keys(c: Connection, times: Sequence[float], keys: Iterable[int]) -> s
 
 # --- compaction --------------------------------------------------------------------------------
 def due_sets(store: Store, closed_by_s: float, limit: int,
-             rows_before_s: float | None = None) -> list[tuple[float, int]]:
+             rows_before_s: float | None = None,
+             ids: Sequence[int] | None = None) -> list[tuple[float, int]]:
     """At most ``limit`` (interval start, device id) whose interval ends by ``closed_by_s``
     (and by ``rows_before_s``, when given: the events of an interval move together, once all
     its minutes are counted, not a block each time a step counts more) and still has
@@ -265,8 +266,11 @@ def due_sets(store: Store, closed_by_s: float, limit: int,
     firsts = [select(events.c.ts_s).where(events.c.device_id == devices.c.id,
                                           events.c.name == name, events.c.ts_s < before)
               .order_by(events.c.ts_s).limit(1).scalar_subquery() for name in CHEAP_EVENTS]
+    q = select(devices.c.id, *firsts)
+    if ids is not None:  # of these devices only (one host's, in a fleet)
+        q = q.where(devices.c.id.in_(ids))
     with store.engine.connect() as c:
-        found = c.execute(select(devices.c.id, *firsts)).all()
+        found = c.execute(q).all()
     due = []
     for did, *times in found:
         present = [float(t) for t in times if t is not None]

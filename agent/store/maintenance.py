@@ -20,6 +20,7 @@ from sqlalchemy import (
     Column,
     Connection,
     TableClause,
+    case,
     column,
     delete,
     func,
@@ -72,50 +73,105 @@ def device_ids(c: Connection) -> list[int]:
     return [int(i) for i in c.execute(select(devices.c.id).order_by(devices.c.id)).scalars()]
 
 
-def _per_device(c: Connection, seek: Any) -> list[Any]:
-    """``seek`` (a scalar subquery correlated to ``devices``) of every device, in one
-    statement: its value per device, None where a device has none."""
-    return list(c.execute(select(seek).select_from(devices)).scalars())
+def _per_device(c: Connection, seek: Any, ids: Sequence[int] | None = None) -> list[Any]:
+    """``seek`` (a scalar subquery correlated to ``devices``) of every device (or of devices
+    ``ids``), in one statement: its value per device, None where a device has none."""
+    q = select(seek).select_from(devices)
+    if ids is not None:
+        q = q.where(devices.c.id.in_(ids))
+    return list(c.execute(q).scalars())
 
 
-def rollup_watermark(store: Store) -> float | None:
+def rollup_watermark(store: Store, ids: Sequence[int] | None = None) -> float | None:
     """The end of the last rolled-up minute, or None when nothing was rolled up yet: one
     ``max(minute_s)`` seek on the per-second tier's primary key per device.
 
     The per-second tier, not the minute rollups: a store upgraded from before it (0005) has
     minute rollups but no seconds, and must roll its kept raw samples up again (the minutes
-    come out the same) so that deleting them loses nothing a second tier keeps."""
+    come out the same) so that deleting them loses nothing a second tier keeps.
+    ``ids``: of these devices only (one host's, in a fleet)."""
     last = (select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == devices.c.id)
             .scalar_subquery())
     with store.engine.connect() as c:
-        lasts = _per_device(c, last)
+        lasts = _per_device(c, last, ids)
     found = [float(x) for x in lasts if x is not None]
     return max(found) + MINUTE_S if found else None
 
 
-def oldest_sample_ts(store: Store, at_or_after_s: float | None = None) -> float | None:
-    """The first sample time at or after ``at_or_after_s`` of any device: one index seek per
-    device (``ORDER BY ts_s LIMIT 1`` under ``device_id = ?``)."""
+def oldest_sample_ts(store: Store, at_or_after_s: float | None = None,
+                     ids: Sequence[int] | None = None) -> float | None:
+    """The first sample time at or after ``at_or_after_s`` of any device (of devices ``ids``
+    when given): one index seek per device (``ORDER BY ts_s LIMIT 1`` under
+    ``device_id = ?``)."""
     q = select(samples.c.ts_s).where(samples.c.device_id == devices.c.id)
     if at_or_after_s is not None:
         q = q.where(samples.c.ts_s >= at_or_after_s)
     with store.engine.connect() as c:
-        firsts = _per_device(c, q.order_by(samples.c.ts_s).limit(1).scalar_subquery())
+        firsts = _per_device(c, q.order_by(samples.c.ts_s).limit(1).scalar_subquery(), ids)
     found = [float(x) for x in firsts if x is not None]
     return min(found) if found else None
 
 
 def host_device_ids(c: Connection, host: str) -> list[int]:
-    """The device rows of one host: what an agent of a fleet that does not hold the store-wide
-    lock (vramscope.agent.store.store_wide_lock) may roll up again, its own late minutes."""
+    """The device rows of one host: what an agent of a fleet rolls up and compacts, whether or
+    not it holds the store-wide lock (vramscope.agent.store.store_wide_lock)."""
     q = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
          .where(hosts.c.name == host).order_by(devices.c.id))
     return [int(i) for i in c.execute(q).scalars()]
 
 
-def rollup_window(store: Store, start_s: float, end_s: float, host: str | None = None) -> int:
+def host_device_ids_of(store: Store, host: str) -> list[int]:
+    """:func:`host_device_ids` on a connection of its own: the devices a fleet's agent rolls
+    up and compacts (vramscope.agent.retention)."""
+    with store.engine.connect() as c:
+        return host_device_ids(c, host)
+
+
+def first_unrolled_ts(store: Store, horizon_s: float) -> float | None:
+    """The oldest raw sample at or after ``horizon_s`` that its device's rollups have not
+    reached yet (after the device's last per-second minute), of any device: where a fleet's
+    leader may delete raw samples up to, whoever rolls each host up (one statement, two
+    index seeks per device). Samples before ``horizon_s`` are older than every tier keeps and
+    are never rolled up (vramscope.agent.retention)."""
+    rolled_end = (select(func.max(seconds.c.minute_s) + MINUTE_S)
+                  .where(seconds.c.device_id == devices.c.id)
+                  .correlate(devices).scalar_subquery())  # nested: name the outer devices
+    from_s = case((rolled_end > horizon_s, rolled_end), else_=horizon_s)
+    first = (select(samples.c.ts_s)
+             .where(samples.c.device_id == devices.c.id, samples.c.ts_s >= from_s)
+             .order_by(samples.c.ts_s).limit(1).scalar_subquery())
+    with store.engine.connect() as c:
+        found = [float(x) for x in _per_device(c, first) if x is not None]
+    return min(found) if found else None
+
+
+def hosts_devices(store: Store, *, stale_before_s: float | None = None,
+                  but: str | None = None) -> dict[int, list[int]]:
+    """Host id -> its device ids, the hosts sorted by id: every host (but ``but``), or with
+    ``stale_before_s`` only those whose agent is gone: no ``agent_stats`` row (an agent's
+    heartbeat, every few seconds) at or after it, or none ever (a host only ``import`` wrote).
+    One seek of ``ix_agent_stats_host_ts`` per host."""
+    q = (select(hosts.c.id, devices.c.id).join(devices, devices.c.host_id == hosts.c.id)
+         .order_by(hosts.c.id, devices.c.id))
+    if but is not None:
+        q = q.where(hosts.c.name != but)
+    if stale_before_s is not None:
+        beat = (select(agent_stats.c.ts_s).where(agent_stats.c.host_id == hosts.c.id,
+                                                 agent_stats.c.ts_s >= stale_before_s)
+                .limit(1).exists())
+        q = q.where(~beat)
+    out: dict[int, list[int]] = {}
+    with store.engine.connect() as c:
+        for host_id, device_id in c.execute(q):
+            out.setdefault(int(host_id), []).append(int(device_id))
+    return out
+
+
+def rollup_window(store: Store, start_s: float, end_s: float, host: str | None = None,
+                  ids: Sequence[int] | None = None) -> int:
     """Replace the rollups and the per-second tier of the minutes in [start_s, end_s) from raw
-    samples; rollup rows written. Every device's, or only ``host``'s devices'.
+    samples; rollup rows written. Every device's, or only ``host``'s devices', or devices
+    ``ids``.
 
     ``start_s`` and ``end_s`` are minute boundaries. Idempotent: running it twice for the same
     window gives the same rows (delete, then insert, in one transaction). The devices
@@ -126,7 +182,8 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
     """
     written = 0
     with store.engine.begin() as c:
-        ids = device_ids(c) if host is None else host_device_ids(c, host)
+        if ids is None:
+            ids = device_ids(c) if host is None else host_device_ids(c, host)
         for i in range(0, len(ids), ROLLUP_DEVICES_PER_CHUNK):
             written += _rollup_devices(c, ids[i:i + ROLLUP_DEVICES_PER_CHUNK], start_s, end_s)
     return written

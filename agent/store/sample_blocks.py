@@ -415,16 +415,20 @@ def stored_keys(c: Connection, times: Sequence[float], keys: Iterable[int]) -> s
 
 # --- compaction --------------------------------------------------------------------------------
 def due_sets(store: Store, closed_by_s: float, limit: int,
-             rows_before_s: float | None = None) -> list[tuple[float, int]]:
+             rows_before_s: float | None = None,
+             ids: Sequence[int] | None = None) -> list[tuple[float, int]]:
     """At most ``limit`` (interval start, device id) whose interval ends by ``closed_by_s``
     and still has rows in ``samples`` (before ``rows_before_s``, when given), oldest first:
-    each device's oldest such row (one seek each)."""
+    each device's oldest such row (one seek each); of devices ``ids`` only, when given."""
     before = closed_by_s if rows_before_s is None else min(closed_by_s, rows_before_s)
     first = (select(samples.c.ts_s).where(samples.c.device_id == devices.c.id,
                                           samples.c.ts_s < before)
              .order_by(samples.c.ts_s).limit(1).scalar_subquery())
+    q = select(devices.c.id, first)
+    if ids is not None:
+        q = q.where(devices.c.id.in_(ids))
     with store.engine.connect() as c:
-        found = c.execute(select(devices.c.id, first)).all()
+        found = c.execute(q).all()
     due = sorted((block_start(float(ts)), int(did)) for did, ts in found
                  if ts is not None and block_start(float(ts)) + BLOCK_S <= closed_by_s)
     return due[:limit]

@@ -1,9 +1,11 @@
-"""Which agent of a fleet does the store-wide work (rollups, deletion, partitions): the one
-that holds a PostgreSQL advisory lock. The others only write their own rows.
+"""Which agent of a fleet does the store-wide work (deletion by age, partitions, and the
+rollups and compaction of hosts whose agents are gone): the one that holds a PostgreSQL
+advisory lock. Every agent rolls up and compacts its own host's devices
+(vramscope.agent.retention).
 
 Session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many short
-transactions and the leader keeps state between steps; PostgreSQL releases the lock when the
-session ends, however the agent went. Each step checks in ``pg_locks`` that the session still
+transactions and the leader keeps state between steps (the gone hosts' rollup watermarks, its
+partitions); PostgreSQL releases the lock when the session ends, however the agent went. Each step checks in ``pg_locks`` that the session still
 holds it, so a leader whose connection broke stops believing it leads. SQLite: one agent per
 file; :meth:`StoreWideLock.acquire` is always true. docs/agent.md, "Retention and rollups".
 """
@@ -73,7 +75,8 @@ class StoreWideLock:
             conn.close()
             return False
         self._conn = conn
-        log.info("this agent now does the store-wide work (rollups, retention, partitions)")
+        log.info("this agent now does the store-wide work (deletion by age, partitions, the "
+                 "rollups of hosts whose agents are gone)")
         return True
 
     def release(self) -> None:

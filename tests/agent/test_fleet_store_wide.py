@@ -1,8 +1,9 @@
-"""A fleet on one PostgreSQL: exactly one agent at a time does the store-wide work (rollups of
-every host's devices, deletion by age, partitions), the one holding the advisory lock of
-vramscope.agent.store.store_wide_lock; the others only write (and roll their own late minutes
-up again). When the leader stops, is killed or loses its session, another agent takes over
-where it stopped, and the rows of a host that disappeared go by age like any other.
+"""A fleet on one PostgreSQL: every agent rolls up and compacts its own host's devices; exactly
+one agent at a time does the store-wide work (deletion by age, partitions, and the rollups and
+compaction of hosts whose agents are gone), the one holding the advisory lock of
+vramscope.agent.store.store_wide_lock. When the leader stops, is killed or loses its session,
+another agent takes over where it stopped, and the rows of a host that disappeared are rolled
+up by the leader and go by age like any other.
 
 Real parts: a real PostgreSQL server, one Store (its own connection pool, so its own sessions)
 per agent as each agent process has, and for the killed leader a real second process.
@@ -20,7 +21,7 @@ import pytest
 from sqlalchemy import text
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Phase, Sample
-from vramscope.agent.retention import Retention, StepResult
+from vramscope.agent.retention import HOST_GONE_S, Retention, StepResult
 from vramscope.agent.store import Store
 from vramscope.agent.store.store_wide_lock import STORE_WIDE_LOCK_KEY
 
@@ -45,9 +46,15 @@ def _write_minutes(store: Store) -> None:
                  for m in range(MINUTES) for d in (0, 1)])
 
 
-def _retention() -> Retention:
-    return Retention(raw_s=600, rollup_s=86400, step_rows=1000, clock=FakeClock(NOW),
+def _retention(clock: FakeClock | None = None) -> Retention:
+    return Retention(raw_s=600, rollup_s=86400, step_rows=1000, clock=clock or FakeClock(NOW),
                      minutes_per_step=2)
+
+
+def _beat(store: Store, ts_s: float = NOW) -> None:
+    """The store's host's agent is alive at ``ts_s``: its heartbeat (agent_stats)."""
+    store.write_agent_stats(ts_s, clients=0, rows_per_s=0.0, queue_depth=0, dropped_total=0,
+                            rejected_total=0, db_size_bytes=None)
 
 
 def _rolled_up(store: Store) -> dict[float, set[tuple[str, int]]]:
@@ -75,57 +82,77 @@ def two_nodes(postgres_url):
     b = Store.open(postgres_url, host_name="node-b")
     _write_minutes(a)
     _write_minutes(b)
+    _beat(a)  # both agents alive: each rolls up its own host
+    _beat(b)
     yield a, b
     a.close()
     b.close()
 
 
 EVERY_DEVICE = {("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1)}
+NODE_A = {("node-a", 0), ("node-a", 1)}
+NODE_B = {("node-b", 0), ("node-b", 1)}
 
 
 @pytest.mark.postgres
-def test_one_agent_does_the_store_wide_work_and_another_takes_over_when_it_stops(two_nodes):
+def test_each_agent_rolls_up_its_own_host_and_one_leads_the_store_wide_work(two_nodes):
     a, b = two_nodes
-    ra, rb = _retention(), _retention()
+    b_clock = FakeClock(NOW)
+    ra, rb = _retention(), _retention(b_clock)
     assert STORE_WIDE_LOCK_KEY == 8534991366535737200  # the key docs/agent.md names
 
-    # each round: a leads and rolls up two minutes of every host's devices, b only writes
+    # each round: each agent rolls up two minutes of its own host's devices; a leads (deletes),
+    # b does not
     for minutes in ({0.0, 60.0}, {0.0, 60.0, 120.0, 180.0}):
         led = ra.step(a)
         assert (led.rolled_up_minutes, ra.leading) == (2, True)
-        assert rb.step(b) == NOTHING and rb.leading is False
-        assert {m: d for m, d in _rolled_up(a).items()} == {m: EVERY_DEVICE for m in minutes}
+        assert "samples" in led.deleted
+        follows = rb.step(b)
+        assert (follows.rolled_up_minutes, follows.deleted, rb.leading) == (2, {}, False)
+        assert _rolled_up(a) == {m: EVERY_DEVICE for m in minutes}
     lock_session = ra.lock._conn
     assert lock_session is not None
     assert _leader_pid(a) == lock_session.execute(text("SELECT pg_backend_pid()")).scalar()
     lock_session.rollback()
 
-    ra.close()  # agent a stops: b takes over at its next step, from the store's watermark
+    ra.close()  # agent a stops: b takes over the store-wide work at its next step
     assert _leader_pid(a) is None
     took_over = rb.step(b)
-    assert (took_over.rolled_up_minutes, rb.leading) == (2, True)
-    assert sorted(_rolled_up(b)) == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
-    assert all(d == EVERY_DEVICE for d in _rolled_up(b).values())
-    # node a writes no more: its last raw rows, rolled up and older than raw_s, go with b's
-    assert took_over.deleted["samples"] == 2 * 4
+    assert rb.leading is True
+    # a's heartbeat is fresh still: b rolls up its own host only
+    assert took_over.rolled_up_minutes == 2
+    assert _rolled_up(b) == {**{60.0 * m: EVERY_DEVICE for m in range(4)},
+                             240.0: NODE_B, 300.0: NODE_B}
+    # node a wrote no heartbeat for HOST_GONE_S: b, leading, rolls its minutes up too
+    b_clock.advance(HOST_GONE_S + 1)
+    _beat(b, NOW + HOST_GONE_S + 1)
+    assert rb.step(b).rolled_up_minutes == 2
+    assert _rolled_up(b) == {60.0 * m: EVERY_DEVICE for m in range(MINUTES)}
+    # every raw row, rolled up and older than raw_s, is gone (deleted, or compacted into
+    # blocks and those deleted later)
+    for _ in range(3):
+        rb.step(b)
     assert a.count("samples") == 0
     assert ra.step(a) == NOTHING and ra.leading is False  # a is back: b keeps leading
+    rb.close()
 
 
 @pytest.mark.postgres
 def test_a_leader_whose_session_ends_is_replaced_and_knows_it(two_nodes):
     a, b = two_nodes
     ra, rb = _retention(), _retention()
-    assert ra.step(a).rolled_up_minutes == 2
+    assert ra.step(a).rolled_up_minutes == 2  # a's minutes 0 and 1
     with a.engine.connect() as c:  # the server ends the leader's session (a restart, a cut link)
         c.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": _leader_pid(a)})
         c.commit()
     deadline = time.monotonic() + 10  # the backend ends a moment after it is told to
     while _leader_pid(a) is not None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert rb.step(b).rolled_up_minutes == 2 and rb.leading is True  # minutes 2 and 3
-    assert ra.step(a) == NOTHING and ra.leading is False  # a saw its lock go, b has it now
-    assert sorted(_rolled_up(a)) == [0.0, 60.0, 120.0, 180.0]
+    assert rb.step(b).rolled_up_minutes == 2 and rb.leading is True  # b's minutes 0 and 1
+    follows = ra.step(a)  # a saw its lock go, b has it now: a rolls its own minutes 2 and 3
+    assert (follows.rolled_up_minutes, follows.deleted, ra.leading) == (2, {}, False)
+    assert _rolled_up(a) == {0.0: EVERY_DEVICE, 60.0: EVERY_DEVICE,
+                             120.0: NODE_A, 180.0: NODE_A}
     rb.close()
 
 
@@ -150,17 +177,18 @@ def test_an_agent_killed_while_leading_is_replaced(two_nodes, postgres_url):
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().split() == ["2", "True"]
+        # node-c has no devices, a and b have live agents: the leader rolls nothing up
+        assert child.stdout.readline().split() == ["0", "True"]
         rb = _retention()
-        assert rb.step(b) == NOTHING
+        assert rb.step(b).rolled_up_minutes == 2 and rb.leading is False  # its own host
     finally:
         child.kill()  # SIGKILL: no unlock sent; the server ends the session
         child.wait()
     deadline = time.monotonic() + 10
-    while (result := rb.step(b)) == NOTHING and time.monotonic() < deadline:
+    while not rb.step(b).deleted and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (result.rolled_up_minutes, rb.leading) == (2, True)
-    assert sorted(_rolled_up(b)) == [0.0, 60.0, 120.0, 180.0]
+    assert rb.leading is True
+    assert _rolled_up(b) == {60.0 * m: NODE_B for m in range(4)}  # one step each
     rb.close()
 
 
@@ -179,14 +207,17 @@ def test_an_agent_not_leading_rolls_up_again_only_its_own_late_minutes(two_nodes
     a, b = two_nodes
     ra, rb = (Retention(raw_s=86400, rollup_s=86400 * 2, step_rows=1000, clock=FakeClock(NOW),
                         minutes_per_step=2) for _ in range(2))
-    assert ra.step(a).rolled_up_minutes == 2  # minutes 0 and 1 of every device
+    assert ra.step(a).rolled_up_minutes == 2  # minutes 0 and 1 of node a's devices
+    assert rb.step(b).rolled_up_minutes == 2  # and of node b's, by node b's agent
     late = Sample(T0 + 30, 0, Phase.UNKNOWN, "nvml", device_used_bytes=99,
                   device_total_bytes=100)  # node b's link came back: a sample of minute 0
     b.write([late])
     rb.note_written([late])
-    assert rb.step(b) == StepResult(0, 0, {}, 1)  # not leading: its own late minute only
+    again = rb.step(b)  # not leading: its own minutes 2 and 3, and its late minute again
+    assert (again.rolled_up_minutes, again.late_minutes, again.deleted) == (2, 1, {})
     used = {(r["device_id"], r["bucket_s"] - T0): (r["max_value"], r["count"])
-            for r in read_rollups(b) if r["metric"] == "device_used_bytes"}
+            for r in read_rollups(b) if r["metric"] == "device_used_bytes"
+            and r["bucket_s"] - T0 < 120}
     assert used == {(a.device_id(0), 0.0): (0, 1), (a.device_id(1), 0.0): (0, 1),
                     (a.device_id(0), 60.0): (1, 1), (a.device_id(1), 60.0): (1, 1),
                     (b.device_id(0), 0.0): (99, 2), (b.device_id(1), 0.0): (0, 1),

@@ -1,8 +1,10 @@
-"""A retention step sends the same few statements for 2 devices or 32: a fleet's
-leader steps over every host's devices (``bench fleet``: 16 nodes of 8), and each statement
-costs the agent about half a millisecond of CPU, so statements per device made the leader cost
-eight times what the other agents do. On SQLite and on a real PostgreSQL, counted at the
-engine (``before_cursor_execute``), on scripted stores of 1 host x 2 devices and 4 hosts x 8.
+"""A retention step sends the same few statements for 2 devices or 32: a fleet's leader
+deletes over every host's devices (``bench fleet``: 64 nodes of 8), and each statement costs
+the agent about half a millisecond of CPU, so statements per device made the leader cost eight
+times what the other agents do. On SQLite (one agent rolls up every device of the file) and on
+a real PostgreSQL (each agent its own host, every host's agent alive: the leader's step does
+not grow with the fleet), counted at the engine (``before_cursor_execute``), on scripted stores
+of 1 host x 2 devices, 4 hosts x 8 and 5 x 8.
 """
 
 from __future__ import annotations
@@ -29,25 +31,30 @@ NOW = T0 + MINUTES * 60 + 130  # minutes 0..3 are past the two minutes' grace, m
 # minute of each of 4 tiers; rows from the future: 2 x 2), and seeks the oldest event before
 # the raw cutoff (1: where the walk for event names no table lists starts; none is older, so
 # it starts at the cutoff). PostgreSQL adds the store-wide lock's check (1) and, on the first
-# step of a day, the partitions ahead of their writes (14). The compact raw tier adds 3
+# step of a day, the partitions ahead of their writes (14), and, each agent rolling up its own
+# host: its devices (1, and not every device's: -1), the hosts whose agents are gone (1) and
+# where raw samples are rolled up to, the raw cutoff (1). The compact raw tier adds 3
 # (agent/store/sample_blocks.py): whether blocks overlap the rolled-up minutes (1 a rollup,
 # read with the raw rows; the events' blocks in the same statement), and for its samples and
 # its events (agent/store/event_blocks.py) each, the intervals due for compaction (1: a seek
 # per device) and the blocks past the raw cutoff (1)
-FIRST_STEP = {"sqlite": 39, "postgresql": 54}
+FIRST_STEP = {"sqlite": 39, "postgresql": 56}
 # the second: minutes 2 and 3 the same way, without the watermark's read
-SECOND_STEP = {"sqlite": 37, "postgresql": 38}
+SECOND_STEP = {"sqlite": 37, "postgresql": 40}
 # the watermark is at the newest minute due: no rollup query at all, the deletes by age only
-NOTHING_DUE = {"sqlite": 24, "postgresql": 25}
+NOTHING_DUE = {"sqlite": 24, "postgresql": 28}
 # a minute later minute 4 is due but has no samples: the seek finds none, nothing rolled up;
 # the raw cutoff moved a minute, so the walk for unlisted event names reads that minute (2: the
 # owners, then their rows)
-EMPTY_MINUTE = {"sqlite": 27, "postgresql": 28}
+EMPTY_MINUTE = {"sqlite": 27, "postgresql": 31}
 
 
 def _fleet(url: str, hosts: int, devices: int) -> list[Store]:
     stores = [Store.open(url, host_name=f"node-{h}") for h in range(hosts)]
     for store in stores:
+        if store.dialect == "postgresql":  # every host's agent is alive
+            store.write_agent_stats(NOW, clients=0, rows_per_s=0.0, queue_depth=0,
+                                    dropped_total=0, rejected_total=0, db_size_bytes=None)
         store.write([Sample(T0 + 10 * i, d, Phase.UNKNOWN, "nvml", device_used_bytes=i,
                             device_total_bytes=100)
                      for i in range(MINUTES * 6) for d in range(devices)],
@@ -69,23 +76,35 @@ def test_a_leader_step_sends_the_same_statements_for_2_devices_or_32(any_url, ho
     stores = _fleet(any_url, hosts, devices)
     leader = stores[0]
     clock = FakeClock(NOW)
-    retention = Retention(raw_s=86_400, rollup_s=90 * 86_400, step_rows=1000, clock=clock,
-                          minutes_per_step=2)
     dialect = leader.dialect
+    fleet = dialect == "postgresql"
+    others = stores[1:] if fleet else []  # SQLite: one agent, every device of the file
+
+    def retention() -> Retention:
+        return Retention(raw_s=86_400, rollup_s=90 * 86_400, step_rows=1000, clock=clock,
+                         minutes_per_step=2)
+    leads, follow = retention(), [retention() for _ in others]
+
+    def step() -> object:
+        result = leads.step(leader)
+        for r, store in zip(follow, others, strict=True):  # each rolls its own host up
+            r.step(store)
+        return result
     n_devices = hosts * devices
-    more = 11 * ((n_devices - 1) // maintenance.ROLLUP_DEVICES_PER_CHUNK)  # 40 devices: 11
+    rolled = devices if fleet else n_devices  # the leader's own host, or every device
+    more = 11 * ((rolled - 1) // maintenance.ROLLUP_DEVICES_PER_CHUNK)  # 40 devices: 11
     metrics = 2  # device_used_bytes and device_total_bytes
     try:
-        sent, first = _counted(leader, lambda: retention.step(leader))
+        sent, first = _counted(leader, step)
         assert (sent, first.rolled_up_minutes, first.rollup_rows) == \
-            (FIRST_STEP[dialect] + more, 2, 2 * n_devices * metrics)
-        sent, second = _counted(leader, lambda: retention.step(leader))
+            (FIRST_STEP[dialect] + more, 2, 2 * rolled * metrics)
+        sent, second = _counted(leader, step)
         assert (sent, second.rolled_up_minutes, second.rollup_rows) == \
-            (SECOND_STEP[dialect] + more, 2, 2 * n_devices * metrics)
-        sent, idle = _counted(leader, lambda: retention.step(leader))
+            (SECOND_STEP[dialect] + more, 2, 2 * rolled * metrics)
+        sent, idle = _counted(leader, step)
         assert (sent, idle.rolled_up_minutes, idle.busy) == (NOTHING_DUE[dialect], 0, False)
         clock.advance(60.0)
-        sent, empty = _counted(leader, lambda: retention.step(leader))
+        sent, empty = _counted(leader, step)
         assert (sent, empty.rolled_up_minutes, empty.busy) == (EMPTY_MINUTE[dialect], 0, False)
         # what the steps made: every device's four minutes, each of its 6 samples
         rollups = read_rollups(leader)
@@ -98,6 +117,6 @@ def test_a_leader_step_sends_the_same_statements_for_2_devices_or_32(any_url, ho
                 for r in used] == [(6, 11, 8.5, 11)] * n_devices
         assert leader.count("event_counts") == n_devices * MINUTES
     finally:
-        retention.close()
+        leads.close()
         for store in stores:
             store.close()

@@ -126,8 +126,9 @@ def test_rows_in_the_default_move_into_the_partition_made_for_their_day(store):
         3 * DAY + 5, 3 * DAY + 6, 4 * DAY + 1]}
     # retention at a clock on day 3 makes days 4 and 5 ahead: PostgreSQL would refuse day 4
     # while the default holds a row of it (a host whose clock runs ahead), so it is moved in
-    r = Retention(raw_s=DAY, rollup_s=30 * DAY, step_rows=1000, clock=FakeClock(D0 + 3 * DAY + 9),
-                  compact_after_s=10 * DAY)
+    # (raw rows kept 4 days: day 0's partition is not old enough to drop)
+    r = Retention(raw_s=4 * DAY, rollup_s=30 * DAY, step_rows=1000,
+                  clock=FakeClock(D0 + 3 * DAY + 9), compact_after_s=10 * DAY)
     assert r.step(store).deleted["partitions"] == 0
     assert _where(store) == {NAMES[0]: [5.0], "samples_default": [3 * DAY + 5, 3 * DAY + 6],
                              NAMES[4]: [4 * DAY + 1]}
