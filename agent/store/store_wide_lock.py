@@ -5,9 +5,10 @@ advisory lock. Every agent rolls up and compacts its own host's devices
 
 Session-level (``pg_try_advisory_lock``), not transaction-level: a retention step is many short
 transactions and the leader keeps state between steps (the gone hosts' rollup watermarks, its
-partitions); PostgreSQL releases the lock when the session ends, however the agent went. Each step checks in ``pg_locks`` that the session still
-holds it, so a leader whose connection broke stops believing it leads. SQLite: one agent per
-file; :meth:`StoreWideLock.acquire` is always true. docs/agent.md, "Retention and rollups".
+partitions); PostgreSQL releases the lock when the session ends, however the agent went. Each
+step checks in ``pg_locks`` that the session still holds it, so a leader whose connection broke
+stops believing it leads. SQLite: one agent per file; :meth:`StoreWideLock.acquire` is always
+true. docs/agent.md, "Retention and rollups".
 """
 
 from __future__ import annotations
