@@ -37,9 +37,7 @@ RHO_MAX = 0.9  # the lag-one correlation is capped: beyond, the factor says noth
 MORE_CAP_S = 24 * 3600.0  # "more data" estimates beyond a day read as a day
 KNEE_F = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
 MODEL_ERROR = 0.15  # a route's leak rate is known within this share of itself at best
-# one rise between floor points making this share of a stretch's rise: a step (a staircase
-# of three steps in the span reads its rate to a step too)
-STEP_SHARE = 0.25
+STEP_SHARE = 0.5  # one rise between floor points making this share of a stretch's rise: a step
 
 
 class Rate(NamedTuple):

@@ -61,10 +61,7 @@ Two refinements make it fast and load-aware:
   ``MIN_GROWTH_NOISE`` times the noise). The Mann–Kendall verdict above stays, for what rose
   before the floor ever settled and for slow leaks.
 
-A leak found stays found until its trend is gone (hysteresis, on either route). The state
-follows the rate's reported interval (``_leak_if_above``): the tests' leak is named once the
-interval's low end is above the minimum slope, and holds while it stays above ``HOLD_RATIO``
-of it; meanwhile the answer is ``insufficient_data`` with the interval.
+A leak found stays found until its trend is gone (hysteresis, on either route).
 
 The rate a leak verdict reports (either route) is not the test's Theil–Sen slope but
 ``leak_rate``: the least-squares slope since the knee of a broken-stick fit where the knee is
@@ -164,7 +161,6 @@ IDLE_RECENT_S = 7200.0  # an idle floor this recent: estimated floors are left o
 #                         (unless the horizon's idle floors are too few: _busy_floor)
 MIN_CONFIRM_S = 600.0  # floor since the change point before a sequential verdict
 P_CONFIRM = 0.01
-HOLD_RATIO = 0.5  # a leak named holds while its interval's low end is above this x minimum
 F_KNEE = 3.84  # a knee's F against the straight line: the 5 % point of chi-squared, 1 d.f.
 RELOAD_RATIO = 0.5  # allocated memory below this share of the settled floor: a model reload
 RELOAD_CONFIRM_S = 120.0  # ...once memory comes back to that share, or samples go on this long
@@ -423,9 +419,6 @@ class LeakDetector:
         # two lines read with different bytes per request compare only once put back
         self._taken_off: tuple[float, float] = (0.0, 0.0)
         self._route_taken_off: tuple[float, float] = (0.0, 0.0)  # the routes' answer's
-        # the routes' tests found a leak at their last verdict, whatever its interval said
-        # (_leak_if_above): their hysteresis holds it (_held_by_tests)
-        self._tests_found = False
         self.peak = RecentPeak()  # the newest peaks of allocated memory: the headroom
 
     @property
@@ -776,7 +769,7 @@ class LeakDetector:
             self._since_eval = 0
             prev = self._result  # the floor's own (orphaned KV blocks aside)
             mk = evaluate_floor(self.trend_points(), self._limit(), self.t,
-                                self._held_by_tests(prev))
+                                prev.detected and prev.p_value is not None)
             # a sequential leak is reported over its own span (since its change point): its
             # slope is the leak's, not diluted by the flat floor before it
             verdict = mk if self._seq is None else self._seq
@@ -788,13 +781,6 @@ class LeakDetector:
                 [n for p, n in zip(self.points, self._in_flight) if p[0] >= start]))
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
-
-    def _held_by_tests(self, prev: LeakResult) -> bool:
-        """The routes' tests hold a leak (their hysteresis): the answer shown is a leak with a
-        test behind it, or the tests' last verdict was a leak that its interval held back
-        (``_leak_if_above``: a rate not yet told from the minimum is no reason to forget a
-        rise the tests found)."""
-        return (prev.detected and prev.p_value is not None) or self._tests_found
 
     def _idle_enough_at(self, ts: float) -> bool:
         """The horizon up to ``ts`` holds enough idle (exact) trend points for a verdict."""
@@ -833,7 +819,9 @@ class LeakDetector:
         per_request = load_correction(raw, loads, self.per_request.bytes_per_block)
         self._taken_off = (per_request, mean_load(loads))
         points = corrected(raw, loads, per_request)
-        v = evaluate_floor(points, self._limit(), self.t, self._held_by_tests(self._result))
+        prev = self._result  # the floor's own (orphaned KV blocks aside)
+        was = prev.detected and prev.p_value is not None
+        v = evaluate_floor(points, self._limit(), self.t, was)
         span = rolled[-1][0] - rolled[0][0]
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
                                     estimated=any(loads), points=points, loads=loads)
@@ -898,7 +886,7 @@ class LeakDetector:
         self.fast.clear()
         self._fast = self._fast_on = self._rise = self._gain = self._idle_fine = None
         self._lines = (None, None)
-        self._exact_fine, self._idle_enough, self._tests_found = None, False, False
+        self._exact_fine, self._idle_enough = None, False
         self._idle_reads.clear()
         self._busy_reads.clear()
         self._busy_fine = None
@@ -986,11 +974,9 @@ class LeakDetector:
         to OOM; ``no_leak`` stands only where the interval's top is below the minimum slope,
         else it is ``insufficient_data`` with what is missing."""
         if r.p_value is None or r.rate_low_bytes_per_s is not None:
-            self._tests_found = r.detected and r.p_value is not None
             return r  # no test was made (not enough floor yet), or it carries its own rate
         if r.detected:
             r = self._drifted(r)
-        self._tests_found = r.detected
         pts = list(self.trend_points() if points is None else points)
         # the requests in flight at each point: what an estimated floor's point had taken off
         held = list(self._in_flight if points is None else loads or [0] * len(pts))
@@ -1003,8 +989,9 @@ class LeakDetector:
         if r.detected and rate is not None:
             if r.estimated_floor:  # where it began is within the estimate's wandering
                 horizon, horizon_held = pts, held
-            return self._leak_if_above(r, self._misfit(rate, r.slope_bytes_per_s, pts,
-                                                       horizon, horizon_held))
+            return with_forecast(r, self._misfit(rate, r.slope_bytes_per_s, pts, horizon,
+                                                 horizon_held),
+                                 self._limit() - self.peak.value())
         if rate is None and r.detected and r.slope_bytes_per_s > 0:
             # too few points for an interval of their own: the slope's, with the model's error
             rate = Rate(r.slope_bytes_per_s, r.slope_bytes_per_s, r.slope_bytes_per_s, r.span_s,
@@ -1013,7 +1000,8 @@ class LeakDetector:
             return r
         min_slope = self._min_slope()
         if r.detected:
-            return self._leak_if_above(r, widened(rate, r.slope_bytes_per_s))
+            return with_forecast(r, widened(rate, r.slope_bytes_per_s),
+                                 self._limit() - self.peak.value())
         r = r._replace(rate_low_bytes_per_s=rate.low, rate_high_bytes_per_s=rate.high)
         scope = ""
         if judge(rate, min_slope) == "no_leak":  # the interval's top under the minimum
@@ -1034,30 +1022,6 @@ class LeakDetector:
                        f"{span_words(more_time_s(rate, min_slope))} more of floor at this noise")
         return r._replace(enough_data=False, evidence=(
             f"not enough data yet: {missing} (the test so far: {r.evidence})"))
-
-    def _leak_if_above(self, r: LeakResult, rate: Rate) -> LeakResult:
-        """A route's leak ``r`` reporting ``rate`` (its interval, widened for the floor's
-        misfit): a leak once the interval's low end is above the minimum slope, the state
-        and the interval being one thing; a leak already named holds while it stays above
-        ``HOLD_RATIO`` of it (as a fast verdict holds: a low end that wanders about the
-        minimum would name the same leak again and again). Else ``insufficient_data`` with
-        the interval and about how much more floor tells it from the minimum at this noise
-        (the route's tests found a rise; its rate is not yet told from the minimum)."""
-        min_slope = self._min_slope()
-        named = self._route.detected and self._route.p_value is not None
-        if rate.low > (HOLD_RATIO if named else 1.0) * min_slope:
-            return with_forecast(r, rate, self._limit() - self.peak.value())
-        more = more_time_s(rate, min_slope)
-        # the noise alone would have told them apart by now: the width is the floor's misfit
-        wait = (f"about {span_words(more)} more of floor at this noise" if more > 0 else
-                "the rise is no straight line yet (steps, or a rate that changed): more floor "
-                "narrows it")
-        return r._replace(
-            detected=False, enough_data=False, rate_low_bytes_per_s=rate.low,
-            rate_high_bytes_per_s=rate.high, evidence=(
-                f"not enough data yet: the floor's rate {per_hour(rate.slope)} "
-                f"({per_hour(rate.low)} to {per_hour(rate.high)}, 90 %) is not yet above the "
-                f"minimum {per_hour(min_slope)}; {wait} (the test so far: {r.evidence})"))
 
     def _note_per_token(self, ts_s: float) -> None:
         """Keep the token floor's estimate and the tokens held, a minute apart (horizon)."""
@@ -1188,15 +1152,9 @@ class LeakDetector:
         if verdict is self._fast:
             self._note_gain(out, now_s, taken_off)
             return out
-        tested = out
         self._route = out = self._with_growth(out, points, loads)
-        if not out.detected and out.first_detected_ts_s != prev.first_detected_ts_s:
-            # the interval held the route's leak back (_leak_if_above): not yet a detection
-            self._route = out = out._replace(first_detected_ts_s=prev.first_detected_ts_s)
         self._route_taken_off = taken_off
-        # what the floor added while the tests found a rise, named or held back by its
-        # interval: a leak that grows only under load rests when the load does (_held_gain)
-        self._note_gain(tested if self._tests_found else out, now_s, taken_off)
+        self._note_gain(out, now_s, taken_off)
         held = self._fast
         if held is not None and not out.detected:  # the fast route's leak holds
             return held._replace(first_detected_ts_s=first)
