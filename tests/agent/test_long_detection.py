@@ -68,6 +68,7 @@ def test_a_leak_found_in_time_scores_its_slope_at_detection_and_an_early_alert_c
     assert out.slope_ratios == [pytest.approx(1.2)]  # against the suite's average
     assert out.so_far_ratios == [pytest.approx(1.2 / 1.5, rel=1e-6)]  # against what it added
     assert out.so_far_names == ["t"]
+    assert out.so_far_estimated == [False]  # no verdict kept: counted as an exact floor
     # found before the leak added anything: no estimate of it (counted, as infinitely wrong)
     early = ld.LongScore()
     ld.score_leak(trace(leak_start_ts=3600.0, leak_rate_ratio_per_h=0.01,
@@ -199,3 +200,14 @@ def test_a_token_floor_s_settling_estimate_is_not_a_leak_before_the_onset():
     itself is still found."""
     _, _, out = _scored_leak("leak/never_idle/5.00%/per_request_kv-never_idle/248")
     assert (out.leaks, out.found, out.early) == (1, 1, [])
+
+
+def test_the_slope_error_holds_exact_floors_to_2x_and_names_estimated_ones():
+    out = ld.LongScore(so_far_ratios=[1.0, 1.05, 3.0], so_far_names=["a", "b", "c"],
+                       so_far_estimated=[False, False, True])
+    fig = next(f for f in ld.figures(out, []) if "slope error" in f.metric)
+    assert fig.met  # the one beyond 2x is an estimated floor's
+    assert fig.spread == ("max 3.00x, 1 beyond 2x over 3, exact floors 0 over 2; "
+                          "c (estimated): 3.00x")
+    out.so_far_estimated = [False, False, False]
+    assert not next(f for f in ld.figures(out, []) if "slope error" in f.metric).met
