@@ -14,8 +14,8 @@ from vramscope.agent.config import parse_config
 from vramscope.agent.daemon import Agent
 from vramscope.agent.records import Phase, Sample
 from vramscope.agent.sources.nvml import FakeNvmlSource, fake_uuid
-from vramscope.dashboard import queries
 from vramscope.dashboard.app import create_app
+from vramscope.dashboard.latest import latest_values
 
 GiB = 2**30
 T0 = 1_700_000_000.0
@@ -64,7 +64,7 @@ def _node(store, names: dict[int, dict]):
 
 
 def test_two_processes_are_two_series_and_the_device_adds_up(node, store):
-    latest = queries.latest_values(store, 0, None, {p["pid"]: p for p in store.processes()})
+    latest = latest_values(store, 0, None, {p["pid"]: p for p in store.processes()})
     by_pid = {p["pid"]: p for p in latest["processes"]}
     assert {pid: (p["process"], p["reserved_bytes"], p["limit_bytes"])
             for pid, p in by_pid.items()} == {A: ("vllm/rank0", 30 * GiB, 40 * GiB),

@@ -109,7 +109,7 @@ def check(results: dict[str, Any], name: str, ok: bool, detail: Any) -> None:
 def measure(agent: Any, store: Any, servers: dict[str, dict], results: dict[str, Any]) -> None:
     """Both servers hold still: NVML now, the newest stored rows right after."""
     from vramscope.agent.config import parse_config
-    from vramscope.dashboard import queries
+    from vramscope.dashboard import latest
     from vramscope.dashboard.app import create_app
 
     time.sleep(2.0)  # several allocator (0.1 s) and device (0.1 s) samples of the still state
@@ -127,7 +127,7 @@ def measure(agent: Any, store: Any, servers: dict[str, dict], results: dict[str,
     [gpu0] = [d for d in devices if d["uuid"] == nvml["uuid"]] or [None]
     check(results, "NVML's GPU 0 is a stored device with its UUID", gpu0 is not None,
           nvml["uuid"])
-    latest = queries.latest_values(store, gpu0["device_index"], None, procs) if gpu0 else None
+    latest = latest.latest_values(store, gpu0["device_index"], None, procs) if gpu0 else None
     results["latest"] = latest
     by_pid = {p["pid"]: p for p in (latest or {}).get("processes", [])}
     for name, mine in servers.items():

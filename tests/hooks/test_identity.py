@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import RANK_EVENT, Phase, Sample
-from vramscope.dashboard.queries import latest_values
+from vramscope.dashboard.latest import latest_values
 from vramscope.hooks.identity import RankInfo, RankWatch, rank_from_env
 
 
