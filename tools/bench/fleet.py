@@ -307,22 +307,32 @@ def _stop_agents(agents: list[AgentProcess], sent: list[dict[str, int]]) -> list
 
 
 def _stored_by_host(store: Any) -> dict[str, dict[str, int]]:
-    """Rows stored per host: all samples and events, and those the servers sent (per-process
-    samples, request events: every row not from the agent's own device sampling)."""
+    """Records stored per host: all samples and events, as rows or in the compact raw tier's
+    blocks (each agent compacts its own closed intervals as it runs), and those the servers
+    sent (per-process samples, request events: every record not from the agent's own device
+    sampling)."""
     from sqlalchemy import text
 
     out: dict[str, dict[str, int]] = {}
+
+    def add(host: str, key: str, n: int) -> None:
+        got = out.setdefault(host, {"nvml": 0, "samples_from_servers": 0, "events": 0})
+        got[key] += int(n or 0)
+
     with store.engine.connect() as c:
-        for host, nvml, hooked in c.execute(text(
-                "SELECT h.name, count(*) FILTER (WHERE s.source = 'nvml'), "
-                "count(*) FILTER (WHERE s.source IS DISTINCT FROM 'nvml') "
-                "FROM samples s JOIN devices d ON d.id = s.device_id "
-                "JOIN hosts h ON h.id = d.host_id GROUP BY h.name")):
-            out[host] = {"nvml": nvml, "samples_from_servers": hooked, "events": 0}
-        for host, events in c.execute(text(
-                "SELECT h.name, count(*) FROM events e JOIN devices d ON d.id = e.device_id "
-                "JOIN hosts h ON h.id = d.host_id GROUP BY h.name")):
-            out.setdefault(host, {"nvml": 0, "samples_from_servers": 0})["events"] = events
+        for table, counted in (("samples", "count(*)"), ("sample_blocks", "sum(s.count)")):
+            for host, nvml, hooked in c.execute(text(
+                    f"SELECT h.name, {counted} FILTER (WHERE s.source = 'nvml'), "
+                    f"{counted} FILTER (WHERE s.source IS DISTINCT FROM 'nvml') "
+                    f"FROM {table} s JOIN devices d ON d.id = s.device_id "
+                    "JOIN hosts h ON h.id = d.host_id GROUP BY h.name")):
+                add(host, "nvml", nvml)
+                add(host, "samples_from_servers", hooked)
+        for table, counted in (("events", "count(*)"), ("event_blocks", "sum(e.count)")):
+            for host, events in c.execute(text(
+                    f"SELECT h.name, {counted} FROM {table} e JOIN devices d "
+                    "ON d.id = e.device_id JOIN hosts h ON h.id = d.host_id GROUP BY h.name")):
+                add(host, "events", events)
     return out
 
 
