@@ -110,14 +110,14 @@ def test_growth_is_named_by_a_leak_alert_or_a_growth_risk_alert_after_its_onset(
         change("fired", "oom_risk", 1240.0, "OOM risk warning: ...; likely growth; try: x"),
         change("fired", "memory_leak", 1250.0)], {}, 4000.0), out)
     ld.score_fast(fast_trace(oom=2000.0, name="g"), ld.Run([], {}, 2000.0), out)  # not named
-    assert out.named == [("f", 240.0, 300.0), ("g", math.inf, 180.0)]
+    assert out.named == [("f", 240.0, 300.0, 3000.0), ("g", math.inf, 180.0, 1000.0)]
     # the first right warning: 1240, 2760 s ahead of 3000; none in the second
     assert out.leads == [("f", pytest.approx(0.92)), ("g", 0.0)]
     assert out.flaps == {"f": 2, "g": 0}
     untokened = fast_trace(name="u")
     untokened.engine, untokened.kv_tokens = "per_request_kv", False  # scored apart
     ld.score_fast(untokened, ld.Run([change("fired", "memory_leak", 1100.0)], {}, 4000.0), out)
-    assert out.named_untokened == [("u", 100.0, 300.0)] and len(out.named) == 2
+    assert out.named_untokened == [("u", 100.0, 300.0, 3000.0)] and len(out.named) == 2
 
 
 def test_a_fast_ooms_lead_takes_the_first_risk_alert_naming_its_cause_and_flaps_are_counted():
@@ -146,7 +146,7 @@ def test_a_leak_alert_with_its_time_to_oom_is_a_forecast_of_growth_and_one_witho
     run.verdicts = {1300.0: verdict(0.1, 0.2, ttoom=None), 1600.0: verdict(0.1, 0.2)}
     out = ld.LongScore()
     ld.score_fast(fast_trace(), run, out)
-    assert out.named == [("f", 300.0, 300.0)]  # the first leak alert names it
+    assert out.named == [("f", 300.0, 300.0, 3000.0)]  # the first leak alert names it
     assert out.leads == [("f", pytest.approx(0.8))]
     # a load ramp's forecast is a risk warning naming the load, never a leak alert
     out = ld.LongScore()
@@ -196,18 +196,23 @@ def test_a_leak_run_that_says_no_leak_once_the_leak_is_visible_counts_once():
 
 
 def test_the_fast_figures_read_their_scores():
-    s = ld.LongScore(named=[("a", 60.0, 180.0), ("b", 400.0, 200.0)],
+    # "a" and "b" fill within an hour (held to the target), "c" in three hours (reported)
+    s = ld.LongScore(named=[("a", 60.0, 180.0, 900.0), ("b", 400.0, 200.0, 3600.0),
+                            ("c", 1200.0, 1080.0, 10800.0)],
                      leads=[("a", 0.8), ("b", 0.25), ("c", 0.0)], flaps={"a": 2, "b": 6, "c": 0})
-    name, lead, flaps = ld.fast_figures(s)
-    assert (name.value, name.unit, name.met) == (1.0, "of 2", False)
+    name, slower, lead, flaps = ld.fast_figures(s)
+    assert (name.value, name.unit, name.target, name.met) == (1.0, "of 2", "2", False)
+    assert name.metric.endswith("of its onset (fills within an hour)")
     assert name.spread == "worst 2.00x the time allowed; late: b: 2.00x"
+    assert (slower.value, slower.unit, slower.target, slower.met) == (0.0, "of 1", "", None)
+    assert slower.spread == "worst 1.11x the time allowed; late: c: 1.11x"
     assert (lead.value, lead.unit, lead.met) == (1.0, "of 3", False)
     assert "least lead 0.00" in lead.spread and "b: 0.25; c: 0.00" in lead.spread
     assert (flaps.value, flaps.met, flaps.spread) == (6.0, False, "median 2 over 3; above 4: b: 6")
-    s.named_untokened = [("u", 100.0, 300.0)]
-    name, untokened, *_ = ld.fast_figures(s)
+    s.named_untokened = [("u", 100.0, 300.0, 1800.0)]
+    name, slower, untokened, *_ = ld.fast_figures(s)
     assert (untokened.value, untokened.unit, untokened.met) == (1.0, "of 1", True)
-    assert untokened.metric.endswith("(servers without token figures)")
+    assert untokened.metric.endswith("(fills within an hour, servers without token figures)")
 
 
 def test_the_engine_run_keeps_the_verdict_at_each_leak_firing_and_the_state_after_the_onset():

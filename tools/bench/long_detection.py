@@ -69,6 +69,7 @@ _CAUSE = re.compile(r"likely (\w+)")
 _CAUSE_WORDS = {"batch": "load"}  # the product's word -> the suite's
 NAME_MIN_S = 180.0  # fast growth is named within this long of its onset,
 NAME_SHARE = 0.10  # ...or this share of its onset-to-OOM time, whichever is longer
+FILL_HOUR_S = 3600.0  # the done-when holds growth that fills the device within this long
 LEAD_SHARE = 0.5  # a fast OOM's first right warning comes this share of its development ahead
 FLAPS_MAX = 4  # OOM-risk changes (fired, resolved) from a fast failure's onset to its OOM
 COVER_TARGET = 0.90
@@ -114,10 +115,10 @@ class LongScore:
     wrong: list[str] = field(default_factory=list)  # "trace: lead, cause said / truth"
     first_wrong: list[str] = field(default_factory=list)  # the first warning's cause, if wrong
     # the fast group
-    named: list[tuple[str, float, float]] = field(default_factory=list)  # (trace, s to name
-    #                                                  from onset (inf: never), s allowed)
-    named_untokened: list[tuple[str, float, float]] = field(default_factory=list)  # the same,
-    #                                                  on servers without token figures
+    named: list[tuple[str, float, float, float]] = field(default_factory=list)  # (trace, s to
+    #                       name from onset (inf: never), s allowed, s the growth takes to fill)
+    named_untokened: list[tuple[str, float, float, float]] = field(default_factory=list)  # the
+    #                                                  same, on servers without token figures
     leads: list[tuple[str, float]] = field(default_factory=list)  # (trace, the first right
     #                                   warning's lead over the onset-to-OOM time; 0: none)
     flaps: dict[str, int] = field(default_factory=dict)  # trace -> OOM-risk changes
@@ -337,7 +338,8 @@ def score_fast(sc: Scenario, run: Run, out: LongScore) -> None:
         tokens = getattr(sc, "kv_tokens", True) or getattr(sc, "engine", "") != "per_request_kv"
         (out.named if tokens else out.named_untokened).append(
             (sc.name, named[0] - onset if named else math.inf,
-             max(NAME_MIN_S, NAME_SHARE * develop)))
+             max(NAME_MIN_S, NAME_SHARE * develop),
+             getattr(sc, "failure_develop_s", None) or develop))
     # the first forecast with the right cause: a risk warning, or for growth a leak alert
     # whose verdict carries its time to OOM (a leak is growth of the floor)
     right = [c.ts_s for c in changes if c.kind == "fired" and (
@@ -453,9 +455,14 @@ def fast_figures(s: LongScore) -> list[Figure]:
     flaps = max(s.flaps.values(), default=0)
     flappy = [f"{name}: {n}" for name, n in s.flaps.items() if n > FLAPS_MAX]
     m = len(s.leads)
-    out = [named_figure(s.named, "")]
-    if s.named_untokened:
-        out.append(named_figure(s.named_untokened, " (servers without token figures)"))
+    out = []
+    for named, which in ((s.named, ""), (s.named_untokened, ", servers without token figures")):
+        within = [n for n in named if n[3] <= FILL_HOUR_S]
+        if within:
+            out.append(named_figure(within, f" (fills within an hour{which})", scored=True))
+        if len(within) < len(named):
+            out.append(named_figure([n for n in named if n[3] > FILL_HOUR_S],
+                                    f" (fills slower than an hour{which})", scored=False))
     return out + [
         Figure("detection", "long suite, fast OOMs: first forecast with the right cause (a "
                "leak's time to OOM or a risk warning) >= half the onset-to-OOM time ahead",
@@ -471,9 +478,12 @@ def fast_figures(s: LongScore) -> list[Figure]:
     ]
 
 
-def named_figure(named: Sequence[tuple[str, float, float]], which: str) -> Figure:
-    """Fast growth named in time: ``named`` is (trace, seconds to name, seconds allowed)."""
-    ratios = [(name, took / allowed) for name, took, allowed in named]
+def named_figure(named: Sequence[tuple[str, float, float, float]], which: str,
+                 scored: bool) -> Figure:
+    """Fast growth named in time: ``named`` is (trace, seconds to name, seconds allowed, fill);
+    scored: held to the target (issue 44's done-when covers fills within an hour), else
+    reported beside it."""
+    ratios = [(name, took / allowed) for name, took, allowed, _ in named]
     late = [f"{name}: {r:.2f}x" for name, r in ratios if r > 1]
     worst = max((r for _, r in ratios), default=float("nan"))
     n = len(ratios)
@@ -481,7 +491,8 @@ def named_figure(named: Sequence[tuple[str, float, float]], which: str) -> Figur
                   f"time to OOM) of its onset{which}", float(n - len(late)), f"of {n}",
                   spread=f"worst {worst:.2f}x the time allowed; late: " + ("; ".join(late)
                                                                              or "none"),
-                  target=f"{n}", met=bool(n) and not late)
+                  target=f"{n}" if scored else "",
+                  met=(bool(n) and not late) if scored else None)
 
 
 def verdict_figures(s: LongScore) -> list[Figure]:

@@ -193,6 +193,7 @@ class LongScenario(Scenario):
     leak_history: list[tuple[float, int]] = field(default_factory=list)
     fast: bool = False
     failure_onset_ts: float | None = None  # a failure: when it began to develop
+    failure_develop_s: float | None = None  # ...and how long it was made to develop
     kv_tokens: bool = True  # per_request_kv: kv_tokens_used reported (Spec.kv_tokens)
 
 
@@ -442,7 +443,7 @@ def build(spec: Spec) -> LongScenario:
         dt_s=spec.dt_s, throughput=spec.throughput, lazy_warmup=spec.lazy_warmup,
         leak_history=[(START_S + u, b) for u, b in run.leaked] if onset is not None else [],
         fast=spec.fast, failure_onset_ts=START_S + f.onset_s if f else None,
-        kv_tokens=spec.kv_tokens)
+        failure_develop_s=f.develop_s if f else None, kv_tokens=spec.kv_tokens)
 
 
 def _check(spec: Spec, run: Run) -> None:
