@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
@@ -36,6 +36,9 @@ log = logging.getLogger("vramscope.demo")
 
 DEMO_SCENARIOS = ("healthy", "leak", "fragmentation")  # "all"
 SLICE_S = 60.0  # simulated seconds per server between progress checks
+# The demo feeds its agent faster than real time; unlike a server's hooks it may wait, so it
+# waits while the agent's queue is fuller than this share instead of making it drop records
+QUEUE_SHARE = 0.5
 
 
 SOCKET_NAME = "agent.sock"
@@ -101,12 +104,16 @@ class Pacer:
         return min(now, self.sim0_s + (now - self.wall0_s) * self.speed)
 
 
-def advance(servers: list[SimServer], target_s: float) -> None:
-    """Move every server towards ``target_s`` in slices, so they stay abreast."""
+def advance(servers: list[SimServer], target_s: float,
+            between: Callable[[], None] | None = None) -> None:
+    """Move every server towards ``target_s`` in slices, so they stay abreast; ``between``
+    is called before each round of slices."""
     while True:
         behind = [s for s in servers if s.now_s < target_s]
         if not behind:
             return
+        if between is not None:
+            between()
         for s in behind:
             s.run_until(min(target_s, s.now_s + SLICE_S))
 
@@ -191,10 +198,16 @@ def run_simulation(servers: list[SimServer], pacer: Pacer, agent: EmbeddedAgent,
             return
         target = pacer.target_s()
         chunk = min(target, min(s.now_s for s in servers) + SLICE_S * 4)
-        advance(servers, chunk)
+        advance(servers, chunk, lambda: _wait_for_the_writer(agent, stop))
         progress.show(status_line(servers, pacer, agent))
         if chunk >= pacer.clock.time_s() - 1.0:
             stop.wait(0.25)  # live: real time from here on
+
+
+def _wait_for_the_writer(agent: EmbeddedAgent, stop: threading.Event) -> None:
+    fuller_than = QUEUE_SHARE * agent.agent.config["agent.queue_max_records"]
+    while agent.agent.writer.queue_depth > fuller_than and not stop.is_set():
+        stop.wait(0.05)
 
 
 BEHIND_S = 5.0  # simulated time further behind the wall clock than this is "behind"

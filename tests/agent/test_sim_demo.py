@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import io
+import threading
+import time
 
+import pytest
 from vramscope.agent.clock import FakeClock
-from vramscope.agent.sim.demo import Pacer, Progress, SimDeviceSource, advance, make_servers
+from vramscope.agent.sim.demo import (
+    QUEUE_SHARE,
+    Pacer,
+    Progress,
+    SimDeviceSource,
+    advance,
+    make_servers,
+)
 from vramscope.hooks.sink import ListSink
 
 
@@ -45,3 +55,40 @@ def test_progress_prints_lines_when_not_a_terminal():
     progress.show("too soon")
     progress.show("forced", force=True)
     assert out.getvalue() == "first\nforced\n"
+
+
+@pytest.mark.parametrize("share, drops", [(QUEUE_SHARE, False), (1e9, True)])
+def test_the_simulation_waits_for_the_agents_writer_instead_of_making_it_drop(
+        tmp_path, monkeypatch, share, drops):
+    # a queue of 2,000 records, fed 20 simulated minutes of three servers as fast as the CPU
+    # goes: waiting while it is over half full, nothing is dropped; not waiting, it drops
+    import vramscope.agent.sim.demo as demo
+    from vramscope.agent.config import load_config
+    from vramscope.agent.embedded import EmbeddedAgent
+
+    monkeypatch.setattr(demo, "QUEUE_SHARE", share)
+    config = load_config(environ={}).replace(agent__queue_max_records=2000)
+    servers = make_servers(("healthy", "leak", "fragmentation"), None, 1_700_000_000.0)
+    agent = EmbeddedAgent(config, db_url=f"sqlite:///{tmp_path}/d.db",
+                          source=SimDeviceSource(servers))
+    for s in servers:
+        s.sink = agent.sink
+    with agent:
+        clock = FakeClock(start_s=1_700_000_000.0 + 1200.0)
+        pacer = Pacer(clock, history_s=1200.0, speed=1e9)
+        clock.advance(1.0)  # the whole 20 minutes are due at once
+        done = threading.Event()
+        threading.Thread(target=_stop_at, args=(servers, clock.time_s(), done),
+                         daemon=True).start()
+        demo.run_simulation(servers, pacer, agent, 120.0, Progress(io.StringIO()), done)
+    assert [s.now_s for s in servers] == [clock.time_s()] * 3  # all 20 minutes ran
+    stats = agent.agent.writer.stats
+    assert stats.written_total + stats.dropped_total == 8939  # every record the servers sent
+    assert (stats.dropped_total > 0) is drops
+
+
+def _stop_at(servers, end_s, stop):
+    while not all(s.now_s >= end_s for s in servers):
+        time.sleep(0.02)
+    time.sleep(0.5)  # let the loop come round once more
+    stop.set()
