@@ -116,6 +116,14 @@ class Store:
             store.ensure_schema()
         return store
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], url: str | None = None, *,
+                    upgrade: bool = True) -> Store:
+        """:meth:`open` ``url`` (default: ``database.url``) with the config's ``synchronous``
+        and host name."""
+        return cls.open(url or config["database.url"], synchronous=config["database.synchronous"],
+                        host_name=config["agent.host_name"] or None, upgrade=upgrade)
+
     def ensure_schema(self, on_migrated: migrate.OnMigrated | None = None) -> None:
         """Upgrade an older schema; refuse a newer one, a damaged file and tables without a
         revision. Never writes over what it does not recognise. ``on_migrated`` is told of
@@ -697,6 +705,19 @@ class Store:
         row: PostgreSQL estimates a join's filter at a few events, so it sorted all request
         events of a week where an index range in time order stops at ``limit``.
         """
+        q = self._events_select(device, start_s, end_s, host)
+        arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
+        with self.engine.connect() as c:
+            rows = c.execute(_in_time_order(arms or [q], limit)).all()
+            if event_blocks.compactable(names):
+                rows = self._with_event_blocks(c, rows, device, host, start_s, end_s, names,
+                                               limit)
+        return [_event_of(r, host) for r in rows]
+
+    def _events_select(self, device: int | None, start_s: float | None, end_s: float | None,
+                       host: str | None) -> Select[Any]:
+        """The events of the window (of device index ``device``, or every device of the host),
+        as (device index, device uuid, every column of ``events``)."""
         # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
         q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
                     *(col.label(col.name) for col in events.c))
@@ -706,22 +727,9 @@ class Store:
             did = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
                    .where(hosts.c.name == (host or self.host_name),
                           devices.c.device_index == device).scalar_subquery())
-            q = q.where(events.c.device_id == did)
-        else:
-            q = (q.join(hosts, hosts.c.id == devices.c.host_id)
-                 .where(hosts.c.name == (host or self.host_name)))
-        arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
-        phases = _PHASE_OF.get
-        with self.engine.connect() as c:
-            rows = c.execute(_in_time_order(arms or [q], limit)).all()
-            if event_blocks.compactable(names):
-                rows = self._with_event_blocks(c, rows, device, host, start_s, end_s, names,
-                                               limit)
-        # by position, a phase by lookup (``Phase(value)`` and a Row's attributes were two
-        # thirds of an hour's 1,200 request markers)
-        return [Event(r[4], r[5], r[0], r[6], phases(r[7]) if r[7] else None, r[8],
-                      stored_json(r[9]), host, r[1])
-                for r in rows]
+            return q.where(events.c.device_id == did)
+        return (q.join(hosts, hosts.c.id == devices.c.host_id)
+                .where(hosts.c.name == (host or self.host_name)))
 
     def _with_event_blocks(self, c: Connection, rows: Sequence[Any], device: int | None,
                            host: str | None, start_s: float | None, end_s: float | None,
@@ -753,19 +761,11 @@ class Store:
         if spans:
             yield from self._iter_events_chunked(device, start_s, end_s, host, spans)
             return
-        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
-             .join(devices, devices.c.id == events.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name))
-             .order_by(events.c.ts_s, events.c.id))
-        q = _time_filter(q, events.c.ts_s, start_s, end_s)
-        if device is not None:
-            q = q.where(devices.c.device_index == device)
+        q = self._events_select(device, start_s, end_s, host).order_by(events.c.ts_s,
+                                                                       events.c.id)
         with self.engine.connect() as c:
             for r in c.execute(q).yield_per(10_000):
-                yield Event(r.ts_s, r.name, r.device_index, r.pid,
-                            Phase(r.phase) if r.phase else None, r.request_id,
-                            stored_json(r.data), host, r.device_uuid)
+                yield _event_of(r, host)
 
     def _iter_events_chunked(self, device: int | None, start_s: float | None,
                              end_s: float | None, host: str | None,
@@ -920,14 +920,8 @@ class Store:
                  columns: Sequence[str], *, source: str | None = None,
                  host: str | None = None, lasts: bool = True,
                  width_s: float | None = None) -> list[dict[str, Any]]:
-        """Downsample in SQL: per bucket, ``min``/``max``/``last`` of each column.
-
-        Returns one dict per non-empty bucket, in time order: ``{"ts_s": <bucket start>,
-        "last_ts_s": ..., "<col>_min": ..., "<col>_max": ..., "<col>_last": ...}``. Peaks survive
-        because max is kept, not averaged away. ``lasts=False``: the ``_last`` values are None,
-        not read (a query of their own). ``width_s``: buckets that wide instead of ``buckets``
-        of them (:func:`~vramscope.agent.store.downsample.width_grid`).
-        """
+        """Per bucket, ``min``/``max``/``last`` of each column: one dict per non-empty bucket,
+        in time order (:func:`~vramscope.agent.store.downsample.downsampled`)."""
         from vramscope.agent.store.downsample import downsample
 
         return downsample(self, device, start_s, end_s, buckets, columns, source, host,
@@ -1151,6 +1145,14 @@ def _id_or_insert(c: Connection, table: Table, where: ColumnElement[bool],
             return _new_id(c.execute(insert(table).values(**values)))
     except IntegrityError:  # another agent inserted it first
         return int(c.execute(select(table.c.id).where(where)).scalar_one())
+
+
+def _event_of(r: Any, host: str | None) -> Event:
+    """A row of ``Store._events_select`` as its Event: by position, a phase by lookup
+    (``Phase(value)`` and a Row's attributes were two thirds of the cost of reading a window's
+    request markers)."""
+    return Event(r[4], r[5], r[0], r[6], _PHASE_OF.get(r[7]) if r[7] else None, r[8],
+                 stored_json(r[9]), host, r[1])
 
 
 def _joined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
