@@ -719,10 +719,10 @@ class Store:
         """The events of the window (of device index ``device``, or every device of the host),
         as (device index, device uuid, every column of ``events``)."""
         # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
-        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
-                    *(col.label(col.name) for col in events.c))
-             .join(devices, devices.c.id == events.c.device_id))
-        q = _time_filter(q, events.c.ts_s, start_s, end_s)
+        q: Select[Any] = _time_filter(
+            select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
+                   *(col.label(col.name) for col in events.c))
+            .join(devices, devices.c.id == events.c.device_id), events.c.ts_s, start_s, end_s)
         if device is not None:
             did = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
                    .where(hosts.c.name == (host or self.host_name),
