@@ -87,7 +87,6 @@ def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceErro
 
 def _chunks(records: Iterable[tuple[int, Sample | Event]], chunk: float
             ) -> Iterator[tuple[list[Sample], list[Event]]]:
-    """``records`` as ``(samples, events)`` chunks of at most ``chunk`` records."""
     samples: list[Sample] = []
     events: list[Event] = []
     for _lineno, record in records:
