@@ -25,7 +25,7 @@ from vramscope.agent.clock import SYSTEM_CLOCK, Clock, Schedule
 from vramscope.agent.records import Event, PostMortem, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.store import verdicts as store_verdicts
-from vramscope.agent.store.store import integrity_wait_s
+from vramscope.agent.store.store import Store, integrity_wait_s
 from vramscope.agent.writer import Writer
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from vramscope.agent.ingest.server import IngestServer
     from vramscope.agent.sources.nvml import DeviceInfo, DeviceSource, ProcessRow
     from vramscope.agent.sources.prometheus import PrometheusSource
-    from vramscope.agent.store import Store
 
 log = logging.getLogger("vramscope.agent")
 
@@ -78,7 +77,7 @@ class Agent:
         self.socket_path = socket_path or config["agent.socket_path"]
         if listen:  # the socket's folder first: see _prepare_socket_folder
             _prepare_socket_folder(config, self.socket_path)
-        self.store = store if store is not None else _open_store(config, db_url)
+        self.store = store if store is not None else Store.from_config(config, db_url)
         self.source = _open_source(source, clock)
         self.writer = Writer(self.store, max_records=config["agent.queue_max_records"],
                              batch_rows=config["agent.batch_rows"],
@@ -534,14 +533,6 @@ def _prepare_socket_folder(config: Config, socket_path: str) -> None:
     from vramscope.agent.settings import parse_uids
 
     prepare_socket_folder(socket_path, parse_uids(config["agent.allowed_uids"]))
-
-
-def _open_store(config: Config, db_url: str | None) -> Store:
-    from vramscope.agent.store import Store
-
-    return Store.open(db_url or config["database.url"],
-                      synchronous=config["database.synchronous"],
-                      host_name=config["agent.host_name"] or None)
 
 
 def _open_source(source: DeviceSource | Literal["nvml"] | None,

@@ -210,8 +210,8 @@ class Retention:
         """Deletion by age (store-wide); ``raw_cutoff``: where raw rows may go (old and rolled
         up), None while nothing is rolled up."""
         dropped, more_to_drop = self._partitions(store, now_s, raw_cutoff)
-        from vramscope.agent.store import event_blocks
         from vramscope.agent.store import sample_blocks as blocks
+        from vramscope.agent.store.schema import event_blocks
 
         cutoff = now_s - self.raw_s if raw_cutoff is None else raw_cutoff
         deleted = {
@@ -242,7 +242,7 @@ class Retention:
             # the compact raw tier: whole blocks past the raw cutoff
             "sample_blocks": blocks.delete_older(store, cutoff, self.step_rows)
             if raw_cutoff is not None else 0,
-            "event_blocks": event_blocks.delete_older(store, cutoff, self.step_rows)
+            "event_blocks": blocks.delete_older(store, cutoff, self.step_rows, event_blocks)
             if raw_cutoff is not None else 0,
         }
         return deleted, more_to_drop

@@ -32,15 +32,11 @@ class Setting:
     check: Callable[[Any], str | None] | None = None  # returns a problem, or None
 
 
-def _data_dir() -> Path:
+def data_dir() -> Path:
+    """Where vramscope keeps its files by default (the default database, the demo's)."""
     home = os.path.expanduser("~")
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
     return Path(base) / "vramscope"
-
-
-def data_dir() -> Path:
-    """Where vramscope keeps its files by default (the default database, the demo's)."""
-    return _data_dir()
 
 
 def _runtime_dir() -> Path:
@@ -49,7 +45,7 @@ def _runtime_dir() -> Path:
 
 
 def default_database_url() -> str:
-    return f"sqlite:///{_data_dir() / 'vramscope.db'}"
+    return f"sqlite:///{data_dir() / 'vramscope.db'}"
 
 
 def default_socket_path() -> str:

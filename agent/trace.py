@@ -80,11 +80,16 @@ def iter_trace(path: str, *, skip_invalid: bool = False, skipped: list[TraceErro
     """Stream a trace file as ``(samples, events)`` chunks of at most ``chunk`` records, so a
     file of any size costs one chunk of memory. Strict unless ``skip_invalid`` (then the bad
     lines, and a :class:`TraceDamage` where the file breaks off, go to ``skipped``)."""
-    samples: list[Sample] = []
-    events: list[Event] = []
     skipped = skipped if skipped is not None else []
     lines = file_lines(path, salvage=skipped if skip_invalid else None, on_read=on_read)
-    for _lineno, record in _records(lines, path, skip_invalid, skipped):
+    yield from _chunks(_records(lines, path, skip_invalid, skipped), chunk)
+
+
+def _chunks(records: Iterable[tuple[int, Sample | Event]], chunk: float
+            ) -> Iterator[tuple[list[Sample], list[Event]]]:
+    samples: list[Sample] = []
+    events: list[Event] = []
+    for _lineno, record in records:
         if isinstance(record, Event):
             events.append(record)
         else:
@@ -199,14 +204,9 @@ def _read_line(fh: IO[bytes], path: str, lineno: int) -> bytes:
 
 def parse_lines(lines: Iterable[str], name: str = "<trace>", *,
                 skip_invalid: bool = False, skipped: list[TraceError] | None = None) -> Trace:
-    samples: list[Sample] = []
-    events: list[Event] = []
     skipped = skipped if skipped is not None else []
-    for _lineno, record in _records(lines, name, skip_invalid, skipped):
-        if isinstance(record, Event):
-            events.append(record)
-        else:
-            samples.append(record)
+    samples, events = next(_chunks(_records(lines, name, skip_invalid, skipped), math.inf),
+                           ([], []))
     return Trace(samples, events, skipped)
 
 

@@ -239,26 +239,20 @@ class PagedCacheWatch:
                 delattr(cache, name)
         self._originals.clear()
 
-    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run an observation; the first failure turns the view off with one log line."""
+    def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an observation (or a read before the wrapped call): its result, None when the
+        view is (or turns) off; the first failure turns the view off with one log line."""
         if not self.enabled:
-            return
+            return None
         try:
-            fn(*args)
+            return fn(*args)
         except Exception as exc:
             self.enabled = False
             # as text: a kept record holding exc would hold its frames, the cache among them
             log.warning("vramscope: KV view of transformers' cache turned off: %s while "
                         "reading its %s layout (internals differ from this version's)",
                         repr(exc), self.layout.name)
-
-    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A guarded read before the wrapped call; None when the view is (or turns) off."""
-        if not self.enabled:
             return None
-        out: list[Any] = []
-        self._guard(lambda: out.append(fn(*args)))
-        return out[0] if out else None
 
     def _wrap_allocate_blocks(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def allocate_blocks(n_blocks: int, request_id: str, *args: Any, **kw: Any) -> Any:
@@ -274,7 +268,7 @@ class PagedCacheWatch:
             if dry_run:
                 return original(state, request_len, dry_run, *args, **kw)
             rid = str(getattr(state, "request_id", ""))
-            before = self._read(self._blocks_of, rid)
+            before = self._guard(self._blocks_of, rid)
             result = original(state, request_len, dry_run, *args, **kw)
             if self.enabled and before is not None:
                 self._guard(self._stored, state, rid, request_len, bool(result), before)
@@ -283,7 +277,7 @@ class PagedCacheWatch:
 
     def _wrap_free(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def free_blocks(request_id: str, *args: Any, **kw: Any) -> Any:
-            before = self._read(self.layout.used_cached, self.cache)
+            before = self._guard(self.layout.used_cached, self.cache)
             result = original(request_id, *args, **kw)
             if before is not None:
                 self._guard(self._freed, str(request_id), before)

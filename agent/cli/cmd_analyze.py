@@ -21,7 +21,7 @@ from vramscope.agent.cli import progress
 from vramscope.agent.cli.common import (
     add_config_flag,
     config_from_args,
-    require_existing_database,
+    open_store,
     shown_db,
     url_or_path,
 )
@@ -242,14 +242,12 @@ def _analyze_db(config: Config, args: argparse.Namespace, measured: Measured
     from vramscope.agent.alerts.offline import CHUNK, analyze_stream
     from vramscope.agent.analysis.merge import iter_merged, time_batches
     from vramscope.agent.analysis.report import FORMAT
-    from vramscope.agent.store import Store, window_verdicts
     from vramscope.agent.store import verdicts as stored_verdicts
+    from vramscope.agent.store import window_verdicts
 
-    require_existing_database(config["database.url"], "analyze")
     doc: dict[str, Any] = {"format": FORMAT, "devices": {}, "alerts": []}
     postmortems: list[PostMortem] = []
-    with Store.open(config["database.url"], synchronous=config["database.synchronous"],
-                    host_name=config["agent.host_name"] or None) as store:
+    with open_store(args, config, reading="analyze") as store:
 
         def records(dev: int, until_s: float) -> Iterator[Sample | Event]:
             end = _earlier(until_s, args.until)

@@ -39,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from vramscope.agent.store import Store, migrate
 
     config = config_from_args(args)
-    store = Store.open(config["database.url"], synchronous=config["database.synchronous"],
-                       upgrade=False)
+    store = Store.from_config(config, upgrade=False)
     try:
         if args.action == "upgrade":
             _upgrade(store)

@@ -59,7 +59,7 @@ def stored_verdicts(config: Config) -> list[dict[str, Any]]:
     if missing_sqlite_file(url) is not None:
         return []
     try:
-        with Store.open(url, host_name=config["agent.host_name"] or None) as st:
+        with Store.from_config(config) as st:
             return stored.newest_all(st, "*")
     except Exception:  # noqa: BLE001 - status still says what it knows without them
         return []
@@ -102,7 +102,7 @@ def stored_status(config: Config, why: str) -> dict[str, Any]:
     if missing_sqlite_file(url) is not None:
         return {"running": False, "why": why, "database": url, "devices": [],
                 "db_size_bytes": None, "last_report": None, "missing": True}
-    with Store.open(config["database.url"], host_name=config["agent.host_name"] or None) as st:
+    with Store.from_config(config) as st:
         last = st.latest_agent_stats()
         out = {"running": False, "why": why, "database": st.safe_url,
                "devices": [_stored_device(st, d) for d in st.devices()],

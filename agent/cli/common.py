@@ -121,8 +121,7 @@ def open_store(args: argparse.Namespace, config: Config | None = None, *,
     config = config or config_from_args(args)
     if reading:
         require_existing_database(config["database.url"], reading)
-    return Store.open(config["database.url"], synchronous=config["database.synchronous"],
-                      host_name=config["agent.host_name"] or None)
+    return Store.from_config(config)
 
 
 def require_existing_database(url: str, command: str) -> None:

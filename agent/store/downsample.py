@@ -87,7 +87,8 @@ def downsampled(store: Store, device: int, start_s: float, end_s: float, buckets
                 width_s: float | None = None) -> tuple[list[dict[str, Any]], str]:
     """One row per non-empty bucket, and the tiers that answered, in time order (``RAW_GROUPED``,
     ``PER_SECOND``, ``PER_MINUTE``, ``TEN_MINUTE``, joined by ", then "): known from the path
-    taken, no query of its own.
+    taken, no query of its own. A row: ``{"ts_s": <bucket start>, "last_ts_s", "<col>_min",
+    "<col>_max", "<col>_last"}`` (peaks survive: the maximum is kept, not averaged away).
 
     ``aligned``: buckets of five minutes or more go on the ten-minute grid of
     :func:`tier_grid`, which the rollups are indexed by: a week's minutes are then grouped along

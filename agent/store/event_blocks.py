@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, delete, exists, func, insert, select
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
-from vramscope.agent.store import block_codec, sample_blocks
+from vramscope.agent.store import block_codec
 from vramscope.agent.store.sample_blocks import BLOCK_S, block_start, decoded_cache, overlapping
 from vramscope.agent.store.schema import devices, event_blocks, events
 
@@ -310,8 +310,3 @@ def pack_blocks(start_s: float, rows: list[tuple[Any, ...]]) -> list[dict[str, A
                     "data": encode([r[2:] for r in block])})
     return out
 
-
-def delete_older(store: Store, cutoff_s: float, limit: int) -> int:
-    """Delete at most ``limit`` blocks whose interval ends by ``cutoff_s`` (retention's raw
-    cutoff, as the samples' blocks); blocks deleted."""
-    return sample_blocks.delete_older(store, cutoff_s, limit, event_blocks)

@@ -148,12 +148,7 @@ def shares_from_bands(bands: list[dict[str, Any]], start_s: float, end_s: float,
 
 def bands_from_events(events: Iterable[Event], end_s: float) -> list[dict[str, Any]]:
     """Phase-change events to bands: each phase lasts until the next change."""
-    return _bands(changes_from_events(events), end_s)
-
-
-def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
-    """Bands from ``(ts_s, phase)`` changes (``phase_shares.phase_changes``)."""
-    return _bands(changes, end_s)
+    return bands_from_changes(changes_from_events(events), end_s)
 
 
 def changes_from_events(events: Iterable[Event]) -> list[tuple[float, str]]:
@@ -211,7 +206,8 @@ def add_counts(a: dict[int, dict[str, int]], b: dict[int, dict[str, int]]
     return out
 
 
-def _bands(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
+def bands_from_changes(changes: list[tuple[float, str]], end_s: float) -> list[dict[str, Any]]:
+    """Bands from ``(ts_s, phase)`` changes (``phase_shares.phase_changes``)."""
     bands: list[dict[str, Any]] = []
     for i, (ts, phase) in enumerate(changes):
         stop = changes[i + 1][0] if i + 1 < len(changes) else end_s

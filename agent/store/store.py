@@ -116,6 +116,14 @@ class Store:
             store.ensure_schema()
         return store
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], url: str | None = None, *,
+                    upgrade: bool = True) -> Store:
+        """:meth:`open` ``url`` (default: ``database.url``) with the config's ``synchronous``
+        and host name."""
+        return cls.open(url or config["database.url"], synchronous=config["database.synchronous"],
+                        host_name=config["agent.host_name"] or None, upgrade=upgrade)
+
     def ensure_schema(self, on_migrated: migrate.OnMigrated | None = None) -> None:
         """Upgrade an older schema; refuse a newer one, a damaged file and tables without a
         revision. Never writes over what it does not recognise. ``on_migrated`` is told of
@@ -234,18 +242,9 @@ class Store:
         cached = self._host_ids.get(name)
         if cached is not None:
             return cached
-        row_id: int
         with _maybe_begin(self.engine, conn) as c:
-            row = c.execute(select(hosts.c.id).where(hosts.c.name == name)).first()
-            if row is None:
-                try:
-                    with c.begin_nested():
-                        row_id = _new_id(c.execute(insert(hosts).values(
-                            name=name, first_seen_s=ts_s, last_seen_s=ts_s)))
-                except IntegrityError:  # another agent inserted it first
-                    row_id = c.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar_one()
-            else:
-                row_id = row[0]
+            row_id = _id_or_insert(c, hosts, hosts.c.name == name,
+                                   {"name": name, "first_seen_s": ts_s, "last_seen_s": ts_s})
         self._host_ids[name] = row_id
         return row_id
 
@@ -255,20 +254,11 @@ class Store:
         cached = self._device_ids.get(key)
         if cached is not None:
             return cached
-        row_id: int
         with _maybe_begin(self.engine, conn) as c:
             hid = self.host_id(key[0], c)
-            where = and_(devices.c.host_id == hid, devices.c.device_index == index)
-            row = c.execute(select(devices.c.id).where(where)).first()
-            if row is None:
-                try:
-                    with c.begin_nested():
-                        row_id = _new_id(c.execute(insert(devices).values(
-                            host_id=hid, device_index=index)))
-                except IntegrityError:
-                    row_id = c.execute(select(devices.c.id).where(where)).scalar_one()
-            else:
-                row_id = row[0]
+            row_id = _id_or_insert(c, devices, and_(devices.c.host_id == hid,
+                                                    devices.c.device_index == index),
+                                   {"host_id": hid, "device_index": index})
         self._device_ids[key] = row_id
         return row_id
 
@@ -518,11 +508,6 @@ class Store:
         """
         if self.dialect == "postgresql":
             return self._insert_samples_pg(c, batch, None, None)
-        if self.dialect != "sqlite":
-            rows = _joined([self._sample_row(s, c) for s in batch])
-            if rows:
-                c.execute(insert(samples), rows)
-            return len(rows)
         if self._sample_sql is None:  # (the SQLite path: rows are plain tuples from here)
             stmt = insert(samples).values({k: None for k in _ROW_ORDER})
             self._sample_sql = str(stmt.compile(dialect=self.engine.dialect))
@@ -586,27 +571,21 @@ class Store:
         at one instant, so a row with the same device, time, pid and cause is this one again
         (the writer retrying after a commit whose reply was lost) and its id is returned."""
         try:
-            return self._write_postmortem(pm)
+            with self.engine.begin() as c:
+                did = self._device_of(pm, c)
+                if did is None:  # unjoined: counted and logged; nothing to retry
+                    return None
+                same: int | None = c.execute(select(postmortems.c.id).where(
+                    postmortems.c.device_id == did, postmortems.c.ts_s == pm.ts_s,
+                    postmortems.c.pid.is_not_distinct_from(pm.pid),
+                    postmortems.c.cause.is_not_distinct_from(pm.cause))).scalar()
+                return same if same is not None else _new_id(c.execute(insert(postmortems).values(
+                    device_id=did, ts_s=pm.ts_s, pid=pm.pid, cause=pm.cause,
+                    summary=json.dumps(pm.to_json(), sort_keys=True),
+                    snapshot_path=pm.snapshot_path)))
         except Exception:
             self._forget_ids()
             raise
-
-    def _write_postmortem(self, pm: PostMortem) -> int | None:
-        with self.engine.begin() as c:
-            did = self._device_of(pm, c)
-            if did is None:  # unjoined: counted and logged; nothing to retry
-                return None
-            same = c.execute(select(postmortems.c.id).where(
-                postmortems.c.device_id == did, postmortems.c.ts_s == pm.ts_s,
-                postmortems.c.pid.is_not_distinct_from(pm.pid),
-                postmortems.c.cause.is_not_distinct_from(pm.cause))).scalar()
-            if same is not None:
-                found: int = same
-                return found
-            return _new_id(c.execute(insert(postmortems).values(
-                device_id=did, ts_s=pm.ts_s, pid=pm.pid, cause=pm.cause,
-                summary=json.dumps(pm.to_json(), sort_keys=True),
-                snapshot_path=pm.snapshot_path)))
 
     def open_alert(self, rule: str, severity: str, fired_ts_s: float, *,
                    device: int | None = None, value: float | None = None,
@@ -682,15 +661,15 @@ class Store:
         hname = host or self.host_name
         host_field = None if host is None else host
         with self.engine.connect() as c:
-            mine = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
-                    .where(hosts.c.name == hname))
-            if device is not None:
-                mine = mine.where(devices.c.device_index == device)
-            ids = c.execute(mine).scalars().all()
-            if sample_blocks.any_blocks(c, ids, start_s, end_s):
+            known = self._device_rows(c, device, host)
+            if sample_blocks.any_blocks(c, list(known), start_s, end_s):
                 # the compact raw tier holds some: its rows and samples's, merged in order
-                yield from self._samples_with_blocks(c, ids, start_s, end_s, source, limit,
-                                                     host_field)
+                columns = ("device_id", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
+                for r in sample_blocks.iter_window_rows(c, list(known), start_s, end_s,
+                                                        columns, source=source, limit=limit):
+                    index, uuid = known[r[2]]
+                    yield Sample(r[0], index, Phase(r[3]), r[4], r[5],  # type: ignore[misc]
+                                 *r[6:], host=host_field, device_uuid=uuid)  # r: counters
                 return
             q = (select(devices.c.device_index, samples.c.ts_s, samples.c.phase,
                         samples.c.source, samples.c.pid,
@@ -710,20 +689,6 @@ class Store:
                 yield Sample(r[1], r[0], Phase(r[2]), r[3], r[4],  # type: ignore[misc]
                              *r[5:-1], host=host_field, device_uuid=r[-1])  # r: counters
 
-    @staticmethod
-    def _samples_with_blocks(c: Connection, ids: Sequence[int], start_s: float | None,
-                             end_s: float | None, source: str | None, limit: int | None,
-                             host_field: str | None) -> Iterator[Sample]:
-        names = {int(r[0]): (r[1], r[2]) for r in c.execute(
-            select(devices.c.id, devices.c.device_index, devices.c.uuid)
-            .where(devices.c.id.in_(list(ids))))}
-        columns = ("device_id", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
-        for r in sample_blocks.iter_window_rows(c, ids, start_s, end_s, columns, source=source,
-                                                limit=limit):
-            index, uuid = names[r[2]]
-            yield Sample(r[0], index, Phase(r[3]), r[4], r[5],  # type: ignore[misc]
-                         *r[6:], host=host_field, device_uuid=uuid)  # r: counters
-
     def events(self, device: int | None = None, start_s: float | None = None,
                end_s: float | None = None, *, host: str | None = None,
                names: Sequence[str] | None = None, limit: int | None = None) -> list[Event]:
@@ -740,31 +705,31 @@ class Store:
         row: PostgreSQL estimates a join's filter at a few events, so it sorted all request
         events of a week where an index range in time order stops at ``limit``.
         """
-        # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
-        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
-                    *(col.label(col.name) for col in events.c))
-             .join(devices, devices.c.id == events.c.device_id))
-        q = _time_filter(q, events.c.ts_s, start_s, end_s)
-        if device is not None:
-            did = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
-                   .where(hosts.c.name == (host or self.host_name),
-                          devices.c.device_index == device).scalar_subquery())
-            q = q.where(events.c.device_id == did)
-        else:
-            q = (q.join(hosts, hosts.c.id == devices.c.host_id)
-                 .where(hosts.c.name == (host or self.host_name)))
+        q = self._events_select(device, start_s, end_s, host)
         arms = [q.where(events.c.name == name) for name in dict.fromkeys(names or ())]
-        phases = _PHASE_OF.get
         with self.engine.connect() as c:
             rows = c.execute(_in_time_order(arms or [q], limit)).all()
             if event_blocks.compactable(names):
                 rows = self._with_event_blocks(c, rows, device, host, start_s, end_s, names,
                                                limit)
-        # by position, a phase by lookup (``Phase(value)`` and a Row's attributes were two
-        # thirds of an hour's 1,200 request markers)
-        return [Event(r[4], r[5], r[0], r[6], phases(r[7]) if r[7] else None, r[8],
-                      stored_json(r[9]), host, r[1])
-                for r in rows]
+        return [_event_of(r, host) for r in rows]
+
+    def _events_select(self, device: int | None, start_s: float | None, end_s: float | None,
+                       host: str | None) -> Select[Any]:
+        """The events of the window (of device index ``device``, or every device of the host),
+        as (device index, device uuid, every column of ``events``)."""
+        # labelled, so that a UNION's ORDER BY names them (SQLite: "id" alone matches none)
+        q: Select[Any] = _time_filter(
+            select(devices.c.device_index, devices.c.uuid.label("device_uuid"),
+                   *(col.label(col.name) for col in events.c))
+            .join(devices, devices.c.id == events.c.device_id), events.c.ts_s, start_s, end_s)
+        if device is not None:
+            did = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+                   .where(hosts.c.name == (host or self.host_name),
+                          devices.c.device_index == device).scalar_subquery())
+            return q.where(events.c.device_id == did)
+        return (q.join(hosts, hosts.c.id == devices.c.host_id)
+                .where(hosts.c.name == (host or self.host_name)))
 
     def _with_event_blocks(self, c: Connection, rows: Sequence[Any], device: int | None,
                            host: str | None, start_s: float | None, end_s: float | None,
@@ -775,12 +740,7 @@ class Store:
         device (the newest minutes: blocks are closed intervals) costs one seek."""
         if not event_blocks.any_blocks(c, None, start_s, end_s):
             return rows
-        mine = (select(devices.c.id, devices.c.device_index, devices.c.uuid)
-                .join(hosts, hosts.c.id == devices.c.host_id)
-                .where(hosts.c.name == (host or self.host_name)))
-        if device is not None:
-            mine = mine.where(devices.c.device_index == device)
-        known = {int(r[0]): (r[1], r[2]) for r in c.execute(mine).all()}
+        known = self._device_rows(c, device, host)
         if not known or not event_blocks.any_blocks(c, list(known), start_s, end_s):
             return rows
         found = event_blocks.window_rows(c, list(known), start_s, end_s,
@@ -795,25 +755,17 @@ class Store:
         week of request events is millions of rows). Where the compact raw tier holds some,
         the window is read ``EVENTS_CHUNK_S`` at a time, each through :meth:`events`."""
         with self.engine.connect() as c:
-            ids = self._device_row_ids(c, device, host)
+            ids = list(self._device_rows(c, device, host))
             spans = ([] if not ids or not event_blocks.any_blocks(c, ids, start_s, end_s)
                      else [event_blocks.span(c, ids), self._events_span(c, ids)])
         if spans:
             yield from self._iter_events_chunked(device, start_s, end_s, host, spans)
             return
-        q = (select(devices.c.device_index, devices.c.uuid.label("device_uuid"), events)
-             .join(devices, devices.c.id == events.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(hosts.c.name == (host or self.host_name))
-             .order_by(events.c.ts_s, events.c.id))
-        q = _time_filter(q, events.c.ts_s, start_s, end_s)
-        if device is not None:
-            q = q.where(devices.c.device_index == device)
+        q = self._events_select(device, start_s, end_s, host).order_by(events.c.ts_s,
+                                                                       events.c.id)
         with self.engine.connect() as c:
             for r in c.execute(q).yield_per(10_000):
-                yield Event(r.ts_s, r.name, r.device_index, r.pid,
-                            Phase(r.phase) if r.phase else None, r.request_id,
-                            stored_json(r.data), host, r.device_uuid)
+                yield _event_of(r, host)
 
     def _iter_events_chunked(self, device: int | None, start_s: float | None,
                              end_s: float | None, host: str | None,
@@ -829,13 +781,16 @@ class Store:
                     yield e
             start = stop
 
-    def _device_row_ids(self, c: Connection, device: int | None,
-                        host: str | None) -> list[int]:
-        q = (select(devices.c.id).join(hosts, hosts.c.id == devices.c.host_id)
+    def _device_rows(self, c: Connection, device: int | None,
+                     host: str | None) -> dict[int, tuple[int, str | None]]:
+        """The stored devices of ``host`` (device index ``device``, or all): row id to
+        (index, uuid)."""
+        q = (select(devices.c.id, devices.c.device_index, devices.c.uuid)
+             .join(hosts, hosts.c.id == devices.c.host_id)
              .where(hosts.c.name == (host or self.host_name)))
         if device is not None:
             q = q.where(devices.c.device_index == device)
-        return [int(i) for i in c.execute(q).scalars()]
+        return {int(r[0]): (r[1], r[2]) for r in c.execute(q).all()}
 
     @staticmethod
     def _events_span(c: Connection, ids: Sequence[int]) -> tuple[float, float] | None:
@@ -856,13 +811,8 @@ class Store:
         known = None if device is None else self.known_device_id(device, host)
         spans = []
         with self.engine.connect() as c:
-            if device is None:
-                dids = c.execute(select(devices.c.id)
-                                 .join(hosts, hosts.c.id == devices.c.host_id)
-                                 .where(hosts.c.name == (host or self.host_name))
-                                 ).scalars().all()
-            else:
-                dids = [] if known is None else [known]
+            dids = (list(self._device_rows(c, None, host)) if device is None
+                    else [] if known is None else [known])
             for did in dids:
                 mine = samples.c.device_id == did
                 lo = select(func.min(samples.c.ts_s)).where(mine).scalar_subquery()
@@ -970,14 +920,8 @@ class Store:
                  columns: Sequence[str], *, source: str | None = None,
                  host: str | None = None, lasts: bool = True,
                  width_s: float | None = None) -> list[dict[str, Any]]:
-        """Downsample in SQL: per bucket, ``min``/``max``/``last`` of each column.
-
-        Returns one dict per non-empty bucket, in time order: ``{"ts_s": <bucket start>,
-        "last_ts_s": ..., "<col>_min": ..., "<col>_max": ..., "<col>_last": ...}``. Peaks survive
-        because max is kept, not averaged away. ``lasts=False``: the ``_last`` values are None,
-        not read (a query of their own). ``width_s``: buckets that wide instead of ``buckets``
-        of them (:func:`~vramscope.agent.store.downsample.width_grid`).
-        """
+        """Per bucket, ``min``/``max``/``last`` of each column: one dict per non-empty bucket,
+        in time order (:func:`~vramscope.agent.store.downsample.downsampled`)."""
         from vramscope.agent.store.downsample import downsample
 
         return downsample(self, device, start_s, end_s, buckets, columns, source, host,
@@ -1189,6 +1133,28 @@ def _new_id(result: CursorResult[Any]) -> int:
     return new
 
 
+def _id_or_insert(c: Connection, table: Table, where: ColumnElement[bool],
+                  values: dict[str, Any]) -> int:
+    """The id of ``table``'s row that ``where`` selects, inserted from ``values`` when there is
+    none."""
+    row = c.execute(select(table.c.id).where(where)).first()
+    if row is not None:
+        return int(row[0])
+    try:
+        with c.begin_nested():
+            return _new_id(c.execute(insert(table).values(**values)))
+    except IntegrityError:  # another agent inserted it first
+        return int(c.execute(select(table.c.id).where(where)).scalar_one())
+
+
+def _event_of(r: Any, host: str | None) -> Event:
+    """A row of ``Store._events_select`` as its Event: by position, a phase by lookup
+    (``Phase(value)`` and a Row's attributes were two thirds of the cost of reading a window's
+    request markers)."""
+    return Event(r[4], r[5], r[0], r[6], _PHASE_OF.get(r[7]) if r[7] else None, r[8],
+                 stored_json(r[9]), host, r[1])
+
+
 def _joined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["device_id"] is not None]
 
@@ -1207,11 +1173,9 @@ def _insert_ignore(dialect: str, table: Table) -> Any:  # a dialect's INSERT ...
         # replayed row carries the ts_s it had, and conflicts
         key = ["origin", "seq", "ts_s"] if table is samples else ["origin", "seq"]
         return pg_insert(table).on_conflict_do_nothing(index_elements=key)
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert  # the one other dialect
 
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=["origin", "seq"])
-    raise StoreError(f"idempotent writes are not supported on {dialect}")
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=["origin", "seq"])
 
 
 def _reason(exc: Exception) -> str:
