@@ -27,6 +27,7 @@ from sqlalchemy import (
     insert,
     select,
     table,
+    text,
 )
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
@@ -54,6 +55,13 @@ _IDS_PER_DELETE = 500  # ids per DELETE ... IN (...): far under SQLite's and psy
 # 38,400 rows), so a fleet's hundreds of devices go 32 at a time (12 statements each) rather
 # than in one read whose memory would grow the leader with the fleet
 ROLLUP_DEVICES_PER_CHUNK = 32
+# PostgreSQL: a rollup holds a transaction-level advisory lock per device (this class, the
+# device's id; a key space apart from the store-wide lock's one bigint), taken in id order, so
+# that two agents rolling up one device's minutes (a host's agent back while the leader rolls
+# up the host it took for gone) take turns instead of failing on each other's rows
+ROLLUP_LOCK_CLASS = int.from_bytes(b"vrmr", "big")
+_LOCK_DEVICES = text("SELECT pg_advisory_xact_lock(:cls, d) FROM (SELECT unnest(CAST(:ids AS "
+                     "integer[])) AS d ORDER BY d) AS ordered")
 # PostgreSQL: samples's DEFAULT partition (agent/store/partitions.py), the rows of days without
 # a partition of their own, which retention deletes as rows
 SAMPLES_DEFAULT = table("samples_default", column("id"), column("device_id"), column("ts_s"))
@@ -184,6 +192,8 @@ def rollup_window(store: Store, start_s: float, end_s: float, host: str | None =
     with store.engine.begin() as c:
         if ids is None:
             ids = device_ids(c) if host is None else host_device_ids(c, host)
+        if ids and c.dialect.name == "postgresql":
+            c.execute(_LOCK_DEVICES, {"cls": ROLLUP_LOCK_CLASS, "ids": sorted(ids)})
         for i in range(0, len(ids), ROLLUP_DEVICES_PER_CHUNK):
             written += _rollup_devices(c, ids[i:i + ROLLUP_DEVICES_PER_CHUNK], start_s, end_s)
     return written

@@ -265,3 +265,56 @@ def test_two_agent_processes_one_leads_and_gives_the_lock_up_when_it_stops(tmp_p
     finally:
         for agent in agents:
             agent.kill()
+
+
+WAITING_FOR_A_ROLLUP = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT "
+                            "granted AND classid::bigint = :cls")
+
+
+def test_two_agents_rolling_up_one_hosts_minutes_take_turns(postgres_url, monkeypatch):
+    # the leader rolls up a host it took for gone while the host's agent, back, rolls up the
+    # same minutes: the second waits for the first's transaction (a per-device lock) instead
+    # of failing on a duplicate key, and the rows are what one rollup writes
+    import threading
+
+    from vramscope.agent.store import maintenance
+
+    leader, back = Store.open(postgres_url), Store.open(postgres_url)
+    _write_minutes(leader)
+    maintenance.rollup_window(leader, T0, T0 + MINUTES * 60)
+    once = read_rollups(leader)
+    with leader.engine.begin() as c:
+        c.execute(text("DELETE FROM rollups"))
+    inside, go_on, failed = threading.Event(), threading.Event(), []
+    real = maintenance.refresh_ten_minutes
+
+    def held_open(c, ids, start_s, end_s):  # the first rollup stops inside its transaction
+        real(c, ids, start_s, end_s)
+        if not inside.is_set():
+            inside.set()
+            go_on.wait(20)
+
+    def roll_up(store):
+        try:
+            maintenance.rollup_window(store, T0, T0 + MINUTES * 60)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            failed.append(exc)
+
+    monkeypatch.setattr(maintenance, "refresh_ten_minutes", held_open)
+    first = threading.Thread(target=roll_up, args=(leader,))
+    first.start()
+    assert inside.wait(20)
+    second = threading.Thread(target=roll_up, args=(back,))
+    second.start()
+    with leader.engine.connect() as c:  # the second waits on the first's device locks
+        deadline = time.monotonic() + 20
+        while c.execute(WAITING_FOR_A_ROLLUP,
+                        {"cls": maintenance.ROLLUP_LOCK_CLASS}).scalar_one() == 0:
+            assert time.monotonic() < deadline, "the second rollup does not wait on locks"
+            time.sleep(0.05)
+    go_on.set()
+    first.join(20)
+    second.join(20)
+    assert failed == [] and read_rollups(back) == once
+    leader.close()
+    back.close()

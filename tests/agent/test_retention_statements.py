@@ -37,10 +37,11 @@ NOW = T0 + MINUTES * 60 + 130  # minutes 0..3 are past the two minutes' grace, m
 # (agent/store/sample_blocks.py): whether blocks overlap the rolled-up minutes (1 a rollup,
 # read with the raw rows; the events' blocks in the same statement), and for its samples and
 # its events (agent/store/event_blocks.py) each, the intervals due for compaction (1: a seek
-# per device) and the blocks past the raw cutoff (1)
-FIRST_STEP = {"sqlite": 39, "postgresql": 56}
+# per device) and the blocks past the raw cutoff (1). On PostgreSQL a rollup first takes its
+# devices' locks (1: agent/store/maintenance.py ROLLUP_LOCK_CLASS)
+FIRST_STEP = {"sqlite": 39, "postgresql": 57}
 # the second: minutes 2 and 3 the same way, without the watermark's read
-SECOND_STEP = {"sqlite": 37, "postgresql": 40}
+SECOND_STEP = {"sqlite": 37, "postgresql": 41}
 # the watermark is at the newest minute due: no rollup query at all, the deletes by age only
 NOTHING_DUE = {"sqlite": 24, "postgresql": 28}
 # a minute later minute 4 is due but has no samples: the seek finds none, nothing rolled up;
