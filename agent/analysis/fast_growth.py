@@ -100,7 +100,8 @@ class FastGrowth:
     minimum slope and at least ``FAST_PRECISION`` of its rate; its interval's high end would
     fill the headroom within ``FAST_FILL_S``; it rose at least ``FAST_RISE_NOISE`` times the
     floor's wandering before it (``level_noise``, also the least noise its points are taken
-    to have); no one step made ``FAST_STEP_SHARE`` of that rise; it spans at least
+    to have; before a stretch of exact floors, read on exact floors: ``_exact_before``);
+    no one step made ``FAST_STEP_SHARE`` of that rise; it spans at least
     ``FAST_MIN_SPAN_S`` (of floors mostly estimated, ``FAST_ESTIMATED_SPAN_S``) and
     ``FAST_SPAN_SHARE`` of that time to fill; the requests in flight did not rise or fall with
     it (beside a floor less the tokens held, where they did, the rate is fitted beside them:
@@ -148,14 +149,18 @@ class FastGrowth:
             warming = part[0][0] < started_ts + FAST_WARMUP_CAP_S
             least = max(FAST_WARMUP_SPAN_S if warming else FAST_MIN_SPAN_S,
                         self.config.least_span_s)
-            if 2 * sum(1 for _, held in loads[-n:] if held) > n:  # mostly estimated floors
+            estimated = 2 * sum(1 for _, held in loads[-n:] if held) > n
+            if estimated:  # mostly floors estimated with requests in flight
                 least = max(least, self.config.estimated_span_s)
             rate = self._check(part, min_slope, headroom_bytes, least, 0.0)
             if rate is not None:  # the wandering before it (costlier) only widens: read last
                 first = max(0, len(pts) - n - max(n, _BASELINE_POINTS))
                 if warming:  # a process's weights loading may be among them
                     first = since_serving(loads, first, len(pts) - n)
-                noise = level_noise(pts[first:-n])
+                before = pts[first:-n]
+                if not estimated:  # exact floors wander as exact floors do (_exact_before)
+                    before = _exact_before(before, loads[first:-n])
+                noise = level_noise(before)
                 rate = self._check(part, min_slope, headroom_bytes, least, noise)
             if rate is not None and not _load_moving(loads[-n:]):
                 rate = _apart_from_work(part, work[-n:], rate, min_slope)
@@ -272,6 +277,16 @@ def since_serving(loads: Sequence[tuple[float, int]], first: int, end: int) -> i
     ``FAST_MIN_POINTS`` no wandering is read (:func:`level_noise`): the stretch's own
     residuals are its noise, and a warm-up's tests (:func:`_past_warmup`) still apply."""
     return next((i for i in range(first, end) if loads[i][1]), first)
+
+
+def _exact_before(points: Sequence[tuple[float, int]],
+                  loads: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The ``points`` before a stretch of mostly exact floors that were read exact too (no
+    request in flight at them, ``loads``): a floor estimated with requests in flight is off by
+    what they hold (their KV in it while bytes per token are not yet clear, a burst draining),
+    which is no wandering of the exact floor; early in a process a few of them read as
+    gigabytes of "noise" that hid the growth of its first minutes."""
+    return [p for p, (_, held) in zip(points, loads) if not held]
 
 
 def level_noise(points: Sequence[tuple[float, int]]) -> float:

@@ -257,6 +257,17 @@ def test_the_wandering_before_an_early_stretch_is_read_from_the_first_request():
     assert since_serving([(float(i), 0) for i in range(12)], 0, 12) == 0  # never served
 
 
+def test_a_stretch_of_exact_floors_takes_its_wandering_from_exact_floors_only():
+    # 20 exact floors flat at 10 MB, 10 floors estimated with requests in flight at 90 MB (what
+    # they hold not yet known), then 2 min of exact floors rising 0.5 MB/s (full in 33 min):
+    # read on all 30 points before it the wandering is ~60 MB, and a 60 MB rise hides in it;
+    # read on the exact ones, none: growth on the 13 points 5 % of its time to fill spans
+    values = [10 * MB] * 20 + [90 * MB] * 10 + [10 * MB + 5 * MB * k for k in range(1, 14)]
+    loads = [0] * 20 + [3] * 10 + [0] * 13
+    rate = _fed(values, loads).established(1.0, 10**9, -1e4, 1e9)
+    assert (rate.points, rate.span_s, rate.slope) == (13, 120.0, pytest.approx(0.5 * MB))
+
+
 def _idle(values, total):
     return [Sample(float(i), 0, Phase.IDLE, allocated_bytes=v, device_total_bytes=total)
             for i, v in enumerate(values)]
