@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     Connection,
     Float,
+    Integer,
     Select,
     and_,
     bindparam,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     true,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY as PG_ARRAY
 from sqlalchemy.dialects.postgresql import array as pg_array
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
@@ -154,8 +156,13 @@ def newest_samples(store: Store, not_after_s: float | None,
                                                             not_after_s is not None)
     params = {"not_after_s": not_after_s, "window_s": window_s}
     with _connect(store) as c:
-        out, again = _newest_samples(c.execute(ends_q, params), c.execute(window_q, params),
-                                     n_device, window_s)
+        out, again = _devices_with_spans(c.execute(ends_q, params), n_device, window_s)
+        if store.dialect == "postgresql":
+            # each device's window end as the first statement found it (not sought again)
+            ended = [(now.device["id"], now.span[1]) for now in out if now.span is not None]
+            params = {"device_ids": [i for i, _ in ended], "ends_s": [e for _, e in ended],
+                      "window_s": window_s}
+        _add_window_rows(c.execute(window_q, params), {now.device["id"]: now for now in out})
         for i in again:
             now = out[i]
             ends = now.span
@@ -250,8 +257,15 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
     # (time_range's); computed once a device: flattened into the join, SQLite evaluated the
     # correlated seeks again for every sample row of the device's window (a LIMIT/OFFSET keeps
     # a subquery from being flattened)
-    newest = (select(devices.c.id, ends[1], ends[3]).offset(0).subquery("device_newest"))
+    newest: Any = (select(devices.c.id, ends[1], ends[3]).offset(0).subquery("device_newest"))
     end = func.coalesce(newest.c.raw_hi, newest.c.minute_hi + MINUTE_S)
+    if postgresql:
+        # the devices and their windows' ends as the first statement found them, parameters
+        # (sought again here, they were half this statement's time)
+        newest = (func.unnest(bindparam("device_ids", type_=PG_ARRAY(Integer)),
+                              bindparam("ends_s", type_=PG_ARRAY(Float)))
+                  .table_valued("id", "end_s").render_derived(name="device_newest"))
+        end = newest.c.end_s
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == newest.c.id, samples.c.ts_s >= end - _WINDOW,
@@ -295,24 +309,26 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
 _PHASES = {p.value: p for p in Phase}
 
 
-def _newest_samples(ends: Any, window: Any, n_device: int,
-                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
-    """The devices with their spans (``ends``' rows) and ``samples``'s rows of their windows
-    (``window``'s, by device id), and the places of those whose window also lies in blocks or
-    whose end straddles a block."""
+def _devices_with_spans(ends: Any, n_device: int,
+                        window_s: float) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans (``ends``' rows), no samples yet, and the places of those
+    whose window also lies in blocks or whose end straddles a block."""
     out: list[DeviceNow] = []
     again: list[int] = []
     keys = list(ends.keys())[:n_device]
-    by_id: dict[int, DeviceNow] = {}
     for r in ends:
         span = _span(r[n_device:n_device + 4])
-        now = DeviceNow(dict(zip(keys, r[:n_device])), span, [])
-        by_id[r[0]] = now
-        out.append(now)
+        out.append(DeviceNow(dict(zip(keys, r[:n_device])), span, []))
         block_hi = r[n_device + 5]
         if r[n_device + 4] or (block_hi is not None and span is not None
                                and block_hi >= span[1] - window_s):
             again.append(len(out) - 1)
+    return out, again
+
+
+def _add_window_rows(window: Any, by_id: dict[int, DeviceNow]) -> None:
+    """``samples``'s rows of the devices' windows (``window``'s, by device id), those
+    :func:`newest_values` keeps, into each device's ``recent``."""
     make = Sample._make
     mine: list[Sample] = []
     device_id = index = host = uuid = None
@@ -324,7 +340,6 @@ def _newest_samples(ends: Any, window: Any, n_device: int,
         # r's rest: source, pid and the counters, as Store.iter_samples reads them (a
         # Sample's fields in its order, made without its keyword arguments)
         mine.append(make((r[1], index, _PHASES[r[2]], *r[3:], host, uuid)))
-    return out, again
 
 
 def _span_ends(not_after_s: Any) -> list[Any]:
