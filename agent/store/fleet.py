@@ -154,7 +154,7 @@ def newest_samples(store: Store, not_after_s: float | None,
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end."""
     ends_q, window_q, n_device = _newest_samples_statements(store.dialect == "postgresql",
                                                             not_after_s is not None)
-    params = {"not_after_s": not_after_s, "window_s": window_s}
+    params: dict[str, Any] = {"not_after_s": not_after_s, "window_s": window_s}
     with _connect(store) as c:
         out, again = _devices_with_spans(c.execute(ends_q, params), n_device, window_s)
         if store.dialect == "postgresql":
