@@ -28,10 +28,24 @@ NAV: tuple[tuple[str, str], ...] = (
 
 def _render(template: str, page: str, **context: Any) -> str:
     st = state()
-    devices = st.store.devices(host="*")
+    devices, in_fleet = _picker_devices(st.store, context)
     return render_template(template, page=page, nav=NAV, devices=devices,
-                           refresh_s=st.config["dashboard.refresh_s"],
+                           picker_in_fleet=in_fleet, refresh_s=st.config["dashboard.refresh_s"],
                            host_name=st.store.host_name, **context)
+
+
+def _picker_devices(store: Any, context: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The device picker's choices (device pages only) and whether they are a fleet's host's:
+    every device; in a fleet (more than ``FLEET_OVERVIEW_DEVICES``, as the Overview counts)
+    the shown device's host's, the fleet page one click away for the rest, so a device page
+    costs the same whatever the fleet's size (512 options were most of its HTML's time)."""
+    if "device" not in context:
+        return [], False
+    devices = store.devices(host="*")
+    if len(devices) <= fleet.FLEET_OVERVIEW_DEVICES:
+        return devices, False
+    host = context["host"] or store.host_name
+    return [d for d in devices if d["host"] == host], True
 
 
 DEFAULT_TIMELINE_SPAN_S = 3600.0  # the API's default window (api.DEFAULT_SPAN_S)

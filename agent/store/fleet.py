@@ -7,21 +7,24 @@ Each per-device (or per-host) newest value is a correlated scalar subquery: one 
 ``(device_id, ts_s)`` (``(host_id, ts_s)``) index per row inside one statement, never a GROUP
 BY, which would read every row of the history (a day of raw samples, 90 days of rollups) on
 every request. Read through :func:`vramscope.agent.store.reader.fleet`, and, for
-``/metrics``, :func:`~vramscope.agent.store.reader.fleet_samples` (each device's samples of its
-newest seconds) and :func:`~vramscope.agent.store.reader.fleet_events` (each device's events of
-some names in a window): there the rows after each seek are an index range of the device's own
-rows, joined to the device row that bounds it.
+``/metrics``, :func:`~vramscope.agent.store.reader.fleet_samples` (the samples of each
+device's newest seconds that hold its newest values) and
+:func:`~vramscope.agent.store.reader.fleet_events` (each device's events of some names in a
+window): there the rows after each seek are an index range of the device's own rows, joined to
+the device row that bounds it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
     Float,
+    Integer,
     Select,
     and_,
     bindparam,
@@ -31,6 +34,8 @@ from sqlalchemy import (
     true,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY as PG_ARRAY
+from sqlalchemy.dialects.postgresql import array as pg_array
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
 from vramscope.agent.store import event_blocks
@@ -47,9 +52,20 @@ from vramscope.agent.store.schema import (
 from vramscope.agent.store.store import stored_json, stored_reasons
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from vramscope.agent.store import Store
+
+
+@contextmanager
+def _connect(store: Store) -> Iterator[Connection]:
+    """A connection for the fleet's statements; on PostgreSQL without JIT compilation: their
+    hundreds of correlated seeks are estimated dear enough to pass ``jit_above_cost``, and
+    compiling them cost PostgreSQL 0.3 to 3 s a statement, more than running them (0.1 s)."""
+    with store.engine.connect() as c:
+        if store.dialect == "postgresql":
+            c.exec_driver_sql("SET LOCAL jit = off")  # this transaction's, rolled back at close
+        yield c
 
 
 def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
@@ -57,7 +73,7 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     ``not_after_s``, from the minute rollups where raw samples are gone (as
     ``Store.time_range`` gives it for one device; None: nothing stored). By host, then index."""
     q = _devices_now_statement()
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         rows = [dict(r._mapping) for r in c.execute(q, {"not_after_s": not_after_s})]
         for r in rows:
             raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
@@ -114,7 +130,7 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     else:  # an outer join: SQLite keeps its order, the hosts first
         q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
              .outerjoin(agent_stats, on_newest).order_by(agent_stats.c.id))
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
     out: dict[str, dict[str, Any]] = {}
     for r in rows:  # two reports of one instant: the later written
@@ -129,18 +145,24 @@ def newest_samples(store: Store, not_after_s: float | None,
                    window_s: float) -> list[DeviceNow]:
     """Every device row (as ``Store.devices`` gives it, with its host name) with its span (as
     ``Store.time_range(device, host, not_after_s=...)`` gives it; ``not_after_s`` None: not
-    bounded) and its samples of the ``window_s`` up to the span's end, in time order: what
-    ``Store.samples`` gives for that window of each device, for all devices in two
-    statements (:func:`_newest_samples_statements`). By host, then index.
+    bounded) and, of its samples of the ``window_s`` up to the span's end (what
+    ``Store.samples`` gives for that window), those :func:`newest_values` keeps, in time
+    order; for all devices in two statements (:func:`_newest_samples_statements`). By host,
+    then index.
 
     The span's four ends are correlated ``min``/``max`` seeks on the device's own index rows
     (one each per device); the samples a range of ``ix_samples_device_ts`` behind the end."""
     ends_q, window_q, n_device = _newest_samples_statements(store.dialect == "postgresql",
                                                             not_after_s is not None)
-    params = {"not_after_s": not_after_s, "window_s": window_s}
-    with store.engine.connect() as c:
-        out, again = _newest_samples(c.execute(ends_q, params), c.execute(window_q, params),
-                                     n_device, window_s)
+    params: dict[str, Any] = {"not_after_s": not_after_s, "window_s": window_s}
+    with _connect(store) as c:
+        out, again = _devices_with_spans(c.execute(ends_q, params), n_device, window_s)
+        if store.dialect == "postgresql":
+            # each device's window end as the first statement found it (not sought again)
+            ended = [(now.device["id"], now.span[1]) for now in out if now.span is not None]
+            params = {"device_ids": [i for i, _ in ended], "ends_s": [e for _, e in ended],
+                      "window_s": window_s}
+        _add_window_rows(c.execute(window_q, params), {now.device["id"]: now for now in out})
         for i in again:
             now = out[i]
             ends = now.span
@@ -156,11 +178,55 @@ def newest_samples(store: Store, not_after_s: float | None,
 
 def _recent_of(c: Connection, device: dict[str, Any], lo_s: float,
                hi_s: float) -> list[Sample]:
-    """One device's samples in [lo_s, hi_s], as :func:`newest_samples` reads them."""
+    """One device's samples in [lo_s, hi_s] that :func:`newest_values` keeps, as
+    :func:`newest_samples` reads them."""
     columns = ("phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
     rows = blocks.window_rows(c, [device["id"]], lo_s, hi_s, columns)
-    return [Sample(r[0], device["device_index"], Phase(r[2]), *r[3:],  # type: ignore[misc]
-                   host=device["host"], device_uuid=device["uuid"]) for r in rows]
+    return newest_values(
+        [Sample(r[0], device["device_index"], Phase(r[2]), *r[3:],  # type: ignore[misc]
+                host=device["host"], device_uuid=device["uuid"]) for r in rows], _cell_of_sample)
+
+
+# A window row's places (newest_samples' statements and a Sample alike): its phase, source and
+# pid, then the counters
+_PHASE_AT, _SOURCE_AT, _PID_AT = 2, 3, 4
+_COUNTERS_AT = tuple(range(5, 5 + len(SAMPLE_COUNTER_FIELDS)))
+
+
+def _cell_of_row(r: Any) -> Any:
+    return r[0], r[_SOURCE_AT], r[_PID_AT]  # device id, source, pid
+
+
+def _cell_of_sample(r: Any) -> Any:
+    return r[_SOURCE_AT], r[_PID_AT]  # one device's
+
+
+def newest_values(rows: Sequence[Any], cell: Any) -> list[Any]:
+    """The rows (in time order, ties by id) that hold each cell's newest values: per cell
+    (``cell(row)``: a device's source and pid) its newest row, its newest row with each
+    counter not NULL and its newest with a known phase; in their order. Any grouping of
+    whole cells (a device's NVML rows, a process's) finds its newest value of each counter,
+    its newest moment and phase, and each source its newest moment, in these rows as in all
+    of them: what a device's values now are made of, without the window's other rows."""
+    pending: dict[Any, tuple[int, ...]] = {}
+    kept = []
+    for r in reversed(rows):
+        key = cell(r)
+        todo = pending.get(key)
+        if todo is None:  # the cell's newest row
+            kept.append(r)
+            pending[key] = tuple(i for i in _COUNTERS_AT if r[i] is None) + (
+                (_PHASE_AT,) if r[_PHASE_AT] == _UNKNOWN else ())
+        elif todo:
+            still = tuple(i for i in todo if r[i] is None or r[i] == _UNKNOWN)
+            if len(still) < len(todo):
+                kept.append(r)
+                pending[key] = still
+    kept.reverse()
+    return kept
+
+
+_UNKNOWN = Phase.UNKNOWN.value  # equal to Phase.UNKNOWN too (a str enum)
 
 
 _WINDOW: Any = bindparam("window_s", type_=Float)
@@ -172,9 +238,11 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
     """:func:`newest_samples`' two statements (their bound and window parameters), built once
     (a scrape runs them every few seconds; building them cost SQLAlchemy more than SQLite
     spends seeking the ends of 512 devices): every device with its span's ends, and every
-    device's samples of its window by device id; and where the first one's device columns
-    end. Two, not one: joined, each of a fleet's 30,000 window rows carried its device's
-    15 columns again, which cost more to send and convert than the samples themselves."""
+    device's samples of its window by device id (on PostgreSQL only those
+    :func:`newest_values` keeps, and a few of their moment); and where the first one's device
+    columns end. Two, not one: joined, each of a fleet's 30,000 window rows carried its
+    device's 15 columns again, which cost more to send and convert than the samples
+    themselves."""
     not_after: Any = _NOT_AFTER if bounded else None
     # with the span's ends, whether the device straddles a block and its newest block's last
     # sample: where the window reaches into the compact raw tier (a device that stopped
@@ -189,8 +257,15 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
     # (time_range's); computed once a device: flattened into the join, SQLite evaluated the
     # correlated seeks again for every sample row of the device's window (a LIMIT/OFFSET keeps
     # a subquery from being flattened)
-    newest = (select(devices.c.id, ends[1], ends[3]).offset(0).subquery("device_newest"))
+    newest: Any = (select(devices.c.id, ends[1], ends[3]).offset(0).subquery("device_newest"))
     end = func.coalesce(newest.c.raw_hi, newest.c.minute_hi + MINUTE_S)
+    if postgresql:
+        # the devices and their windows' ends as the first statement found them, parameters
+        # (sought again here, they were half this statement's time)
+        newest = (func.unnest(bindparam("device_ids", type_=PG_ARRAY(Integer)),
+                              bindparam("ends_s", type_=PG_ARRAY(Float)))
+                  .table_valued("id", "end_s").render_derived(name="device_newest"))
+        end = newest.c.end_s
     columns = (samples.c.ts_s, samples.c.phase, samples.c.source, samples.c.pid,
                *(samples.c[n] for n in SAMPLE_COUNTER_FIELDS))
     window = and_(samples.c.device_id == newest.c.id, samples.c.ts_s >= end - _WINDOW,
@@ -199,11 +274,30 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
         # PostgreSQL planned the join as a hash join over every sample stored (the window's
         # bounds a filter on each row). A LATERAL subquery is each device's index range, once
         # it is kept from being pulled up into a plain join again: OFFSET 0, the usual fence
-        recent = (select(*(c.label(f"s_{c.name}") for c in columns),
-                         samples.c.id.label("s_id")).where(window).offset(0).lateral("recent"))
-        window_q = (select(newest.c.id, *(recent.c[f"s_{c.name}"] for c in columns))
-                    .select_from(newest.join(recent, true()))
-                    .order_by(newest.c.id, recent.c.s_ts_s, recent.c.s_id))
+        # Only the rows newest_values keeps are sent (a fleet's window is 30,000 rows, their
+        # newest values a few hundred): per device (LATERAL: each device's own index range,
+        # grouped in memory) and (source, pid) the moment of its newest row, of its newest
+        # with a known phase and with each counter; then the device's rows of those moments
+        # (an index seek each). Rows of one moment all come (ties, other cells' rows):
+        # newest_values picks among them as among the whole window
+        def newest_at(holds: Any) -> Any:
+            return func.max(samples.c.ts_s) if holds is None else \
+                func.max(samples.c.ts_s).filter(holds)
+
+        moments = [newest_at(None), newest_at(samples.c.phase != Phase.UNKNOWN.value),
+                   *(newest_at(samples.c[n].is_not(None)) for n in SAMPLE_COUNTER_FIELDS)]
+        cells = (select(pg_array(moments).label("moments")).where(window)
+                 .group_by(samples.c.source, samples.c.pid).lateral("cells"))
+        kept = (select(newest.c.id, func.unnest(cells.c.moments).label("ts_s"))
+                .select_from(newest.join(cells, true())).distinct().subquery("kept"))
+        # each moment's rows by their own seek (joined, PostgreSQL merged the moments with
+        # every sample stored)
+        found = (select(*(c.label(f"s_{c.name}") for c in columns), samples.c.id.label("s_id"))
+                 .where(samples.c.device_id == kept.c.id, samples.c.ts_s == kept.c.ts_s)
+                 .offset(0).lateral("found"))
+        window_q = (select(kept.c.id, *(found.c[f"s_{c.name}"] for c in columns))
+                    .select_from(kept.join(found, true()))
+                    .order_by(kept.c.id, found.c.s_ts_s, found.c.s_id))
     else:  # SQLite loops over the devices and reads each one's range of the index
         window_q = (select(newest.c.id, *columns).select_from(newest.join(samples, window))
                     .order_by(newest.c.id, samples.c.ts_s, samples.c.id))
@@ -215,28 +309,30 @@ def _newest_samples_statements(postgresql: bool, bounded: bool
 _PHASES = {p.value: p for p in Phase}
 
 
-def _newest_samples(ends: Any, window: Any, n_device: int,
-                    window_s: float) -> tuple[list[DeviceNow], list[int]]:
-    """The devices with their spans (``ends``' rows) and ``samples``'s rows of their windows
-    (``window``'s, by device id), and the places of those whose window also lies in blocks or
-    whose end straddles a block."""
+def _devices_with_spans(ends: Any, n_device: int,
+                        window_s: float) -> tuple[list[DeviceNow], list[int]]:
+    """The devices with their spans (``ends``' rows), no samples yet, and the places of those
+    whose window also lies in blocks or whose end straddles a block."""
     out: list[DeviceNow] = []
     again: list[int] = []
     keys = list(ends.keys())[:n_device]
-    by_id: dict[int, DeviceNow] = {}
     for r in ends:
         span = _span(r[n_device:n_device + 4])
-        now = DeviceNow(dict(zip(keys, r[:n_device])), span, [])
-        by_id[r[0]] = now
-        out.append(now)
+        out.append(DeviceNow(dict(zip(keys, r[:n_device])), span, []))
         block_hi = r[n_device + 5]
         if r[n_device + 4] or (block_hi is not None and span is not None
                                and block_hi >= span[1] - window_s):
             again.append(len(out) - 1)
+    return out, again
+
+
+def _add_window_rows(window: Any, by_id: dict[int, DeviceNow]) -> None:
+    """``samples``'s rows of the devices' windows (``window``'s, by device id), those
+    :func:`newest_values` keeps, into each device's ``recent``."""
     make = Sample._make
     mine: list[Sample] = []
     device_id = index = host = uuid = None
-    for r in window:
+    for r in newest_values(window.all(), _cell_of_row):
         if r[0] != device_id:
             device_id = r[0]
             d, mine = by_id[device_id].device, by_id[device_id].recent
@@ -244,7 +340,6 @@ def _newest_samples(ends: Any, window: Any, n_device: int,
         # r's rest: source, pid and the counters, as Store.iter_samples reads them (a
         # Sample's fields in its order, made without its keyword arguments)
         mine.append(make((r[1], index, _PHASES[r[2]], *r[3:], host, uuid)))
-    return out, again
 
 
 def _span_ends(not_after_s: Any) -> list[Any]:
@@ -290,7 +385,7 @@ def device_spans(store: Store, not_after_s: float | None = None
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
     q = _device_spans_statement(not_after_s is not None)
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         out = {}
         for row in c.execute(q, {"not_after_s": not_after_s}).all():
             did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles = tuple(row)
@@ -338,7 +433,7 @@ def event_counts(store: Store, start_s: float, end_s: float, name: str,
              .where(ranked.c.nth <= limit)
              .group_by(hosts.c.name, devices.c.device_index, ranked.c.pid))
     out = {}
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         for host, index, pid, n in c.execute(q):
             out.setdefault((host, index), {})[pid] = int(n)
     return out
@@ -389,7 +484,7 @@ def device_events(store: Store, start_s: float, end_s: float,
     q = q.order_by(hosts.c.name, devices.c.device_index, *by_time)
     phases = {p.value: p for p in Phase}
     out: dict[tuple[str, int], list[Event]] = {}
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         for host, index, uuid, ts, name, pid, phase, request_id, data, _ in c.execute(q):
             out.setdefault((host, index), []).append(
                 Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
@@ -404,7 +499,7 @@ def _blocks_hold_some(store: Store, start_s: float, end_s: float, names: Sequenc
     intervals)."""
     if not event_blocks.compactable(names):
         return False
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         return event_blocks.any_blocks(c, None, start_s, end_s)
 
 
@@ -412,5 +507,5 @@ def _every_device(store: Store) -> list[tuple[str, int]]:
     q = (select(hosts.c.name, devices.c.device_index)
          .join(hosts, hosts.c.id == devices.c.host_id)
          .order_by(hosts.c.name, devices.c.device_index))
-    with store.engine.connect() as c:
+    with _connect(store) as c:
         return [(str(h), int(i)) for h, i in c.execute(q).all()]

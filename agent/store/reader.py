@@ -465,7 +465,8 @@ def fleet(store: Store, at_s: float) -> Fleet:
 def fleet_samples(store: Store, at_s: float | None, window_s: float) -> list[DeviceNow]:
     """Every device of every host (by host, then index): its row, its span not ahead of
     ``at_s`` (``Store.time_range``'s; ``at_s`` None: to its newest sample whatever its time)
-    and its raw samples of the ``window_s`` up to the span's end (``Store.samples``'), in two
+    and, of its raw samples of the ``window_s`` up to the span's end (``Store.samples``'),
+    those that hold each (source, pid)'s newest values (``fleet.newest_values``): in two
     statements whatever the fleet's size."""
     return _fleet.newest_samples(store, at_s, window_s)
 

@@ -150,7 +150,9 @@ class DeviceNow(NamedTuple):
 
     device: dict[str, Any]  # its devices row with its host name, as ``Store.devices`` gives it
     span: tuple[float, float] | None  # its first and newest sample, as ``Store.time_range``'s
-    recent: list[Sample]  # its samples of the window up to the span's end, in time order
+    # of its samples of the window up to the span's end, those that hold each (source, pid)'s
+    # newest values (fleet.newest_values), in time order
+    recent: list[Sample]
 
 
 class Fleet(NamedTuple):

@@ -118,6 +118,20 @@ def test_the_page_links_each_device_to_its_own_page(client):
     assert 'data-device="6"' in html and 'data-host="node-07"' in html
 
 
+def test_a_device_page_picks_among_its_hosts_devices(client):
+    """In a fleet the device picker lists the shown device's host's GPUs (512 options were
+    most of a device page's HTML time) and links to the fleet page for the other hosts."""
+    import re
+
+    for page in ("timeline", "leaks", "risk"):
+        html = client.get(f"/{page}?device=6&host=node-07").get_data(as_text=True)
+        options = re.findall(r'<option value="(\d+)" data-host="([^"]+)"\s*(selected)?', html)
+        assert options == [(str(d), "node-07", "selected" if d == 6 else "")
+                           for d in range(FS.DEVICES)]
+        assert '<a href="/fleet" id="picker-fleet">other hosts →</a>' in html
+    assert "picker-fleet" not in client.get("/fleet").get_data(as_text=True)
+
+
 def test_a_device_page_reads_its_own_row_only(fleet, client):
     """The device pages' verdict line asks for its device's row: in a fleet, the whole table
     is a read per device (latest values, KV, verdicts) for every page refresh."""
