@@ -108,18 +108,20 @@ class DeviceAnalysis:
         changed = IN_SAMPLE
         if self._raw_fields:
             changed |= self._absorb_fields(s)
-        if s.pid is not None:
-            if s.pid in self._gone:
-                self._revive(s.pid)
-            self._last_seen[s.pid] = s.ts_s
-            if s.ts_s >= self._next_gone_check and self._forget_gone(s.ts_s):
+        pid, ts_s = s.pid, s.ts_s
+        if pid is not None:
+            if pid in self._gone:
+                self._revive(pid)
+            self._last_seen[pid] = ts_s
+            if ts_s >= self._next_gone_check and self._forget_gone(ts_s):
                 changed |= IN_LEAK
-        if s.num_ooms is not None:
-            if self._num_ooms is not None and s.num_ooms > self._num_ooms:
-                self._note_oom(s.ts_s, s.pid)
-            self._num_ooms = s.num_ooms
+        num_ooms = s.num_ooms
+        if num_ooms is not None:
+            if self._num_ooms is not None and num_ooms > self._num_ooms:
+                self._note_oom(ts_s, pid)
+            self._num_ooms = num_ooms
         if self._observe_risk(s):
-            changed |= IN_RISK | self._note_risk(s.ts_s)
+            changed |= IN_RISK | self._note_risk(ts_s)
         if s.device_used_bytes is not None or s.device_total_bytes:
             changed |= IN_DEVICE
         if s.largest_free_block_bytes is not None:
@@ -127,12 +129,12 @@ class DeviceAnalysis:
         if self._update_leak(s):
             changed |= IN_LEAK
         if changed & IN_RISK:
-            self._keep_causes(s.ts_s)
+            self._keep_causes(ts_s)
         if s.kv_blocks_used is not None and self._observe_kv(s):
             changed |= IN_KV
         if self.oom_ts_s:
-            changed |= self._oom_changed(s.ts_s)
-        return changed | self._episode()
+            changed |= self._oom_changed(ts_s)
+        return changed | self._episode() if self._episode_ended else changed
 
     def _episode(self) -> int:
         """``IN_EPISODE`` once after an OOM (the risk alerts it ended resolve)."""
@@ -220,7 +222,7 @@ class DeviceAnalysis:
     def _observe_risk(self, s: Sample) -> bool:
         """Feed the sample to its process's model (a device-wide one to every process's);
         True when a model gave a point. ``risk`` becomes the riskiest process's model."""
-        if is_device_wide(s):
+        if s.pid is None and is_device_wide(s):  # (a sample with a pid never is: no call)
             self._wide = s
             self._fed = None
             models = [m for pid, m in self.risks.items() if pid is not None] or [self.risk]
@@ -244,7 +246,13 @@ class DeviceAnalysis:
     def _keep_causes(self, ts_s: float) -> None:
         """The episodes of the models the sample fed read their latest points (after the leak
         detectors took the same sample: a cause reads both)."""
-        for pid, model in [self._fed] if self._fed is not None else list(self.risks.items()):
+        fed = self._fed
+        if fed is not None:  # one process's sample (the common case): without a list
+            pid, model = fed
+            if model.level_index or model in self.episodes:
+                self.episode(model).observe(model, self.leaks.get(pid) or self.leak, ts_s)
+            return
+        for pid, model in list(self.risks.items()):
             if not model.level_index and model not in self.episodes:
                 continue  # no episode, none beginning: the common case
             self.episode(model).observe(model, self.leaks.get(pid) or self.leak, ts_s)
@@ -301,6 +309,16 @@ class DeviceAnalysis:
         return self._sampled
 
     def _update_leak(self, s: Sample) -> bool:
+        pid = s.pid
+        leak = self.leaks.get(pid) if pid is not None else None
+        if leak is not None and pid in self._sampled:
+            # the common case, _leaks_of's [leak] without the list: a process sample to the
+            # detector it fed before
+            if leak.update(s) is None:
+                return False
+            self._growth_to_risk(leak)
+            self._pick_leak()
+            return True
         gave = False
         for leak in self._leaks_of(s):
             if leak.update(s) is not None:

@@ -162,31 +162,39 @@ class AlertEngine:
     def _evaluate(self, d: DeviceAnalysis, rules: _DeviceRules, changed: int, now: float,
                   host: str | None, out: list[AlertChange]) -> None:
         busy = False
+        # read once: no rule's evaluation moves them (they are cleared after the loop)
+        episode, exited, ended_leak = changed & IN_EPISODE, d.exited_risk, d.ended_leak
         for st in rules.states:
-            if changed & IN_EPISODE and st.rule.backoff and st.fired_ts is not None:
-                # the OOM ends the episode: its alert resolves, and the OOM's own record does
-                # not open the next one (a server that goes on at its limit: the next record)
-                self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
-                busy = True
-                continue
-            if d.exited_risk is not None and st.rule.backoff and st.fired_ts is not None \
-                    and not st.rule.breached(st.getter(d, now), _limit(st, d, now)):
-                # its process exited, and the processes left are below its level
-                self._resolve(st, d, now, st.getter(d, now), host, out,
-                              f"pid {d.exited_risk} exited")
-                busy = True
-                continue
+            if st.fired_ts is not None and (episode or exited is not None) and st.rule.backoff:
+                if episode:
+                    # the OOM ends the episode: its alert resolves, and the OOM's own record
+                    # does not open the next one (a server that goes on at its limit: the next
+                    # record)
+                    self._resolve(st, d, now, st.getter(d, now), host, out, "ended by an OOM")
+                    busy = True
+                    continue
+                if not st.rule.breached(st.getter(d, now), _limit(st, d, now)):
+                    # its process exited, and the processes left are below its level
+                    self._resolve(st, d, now, st.getter(d, now), host, out,
+                                  f"pid {exited} exited")
+                    busy = True
+                    continue
             if st.quiet and not st.inputs & changed:
                 continue
-            if d.ended_leak is not None and st.fired_ts is not None \
+            if ended_leak is not None and st.fired_ts is not None \
                     and st.rule.metric == "leak_detected":
-                pid, how = d.ended_leak
+                pid, how = ended_leak
                 self._resolve(st, d, now, None, host, out,
                               f"pid {pid} {how}; its last answer: leak")
                 continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
-                limit = st.threshold if st.horizon is None else _limit(st, d, now)
+                horizon = st.horizon  # _limit(st, d, now), inline
+                limit = st.threshold
+                if horizon is not None:
+                    reach = horizon(d, now)
+                    if reach is not None and reach > limit:
+                        limit = reach
                 if st.pending_since is not None or (value is not None
                                                     and st.op(value, limit)):
                     self._maybe_fire(st.rule, st, d, now, value, host, out)

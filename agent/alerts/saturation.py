@@ -49,18 +49,22 @@ class Saturation:
         return False
 
     def preemptions(self, now_s: float) -> int:
-        while self._preempted and now_s - self._preempted[0][0] >= PREEMPTION_WINDOW_S:
-            self._preempted.popleft()
-        return sum(count for _, count in self._preempted)
+        preempted = self._preempted
+        if not preempted:
+            return 0  # the common case: read on every KV sample
+        while preempted and now_s - preempted[0][0] >= PREEMPTION_WINDOW_S:
+            preempted.popleft()
+        return sum(count for _, count in preempted)
 
     def value(self, usage_ratio: float | None, blocks_total: int | None,
               now_s: float) -> float | None:
         """``kv_saturated`` now (None before any pool, queue or preemption was seen)."""
         preempted = self.preemptions(now_s)
-        waiting = sum(w for _, w in self.load.values()) if self.load else None
+        load = self.load
+        waiting = sum(w for _, w in load.values()) if load else None
         if usage_ratio is None and waiting is None and not preempted:
             return None
-        running = [r for r, _ in self.load.values() if r is not None]
+        running = [r for r, _ in load.values() if r is not None] if load else None
         self.figures = {"usage_ratio": usage_ratio, "blocks": blocks_total, "waiting": waiting,
                         "running": sum(running) if running else None, "preempted": preempted}
         full = usage_ratio is not None and usage_ratio >= SATURATION_SHARE and (waiting or 0) >= 1

@@ -245,8 +245,11 @@ class VerdictLog:
     def note(self, d: DeviceAnalysis, pid: int | None, host: str | None, now_s: float) -> None:
         """A record of process ``pid`` (None: of the device as a whole, every process's) at
         ``now_s``: a row for each process whose answer changed, or whose heartbeat is due."""
-        for p in processes_of(d) if pid is None or pid not in d.risks else (pid,):
-            self._note(d, p, host, now_s)
+        if pid is not None and pid in d.risks:  # a process's record: its own row alone
+            self._note(d, pid, host, now_s)
+        else:
+            for p in processes_of(d):
+                self._note(d, p, host, now_s)
         if self._held:
             for key, due in list(self._held.items()):
                 if key[:2] == (host, d.device) and now_s >= due:
@@ -260,7 +263,8 @@ class VerdictLog:
         if leak is None:
             return  # no state of its own: no row (never the device's or another's answer)
         key = (host, d.device, pid)
-        self._ended.discard(key)
+        if self._ended:  # (a process whose row said it ended: rare; the key hashes once less)
+            self._ended.discard(key)
         result = leak.result
         model = d.risks.get(pid)
         level = model.level_index if model is not None else -1
@@ -312,8 +316,10 @@ class VerdictLog:
         checked = check.limit_bytes if check is not None else None
         said = self._device_said.get(key)
         if said is not None:
-            if (said.level, said.risk_pid, said.leak_pid, self._checked.get(key)) == (
-                    level, d.risk_pid, d.leak_pid, checked):
+            # (level, risk pid, leak pid, limit checked) as said: compared one by one, without
+            # building two tuples for every record
+            if said.level == level and said.risk_pid == d.risk_pid \
+                    and said.leak_pid == d.leak_pid and self._checked.get(key) == checked:
                 if now_s < said.ts_s + self.heartbeat_s:
                     return
             elif said.level == level and said.leak_pid == d.leak_pid \

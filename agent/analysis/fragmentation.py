@@ -116,9 +116,11 @@ class FragAccumulator:
         elif s.largest_free_block_bytes is not None and s.device in self._latest:
             ctx = self._latest[s.device]
             s = s._replace(allocated_bytes=ctx.allocated_bytes, reserved_bytes=ctx.reserved_bytes)
-        r = inactive_split_ratio(s)
+        r = split_ratio(s.inactive_split_bytes, s.reserved_bytes)  # inactive_split_ratio(s)
         if r is not None and r > self.split:
             self.split = r
+        if s.largest_free_block_bytes is None:
+            return  # no snapshot, no external fragmentation: most samples, read per sample
         e = external_fragmentation(s)
         if e is not None and (self.external is None or e > self.external):
             self.external = e

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import islice
+from operator import mul
 from typing import Any, NamedTuple
 
 from vramscope.agent.analysis.stats import solve3
@@ -86,11 +88,15 @@ def rate_interval(points: Sequence[tuple[float, float]], noise: float = 0.0) -> 
     xs = [p[0] - t0 for p in points]
     ys = [float(p[1]) for p in points]
     mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
+    # the deviations once, and the sums over them in C (map): the same terms added in the same
+    # order as the generators they replace, so the same figures (the fast route fits a few
+    # suffixes per floor point)
+    dx = [x - mx for x in xs]
+    sxx = sum(map(pow, dx, [2] * n))  # (x - mx) ** 2
     if sxx <= 0:
         return None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    res = [y - my - slope * (x - mx) for x, y in zip(xs, ys)]
+    slope = sum(map(mul, dx, [y - my for y in ys])) / sxx
+    res = [y - my - slope * d for d, y in zip(dx, ys)]
     return autocorrelated_interval(slope, res, 2, 1.0 / sxx, noise, xs[-1], t0,
                                    my - slope * mx)
 
@@ -106,10 +112,10 @@ def autocorrelated_interval(slope: float, residuals: Sequence[float], coefficien
     the inverse normal matrix); ``noise``: the least standard deviation a point is taken to
     have. The one interval of :func:`rate_interval` and :func:`rate_interval_with_load`."""
     n = len(residuals)
-    ssr = sum(r * r for r in residuals)
+    ssr = sum(map(mul, residuals, residuals))
     rho = 0.0
     if ssr > 0:
-        rho = max(0.0, min(RHO_MAX, sum(a * b for a, b in zip(residuals, residuals[1:])) / ssr))
+        rho = max(0.0, min(RHO_MAX, sum(map(mul, residuals, islice(residuals, 1, None))) / ssr))
     factor = (1 + rho) / (1 - rho)
     effective = n / factor
     sigma2 = max(ssr / (n - coefficients), noise * noise)

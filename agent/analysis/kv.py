@@ -83,13 +83,30 @@ class KvTracker:
         if total != self.blocks_total:
             self._new_pool(total)
         history.append((ts_s, used))
-        self._add(ts_s, used, 1.0)
-        while history[0][0] < ts_s - TREND_WINDOW_S:
+        t0, sums = self._t0, self._sums
+        if t0 < 0 or ts_s - t0 > REBASE_S:
+            self._add(ts_s, used, 1.0)  # the pool's first reading, or a rebase
+            t0, sums = self._t0, self._sums
+        else:  # _add(ts_s, used, 1.0) inline: the per-sample path
+            t = ts_s - t0
+            sums[0] += 1.0
+            sums[1] += t
+            sums[2] += used
+            sums[3] += t * t
+            sums[4] += t * used
+        oldest = ts_s - TREND_WINDOW_S
+        while history[0][0] < oldest:  # _add(..., -1.0) inline: the same sums, taken out
             old_ts, old_used = history.popleft()
-            self._add(old_ts, old_used, -1.0)
+            t = old_ts - t0
+            sums[0] -= 1.0
+            sums[1] -= t
+            sums[2] -= old_used
+            sums[3] -= t * t
+            sums[4] -= t * old_used
         recent = self._recent
         recent.append((ts_s, used))
-        while recent[0][0] < ts_s - RATE_WINDOW_S:
+        oldest = ts_s - RATE_WINDOW_S
+        while recent[0][0] < oldest:
             recent.popleft()
         self.usage_ratio = usage = used / total
         if self.pool_peak_blocks_used is None or used > self.pool_peak_blocks_used:
@@ -137,12 +154,19 @@ class KvTracker:
         self.horizon_s = 0.0
         if used >= total:
             return 0.0
-        trend = self._trend_forecast(used, total)
+        trend = self._trend_forecast(used, total) if span >= MIN_RATE_SPAN_S else None
         if trend is not None and trend <= span:
             self.horizon_s = span
-        rate = self._rate_forecast(used, total)
-        forecasts = [f for f in (trend, rate) if f is not None]
-        return min(forecasts) if forecasts else None
+        # the recent rate's forecast (the change over the last RATE_WINDOW_S), inline:
+        # this runs for every KV sample
+        recent = self._recent
+        t_old, used_old = recent[0]
+        rate_span = recent[-1][0] - t_old
+        rate = None if rate_span < MIN_RATE_SPAN_S or used <= used_old \
+            else (total - used) * rate_span / (used - used_old)
+        if trend is None or rate is None:
+            return rate if trend is None else trend
+        return trend if trend <= rate else rate  # the sooner (min: the trend's on a tie)
 
     def _trend_forecast(self, used: int, total: int) -> float | None:
         """Room above the fill trend (or the latest reading, when higher) over its slope."""
@@ -155,14 +179,8 @@ class KvTracker:
             return None
         now = self._history[-1][0] - self._t0
         level = su / n + slope * (now - st / n)
-        return max(0.0, total - max(level, used)) / slope
-
-    def _rate_forecast(self, used: int, total: int) -> float | None:
-        t_old, used_old = self._recent[0]
-        span = self._recent[-1][0] - t_old
-        if span < MIN_RATE_SPAN_S or used <= used_old:
-            return None
-        return (total - used) * span / (used - used_old)
+        room = total - (used if used > level else level)  # total - max(level, used)
+        return (room if room > 0.0 else 0.0) / slope  # max(0.0, room): per KV sample, no calls
 
 
 def observe_process(kvs: dict[int | None, KvTracker], shown: KvTracker, s: Sample

@@ -487,47 +487,56 @@ class LeakDetector:
         return out
 
     def _step(self, s: Sample) -> LeakResult | None:
+        # every sample of a process comes here: its attributes are read once, into locals
+        ts_s = s.ts_s
         if self._first_ts is None:
-            self._first_ts = s.ts_s
+            self._first_ts = ts_s
         allocated, total = s.allocated_bytes, s.device_total_bytes
         if total and (allocated is not None or self.limit_bytes is None):
             self.limit_bytes = total  # an allocator sample's limit wins
         if allocated is not None and self._unconfirmed is not None:
             at, before, _ = self._unconfirmed
-            if allocated >= RELOAD_RATIO * before or s.ts_s - at >= RELOAD_CONFIRM_S:
+            if allocated >= RELOAD_RATIO * before or ts_s - at >= RELOAD_CONFIRM_S:
                 self._reload_confirmed()
         if allocated is not None and self.points \
                 and allocated < RELOAD_RATIO * self.points[-1][1]:
-            self._reload(s.ts_s, allocated)
-        self.load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
+            self._reload(ts_s, allocated)
+        load = self.load
+        load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
-            self.load.observe(allocated)
-            self._note_per_token(s.ts_s)
-            self.peak.observe(s.ts_s, allocated)
+            load.observe(allocated)
+            if load.unit == "token":  # (the only unit _note_per_token keeps)
+                self._note_per_token(ts_s)
+            self.peak.observe(ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
-        anytime = self._kv_explains()
-        self.fast_fine.config = FINE_TOKENS if anytime and self.load.unit == "token" else FINE
-        if not anytime or self.load.unit == "token":
+        by_token = load.unit == "token"
+        # _kv_explains(), inline
+        anytime = load.kv_used is not None and (not by_token or load.bytes_per_block > 0)
+        tokens = anytime and by_token
+        self.fast_fine.config = FINE_TOKENS if tokens else FINE
+        if not anytime or by_token:
             # what the requests in flight hold: the floor's estimate without KV figures, and
             # with tokens only until bytes per token are clear
             self.per_request.observe_kv(self.floor.in_flight)
             if allocated is not None:
                 self.per_request.observe(allocated)
-        explained = self.load.explained() if anytime else self.per_request.explained()
-        tokens = anytime and self.load.unit == "token"
-        fine = self.fine_floor.update(s, explained, anytime=anytime, between_prefills=tokens)
-        if fine is not None and self.fine_floor.last_load == 0:
-            self._idle_fine = fine
-        if fine is not None and self.fine_floor.last_load <= RESIDUAL:
-            self._exact_fine = fine
-            if self.fine_floor.last_load == RESIDUAL:
-                self._busy_fine = fine
+        explained = load.explained() if anytime else self.per_request.explained()
+        fine_floor = self.fine_floor
+        fine = fine_floor.update(s, explained, anytime, tokens)
+        if fine is not None:
+            fine_load = fine_floor.last_load
+            if fine_load == 0:
+                self._idle_fine = fine
+            if fine_load <= RESIDUAL:
+                self._exact_fine = fine
+                if fine_load == RESIDUAL:
+                    self._busy_fine = fine
         fast = None if fine is None else self._fast_growth(
-            self.fast_fine, fine, self.fine_floor.last_load, s.ts_s)
-        point = self.floor.update(s, explained, anytime=anytime, between_prefills=tokens)
+            self.fast_fine, fine, fine_floor.last_load, ts_s)
+        point = self.floor.update(s, explained, anytime, tokens)
         if point is None:
-            return fast or self._doubt_no_leak(s.ts_s)
+            return fast or self._doubt_no_leak(ts_s)
         self.recent_floor.append(point)
         if self.floor.last_load == 0:
             self._keep_read(self._idle_reads, point)
@@ -612,9 +621,10 @@ class LeakDetector:
         fresh floor read within the wandering). The new answer, or None where it is unchanged."""
         route, shown, doubted = self._route, self._result, self._doubted
         held_back = doubted is not None and shown is doubted[1]
-        if (shown is not route and not held_back) or route.state != "no_leak":
+        # (route.state != "no_leak", without the property: this runs for every sample)
+        if (shown is not route and not held_back) or route.detected or not route.enough_data:
             return None  # another answer is shown (the fast route's, a reload's, an OOM's)
-        doubt = self._no_leak_doubt(now_s)
+        doubt = self._no_leak_doubt(now_s, doubted[0] if held_back and doubted else None)
         if doubt is None:
             if not held_back:
                 return None
@@ -628,10 +638,11 @@ class LeakDetector:
         self._doubted = (doubt[0], self._result)
         return self.result
 
-    def _no_leak_doubt(self, now_s: float) -> tuple[str, str] | None:
+    def _no_leak_doubt(self, now_s: float, shown: str | None = None) -> tuple[str, str] | None:
         """Why the floor read so far cannot stand for now, its kind and words (None when it
-        can; a new kind is a new answer, new figures of one kind are not). Read on the fine
-        floor's points (a floor window's point is up to a window old when it comes):
+        can; a new kind is a new answer, new figures of one kind are not: the words of the
+        kind ``shown`` already are left empty, not made again for every sample). Read on the
+        fine floor's points (a floor window's point is up to a window old when it comes):
 
         - the newest floor read of the kind the verdict rests on (with no request in flight,
           or with its KV blocks taken off, where the horizon has enough such reads for a
@@ -669,19 +680,22 @@ class LeakDetector:
                         self._rise = (read[0], above)
         fresh_s = NO_LEAK_FRESH_WINDOWS * self.floor.window_s
         if self._newest_read is not None and now_s - self._newest_read > fresh_s:
-            return "stale", f"no floor read for over {span_words(fresh_s)} (busy since)"
+            return "stale", "" if shown == "stale" else (
+                f"no floor read for over {span_words(fresh_s)} (busy since)")
         rise = self._rise
         if rise is not None:
             if not self.points or self.points[-1][0] < rise[0] + self.t.leak_min_span_s:
-                return "above", (f"a floor read {rise[1] / 2**20:.1f} MiB above the line of "
-                                 f"those before it, a rise too recent to test")
+                return "above", "" if shown == "above" else (
+                    f"a floor read {rise[1] / 2**20:.1f} MiB above the line of those before "
+                    f"it, a rise too recent to test")
             self._rise = None  # the trend has the minimum span after it: its tests judge it
         if self.points and now_s - self.points[-1][0] >= self.t.leak_min_span_s:
-            return "unseen", (f"no new floor point for over "
-                              f"{span_words(self.t.leak_min_span_s)} (busy without a break)")
-        return self._held_gain(now_s)
+            return "unseen", "" if shown == "unseen" else (
+                f"no new floor point for over {span_words(self.t.leak_min_span_s)} (busy "
+                f"without a break)")
+        return self._held_gain(now_s, shown)
 
-    def _held_gain(self, now_s: float) -> tuple[str, str] | None:
+    def _held_gain(self, now_s: float, shown: str | None = None) -> tuple[str, str] | None:
         """The floor still holds over ``HELD_SHARE`` of what the leak answers added, within
         ``HELD_CAP_S`` of the last: a leak that grows only under load is flat in quiet hours,
         not gone (the "held" doubt of :meth:`_no_leak_doubt`)."""
@@ -696,6 +710,8 @@ class LeakDetector:
         held = line[1][1] - base
         if top <= base or held < HELD_SHARE * (top - base):
             return None
+        if shown == "held":
+            return "held", ""  # shown already (_no_leak_doubt)
         return "held", (f"the floor still holds {held / 2**20:.1f} MiB of the "
                         f"{(top - base) / 2**20:.1f} MiB the leak added (a leak answered "
                         f"{span_words(now_s - last)} ago): a leak that grows only under load "

@@ -85,7 +85,8 @@ class BlockBytes:
         if blocks is not None:
             self._blocks_seen = True
             self.unit = "block"
-            self.observe_kv(blocks)
+            if blocks >= 0:  # observe_kv(blocks), inline: every KV sample comes here
+                self.kv_used = blocks
         elif tokens is not None and not self._blocks_seen:
             self.unit = "token"
             self.observe_kv(tokens)
@@ -100,14 +101,23 @@ class BlockBytes:
         if last is None or used == last[1]:
             return
         ratio = (allocated - last[0]) / (used - last[1])
-        self._ratios.append(ratio)
-        insort(self._sorted, ratio)
+        ratios, ordered = self._ratios, self._sorted
+        ratios.append(ratio)
+        insort(ordered, ratio)
         self._positive += ratio > 0
-        if len(self._ratios) > KEEP:
-            old = self._ratios.popleft()
-            del self._sorted[bisect_left(self._sorted, old)]
+        if len(ratios) > KEEP:
+            old = ratios.popleft()
+            del ordered[bisect_left(ordered, old)]
             self._positive -= old > 0
-        self._estimate = self._median_if_clear()
+        # _median_if_clear(), inline: this runs for nearly every sample
+        n = len(ordered)
+        least = MIN_POSITIVE_TOKENS if self.unit == "token" else MIN_POSITIVE
+        if n < MIN_RATIOS or self._positive < least * n:
+            self._estimate = 0.0
+        else:
+            mid = n // 2
+            median = float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+            self._estimate = median if median > 0.0 else 0.0  # max(0.0, median)
 
     def _median_if_clear(self) -> float:
         """``estimate`` over the kept ratios, from the sorted copy (no sort per sample)."""

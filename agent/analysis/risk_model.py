@@ -193,7 +193,13 @@ class RiskModel:
             if request > self.largest_request_bytes:
                 self.largest_request_bytes = request
         if allocated is not None:
-            other = self._other_bytes()
+            # _other_bytes(), inline
+            device_used, reserved = self._device_used, self._reserved
+            if device_used is None or reserved is None or self._capped:
+                other = 0
+            else:
+                other = device_used - reserved
+                other = other if other > 0 else 0
             demand = allocated + other
         elif s.reserved_bytes is None and s.device_used_bytes is not None \
                 and self._reserved is None:
