@@ -796,7 +796,7 @@ class LeakDetector:
         it shows a trend of its own (a warm-up flattens, growth goes on). That verdict over
         ``points`` (the trend's, by default) since the cap, ``insufficient_data`` until they
         span ``alerts.leak_min_span_s``; None where the verdict stands (no leak, a leak already
-        found, or a rise that began after the cap)."""
+        found, a rise that began after the cap, or one the floor after the cap confirms)."""
         settled = self._settled_ts()
         prev = self._result
         if not verdict.detected or (prev.detected and prev.p_value is not None):
@@ -809,6 +809,8 @@ class LeakDetector:
                if p[0] >= settled]
         after = evaluate_floor(pts, self._limit(), self.t)
         span = pts[-1][0] - pts[0][0] if pts else 0.0
+        if after.detected:
+            return None  # the floor after the cap rises too: the route's verdict stands
         if after.enough_data:
             return after._replace(span_s=span)
         return NO_VERDICT._replace(evidence=(

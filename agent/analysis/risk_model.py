@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-from vramscope.agent.analysis.fast_growth import FAST_WARMUP_CAP_S
 from vramscope.agent.analysis.fragmentation import external_fragmentation
 from vramscope.agent.analysis.peak_rise import FINE_PEAK_S, PeakRise
 from vramscope.agent.analysis.phases import SpikeTracker
 from vramscope.agent.analysis.risk_trend import Trend, fit_peaks
 from vramscope.agent.analysis.severity import LEVELS
-from vramscope.agent.analysis.stats import theil_sen
 from vramscope.agent.analysis.thresholds import Thresholds
 from vramscope.agent.analysis.windows import WindowChooser, Windows
 from vramscope.agent.records import Phase, Sample
@@ -38,11 +36,6 @@ RETRY_WINDOW_S = 60.0
 # the OOM trend waits out at most this much of the warm-up: a lazy warm-up's growth is no leak,
 # but an OOM that builds up in a process's first half hour must still be foreseen
 RISK_WARMUP_S = 300.0
-# ...and within a process's warm-up (a stretch of peaks that began in its first
-# FAST_WARMUP_CAP_S) a rise the floor under the peaks makes too (the windows' least demand rising
-# at FLOOR_SHARE of the peaks' rate or more) is growth, not load: the growth model judges it (a
-# warm-up flattens; growth is named by its rate and forecast from it), the peaks' trend does not
-FLOOR_SHARE = 0.5
 RETRY_HOLD_S = 1800.0  # retries this recent hold the risk while reserved stays near the limit
 NEAR_LIMIT_RATIO = 0.95  # reserved at this share of what may be reserved: no room to regrow
 MAX_PENDING = 100_000  # readings held while the windows are chosen
@@ -95,7 +88,6 @@ class RiskModel:
         self._window_start: float | None = None  # the peak window being filled, and its peak
         self._window_end = 0.0
         self._window_peak = 0
-        self._window_least = 0  # the window's least demand: the floor under its peak
         self._window_s = self.t.trend_window_s
         # The trend window and its warm-up come from the data (analysis.windows): no peak is
         # kept before they are chosen and the warm-up has passed, so a first KV-pool fill is
@@ -105,8 +97,6 @@ class RiskModel:
         self._trend_from: float | None = None
         self._pending: list[tuple[float, int, Phase]] = []
         self._peaks: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
-        self._troughs: deque[tuple[float, float]] = deque(maxlen=4 * TREND_WINDOWS)
-        self._warm_end: float | None = None  # the process's first FAST_WARMUP_CAP_S end here
         self._trend: Trend | None = None
         self._in_use: Trend | None = None  # the trend the latest forecast came from
         # the fast route: short windows' peaks, a rise established on evidence that scales
@@ -236,7 +226,6 @@ class RiskModel:
         self._rise.window_s = max(FINE_PEAK_S, FINE_SAMPLES * (w.dt_s or 0.0))
         first = self.chooser.first_ts if self.chooser.first_ts is not None else s.ts_s
         self._trend_from = first + min(w.warmup_s, RISK_WARMUP_S)
-        self._warm_end = first + FAST_WARMUP_CAP_S
         pending, self._pending = self._pending, []
         for ts_s, value, phase in pending:
             if ts_s >= self._trend_from:
@@ -248,13 +237,11 @@ class RiskModel:
         if self._rise.add(ts_s, demand) and self.limit_bytes:
             rate = self._rise.update(self.limit_bytes, demand, FAST_REACH,
                                      self.t.time_to_oom_warning_s)
-            self._fast = None if rate is None or self._warmup_growth(rate.t0, rate.slope) \
-                else Trend(rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
+            self._fast = None if rate is None else Trend(
+                rate.t0, rate.slope, rate.intercept, rate.low, rate.high, rate.span_s)
         if self._window_start is not None and ts_s < self._window_end:
             if demand > self._window_peak:
                 self._window_peak = demand
-            if demand < self._window_least:
-                self._window_least = demand
         else:
             self._next_window(ts_s, demand)
 
@@ -294,37 +281,17 @@ class RiskModel:
         if start is not None:
             peaks = self._peaks
             peaks.append((start, self._window_peak))
-            troughs = self._troughs
-            troughs.append((start, self._window_least))
             while peaks[0][0] < start - self.t.trend_span_s:
                 peaks.popleft()
-            while troughs[0][0] < start - self.t.trend_span_s:
-                troughs.popleft()
             step = self._window_s
             start += step * ((ts_s - start) // step)
             span = peaks[-1][0] + step - peaks[0][0]
-            trend = fit_peaks(self._peaks, span) if len(peaks) >= MIN_TREND_WINDOWS \
+            self._trend = fit_peaks(self._peaks, span) if len(peaks) >= MIN_TREND_WINDOWS \
                 and span >= self.t.trend_min_span_s else None
-            self._trend = None if trend is not None and self._warmup_growth(
-                peaks[0][0], (trend.steady or trend).slope) else trend
         else:
             start = ts_s
         self._window_start, self._window_end = start, start + self._window_s
-        self._window_peak = self._window_least = demand
-
-    def _warmup_growth(self, since_ts: float, slope: float) -> bool:
-        """A rise of the peaks at ``slope`` since ``since_ts`` that began in the process's
-        warm-up and that the floor under them makes too (the windows' least demand since then
-        rising at ``FLOOR_SHARE`` of it or more): growth for the growth model to judge (see
-        ``FLOOR_SHARE``), not a load's trend."""
-        if self._warm_end is None or since_ts >= self._warm_end or slope <= 0:
-            return False
-        troughs = [p for p in self._troughs if p[0] >= since_ts]
-        if len(troughs) < MIN_TREND_WINDOWS:
-            return False
-        t0 = troughs[0][0]
-        floor = theil_sen([p[0] - t0 for p in troughs], [p[1] for p in troughs])
-        return floor.slope >= FLOOR_SHARE * slope
+        self._window_peak = demand
 
     def restart(self) -> None:
         """An OOM happened: the episode is over. The trend and the retry history start over
@@ -334,7 +301,6 @@ class RiskModel:
         detector does. The floor under the spikes is read anew: the one before the OOM held
         what the OOM freed (a headroom left after it would be the dead episode's)."""
         self._peaks.clear()
-        self._troughs.clear()
         self._rise.clear()
         self.spikes.baseline_bytes = None
         self._trend = self._in_use = self._fast = None
