@@ -177,6 +177,11 @@ ESTIMATED_UNEXPLAINED_WORDS = ("an estimated floor (rarely or never idle, and th
                                "with requests in flight), so the rate is rough")
 
 
+# a lazy warm-up adds a few % of the limit within FAST_WARMUP_CAP_S: a rise that adds less than
+# this share of it over that time (10 %/h) is no warm-up (_warmup_rise holds it not)
+WARMUP_LEAST_SHARE = 0.025
+
+
 class LeakResult(NamedTuple):
     """The latest verdict. Slopes in bytes per second; the trend line is ``(ts_s, bytes)`` pairs.
 
@@ -795,12 +800,17 @@ class LeakDetector:
         lazy warm-up may run past the cap, and its rise is the warm-up's until the floor after
         it shows a trend of its own (a warm-up flattens, growth goes on). That verdict over
         ``points`` (the trend's, by default) since the cap, ``insufficient_data`` until they
-        span ``alerts.leak_min_span_s``; None where the verdict stands (no leak, a leak already
+        span ``alerts.leak_min_span_s``; None where the verdict stands (no leak, a rise slower
+        than a warm-up's, ``WARMUP_LEAST_SHARE``, a leak already
         found, a rise that began after the cap, or one the floor after the cap confirms)."""
         settled = self._settled_ts()
         prev = self._result
         if not verdict.detected or (prev.detected and prev.p_value is not None):
             return None
+        if self.t.leak_warmup_s <= 0:
+            return None  # configured without a warm-up: none is waited for
+        if verdict.slope_bytes_per_s * FAST_WARMUP_CAP_S < WARMUP_LEAST_SHARE * self._limit():
+            return None  # slower than any lazy warm-up grows: a slow leak from the start
         start = verdict.start_ts_s
         if (start is None or start >= settled) and not began_warming(
                 list(self.fast.points), list(self.fast.loads), self._first_ts or 0.0):
