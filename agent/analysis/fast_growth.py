@@ -46,7 +46,10 @@ FAST_STEP_SHARE = 0.5  # no one step between points may make this share of the r
 # FAST_WARMUP_SPAN_S unflattened and either rises steadily (at least FAST_WARMUP_RISING_SHARE
 # of the steps between its points rise, and no one step makes FAST_WARMUP_STEP_SHARE of the
 # rise: growth, not a warm-up's few jumps) or has outgrown the cap (added FAST_WARMUP_GROWTH of
-# the limit, filling the headroom within FAST_WARMUP_FILL_S)
+# the limit, filling the headroom within FAST_WARMUP_FILL_S). The cap bounds where a warm-up
+# may begin, not how long it may run: a rise that began in it (the knee of a broken-stick fit
+# on the floor since the process began serving) is judged so however late the stretch tried
+# begins, until it flattens (then it is no growth at all)
 FAST_WARMUP_CAP_S = 900.0
 FAST_WARMUP_SPAN_S = 120.0
 FAST_WARMUP_GROWTH = 0.10
@@ -167,8 +170,9 @@ class FastGrowth:
             else:
                 rate = None
             if rate is not None and (
-                    not warming or _past_warmup(part, rate, headroom_bytes, limit_bytes,
-                                                self.config.resolves_jumps)) \
+                    not (warming or began_warming(pts, loads, started_ts))
+                    or _past_warmup(part, rate, headroom_bytes, limit_bytes,
+                                    self.config.resolves_jumps)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
                 return _since_knee(part, rate, noise)
             n = n + max(1, n // 2)
@@ -239,8 +243,11 @@ def _past_warmup(pts: Sequence[tuple[float, int]], rate: Rate, headroom_bytes: f
     """A rise early in a process that no warm-up makes: steady (on points finer than a
     warm-up's jumps, step by step too), or larger and faster than a warm-up's (see
     FAST_WARMUP_*)."""
+    # what the stretch added: its line's rise, but no more than its newest point stands above
+    # its first (a warm-up that rose, then flattened, reads a line steeper than its rise)
+    added = min(rate.slope * rate.span_s, pts[-1][1] - pts[0][1])
     return rises_steadily(pts, rate) or resolves_jumps and rises_step_by_step(pts, rate) or (
-        rate.slope * rate.span_s >= FAST_WARMUP_GROWTH * limit_bytes
+        added >= FAST_WARMUP_GROWTH * limit_bytes
         and max(0.0, headroom_bytes) / rate.slope <= FAST_WARMUP_FILL_S)
 
 
@@ -267,6 +274,24 @@ def rises_step_by_step(pts: Sequence[tuple[float, int]], rate: Rate) -> bool:
         and sum(1 for d in steps if d >= FAST_FINE_LEAST_STEP * mean) \
         >= FAST_WARMUP_RISING_SHARE * len(steps) \
         and max(steps) <= FAST_FINE_MOST_STEP * mean
+
+
+def began_warming(pts: Sequence[tuple[float, int]], loads: Sequence[tuple[float, int]],
+                  started_ts: float) -> bool:
+    """The rise the newest points are on began within ``FAST_WARMUP_CAP_S`` of
+    ``started_ts``: the knee of the broken-stick fit (flat, then rising) on the points since
+    the process began serving (:func:`since_serving`) lies there. A lazy warm-up that runs past
+    the cap is still the rise it began as; growth that began after it has its knee after."""
+    warm_end = started_ts + FAST_WARMUP_CAP_S
+    if not pts or pts[0][0] >= warm_end:
+        return False  # the points kept no longer reach back into the warm-up
+    first = since_serving(loads, 0, len(pts))
+    if len(pts) - first < FAST_MIN_POINTS:
+        return True
+    t0 = pts[first][0]
+    hinge = hinge_fit([p[0] - t0 for p in pts[first:]], [float(p[1]) for p in pts[first:]],
+                      FAST_MIN_POINTS)
+    return t0 + hinge.knee < warm_end
 
 
 def since_serving(loads: Sequence[tuple[float, int]], first: int, end: int) -> int:

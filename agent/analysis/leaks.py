@@ -95,6 +95,7 @@ from vramscope.agent.analysis.fast_growth import (
     FINE_TOKENS,
     NO_WORK,
     FastGrowth,
+    began_warming,
     level_noise,
 )
 from vramscope.agent.analysis.floor import RESIDUAL, FloorTracker, idle_floor
@@ -174,6 +175,11 @@ ESTIMATED_WORDS = ("an estimated floor (rarely or never idle, no KV figures: mos
 ESTIMATED_UNEXPLAINED_WORDS = ("an estimated floor (rarely or never idle, and the KV figures "
                                "reported do not yet explain the memory: most points are read "
                                "with requests in flight), so the rate is rough")
+
+
+# a lazy warm-up adds a few % of the limit within FAST_WARMUP_CAP_S: a rise that adds less than
+# this share of it over that time (10 %/h) is no warm-up (_warmup_rise holds it not)
+WARMUP_LEAST_SHARE = 0.025
 
 
 class LeakResult(NamedTuple):
@@ -795,8 +801,49 @@ class LeakDetector:
             start = self._seq_start if self._seq_start is not None else ts
             self._taken_off = (0.0, mean_load(
                 [n for p, n in zip(self.points, self._in_flight) if p[0] >= start]))
+        held = self._warmup_rise(verdict, ts)
+        if held is not None:
+            self.result = self._publish(held, now_s)
+            return self.result
         self.result = self._publish(verdict._replace(span_s=span, enough_data=True), now_s)
         return self.result
+
+    def _warmup_rise(self, verdict: LeakResult, ts: float,
+                     points: Sequence[tuple[float, int]] | None = None) -> LeakResult | None:
+        """A new leak verdict on a rise that began in the process's first
+        ``FAST_WARMUP_CAP_S`` (its line's start there, or the knee of the floor since the
+        process began serving: ``began_warming``) rests on the floor after that cap alone: a
+        lazy warm-up may run past the cap, and its rise is the warm-up's until the floor after
+        it shows a trend of its own (a warm-up flattens, growth goes on). That verdict over
+        ``points`` (the trend's, by default) since the cap, ``insufficient_data`` until they
+        span ``alerts.leak_min_span_s``; None where the verdict stands (no leak, a rise slower
+        than a warm-up's, ``WARMUP_LEAST_SHARE``, a leak already
+        found, a rise that began after the cap, or one the floor after the cap confirms)."""
+        settled = self._settled_ts()
+        prev = self._result
+        if not verdict.detected or (prev.detected and prev.p_value is not None):
+            return None
+        if self.t.leak_warmup_s <= 0:
+            return None  # configured without a warm-up: none is waited for
+        if verdict.slope_bytes_per_s * FAST_WARMUP_CAP_S < WARMUP_LEAST_SHARE * self._limit():
+            return None  # slower than any lazy warm-up grows: a slow leak from the start
+        start = verdict.start_ts_s
+        if (start is None or start >= settled) and not began_warming(
+                list(self.fast.points), list(self.fast.loads), self._first_ts or 0.0):
+            return None
+        pts = [p for p in (self.trend_points() if points is None else points)
+               if p[0] >= settled]
+        after = evaluate_floor(pts, self._limit(), self.t)
+        span = pts[-1][0] - pts[0][0] if pts else 0.0
+        if after.detected:
+            return None  # the floor after the cap rises too: the route's verdict stands
+        if after.enough_data:
+            return after._replace(span_s=span)
+        return NO_VERDICT._replace(evidence=(
+            f"not enough data yet: the floor rose from the first {FAST_WARMUP_CAP_S / 60:.3g} "
+            f"min of the process, where a lazy warm-up grows; "
+            f"{max(0.0, self.t.leak_min_span_s - span) / 60:.1f} more min of floor after them "
+            f"tell a warm-up that flattens from growth that goes on"), span_s=span)
 
     def _idle_enough_at(self, ts: float) -> bool:
         """The horizon up to ``ts`` holds enough idle (exact) trend points for a verdict."""
@@ -839,6 +886,7 @@ class LeakDetector:
         was = prev.detected and prev.p_value is not None
         v = evaluate_floor(points, self._limit(), self.t, was)
         span = rolled[-1][0] - rolled[0][0]
+        v = self._warmup_rise(v, rolled[-1][0], points) or v
         self.result = self._publish(v._replace(span_s=span, enough_data=True), now_s,
                                     estimated=any(loads), points=points, loads=loads)
         return self.result
