@@ -9,14 +9,13 @@ BY, which would read every row of the history (a day of raw samples, 90 days of 
 every request. Read through :func:`vramscope.agent.store.reader.fleet`, and, for
 ``/metrics``, :func:`~vramscope.agent.store.reader.fleet_samples` (the samples of each
 device's newest seconds that hold its newest values) and
-:func:`~vramscope.agent.store.reader.fleet_events` (each device's events of some names in a
-window): there the rows after each seek are an index range of the device's own rows, joined to
-the device row that bounds it.
+:mod:`~vramscope.agent.store.fleet_events` (each device's events of some names in a window):
+there the rows after each seek are an index range of the device's own rows, joined to the
+device row that bounds it.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -32,24 +31,21 @@ from sqlalchemy import (
     func,
     select,
     true,
-    union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY as PG_ARRAY
 from sqlalchemy.dialects.postgresql import array as pg_array
 from vramscope.agent.durations import MINUTE_S
-from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Event, Phase, Sample
-from vramscope.agent.store import event_blocks
+from vramscope.agent.records import SAMPLE_COUNTER_FIELDS, Phase, Sample
 from vramscope.agent.store import sample_blocks as blocks
 from vramscope.agent.store.reads import DeviceNow
 from vramscope.agent.store.schema import (
     agent_stats,
     devices,
-    events,
     hosts,
     rollups,
     samples,
 )
-from vramscope.agent.store.store import stored_json, stored_reasons
+from vramscope.agent.store.store import stored_reasons
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -58,7 +54,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def _connect(store: Store) -> Iterator[Connection]:
+def connection(store: Store) -> Iterator[Connection]:
     """A connection for the fleet's statements; on PostgreSQL without JIT compilation: their
     hundreds of correlated seeks are estimated dear enough to pass ``jit_above_cost``, and
     compiling them cost PostgreSQL 0.3 to 3 s a statement, more than running them (0.1 s)."""
@@ -73,7 +69,7 @@ def devices_now(store: Store, not_after_s: float) -> list[dict[str, Any]]:
     ``not_after_s``, from the minute rollups where raw samples are gone (as
     ``Store.time_range`` gives it for one device; None: nothing stored). By host, then index."""
     q = _devices_now_statement()
-    with _connect(store) as c:
+    with connection(store) as c:
         rows = [dict(r._mapping) for r in c.execute(q, {"not_after_s": not_after_s})]
         for r in rows:
             raw_s, minute_s, row_id = r.pop("raw"), r.pop("minute"), r.pop("row_id")
@@ -130,7 +126,7 @@ def agent_reports(store: Store) -> dict[str, dict[str, Any]]:
     else:  # an outer join: SQLite keeps its order, the hosts first
         q = (select(hosts.c.name.label("host"), agent_stats).select_from(hosts)
              .outerjoin(agent_stats, on_newest).order_by(agent_stats.c.id))
-    with _connect(store) as c:
+    with connection(store) as c:
         rows = [dict(r._mapping) for r in c.execute(q)]
     out: dict[str, dict[str, Any]] = {}
     for r in rows:  # two reports of one instant: the later written
@@ -155,7 +151,7 @@ def newest_samples(store: Store, not_after_s: float | None,
     ends_q, window_q, n_device = _newest_samples_statements(store.dialect == "postgresql",
                                                             not_after_s is not None)
     params: dict[str, Any] = {"not_after_s": not_after_s, "window_s": window_s}
-    with _connect(store) as c:
+    with connection(store) as c:
         out, again = _devices_with_spans(c.execute(ends_q, params), n_device, window_s)
         if store.dialect == "postgresql":
             # each device's window end as the first statement found it (not sought again)
@@ -385,7 +381,7 @@ def device_spans(store: Store, not_after_s: float | None = None
     gives it: its first and newest sample, reaching back into the minute rollups; None:
     nothing stored) by (host name, device index), in one statement."""
     q = _device_spans_statement(not_after_s is not None)
-    with _connect(store) as c:
+    with connection(store) as c:
         out = {}
         for row in c.execute(q, {"not_after_s": not_after_s}).all():
             did, host, index, raw_lo, raw_hi, minute_lo, minute_hi, straddles = tuple(row)
@@ -393,50 +389,6 @@ def device_spans(store: Store, not_after_s: float | None = None
                 raw_hi = _newest_of(c, did, raw_hi, not_after_s)
             out[(host, index)] = _span((raw_lo, raw_hi, minute_lo, minute_hi))
         return out
-
-
-def event_counts(store: Store, start_s: float, end_s: float, name: str,
-                 limit: int) -> dict[tuple[str, int], dict[int | None, int]]:
-    """Every device's events named ``name`` in [start_s, end_s], at most its first ``limit``
-    of them (in time order, ties by id: those ``Store.events(..., limit=limit)`` reads of
-    one device), counted per pid, by (host name, device index); devices without any are
-    left out. One statement: per device a range of ``ix_events_device_name_ts`` of at most
-    ``limit`` keys, never the events themselves sent back (a busy minute is thousands)."""
-    if _blocks_hold_some(store, start_s, end_s, [name]):
-        out: dict[tuple[str, int], dict[int | None, int]] = {}
-        for host, index in _every_device(store):
-            pids = Counter(e.pid for e in store.events(index, start_s, end_s, host=host,
-                                                       names=[name], limit=limit))
-            if pids:
-                out[(host, index)] = dict(pids)
-        return out
-    in_window = and_(events.c.name == name, events.c.ts_s >= start_s, events.c.ts_s <= end_s)
-    if store.dialect == "postgresql":
-        # each device's own range, as in device_events (a LIMIT keeps it from being pulled up)
-        first = (select(events.c.pid).where(events.c.device_id == devices.c.id, in_window)
-                 .order_by(events.c.ts_s, events.c.id).limit(limit).lateral("first"))
-        q = (select(hosts.c.name, devices.c.device_index, first.c.pid, func.count())
-             .select_from(devices.join(hosts, hosts.c.id == devices.c.host_id)
-                          .join(first, true()))
-             .group_by(hosts.c.name, devices.c.device_index, first.c.pid))
-    else:
-        # the devices' ids as an IN list: SQLite seeks each device's range (device_events);
-        # each device's first ``limit`` by their place in its time order
-        nth = func.row_number().over(partition_by=events.c.device_id,
-                                     order_by=(events.c.ts_s, events.c.id))
-        ranked = (select(events.c.device_id, events.c.pid, nth.label("nth"))
-                  .where(events.c.device_id.in_(select(devices.c.id)), in_window)
-                  .subquery("ranked"))
-        q = (select(hosts.c.name, devices.c.device_index, ranked.c.pid, func.count())
-             .select_from(ranked.join(devices, devices.c.id == ranked.c.device_id)
-                          .join(hosts, hosts.c.id == devices.c.host_id))
-             .where(ranked.c.nth <= limit)
-             .group_by(hosts.c.name, devices.c.device_index, ranked.c.pid))
-    out = {}
-    with _connect(store) as c:
-        for host, index, pid, n in c.execute(q):
-            out.setdefault((host, index), {})[pid] = int(n)
-    return out
 
 
 def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
@@ -448,64 +400,3 @@ def _span(ends: Sequence[Any]) -> tuple[float, float] | None:
     if not firsts or last is None:
         return None
     return float(min(firsts)), float(last)
-
-
-def device_events(store: Store, start_s: float, end_s: float,
-                  names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
-    """Every device's events named one of ``names`` in [start_s, end_s], by (host name,
-    device index), each device's in time order (ties by id), as ``Store.events`` gives one
-    device's; devices without any are left out. One statement: per device a range of
-    ``ix_events_device_name_ts`` for each name, never the window's other events (requests)."""
-    if _blocks_hold_some(store, start_s, end_s, names):
-        each = {(host, index): store.events(index, start_s, end_s, host=host, names=names)
-                for host, index in _every_device(store)}
-        return {key: evs for key, evs in each.items() if evs}
-    in_window = and_(events.c.ts_s >= start_s, events.c.ts_s <= end_s)
-    columns = (events.c.ts_s, events.c.name, events.c.pid, events.c.phase,
-               events.c.request_id, events.c.data, events.c.id)
-    if store.dialect == "postgresql":
-        # as in newest_samples: each device's own ranges, one per name (with ``name IN``
-        # PostgreSQL read the device's every name in the window and filtered them)
-        found = union_all(*(select(*columns).where(events.c.device_id == devices.c.id,
-                                                   events.c.name == name, in_window)
-                            for name in sorted(set(names)))).lateral("found")
-        q = select(hosts.c.name, devices.c.device_index, devices.c.uuid, found).select_from(
-            devices.join(hosts, hosts.c.id == devices.c.host_id).join(found, true()))
-        by_time = (found.c.ts_s, found.c.id)
-    else:
-        # the devices' ids as an IN list on the index's first column: SQLite seeks each
-        # device's range per name (joined on the device, it walked every event stored)
-        q = (select(hosts.c.name, devices.c.device_index, devices.c.uuid, *columns)
-             .select_from(events).join(devices, devices.c.id == events.c.device_id)
-             .join(hosts, hosts.c.id == devices.c.host_id)
-             .where(events.c.device_id.in_(select(devices.c.id)),
-                    events.c.name.in_(sorted(set(names))), in_window))
-        by_time = (events.c.ts_s, events.c.id)
-    q = q.order_by(hosts.c.name, devices.c.device_index, *by_time)
-    phases = {p.value: p for p in Phase}
-    out: dict[tuple[str, int], list[Event]] = {}
-    with _connect(store) as c:
-        for host, index, uuid, ts, name, pid, phase, request_id, data, _ in c.execute(q):
-            out.setdefault((host, index), []).append(
-                Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
-                      stored_json(data), host, uuid))
-    return out
-
-
-def _blocks_hold_some(store: Store, start_s: float, end_s: float, names: Sequence[str]) -> bool:
-    """Whether the compact raw tier holds events of ``names`` in the window (of any device):
-    then the fleet's event reads go a device at a time through ``Store.events``, which merges
-    them (a view of the last minutes, the fleet pages', finds none: blocks are closed
-    intervals)."""
-    if not event_blocks.compactable(names):
-        return False
-    with _connect(store) as c:
-        return event_blocks.any_blocks(c, None, start_s, end_s)
-
-
-def _every_device(store: Store) -> list[tuple[str, int]]:
-    q = (select(hosts.c.name, devices.c.device_index)
-         .join(hosts, hosts.c.id == devices.c.host_id)
-         .order_by(hosts.c.name, devices.c.device_index))
-    with _connect(store) as c:
-        return [(str(h), int(i)) for h, i in c.execute(q).all()]

@@ -20,6 +20,7 @@ from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.store import downsample as _ds
 from vramscope.agent.store import event_rate as _rate
 from vramscope.agent.store import fleet as _fleet
+from vramscope.agent.store import fleet_events as _fleet_events
 from vramscope.agent.store import phase_shares as _ph
 from vramscope.agent.store import process_series as _procs
 from vramscope.agent.store import window as _bounded
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 TIER_MODULES = ("vramscope.agent.store.downsample", "vramscope.agent.store.window",
                 "vramscope.agent.store.event_rate", "vramscope.agent.store.phase_shares",
                 "vramscope.agent.store.process_series", "vramscope.agent.store.fleet",
-                "vramscope.agent.store.block_grid")
+                "vramscope.agent.store.fleet_events", "vramscope.agent.store.block_grid")
 
 
 class WindowTooLong(ValueError):
@@ -475,7 +476,7 @@ def fleet_events(store: Store, start_s: float, end_s: float,
                  names: Sequence[str]) -> dict[tuple[str, int], list[Event]]:
     """Every device's events named one of ``names`` in [start_s, end_s] by (host, device
     index), each device's in time order as ``Store.events`` gives them, in one statement."""
-    return _fleet.device_events(store, start_s, end_s, names)
+    return _fleet_events.device_events(store, start_s, end_s, names)
 
 
 def fleet_spans(store: Store, not_after_s: float | None = None
@@ -491,7 +492,7 @@ def fleet_event_counts(store: Store, start_s: float, end_s: float, name: str,
     """Every device's events named ``name`` in [start_s, end_s] counted per pid, of at most
     its first ``limit`` (those ``Store.events(..., limit=limit)`` reads), by (host, device
     index); devices without any left out. One statement whatever the fleet's size."""
-    return _fleet.event_counts(store, start_s, end_s, name, limit)
+    return _fleet_events.event_counts(store, start_s, end_s, name, limit)
 
 
 def fleet_reports(store: Store) -> dict[str, dict[str, Any]]:

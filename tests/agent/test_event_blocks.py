@@ -17,7 +17,7 @@ from vramscope.agent.clock import FakeClock
 from vramscope.agent.records import Event, Phase, Sample
 from vramscope.agent.retention import Retention
 from vramscope.agent.store import Store, block_codec, event_blocks, maintenance, reader, store
-from vramscope.agent.store import fleet as fleet_reads
+from vramscope.agent.store import fleet_events as fleet_reads
 from vramscope.agent.store.reader import Span
 from vramscope.agent.store.schema import event_blocks as blocks_table
 from vramscope.agent.store.schema import events
