@@ -4,8 +4,9 @@ Each recording is 13-25 s long: with the defaults each says "not enough data yet
 rests on 15 min of floor after a 5 min warm-up, test_default_windows_need_longer_recordings).
 To exercise the detectors on real allocator data anyway, time is compressed here through the
 analysis API (a config file cannot set durations this short): 0.5 s windows, a 2 s warm-up,
-verdicts on 5 s of floor over a 20 s horizon, the OOM trend on 5-10 s of peaks; the rules and
-thresholds are the defaults. What the recordings hold:
+verdicts on 5 s of floor over a 20 s horizon, the OOM trend on 5-10 s of peaks, and the lazy
+warm-up's cap (a constant, ``FAST_WARMUP_CAP_S``: 15 min, three default warm-ups) three of
+these warm-ups, 6 s; the rules and thresholds are the defaults. What the recordings hold:
 
 - ``gpu_healthy``: a small Llama serving generate() requests with idle gaps for ~25 s;
 - ``gpu_leak``: the same, but each request leaves a 64 MiB tensor behind;
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from vramscope.agent.alerts.offline import analyze_records
+from vramscope.agent.analysis import fast_growth, leaks
 from vramscope.agent.records import PostMortem
 from vramscope.agent.trace import read_trace
 
@@ -28,6 +30,7 @@ SHORT = {"alerts.leak_warmup_s": 2.0, "alerts.leak_floor_window_s": 0.5,
          "alerts.trend_window_s": 0.5, "alerts.leak_min_span_s": 5.0,
          "alerts.leak_horizon_s": 20.0, "alerts.trend_span_s": 10.0,
          "alerts.trend_min_span_s": 5.0}
+WARMUP_CAP_S = 3 * SHORT["alerts.leak_warmup_s"]
 MIB = 2**20
 
 
@@ -36,7 +39,10 @@ def analyze(name, postmortems=()):
     if not path.exists():
         pytest.skip(f"{path.name} not recorded yet (tests/gpu/verify_hooks.py)")
     trace = read_trace(str(path))
-    doc = analyze_records(trace.samples, trace.events, SHORT, postmortems=postmortems)
+    with pytest.MonkeyPatch.context() as m:
+        for module in (fast_growth, leaks):
+            m.setattr(module, "FAST_WARMUP_CAP_S", WARMUP_CAP_S)
+        doc = analyze_records(trace.samples, trace.events, SHORT, postmortems=postmortems)
     return doc, doc["devices"]["0"], trace
 
 
