@@ -146,6 +146,7 @@ class FastGrowth:
         suffix that begins within ``FAST_WARMUP_CAP_S`` of ``started_ts`` (the process's
         start) needs ``FAST_WARMUP_SPAN_S`` of floor and ``FAST_WARMUP_GROWTH`` of the limit."""
         pts, loads, work = list(self.points), list(self.loads), list(self.work)
+        began: bool | None = None  # began_warming over all the points: one fit per call
         n = FAST_MIN_POINTS
         while n <= len(pts):
             part = pts[-n:]
@@ -169,8 +170,10 @@ class FastGrowth:
                 rate = _apart_from_work(part, work[-n:], rate, min_slope)
             else:
                 rate = None
+            if rate is not None and not warming and began is None:
+                began = began_warming(pts, loads, started_ts)
             if rate is not None and (
-                    not (warming or began_warming(pts, loads, started_ts))
+                    not (warming or began)
                     or _past_warmup(part, rate, headroom_bytes, limit_bytes,
                                     self.config.resolves_jumps)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:

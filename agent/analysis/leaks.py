@@ -511,14 +511,12 @@ class LeakDetector:
         load.observe_kv_figures(s.kv_blocks_used, s.kv_tokens_used)
         if allocated is not None:
             load.observe(allocated)
-            if load.unit == "token":  # (the only unit _note_per_token keeps)
-                self._note_per_token(ts_s)
+            self._note_per_token(ts_s)
             self.peak.observe(ts_s, allocated)
             if allocated > self._max_seen:
                 self._max_seen = allocated
         by_token = load.unit == "token"
-        # _kv_explains(), inline
-        anytime = load.kv_used is not None and (not by_token or load.bytes_per_block > 0)
+        anytime = self._kv_explains()
         tokens = anytime and by_token
         self.fast_fine.config = FINE_TOKENS if tokens else FINE
         if not anytime or by_token:
