@@ -189,12 +189,7 @@ class AlertEngine:
                 continue
             value, before = st.getter(d, now), len(out)
             if st.fired_ts is None:
-                horizon = st.horizon  # _limit(st, d, now), inline
-                limit = st.threshold
-                if horizon is not None:
-                    reach = horizon(d, now)
-                    if reach is not None and reach > limit:
-                        limit = reach
+                limit = st.threshold if st.horizon is None else _limit(st, d, now)
                 if st.pending_since is not None or (value is not None
                                                     and st.op(value, limit)):
                     self._maybe_fire(st.rule, st, d, now, value, host, out)

@@ -83,26 +83,11 @@ class KvTracker:
         if total != self.blocks_total:
             self._new_pool(total)
         history.append((ts_s, used))
-        t0, sums = self._t0, self._sums
-        if t0 < 0 or ts_s - t0 > REBASE_S:
-            self._add(ts_s, used, 1.0)  # the pool's first reading, or a rebase
-            t0, sums = self._t0, self._sums
-        else:  # _add(ts_s, used, 1.0) inline: the per-sample path
-            t = ts_s - t0
-            sums[0] += 1.0
-            sums[1] += t
-            sums[2] += used
-            sums[3] += t * t
-            sums[4] += t * used
+        self._add(ts_s, used, 1.0)
         oldest = ts_s - TREND_WINDOW_S
-        while history[0][0] < oldest:  # _add(..., -1.0) inline: the same sums, taken out
+        while history[0][0] < oldest:
             old_ts, old_used = history.popleft()
-            t = old_ts - t0
-            sums[0] -= 1.0
-            sums[1] -= t
-            sums[2] -= old_used
-            sums[3] -= t * t
-            sums[4] -= t * old_used
+            self._add(old_ts, old_used, -1.0)
         recent = self._recent
         recent.append((ts_s, used))
         oldest = ts_s - RATE_WINDOW_S
