@@ -179,7 +179,8 @@ def measure_hook_cost(torch: ModuleType, model: Any, *, batch: int, new_tokens: 
     device = next(model.parameters()).device
     decode_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
     prefill_ids = torch.zeros((batch, 64), dtype=torch.long, device=device)
-    inst.install(sink=ListSink(max_records=10**7))
+    sink = ListSink(max_records=10**7)
+    inst.install(sink=sink)
     handle = attach_transformers(model)
     try:
         pre_hook = handle._forward_pre_hook
@@ -206,8 +207,9 @@ def measure_hook_cost(torch: ModuleType, model: Any, *, batch: int, new_tokens: 
     finally:
         handle.detach()
         inst.uninstall()
+    prefills = sum(1 for event in sink.events() if event.phase is Phase.PREFILL)
     return {"step_s": step_s, "request_s": max(request_s, 0.0), "new_tokens": new_tokens,
-            "sampler_s_per_s": sampler_s_per_s}
+            "sampler_s_per_s": sampler_s_per_s, "prefills_seen": prefills}
 
 
 def _task_cost_s(task: Any, calls: int = 200) -> float:
