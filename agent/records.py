@@ -33,13 +33,16 @@ class Phase(str, enum.Enum):
     @classmethod
     def parse(cls, value: str | Phase) -> Phase:
         """Return the phase named ``value``; raise ``ValueError`` quoting it otherwise."""
-        if isinstance(value, Phase):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
+        found = PHASE_OF.get(value) if isinstance(value, str) else None
+        if found is None:
             allowed = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown phase {value!r}; allowed: {allowed}") from None
+            raise ValueError(f"unknown phase {value!r}; allowed: {allowed}")
+        return found
+
+
+# A phase by its stored value, or by itself (keyed by both whatever a member hashes by): the
+# readers of traces, batches and rollups look one up per record.
+PHASE_OF: dict[str, Phase] = {**{p.value: p for p in Phase}, **{p: p for p in Phase}}
 
 
 # The store's integer columns: BigInteger (counters, bytes) and Integer (device index, pid, rank).

@@ -25,6 +25,7 @@ from vramscope.agent.errors import TraceError
 from vramscope.agent.records import (
     INT32_MAX,
     INT64_MAX,
+    PHASE_OF,
     SAMPLE_COUNTER_FIELDS,
     Event,
     Phase,
@@ -260,7 +261,6 @@ def _reject_constant(token: str) -> Any:
 # One decoder for every line (``json.loads`` with an argument builds a new one per call).
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _INT_ONLY = {int}  # bool is a subclass of int, but not this type: True is not a counter
-_PHASES = {p.value: p for p in Phase}
 
 
 def record_from_json(obj: dict[str, Any]) -> Sample | Event:
@@ -292,7 +292,7 @@ def record_from_json(obj: dict[str, Any]) -> Sample | Event:
         counters = [_int(obj.get(k), k, default=None, bytes_like=True)
                     for k in SAMPLE_COUNTER_FIELDS]
     named = obj.get("phase", "unknown")
-    phase = (_PHASES.get(named) if type(named) is str else None) or _phase(named)
+    phase = (PHASE_OF.get(named) if type(named) is str else None) or _phase(named)
     # _make: the tuple built directly, without NamedTuple's keyword-handling __new__
     return Sample._make((ts, device, phase, _str(obj.get("source"), "source"), pid, *counters,
                          host, uuid))

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, TypeGuard, cast
 from vramscope.agent.records import (
     INT32_MAX,
     INT64_MAX,
+    PHASE_OF,
     SAMPLE_COUNTER_FIELDS,
     Event,
-    Phase,
     PostMortem,
     Sample,
 )
@@ -221,7 +221,6 @@ def parse_records(obj: dict[str, Any], default_pid: int | None = None) -> list[S
 
 
 _NONE = type(None)
-_PHASES = {p.value: p for p in Phase}
 
 
 def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sample] | None:
@@ -238,7 +237,7 @@ def fast_samples(items: list[Any], default_pid: int | None = None) -> list[Sampl
         return None
     device = _int_column(items, "device", INT32_MAX)
     pid = _int_column(items, "pid", INT32_MAX)
-    phases = [_PHASES.get(p) if type(p) is str else None
+    phases = [PHASE_OF.get(p) if type(p) is str else None
               for p in (o.get("phase", "unknown") for o in items)]
     source = _str_column(items, "source", STR_LIMITS["source"])
     host = _str_column(items, "host", STR_LIMITS["host"])

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from sqlalchemy import and_, func, select, true, union_all
-from vramscope.agent.records import Event, Phase
+from vramscope.agent.records import PHASE_OF, Event
 from vramscope.agent.store import event_blocks
 from vramscope.agent.store.fleet import connection
 from vramscope.agent.store.schema import devices, events, hosts
@@ -98,12 +98,11 @@ def device_events(store: Store, start_s: float, end_s: float,
                     events.c.name.in_(sorted(set(names))), in_window))
         by_time = (events.c.ts_s, events.c.id)
     q = q.order_by(hosts.c.name, devices.c.device_index, *by_time)
-    phases = {p.value: p for p in Phase}
     out: dict[tuple[str, int], list[Event]] = {}
     with connection(store) as c:
         for host, index, uuid, ts, name, pid, phase, request_id, data, _ in c.execute(q):
             out.setdefault((host, index), []).append(
-                Event(ts, name, index, pid, phases.get(phase) if phase else None, request_id,
+                Event(ts, name, index, pid, PHASE_OF.get(phase) if phase else None, request_id,
                       stored_json(data), host, uuid))
     return out
 

@@ -29,7 +29,6 @@ FORMAT_VERSION = 1
 PHASES: tuple[Phase, ...] = tuple(Phase)  # a phase's code is its place here (stable: append only)
 _PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 _PHASE_VALUES = tuple(p.value for p in PHASES)
-_PHASE_OF: dict[Any, Phase] = {**{p.value: p for p in PHASES}, **{p: p for p in PHASES}}
 STATS = ("min", "max", "last")
 # The statistics kept per counter. Last for all; minimum and maximum where a view reads them:
 # the leak detector's floor (allocated, device used, KV blocks in use), the risk model's peaks
@@ -95,21 +94,15 @@ def _second(ts_s: float, group: list[Sequence[Any]]) -> Second:
     if len(group) == 1:  # a second of one sample (1 Hz sources): its values are all three
         row = group[0]
         values = tuple(row[2:2 + _N])
-        return Second(ts_s, 1, _phase(row[1]), values, values, values)
+        return Second(ts_s, 1, Phase.parse(row[1]), values, values, values)
     low, high, last = [], [], []
     for i in range(2, 2 + _N):
         col = [r[i] for r in group if r[i] is not None]
         low.append(min(col) if col else None)
         high.append(max(col) if col else None)
         last.append(col[-1] if col else None)
-    return Second(ts_s, len(group), _phase(group[-1][1]), tuple(low), tuple(high),
+    return Second(ts_s, len(group), Phase.parse(group[-1][1]), tuple(low), tuple(high),
                   tuple(last))
-
-
-def _phase(value: str | Phase) -> Phase:
-    """``Phase.parse`` by a dict lookup first: a rollup parses one a second of every device."""
-    found = _PHASE_OF.get(value)
-    return found if found is not None else Phase.parse(value)
 
 
 def pack(seconds: Sequence[Second]) -> bytes:
