@@ -8,6 +8,7 @@ records in time order, it says as input bits (``metrics.py``) what each changed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from weakref import WeakKeyDictionary
 
 from vramscope.agent.alerts.config_check import LimitCheck
@@ -280,25 +281,28 @@ class DeviceAnalysis:
         self.risk_pid = max(procs, key=lambda pid: _riskiness(procs[pid]))
         self.risk = procs[self.risk_pid]
 
-    def _leaks_of(self, r: Sample | Event) -> list[LeakDetector]:
+    def _leaks_of(self, r: Sample | Event) -> Sequence[LeakDetector]:
         """The detectors a record feeds: its process's; a device-wide (NVML) sample, the
         device's own until a process reports; an event without a pid, every process's. A
         process sample without a pid (a hand-written trace) is the device's own detector's."""
-        if r.pid is None:  # (a sample with a pid is never device-wide)
-            if isinstance(r, Sample) and is_device_wide(r):
-                return [] if self._process_leaks() else [self.leaks[None]]
-            if isinstance(r, Sample) and r.allocated_bytes is not None:
-                self._sampled.add(None)
-                return [self.leaks[None]]
-            # events, snapshot readings: every process's
-            return self._process_leaks() or [self.leaks[None]]
-        leak = self.leaks.get(r.pid)
-        if leak is None:
-            leak = self.leaks[r.pid] = LeakDetector(self._thresholds)
-        if isinstance(r, Sample) and r.pid not in self._sampled:
-            self._sampled.add(r.pid)
-            self._pick_leak()  # a process's own detector speaks for it from its first sample
-        return [leak]
+        pid = r.pid
+        if pid is not None:  # (a sample with a pid is never device-wide)
+            leak = self.leaks.get(pid)
+            if leak is not None and pid in self._sampled:
+                return (leak,)  # the common case, first and cheap: a sample of a known process
+            if leak is None:
+                leak = self.leaks[pid] = LeakDetector(self._thresholds)
+            if isinstance(r, Sample):
+                self._sampled.add(pid)
+                self._pick_leak()  # a process's own detector speaks for it from its first sample
+            return (leak,)
+        if isinstance(r, Sample) and is_device_wide(r):
+            return [] if self._process_leaks() else [self.leaks[None]]
+        if isinstance(r, Sample) and r.allocated_bytes is not None:
+            self._sampled.add(None)
+            return [self.leaks[None]]
+        # events, snapshot readings: every process's
+        return self._process_leaks() or [self.leaks[None]]
 
     def _process_leaks(self) -> list[LeakDetector]:
         """Detectors of processes that sent samples (events alone make no idle floor)."""
@@ -309,16 +313,6 @@ class DeviceAnalysis:
         return self._sampled
 
     def _update_leak(self, s: Sample) -> bool:
-        pid = s.pid
-        leak = self.leaks.get(pid) if pid is not None else None
-        if leak is not None and pid in self._sampled:
-            # the common case, _leaks_of's [leak] without the list: a process sample to the
-            # detector it fed before
-            if leak.update(s) is None:
-                return False
-            self._growth_to_risk(leak)
-            self._pick_leak()
-            return True
         gave = False
         for leak in self._leaks_of(s):
             if leak.update(s) is not None:
