@@ -51,13 +51,11 @@ from vramscope.agent.store.window import count_at_most, first_sample_ts
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
 
-_MinMaxLast = tuple[Any, Any, Any]  # a column's (min, max, last) in one bucket
 # One bucket's values from one source of rows: (bucket, last_ts_s, flat), ``flat`` the grid's
 # columns' minima and maxima interleaved, then their last values, (min_0, max_0, min_1, max_1,
 # ..., last_0, last_1, ...): the order the grouped SQL hands back its aggregates in, so a part
 # is a tuple slice, and a bucket's output row one ``dict(zip(...))`` (see ``_Grid.flat_keys``).
 _Part = tuple[int, float, tuple[Any, ...]]
-
 
 
 # Where a downsampled window's buckets came from (:func:`downsampled`'s tier), joined with

@@ -74,7 +74,6 @@ def integrity_wait_s(every_s: float, cpu_s: float, max_cpu_percent: float) -> fl
     return max(every_s, 100.0 * cpu_s / max_cpu_percent)
 
 
-_SAMPLE_COLUMNS = ("ts_s", "device", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
 _COUNTERS_START = 5  # index of the first counter in a Sample tuple
 _COUNTERS_END = _COUNTERS_START + len(SAMPLE_COUNTER_FIELDS)
 _ROW_ORDER = ("device_id", "ts_s", "phase", "source", "pid", *SAMPLE_COUNTER_FIELDS)
