@@ -215,10 +215,10 @@ class FastGrowth:
         headroom within the fill cap. A load that grew, or requests that aged together (a
         burst after an idle moment, each request's cache filling as it decodes), lift a lower
         envelope as growth does; fitted beside them, only growth is left in the time's rate."""
-        keep = [i for i, (ts, _) in enumerate(self.points) if ts >= rate.t0]
-        pts = [self.points[i] for i in keep]
-        apart = rate_interval_beside(pts, [[self.loads[i][1] for i in keep],
-                                           [self.ages[i] for i in keep]])
+        first = next((i for i, (ts, _) in enumerate(self.points) if ts >= rate.t0), 0)
+        pts = list(self.points)[first:]
+        loads = [n for _, n in list(self.loads)[first:]]
+        apart = rate_interval_beside(pts, [loads, list(self.ages)[first:]])
         return apart is not None and apart.low > min_slope \
             and apart.low >= FAST_PRECISION * apart.slope \
             and max(0.0, headroom_bytes) / apart.high <= self.config.fill_cap_s
