@@ -1039,7 +1039,9 @@ class LeakDetector:
         per_request = self.per_request.bytes_per_block if not self._kv_explains() else 0.0
         self._taken_off = (per_request, mean_load(
             [n for ts, n in series.loads if ts >= rate.t0]))
-        self.result = self._publish(self._fast, now_s)
+        # the envelope's points are read with requests in flight, no KV figures: a rough rate
+        self.result = self._publish(self._fast, now_s,
+                                    True if series is self.fast_envelope else None)
         return self.result
 
     def _envelope_growth(self, s: Sample) -> LeakResult | None:
