@@ -12,7 +12,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from vramscope.agent.analysis.growth import KNEE_F, Rate, rate_interval, rate_interval_with_load
+from vramscope.agent.analysis.growth import (
+    KNEE_F,
+    Rate,
+    rate_interval,
+    rate_interval_beside,
+    rate_interval_with_load,
+)
 from vramscope.agent.analysis.stats import hinge_fit, theil_sen
 
 FAST_FILL_S = 3600.0  # growth that would fill the headroom within this: the fast route's
@@ -78,6 +84,9 @@ class FastConfig(NamedTuple):
     resolves_jumps: bool = False
     # the fill cap is met within the rate's interval (its high end), not by the rate itself
     cap_on_interval: bool = True
+    # points that move with the load (a lower envelope: envelope.py): the rate found must
+    # hold fitted beside the requests in flight and their ages (_apart_from_load)
+    fits_load: bool = False
 
 
 # on a point per floor window, and on the fine points (FAST_FINE_FLOOR_S windows)
@@ -94,6 +103,14 @@ FAST_TOKENS_FILL_S = 3600.0
 FAST_TOKENS_GROWTH = 0.02
 FINE_TOKENS = FINE._replace(fill_cap_s=FAST_TOKENS_FILL_S, least_rise_ratio=FAST_TOKENS_GROWTH,
                             cap_on_interval=True)
+# the lower envelope of a never-idle server without KV figures (envelope.py): the least memory
+# per fine window, which moves with the requests in flight and their ages, fitted beside them.
+# Its stretch spans FAST_ENVELOPE_SPAN_S at least: on the healthy servers of the long suite
+# (13.5 simulated days) a shorter one read a load's wave as growth (2 minutes: 10 episodes,
+# all on per-request caches whose requests rose and aged together; 2.5 minutes: none)
+FAST_ENVELOPE_SPAN_S = 150.0
+ENVELOPE = FastConfig(FAST_FILL_S, 0.0, FAST_ENVELOPE_SPAN_S, FAST_ENVELOPE_SPAN_S,
+                      resolves_jumps=True, cap_on_interval=True, fits_load=True)
 
 
 class FastGrowth:
@@ -124,21 +141,27 @@ class FastGrowth:
         # hold (not an estimate of them): a floor that still moves with them holds their
         # activations (prefills overlap more as the load climbs), the load's, not growth
         self.work: deque[tuple[float, int]] = deque()
+        # the sum of the ages of the requests in flight at each point (seconds; 0 unknown)
+        self.ages: deque[float] = deque()
 
-    def add(self, ts_s: float, value: int, load: int = 0, work: int = 0) -> None:
+    def add(self, ts_s: float, value: int, load: int = 0, work: int = 0,
+            age_s: float = 0.0) -> None:
         pts, loads = self.points, self.loads
         pts.append((ts_s, value))
         loads.append((ts_s, load))
         self.work.append((ts_s, work))
+        self.ages.append(age_s)
         while pts[0][0] < ts_s - FAST_KEEP_S:
             pts.popleft()
             loads.popleft()
             self.work.popleft()
+            self.ages.popleft()
 
     def clear(self) -> None:
         self.points.clear()
         self.loads.clear()
         self.work.clear()
+        self.ages.clear()
 
     def established(self, min_slope: float, headroom_bytes: float, started_ts: float,
                     limit_bytes: float) -> Rate | None:
@@ -177,9 +200,28 @@ class FastGrowth:
                     or _past_warmup(part, rate, headroom_bytes, limit_bytes,
                                     self.config.resolves_jumps)) \
                     and rate.slope * rate.span_s >= self.config.least_rise_ratio * limit_bytes:
-                return _since_knee(part, rate, noise)
+                found = _since_knee(part, rate, noise)
+                if self.config.fits_load and not self._apart_from_load(
+                        found, min_slope, headroom_bytes):
+                    return None  # the load's: longer stretches hold it as well
+                return found
             n = n + max(1, n // 2)
         return None
+
+    def _apart_from_load(self, rate: Rate, min_slope: float, headroom_bytes: float) -> bool:
+        """The points since ``rate``'s start still rise fitted beside the requests in flight
+        at them and the sum of their ages (:func:`growth.rate_interval_beside`): its low end
+        above ``min_slope`` and at least ``FAST_PRECISION`` of it, its high end filling the
+        headroom within the fill cap. A load that grew, or requests that aged together (a
+        burst after an idle moment, each request's cache filling as it decodes), lift a lower
+        envelope as growth does; fitted beside them, only growth is left in the time's rate."""
+        first = next((i for i, (ts, _) in enumerate(self.points) if ts >= rate.t0), 0)
+        pts = list(self.points)[first:]
+        loads = [n for _, n in list(self.loads)[first:]]
+        apart = rate_interval_beside(pts, [loads, list(self.ages)[first:]])
+        return apart is not None and apart.low > min_slope \
+            and apart.low >= FAST_PRECISION * apart.slope \
+            and max(0.0, headroom_bytes) / apart.high <= self.config.fill_cap_s
 
     def holds(self, since_ts: float, min_slope: float) -> Rate | None:
         """The rate since ``since_ts`` while it still rises (low end above

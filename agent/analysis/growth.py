@@ -29,7 +29,7 @@ from itertools import islice
 from operator import mul
 from typing import Any, NamedTuple
 
-from vramscope.agent.analysis.stats import solve3
+from vramscope.agent.analysis.stats import solve, solve3
 
 # a leak's growth figures, by these names in every document that carries them
 GROWTH_KEYS = ("rate_low_bytes_per_s", "rate_high_bytes_per_s", "time_to_oom_s",
@@ -152,6 +152,37 @@ def rate_interval_with_load(points: Sequence[tuple[float, float]],
         return None
     res = [y - sum(c * x for c, x in zip(coef, r)) for r, y in zip(rows, ys)]
     return autocorrelated_interval(coef[1], res, 3, unit[1], 0.0, rows[-1][1], t0, coef[0])
+
+
+def rate_interval_beside(points: Sequence[tuple[float, float]],
+                         covariates: Sequence[Sequence[float]]) -> Rate | None:
+    """The rate of ``points`` fitted beside other causes of their memory: ``bytes = a + rate x
+    t + sum(c_k x covariate_k)`` by least squares, each covariate a sequence with a value per
+    point (the requests in flight, their ages). The interval is :func:`rate_interval`'s
+    (:func:`autocorrelated_interval`, less the fit's coefficients): where a covariate rose with
+    the time alone it carries the rate's doubt, as with :func:`rate_interval_with_load`.
+    Covariates that did not vary are left out (:func:`rate_interval` where none did); None for
+    fewer points than the fit's coefficients and 2, or a singular fit."""
+    n = len(points)
+    if any(len(c) != n for c in covariates):
+        raise ValueError("a covariate needs one value per point")
+    moving = [c for c in covariates if len(set(c)) > 1]
+    if not moving:
+        return rate_interval(points)
+    k = 2 + len(moving)
+    if n < k + 2:
+        return None
+    t0 = points[0][0]
+    rows = [[1.0, p[0] - t0, *(float(c[i]) for c in moving)] for i, p in enumerate(points)]
+    ys = [float(p[1]) for p in points]
+    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    xty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    coef = solve(xtx, xty)
+    unit = solve(xtx, [1.0 if i == 1 else 0.0 for i in range(k)])
+    if coef is None or unit is None or unit[1] <= 0:
+        return None
+    res = [y - sum(c * x for c, x in zip(coef, r)) for r, y in zip(rows, ys)]
+    return autocorrelated_interval(coef[1], res, k, unit[1], 0.0, rows[-1][1], t0, coef[0])
 
 
 def widened(rate: Rate, slope: float) -> Rate:

@@ -88,7 +88,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from vramscope.agent.analysis.envelope import EnvelopeTracker
 from vramscope.agent.analysis.fast_growth import (
+    ENVELOPE,
     FAST_FINE_FLOOR_S,
     FAST_WARMUP_CAP_S,
     FINE,
@@ -391,6 +393,9 @@ class LeakDetector:
         self.fast = FastGrowth()
         # ...and on the fine floor's points
         self.fast_fine = FastGrowth(FINE)
+        # ...and on the lower envelope of a never-idle server without KV figures (envelope.py)
+        self.envelope = EnvelopeTracker()
+        self.fast_envelope = FastGrowth(ENVELOPE)
         self._fast: LeakResult | None = None  # the fast verdict while it holds
         self._fast_on: FastGrowth | None = None  # the series it was established on
         # the routes' no_leak held back (_doubt_no_leak): the reason and the answer shown
@@ -456,6 +461,7 @@ class LeakDetector:
         else:
             self.floor.on_event(e)
             self.fine_floor.on_event(e)
+            self.envelope.on_event(e)
         if e.name != "kv_orphaned_blocks" or not self.orphans.on_event(e, orphaned_count(e)):
             return None
         return self.result
@@ -488,6 +494,7 @@ class LeakDetector:
             if isinstance(rec, Event):
                 self.floor.on_event(rec)
                 self.fine_floor.on_event(rec)
+                self.envelope.on_event(rec)
             else:
                 out = self._step(rec) or out
         return out
@@ -538,6 +545,8 @@ class LeakDetector:
                     self._busy_fine = fine
         fast = None if fine is None else self._fast_growth(
             self.fast_fine, fine, fine_floor.last_load, ts_s)
+        if not anytime:
+            fast = self._envelope_growth(s) or fast
         point = self.floor.update(s, explained, anytime, tokens)
         if point is None:
             return fast or self._doubt_no_leak(ts_s)
@@ -935,6 +944,8 @@ class LeakDetector:
         self.fine_floor = FloorTracker(self.fine_floor.window_s)
         self.fine_floor.in_flight = in_flight
         self.fast_fine.clear()
+        self.envelope.clear()
+        self.fast_envelope.clear()
         self.points.clear()
         self._in_flight.clear()
         self._recent.clear()
@@ -973,6 +984,7 @@ class LeakDetector:
         on); a process the OOM killed keeps it: the leak that killed it, not "no leak"."""
         self.fast.clear()
         self.fast_fine.clear()
+        self.fast_envelope.clear()
         fast = self._fast
         if fast is not None:
             # the forecast came true: no "full in about 0 s" stays on a verdict that is history
@@ -995,14 +1007,14 @@ class LeakDetector:
         return self.t.leak_min_slope_ratio_per_h * self._limit() / 3600.0
 
     def _fast_growth(self, series: FastGrowth, point: tuple[float, int], load: int,
-                     now_s: float) -> LeakResult | None:
+                     now_s: float, age_s: float = 0.0) -> LeakResult | None:
         """The growth model's fast route on the newest point of one floor series: a verdict
         when fast growth is established (or, established on this series, still holds: its
         rate re-measured), None otherwise; once it no longer holds the routes' latest answer
         is the answer again."""
         work = self.floor.in_flight if self.load.unit == "token" and self._kv_explains() \
             else NO_WORK
-        series.add(*point, max(0, load - RESIDUAL), work)
+        series.add(*point, max(0, load - RESIDUAL), work, age_s)
         min_slope = self._min_slope()
         headroom = self._limit() - self.peak.value()
         held = self._fast
@@ -1027,8 +1039,23 @@ class LeakDetector:
         per_request = self.per_request.bytes_per_block if not self._kv_explains() else 0.0
         self._taken_off = (per_request, mean_load(
             [n for ts, n in series.loads if ts >= rate.t0]))
-        self.result = self._publish(self._fast, now_s)
+        # the envelope's points are read with requests in flight, no KV figures: a rough rate
+        self.result = self._publish(self._fast, now_s,
+                                    True if series is self.fast_envelope else None)
         return self.result
+
+    def _envelope_growth(self, s: Sample) -> LeakResult | None:
+        """The fast route on the lower envelope (``ENVELOPE``) of a server without KV figures
+        that explain its floor: a window with an idle moment drops the points before it (an
+        exact floor is read there, and the requests after it are all young)."""
+        point = self.envelope.update(s)
+        if point is None:
+            return None
+        if point.idle:
+            self.fast_envelope.clear()
+            return None
+        return self._fast_growth(self.fast_envelope, (point.ts_s, point.value),
+                                 RESIDUAL + point.in_flight, s.ts_s, point.age_s)
 
     def _with_growth(self, r: LeakResult, points: Sequence[tuple[float, int]] | None,
                      loads: Sequence[int] | None = None) -> LeakResult:

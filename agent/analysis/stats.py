@@ -253,6 +253,28 @@ def solve3(m: Sequence[Sequence[float]], b: Sequence[float]
     return out[0], out[1], out[2]
 
 
+def solve(m: Sequence[Sequence[float]], b: Sequence[float]) -> list[float] | None:
+    """The solution of an n x n linear system (:func:`solve3`'s elimination, any n), or None
+    when it is singular."""
+    n = len(b)
+    a = [list(row) + [v] for row, v in zip(m, b)]
+    scale = [max(abs(v) for v in row[:n]) or 1.0 for row in a]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(a[i][col]) / scale[i])
+        if abs(a[pivot][col]) <= 1e-12 * scale[pivot]:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        scale[col], scale[pivot] = scale[pivot], scale[col]
+        for i in range(col + 1, n):
+            f = a[i][col] / a[col][col]
+            for j in range(col, n + 1):
+                a[i][j] -= f * a[col][j]
+    out = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        out[i] = (a[i][n] - sum(a[i][j] * out[j] for j in range(i + 1, n))) / a[i][i]
+    return out
+
+
 class Hinge(NamedTuple):
     """A broken-stick fit ``y = a + slope x max(0, x - knee)`` of least squares."""
 
