@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from vramscope.agent.durations import MINUTE_S, SECOND_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import block_grid
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.sample_blocks import window_slices
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
@@ -278,7 +279,12 @@ def seconds_end(store: Store, did: int) -> float | None:
 
 def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
     """The end of the device's newest minute in ``minute``'s table (a tier keyed by device
-    and minute start; one seek), or None."""
+    and minute start; one seek), or None. Within ``read_once.reading``, read once."""
+    return once(("minutes_end", store.engine, minute.table.name, did),
+                lambda: _minutes_end(store, minute, did))
+
+
+def _minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
     q = select(func.max(minute)).where(minute.table.c.device_id == did)
     with store.engine.connect() as c:
         newest = c.execute(q).scalar()
@@ -287,7 +293,12 @@ def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
 
 def any_minute(store: Store, minute: Column[Any], did: int, lo_s: float, hi_s: float) -> bool:
     """Whether a minute of the device in ``minute``'s table (a tier keyed by device and minute
-    start) overlaps [lo_s, hi_s) (one seek)."""
+    start) overlaps [lo_s, hi_s) (one seek). Within ``read_once.reading``, read once."""
+    return once(("any_minute", store.engine, minute.table.name, did, lo_s, hi_s),
+                lambda: _any_minute(store, minute, did, lo_s, hi_s))
+
+
+def _any_minute(store: Store, minute: Column[Any], did: int, lo_s: float, hi_s: float) -> bool:
     q = (select(minute).where(minute.table.c.device_id == did, minute > lo_s - MINUTE_S,
                               minute < hi_s).limit(1))
     with store.engine.connect() as c:

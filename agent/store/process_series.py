@@ -24,6 +24,7 @@ from vramscope.agent.store.downsample import (
     grid_index,
     timeline_grid,
 )
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
     PROCESS_COLUMNS,
@@ -56,7 +57,9 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     ``pools``, of :data:`KV_PROCESS_COLUMNS` instead (each process's KV pool, read the same
     way, apart: a window's processes with a pool are not those with an allocator)."""
     cols = tuple(c for c in (KV_PROCESS_COLUMNS if pools else PROCESS_COLUMNS) if c in columns)
-    names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
+    listed = once(("processes", store.engine, host or store.host_name),
+                  lambda: store.processes(host=host or store.host_name))
+    names = {p["pid"]: p for p in listed}
     did = device_row_id(store, device, host)
     if did is None or not cols or not end_s > start_s:
         return ProcessWindow([], False, None, None, [], None, None, names, PROCESS_RAW_LIMIT)

@@ -23,6 +23,7 @@ from vramscope.agent.store import fleet as _fleet
 from vramscope.agent.store import fleet_events as _fleet_events
 from vramscope.agent.store import phase_shares as _ph
 from vramscope.agent.store import process_series as _procs
+from vramscope.agent.store import read_once as _once
 from vramscope.agent.store import window as _bounded
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
 TIER_MODULES = ("vramscope.agent.store.downsample", "vramscope.agent.store.window",
                 "vramscope.agent.store.event_rate", "vramscope.agent.store.phase_shares",
                 "vramscope.agent.store.process_series", "vramscope.agent.store.fleet",
-                "vramscope.agent.store.fleet_events", "vramscope.agent.store.block_grid")
+                "vramscope.agent.store.fleet_events", "vramscope.agent.store.block_grid",
+                "vramscope.agent.store.read_once")
 
 
 class WindowTooLong(ValueError):
@@ -399,6 +401,14 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
     would only mislead); prefix-cache allocations only when at most ``PREFIX_EVENT_LIMIT``
     (both counted on the index first: a busy day's are not read to be dropped); each
     process's KV pool (``kv_pools``) where the device has a pool in the window."""
+    # its parts ask some questions alike (where raw samples begin, how many the window
+    # holds...): each read once (read_once)
+    with _once.reading():
+        return _timeline(store, span, points, columns, process_columns)
+
+
+def _timeline(store: Store, span: Span, points: int, columns: Sequence[str],
+              process_columns: Sequence[str]) -> Timeline:
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
     drawn = series(store, span, points, columns)
     # the rare markers and the phase events, each name on the (device, name, time) index

@@ -13,6 +13,7 @@ from sqlalchemy import ScalarSelect, func, literal, select
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store import event_blocks
 from vramscope.agent.store import sample_blocks as blocks
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.schema import devices, events, hosts, samples, seconds
 
 if TYPE_CHECKING:
@@ -22,11 +23,19 @@ if TYPE_CHECKING:
 def count_at_most(store: Store, device: int, start_s: float | None, end_s: float | None,
                   limit: int, host: str | None = None) -> int:
     """Samples of device index ``device`` in [start_s, end_s], counted up to ``limit + 1``
-    (``limit + 1`` means "more than ``limit``")."""
+    (``limit + 1`` means "more than ``limit``"). Within ``read_once.reading``, once a
+    question."""
+    return once(("count_at_most", store.engine, device, host or store.host_name, start_s,
+                 end_s, limit),
+                lambda: _count_at_most(store, device, start_s, end_s, limit, host))
+
+
+def _count_at_most(store: Store, device: int, start_s: float | None, end_s: float | None,
+                   limit: int, host: str | None) -> int:
+    did = store.known_device_id(device, host)  # kept by the store: no statement once known
+    if did is None:
+        return 0
     with store.engine.connect() as c:
-        did = c.execute(select(_device_id(store, device, host))).scalar()
-        if did is None:
-            return 0
         q = select(literal(1)).where(samples.c.device_id == did)
         if start_s is not None:
             q = q.where(samples.c.ts_s >= start_s)
@@ -66,7 +75,13 @@ def events_at_most(store: Store, device: int, start_s: float, end_s: float,
 def first_sample_ts(store: Store, device: int, host: str | None = None) -> float | None:
     """The device's first raw sample time: one seek on the ``(device_id, ts_s)`` index.
     Retention deletes raw samples oldest first, so a window that starts before it lives on
-    only in the tiers (the per-second tier, the minute rollups)."""
+    only in the tiers (the per-second tier, the minute rollups). Within
+    ``read_once.reading``, read once."""
+    return once(("first_sample_ts", store.engine, device, host or store.host_name),
+                lambda: _first_sample_ts(store, device, host))
+
+
+def _first_sample_ts(store: Store, device: int, host: str | None) -> float | None:
     did = _device_id(store, device, host)
     first = (select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s)
              .limit(1).scalar_subquery())
