@@ -29,6 +29,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    literal,
     select,
     union_all,
     update,
@@ -714,6 +715,32 @@ class Store:
                                                limit)
         return [_event_of(r, host) for r in rows]
 
+    def event_groups(self, device: int, start_s: float, end_s: float,
+                     groups: Sequence[tuple[Sequence[str], int]], *,
+                     host: str | None = None) -> list[list[Event]]:
+        """Several :meth:`events` reads of one device's window in one statement: group ``k``
+        (``names``, ``limit``) answers what ``events(device, start_s, end_s, host=host,
+        names=names, limit=limit)`` does. Each name's first ``limit`` events in time order,
+        every arm of every group under one UNION ALL tagged with its group, each group's
+        merged in (ts_s, id) order here: a timeline reads four groups (markers and phases,
+        requests, load, prefix-cache allocations), a statement each was a round trip each."""
+        q = self._events_select(device, start_s, end_s, host)
+        arms = [q.add_columns(literal(k).label("event_group")).where(events.c.name == name)
+                .order_by(events.c.ts_s, events.c.id).limit(limit).subquery().select()
+                for k, (names, limit) in enumerate(groups) for name in dict.fromkeys(names)]
+        found: list[list[Any]] = [[] for _ in groups]
+        with self.engine.connect() as c:
+            if arms:
+                for r in c.execute(union_all(*arms)).all():
+                    found[r[-1]].append(r)
+            for rows, (names, limit) in zip(found, groups, strict=True):
+                rows.sort(key=itemgetter(4, 2))  # time, then id: as events' ORDER BY
+                del rows[limit:]
+                if event_blocks.compactable(names):
+                    rows[:] = self._with_event_blocks(c, rows, device, host, start_s, end_s,
+                                                      names, limit)
+        return [[_event_of(r, host) for r in rows] for rows in found]
+
     def _events_select(self, device: int | None, start_s: float | None, end_s: float | None,
                        host: str | None) -> Select[Any]:
         """The events of the window (of device index ``device``, or every device of the host),
@@ -738,7 +765,7 @@ class Store:
         of the same devices, window and names, merged in (ts_s, id) order, at most
         ``limit``: the rows the table held before compaction. A window with no block of any
         device (the newest minutes: blocks are closed intervals) costs one seek."""
-        if not event_blocks.any_blocks(c, None, start_s, end_s):
+        if not event_blocks.any_in_window(c, start_s, end_s):
             return rows
         known = self._device_rows(c, device, host)
         if not known or not event_blocks.any_blocks(c, list(known), start_s, end_s):

@@ -7,6 +7,7 @@ objects to find out cost a second of CPU for any window over 2.8 hours at 10 Hz.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ScalarSelect, func, literal, select
@@ -70,6 +71,33 @@ def events_at_most(store: Store, device: int, start_s: float, end_s: float,
         if moved is not None:  # and those the compact raw tier holds
             total += event_blocks.count_in(c, [moved], start_s, end_s, names)
     return min(total, limit + 1)
+
+
+def event_groups_at_most(store: Store, device: int, start_s: float, end_s: float,
+                         groups: Sequence[tuple[Sequence[str], int]],
+                         host: str | None = None) -> list[int]:
+    """:func:`events_at_most` of each group (``names``, ``limit``), in one statement: a scalar
+    subquery a name, each a range of the ``(device_id, name, ts_s)`` index of at most its
+    group's ``limit + 1`` keys (a name's count past that cannot change the group's answer).
+    The compact raw tier's events are counted only where a block overlaps the window."""
+    did = store.known_device_id(device, host)
+    if did is None:
+        return [0 for _ in groups]
+    counts = [select(func.count()).select_from(
+                  select(literal(1)).where(events.c.device_id == did, events.c.name == name,
+                                           events.c.ts_s >= start_s, events.c.ts_s <= end_s)
+                  .limit(limit + 1).subquery()).scalar_subquery()
+              for names, limit in groups for name in dict.fromkeys(names)]
+    out = []
+    with store.engine.connect() as c:
+        found = iter(c.execute(select(*counts)).one() if counts else ())
+        blocks_here = event_blocks.any_in_window(c, start_s, end_s)
+        for names, limit in groups:
+            total = sum(int(next(found)) for _ in dict.fromkeys(names))
+            if total <= limit and blocks_here and event_blocks.compactable(names):
+                total += event_blocks.count_in(c, [did], start_s, end_s, names)
+            out.append(min(total, limit + 1))
+    return out
 
 
 def first_sample_ts(store: Store, device: int, host: str | None = None) -> float | None:
