@@ -56,10 +56,12 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
                 .where(events.c.device_id == did, events.c.name == RATE_EVENT,
                        events.c.ts_s >= upto, events.c.ts_s <= end_s)
                 .group_by(bucket)).all()
-            # and those the compact raw tier holds, on the same grid
-            moved = Counter(math.floor((r[2] - grid_start) / width)
-                            for r in event_blocks.window_rows(c, [did], upto, end_s,
-                                                              [RATE_EVENT]))
+            # and those the compact raw tier holds, on the same grid (none where no block
+            # of any device overlaps the timeline's window, asked once: read_once)
+            none_kept = upto >= start_s and not event_blocks.any_in_window(c, start_s, end_s)
+            moved = Counter() if none_kept else Counter(
+                math.floor((r[2] - grid_start) / width)
+                for r in event_blocks.window_rows(c, [did], upto, end_s, [RATE_EVENT]))
         for index, count in [*counted, *raw, *moved.items()]:
             counts[min(n - 1, int(index))] += int(count)
         if upto > grid_start:

@@ -124,7 +124,9 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
                 .order_by(samples.c.ts_s.desc()).limit(1))
     with store.engine.connect() as c:
         grouped = c.execute(q).all()
-        newest = c.execute(newest_q).scalar()
+        # the allocators' and the KV pools' reads ask it alike: once (read_once)
+        newest = once(("process_series.newest", store.engine, did, lo_s, end_s),
+                      lambda: c.execute(newest_q).scalar())
         # the compact raw tier's rows, grouped from their decoded blocks
         in_blocks = window_slices(c, [did], lo_s, end_s)
     by_group: dict[Any, list[Any]] = {(r[0], int(r[1])): list(r[2:]) for r in grouped}
