@@ -100,17 +100,27 @@ def window_slices(c: Connection, device_ids: Sequence[int] | None, lo_s: float |
 
 def _metas(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
            hi_s: float | None) -> list[tuple[Any, ...]]:
-    """``(id, device_id, source, pid, count, first_s, last_s)`` of the blocks of
-    ``device_ids`` (every device: None) that may hold rows in [lo_s, hi_s]: within
-    ``read_once.reading`` read once a window (a timeline's series, phases, counts and
-    per-process reads ask of the same window)."""
+    """``(id, device_id, source, pid, count, first_s, last_s, block_s)`` of the blocks of
+    ``device_ids`` (every device: None) that may hold rows in [lo_s, hi_s]. Within
+    ``read_once.reading`` a window inside one listed before is picked from that list by
+    :func:`overlapping`'s conditions (a timeline's series, phases, counts and per-process
+    reads ask of its window, or of the part of it from the first raw sample on)."""
+    lo = -math.inf if lo_s is None else lo_s
+    hi = math.inf if hi_s is None else hi_s
+    ids = None if device_ids is None else tuple(device_ids)
+    listed: list[tuple[float, float, list[tuple[Any, ...]]]] = once(
+        ("sample_blocks.metas", c.engine, ids), list)
+    for outer_lo, outer_hi, rows in listed:
+        if outer_lo <= lo and hi <= outer_hi:
+            start = block_start(lo) if lo > -math.inf else -math.inf
+            return [r for r in rows if start <= r[7] <= hi and r[6] >= lo and r[5] <= hi]
     q = (select(sample_blocks.c.id, sample_blocks.c.device_id, sample_blocks.c.source,
                 sample_blocks.c.pid, sample_blocks.c.count, sample_blocks.c.first_s,
-                sample_blocks.c.last_s)
+                sample_blocks.c.last_s, sample_blocks.c.block_s)
          .where(*overlapping(device_ids, lo_s, hi_s)))
-    ids = None if device_ids is None else tuple(device_ids)
-    return once(("sample_blocks.metas", c.engine, ids, lo_s, hi_s),
-                lambda: [tuple(r) for r in c.execute(q).all()])
+    found = [tuple(r) for r in c.execute(q).all()]
+    listed.append((lo, hi, found))
+    return found
 
 
 def window_rows(c: Connection, device_ids: Sequence[int], lo_s: float | None,
@@ -391,7 +401,7 @@ def count_in(c: Connection, device_id: int, lo_s: float | None, hi_s: float | No
     hi = math.inf if hi_s is None else hi_s
     total = 0
     partial = []
-    for bid, _, _, _, count, first, last in _metas(c, [device_id], lo_s, hi_s):
+    for bid, _, _, _, count, first, last, _ in _metas(c, [device_id], lo_s, hi_s):
         if lo <= first and last <= hi:
             total += int(count)
         else:

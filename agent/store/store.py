@@ -54,6 +54,7 @@ from vramscope.agent.records import (
 from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
 from vramscope.agent.store import content_keys, event_blocks, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.schema import (
     agent_stats,
     alerts,
@@ -894,15 +895,29 @@ class Store:
         (:func:`~vramscope.agent.store.seconds.unpack_phases`)."""
         from bisect import bisect_left
 
-        q = self._seconds_rows(device, start_s, end_s, host)
         out = []
-        with self.engine.connect() as c:
-            for minute, source, blob in c.execute(q).all():
-                starts, counts, phases = unpack_phases(float(minute), bytes(blob))
-                a, b = bisect_left(starts, start_s), bisect_left(starts, end_s)
-                if a < b:
-                    out.append(PhaseSeconds(source, starts[a:b], counts[a:b], phases[a:b]))
+        for minute, source, blob in self._seconds_blobs(device, start_s, end_s, host):
+            starts, counts, phases = unpack_phases(float(minute), bytes(blob))
+            a, b = bisect_left(starts, start_s), bisect_left(starts, end_s)
+            if a < b:
+                out.append(PhaseSeconds(source, starts[a:b], counts[a:b], phases[a:b]))
         return out
+
+    def _seconds_blobs(self, device: int, start_s: float, end_s: float, host: str | None,
+                       source: str | None = None) -> list[tuple[Any, ...]]:
+        """:meth:`_seconds_rows`' rows (of ``source`` only, when given): within
+        ``read_once.reading`` read once (a timeline's series and phases read the same
+        minutes before the raw samples)."""
+        q = self._seconds_rows(device, start_s, end_s, host)
+        if source is not None:
+            q = q.where(seconds.c.source == source)
+
+        def read() -> list[tuple[Any, ...]]:
+            with self.engine.connect() as c:
+                return [tuple(r) for r in c.execute(q).all()]
+
+        return once(("seconds", self.engine, device, host or self.host_name, start_s, end_s,
+                     source), read)
 
     def _seconds_rows(self, device: int, start_s: float, end_s: float,
                       host: str | None) -> Select[Any]:
@@ -928,19 +943,15 @@ class Store:
 
         from vramscope.agent.store.seconds import unpack_columns
 
-        q = self._seconds_rows(device, start_s, end_s, host)
-        if source is not None:
-            q = q.where(seconds.c.source == source)
         out = []
-        with self.engine.connect() as c:
-            for minute, src, blob in c.execute(q).all():
-                ts, stats = unpack_columns(float(minute), bytes(blob), fields)
-                a, b = bisect_left(ts, start_s), bisect_left(ts, end_s)  # [start_s, end_s)
-                if a < b:
-                    if (a, b) != (0, len(ts)):
-                        ts = ts[a:b]
-                        stats = [(lo[a:b], hi[a:b], la[a:b]) for lo, hi, la in stats]
-                    out.append((src, ts, stats))
+        for minute, src, blob in self._seconds_blobs(device, start_s, end_s, host, source):
+            ts, stats = unpack_columns(float(minute), bytes(blob), fields)
+            a, b = bisect_left(ts, start_s), bisect_left(ts, end_s)  # [start_s, end_s)
+            if a < b:
+                if (a, b) != (0, len(ts)):
+                    ts = ts[a:b]
+                    stats = [(lo[a:b], hi[a:b], la[a:b]) for lo, hi, la in stats]
+                out.append((src, ts, stats))
         return out
 
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,
