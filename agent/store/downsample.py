@@ -41,13 +41,20 @@ from vramscope.agent.store.sample_blocks import window_slices
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
     ROLLUP_TIER_S,
+    event_counts,
     rollup_group,
     rollups,
     rollups_10m,
     samples,
     seconds,
 )
-from vramscope.agent.store.window import count_at_most, first_sample_ts
+from vramscope.agent.store.window import (
+    count_at_most,
+    first_of,
+    first_sample_columns,
+    first_sample_key,
+    first_sample_ts,
+)
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
@@ -280,8 +287,33 @@ def seconds_end(store: Store, did: int) -> float | None:
 def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
     """The end of the device's newest minute in ``minute``'s table (a tier keyed by device
     and minute start; one seek), or None. Within ``read_once.reading``, read once."""
-    return once(("minutes_end", store.engine, minute.table.name, did),
-                lambda: _minutes_end(store, minute, did))
+    return once(_minutes_end_key(store, minute, did), lambda: _minutes_end(store, minute, did))
+
+
+def _minutes_end_key(store: Store, minute: Column[Any], did: int) -> tuple[Any, ...]:
+    return ("minutes_end", store.engine, minute.table.name, did)
+
+
+def read_edges(store: Store, device: int, host: str | None) -> None:
+    """Within ``read_once.reading``: where the device's raw samples begin
+    (``window.first_sample_ts``) and where its per-second tier and its event counts end
+    (:func:`minutes_end`), asked in one statement, so that the reads after it that ask them
+    (a timeline's series, phases, request rate and per-process reads) find the answers kept.
+    Outside it, a statement for nothing."""
+    did = device_row_id(store, device, host)
+    if did is None:
+        return
+    newest_second = select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == did)
+    newest_count = (select(func.max(event_counts.c.minute_s))
+                    .where(event_counts.c.device_id == did))
+    with store.engine.connect() as c:
+        first, block_first, second, counted = c.execute(select(
+            *first_sample_columns(did), newest_second.scalar_subquery(),
+            newest_count.scalar_subquery())).one()
+    once(first_sample_key(store, device, host), lambda: first_of((first, block_first)))
+    for minute, newest in ((seconds.c.minute_s, second), (event_counts.c.minute_s, counted)):
+        once(_minutes_end_key(store, minute, did),
+             lambda newest=newest: None if newest is None else float(newest) + MINUTE_S)
 
 
 def _minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:

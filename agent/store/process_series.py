@@ -71,7 +71,9 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     unread = None
     if raw_lo is None:
         unread = UNREAD_TIERS
-    elif count_at_most(store, device, raw_lo, end_s, PROCESS_RAW_LIMIT, host) > PROCESS_RAW_LIMIT:
+    # counted from start_s: none lies before raw_lo (the device's first raw sample), and the
+    # series' own count asked the same (read_once)
+    elif count_at_most(store, device, start_s, end_s, PROCESS_RAW_LIMIT, host) > PROCESS_RAW_LIMIT:
         unread = UNREAD_LIMIT
     else:
         series, newest = _grouped(store, did, start_s, end_s, buckets, raw_lo, cols)

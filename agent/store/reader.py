@@ -410,6 +410,7 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
 def _timeline(store: Store, span: Span, points: int, columns: Sequence[str],
               process_columns: Sequence[str]) -> Timeline:
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
+    _ds.read_edges(store, device, host)  # asked by most parts below: in one statement
     drawn = series(store, span, points, columns)
     # request boundaries and prefix-cache allocations counted first (one statement), then
     # the window's events read in one: the rare markers and the phase events, the load,

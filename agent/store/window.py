@@ -105,19 +105,33 @@ def first_sample_ts(store: Store, device: int, host: str | None = None) -> float
     Retention deletes raw samples oldest first, so a window that starts before it lives on
     only in the tiers (the per-second tier, the minute rollups). Within
     ``read_once.reading``, read once."""
-    return once(("first_sample_ts", store.engine, device, host or store.host_name),
+    return once(first_sample_key(store, device, host),
                 lambda: _first_sample_ts(store, device, host))
 
 
-def _first_sample_ts(store: Store, device: int, host: str | None) -> float | None:
-    did = _device_id(store, device, host)
+def first_sample_key(store: Store, device: int, host: str | None) -> tuple[Any, ...]:
+    """:func:`first_sample_ts`'s question, as ``read_once`` keeps its answer."""
+    return ("first_sample_ts", store.engine, device, host or store.host_name)
+
+
+def first_sample_columns(did: Any) -> tuple[Any, Any]:
+    """The first sample time of device row ``did`` (an id or a scalar subquery) in
+    ``samples`` and in the compact raw tier, as two scalar subqueries of one statement
+    (:func:`first_of` makes them the answer)."""
     first = (select(samples.c.ts_s).where(samples.c.device_id == did).order_by(samples.c.ts_s)
              .limit(1).scalar_subquery())
-    # and the compact raw tier's first, in the same statement
-    with store.engine.connect() as c:
-        found = [x for x in c.execute(select(first, blocks.edge_of(did, False, None))).one()
-                 if x is not None]
+    return first, blocks.edge_of(did, False, None)
+
+
+def first_of(values: Sequence[Any]) -> float | None:
+    found = [x for x in values if x is not None]
     return float(min(found)) if found else None
+
+
+def _first_sample_ts(store: Store, device: int, host: str | None) -> float | None:
+    with store.engine.connect() as c:
+        return first_of(c.execute(select(
+            *first_sample_columns(_device_id(store, device, host)))).one())
 
 
 def seconds_at_most(store: Store, device: int, start_s: float, end_s: float, limit: int,
