@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
@@ -312,8 +313,12 @@ def read_edges(store: Store, device: int, host: str | None) -> None:
             newest_count.scalar_subquery())).one()
     once(first_sample_key(store, device, host), lambda: first_of((first, block_first)))
     for minute, newest in ((seconds.c.minute_s, second), (event_counts.c.minute_s, counted)):
-        once(_minutes_end_key(store, minute, did),
-             lambda newest=newest: None if newest is None else float(newest) + MINUTE_S)
+        end: float | None = None if newest is None else float(newest) + MINUTE_S
+        once(_minutes_end_key(store, minute, did), partial(_given, end))
+
+
+def _given(value: float | None) -> float | None:
+    return value
 
 
 def _minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
