@@ -100,3 +100,42 @@ def test_a_timeline_read_answers_as_its_parts_read_alone(any_url):
     assert [e.ts_s - T0 for e in read.load] == [float(k) for k in range(0, 600, 60)]
     assert read.phases.tier == "events" and len(read.phases.bands) == 6
     store.close()
+
+
+def _verdict(ts: float, pid: int | None, state: str):
+    from vramscope.agent.alerts.verdicts import Verdict
+
+    return Verdict(ts, 0, "h", pid, state, 0.0, None, None, 0.0, state, "ok", None, (), None,
+                   None, None, None, None, None)
+
+
+def test_each_processes_newest_verdict_in_two_statements(any_url):
+    """``verdicts.latest``: the pids walked in one recursive statement, each one's newest rows
+    (and the device-wide ones) read in one: the device-wide answer first, then by pid; of two
+    rows of one instant the later written unless damaged; a damaged row alone at its
+    instant answers nothing; rows after ``at_s`` are not an answer yet."""
+    from sqlalchemy import update
+    from vramscope.agent.store import verdicts as stored
+    from vramscope.agent.store.schema import verdicts
+
+    store = _store(any_url)
+    stored.write(store, [_verdict(T0 + 10, None, "no_leak"), _verdict(T0 + 20, None, "leak"),
+                         _verdict(T0 + 10, 12, "no_leak"), _verdict(T0 + 30, 12, "no_leak"),
+                         _verdict(T0 + 30, 12, "leak"),  # same instant, written later
+                         _verdict(T0 + 10, 7, "leak"), _verdict(T0 + 40, 7, "no_leak"),
+                         _verdict(T0 + 90, 3, "leak")])  # after at_s: not yet
+    with statements_sent(store.engine, lambda s: "verdicts" in s) as sent:
+        found = stored.latest(store, 0, "h", T0 + 60)
+    assert len(sent) == 2
+    assert [(v.pid, v.ts_s - T0, v.leak_state) for v in found] == [
+        (None, 20.0, "leak"), (7, 40.0, "no_leak"), (12, 30.0, "leak")]
+    with store.engine.begin() as c:  # damaged: pid 12's later row, pid 7's newest
+        for pid, ts, state in ((12, T0 + 30, "leak"), (7, T0 + 40, "no_leak")):
+            c.execute(update(verdicts).where(verdicts.c.pid == pid, verdicts.c.ts_s == ts,
+                                             verdicts.c.leak_state == state)
+                      .values(doc="{not json"))
+    stored_again = stored.latest(store, 0, "h", T0 + 100)
+    assert [(v.pid, v.ts_s - T0, v.leak_state) for v in stored_again] == [
+        (None, 20.0, "leak"), (3, 90.0, "leak"), (12, 30.0, "no_leak")]
+    assert stored.latest(store, 0, "h", T0) == []  # nothing yet
+    store.close()
