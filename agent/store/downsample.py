@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
@@ -36,17 +37,25 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from vramscope.agent.durations import MINUTE_S, SECOND_S
 from vramscope.agent.records import SAMPLE_COUNTER_FIELDS
 from vramscope.agent.store import block_grid
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.sample_blocks import window_slices
 from vramscope.agent.store.schema import (
     ROLLUP_GROUPS_S,
     ROLLUP_TIER_S,
+    event_counts,
     rollup_group,
     rollups,
     rollups_10m,
     samples,
     seconds,
 )
-from vramscope.agent.store.window import count_at_most, first_sample_ts
+from vramscope.agent.store.window import (
+    count_at_most,
+    first_of,
+    first_sample_columns,
+    first_sample_key,
+    first_sample_ts,
+)
 
 if TYPE_CHECKING:
     from vramscope.agent.store.store import Store
@@ -276,7 +285,41 @@ def seconds_end(store: Store, did: int) -> float | None:
 
 def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
     """The end of the device's newest minute in ``minute``'s table (a tier keyed by device
-    and minute start; one seek), or None."""
+    and minute start; one seek), or None. Within ``read_once.reading``, read once."""
+    return once(_minutes_end_key(store, minute, did), lambda: _minutes_end(store, minute, did))
+
+
+def _minutes_end_key(store: Store, minute: Column[Any], did: int) -> tuple[Any, ...]:
+    return ("minutes_end", store.engine, minute.table.name, did)
+
+
+def read_edges(store: Store, device: int, host: str | None) -> None:
+    """Within ``read_once.reading``: where the device's raw samples begin
+    (``window.first_sample_ts``) and where its per-second tier and its event counts end
+    (:func:`minutes_end`), asked in one statement, so that the reads after it that ask them
+    (a timeline's series, phases, request rate and per-process reads) find the answers kept.
+    Outside it, a statement for nothing."""
+    did = device_row_id(store, device, host)
+    if did is None:
+        return
+    newest_second = select(func.max(seconds.c.minute_s)).where(seconds.c.device_id == did)
+    newest_count = (select(func.max(event_counts.c.minute_s))
+                    .where(event_counts.c.device_id == did))
+    with store.engine.connect() as c:
+        first, block_first, second, counted = c.execute(select(
+            *first_sample_columns(did), newest_second.scalar_subquery(),
+            newest_count.scalar_subquery())).one()
+    once(first_sample_key(store, device, host), lambda: first_of((first, block_first)))
+    for minute, newest in ((seconds.c.minute_s, second), (event_counts.c.minute_s, counted)):
+        end: float | None = None if newest is None else float(newest) + MINUTE_S
+        once(_minutes_end_key(store, minute, did), partial(_given, end))
+
+
+def _given(value: float | None) -> float | None:
+    return value
+
+
+def _minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
     q = select(func.max(minute)).where(minute.table.c.device_id == did)
     with store.engine.connect() as c:
         newest = c.execute(q).scalar()
@@ -285,7 +328,12 @@ def minutes_end(store: Store, minute: Column[Any], did: int) -> float | None:
 
 def any_minute(store: Store, minute: Column[Any], did: int, lo_s: float, hi_s: float) -> bool:
     """Whether a minute of the device in ``minute``'s table (a tier keyed by device and minute
-    start) overlaps [lo_s, hi_s) (one seek)."""
+    start) overlaps [lo_s, hi_s) (one seek). Within ``read_once.reading``, read once."""
+    return once(("any_minute", store.engine, minute.table.name, did, lo_s, hi_s),
+                lambda: _any_minute(store, minute, did, lo_s, hi_s))
+
+
+def _any_minute(store: Store, minute: Column[Any], did: int, lo_s: float, hi_s: float) -> bool:
     q = (select(minute).where(minute.table.c.device_id == did, minute > lo_s - MINUTE_S,
                               minute < hi_s).limit(1))
     with store.engine.connect() as c:

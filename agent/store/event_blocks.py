@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, delete, exists, func, insert, select
 from vramscope.agent.event_kinds import CHEAP_EVENTS, KEPT_EVENTS
 from vramscope.agent.store import block_codec
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.sample_blocks import BLOCK_S, block_start, decoded_cache, overlapping
 from vramscope.agent.store.schema import devices, event_blocks, events
 
@@ -157,6 +158,14 @@ def decode(blob: bytes) -> dict[str, Sequence[Any]]:
 
 
 # --- reads -------------------------------------------------------------------------------------
+def any_in_window(c: Connection, lo_s: float | None, hi_s: float | None) -> bool:
+    """Whether any device's blocks overlap [lo_s, hi_s] (:func:`any_blocks` of every device):
+    what each of a timeline's event reads asks first, within ``read_once.reading`` asked
+    once (a window with no block, the newest minutes, then reads ``events`` alone)."""
+    return once(("event_blocks.any_in_window", c.engine, lo_s, hi_s),
+                lambda: any_blocks(c, None, lo_s, hi_s))
+
+
 def any_blocks(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
                hi_s: float | None) -> bool:
     q = (select(event_blocks.c.id)

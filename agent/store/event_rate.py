@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, union_all
 from vramscope.agent.durations import MINUTE_S
 from vramscope.agent.store import event_blocks
 from vramscope.agent.store.downsample import grid_index, minutes_end, seconds_end
@@ -43,24 +43,26 @@ def request_rate(store: Store, device: int, host: str | None, start_s: float, en
         rolled = _counted_end(store, did)
         upto = grid_start if rolled is None else min(max(rolled, grid_start), end_s)
         minute = event_counts.c.minute_s
-        with store.engine.connect() as c:  # each part grouped in SQL: a row a bucket
-            bucket = grid_index(store, minute, grid_start, width)
-            counted = c.execute(
-                select(bucket, func.sum(event_counts.c.count))
-                .where(event_counts.c.device_id == did, event_counts.c.name == RATE_EVENT,
-                       minute >= grid_start, minute < upto)
-                .group_by(bucket)).all()
-            bucket = grid_index(store, events.c.ts_s, grid_start, width)
-            raw = c.execute(
-                select(bucket, func.count())
-                .where(events.c.device_id == did, events.c.name == RATE_EVENT,
-                       events.c.ts_s >= upto, events.c.ts_s <= end_s)
-                .group_by(bucket)).all()
-            # and those the compact raw tier holds, on the same grid
-            moved = Counter(math.floor((r[2] - grid_start) / width)
-                            for r in event_blocks.window_rows(c, [did], upto, end_s,
-                                                              [RATE_EVENT]))
-        for index, count in [*counted, *raw, *moved.items()]:
+        # each part grouped in SQL (a row a bucket), both in one statement
+        bucket = grid_index(store, minute, grid_start, width)
+        counted = (select(bucket.label("bucket"), func.sum(event_counts.c.count).label("n"))
+                   .where(event_counts.c.device_id == did, event_counts.c.name == RATE_EVENT,
+                          minute >= grid_start, minute < upto)
+                   .group_by(bucket))
+        bucket = grid_index(store, events.c.ts_s, grid_start, width)
+        raw = (select(bucket.label("bucket"), func.count().label("n"))
+               .where(events.c.device_id == did, events.c.name == RATE_EVENT,
+                      events.c.ts_s >= upto, events.c.ts_s <= end_s)
+               .group_by(bucket))
+        with store.engine.connect() as c:
+            parts = c.execute(union_all(counted, raw)).all()
+            # and those the compact raw tier holds, on the same grid (none where no block
+            # of any device overlaps the timeline's window, asked once: read_once)
+            none_kept = upto >= start_s and not event_blocks.any_in_window(c, start_s, end_s)
+            moved = Counter() if none_kept else Counter(
+                math.floor((r[2] - grid_start) / width)
+                for r in event_blocks.window_rows(c, [did], upto, end_s, [RATE_EVENT]))
+        for index, count in [*parts, *moved.items()]:
             counts[min(n - 1, int(index))] += int(count)
         if upto > grid_start:
             tier = COUNTED if upto >= end_s else f"{COUNTED}, then {RAW}"

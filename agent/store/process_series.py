@@ -24,6 +24,7 @@ from vramscope.agent.store.downsample import (
     grid_index,
     timeline_grid,
 )
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
     PROCESS_COLUMNS,
@@ -56,7 +57,9 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     ``pools``, of :data:`KV_PROCESS_COLUMNS` instead (each process's KV pool, read the same
     way, apart: a window's processes with a pool are not those with an allocator)."""
     cols = tuple(c for c in (KV_PROCESS_COLUMNS if pools else PROCESS_COLUMNS) if c in columns)
-    names = {p["pid"]: p for p in store.processes(host=host or store.host_name)}
+    listed = once(("processes", store.engine, host or store.host_name),
+                  lambda: store.processes(host=host or store.host_name))
+    names = {p["pid"]: p for p in listed}
     did = device_row_id(store, device, host)
     if did is None or not cols or not end_s > start_s:
         return ProcessWindow([], False, None, None, [], None, None, names, PROCESS_RAW_LIMIT)
@@ -68,7 +71,9 @@ def process_window(store: Store, device: int, start_s: float, end_s: float, buck
     unread = None
     if raw_lo is None:
         unread = UNREAD_TIERS
-    elif count_at_most(store, device, raw_lo, end_s, PROCESS_RAW_LIMIT, host) > PROCESS_RAW_LIMIT:
+    # counted from start_s: none lies before raw_lo (the device's first raw sample), and the
+    # series' own count asked the same (read_once)
+    elif count_at_most(store, device, start_s, end_s, PROCESS_RAW_LIMIT, host) > PROCESS_RAW_LIMIT:
         unread = UNREAD_LIMIT
     else:
         series, newest = _grouped(store, did, start_s, end_s, buckets, raw_lo, cols)
@@ -121,7 +126,9 @@ def _grouped(store: Store, did: int, start_s: float, end_s: float, buckets: int,
                 .order_by(samples.c.ts_s.desc()).limit(1))
     with store.engine.connect() as c:
         grouped = c.execute(q).all()
-        newest = c.execute(newest_q).scalar()
+        # the allocators' and the KV pools' reads ask it alike: once (read_once)
+        newest = once(("process_series.newest", store.engine, did, lo_s, end_s),
+                      lambda: c.execute(newest_q).scalar())
         # the compact raw tier's rows, grouped from their decoded blocks
         in_blocks = window_slices(c, [did], lo_s, end_s)
     by_group: dict[Any, list[Any]] = {(r[0], int(r[1])): list(r[2:]) for r in grouped}

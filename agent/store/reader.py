@@ -23,6 +23,7 @@ from vramscope.agent.store import fleet as _fleet
 from vramscope.agent.store import fleet_events as _fleet_events
 from vramscope.agent.store import phase_shares as _ph
 from vramscope.agent.store import process_series as _procs
+from vramscope.agent.store import read_once as _once
 from vramscope.agent.store import window as _bounded
 from vramscope.agent.store.reads import (
     KV_PROCESS_COLUMNS,
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
 TIER_MODULES = ("vramscope.agent.store.downsample", "vramscope.agent.store.window",
                 "vramscope.agent.store.event_rate", "vramscope.agent.store.phase_shares",
                 "vramscope.agent.store.process_series", "vramscope.agent.store.fleet",
-                "vramscope.agent.store.fleet_events", "vramscope.agent.store.block_grid")
+                "vramscope.agent.store.fleet_events", "vramscope.agent.store.block_grid",
+                "vramscope.agent.store.read_once")
 
 
 class WindowTooLong(ValueError):
@@ -399,22 +401,36 @@ def timeline(store: Store, span: Span, points: int, columns: Sequence[str],
     would only mislead); prefix-cache allocations only when at most ``PREFIX_EVENT_LIMIT``
     (both counted on the index first: a busy day's are not read to be dropped); each
     process's KV pool (``kv_pools``) where the device has a pool in the window."""
+    # its parts ask some questions alike (where raw samples begin, how many the window
+    # holds...): each read once (read_once)
+    with _once.reading():
+        return _timeline(store, span, points, columns, process_columns)
+
+
+def _timeline(store: Store, span: Span, points: int, columns: Sequence[str],
+              process_columns: Sequence[str]) -> Timeline:
     device, host, start_s, end_s = span.device, span.host, span.start_s, span.end_s
+    _ds.read_edges(store, device, host)  # asked by most parts below: in one statement
     drawn = series(store, span, points, columns)
-    # the rare markers and the phase events, each name on the (device, name, time) index
-    named = store.events(device, start_s, end_s, host=host, names=RARE_EVENTS + PHASE_EVENTS,
-                         limit=NAMED_EVENT_LIMIT + 1)
+    # request boundaries and prefix-cache allocations counted first (one statement), then
+    # the window's events read in one: the rare markers and the phase events, the load,
+    # and of the other two those that fit (each name on the (device, name, time) index)
+    n_requests, n_prefix = _bounded.event_groups_at_most(
+        store, device, start_s, end_s,
+        [(REQUEST_EVENTS, points), (PREFIX_EVENTS, PREFIX_EVENT_LIMIT)], host)
+    truncated, with_prefix = n_requests > points, n_prefix <= PREFIX_EVENT_LIMIT
+    groups = [(RARE_EVENTS + PHASE_EVENTS, NAMED_EVENT_LIMIT + 1),
+              (LOAD_EVENTS, NAMED_EVENT_LIMIT + 1)]
+    if not truncated:
+        groups.append((REQUEST_EVENTS, points + 1))
+    if with_prefix:
+        groups.append((PREFIX_EVENTS, PREFIX_EVENT_LIMIT + 1))
+    read = iter(store.event_groups(device, start_s, end_s, groups, host=host))
+    named, load = next(read), next(read)
+    marked = [] if truncated else next(read)
+    prefix = next(read) if with_prefix else None
     changes = [e for e in named if e.name in PHASE_EVENTS]
     phases = phase_bands(store, span, points, changes, len(named) > NAMED_EVENT_LIMIT)
-    truncated = count_events(store, span, REQUEST_EVENTS, points) > points
-    marked = [] if truncated else store.events(device, start_s, end_s, host=host,
-                                               names=REQUEST_EVENTS, limit=points + 1)
-    load = store.events(device, start_s, end_s, host=host, names=LOAD_EVENTS,
-                        limit=NAMED_EVENT_LIMIT + 1)
-    prefix = None
-    if count_events(store, span, PREFIX_EVENTS, PREFIX_EVENT_LIMIT) <= PREFIX_EVENT_LIMIT:
-        prefix = store.events(device, start_s, end_s, host=host, names=PREFIX_EVENTS,
-                              limit=PREFIX_EVENT_LIMIT + 1)
     alerts = store.alerts(host=host or store.host_name, device=device, start_s=start_s,
                           end_s=end_s, limit=ALERT_LIMIT)
     # each process's KV pool, only where the device has one in the window (a read saved

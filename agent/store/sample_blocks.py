@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Table, delete, exists, func, insert, literal, select
 from vramscope.agent.store import block_codec
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.schema import devices, sample_blocks, samples
 
 if TYPE_CHECKING:
@@ -82,11 +83,7 @@ def window_slices(c: Connection, device_ids: Sequence[int] | None, lo_s: float |
     [lo_s, hi_s) without ``include_hi``), decoded (through the cache), each with the window's
     rows as a slice: a block's rows are in (ts_s, id) order, so the window is found by
     bisection. What the readers that aggregate in Python walk instead of a table."""
-    q = (select(sample_blocks.c.id, sample_blocks.c.device_id, sample_blocks.c.source,
-                sample_blocks.c.pid, sample_blocks.c.count, sample_blocks.c.first_s,
-                sample_blocks.c.last_s)
-         .where(*overlapping(device_ids, lo_s, hi_s)))
-    found = c.execute(q).all()
+    found = _metas(c, device_ids, lo_s, hi_s)
     lo = -math.inf if lo_s is None else lo_s
     hi = math.inf if hi_s is None else hi_s
     upper = bisect_right if include_hi else bisect_left
@@ -99,6 +96,31 @@ def window_slices(c: Connection, device_ids: Sequence[int] | None, lo_s: float |
         if a < b:
             out.append(Slice(did, source, pid, columns, a, b))
     return out
+
+
+def _metas(c: Connection, device_ids: Sequence[int] | None, lo_s: float | None,
+           hi_s: float | None) -> list[tuple[Any, ...]]:
+    """``(id, device_id, source, pid, count, first_s, last_s, block_s)`` of the blocks of
+    ``device_ids`` (every device: None) that may hold rows in [lo_s, hi_s]. Within
+    ``read_once.reading`` a window inside one listed before is picked from that list by
+    :func:`overlapping`'s conditions (a timeline's series, phases, counts and per-process
+    reads ask of its window, or of the part of it from the first raw sample on)."""
+    lo = -math.inf if lo_s is None else lo_s
+    hi = math.inf if hi_s is None else hi_s
+    ids = None if device_ids is None else tuple(device_ids)
+    listed: list[tuple[float, float, list[tuple[Any, ...]]]] = once(
+        ("sample_blocks.metas", c.engine, ids), list)
+    for outer_lo, outer_hi, rows in listed:
+        if outer_lo <= lo and hi <= outer_hi:
+            start = block_start(lo) if lo > -math.inf else -math.inf
+            return [r for r in rows if start <= r[7] <= hi and r[6] >= lo and r[5] <= hi]
+    q = (select(sample_blocks.c.id, sample_blocks.c.device_id, sample_blocks.c.source,
+                sample_blocks.c.pid, sample_blocks.c.count, sample_blocks.c.first_s,
+                sample_blocks.c.last_s, sample_blocks.c.block_s)
+         .where(*overlapping(device_ids, lo_s, hi_s)))
+    found = [tuple(r) for r in c.execute(q).all()]
+    listed.append((lo, hi, found))
+    return found
 
 
 def window_rows(c: Connection, device_ids: Sequence[int], lo_s: float | None,
@@ -375,18 +397,15 @@ def count_in(c: Connection, device_id: int, lo_s: float | None, hi_s: float | No
     """The device's samples kept in blocks in [lo_s, hi_s], counted up to ``limit + 1``: a
     block wholly inside by its stored count, one across an end by bisecting its (cached)
     times."""
-    q = (select(sample_blocks.c.id, sample_blocks.c.count, sample_blocks.c.first_s,
-                sample_blocks.c.last_s)
-         .where(*overlapping([device_id], lo_s, hi_s)))
     lo = -math.inf if lo_s is None else lo_s
     hi = math.inf if hi_s is None else hi_s
     total = 0
     partial = []
-    for meta in c.execute(q).all():
-        if lo <= meta[2] and meta[3] <= hi:
-            total += int(meta[1])
+    for bid, _, _, _, count, first, last, _ in _metas(c, [device_id], lo_s, hi_s):
+        if lo <= first and last <= hi:
+            total += int(count)
         else:
-            partial.append(tuple(meta))
+            partial.append((bid, count, first, last))
         if total > limit:
             return limit + 1
     for columns in _columns(c, partial).values():

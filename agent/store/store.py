@@ -29,6 +29,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    literal,
     select,
     union_all,
     update,
@@ -53,6 +54,7 @@ from vramscope.agent.records import (
 from vramscope.agent.settings import INTEGRITY_MAX_CPU_PERCENT
 from vramscope.agent.store import content_keys, event_blocks, migrate, sample_blocks
 from vramscope.agent.store.exists import sqlite_file
+from vramscope.agent.store.read_once import once
 from vramscope.agent.store.schema import (
     agent_stats,
     alerts,
@@ -713,6 +715,32 @@ class Store:
                                                limit)
         return [_event_of(r, host) for r in rows]
 
+    def event_groups(self, device: int, start_s: float, end_s: float,
+                     groups: Sequence[tuple[Sequence[str], int]], *,
+                     host: str | None = None) -> list[list[Event]]:
+        """Several :meth:`events` reads of one device's window in one statement: group ``k``
+        (``names``, ``limit``) answers what ``events(device, start_s, end_s, host=host,
+        names=names, limit=limit)`` does. Each name's first ``limit`` events in time order,
+        every arm of every group under one UNION ALL tagged with its group, each group's
+        merged in (ts_s, id) order here: a timeline reads four groups (markers and phases,
+        requests, load, prefix-cache allocations), a statement each was a round trip each."""
+        q = self._events_select(device, start_s, end_s, host)
+        arms = [q.add_columns(literal(k).label("event_group")).where(events.c.name == name)
+                .order_by(events.c.ts_s, events.c.id).limit(limit).subquery().select()
+                for k, (names, limit) in enumerate(groups) for name in dict.fromkeys(names)]
+        found: list[list[Any]] = [[] for _ in groups]
+        with self.engine.connect() as c:
+            if arms:
+                for r in c.execute(union_all(*arms)).all():
+                    found[r[-1]].append(r)
+            for rows, (names, limit) in zip(found, groups, strict=True):
+                rows.sort(key=itemgetter(4, 2))  # time, then id: as events' ORDER BY
+                del rows[limit:]
+                if event_blocks.compactable(names):
+                    rows[:] = self._with_event_blocks(c, rows, device, host, start_s, end_s,
+                                                      names, limit)
+        return [[_event_of(r, host) for r in rows] for rows in found]
+
     def _events_select(self, device: int | None, start_s: float | None, end_s: float | None,
                        host: str | None) -> Select[Any]:
         """The events of the window (of device index ``device``, or every device of the host),
@@ -737,7 +765,7 @@ class Store:
         of the same devices, window and names, merged in (ts_s, id) order, at most
         ``limit``: the rows the table held before compaction. A window with no block of any
         device (the newest minutes: blocks are closed intervals) costs one seek."""
-        if not event_blocks.any_blocks(c, None, start_s, end_s):
+        if not event_blocks.any_in_window(c, start_s, end_s):
             return rows
         known = self._device_rows(c, device, host)
         if not known or not event_blocks.any_blocks(c, list(known), start_s, end_s):
@@ -866,15 +894,29 @@ class Store:
         (:func:`~vramscope.agent.store.seconds.unpack_phases`)."""
         from bisect import bisect_left
 
-        q = self._seconds_rows(device, start_s, end_s, host)
         out = []
-        with self.engine.connect() as c:
-            for minute, source, blob in c.execute(q).all():
-                starts, counts, phases = unpack_phases(float(minute), bytes(blob))
-                a, b = bisect_left(starts, start_s), bisect_left(starts, end_s)
-                if a < b:
-                    out.append(PhaseSeconds(source, starts[a:b], counts[a:b], phases[a:b]))
+        for minute, source, blob in self._seconds_blobs(device, start_s, end_s, host):
+            starts, counts, phases = unpack_phases(float(minute), bytes(blob))
+            a, b = bisect_left(starts, start_s), bisect_left(starts, end_s)
+            if a < b:
+                out.append(PhaseSeconds(source, starts[a:b], counts[a:b], phases[a:b]))
         return out
+
+    def _seconds_blobs(self, device: int, start_s: float, end_s: float, host: str | None,
+                       source: str | None = None) -> list[tuple[Any, ...]]:
+        """:meth:`_seconds_rows`' rows (of ``source`` only, when given): within
+        ``read_once.reading`` read once (a timeline's series and phases read the same
+        minutes before the raw samples)."""
+        q = self._seconds_rows(device, start_s, end_s, host)
+        if source is not None:
+            q = q.where(seconds.c.source == source)
+
+        def read() -> list[tuple[Any, ...]]:
+            with self.engine.connect() as c:
+                return [tuple(r) for r in c.execute(q).all()]
+
+        return once(("seconds", self.engine, device, host or self.host_name, start_s, end_s,
+                     source), read)
 
     def _seconds_rows(self, device: int, start_s: float, end_s: float,
                       host: str | None) -> Select[Any]:
@@ -900,19 +942,15 @@ class Store:
 
         from vramscope.agent.store.seconds import unpack_columns
 
-        q = self._seconds_rows(device, start_s, end_s, host)
-        if source is not None:
-            q = q.where(seconds.c.source == source)
         out = []
-        with self.engine.connect() as c:
-            for minute, src, blob in c.execute(q).all():
-                ts, stats = unpack_columns(float(minute), bytes(blob), fields)
-                a, b = bisect_left(ts, start_s), bisect_left(ts, end_s)  # [start_s, end_s)
-                if a < b:
-                    if (a, b) != (0, len(ts)):
-                        ts = ts[a:b]
-                        stats = [(lo[a:b], hi[a:b], la[a:b]) for lo, hi, la in stats]
-                    out.append((src, ts, stats))
+        for minute, src, blob in self._seconds_blobs(device, start_s, end_s, host, source):
+            ts, stats = unpack_columns(float(minute), bytes(blob), fields)
+            a, b = bisect_left(ts, start_s), bisect_left(ts, end_s)  # [start_s, end_s)
+            if a < b:
+                if (a, b) != (0, len(ts)):
+                    ts = ts[a:b]
+                    stats = [(lo[a:b], hi[a:b], la[a:b]) for lo, hi, la in stats]
+                out.append((src, ts, stats))
         return out
 
     def timeline(self, device: int, start_s: float, end_s: float, buckets: int,

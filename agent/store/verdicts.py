@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import and_, func, insert, select, true
+from sqlalchemy import and_, func, insert, select, true, union_all
 from vramscope.agent.alerts.verdicts import (
     HEARTBEAT_S,
     DeviceVerdict,
@@ -113,35 +113,39 @@ def latest(store: Store, device: int, host: str | None, at_s: float) -> list[Ver
     as a whole, ``pid`` None, first).
 
     By index seeks, not by grouping the device's rows: its pids one after the other (the
-    next pid above the last, on ``ix_verdicts_device_pid_ts``), then each pid's newest row at
-    or before ``at_s``; a week of rows costs what an hour does (a GROUP BY would read every
-    row of the device's history, on every Overview request)."""
+    next pid above the last, on ``ix_verdicts_device_pid_ts``: one recursive statement),
+    then each pid's newest rows at or before ``at_s`` (one statement, a limited range of the
+    index a pid, and the device-wide rows'); a week of rows costs what an hour does (a GROUP
+    BY would read every row of the device's history, on every Overview request)."""
     did = store.known_device_id(device, host)
     if did is None:
         return []
     on_device = verdicts.c.device_id == did
+    walk = select(func.min(verdicts.c.pid).label("pid")).where(on_device).cte(
+        "pid_walk", recursive=True)
+    after = verdicts.alias("next_pid")
+    walk = walk.union_all(
+        select(select(func.min(after.c.pid)).where(after.c.device_id == did,
+                                                   after.c.pid > walk.c.pid)
+               .scalar_subquery()).where(walk.c.pid.is_not(None)))
     found: dict[int | None, Verdict] = {}
     with store.engine.connect() as c:
-        pids: list[int | None] = []
-        if c.execute(select(verdicts.c.id).where(on_device, verdicts.c.pid.is_(None))
-                     .limit(1)).first() is not None:
-            pids.append(None)
-        pid = c.execute(select(func.min(verdicts.c.pid)).where(on_device)).scalar()
-        while pid is not None:
-            pids.append(pid)
-            pid = c.execute(select(func.min(verdicts.c.pid))
-                            .where(on_device, verdicts.c.pid > pid)).scalar()
-        for pid in pids:
-            same = verdicts.c.pid.is_(None) if pid is None else verdicts.c.pid == pid
-            rows = c.execute(select(verdicts.c.doc, verdicts.c.ts_s)
-                             .where(on_device, same, verdicts.c.ts_s <= at_s)
-                             .order_by(verdicts.c.ts_s.desc(), verdicts.c.id.desc())
-                             .limit(NEWEST_READ)).all()
-            # two rows of one instant: the later written; a damaged one: the one before it
-            v = next((v for doc, ts in rows if ts == rows[0][1]
-                      and (v := _verdict(doc)) is not None), None)
-            if v is not None:
-                found[v.pid] = v
+        pids = [r[0] for r in c.execute(select(walk.c.pid).where(walk.c.pid.is_not(None)))]
+        arms = [select(verdicts.c.pid, verdicts.c.doc, verdicts.c.ts_s, verdicts.c.id)
+                .where(on_device, verdicts.c.pid.is_(None) if pid is None
+                       else verdicts.c.pid == pid, verdicts.c.ts_s <= at_s)
+                .order_by(verdicts.c.ts_s.desc(), verdicts.c.id.desc())
+                .limit(NEWEST_READ).subquery().select() for pid in [None, *pids]]
+        by_pid: dict[int | None, list[Any]] = {}
+        for r in c.execute(union_all(*arms)).all():
+            by_pid.setdefault(r[0], []).append(r)
+    for rows in by_pid.values():
+        rows.sort(key=lambda r: (r[2], r[3]), reverse=True)  # newest first, as each was read
+        # two rows of one instant: the later written; a damaged one: the one before it
+        v = next((v for _, doc, ts, _ in rows if ts == rows[0][2]
+                  and (v := _verdict(doc)) is not None), None)
+        if v is not None:
+            found[v.pid] = v
     return sorted(found.values(), key=lambda v: (v.pid is not None, v.pid or 0))
 
 
