@@ -65,7 +65,9 @@ def _device_context() -> dict[str, Any]:
            "start": params.number("start", low=0, high=1e11),
            "end": params.number("end", low=0, high=1e11),
            "span": params.number("span", low=1, high=params.MAX_SPAN_S)}
-    return {**ctx, "verdict": _verdict(device, host)}
+    # the verdict line is the device's verdict now: above a window that ends before now it says so
+    after_window = ctx["end"] is not None and ctx["end"] < st.clock.time_s()
+    return {**ctx, "verdict": {**_verdict(device, host), "after_window": after_window}}
 
 
 def riskiest_device(store: Any) -> tuple[int, str]:

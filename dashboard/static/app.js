@@ -324,7 +324,7 @@ function wireDeviceVerdict() {
     const d = doc.devices.find((r) => r.host === host && String(r.device) === body.device);
     if (!d) return;
     const rules = d.verdict.reasons.map((r) => r.rule + " (" + r.severity + ")");
-    const parts = [el("span", "Verdict for " + d.host + " · GPU " + d.device + ": "), badge(d.verdict.level), " ",
+    const parts = [el("span", node.dataset.words + d.host + " · GPU " + d.device + ": "), badge(d.verdict.level), " ",
       el("span", rules.length ? rules.join(", ") : "no active alert", { class: "reasons" })];
     for (const v of d.verdicts || []) {
       const leak = processLeakWords(v);

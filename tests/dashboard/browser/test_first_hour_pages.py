@@ -98,6 +98,26 @@ def test_a_device_given_in_the_address_keeps_its_verdict(driver, served):  # noq
     assert _text(driver, "#device-verdict .reasons") == "idle_floor_leak (warning)"
 
 
+def test_above_a_window_that_ended_the_verdict_line_says_it_is_now(driver, served):  # noqa: F811
+    """The verdict line is the device's verdict now: above a window ending an hour ago it says
+    so, also once the page has refreshed it; a window up to now reads as before."""
+    end = NOW_S - 3600
+    path = f"/timeline?device=2&start={end - 600:.0f}&end={end:.0f}"
+    with urllib.request.urlopen(served.url + path) as r:  # as the server renders it
+        assert "Verdict now (after the window shown) for h · GPU 2:" in r.read().decode()
+    _open(driver, served, path, "#device-verdict")
+    wait_for(driver, "const e = document.querySelector('#device-verdict > span:first-child');"
+                     "return e && e.textContent === "
+                     "'Verdict now (after the window shown) for h · GPU 2: ';",
+             "the refreshed verdict line saying it is now's")
+    assert _text(driver, "#device-verdict .badge") == "critical"
+    _open(driver, served, "/timeline?device=2&span=600", "#device-verdict")
+    wait_for(driver, "const e = document.querySelector('#device-verdict > span:first-child');"
+                     "return e && e.textContent === 'Verdict for h · GPU 2: ';",
+             "the verdict line of a window up to now")
+    assert console_errors(driver) == []
+
+
 def _x_range(driver) -> list[str]:  # noqa: F811
     return driver.execute_script(
         "return document.getElementById('timeline-plot')._fullLayout.xaxis.range;")
