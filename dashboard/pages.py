@@ -61,12 +61,12 @@ def _device_context() -> dict[str, Any]:
     else:
         device = params.integer("device", 0, low=0, high=4095)
         host = params.text("host", "") or ""
+    end = params.number("end", low=0, high=1e11)
     ctx = {"device": device, "host": host,
-           "start": params.number("start", low=0, high=1e11),
-           "end": params.number("end", low=0, high=1e11),
+           "start": params.number("start", low=0, high=1e11), "end": end,
            "span": params.number("span", low=1, high=params.MAX_SPAN_S)}
     # the verdict line is the device's verdict now: above a window that ends before now it says so
-    after_window = ctx["end"] is not None and ctx["end"] < st.clock.time_s()
+    after_window = end is not None and end < st.clock.time_s()
     return {**ctx, "verdict": {**_verdict(device, host), "after_window": after_window}}
 
 
